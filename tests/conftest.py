@@ -1,0 +1,71 @@
+"""Root fixtures shared by every test folder: the tiny model, real llama-server engines, the fake engine.
+
+Real engines are session-scoped and synchronous (pytest-trio's async fixtures must be
+function-scoped): each one starts once, ~0.1 s, and serves every test that asks for it. Tests that
+use them get the ``engine`` marker automatically, so ``pytest -m "not engine"`` runs without a
+llama-server build.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import pytest
+from llmgw_dev import build_engine
+from llmgw_dev.engine_proc import LlamaServer, llama_server_process
+from llmgw_dev.engine_proc import free_port as _free_port
+from llmgw_dev.fake_engine import FakeEngine, run_fake_engine
+from llmgw_dev.tiny_model import ensure_model
+
+REAL_ENGINE_FIXTURES = frozenset({"llama_server_binary", "real_engine", "real_embedding_engine"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Marking by fixture use means nobody can forget the marker on a test that needs the build.
+    for item in items:
+        if REAL_ENGINE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.engine)
+
+
+@pytest.fixture
+def free_port() -> Callable[[], int]:
+    """Call it for a TCP port on 127.0.0.1 that was free a moment ago."""
+    return _free_port
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    """The tiny GGUF chat model (written once into the cache, then reused)."""
+    return ensure_model()
+
+
+@pytest.fixture(scope="session")
+def llama_server_binary() -> Path:
+    """The real llama-server; waits for a build in progress, builds (~10 min) if the cache lacks it."""
+    return build_engine.server_binary()
+
+
+@pytest.fixture(scope="session")
+def real_engine(llama_server_binary: Path, tiny_model: Path) -> Iterator[LlamaServer]:
+    """A chat llama-server on the tiny model, alias ``tiny``: ``.url``, ``.model``."""
+    with llama_server_process(llama_server_binary, tiny_model, alias="tiny") as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def real_embedding_engine(llama_server_binary: Path, tiny_model: Path) -> Iterator[LlamaServer]:
+    """A second llama-server with ``--embeddings --pooling mean``, alias ``tiny-embed``.
+
+    A separate process because llama-server b11312 started with ``--embeddings`` refuses chat and
+    completions (501): one process cannot serve both.
+    """
+    with llama_server_process(llama_server_binary, tiny_model, alias="tiny-embed", embeddings=True) as server:
+        yield server
+
+
+@pytest.fixture
+async def fake_engine() -> AsyncIterator[FakeEngine]:
+    """A running fake engine with default behaviour; change ``fake_engine.behavior`` as needed."""
+    async with run_fake_engine() as engine:
+        yield engine

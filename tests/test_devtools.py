@@ -1,0 +1,261 @@
+"""The developer tools other tests stand on: the tiny model, the real engines, the fake engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import openai
+import pytest
+import trio
+from llmgw_dev import tiny_model as tm
+from llmgw_dev.engine_proc import LlamaServer, running_llama_server
+from llmgw_dev.fake_engine import FakeEngine, FakeEngineBehavior, run_fake_engine
+
+# --- the tiny model ---------------------------------------------------------------------------
+
+
+def test_tiny_model_is_byte_identical_across_writes(tmp_path: Path, tiny_model: Path) -> None:
+    first = tm.write_model(tmp_path / "a" / "m.gguf").read_bytes()
+    second = tm.write_model(tmp_path / "b" / "m.gguf").read_bytes()
+    assert first == second
+    assert tiny_model.read_bytes() == first  # the cached copy is the same model
+    assert 200_000 < len(first) < 400_000
+
+
+def test_tiny_model_vocabulary_shape() -> None:
+    tokens, types, merges = tm.vocabulary()
+    assert len(tokens) == tm.N_VOCAB == len(types)
+    assert tokens[-3:] == list(tm.CONTROL_TOKENS) and types[-3:] == [3, 3, 3]
+    assert len(merges) == tm.N_MERGES
+    # every merge joins two tokens that exist earlier in the list (llama.cpp refuses otherwise)
+    for i, merge in enumerate(merges):
+        a, b = merge.split(" ")
+        assert tokens.index(a) < 256 + i and tokens.index(b) < 256 + i
+
+
+# --- the real engine --------------------------------------------------------------------------
+
+
+def _client(server: LlamaServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=30)
+
+
+def test_real_engine_chat(real_engine: LlamaServer) -> None:
+    reply = _client(real_engine).chat.completions.create(
+        model="anything", messages=[{"role": "user", "content": "Hello there"}], max_tokens=12)
+    assert reply.model == "tiny"
+    choice = reply.choices[0]
+    assert choice.finish_reason == "length"
+    text = choice.message.content or ""
+    assert text and text.isprintable() and text.isascii()  # the printable-bias trick works
+    assert reply.usage is not None and reply.usage.completion_tokens == 12
+    assert reply.usage.prompt_tokens > 3
+
+
+def test_real_engine_streams_with_usage(real_engine: LlamaServer) -> None:
+    stream = _client(real_engine).chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Tell me a story"}], max_tokens=16,
+        stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    content = [c for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(content) == 16  # one chunk per token
+    finish = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert [c.choices[0].finish_reason for c in finish] == ["length"]
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 16
+
+
+def test_real_embedding_engine(real_embedding_engine: LlamaServer) -> None:
+    result = _client(real_embedding_engine).embeddings.create(
+        model="tiny-embed", input=["hello world", "the quick brown fox"])
+    assert [d.index for d in result.data] == [0, 1]
+    assert all(len(d.embedding) == tm.N_EMBD for d in result.data)
+    assert result.data[0].embedding != result.data[1].embedding
+    assert result.usage.prompt_tokens > 0
+
+
+def test_real_embedding_engine_refuses_chat(real_embedding_engine: LlamaServer) -> None:
+    # Documents why the fixtures run two processes; if a new build serves both, merge them.
+    with pytest.raises(openai.APIStatusError) as caught:
+        _client(real_embedding_engine).chat.completions.create(
+            model="tiny-embed", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    assert caught.value.status_code == 501
+
+
+async def test_running_llama_server_stops_its_process_group(
+        llama_server_binary: Path, tiny_model: Path) -> None:
+    async with running_llama_server(llama_server_binary, tiny_model, alias="t2", api_key="k") as srv:
+        async with httpx2.AsyncClient(timeout=10) as client:
+            denied = await client.get(f"{srv.url}/v1/models")
+            assert denied.status_code == 401
+            ok = await client.get(f"{srv.url}/v1/models", headers={"Authorization": "Bearer k"})
+            assert ok.status_code == 200 and ok.json()["data"][0]["id"] == "t2"
+        pid = srv.pid
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pid, 0)
+
+
+# --- the fake engine --------------------------------------------------------------------------
+
+
+def _events(body: str) -> list[Any]:
+    out: list[Any] = []
+    for line in body.splitlines():
+        if line.startswith("data: "):
+            data = line[len("data: "):]
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+async def test_fake_chat_non_streaming_and_observation(fake_engine: FakeEngine) -> None:
+    fake_engine.behavior.chunks = 3
+    fake_engine.behavior.prompt_tokens = 11
+    async with httpx2.AsyncClient(base_url=fake_engine.url) as client:
+        resp = await client.post("/v1/chat/completions", json={"model": "fake-model", "messages": []},
+                                  headers={"x-request-id": "req-123"})
+    assert resp.status_code == 200
+    body = resp.json()
+    assert body["choices"][0]["message"]["content"] == "tok0 tok1 tok2 "
+    assert body["usage"] == {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14}
+    [seen] = fake_engine.observed.requests
+    assert (seen.path, seen.request_id) == ("/v1/chat/completions", "req-123")
+    assert seen.json["model"] == "fake-model"
+    assert seen.headers["x-request-id"] == "req-123"
+
+
+async def test_fake_stream_is_shaped_like_llama_cpp(fake_engine: FakeEngine) -> None:
+    fake_engine.behavior.chunks = 4
+    async with httpx2.AsyncClient(base_url=fake_engine.url) as client:
+        resp = await client.post("/v1/chat/completions", json={
+            "model": "fake-model", "stream": True, "stream_options": {"include_usage": True}})
+    events = _events(resp.text)
+    assert resp.headers["content-type"] == "text/event-stream"
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert [e["choices"][0]["delta"]["content"] for e in events[1:5]] == ["tok0 ", "tok1 ", "tok2 ", "tok3 "]
+    assert events[5]["choices"][0]["finish_reason"] == "length"
+    assert events[6]["choices"] == [] and events[6]["usage"]["completion_tokens"] == 4
+    assert events[7] == "[DONE]" and len(events) == 8
+    # the handler counts a stream after its last write, which can land after the client has read it
+    with trio.fail_after(5):
+        await fake_engine.observed.wait_for(lambda o: o.completed_streams == 1)
+    assert fake_engine.observed.disconnects == []  # a client that read everything did not go away
+
+
+async def test_fake_stream_without_usage_and_completions(fake_engine: FakeEngine) -> None:
+    fake_engine.behavior.chunks = 2
+    async with httpx2.AsyncClient(base_url=fake_engine.url) as client:
+        chat = _events((await client.post("/v1/chat/completions", json={"stream": True})).text)
+        text = _events((await client.post("/v1/completions", json={"stream": True, "prompt": "x"})).text)
+    assert all("usage" not in e for e in chat[:-1]) and len(chat) == 5
+    assert [e["choices"][0]["text"] for e in text[:2]] == ["tok0 ", "tok1 "]
+    assert text[2]["usage"]["completion_tokens"] == 2  # llama.cpp: usage on the finish chunk
+
+
+async def test_fake_models_embeddings_metrics(fake_engine: FakeEngine) -> None:
+    fake_engine.behavior.models = ["a", "b"]
+    async with httpx2.AsyncClient(base_url=fake_engine.url) as client:
+        models = (await client.get("/v1/models")).json()
+        emb = (await client.post("/v1/embeddings", json={"model": "b", "input": ["x", "y"]})).json()
+        await client.post("/v1/chat/completions", json={"model": "b"})
+        metrics = (await client.get("/metrics")).text
+    assert [m["id"] for m in models["data"]] == ["a", "b"]
+    assert emb["model"] == "b" and [len(d["embedding"]) for d in emb["data"]] == [8, 8]
+    assert emb["data"][0]["embedding"] != emb["data"][1]["embedding"]
+    assert "llamacpp:tokens_predicted_total 8" in metrics
+    assert "llamacpp:requests_processing 0" in metrics
+
+
+async def test_fake_status_before_body_for_n_requests(fake_engine: FakeEngine) -> None:
+    fake_engine.behavior.status_before_body = 503
+    fake_engine.behavior.status_times = 2
+    async with httpx2.AsyncClient(base_url=fake_engine.url) as client:
+        statuses = [(await client.post("/v1/chat/completions", json={"stream": True})).status_code
+                    for _ in range(3)]
+        fake_engine.behavior.status_times = None
+        failed = await client.post("/v1/chat/completions", json={})
+    assert statuses == [503, 503, 200]
+    assert failed.status_code == 503 and failed.json()["error"]["type"] == "unavailable_error"
+
+
+async def test_fake_requires_api_key(fake_engine: FakeEngine) -> None:
+    fake_engine.behavior.api_key = "sekret"
+    async with httpx2.AsyncClient(base_url=fake_engine.url) as client:
+        assert (await client.get("/health")).status_code == 200
+        assert (await client.post("/v1/chat/completions", json={})).status_code == 401
+        ok = await client.post("/v1/chat/completions", json={}, headers={"Authorization": "Bearer sekret"})
+        assert ok.status_code == 200
+
+
+async def test_fake_close_mid_stream_truncates(fake_engine: FakeEngine) -> None:
+    fake_engine.behavior.chunks = 10
+    fake_engine.behavior.close_mid_stream_after = 3
+    received = b""
+    async with httpx2.AsyncClient(base_url=fake_engine.url) as client:
+        with pytest.raises(httpx2.RemoteProtocolError):
+            async with client.stream("POST", "/v1/chat/completions", json={"stream": True}) as resp:
+                async for part in resp.aiter_bytes():
+                    received += part
+    assert received.count(b'"content":"tok') == 3 and b"[DONE]" not in received
+    assert fake_engine.observed.completed_streams == 0
+
+
+async def test_fake_observes_client_disconnect_mid_stream(fake_engine: FakeEngine) -> None:
+    fake_engine.behavior.chunks = 10
+    fake_engine.behavior.hang_mid_stream_after = 2
+    async with (httpx2.AsyncClient(base_url=fake_engine.url) as client,
+                client.stream("POST", "/v1/chat/completions", json={"stream": True},
+                              headers={"x-request-id": "gone-1"}) as resp):
+        async for line in resp.aiter_lines():
+            if '"tok1 "' in line:
+                break  # then leave the block: httpx closes the connection
+    with trio.fail_after(5):
+        [gone] = await fake_engine.observed.wait_disconnects(1)
+    assert (gone.phase, gone.chunks_sent, gone.request_id) == ("mid_stream", 2, "gone-1")
+    assert fake_engine.observed.in_flight == 0
+
+
+async def test_fake_observes_disconnect_before_first_byte(fake_engine: FakeEngine) -> None:
+    fake_engine.behavior.hang_before_first_byte = True
+    async with httpx2.AsyncClient(base_url=fake_engine.url) as client, trio.open_nursery() as nursery:
+        async def call() -> None:
+            await client.post("/v1/chat/completions", json={})
+
+        nursery.start_soon(call)
+        with trio.fail_after(5):
+            await fake_engine.observed.wait_in_flight(1)
+        nursery.cancel_scope.cancel()  # the client gives up: its connection is closed
+    with trio.fail_after(5):
+        [gone] = await fake_engine.observed.wait_disconnects(1)
+    assert gone.phase == "before_first_byte" and gone.chunks_sent == 0
+
+
+async def test_fake_delays_are_applied() -> None:
+    behavior = FakeEngineBehavior(chunks=3, first_byte_delay=0.2, chunk_delay=0.05)
+    async with run_fake_engine(behavior) as engine, httpx2.AsyncClient(base_url=engine.url) as client:
+        start = trio.current_time()
+        await client.post("/v1/chat/completions", json={"stream": True})
+        elapsed = trio.current_time() - start
+    assert 0.35 <= elapsed < 2.0
+
+
+def test_fake_engine_runs_as_a_process() -> None:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent / "tools")}
+    proc = subprocess.Popen([sys.executable, "-m", "llmgw_dev.fake_engine", "--port", "0", "--chunks", "2",
+                             "--model", "m1"], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:")
+        resp = httpx2.post(f"{url}/v1/chat/completions", json={"model": "m1"}, timeout=10)
+        assert resp.json()["choices"][0]["message"]["content"] == "tok0 tok1 "
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0  # SIGTERM is a clean shutdown, not a kill
