@@ -57,8 +57,11 @@ def real_engine(llama_server_binary: Path, tiny_model: Path) -> Iterator[LlamaSe
 def real_embedding_engine(llama_server_binary: Path, tiny_model: Path) -> Iterator[LlamaServer]:
     """A second llama-server with ``--embeddings --pooling mean``, alias ``tiny-embed``.
 
-    A separate process because llama-server b11312 started with ``--embeddings`` refuses chat and
-    completions (501): one process cannot serve both.
+    b11312 started with ``--embeddings`` still serves chat and completions, so one process could do
+    both; we keep two anyway because that is how a fleet deploys them (a chat model without
+    ``--embeddings``, which then answers ``/v1/embeddings`` with 501, and an embedding model under
+    its own name), and because with ``--embeddings`` every generated token also computes embedding
+    outputs. Starting it costs ~0.1 s and ~25 MB, and only sessions that ask for it pay.
     """
     with llama_server_process(llama_server_binary, tiny_model, alias="tiny-embed", embeddings=True) as server:
         yield server

@@ -82,12 +82,12 @@ def test_real_embedding_engine(real_embedding_engine: LlamaServer) -> None:
     assert result.usage.prompt_tokens > 0
 
 
-def test_real_embedding_engine_refuses_chat(real_embedding_engine: LlamaServer) -> None:
-    # Documents why the fixtures run two processes; if a new build serves both, merge them.
+def test_real_chat_engine_has_no_embeddings(real_engine: LlamaServer) -> None:
+    # What a gateway sees when it sends embeddings to a chat-only replica.
     with pytest.raises(openai.APIStatusError) as caught:
-        _client(real_embedding_engine).chat.completions.create(
-            model="tiny-embed", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        _client(real_engine).embeddings.create(model="tiny", input="hi")
     assert caught.value.status_code == 501
+    assert "not_supported_error" in caught.value.response.text
 
 
 async def test_running_llama_server_stops_its_process_group(
