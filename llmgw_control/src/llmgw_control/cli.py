@@ -1,2 +1,67 @@
-def main() -> None:
-    raise SystemExit("not yet")
+"""``llmgw-control``: the control daemon's command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import trio
+from llmgw_shared.config import ConfigError
+from llmgw_shared.lifecycle import stop_on_signals
+from llmgw_shared.logs import get_logger, setup_logging
+
+from .app import run_control
+from .config import ControlConfig, load_config, parse_endpoint_flag
+
+log = get_logger("llmgw.control")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llmgw-control", description="llmgw control daemon")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="serve the OpenAI API, the admin API and the agent endpoint")
+    run.add_argument("--config", help="TOML config file")
+    run.add_argument("--listen", help="client API address, host:port (default 127.0.0.1:8080)")
+    run.add_argument("--admin-listen", help="admin API and metrics address (default 127.0.0.1:8081)")
+    run.add_argument("--metrics-listen", help="optional metrics-only address")
+    run.add_argument("--endpoint", action="append", default=[], metavar="ID=URL=MODEL[,MODEL]",
+                     help="a static engine replica (repeatable), e.g. e1=http://127.0.0.1:8001=tiny")
+    run.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    run.add_argument("--log-format", choices=["auto", "json", "text"])
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> ControlConfig:
+    endpoints = [parse_endpoint_flag(text) for text in args.endpoint]
+    return load_config(args.config, {
+        "listen": args.listen, "admin_listen": args.admin_listen, "metrics_listen": args.metrics_listen,
+        "log_level": args.log_level, "log_format": args.log_format, "extra_endpoints": endpoints,
+    })
+
+
+async def _run(config: ControlConfig) -> None:
+    shutdown = trio.Event()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(stop_on_signals, shutdown)
+        await run_control(config, shutdown=shutdown)
+        nursery.cancel_scope.cancel()
+    log.info("llmgw-control stopped")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except ConfigError as exc:
+        print(f"llmgw-control: config error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    json_lines = {"json": True, "text": False}.get(config.log_format)
+    setup_logging(config.log_level, json_lines=json_lines)
+    try:
+        trio.run(_run, config)
+    except* OSError as group:
+        for error in group.exceptions:
+            print(f"llmgw-control: cannot start: {error}", file=sys.stderr)
+        raise SystemExit(1) from None
+    except* KeyboardInterrupt:
+        raise SystemExit(130) from None

@@ -1,0 +1,1 @@
+"""The admin listener: metrics now, the REST API and dashboard later."""

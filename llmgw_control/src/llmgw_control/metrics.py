@@ -1,0 +1,56 @@
+"""Prometheus metrics of the data path.
+
+Label values come only from things the gateway knows (configured models, replica ids, status
+codes), never from raw client input: a client sending random model names must not be able to
+create unbounded series.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+
+# The *_created series double the exposition size and no dashboard or alert of ours reads them.
+disable_created_metrics()
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_OVERHEAD_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.requests = Counter(
+            "llmgw_requests_total", "Requests answered, by model, replica and HTTP status (499: client gone).",
+            ["model", "replica", "status"], registry=registry,
+        )
+        self.duration = Histogram(
+            "llmgw_request_duration_seconds", "Time from request to last byte sent to the client.",
+            ["model"], buckets=_LATENCY_BUCKETS, registry=registry,
+        )
+        self.ttft = Histogram(
+            "llmgw_time_to_first_token_seconds", "Time from request to the first streamed chunk sent.",
+            ["model"], buckets=_LATENCY_BUCKETS, registry=registry,
+        )
+        self.overhead = Histogram(
+            "llmgw_overhead_seconds", "Time spent in llmgw itself, excluding waiting on the engine.",
+            buckets=_OVERHEAD_BUCKETS, registry=registry,
+        )
+        self.in_flight = Gauge(
+            "llmgw_requests_in_flight", "Requests being served, by model.", ["model"], registry=registry,
+        )
+        self.replica_in_flight = Gauge(
+            "llmgw_replica_requests_in_flight", "Requests in flight per replica.", ["replica"],
+            registry=registry,
+        )
+        self.tokens = Counter(
+            "llmgw_tokens_total", "Tokens reported by engines in usage, by model and kind (prompt, completion).",
+            ["model", "kind"], registry=registry,
+        )
+        self.retries = Counter(
+            "llmgw_upstream_retries_total", "Attempts moved to another replica (or a fresh connection).",
+            ["replica", "reason"], registry=registry,
+        )
+        self.cooldowns = Counter(
+            "llmgw_replica_cooldowns_total", "Times a replica was put in cooldown after a failure.",
+            ["replica"], registry=registry,
+        )

@@ -1,0 +1,1 @@
+"""The OpenAI data path: parse, pick a replica, relay, account."""

@@ -1,0 +1,39 @@
+"""The client listener's ASGI entry: the OpenAI paths go to the gateway, the rest to Quart."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .gateway import Gateway, Receive, Scope, Send
+
+
+class ClientApp:
+    def __init__(self, gateway: Gateway, fallback: Any = None) -> None:
+        self.gateway = gateway
+        self.fallback = fallback
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            path: str = scope["path"]
+            if self.fallback is None or path.startswith("/v1/") or path in ("/v1", "/healthz"):
+                await self.gateway(scope, receive, send)
+            else:
+                await self.fallback(scope, receive, send)
+        elif kind == "lifespan":
+            await serve_lifespan(receive, send)
+        elif self.fallback is not None:
+            await self.fallback(scope, receive, send)
+        else:
+            await send({"type": "websocket.close", "code": 1008})
+
+
+async def serve_lifespan(receive: Receive, send: Send) -> None:
+    """Nothing to set up per listener: everything the app needs is built before serving."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

@@ -1,0 +1,414 @@
+"""The OpenAI endpoints as a plain ASGI application.
+
+The data path is written against ASGI directly rather than through Quart's response objects:
+a Quart streaming body runs after the handler has returned, outside the scope that opened the
+upstream request, so a client that disconnects before the first body iteration leaves the
+upstream request open. Here one function owns the whole exchange -- read, pick, connect, relay --
+inside one nursery, and the upstream response is an ``async with`` that closes the moment the
+client goes away. It also saves Quart's 0.2-0.5 ms per request on the hot path. The admin API and
+pages, which are not hot, use Quart.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable, MutableMapping
+from contextlib import AsyncExitStack, aclosing
+from typing import Any
+
+import trio
+from llmgw_shared.logs import get_logger, request_context
+
+from ..config import RouterConfig
+from ..metrics import GatewayMetrics
+from .balancer import choose
+from .errors import ApiError, model_not_found, sse_error_event
+from .replicas import Replica, ReplicaSet
+from .requests import ENDPOINTS, ClientGone, ParsedRequest, parse_request, read_body
+from .upstream import UpstreamBodyError, UpstreamClient, UpstreamClosedEarly, UpstreamConnectError, UpstreamResponse
+from .usage import StreamTail, Usage, find_usage
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+log = get_logger("llmgw.router")
+access_log = get_logger("llmgw.access")
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+# Engine response headers worth passing on; connection management and framing are ours.
+_PASS_HEADERS = frozenset({"content-type", "cache-control"})
+_ERROR_BODY_LIMIT = 64 * 1024
+
+
+class _Retryable(Exception):
+    """This attempt failed before anything reached the client: another replica may serve it."""
+
+    def __init__(self, error: ApiError, reason: str) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.reason = reason
+
+
+class Exchange:
+    """One client request: what was sent back, and the figures the access log and metrics need."""
+
+    def __init__(self, send: Send, request_id: str) -> None:
+        self._send = send
+        self.request_id = request_id
+        self.started = time.perf_counter()
+        self.response_started = False
+        self.status = 0
+        self.model = ""
+        self.replica = ""
+        self.stream = False
+        self.upstream_seconds = 0.0
+        self.ttft: float | None = None
+        self.usage: Usage | None = None
+        self.client_gone = False
+        # Set as the last bytes are handed to the server (hypercorn reports the disconnect of a
+        # finished request before our send returns): a disconnect after that is not an abort.
+        self.complete = False
+
+    def overhead(self) -> float:
+        return max(0.0, time.perf_counter() - self.started - self.upstream_seconds)
+
+    def _headers(self, extra: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+        headers = [(b"x-request-id", self.request_id.encode())]
+        if self.replica:
+            headers.append((b"x-llmgw-replica", self.replica.encode()))
+        headers.append((b"x-llmgw-overhead-ms", f"{self.overhead() * 1000:.3f}".encode()))
+        return extra + headers
+
+    async def respond(self, status: int, body: bytes, content_type: bytes = b"application/json") -> None:
+        self.status = status
+        self.response_started = True
+        await self._send({
+            "type": "http.response.start", "status": status,
+            "headers": self._headers([(b"content-type", content_type),
+                                      (b"content-length", str(len(body)).encode())]),
+        })
+        self.complete = True
+        await self._send({"type": "http.response.body", "body": body})
+
+    async def respond_json(self, status: int, value: Any) -> None:
+        await self.respond(status, json.dumps(value).encode())
+
+    async def send_error(self, error: ApiError) -> None:
+        if self.response_started:
+            await self.send_chunk(sse_error_event(error))
+            self.status = error.status
+            return
+        self.status = error.status
+        self.response_started = True
+        body = error.encoded()
+        extra = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        extra += [(k.encode(), v.encode()) for k, v in error.headers]
+        await self._send({"type": "http.response.start", "status": error.status, "headers": self._headers(extra)})
+        self.complete = True
+        await self._send({"type": "http.response.body", "body": body})
+
+    async def start_stream(self, status: int, content_type: bytes) -> None:
+        self.status = status
+        self.response_started = True
+        await self._send({
+            "type": "http.response.start", "status": status,
+            "headers": self._headers([(b"content-type", content_type), (b"cache-control", b"no-cache"),
+                                      # nginx in front would otherwise buffer the stream
+                                      (b"x-accel-buffering", b"no")]),
+        })
+
+    async def send_chunk(self, chunk: bytes) -> None:
+        if self.ttft is None:
+            self.ttft = time.perf_counter() - self.started
+        await self._send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+    async def end_stream(self) -> None:
+        self.complete = True
+        await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+def _request_id(scope: Scope) -> str:
+    given = _header(scope, b"x-request-id")
+    if given and _REQUEST_ID.match(given):
+        return given
+    return uuid.uuid4().hex
+
+
+def _engine_message(body: bytes) -> str:
+    try:
+        value = json.loads(body)
+        error = value.get("error") if isinstance(value, dict) else None
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return str(error["message"])[:300]
+        if isinstance(error, str):
+            return error[:300]
+    except ValueError:
+        pass
+    return body.decode("utf-8", "replace").strip()[:300] or "(empty body)"
+
+
+class Gateway:
+    def __init__(
+        self, replicas: ReplicaSet, upstream: UpstreamClient, metrics: GatewayMetrics, config: RouterConfig
+    ) -> None:
+        self.replicas = replicas
+        self.upstream = upstream
+        self.metrics = metrics
+        self.config = config
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        exchange = Exchange(send, _request_id(scope))
+        with request_context(exchange.request_id):
+            try:
+                await self._dispatch(scope, receive, exchange)
+            except ApiError as error:
+                await exchange.send_error(error)
+            except ClientGone:
+                exchange.client_gone = True
+            except Exception:
+                log.exception("unexpected error while serving %s %s", scope["method"], scope["path"])
+                if not exchange.response_started:
+                    await exchange.send_error(ApiError(
+                        500, f"Internal error in the gateway (request id {exchange.request_id}).",
+                        code="internal_error"))
+            finally:
+                self._record(scope, exchange)
+
+    async def _dispatch(self, scope: Scope, receive: Receive, exchange: Exchange) -> None:
+        path: str = scope["path"]
+        method: str = scope["method"]
+        endpoint = ENDPOINTS.get(path)
+        if endpoint is not None:
+            if method != "POST":
+                raise ApiError(405, f"Method {method} is not allowed on {path}; use POST.", code="method_not_allowed")
+            length = _header(scope, b"content-length")
+            body = await read_body(
+                receive, content_length=int(length) if length and length.isdigit() else None,
+                limit=self.config.max_body_bytes,
+            )
+            request = parse_request(endpoint, body)
+            if not self.replicas.for_model(request.model):
+                raise model_not_found(request.model, self.replicas.models())
+            exchange.model = request.model
+            exchange.stream = request.stream
+            await self._forward(request, receive, exchange)
+        elif path == "/v1/models" and method == "GET":
+            cards = [_model_card(m) for m in self.replicas.models()]
+            await exchange.respond_json(200, {"object": "list", "data": cards})
+        elif path.startswith("/v1/models/") and method == "GET":
+            name = path.removeprefix("/v1/models/")
+            if not self.replicas.for_model(name):
+                raise model_not_found(name, self.replicas.models())
+            await exchange.respond_json(200, _model_card(name))
+        elif path == "/healthz":
+            await exchange.respond_json(200, {"status": "ok", "replicas": len(self.replicas)})
+        else:
+            raise ApiError(404, f"Unknown request URL: {method} {path}.", code="unknown_url")
+
+    async def _forward(self, request: ParsedRequest, receive: Receive, exchange: Exchange) -> None:
+        in_flight = self.metrics.in_flight.labels(request.model)
+        in_flight.inc()
+        failure: Exception | None = None
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope, exchange)
+                try:
+                    await self._attempts(request, exchange)
+                except Exception as exc:
+                    # Re-raised below the nursery, so callers see the error itself rather than
+                    # an exception group wrapping it.
+                    failure = exc
+                nursery.cancel_scope.cancel()
+        finally:
+            in_flight.dec()
+        if failure is not None:
+            raise failure
+
+    async def _attempts(self, request: ParsedRequest, exchange: Exchange) -> None:
+        tried: set[str] = set()
+        failure: ApiError | None = None
+        for attempt in range(self.config.max_attempts):
+            replica = choose(self.replicas.for_model(request.model), now=trio.current_time(), exclude=tried)
+            if replica is None:
+                break
+            if attempt:
+                self.metrics.retries.labels(replica.id, "other_replica").inc()
+            tried.add(replica.id)
+            exchange.replica = replica.id
+            try:
+                await self._attempt(replica, request, exchange)
+                return
+            except _Retryable as retry:
+                failure = retry.error
+                replica.cooldown_until = trio.current_time() + self.config.cooldown
+                self.metrics.cooldowns.labels(replica.id).inc()
+                log.warning("replica %s failed (%s): %s", replica.id, retry.reason, retry.error.message,
+                            extra={"replica": replica.id, "model": request.model})
+        raise failure or ApiError(
+            503, f"No replica of model '{request.model}' is available.", code="no_replica_available")
+
+    async def _attempt(self, replica: Replica, request: ParsedRequest, exchange: Exchange) -> None:
+        headers = [("content-type", "application/json"), ("accept", "application/json, text/event-stream"),
+                   ("x-request-id", exchange.request_id)]
+        if replica.api_key:
+            headers.append(("authorization", f"Bearer {replica.api_key}"))
+        url = replica.url + request.endpoint.path
+        gauge = self.metrics.replica_in_flight.labels(replica.id)
+        replica.in_flight += 1
+        gauge.inc()
+        try:
+            # One silent retry on a fresh connection: a pooled connection the engine closed
+            # after its last stream fails before any response byte.
+            for fresh_connection in (False, True):
+                try:
+                    await self._exchange_with(replica, url, headers, request, exchange)
+                    return
+                except UpstreamClosedEarly as exc:
+                    if fresh_connection:
+                        raise _Retryable(ApiError(
+                            502, f"Replica {replica.id} closed the connection before answering (phase: "
+                                 f"first_byte): {exc}", code="upstream_closed"), "closed") from None
+                    self.metrics.retries.labels(replica.id, "stale_connection").inc()
+                except UpstreamConnectError as exc:
+                    raise _Retryable(ApiError(
+                        502, f"Replica {replica.id} could not be reached (phase: connect): {exc}",
+                        code="upstream_connect_error"), "connect") from None
+        finally:
+            replica.in_flight -= 1
+            replica.last_used = trio.current_time()
+            gauge.dec()
+
+    async def _exchange_with(
+        self, replica: Replica, url: str, headers: list[tuple[str, str]], request: ParsedRequest, exchange: Exchange
+    ) -> None:
+        config = self.config
+        async with AsyncExitStack() as stack:
+            waited = time.perf_counter()
+            try:
+                with trio.fail_after(config.first_byte_timeout):
+                    response = await stack.enter_async_context(self.upstream.open(
+                        "POST", url, headers=headers, body=request.body, connect_timeout=config.connect_timeout))
+            except trio.TooSlowError:
+                raise ApiError(504, f"Replica {replica.id} did not answer within {config.first_byte_timeout:g} s "
+                                    "(phase: first_byte).", code="upstream_timeout") from None
+            finally:
+                exchange.upstream_seconds += time.perf_counter() - waited
+            chunks = await stack.enter_async_context(aclosing(response.iter_chunks()))
+            await self._relay(replica, response, chunks, exchange)
+
+    async def _next_chunk(self, replica: Replica, chunks: Any, exchange: Exchange) -> bytes | None:
+        """The next body chunk, None at the end; ApiError when the engine stalls or breaks off."""
+        waited = time.perf_counter()
+        try:
+            with trio.fail_after(self.config.idle_timeout):
+                return bytes(await chunks.__anext__())
+        except StopAsyncIteration:
+            return None
+        except trio.TooSlowError:
+            raise ApiError(504, f"Replica {replica.id} sent nothing for {self.config.idle_timeout:g} s "
+                                "(phase: body).", code="upstream_timeout") from None
+        except UpstreamBodyError as exc:
+            raise ApiError(502, f"Replica {replica.id} broke off its response (phase: body): {exc}",
+                           code="upstream_broken") from None
+        finally:
+            exchange.upstream_seconds += time.perf_counter() - waited
+
+    async def _read_all(self, replica: Replica, chunks: Any, exchange: Exchange, limit: int | None = None) -> bytes:
+        parts = []
+        size = 0
+        while (chunk := await self._next_chunk(replica, chunks, exchange)) is not None:
+            parts.append(chunk)
+            size += len(chunk)
+            if limit is not None and size >= limit:
+                break
+        return b"".join(parts)
+
+    async def _relay(self, replica: Replica, response: UpstreamResponse, chunks: Any, exchange: Exchange) -> None:
+        status = response.status_code
+        if status >= 500:
+            try:
+                detail = _engine_message(await self._read_all(replica, chunks, exchange, _ERROR_BODY_LIMIT))
+            except ApiError as error:
+                detail = error.message
+            raise _Retryable(ApiError(
+                502, f"Replica {replica.id} answered {status} (phase: first_byte): {detail}",
+                code="upstream_error"), f"http_{status}")
+        content_type = response.content_type()
+        if not content_type.startswith("text/event-stream"):
+            try:
+                body = await self._read_all(replica, chunks, exchange)
+            except ApiError as error:
+                # Nothing has reached the client yet, so another replica may still serve it.
+                raise _Retryable(error, "body") from None
+            if status < 300:
+                exchange.usage = find_usage(body)
+            await exchange.respond(status, body, content_type.encode() or b"application/json")
+            return
+        await exchange.start_stream(status, content_type.encode())
+        tail = StreamTail()
+        try:
+            while (chunk := await self._next_chunk(replica, chunks, exchange)) is not None:
+                tail.feed(chunk)
+                await exchange.send_chunk(chunk)
+        except ApiError as error:
+            # Bytes already reached the client: no retry, the error travels as the last event.
+            log.warning("stream from replica %s ended early: %s", replica.id, error.message,
+                        extra={"replica": replica.id})
+            await exchange.send_error(error)
+        exchange.usage = tail.usage()
+        await exchange.end_stream()
+
+    def _record(self, scope: Scope, exchange: Exchange) -> None:
+        status = 499 if exchange.client_gone else exchange.status
+        duration = time.perf_counter() - exchange.started
+        overhead = exchange.overhead()
+        metrics = self.metrics
+        metrics.requests.labels(exchange.model, exchange.replica, str(status)).inc()
+        if exchange.model:
+            metrics.duration.labels(exchange.model).observe(duration)
+            metrics.overhead.observe(overhead)
+            if exchange.stream and exchange.ttft is not None:
+                metrics.ttft.labels(exchange.model).observe(exchange.ttft)
+            if exchange.usage is not None:
+                metrics.tokens.labels(exchange.model, "prompt").inc(exchange.usage.prompt_tokens)
+                metrics.tokens.labels(exchange.model, "completion").inc(exchange.usage.completion_tokens)
+        fields: dict[str, Any] = {
+            "method": scope["method"], "path": scope["path"], "status": status,
+            "duration_ms": round(duration * 1000, 2), "overhead_ms": round(overhead * 1000, 3),
+        }
+        if exchange.model:
+            fields.update(model=exchange.model, replica=exchange.replica, stream=exchange.stream)
+        if exchange.ttft is not None:
+            fields["ttft_ms"] = round(exchange.ttft * 1000, 2)
+        if exchange.usage is not None:
+            fields.update(prompt_tokens=exchange.usage.prompt_tokens,
+                          completion_tokens=exchange.usage.completion_tokens)
+        if exchange.client_gone:
+            fields["client_gone"] = True
+        access_log.info("served", extra=fields)
+
+
+async def _watch_disconnect(receive: Receive, scope: trio.CancelScope, exchange: Exchange) -> None:
+    """Cancel the exchange when the client goes away, which closes the upstream request at once."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            if not exchange.complete:
+                exchange.client_gone = True
+                scope.cancel()
+            return
+
+
+def _model_card(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "llmgw"}

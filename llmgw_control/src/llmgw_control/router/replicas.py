@@ -1,0 +1,66 @@
+"""The replicas the router may send requests to, with the counters the balancer reads.
+
+Router-only mode fills the set once from the config; the control plane publishes a replica when
+its shard becomes ready and withdraws it before it stops, so the router never sends a request to
+an engine that is going away.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import attrs
+
+
+@attrs.define(eq=False)
+class Replica:
+    id: str
+    url: str
+    models: frozenset[str]
+    weight: float = 1.0
+    # The bearer token the engine requires; never the client's key, never logged.
+    api_key: str = attrs.field(default="", repr=False)
+    in_flight: int = 0
+    cooldown_until: float = 0.0
+    # When the last request finished here; the idle unloader reads it.
+    last_used: float = 0.0
+
+
+class ReplicaSet:
+    def __init__(self, replicas: Iterable[Replica] = ()) -> None:
+        self._by_id: dict[str, Replica] = {}
+        self._by_model: dict[str, list[Replica]] = {}
+        for replica in replicas:
+            self.publish(replica)
+
+    def publish(self, replica: Replica) -> None:
+        self.withdraw(replica.id)
+        self._by_id[replica.id] = replica
+        for model in replica.models:
+            self._by_model.setdefault(model, []).append(replica)
+
+    def withdraw(self, replica_id: str) -> Replica | None:
+        replica = self._by_id.pop(replica_id, None)
+        if replica is not None:
+            for model in replica.models:
+                remaining = [r for r in self._by_model.get(model, []) if r is not replica]
+                if remaining:
+                    self._by_model[model] = remaining
+                else:
+                    self._by_model.pop(model, None)
+        return replica
+
+    def get(self, replica_id: str) -> Replica | None:
+        return self._by_id.get(replica_id)
+
+    def for_model(self, model: str) -> list[Replica]:
+        return self._by_model.get(model, [])
+
+    def models(self) -> list[str]:
+        return sorted(self._by_model)
+
+    def __iter__(self) -> Iterator[Replica]:
+        return iter(list(self._by_id.values()))
+
+    def __len__(self) -> int:
+        return len(self._by_id)

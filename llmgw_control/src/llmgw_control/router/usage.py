@@ -1,0 +1,63 @@
+"""Token counts from the engine's own ``usage`` fields, found cheaply.
+
+Parsing every streamed chunk as JSON would cost more CPU than relaying it. Usage only ever
+appears in the last events of a stream (the usage chunk before ``[DONE]``, or llama.cpp's finish
+chunk in completions streams) and once in a non-streamed body, so the router keeps only a tail
+of the stream and decodes the last ``"usage"`` object it finds there.
+"""
+
+from __future__ import annotations
+
+import json
+
+import attrs
+
+TAIL_BYTES = 16 * 1024
+_decoder = json.JSONDecoder()
+
+
+@attrs.frozen
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+def find_usage(data: bytes | bytearray) -> Usage | None:
+    """The last well-formed usage object in ``data``, or None."""
+    position = len(data)
+    while True:
+        position = data.rfind(b'"usage"', 0, position)
+        if position < 0:
+            return None
+        start = data.find(b"{", position + 7, position + 64)
+        if start >= 0:
+            try:
+                text = bytes(data[start:start + 4096]).decode("utf-8", "replace")
+                value, _ = _decoder.raw_decode(text)
+            except ValueError:
+                value = None
+            if isinstance(value, dict):
+                prompt = value.get("prompt_tokens")
+                completion = value.get("completion_tokens", 0)
+                if isinstance(prompt, int) and isinstance(completion, int):
+                    return Usage(prompt, completion)
+
+
+class StreamTail:
+    """The last TAIL_BYTES of a relayed stream."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, chunk: bytes) -> None:
+        self._buffer += chunk
+        excess = len(self._buffer) - TAIL_BYTES
+        if excess > TAIL_BYTES:
+            del self._buffer[:excess]
+
+    def usage(self) -> Usage | None:
+        return find_usage(self._buffer)

@@ -1,0 +1,1 @@
+"""Helpers the test folders share (tests/ is on pytest's pythonpath)."""

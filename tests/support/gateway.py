@@ -1,0 +1,63 @@
+"""Running the control daemon in-process for tests: real listeners on 127.0.0.1, port 0."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import httpx2
+import trio
+from llmgw_control.app import Listening, run_control
+from llmgw_control.config import ControlConfig, EndpointConfig, RouterConfig, validate
+from prometheus_client import CollectorRegistry
+
+
+@attrs.define
+class RunningGateway:
+    listening: Listening
+    shutdown: trio.Event
+    registry: CollectorRegistry
+    client: httpx2.AsyncClient
+
+    @property
+    def url(self) -> str:
+        return self.listening.api_url
+
+    def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
+        value = self.registry.get_sample_value(name, labels or {})
+        return 0.0 if value is None else value
+
+    async def settled_metric(self, name: str, labels: dict[str, str] | None = None, *, expect: float) -> float:
+        """The metric once it reaches ``expect`` (the access record lands just after the response)."""
+        with trio.move_on_after(5):
+            while self.metric(name, labels) != expect:
+                await trio.sleep(0.005)
+        return self.metric(name, labels)
+
+
+def endpoint(id: str, url: str, *models: str, weight: float = 1.0, api_key: str = "") -> EndpointConfig:
+    return EndpointConfig(id=id, url=url, models=list(models) or ["fake-model"], weight=weight, api_key=api_key)
+
+
+@asynccontextmanager
+async def running_gateway(
+    *endpoints: EndpointConfig, grace: float = 5.0, metrics_listen: str = "", **router: Any
+) -> AsyncIterator[RunningGateway]:
+    config = validate(ControlConfig(
+        listen="127.0.0.1:0", admin_listen="127.0.0.1:0", metrics_listen=metrics_listen,
+        shutdown_grace=grace, router=RouterConfig(**router), endpoints=list(endpoints),
+    ))
+    shutdown = trio.Event()
+    registry = CollectorRegistry()
+    async with trio.open_nursery() as nursery:
+        listening = await nursery.start(
+            lambda task_status: run_control(config, shutdown=shutdown, registry=registry, task_status=task_status))
+        async with httpx2.AsyncClient(base_url=listening.api_url, timeout=30) as client:
+            yield RunningGateway(listening, shutdown, registry, client)
+        nursery.cancel_scope.cancel()
+
+
+def chat_body(model: str = "fake-model", **extra: Any) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": "hello"}], **extra}
