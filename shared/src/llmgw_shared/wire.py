@@ -1,0 +1,401 @@
+"""The node <-> control wire protocol: JSON text frames, one attrs class per message type.
+
+Every frame is a JSON object whose ``type`` names the message. One cattrs converter turns
+messages into JSON and back. cattrs is lenient by default (it turns ``3`` into ``"3"`` for a
+``str`` field and raises a bare ``KeyError`` on an unknown tag), and a wire protocol must not
+be: a peer that sends the wrong shape gets one :class:`WireError` naming the field, which the
+receiver can send back as an ``error`` frame instead of crashing.
+
+Direction of each message:
+
+* node -> control: ``hello``, ``heartbeat``, ``ack``, ``engine_state``, ``shard_state``, ``error``
+* control -> node: ``welcome``, ``refuse``, ``set_engines``, ``start_shard``, ``stop_shard``,
+  ``drain_shard``, ``remove_weights``, ``heartbeat``, ``error``
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal, TypeAlias, get_args, get_origin
+
+import attrs
+import cattrs
+from cattrs.cols import list_structure_factory, mapping_structure_factory
+from cattrs.preconf.json import make_converter
+from cattrs.strategies import configure_tagged_union
+
+from llmgw_shared.facts import GpuFacts, HostFacts
+
+PROTOCOL_VERSION = 1
+
+# The llama.cpp release index used when an engine spec names no source of its own.
+LLAMA_CPP_RELEASES = "https://api.github.com/repos/ggml-org/llama.cpp/releases/tags/{version}"
+
+
+class WireError(ValueError):
+    """A frame that is not a valid message; the text names what is wrong and where."""
+
+
+# --------------------------------------------------------------------------- engines
+
+EngineStatus: TypeAlias = Literal["absent", "installing", "installed", "failed", "configured"]
+
+
+@attrs.frozen
+class EngineSpec:
+    """An engine control wants on a node: ``(name, version)`` and where its releases are listed.
+
+    ``release_api`` is the URL of a GitHub-shaped release JSON (``{version}`` is substituted);
+    empty means the engine's default source (GitHub for llama.cpp).
+    """
+
+    name: str
+    version: str
+    release_api: str = ""
+
+
+@attrs.frozen
+class EngineState:
+    name: str
+    version: str
+    status: EngineStatus
+    # The node's own words for what is happening: "downloading llama-...tar.gz (6 MB, 41%)",
+    # or the reason for a failure.
+    detail: str = ""
+    # The version line the binary printed for ``--version`` once proven.
+    reported_version: str = ""
+    binary: str = ""
+
+    def describe(self) -> str:
+        """One line for people: ``installing: downloading ...``, ``installed b11312``, ..."""
+        if self.status in ("installing", "failed"):
+            return f"{self.status}: {self.detail}" if self.detail else self.status
+        if self.status in ("installed", "configured"):
+            return f"{self.status} {self.version}"
+        return self.status
+
+
+# --------------------------------------------------------------------------- shards
+
+ShardStatus: TypeAlias = Literal[
+    "pending", "downloading", "starting", "ready", "draining", "stopped", "failed"
+]
+
+
+@attrs.frozen
+class WeightsSpec:
+    """A model file: an http(s) URL or a local path, its size in bytes and its sha256 (hex)."""
+
+    url: str
+    sha256: str
+    size: int
+
+
+@attrs.frozen
+class ShardSpec:
+    shard_id: str
+    engine: str
+    engine_version: str
+    weights: WeightsSpec
+    port: int
+    # The engine must require this key; the router sends it. Never logged.
+    api_key: str
+    args: list[str] = attrs.field(factory=list)
+    env: dict[str, str] = attrs.field(factory=dict)
+    # Seconds the engine gets to answer its health endpoint before the start counts as failed.
+    start_timeout_s: float = 120.0
+    # Crash restarts before the shard is left failed.
+    max_restarts: int = 5
+
+
+@attrs.frozen
+class ShardState:
+    shard_id: str
+    status: ShardStatus
+    detail: str = ""
+    port: int = 0
+    pid: int = 0
+    restarts: int = 0
+    # The engine's last output lines, sent with a failure so the operator sees why.
+    last_lines: list[str] = attrs.field(factory=list)
+
+    def describe(self) -> str:
+        return f"{self.status}: {self.detail}" if self.detail else self.status
+
+
+# --------------------------------------------------------------------------- commands (control -> node)
+
+
+@attrs.frozen
+class SetEngines:
+    """The complete list of engines this node should have; others are left installed but unused."""
+
+    id: str
+    fencing_token: int
+    engines: list[EngineSpec]
+
+
+@attrs.frozen
+class StartShard:
+    id: str
+    fencing_token: int
+    shard: ShardSpec
+
+
+@attrs.frozen
+class StopShard:
+    id: str
+    fencing_token: int
+    shard_id: str
+    grace_s: float = 10.0
+
+
+@attrs.frozen
+class DrainShard:
+    id: str
+    fencing_token: int
+    shard_id: str
+    # How long in-flight requests may take before the engine is stopped anyway.
+    timeout_s: float = 300.0
+
+
+@attrs.frozen
+class RemoveWeights:
+    id: str
+    fencing_token: int
+    # sha256 of each file to delete; files a running shard still uses are kept.
+    sha256: list[str]
+
+
+Command: TypeAlias = SetEngines | StartShard | StopShard | DrainShard | RemoveWeights
+
+
+@attrs.frozen
+class Ack:
+    command_id: str
+    ok: bool
+    error: str = ""
+
+
+# --------------------------------------------------------------------------- state reports (node -> control)
+
+
+@attrs.frozen
+class EngineStateReport:
+    engine: EngineState
+
+
+@attrs.frozen
+class ShardStateReport:
+    shard: ShardState
+
+
+# --------------------------------------------------------------------------- connection
+
+
+@attrs.frozen
+class Hello:
+    protocol_version: int
+    node_id: str
+    join_token: str
+    facts: HostFacts
+    engines: list[EngineState]
+    shards: list[ShardState]
+    # Where engines on this node are reachable (host or IP), from the node's config.
+    address: str = ""
+
+
+@attrs.frozen
+class Welcome:
+    protocol_version: int
+    # Seconds between heartbeats control expects; the node sends at this interval.
+    heartbeat_interval_s: float = 5.0
+
+
+@attrs.frozen
+class Refuse:
+    reason: str
+    # A standby names the leader it knows of so the node can go there directly.
+    leader: str = ""
+
+
+@attrs.frozen
+class Heartbeat:
+    """Liveness plus only what changed since the previous heartbeat (empty lists: nothing did)."""
+
+    seq: int
+    facts: HostFacts | None = None
+    engines: list[EngineState] = attrs.field(factory=list)
+    shards: list[ShardState] = attrs.field(factory=list)
+
+
+@attrs.frozen
+class Error:
+    message: str
+    # The id of the command this answers, when there was one.
+    in_reply_to: str = ""
+
+
+Message: TypeAlias = (
+    Hello | Welcome | Refuse | Heartbeat | Error | Ack | EngineStateReport | ShardStateReport
+    | SetEngines | StartShard | StopShard | DrainShard | RemoveWeights
+)
+
+TAGS: dict[type, str] = {
+    Hello: "hello",
+    Welcome: "welcome",
+    Refuse: "refuse",
+    Heartbeat: "heartbeat",
+    Error: "error",
+    Ack: "ack",
+    EngineStateReport: "engine_state",
+    ShardStateReport: "shard_state",
+    SetEngines: "set_engines",
+    StartShard: "start_shard",
+    StopShard: "stop_shard",
+    DrainShard: "drain_shard",
+    RemoveWeights: "remove_weights",
+}
+_BY_TAG: dict[str, type] = {tag: cls for cls, tag in TAGS.items()}
+assert set(TAGS) == set(get_args(Message))
+
+
+# --------------------------------------------------------------------------- the converter
+
+
+def _strict(kind: type, name: str) -> Any:
+    def hook(value: Any, _: Any) -> Any:
+        # bool is an int subclass in Python but not in JSON: refuse true where a number belongs.
+        if isinstance(value, bool) and kind is not bool:
+            raise TypeError(f"expected {name}, got a boolean")
+        if kind is float and isinstance(value, int):
+            return float(value)
+        if not isinstance(value, kind):
+            raise TypeError(f"expected {name}, got {_json_kind(value)}")
+        return value
+
+    return hook
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "a list",
+            dict: "an object"}.get(type(value), type(value).__name__)
+
+
+def strict_collections(conv: cattrs.Converter) -> None:
+    """Refuse a string where a list belongs (cattrs would split it into characters) and a
+    non-object where a mapping belongs."""
+
+    def list_factory(type_: Any, conv: cattrs.Converter) -> Any:
+        inner = list_structure_factory(type_, conv)
+
+        def hook(value: Any, t: Any) -> Any:
+            if not isinstance(value, list):
+                raise TypeError(f"expected a list, got {_json_kind(value)}")
+            return inner(value, t)
+
+        return hook
+
+    def mapping_factory(type_: Any, conv: cattrs.Converter) -> Any:
+        inner = mapping_structure_factory(type_, conv)
+
+        def hook(value: Any, t: Any) -> Any:
+            if not isinstance(value, dict):
+                raise TypeError(f"expected an object, got {_json_kind(value)}")
+            return inner(value, t)
+
+        return hook
+
+    conv.register_structure_hook_factory(lambda t: get_origin(t) is list, list_factory)
+    conv.register_structure_hook_factory(lambda t: get_origin(t) is dict, mapping_factory)
+
+
+def _make_converter() -> cattrs.Converter:
+    conv = make_converter(forbid_extra_keys=True, detailed_validation=True)
+    conv.register_structure_hook(str, _strict(str, "a string"))
+    conv.register_structure_hook(int, _strict(int, "an integer"))
+    conv.register_structure_hook(float, _strict(float, "a number"))
+    conv.register_structure_hook(bool, _strict(bool, "a boolean"))
+    strict_collections(conv)
+    configure_tagged_union(Message, conv, tag_generator=TAGS.__getitem__, tag_name="type")
+    return conv
+
+
+converter = _make_converter()
+
+
+def _format(exc: BaseException, type_: type | None) -> str:
+    if isinstance(exc, cattrs.ForbiddenExtraKeysError):
+        return f"unknown field(s) {', '.join(sorted(exc.extra_fields))}"
+    if isinstance(exc, KeyError):
+        return "required field missing"
+    if isinstance(exc, cattrs.errors.CattrsError) and " not in literal " in str(exc):
+        value, _, allowed = str(exc).partition(" not in literal ")
+        return f"{value!r} is not one of {allowed.removeprefix('typing.Literal')}"
+    if isinstance(exc, TypeError | ValueError | cattrs.errors.CattrsError) and str(exc):
+        return str(exc)
+    return cattrs.v.format_exception(exc, type_)
+
+
+def encode(msg: Message) -> str:
+    """One JSON text frame for ``msg``."""
+    if type(msg) not in TAGS:
+        raise WireError(f"not a wire message: {type(msg).__name__}")
+    return json.dumps(converter.unstructure(msg, unstructure_as=Message), separators=(",", ":"))
+
+
+def decode(text: str | bytes) -> Message:
+    """Parse one frame; any problem is a :class:`WireError` whose text names the field."""
+    try:
+        raw = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise WireError(f"frame is not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise WireError(f"frame must be a JSON object, got {_json_kind(raw)}")
+    tag = raw.get("type")
+    if tag is None:
+        raise WireError("frame has no 'type' field")
+    if not isinstance(tag, str) or tag not in _BY_TAG:
+        raise WireError(f"unknown message type {tag!r}; known: {', '.join(sorted(_BY_TAG))}")
+    try:
+        msg: Message = converter.structure(raw, Message)  # type: ignore[arg-type]
+    except Exception as exc:  # cattrs raises exception groups; render every leaf with its path
+        problems = cattrs.transform_error(exc, path=f"$({tag})", format_exception=_format)
+        raise WireError("; ".join(problems)) from None
+    return msg
+
+
+__all__ = [
+    "LLAMA_CPP_RELEASES",
+    "PROTOCOL_VERSION",
+    "Ack",
+    "Command",
+    "DrainShard",
+    "EngineSpec",
+    "EngineState",
+    "EngineStateReport",
+    "EngineStatus",
+    "Error",
+    "GpuFacts",
+    "Heartbeat",
+    "Hello",
+    "HostFacts",
+    "Message",
+    "Refuse",
+    "RemoveWeights",
+    "SetEngines",
+    "ShardSpec",
+    "ShardState",
+    "ShardStateReport",
+    "ShardStatus",
+    "StartShard",
+    "StopShard",
+    "WeightsSpec",
+    "Welcome",
+    "WireError",
+    "converter",
+    "decode",
+    "encode",
+]
