@@ -1,0 +1,76 @@
+"""State that survives a restart: the store (SQLite or PostgreSQL), migrations, the leader lease.
+
+Use ``open_store(url_or_path)`` (or ``connect_store``) to get a ``Store``; run a
+``LeaseKeeper`` over ``store.lease`` to learn whether this daemon leads. See docs/store.md.
+"""
+
+from .convert import UNSET, Unset
+from .errors import (
+    Conflict,
+    InvalidInput,
+    NotFound,
+    SchemaTooNew,
+    StoreClosed,
+    StoreError,
+    StoreTimeout,
+    StoreUnavailable,
+)
+from .interface import Store
+from .keeper import STANDBY, LeaseKeeper, Role
+from .lease import Lease, SqlLease
+from .migrations import MIGRATIONS, Migration, latest_version
+from .records import (
+    ApiKey,
+    CapacityRecord,
+    CatalogModel,
+    Group,
+    KeyChanges,
+    LeaseGrant,
+    LeaseInfo,
+    NodeIdentity,
+    Quota,
+    Revisions,
+    Usage,
+    UsageTotals,
+)
+from .sqlstore import PostgresStore, SqliteStore, SqlStore, connect_store, is_postgres_url, open_store
+
+__all__ = [
+    "MIGRATIONS",
+    "STANDBY",
+    "UNSET",
+    "ApiKey",
+    "CapacityRecord",
+    "CatalogModel",
+    "Conflict",
+    "Group",
+    "InvalidInput",
+    "KeyChanges",
+    "Lease",
+    "LeaseGrant",
+    "LeaseInfo",
+    "LeaseKeeper",
+    "Migration",
+    "NodeIdentity",
+    "NotFound",
+    "PostgresStore",
+    "Quota",
+    "Revisions",
+    "Role",
+    "SchemaTooNew",
+    "SqlLease",
+    "SqlStore",
+    "SqliteStore",
+    "Store",
+    "StoreClosed",
+    "StoreError",
+    "StoreTimeout",
+    "StoreUnavailable",
+    "Unset",
+    "Usage",
+    "UsageTotals",
+    "connect_store",
+    "is_postgres_url",
+    "latest_version",
+    "open_store",
+]

@@ -1,0 +1,113 @@
+"""The leader lease in the database: one row, compare-and-set, an epoch as fencing token.
+
+Every operation is one atomic statement judged by the database's clock (PostgreSQL's
+``clock_timestamp()``; on SQLite the process clock, which is the only clock there is):
+
+* ``try_acquire`` takes the lease if it has expired or is already ours. The epoch goes up
+  unless this is the holder extending a lease that is still live, so every new term (another
+  holder, or us again after our lease lapsed or was released) gets a new, larger epoch.
+* ``renew`` extends the lease only if it is ours *and still live*: a holder whose lease lapsed
+  must step down and acquire again, which gives it a new epoch.
+* ``release`` gives it up at once, so a standby can take over on its next poll.
+
+Holders must be unique per process start (e.g. ``host:pid:random``), or a restarted daemon
+would inherit its predecessor's live term.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from . import convert as cv
+from .backend import Backend, Tx
+from .errors import InvalidInput
+from .records import LeaseGrant, LeaseInfo
+
+# One evaluation of the clock per statement (UPDATE … FROM works on both databases).
+_NOW = "(SELECT now_us() AS t) AS clock"
+
+
+class Lease(Protocol):
+    """What ``LeaseKeeper`` needs; ``SqlLease`` implements it, tests use fakes."""
+
+    async def try_acquire(self, holder: str, address: str, ttl: float) -> LeaseGrant | None: ...
+
+    async def renew(self, holder: str, ttl: float) -> LeaseGrant | None: ...
+
+    async def release(self, holder: str) -> bool: ...
+
+    async def current(self) -> LeaseInfo: ...
+
+
+def _ttl_us(ttl: float) -> int:
+    value = cv.number("ttl", ttl)
+    if value <= 0:
+        raise InvalidInput("ttl", "must be positive")
+    return int(value * 1_000_000)
+
+
+class SqlLease:
+    def __init__(self, backend: Backend) -> None:
+        self._backend = backend
+
+    async def try_acquire(self, holder: str, address: str, ttl: float) -> LeaseGrant | None:
+        """Take the lease for ``ttl`` seconds if it is free (expired/released) or ours."""
+        holder = cv.name("holder", holder)
+        address = cv.text("address", address)
+        ttl_us = _ttl_us(ttl)
+
+        def acquire(tx: Tx) -> LeaseGrant | None:
+            row = tx.one(
+                "UPDATE leader_lease SET "
+                "epoch = CASE WHEN holder = ? AND expires_at > clock.t THEN epoch ELSE epoch + 1 END, "
+                "holder = ?, address = ?, expires_at = clock.t + ? "
+                f"FROM {_NOW} "
+                "WHERE id = 1 AND (expires_at <= clock.t OR holder = ?) "
+                "RETURNING epoch, expires_at",
+                (holder, holder, address, ttl_us, holder),
+            )
+            return None if row is None else LeaseGrant(epoch=int(row[0]), expires_at=cv.from_us(row[1]))
+
+        return await self._backend.run(acquire, write=True)
+
+    async def renew(self, holder: str, ttl: float) -> LeaseGrant | None:
+        """Extend our live lease to now + ``ttl``; None if it lapsed or someone else holds it."""
+        holder = cv.name("holder", holder)
+        ttl_us = _ttl_us(ttl)
+
+        def renew(tx: Tx) -> LeaseGrant | None:
+            row = tx.one(
+                f"UPDATE leader_lease SET expires_at = clock.t + ? FROM {_NOW} "
+                "WHERE id = 1 AND holder = ? AND expires_at > clock.t "
+                "RETURNING epoch, expires_at",
+                (ttl_us, holder),
+            )
+            return None if row is None else LeaseGrant(epoch=int(row[0]), expires_at=cv.from_us(row[1]))
+
+        return await self._backend.run(renew, write=True)
+
+    async def release(self, holder: str) -> bool:
+        """Give the lease up if ``holder`` has it; True if it did. The epoch is kept."""
+        holder = cv.name("holder", holder)
+
+        def release(tx: Tx) -> bool:
+            changed = tx.run(
+                "UPDATE leader_lease SET holder = NULL, address = NULL, expires_at = 0 WHERE id = 1 AND holder = ?",
+                (holder,),
+            )
+            return changed > 0
+
+        return await self._backend.run(release, write=True)
+
+    async def current(self) -> LeaseInfo:
+        """Who leads now: holder and address are None when the lease is free or has lapsed."""
+
+        def current(tx: Tx) -> LeaseInfo:
+            row = tx.one(f"SELECT holder, address, epoch, expires_at, clock.t FROM leader_lease, {_NOW} WHERE id = 1")
+            assert row is not None
+            holder, address, epoch, expires_at, now = row
+            if holder is None or expires_at <= now:
+                return LeaseInfo(holder=None, address=None, epoch=int(epoch), expires_at=None)
+            return LeaseInfo(holder=holder, address=address, epoch=int(epoch), expires_at=cv.from_us(expires_at))
+
+        return await self._backend.run(current, write=False)

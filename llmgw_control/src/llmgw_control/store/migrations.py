@@ -1,0 +1,172 @@
+"""Versioned schema migrations, applied in one transaction when a store opens.
+
+Each step has a number; ``schema_version`` records every step applied. A database whose highest
+step is beyond what this code knows was written by a newer llmgw, and we refuse to touch it
+(``SchemaTooNew``) rather than guess. Steps are append-only: never edit a released step, add
+the next one. The DDL is written in the SQL both SQLite and PostgreSQL accept (TEXT, BIGINT,
+BOOLEAN, DOUBLE PRECISION; ids are text, not serials), so one list serves both backends.
+
+Times are BIGINT microseconds since the Unix epoch, UTC: exact and identical on both backends.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from .backend import Backend, Tx
+from .errors import SchemaTooNew
+
+
+@attrs.frozen
+class Migration:
+    version: int
+    description: str
+    statements: tuple[str, ...]
+
+
+# Kinds of object with a change counter in ``revisions`` (see records.Revisions).
+REVISION_KINDS = ("models", "nodes", "groups", "keys", "quotas")
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        1,
+        "catalog, nodes, tenancy (groups, keys, quotas, usage), capacity, leader lease",
+        (
+            "CREATE TABLE revisions (kind TEXT PRIMARY KEY, value BIGINT NOT NULL)",
+            "INSERT INTO revisions (kind, value) VALUES "
+            + ", ".join(f"('{kind}', 0)" for kind in REVISION_KINDS),
+            """CREATE TABLE catalog_models (
+                name TEXT PRIMARY KEY,
+                document TEXT NOT NULL,
+                created_at BIGINT NOT NULL,
+                updated_at BIGINT NOT NULL)""",
+            """CREATE TABLE nodes (
+                id TEXT PRIMARY KEY,
+                token_digest TEXT NOT NULL,
+                labels TEXT NOT NULL,
+                cordoned BOOLEAN NOT NULL,
+                created_at BIGINT NOT NULL,
+                last_seen_at BIGINT)""",
+            # "groups" is a keyword in SQLite's window syntax; a prefixed name avoids quoting.
+            """CREATE TABLE tenant_groups (
+                id TEXT PRIMARY KEY,
+                name TEXT NOT NULL,
+                parent_id TEXT REFERENCES tenant_groups (id),
+                created_at BIGINT NOT NULL,
+                updated_at BIGINT NOT NULL)""",
+            # NULLs are distinct in a plain UNIQUE (parent_id, name) on both databases, which
+            # would allow two roots with one name; the expression index closes that gap.
+            "CREATE UNIQUE INDEX tenant_groups_sibling_name ON tenant_groups (COALESCE(parent_id, ''), name)",
+            "CREATE INDEX tenant_groups_parent ON tenant_groups (parent_id)",
+            """CREATE TABLE api_keys (
+                id TEXT PRIMARY KEY,
+                name TEXT NOT NULL,
+                group_id TEXT NOT NULL REFERENCES tenant_groups (id),
+                digest TEXT NOT NULL UNIQUE,
+                models TEXT,
+                admin BOOLEAN NOT NULL,
+                created_at BIGINT NOT NULL,
+                expires_at BIGINT,
+                revoked_at BIGINT,
+                revision BIGINT NOT NULL)""",
+            "CREATE INDEX api_keys_revision ON api_keys (revision)",
+            "CREATE INDEX api_keys_group ON api_keys (group_id)",
+            # Tombstones, so that a daemon refreshing incrementally learns about deletions.
+            "CREATE TABLE deleted_keys (id TEXT PRIMARY KEY, revision BIGINT NOT NULL)",
+            "CREATE INDEX deleted_keys_revision ON deleted_keys (revision)",
+            """CREATE TABLE quotas (
+                group_id TEXT PRIMARY KEY REFERENCES tenant_groups (id) ON DELETE CASCADE,
+                requests_per_minute BIGINT,
+                tokens_per_minute BIGINT,
+                tokens_per_day BIGINT,
+                concurrent_requests BIGINT,
+                updated_at BIGINT NOT NULL)""",
+            # No foreign keys: usage is history and outlives the keys and groups it names.
+            """CREATE TABLE usage_hourly (
+                hour BIGINT NOT NULL,
+                key_id TEXT NOT NULL,
+                group_id TEXT NOT NULL,
+                model TEXT NOT NULL,
+                requests BIGINT NOT NULL,
+                prompt_tokens BIGINT NOT NULL,
+                completion_tokens BIGINT NOT NULL,
+                PRIMARY KEY (hour, key_id, group_id, model))""",
+            "CREATE INDEX usage_hourly_group ON usage_hourly (group_id, hour)",
+            "CREATE INDEX usage_hourly_key ON usage_hourly (key_id, hour)",
+            """CREATE TABLE capacity (
+                id TEXT PRIMARY KEY,
+                model TEXT NOT NULL,
+                profile TEXT NOT NULL,
+                node_id TEXT NOT NULL,
+                engine TEXT NOT NULL,
+                concurrency BIGINT NOT NULL,
+                tokens_per_s DOUBLE PRECISION NOT NULL,
+                ttft_p50_s DOUBLE PRECISION NOT NULL,
+                ttft_p99_s DOUBLE PRECISION NOT NULL,
+                measured_at BIGINT NOT NULL,
+                detail TEXT NOT NULL)""",
+            "CREATE INDEX capacity_model ON capacity (model, profile, measured_at)",
+            # Exactly one row, created here, so acquiring is always a plain UPDATE.
+            """CREATE TABLE leader_lease (
+                id INTEGER PRIMARY KEY CHECK (id = 1),
+                holder TEXT,
+                address TEXT,
+                epoch BIGINT NOT NULL,
+                expires_at BIGINT NOT NULL)""",
+            "INSERT INTO leader_lease (id, holder, address, epoch, expires_at) VALUES (1, NULL, NULL, 0, 0)",
+        ),
+    ),
+)
+
+# An arbitrary constant: the key of the PostgreSQL advisory lock that serialises daemons
+# migrating the same database at the same moment.
+_MIGRATION_LOCK_KEY = 0x6C6D6777  # "lmgw"
+
+
+def latest_version(migrations: tuple[Migration, ...] = MIGRATIONS) -> int:
+    return migrations[-1].version if migrations else 0
+
+
+def _check(migrations: tuple[Migration, ...]) -> None:
+    versions = [m.version for m in migrations]
+    if versions != list(range(1, len(versions) + 1)):
+        raise ValueError(f"migration versions must be 1..n in order, got {versions}")
+
+
+async def migrate(backend: Backend, migrations: tuple[Migration, ...] = MIGRATIONS) -> int:
+    """Bring the database up to the newest step; return the schema version it is now at."""
+    _check(migrations)
+    known = latest_version(migrations)
+
+    def apply(tx: Tx) -> int:
+        if tx.dialect == "postgresql":
+            tx.rows("SELECT pg_advisory_xact_lock(?)", (_MIGRATION_LOCK_KEY,))
+        # On SQLite the write transaction (BEGIN IMMEDIATE) already excludes other writers.
+        tx.run(
+            """CREATE TABLE IF NOT EXISTS schema_version (
+                version INTEGER PRIMARY KEY,
+                description TEXT NOT NULL,
+                applied_at BIGINT NOT NULL)"""
+        )
+        row = tx.one("SELECT MAX(version) FROM schema_version")
+        current = int(row[0]) if row is not None and row[0] is not None else 0
+        if current > known:
+            raise SchemaTooNew(current, known)
+        for step in migrations[current:]:
+            for statement in step.statements:
+                tx.run(statement)
+            tx.run(
+                "INSERT INTO schema_version (version, description, applied_at) VALUES (?, ?, now_us())",
+                (step.version, step.description),
+            )
+        return known
+
+    return await backend.run(apply, write=True)
+
+
+async def schema_version(backend: Backend) -> int:
+    def read(tx: Tx) -> int:
+        row = tx.one("SELECT MAX(version) FROM schema_version")
+        return int(row[0]) if row is not None and row[0] is not None else 0
+
+    return await backend.run(read, write=False)

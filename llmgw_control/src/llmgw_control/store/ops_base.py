@@ -1,0 +1,41 @@
+"""What every query module shares: the backend handle and the change counters."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import TypeVar
+
+from .backend import Backend, Tx
+from .errors import StoreError
+from .migrations import REVISION_KINDS
+
+T = TypeVar("T")
+
+
+def bump_revision(tx: Tx, kind: str) -> int:
+    """Advance ``kind``'s change counter; call it *first* in a write transaction.
+
+    On PostgreSQL the UPDATE takes the counter row's lock until COMMIT, which serialises writers
+    of one kind: check-then-write sequences (a sibling name, a cycle in the tree) cannot race,
+    and revisions become visible in the order they were handed out (no gaps for readers).
+    """
+    assert kind in REVISION_KINDS
+    row = tx.one("UPDATE revisions SET value = value + 1 WHERE kind = ? RETURNING value", (kind,))
+    if row is None:
+        raise StoreError(f"revision counter {kind!r} is missing: the schema is damaged")
+    return int(row[0])
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+class OpsBase:
+    _backend: Backend
+
+    async def _write(self, fn: Callable[[Tx], T]) -> T:
+        return await self._backend.run(fn, write=True)
+
+    async def _read(self, fn: Callable[[Tx], T]) -> T:
+        return await self._backend.run(fn, write=False)
