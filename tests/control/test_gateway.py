@@ -307,7 +307,6 @@ async def test_least_in_flight_spreads_concurrent_streams() -> None:
                 for _ in range(6):
                     nursery.start_soon(_open_stream, gw.url)
                 with trio.fail_after(10):
-                    await a.observed.wait_for(lambda o: o.in_flight + b.observed.in_flight >= 6)
                     while a.observed.in_flight + b.observed.in_flight < 6:
                         await trio.sleep(0.01)
                 assert a.observed.in_flight == 3 and b.observed.in_flight == 3
