@@ -1,7 +1,8 @@
 """The leader lease in the database: one row, compare-and-set, an epoch as fencing token.
 
 Every operation is one atomic statement judged by the database's clock (PostgreSQL's
-``clock_timestamp()``; on SQLite the process clock, which is the only clock there is):
+``clock_timestamp()``; on SQLite the process clock, which is the only clock there is), read
+once per statement through ``UPDATE … FROM``, which both databases accept:
 
 * ``try_acquire`` takes the lease if it has expired or is already ours. The epoch goes up
   unless this is the holder extending a lease that is still live, so every new term (another
@@ -21,10 +22,8 @@ from typing import Protocol
 from . import convert as cv
 from .backend import Backend, Tx
 from .errors import InvalidInput
+from .ops_base import ONE_CLOCK
 from .records import LeaseGrant, LeaseInfo
-
-# One evaluation of the clock per statement (UPDATE … FROM works on both databases).
-_NOW = "(SELECT now_us() AS t) AS clock"
 
 
 class Lease(Protocol):
@@ -61,7 +60,7 @@ class SqlLease:
                 "UPDATE leader_lease SET "
                 "epoch = CASE WHEN holder = ? AND expires_at > clock.t THEN epoch ELSE epoch + 1 END, "
                 "holder = ?, address = ?, expires_at = clock.t + ? "
-                f"FROM {_NOW} "
+                f"FROM {ONE_CLOCK} "
                 "WHERE id = 1 AND (expires_at <= clock.t OR holder = ?) "
                 "RETURNING epoch, expires_at",
                 (holder, holder, address, ttl_us, holder),
@@ -77,7 +76,7 @@ class SqlLease:
 
         def renew(tx: Tx) -> LeaseGrant | None:
             row = tx.one(
-                f"UPDATE leader_lease SET expires_at = clock.t + ? FROM {_NOW} "
+                f"UPDATE leader_lease SET expires_at = clock.t + ? FROM {ONE_CLOCK} "
                 "WHERE id = 1 AND holder = ? AND expires_at > clock.t "
                 "RETURNING epoch, expires_at",
                 (ttl_us, holder),
@@ -103,7 +102,9 @@ class SqlLease:
         """Who leads now: holder and address are None when the lease is free or has lapsed."""
 
         def current(tx: Tx) -> LeaseInfo:
-            row = tx.one(f"SELECT holder, address, epoch, expires_at, clock.t FROM leader_lease, {_NOW} WHERE id = 1")
+            row = tx.one(
+                f"SELECT holder, address, epoch, expires_at, clock.t FROM leader_lease, {ONE_CLOCK} WHERE id = 1"
+            )
             assert row is not None
             holder, address, epoch, expires_at, now = row
             if holder is None or expires_at <= now:

@@ -12,6 +12,10 @@ from .migrations import REVISION_KINDS
 
 T = TypeVar("T")
 
+# Read the clock once per statement: ``now_us()`` twice in one row (created_at and updated_at)
+# could differ by a microsecond. Use as ``INSERT … SELECT …, clock.t FROM {ONE_CLOCK}``.
+ONE_CLOCK = "(SELECT now_us() AS t) AS clock"
+
 
 def bump_revision(tx: Tx, kind: str) -> int:
     """Advance ``kind``'s change counter; call it *first* in a write transaction.

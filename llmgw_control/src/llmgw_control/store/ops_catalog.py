@@ -8,7 +8,7 @@ from typing import Any
 from . import convert as cv
 from .backend import Row, Tx
 from .errors import Conflict, NotFound
-from .ops_base import OpsBase, bump_revision
+from .ops_base import ONE_CLOCK, OpsBase, bump_revision
 from .records import CatalogModel
 
 _COLUMNS = "name, document, created_at, updated_at"
@@ -31,7 +31,8 @@ class CatalogOps(OpsBase):
             if tx.one("SELECT 1 FROM catalog_models WHERE name = ?", (name,)) is not None:
                 raise Conflict(f"model {name!r} already exists", field="name")
             row = tx.one(
-                f"INSERT INTO catalog_models ({_COLUMNS}) VALUES (?, ?, now_us(), now_us()) RETURNING {_COLUMNS}",
+                f"INSERT INTO catalog_models ({_COLUMNS}) SELECT ?, ?, clock.t, clock.t FROM {ONE_CLOCK} "
+                f"RETURNING {_COLUMNS}",
                 (name, doc),
             )
             assert row is not None

@@ -6,7 +6,7 @@ from . import convert as cv
 from .backend import Row, Tx
 from .convert import UNSET, Unset
 from .errors import Conflict, InvalidInput, NotFound
-from .ops_base import OpsBase, bump_revision, new_id
+from .ops_base import ONE_CLOCK, OpsBase, bump_revision, new_id
 from .records import Group
 
 _COLUMNS = "id, name, parent_id, created_at, updated_at"
@@ -56,7 +56,8 @@ class GroupOps(OpsBase):
                 require_group(tx, parent, "parent_id")
             _check_sibling_name(tx, name, parent, None)
             row = tx.one(
-                f"INSERT INTO tenant_groups ({_COLUMNS}) VALUES (?, ?, ?, now_us(), now_us()) RETURNING {_COLUMNS}",
+                f"INSERT INTO tenant_groups ({_COLUMNS}) SELECT ?, ?, ?, clock.t, clock.t FROM {ONE_CLOCK} "
+                f"RETURNING {_COLUMNS}",
                 (gid, name, parent),
             )
             assert row is not None
