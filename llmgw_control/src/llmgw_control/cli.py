@@ -10,7 +10,6 @@ from llmgw_shared.config import ConfigError
 from llmgw_shared.lifecycle import stop_on_signals
 from llmgw_shared.logs import get_logger, setup_logging
 
-from .app import run_control
 from .config import ControlConfig, load_config, parse_endpoint_flag
 
 log = get_logger("llmgw.control")
@@ -40,6 +39,9 @@ def config_from_args(args: argparse.Namespace) -> ControlConfig:
 
 
 async def _run(config: ControlConfig) -> None:
+    # Imported here so that config errors and --help answer without loading the web stack.
+    from .app import run_control
+
     shutdown = trio.Event()
     async with trio.open_nursery() as nursery:
         await nursery.start(stop_on_signals, shutdown)
