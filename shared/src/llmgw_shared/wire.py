@@ -20,7 +20,9 @@ from typing import Any, Literal, TypeAlias, get_args, get_origin
 
 import attrs
 import cattrs
+from cattrs import BaseConverter
 from cattrs.cols import list_structure_factory, mapping_structure_factory
+from cattrs.dispatch import StructureHook
 from cattrs.preconf.json import make_converter
 from cattrs.strategies import configure_tagged_union
 
@@ -288,7 +290,7 @@ def strict_collections(conv: cattrs.Converter) -> None:
     """Refuse a string where a list belongs (cattrs would split it into characters) and a
     non-object where a mapping belongs."""
 
-    def list_factory(type_: Any, conv: cattrs.Converter) -> Any:
+    def list_factory(type_: Any, conv: BaseConverter) -> StructureHook:
         inner = list_structure_factory(type_, conv)
 
         def hook(value: Any, t: Any) -> Any:
@@ -298,7 +300,7 @@ def strict_collections(conv: cattrs.Converter) -> None:
 
         return hook
 
-    def mapping_factory(type_: Any, conv: cattrs.Converter) -> Any:
+    def mapping_factory(type_: Any, conv: BaseConverter) -> StructureHook:
         inner = mapping_structure_factory(type_, conv)
 
         def hook(value: Any, t: Any) -> Any:
@@ -308,8 +310,14 @@ def strict_collections(conv: cattrs.Converter) -> None:
 
         return hook
 
-    conv.register_structure_hook_factory(lambda t: get_origin(t) is list, list_factory)
-    conv.register_structure_hook_factory(lambda t: get_origin(t) is dict, mapping_factory)
+    def is_list(t: Any) -> bool:
+        return get_origin(t) is list
+
+    def is_dict(t: Any) -> bool:
+        return get_origin(t) is dict
+
+    conv.register_structure_hook_factory(is_list, list_factory)
+    conv.register_structure_hook_factory(is_dict, mapping_factory)
 
 
 def _make_converter() -> cattrs.Converter:

@@ -1,0 +1,78 @@
+"""The node's configuration file (TOML), read into attrs classes.
+
+Unknown keys are refused with their names, so a typo (``alow_os_packages``) is an error at
+start-up instead of a setting silently ignored.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+import attrs
+from llmgw_shared.config import ConfigError, load_toml, strict_converter, structure
+from llmgw_shared.wire import strict_collections
+
+__all__ = ["ConfigError", "ConfiguredEngine", "NodeConfig", "load_config", "parse_config"]
+
+
+@attrs.frozen
+class ConfiguredEngine:
+    """An engine that is not an archive (vLLM, SGLang, a local build), named on purpose by path."""
+
+    name: str
+    path: str
+    # Reported as the engine's version; empty means the line its --version printed.
+    version: str = ""
+    # Arguments that make it print its version and exit.
+    version_args: list[str] = attrs.field(factory=lambda: ["--version"])
+
+
+@attrs.frozen
+class NodeConfig:
+    # Control URLs (ws:// or wss://, path /agent/v1), tried in order: a failover finds the leader.
+    control: list[str] = attrs.field(factory=list)
+    token: str = attrs.field(default="", repr=False)
+    node_id: str = attrs.field(factory=socket.gethostname)
+    data_dir: str = "/var/lib/llmgw-node"
+    # The address engines listen on, and the one control is told to reach them at.
+    engine_host: str = "127.0.0.1"
+    address: str = ""
+    allow_os_packages: bool = False
+    engines: list[ConfiguredEngine] = attrs.field(factory=list)
+    # Seconds between re-checks of installed engines (ldd and --version).
+    recheck_interval_s: float = 600.0
+    # Reconnect backoff to control: first delay, cap.
+    reconnect_min_s: float = 0.5
+    reconnect_max_s: float = 30.0
+    log_level: str = "info"
+
+    @property
+    def advertised_address(self) -> str:
+        return self.address or self.engine_host
+
+    @property
+    def data_path(self) -> Path:
+        return Path(self.data_dir)
+
+
+_conv = strict_converter()
+# The shared strict converter still lets a string through where a list belongs (split into
+# characters): `control = "ws://..."` must be an error, not a list of one-letter URLs.
+strict_collections(_conv)
+
+
+def parse_config(data: dict[str, Any], *, source: str = "config") -> NodeConfig:
+    config = structure(data, NodeConfig, _conv, source=source)
+    for url in config.control:
+        if not url.startswith(("ws://", "wss://")):
+            raise ConfigError(f"{source}: control: {url!r} is not a ws:// or wss:// URL")
+    names = [e.name for e in config.engines]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{source}: engines: an engine name appears twice: {names}")
+    return config
+
+
+def load_config(path: str | Path) -> NodeConfig:
+    return parse_config(load_toml(path), source=str(path))

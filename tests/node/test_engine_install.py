@@ -1,0 +1,218 @@
+"""Installing the real llama-server archive from a GitHub-shaped release served on 127.0.0.1."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from pathlib import Path
+
+import httpx2
+import pytest
+from llmgw_node.engines.manager import EngineManager
+from llmgw_node.engines.release import Platform
+from llmgw_shared.wire import EngineSpec, EngineState
+from node.conftest import TAG
+from node.release_server import FileServer
+
+CPU = Platform(os="linux", arch="x86_64", cuda=False)
+
+
+def manager(data: Path, client: httpx2.AsyncClient, seen: list[EngineState]) -> EngineManager:
+    return EngineManager(data, client, CPU, on_change=seen.append)
+
+
+async def test_clean_install_reports_progress_then_installed(
+    tmp_path: Path, files: FileServer, engine_archive: tuple[str, bytes]
+) -> None:
+    name, data = engine_archive
+    files.publish(TAG, {name: data, "llama-b11312-bin-win-cpu-x64.zip": b"not for linux"})
+    seen: list[EngineState] = []
+    async with httpx2.AsyncClient() as client:
+        mgr = manager(tmp_path, client, seen)
+        state = await mgr.install(EngineSpec("llama.cpp", TAG, files.release_api()))
+    assert state.status == "installed", state.describe()
+    assert state.describe() == f"installed {TAG}"
+    assert "build 11312" in state.reported_version
+    binary = Path(state.binary)
+    assert binary == tmp_path / "engines" / "llama.cpp" / TAG / f"llama-{TAG}" / "llama-server"
+    assert os.access(binary, os.X_OK)
+    details = [s.detail for s in seen if s.status == "installing"]
+    assert any(d.startswith(f"downloading {name} (6 MB, ") and d.endswith("%)") for d in details), details
+    assert f"downloading {name} (6 MB, 100%)" in details
+    assert "checking libraries (ldd)" in details and "running llama-server --version" in details
+    # Nothing is left in staging, and the downloaded archive is not kept once unpacked.
+    assert not any((tmp_path / "engines" / ".staging").iterdir())
+    assert not any((tmp_path / "engines" / ".downloads").iterdir())
+
+
+async def test_installed_engine_is_found_again_and_proven_on_restart(
+    tmp_path: Path, files: FileServer, engine_archive: tuple[str, bytes]
+) -> None:
+    name, data = engine_archive
+    files.publish(TAG, {name: data})
+    async with httpx2.AsyncClient() as client:
+        await manager(tmp_path, client, []).install(EngineSpec("llama.cpp", TAG, files.release_api()))
+        seen: list[EngineState] = []
+        again = manager(tmp_path, client, seen)
+        await again.load()
+    assert [(s.name, s.version, s.status) for s in again.states()] == [("llama.cpp", TAG, "installed")]
+    assert again.binary("llama.cpp", TAG) is not None
+
+
+async def test_wrong_digest_is_refused_and_leaves_nothing_installed(
+    tmp_path: Path, files: FileServer, engine_archive: tuple[str, bytes]
+) -> None:
+    name, data = engine_archive
+    files.publish(TAG, {name: data}, digests={name: "0" * 64})
+    async with httpx2.AsyncClient() as client:
+        mgr = manager(tmp_path, client, [])
+        state = await mgr.install(EngineSpec("llama.cpp", TAG, files.release_api()))
+    assert state.status == "failed"
+    assert f"{name}: sha256 " in state.detail and f"differs from the published {'0' * 64}" in state.detail
+    assert not (tmp_path / "engines" / "llama.cpp" / TAG).exists()
+    assert mgr.binary("llama.cpp", TAG) is None
+
+
+async def test_no_fitting_asset_names_what_was_offered(tmp_path: Path, files: FileServer) -> None:
+    files.publish(TAG, {"llama-b11312-bin-macos-arm64.zip": b"x", "llama-b11312-bin-ubuntu-vulkan-x64.zip": b"y"})
+    async with httpx2.AsyncClient() as client:
+        state = await manager(tmp_path, client, []).install(EngineSpec("llama.cpp", TAG, files.release_api()))
+    assert state.status == "failed"
+    assert "no asset fits linux/x86_64" in state.detail
+    assert "llama-b11312-bin-macos-arm64.zip (built for macos)" in state.detail
+    assert "llama-b11312-bin-ubuntu-vulkan-x64.zip (a vulkan build, which this node does not use)" in state.detail
+
+
+async def test_missing_release_is_reported(tmp_path: Path, files: FileServer) -> None:
+    async with httpx2.AsyncClient() as client:
+        state = await manager(tmp_path, client, []).install(EngineSpec("llama.cpp", "b1", files.release_api()))
+    assert state.status == "failed" and state.detail.endswith("/releases/tags/b1: HTTP 404")
+
+
+def _archive_without(data: bytes, library: str) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=io.BytesIO(data)) as src, tarfile.open(fileobj=out, mode="w:gz") as dst:
+        for member in src.getmembers():
+            if member.name.endswith("/" + library):
+                continue
+            dst.addfile(member, src.extractfile(member) if member.isreg() else None)
+    return out.getvalue()
+
+
+async def test_archive_missing_a_library_is_refused_naming_it(
+    tmp_path: Path, files: FileServer, engine_archive: tuple[str, bytes]
+) -> None:
+    name, data = engine_archive
+    files.publish(TAG, {name: _archive_without(data, "libggml-cpu.so.0")})
+    async with httpx2.AsyncClient() as client:
+        mgr = manager(tmp_path, client, [])
+        state = await mgr.install(EngineSpec("llama.cpp", TAG, files.release_api()))
+    assert state.status == "failed"
+    assert state.describe() == "failed: missing library: libggml-cpu.so.0"
+    assert not (tmp_path / "engines" / "llama.cpp" / TAG).exists()
+    assert not any((tmp_path / "engines" / ".staging").iterdir())
+
+
+def _archive_with_broken_binary(data: bytes) -> bytes:
+    out = io.BytesIO()
+    script = b"#!/bin/sh\necho 'error: this build wants a newer CPU' >&2\nexit 3\n"
+    with tarfile.open(fileobj=io.BytesIO(data)) as src, tarfile.open(fileobj=out, mode="w:gz") as dst:
+        for member in src.getmembers():
+            if member.name.endswith("/llama-server"):
+                member.size = len(script)
+                dst.addfile(member, io.BytesIO(script))
+            else:
+                dst.addfile(member, src.extractfile(member) if member.isreg() else None)
+    return out.getvalue()
+
+
+async def test_binary_whose_version_fails_is_refused(
+    tmp_path: Path, files: FileServer, engine_archive: tuple[str, bytes]
+) -> None:
+    name, data = engine_archive
+    files.publish(TAG, {name: _archive_with_broken_binary(data)})
+    async with httpx2.AsyncClient() as client:
+        state = await manager(tmp_path, client, []).install(EngineSpec("llama.cpp", TAG, files.release_api()))
+    assert state.status == "failed"
+    assert state.detail == "llama-server --version exited with status 3: error: this build wants a newer CPU"
+    assert not (tmp_path / "engines" / "llama.cpp" / TAG).exists()
+
+
+async def test_recheck_notices_a_library_deleted_after_install_and_reinstalls(
+    tmp_path: Path, files: FileServer, engine_archive: tuple[str, bytes]
+) -> None:
+    name, data = engine_archive
+    files.publish(TAG, {name: data})
+    spec = EngineSpec("llama.cpp", TAG, files.release_api())
+    seen: list[EngineState] = []
+    async with httpx2.AsyncClient() as client:
+        mgr = manager(tmp_path, client, seen)
+        mgr.want([spec])
+        state = await mgr.install(spec)
+        Path(state.binary).with_name("libggml-base.so.0").unlink()
+        seen.clear()
+        await mgr.check_all()
+    statuses = [s.describe() for s in seen]
+    assert statuses[0] == "failed: re-check: missing library: libggml-base.so.0"
+    assert statuses[-1] == f"installed {TAG}"
+    assert Path(state.binary).with_name("libggml-base.so.0").exists()
+
+
+async def test_recheck_reports_a_broken_engine_control_no_longer_wants(
+    tmp_path: Path, files: FileServer, engine_archive: tuple[str, bytes]
+) -> None:
+    name, data = engine_archive
+    files.publish(TAG, {name: data})
+    async with httpx2.AsyncClient() as client:
+        mgr = manager(tmp_path, client, [])
+        state = await mgr.install(EngineSpec("llama.cpp", TAG, files.release_api()))
+        Path(state.binary).with_name("libllama.so.0").unlink()
+        await mgr.check_all()
+    assert mgr.state("llama.cpp", TAG).describe() == "failed: re-check: missing library: libllama.so.0"
+    assert mgr.binary("llama.cpp", TAG) is None
+
+
+@pytest.mark.parametrize("version_line", ["vllm 0.11.0"])
+async def test_engine_configured_by_path_is_proven_and_reported(tmp_path: Path, version_line: str) -> None:
+    from llmgw_node.config import ConfiguredEngine
+
+    script = tmp_path / "vllm"
+    script.write_text(f"#!/bin/sh\necho '{version_line}'\n")
+    script.chmod(0o755)
+    broken = tmp_path / "sglang"
+    broken.write_text("#!/bin/sh\nexit 1\n")
+    broken.chmod(0o755)
+    async with httpx2.AsyncClient() as client:
+        mgr = EngineManager(tmp_path, client, CPU, configured=[
+            ConfiguredEngine(name="vllm", path=str(script), version="0.11.0"),
+            ConfiguredEngine(name="sglang", path=str(broken)),
+            ConfiguredEngine(name="nothing", path=str(tmp_path / "absent")),
+        ])
+        await mgr.load()
+    by_name = {s.name: s for s in mgr.states()}
+    assert by_name["vllm"].describe() == "configured 0.11.0"
+    assert by_name["vllm"].reported_version == version_line
+    assert by_name["sglang"].status == "failed" and "exited with status 1" in by_name["sglang"].detail
+    assert by_name["nothing"].detail == f"{tmp_path / 'absent'} is not an executable file"
+
+
+async def test_malicious_archive_is_refused_and_staging_is_cleaned(tmp_path: Path, files: FileServer) -> None:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        good = tarfile.TarInfo(f"llama-{TAG}/llama-server")
+        good.size = 3
+        tar.addfile(good, io.BytesIO(b"bin"))
+        link = tarfile.TarInfo(f"llama-{TAG}/libggml.so.0")
+        link.type = tarfile.SYMTYPE
+        link.linkname = "../../../../etc/passwd"
+        tar.addfile(link)
+    files.publish(TAG, {f"llama-{TAG}-bin-linux-x64.tar.gz": out.getvalue()})
+    async with httpx2.AsyncClient() as client:
+        state = await manager(tmp_path, client, []).install(EngineSpec("llama.cpp", TAG, files.release_api()))
+    assert state.describe() == (
+        f"failed: entry 'llama-{TAG}/libggml.so.0': symlink to '../../../../etc/passwd' points outside "
+        "the install directory"
+    )
+    assert not (tmp_path / "engines" / "llama.cpp").exists()
+    assert not any((tmp_path / "engines" / ".staging").iterdir())

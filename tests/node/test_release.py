@@ -1,0 +1,63 @@
+"""Choosing the release asset for a node: OS, architecture, CUDA or CPU."""
+
+from __future__ import annotations
+
+import pytest
+from llmgw_node.engines.release import Platform, ReleaseError, choose_assets, parse_release
+
+UPSTREAM = {
+    "tag_name": "b6000",
+    "assets": [
+        {"name": n, "size": 10, "browser_download_url": f"https://example.invalid/{n}", "digest": f"sha256:{'a' * 64}"}
+        for n in [
+            "cudart-llama-bin-win-cuda-12.4-x64.zip",
+            "llama-b6000-bin-macos-arm64.zip",
+            "llama-b6000-bin-ubuntu-x64.zip",
+            "llama-b6000-bin-ubuntu-vulkan-x64.zip",
+            "llama-b6000-bin-ubuntu-cuda-12.4-x64.tar.gz",
+            "cudart-llama-bin-ubuntu-cuda-12.4-x64.tar.gz",
+            "llama-b6000-bin-linux-arm64.tar.gz",
+            "llama-b6000-bin-win-cpu-x64.zip",
+            "llama-b6000-xcframework.zip",
+        ]
+    ],
+}
+
+
+def names(plat: Platform) -> list[str]:
+    return [a.name for a in choose_assets(parse_release(UPSTREAM), plat)]
+
+
+def test_cpu_node_gets_the_cpu_build() -> None:
+    assert names(Platform("linux", "x86_64", cuda=False)) == ["llama-b6000-bin-ubuntu-x64.zip"]
+
+
+def test_cuda_node_gets_the_cuda_build_and_its_runtime() -> None:
+    assert names(Platform("linux", "x86_64", cuda=True)) == [
+        "llama-b6000-bin-ubuntu-cuda-12.4-x64.tar.gz", "cudart-llama-bin-ubuntu-cuda-12.4-x64.tar.gz",
+    ]
+
+
+def test_arm_node_gets_the_arm_build() -> None:
+    assert names(Platform("linux", "aarch64", cuda=False)) == ["llama-b6000-bin-linux-arm64.tar.gz"]
+
+
+def test_digest_is_parsed() -> None:
+    assets = parse_release(UPSTREAM)
+    assert all(a.sha256 == "a" * 64 for a in assets)
+
+
+def test_nothing_fits_lists_every_asset_and_why() -> None:
+    with pytest.raises(ReleaseError) as info:
+        choose_assets(parse_release(UPSTREAM), Platform("linux", "riscv64", cuda=False))
+    text = str(info.value)
+    assert text.startswith("no asset fits linux/riscv64: ")
+    assert "llama-b6000-bin-ubuntu-x64.zip (built for x64)" in text
+    assert "llama-b6000-bin-macos-arm64.zip (built for macos)" in text
+    assert "cudart-llama-bin-win-cuda-12.4-x64.zip (a CUDA runtime, not a build)" in text
+    assert "llama-b6000-xcframework.zip (not a llama.cpp build archive)" in text
+
+
+def test_not_a_release_document() -> None:
+    with pytest.raises(ReleaseError, match="no 'assets' list"):
+        parse_release({"message": "API rate limit exceeded"})
