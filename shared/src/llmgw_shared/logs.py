@@ -49,8 +49,16 @@ def redact(text: str) -> str:
     return text
 
 
+_SECRET_FIELD = re.compile(r"(?i)(api[_-]?key|authorization|token|password|secret)")
+
+
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
-    return {k: v for k, v in vars(record).items() if k not in _STANDARD_ATTRS and not k.startswith("_")}
+    """Extra fields of a record; a field named like a secret is dropped whatever its value looks like."""
+    return {
+        k: "[redacted]" if _SECRET_FIELD.search(k) else v
+        for k, v in vars(record).items()
+        if k not in _STANDARD_ATTRS and not k.startswith("_")
+    }
 
 
 class _ContextFilter(logging.Filter):

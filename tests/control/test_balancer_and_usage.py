@@ -1,0 +1,86 @@
+"""Pure pieces of the data path: replica choice and usage extraction."""
+
+from __future__ import annotations
+
+import random
+
+import attrs
+import pytest
+from llmgw_control.router.balancer import choose
+from llmgw_control.router.replicas import Replica, ReplicaSet
+from llmgw_control.router.usage import TAIL_BYTES, StreamTail, Usage, find_usage
+
+
+@attrs.define
+class R:
+    id: str
+    weight: float = 1.0
+    in_flight: int = 0
+    cooldown_until: float = 0.0
+
+
+def test_least_in_flight_wins() -> None:
+    replicas = [R("a", in_flight=3), R("b", in_flight=1), R("c", in_flight=2)]
+    assert choose(replicas, now=0).id == "b"  # type: ignore[union-attr]
+
+
+def test_weight_scales_the_load_a_replica_takes() -> None:
+    # Four in flight on a weight-4 replica count like one on a weight-1 replica.
+    heavy, light = R("heavy", weight=4, in_flight=4), R("light", weight=1, in_flight=1)
+    assert choose([heavy, light], now=0) is heavy  # (4+1)/4 < (1+1)/1
+
+
+def test_cooling_replicas_are_avoided_while_others_serve() -> None:
+    replicas = [R("a", cooldown_until=10), R("b", in_flight=50)]
+    assert choose(replicas, now=5).id == "b"  # type: ignore[union-attr]
+    assert choose(replicas, now=11).id == "a"  # type: ignore[union-attr]
+
+
+def test_when_all_are_cooling_the_one_that_recovers_first_is_tried() -> None:
+    replicas = [R("a", cooldown_until=30), R("b", cooldown_until=20)]
+    assert choose(replicas, now=5).id == "b"  # type: ignore[union-attr]
+
+
+def test_excluded_replicas_are_never_chosen() -> None:
+    assert choose([R("a"), R("b")], now=0, exclude={"a", "b"}) is None
+    assert choose([R("a"), R("b")], now=0, exclude={"a"}).id == "b"  # type: ignore[union-attr]
+    assert choose([], now=0) is None
+
+
+def test_ties_are_spread_at_random() -> None:
+    rng = random.Random(1)
+    picks = {choose([R("a"), R("b"), R("c")], now=0, rng=rng).id for _ in range(50)}  # type: ignore[union-attr]
+    assert picks == {"a", "b", "c"}
+
+
+def test_replica_set_publish_and_withdraw() -> None:
+    replicas = ReplicaSet([Replica("a", "http://a", frozenset({"m1", "m2"})), Replica("b", "http://b", frozenset({"m2"}))])
+    assert replicas.models() == ["m1", "m2"]
+    assert [r.id for r in replicas.for_model("m2")] == ["a", "b"]
+    replicas.withdraw("a")
+    assert replicas.models() == ["m2"] and replicas.for_model("m1") == []
+    replicas.publish(Replica("b", "http://b2", frozenset({"m3"})))  # republish replaces
+    assert replicas.models() == ["m3"] and len(replicas) == 1
+
+
+@pytest.mark.parametrize(("data", "expected"), [
+    (b'{"id":"x","usage":{"prompt_tokens":5,"completion_tokens":7,"total_tokens":12}}', Usage(5, 7)),
+    (b'{"usage": {"prompt_tokens": 3, "total_tokens": 3}}', Usage(3, 0)),  # embeddings
+    (b'{"usage":null}', None),
+    (b'{"choices":[]}', None),
+    (b'data: {"usage":{"prompt_tokens":1,"completion_tokens":1}}\n\ndata: {"usage":{"prompt_tokens":2,'
+     b'"completion_tokens":9}}\n\ndata: [DONE]\n\n', Usage(2, 9)),
+    (b'data: {"usage":{"prompt_tokens":2,"completion_tok', None),  # cut off
+    (b'{"content":"the word \\"usage\\" in text","usage":{"prompt_tokens":4,"completion_tokens":1}}', Usage(4, 1)),
+])
+def test_find_usage(data: bytes, expected: Usage | None) -> None:
+    assert find_usage(data) == expected
+
+
+def test_stream_tail_keeps_the_end_of_a_long_stream() -> None:
+    tail = StreamTail()
+    for _ in range(10_000):
+        tail.feed(b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n')
+    tail.feed(b'data: {"choices":[],"usage":{"prompt_tokens":8,"completion_tokens":10000}}\n\ndata: [DONE]\n\n')
+    assert tail.usage() == Usage(8, 10000)
+    assert len(tail._buffer) <= 2 * TAIL_BYTES + 200
