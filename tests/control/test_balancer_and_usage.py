@@ -54,7 +54,8 @@ def test_ties_are_spread_at_random() -> None:
 
 
 def test_replica_set_publish_and_withdraw() -> None:
-    replicas = ReplicaSet([Replica("a", "http://a", frozenset({"m1", "m2"})), Replica("b", "http://b", frozenset({"m2"}))])
+    replicas = ReplicaSet([Replica("a", "http://a", frozenset({"m1", "m2"})),
+                           Replica("b", "http://b", frozenset({"m2"}))])
     assert replicas.models() == ["m1", "m2"]
     assert [r.id for r in replicas.for_model("m2")] == ["a", "b"]
     replicas.withdraw("a")

@@ -15,7 +15,6 @@ import openai
 import pytest
 import trio
 from llmgw_dev.engine_proc import LlamaServer, llama_server_process
-
 from support.gateway import RunningGateway, endpoint, running_gateway
 
 T = TypeVar("T")

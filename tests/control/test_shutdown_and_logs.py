@@ -14,7 +14,6 @@ import httpx2
 import trio
 from llmgw_dev.engine_proc import free_port
 from llmgw_dev.fake_engine import FakeEngine
-
 from support.gateway import chat_body, endpoint, running_gateway
 
 LLMGW_CONTROL = str(Path(sys.executable).with_name("llmgw-control"))
@@ -48,7 +47,7 @@ async def test_in_flight_stream_finishes_after_shutdown_and_new_connections_are_
 @asynccontextmanager
 async def control_process(*args: str, log_path: Path) -> AsyncIterator[tuple[trio.Process, str]]:
     port = free_port()
-    with open(log_path, "wb") as log:
+    with open(log_path, "wb") as log:  # noqa: ASYNC230 -- a local file, opened once
         process = await trio.lowlevel.open_process(
             [LLMGW_CONTROL, "run", "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{free_port()}",
              "--log-format", "json", *args],

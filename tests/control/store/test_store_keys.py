@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 import trio
+import trio.lowlevel
 from llmgw_control.store import Conflict, InvalidInput, NotFound, SqlStore
 
 
@@ -41,14 +42,15 @@ async def test_refusals(store: SqlStore) -> None:
     with pytest.raises(InvalidInput) as invalid:
         await store.create_key(name="b", group_id="nope", digest="other")
     assert invalid.value.field == "group_id"
-    for kwargs, field in [
+    cases: list[tuple[dict[str, object], str]] = [
         ({"models": "a"}, "models"),
         ({"models": ["a", "a"]}, "models"),
         ({"models": ["ok", ""]}, "models[1]"),
         ({"admin": 1}, "admin"),
         ({"expires_at": datetime(2030, 1, 1)}, "expires_at"),
         ({"name": ""}, "name"),
-    ]:
+    ]
+    for kwargs, field in cases:
         args: dict[str, object] = {"name": "b", "group_id": gid, "digest": "other", **kwargs}
         with pytest.raises(InvalidInput) as invalid:
             await store.create_key(**args)  # type: ignore[arg-type]
@@ -136,7 +138,7 @@ async def test_refresh_sees_every_concurrent_write(store: SqlStore) -> None:
             marker = changes.revision
             if done.is_set():
                 return
-            await trio.sleep(0)
+            await trio.lowlevel.checkpoint()
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(reader)
