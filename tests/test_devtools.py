@@ -237,6 +237,21 @@ async def test_fake_observes_disconnect_before_first_byte(fake_engine: FakeEngin
     assert gone.phase == "before_first_byte" and gone.chunks_sent == 0
 
 
+async def test_fake_keeps_connections_alive_unless_told(fake_engine: FakeEngine) -> None:
+    async with httpx2.AsyncClient(base_url=fake_engine.url) as client:
+        for stream in (False, True, False, True):
+            resp = await client.post("/v1/chat/completions", json={"stream": stream})
+            assert resp.status_code == 200 and (not stream or resp.text.endswith("data: [DONE]\n\n"))
+        assert fake_engine.observed.connections == 1
+        # llama-server closes the connection after every stream: the fake can do the same
+        fake_engine.behavior.close_after_stream = True
+        for _ in range(2):
+            resp = await client.post("/v1/chat/completions", json={"stream": True})
+            assert resp.headers["connection"] == "close"
+        await client.post("/v1/chat/completions", json={})
+    assert fake_engine.observed.connections == 3
+
+
 async def test_fake_delays_are_applied() -> None:
     behavior = FakeEngineBehavior(chunks=3, first_byte_delay=0.2, chunk_delay=0.05)
     async with run_fake_engine(behavior) as engine, httpx2.AsyncClient(base_url=engine.url) as client:
