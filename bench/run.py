@@ -1,0 +1,438 @@
+"""Measure what llmgw-control adds on the data path: latency, throughput and CPU per request.
+
+    .venv/bin/python bench/run.py            # full run, about 2-3 minutes
+    .venv/bin/python bench/run.py --quick    # a short run, about 30 s
+
+Method (docs/performance.md has the reasoning and the results):
+- a fake engine (``llmgw_dev.fake_engine``, no model, answers at once) runs as a subprocess pinned
+  to core 0, together with this process, the load generator;
+- the gateway runs as a subprocess pinned to core 1 (``taskset -c 1``), proxying to the fake;
+- for non-streaming and streaming (32 content chunks) requests at concurrency 1, 32 and 128, the
+  load generator runs the same bounded load (a request count and a time cap) first directly
+  against the fake engine, then through the gateway, and reports requests/s and p50/p99 latency of
+  both, the ratios, and the gateway's CPU time per request from ``/proc/<pid>/stat``.
+
+The load generator is trio with a minimal HTTP/1.1 reader on persistent connections: one
+connection per concurrent worker, no pool. A heavier client (httpx2, even h11) would spend the
+core that the fake engine needs, and the direct numbers would measure the client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = "fake-model"
+STREAM_CHUNKS = 32
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+# The targets we hold the gateway to (see docs/performance.md).
+TARGET_ADDED_P50_MS_C1 = 2.0
+TARGET_CPU_MS_NONSTREAM = 2.5
+TARGET_CPU_MS_STREAM = 7.0
+
+
+@attrs.define
+class LoadResult:
+    requests: int
+    errors: int
+    seconds: float
+    latencies: list[float]
+    ttfb: list[float]
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds if self.seconds else 0.0
+
+    def pct(self, q: float, values: list[float] | None = None) -> float:
+        data = sorted(self.latencies if values is None else values)
+        if not data:
+            return float("nan")
+        return data[min(len(data) - 1, int(q * len(data)))] * 1000.0
+
+
+@attrs.define
+class Budget:
+    """A shared request budget with a wall-clock cap: every load loop is bounded in both."""
+
+    remaining: int
+    deadline: float
+
+    def take(self) -> bool:
+        if self.remaining <= 0 or time.monotonic() > self.deadline:
+            return False
+        self.remaining -= 1
+        return True
+
+
+class _Closed(Exception):
+    pass
+
+
+class _Reader:
+    """A minimal HTTP/1.1 response reader over one connection.
+
+    Hand-written instead of h11 because the load generator shares core 0 with the fake engine:
+    h11 handles every chunk of a stream as an event through its state machine (~30% of the core's
+    time in a profile), while a reader that only finds chunk boundaries with ``bytes.find`` is
+    several times cheaper. It parses what it reads properly (status, Content-Length or chunked
+    framing), so a truncated or malformed answer counts as an error, never as a success.
+    """
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.buf = b""
+
+    async def _more(self) -> None:
+        data = await self.stream.receive_some(65536)
+        if not data:
+            raise _Closed
+        self.buf += data
+
+    async def response(self, started: float, ttfb: list[float]) -> tuple[int, bytes, bool]:
+        """(status, the last bytes of the body, whether the connection may be reused)."""
+        while (end := self.buf.find(b"\r\n\r\n")) < 0:
+            await self._more()
+        ttfb.append(time.perf_counter() - started)
+        lines = self.buf[:end].split(b"\r\n")
+        self.buf = self.buf[end + 4:]
+        status = int(lines[0].split(b" ", 2)[1])
+        headers = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            headers[name.strip().lower()] = value.strip().lower()
+        reuse = headers.get(b"connection") != b"close"
+        tail = b""
+        if b"chunked" in headers.get(b"transfer-encoding", b""):
+            while True:
+                while (eol := self.buf.find(b"\r\n")) < 0:
+                    await self._more()
+                size = int(self.buf[:eol].split(b";", 1)[0], 16)
+                need = eol + 2 + size + 2
+                while len(self.buf) < need:
+                    await self._more()
+                if size == 0:
+                    self.buf = self.buf[need:]  # no trailers: none of our servers sends them
+                    return status, tail, reuse
+                tail = (tail + self.buf[eol + 2:eol + 2 + size])[-256:]
+                self.buf = self.buf[need:]
+        if b"content-length" in headers:
+            length = int(headers[b"content-length"])
+            while len(self.buf) < length:
+                await self._more()
+            tail, self.buf = self.buf[:length][-256:], self.buf[length:]
+            return status, tail, reuse
+        while True:  # delimited by the end of the connection
+            try:
+                await self._more()
+            except _Closed:
+                return status, self.buf[-256:], False
+
+
+async def _one_connection(host: str, port: int, path: str, body: bytes, budget: Budget,
+                          result: LoadResult, extra_headers: Sequence[tuple[str, str]]) -> None:
+    head = f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in extra_headers)
+    request = (head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    stream: trio.SocketStream | None = None
+    reader: _Reader | None = None
+    try:
+        while budget.take():
+            if stream is None or reader is None:
+                stream = await trio.open_tcp_stream(host, port)
+                # Without TCP_NODELAY small request writes wait for delayed ACKs (~40 ms).
+                stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                reader = _Reader(stream)
+            started = time.perf_counter()
+            ok = reuse = False
+            try:
+                with trio.fail_after(30):
+                    await stream.send_all(request)
+                    status, tail, reuse = await reader.response(started, result.ttfb)
+                # A complete answer: a stream ends with [DONE], a JSON answer carries its usage.
+                ok = status == 200 and (tail.endswith(b"data: [DONE]\n\n") or b'"usage"' in tail)
+            except (OSError, trio.BrokenResourceError, trio.TooSlowError, _Closed, ValueError, IndexError):
+                ok = False
+            if ok:
+                result.latencies.append(time.perf_counter() - started)
+                result.requests += 1
+            else:
+                result.errors += 1
+            if not (ok and reuse):
+                await stream.aclose()
+                stream = reader = None
+    finally:
+        if stream is not None:
+            await stream.aclose()
+
+
+async def run_load(url: str, *, stream: bool, concurrency: int, requests: int, seconds: float,
+                   api_key: str | None = None) -> LoadResult:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    payload: dict[str, Any] = {"model": MODEL, "max_tokens": STREAM_CHUNKS,
+                               "messages": [{"role": "user", "content": "Say something."}]}
+    if stream:
+        payload |= {"stream": True, "stream_options": {"include_usage": True}}
+    body = json.dumps(payload).encode()
+    extra = [("Authorization", f"Bearer {api_key}")] if api_key else []
+    # Warm-up, not counted: connections open, the gateway's upstream pool fills.
+    warm = LoadResult(0, 0, 0.0, [], [])
+    warm_budget = Budget(concurrency * 2, time.monotonic() + 10)
+    async with trio.open_nursery() as nursery:
+        for _ in range(concurrency):
+            nursery.start_soon(_one_connection, host, int(port), "/v1/chat/completions", body, warm_budget,
+                               warm, extra)
+    result = LoadResult(0, 0, 0.0, [], [])
+    budget = Budget(requests, time.monotonic() + seconds)
+    started = time.monotonic()
+    async with trio.open_nursery() as nursery:
+        for _ in range(concurrency):
+            nursery.start_soon(_one_connection, host, int(port), "/v1/chat/completions", body, budget,
+                               result, extra)
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of one process, from /proc (fields 14 and 15, after the parenthesised name)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _pin(core: int | None) -> list[str]:
+    if core is None or shutil.which("taskset") is None:
+        return []
+    return ["taskset", "-c", str(core)]
+
+
+@contextmanager
+def fake_engine_process(core: int | None) -> Iterator[tuple[str, int]]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "tools")}
+    cmd = [*_pin(core), sys.executable, "-m", "llmgw_dev.fake_engine", "--port", "0",
+           "--chunks", str(STREAM_CHUNKS), "--model", MODEL]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        if not url.startswith("http://"):
+            raise RuntimeError(f"the fake engine did not start (exit {proc.poll()})")
+        yield url, proc.pid
+    finally:
+        _stop(proc)
+
+
+def gateway_available(binary: Path) -> bool:
+    if not binary.exists():
+        return False
+    probe = subprocess.run([str(binary), "run", "--help"], capture_output=True, text=True, check=False)
+    return probe.returncode == 0 and "--endpoint" in probe.stdout
+
+
+@contextmanager
+def gateway_process(binary: Path, engine_url: str, core: int | None, log_path: Path,
+                    extra_args: Sequence[str]) -> Iterator[tuple[str, int]]:
+    port, admin = free_port(), free_port()
+    cmd = [*_pin(core), str(binary), "run", "--listen", f"127.0.0.1:{port}",
+           "--admin-listen", f"127.0.0.1:{admin}", "--endpoint", f"e1={engine_url}={MODEL}", *extra_args]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/healthz", timeout=1) as resp:
+                    if resp.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = log_path.read_text(errors="replace").splitlines()[-20:]
+                raise RuntimeError("the gateway did not become ready:\n" + "\n".join(tail))
+            time.sleep(0.05)
+        # taskset execs the gateway, so the pid we started is the gateway's own.
+        yield url, proc.pid
+    finally:
+        _stop(proc)
+
+
+def _stop(proc: subprocess.Popen[Any]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@attrs.define
+class Row:
+    mode: str
+    concurrency: int
+    direct: LoadResult
+    via: LoadResult | None
+    gateway_cpu_ms: float | None
+    engine_cpu_ms_direct: float
+
+
+def fmt_row(row: Row) -> str:
+    d = row.direct
+    line = (f"{row.mode:<10} c={row.concurrency:<4} direct {d.rps:6.0f} rps  p50 {d.pct(0.5):7.2f}"
+            f"  p99 {d.pct(0.99):7.2f}  (fake cpu/req {row.engine_cpu_ms_direct:4.2f})")
+    if row.via is None:
+        return line + "   | gateway: pending"
+    v = row.via
+    added = v.pct(0.5) - d.pct(0.5)
+    ratio = v.rps / d.rps if d.rps else float("nan")
+    cpu = f"{row.gateway_cpu_ms:5.2f}" if row.gateway_cpu_ms is not None else "  n/a"
+    return (line + f"   | llmgw {v.rps:7.0f} rps  p50 {v.pct(0.5):7.2f}  p99 {v.pct(0.99):7.2f}"
+            f"   | rps x{ratio:4.2f}  +p50 {added:6.2f} ms  cpu/req {cpu} ms"
+            + (f"  errors {v.errors}" if v.errors or d.errors else ""))
+
+
+def check_targets(rows: list[Row]) -> list[str]:
+    out: list[str] = []
+
+    def verdict(ok: bool) -> str:
+        return "ok  " if ok else "MISS"
+
+    for row in rows:
+        if row.via is None or row.gateway_cpu_ms is None:
+            continue
+        if row.concurrency == 1:
+            added = row.via.pct(0.5) - row.direct.pct(0.5)
+            out.append(f"{verdict(added < TARGET_ADDED_P50_MS_C1)} {row.mode} c=1 added p50 {added:.2f} ms "
+                       f"(target < {TARGET_ADDED_P50_MS_C1} ms)")
+        target = TARGET_CPU_MS_STREAM if row.mode == "stream" else TARGET_CPU_MS_NONSTREAM
+        out.append(f"{verdict(row.gateway_cpu_ms <= target)} {row.mode} c={row.concurrency} gateway CPU "
+                   f"{row.gateway_cpu_ms:.2f} ms/request (target <= {target} ms)")
+    for mode in ("non-stream", "stream"):
+        by_c = {r.concurrency: r for r in rows if r.mode == mode and r.via is not None}
+        if 32 in by_c and 128 in by_c:
+            r32, r128 = by_c[32].via, by_c[128].via
+            assert r32 is not None and r128 is not None
+            # 5% slack: a sample of a few seconds on a shared machine is that noisy.
+            out.append(f"{verdict(r128.rps >= 0.95 * r32.rps)} {mode} throughput c=32 {r32.rps:.0f} -> "
+                       f"c=128 {r128.rps:.0f} rps (target: not falling)")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Benchmark llmgw-control against a fake engine.")
+    parser.add_argument("--quick", action="store_true", help="short run (fewer requests, shorter caps)")
+    parser.add_argument("--gateway", type=Path, default=ROOT / ".venv" / "bin" / "llmgw-control")
+    parser.add_argument("--gateway-arg", action="append", default=[], help="extra argument for `run`")
+    parser.add_argument("--api-key", default=None, help="client key to send to the gateway, if it needs one")
+    parser.add_argument("--concurrency", type=int, action="append", help="default: 1, 32, 128")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+
+    levels: list[int] = args.concurrency or [1, 32, 128]
+    two_cores = (os.cpu_count() or 1) >= 2
+    gen_core, gw_core = (0, 1) if two_cores else (None, None)
+    if gen_core is not None:
+        os.sched_setaffinity(0, {gen_core})  # the load generator shares core 0 with the fake engine
+
+    def budget(c: int) -> tuple[int, float]:
+        if args.quick:
+            return (150, 2.0) if c == 1 else (600, 3.0)
+        return (1000, 8.0) if c == 1 else (4000, 12.0)
+
+    have_gateway = gateway_available(args.gateway)
+    print(f"llmgw bench  {time.strftime('%Y-%m-%d %H:%M')}  {os.cpu_count()} cores  "
+          f"{_cpu_model()}  python {sys.version.split()[0]}")
+    print(f"pinning: load generator + fake engine on core {gen_core}, gateway on core {gw_core}")
+    if not have_gateway:
+        print(f"{args.gateway} run --help failed: measuring the fake engine only; gateway figures pending")
+    print("latencies in ms; cpu/req is the gateway's utime+stime per proxied request\n")
+
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="llmgw-bench-") as tmp, \
+            fake_engine_process(gen_core) as (engine_url, engine_pid):
+        log_path = Path(tmp) / "gateway.log"
+        with (gateway_process(args.gateway, engine_url, gw_core, log_path, args.gateway_arg)
+              if have_gateway else _nothing()) as gw:
+            for mode in ("non-stream", "stream"):
+                for c in levels:
+                    n, secs = budget(c)
+                    stream = mode == "stream"
+                    e0 = cpu_seconds(engine_pid)
+                    direct = trio.run(partial(run_load, engine_url, stream=stream, concurrency=c,
+                                              requests=n, seconds=secs))
+                    engine_cpu = (cpu_seconds(engine_pid) - e0) * 1000 / max(1, direct.requests + 2 * c)
+                    via: LoadResult | None = None
+                    gw_cpu: float | None = None
+                    if gw is not None:
+                        gw_url, gw_pid = gw
+                        g0 = cpu_seconds(gw_pid)
+                        via = trio.run(partial(run_load, gw_url, stream=stream, concurrency=c, requests=n,
+                                               seconds=secs, api_key=args.api_key))
+                        # warm-up requests are included in the CPU delta: count them too.
+                        served = via.requests + via.errors + 2 * c
+                        gw_cpu = (cpu_seconds(gw_pid) - g0) * 1000 / max(1, served)
+                    row = Row(mode, c, direct, via, gw_cpu, engine_cpu)
+                    rows.append(row)
+                    print(fmt_row(row), flush=True)
+    print("\ntargets:")
+    for line in check_targets(rows) or ["(pending: no gateway measured)"]:
+        print("  " + line)
+    if args.json:
+        args.json.write_text(json.dumps([_row_json(r) for r in rows], indent=2))
+    return 0
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield None
+
+
+def _row_json(row: Row) -> dict[str, Any]:
+    def res(r: LoadResult | None) -> dict[str, Any] | None:
+        if r is None:
+            return None
+        return {"requests": r.requests, "errors": r.errors, "seconds": round(r.seconds, 3),
+                "rps": round(r.rps, 1), "p50_ms": round(r.pct(0.5), 3), "p99_ms": round(r.pct(0.99), 3),
+                "ttfb_p50_ms": round(r.pct(0.5, r.ttfb), 3)}
+    return {"mode": row.mode, "concurrency": row.concurrency, "direct": res(row.direct), "via": res(row.via),
+            "gateway_cpu_ms_per_request": row.gateway_cpu_ms,
+            "engine_cpu_ms_per_request_direct": round(row.engine_cpu_ms_direct, 3)}
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
