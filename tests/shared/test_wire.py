@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from llmgw_shared.facts import GpuFacts, HostFacts, unprobed
 from llmgw_shared.wire import (
     PROTOCOL_VERSION,

@@ -1,0 +1,192 @@
+"""The node as one object control can drive: commands in, acks and state reports out.
+
+``NodeService.handle(command) -> Ack`` carries out a wire command (long work such as installs
+and engine starts continues in the background), and ``reports`` is the channel of
+``engine_state`` / ``shard_state`` messages the node emits as things change. The agent attaches
+both to the control WebSocket; tests drive them directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx2
+import trio
+from llmgw_shared.facts import HostFacts, unprobed
+from llmgw_shared.logs import get_logger
+from llmgw_shared.wire import (
+    PROTOCOL_VERSION,
+    Ack,
+    Command,
+    DrainShard,
+    EngineState,
+    EngineStateReport,
+    Hello,
+    RemoveWeights,
+    SetEngines,
+    ShardState,
+    ShardStateReport,
+    StartShard,
+    StopShard,
+)
+
+from llmgw_node.config import NodeConfig
+from llmgw_node.engines.manager import EngineManager
+from llmgw_node.engines.release import Platform
+from llmgw_node.probe import probe, with_time_cleared
+from llmgw_node.supervisor import ShardError, Supervisor, Timing
+from llmgw_node.weights import WeightsCache
+
+log = get_logger("llmgw.node.service")
+
+Report = EngineStateReport | ShardStateReport
+# Reports wait here while the agent is between connections; past this, the oldest are dropped,
+# which loses nothing: the next hello or heartbeat carries the current state of everything.
+REPORT_BUFFER = 4096
+FACTS_INTERVAL = 60.0
+
+
+class NodeService:
+    def __init__(
+        self,
+        config: NodeConfig,
+        client: httpx2.AsyncClient,
+        *,
+        timing: Timing | None = None,
+        facts: HostFacts | None = None,
+    ) -> None:
+        self.config = config
+        self.client = client
+        self.facts = facts or unprobed()
+        data = config.data_path
+        self._send, self.reports = trio.open_memory_channel[Report](REPORT_BUFFER)
+        self.engines = EngineManager(
+            data, client, Platform(os="linux", arch="x86_64", cuda=False),
+            configured=config.engines, allow_os_packages=config.allow_os_packages,
+            on_change=self._engine_changed,
+        )
+        self.weights = WeightsCache(data, client)
+        self.supervisor = Supervisor(data, self.engines, self.weights, client, host=config.engine_host,
+                                     timing=timing, on_change=self._shard_changed)
+        self.fencing_token = 0
+        self._nursery: trio.Nursery | None = None
+        self._facts_changed = trio.Event()
+
+    # ------------------------------------------------------------------ reports
+
+    def _emit(self, report: Report) -> None:
+        try:
+            self._send.send_nowait(report)
+        except trio.WouldBlock:
+            log.debug("report buffer full; dropping a state report (the next heartbeat carries it)")
+
+    def _engine_changed(self, state: EngineState) -> None:
+        self._emit(EngineStateReport(engine=state))
+
+    def _shard_changed(self, state: ShardState) -> None:
+        self._emit(ShardStateReport(shard=state))
+
+    def engine_states(self) -> list[EngineState]:
+        return self.engines.states()
+
+    def shard_states(self) -> list[ShardState]:
+        return self.supervisor.states()
+
+    def hello(self) -> Hello:
+        return Hello(protocol_version=PROTOCOL_VERSION, node_id=self.config.node_id, join_token=self.config.token,
+                     facts=self.facts, engines=self.engine_states(), shards=self.shard_states(),
+                     address=self.config.advertised_address)
+
+    # ------------------------------------------------------------------ life
+
+    async def run(self, *, adopt: bool = True, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            if not self.facts.probed:
+                await self.refresh_facts()
+            await self.engines.load()
+            await nursery.start(lambda task_status: self.supervisor.run(adopt=adopt, task_status=task_status))
+            nursery.start_soon(self.engines.run_rechecks, self.config.recheck_interval_s)
+            nursery.start_soon(self._facts_loop)
+            task_status.started()
+
+    async def refresh_facts(self) -> bool:
+        """Probe again; True when something placement cares about changed."""
+        facts = await probe(self.config.data_path)
+        changed = with_time_cleared(facts) != with_time_cleared(self.facts)
+        self.facts = facts
+        self.engines.platform = Platform(os="linux", arch=facts.arch, cuda=facts.nvidia_driver is not None)
+        for warning in facts.warnings:
+            log.warning(warning)
+        return changed
+
+    async def _facts_loop(self) -> None:
+        while True:
+            await trio.sleep(FACTS_INTERVAL)
+            await self.refresh_facts()
+
+    async def stop_engines(self, grace: float | None = None) -> None:
+        await self.supervisor.stop_all(grace)
+
+    # ------------------------------------------------------------------ commands
+
+    async def handle(self, command: Command) -> Ack:
+        """Carry out one command from control. Never raises for a bad command: the ack says why."""
+        if command.fencing_token < self.fencing_token:
+            return Ack(command_id=command.id, ok=False,
+                       error=f"stale fencing token {command.fencing_token} (this node has seen "
+                             f"{self.fencing_token}): a newer control leader is in charge")
+        self.fencing_token = command.fencing_token
+        try:
+            error = self._dispatch(command)
+        except ShardError as exc:
+            error = str(exc)
+        if error:
+            log.warning("command %s refused: %s", type(command).__name__, error, extra={"command_id": command.id})
+        return Ack(command_id=command.id, ok=not error, error=error)
+
+    def _dispatch(self, command: Command) -> str:
+        assert self._nursery is not None, "NodeService.run() must be running"
+        if isinstance(command, SetEngines):
+            for spec in self.engines.want(command.engines):
+                self._nursery.start_soon(self.engines.install, spec, name=f"install:{spec.name}:{spec.version}")
+            return ""
+        if isinstance(command, StartShard):
+            self.supervisor.start(command.shard)
+            return ""
+        if isinstance(command, StopShard):
+            # Idempotent: stopping a shard that is not running is already done.
+            self.supervisor.stop(command.shard_id, command.grace_s)
+            return ""
+        if isinstance(command, DrainShard):
+            self.supervisor.drain(command.shard_id, command.timeout_s)
+            return ""
+        if isinstance(command, RemoveWeights):
+            _removed, kept = self.weights.remove(command.sha256)
+            if kept:
+                return f"kept {len(kept)} file(s) a running shard uses: {', '.join(k[:12] for k in kept)}"
+            return ""
+        return f"not a command: {type(command).__name__}"
+
+
+@asynccontextmanager
+async def open_node_service(
+    config: NodeConfig,
+    *,
+    timing: Timing | None = None,
+    facts: HostFacts | None = None,
+    adopt: bool = True,
+    stop_engines_on_exit: bool = False,
+) -> AsyncIterator[NodeService]:
+    """A running NodeService; on exit its tasks end and engines keep running (unless asked)."""
+    async with httpx2.AsyncClient() as client, trio.open_nursery() as nursery:
+        svc = NodeService(config, client, timing=timing, facts=facts)
+        await nursery.start(lambda task_status: svc.run(adopt=adopt, task_status=task_status))
+        try:
+            yield svc
+        finally:
+            if stop_engines_on_exit:
+                with trio.CancelScope(shield=True):
+                    await svc.stop_engines()
+            nursery.cancel_scope.cancel()

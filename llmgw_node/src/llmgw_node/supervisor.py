@@ -1,0 +1,521 @@
+"""Shards: one supervised engine process each.
+
+Each shard has one task (in the supervisor's nursery) that owns its process from start to stop:
+fetch the weights, start the engine in its own process group, poll its health endpoint until it
+is ready, then wait for it to exit or be told to stop. A crash is reported with the last lines
+of output and restarted with exponential backoff up to the shard's limit. Stopping is SIGTERM to
+the group, then SIGKILL after a grace period. Draining waits for the engine's in-flight requests
+(``/slots``, else ``/metrics``) before stopping.
+
+Engines started by an earlier daemon are found through the state file and adopted (health
+checked, then supervised by polling ``/proc``, since they are no longer our children).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import signal
+import socket
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import attrs
+import httpx2
+import trio
+from llmgw_shared.logs import get_logger
+from llmgw_shared.wire import ShardSpec, ShardState, ShardStatus
+
+from llmgw_node.engines.manager import EngineManager
+from llmgw_node.procs import ProcessRecord, StateFile, alive, open_log, signal_group, start_ticks, tail_lines
+from llmgw_node.weights import WeightsCache, WeightsError
+
+log = get_logger("llmgw.node.supervisor")
+
+SHARD_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+FAILURE_LINES = 30
+
+
+class ShardError(Exception):
+    """A shard command that cannot be carried out; the text is the ack's error."""
+
+
+@attrs.define
+class Timing:
+    """Supervision timings; tests shrink them."""
+
+    health_interval: float = 0.25
+    backoff_base: float = 1.0
+    backoff_cap: float = 60.0
+    stop_grace: float = 10.0
+    drain_poll: float = 0.5
+    # Polling for the exit of an adopted process (not our child: no wait() possible).
+    adopted_poll: float = 0.5
+    # A shard that stayed ready this long has its crash counter reset.
+    stable_after: float = 300.0
+
+
+class _Shard:
+    """Mutable bookkeeping for one shard; only its own task and the command handlers touch it."""
+
+    def __init__(self, spec: ShardSpec) -> None:
+        self.spec = spec
+        self.state = ShardState(shard_id=spec.shard_id, status="pending", port=spec.port)
+        self.stop_requested = trio.Event()
+        self.stop_grace: float | None = None
+        self.drain_timeout: float | None = None
+        self.done = trio.Event()
+        self.pid = 0
+        self.ticks = 0
+        self.process: trio.Process | None = None
+        self.restarts = 0
+        self.cancel = trio.CancelScope()
+
+
+class Supervisor:
+    def __init__(
+        self,
+        data_dir: Path,
+        engines: EngineManager,
+        weights: WeightsCache,
+        client: httpx2.AsyncClient,
+        *,
+        host: str = "127.0.0.1",
+        timing: Timing | None = None,
+        on_change: Callable[[ShardState], None] | None = None,
+    ) -> None:
+        self.data_dir = data_dir
+        self.logs_dir = data_dir / "shards"
+        self.engines = engines
+        self.weights = weights
+        self.client = client
+        self.host = host
+        self.timing = timing or Timing()
+        self._on_change = on_change
+        self._state_file = StateFile(data_dir / "shards.json")
+        self._shards: dict[str, _Shard] = {}
+        self._nursery: trio.Nursery | None = None
+
+    # ------------------------------------------------------------------ public API
+
+    async def run(
+        self, *, adopt: bool = True, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Own every shard task; adopt (or stop) engines an earlier daemon left running."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await self._recover(adopt)
+            task_status.started()
+            await trio.sleep_forever()
+
+    def states(self) -> list[ShardState]:
+        return [s.state for _, s in sorted(self._shards.items())]
+
+    def state(self, shard_id: str) -> ShardState | None:
+        shard = self._shards.get(shard_id)
+        return shard.state if shard else None
+
+    def log_path(self, shard_id: str) -> Path:
+        return self.logs_dir / f"{shard_id}.log"
+
+    def output(self, shard_id: str, n: int = 300) -> list[str]:
+        """The engine's last ``n`` output lines, for the operator."""
+        return tail_lines(self.log_path(shard_id), n)
+
+    def start(self, spec: ShardSpec) -> None:
+        """Begin supervising ``spec``. Idempotent for the same spec; refuses conflicts."""
+        if not SHARD_ID.match(spec.shard_id):
+            raise ShardError(f"shard id {spec.shard_id!r}: use letters, digits, '.', '_' and '-' (max 128)")
+        if not 1 <= spec.port <= 65535:
+            raise ShardError(f"shard {spec.shard_id}: port {spec.port} is out of range")
+        existing = self._shards.get(spec.shard_id)
+        if existing is not None and not existing.done.is_set():
+            if existing.spec == spec:
+                return
+            raise ShardError(f"shard {spec.shard_id} is already running with a different spec; stop it first")
+        for other in self._shards.values():
+            if other is not existing and other.spec.port == spec.port and not other.done.is_set():
+                raise ShardError(f"port {spec.port} is already used by shard {other.spec.shard_id}")
+        if self.engines.binary(spec.engine, spec.engine_version) is None:
+            state = self.engines.state(spec.engine, spec.engine_version)
+            if state.status != "installing":
+                raise ShardError(f"engine {spec.engine} {spec.engine_version} is not available here: "
+                                 f"{state.describe()}")
+        shard = _Shard(spec)
+        self._shards[spec.shard_id] = shard
+        self._spawn(shard, adopted=None)
+
+    def stop(self, shard_id: str, grace: float | None = None) -> bool:
+        """Ask a shard to stop; False when there is no such running shard."""
+        shard = self._shards.get(shard_id)
+        if shard is None or shard.done.is_set():
+            return False
+        shard.stop_grace = grace
+        shard.stop_requested.set()
+        return True
+
+    def drain(self, shard_id: str, timeout: float) -> bool:
+        shard = self._shards.get(shard_id)
+        if shard is None or shard.done.is_set():
+            return False
+        shard.drain_timeout = timeout
+        shard.stop_requested.set()
+        return True
+
+    async def wait_stopped(self, shard_id: str) -> None:
+        shard = self._shards.get(shard_id)
+        if shard is not None:
+            await shard.done.wait()
+
+    async def stop_all(self, grace: float | None = None) -> None:
+        """Stop every shard and wait for all of them (``--stop-engines``)."""
+        for shard_id in list(self._shards):
+            self.stop(shard_id, grace)
+        for shard in list(self._shards.values()):
+            await shard.done.wait()
+
+    def weights_in_use(self) -> set[str]:
+        return {s.spec.weights.sha256.lower() for s in self._shards.values() if not s.done.is_set()}
+
+    # ------------------------------------------------------------------ internals
+
+    def _spawn(self, shard: _Shard, adopted: ProcessRecord | None) -> None:
+        assert self._nursery is not None, "Supervisor.run() must be running"
+        self.weights.acquire(shard.spec.weights.sha256, shard.spec.shard_id)
+        self._nursery.start_soon(self._supervise, shard, adopted, name=f"shard:{shard.spec.shard_id}")
+
+    def _set(self, shard: _Shard, status: ShardStatus, detail: str = "", *, lines: bool = False) -> None:
+        state = ShardState(
+            shard_id=shard.spec.shard_id, status=status, detail=detail, port=shard.spec.port, pid=shard.pid,
+            restarts=shard.restarts,
+            last_lines=self.output(shard.spec.shard_id, FAILURE_LINES) if lines else [],
+        )
+        if state == shard.state:
+            return
+        shard.state = state
+        log.info("shard %s: %s", shard.spec.shard_id, state.describe(), extra={"pid": shard.pid})
+        if self._on_change is not None:
+            self._on_change(state)
+
+    def _persist(self) -> None:
+        records = []
+        for shard in self._shards.values():
+            if shard.pid and not shard.done.is_set():
+                records.append(ProcessRecord(
+                    shard_id=shard.spec.shard_id, pid=shard.pid, ticks=shard.ticks,
+                    binary=str(self.engines.binary(shard.spec.engine, shard.spec.engine_version) or ""),
+                    weights=str(self.weights.path_for(shard.spec.weights)),
+                    log=str(self.log_path(shard.spec.shard_id)), spec=shard.spec, restarts=shard.restarts,
+                ))
+        self._state_file.save(records)
+
+    async def _recover(self, adopt: bool) -> None:
+        for record in self._state_file.load():
+            if not alive(record.pid, record.ticks):
+                log.info("shard %s from the previous run is gone", record.shard_id)
+                continue
+            if not adopt:
+                log.info("stopping shard %s left by the previous run", record.shard_id,
+                         extra={"pid": record.pid})
+                await self._terminate(record.pid, record.ticks, None, self.timing.stop_grace)
+                continue
+            shard = _Shard(record.spec)
+            shard.pid, shard.ticks, shard.restarts = record.pid, record.ticks, record.restarts
+            self._shards[record.spec.shard_id] = shard
+            log.info("adopting shard %s", record.shard_id, extra={"pid": record.pid})
+            self._spawn(shard, adopted=record)
+        self._persist()
+
+    async def _supervise(self, shard: _Shard, adopted: ProcessRecord | None) -> None:
+        spec = shard.spec
+        try:
+            if adopted is None:
+                weights = await self._prepare(shard)
+                if weights is None:
+                    return
+            else:
+                weights = Path(adopted.weights)
+            await self._loop(shard, weights, adopted)
+        finally:
+            shard.done.set()
+            self.weights.release(spec.weights.sha256, spec.shard_id)
+            # Cancelled means the daemon is going away and the engine keeps running for the next
+            # one to adopt: its record must stay. Only a shard that really ended leaves the file.
+            if shard.state.status in ("stopped", "failed"):
+                self._persist()
+
+    async def _prepare(self, shard: _Shard) -> Path | None:
+        spec = shard.spec
+        # Wait for an engine that is still installing (bounded by the shard's own start deadline).
+        with trio.move_on_after(max(spec.start_timeout_s, 600.0)):
+            while self.engines.binary(spec.engine, spec.engine_version) is None:
+                state = self.engines.state(spec.engine, spec.engine_version)
+                if state.status != "installing":
+                    break
+                self._set(shard, "pending", f"waiting for engine: {state.describe()}")
+                await trio.sleep(0.5)
+        if self.engines.binary(spec.engine, spec.engine_version) is None:
+            state = self.engines.state(spec.engine, spec.engine_version)
+            self._set(shard, "failed", f"engine {spec.engine} {spec.engine_version}: {state.describe()}")
+            return None
+        self._set(shard, "downloading", "checking weights")
+        path: Path | None = None
+        error = ""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_cancel_when, shard.stop_requested, nursery.cancel_scope)
+            try:
+                path = await self.weights.ensure(
+                    spec.weights, lambda what: self._set(shard, "downloading", what)
+                )
+            except WeightsError as exc:
+                error = str(exc)
+            nursery.cancel_scope.cancel()
+        if error:
+            self._set(shard, "failed", error)
+        elif path is None:
+            self._set(shard, "stopped", "stopped before it started")
+        return path
+
+    async def _loop(self, shard: _Shard, weights: Path, adopted: ProcessRecord | None) -> None:
+        spec = shard.spec
+        t = self.timing
+        while True:
+            if adopted is not None:
+                outcome = await self._watch(shard, adopted=True)
+                adopted = None
+            else:
+                try:
+                    await self._launch(shard, weights, fresh=shard.restarts == 0)
+                except ShardError as exc:
+                    self._set(shard, "failed", str(exc), lines=True)
+                    return
+                outcome = await self._watch(shard, adopted=False)
+            if outcome == "stopped":
+                return
+            # A crash or a failed start. Report it with the output, then back off and restart.
+            shard.restarts += 1
+            shard.pid = 0
+            self._persist()
+            if shard.restarts > spec.max_restarts:
+                self._set(shard, "failed", f"{outcome}; gave up after {spec.max_restarts} restarts",
+                          lines=True)
+                return
+            delay = min(t.backoff_cap, t.backoff_base * 2 ** (shard.restarts - 1))
+            self._set(shard, "starting",
+                      f"{outcome}; restart {shard.restarts} of {spec.max_restarts} in {delay:g} s",
+                      lines=True)
+            with trio.move_on_after(delay):
+                await shard.stop_requested.wait()
+            if shard.stop_requested.is_set():
+                self._set(shard, "stopped", "stopped while waiting to restart")
+                return
+
+    def _argv(self, binary: Path, spec: ShardSpec, weights: Path) -> list[str]:
+        if spec.engine == "llama.cpp":
+            return [str(binary), "-m", str(weights), "--host", self.host, "--port", str(spec.port),
+                    *spec.args]
+        # Other engines name their own layout; the spec's arguments say where the model goes.
+        subst = {"{model}": str(weights), "{host}": self.host, "{port}": str(spec.port)}
+        return [str(binary), *(subst.get(a, a) for a in spec.args)]
+
+    async def _launch(self, shard: _Shard, weights: Path, *, fresh: bool) -> None:
+        spec = shard.spec
+        binary = self.engines.binary(spec.engine, spec.engine_version)
+        if binary is None:
+            raise ShardError(f"engine {spec.engine} {spec.engine_version} is no longer installed")
+        if not _port_free(self.host, spec.port):
+            raise ShardError(f"port {spec.port} on {self.host} is in use by another process")
+        env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "LD_PRELOAD")}
+        env.update(spec.env)
+        # The key goes by environment, not argv: /proc/<pid>/cmdline is world-readable.
+        env["LLAMA_API_KEY" if spec.engine == "llama.cpp" else "LLMGW_API_KEY"] = spec.api_key
+        if spec.engine != "llama.cpp":
+            env.setdefault("VLLM_API_KEY", spec.api_key)
+        fd = await trio.to_thread.run_sync(lambda: open_log(self.log_path(spec.shard_id), fresh=fresh))
+        try:
+            proc = await trio.lowlevel.open_process(
+                self._argv(binary, spec, weights), stdin=subprocess.DEVNULL,
+                stdout=fd, stderr=fd, env=env, start_new_session=True, cwd=str(binary.parent),
+            )
+        except OSError as exc:
+            raise ShardError(f"could not start {binary.name}: {exc.strerror or exc}") from None
+        finally:
+            os.close(fd)
+        shard.process = proc
+        shard.pid = proc.pid
+        shard.ticks = start_ticks(proc.pid) or 0
+        self._persist()
+        self._set(shard, "starting", f"{binary.name} started")
+
+    async def _watch(self, shard: _Shard, *, adopted: bool) -> str:
+        """Run until the process exits or a stop is handled; return "stopped" or what went wrong."""
+        spec = shard.spec
+        exited = trio.Event()
+        exit_text = [""]
+
+        async def wait_exit() -> None:
+            if adopted:
+                # Not our child, so no wait(): /proc is the only way to see it end.
+                while alive(shard.pid, shard.ticks):  # noqa: ASYNC110
+                    await trio.sleep(self.timing.adopted_poll)
+                exit_text[0] = "exited"
+            else:
+                assert shard.process is not None
+                code = await shard.process.wait()
+                exit_text[0] = f"exited with {'signal ' + str(-code) if code < 0 else 'status ' + str(code)}"
+            exited.set()
+
+        result = ""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(wait_exit)
+            ready = False
+            with trio.move_on_after(spec.start_timeout_s) as deadline:
+                while not exited.is_set() and not shard.stop_requested.is_set():
+                    if await self._healthy(spec):
+                        ready = True
+                        break
+                    with trio.move_on_after(self.timing.health_interval):
+                        await _first(exited, shard.stop_requested)
+            if not ready and not shard.stop_requested.is_set():
+                if exited.is_set():
+                    result = f"crashed while starting: {exit_text[0]}"
+                elif deadline.cancelled_caught:
+                    result = f"not healthy within {spec.start_timeout_s:g} s"
+                    await self._terminate(shard.pid, shard.ticks, shard.process, self.timing.stop_grace)
+                nursery.cancel_scope.cancel()
+                return result
+            if ready:
+                self._set(shard, "ready", "")
+                with trio.move_on_after(self.timing.stable_after):
+                    await _first(exited, shard.stop_requested)
+                if not exited.is_set() and not shard.stop_requested.is_set():
+                    shard.restarts = 0
+                await _first(exited, shard.stop_requested)
+            if shard.stop_requested.is_set() and not exited.is_set():
+                if shard.drain_timeout is not None:
+                    self._set(shard, "draining", "waiting for requests in flight")
+                    await self._drain(shard, shard.drain_timeout, exited)
+                grace = shard.stop_grace if shard.stop_grace is not None else self.timing.stop_grace
+                self._set(shard, "draining" if shard.drain_timeout is not None else shard.state.status,
+                          "stopping")
+                await self._terminate(shard.pid, shard.ticks, shard.process, grace)
+                nursery.cancel_scope.cancel()
+                self._set(shard, "stopped", "")
+                return "stopped"
+            if shard.stop_requested.is_set():
+                self._set(shard, "stopped", "")
+                nursery.cancel_scope.cancel()
+                return "stopped"
+            nursery.cancel_scope.cancel()
+            return f"crashed: {exit_text[0]}"
+
+    async def _healthy(self, spec: ShardSpec) -> bool:
+        try:
+            resp = await self.client.get(f"http://{_hostport(self.host, spec.port)}/health", timeout=2.0)
+        except httpx2.HTTPError:
+            return False
+        return resp.status_code == 200
+
+    async def _in_flight(self, spec: ShardSpec) -> int | None:
+        """Requests the engine is working on, or None when it will not say."""
+        base = f"http://{_hostport(self.host, spec.port)}"
+        headers = {"Authorization": f"Bearer {spec.api_key}"}
+        try:
+            resp = await self.client.get(f"{base}/slots", headers=headers, timeout=2.0)
+            if resp.status_code == 200:
+                slots = resp.json()
+                if isinstance(slots, list):
+                    return sum(1 for s in slots if isinstance(s, dict) and s.get("is_processing"))
+            resp = await self.client.get(f"{base}/metrics", headers=headers, timeout=2.0)
+            if resp.status_code == 200:
+                for line in resp.text.splitlines():
+                    if line.startswith(("llamacpp:requests_processing", "llamacpp:requests_deferred")):
+                        value = float(line.rsplit(" ", 1)[1])
+                        if value:
+                            return int(value)
+                return 0
+        except (httpx2.HTTPError, ValueError):
+            return None
+        return None
+
+    async def _drain(self, shard: _Shard, limit_s: float, exited: trio.Event) -> None:
+        with trio.move_on_after(limit_s) as scope:
+            while not exited.is_set():
+                busy = await self._in_flight(shard.spec)
+                if busy == 0:
+                    return
+                if busy is None:
+                    log.warning("shard %s: cannot see its in-flight requests (/slots and /metrics both "
+                                "unavailable); stopping without waiting", shard.spec.shard_id)
+                    return
+                self._set(shard, "draining", f"waiting for {busy} request(s) in flight")
+                with trio.move_on_after(self.timing.drain_poll):
+                    await exited.wait()
+        if scope.cancelled_caught:
+            log.warning("shard %s: drain timed out after %g s; stopping with requests in flight",
+                        shard.spec.shard_id, limit_s)
+
+    async def _terminate(self, pid: int, ticks: int, process: trio.Process | None, grace: float) -> None:
+        """SIGTERM to the process group, SIGKILL after ``grace`` seconds; returns once it is gone."""
+        if not pid:
+            return
+        with trio.CancelScope(shield=True):
+            if not alive(pid, ticks) and process is None:
+                return
+            signal_group(pid, signal.SIGTERM)
+            with trio.move_on_after(grace):
+                await self._gone(pid, ticks, process)
+                # Children of the engine may outlive it in the group: make sure none do.
+                signal_group(pid, signal.SIGKILL)
+                return
+            log.warning("pid %d did not stop within %g s of SIGTERM; sending SIGKILL", pid, grace)
+            signal_group(pid, signal.SIGKILL)
+            with trio.move_on_after(5.0):
+                await self._gone(pid, ticks, process)
+
+    async def _gone(self, pid: int, ticks: int, process: trio.Process | None) -> None:
+        if process is not None:
+            await process.wait()
+            return
+        while alive(pid, ticks):  # noqa: ASYNC110 -- not our child: polling /proc is all there is
+            await trio.sleep(0.05)
+
+
+async def _first(*events: trio.Event) -> None:
+    """Return as soon as any of ``events`` is set."""
+    if any(e.is_set() for e in events):
+        return
+    async with trio.open_nursery() as nursery:
+        for event in events:
+            async def waiter(ev: trio.Event = event) -> None:
+                await ev.wait()
+                nursery.cancel_scope.cancel()
+            nursery.start_soon(waiter)
+
+
+async def _cancel_when(event: trio.Event, scope: trio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
+
+
+def _hostport(host: str, port: int) -> str:
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _port_free(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return False
+            raise
+    return True

@@ -1,0 +1,135 @@
+"""Model files: fetched once into a shared cache, verified, counted, removed on command.
+
+Files live at ``<data_dir>/weights/<sha256>`` so two shards that name the same file share one
+download (the second waits for the first) and one copy on disk. A local path is used in place
+after its size and digest are checked: it is the operator's file, never deleted by the node.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx2
+import trio
+from llmgw_shared.logs import get_logger
+from llmgw_shared.wire import WeightsSpec
+
+from llmgw_node.fetch import FetchError, fetch, human_size, sha256_file
+
+log = get_logger("llmgw.node.weights")
+
+# Keep this much free after a download: a full disk breaks logs, state files and the engine.
+DISK_MARGIN = 256 << 20
+
+
+class WeightsError(Exception):
+    """The weights could not be fetched or verified, or the disk is too full; the text says which."""
+
+
+class WeightsCache:
+    def __init__(self, data_dir: Path, client: httpx2.AsyncClient, *, margin: int = DISK_MARGIN) -> None:
+        self.root = data_dir / "weights"
+        self.client = client
+        self.margin = margin
+        self._locks: dict[str, trio.Lock] = {}
+        # sha256 -> ids of the shards using the file.
+        self._users: dict[str, set[str]] = {}
+        # Local files already verified in this run (path -> sha256): a restart loop must not
+        # re-hash a 40 GB file on every crash.
+        self._verified: dict[str, str] = {}
+
+    def path_for(self, spec: WeightsSpec) -> Path:
+        if _is_local(spec.url):
+            return Path(spec.url.removeprefix("file://"))
+        return self.root / spec.sha256.lower()
+
+    def acquire(self, sha256: str, user: str) -> None:
+        self._users.setdefault(sha256.lower(), set()).add(user)
+
+    def release(self, sha256: str, user: str) -> None:
+        users = self._users.get(sha256.lower())
+        if users is not None:
+            users.discard(user)
+            if not users:
+                del self._users[sha256.lower()]
+
+    def in_use(self, sha256: str) -> bool:
+        return bool(self._users.get(sha256.lower()))
+
+    async def ensure(self, spec: WeightsSpec, progress: Callable[[str], None] | None = None) -> Path:
+        """Return a verified local path for ``spec``, downloading it when the cache lacks it."""
+        sha = spec.sha256.lower()
+        if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+            raise WeightsError(f"weights sha256 {spec.sha256!r} is not 64 hex digits")
+        target = self.path_for(spec)
+        lock = self._locks.setdefault(sha, trio.Lock())
+        async with lock:
+            if _is_local(spec.url):
+                await self._verify_local(target, spec)
+                return target
+            name = spec.url.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1] or sha[:12]
+            await trio.to_thread.run_sync(self._check_space, target, spec.size, name)
+            last = [-1]
+
+            def on_progress(done: int, total: int | None) -> None:
+                pct = int(done * 100 / total) if total else -1
+                if progress is not None and pct != last[0]:
+                    last[0] = pct
+                    progress(f"downloading {name} ({human_size(spec.size)}, {pct}%)")
+
+            try:
+                return await fetch(self.client, spec.url, target, sha256=sha, size=spec.size,
+                                   progress=on_progress)
+            except FetchError as exc:
+                raise WeightsError(str(exc)) from None
+
+    async def _verify_local(self, path: Path, spec: WeightsSpec) -> None:
+        if self._verified.get(str(path)) == spec.sha256.lower():
+            return
+        try:
+            size = (await trio.Path(path).stat()).st_size
+        except OSError as exc:
+            raise WeightsError(f"weights {path}: {exc.strerror}") from None
+        if size != spec.size:
+            raise WeightsError(f"weights {path}: {size} bytes, expected {spec.size}")
+        actual = await sha256_file(path)
+        if actual != spec.sha256.lower():
+            raise WeightsError(f"weights {path}: sha256 {actual} differs from the expected {spec.sha256}")
+        self._verified[str(path)] = actual
+
+    def _check_space(self, target: Path, size: int, name: str) -> None:
+        if target.exists():
+            return
+        self.root.mkdir(parents=True, exist_ok=True)
+        part = target.with_name(target.name + ".part")
+        have = part.stat().st_size if part.exists() else 0
+        free = shutil.disk_usage(self.root).free
+        need = max(0, size - have) + self.margin
+        if need > free:
+            raise WeightsError(f"not enough disk for {name}: needs {human_size(need)} "
+                               f"(with {human_size(self.margin)} kept free), {human_size(free)} free "
+                               f"in {self.root}")
+
+    def remove(self, sha256s: list[str]) -> tuple[list[str], list[str]]:
+        """Delete cached files no running shard uses; return (removed, kept because in use)."""
+        removed, kept = [], []
+        for sha in (s.lower() for s in sha256s):
+            if self.in_use(sha):
+                kept.append(sha)
+                continue
+            for path in (self.root / sha, self.root / f"{sha}.part"):
+                if path.exists():
+                    path.unlink()
+                    removed.append(sha)
+        return sorted(set(removed)), kept
+
+    def cached(self) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        return sorted(p.name for p in self.root.iterdir() if len(p.name) == 64)
+
+
+def _is_local(url: str) -> bool:
+    return url.startswith("/") or url.startswith("file://")

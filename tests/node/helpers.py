@@ -1,0 +1,62 @@
+"""Small helpers for node tests: wait for state reports, build shard specs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import trio
+from llmgw_node.service import NodeService, Report
+from llmgw_shared.wire import EngineState, EngineStateReport, ShardSpec, ShardState, ShardStateReport, WeightsSpec
+
+
+async def next_shard_state(
+    svc: NodeService, shard_id: str, pred: Callable[[ShardState], bool], *, seen: list[ShardState] | None = None,
+    limit_s: float = 60.0,
+) -> ShardState:
+    """Read reports until ``shard_id`` reaches a state matching ``pred``; collect what passed by."""
+    with trio.fail_after(limit_s):
+        async for report in svc.reports:
+            if isinstance(report, ShardStateReport) and report.shard.shard_id == shard_id:
+                if seen is not None:
+                    seen.append(report.shard)
+                if pred(report.shard):
+                    return report.shard
+    raise AssertionError("report channel closed")
+
+
+async def next_engine_state(
+    svc: NodeService, pred: Callable[[EngineState], bool], *, limit_s: float = 60.0
+) -> EngineState:
+    with trio.fail_after(limit_s):
+        async for report in svc.reports:
+            if isinstance(report, EngineStateReport) and pred(report.engine):
+                return report.engine
+    raise AssertionError("report channel closed")
+
+
+def drain_reports(svc: NodeService) -> list[Report]:
+    out: list[Report] = []
+    while True:
+        try:
+            out.append(svc.reports.receive_nowait())
+        except trio.WouldBlock:
+            return out
+
+
+def shard_spec(shard_id: str, weights: WeightsSpec, port: int, *, api_key: str = "sk-shard-test",
+               args: list[str] | None = None, max_restarts: int = 3, version: str = "b11312") -> ShardSpec:
+    return ShardSpec(
+        shard_id=shard_id, engine="llama.cpp", engine_version=version, weights=weights, port=port,
+        api_key=api_key,
+        # One thread: on a busy 2-core machine the default thread count makes answers crawl.
+        args=args if args is not None else ["-t", "1", "-c", "1024", "-np", "2", "--metrics", "--alias", "tiny"],
+        start_timeout_s=30.0, max_restarts=max_restarts,
+    )
+
+
+def local_weights(path: Path) -> WeightsSpec:
+    import hashlib
+
+    data = path.read_bytes()
+    return WeightsSpec(url=str(path), sha256=hashlib.sha256(data).hexdigest(), size=len(data))

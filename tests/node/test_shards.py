@@ -1,0 +1,209 @@
+"""Shards on the real llama-server: install, start, chat, crash-restart, drain, stop, adoption."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import openai
+import pytest
+import trio
+from llmgw_dev.engine_proc import free_port
+from llmgw_node.config import NodeConfig
+from llmgw_node.procs import start_ticks
+from llmgw_node.service import NodeService, open_node_service
+from llmgw_node.supervisor import Timing
+from llmgw_shared.wire import DrainShard, EngineSpec, SetEngines, ShardState, StartShard, StopShard, WeightsSpec
+from node.conftest import TAG
+from node.helpers import next_engine_state, next_shard_state, shard_spec
+from node.release_server import FileServer
+
+pytestmark = pytest.mark.engine
+
+
+@asynccontextmanager
+async def installed_node(
+    config: NodeConfig, files: FileServer, archive: tuple[str, bytes], timing: Timing, *, adopt: bool = True
+) -> AsyncIterator[NodeService]:
+    name, data = archive
+    if files.release_api().replace("{version}", TAG).removeprefix(files.base) not in files.releases:
+        files.publish(TAG, {name: data})
+    async with open_node_service(config, timing=timing, adopt=adopt) as svc:
+        if svc.engines.binary("llama.cpp", TAG) is None:
+            ack = await svc.handle(SetEngines(id="e1", fencing_token=1,
+                                              engines=[EngineSpec("llama.cpp", TAG, files.release_api())]))
+            assert ack.ok, ack.error
+            state = await next_engine_state(svc, lambda s: s.status in ("installed", "failed"))
+            assert state.status == "installed", state.describe()
+        yield svc
+
+
+def served_weights(files: FileServer, model: Path) -> WeightsSpec:
+    data = model.read_bytes()
+    return WeightsSpec(url=files.add_file("tiny.gguf", data), sha256=hashlib.sha256(data).hexdigest(),
+                       size=len(data))
+
+
+async def test_start_chat_and_stop(
+    node_config: NodeConfig, files: FileServer, engine_archive: tuple[str, bytes], tiny_model: Path,
+    fast_timing: Timing,
+) -> None:
+    async with installed_node(node_config, files, engine_archive, fast_timing) as svc:
+        port = free_port()
+        spec = shard_spec("tiny-0", served_weights(files, tiny_model), port)
+        ack = await svc.handle(StartShard(id="c1", fencing_token=1, shard=spec))
+        assert ack.ok, ack.error
+        seen: list[ShardState] = []
+        ready = await next_shard_state(svc, "tiny-0", lambda s: s.status in ("ready", "failed"), seen=seen)
+        assert ready.status == "ready", (ready.describe(), ready.last_lines)
+        statuses = [s.status for s in seen]
+        assert statuses[0] == "downloading" and "starting" in statuses
+        assert any(s.detail.startswith("downloading tiny.gguf") for s in seen)
+
+        client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=spec.api_key, max_retries=0)
+        reply = await client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hello"}], max_tokens=8)
+        assert reply.choices[0].finish_reason == "length" and reply.choices[0].message.content
+        # The engine requires the shard's key.
+        wrong = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="nope", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            await wrong.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
+                                                max_tokens=1)
+        # The key is not on the command line, where any local user could read it.
+        cmdline = await trio.Path(f"/proc/{ready.pid}/cmdline").read_bytes()
+        assert spec.api_key.encode() not in cmdline
+        assert os.getpgid(ready.pid) == ready.pid  # its own process group
+
+        ack = await svc.handle(StopShard(id="c2", fencing_token=1, shard_id="tiny-0"))
+        assert ack.ok
+        stopped = await next_shard_state(svc, "tiny-0", lambda s: s.status == "stopped")
+        assert stopped.status == "stopped"
+        assert start_ticks(ready.pid) is None
+
+
+async def test_crashing_engine_is_restarted_with_backoff_then_left_failed(
+    node_config: NodeConfig, files: FileServer, engine_archive: tuple[str, bytes], fast_timing: Timing,
+) -> None:
+    # Not a GGUF file: llama-server really starts, fails to load it and exits, every time.
+    junk = b"GGUF-not-really" * 100
+    weights = WeightsSpec(url=files.add_file("junk.gguf", junk), sha256=hashlib.sha256(junk).hexdigest(),
+                          size=len(junk))
+    async with installed_node(node_config, files, engine_archive, fast_timing) as svc:
+        ack = await svc.handle(StartShard(id="c1", fencing_token=1,
+                                          shard=shard_spec("bad", weights, free_port(), max_restarts=3)))
+        assert ack.ok
+        seen: list[ShardState] = []
+        final = await next_shard_state(svc, "bad", lambda s: s.status == "failed", seen=seen)
+    restarts = [s.detail for s in seen if s.status == "starting" and "restart" in s.detail]
+    # Exponential: base 0.05 s, doubling, capped at 0.4 s by fast_timing.
+    assert [d.split("; ", 1)[1] for d in restarts] == [
+        "restart 1 of 3 in 0.05 s", "restart 2 of 3 in 0.1 s", "restart 3 of 3 in 0.2 s"]
+    assert all(d.startswith("crashed while starting: exited with status 1") for d in restarts)
+    assert final.detail == "crashed while starting: exited with status 1; gave up after 3 restarts"
+    assert final.restarts == 4
+    # Each crash report carries the engine's last words, so the operator sees why.
+    assert any("failed to load model" in line or "gguf" in line.lower() for line in final.last_lines), \
+        final.last_lines
+
+
+async def test_killed_engine_is_restarted_and_ready_again(
+    node_config: NodeConfig, files: FileServer, engine_archive: tuple[str, bytes], tiny_model: Path,
+    fast_timing: Timing,
+) -> None:
+    async with installed_node(node_config, files, engine_archive, fast_timing) as svc:
+        await svc.handle(StartShard(id="c1", fencing_token=1,
+                                    shard=shard_spec("tiny-k", served_weights(files, tiny_model), free_port())))
+        first = await next_shard_state(svc, "tiny-k", lambda s: s.status == "ready")
+        os.killpg(first.pid, signal.SIGKILL)
+        seen: list[ShardState] = []
+        again = await next_shard_state(svc, "tiny-k", lambda s: s.status == "ready", seen=seen)
+        assert again.pid != first.pid
+        crash = next(s for s in seen if "restart" in s.detail)
+        assert crash.detail == "crashed: exited with signal 9; restart 1 of 3 in 0.05 s"
+        assert crash.restarts == 1
+        await svc.stop_engines()
+
+
+async def test_drain_waits_for_the_request_in_flight(
+    node_config: NodeConfig, files: FileServer, engine_archive: tuple[str, bytes], tiny_model: Path,
+    fast_timing: Timing,
+) -> None:
+    async with installed_node(node_config, files, engine_archive, fast_timing) as svc:
+        port = free_port()
+        spec = shard_spec("tiny-d", served_weights(files, tiny_model), port,
+                          args=["-t", "1", "-c", "2048", "-np", "1", "--metrics", "--alias", "tiny"])
+        await svc.handle(StartShard(id="c1", fencing_token=1, shard=spec))
+        ready = await next_shard_state(svc, "tiny-d", lambda s: s.status == "ready")
+        client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=spec.api_key, max_retries=0)
+        seen: list[ShardState] = []
+        finish: list[str | None] = []
+        tokens = 0
+        stream = await client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "go"}], max_tokens=2000, stream=True)
+        async with stream:
+            async for chunk in stream:
+                if tokens == 0:
+                    ack = await svc.handle(DrainShard(id="c2", fencing_token=1, shard_id="tiny-d", timeout_s=30))
+                    assert ack.ok
+                if chunk.choices and chunk.choices[0].delta.content:
+                    tokens += 1
+                if chunk.choices and chunk.choices[0].finish_reason:
+                    finish.append(chunk.choices[0].finish_reason)
+        # The whole answer arrived: the drain did not cut the request.
+        assert finish == ["length"] and tokens > 1000
+        await next_shard_state(svc, "tiny-d", lambda s: s.status == "stopped", seen=seen)
+        assert "waiting for 1 request(s) in flight" in [s.detail for s in seen if s.status == "draining"]
+        assert start_ticks(ready.pid) is None
+
+
+async def test_engines_survive_a_daemon_restart_and_are_adopted(
+    node_config: NodeConfig, files: FileServer, engine_archive: tuple[str, bytes], tiny_model: Path,
+    fast_timing: Timing,
+) -> None:
+    port = free_port()
+    spec = shard_spec("tiny-a", served_weights(files, tiny_model), port)
+    async with installed_node(node_config, files, engine_archive, fast_timing) as svc:
+        await svc.handle(StartShard(id="c1", fencing_token=1, shard=spec))
+        first = await next_shard_state(svc, "tiny-a", lambda s: s.status == "ready")
+    # The daemon is gone; the engine is not.
+    assert start_ticks(first.pid) is not None
+    state_file = Path(node_config.data_dir) / "shards.json"
+    assert oct(state_file.stat().st_mode & 0o777) == "0o600"  # it holds the shard's API key
+
+    async with installed_node(node_config, files, engine_archive, fast_timing) as svc:
+        adopted = await next_shard_state(svc, "tiny-a", lambda s: s.status in ("ready", "failed"))
+        assert adopted.status == "ready" and adopted.pid == first.pid
+        assert [s.shard_id for s in svc.hello().shards] == ["tiny-a"]
+        client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=spec.api_key, max_retries=0)
+        reply = await client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "still there?"}], max_tokens=4)
+        assert reply.choices[0].message.content
+        # An adopted engine that crashes is restarted like any other.
+        os.killpg(first.pid, signal.SIGKILL)
+        again = await next_shard_state(svc, "tiny-a", lambda s: s.status == "ready")
+        assert again.pid != first.pid
+        assert svc.supervisor.output("tiny-a")  # its output is kept for the operator
+
+    # A daemon told not to adopt stops what it finds instead of leaving an orphan.
+    async with installed_node(node_config, files, engine_archive, fast_timing, adopt=False) as svc:
+        assert svc.shard_states() == []
+    assert start_ticks(again.pid) is None
+
+
+async def test_a_reused_pid_is_not_mistaken_for_the_engine(
+    node_config: NodeConfig, files: FileServer, engine_archive: tuple[str, bytes], fast_timing: Timing,
+) -> None:
+    from llmgw_node.procs import ProcessRecord, StateFile
+
+    # A record naming a live process (this test's own pid) with a different start time: that is
+    # pid reuse, and the node must neither adopt nor signal it.
+    spec = shard_spec("ghost", WeightsSpec(url="/nonexistent", sha256="0" * 64, size=1), free_port())
+    StateFile(Path(node_config.data_dir) / "shards.json").save([ProcessRecord(
+        shard_id="ghost", pid=os.getpid(), ticks=(start_ticks(os.getpid()) or 0) + 1, binary="/bin/false",
+        weights="/nonexistent", log="/dev/null", spec=spec)])
+    async with installed_node(node_config, files, engine_archive, fast_timing) as svc:
+        assert svc.shard_states() == []
