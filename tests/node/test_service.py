@@ -1,0 +1,116 @@
+"""NodeService command handling: acks, refusals, fencing, weights removal, hello contents."""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+from pathlib import Path
+
+import attrs
+import pytest
+from llmgw_dev.engine_proc import free_port
+from llmgw_node.config import ConfiguredEngine, NodeConfig
+from llmgw_node.service import open_node_service
+from llmgw_node.supervisor import Timing
+from llmgw_shared.wire import (
+    EngineSpec,
+    RemoveWeights,
+    SetEngines,
+    StartShard,
+    StopShard,
+    WeightsSpec,
+)
+from node.helpers import drain_reports, next_shard_state, shard_spec
+
+
+@pytest.fixture
+def fake_llama(tmp_path: Path) -> Path:
+    # Stands in for an engine binary in tests about command handling, where no engine runs.
+    script = tmp_path / "fake-llama-server"
+    script.write_text("#!/bin/sh\necho 'version: 1 (build 1, commit x)' >&2\n")
+    script.chmod(0o755)
+    return script
+
+
+@pytest.fixture
+def config(node_config: NodeConfig, fake_llama: Path) -> NodeConfig:
+    return attrs.evolve(node_config, engines=[ConfiguredEngine(name="llama.cpp", path=str(fake_llama),
+                                                               version="b11312")])
+
+
+def weights_file(tmp_path: Path, data: bytes = b"weights" * 100, name: str = "w.gguf") -> WeightsSpec:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return WeightsSpec(url=str(path), sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+
+
+async def test_hello_reports_facts_engines_and_no_secrets_in_repr(config: NodeConfig, fast_timing: Timing) -> None:
+    async with open_node_service(config, timing=fast_timing) as svc:
+        hello = svc.hello()
+    assert hello.node_id == "test-node" and hello.join_token == "llmgw-join-secret"
+    assert hello.facts.probed and hello.facts.cores > 0
+    assert [e.describe() for e in hello.engines] == ["configured b11312"]
+    assert hello.shards == []
+    assert "llmgw-join-secret" not in repr(config)
+
+
+async def test_stale_fencing_token_is_refused(config: NodeConfig, fast_timing: Timing) -> None:
+    async with open_node_service(config, timing=fast_timing) as svc:
+        assert (await svc.handle(StopShard(id="a", fencing_token=5, shard_id="x"))).ok
+        ack = await svc.handle(StopShard(id="b", fencing_token=4, shard_id="x"))
+    assert not ack.ok and ack.command_id == "b"
+    assert ack.error.startswith("stale fencing token 4 (this node has seen 5)")
+
+
+async def test_start_refusals_name_the_problem(tmp_path: Path, config: NodeConfig, fast_timing: Timing) -> None:
+    w = weights_file(tmp_path)
+    async with open_node_service(config, timing=fast_timing) as svc:
+        bad_id = await svc.handle(StartShard(id="1", fencing_token=1, shard=shard_spec("../etc", w, 9000)))
+        assert "shard id '../etc'" in bad_id.error
+        other = await svc.handle(StartShard(id="2", fencing_token=1,
+                                            shard=attrs.evolve(shard_spec("s", w, 9000), engine="vllm")))
+        assert other.error == "engine vllm b11312 is not available here: absent"
+        await svc.handle(SetEngines(id="3", fencing_token=1, engines=[EngineSpec("sglang", "1")]))
+        unknown = [e for e in svc.engine_states() if e.name == "sglang"]
+        assert unknown[0].describe() == "failed: unknown engine 'sglang': name it in the node's config by path"
+
+
+async def test_port_in_use_and_port_conflicts(tmp_path: Path, config: NodeConfig, fast_timing: Timing) -> None:
+    w = weights_file(tmp_path)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        async with open_node_service(config, timing=fast_timing) as svc:
+            ack = await svc.handle(StartShard(id="1", fencing_token=1, shard=shard_spec("a", w, port)))
+            assert ack.ok
+            state = await next_shard_state(svc, "a", lambda s: s.status == "failed")
+            assert state.detail == f"port {port} on 127.0.0.1 is in use by another process"
+            # A second shard on a port a live shard holds is refused at once.
+            free = free_port()
+            w2 = weights_file(tmp_path, b"other", "w2.gguf")
+            await svc.handle(StartShard(id="2", fencing_token=1,
+                                        shard=attrs.evolve(shard_spec("b", w, free), weights=w2)))
+            ack = await svc.handle(StartShard(id="3", fencing_token=1, shard=shard_spec("c", w, free)))
+            assert ack.error == f"port {free} is already used by shard b"
+
+
+async def test_shard_with_wrong_weights_fails_with_the_reason(
+    tmp_path: Path, config: NodeConfig, fast_timing: Timing
+) -> None:
+    w = attrs.evolve(weights_file(tmp_path), sha256="e" * 64)
+    async with open_node_service(config, timing=fast_timing) as svc:
+        assert (await svc.handle(StartShard(id="1", fencing_token=1, shard=shard_spec("a", w, free_port())))).ok
+        state = await next_shard_state(svc, "a", lambda s: s.status == "failed")
+    assert "differs from the expected " + "e" * 64 in state.detail
+
+
+async def test_remove_weights_refuses_files_in_use(tmp_path: Path, config: NodeConfig, fast_timing: Timing) -> None:
+    async with open_node_service(config, timing=fast_timing) as svc:
+        sha = "d" * 64
+        svc.weights.acquire(sha, "running-shard")
+        ack = await svc.handle(RemoveWeights(id="r", fencing_token=1, sha256=[sha, "c" * 64]))
+        assert not ack.ok and ack.error == "kept 1 file(s) a running shard uses: dddddddddddd"
+        svc.weights.release(sha, "running-shard")
+        assert (await svc.handle(RemoveWeights(id="r2", fencing_token=1, sha256=[sha]))).ok
+        drain_reports(svc)
