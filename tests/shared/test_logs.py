@@ -28,11 +28,13 @@ def test_json_lines_carry_request_id_and_fields() -> None:
     setup_logging("info", json_lines=True, stream=stream)
     log = get_logger("test")
     with request_context("rid-1"):
-        log.info("hello %s", "world", extra={"model": "m", "authorization": "Bearer nope", "api_key": "plain"})
+        log.info("hello %s", "world", extra={"model": "m", "authorization": "Bearer nope", "api_key": "plain",
+                                              "join_token": "plain2", "prompt_tokens": 12})
     log.info("outside")
     first, second = (json.loads(line) for line in stream.getvalue().splitlines())
     assert first["msg"] == "hello world" and first["request_id"] == "rid-1" and first["model"] == "m"
     assert "nope" not in json.dumps(first) and "plain" not in json.dumps(first)
+    assert first["prompt_tokens"] == 12
     assert "request_id" not in second
     assert first["logger"] == "llmgw.test"
 

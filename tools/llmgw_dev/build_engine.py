@@ -9,7 +9,8 @@ way upstream releases look, so the node's installer is exercised on a real archi
 Everything lands in the cache (``$LLMGW_CACHE`` or ``~/.cache/llmgw``); a second run is instant,
 and a second concurrent run waits on a file lock instead of corrupting the cache.
 
-Standard library only: this runs before any virtual environment exists.
+Standard library only, so it runs under any Python; cmake and ninja come from the project's
+virtual environment (PyPI wheels) when the system has none, so only a C++ compiler is needed.
 """
 
 from __future__ import annotations
@@ -31,13 +32,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+if not __package__:  # run as a script: make the llmgw_dev package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from llmgw_dev import pypi  # noqa: E402
+
 SDIST_VERSION = "0.3.36"
 SDIST_NAME = f"llama_cpp_python-{SDIST_VERSION}.tar.gz"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 BUILD_NUMBER = 11312
 BUILD_COMMIT = "0c1e57098"
-# Upstream's commit time for b11312, used as every archive member's mtime so the archive is
-# byte-for-byte reproducible.
+# A fixed mtime (2026-10-01, the day of commit 0c1e57098) for every archive member, so the archive
+# is byte-for-byte reproducible.
 BUILD_EPOCH = 1790812800
 RELEASE_TAG = f"b{BUILD_NUMBER}"
 
@@ -106,24 +111,13 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def fetch_sdist(work: Path) -> Path:
+def fetch_sdist() -> Path:
     target = cache_dir() / "src" / SDIST_NAME
     if target.exists() and sha256_of(target) == SDIST_SHA256:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    say(f"downloading {SDIST_NAME} (77 MB) from PyPI")
-    download = work / "sdist"
-    # Not --no-binary :all: -- that would source-build the sdist's own build backends for minutes.
-    subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python",
-         "-d", str(download), f"llama-cpp-python=={SDIST_VERSION}"],
-        check=True, stdout=subprocess.DEVNULL,
-    )
-    got = download / SDIST_NAME
-    actual = sha256_of(got)
-    if actual != SDIST_SHA256:
-        raise SystemExit(f"{SDIST_NAME}: sha256 {actual} differs from the pinned {SDIST_SHA256}")
-    shutil.move(str(got), target)
+    url, _ = pypi.find_file("llama-cpp-python", SDIST_NAME)
+    pypi.download(url, target, expected_sha256=SDIST_SHA256, label=SDIST_NAME)
     return target
 
 
@@ -139,25 +133,25 @@ def unpack_sources(sdist: Path, work: Path) -> Path:
     return dest
 
 
-def cmake_binary() -> str:
-    found = shutil.which("cmake")
-    if found:
-        return found
-    # A fresh machine may lack cmake; PyPI ships it as a wheel.
-    say("no cmake on PATH; installing it from PyPI into the cache")
-    tools = cache_dir() / "tools"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--target", str(tools), "cmake"],
-                   check=True)
-    return str(tools / "bin" / "cmake")
+def build_tool(name: str) -> str | None:
+    """A build tool on PATH, or the one the project's virtual environment got from PyPI."""
+    beside_python = Path(sys.executable).with_name(name)
+    if beside_python.exists():
+        return str(beside_python)
+    return shutil.which(name)
 
 
 def compile_server(sources: Path, work: Path) -> Path:
     if not (shutil.which("c++") or shutil.which("g++")):
         raise SystemExit("no C++ compiler found: install one (Debian/Ubuntu: apt-get install g++)")
-    cmake = cmake_binary()
+    cmake = build_tool("cmake")
+    if cmake is None:
+        raise SystemExit("no cmake found: run this with the project's virtual environment, or install cmake")
+    ninja = build_tool("ninja")
+    generator = ["-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={ninja}"] if ninja else []
     build = work / "build"
     say("configuring (cmake)")
-    subprocess.run([cmake, "-S", str(sources), "-B", str(build), *CMAKE_FLAGS],
+    subprocess.run([cmake, "-S", str(sources), "-B", str(build), *generator, *CMAKE_FLAGS],
                    check=True, stdout=subprocess.DEVNULL)
     jobs = str(os.cpu_count() or 2)
     say(f"compiling llama-server with {jobs} jobs; about 10 minutes on 2 cores the first time")
@@ -169,15 +163,27 @@ def compile_server(sources: Path, work: Path) -> Path:
     tail: list[str] = []
     for line in proc.stdout:
         tail = (tail + [line.rstrip()])[-40:]
-        if line.startswith("[") and "%]" in line:
-            percent = line[1:line.index("%]")].strip()
-            if percent != last_percent:
-                last_percent = percent
-                say(f"compiling: {percent}% ({time.monotonic() - started:.0f} s)")
+        progress = _progress(line)
+        if progress and progress != last_percent:
+            last_percent = progress
+            say(f"compiling: {progress} ({time.monotonic() - started:.0f} s)")
     if proc.wait() != 0:
         print("\n".join(tail), file=sys.stderr)
         raise SystemExit("llama-server build failed (last lines above)")
     return build / "bin"
+
+
+def _progress(line: str) -> str:
+    """``[ 42%]`` from make, ``[12/130]`` from ninja, as a percentage."""
+    if not line.startswith("["):
+        return ""
+    inside = line[1:line.find("]")].strip()
+    if inside.endswith("%"):
+        return inside
+    done, _, total = inside.partition("/")
+    if done.isdigit() and total.isdigit() and int(total):
+        return f"{int(done) * 100 // int(total)}%"
+    return ""
 
 
 def soname(path: Path) -> str:
@@ -242,7 +248,7 @@ def ensure_engine() -> Path:
                 and checksum.read_text().split()[0] == sha256_of(out)):
             with tempfile.TemporaryDirectory(prefix="llmgw-build-", dir=cache_dir()) as tmp:
                 work = Path(tmp)
-                sources = unpack_sources(fetch_sdist(work), work)
+                sources = unpack_sources(fetch_sdist(), work)
                 pack_release(compile_server(sources, work), work)
         unpack_for_local_use(out)
     return out

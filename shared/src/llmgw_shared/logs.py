@@ -49,7 +49,7 @@ def redact(text: str) -> str:
     return text
 
 
-_SECRET_FIELD = re.compile(r"(?i)(api[_-]?key|authorization|token|password|secret)")
+_SECRET_FIELD = re.compile(r"(?i)^(.*[_-])?(api[_-]?key|key|authorization|token|password|secret)$")
 
 
 def _fields(record: logging.LogRecord) -> dict[str, Any]:

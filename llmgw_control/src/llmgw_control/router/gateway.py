@@ -12,6 +12,7 @@ pages, which are not hot, use Quart.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 import uuid
@@ -396,7 +397,9 @@ class Gateway:
                           completion_tokens=exchange.usage.completion_tokens)
         if exchange.client_gone:
             fields["client_gone"] = True
-        access_log.info("served", extra=fields)
+        # Health checks arrive every few seconds from load balancers: not worth a line each.
+        quiet = scope["path"] == "/healthz" and status == 200
+        access_log.log(logging.DEBUG if quiet else logging.INFO, "served", extra=fields)
 
 
 async def _watch_disconnect(receive: Receive, scope: trio.CancelScope, exchange: Exchange) -> None:

