@@ -274,3 +274,33 @@ def test_fake_engine_runs_as_a_process() -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0  # SIGTERM is a clean shutdown, not a kill
+
+
+# --- the benchmark's load generator -----------------------------------------------------------
+
+
+def _bench_module() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("llmgw_bench_run", Path(__file__).parent.parent / "bench" / "run.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+async def test_bench_load_generator_counts_only_complete_answers(fake_engine: FakeEngine) -> None:
+    bench = _bench_module()
+    fake_engine.behavior.chunks = 32
+    for stream in (False, True):
+        good = await bench.run_load(fake_engine.url, stream=stream, concurrency=4, requests=40, seconds=10)
+        assert (good.requests, good.errors, len(good.latencies)) == (40, 0, 40)
+    # a truncated stream is an error, not a fast success
+    fake_engine.behavior.close_mid_stream_after = 5
+    bad = await bench.run_load(fake_engine.url, stream=True, concurrency=2, requests=10, seconds=10)
+    assert (bad.requests, bad.errors) == (0, 10)
+    # and llama-server's habit of closing after each stream costs reconnects, not errors
+    fake_engine.behavior.close_mid_stream_after = None
+    fake_engine.behavior.close_after_stream = True
+    reconnecting = await bench.run_load(fake_engine.url, stream=True, concurrency=2, requests=10, seconds=10)
+    assert (reconnecting.requests, reconnecting.errors) == (10, 0)

@@ -575,6 +575,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--prompt-tokens", type=int, default=7)
     p.add_argument("--api-key", default=None)
     p.add_argument("--close-after-stream", action="store_true")
+    p.add_argument("--status-before-body", type=int, default=None, help="fail every request with this status")
+    p.add_argument("--close-mid-stream-after", type=int, default=None, metavar="N")
+    p.add_argument("--hang-mid-stream-after", type=int, default=None, metavar="N")
+    p.add_argument("--hang-before-first-byte", action="store_true")
     return p.parse_args(argv)
 
 
@@ -582,7 +586,9 @@ async def _main(args: argparse.Namespace) -> None:
     behavior = FakeEngineBehavior(
         models=args.models or ["fake-model"], chunks=args.chunks, chunk_delay=args.chunk_delay,
         first_byte_delay=args.first_byte_delay, prompt_tokens=args.prompt_tokens, api_key=args.api_key,
-        close_after_stream=args.close_after_stream)
+        close_after_stream=args.close_after_stream, status_before_body=args.status_before_body,
+        close_mid_stream_after=args.close_mid_stream_after, hang_mid_stream_after=args.hang_mid_stream_after,
+        hang_before_first_byte=args.hang_before_first_byte)
     # Without a receiver SIGTERM would kill the process on the spot; this makes it a clean exit.
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with run_fake_engine(behavior, host=args.host, port=args.port) as engine:
