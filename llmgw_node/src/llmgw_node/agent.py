@@ -1,0 +1,285 @@
+"""The node's connection to control: one WebSocket, reconnected for as long as the daemon runs.
+
+The agent walks the configured control URLs in order (a standby's ``refuse`` may name the
+leader, which is tried next), backs off exponentially with jitter when none answers, and once
+welcomed runs four tasks over the socket: a reader (commands in, acks out), a writer (the only
+task that sends), a heartbeat (liveness plus only what changed since the last one) and a
+watchdog. The watchdog matters: a hung control (a stopped process, a cut network) sends no
+FIN, so only the missing application-level heartbeats reveal it.
+
+State reports are produced by the NodeService whether or not control is connected; between
+connections they are dropped, since the next ``hello`` carries the current state of everything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import ssl
+
+import attrs
+import trio
+from llmgw_shared.facts import HostFacts
+from llmgw_shared.logs import get_logger
+from llmgw_shared.wire import (
+    Ack,
+    DrainShard,
+    EngineState,
+    EngineStateReport,
+    Error,
+    Heartbeat,
+    Message,
+    Refuse,
+    RemoveWeights,
+    SetEngines,
+    ShardState,
+    ShardStateReport,
+    StartShard,
+    StopShard,
+    Welcome,
+    WireError,
+    decode,
+    encode,
+)
+from trio_websocket import ConnectionClosed, HandshakeError, WebSocketConnection, open_websocket_url
+
+from llmgw_node.probe import with_time_cleared
+from llmgw_node.service import NodeService
+
+log = get_logger("llmgw.node.agent")
+
+MAX_FRAME = 16 << 20
+COMMANDS = (SetEngines, StartShard, StopShard, DrainShard, RemoveWeights)
+
+
+class SessionEnded(Exception):
+    """Why a connection to control ended (for the log and the reconnect decision)."""
+
+
+@attrs.define
+class AgentTiming:
+    connect_timeout: float = 10.0
+    # The first frame back after our hello.
+    welcome_timeout: float = 10.0
+    # Control counts as gone after this many heartbeat intervals without a frame from it.
+    missed_heartbeats: float = 3.0
+    # A hung peer never answers our close frame: do not wait long for it before reconnecting.
+    disconnect_timeout: float = 1.0
+
+
+@attrs.define
+class AgentStatus:
+    """What the agent is doing, for the CLI and tests."""
+
+    connected_to: str = ""
+    sessions: int = 0
+    last_refusal: str = ""
+    last_error: str = ""
+    changed: trio.Event = attrs.field(factory=trio.Event)
+
+    def touch(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+
+def backoff_delay(attempt: int, low: float, high: float, rng: random.Random) -> float:
+    """Exponential backoff with "equal jitter": half fixed, half random, so nodes spread out."""
+    base: float = min(high, low * 2.0 ** attempt)
+    return base / 2 + rng.uniform(0, base / 2)
+
+
+class Agent:
+    def __init__(
+        self,
+        svc: NodeService,
+        *,
+        urls: list[str] | None = None,
+        timing: AgentTiming | None = None,
+        rng: random.Random | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self.svc = svc
+        self.urls = list(urls if urls is not None else svc.config.control)
+        self.timing = timing or AgentTiming()
+        self.rng = rng or random.Random()
+        self.ssl_context = ssl_context
+        self.status = AgentStatus()
+        self._outbound: trio.MemorySendChannel[Message] | None = None
+        self._sent_engines: dict[tuple[str, str], EngineState] = {}
+        self._sent_shards: dict[str, ShardState] = {}
+        self._sent_facts: HostFacts | None = None
+        self._seq = 0
+
+    async def run(self) -> None:
+        if not self.urls:
+            raise ValueError("no control URLs configured")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._pump_reports)
+            await self._connect_loop()
+
+    # ------------------------------------------------------------------ reconnecting
+
+    async def _connect_loop(self) -> None:
+        cfg = self.svc.config
+        attempt = 0
+        queue = list(self.urls)
+        while True:
+            url = queue.pop(0)
+            welcomed = False
+            try:
+                welcomed = await self._session(url)
+            except SessionEnded as exc:
+                self.status.last_error = str(exc)
+                log.warning("control %s: %s", url, exc)
+            finally:
+                self.status.connected_to = ""
+                self.status.touch()
+            if welcomed:
+                # It worked until it did not: start over from the one that worked, promptly.
+                attempt = 0
+                queue = [url, *[u for u in self.urls if u != url]]
+            if not queue:
+                queue = list(self.urls)
+                delay = backoff_delay(attempt, cfg.reconnect_min_s, cfg.reconnect_max_s, self.rng)
+                attempt += 1
+                log.info("no control answered; retrying in %.1f s", delay)
+                await trio.sleep(delay)
+
+    # ------------------------------------------------------------------ one connection
+
+    async def _session(self, url: str) -> bool:
+        """Run one connection; return True if control welcomed us. Raise SessionEnded with why."""
+        t = self.timing
+        try:
+            async with open_websocket_url(url, self.ssl_context, message_queue_size=64,
+                                          max_message_size=MAX_FRAME, connect_timeout=t.connect_timeout,
+                                          disconnect_timeout=t.disconnect_timeout) as ws:
+                return await self._converse(url, ws)
+        except HandshakeError as exc:
+            raise SessionEnded(f"could not connect: {exc}") from None
+        except ConnectionClosed as exc:
+            raise SessionEnded(f"connection closed: {exc.reason}") from None
+        except OSError as exc:
+            raise SessionEnded(f"could not connect: {exc.strerror or exc}") from None
+
+    async def _converse(self, url: str, ws: WebSocketConnection) -> bool:
+        hello = self.svc.hello()
+        await ws.send_message(encode(hello))
+        try:
+            with trio.fail_after(self.timing.welcome_timeout):
+                reply = decode(await ws.get_message())
+        except trio.TooSlowError:
+            raise SessionEnded(f"no answer to hello within {self.timing.welcome_timeout:g} s") from None
+        except WireError as exc:
+            raise SessionEnded(f"bad answer to hello: {exc}") from None
+        if isinstance(reply, Refuse):
+            self.status.last_refusal = reply.reason
+            log.warning("control %s refused this node: %s", url, reply.reason)
+            if reply.leader and reply.leader != url:
+                # Try the leader it named next, before the rest of the list.
+                self.urls = [reply.leader, *[u for u in self.urls if u != reply.leader]]
+                raise SessionEnded(f"refused ({reply.reason}); leader is {reply.leader}")
+            raise SessionEnded(f"refused: {reply.reason}")
+        if not isinstance(reply, Welcome):
+            raise SessionEnded(f"expected welcome or refuse, got {type(reply).__name__}")
+        interval = reply.heartbeat_interval_s
+        log.info("connected to control %s", url)
+        self._sent_engines = {(e.name, e.version): e for e in hello.engines}
+        self._sent_shards = {s.shard_id: s for s in hello.shards}
+        self._sent_facts = with_time_cleared(hello.facts)
+        self.status.connected_to = url
+        self.status.sessions += 1
+        self.status.touch()
+        send, recv = trio.open_memory_channel[Message](1024)
+        last_heard = [trio.current_time()]
+        try:
+            async with trio.open_nursery() as nursery:
+                self._outbound = send
+                nursery.start_soon(self._writer, ws, recv)
+                nursery.start_soon(self._reader, ws, send, last_heard)
+                nursery.start_soon(self._heartbeats, send, interval)
+                await self._watchdog(last_heard, interval * self.timing.missed_heartbeats)
+        except BaseExceptionGroup as group:
+            # One of the four tasks ended the session; anything else (cancellation, a bug) goes on up.
+            matched, rest = group.split((SessionEnded, ConnectionClosed))
+            if matched is None or rest is not None:
+                raise
+            first = _leaves(matched)[0]
+            if isinstance(first, ConnectionClosed):
+                raise SessionEnded(f"connection closed: {first.reason}") from None
+            raise SessionEnded(str(first)) from None
+        finally:
+            self._outbound = None
+        return True
+
+    async def _watchdog(self, last_heard: list[float], limit: float) -> None:
+        while True:
+            quiet = trio.current_time() - last_heard[0]
+            if quiet > limit:
+                raise SessionEnded(f"control silent for {quiet:.1f} s (heartbeat missed); reconnecting")
+            await trio.sleep(min(limit - quiet, limit / 3) + 0.001)
+
+    async def _writer(self, ws: WebSocketConnection, recv: trio.MemoryReceiveChannel[Message]) -> None:
+        async for msg in recv:
+            if isinstance(msg, EngineStateReport):
+                self._sent_engines[(msg.engine.name, msg.engine.version)] = msg.engine
+            elif isinstance(msg, ShardStateReport):
+                self._sent_shards[msg.shard.shard_id] = msg.shard
+            await ws.send_message(encode(msg))
+
+    async def _reader(self, ws: WebSocketConnection, send: trio.MemorySendChannel[Message],
+                      last_heard: list[float]) -> None:
+        while True:
+            frame = await ws.get_message()
+            last_heard[0] = trio.current_time()
+            try:
+                msg = decode(frame)
+            except WireError as exc:
+                log.warning("bad frame from control: %s", exc)
+                await send.send(Error(message=f"bad frame: {exc}"))
+                continue
+            if isinstance(msg, COMMANDS):
+                ack: Ack = await self.svc.handle(msg)
+                await send.send(ack)
+            elif isinstance(msg, Heartbeat):
+                pass  # liveness only; last_heard is already updated
+            elif isinstance(msg, Error):
+                log.warning("control reported an error: %s", msg.message, extra={"in_reply_to": msg.in_reply_to})
+            else:
+                await send.send(Error(message=f"unexpected message type {type(msg).__name__} from control"))
+
+    async def _heartbeats(self, send: trio.MemorySendChannel[Message], interval: float) -> None:
+        while True:
+            await trio.sleep(interval)
+            await send.send(self._heartbeat())
+
+    def _heartbeat(self) -> Heartbeat:
+        """Only what differs from what control was last sent (normally nothing)."""
+        self._seq += 1
+        engines = [e for e in self.svc.engine_states() if self._sent_engines.get((e.name, e.version)) != e]
+        shards = [s for s in self.svc.shard_states() if self._sent_shards.get(s.shard_id) != s]
+        facts = None
+        if with_time_cleared(self.svc.facts) != self._sent_facts:
+            facts = self.svc.facts
+            self._sent_facts = with_time_cleared(facts)
+        for e in engines:
+            self._sent_engines[(e.name, e.version)] = e
+        for s in shards:
+            self._sent_shards[s.shard_id] = s
+        return Heartbeat(seq=self._seq, facts=facts, engines=engines, shards=shards)
+
+    async def _pump_reports(self) -> None:
+        async for report in self.svc.reports:
+            out = self._outbound
+            if out is None:
+                continue
+            # A slow socket drops the report: the next heartbeat carries whatever it said.
+            with contextlib.suppress(trio.WouldBlock, trio.ClosedResourceError):
+                out.send_nowait(report)
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
