@@ -370,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     def budget(c: int) -> tuple[int, float]:
         if args.quick:
             return (150, 2.0) if c == 1 else (600, 3.0)
-        return (1000, 8.0) if c == 1 else (4000, 12.0)
+        return (2000, 8.0) if c == 1 else (4000, 12.0)
 
     have_gateway = gateway_available(args.gateway)
     print(f"llmgw bench  {time.strftime('%Y-%m-%d %H:%M')}  {os.cpu_count()} cores  "

@@ -23,9 +23,14 @@ REAL_ENGINE_FIXTURES = frozenset({"llama_server_binary", "real_engine", "real_em
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Marking by fixture use means nobody can forget the marker on a test that needs the build.
+    # Without a cached build the first such test compiles llama-server (~10 minutes on 2 cores):
+    # give those tests room instead of letting the 300 s default kill the build half-way.
+    building = not (build_engine.cache_dir() / "engines" / build_engine.archive_name()).exists()
     for item in items:
         if REAL_ENGINE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.engine)
+            if building:
+                item.add_marker(pytest.mark.timeout(1800))
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import openai
 import pytest
 import trio
 from llmgw_dev import tiny_model as tm
-from llmgw_dev.engine_proc import LlamaServer, running_llama_server
+from llmgw_dev.engine_proc import EngineStartError, LlamaServer, llama_server_process, running_llama_server
 from llmgw_dev.fake_engine import FakeEngine, FakeEngineBehavior, run_fake_engine
 
 # --- the tiny model ---------------------------------------------------------------------------
@@ -101,6 +101,15 @@ async def test_running_llama_server_stops_its_process_group(
         pid = srv.pid
     with pytest.raises(ProcessLookupError):
         os.killpg(pid, 0)
+
+
+def test_llama_server_that_cannot_start_reports_its_log(llama_server_binary: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF but not really")
+    with pytest.raises(EngineStartError, match="exited with") as caught, \
+            llama_server_process(llama_server_binary, broken, alias="broken"):
+        pass
+    assert "broken.gguf" in str(caught.value)  # the log tail says what went wrong
 
 
 # --- the fake engine --------------------------------------------------------------------------
