@@ -77,6 +77,8 @@ class PostgresServer:
     @classmethod
     def start(cls, *, bindir: Path | None = None, timeout: float = 60.0) -> PostgresServer:
         bindir = bindir or find_bindir()
+        if not (bindir / "initdb").is_file() or not (bindir / "pg_ctl").is_file():
+            raise PostgresUnavailable(f"no initdb/pg_ctl in {bindir}; {INSTALL_HINT}")
         user = None
         if os.geteuid() == 0:
             try:
@@ -142,8 +144,12 @@ class PostgresServer:
         shutil.rmtree(self.root, ignore_errors=True)
 
     def pause(self) -> None:
-        """Stop the server but keep its data, to simulate an outage; ``resume()`` restarts it."""
-        self._run("pg_ctl", "-D", str(self.datadir), "-m", "immediate", "-w", "stop", timeout=60)
+        """Stop the server but keep its data, to simulate an outage; ``resume()`` restarts it.
+
+        Fast mode, not immediate: with ``synchronous_commit=off`` an immediate stop (a crash)
+        may lose the last commits, which would turn an outage test into a data-loss test.
+        """
+        self._run("pg_ctl", "-D", str(self.datadir), "-m", "fast", "-w", "stop", timeout=60)
         self._running = False
 
     def resume(self, timeout: float = 60.0) -> None:

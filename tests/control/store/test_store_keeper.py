@@ -110,7 +110,7 @@ async def running(
     """Run keepers (each in its own cancel scope, to kill one) under the safety monitor."""
     scopes: dict[str, trio.CancelScope] = {}
 
-    async def run_one(keeper: LeaseKeeper, task_status: trio.TaskStatus[None]) -> None:
+    async def run_one(keeper: LeaseKeeper, task_status: trio.TaskStatus[Role]) -> None:
         with trio.CancelScope() as scope:
             scopes[keeper.holder] = scope
             await keeper.run(task_status=task_status)

@@ -132,11 +132,14 @@ async def test_refresh_sees_every_concurrent_write(store: SqlStore) -> None:
     async def reader() -> None:
         nonlocal marker
         while True:
+            # Decide before polling: a poll already in flight when the writers finish may
+            # predate their last commit, so one more poll must follow.
+            last = done.is_set()
             changes = await store.keys_changed_since(marker)
             for key in changes.changed:
                 seen[key.id] = key.revision
             marker = changes.revision
-            if done.is_set():
+            if last:
                 return
             await trio.lowlevel.checkpoint()
 

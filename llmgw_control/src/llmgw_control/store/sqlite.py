@@ -55,6 +55,10 @@ class SqliteBackend:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn: sqlite3.Connection | None = conn
         self._lock = threading.Lock()
+        # Which call's work holds the connection now; guarded by _running_lock so that a
+        # cancelled caller interrupts its own statement and never the next caller's.
+        self._running: object | None = None
+        self._running_lock = threading.Lock()
 
     @classmethod
     async def connect(
@@ -84,27 +88,47 @@ class SqliteBackend:
         return cls(await trio.to_thread.run_sync(open_db))
 
     async def run(self, fn: Callable[[Tx], T], *, write: bool) -> T:
+        token = object()
+
         def work() -> T:
             with self._lock:
                 conn = self._conn
                 if conn is None:
                     raise StoreClosed("the store is closed")
+                with self._running_lock:
+                    self._running = token
                 try:
-                    conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-                except sqlite3.OperationalError as exc:
-                    raise StoreTimeout(f"the SQLite database stayed locked: {exc}") from None
-                try:
-                    result = fn(_SqliteTx(conn))
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    raise
-                return result
+                    return self._transaction(conn, fn, write)
+                finally:
+                    with self._running_lock:
+                        self._running = None
 
-        # Abandoning is safe here: the thread keeps the lock until it has committed or rolled
-        # back, so the shared connection is never reused mid-transaction.
-        return await trio.to_thread.run_sync(work, abandon_on_cancel=True)
+        try:
+            # Abandoning is safe: the thread keeps the lock until it has committed or rolled
+            # back, so the shared connection is never reused mid-transaction.
+            return await trio.to_thread.run_sync(work, abandon_on_cancel=True)
+        except trio.Cancelled:
+            # Do not let an abandoned statement hold the only connection: stop it (SQLite
+            # rolls the transaction back), so the next caller does not wait for it.
+            with self._running_lock:
+                if self._running is token and self._conn is not None:
+                    self._conn.interrupt()
+            raise
+
+    @staticmethod
+    def _transaction(conn: sqlite3.Connection, fn: Callable[[Tx], T], write: bool) -> T:
+        try:
+            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+        except sqlite3.OperationalError as exc:
+            raise StoreTimeout(f"the SQLite database stayed locked: {exc}") from None
+        try:
+            result = fn(_SqliteTx(conn))
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        return result
 
     async def aclose(self) -> None:
         def close() -> None:
