@@ -110,3 +110,18 @@ def test_shared_sql_must_not_contain_percent() -> None:
     with pytest.raises(ValueError, match="%"):
         translate("SELECT 5 % 2")
     assert translate("SELECT ? WHERE t < now_us()").startswith("SELECT %s WHERE t < (extract(epoch")
+
+
+async def test_lease_does_not_queue_behind_slow_queries(pg_url: str) -> None:
+    """The lease has its own connection: a full pool must not delay a renew into a step-down."""
+    async with await PostgresStore.open(pg_url, pool_size=1) as store, trio.open_nursery() as nursery:
+
+        async def slow() -> None:
+            await store.backend.run(lambda tx: tx.rows("SELECT pg_sleep(1.5)"), write=False)
+
+        nursery.start_soon(slow)
+        await trio.sleep(0.2)
+        start = trio.current_time()
+        assert await store.lease.try_acquire("a", "addr", ttl=5) is not None
+        assert await store.lease.renew("a", ttl=5) is not None
+        assert trio.current_time() - start < 0.5

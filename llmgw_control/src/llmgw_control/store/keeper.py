@@ -173,6 +173,10 @@ class LeaseKeeper:
             log.warning("leader lease: acquire attempt failed: %s", exc or "timed out")
             return
         if grant is not None:
+            if self._stopping:
+                # release() began while this acquire was in flight; it releases the row once
+                # we drop the lock, so do not claim a lead that is about to be given up.
+                return
             if trio.current_time() >= self._trusted_until(sent):
                 # Granted, but too late to be of use; it lapses by itself and the next
                 # acquisition gets a new epoch.

@@ -32,9 +32,10 @@ from .sqlite import SqliteBackend
 
 
 class SqlStore(CatalogOps, NodeOps, GroupOps, KeyOps, QuotaOps, UsageOps, CapacityOps):
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, lease_backend: Backend | None = None) -> None:
         self._backend = backend
-        self._lease = SqlLease(backend)
+        self._lease_backend = lease_backend
+        self._lease = SqlLease(lease_backend or backend)
 
     @property
     def lease(self) -> SqlLease:
@@ -51,6 +52,8 @@ class SqlStore(CatalogOps, NodeOps, GroupOps, KeyOps, QuotaOps, UsageOps, Capaci
 
     async def aclose(self) -> None:
         await self._backend.aclose()
+        if self._lease_backend is not None:
+            await self._lease_backend.aclose()
 
     async def __aenter__(self) -> Self:
         return self
@@ -71,13 +74,17 @@ class SqlStore(CatalogOps, NodeOps, GroupOps, KeyOps, QuotaOps, UsageOps, Capaci
         return await self._read(read)
 
     @classmethod
-    async def _opened(cls, backend: Backend, migration_steps: tuple[Migration, ...]) -> Self:
+    async def _opened(
+        cls, backend: Backend, migration_steps: tuple[Migration, ...], lease_backend: Backend | None = None
+    ) -> Self:
         try:
             await migrations.migrate(backend, migration_steps)
         except BaseException:
             await backend.aclose()
+            if lease_backend is not None:
+                await lease_backend.aclose()
             raise
-        return cls(backend)
+        return cls(backend, lease_backend)
 
 
 class SqliteStore(SqlStore):
@@ -110,7 +117,12 @@ class PostgresStore(SqlStore):
         backend = PostgresBackend(
             url, pool_size=pool_size, statement_timeout=statement_timeout, connect_timeout=connect_timeout
         )
-        return await cls._opened(backend, migration_steps)
+        # The lease gets a connection of its own: a renew must never queue behind slow admin
+        # queries for a pool slot, or a busy leader would step down for no good reason.
+        lease_backend = PostgresBackend(
+            url, pool_size=1, statement_timeout=min(statement_timeout, 5.0), connect_timeout=connect_timeout
+        )
+        return await cls._opened(backend, migration_steps, lease_backend)
 
 
 def is_postgres_url(url_or_path: str | Path) -> bool:
