@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager, suppress
+from functools import partial
 from pathlib import Path
 
 import trio
 from llmgw_node.service import NodeService, Report
-from llmgw_shared.wire import EngineState, EngineStateReport, ShardSpec, ShardState, ShardStateReport, WeightsSpec
+from llmgw_shared.wire import (
+    EngineState,
+    EngineStateReport,
+    Message,
+    ShardSpec,
+    ShardState,
+    ShardStateReport,
+    WeightsSpec,
+    decode,
+)
+from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, serve_websocket
 
 
 async def next_shard_state(
@@ -60,3 +72,26 @@ def local_weights(path: Path) -> WeightsSpec:
 
     data = path.read_bytes()
     return WeightsSpec(url=str(path), sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+
+
+Behaviour = Callable[[WebSocketConnection], Awaitable[None]]
+
+
+@asynccontextmanager
+async def fake_control(behaviour: Behaviour) -> AsyncIterator[str]:
+    """A trio-websocket server on 127.0.0.1 playing control; yields its agent URL."""
+    async def handler(request: WebSocketRequest) -> None:
+        ws = await request.accept()
+        with suppress(ConnectionClosed):
+            await behaviour(ws)
+
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(partial(serve_websocket, handler, "127.0.0.1", 0, None))
+        yield f"ws://127.0.0.1:{server.port}/agent/v1"
+        nursery.cancel_scope.cancel()
+
+
+
+async def receive(ws: WebSocketConnection, limit_s: float = 10.0) -> Message:
+    with trio.fail_after(limit_s):
+        return decode(await ws.get_message())

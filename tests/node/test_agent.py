@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager, suppress
-from functools import partial
 from pathlib import Path
 
 import attrs
@@ -26,30 +23,10 @@ from llmgw_shared.wire import (
     Refuse,
     StopShard,
     Welcome,
-    decode,
     encode,
 )
-from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, serve_websocket
-
-Behaviour = Callable[[WebSocketConnection], Awaitable[None]]
-
-
-@asynccontextmanager
-async def fake_control(behaviour: Behaviour) -> AsyncIterator[str]:
-    async def handler(request: WebSocketRequest) -> None:
-        ws = await request.accept()
-        with suppress(ConnectionClosed):
-            await behaviour(ws)
-
-    async with trio.open_nursery() as nursery:
-        server = await nursery.start(partial(serve_websocket, handler, "127.0.0.1", 0, None))
-        yield f"ws://127.0.0.1:{server.port}/agent/v1"
-        nursery.cancel_scope.cancel()
-
-
-async def receive(ws: WebSocketConnection) -> object:
-    with trio.fail_after(10):
-        return decode(await ws.get_message())
+from node.helpers import fake_control, receive
+from trio_websocket import WebSocketConnection
 
 
 def test_backoff_grows_with_jitter_and_is_capped() -> None:

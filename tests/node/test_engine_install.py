@@ -92,7 +92,7 @@ async def test_missing_release_is_reported(tmp_path: Path, files: FileServer) ->
 
 def _archive_without(data: bytes, library: str) -> bytes:
     out = io.BytesIO()
-    with tarfile.open(fileobj=io.BytesIO(data)) as src, tarfile.open(fileobj=out, mode="w:gz") as dst:
+    with tarfile.open(fileobj=io.BytesIO(data)) as src, tarfile.open(fileobj=out, mode="w:gz", compresslevel=1) as dst:
         for member in src.getmembers():
             if member.name.endswith("/" + library):
                 continue
@@ -117,7 +117,7 @@ async def test_archive_missing_a_library_is_refused_naming_it(
 def _archive_with_broken_binary(data: bytes) -> bytes:
     out = io.BytesIO()
     script = b"#!/bin/sh\necho 'error: this build wants a newer CPU' >&2\nexit 3\n"
-    with tarfile.open(fileobj=io.BytesIO(data)) as src, tarfile.open(fileobj=out, mode="w:gz") as dst:
+    with tarfile.open(fileobj=io.BytesIO(data)) as src, tarfile.open(fileobj=out, mode="w:gz", compresslevel=1) as dst:
         for member in src.getmembers():
             if member.name.endswith("/llama-server"):
                 member.size = len(script)

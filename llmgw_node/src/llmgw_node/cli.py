@@ -1,2 +1,185 @@
-def main() -> None:
-    raise SystemExit("not yet")
+"""``llmgw-node``: run the daemon, print host facts, install and check engines by hand.
+
+``engines install`` does exactly what the daemon does for control (same code, same proof), so
+node images can be baked with an engine in place and a failing install can be debugged on the
+machine itself. Every refusal is one line on stderr and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx2
+import trio
+from llmgw_shared.facts import HostFacts
+from llmgw_shared.lifecycle import stop_on_signals
+from llmgw_shared.logs import get_logger, setup_logging
+from llmgw_shared.wire import EngineSpec, EngineState, converter
+
+from llmgw_node.agent import Agent
+from llmgw_node.config import ConfigError, NodeConfig, load_config
+from llmgw_node.engines.manager import EngineManager
+from llmgw_node.engines.release import Platform
+from llmgw_node.probe import probe
+from llmgw_node.service import open_node_service
+
+log = get_logger("llmgw.node.cli")
+DEFAULT_CONFIG = "/etc/llmgw/node.toml"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llmgw-node", description="llmgw node daemon: host facts, engine "
+                                     "installs, engine supervision.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def common(p: argparse.ArgumentParser, *, config_required: bool = False) -> None:
+        p.add_argument("--config", required=config_required, help=f"node config file (TOML; default "
+                       f"{DEFAULT_CONFIG} when it exists)")
+        if not config_required:
+            p.add_argument("--data-dir", help="override the config's data_dir")
+
+    run = sub.add_parser("run", help="run the daemon")
+    common(run, config_required=True)
+    run.add_argument("--stop-engines", action="store_true",
+                     help="on SIGTERM, stop the engines too (default: leave them running for the next daemon "
+                          "to adopt)")
+
+    pr = sub.add_parser("probe", help="print host facts and engine states")
+    common(pr)
+    pr.add_argument("--json", action="store_true", help="machine-readable output")
+
+    eng = sub.add_parser("engines", help="install, list and check engines without control")
+    esub = eng.add_subparsers(dest="engines_command", required=True, metavar="ACTION")
+    inst = esub.add_parser("install", help="install and prove an engine release")
+    common(inst)
+    inst.add_argument("name", help="engine name, e.g. llama.cpp")
+    inst.add_argument("version", help="release tag, e.g. b11312")
+    inst.add_argument("--release-api", default="",
+                      help="GitHub-shaped release JSON URL ({version} is replaced); default: the engine's own")
+    common(esub.add_parser("list", help="list installed and configured engines"))
+    common(esub.add_parser("check", help="re-prove every installed engine (ldd and --version)"))
+    return parser
+
+
+def _config(args: argparse.Namespace) -> NodeConfig:
+    if args.config:
+        config = load_config(args.config)
+    elif Path(DEFAULT_CONFIG).exists():
+        config = load_config(DEFAULT_CONFIG)
+    else:
+        config = NodeConfig()
+    if getattr(args, "data_dir", None):
+        config = attrs.evolve(config, data_dir=args.data_dir)
+    return config
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    try:
+        config = _config(args)
+    except ConfigError as exc:
+        print(f"llmgw-node: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    setup_logging(config.log_level)
+    try:
+        if args.command == "run":
+            code = trio.run(_run, config, args.stop_engines)
+        elif args.command == "probe":
+            code = trio.run(_probe, config, args.json)
+        else:
+            code = trio.run(_engines, config, args)
+    except KeyboardInterrupt:
+        code = 130
+    raise SystemExit(code)
+
+
+async def _run(config: NodeConfig, stop_engines: bool) -> int:
+    if not config.control:
+        log.warning("no control URLs configured: the node runs standalone and takes no commands")
+    shutdown = trio.Event()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(stop_on_signals, shutdown)
+        async with open_node_service(config, stop_engines_on_exit=stop_engines) as svc:
+            engines = [e.describe() for e in svc.engine_states()]
+            log.info("node %s running", config.node_id, extra={"data_dir": config.data_dir, "engines": engines})
+            async with trio.open_nursery() as inner:
+                if config.control:
+                    inner.start_soon(Agent(svc).run)
+                await shutdown.wait()
+                inner.cancel_scope.cancel()
+            if not stop_engines and svc.shard_states():
+                log.info("leaving %d engine(s) running for the next daemon to adopt", len(svc.shard_states()))
+        nursery.cancel_scope.cancel()
+    return 0
+
+
+async def _manager(
+    config: NodeConfig, client: httpx2.AsyncClient, facts: HostFacts | None = None
+) -> EngineManager:
+    facts = facts or await probe(config.data_path)
+
+    def report(state: EngineState) -> None:
+        if state.status == "installing":
+            print(f"{state.name} {state.version}: {state.describe()}", file=sys.stderr, flush=True)
+
+    return EngineManager(config.data_path, client,
+                         Platform(os="linux", arch=facts.arch, cuda=facts.nvidia_driver is not None),
+                         configured=config.engines, allow_os_packages=config.allow_os_packages, on_change=report)
+
+
+async def _probe(config: NodeConfig, as_json: bool) -> int:
+    facts = await probe(config.data_path)
+    async with httpx2.AsyncClient() as client:
+        mgr = await _manager(config, client, facts)
+        await mgr.load()
+    engines = mgr.states()
+    if as_json:
+        out: dict[str, Any] = {"facts": converter.unstructure(facts),
+                               "engines": [converter.unstructure(e) for e in engines]}
+        print(json.dumps(out, indent=2))
+        return 0
+    rows = [
+        ("host", facts.hostname),
+        ("os", f"{facts.os_name} {facts.os_version} (kernel {facts.kernel})"),
+        ("cpu", f"{facts.cpu_model} ({facts.cores} cores, {facts.arch}; "
+                f"{' '.join(facts.cpu_features) or 'no vector extensions'})"),
+        ("ram", f"{facts.ram_total_mib} MiB ({facts.ram_available_mib} MiB available)"),
+        ("disk", f"{facts.disk_free_mib} MiB free in {facts.data_dir}"),
+        ("nvidia", f"driver {facts.nvidia_driver}" if facts.nvidia_driver else "no driver loaded"),
+    ]
+    rows += [(f"gpu {g.index}", f"{g.name} {g.uuid} ({g.memory_free_mib}/{g.memory_total_mib} MiB free)")
+             for g in facts.gpus]
+    rows += [("engine", f"{e.name}: {e.describe()}") for e in engines] or [("engine", "none")]
+    rows += [("warning", w) for w in facts.warnings]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    return 0
+
+
+async def _engines(config: NodeConfig, args: argparse.Namespace) -> int:
+    async with httpx2.AsyncClient() as client:
+        mgr = await _manager(config, client)
+        if args.engines_command == "install":
+            await mgr.load()
+            state = await mgr.install(EngineSpec(args.name, args.version, args.release_api))
+            if state.status != "installed":
+                print(f"llmgw-node: {args.name} {args.version}: {state.describe()}", file=sys.stderr)
+                return 1
+            print(f"{state.name} {state.version}: {state.describe()} ({state.reported_version}) at {state.binary}")
+            return 0
+        # load() proves every install (ldd and --version): exactly what "check" asks for.
+        await mgr.load(prove=args.engines_command == "check")
+        states = mgr.states()
+        if not states:
+            print("no engines installed or configured")
+        for s in states:
+            extra = f" ({s.reported_version})" if s.reported_version else ""
+            print(f"{s.name} {s.version}: {s.describe()}{extra}")
+        bad = [s for s in states if s.status == "failed"]
+        return 1 if args.engines_command == "check" and bad else 0

@@ -62,6 +62,7 @@ async def fetch(
     size: int | None = None,
     progress: Progress | None = None,
     idle_timeout: float = 60.0,
+    label: str = "",
 ) -> Path:
     """Make ``dest`` hold the verified file at ``url``; return ``dest``."""
     sha256 = sha256.lower()
@@ -113,7 +114,7 @@ async def fetch(
                         await trio.to_thread.run_sync(handle.close)
         except httpx2.HTTPError as exc:
             raise FetchError(f"{_short(url)}: {type(exc).__name__}: {exc}") from None
-    await trio.to_thread.run_sync(_finish, url, dest, part, size, sha256, digest.hexdigest())
+    await trio.to_thread.run_sync(_finish, label or dest.name, url, dest, part, size, sha256, digest.hexdigest())
     return dest
 
 
@@ -130,13 +131,13 @@ def _prepare(dest: Path, part: Path, size: int | None) -> tuple[bool, int]:
     return False, have
 
 
-def _finish(url: str, dest: Path, part: Path, size: int | None, expected: str, actual: str) -> None:
+def _finish(label: str, url: str, dest: Path, part: Path, size: int | None, expected: str, actual: str) -> None:
     got = part.stat().st_size if part.exists() else 0
     if size is not None and got != size:
         raise FetchError(f"{_short(url)}: got {got} bytes, expected {size} (will resume)")
     if actual != expected:
         part.unlink(missing_ok=True)
-        raise FetchError(f"{dest.name}: sha256 {actual} differs from the published {expected}")
+        raise FetchError(f"{label}: sha256 {actual} differs from the published {expected}")
     os.replace(part, dest)
 
 

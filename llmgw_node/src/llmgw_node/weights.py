@@ -81,7 +81,7 @@ class WeightsCache:
 
             try:
                 return await fetch(self.client, spec.url, target, sha256=sha, size=spec.size,
-                                   progress=on_progress)
+                                   progress=on_progress, label=name)
             except FetchError as exc:
                 raise WeightsError(str(exc)) from None
 

@@ -112,8 +112,11 @@ class EngineManager:
 
     # ------------------------------------------------------------------ start-up
 
-    async def load(self) -> None:
-        """Find installs from earlier runs and configured engines; prove each before reporting it."""
+    async def load(self, *, prove: bool = True) -> None:
+        """Find installs from earlier runs and configured engines; prove each before reporting it.
+
+        ``prove=False`` only reads what was recorded at install time (``engines list``).
+        """
         shutil.rmtree(self.root / ".staging", ignore_errors=True)
         if self.root.is_dir():
             for name_dir in sorted(self.root.iterdir()):
@@ -132,7 +135,11 @@ class EngineManager:
                     key = (name_dir.name, version_dir.name)
                     line = str(info.get("reported_version", ""))
                     self._installed[key] = Installed(binary=binary, reported_version=line)
-                    await self.check(*key)
+                    if prove:
+                        await self.check(*key)
+                    else:
+                        self._set(EngineState(name=key[0], version=key[1], status="installed",
+                                              reported_version=line, binary=str(binary)))
         for eng in self.configured:
             await self._prove_configured(eng)
 
@@ -269,7 +276,7 @@ class EngineManager:
 
         self._progress(spec, f"downloading {asset.name} ({size_text}, 0%)")
         return await fetch(self.client, asset.url, downloads / f"{asset.sha256[:16]}-{asset.name}",
-                           sha256=asset.sha256, size=asset.size or None, progress=progress)
+                           sha256=asset.sha256, size=asset.size or None, progress=progress, label=asset.name)
 
     async def _prove(self, spec: EngineSpec, binary: Path) -> str:
         self._progress(spec, "checking libraries (ldd)")

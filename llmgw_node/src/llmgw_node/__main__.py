@@ -1,0 +1,3 @@
+from llmgw_node.cli import main
+
+main()
