@@ -1,0 +1,165 @@
+"""What the gateway calls on every request: ``admit`` before forwarding, then ``settle`` or ``release``.
+
+Everything here is synchronous and in memory (a few microseconds): no I/O, no ``await``, so
+there is no point where another request could run between checking the quotas and reserving
+them. Use::
+
+    ticket = admission.admit(authorization, model, estimated_tokens=max_tokens + prompt_estimate)
+    try:
+        ...forward...
+        ticket.settle(usage.prompt_tokens, usage.completion_tokens)
+    finally:
+        ticket.release()  # a no-op after settle; gives everything back after a failure
+
+A ticket is finished by its first ``settle`` or ``release``; later calls do nothing, so the
+pattern above can never count a request twice or give back more than it took.
+"""
+
+from __future__ import annotations
+
+import time
+from types import TracebackType
+from typing import Protocol
+
+from ..router.errors import ApiError
+from .budget import GroupBudget, release, reserve, settle
+from .state import TenancyState
+from .usage import UsageAccumulator
+from .windows import Clock
+
+
+class Ticket(Protocol):
+    key_id: str | None
+    group_id: str | None
+
+    def settle(self, prompt_tokens: int, completion_tokens: int) -> None:
+        """The engine's real usage: replaces the reservation, and is recorded as usage."""
+        ...
+
+    def release(self) -> None:
+        """The request failed or was cancelled: give back what was reserved."""
+        ...
+
+
+class Admission(Protocol):
+    def admit(self, authorization: str | None, model: str, *, estimated_tokens: int) -> Ticket:
+        """Admit a request or raise ``ApiError`` (401, 403, 429; 503 before tenancy has loaded)."""
+        ...
+
+
+def _count(value: int) -> int:
+    # Engines report ints; anything odd must not raise inside the gateway's ``finally``.
+    return value if isinstance(value, int) and value > 0 else 0
+
+
+class _TicketBase:
+    __slots__ = ("_clock", "_done", "_usage", "group_id", "key_id", "model")
+
+    def __init__(
+        self, usage: UsageAccumulator, clock: Clock, model: str, key_id: str | None, group_id: str | None
+    ) -> None:
+        self._usage = usage
+        self._clock = clock
+        self._done = False
+        self.model = model
+        self.key_id = key_id
+        self.group_id = group_id
+
+    @property
+    def finished(self) -> bool:
+        return self._done
+
+    def __enter__(self) -> _TicketBase:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.release()
+
+    def release(self) -> None:
+        self._done = True
+
+
+class OpenTicket(_TicketBase):
+    """A request let in without a key: only its usage by model is recorded."""
+
+    __slots__ = ()
+
+    def settle(self, prompt_tokens: int, completion_tokens: int) -> None:
+        if self._done:
+            return
+        self._done = True
+        self._usage.record(self._clock(), "", "", self.model, _count(prompt_tokens), _count(completion_tokens))
+
+
+class TenancyTicket(_TicketBase):
+    """A request admitted with a key: holds its reservation in every group of its chain."""
+
+    __slots__ = ("_chain", "_estimated", "_seconds")
+
+    def __init__(
+        self, usage: UsageAccumulator, clock: Clock, model: str, key_id: str, group_id: str,
+        chain: tuple[GroupBudget, ...], estimated: int, seconds: tuple[int, ...],
+    ) -> None:
+        super().__init__(usage, clock, model, key_id, group_id)
+        self._chain = chain
+        self._estimated = estimated
+        self._seconds = seconds
+
+    def settle(self, prompt_tokens: int, completion_tokens: int) -> None:
+        if self._done:
+            return
+        self._done = True
+        prompt, completion = _count(prompt_tokens), _count(completion_tokens)
+        now = self._clock()
+        settle(self._chain, now, self._estimated, prompt + completion)
+        assert self.key_id is not None and self.group_id is not None
+        self._usage.record(now, self.key_id, self.group_id, self.model, prompt, completion)
+
+    def release(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        release(self._chain, self._estimated, self._seconds)
+
+
+class OpenAdmission:
+    """No tenancy at all (no store, or no keys configured): admit everything, record usage by model."""
+
+    def __init__(self, usage: UsageAccumulator, *, clock: Clock = time.time) -> None:
+        self.usage = usage
+        self.clock = clock
+
+    def admit(self, authorization: str | None, model: str, *, estimated_tokens: int) -> OpenTicket:
+        return OpenTicket(self.usage, self.clock, model, None, None)
+
+
+class TenancyAdmission:
+    """Keys, allow-lists and quotas over the group tree, from a loaded ``TenancyState``.
+
+    While no key exists at all it behaves like ``OpenAdmission`` (the state logs when that
+    changes); once one exists, every request needs a usable key.
+    """
+
+    def __init__(self, state: TenancyState, usage: UsageAccumulator) -> None:
+        self.state = state
+        self.usage = usage
+        self.clock = state.clock
+
+    def admit(self, authorization: str | None, model: str, *, estimated_tokens: int) -> OpenTicket | TenancyTicket:
+        state = self.state
+        if not state.loaded:
+            # Never fall back to "open" because the keys are not known yet.
+            raise ApiError(503, "The gateway is starting: API keys are not loaded yet.", code="not_ready",
+                           headers=(("retry-after", "1"),))
+        if state.open:
+            return OpenTicket(self.usage, self.clock, model, None, None)
+        key = state.authenticate(authorization)
+        if key.models is not None and model not in key.models:
+            raise ApiError(403, f"The API key '{key.name}' may not use the model '{model}'.",
+                           code="model_not_allowed", param="model")
+        estimated = _count(estimated_tokens)
+        chain = state.chain(key.group_id)
+        seconds = reserve(chain, self.clock(), estimated)
+        return TenancyTicket(self.usage, self.clock, model, key.id, key.group_id, chain, estimated, seconds)
