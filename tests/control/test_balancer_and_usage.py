@@ -6,6 +6,7 @@ import random
 
 import attrs
 import pytest
+
 from llmgw_control.router.balancer import choose
 from llmgw_control.router.replicas import Replica, ReplicaSet
 from llmgw_control.router.usage import TAIL_BYTES, StreamTail, Usage, find_usage

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from llmgw_control.config import ControlConfig, load_config, parse_endpoint_flag
 from llmgw_shared.config import ConfigError, parse_host_port
 

@@ -8,6 +8,7 @@ from typing import Any
 import httpx2
 import pytest
 import trio
+
 from llmgw_dev.engine_proc import free_port
 from llmgw_dev.fake_engine import FakeEngine, FakeEngineBehavior, run_fake_engine
 from support.gateway import chat_body, endpoint, running_gateway

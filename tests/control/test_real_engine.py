@@ -14,6 +14,7 @@ import httpx2
 import openai
 import pytest
 import trio
+
 from llmgw_dev.engine_proc import LlamaServer, llama_server_process
 from support.gateway import RunningGateway, endpoint, running_gateway
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx2
 import trio
+
 from llmgw_dev.engine_proc import free_port
 from llmgw_dev.fake_engine import FakeEngine
 from support.gateway import chat_body, endpoint, running_gateway

@@ -6,15 +6,31 @@ period, and everything else is cancelled with the nursery.
 
 from __future__ import annotations
 
+from functools import partial
+from pathlib import Path
+from typing import Any
+
 import attrs
 import trio
-from llmgw_shared.logs import get_logger
 from prometheus_client import CollectorRegistry
 
+from llmgw_shared.logs import get_logger
+from llmgw_shared.wire import EngineSpec, StartShard
+
 from .admin.app import make_admin_app, make_metrics_app
+from .catalog import Catalog
 from .config import ControlConfig
+from .fleet.agents import AgentService, Role
+from .fleet.claims import profile_claims
+from .fleet.files import FileServer
+from .fleet.inventory import Inventory, Liveness
+from .fleet.listener import make_agent_app
+from .fleet.reconciler import Reconciler
+from .fleet.secret import default_data_dir, load_or_create_secret
 from .metrics import GatewayMetrics
+from .router.activator import Activator
 from .router.asgi import ClientApp
+from .router.directory import FleetDirectory, ModelDirectory, StaticDirectory
 from .router.gateway import Gateway
 from .router.replicas import Replica, ReplicaSet
 from .router.upstream import Httpx2Upstream, UpstreamClient
@@ -28,6 +44,19 @@ class Listening:
     api_url: str
     admin_url: str
     metrics_url: str | None
+    agent_url: str | None = None
+
+
+@attrs.define
+class Fleet:
+    """The control plane's parts, for the admin API and tests."""
+
+    catalog: Catalog
+    inventory: Inventory
+    reconciler: Reconciler
+    agents: AgentService
+    activator: Activator
+    files: FileServer | None
 
 
 def static_replicas(config: ControlConfig) -> ReplicaSet:
@@ -37,6 +66,51 @@ def static_replicas(config: ControlConfig) -> ReplicaSet:
     )
 
 
+def _public_url(config: ControlConfig, bound: str) -> str:
+    if config.agents.public_url:
+        return config.agents.public_url.rstrip("/")
+    return bound.rstrip("/")
+
+
+async def _build_fleet(config: ControlConfig, replicas: ReplicaSet, agent_url: str) -> Fleet:
+    catalog = Catalog(config.models, config.engines, config.router.default_profile)
+    public_url = _public_url(config, agent_url)
+    files = FileServer(Path(config.agents.files_dir), public_url) if config.agents.files_dir else None
+    inventory = Inventory()
+    liveness = Liveness(config.agents.unreachable_after, config.agents.lost_after)
+    data_dir = Path(config.data_dir) if config.data_dir else default_data_dir()
+    secret = await trio.to_thread.run_sync(load_or_create_secret, data_dir)
+    claims = await profile_claims(catalog, files)
+
+    def engine_specs() -> list[EngineSpec]:
+        return [EngineSpec(e.name, e.version, files.release_api(e) if files else e.release_api)
+                for e in config.engines]
+
+    reconciler_box: list[Reconciler] = []
+
+    def on_change() -> None:
+        if reconciler_box:
+            reconciler_box[0].wake()
+
+    def on_command_failed(node_id: str, command: Any, error: str) -> None:
+        if isinstance(command, StartShard) and reconciler_box:
+            record = reconciler_box[0].shards.get(command.shard.shard_id)
+            if record is not None:
+                record.status, record.detail = "failed", error
+
+    agents = AgentService(
+        inventory, config=config.agents, token_digests=set(config.agents.join_token_digests),
+        engines=engine_specs, on_change=on_change, on_command_failed=on_command_failed, role=Role(),
+        fencing_token=lambda: reconciler_box[0].fencing_token if reconciler_box else 1,
+    )
+    reconciler = Reconciler(catalog, inventory, liveness, agents, replicas, secret=secret, claims=claims,
+                            config=config.reconciler)
+    reconciler_box.append(reconciler)
+    activator = Activator(replicas, config.activator, waiting=reconciler.waiting, wake=reconciler.wake,
+                          status=reconciler.status)
+    return Fleet(catalog, inventory, reconciler, agents, activator, files)
+
+
 async def run_control(
     config: ControlConfig,
     *,
@@ -44,33 +118,58 @@ async def run_control(
     registry: CollectorRegistry | None = None,
     upstream: UpstreamClient | None = None,
     task_status: trio.TaskStatus[Listening] = trio.TASK_STATUS_IGNORED,
+    fleet_status: list[Fleet] | None = None,
 ) -> None:
     shutdown = shutdown if shutdown is not None else trio.Event()
     registry = registry or CollectorRegistry()
     metrics = GatewayMetrics(registry)
     replicas = static_replicas(config)
     client = upstream or Httpx2Upstream()
+    grace = config.shutdown_grace
+    serve = partial(serve_asgi, shutdown=shutdown, grace=grace)
     try:
-        gateway = Gateway(replicas, client, metrics, config.router)
-        grace = config.shutdown_grace
         async with trio.open_nursery() as nursery:
-            api_url = await nursery.start(
-                lambda task_status: serve_asgi(ClientApp(gateway), config.listen, shutdown=shutdown, grace=grace,
-                                               name="api", task_status=task_status))
-            admin_url = await nursery.start(
-                lambda task_status: serve_asgi(make_admin_app(registry), config.admin_listen, shutdown=shutdown,
-                                               grace=grace, name="admin", task_status=task_status))
+            fleet = None
+            agent_url = None
+            directory: ModelDirectory = StaticDirectory(replicas)
+            if config.agents.listen:
+                # The agent listener starts first: the public URL of the files it serves goes into
+                # the engine specs and weights URLs the fleet hands out.
+                agent_app_box: list[Any] = []
+
+                async def agent_app(scope: Any, receive: Any, send: Any) -> None:
+                    await agent_app_box[0](scope, receive, send)
+
+                agent_url = await nursery.start(partial(
+                    serve, agent_app, config.agents.listen, name="agents",
+                    websocket_max_message_size=config.agents.max_frame_bytes))
+                fleet = await _build_fleet(config, replicas, agent_url)
+                agent_app_box.append(make_agent_app(fleet.agents, fleet.files))
+                directory = FleetDirectory(fleet.catalog, replicas)
+                await nursery.start(fleet.reconciler.run)
+                if fleet_status is not None:
+                    fleet_status.append(fleet)
+            gateway = Gateway(replicas, client, metrics, config.router, directory=directory,
+                              activator=fleet.activator if fleet else None)
+            api_url = await nursery.start(partial(serve, ClientApp(gateway), config.listen, name="api"))
+            admin_url = await nursery.start(partial(serve, make_admin_app(registry, fleet), config.admin_listen,
+                                                    name="admin"))
             metrics_url = None
             if config.metrics_listen:
-                metrics_url = await nursery.start(
-                    lambda task_status: serve_asgi(make_metrics_app(registry), config.metrics_listen,
-                                                   shutdown=shutdown, grace=grace, name="metrics",
-                                                   task_status=task_status))
-            if not replicas.models():
-                log.warning("no endpoints configured: every request will get 404 model_not_found")
-            log.info("llmgw-control ready", extra={"api": api_url, "admin": admin_url,
-                                                   "models": replicas.models()})
-            task_status.started(Listening(api_url, admin_url, metrics_url))
+                metrics_url = await nursery.start(partial(serve, make_metrics_app(registry), config.metrics_listen,
+                                                          name="metrics"))
+            if not directory.names():
+                log.warning("no models or endpoints configured: every request will get 404 model_not_found")
+            log.info("llmgw-control ready", extra={"api": api_url, "admin": admin_url, "agents": agent_url,
+                                                   "models": directory.names()})
+            task_status.started(Listening(api_url, admin_url, metrics_url, agent_url))
+            if fleet is not None:
+                # The reconciler and agent connections run until the listeners have drained.
+                await shutdown.wait()
+                fleet.agents.close_all("control is shutting down")
+                with trio.move_on_after(grace + 1):
+                    await fleet.agents.wait_all_closed()
+                nursery.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):
             await client.aclose()

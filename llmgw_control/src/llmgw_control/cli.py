@@ -6,6 +6,7 @@ import argparse
 import sys
 
 import trio
+
 from llmgw_shared.config import ConfigError
 from llmgw_shared.lifecycle import stop_on_signals
 from llmgw_shared.logs import get_logger, setup_logging

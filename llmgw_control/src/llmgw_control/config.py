@@ -12,7 +12,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import attrs
+
 from llmgw_shared.config import ConfigError, load_toml, parse_host_port, strict_converter, structure
+
+from .catalog import EngineConfig, ModelConfig, validate_models
+from .fleet.agents import AgentsConfig
+from .fleet.reconciler import ReconcilerConfig
+from .router.activator import ActivatorConfig
 
 
 @attrs.frozen
@@ -28,6 +34,9 @@ class RouterConfig:
     # How long a replica that failed is avoided while others can serve.
     cooldown: float = 10.0
     max_body_bytes: int = 32 * 1024 * 1024
+    # The profile used when a client asks for a model without one, for every model that has it
+    # (e.g. "gpu"); otherwise each model's own default_profile.
+    default_profile: str = ""
 
 
 @attrs.frozen
@@ -51,8 +60,16 @@ class ControlConfig:
     shutdown_grace: float = 30.0
     log_level: str = "info"
     log_format: str = "auto"
+    # Where control keeps its own state (the secret shard API keys are derived from).
+    data_dir: str = ""
     router: RouterConfig = RouterConfig()
     endpoints: list[EndpointConfig] = attrs.Factory(list)
+    agents: AgentsConfig = attrs.Factory(AgentsConfig)
+    reconciler: ReconcilerConfig = attrs.Factory(ReconcilerConfig)
+    activator: ActivatorConfig = attrs.Factory(ActivatorConfig)
+    # Every node gets these engines; the default is the llama.cpp build this release is tested with.
+    engines: list[EngineConfig] = attrs.Factory(lambda: [EngineConfig()])
+    models: list[ModelConfig] = attrs.Factory(list)
 
 
 _converter = strict_converter()
@@ -99,6 +116,7 @@ def validate(config: ControlConfig) -> ControlConfig:
         raise ConfigError(f"router.cooldown must not be negative, got {router.cooldown}")
     if router.max_body_bytes < 1024:
         raise ConfigError(f"router.max_body_bytes must be at least 1024, got {router.max_body_bytes}")
+    _validate_fleet(config)
     seen: set[str] = set()
     endpoints = []
     for index, endpoint in enumerate(config.endpoints):
@@ -114,6 +132,35 @@ def validate(config: ControlConfig) -> ControlConfig:
         url = validate_engine_url(endpoint.url, what=f"{where}.url ({endpoint.id})")
         endpoints.append(attrs.evolve(endpoint, url=url))
     return attrs.evolve(config, endpoints=endpoints)
+
+
+def _validate_fleet(config: ControlConfig) -> None:
+    agents = config.agents
+    if agents.listen:
+        parse_host_port(agents.listen, what="agents.listen")
+    if agents.public_url:
+        validate_engine_url(agents.public_url, what="agents.public_url")
+    for digest in agents.join_token_digests:
+        if not re.match(r"^sha256:[0-9a-f]{64}$", digest):
+            raise ConfigError(f"agents.join_token_digests: {digest[:12]}... is not sha256:<64 hex digits> "
+                              "(llmgw-control token prints one)")
+    if not 0 < agents.heartbeat_interval < agents.unreachable_after < agents.lost_after:
+        raise ConfigError("agents: need 0 < heartbeat_interval < unreachable_after < lost_after")
+    if agents.max_frame_bytes < 4096:
+        raise ConfigError("agents.max_frame_bytes must be at least 4096")
+    rec = config.reconciler
+    if not 1 <= rec.port_min <= rec.port_max <= 65535:
+        raise ConfigError("reconciler: need 1 <= port_min <= port_max <= 65535")
+    if rec.interval <= 0 or rec.backoff_base <= 0 or rec.backoff_cap < rec.backoff_base:
+        raise ConfigError("reconciler: interval and backoff_base must be positive, backoff_cap >= backoff_base")
+    if config.activator.queue_size < 0 or config.activator.max_wait <= 0:
+        raise ConfigError("activator: queue_size must not be negative and max_wait must be positive")
+    names = [(e.name, e.version) for e in config.engines]
+    if len(set(names)) != len(names):
+        raise ConfigError("engines: an engine and version is listed twice")
+    validate_models(config.models, config.engines)
+    if config.models and not agents.listen:
+        raise ConfigError("models need nodes to run on: set agents.listen (where llmgw-node connects)")
 
 
 def parse_endpoint_flag(text: str) -> EndpointConfig:

@@ -8,6 +8,7 @@ from typing import Any
 import hypercorn.trio
 import trio
 from hypercorn.config import Config as HypercornConfig
+
 from llmgw_shared.logs import get_logger
 
 log = get_logger("llmgw.serving")
@@ -15,6 +16,7 @@ log = get_logger("llmgw.serving")
 
 async def serve_asgi(
     app: Any, address: str, *, shutdown: trio.Event, grace: float, name: str,
+    websocket_max_message_size: int | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until ``shutdown`` is set; in-flight requests then get ``grace`` seconds to finish.
@@ -32,6 +34,8 @@ async def serve_asgi(
     # Route hypercorn's own messages through our handler instead of a second one of its own.
     config.errorlog = logging.getLogger("hypercorn.error")
     config.include_server_header = False
+    if websocket_max_message_size is not None:
+        config.websocket_max_message_size = websocket_max_message_size
     # Quart would cut bodies at 60 s; hypercorn's own limits stay at their defaults.
     await hypercorn.trio.serve(app, config, shutdown_trigger=shutdown.wait, task_status=_first_bind(task_status, name))
 

@@ -23,10 +23,15 @@ def _json_errors(app: QuartTrio) -> None:
         return jsonify({"error": {"message": "Method not allowed.", "code": "method_not_allowed"}}), 405
 
 
-def make_admin_app(registry: CollectorRegistry) -> QuartTrio:
+def make_admin_app(registry: CollectorRegistry, fleet: Any = None) -> QuartTrio:
     app = QuartTrio("llmgw_control.admin")
     app.config["RESPONSE_TIMEOUT"] = None
     _json_errors(app)
+
+    if fleet is not None:
+        from .fleet_views import register_fleet_views
+
+        register_fleet_views(app, fleet)
 
     @app.get("/metrics")
     async def metrics() -> Response:

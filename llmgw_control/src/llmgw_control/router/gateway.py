@@ -21,11 +21,14 @@ from contextlib import AsyncExitStack, aclosing
 from typing import Any
 
 import trio
+
 from llmgw_shared.logs import get_logger, request_context
 
 from ..config import RouterConfig
 from ..metrics import GatewayMetrics
+from .activator import Activator
 from .balancer import choose
+from .directory import ModelDirectory, StaticDirectory
 from .errors import ApiError, model_not_found, sse_error_event
 from .replicas import Replica, ReplicaSet
 from .requests import ENDPOINTS, ClientGone, ParsedRequest, parse_request, read_body
@@ -161,12 +164,21 @@ def _engine_message(body: bytes) -> str:
 
 class Gateway:
     def __init__(
-        self, replicas: ReplicaSet, upstream: UpstreamClient, metrics: GatewayMetrics, config: RouterConfig
+        self,
+        replicas: ReplicaSet,
+        upstream: UpstreamClient,
+        metrics: GatewayMetrics,
+        config: RouterConfig,
+        *,
+        directory: ModelDirectory | None = None,
+        activator: Activator | None = None,
     ) -> None:
         self.replicas = replicas
         self.upstream = upstream
         self.metrics = metrics
         self.config = config
+        self.directory = directory or StaticDirectory(replicas)
+        self.activator = activator
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         exchange = Exchange(send, _request_id(scope))
@@ -199,33 +211,37 @@ class Gateway:
                 limit=self.config.max_body_bytes,
             )
             request = parse_request(endpoint, body)
-            if not self.replicas.for_model(request.model):
-                raise model_not_found(request.model, self.replicas.models())
-            exchange.model = request.model
+            key = self.directory.resolve(request.model)
+            if key is None:
+                raise model_not_found(request.model, self.directory.names())
+            exchange.model = key
             exchange.stream = request.stream
-            await self._forward(request, receive, exchange)
+            await self._forward(request, key, receive, exchange)
         elif path == "/v1/models" and method == "GET":
-            cards = [_model_card(m) for m in self.replicas.models()]
+            cards = [_model_card(m) for m in self.directory.names()]
             await exchange.respond_json(200, {"object": "list", "data": cards})
         elif path.startswith("/v1/models/") and method == "GET":
             name = path.removeprefix("/v1/models/")
-            if not self.replicas.for_model(name):
-                raise model_not_found(name, self.replicas.models())
+            if self.directory.resolve(name) is None:
+                raise model_not_found(name, self.directory.names())
             await exchange.respond_json(200, _model_card(name))
         elif path == "/healthz":
             await exchange.respond_json(200, {"status": "ok", "replicas": len(self.replicas)})
         else:
             raise ApiError(404, f"Unknown request URL: {method} {path}.", code="unknown_url")
 
-    async def _forward(self, request: ParsedRequest, receive: Receive, exchange: Exchange) -> None:
-        in_flight = self.metrics.in_flight.labels(request.model)
+    async def _forward(self, request: ParsedRequest, key: str, receive: Receive, exchange: Exchange) -> None:
+        in_flight = self.metrics.in_flight.labels(key)
         in_flight.inc()
         failure: Exception | None = None
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope, exchange)
                 try:
-                    await self._attempts(request, exchange)
+                    if not self.replicas.for_model(key) and self.activator is not None:
+                        # Inside the nursery, so a client that gives up stops waiting too.
+                        await self.activator.wait_ready(key)
+                    await self._attempts(request, key, exchange)
                 except Exception as exc:
                     # Re-raised below the nursery, so callers see the error itself rather than
                     # an exception group wrapping it.
@@ -236,11 +252,11 @@ class Gateway:
         if failure is not None:
             raise failure
 
-    async def _attempts(self, request: ParsedRequest, exchange: Exchange) -> None:
+    async def _attempts(self, request: ParsedRequest, key: str, exchange: Exchange) -> None:
         tried: set[str] = set()
         failure: ApiError | None = None
         for attempt in range(self.config.max_attempts):
-            replica = choose(self.replicas.for_model(request.model), now=trio.current_time(), exclude=tried)
+            replica = choose(self.replicas.for_model(key), now=trio.current_time(), exclude=tried)
             if replica is None:
                 break
             if attempt:
@@ -255,7 +271,7 @@ class Gateway:
                 replica.cooldown_until = trio.current_time() + self.config.cooldown
                 self.metrics.cooldowns.labels(replica.id).inc()
                 log.warning("replica %s failed (%s): %s", replica.id, retry.reason, retry.error.message,
-                            extra={"replica": replica.id, "model": request.model})
+                            extra={"replica": replica.id, "model": key})
         raise failure or ApiError(
             503, f"No replica of model '{request.model}' is available.", code="no_replica_available")
 
@@ -294,12 +310,16 @@ class Gateway:
         self, replica: Replica, url: str, headers: list[tuple[str, str]], request: ParsedRequest, exchange: Exchange
     ) -> None:
         config = self.config
+        body = request.body
+        if replica.served_name and replica.served_name != request.model:
+            # Engines such as vLLM check the name; llama-server ignores it (then it is not set).
+            body = json.dumps({**request.payload, "model": replica.served_name}).encode()
         async with AsyncExitStack() as stack:
             waited = time.perf_counter()
             try:
                 with trio.fail_after(config.first_byte_timeout):
                     response = await stack.enter_async_context(self.upstream.open(
-                        "POST", url, headers=headers, body=request.body, connect_timeout=config.connect_timeout))
+                        "POST", url, headers=headers, body=body, connect_timeout=config.connect_timeout))
             except trio.TooSlowError:
                 raise ApiError(504, f"Replica {replica.id} did not answer within {config.first_byte_timeout:g} s "
                                     "(phase: first_byte).", code="upstream_timeout") from None

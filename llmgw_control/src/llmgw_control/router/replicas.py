@@ -7,7 +7,7 @@ an engine that is going away.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import attrs
 
@@ -20,6 +20,9 @@ class Replica:
     weight: float = 1.0
     # The bearer token the engine requires; never the client's key, never logged.
     api_key: str = attrs.field(default="", repr=False)
+    # The model name the engine expects in requests, when it differs from what clients ask for
+    # (a client asks for "llama:gpu", vLLM serves "llama"); empty: send the request unchanged.
+    served_name: str = ""
     in_flight: int = 0
     cooldown_until: float = 0.0
     # When the last request finished here; the idle unloader reads it.
@@ -30,6 +33,8 @@ class ReplicaSet:
     def __init__(self, replicas: Iterable[Replica] = ()) -> None:
         self._by_id: dict[str, Replica] = {}
         self._by_model: dict[str, list[Replica]] = {}
+        # Told each model key a replica was published for (the activator's wake-up).
+        self.on_publish: Callable[[str], None] | None = None
         for replica in replicas:
             self.publish(replica)
 
@@ -38,6 +43,8 @@ class ReplicaSet:
         self._by_id[replica.id] = replica
         for model in replica.models:
             self._by_model.setdefault(model, []).append(replica)
+            if self.on_publish is not None:
+                self.on_publish(model)
 
     def withdraw(self, replica_id: str) -> Replica | None:
         replica = self._by_id.pop(replica_id, None)

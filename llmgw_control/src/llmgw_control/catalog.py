@@ -1,0 +1,152 @@
+"""The model catalog: models, their profiles, and which profile a request means.
+
+A client asks for ``model`` or ``model:profile``. Replicas are registered under the profile's
+key (``model:profile``), so two profiles of one model (a GPU build and a CPU fallback, say) are
+balanced separately and a client can pin one.
+"""
+
+from __future__ import annotations
+
+import re
+
+import attrs
+
+from llmgw_shared.config import ConfigError
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,95}$")
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+@attrs.frozen
+class WeightsConfig:
+    # An http(s) URL the nodes can reach, or a path on the nodes.
+    url: str
+    sha256: str
+    size: int
+
+
+@attrs.frozen
+class ProfileConfig:
+    name: str
+    weights: WeightsConfig
+    engine: str = "llama.cpp"
+    # Empty: the version [[engines]] names for this engine.
+    engine_version: str = ""
+    context: int = 4096
+    parallel: int = 4
+    # Extra engine flags, appended after the ones llmgw sets.
+    args: list[str] = attrs.Factory(list)
+    env: dict[str, str] = attrs.Factory(dict)
+    # The resource claim; 0 means estimate RAM from the GGUF header (weights + KV cache).
+    ram_mib: int = 0
+    vram_mib: int = 0
+    min_replicas: int = 0
+    max_replicas: int = 1
+    # Seconds without traffic after which a replica is drained and stopped; 0 = never.
+    idle_timeout: float = 0.0
+    # Node labels the replica must run on.
+    labels: dict[str, str] = attrs.Factory(dict)
+    start_timeout: float = 120.0
+
+
+@attrs.frozen
+class ModelConfig:
+    name: str
+    profiles: list[ProfileConfig]
+    # Empty: the first profile.
+    default_profile: str = ""
+
+
+@attrs.frozen
+class EngineConfig:
+    name: str = "llama.cpp"
+    version: str = "b11312"
+    # A GitHub-shaped release JSON URL with {version}; empty: control's own file server when it
+    # has the archives, else GitHub.
+    release_api: str = ""
+
+
+@attrs.frozen
+class Resolved:
+    model: ModelConfig
+    profile: ProfileConfig
+
+    @property
+    def key(self) -> str:
+        return profile_key(self.model.name, self.profile.name)
+
+
+def profile_key(model: str, profile: str) -> str:
+    return f"{model}:{profile}"
+
+
+def validate_models(models: list[ModelConfig], engines: list[EngineConfig]) -> None:
+    engine_names = {e.name for e in engines}
+    seen: set[str] = set()
+    for model in models:
+        where = f"models ({model.name!r})"
+        if not NAME.match(model.name):
+            raise ConfigError(f"{where}: a model name uses letters, digits, '.', '_' and '-' (no ':')")
+        if model.name in seen:
+            raise ConfigError(f"{where}: declared twice")
+        seen.add(model.name)
+        if not model.profiles:
+            raise ConfigError(f"{where}: needs at least one profile")
+        names = [p.name for p in model.profiles]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"{where}: two profiles share a name")
+        if model.default_profile and model.default_profile not in names:
+            raise ConfigError(f"{where}.default_profile {model.default_profile!r} is not one of {names}")
+        for profile in model.profiles:
+            at = f"{where}.profiles ({profile.name!r})"
+            if not NAME.match(profile.name):
+                raise ConfigError(f"{at}: a profile name uses letters, digits, '.', '_' and '-'")
+            if profile.engine not in engine_names:
+                raise ConfigError(f"{at}.engine {profile.engine!r} is not in [[engines]] ({sorted(engine_names)})")
+            if not SHA256.match(profile.weights.sha256):
+                raise ConfigError(f"{at}.weights.sha256 must be 64 lowercase hex digits")
+            if profile.weights.size <= 0:
+                raise ConfigError(f"{at}.weights.size must be the file size in bytes")
+            if profile.context < 64 or profile.parallel < 1:
+                raise ConfigError(f"{at}: context must be at least 64 and parallel at least 1")
+            if not 0 <= profile.min_replicas <= profile.max_replicas or profile.max_replicas < 1:
+                raise ConfigError(f"{at}: need 0 <= min_replicas <= max_replicas and max_replicas >= 1")
+            if profile.idle_timeout < 0 or profile.ram_mib < 0 or profile.vram_mib < 0:
+                raise ConfigError(f"{at}: idle_timeout, ram_mib and vram_mib must not be negative")
+
+
+class Catalog:
+    def __init__(self, models: list[ModelConfig], engines: list[EngineConfig], default_profile: str = "") -> None:
+        self.models = {m.name: m for m in models}
+        self.engines = list(engines)
+        self.default_profile = default_profile
+
+    def engine_version(self, profile: ProfileConfig) -> str:
+        if profile.engine_version:
+            return profile.engine_version
+        return next(e.version for e in self.engines if e.name == profile.engine)
+
+    def resolve(self, requested: str) -> Resolved | None:
+        name, _, profile_name = requested.partition(":")
+        model = self.models.get(name)
+        if model is None:
+            return None
+        if not profile_name:
+            names = [p.name for p in model.profiles]
+            use_global = self.default_profile in names
+            profile_name = self.default_profile if use_global else (model.default_profile or names[0])
+        for profile in model.profiles:
+            if profile.name == profile_name:
+                return Resolved(model, profile)
+        return None
+
+    def all_profiles(self) -> list[Resolved]:
+        return [Resolved(m, p) for m in self.models.values() for p in m.profiles]
+
+    def names(self) -> list[str]:
+        """What a client may ask for: each model, and each model:profile."""
+        out = []
+        for model in self.models.values():
+            out.append(model.name)
+            out.extend(profile_key(model.name, p.name) for p in model.profiles)
+        return sorted(out)

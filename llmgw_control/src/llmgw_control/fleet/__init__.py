@@ -1,0 +1,1 @@
+"""Fleet control: nodes, placement, the reconciler."""

@@ -1,0 +1,322 @@
+"""The agent service: one WebSocket per node at ``/agent/v1``, one task group per connection.
+
+A connection starts with the node's ``hello`` (protocol version, node id, join token, facts,
+engines, running shards) and gets ``welcome`` or ``refuse`` with a reason. After that a reader
+applies the node's reports to the inventory, a writer is the only task that sends (commands the
+reconciler queued, and control's own heartbeats), and a watchdog closes the connection when the
+node has been silent for longer than the unreachable interval: a hung node (stopped process, cut
+network) sends no FIN, so only missing heartbeats reveal it.
+
+A malformed frame, an unknown type or a message out of place is answered with an ``error``
+frame and logged; it never ends other nodes' connections, and a node that keeps sending garbage
+is disconnected after a few in a row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+from collections.abc import Callable
+from typing import Protocol
+
+import attrs
+import trio
+
+from llmgw_shared.logs import get_logger
+from llmgw_shared.wire import (
+    PROTOCOL_VERSION,
+    Ack,
+    Command,
+    EngineSpec,
+    EngineStateReport,
+    Error,
+    Heartbeat,
+    Hello,
+    Message,
+    Refuse,
+    SetEngines,
+    ShardStateReport,
+    StartShard,
+    Welcome,
+    WireError,
+    decode,
+    encode,
+)
+
+from .inventory import Inventory, NodeRecord
+
+log = get_logger("llmgw.agents")
+
+_MAX_BAD_FRAMES = 5
+
+
+class Socket(Protocol):
+    async def receive(self) -> str | bytes: ...
+    async def send(self, data: str) -> None: ...
+    async def close(self, code: int, reason: str = "") -> None: ...
+
+
+@attrs.frozen
+class AgentsConfig:
+    # Where nodes connect; empty: no agent service (router-only mode).
+    listen: str = ""
+    # How nodes reach this listener, for the files it serves; empty: http://<listen>.
+    public_url: str = ""
+    # Digests ("sha256:<hex>") of the join tokens nodes may present; empty: any node may join,
+    # which is only right on a trusted network.
+    join_token_digests: list[str] = attrs.Factory(list)
+    # A directory with engines/ and models/ to serve to nodes (air-gapped clusters).
+    files_dir: str = ""
+    heartbeat_interval: float = 5.0
+    unreachable_after: float = 15.0
+    lost_after: float = 60.0
+    hello_timeout: float = 10.0
+    max_frame_bytes: int = 1024 * 1024
+    command_queue: int = 1000
+
+
+def token_digest(token: str) -> str:
+    return "sha256:" + hashlib.sha256(token.encode()).hexdigest()
+
+
+@attrs.define
+class Role:
+    """Whether this control daemon may accept nodes (the leader) or must send them on."""
+
+    leader: bool = True
+    leader_address: str = ""
+
+
+class _Session:
+    def __init__(self, node_id: str, queue: int) -> None:
+        self.node_id = node_id
+        self.send_channel, self.receive_channel = trio.open_memory_channel[Command](queue)
+        self.cancel_scope = trio.CancelScope()
+        self.pending: dict[str, Command] = {}
+
+
+class AgentService:
+    def __init__(
+        self,
+        inventory: Inventory,
+        *,
+        config: AgentsConfig,
+        token_digests: set[str],
+        engines: Callable[[], list[EngineSpec]],
+        on_change: Callable[[], None],
+        on_command_failed: Callable[[str, Command, str], None] | None = None,
+        role: Role | None = None,
+        fencing_token: Callable[[], int] = lambda: 1,
+        clock: Callable[[], float] = trio.current_time,
+    ) -> None:
+        self.fencing_token = fencing_token
+        self.inventory = inventory
+        self.config = config
+        self.token_digests = set(token_digests)
+        self.engines = engines
+        self.on_change = on_change
+        self.on_command_failed = on_command_failed
+        self.role = role or Role()
+        self.clock = clock
+        self.sessions: dict[str, _Session] = {}
+        self._closed = trio.Event()
+
+    # ------------------------------------------------------------------ the Dispatcher
+
+    def send(self, node_id: str, command: Command) -> bool:
+        session = self.sessions.get(node_id)
+        if session is None:
+            return False
+        try:
+            session.send_channel.send_nowait(command)
+        except trio.WouldBlock:
+            # A node that cannot keep up with its commands is treated as gone: reconnecting gives
+            # it a clean slate, and its hello tells us what it actually runs.
+            log.warning("node %s is not reading its commands: disconnecting it", node_id)
+            session.cancel_scope.cancel()
+            return False
+        return True
+
+    async def wait_all_closed(self) -> None:
+        while self.sessions:
+            self._closed = trio.Event()
+            await self._closed.wait()
+
+    def close_all(self, reason: str) -> None:
+        for session in list(self.sessions.values()):
+            log.info("closing connection of node %s: %s", session.node_id, reason)
+            session.cancel_scope.cancel()
+
+    # ------------------------------------------------------------------ one connection
+
+    async def serve(self, socket: Socket, peer: str) -> None:
+        hello = await self._handshake(socket, peer)
+        if hello is None:
+            return
+        session = _Session(hello.node_id, self.config.command_queue)
+        node = self._register(hello, peer)
+        self.sessions[hello.node_id] = session
+        log.info("node %s connected from %s", hello.node_id, peer, extra={"node": hello.node_id})
+        try:
+            with session.cancel_scope:
+                await socket.send(encode(Welcome(PROTOCOL_VERSION, self.config.heartbeat_interval)))
+                await socket.send(encode(SetEngines("engines-0", self.fencing_token(), self.engines())))
+                self.on_change()
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._reader, socket, session, node)
+                    nursery.start_soon(self._writer, socket, session)
+                    nursery.start_soon(self._watchdog, session, node)
+        finally:
+            if self.sessions.get(hello.node_id) is session:
+                del self.sessions[hello.node_id]
+                self._closed.set()
+                node.connected = False
+                log.info("node %s disconnected", hello.node_id, extra={"node": hello.node_id})
+                self.on_change()
+            with trio.move_on_after(1) as cleanup:
+                cleanup.shield = True
+                # The peer may be gone already.
+                with contextlib.suppress(Exception):
+                    await socket.close(1000, "bye")
+
+    async def _handshake(self, socket: Socket, peer: str) -> Hello | None:
+        with trio.move_on_after(self.config.hello_timeout):
+            raw = await socket.receive()
+            break_reason = ""
+            try:
+                msg = decode(raw)
+            except WireError as exc:
+                await self._refuse(socket, f"bad hello: {exc}", peer)
+                return None
+            if not isinstance(msg, Hello):
+                await self._refuse(socket, f"the first frame must be hello, not {type(msg).__name__}", peer)
+                return None
+            if msg.protocol_version != PROTOCOL_VERSION:
+                break_reason = (f"protocol version {msg.protocol_version} is not supported; "
+                                f"this control speaks {PROTOCOL_VERSION}")
+            elif not self.role.leader:
+                await socket.send(encode(Refuse(
+                    f"standby, leader is {self.role.leader_address or 'unknown'}", self.role.leader_address)))
+                await socket.close(1013, "standby")
+                log.info("refused node %s: this control is a standby", msg.node_id)
+                return None
+            elif not self._token_ok(msg.join_token):
+                break_reason = "bad join token"
+            elif msg.node_id in self.sessions:
+                break_reason = f"node id {msg.node_id} is already connected"
+            if break_reason:
+                await self._refuse(socket, break_reason, peer, node_id=msg.node_id)
+                return None
+            return msg
+        log.warning("no hello from %s within %g s: closing", peer, self.config.hello_timeout)
+        await socket.close(1008, "no hello")
+        return None
+
+    async def _refuse(self, socket: Socket, reason: str, peer: str, node_id: str = "") -> None:
+        log.warning("refused agent connection from %s%s: %s", peer, f" (node {node_id})" if node_id else "", reason)
+        await socket.send(encode(Refuse(reason)))
+        await socket.close(1008, reason[:100])
+
+    def _token_ok(self, token: str) -> bool:
+        if not self.token_digests:
+            return True
+        digest = token_digest(token)
+        # Compare against every digest so the time taken does not say which one was close.
+        matches = [hmac.compare_digest(digest, known) for known in self.token_digests]
+        return any(matches)
+
+    def _register(self, hello: Hello, peer: str) -> NodeRecord:
+        now = self.clock()
+        existing = self.inventory.get(hello.node_id)
+        node = NodeRecord(
+            node_id=hello.node_id, address=hello.address or peer, facts=hello.facts,
+            last_seen=now, connected_since=now,
+            labels=existing.labels if existing else {}, cordoned=existing.cordoned if existing else False,
+        )
+        node.update_engines(hello.engines)
+        node.update_shards(hello.shards)
+        self.inventory.put(node)
+        return node
+
+    async def _reader(self, socket: Socket, session: _Session, node: NodeRecord) -> None:
+        bad_frames = 0
+        while True:
+            raw = await socket.receive()
+            node.last_seen = self.clock()
+            try:
+                msg = decode(raw)
+            except WireError as exc:
+                bad_frames += 1
+                log.warning("node %s sent a bad frame: %s", node.node_id, exc, extra={"node": node.node_id})
+                await socket.send(encode(Error(f"bad frame: {exc}")))
+                if bad_frames >= _MAX_BAD_FRAMES:
+                    log.warning("node %s sent %d bad frames in a row: disconnecting", node.node_id, bad_frames)
+                    session.cancel_scope.cancel()
+                continue
+            bad_frames = 0
+            await self._apply(socket, session, node, msg)
+
+    async def _apply(self, socket: Socket, session: _Session, node: NodeRecord, msg: Message) -> None:
+        changed = False
+        if isinstance(msg, Heartbeat):
+            if msg.facts is not None:
+                node.facts = msg.facts
+            if msg.engines:
+                node.update_engines(msg.engines)
+                changed = True
+            if msg.shards:
+                node.update_shards(msg.shards)
+                changed = True
+        elif isinstance(msg, EngineStateReport):
+            node.update_engines([msg.engine])
+            changed = True
+        elif isinstance(msg, ShardStateReport):
+            node.update_shards([msg.shard])
+            changed = True
+        elif isinstance(msg, Ack):
+            command = session.pending.pop(msg.command_id, None)
+            if not msg.ok:
+                log.warning("node %s refused command %s: %s", node.node_id, msg.command_id, msg.error,
+                            extra={"node": node.node_id})
+                if command is not None and self.on_command_failed is not None:
+                    self.on_command_failed(node.node_id, command, msg.error)
+                    changed = True
+        elif isinstance(msg, Error):
+            log.warning("node %s reported an error: %s", node.node_id, msg.message, extra={"node": node.node_id})
+        else:
+            await socket.send(encode(Error(f"unexpected {type(msg).__name__} from a node")))
+        if changed:
+            self.on_change()
+
+    async def _writer(self, socket: Socket, session: _Session) -> None:
+        seq = 0
+        interval = self.config.heartbeat_interval
+        next_beat = trio.current_time()
+        while True:
+            with trio.move_on_at(next_beat):
+                command = await session.receive_channel.receive()
+                session.pending[command.id] = command
+                await socket.send(encode(command))
+                continue
+            seq += 1
+            await socket.send(encode(Heartbeat(seq)))
+            next_beat = trio.current_time() + interval
+
+    async def _watchdog(self, session: _Session, node: NodeRecord) -> None:
+        limit = self.config.unreachable_after
+        while True:
+            silent = self.clock() - node.last_seen
+            if silent > limit:
+                log.warning("node %s silent for %.1f s: closing its connection", node.node_id, silent,
+                            extra={"node": node.node_id})
+                session.cancel_scope.cancel()
+                return
+            await trio.sleep(max(0.05, min(limit - silent, self.config.heartbeat_interval) + 0.01))
+
+
+def failed_start(command: Command) -> str | None:
+    """The shard id of a start command, for marking it failed when the node refuses it."""
+    return command.shard.shard_id if isinstance(command, StartShard) else None
+
+

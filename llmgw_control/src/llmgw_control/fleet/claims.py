@@ -1,0 +1,71 @@
+"""The resource claim of each profile: configured, or estimated from the GGUF header."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx2
+import trio
+
+from llmgw_shared.logs import get_logger
+
+from ..catalog import Catalog, ProfileConfig
+from .files import FileServer
+from .gguf import MemoryEstimate, NotGguf, Truncated, estimate_ram, read_metadata
+from .plan import Claim
+
+log = get_logger("llmgw.claims")
+
+_HEADER_BYTES = 16 * 1024 * 1024
+
+
+async def _header_bytes(profile: ProfileConfig, files: FileServer | None) -> bytes | None:
+    url = profile.weights.url
+    parts = urlsplit(url)
+    local: Path | None = None
+    if files is not None and url.startswith(files.public_url + "/files/models/"):
+        local = files.path("models", url.rsplit("/", 1)[1])
+    elif parts.scheme in ("", "file"):
+        local = Path(parts.path)
+    if local is not None:
+        if not local.is_file():
+            return None
+        def read() -> bytes:
+            with open(local, "rb") as handle:
+                return handle.read(_HEADER_BYTES)
+        return await trio.to_thread.run_sync(read)
+    async with httpx2.AsyncClient(timeout=10, follow_redirects=True) as client:
+        response = await client.get(url, headers={"range": f"bytes=0-{_HEADER_BYTES - 1}"})
+        if response.status_code not in (200, 206):
+            return None
+        return response.content[:_HEADER_BYTES]
+
+
+async def estimate_profile(profile: ProfileConfig, files: FileServer | None) -> MemoryEstimate:
+    metadata = None
+    try:
+        with trio.move_on_after(15):
+            data = await _header_bytes(profile, files)
+            if data is not None:
+                metadata = read_metadata(data)
+    except (Truncated, NotGguf, OSError, httpx2.HTTPError) as exc:
+        log.info("no GGUF metadata for %s (%s): estimating from the file size", profile.weights.url, exc)
+    return estimate_ram(metadata, weights_bytes=profile.weights.size, context=profile.context * profile.parallel)
+
+
+async def profile_claims(catalog: Catalog, files: FileServer | None) -> dict[str, Claim]:
+    claims: dict[str, Claim] = {}
+
+    async def one(key: str, profile: ProfileConfig) -> None:
+        if profile.ram_mib:
+            claims[key] = Claim(profile.ram_mib, profile.vram_mib)
+            return
+        estimate = await estimate_profile(profile, files)
+        claims[key] = Claim(estimate.ram_mib, profile.vram_mib)
+        log.info("model %s claims %d MiB RAM (%s)", key, estimate.ram_mib, estimate.how)
+
+    async with trio.open_nursery() as nursery:
+        for resolved in catalog.all_profiles():
+            nursery.start_soon(one, resolved.key, resolved.profile)
+    return claims

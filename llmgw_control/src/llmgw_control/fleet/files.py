@@ -1,0 +1,105 @@
+"""Control as a release mirror and model file server for air-gapped clusters.
+
+Nodes install engines from a GitHub-shaped release JSON and fetch weights by URL. When control
+has the archives and model files in a local directory, it serves both over the agent listener,
+so a cluster with no internet works -- and so do the tests and the demo, without GitHub.
+
+Layout: ``<dir>/engines/llama-<tag>-bin-<os>-<arch>.tar.gz`` and ``<dir>/models/<file>``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from ..catalog import EngineConfig
+
+_ARCHIVE = re.compile(r"^(llama-(?P<tag>[^-]+)-bin-.+|cudart-llama-bin-.+)\.(tar\.gz|tgz|zip)$")
+
+
+@attrs.frozen
+class _Digest:
+    size: int
+    mtime_ns: int
+    sha256: str
+
+
+class FileServer:
+    def __init__(self, root: Path, public_url: str) -> None:
+        self.root = root
+        self.public_url = public_url.rstrip("/")
+        self._digests: dict[Path, _Digest] = {}
+
+    def path(self, kind: str, name: str) -> Path | None:
+        """The file for a URL path, or None; never anything outside ``<root>/<kind>``."""
+        if kind not in ("engines", "models") or "/" in name or name.startswith("."):
+            return None
+        path = self.root / kind / name
+        return path if path.is_file() else None
+
+    async def sha256(self, path: Path) -> str:
+        stat = await trio.to_thread.run_sync(path.stat)
+        cached = self._digests.get(path)
+        if cached and cached.size == stat.st_size and cached.mtime_ns == stat.st_mtime_ns:
+            return cached.sha256
+        digest = await trio.to_thread.run_sync(_hash_file, path)
+        self._digests[path] = _Digest(stat.st_size, stat.st_mtime_ns, digest)
+        return digest
+
+    def has_release(self, version: str) -> bool:
+        return any(_tag(a) == version for a in self._archives(version))
+
+    def _archives(self, version: str) -> list[Path]:
+        directory = self.root / "engines"
+        if not directory.is_dir():
+            return []
+        found = []
+        for entry in sorted(directory.iterdir()):
+            match = _ARCHIVE.match(entry.name)
+            if match and (match["tag"] in (None, version)) and entry.is_file():
+                found.append(entry)
+        return found
+
+    async def release(self, version: str) -> dict[str, Any] | None:
+        archives = self._archives(version)
+        if not any(_tag(a) == version for a in archives):
+            return None
+        assets = []
+        for archive in archives:
+            assets.append({
+                "name": archive.name, "size": archive.stat().st_size,
+                "browser_download_url": f"{self.public_url}/files/engines/{archive.name}",
+                "digest": f"sha256:{await self.sha256(archive)}",
+            })
+        return {"tag_name": version, "name": version, "assets": assets}
+
+    def release_api(self, engine: EngineConfig) -> str:
+        """Where nodes should look for ``engine``: its configured source, else this server if it has it."""
+        if engine.release_api:
+            return engine.release_api
+        if engine.name == "llama.cpp" and self.has_release(engine.version):
+            return f"{self.public_url}/releases/llama.cpp/{{version}}"
+        return ""
+
+
+def _tag(archive: Path) -> str | None:
+    match = _ARCHIVE.match(archive.name)
+    return match["tag"] if match else None
+
+
+def _hash_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def url_for_model_file(public_url: str, name: str) -> str:
+    return f"{public_url.rstrip('/')}/files/models/{os.path.basename(name)}"

@@ -1,0 +1,68 @@
+"""The agent listener's app: the nodes' WebSocket, and the files control serves to them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quart import Response, abort, jsonify, send_file, websocket
+from quart_trio import QuartTrio
+
+from .agents import AgentService
+from .files import FileServer
+
+
+class _QuartSocket:
+    """The agent service's Socket over Quart's websocket proxy."""
+
+    def __init__(self, ws: Any) -> None:
+        self._ws = ws
+
+    async def receive(self) -> str | bytes:
+        data: str | bytes = await self._ws.receive()
+        return data
+
+    async def send(self, data: str) -> None:
+        await self._ws.send(data)
+
+    async def close(self, code: int, reason: str = "") -> None:
+        await self._ws.close(code, reason)
+
+
+def make_agent_app(service: AgentService, files: FileServer | None) -> QuartTrio:
+    app = QuartTrio("llmgw_control.agents")
+    app.config["RESPONSE_TIMEOUT"] = None
+
+    @app.websocket("/agent/v1")
+    async def agent() -> None:
+        await websocket.accept()
+        peer = websocket.remote_addr or ""
+        await service.serve(_QuartSocket(websocket), peer)
+
+    @app.get("/healthz")
+    async def healthz() -> Any:
+        return jsonify({"status": "ok", "nodes": len(service.sessions)})
+
+    @app.get("/releases/<name>/<version>")
+    async def release(name: str, version: str) -> Any:
+        if files is None or name != "llama.cpp":
+            abort(404)
+        body = await files.release(version)
+        if body is None:
+            abort(404)
+        return jsonify(body)
+
+    @app.get("/files/<kind>/<name>")
+    async def file(kind: str, name: str) -> Response:
+        path = files.path(kind, name) if files is not None else None
+        if path is None:
+            abort(404)
+        # conditional=True answers Range requests, so nodes resume interrupted downloads.
+        response = await send_file(path, conditional=True, mimetype="application/octet-stream")
+        response.timeout = None
+        return response
+
+    @app.errorhandler(404)
+    async def not_found(_: Any) -> tuple[Any, int]:
+        return jsonify({"error": {"message": "Not found.", "code": "not_found"}}), 404
+
+    return app

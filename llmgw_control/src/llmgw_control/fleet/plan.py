@@ -1,0 +1,247 @@
+"""The reconciler's decision, as a pure function: desired + actual + now -> actions.
+
+Everything here takes plain values and returns plain values -- no sockets, no clock, no
+randomness -- so every placement rule is tested directly, and the loop that performs the actions
+stays small.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import attrs
+
+from llmgw_shared.wire import EngineState
+
+READY_ENGINE = ("installed", "configured")
+
+
+@attrs.frozen
+class Claim:
+    ram_mib: int
+    vram_mib: int = 0
+
+
+@attrs.frozen
+class Demand:
+    """One profile: what it needs and how many replicas are wanted now."""
+
+    key: str
+    engine: tuple[str, str]
+    claim: Claim
+    wanted: int
+    labels: dict[str, str] = attrs.Factory(dict)
+
+
+@attrs.frozen
+class NodeView:
+    node_id: str
+    # ready | disconnected | unreachable | lost
+    state: str
+    cordoned: bool
+    labels: dict[str, str]
+    engines: dict[tuple[str, str], EngineState]
+    ram_mib: int
+    vram_mib: int
+    # Ports the node reports in use by shards control may not know about.
+    busy_ports: frozenset[int] = frozenset()
+
+    @property
+    def schedulable(self) -> bool:
+        return self.state == "ready" and not self.cordoned
+
+
+@attrs.frozen
+class Assignment:
+    shard_id: str
+    key: str
+    node_id: str
+    port: int
+    claim: Claim
+    # assigned (sent, no report yet) | pending | downloading | starting | ready | draining | stopped | failed
+    status: str
+    detail: str = ""
+    draining: bool = False
+    # For choosing which replica to drain when there are too many.
+    last_used: float = 0.0
+
+    @property
+    def live(self) -> bool:
+        return not self.draining and self.status not in ("failed", "stopped")
+
+
+@attrs.frozen
+class Start:
+    node_id: str
+    key: str
+    port: int
+    claim: Claim
+
+
+@attrs.frozen
+class Drain:
+    shard_id: str
+    node_id: str
+
+
+@attrs.frozen
+class Stop:
+    shard_id: str
+    node_id: str
+    reason: str
+
+
+@attrs.frozen
+class Forget:
+    """Drop an assignment (its node is lost, or it stopped): a replacement may be placed."""
+
+    shard_id: str
+    reason: str
+
+
+Action = Start | Drain | Stop | Forget
+
+
+@attrs.frozen
+class Plan:
+    actions: list[Action]
+    # Why a profile has fewer replicas than wanted, in the words an operator needs.
+    blocked: dict[str, str]
+
+
+@attrs.frozen
+class PlanLimits:
+    port_min: int = 20000
+    port_max: int = 20999
+    # Assignments on lost nodes moved elsewhere in this pass (the loop refills it over time), so
+    # a network blip that loses every node does not restart every model at once.
+    reschedule_budget: int = 1_000_000
+
+
+def _labels_match(required: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in required.items())
+
+
+def _free_port(node: NodeView, used: set[int], limits: PlanLimits) -> int | None:
+    for port in range(limits.port_min, limits.port_max + 1):
+        if port not in used and port not in node.busy_ports:
+            return port
+    return None
+
+
+def plan(
+    demands: Iterable[Demand],
+    nodes: Iterable[NodeView],
+    assignments: Iterable[Assignment],
+    *,
+    backoff: dict[tuple[str, str], tuple[float, str]],
+    now: float,
+    limits: PlanLimits = PlanLimits(),
+) -> Plan:
+    """``backoff`` maps (key, node_id) to (retry-after time, last failure) after failed starts."""
+    node_map = {n.node_id: n for n in nodes}
+    actions: list[Action] = []
+    blocked: dict[str, str] = {}
+    budget = limits.reschedule_budget
+    kept: list[Assignment] = []
+    for assignment in assignments:
+        node = node_map.get(assignment.node_id)
+        if node is None or node.state == "lost":
+            if budget <= 0:
+                kept.append(assignment)  # counted as live until the budget allows moving it
+                continue
+            budget -= 1
+            actions.append(Forget(assignment.shard_id, f"node {assignment.node_id} is lost"))
+        elif assignment.status == "failed":
+            actions.append(Stop(assignment.shard_id, assignment.node_id, assignment.detail or "failed"))
+            actions.append(Forget(assignment.shard_id, f"failed on {assignment.node_id}: {assignment.detail}"))
+        elif assignment.status == "stopped" and not assignment.draining:
+            actions.append(Forget(assignment.shard_id, "stopped"))
+        else:
+            kept.append(assignment)
+
+    # Resources left on each node after what is already assigned there.
+    free_ram = {n.node_id: n.ram_mib for n in node_map.values()}
+    free_vram = {n.node_id: n.vram_mib for n in node_map.values()}
+    ports: dict[str, set[int]] = {n.node_id: set() for n in node_map.values()}
+    for assignment in kept:
+        if assignment.node_id in free_ram and assignment.status not in ("stopped",):
+            free_ram[assignment.node_id] -= assignment.claim.ram_mib
+            free_vram[assignment.node_id] -= assignment.claim.vram_mib
+            ports[assignment.node_id].add(assignment.port)
+
+    for demand in sorted(demands, key=lambda d: d.key):
+        live = [a for a in kept if a.key == demand.key and a.live]
+        missing = demand.wanted - len(live)
+        if missing < 0:
+            # Drain the surplus: replicas not yet serving first, then the least recently used.
+            surplus = sorted(live, key=lambda a: (a.status == "ready", a.last_used))[:-missing]
+            actions.extend(Drain(a.shard_id, a.node_id) for a in surplus)
+            continue
+        for _ in range(missing):
+            choice, reason = _choose_node(demand, node_map, kept, free_ram, free_vram, backoff, now)
+            if choice is None:
+                blocked[demand.key] = reason
+                break
+            port = _free_port(node_map[choice], ports[choice], limits)
+            if port is None:
+                blocked[demand.key] = f"node {choice}: no free port in {limits.port_min}-{limits.port_max}"
+                break
+            ports[choice].add(port)
+            free_ram[choice] -= demand.claim.ram_mib
+            free_vram[choice] -= demand.claim.vram_mib
+            start = Start(choice, demand.key, port, demand.claim)
+            actions.append(start)
+            kept.append(Assignment(f"(new:{len(actions)})", demand.key, choice, port, demand.claim, "assigned"))
+    return Plan(actions, blocked)
+
+
+def _choose_node(
+    demand: Demand,
+    nodes: dict[str, NodeView],
+    assignments: list[Assignment],
+    free_ram: dict[str, int],
+    free_vram: dict[str, int],
+    backoff: dict[tuple[str, str], tuple[float, str]],
+    now: float,
+) -> tuple[str | None, str]:
+    """The best node for one more replica, or None and the reason nothing fits."""
+    name, version = demand.engine
+    reasons: list[str] = []
+    candidates: list[NodeView] = []
+    for node in sorted(nodes.values(), key=lambda n: n.node_id):
+        if not node.schedulable:
+            continue
+        if not _labels_match(demand.labels, node.labels):
+            continue
+        engine = node.engines.get(demand.engine)
+        if engine is None or engine.status not in READY_ENGINE:
+            words = engine.describe() if engine is not None else "engine not reported yet"
+            reasons.append(f"node {node.node_id}: {name} {version}: {words}")
+            continue
+        until = backoff.get((demand.key, node.node_id))
+        if until is not None and until[0] > now:
+            reasons.append(f"start failed on node {node.node_id}: {until[1]} (retrying in {until[0] - now:.0f} s)")
+            continue
+        if free_ram[node.node_id] < demand.claim.ram_mib or free_vram[node.node_id] < demand.claim.vram_mib:
+            reasons.append(
+                f"node {node.node_id}: needs {demand.claim.ram_mib} MiB RAM"
+                + (f" and {demand.claim.vram_mib} MiB VRAM" if demand.claim.vram_mib else "")
+                + f", has {max(free_ram[node.node_id], 0)} MiB free"
+                + (f" and {max(free_vram[node.node_id], 0)} MiB VRAM" if demand.claim.vram_mib else "")
+            )
+            continue
+        candidates.append(node)
+    if not candidates:
+        if not any(n.schedulable for n in nodes.values()):
+            return None, "no node is connected and schedulable"
+        if not reasons:
+            wanted = ", ".join(f"{k}={v}" for k, v in demand.labels.items())
+            return None, f"no node has the labels {wanted}"
+        return None, "no node fits: " + "; ".join(reasons)
+    # Spread replicas of one profile across nodes, then prefer the node with the most room.
+    def score(node: NodeView) -> tuple[int, int]:
+        same = sum(1 for a in assignments if a.key == demand.key and a.node_id == node.node_id and a.live)
+        return (same, -free_ram[node.node_id])
+
+    return min(candidates, key=score).node_id, ""

@@ -1,0 +1,369 @@
+"""The one loop that owns desired-versus-actual.
+
+Each pass reads the node reports, computes how many replicas each profile wants (minimum,
+requests waiting for it, idle time), asks the pure ``plan`` what to do, performs the actions
+through a ``Dispatcher`` (which only queues commands: a pass never waits on the network), and
+publishes the replicas that are ready to the router, withdrawing the ones that stopped being
+ready before new requests reach them.
+
+Shard API keys are derived from a control secret and the shard id (HMAC), so after a control
+restart the router can talk to the engines it adopts without the nodes ever sending a key back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+from collections.abc import Callable
+from typing import Protocol
+
+import attrs
+import trio
+
+from llmgw_shared.logs import get_logger
+from llmgw_shared.wire import (
+    Command,
+    DrainShard,
+    ShardSpec,
+    StartShard,
+    StopShard,
+    WeightsSpec,
+)
+
+from ..catalog import Catalog, Resolved
+from ..router.replicas import Replica, ReplicaSet
+from .inventory import Inventory, Liveness, NodeRecord
+from .plan import Assignment, Claim, Demand, Drain, Forget, NodeView, PlanLimits, Start, Stop, plan
+
+log = get_logger("llmgw.reconciler")
+
+
+class Dispatcher(Protocol):
+    def send(self, node_id: str, command: Command) -> bool:
+        """Queue a command for a node; False when the node is not connected."""
+        ...
+
+
+@attrs.frozen
+class ReconcilerConfig:
+    interval: float = 2.0
+    port_min: int = 20000
+    port_max: int = 20999
+    backoff_base: float = 5.0
+    backoff_cap: float = 300.0
+    # Moving replicas off lost nodes: a burst, then this many per minute.
+    reschedule_burst: int = 10
+    reschedules_per_minute: float = 10.0
+    # RAM kept free on every node for the OS and the node daemon.
+    reserved_ram_mib: int = 512
+
+
+@attrs.define
+class ShardRecord:
+    shard_id: str
+    key: str
+    node_id: str
+    port: int
+    claim: Claim
+    status: str = "assigned"
+    detail: str = ""
+    draining: bool = False
+    ready_since: float | None = None
+    created_at: float = 0.0
+
+    def as_assignment(self, last_used: float) -> Assignment:
+        return Assignment(self.shard_id, self.key, self.node_id, self.port, self.claim, self.status,
+                          self.detail, self.draining, last_used)
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def new_shard_id(key: str) -> str:
+    return f"{_UNSAFE.sub('-', key)[:100]}-{secrets.token_hex(4)}"
+
+
+class Reconciler:
+    def __init__(
+        self,
+        catalog: Catalog,
+        inventory: Inventory,
+        liveness: Liveness,
+        dispatcher: Dispatcher,
+        replicas: ReplicaSet,
+        *,
+        secret: bytes,
+        claims: dict[str, Claim],
+        config: ReconcilerConfig = ReconcilerConfig(),
+        clock: Callable[[], float] = trio.current_time,
+    ) -> None:
+        self.catalog = catalog
+        self.inventory = inventory
+        self.liveness = liveness
+        self.dispatcher = dispatcher
+        self.replicas = replicas
+        self.config = config
+        self.claims = claims
+        self.clock = clock
+        self._secret = secret
+        self.shards: dict[str, ShardRecord] = {}
+        self.backoff: dict[tuple[str, str], tuple[float, str]] = {}
+        self.failures: dict[tuple[str, str], int] = {}
+        self.waiting: dict[str, int] = {}
+        self.blocked: dict[str, str] = {}
+        self.fencing_token = 1
+        self._wake = trio.Event()
+        self._tokens = float(config.reschedule_burst)
+        self._tokens_at = 0.0
+        self._command_seq = 0
+        self.passes = 0
+        # Replicas this reconciler published (the set may also hold static endpoints).
+        self._published: set[str] = set()
+
+    # ------------------------------------------------------------------ outside API
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def shard_api_key(self, shard_id: str) -> str:
+        return hmac.new(self._secret, shard_id.encode(), hashlib.sha256).hexdigest()[:48]
+
+    def status(self, key: str) -> str:
+        """Why ``key`` has no ready replica, in the operator's words."""
+        if key in self.blocked:
+            return self.blocked[key]
+        starting = [r for r in self.shards.values() if r.key == key and not r.draining]
+        if starting:
+            record = starting[0]
+            words = f"{record.status}: {record.detail}" if record.detail else record.status
+            return f"replica {record.shard_id} on node {record.node_id} is {words}"
+        return "no replica placed yet"
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            self._wake = trio.Event()
+            try:
+                self.reconcile_once()
+            except Exception:
+                # A bug in one pass must not stop the fleet from being managed.
+                log.exception("reconcile pass failed")
+            with trio.move_on_after(self.config.interval):
+                await self._wake.wait()
+
+    # ------------------------------------------------------------------ one pass
+
+    def reconcile_once(self) -> None:
+        now = self.clock()
+        self.passes += 1
+        self._absorb_reports(now)
+        demands = self._demands(now)
+        views = self._node_views(now)
+        limits = PlanLimits(self.config.port_min, self.config.port_max, self._reschedule_budget(now))
+        last_used = {r.id: r.last_used for r in self.replicas}
+        decided = plan(demands, views, [r.as_assignment(last_used.get(r.shard_id, r.created_at))
+                                        for r in self.shards.values()],
+                       backoff=self.backoff, now=now, limits=limits)
+        self._apply(decided.actions, now)
+        for key, reason in decided.blocked.items():
+            if self.blocked.get(key) != reason:
+                log.warning("model %s cannot be placed: %s", key, reason, extra={"model": key})
+        self.blocked = decided.blocked
+        self._sync_router(now)
+
+    def _absorb_reports(self, now: float) -> None:
+        for node in self.inventory:
+            for state in node.shards.values():
+                record = self.shards.get(state.shard_id)
+                if record is None:
+                    self._adopt(node, state.shard_id, state.status, state.port, now)
+                    continue
+                if record.node_id != node.node_id:
+                    continue
+                if state.status == "ready" and record.status != "ready":
+                    record.ready_since = now
+                    self.failures.pop((record.key, record.node_id), None)
+                    log.info("replica %s of %s ready on node %s", record.shard_id, record.key, node.node_id)
+                if state.status == "failed" and record.status != "failed":
+                    log.warning("replica %s of %s failed on node %s: %s", record.shard_id, record.key,
+                                node.node_id, state.detail)
+                record.status = state.status
+                record.detail = state.detail
+
+    def _adopt(self, node: NodeRecord, shard_id: str, status: str, port: int, now: float) -> None:
+        """A shard a node runs that this control does not know: after a restart, take it over."""
+        if status in ("stopped", "failed"):
+            return
+        key = shard_key(shard_id, self.catalog)
+        if key is None:
+            log.info("node %s runs shard %s, which no model in the catalog claims: stopping it",
+                     node.node_id, shard_id)
+            self._send(node.node_id, StopShard(self._next_id(), self.fencing_token, shard_id))
+            node.shards.pop(shard_id, None)
+            return
+        record = ShardRecord(shard_id, key, node.node_id, port, self.claims.get(key, Claim(0)), status,
+                             created_at=now, ready_since=now if status == "ready" else None)
+        self.shards[shard_id] = record
+        log.info("adopted replica %s of %s on node %s (%s)", shard_id, key, node.node_id, status)
+
+    def _demands(self, now: float) -> list[Demand]:
+        demands = []
+        for resolved in self.catalog.all_profiles():
+            key = resolved.key
+            profile = resolved.profile
+            live = [r for r in self.shards.values() if r.key == key and not r.draining
+                    and r.status not in ("failed", "stopped")]
+            published = {r.id: r for r in self.replicas.for_model(key)}
+            wanted = profile.min_replicas
+            waiting = self.waiting.get(key, 0)
+            if waiting:
+                wanted = max(wanted, 1)
+            busy = 0
+            saturated = bool(live)
+            for record in live:
+                replica = published.get(record.shard_id)
+                if replica is None:
+                    busy += 1  # starting: keep it
+                    saturated = False
+                    continue
+                idle_since = max(replica.last_used, record.ready_since or record.created_at)
+                if replica.in_flight or profile.idle_timeout == 0 or now - idle_since < profile.idle_timeout:
+                    busy += 1
+                if replica.in_flight < profile.parallel:
+                    saturated = False
+            wanted = max(wanted, busy)
+            if waiting and saturated:
+                wanted = len(live) + 1
+            wanted = min(wanted, profile.max_replicas)
+            engine = (profile.engine, self.catalog.engine_version(profile))
+            demands.append(Demand(key, engine, self.claims.get(key, Claim(0)), wanted, dict(profile.labels)))
+        return demands
+
+    def _node_views(self, now: float) -> list[NodeView]:
+        views = []
+        for node in self.inventory:
+            facts = node.facts
+            busy_ports = frozenset(s.port for s in node.shards.values() if s.status not in ("stopped", "failed"))
+            views.append(NodeView(
+                node.node_id, self.liveness.state(node, now), node.cordoned, node.labels, dict(node.engines),
+                max(0, facts.ram_total_mib - self.config.reserved_ram_mib),
+                sum(g.memory_total_mib for g in facts.gpus), busy_ports,
+            ))
+        return views
+
+    def _reschedule_budget(self, now: float) -> int:
+        elapsed = max(0.0, now - self._tokens_at)
+        self._tokens_at = now
+        self._tokens = min(float(self.config.reschedule_burst),
+                           self._tokens + elapsed * self.config.reschedules_per_minute / 60)
+        return int(self._tokens)
+
+    def _apply(self, actions: list[Start | Drain | Stop | Forget], now: float) -> None:
+        for action in actions:
+            if isinstance(action, Start):
+                self._start(action, now)
+            elif isinstance(action, Drain):
+                record = self.shards.get(action.shard_id)
+                if record is None:
+                    continue
+                # Withdraw before draining so no new request is sent to a replica going away.
+                self.replicas.withdraw(record.shard_id)
+                record.draining = True
+                record.status = "draining"
+                log.info("draining replica %s of %s on node %s", record.shard_id, record.key, record.node_id)
+                self._send(record.node_id, DrainShard(self._next_id(), self.fencing_token, record.shard_id))
+            elif isinstance(action, Stop):
+                self._send(action.node_id, StopShard(self._next_id(), self.fencing_token, action.shard_id))
+            else:
+                self._forget(action, now)
+
+    def _start(self, action: Start, now: float) -> None:
+        resolved = self.catalog.resolve(action.key)
+        if resolved is None:
+            return
+        shard_id = new_shard_id(action.key)
+        spec = self.shard_spec(resolved, shard_id, action.port)
+        if not self._send(action.node_id, StartShard(self._next_id(), self.fencing_token, spec)):
+            return
+        self.shards[shard_id] = ShardRecord(shard_id, action.key, action.node_id, action.port, action.claim,
+                                            created_at=now)
+        log.info("starting replica %s of %s on node %s port %d", shard_id, action.key, action.node_id,
+                 action.port)
+
+    def shard_spec(self, resolved: Resolved, shard_id: str, port: int) -> ShardSpec:
+        profile = resolved.profile
+        args = list(profile.args)
+        if profile.engine == "llama.cpp":
+            # llama-server splits -c across its -np slots; the profile's context is per request.
+            args = ["-c", str(profile.context * profile.parallel), "-np", str(profile.parallel),
+                    "--alias", resolved.model.name, "--metrics", *args]
+        weights = profile.weights
+        return ShardSpec(
+            shard_id=shard_id, engine=profile.engine, engine_version=self.catalog.engine_version(profile),
+            weights=WeightsSpec(weights.url, weights.sha256, weights.size), port=port,
+            api_key=self.shard_api_key(shard_id), args=args, env=dict(profile.env),
+            start_timeout_s=profile.start_timeout,
+        )
+
+    def _forget(self, action: Forget, now: float) -> None:
+        record = self.shards.pop(action.shard_id, None)
+        self.replicas.withdraw(action.shard_id)
+        if record is None:
+            return
+        node = self.inventory.get(record.node_id)
+        if node is not None:
+            node.shards.pop(record.shard_id, None)
+        log.info("forgetting replica %s of %s: %s", record.shard_id, record.key, action.reason)
+        if record.status == "failed":
+            attempts = self.failures.get((record.key, record.node_id), 0) + 1
+            self.failures[(record.key, record.node_id)] = attempts
+            delay = min(self.config.backoff_cap, self.config.backoff_base * 2 ** (attempts - 1))
+            self.backoff[(record.key, record.node_id)] = (now + delay, record.detail or "failed")
+
+    def _sync_router(self, now: float) -> None:
+        for record in self.shards.values():
+            node = self.inventory.get(record.node_id)
+            state = self.liveness.state(node, now) if node is not None else "lost"
+            routable = record.status == "ready" and not record.draining and state in ("ready", "disconnected")
+            current = self.replicas.get(record.shard_id)
+            if routable and node is not None:
+                url = f"http://{_url_host(node.address)}:{record.port}"
+                if current is None or current.url != url:
+                    resolved = self.catalog.resolve(record.key)
+                    weight = float(resolved.profile.parallel) if resolved else 1.0
+                    served = resolved.model.name if resolved else ""
+                    self.replicas.publish(Replica(
+                        id=record.shard_id, url=url, models=frozenset({record.key}), weight=weight,
+                        api_key=self.shard_api_key(record.shard_id), served_name=served,
+                        last_used=now))
+            elif current is not None:
+                self.replicas.withdraw(record.shard_id)
+                log.info("withdrew replica %s of %s (%s, node %s)", record.shard_id, record.key,
+                         record.status, state)
+        for shard_id in self._published - set(self.shards):
+            self.replicas.withdraw(shard_id)
+        self._published = {r.shard_id for r in self.shards.values() if self.replicas.get(r.shard_id)}
+
+    def _send(self, node_id: str, command: Command) -> bool:
+        return self.dispatcher.send(node_id, command)
+
+    def _next_id(self) -> str:
+        self._command_seq += 1
+        return f"c{self._command_seq}"
+
+
+def _url_host(address: str) -> str:
+    return f"[{address}]" if ":" in address and not address.startswith("[") else address
+
+
+def shard_key(shard_id: str, catalog: Catalog) -> str | None:
+    """The profile key a shard id was made for (ids are the slugged key plus 8 hex digits)."""
+    stem, _, suffix = shard_id.rpartition("-")
+    if len(suffix) != 8:
+        return None
+    for resolved in catalog.all_profiles():
+        if _UNSAFE.sub("-", resolved.key)[:100] == stem:
+            return resolved.key
+    return None

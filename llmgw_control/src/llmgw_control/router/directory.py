@@ -1,0 +1,53 @@
+"""Which replicas a requested model name means.
+
+In router-only mode the names are the static endpoints' models. With a catalog, a client asks for
+``model`` or ``model:profile`` and the directory answers with the profile's key, under which the
+reconciler publishes replicas -- whether or not any is running yet (the activator then waits).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ..catalog import Catalog
+from .replicas import ReplicaSet
+
+
+class ModelDirectory(Protocol):
+    def resolve(self, requested: str) -> str | None:
+        """The replica key for a requested name, or None when no such model exists."""
+        ...
+
+    def names(self) -> list[str]:
+        """What clients may ask for, for /v1/models and not-found messages."""
+        ...
+
+
+class StaticDirectory:
+    def __init__(self, replicas: ReplicaSet) -> None:
+        self.replicas = replicas
+
+    def resolve(self, requested: str) -> str | None:
+        return requested if self.replicas.for_model(requested) else None
+
+    def names(self) -> list[str]:
+        return self.replicas.models()
+
+
+class FleetDirectory:
+    """The catalog's models and profiles, plus any static endpoints configured beside them."""
+
+    def __init__(self, catalog: Catalog, replicas: ReplicaSet) -> None:
+        self.catalog = catalog
+        self.replicas = replicas
+
+    def resolve(self, requested: str) -> str | None:
+        resolved = self.catalog.resolve(requested)
+        if resolved is not None:
+            return resolved.key
+        return requested if self.replicas.for_model(requested) else None
+
+    def names(self) -> list[str]:
+        keys = {r.key for r in self.catalog.all_profiles()}
+        static = [m for m in self.replicas.models() if m not in keys]
+        return sorted({*self.catalog.names(), *static})
