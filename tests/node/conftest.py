@@ -6,10 +6,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from node.release_server import FileServer, run_file_server
+
 from llmgw_dev import build_engine
 from llmgw_node.config import NodeConfig
 from llmgw_node.supervisor import Timing
-from node.release_server import FileServer, run_file_server
 
 TAG = build_engine.RELEASE_TAG
 

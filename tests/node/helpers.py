@@ -8,6 +8,8 @@ from functools import partial
 from pathlib import Path
 
 import trio
+from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, serve_websocket
+
 from llmgw_node.service import NodeService, Report
 from llmgw_shared.wire import (
     EngineState,
@@ -19,7 +21,6 @@ from llmgw_shared.wire import (
     WeightsSpec,
     decode,
 )
-from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, serve_websocket
 
 
 async def next_shard_state(

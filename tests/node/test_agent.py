@@ -9,6 +9,9 @@ from pathlib import Path
 import attrs
 import pytest
 import trio
+from node.helpers import fake_control, receive
+from trio_websocket import WebSocketConnection
+
 from llmgw_dev.engine_proc import free_port
 from llmgw_node.agent import Agent, AgentTiming, backoff_delay
 from llmgw_node.config import ConfiguredEngine, NodeConfig
@@ -25,8 +28,6 @@ from llmgw_shared.wire import (
     Welcome,
     encode,
 )
-from node.helpers import fake_control, receive
-from trio_websocket import WebSocketConnection
 
 
 def test_backoff_grows_with_jitter_and_is_capped() -> None:

@@ -12,6 +12,11 @@ from pathlib import Path
 import httpx2
 import pytest
 import trio
+from node.conftest import TAG
+from node.helpers import fake_control, receive, shard_spec
+from node.release_server import FileServer
+from trio_websocket import WebSocketConnection
+
 from llmgw_dev.engine_proc import free_port
 from llmgw_node.procs import start_ticks
 from llmgw_shared.wire import (
@@ -28,10 +33,6 @@ from llmgw_shared.wire import (
     Welcome,
     encode,
 )
-from node.conftest import TAG
-from node.helpers import fake_control, receive, shard_spec
-from node.release_server import FileServer
-from trio_websocket import WebSocketConnection
 
 NODE = [sys.executable, "-m", "llmgw_node"]
 

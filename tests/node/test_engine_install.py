@@ -9,11 +9,12 @@ from pathlib import Path
 
 import httpx2
 import pytest
+from node.conftest import TAG
+from node.release_server import FileServer
+
 from llmgw_node.engines.manager import EngineManager
 from llmgw_node.engines.release import Platform
 from llmgw_shared.wire import EngineSpec, EngineState
-from node.conftest import TAG
-from node.release_server import FileServer
 
 CPU = Platform(os="linux", arch="x86_64", cuda=False)
 

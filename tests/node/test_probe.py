@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+
 from llmgw_node.probe import NO_AVX2_WARNING, parse_cpuinfo, parse_meminfo, parse_os_release, probe, warnings_for
 
 SAMPLES = Path(__file__).parent / "samples"

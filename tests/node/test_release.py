@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from llmgw_node.engines.release import Platform, ReleaseError, choose_assets, parse_release
 
 UPSTREAM = {

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import socket
 from pathlib import Path
 
 import attrs
 import pytest
+import trio
+from node.helpers import drain_reports, next_shard_state, shard_spec
+
 from llmgw_dev.engine_proc import free_port
 from llmgw_node.config import ConfiguredEngine, NodeConfig
+from llmgw_node.engines.proof import ProofError, engine_version
+from llmgw_node.procs import start_ticks
 from llmgw_node.service import open_node_service
 from llmgw_node.supervisor import Timing
 from llmgw_shared.wire import (
@@ -20,7 +26,6 @@ from llmgw_shared.wire import (
     StopShard,
     WeightsSpec,
 )
-from node.helpers import drain_reports, next_shard_state, shard_spec
 
 
 @pytest.fixture
@@ -114,3 +119,46 @@ async def test_remove_weights_refuses_files_in_use(tmp_path: Path, config: NodeC
         svc.weights.release(sha, "running-shard")
         assert (await svc.handle(RemoveWeights(id="r2", fencing_token=1, sha256=[sha]))).ok
         drain_reports(svc)
+
+
+async def test_stubborn_engine_gets_sigkill_after_the_grace_period(
+    tmp_path: Path, node_config: NodeConfig, fast_timing: Timing, caplog: pytest.LogCaptureFixture
+) -> None:
+    script = tmp_path / "stubborn"
+    script.write_text('#!/bin/sh\nif [ "$1" = "--version" ]; then echo "stubborn 1"; exit 0; fi\n'
+                      "trap '' TERM\nwhile true; do sleep 0.05; done\n")
+    script.chmod(0o755)
+    config = attrs.evolve(node_config, engines=[ConfiguredEngine(name="stubborn", path=str(script), version="1")])
+    spec = attrs.evolve(shard_spec("s", weights_file(tmp_path), free_port(), args=["{port}"]), engine="stubborn",
+                        engine_version="1")
+    async with open_node_service(config, timing=fast_timing) as svc:
+        assert (await svc.handle(StartShard(id="1", fencing_token=1, shard=spec))).ok
+        starting = await next_shard_state(svc, "s", lambda s: s.status == "starting")
+        assert starting.pid
+        with trio.fail_after(5):
+            assert (await svc.handle(StopShard(id="2", fencing_token=1, shard_id="s", grace_s=0.3))).ok
+            stopped = await next_shard_state(svc, "s", lambda s: s.status == "stopped")
+    assert stopped.status == "stopped"
+    assert start_ticks(starting.pid) is None
+    assert f"pid {starting.pid} did not stop within 0.3 s of SIGTERM; sending SIGKILL" in caplog.text
+
+
+async def test_version_that_hangs_is_cut_off(tmp_path: Path) -> None:
+    script = tmp_path / "hangs"
+    script.write_text("#!/bin/sh\nsleep 30\n")
+    script.chmod(0o755)
+    with pytest.raises(ProofError, match=r"hangs --version did not finish within 0\.3 s"):
+        await engine_version(script, time_limit=0.3)
+
+
+async def test_an_engine_on_path_is_not_reported(
+    tmp_path: Path, node_config: NodeConfig, fast_timing: Timing, monkeypatch: pytest.MonkeyPatch, fake_llama: Path
+) -> None:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "llama-server").symlink_to(fake_llama)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    async with open_node_service(node_config, timing=fast_timing) as svc:
+        # Found by chance is not installed: an empty list here means "has none".
+        assert svc.engine_states() == []
+        assert svc.hello().engines == []

@@ -12,15 +12,16 @@ from pathlib import Path
 import openai
 import pytest
 import trio
+from node.conftest import TAG
+from node.helpers import next_engine_state, next_shard_state, shard_spec
+from node.release_server import FileServer
+
 from llmgw_dev.engine_proc import free_port
 from llmgw_node.config import NodeConfig
 from llmgw_node.procs import start_ticks
 from llmgw_node.service import NodeService, open_node_service
 from llmgw_node.supervisor import Timing
 from llmgw_shared.wire import DrainShard, EngineSpec, SetEngines, ShardState, StartShard, StopShard, WeightsSpec
-from node.conftest import TAG
-from node.helpers import next_engine_state, next_shard_state, shard_spec
-from node.release_server import FileServer
 
 pytestmark = pytest.mark.engine
 

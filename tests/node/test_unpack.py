@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
 from llmgw_node.engines.unpack import UnsafeArchive, safe_unpack
 
 

@@ -9,9 +9,10 @@ from pathlib import Path
 import httpx2
 import pytest
 import trio
+from node.release_server import FileServer
+
 from llmgw_node.weights import WeightsCache, WeightsError
 from llmgw_shared.wire import WeightsSpec
-from node.release_server import FileServer
 
 DATA = os.urandom(3 << 20)
 SHA = hashlib.sha256(DATA).hexdigest()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from llmgw_shared.facts import GpuFacts, HostFacts, unprobed
 from llmgw_shared.wire import (
     PROTOCOL_VERSION,
@@ -139,3 +140,8 @@ def test_describe_uses_the_nodes_own_words() -> None:
     )
     assert EngineState("llama.cpp", "b1", "installed").describe() == "installed b1"
     assert EngineState("llama.cpp", "b1", "absent").describe() == "absent"
+
+
+def test_secrets_stay_out_of_repr() -> None:
+    assert "sk-shard-secret" not in repr(StartShard(id="c", fencing_token=1, shard=SPEC))
+    assert "llmgw-join-x" not in repr(EXAMPLES[0])

@@ -19,6 +19,10 @@ import ssl
 
 import attrs
 import trio
+from trio_websocket import ConnectionClosed, HandshakeError, WebSocketConnection, open_websocket_url
+
+from llmgw_node.probe import with_time_cleared
+from llmgw_node.service import NodeService
 from llmgw_shared.facts import HostFacts
 from llmgw_shared.logs import get_logger
 from llmgw_shared.wire import (
@@ -41,10 +45,6 @@ from llmgw_shared.wire import (
     decode,
     encode,
 )
-from trio_websocket import ConnectionClosed, HandshakeError, WebSocketConnection, open_websocket_url
-
-from llmgw_node.probe import with_time_cleared
-from llmgw_node.service import NodeService
 
 log = get_logger("llmgw.node.agent")
 

@@ -16,10 +16,6 @@ from typing import Any
 import attrs
 import httpx2
 import trio
-from llmgw_shared.facts import HostFacts
-from llmgw_shared.lifecycle import stop_on_signals
-from llmgw_shared.logs import get_logger, setup_logging
-from llmgw_shared.wire import EngineSpec, EngineState, converter
 
 from llmgw_node.agent import Agent
 from llmgw_node.config import ConfigError, NodeConfig, load_config
@@ -27,6 +23,10 @@ from llmgw_node.engines.manager import EngineManager
 from llmgw_node.engines.release import Platform
 from llmgw_node.probe import probe
 from llmgw_node.service import open_node_service
+from llmgw_shared.facts import HostFacts
+from llmgw_shared.lifecycle import stop_on_signals
+from llmgw_shared.logs import get_logger, setup_logging
+from llmgw_shared.wire import EngineSpec, EngineState, converter
 
 log = get_logger("llmgw.node.cli")
 DEFAULT_CONFIG = "/etc/llmgw/node.toml"

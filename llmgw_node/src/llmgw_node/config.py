@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+
 from llmgw_shared.config import ConfigError, load_toml, strict_converter, structure
 from llmgw_shared.wire import strict_collections
 

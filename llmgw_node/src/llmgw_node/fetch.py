@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx2
 import trio
+
 from llmgw_shared.logs import get_logger
 
 log = get_logger("llmgw.node.fetch")

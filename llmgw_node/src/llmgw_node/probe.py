@@ -15,6 +15,7 @@ from pathlib import Path
 
 import attrs
 import trio
+
 from llmgw_shared.facts import GpuFacts, HostFacts
 from llmgw_shared.logs import get_logger
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+
 from llmgw_shared.wire import ShardSpec, converter
 
 LOG_KEEP_BYTES = 8 << 20

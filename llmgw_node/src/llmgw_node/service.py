@@ -13,6 +13,13 @@ from contextlib import asynccontextmanager
 
 import httpx2
 import trio
+
+from llmgw_node.config import NodeConfig
+from llmgw_node.engines.manager import EngineManager
+from llmgw_node.engines.release import Platform
+from llmgw_node.probe import probe, with_time_cleared
+from llmgw_node.supervisor import ShardError, Supervisor, Timing
+from llmgw_node.weights import WeightsCache
 from llmgw_shared.facts import HostFacts, unprobed
 from llmgw_shared.logs import get_logger
 from llmgw_shared.wire import (
@@ -30,13 +37,6 @@ from llmgw_shared.wire import (
     StartShard,
     StopShard,
 )
-
-from llmgw_node.config import NodeConfig
-from llmgw_node.engines.manager import EngineManager
-from llmgw_node.engines.release import Platform
-from llmgw_node.probe import probe, with_time_cleared
-from llmgw_node.supervisor import ShardError, Supervisor, Timing
-from llmgw_node.weights import WeightsCache
 
 log = get_logger("llmgw.node.service")
 

@@ -25,12 +25,12 @@ from pathlib import Path
 import attrs
 import httpx2
 import trio
-from llmgw_shared.logs import get_logger
-from llmgw_shared.wire import ShardSpec, ShardState, ShardStatus
 
 from llmgw_node.engines.manager import EngineManager
 from llmgw_node.procs import ProcessRecord, StateFile, alive, open_log, signal_group, start_ticks, tail_lines
 from llmgw_node.weights import WeightsCache, WeightsError
+from llmgw_shared.logs import get_logger
+from llmgw_shared.wire import ShardSpec, ShardState, ShardStatus
 
 log = get_logger("llmgw.node.supervisor")
 

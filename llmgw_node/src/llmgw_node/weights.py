@@ -13,10 +13,10 @@ from pathlib import Path
 
 import httpx2
 import trio
-from llmgw_shared.logs import get_logger
-from llmgw_shared.wire import WeightsSpec
 
 from llmgw_node.fetch import FetchError, fetch, human_size, sha256_file
+from llmgw_shared.logs import get_logger
+from llmgw_shared.wire import WeightsSpec
 
 log = get_logger("llmgw.node.weights")
 

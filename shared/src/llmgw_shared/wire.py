@@ -100,8 +100,8 @@ class ShardSpec:
     engine_version: str
     weights: WeightsSpec
     port: int
-    # The engine must require this key; the router sends it. Never logged.
-    api_key: str
+    # The engine must require this key; the router sends it. Never logged (kept out of repr).
+    api_key: str = attrs.field(repr=False)
     args: list[str] = attrs.field(factory=list)
     env: dict[str, str] = attrs.field(factory=dict)
     # Seconds the engine gets to answer its health endpoint before the start counts as failed.
@@ -199,7 +199,7 @@ class ShardStateReport:
 class Hello:
     protocol_version: int
     node_id: str
-    join_token: str
+    join_token: str = attrs.field(repr=False)
     facts: HostFacts
     engines: list[EngineState]
     shards: list[ShardState]

@@ -23,14 +23,14 @@ from pathlib import Path
 import attrs
 import httpx2
 import trio
-from llmgw_shared.logs import get_logger
-from llmgw_shared.wire import LLAMA_CPP_RELEASES, EngineSpec, EngineState
 
 from llmgw_node.config import ConfiguredEngine
 from llmgw_node.engines import proof
 from llmgw_node.engines.release import Platform, ReleaseAsset, ReleaseError, choose_assets, parse_release
 from llmgw_node.engines.unpack import UnsafeArchive, safe_unpack
 from llmgw_node.fetch import FetchError, fetch, human_size
+from llmgw_shared.logs import get_logger
+from llmgw_shared.wire import LLAMA_CPP_RELEASES, EngineSpec, EngineState
 
 log = get_logger("llmgw.node.engines")
 

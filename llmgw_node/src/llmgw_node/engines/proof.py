@@ -6,12 +6,15 @@ config allows installing them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
 import trio
+
 from llmgw_shared.logs import get_logger
 
 log = get_logger("llmgw.node.engines.proof")
@@ -73,7 +76,7 @@ async def missing_libraries(binary: Path, time_limit: float = 30.0) -> list[str]
             result = await trio.run_process([ldd, str(binary)], capture_stdout=True, capture_stderr=True,
                                             check=False, env=_clean_env())
     except trio.TooSlowError:
-        raise ProofError(f"ldd {binary.name} did not finish within {time_limit:.0f} s") from None
+        raise ProofError(f"ldd {binary.name} did not finish within {time_limit:g} s") from None
     out = result.stdout.decode(errors="replace") + result.stderr.decode(errors="replace")
     if result.returncode != 0 and "not a dynamic executable" in out:
         return []
@@ -86,10 +89,10 @@ async def engine_version(binary: Path, args: list[str] | None = None, time_limit
     try:
         with trio.fail_after(time_limit):
             result = await trio.run_process(cmd, capture_stdout=True, capture_stderr=True, check=False,
-                                            stdin=subprocess.DEVNULL,
-                                            env=_clean_env(), start_new_session=True)
+                                            stdin=subprocess.DEVNULL, env=_clean_env(),
+                                            start_new_session=True, deliver_cancel=_kill_group)
     except trio.TooSlowError:
-        raise ProofError(f"{binary.name} --version did not finish within {time_limit:.0f} s") from None
+        raise ProofError(f"{binary.name} --version did not finish within {time_limit:g} s") from None
     except OSError as exc:
         raise ProofError(f"{binary.name} could not run: {exc.strerror or exc}") from None
     # llama-server prints its version on stderr; others use stdout. Look at both.
@@ -104,6 +107,12 @@ async def engine_version(binary: Path, args: list[str] | None = None, time_limit
     if lines:
         return lines[0]
     raise ProofError(f"{binary.name} --version printed nothing")
+
+
+async def _kill_group(proc: trio.Process) -> None:
+    # Whatever the binary forked must go too, not only the binary (it has its own session).
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _exit_text(code: int) -> str:
@@ -136,7 +145,7 @@ async def install_packages(manager: str, packages: list[str], time_limit: float 
                                             env=env)
     except trio.TooSlowError:
         what = f"{cmd[0]} install {' '.join(packages)}"
-        raise ProofError(f"{what} did not finish within {time_limit:.0f} s") from None
+        raise ProofError(f"{what} did not finish within {time_limit:g} s") from None
     if result.returncode != 0:
         last = result.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
         raise ProofError(f"{cmd[0]} install {' '.join(packages)} failed: {last[0]}")
