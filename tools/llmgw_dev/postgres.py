@@ -53,6 +53,15 @@ def find_bindir() -> Path:
     raise PostgresUnavailable(f"PostgreSQL server binaries (initdb, pg_ctl) not found; {INSTALL_HINT}")
 
 
+def _reachable_tmp() -> str:
+    """A temporary directory the ``postgres`` user can reach: $TMPDIR may sit under /root."""
+    base = Path(tempfile.gettempdir()).resolve()
+    for part in (base, *base.parents):
+        if not os.stat(part).st_mode & 0o001:  # no search permission for others
+            return "/tmp"
+    return str(base)
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -86,7 +95,7 @@ class PostgresServer:
             except KeyError:
                 raise PostgresUnavailable(f"running as root but there is no 'postgres' user; {INSTALL_HINT}") from None
             user = "postgres"
-        root = Path(tempfile.mkdtemp(prefix="llmgw-pg-"))
+        root = Path(tempfile.mkdtemp(prefix="llmgw-pg-", dir=_reachable_tmp() if user else None))
         server = cls(bindir, root, free_port(), user)
         try:
             server._init_and_start(timeout)
