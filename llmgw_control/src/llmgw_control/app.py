@@ -94,9 +94,7 @@ async def _build_fleet(config: ControlConfig, replicas: ReplicaSet, agent_url: s
 
     def on_command_failed(node_id: str, command: Any, error: str) -> None:
         if isinstance(command, StartShard) and reconciler_box:
-            record = reconciler_box[0].shards.get(command.shard.shard_id)
-            if record is not None:
-                record.status, record.detail = "failed", error
+            reconciler_box[0].mark_failed(command.shard.shard_id, f"node {node_id} refused the start: {error}")
 
     agents = AgentService(
         inventory, config=config.agents, token_digests=set(config.agents.join_token_digests),

@@ -141,6 +141,20 @@ class Reconciler:
             return f"replica {record.shard_id} on node {record.node_id} is {words}"
         return "no replica placed yet"
 
+    def mark_failed(self, shard_id: str, detail: str) -> None:
+        """A start failed (the node said so): back off from that node for this model, then retry."""
+        record = self.shards.get(shard_id)
+        if record is None or record.status == "failed":
+            return
+        record.status, record.detail = "failed", detail
+        attempts = self.failures.get((record.key, record.node_id), 0) + 1
+        self.failures[(record.key, record.node_id)] = attempts
+        delay = min(self.config.backoff_cap, self.config.backoff_base * 2 ** (attempts - 1))
+        self.backoff[(record.key, record.node_id)] = (self.clock() + delay, detail or "failed")
+        log.warning("replica %s of %s failed on node %s: %s (not retried there for %.0f s)", shard_id,
+                    record.key, record.node_id, detail, delay, extra={"model": record.key})
+        self.wake()
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         while True:
@@ -175,7 +189,7 @@ class Reconciler:
 
     def _absorb_reports(self, now: float) -> None:
         for node in self.inventory:
-            for state in node.shards.values():
+            for state in list(node.shards.values()):
                 record = self.shards.get(state.shard_id)
                 if record is None:
                     self._adopt(node, state.shard_id, state.status, state.port, now)
@@ -187,8 +201,7 @@ class Reconciler:
                     self.failures.pop((record.key, record.node_id), None)
                     log.info("replica %s of %s ready on node %s", record.shard_id, record.key, node.node_id)
                 if state.status == "failed" and record.status != "failed":
-                    log.warning("replica %s of %s failed on node %s: %s", record.shard_id, record.key,
-                                node.node_id, state.detail)
+                    self.mark_failed(record.shard_id, state.detail)
                 record.status = state.status
                 record.detail = state.detail
 
@@ -316,11 +329,6 @@ class Reconciler:
         if node is not None:
             node.shards.pop(record.shard_id, None)
         log.info("forgetting replica %s of %s: %s", record.shard_id, record.key, action.reason)
-        if record.status == "failed":
-            attempts = self.failures.get((record.key, record.node_id), 0) + 1
-            self.failures[(record.key, record.node_id)] = attempts
-            delay = min(self.config.backoff_cap, self.config.backoff_base * 2 ** (attempts - 1))
-            self.backoff[(record.key, record.node_id)] = (now + delay, record.detail or "failed")
 
     def _sync_router(self, now: float) -> None:
         for record in self.shards.values():
