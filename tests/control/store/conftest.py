@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+
 from llmgw_control.store import SqlStore, connect_store
 from llmgw_dev.postgres import PostgresServer, PostgresUnavailable
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import trio
+
 from llmgw_control.store import (
     PostgresStore,
     SqliteStore,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+
 from llmgw_control.store import InvalidInput, NotFound, SqlStore
 
 T0 = datetime(2026, 12, 1, 9, 30, 15, 250000, tzinfo=UTC)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from llmgw_control.store import Conflict, InvalidInput, NotFound, SqlStore, connect_store, latest_version
 
 DOC = {"profiles": [{"name": "default", "engine": "llama.cpp", "args": ["-c", "4096"]}], "replicas": 1}

@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 import trio
+
 from llmgw_control.store import STANDBY, LeaseKeeper, PostgresStore, Role
 from llmgw_dev.postgres import PostgresServer
 

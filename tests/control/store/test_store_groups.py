@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from llmgw_control.store import Conflict, InvalidInput, NotFound, Quota, SqlStore
 
 

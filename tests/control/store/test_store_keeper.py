@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 import attrs
 import pytest
 import trio
+
 from llmgw_control.store import STANDBY, LeaseGrant, LeaseInfo, LeaseKeeper, Role, StoreUnavailable
 
 TTL = 10.0

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import trio
 import trio.lowlevel
+
 from llmgw_control.store import Conflict, InvalidInput, NotFound, SqlStore
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import trio
+
 from llmgw_control.store import InvalidInput, SqlStore
 
 
@@ -85,3 +86,24 @@ async def test_bad_arguments(store: SqlStore) -> None:
     with pytest.raises(InvalidInput) as info:
         await store.lease.try_acquire("", "addr", ttl=1)
     assert info.value.field == "holder"
+
+
+async def test_keepers_over_the_real_lease(store_url: str) -> None:
+    """The LeaseKeeper over each backend's lease (SQLite is the single-daemon default)."""
+    from llmgw_control.store import LeaseKeeper, connect_store
+
+    async with await connect_store(store_url) as one, await connect_store(store_url) as two:
+        a = LeaseKeeper(one.lease, "a", "http://a", ttl=1.0, renew_interval=0.2)
+        b = LeaseKeeper(two.lease, "b", "http://b", ttl=1.0, renew_interval=0.2)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(a.run)
+            await nursery.start(b.run)
+            assert a.role.leader and a.role.epoch == 1
+            assert b.role.leader_address == "http://a"
+            await trio.sleep(1.5)  # several renewals, longer than the TTL
+            assert a.role.leader and a.role.epoch == 1 and not b.role.leader
+            assert await a.release()
+            with trio.fail_after(2):
+                role = await b.wait_leader()
+            assert role.epoch == 2
+            nursery.cancel_scope.cancel()

@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 import trio
+
 from llmgw_control.store import InvalidInput, SqlStore, Usage, UsageTotals
 
 H0 = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
