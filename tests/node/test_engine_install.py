@@ -217,3 +217,46 @@ async def test_malicious_archive_is_refused_and_staging_is_cleaned(tmp_path: Pat
     )
     assert not (tmp_path / "engines" / "llama.cpp").exists()
     assert not any((tmp_path / "engines" / ".staging").iterdir())
+
+
+def _fake_apt_get(tmp_path: Path, body: str) -> Path:
+    bindir = tmp_path / "fakebin"
+    bindir.mkdir()
+    script = bindir / "apt-get"
+    script.write_text("#!/bin/sh\necho \"$@\" >> \"$FAKE_APT_LOG\"\n" + body)
+    script.chmod(0o755)
+    return bindir
+
+
+@pytest.mark.parametrize("apt_works", [True, False])
+async def test_missing_library_is_installed_from_an_os_package_when_allowed(
+    tmp_path: Path, files: FileServer, engine_archive: tuple[str, bytes], monkeypatch: pytest.MonkeyPatch,
+    apt_works: bool,
+) -> None:
+    name, data = engine_archive
+    files.publish(TAG, {name: _archive_without(data, "libggml-cpu.so.0")})
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        member = tar.extractfile(f"llama-{TAG}/libggml-cpu.so.0")
+        assert member is not None
+        (tmp_path / "libggml-cpu.so.0").write_bytes(member.read())
+    # No real package provides this library and no test may change the system's libraries, so a
+    # fake apt-get "installs" the package by putting the library where the loader finds it.
+    body = ('cp "$FAKE_LIB" "$(dirname "$(find "$FAKE_DATA/engines/.staging" -name llama-server)")/"\n'
+            if apt_works else "echo 'E: Unable to locate package libggml-cpu-test' >&2\nexit 100\n")
+    bindir = _fake_apt_get(tmp_path, body)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_APT_LOG", str(tmp_path / "apt.log"))
+    monkeypatch.setenv("FAKE_LIB", str(tmp_path / "libggml-cpu.so.0"))
+    monkeypatch.setenv("FAKE_DATA", str(tmp_path / "data"))
+    seen: list[EngineState] = []
+    async with httpx2.AsyncClient() as client:
+        mgr = EngineManager(tmp_path / "data", client, CPU, allow_os_packages=True, on_change=seen.append,
+                            known_packages={"apt": {"libggml-cpu.so.0": "libggml-cpu-test"}})
+        state = await mgr.install(EngineSpec("llama.cpp", TAG, files.release_api()))
+    assert (tmp_path / "apt.log").read_text() == "install -y --no-install-recommends libggml-cpu-test\n"
+    assert "installing: installing OS packages: libggml-cpu-test" in [s.describe() for s in seen]
+    if apt_works:
+        assert state.describe() == f"installed {TAG}"
+    else:
+        assert state.describe() == ("failed: apt-get install libggml-cpu-test failed: "
+                                    "E: Unable to locate package libggml-cpu-test")

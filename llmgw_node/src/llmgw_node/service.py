@@ -62,7 +62,7 @@ class NodeService:
         data = config.data_path
         self._send, self.reports = trio.open_memory_channel[Report](REPORT_BUFFER)
         self.engines = EngineManager(
-            data, client, Platform(os="linux", arch="x86_64", cuda=False),
+            data, client, _platform(self.facts),
             configured=config.engines, allow_os_packages=config.allow_os_packages,
             on_change=self._engine_changed,
         )
@@ -116,7 +116,7 @@ class NodeService:
         facts = await probe(self.config.data_path)
         changed = with_time_cleared(facts) != with_time_cleared(self.facts)
         self.facts = facts
-        self.engines.platform = Platform(os="linux", arch=facts.arch, cuda=facts.nvidia_driver is not None)
+        self.engines.platform = _platform(facts)
         for warning in facts.warnings:
             log.warning(warning)
         return changed
@@ -168,6 +168,11 @@ class NodeService:
                 return f"kept {len(kept)} file(s) a running shard uses: {', '.join(k[:12] for k in kept)}"
             return ""
         return f"not a command: {type(command).__name__}"
+
+
+def _platform(facts: HostFacts) -> Platform:
+    # Until the first probe, assume the common case; run() probes before any install can start.
+    return Platform(os="linux", arch=facts.arch or "x86_64", cuda=facts.nvidia_driver is not None)
 
 
 @asynccontextmanager

@@ -36,6 +36,7 @@ log = get_logger("llmgw.node.supervisor")
 
 SHARD_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 FAILURE_LINES = 30
+KEEP_ENDED = 100
 
 
 class ShardError(Exception):
@@ -199,6 +200,12 @@ class Supervisor:
         if self._on_change is not None:
             self._on_change(state)
 
+    def _forget_old(self, keep: int = KEEP_ENDED) -> None:
+        """Ended shards stay visible (control may not have seen the end yet), but not forever."""
+        ended = [sid for sid, s in self._shards.items() if s.done.is_set()]
+        for sid in ended[:-keep] if len(ended) > keep else []:
+            del self._shards[sid]
+
     def _persist(self) -> None:
         records = []
         for shard in self._shards.values():
@@ -245,6 +252,7 @@ class Supervisor:
             # one to adopt: its record must stay. Only a shard that really ended leaves the file.
             if shard.state.status in ("stopped", "failed"):
                 self._persist()
+                self._forget_old()
 
     async def _prepare(self, shard: _Shard) -> Path | None:
         spec = shard.spec

@@ -62,6 +62,7 @@ class EngineManager:
         *,
         configured: list[ConfiguredEngine] | None = None,
         allow_os_packages: bool = False,
+        known_packages: dict[str, dict[str, str]] | None = None,
         on_change: Callable[[EngineState], None] | None = None,
         version_timeout: float = 20.0,
     ) -> None:
@@ -70,6 +71,8 @@ class EngineManager:
         self.platform = platform
         self.configured = list(configured or [])
         self.allow_os_packages = allow_os_packages
+        # Missing library -> OS package, per package manager (apt, dnf).
+        self.known_packages = known_packages if known_packages is not None else proof.KNOWN_PACKAGES
         self.version_timeout = version_timeout
         self._on_change = on_change
         self._states: dict[Key, EngineState] = {}
@@ -292,7 +295,7 @@ class EngineManager:
         manager = proof.package_manager()
         if not self.allow_os_packages or manager is None:
             return missing
-        packages, _unknown = proof.packages_for(missing, manager)
+        packages, _unknown = proof.packages_for(missing, manager, self.known_packages)
         if not packages:
             return missing
         if spec is not None:

@@ -126,9 +126,11 @@ def package_manager() -> str | None:
     return None
 
 
-def packages_for(missing: list[str], manager: str) -> tuple[list[str], list[str]]:
+def packages_for(
+    missing: list[str], manager: str, known: dict[str, dict[str, str]] | None = None
+) -> tuple[list[str], list[str]]:
     """(packages to install, libraries no known package provides)."""
-    table = KNOWN_PACKAGES.get(manager, {})
+    table = (KNOWN_PACKAGES if known is None else known).get(manager, {})
     packages = sorted({table[lib] for lib in missing if lib in table})
     unknown = [lib for lib in missing if lib not in table]
     return packages, unknown
