@@ -409,7 +409,8 @@ def main(argv: list[str] | None = None) -> int:
                     row = Row(mode, c, direct, via, gw_cpu, engine_cpu)
                     rows.append(row)
                     print(fmt_row(row), flush=True)
-    print("\ntargets:")
+    print(f"\nload average after the run {os.getloadavg()[0]:.2f}")
+    print("targets:")
     for line in check_targets(rows) or ["(pending: no gateway measured)"]:
         print("  " + line)
     if args.json:

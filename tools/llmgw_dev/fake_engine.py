@@ -153,10 +153,6 @@ def _error_body(status: int, message: str) -> bytes:
     return _dumps({"error": {"code": status, "message": message, "type": kind}}).encode()
 
 
-class _Disconnected(Exception):
-    pass
-
-
 class FakeEngineApp:
     """The ASGI application. One instance per running fake engine."""
 
