@@ -29,7 +29,7 @@ from .fleet.reconciler import Reconciler
 from .fleet.secret import default_data_dir, load_or_create_secret
 from .metrics import GatewayMetrics
 from .router.activator import Activator
-from .router.asgi import ClientApp
+from .router.asgi import ClientApp, serve_lifespan
 from .router.directory import FleetDirectory, ModelDirectory, StaticDirectory
 from .router.gateway import Gateway
 from .router.replicas import Replica, ReplicaSet
@@ -136,7 +136,10 @@ async def run_control(
                 agent_app_box: list[Any] = []
 
                 async def agent_app(scope: Any, receive: Any, send: Any) -> None:
-                    await agent_app_box[0](scope, receive, send)
+                    if scope["type"] == "lifespan":
+                        await serve_lifespan(receive, send)
+                    else:
+                        await agent_app_box[0](scope, receive, send)
 
                 agent_url = await nursery.start(partial(
                     serve, agent_app, config.agents.listen, name="agents",

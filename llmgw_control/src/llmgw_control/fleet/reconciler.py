@@ -121,6 +121,7 @@ class Reconciler:
         self.passes = 0
         # Replicas this reconciler published (the set may also hold static endpoints).
         self._published: set[str] = set()
+        self._blocked_logged: dict[str, tuple[str, float]] = {}
 
     # ------------------------------------------------------------------ outside API
 
@@ -182,10 +183,17 @@ class Reconciler:
                        backoff=self.backoff, now=now, limits=limits)
         self._apply(decided.actions, now)
         for key, reason in decided.blocked.items():
-            if self.blocked.get(key) != reason:
-                log.warning("model %s cannot be placed: %s", key, reason, extra={"model": key})
+            self._log_blocked(key, reason, now)
         self.blocked = decided.blocked
         self._sync_router(now)
+
+    def _log_blocked(self, key: str, reason: str, now: float) -> None:
+        """Say why a model waits, in the node's words, without a line for every percent of a download."""
+        gist = re.sub(r"[0-9.]+", "#", reason)
+        last_gist, last_time = self._blocked_logged.get(key, ("", -1e9))
+        if gist != last_gist or now - last_time >= 10:
+            self._blocked_logged[key] = (gist, now)
+            log.info("model %s waits: %s", key, reason, extra={"model": key})
 
     def _absorb_reports(self, now: float) -> None:
         for node in self.inventory:

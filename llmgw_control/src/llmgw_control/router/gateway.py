@@ -70,6 +70,8 @@ class Exchange:
         self.replica = ""
         self.stream = False
         self.upstream_seconds = 0.0
+        # Time held by the activator while a replica started: neither llmgw's work nor the engine's.
+        self.queued_seconds = 0.0
         self.ttft: float | None = None
         self.usage: Usage | None = None
         self.client_gone = False
@@ -78,12 +80,14 @@ class Exchange:
         self.complete = False
 
     def overhead(self) -> float:
-        return max(0.0, time.perf_counter() - self.started - self.upstream_seconds)
+        return max(0.0, time.perf_counter() - self.started - self.upstream_seconds - self.queued_seconds)
 
     def _headers(self, extra: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
         headers = [(b"x-request-id", self.request_id.encode())]
         if self.replica:
             headers.append((b"x-llmgw-replica", self.replica.encode()))
+        if self.queued_seconds:
+            headers.append((b"x-llmgw-queued-ms", f"{self.queued_seconds * 1000:.1f}".encode()))
         headers.append((b"x-llmgw-overhead-ms", f"{self.overhead() * 1000:.3f}".encode()))
         return extra + headers
 
@@ -240,7 +244,11 @@ class Gateway:
                 try:
                     if not self.replicas.for_model(key) and self.activator is not None:
                         # Inside the nursery, so a client that gives up stops waiting too.
-                        await self.activator.wait_ready(key)
+                        held = time.perf_counter()
+                        try:
+                            await self.activator.wait_ready(key)
+                        finally:
+                            exchange.queued_seconds = time.perf_counter() - held
                     await self._attempts(request, key, exchange)
                 except Exception as exc:
                     # Re-raised below the nursery, so callers see the error itself rather than

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from types import TracebackType
-from typing import Protocol
+from typing import Protocol, Self
 
 from ..router.errors import ApiError
 from .budget import GroupBudget, release, reserve, settle
@@ -69,7 +69,7 @@ class _TicketBase:
     def finished(self) -> bool:
         return self._done
 
-    def __enter__(self) -> _TicketBase:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
