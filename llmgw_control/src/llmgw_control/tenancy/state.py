@@ -23,6 +23,7 @@ import time
 from datetime import UTC, datetime
 
 import trio
+
 from llmgw_shared.logs import get_logger
 
 from ..router.errors import ApiError

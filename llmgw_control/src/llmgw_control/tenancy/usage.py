@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 
 import trio
+
 from llmgw_shared.logs import get_logger
 
 from ..store import Store, StoreError, Usage
