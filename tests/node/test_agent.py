@@ -66,11 +66,12 @@ async def test_refusal_names_the_leader_and_the_session_runs_there(
         await ws.aclose()  # the node must come back
 
     async with fake_control(leader) as leader_url, fake_control(standby) as standby_url:
-        config = attrs.evolve(node_config, control=[standby_url], reconnect_min_s=0.01, reconnect_max_s=0.05)
+        # A long backoff: going to the named leader, and back after a lost session, must not wait.
+        config = attrs.evolve(node_config, control=[standby_url], reconnect_min_s=10, reconnect_max_s=10)
         async with open_node_service(config, timing=fast_timing) as svc, trio.open_nursery() as nursery:
             agent = Agent(svc, timing=AgentTiming(connect_timeout=5))
             nursery.start_soon(agent.run)
-            with trio.fail_after(20):
+            with trio.fail_after(4):
                 await done.wait()
             nursery.cancel_scope.cancel()
 

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import attrs
 import openai
 import pytest
 import trio
@@ -208,3 +209,18 @@ async def test_a_reused_pid_is_not_mistaken_for_the_engine(
         weights="/nonexistent", log="/dev/null", spec=spec)])
     async with installed_node(node_config, files, engine_archive, fast_timing) as svc:
         assert svc.shard_states() == []
+
+
+async def test_periodic_recheck_repairs_a_broken_install(
+    node_config: NodeConfig, files: FileServer, engine_archive: tuple[str, bytes], fast_timing: Timing,
+) -> None:
+    config = attrs.evolve(node_config, recheck_interval_s=0.3)
+    async with installed_node(config, files, engine_archive, fast_timing) as svc:
+        binary = svc.engines.binary("llama.cpp", TAG)
+        assert binary is not None
+        await trio.Path(binary.with_name("libggml.so.0")).unlink()
+        broken = await next_engine_state(svc, lambda s: s.status == "failed")
+        assert broken.describe() == "failed: re-check: missing library: libggml.so.0"
+        repaired = await next_engine_state(svc, lambda s: s.status in ("installed", "failed"))
+        assert repaired.describe() == f"installed {TAG}"
+        assert await trio.Path(binary.with_name("libggml.so.0")).exists()

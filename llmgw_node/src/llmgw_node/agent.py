@@ -109,6 +109,8 @@ class Agent:
         self._sent_shards: dict[str, ShardState] = {}
         self._sent_facts: HostFacts | None = None
         self._seq = 0
+        self._redirect = ""
+        self._welcomed = False
 
     async def run(self) -> None:
         if not self.urls:
@@ -125,19 +127,23 @@ class Agent:
         queue = list(self.urls)
         while True:
             url = queue.pop(0)
-            welcomed = False
+            self._welcomed = False
             try:
-                welcomed = await self._session(url)
+                await self._session(url)
             except SessionEnded as exc:
                 self.status.last_error = str(exc)
                 log.warning("control %s: %s", url, exc)
             finally:
                 self.status.connected_to = ""
                 self.status.touch()
-            if welcomed:
+            if self._welcomed:
                 # It worked until it did not: start over from the one that worked, promptly.
                 attempt = 0
                 queue = [url, *[u for u in self.urls if u != url]]
+            elif self._redirect:
+                # A standby named the leader: go there now, not after a backoff.
+                queue = [self._redirect, *[u for u in queue if u != self._redirect]]
+                self._redirect = ""
             if not queue:
                 queue = list(self.urls)
                 delay = backoff_delay(attempt, cfg.reconnect_min_s, cfg.reconnect_max_s, self.rng)
@@ -147,14 +153,14 @@ class Agent:
 
     # ------------------------------------------------------------------ one connection
 
-    async def _session(self, url: str) -> bool:
-        """Run one connection; return True if control welcomed us. Raise SessionEnded with why."""
+    async def _session(self, url: str) -> None:
+        """Run one connection until it ends; raise SessionEnded saying why."""
         t = self.timing
         try:
             async with open_websocket_url(url, self.ssl_context, message_queue_size=64,
                                           max_message_size=MAX_FRAME, connect_timeout=t.connect_timeout,
                                           disconnect_timeout=t.disconnect_timeout) as ws:
-                return await self._converse(url, ws)
+                await self._converse(url, ws)
         except HandshakeError as exc:
             raise SessionEnded(f"could not connect: {exc}") from None
         except ConnectionClosed as exc:
@@ -162,7 +168,7 @@ class Agent:
         except OSError as exc:
             raise SessionEnded(f"could not connect: {exc.strerror or exc}") from None
 
-    async def _converse(self, url: str, ws: WebSocketConnection) -> bool:
+    async def _converse(self, url: str, ws: WebSocketConnection) -> None:
         hello = self.svc.hello()
         await ws.send_message(encode(hello))
         try:
@@ -176,8 +182,9 @@ class Agent:
             self.status.last_refusal = reply.reason
             log.warning("control %s refused this node: %s", url, reply.reason)
             if reply.leader and reply.leader != url:
-                # Try the leader it named next, before the rest of the list.
+                # Try the leader it named next, before the rest of the list (and remember it).
                 self.urls = [reply.leader, *[u for u in self.urls if u != reply.leader]]
+                self._redirect = reply.leader
                 raise SessionEnded(f"refused ({reply.reason}); leader is {reply.leader}")
             raise SessionEnded(f"refused: {reply.reason}")
         if not isinstance(reply, Welcome):
@@ -187,6 +194,7 @@ class Agent:
         self._sent_engines = {(e.name, e.version): e for e in hello.engines}
         self._sent_shards = {s.shard_id: s for s in hello.shards}
         self._sent_facts = with_time_cleared(hello.facts)
+        self._welcomed = True
         self.status.connected_to = url
         self.status.sessions += 1
         self.status.touch()
@@ -210,7 +218,6 @@ class Agent:
             raise SessionEnded(str(first)) from None
         finally:
             self._outbound = None
-        return True
 
     async def _watchdog(self, last_heard: list[float], limit: float) -> None:
         while True:

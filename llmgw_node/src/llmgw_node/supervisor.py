@@ -406,8 +406,8 @@ class Supervisor:
                     self._set(shard, "draining", "waiting for requests in flight")
                     await self._drain(shard, shard.drain_timeout, exited)
                 grace = shard.stop_grace if shard.stop_grace is not None else self.timing.stop_grace
-                self._set(shard, "draining" if shard.drain_timeout is not None else shard.state.status,
-                          "stopping")
+                # "draining" while it stops, so nothing treats a stopping engine as ready.
+                self._set(shard, "draining", "stopping")
                 await self._terminate(shard.pid, shard.ticks, shard.process, grace)
                 nursery.cancel_scope.cancel()
                 self._set(shard, "stopped", "")

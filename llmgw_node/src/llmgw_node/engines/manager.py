@@ -337,6 +337,11 @@ class EngineManager:
             if state.status == "failed" and key in self._wanted:
                 log.warning("engine %s %s broke since it was installed; reinstalling", *key)
                 await self.install(self._wanted[key])
+        # Installs that failed earlier get another try each round: a mirror may be back, a
+        # release may have been fixed. The re-check interval is the backoff.
+        for key, spec in sorted(self._wanted.items()):
+            if self.state(*key).status == "failed" and spec.name in ARCHIVE_ENGINES:
+                await self.install(spec)
         for eng in self.configured:
             await self._prove_configured(eng)
 
