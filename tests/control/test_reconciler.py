@@ -110,14 +110,14 @@ def test_an_idle_replica_is_withdrawn_then_drained() -> None:
 
 
 def test_min_replicas_are_kept_without_traffic() -> None:
-    reconciler, dispatcher, inventory, replicas, clock = make(idle=1, min_replicas=1)
+    reconciler, dispatcher, inventory, _, clock = make(idle=1, min_replicas=1)
     add_node(inventory, dispatcher, clock, "n1")
     reconciler.reconcile_once()
     assert [type(c) for _, c in dispatcher.take()] == [StartShard]
 
 
 def test_a_failed_start_backs_off_and_moves_to_another_node() -> None:
-    reconciler, dispatcher, inventory, replicas, clock = make()
+    reconciler, dispatcher, inventory, _, clock = make()
     n1 = add_node(inventory, dispatcher, clock, "n1")
     reconciler.waiting["m:cpu"] = 1
     reconciler.reconcile_once()
@@ -185,7 +185,7 @@ def test_unknown_shards_are_stopped() -> None:
 
 
 def test_status_explains_why_nothing_runs() -> None:
-    reconciler, dispatcher, inventory, _, clock = make()
+    reconciler, *_ = make()
     reconciler.waiting["m:cpu"] = 1
     reconciler.reconcile_once()
     assert reconciler.status("m:cpu") == "no node is connected and schedulable"
