@@ -1,0 +1,95 @@
+"""The refresh task: a store outage keeps the last known keys serving; loading waits for the store."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+import trio
+from control.tenancy.support import SECRET, FakeClock, bearer, make_tenancy, make_tree
+
+from llmgw_control.router.errors import ApiError
+from llmgw_control.store import Revisions, SqliteStore, Store, StoreUnavailable
+from llmgw_control.tenancy import KeyDigester, TenancyAdmission, TenancyState, UsageAccumulator
+
+
+class FlakyStore:
+    """A real store whose reads can be made to fail, as when the database goes away."""
+
+    def __init__(self, inner: SqliteStore) -> None:
+        self.inner = inner
+        self.down = False
+
+    async def revisions(self) -> Revisions:
+        if self.down:
+            raise StoreUnavailable("connection refused")
+        return await self.inner.revisions()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_outage_keeps_serving_and_logs_once(
+    db_path: Path, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    writer = await make_tenancy(db_path, clock)
+    reader_store = await SqliteStore.open(db_path, clock=clock)
+    flaky = FlakyStore(reader_store)
+    state = TenancyState(cast(Store, flaky), KeyDigester(SECRET), clock=clock, poll_interval=0.01)
+    admission = TenancyAdmission(state, UsageAccumulator())
+    try:
+        tree = await make_tree(writer.service)
+        key = await writer.service.create_key(name="k", group_id=tree.org)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(state.run)
+            admission.admit(bearer(key.secret), "m", estimated_tokens=1).release()
+            with caplog.at_level(logging.WARNING, logger="llmgw.tenancy"):
+                flaky.down = True
+                await trio.sleep(0.1)  # about ten failed polls
+            assert caplog.text.count("cannot refresh") == 1
+            admission.admit(bearer(key.secret), "m", estimated_tokens=1).release()  # still served
+            await writer.service.revoke_key(key.key.id)
+            flaky.down = False
+            with trio.fail_after(1):
+                while True:
+                    try:
+                        admission.admit(bearer(key.secret), "m", estimated_tokens=1).release()
+                    except ApiError:
+                        break
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+    finally:
+        await reader_store.aclose()
+        await writer.store.aclose()
+
+
+async def test_run_returns_only_once_loaded(db_path: Path, clock: FakeClock, autojump_clock: trio.abc.Clock) -> None:
+    inner = await SqliteStore.open(db_path, clock=clock)
+    flaky = FlakyStore(inner)
+    flaky.down = True
+    state = TenancyState(cast(Store, flaky), KeyDigester(SECRET), clock=clock)
+    admission = TenancyAdmission(state, UsageAccumulator())
+    try:
+        started = trio.Event()
+        async with trio.open_nursery() as nursery:
+
+            async def start() -> None:
+                await nursery.start(state.run)
+                started.set()
+
+            nursery.start_soon(start)
+            await trio.sleep(5)
+            assert not state.loaded
+            with pytest.raises(ApiError) as info:
+                admission.admit(None, "m", estimated_tokens=1)
+            assert info.value.status == 503  # never "open" because the store is down
+            flaky.down = False
+            # No deadline here: the fake clock jumps whenever the store's thread is busy.
+            await started.wait()
+            assert state.loaded
+            admission.admit(None, "m", estimated_tokens=1).release()  # no keys: open, and known to be
+            nursery.cancel_scope.cancel()
+    finally:
+        await inner.aclose()
