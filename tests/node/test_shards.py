@@ -224,3 +224,25 @@ async def test_periodic_recheck_repairs_a_broken_install(
         repaired = await next_engine_state(svc, lambda s: s.status in ("installed", "failed"))
         assert repaired.describe() == f"installed {TAG}"
         assert await trio.Path(binary.with_name("libggml.so.0")).exists()
+
+
+async def test_shard_started_while_its_engine_installs_waits_then_runs(
+    node_config: NodeConfig, files: FileServer, engine_archive: tuple[str, bytes], tiny_model: Path,
+    fast_timing: Timing,
+) -> None:
+    name, data = engine_archive
+    files.publish(TAG, {name: data})
+    async with open_node_service(node_config, timing=fast_timing) as svc:
+        ack = await svc.handle(SetEngines(id="e", fencing_token=1,
+                                          engines=[EngineSpec("llama.cpp", TAG, files.release_api())]))
+        assert ack.ok
+        spec = shard_spec("early", served_weights(files, tiny_model), free_port())
+        ack = await svc.handle(StartShard(id="s", fencing_token=1, shard=spec))
+        assert ack.ok, ack.error
+        seen: list[ShardState] = []
+        ready = await next_shard_state(svc, "early", lambda s: s.status in ("ready", "failed"), seen=seen)
+        assert ready.status == "ready", ready.describe()
+        waiting = [s.detail for s in seen if s.status == "pending"]
+        # The node says, in its own words, what the shard waits for.
+        assert waiting and waiting[0].startswith("waiting for engine: installing: ")
+        await svc.stop_engines()

@@ -262,8 +262,12 @@ class Supervisor:
                 state = self.engines.state(spec.engine, spec.engine_version)
                 if state.status != "installing":
                     break
+                if shard.stop_requested.is_set():
+                    self._set(shard, "stopped", "stopped before it started")
+                    return None
                 self._set(shard, "pending", f"waiting for engine: {state.describe()}")
-                await trio.sleep(0.5)
+                with trio.move_on_after(0.5):
+                    await shard.stop_requested.wait()
         if self.engines.binary(spec.engine, spec.engine_version) is None:
             state = self.engines.state(spec.engine, spec.engine_version)
             self._set(shard, "failed", f"engine {spec.engine} {spec.engine_version}: {state.describe()}")

@@ -178,14 +178,18 @@ class EngineManager:
                     self._set(EngineState(name=spec.name, version=spec.version, status="failed",
                                           detail=f"unknown engine {spec.name!r}: name it in the node's "
                                                  "config by path"))
-        return [s for s in todo if s.name in ARCHIVE_ENGINES]
+        todo = [s for s in todo if s.name in ARCHIVE_ENGINES]
+        for spec in todo:
+            # Installing from this moment, so a start_shard right behind set_engines waits for it.
+            self._progress(spec, "queued")
+        return todo
 
     async def install(self, spec: EngineSpec) -> EngineState:
         """Install and prove ``spec``; the returned (and reported) state says how it went."""
         key = (spec.name, spec.version)
         async with self._lock(key):
             current = self.state(*key)
-            if current.status == "installed" and key in self._installed:
+            if current.status in ("installed", "configured") and key in self._installed:
                 return current
             try:
                 binary, line = await self._install(spec)
