@@ -12,7 +12,7 @@ from control.tenancy.support import SECRET, FakeClock, bearer, make_tenancy, mak
 
 from llmgw_control.router.errors import ApiError
 from llmgw_control.store import Revisions, SqliteStore, Store, StoreUnavailable
-from llmgw_control.tenancy import KeyDigester, TenancyAdmission, TenancyState, UsageAccumulator
+from llmgw_control.tenancy import KeyDigester, TenancyAdmission, TenancyService, TenancyState, UsageAccumulator
 
 
 class FlakyStore:
@@ -91,5 +91,26 @@ async def test_run_returns_only_once_loaded(db_path: Path, clock: FakeClock, aut
             assert state.loaded
             admission.admit(None, "m", estimated_tokens=1).release()  # no keys: open, and known to be
             nursery.cancel_scope.cancel()
+    finally:
+        await inner.aclose()
+
+
+async def test_a_committed_write_is_not_reported_as_failed_when_the_reload_fails(
+    db_path: Path, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    inner = await SqliteStore.open(db_path, clock=clock)
+    flaky = FlakyStore(inner)
+    state = TenancyState(cast(Store, flaky), KeyDigester(SECRET), clock=clock)
+    service = TenancyService(cast(Store, flaky), state)
+    try:
+        await state.load()
+        flaky.down = True
+        with caplog.at_level(logging.WARNING, logger="llmgw.tenancy"):
+            group = await service.create_group("org")
+        assert "next poll" in caplog.text
+        assert [g.id for g in await inner.list_groups()] == [group.id]
+        flaky.down = False
+        await state.refresh()
+        assert group.id in state.tree
     finally:
         await inner.aclose()

@@ -70,3 +70,38 @@ def test_day_counter_resets_at_utc_midnight_only_forwards() -> None:
     day.add(midnight + 1, 7)
     # A clock that steps back over midnight does not wipe (or restore) anything.
     assert day.total(midnight - 5) == 7
+
+
+def test_sliding_window_matches_a_naive_model() -> None:
+    """Random adds, removes and time steps (some backwards) against a plain list of events."""
+    import random
+
+    rng = random.Random(1)
+    w = SlidingWindow()
+    events: list[list[int]] = []  # [bucket second, amount]: what the window should hold
+    now = T0
+    for _ in range(5000):
+        now = max(T0, now + rng.choice([0.0, 0.3, 1.7, 7.0, 25.0, 61.0, -2.0]))
+        action = rng.random()
+        if action < 0.5:
+            amount = rng.randint(0, 50)
+            second = w.add(now, amount)
+            # The model: a new bucket unless the newest is this second or later.
+            newest = max((e[0] for e in events), default=None)
+            assert second == (int(now) if newest is None or newest < int(now) else newest)
+            events.append([second, amount])
+        elif action < 0.7 and events:
+            event = rng.choice(events)
+            taken = rng.randint(0, 60)
+            before = w.total(now)
+            w.remove(event[0], taken)
+            in_window = [e for e in events if e[0] == event[0] and e[0] >= int(now) - 60]
+            expected = min(taken, sum(e[1] for e in in_window)) if in_window else 0
+            assert before - w.total(now) == expected
+            for e in in_window:
+                use = min(e[1], expected)
+                e[1] -= use
+                expected -= use
+        expected_total = sum(a for s, a in events if s >= int(now) - 60)
+        assert w.total(now) == expected_total
+        events = [e for e in events if e[0] >= int(now) - 60]

@@ -13,6 +13,8 @@ from datetime import UTC, datetime
 
 import attrs
 
+from llmgw_shared.logs import get_logger
+
 from ..store import (
     UNSET,
     ApiKey,
@@ -20,6 +22,7 @@ from ..store import (
     InvalidInput,
     Quota,
     Store,
+    StoreError,
     Unset,
     Usage,
     UsageTotals,
@@ -27,6 +30,8 @@ from ..store import (
 from .keys import new_key_secret
 from .state import TenancyState
 from .usage import UsageAccumulator, merge
+
+log = get_logger("llmgw.tenancy")
 
 QUOTA_FIELDS = tuple(f.name for f in attrs.fields(Quota))
 
@@ -70,11 +75,19 @@ class TenancyService:
         self.state = state
         self.usage = usage
 
+    async def _refresh(self) -> None:
+        """Show this daemon the write at once. The write has committed by now: a failing refresh
+        must not turn it into an error for the caller, and the next poll will catch up."""
+        try:
+            await self.state.refresh()
+        except StoreError as exc:
+            log.warning("changed the store, but could not reload tenancy yet (the next poll will): %s", exc)
+
     # --- groups -----------------------------------------------------------------------------
 
     async def create_group(self, name: str, parent_id: str | None = None) -> Group:
         group = await self.store.create_group(name, parent_id)
-        await self.state.refresh()
+        await self._refresh()
         return group
 
     async def update_group(
@@ -82,12 +95,12 @@ class TenancyService:
     ) -> Group:
         """Rename and/or move a group. A moved group's history stays with its old ancestors."""
         group = await self.store.update_group(group_id, name=name, parent_id=parent_id)
-        await self.state.refresh()
+        await self._refresh()
         return group
 
     async def delete_group(self, group_id: str) -> None:
         await self.store.delete_group(group_id)
-        await self.state.refresh()
+        await self._refresh()
 
     async def get_group(self, group_id: str) -> Group:
         return await self.store.get_group(group_id)
@@ -116,7 +129,7 @@ class TenancyService:
             name=name, group_id=group_id, digest=self.state.digester.digest(secret), models=models, admin=admin,
             expires_at=expires_at,
         )
-        await self.state.refresh()
+        await self._refresh()
         return CreatedKey(key, secret)
 
     async def update_key(
@@ -133,18 +146,18 @@ class TenancyService:
             _aware("expires_at", expires_at)
         key = await self.store.update_key(
             key_id, name=name, group_id=group_id, models=models, admin=admin, expires_at=expires_at)
-        await self.state.refresh()
+        await self._refresh()
         return key
 
     async def revoke_key(self, key_id: str) -> ApiKey:
         """Revoke a key: refused here at once, on every other daemon within one poll."""
         key = await self.store.revoke_key(key_id)
-        await self.state.refresh()
+        await self._refresh()
         return key
 
     async def delete_key(self, key_id: str) -> None:
         await self.store.delete_key(key_id)
-        await self.state.refresh()
+        await self._refresh()
 
     async def get_key(self, key_id: str) -> ApiKey:
         return await self.store.get_key(key_id)
@@ -158,12 +171,12 @@ class TenancyService:
         """Create or replace a group's limits (a ``Quota`` or its JSON form)."""
         parsed = parse_quota(attrs.asdict(quota) if isinstance(quota, Quota) else quota)
         stored = await self.store.set_quota(group_id, parsed)
-        await self.state.refresh()
+        await self._refresh()
         return stored
 
     async def delete_quota(self, group_id: str) -> None:
         await self.store.delete_quota(group_id)
-        await self.state.refresh()
+        await self._refresh()
 
     async def get_quota(self, group_id: str) -> Quota | None:
         return await self.store.get_quota(group_id)
