@@ -253,3 +253,16 @@ async def test_foreign_key_secret_is_reported(
         assert _refused(b, bearer(key.secret)).code == "invalid_api_key"
     finally:
         await b.store.aclose()
+
+
+async def test_a_zero_limit_pauses_a_group(tenancy: Tenancy) -> None:
+    tree = await make_tree(tenancy.service)
+    key = await tenancy.service.create_key(name="k", group_id=tree.project)
+    for limit in ("requests_per_minute", "tokens_per_minute", "tokens_per_day", "concurrent_requests"):
+        await tenancy.service.set_quota(tree.team, {limit: 0})
+        error = _refused(tenancy, bearer(key.secret))
+        assert (error.status, error.code) == (429, "insufficient_quota"), limit
+        assert "org/team" in error.message and "limit is 0" in error.message
+        assert not any(name == "retry-after" for name, _ in error.headers)
+    await tenancy.service.delete_quota(tree.team)
+    tenancy.admission.admit(bearer(key.secret), "m", estimated_tokens=10).release()

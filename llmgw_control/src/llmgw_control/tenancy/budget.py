@@ -93,7 +93,8 @@ class GroupBudget:
         return found
 
     def _refusal(self, limit_name: str, limit: int, used: int, requested: int, wait: float | None) -> Refusal:
-        retry = None if wait is None else max(1, math.ceil(wait))
+        # A limit of 0 pauses the group for that kind: no wait helps, and the message says so.
+        retry = None if wait is None or limit == 0 else max(1, math.ceil(wait))
         return Refusal(self.group_id, self.label, limit_name, limit, used, requested, retry)
 
 
@@ -101,8 +102,8 @@ class GroupBudget:
 class Refusal:
     """Why a request was refused: which group, which limit, and when a retry may succeed.
 
-    ``retry_after`` is None when no retry can succeed (the request alone asks for more tokens
-    than the limit allows).
+    ``retry_after`` is None when no retry can succeed: the request alone asks for more tokens
+    than the limit allows, or the limit is 0 (the group is paused for that kind).
     """
 
     group_id: str
@@ -115,6 +116,12 @@ class Refusal:
 
     def to_api_error(self) -> ApiError:
         what = self.limit_name.replace("_", " ")
+        if self.limit == 0:
+            return ApiError(
+                429,
+                f"Group '{self.group_label}' allows no {what.split(' per ')[0]} at present (its {what} limit is 0).",
+                code="insufficient_quota",
+            )
         if self.retry_after is None:
             return ApiError(
                 429,
