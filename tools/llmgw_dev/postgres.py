@@ -80,6 +80,7 @@ class PostgresServer:
         self.host = "127.0.0.1"
         self._user = user
         self._running = False
+        self._server_version: int | None = None
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -204,8 +205,19 @@ class PostgresServer:
         """Create an empty database and return its URL."""
         if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", name):
             raise ValueError(f"database name {name!r} must be a lower-case SQL identifier")
-        self.execute(f"CREATE DATABASE {name}")
+        # FILE_COPY (PostgreSQL 15+) copies the small template in one go; the default WAL_LOG
+        # strategy logs it block by block and is about twice as slow here.
+        strategy = " STRATEGY FILE_COPY" if self._version() >= 150000 else ""
+        self.execute(f"CREATE DATABASE {name}{strategy}")
         return self.url(name)
+
+    def _version(self) -> int:
+        if self._server_version is None:
+            import psycopg
+
+            with psycopg.connect(self.url(), autocommit=True, connect_timeout=5) as conn:
+                self._server_version = conn.info.server_version
+        return self._server_version
 
     def drop_database(self, name: str) -> None:
         if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", name):

@@ -49,6 +49,24 @@ class _SqliteTx:
         return self._execute(sql, params).rowcount
 
 
+def _enable_wal(conn: sqlite3.Connection, patience: float) -> tuple[object, ...] | None:
+    """Switch to WAL, retrying while another connection holds the file.
+
+    Entering WAL needs an exclusive lock, and SQLite may answer "database is locked" at once
+    instead of calling the busy handler (to avoid a lock-upgrade deadlock): seen when daemons
+    open a fresh file together.
+    """
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            row: tuple[object, ...] | None = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+            return row
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)  # in the opening worker thread, not the trio loop
+
+
 class SqliteBackend:
     dialect = "sqlite"
 
@@ -70,7 +88,7 @@ class SqliteBackend:
                 # transactions do not cover DDL and cannot do BEGIN IMMEDIATE).
                 conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
                 conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
-                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+                mode = _enable_wal(conn, busy_timeout)
                 # NORMAL is durable against a crash of the process in WAL mode; only a power
                 # loss can drop the last transactions (see docs/store.md).
                 conn.execute("PRAGMA synchronous = NORMAL")
