@@ -266,3 +266,14 @@ async def test_a_zero_limit_pauses_a_group(tenancy: Tenancy) -> None:
         assert not any(name == "retry-after" for name, _ in error.headers)
     await tenancy.service.delete_quota(tree.team)
     tenancy.admission.admit(bearer(key.secret), "m", estimated_tokens=10).release()
+
+
+async def test_a_dropped_ticket_gives_its_slot_back(tenancy: Tenancy, caplog: pytest.LogCaptureFixture) -> None:
+    tree = await make_tree(tenancy.service)
+    await tenancy.service.set_quota(tree.team, Quota(concurrent_requests=1))
+    key = await tenancy.service.create_key(name="k", group_id=tree.project)
+    with caplog.at_level(logging.WARNING, logger="llmgw.tenancy"):
+        tenancy.admission.admit(bearer(key.secret), "m", estimated_tokens=10)  # a caller bug: never finished
+    assert "dropped without settle or release" in caplog.text
+    assert tenancy.state.budget(tree.team).in_flight == 0
+    tenancy.admission.admit(bearer(key.secret), "m", estimated_tokens=10).release()

@@ -32,11 +32,12 @@ async def _first_life(db_path: Path, clock: FakeClock, quotas: dict[str, Quota],
             for tokens in spend:
                 ticket = t.admission.admit(bearer(key.secret), "m", estimated_tokens=tokens)
                 ticket.settle(tokens // 2, tokens - tokens // 2)
-            t.admission.admit(bearer(key.secret), "m", estimated_tokens=50)  # in flight when we stop
+            held = t.admission.admit(bearer(key.secret), "m", estimated_tokens=50)  # in flight when we stop
             nursery.cancel_scope.cancel()  # shutdown: the flusher writes what is pending
-        return key.key.id, tree.org
     finally:
         await t.store.aclose()
+    held.release()  # the process is "gone": its reservation must not reach the next life anyway
+    return key.key.id, tree.org
 
 
 async def _second_life(db_path: Path, clock: FakeClock) -> tuple[Tenancy, str]:

@@ -17,15 +17,20 @@ pattern above can never count a request twice or give back more than it took.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from types import TracebackType
 from typing import Protocol, Self
+
+from llmgw_shared.logs import get_logger
 
 from ..router.errors import ApiError
 from .budget import GroupBudget, release, reserve, settle
 from .state import TenancyState
 from .usage import UsageAccumulator
 from .windows import Clock
+
+log = get_logger("llmgw.tenancy")
 
 
 class Ticket(Protocol):
@@ -122,6 +127,17 @@ class TenancyTicket(_TicketBase):
             return
         self._done = True
         release(self._chain, self._estimated, self._seconds)
+
+    def __del__(self) -> None:
+        # A safety net, not the protocol: a ticket dropped unfinished (a bug in the caller)
+        # would otherwise hold its concurrency slot and reservation for the life of the daemon,
+        # the classic "limit stuck at full" bug. CPython frees it as the last reference goes.
+        if not self._done:
+            self.release()
+            # At interpreter exit logging may be gone; the release is what matters.
+            with contextlib.suppress(Exception):
+                log.warning("an admission ticket was dropped without settle or release; released it",
+                            extra={"key_id": self.key_id, "group_id": self.group_id, "model": self.model})
 
 
 class OpenAdmission:
