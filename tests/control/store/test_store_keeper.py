@@ -1,6 +1,7 @@
-"""LeaseKeeper on a fake lease in fake time (autojump_clock): roles, takeover, stepping down.
+"""LeaseKeeper on ``store.testing.MemoryLease`` in fake time (autojump_clock): roles, takeover,
+stepping down.
 
-The fake keeps the lease's expiry on trio's clock, so "never leader past the lease" can be
+The memory lease keeps the lease's expiry on trio's clock, so "never leader past the lease" can be
 checked exactly: a monitor samples the keepers and fails if one believes it leads while the
 lease row says otherwise.
 """
@@ -9,92 +10,23 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
 
-import attrs
 import pytest
 import trio
 
-from llmgw_control.store import STANDBY, LeaseGrant, LeaseInfo, LeaseKeeper, Role, StoreUnavailable
+from llmgw_control.store import STANDBY, LeaseKeeper, Role
+from llmgw_control.store.testing import LeaseRow, MemoryLease
 
 TTL = 10.0
 RENEW = 3.0
 
 
-@attrs.define
-class FakeDb:
-    """The lease row, judged by trio's clock."""
-
-    holder: str | None = None
-    address: str | None = None
-    epoch: int = 0
-    expires: float = 0.0
-
-    def live(self) -> bool:
-        return self.holder is not None and trio.current_time() < self.expires
-
-
-def _grant(db: FakeDb) -> LeaseGrant:
-    return LeaseGrant(epoch=db.epoch, expires_at=datetime.fromtimestamp(db.expires, UTC))
-
-
-class FakeLease:
-    """One daemon's connection to the fake row; ``hang``/``fail`` break only this connection."""
-
-    def __init__(self, db: FakeDb) -> None:
-        self.db = db
-        self.hang = False
-        self.fail = False
-        self.calls = 0
-
-    async def _gate(self) -> None:
-        self.calls += 1
-        await trio.sleep(0.001)  # a round trip
-        if self.fail:
-            raise StoreUnavailable("connection refused")
-        if self.hang:
-            await trio.sleep_forever()
-
-    async def try_acquire(self, holder: str, address: str, ttl: float) -> LeaseGrant | None:
-        await self._gate()
-        db = self.db
-        if db.live() and db.holder != holder:
-            return None
-        if not (db.live() and db.holder == holder):
-            db.epoch += 1
-        db.holder, db.address, db.expires = holder, address, trio.current_time() + ttl
-        return _grant(db)
-
-    async def renew(self, holder: str, ttl: float) -> LeaseGrant | None:
-        await self._gate()
-        db = self.db
-        if not (db.live() and db.holder == holder):
-            return None
-        db.expires = trio.current_time() + ttl
-        return _grant(db)
-
-    async def release(self, holder: str) -> bool:
-        await self._gate()
-        if self.db.holder != holder:
-            return False
-        self.db.holder = self.db.address = None
-        self.db.expires = 0.0
-        return True
-
-    async def current(self) -> LeaseInfo:
-        await self._gate()
-        db = self.db
-        if not db.live():
-            return LeaseInfo(holder=None, address=None, epoch=db.epoch, expires_at=None)
-        return LeaseInfo(holder=db.holder, address=db.address, epoch=db.epoch, expires_at=_grant(db).expires_at)
-
-
-def _keeper(db: FakeDb, name: str) -> tuple[LeaseKeeper, FakeLease]:
-    lease = FakeLease(db)
+def _keeper(db: LeaseRow, name: str) -> tuple[LeaseKeeper, MemoryLease]:
+    lease = MemoryLease(db)
     return LeaseKeeper(lease, name, f"http://{name}:8080", ttl=TTL, renew_interval=RENEW), lease
 
 
-async def _never_leader_past_lease(db: FakeDb, keepers: list[LeaseKeeper]) -> None:
+async def _never_leader_past_lease(db: LeaseRow, keepers: list[LeaseKeeper]) -> None:
     while True:
         for keeper in keepers:
             if keeper.role.leader:
@@ -106,7 +38,7 @@ async def _never_leader_past_lease(db: FakeDb, keepers: list[LeaseKeeper]) -> No
 
 @asynccontextmanager
 async def running(
-    db: FakeDb, *keepers: LeaseKeeper, monitor: bool = True
+    db: LeaseRow, *keepers: LeaseKeeper, monitor: bool = True
 ) -> AsyncIterator[dict[str, trio.CancelScope]]:
     """Run keepers (each in its own cancel scope, to kill one) under the safety monitor."""
     scopes: dict[str, trio.CancelScope] = {}
@@ -133,7 +65,7 @@ async def _wait_for(predicate: Callable[[], bool]) -> float:
 
 
 async def test_one_leads_one_stands_by(autojump_clock: trio.abc.Clock) -> None:
-    db = FakeDb()
+    db = LeaseRow()
     a, lease_a = _keeper(db, "a")
     b, _ = _keeper(db, "b")
     async with running(db, a, b):
@@ -146,7 +78,7 @@ async def test_one_leads_one_stands_by(autojump_clock: trio.abc.Clock) -> None:
 
 
 async def test_killed_leader_is_replaced_after_the_ttl(autojump_clock: trio.abc.Clock) -> None:
-    db = FakeDb()
+    db = LeaseRow()
     a, _ = _keeper(db, "a")
     b, _ = _keeper(db, "b")
     async with running(db, a, b) as scopes:
@@ -161,7 +93,7 @@ async def test_killed_leader_is_replaced_after_the_ttl(autojump_clock: trio.abc.
 
 
 async def test_release_hands_over_within_one_poll(autojump_clock: trio.abc.Clock) -> None:
-    db = FakeDb()
+    db = LeaseRow()
     a, _ = _keeper(db, "a")
     b, _ = _keeper(db, "b")
     async with running(db, a, b):
@@ -176,7 +108,7 @@ async def test_release_hands_over_within_one_poll(autojump_clock: trio.abc.Clock
 
 
 async def test_hung_database_steps_down_before_the_lease_ends(autojump_clock: trio.abc.Clock) -> None:
-    db = FakeDb()
+    db = LeaseRow()
     a, lease_a = _keeper(db, "a")
     b, _ = _keeper(db, "b")
     async with running(db, a, b):
@@ -191,7 +123,7 @@ async def test_hung_database_steps_down_before_the_lease_ends(autojump_clock: tr
 
 
 async def test_failed_renew_steps_down_at_once(autojump_clock: trio.abc.Clock) -> None:
-    db = FakeDb()
+    db = LeaseRow()
     a, lease_a = _keeper(db, "a")
     roles: list[Role] = []
     a.on_change(roles.append)
@@ -210,7 +142,7 @@ async def test_failed_renew_steps_down_at_once(autojump_clock: trio.abc.Clock) -
 
 
 async def test_lost_lease_steps_down(autojump_clock: trio.abc.Clock) -> None:
-    db = FakeDb()
+    db = LeaseRow()
     a, _ = _keeper(db, "a")
     # No safety monitor: the row is stolen against the protocol, so a leads on stale facts
     # until its next renew, which is exactly what this test is about.
@@ -225,7 +157,7 @@ async def test_lost_lease_steps_down(autojump_clock: trio.abc.Clock) -> None:
 
 
 async def test_standby_survives_a_hung_database(autojump_clock: trio.abc.Clock) -> None:
-    db = FakeDb()
+    db = LeaseRow()
     a, lease_a = _keeper(db, "a")
     lease_a.hang = True
     async with running(db, a):  # started() comes after the first (timed-out) attempt
@@ -237,7 +169,7 @@ async def test_standby_survives_a_hung_database(autojump_clock: trio.abc.Clock) 
 
 
 async def test_wait_change_and_wait_leader(autojump_clock: trio.abc.Clock) -> None:
-    db = FakeDb(holder="other", address="http://other", epoch=4, expires=25.0)
+    db = LeaseRow(holder="other", address="http://other", epoch=4, expires=25.0)
     a, _ = _keeper(db, "a")
     async with running(db, a):
         seen = a.role
@@ -250,7 +182,7 @@ async def test_wait_change_and_wait_leader(autojump_clock: trio.abc.Clock) -> No
 
 
 def test_rejects_unsafe_timing() -> None:
-    lease = FakeLease(FakeDb())
+    lease = MemoryLease(LeaseRow())
     with pytest.raises(ValueError, match="renew_interval"):
         LeaseKeeper(lease, "a", "addr", ttl=3, renew_interval=3)
     with pytest.raises(ValueError):
