@@ -246,3 +246,22 @@ async def test_shard_started_while_its_engine_installs_waits_then_runs(
         # The node says, in its own words, what the shard waits for.
         assert waiting and waiting[0].startswith("waiting for engine: installing: ")
         await svc.stop_engines()
+
+
+async def test_a_hung_engine_is_killed_and_restarted(
+    node_config: NodeConfig, files: FileServer, engine_archive: tuple[str, bytes], tiny_model: Path,
+    fast_timing: Timing,
+) -> None:
+    async with installed_node(node_config, files, engine_archive, fast_timing) as svc:
+        await svc.handle(StartShard(id="c1", fencing_token=1,
+                                    shard=shard_spec("tiny-h", served_weights(files, tiny_model), free_port())))
+        first = await next_shard_state(svc, "tiny-h", lambda s: s.status == "ready")
+        # A stopped process exits nothing and closes nothing: only the health polling notices.
+        os.kill(first.pid, signal.SIGSTOP)
+        seen: list[ShardState] = []
+        again = await next_shard_state(svc, "tiny-h", lambda s: s.status == "ready", seen=seen)
+        assert again.pid != first.pid
+        assert start_ticks(first.pid) is None  # the hung one was killed, not left behind
+        assert any(s.detail.startswith("hung: no answer on /health 3 times in a row; restart 1 of 3")
+                   for s in seen), [s.detail for s in seen]
+        await svc.stop_engines()

@@ -48,6 +48,8 @@ class Timing:
     """Supervision timings; tests shrink them."""
 
     health_interval: float = 0.25
+    # One health request; a hung engine accepts the connection (the kernel does) and never answers.
+    health_timeout: float = 2.0
     backoff_base: float = 1.0
     backoff_cap: float = 60.0
     stop_grace: float = 10.0
@@ -56,6 +58,10 @@ class Timing:
     adopted_poll: float = 0.5
     # A shard that stayed ready this long has its crash counter reset.
     stable_after: float = 300.0
+    # Once ready, /health is polled this often; this many failures in a row count as a hang
+    # (a stopped process or a wedged engine exits nothing, so only polling notices it).
+    ready_health_interval: float = 5.0
+    unhealthy_limit: int = 6
 
 
 class _Shard:
@@ -400,11 +406,11 @@ class Supervisor:
                 return result
             if ready:
                 self._set(shard, "ready", "")
-                with trio.move_on_after(self.timing.stable_after):
-                    await _first(exited, shard.stop_requested)
-                if not exited.is_set() and not shard.stop_requested.is_set():
-                    shard.restarts = 0
-                await _first(exited, shard.stop_requested)
+                hung = await self._while_ready(shard, exited)
+                if hung:
+                    await self._terminate(shard.pid, shard.ticks, shard.process, self.timing.stop_grace)
+                    nursery.cancel_scope.cancel()
+                    return hung
             if shard.stop_requested.is_set() and not exited.is_set():
                 if shard.drain_timeout is not None:
                     self._set(shard, "draining", "waiting for requests in flight")
@@ -423,9 +429,27 @@ class Supervisor:
             nursery.cancel_scope.cancel()
             return f"crashed: {exit_text[0]}"
 
+    async def _while_ready(self, shard: _Shard, exited: trio.Event) -> str:
+        """Watch a ready engine until it exits or a stop comes; return why it hung, if it did."""
+        t = self.timing
+        ready_since = trio.current_time()
+        failures = 0
+        while not exited.is_set() and not shard.stop_requested.is_set():
+            with trio.move_on_after(t.ready_health_interval):
+                await _first(exited, shard.stop_requested)
+            if exited.is_set() or shard.stop_requested.is_set():
+                break
+            if trio.current_time() - ready_since >= t.stable_after:
+                shard.restarts = 0  # stable for a while: earlier crashes no longer count
+            failures = 0 if await self._healthy(shard.spec) else failures + 1
+            if failures >= t.unhealthy_limit:
+                return f"hung: no answer on /health {failures} times in a row"
+        return ""
+
     async def _healthy(self, spec: ShardSpec) -> bool:
         try:
-            resp = await self.client.get(f"http://{_hostport(self.host, spec.port)}/health", timeout=2.0)
+            resp = await self.client.get(f"http://{_hostport(self.host, spec.port)}/health",
+                                         timeout=self.timing.health_timeout)
         except httpx2.HTTPError:
             return False
         return resp.status_code == 200
@@ -477,6 +501,8 @@ class Supervisor:
             if not alive(pid, ticks) and process is None:
                 return
             signal_group(pid, signal.SIGTERM)
+            # A stopped process cannot act on SIGTERM until it runs again (systemd does the same).
+            signal_group(pid, signal.SIGCONT)
             with trio.move_on_after(grace):
                 await self._gone(pid, ticks, process)
                 # Children of the engine may outlive it in the group: make sure none do.
