@@ -131,6 +131,9 @@ def test_draining_and_stopped_replicas_do_not_count_as_live() -> None:
     p = plan([demand()], [node("a"), node("b")], existing, backoff={}, now=0)
     assert Forget("s", "stopped") in p.actions
     assert len(starts(p)) == 1
+    done = [assignment("d", "a", draining=True, status="stopped")]
+    p = plan([demand(wanted=0)], [node("a")], done, backoff={}, now=0)
+    assert p.actions == [Forget("d", "drained and stopped")]
 
 
 def test_wanted_zero_places_nothing_and_explains_nothing() -> None:

@@ -155,8 +155,8 @@ def plan(
         elif assignment.status == "failed":
             actions.append(Stop(assignment.shard_id, assignment.node_id, assignment.detail or "failed"))
             actions.append(Forget(assignment.shard_id, f"failed on {assignment.node_id}: {assignment.detail}"))
-        elif assignment.status == "stopped" and not assignment.draining:
-            actions.append(Forget(assignment.shard_id, "stopped"))
+        elif assignment.status == "stopped":
+            actions.append(Forget(assignment.shard_id, "drained and stopped" if assignment.draining else "stopped"))
         else:
             kept.append(assignment)
 

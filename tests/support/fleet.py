@@ -1,0 +1,207 @@
+"""Real daemons as processes for system tests: one control, several nodes, the real engine.
+
+Everything listens on 127.0.0.1 with ports chosen at start. Control serves the engine archive
+and the tiny model from a files directory (symlinks into the build cache), so nodes install the
+real llama-server exactly as an air-gapped cluster would. Every engine a test started is killed
+at the end, found by its command line (which names the test's own directory).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx2
+import tomli_w
+import trio
+
+from llmgw_control.fleet.agents import token_digest
+from llmgw_dev.build_engine import archive_name
+from llmgw_dev.engine_proc import free_port
+
+BIN = Path(sys.executable).parent
+TOKEN = "llmgw-join-system-test"
+
+
+def model_entry(name: str, model_file: Path, public_url: str, **profile: Any) -> dict[str, Any]:
+    sha = hashlib.sha256(model_file.read_bytes()).hexdigest()
+    weights = {"url": f"{public_url}/files/models/{model_file.name}", "sha256": sha,
+               "size": model_file.stat().st_size}
+    return {"name": name, "profiles": [{"name": "cpu", "weights": weights, "context": 256, "parallel": 2,
+                                        "args": ["-t", "1"], **profile}]}
+
+
+@attrs.define
+class Daemon:
+    name: str
+    argv: list[str]
+    log_path: Path
+    process: trio.Process | None = None
+
+    async def start(self) -> None:
+        with open(self.log_path, "ab") as log:  # noqa: ASYNC230 -- a local file, opened once
+            self.process = await trio.lowlevel.open_process(self.argv, stdout=log, stderr=subprocess.STDOUT)
+
+    def send_signal(self, sig: signal.Signals) -> None:
+        if self.process is not None and self.process.returncode is None:
+            self.process.send_signal(sig)
+
+    async def stop(self, sig: signal.Signals = signal.SIGTERM, timeout: float = 15) -> int | None:
+        if self.process is None:
+            return None
+        self.send_signal(sig)
+        with trio.move_on_after(timeout):
+            return await self.process.wait()
+        self.process.kill()
+        return await self.process.wait()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@attrs.define
+class Fleet:
+    root: Path
+    control_port: int
+    admin_port: int
+    agent_port: int
+    control: Daemon
+    nodes: dict[str, Daemon] = attrs.Factory(dict)
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.control_port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
+    @property
+    def agent_url(self) -> str:
+        return f"http://127.0.0.1:{self.agent_port}"
+
+    async def wait_healthy(self, url: str, timeout: float = 30) -> None:
+        async with httpx2.AsyncClient() as client:
+            with trio.fail_after(timeout):
+                while True:
+                    try:
+                        if (await client.get(url + "/healthz")).status_code == 200:
+                            return
+                    except httpx2.TransportError:
+                        pass
+                    await trio.sleep(0.1)
+
+    async def start_control(self) -> None:
+        await self.control.start()
+        await self.wait_healthy(self.api_url)
+
+    async def add_node(self, node_id: str) -> Daemon:
+        data = self.root / node_id
+        data.mkdir(exist_ok=True)
+        # Each node's engines on their own loopback address, as if on their own machine: ports
+        # chosen per node can then never collide between nodes sharing this host.
+        engine_host = f"127.0.0.{len(self.nodes) + 1}"
+        config = {"control": [f"ws://127.0.0.1:{self.agent_port}/agent/v1"], "token": TOKEN, "node_id": node_id,
+                  "data_dir": str(data), "reconnect_min_s": 0.2, "reconnect_max_s": 1.0,
+                  "engine_host": engine_host}
+        path = self.root / f"{node_id}.toml"
+        path.write_text(tomli_w.dumps(config))
+        daemon = Daemon(node_id, [str(BIN / "llmgw-node"), "run", "--config", str(path)],
+                        self.root / f"{node_id}.log")
+        self.nodes[node_id] = daemon
+        await daemon.start()
+        # Ready, with its engine installed and proven (the archive comes from control's file server).
+        await self.wait_for(lambda nodes, models: any(
+            n["id"] == node_id and n["state"] == "ready"
+            and any(e["state"].startswith("installed") for e in n["engines"]) for n in nodes))
+        return daemon
+
+    async def state(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        async with httpx2.AsyncClient(base_url=self.admin_url, timeout=10) as client:
+            nodes = (await client.get("/api/v1/nodes")).json()["nodes"]
+            models = (await client.get("/api/v1/models")).json()["models"]
+        return nodes, models
+
+    async def wait_for(self, predicate: Any, timeout: float = 60) -> tuple[list[Any], list[Any]]:
+        with trio.fail_after(timeout):
+            while True:
+                try:
+                    nodes, models = await self.state()
+                    if predicate(nodes, models):
+                        return nodes, models
+                except httpx2.TransportError:
+                    pass
+                await trio.sleep(0.2)
+
+    def engine_pids(self, node_id: str | None = None) -> list[int]:
+        """llama-server processes started under this fleet's directory (or one node's)."""
+        marker = str(self.root / node_id) if node_id else str(self.root)
+        pids = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            with suppress(OSError):
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                if "llama-server" in cmdline and marker in cmdline:
+                    pids.append(int(entry.name))
+        return pids
+
+    def kill_engines(self, node_id: str | None = None) -> None:
+        for pid in self.engine_pids(node_id):
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def write_control_config(root: Path, fleet: Fleet, models: list[dict[str, Any]], **extra: Any) -> Path:
+    config: dict[str, Any] = {
+        "listen": f"127.0.0.1:{fleet.control_port}", "admin_listen": f"127.0.0.1:{fleet.admin_port}",
+        "data_dir": str(root / "control"), "log_format": "json", "shutdown_grace": 2.0,
+        "agents": {"listen": f"127.0.0.1:{fleet.agent_port}", "files_dir": str(root / "files"),
+                   "join_token_digests": [token_digest(TOKEN)], "heartbeat_interval": 0.5,
+                   "unreachable_after": 2.0, "lost_after": 4.0},
+        "reconciler": {"interval": 0.5, "backoff_base": 1.0, "backoff_cap": 5.0},
+        "activator": {"max_wait": 60.0},
+        "models": models,
+    }
+    for section, values in extra.items():
+        if isinstance(values, dict):
+            config.setdefault(section, {}).update(values)
+        else:
+            config[section] = values
+    path = root / "control.toml"
+    path.write_text(tomli_w.dumps(config))
+    return path
+
+
+@asynccontextmanager
+async def running_fleet(root: Path, tiny_model: Path, engine_archive: Path, *,
+                        models: list[tuple[str, dict[str, Any]]] | None = None,
+                        **extra: Any) -> AsyncIterator[Fleet]:
+    files = root / "files"
+    (files / "engines").mkdir(parents=True)
+    (files / "models").mkdir()
+    (files / "engines" / archive_name()).symlink_to(engine_archive)
+    (files / "models" / tiny_model.name).symlink_to(tiny_model)
+    fleet = Fleet(root, free_port(), free_port(), free_port(),
+                  Daemon("control", [], root / "control.log"))
+    public = fleet.agent_url
+    entries = [model_entry(name, tiny_model, public, **profile) for name, profile in (models or [("tiny", {})])]
+    config = write_control_config(root, fleet, entries, **extra)
+    fleet.control.argv = [str(BIN / "llmgw-control"), "run", "--config", str(config)]
+    try:
+        await fleet.start_control()
+        yield fleet
+    finally:
+        with trio.CancelScope(shield=True):
+            for node in fleet.nodes.values():
+                await node.stop(signal.SIGKILL)
+            await fleet.control.stop(signal.SIGKILL)
+            fleet.kill_engines()
