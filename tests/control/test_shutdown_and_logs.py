@@ -48,6 +48,7 @@ async def test_in_flight_stream_finishes_after_shutdown_and_new_connections_are_
 @asynccontextmanager
 async def control_process(*args: str, log_path: Path) -> AsyncIterator[tuple[trio.Process, str]]:
     port = free_port()
+    args = ("--data-dir", str(log_path.parent / "control-data"), *args)
     with open(log_path, "wb") as log:  # noqa: ASYNC230 -- a local file, opened once
         process = await trio.lowlevel.open_process(
             [LLMGW_CONTROL, "run", "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{free_port()}",
@@ -153,13 +154,14 @@ async def test_config_errors_are_refused_at_start_by_name(tmp_path: Path) -> Non
         assert b"Traceback" not in result.stderr
 
 
-async def test_a_busy_port_is_reported_without_a_traceback() -> None:
+async def test_a_busy_port_is_reported_without_a_traceback(tmp_path: Path) -> None:
     port = free_port()
     with trio.socket.socket() as sock:
         await sock.bind(("127.0.0.1", port))
         sock.listen()
         result = await trio.run_process(
-            [LLMGW_CONTROL, "run", "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{free_port()}"],
+            [LLMGW_CONTROL, "run", "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{free_port()}",
+             "--data-dir", str(tmp_path)],
             capture_stdout=True, capture_stderr=True, check=False)
     assert result.returncode == 1
     assert b"cannot start" in result.stderr and b"Traceback" not in result.stderr

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -9,9 +11,10 @@ from typing import Any
 import attrs
 import httpx2
 import trio
-from llmgw_control.app import Listening, run_control
-from llmgw_control.config import ControlConfig, EndpointConfig, RouterConfig, validate
 from prometheus_client import CollectorRegistry
+
+from llmgw_control.app import Listening, Tenancy, run_control
+from llmgw_control.config import ControlConfig, EndpointConfig, RouterConfig, validate
 
 
 @attrs.define
@@ -20,6 +23,7 @@ class RunningGateway:
     shutdown: trio.Event
     registry: CollectorRegistry
     client: httpx2.AsyncClient
+    tenancy: Tenancy
 
     @property
     def url(self) -> str:
@@ -45,18 +49,24 @@ def endpoint(id: str, url: str, *models: str, weight: float = 1.0, api_key: str 
 async def running_gateway(
     *endpoints: EndpointConfig, grace: float = 5.0, metrics_listen: str = "", **router: Any
 ) -> AsyncIterator[RunningGateway]:
+    data_dir = tempfile.mkdtemp(prefix="llmgw-control-")
     config = validate(ControlConfig(
-        listen="127.0.0.1:0", admin_listen="127.0.0.1:0", metrics_listen=metrics_listen,
+        listen="127.0.0.1:0", admin_listen="127.0.0.1:0", metrics_listen=metrics_listen, data_dir=data_dir,
         shutdown_grace=grace, router=RouterConfig(**router), endpoints=list(endpoints),
     ))
     shutdown = trio.Event()
     registry = CollectorRegistry()
+    tenancies: list[Tenancy] = []
     async with trio.open_nursery() as nursery:
         listening = await nursery.start(
-            lambda task_status: run_control(config, shutdown=shutdown, registry=registry, task_status=task_status))
-        async with httpx2.AsyncClient(base_url=listening.api_url, timeout=30) as client:
-            yield RunningGateway(listening, shutdown, registry, client)
-        nursery.cancel_scope.cancel()
+            lambda task_status: run_control(config, shutdown=shutdown, registry=registry, task_status=task_status,
+                                            tenancy_status=tenancies))
+        try:
+            async with httpx2.AsyncClient(base_url=listening.api_url, timeout=30) as client:
+                yield RunningGateway(listening, shutdown, registry, client, tenancies[0])
+        finally:
+            nursery.cancel_scope.cancel()
+    shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def chat_body(model: str = "fake-model", **extra: Any) -> dict[str, Any]:

@@ -6,6 +6,8 @@ period, and everything else is cancelled with the nursery.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,12 @@ from .router.gateway import Gateway
 from .router.replicas import Replica, ReplicaSet
 from .router.upstream import Httpx2Upstream, UpstreamClient
 from .serving import serve_asgi
+from .store import Store, open_store
+from .tenancy.admission import TenancyAdmission
+from .tenancy.keys import KeyDigester, load_or_create_server_secret
+from .tenancy.service import TenancyService
+from .tenancy.state import TenancyState
+from .tenancy.usage import UsageAccumulator, UsageFlusher
 
 log = get_logger("llmgw.control")
 
@@ -45,6 +53,39 @@ class Listening:
     admin_url: str
     metrics_url: str | None
     agent_url: str | None = None
+
+
+@attrs.define
+class Tenancy:
+    """Keys, groups, quotas and usage, for the admin API and tests."""
+
+    store: Store
+    state: TenancyState
+    usage: UsageAccumulator
+    service: TenancyService
+    admission: TenancyAdmission
+
+
+@asynccontextmanager
+async def open_tenancy(config: ControlConfig, data_dir: Path) -> AsyncIterator[Tenancy]:
+    """The store and, over it, the tenancy state: loaded before the first request is admitted."""
+    location = config.store or str(data_dir / "llmgw.db")
+    secret = await trio.to_thread.run_sync(load_or_create_server_secret, data_dir / "key-secret")
+    async with open_store(location) as store, trio.open_nursery() as nursery:
+        state = TenancyState(store, KeyDigester(secret))
+        usage = UsageAccumulator()
+        flusher = UsageFlusher(store, usage)
+        await nursery.start(state.run)
+        await nursery.start(flusher.run)
+        if state.open:
+            log.warning("no API keys exist: the gateway is open to every request (create a key to close it)")
+        try:
+            yield Tenancy(store, state, usage, TenancyService(store, state, usage), TenancyAdmission(state, usage))
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(10):
+                # Usage counted since the last batch is written before the store closes.
+                await flusher.flush_once()
+            nursery.cancel_scope.cancel()
 
 
 @attrs.define
@@ -72,14 +113,17 @@ def _public_url(config: ControlConfig, bound: str) -> str:
     return bound.rstrip("/")
 
 
+def data_dir_of(config: ControlConfig) -> Path:
+    return Path(config.data_dir) if config.data_dir else default_data_dir()
+
+
 async def _build_fleet(config: ControlConfig, replicas: ReplicaSet, agent_url: str) -> Fleet:
     catalog = Catalog(config.models, config.engines, config.router.default_profile)
     public_url = _public_url(config, agent_url)
     files = FileServer(Path(config.agents.files_dir), public_url) if config.agents.files_dir else None
     inventory = Inventory()
     liveness = Liveness(config.agents.unreachable_after, config.agents.lost_after)
-    data_dir = Path(config.data_dir) if config.data_dir else default_data_dir()
-    secret = await trio.to_thread.run_sync(load_or_create_secret, data_dir)
+    secret = await trio.to_thread.run_sync(load_or_create_secret, data_dir_of(config))
     claims = await profile_claims(catalog, files)
 
     def engine_specs() -> list[EngineSpec]:
@@ -117,6 +161,7 @@ async def run_control(
     upstream: UpstreamClient | None = None,
     task_status: trio.TaskStatus[Listening] = trio.TASK_STATUS_IGNORED,
     fleet_status: list[Fleet] | None = None,
+    tenancy_status: list[Tenancy] | None = None,
 ) -> None:
     shutdown = shutdown if shutdown is not None else trio.Event()
     registry = registry or CollectorRegistry()
@@ -126,7 +171,9 @@ async def run_control(
     grace = config.shutdown_grace
     serve = partial(serve_asgi, shutdown=shutdown, grace=grace)
     try:
-        async with trio.open_nursery() as nursery:
+        async with open_tenancy(config, data_dir_of(config)) as tenancy, trio.open_nursery() as nursery:
+            if tenancy_status is not None:
+                tenancy_status.append(tenancy)
             fleet = None
             agent_url = None
             directory: ModelDirectory = StaticDirectory(replicas)
@@ -151,7 +198,7 @@ async def run_control(
                 if fleet_status is not None:
                     fleet_status.append(fleet)
             gateway = Gateway(replicas, client, metrics, config.router, directory=directory,
-                              activator=fleet.activator if fleet else None)
+                              activator=fleet.activator if fleet else None, admission=tenancy.admission)
             api_url = await nursery.start(partial(serve, ClientApp(gateway), config.listen, name="api"))
             admin_url = await nursery.start(partial(serve, make_admin_app(registry, fleet), config.admin_listen,
                                                     name="admin"))

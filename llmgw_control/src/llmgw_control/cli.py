@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--metrics-listen", help="optional metrics-only address")
     run.add_argument("--endpoint", action="append", default=[], metavar="ID=URL=MODEL[,MODEL]",
                      help="a static engine replica (repeatable), e.g. e1=http://127.0.0.1:8001=tiny")
+    run.add_argument("--data-dir", help="control's state directory (secrets, the embedded store)")
     run.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     run.add_argument("--log-format", choices=["auto", "json", "text"])
     return parser
@@ -36,6 +37,7 @@ def config_from_args(args: argparse.Namespace) -> ControlConfig:
     return load_config(args.config, {
         "listen": args.listen, "admin_listen": args.admin_listen, "metrics_listen": args.metrics_listen,
         "log_level": args.log_level, "log_format": args.log_format, "extra_endpoints": endpoints,
+        "data_dir": args.data_dir,
     })
 
 

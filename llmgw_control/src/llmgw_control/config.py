@@ -60,8 +60,11 @@ class ControlConfig:
     shutdown_grace: float = 30.0
     log_level: str = "info"
     log_format: str = "auto"
-    # Where control keeps its own state (the secret shard API keys are derived from).
+    # Where control keeps its own state: secrets, and the embedded SQLite store.
     data_dir: str = ""
+    # The store: a SQLite file path, or postgresql://... when several control daemons share it.
+    # Empty: <data_dir>/llmgw.db.
+    store: str = ""
     router: RouterConfig = RouterConfig()
     endpoints: list[EndpointConfig] = attrs.Factory(list)
     agents: AgentsConfig = attrs.Factory(AgentsConfig)

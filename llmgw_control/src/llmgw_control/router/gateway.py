@@ -26,6 +26,7 @@ from llmgw_shared.logs import get_logger, request_context
 
 from ..config import RouterConfig
 from ..metrics import GatewayMetrics
+from ..tenancy.admission import Admission, Ticket
 from .activator import Activator
 from .balancer import choose
 from .directory import ModelDirectory, StaticDirectory
@@ -70,6 +71,7 @@ class Exchange:
         self.replica = ""
         self.stream = False
         self.upstream_seconds = 0.0
+        self.chunks_sent = 0
         # Time held by the activator while a replica started: neither llmgw's work nor the engine's.
         self.queued_seconds = 0.0
         self.ttft: float | None = None
@@ -130,6 +132,7 @@ class Exchange:
         })
 
     async def send_chunk(self, chunk: bytes) -> None:
+        self.chunks_sent += 1
         if self.ttft is None:
             self.ttft = time.perf_counter() - self.started
         await self._send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -176,6 +179,7 @@ class Gateway:
         *,
         directory: ModelDirectory | None = None,
         activator: Activator | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self.replicas = replicas
         self.upstream = upstream
@@ -183,6 +187,7 @@ class Gateway:
         self.config = config
         self.directory = directory or StaticDirectory(replicas)
         self.activator = activator
+        self.admission = admission
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         exchange = Exchange(send, _request_id(scope))
@@ -215,24 +220,42 @@ class Gateway:
                 limit=self.config.max_body_bytes,
             )
             request = parse_request(endpoint, body)
+            authorization = _header(scope, b"authorization")
+            if self.admission is not None:
+                # Who is asking comes before what exists: no model names for a client without a key.
+                self.admission.authenticate(authorization)
             key = self.directory.resolve(request.model)
             if key is None:
                 raise model_not_found(request.model, self.directory.names())
             exchange.model = key
             exchange.stream = request.stream
-            await self._forward(request, key, receive, exchange)
-        elif path == "/v1/models" and method == "GET":
-            cards = [_model_card(m) for m in self.directory.names()]
-            await exchange.respond_json(200, {"object": "list", "data": cards})
-        elif path.startswith("/v1/models/") and method == "GET":
-            name = path.removeprefix("/v1/models/")
-            if self.directory.resolve(name) is None:
-                raise model_not_found(name, self.directory.names())
-            await exchange.respond_json(200, _model_card(name))
+            if self.admission is None:
+                await self._forward(request, key, receive, exchange)
+                return
+            estimate = _estimate_tokens(request)
+            ticket = self.admission.admit(authorization, key.partition(":")[0], estimated_tokens=sum(estimate))
+            try:
+                await self._forward(request, key, receive, exchange)
+            finally:
+                _settle(ticket, exchange, estimate)
+        elif path.startswith("/v1/models") and method == "GET":
+            if self.admission is not None:
+                self.admission.authenticate(_header(scope, b"authorization"))
+            await self._models(path, exchange)
         elif path == "/healthz":
             await exchange.respond_json(200, {"status": "ok", "replicas": len(self.replicas)})
         else:
             raise ApiError(404, f"Unknown request URL: {method} {path}.", code="unknown_url")
+
+    async def _models(self, path: str, exchange: Exchange) -> None:
+        if path == "/v1/models":
+            cards = [_model_card(m) for m in self.directory.names()]
+            await exchange.respond_json(200, {"object": "list", "data": cards})
+            return
+        name = path.removeprefix("/v1/models/")
+        if self.directory.resolve(name) is None:
+            raise model_not_found(name, self.directory.names())
+        await exchange.respond_json(200, _model_card(name))
 
     async def _forward(self, request: ParsedRequest, key: str, receive: Receive, exchange: Exchange) -> None:
         in_flight = self.metrics.in_flight.labels(key)
@@ -439,6 +462,33 @@ async def _watch_disconnect(receive: Receive, scope: trio.CancelScope, exchange:
                 exchange.client_gone = True
                 scope.cancel()
             return
+
+
+_DEFAULT_COMPLETION_ESTIMATE = 512
+
+
+def _estimate_tokens(request: ParsedRequest) -> tuple[int, int]:
+    """(prompt, completion) tokens to reserve before the engine says: ~4 bytes a token, max_tokens."""
+    payload = request.payload
+    completion = payload.get("max_completion_tokens") or payload.get("max_tokens")
+    if request.endpoint.kind == "embeddings":
+        completion = 0
+    elif not isinstance(completion, int):
+        completion = _DEFAULT_COMPLETION_ESTIMATE
+    return len(request.body) // 4, completion
+
+
+def _settle(ticket: Ticket, exchange: Exchange, estimate: tuple[int, int]) -> None:
+    """Count what was served: the engine's usage, else an estimate; nothing for a failure."""
+    if exchange.usage is not None:
+        ticket.settle(exchange.usage.prompt_tokens, exchange.usage.completion_tokens)
+    elif exchange.response_started and 200 <= exchange.status < 300:
+        # Served, but the engine reported no usage (a stream without include_usage, or one cut
+        # off): a release would let those tokens escape every quota.
+        completion = exchange.chunks_sent if exchange.stream else estimate[1]
+        ticket.settle(estimate[0], completion)
+    else:
+        ticket.release()
 
 
 def _model_card(name: str) -> dict[str, Any]:

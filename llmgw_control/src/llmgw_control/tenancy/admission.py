@@ -47,6 +47,10 @@ class Ticket(Protocol):
 
 
 class Admission(Protocol):
+    def authenticate(self, authorization: str | None) -> None:
+        """Raise ApiError(401) when a key is required and this one is not usable."""
+        ...
+
     def admit(self, authorization: str | None, model: str, *, estimated_tokens: int) -> Ticket:
         """Admit a request or raise ``ApiError`` (401, 403, 429; 503 before tenancy has loaded)."""
         ...
@@ -147,6 +151,9 @@ class OpenAdmission:
         self.usage = usage
         self.clock = clock
 
+    def authenticate(self, authorization: str | None) -> None:
+        return None
+
     def admit(self, authorization: str | None, model: str, *, estimated_tokens: int) -> OpenTicket:
         return OpenTicket(self.usage, self.clock, model, None, None)
 
@@ -162,6 +169,10 @@ class TenancyAdmission:
         self.state = state
         self.usage = usage
         self.clock = state.clock
+
+    def authenticate(self, authorization: str | None) -> None:
+        if self.state.loaded and not self.state.open:
+            self.state.authenticate(authorization)
 
     def admit(self, authorization: str | None, model: str, *, estimated_tokens: int) -> OpenTicket | TenancyTicket:
         state = self.state

@@ -1,0 +1,91 @@
+"""Keys and quotas on the data path, end to end through the gateway and the fake engine."""
+
+from __future__ import annotations
+
+import httpx2
+import trio
+
+from llmgw_dev.fake_engine import FakeEngine
+from support.gateway import chat_body, endpoint, running_gateway
+
+
+async def test_open_until_a_key_exists_then_every_request_needs_one(fake_engine: FakeEngine) -> None:
+    async with running_gateway(endpoint("e1", fake_engine.url)) as gw:
+        assert (await gw.client.post("/v1/chat/completions", json=chat_body())).status_code == 200
+        service = gw.tenancy.service
+        group = await service.create_group("acme")
+        created = await service.create_key(name="ci", group_id=group.id)
+        assert created.secret.startswith("sk-llmgw-")
+        missing = await gw.client.post("/v1/chat/completions", json=chat_body())
+        assert missing.status_code == 401 and missing.json()["error"]["code"] == "missing_api_key"
+        # 401 comes before 404: no model names for a client without a key.
+        unknown = await gw.client.post("/v1/chat/completions", json=chat_body(model="secret-model"))
+        assert unknown.status_code == 401
+        assert (await gw.client.get("/v1/models")).status_code == 401
+        wrong = await gw.client.post("/v1/chat/completions", json=chat_body(),
+                                     headers={"authorization": "Bearer sk-llmgw-nope"})
+        assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
+        auth = {"authorization": f"Bearer {created.secret}"}
+        assert (await gw.client.post("/v1/chat/completions", json=chat_body(), headers=auth)).status_code == 200
+        assert (await gw.client.get("/v1/models", headers=auth)).status_code == 200
+        await service.revoke_key(created.key.id)
+        revoked = await gw.client.post("/v1/chat/completions", json=chat_body(), headers=auth)
+        assert revoked.status_code == 401 and revoked.json()["error"]["code"] == "api_key_revoked"
+
+
+async def test_model_allow_list_gives_403(fake_engine: FakeEngine) -> None:
+    async with running_gateway(endpoint("e1", fake_engine.url, "a", "b")) as gw:
+        group = await gw.tenancy.service.create_group("acme")
+        created = await gw.tenancy.service.create_key(name="only-a", group_id=group.id, models=["a"])
+        auth = {"authorization": f"Bearer {created.secret}"}
+        assert (await gw.client.post("/v1/chat/completions", json=chat_body("a"), headers=auth)).status_code == 200
+        refused = await gw.client.post("/v1/chat/completions", json=chat_body("b"), headers=auth)
+        assert refused.status_code == 403 and refused.json()["error"]["code"] == "model_not_allowed"
+
+
+async def test_quota_on_a_parent_group_refuses_with_429_and_usage_is_settled(fake_engine: FakeEngine) -> None:
+    fake_engine.behavior.prompt_tokens = 10
+    fake_engine.behavior.chunks = 5
+    async with running_gateway(endpoint("e1", fake_engine.url)) as gw:
+        service = gw.tenancy.service
+        org = await service.create_group("org")
+        team = await service.create_group("team", org.id)
+        await service.set_quota(org.id, {"requests_per_minute": 3})
+        created = await service.create_key(name="k", group_id=team.id)
+        auth = {"authorization": f"Bearer {created.secret}"}
+        for _ in range(3):
+            ok = await gw.client.post("/v1/chat/completions", json=chat_body(max_tokens=5), headers=auth)
+            assert ok.status_code == 200
+        refused = await gw.client.post("/v1/chat/completions", json=chat_body(), headers=auth)
+        assert refused.status_code == 429
+        assert "org" in refused.json()["error"]["message"] and int(refused.headers["retry-after"]) >= 1
+        assert len(fake_engine.observed.requests) == 3
+        pending = gw.tenancy.usage.pending()
+        assert sum(u.prompt_tokens for u in pending) == 30 and sum(u.completion_tokens for u in pending) == 15
+
+
+async def test_a_failed_request_gives_its_concurrency_slot_back(fake_engine: FakeEngine) -> None:
+    async with running_gateway(endpoint("e1", fake_engine.url)) as gw:
+        service = gw.tenancy.service
+        group = await service.create_group("g")
+        await service.set_quota(group.id, {"concurrent_requests": 1})
+        created = await service.create_key(name="k", group_id=group.id)
+        auth = {"authorization": f"Bearer {created.secret}"}
+        fake_engine.behavior.status_before_body = 500
+        for _ in range(3):
+            failed = await gw.client.post("/v1/chat/completions", json=chat_body(), headers=auth)
+            assert failed.status_code == 502
+        fake_engine.behavior.status_before_body = None
+        fake_engine.behavior.hang_mid_stream_after = 1
+        async with trio.open_nursery() as nursery:
+            async def hold() -> None:
+                async with httpx2.AsyncClient(base_url=gw.url) as client, client.stream(
+                        "POST", "/v1/chat/completions", json=chat_body(stream=True), headers=auth) as response:
+                    async for _ in response.aiter_bytes():
+                        pass
+            nursery.start_soon(hold)
+            with trio.fail_after(5):
+                await fake_engine.observed.wait_in_flight(1)
+            busy = await gw.client.post("/v1/chat/completions", json=chat_body(), headers=auth)
+            assert busy.status_code == 429 and "concurrent" in busy.json()["error"]["message"]
+            nursery.cancel_scope.cancel()
