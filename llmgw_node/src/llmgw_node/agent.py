@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import random
 import ssl
+from urllib.parse import urlsplit
 
 import attrs
 import trio
@@ -156,6 +157,8 @@ class Agent:
     async def _session(self, url: str) -> None:
         """Run one connection until it ends; raise SessionEnded saying why."""
         t = self.timing
+        if url.startswith("wss://"):
+            await self._check_tls(url)
         try:
             async with open_websocket_url(url, self.ssl_context, message_queue_size=64,
                                           max_message_size=MAX_FRAME, connect_timeout=t.connect_timeout,
@@ -165,6 +168,32 @@ class Agent:
             raise SessionEnded(f"could not connect: {exc}") from None
         except ConnectionClosed as exc:
             raise SessionEnded(f"connection closed: {exc.reason}") from None
+        except OSError as exc:
+            raise SessionEnded(f"could not connect: {exc.strerror or exc}") from None
+
+    async def _check_tls(self, url: str) -> None:
+        """Handshake once on our own so a certificate problem is reported as itself.
+
+        trio-websocket 0.12 turns a failed TLS handshake into a bare ConnectionTimeout after the
+        whole connect timeout, which tells the operator nothing; CERTIFICATE_VERIFY_FAILED does.
+        """
+        parts = urlsplit(url)
+        host, port = parts.hostname or "", parts.port or 443
+        context = self.ssl_context or ssl.create_default_context()
+        try:
+            with trio.fail_after(self.timing.connect_timeout):
+                tcp = await trio.open_tcp_stream(host, port)
+                stream = trio.SSLStream(tcp, context, server_hostname=host, https_compatible=True)
+                try:
+                    await stream.do_handshake()
+                finally:
+                    await trio.aclose_forcefully(stream)
+        except trio.TooSlowError:
+            raise SessionEnded(f"TLS handshake with {host}:{port} did not finish within "
+                               f"{self.timing.connect_timeout:g} s") from None
+        except trio.BrokenResourceError as exc:
+            cause = exc.__cause__ or exc
+            raise SessionEnded(f"TLS handshake with {host}:{port} failed: {cause}") from None
         except OSError as exc:
             raise SessionEnded(f"could not connect: {exc.strerror or exc}") from None
 

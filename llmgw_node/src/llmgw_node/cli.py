@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import ssl
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from llmgw_node.engines.manager import EngineManager
 from llmgw_node.engines.release import Platform
 from llmgw_node.probe import probe
 from llmgw_node.service import open_node_service
+from llmgw_node.tls import client_context
 from llmgw_shared.facts import HostFacts
 from llmgw_shared.lifecycle import stop_on_signals
 from llmgw_shared.logs import get_logger, setup_logging
@@ -88,17 +90,22 @@ def main(argv: list[str] | None = None) -> None:
     setup_logging(config.log_level)
     try:
         if args.command == "run":
-            code = trio.run(_run, config, args.stop_engines)
+            # Before anything starts: an unreadable certificate is a config error, not a retry loop.
+            tls = client_context(config)
+            code = trio.run(_run, config, args.stop_engines, tls)
         elif args.command == "probe":
             code = trio.run(_probe, config, args.json)
         else:
             code = trio.run(_engines, config, args)
     except KeyboardInterrupt:
         code = 130
+    except ConfigError as exc:
+        print(f"llmgw-node: {exc}", file=sys.stderr)
+        code = 2
     raise SystemExit(code)
 
 
-async def _run(config: NodeConfig, stop_engines: bool) -> int:
+async def _run(config: NodeConfig, stop_engines: bool, tls: ssl.SSLContext | None) -> int:
     if not config.control:
         log.warning("no control URLs configured: the node runs standalone and takes no commands")
     shutdown = trio.Event()
@@ -109,7 +116,7 @@ async def _run(config: NodeConfig, stop_engines: bool) -> int:
             log.info("node %s running", config.node_id, extra={"data_dir": config.data_dir, "engines": engines})
             async with trio.open_nursery() as inner:
                 if config.control:
-                    inner.start_soon(Agent(svc).run)
+                    inner.start_soon(Agent(svc, ssl_context=tls).run)
                 await shutdown.wait()
                 inner.cancel_scope.cancel()
             if not stop_engines and svc.shard_states():

@@ -41,6 +41,11 @@ class NodeConfig:
     engine_host: str = "127.0.0.1"
     address: str = ""
     allow_os_packages: bool = False
+    # wss:// to control: the CA that signed control's certificate (empty: the system's CAs), and
+    # this node's client certificate and key for mutual TLS (control may take the node id from it).
+    tls_ca_file: str = ""
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
     engines: list[ConfiguredEngine] = attrs.field(factory=list)
     # Seconds between re-checks of installed engines (ldd and --version).
     recheck_interval_s: float = 600.0
@@ -69,6 +74,8 @@ def parse_config(data: dict[str, Any], *, source: str = "config") -> NodeConfig:
     for url in config.control:
         if not url.startswith(("ws://", "wss://")):
             raise ConfigError(f"{source}: control: {url!r} is not a ws:// or wss:// URL")
+    if bool(config.tls_cert_file) != bool(config.tls_key_file):
+        raise ConfigError(f"{source}: tls_cert_file and tls_key_file go together (mutual TLS needs both)")
     names = [e.name for e in config.engines]
     if len(set(names)) != len(names):
         raise ConfigError(f"{source}: engines: an engine name appears twice: {names}")
