@@ -13,11 +13,9 @@ checked, then supervised by polling ``/proc``, since they are no longer our chil
 
 from __future__ import annotations
 
-import errno
 import os
 import re
 import signal
-import socket
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +24,7 @@ import attrs
 import httpx2
 import trio
 
+from llmgw_node import engine_http
 from llmgw_node.engines.manager import EngineManager
 from llmgw_node.procs import ProcessRecord, StateFile, alive, open_log, signal_group, start_ticks, tail_lines
 from llmgw_node.weights import WeightsCache, WeightsError
@@ -343,7 +342,7 @@ class Supervisor:
         binary = self.engines.binary(spec.engine, spec.engine_version)
         if binary is None:
             raise ShardError(f"engine {spec.engine} {spec.engine_version} is no longer installed")
-        if not _port_free(self.host, spec.port):
+        if not await trio.to_thread.run_sync(engine_http.port_free, self.host, spec.port):
             raise ShardError(f"port {spec.port} on {self.host} is in use by another process")
         env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "LD_PRELOAD")}
         env.update(spec.env)
@@ -447,39 +446,12 @@ class Supervisor:
         return ""
 
     async def _healthy(self, spec: ShardSpec) -> bool:
-        try:
-            resp = await self.client.get(f"http://{_hostport(self.host, spec.port)}/health",
-                                         timeout=self.timing.health_timeout)
-        except httpx2.HTTPError:
-            return False
-        return resp.status_code == 200
-
-    async def _in_flight(self, spec: ShardSpec) -> int | None:
-        """Requests the engine is working on, or None when it will not say."""
-        base = f"http://{_hostport(self.host, spec.port)}"
-        headers = {"Authorization": f"Bearer {spec.api_key}"}
-        try:
-            resp = await self.client.get(f"{base}/slots", headers=headers, timeout=2.0)
-            if resp.status_code == 200:
-                slots = resp.json()
-                if isinstance(slots, list):
-                    return sum(1 for s in slots if isinstance(s, dict) and s.get("is_processing"))
-            resp = await self.client.get(f"{base}/metrics", headers=headers, timeout=2.0)
-            if resp.status_code == 200:
-                for line in resp.text.splitlines():
-                    if line.startswith(("llamacpp:requests_processing", "llamacpp:requests_deferred")):
-                        value = float(line.rsplit(" ", 1)[1])
-                        if value:
-                            return int(value)
-                return 0
-        except (httpx2.HTTPError, ValueError):
-            return None
-        return None
+        return await engine_http.healthy(self.client, self.host, spec.port, limit_s=self.timing.health_timeout)
 
     async def _drain(self, shard: _Shard, limit_s: float, exited: trio.Event) -> None:
         with trio.move_on_after(limit_s) as scope:
             while not exited.is_set():
-                busy = await self._in_flight(shard.spec)
+                busy = await engine_http.in_flight(self.client, self.host, shard.spec.port, shard.spec.api_key)
                 if busy == 0:
                     return
                 if busy is None:
@@ -536,24 +508,3 @@ async def _first(*events: trio.Event) -> None:
 async def _cancel_when(event: trio.Event, scope: trio.CancelScope) -> None:
     await event.wait()
     scope.cancel()
-
-
-def _hostport(host: str, port: int) -> str:
-    if host in ("0.0.0.0", ""):
-        host = "127.0.0.1"
-    elif host == "::":
-        host = "::1"
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def _port_free(host: str, port: int) -> bool:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                return False
-            raise
-    return True

@@ -125,11 +125,6 @@ class WeightsCache:
                     removed.append(sha)
         return sorted(set(removed)), kept
 
-    def cached(self) -> list[str]:
-        if not self.root.is_dir():
-            return []
-        return sorted(p.name for p in self.root.iterdir() if len(p.name) == 64)
-
 
 def _is_local(url: str) -> bool:
     return url.startswith("/") or url.startswith("file://")

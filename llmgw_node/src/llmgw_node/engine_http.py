@@ -1,0 +1,78 @@
+"""An engine's HTTP surface as the node uses it: health, requests in flight, a free port.
+
+llama-server answers ``/health`` without a key (200 once the model is loaded, 503 while
+loading) and ``/slots`` / ``/metrics`` with the shard's key. Engines without ``/slots`` fall back
+to the Prometheus text of ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+
+import httpx2
+
+_BUSY_SERIES = ("llamacpp:requests_processing", "llamacpp:requests_deferred")
+
+
+def base_url(host: str, port: int) -> str:
+    # An engine bound to every address is reached on loopback from its own node.
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+async def healthy(client: httpx2.AsyncClient, host: str, port: int, *, limit_s: float) -> bool:
+    try:
+        resp = await client.get(f"{base_url(host, port)}/health", timeout=limit_s)
+    except httpx2.HTTPError:
+        return False
+    return resp.status_code == 200
+
+
+def busy_from_metrics(text: str) -> int:
+    """Requests processing plus waiting, from llama-server's Prometheus text."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(_BUSY_SERIES):
+            total += float(line.rsplit(" ", 1)[1])
+    return int(total)
+
+
+async def in_flight(client: httpx2.AsyncClient, host: str, port: int, api_key: str) -> int | None:
+    """Requests the engine is working on or holding, or None when it will not say."""
+    base = base_url(host, port)
+    headers = {"Authorization": f"Bearer {api_key}"}
+    slots_idle = False
+    try:
+        resp = await client.get(f"{base}/slots", headers=headers, timeout=2.0)
+        if resp.status_code == 200:
+            slots = resp.json()
+            if isinstance(slots, list):
+                busy = sum(1 for s in slots if isinstance(s, dict) and s.get("is_processing"))
+                if busy:
+                    return busy
+                slots_idle = True
+        # Idle slots, yet requests may be queued for one: /metrics counts those too.
+        resp = await client.get(f"{base}/metrics", headers=headers, timeout=2.0)
+        if resp.status_code == 200:
+            return busy_from_metrics(resp.text)
+    except (httpx2.HTTPError, ValueError):
+        return None
+    # /metrics is off (llama-server answers 501 without --metrics): idle slots are the best answer.
+    return 0 if slots_idle else None
+
+
+def port_free(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return False
+            raise
+    return True
