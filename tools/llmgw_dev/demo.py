@@ -1,13 +1,17 @@
-"""The quick-start demo: a real llama-server on the tiny model, llmgw-control in front of it.
+"""The quick-start demo: llmgw-control and one llmgw-node on this machine, a real engine, a tiny model.
 
-Sends one chat completion through the gateway, prints how to call it, and keeps serving until
-Ctrl-C, which stops the gateway gracefully and the engine with it.
+Control serves the llama-server release archive and the model file to the node (as it would in
+an air-gapped cluster), the node installs and proves the engine, and the first chat completion
+starts the model (a cold start). Then it keeps serving until Ctrl-C, which stops the daemons
+and the engine with them.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,9 +21,13 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import tomli_w
+
 from llmgw_dev import build_engine
-from llmgw_dev.engine_proc import free_port, llama_server_process
+from llmgw_dev.engine_proc import free_port
 from llmgw_dev.tiny_model import ensure_model
+
+BIN = Path(sys.executable).parent
 
 
 def port_or_free(port: int) -> int:
@@ -31,54 +39,93 @@ def port_or_free(port: int) -> int:
             return free_port()
 
 
-def wait_healthy(url: str, process: subprocess.Popen[bytes], deadline: float = 30) -> None:
+def wait_healthy(url: str, process: subprocess.Popen[bytes], what: str, deadline: float = 60) -> None:
     end = time.monotonic() + deadline
     while time.monotonic() < end:
         if process.poll() is not None:
-            raise SystemExit(f"llmgw-control exited with {process.returncode}")
+            raise SystemExit(f"[demo] {what} exited with {process.returncode}")
         try:
             with urllib.request.urlopen(url + "/healthz", timeout=1) as response:
                 if response.status == 200:
                     return
         except (urllib.error.URLError, OSError):
             time.sleep(0.1)
-    raise SystemExit("llmgw-control did not become healthy")
+    raise SystemExit(f"[demo] {what} did not become healthy")
 
 
-def chat(url: str) -> dict[str, object]:
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "Hello, llmgw!"}], "max_tokens": 24}
-    request = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
-                                     headers={"content-type": "application/json"})
-    with urllib.request.urlopen(request, timeout=60) as response:
+def post_json(url: str, body: dict[str, object], timeout: float = 300) -> dict[str, object]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
         result: dict[str, object] = json.load(response)
         return result
+
+
+def prepare(root: Path, model: Path, archive: Path, ports: dict[str, int]) -> tuple[Path, Path]:
+    files = root / "files"
+    for kind, source in (("engines", archive), ("models", model)):
+        (files / kind).mkdir(parents=True, exist_ok=True)
+        link = files / kind / source.name
+        link.unlink(missing_ok=True)
+        link.symlink_to(source)
+    agents = f"http://127.0.0.1:{ports['agents']}"
+    control = {
+        "listen": f"127.0.0.1:{ports['api']}", "admin_listen": f"127.0.0.1:{ports['admin']}",
+        "data_dir": str(root / "control"), "log_format": "text",
+        "agents": {"listen": f"127.0.0.1:{ports['agents']}", "files_dir": str(files)},
+        "models": [{"name": "tiny", "profiles": [{
+            "name": "cpu", "context": 512, "parallel": 2, "args": ["-t", "1"],
+            "weights": {"url": f"{agents}/files/models/{model.name}",
+                        "sha256": hashlib.sha256(model.read_bytes()).hexdigest(), "size": model.stat().st_size},
+        }]}],
+    }
+    node = {"control": [f"ws://127.0.0.1:{ports['agents']}/agent/v1"], "node_id": "demo-node",
+            "data_dir": str(root / "node")}
+    (root / "control.toml").write_text(tomli_w.dumps(control))
+    (root / "node.toml").write_text(tomli_w.dumps(node))
+    return root / "control.toml", root / "node.toml"
+
+
+def stop(process: subprocess.Popen[bytes], timeout: float = 20) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=8080, help="client API port (a free one if taken)")
     args = parser.parse_args(argv)
-    binary = build_engine.server_binary()
+    archive = build_engine.ensure_engine()
     model = ensure_model()
-    api_port = port_or_free(args.port)
-    admin_port = port_or_free(api_port + 1)
-    api = f"http://127.0.0.1:{api_port}"
-    control = str(Path(sys.executable).with_name("llmgw-control"))
-    with llama_server_process(binary, model, alias="tiny") as engine:
-        print(f"[demo] llama-server (build {build_engine.BUILD_NUMBER}) on {engine.url} serving {model.name}")
-        gateway = subprocess.Popen([control, "run", "--listen", f"127.0.0.1:{api_port}",
-                                    "--admin-listen", f"127.0.0.1:{admin_port}",
-                                    "--endpoint", f"local={engine.url}=tiny", "--log-format", "text"])
-        try:
-            wait_healthy(api, gateway)
-            reply = chat(api)
-            choices = reply["choices"]
-            assert isinstance(choices, list)
-            print("\n[demo] one chat completion through llmgw:")
-            print(f"  reply: {choices[0]['message']['content']!r}")
-            print(f"  usage: {reply['usage']}")
-            print(f"""
-[demo] llmgw is serving the OpenAI API on {api}/v1 (metrics: http://127.0.0.1:{admin_port}/metrics)
+    ports = {"api": port_or_free(args.port)}
+    ports["admin"] = port_or_free(ports["api"] + 1)
+    ports["agents"] = port_or_free(ports["api"] + 10)
+    root = build_engine.cache_dir() / "demo"
+    shutil.rmtree(root / "node" / "state", ignore_errors=True)
+    control_toml, node_toml = prepare(root, model, archive, ports)
+    api = f"http://127.0.0.1:{ports['api']}"
+    control = subprocess.Popen([str(BIN / "llmgw-control"), "run", "--config", str(control_toml)])
+    node = None
+    try:
+        wait_healthy(api, control, "llmgw-control")
+        node = subprocess.Popen([str(BIN / "llmgw-node"), "run", "--config", str(node_toml), "--stop-engines"])
+        print("\n[demo] control and node are up; the first request starts the model on the node "
+              "(install the engine, fetch the weights, start llama-server)...", flush=True)
+        started = time.monotonic()
+        reply = post_json(api + "/v1/chat/completions", {
+            "model": "tiny", "messages": [{"role": "user", "content": "Hello, llmgw!"}], "max_tokens": 24})
+        took = time.monotonic() - started
+        choices = reply["choices"]
+        assert isinstance(choices, list)
+        print(f"\n[demo] one chat completion through llmgw ({took:.1f} s, cold start included):")
+        print(f"  reply: {choices[0]['message']['content']!r}")
+        print(f"  usage: {reply['usage']}")
+        print(f"""
+[demo] llmgw is serving the OpenAI API on {api}/v1
+  admin API and metrics: http://127.0.0.1:{ports['admin']}/api/v1/nodes, /api/v1/models, /metrics
 
   curl {api}/v1/chat/completions -H 'content-type: application/json' \\
        -d '{{"model": "tiny", "messages": [{{"role": "user", "content": "hi"}}], "max_tokens": 16}}'
@@ -92,16 +139,13 @@ def main(argv: list[str] | None = None) -> int:
   (the tiny model has random weights: it answers in fluent gibberish)
   Press Ctrl-C to stop.
 """, flush=True)
-            gateway.wait()
-        except KeyboardInterrupt:
-            print("\n[demo] stopping", flush=True)
-        finally:
-            if gateway.poll() is None:
-                gateway.send_signal(signal.SIGTERM)
-                try:
-                    gateway.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    gateway.kill()
+        control.wait()
+    except KeyboardInterrupt:
+        print("\n[demo] stopping", flush=True)
+    finally:
+        if node is not None:
+            stop(node)
+        stop(control)
     return 0
 
 
