@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import attrs
@@ -174,3 +175,47 @@ async def test_join_token_never_reaches_the_log(
             nursery.cancel_scope.cancel()
     assert "refused this node: bad token" in caplog.text
     assert token not in caplog.text
+
+
+async def _count_hellos(node_config: NodeConfig, fast_timing: Timing, urls: list[str], seconds: float) -> None:
+    config = attrs.evolve(node_config, control=urls, reconnect_min_s=0.2, reconnect_max_s=0.2)
+    async with open_node_service(config, timing=fast_timing) as svc, trio.open_nursery() as nursery:
+        nursery.start_soon(Agent(svc).run)
+        await trio.sleep(seconds)
+        nursery.cancel_scope.cancel()
+
+
+async def test_standbys_naming_each_other_do_not_bounce_the_node_forever(
+    node_config: NodeConfig, fast_timing: Timing
+) -> None:
+    hellos: list[str] = []
+
+    def standby(name: str) -> Callable[[WebSocketConnection], Awaitable[None]]:
+        async def behave(ws: WebSocketConnection) -> None:
+            await receive(ws)
+            hellos.append(name)
+            await ws.send_message(encode(Refuse(reason="standby", leader=urls[name])))
+        return behave
+
+    urls: dict[str, str] = {}
+    async with fake_control(standby("a")) as a, fake_control(standby("b")) as b:
+        urls.update(a=b, b=a)  # each names the other as the leader
+        await _count_hellos(node_config, fast_timing, [a], 1.0)
+    # Each round tries both once and then backs off (0.1-0.2 s): a handful, not thousands.
+    assert 4 <= len(hellos) <= 40, len(hellos)
+
+
+async def test_a_control_that_drops_every_session_at_once_gets_backoff(
+    node_config: NodeConfig, fast_timing: Timing
+) -> None:
+    hellos: list[float] = []
+
+    async def drop(ws: WebSocketConnection) -> None:
+        await receive(ws)
+        hellos.append(trio.current_time())
+        await ws.send_message(encode(Welcome(protocol_version=PROTOCOL_VERSION, heartbeat_interval_s=1)))
+        await ws.aclose()
+
+    async with fake_control(drop) as url:
+        await _count_hellos(node_config, fast_timing, [url], 1.0)
+    assert 3 <= len(hellos) <= 15, len(hellos)

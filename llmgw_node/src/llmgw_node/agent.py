@@ -50,6 +50,8 @@ from llmgw_shared.wire import (
 log = get_logger("llmgw.node.agent")
 
 MAX_FRAME = 16 << 20
+# A session shorter than this that ends twice in a row counts as a failed connect.
+QUICK_SESSION_S = 10.0
 COMMANDS = (SetEngines, StartShard, StopShard, DrainShard, RemoveWeights)
 
 
@@ -126,9 +128,12 @@ class Agent:
         cfg = self.svc.config
         attempt = 0
         queue = list(self.urls)
+        followed: set[str] = set()
+        last_was_quick = False
         while True:
             url = queue.pop(0)
             self._welcomed = False
+            started = trio.current_time()
             try:
                 await self._session(url)
             except SessionEnded as exc:
@@ -137,16 +142,24 @@ class Agent:
             finally:
                 self.status.connected_to = ""
                 self.status.touch()
-            if self._welcomed:
-                # It worked until it did not: start over from the one that worked, promptly.
+            quick = trio.current_time() - started < QUICK_SESSION_S
+            if self._welcomed and not (quick and last_was_quick):
+                # It worked until it did not: start over from the one that worked, promptly. (Twice
+                # in a row welcomed and dropped at once is a failure: back off, do not hammer it.)
                 attempt = 0
                 queue = [url, *[u for u in self.urls if u != url]]
-            elif self._redirect:
-                # A standby named the leader: go there now, not after a backoff.
+            elif self._redirect and self._redirect not in followed:
+                # A standby named the leader: go there now, not after a backoff. Once per round,
+                # so two standbys naming each other cannot bounce the node between them.
+                followed.add(self._redirect)
                 queue = [self._redirect, *[u for u in queue if u != self._redirect]]
-                self._redirect = ""
+            elif self._welcomed:
+                queue = []
+            self._redirect = ""
+            last_was_quick = self._welcomed and quick
             if not queue:
                 queue = list(self.urls)
+                followed.clear()
                 delay = backoff_delay(attempt, cfg.reconnect_min_s, cfg.reconnect_max_s, self.rng)
                 attempt += 1
                 log.info("no control answered; retrying in %.1f s", delay)
