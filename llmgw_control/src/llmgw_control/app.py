@@ -29,6 +29,7 @@ from .fleet.inventory import Inventory, Liveness
 from .fleet.listener import make_agent_app
 from .fleet.reconciler import Reconciler
 from .fleet.secret import default_data_dir, load_or_create_secret
+from .fleet_metrics import register_fleet_metrics
 from .metrics import GatewayMetrics
 from .router.activator import Activator
 from .router.asgi import ClientApp, serve_lifespan
@@ -193,6 +194,8 @@ async def run_control(
                     websocket_max_message_size=config.agents.max_frame_bytes))
                 fleet = await _build_fleet(config, replicas, agent_url)
                 agent_app_box.append(make_agent_app(fleet.agents, fleet.files))
+                # Read at scrape time from the live objects: nothing is counted on the hot path.
+                register_fleet_metrics(registry, fleet)
                 directory = FleetDirectory(fleet.catalog, replicas)
                 await nursery.start(fleet.reconciler.run)
                 if fleet_status is not None:

@@ -52,6 +52,31 @@ class EndpointConfig:
 
 
 @attrs.frozen
+class MonitoringConfig:
+    # The Prometheus that scrapes this daemon (http://host:9090), for the dashboard's charts over
+    # time; the dashboard proxies its query_range API so browsers talk only to llmgw. Empty: no
+    # history, and the dashboard says how to enable it.
+    prometheus: str = ""
+
+
+@attrs.frozen
+class LeadershipConfig:
+    """The leader lease (see docs/failover.md). Only one daemon leads the fleet at a time."""
+
+    # How long a grant lasts without a renew: a killed leader is replaced after about this long.
+    ttl: float = 10.0
+    renew_interval: float = 3.0
+    # Where nodes reach this daemon's agent listener (ws://host:port/agent/v1): a standby sends
+    # nodes here when this daemon leads. Empty: derived from agents.public_url or the bound address
+    # (fine for one daemon; required with a PostgreSQL store, where other machines must reach it).
+    advertise: str = ""
+    # After becoming the leader, this long without starting or stopping replicas, so nodes can
+    # reconnect and report the engines they run (adopted, not duplicated); reports are absorbed
+    # and ready replicas served meanwhile.
+    settle: float = 3.0
+
+
+@attrs.frozen
 class ControlConfig:
     listen: str = "127.0.0.1:8080"
     admin_listen: str = "127.0.0.1:8081"
@@ -70,9 +95,11 @@ class ControlConfig:
     agents: AgentsConfig = attrs.Factory(AgentsConfig)
     reconciler: ReconcilerConfig = attrs.Factory(ReconcilerConfig)
     activator: ActivatorConfig = attrs.Factory(ActivatorConfig)
+    leadership: LeadershipConfig = attrs.Factory(LeadershipConfig)
     # Every node gets these engines; the default is the llama.cpp build this release is tested with.
     engines: list[EngineConfig] = attrs.Factory(lambda: [EngineConfig()])
     models: list[ModelConfig] = attrs.Factory(list)
+    monitoring: MonitoringConfig = MonitoringConfig()
 
 
 _converter = strict_converter()
@@ -120,6 +147,9 @@ def validate(config: ControlConfig) -> ControlConfig:
     if router.max_body_bytes < 1024:
         raise ConfigError(f"router.max_body_bytes must be at least 1024, got {router.max_body_bytes}")
     _validate_fleet(config)
+    if config.monitoring.prometheus:
+        url = validate_engine_url(config.monitoring.prometheus, what="monitoring.prometheus")
+        config = attrs.evolve(config, monitoring=MonitoringConfig(prometheus=url))
     seen: set[str] = set()
     endpoints = []
     for index, endpoint in enumerate(config.endpoints):
@@ -162,8 +192,33 @@ def _validate_fleet(config: ControlConfig) -> None:
     if len(set(names)) != len(names):
         raise ConfigError("engines: an engine and version is listed twice")
     validate_models(config.models, config.engines)
+    _validate_leadership(config)
     if config.models and not agents.listen:
         raise ConfigError("models need nodes to run on: set agents.listen (where llmgw-node connects)")
+
+
+def _validate_leadership(config: ControlConfig) -> None:
+    lead = config.leadership
+    margin = min(1.0, lead.ttl / 5)
+    if not (lead.ttl > 0 and 0 < lead.renew_interval < lead.ttl - margin):
+        raise ConfigError(f"leadership: need 0 < renew_interval ({lead.renew_interval}) < ttl ({lead.ttl}) - "
+                          f"{margin:g} (the safety margin, min(1, ttl/5)), so a renew can fail once in time")
+    if lead.settle < 0:
+        raise ConfigError(f"leadership.settle must not be negative, got {lead.settle}")
+    if lead.advertise:
+        parts = urlsplit(lead.advertise)
+        try:
+            parts.port  # noqa: B018 -- urlsplit validates the port lazily
+        except ValueError:
+            raise ConfigError(f"leadership.advertise: {lead.advertise!r} has an invalid port") from None
+        if parts.scheme not in ("ws", "wss") or not parts.hostname or parts.query or parts.fragment:
+            raise ConfigError(f"leadership.advertise: {lead.advertise!r} is not a ws:// or wss:// URL with a host, "
+                              "e.g. ws://10.0.0.2:8090/agent/v1")
+        if parts.hostname in ("0.0.0.0", "::"):
+            raise ConfigError(f"leadership.advertise: {lead.advertise!r} names no host a node can reach")
+    elif config.agents.listen and config.store.startswith(("postgresql://", "postgres://")):
+        raise ConfigError("leadership.advertise is required with a PostgreSQL store: when this daemon leads, "
+                          "standbys send nodes to that address (e.g. ws://10.0.0.2:8090/agent/v1)")
 
 
 def parse_endpoint_flag(text: str) -> EndpointConfig:

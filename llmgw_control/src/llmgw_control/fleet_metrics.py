@@ -1,0 +1,145 @@
+"""Fleet metrics for ``/metrics``: a custom collector that reads the live objects at scrape time.
+
+Nothing is counted on the data path or in the reconciler for this: each scrape walks the
+inventory, the reconciler's shard records and the activator's waiting counts (all in memory, a
+few hundred objects at most) and reports what they say now. Scrapes run in the admin listener's
+trio task, the same thread that mutates these objects, so there is no torn read.
+
+Label values come from node ids (nodes that joined with a token), configured model/profile keys
+and fixed state words, never from client input, so the series stay bounded.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import trio
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.registry import Collector
+
+# Every state is exported, with 0 when none is in it, so an alert on e.g. lost > 0 sees a series.
+NODE_STATES = ("ready", "disconnected", "unreachable", "lost")
+REPLICA_STATES = ("assigned", "pending", "downloading", "starting", "ready", "draining", "stopped", "failed")
+# Claims a replica still holds: a stopped or failed one has released its memory.
+_HOLDING = frozenset(("assigned", "pending", "downloading", "starting", "ready", "draining"))
+
+
+def _default_role(fleet: Any) -> Any:
+    # Hook for leadership: today ``AgentService.role`` (a ``Role`` with ``leader`` and
+    # ``leader_address``) is the only source. When the lease lands, pass ``role=`` a callable that
+    # returns an object with the same two attributes (and optionally ``holder``).
+    return getattr(fleet.agents, "role", None)
+
+
+class FleetCollector(Collector):
+    def __init__(self, fleet: Any, *, role: Callable[[], Any] | None = None,
+                 clock: Callable[[], float] = trio.current_time) -> None:
+        self.fleet = fleet
+        self.role = role or (lambda: _default_role(self.fleet))
+        self.clock = clock
+
+    def describe(self) -> list[Any]:
+        # Empty: the registry must not call collect() at registration time (that is outside trio).
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        fleet = self.fleet
+        reconciler = fleet.reconciler
+        now = self.clock()
+        reserved = reconciler.config.reserved_ram_mib
+
+        nodes = GaugeMetricFamily("llmgw_fleet_nodes", "Nodes known to control, by liveness state.",
+                                  labels=["state"])
+        cordoned = GaugeMetricFamily("llmgw_fleet_node_cordoned", "1 when the node takes no new replicas.",
+                                     labels=["node"])
+        node_state = GaugeMetricFamily("llmgw_fleet_node_state", "1 for the node's current liveness state.",
+                                       labels=["node", "state"])
+        engines = GaugeMetricFamily(
+            "llmgw_fleet_engine_state", "1 per engine build on a node, labelled with its status "
+            "(installing, installed, configured, failed, ...).", labels=["node", "engine", "version", "status"])
+        ram = GaugeMetricFamily("llmgw_fleet_node_ram_mib",
+                                "RAM per node in MiB: usable (total minus the reserve), claimed by replicas, free.",
+                                labels=["node", "kind"])
+        vram = GaugeMetricFamily("llmgw_fleet_node_vram_mib", "GPU memory per node in MiB: total, claimed, free.",
+                                 labels=["node", "kind"])
+        shards = GaugeMetricFamily("llmgw_fleet_node_replicas", "Replicas holding resources on a node.",
+                                   labels=["node"])
+
+        claimed: dict[str, tuple[int, int, int]] = {}
+        for record in reconciler.shards.values():
+            if record.status in _HOLDING:
+                ram_c, vram_c, count = claimed.get(record.node_id, (0, 0, 0))
+                claimed[record.node_id] = (ram_c + record.claim.ram_mib, vram_c + record.claim.vram_mib, count + 1)
+
+        by_state: Counter[str] = Counter()
+        for node in fleet.inventory:
+            state = reconciler.liveness.state(node, now)
+            by_state[state] += 1
+            node_state.add_metric([node.node_id, state], 1)
+            cordoned.add_metric([node.node_id], 1 if node.cordoned else 0)
+            for engine in node.engines.values():
+                engines.add_metric([node.node_id, engine.name, engine.version, engine.status], 1)
+            facts = node.facts
+            usable = max(0, facts.ram_total_mib - reserved)
+            gpu_total = sum(g.memory_total_mib for g in facts.gpus)
+            ram_c, vram_c, count = claimed.get(node.node_id, (0, 0, 0))
+            for kind, value in (("usable", usable), ("claimed", ram_c), ("free", max(0, usable - ram_c))):
+                ram.add_metric([node.node_id, kind], value)
+            for kind, value in (("total", gpu_total), ("claimed", vram_c), ("free", max(0, gpu_total - vram_c))):
+                vram.add_metric([node.node_id, kind], value)
+            shards.add_metric([node.node_id], count)
+        for state in sorted(set(NODE_STATES) | set(by_state)):
+            nodes.add_metric([state], by_state.get(state, 0))
+
+        replicas = GaugeMetricFamily("llmgw_fleet_replicas", "Replicas per model profile, by state.",
+                                     labels=["model", "state"])
+        counts: Counter[tuple[str, str]] = Counter(
+            (r.key, "draining" if r.draining else r.status) for r in reconciler.shards.values())
+        for resolved in fleet.catalog.all_profiles():
+            for state in REPLICA_STATES:
+                counts.setdefault((resolved.key, state), 0)
+        for (key, state), value in sorted(counts.items()):
+            replicas.add_metric([key, state], value)
+
+        waiting = GaugeMetricFamily("llmgw_fleet_waiting_requests",
+                                    "Requests held by the activator until a replica of the model is ready.",
+                                    labels=["model"])
+        for resolved in fleet.catalog.all_profiles():
+            waiting.add_metric([resolved.key], reconciler.waiting.get(resolved.key, 0))
+        queue = GaugeMetricFamily("llmgw_fleet_queue_depth", "All requests held by the activator.",
+                                  value=fleet.activator.queue_depth())
+
+        yield from (nodes, node_state, cordoned, engines, ram, vram, shards, replicas, waiting, queue)
+        yield from self._leadership()
+
+    def _leadership(self) -> Iterator[Any]:
+        role = self.role()
+        if role is None:
+            return
+        leader = bool(getattr(role, "leader", False))
+        yield GaugeMetricFamily("llmgw_control_leader", "1 when this control daemon holds the lease (the leader).",
+                                value=1 if leader else 0)
+        holder = getattr(role, "holder", "") or ("self" if leader else getattr(role, "leader_address", ""))
+        info = InfoMetricFamily("llmgw_control_lease", "Who holds the leader lease, as this daemon knows it.")
+        info.add_metric([], {"holder": holder or "unknown"})
+        yield info
+
+
+# One collector per registry: a test (or a restart in-process) that runs control twice on one
+# registry re-points the existing collector instead of failing on duplicate series.
+_registered: weakref.WeakKeyDictionary[CollectorRegistry, FleetCollector] = weakref.WeakKeyDictionary()
+
+
+def register_fleet_metrics(registry: CollectorRegistry, fleet: Any) -> FleetCollector:
+    """Expose ``fleet`` (``app.Fleet``) on ``registry``; returns the collector."""
+    collector = _registered.get(registry)
+    if collector is None:
+        collector = _registered[registry] = FleetCollector(fleet)
+        registry.register(collector)
+    else:
+        collector.fleet = fleet
+    return collector
