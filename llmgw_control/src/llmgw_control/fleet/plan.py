@@ -170,8 +170,18 @@ def plan(
             free_vram[assignment.node_id] -= assignment.claim.vram_mib
             ports[assignment.node_id].add(assignment.port)
 
+    # Live replicas per profile and per (profile, node), kept current as the pass places more, so
+    # choosing a node does not rescan every assignment (1,000 nodes x 500 models in one pass).
+    live_by_key: dict[str, list[Assignment]] = {}
+    spread: dict[tuple[str, str], int] = {}
+    for assignment in kept:
+        if assignment.live:
+            live_by_key.setdefault(assignment.key, []).append(assignment)
+            spread[(assignment.key, assignment.node_id)] = spread.get((assignment.key, assignment.node_id), 0) + 1
+    ordered_nodes = sorted((n for n in node_map.values() if n.schedulable), key=lambda n: n.node_id)
+    any_schedulable = bool(ordered_nodes)
     for demand in sorted(demands, key=lambda d: d.key):
-        live = [a for a in kept if a.key == demand.key and a.live]
+        live = live_by_key.get(demand.key, [])
         missing = demand.wanted - len(live)
         if missing < 0:
             # Drain the surplus: replicas not yet serving first, then the least recently used.
@@ -179,7 +189,10 @@ def plan(
             actions.extend(Drain(a.shard_id, a.node_id) for a in surplus)
             continue
         for _ in range(missing):
-            choice, reason = _choose_node(demand, node_map, kept, free_ram, free_vram, backoff, now)
+            if not any_schedulable:
+                blocked[demand.key] = "no node is connected and schedulable"
+                break
+            choice, reason = _choose_node(demand, ordered_nodes, spread, free_ram, free_vram, backoff, now)
             if choice is None:
                 blocked[demand.key] = reason
                 break
@@ -190,16 +203,15 @@ def plan(
             ports[choice].add(port)
             free_ram[choice] -= demand.claim.ram_mib
             free_vram[choice] -= demand.claim.vram_mib
-            start = Start(choice, demand.key, port, demand.claim)
-            actions.append(start)
-            kept.append(Assignment(f"(new:{len(actions)})", demand.key, choice, port, demand.claim, "assigned"))
+            actions.append(Start(choice, demand.key, port, demand.claim))
+            spread[(demand.key, choice)] = spread.get((demand.key, choice), 0) + 1
     return Plan(actions, blocked)
 
 
 def _choose_node(
     demand: Demand,
-    nodes: dict[str, NodeView],
-    assignments: list[Assignment],
+    nodes: list[NodeView],
+    spread: dict[tuple[str, str], int],
     free_ram: dict[str, int],
     free_vram: dict[str, int],
     backoff: dict[tuple[str, str], tuple[float, str]],
@@ -209,10 +221,9 @@ def _choose_node(
     name, version = demand.engine
     reasons: list[str] = []
     candidates: list[NodeView] = []
-    for node in sorted(nodes.values(), key=lambda n: n.node_id):
-        if not node.schedulable:
-            continue
-        if not _labels_match(demand.labels, node.labels):
+    required = demand.labels
+    for node in nodes:
+        if required and not _labels_match(required, node.labels):
             continue
         engine = node.engines.get(demand.engine)
         if engine is None or engine.status not in READY_ENGINE:
@@ -233,15 +244,11 @@ def _choose_node(
             continue
         candidates.append(node)
     if not candidates:
-        if not any(n.schedulable for n in nodes.values()):
-            return None, "no node is connected and schedulable"
         if not reasons:
             wanted = ", ".join(f"{k}={v}" for k, v in demand.labels.items())
             return None, f"no node has the labels {wanted}"
         return None, "no node fits: " + "; ".join(reasons)
     # Spread replicas of one profile across nodes, then prefer the node with the most room.
-    def score(node: NodeView) -> tuple[int, int]:
-        same = sum(1 for a in assignments if a.key == demand.key and a.node_id == node.node_id and a.live)
-        return (same, -free_ram[node.node_id])
-
-    return min(candidates, key=score).node_id, ""
+    key = demand.key
+    best = min(candidates, key=lambda n: (spread.get((key, n.node_id), 0), -free_ram[n.node_id]))
+    return best.node_id, ""

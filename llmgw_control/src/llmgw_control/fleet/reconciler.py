@@ -113,7 +113,11 @@ class Reconciler:
         self.failures: dict[tuple[str, str], int] = {}
         self.waiting: dict[str, int] = {}
         self.blocked: dict[str, str] = {}
+        # The leader lease's epoch, set by ``leadership`` when this daemon becomes the leader.
         self.fencing_token = 1
+        # Until then (trio clock) a pass adopts and publishes but places nothing: set on taking
+        # over, so nodes can report the engines they run before anything is started twice.
+        self.hold_until = float("-inf")
         self._wake = trio.Event()
         self._tokens = float(config.reschedule_burst)
         self._tokens_at = 0.0
@@ -122,6 +126,10 @@ class Reconciler:
         # Replicas this reconciler published (the set may also hold static endpoints).
         self._published: set[str] = set()
         self._blocked_logged: dict[str, tuple[str, float]] = {}
+        # Nodes an operator cordoned (no new replicas there). Kept here rather than only on the
+        # NodeRecord: a record is replaced when its node reconnects, and a cordon set before the
+        # node ever connected (or restored from the store at start) must still hold.
+        self.cordons: set[str] = set()
 
     # ------------------------------------------------------------------ outside API
 
@@ -156,6 +164,57 @@ class Reconciler:
                     record.key, record.node_id, detail, delay, extra={"model": record.key})
         self.wake()
 
+    def is_cordoned(self, node_id: str) -> bool:
+        node = self.inventory.get(node_id)
+        return node_id in self.cordons or (node is not None and node.cordoned)
+
+    def cordon(self, node_id: str) -> None:
+        """No new replicas on this node; the ones it runs keep serving."""
+        self.cordons.add(node_id)
+        node = self.inventory.get(node_id)
+        if node is not None:
+            node.cordoned = True
+        self.wake()
+
+    def uncordon(self, node_id: str) -> None:
+        self.cordons.discard(node_id)
+        node = self.inventory.get(node_id)
+        if node is not None:
+            node.cordoned = False
+        self.wake()
+
+    def drain_node(self, node_id: str) -> list[str]:
+        """Cordon the node and drain every replica on it (withdrawn from the router first);
+        the next pass places replacements elsewhere. Returns the shard ids drained."""
+        self.cordon(node_id)
+        return self._drain([r for r in self.shards.values() if r.node_id == node_id])
+
+    def drain_key(self, key: str) -> list[str]:
+        """Drain every replica of a profile key (its model was removed, or changed so that the
+        running engines no longer match it)."""
+        return self._drain([r for r in self.shards.values() if r.key == key])
+
+    def _drain(self, records: list[ShardRecord]) -> list[str]:
+        drained = [r.shard_id for r in records if not r.draining and r.status not in ("stopped", "failed")]
+        if drained:
+            self._apply([Drain(shard_id, self.shards[shard_id].node_id) for shard_id in drained], self.clock())
+            self.wake()
+        return drained
+
+    def stand_down(self) -> None:
+        """This daemon stopped leading: forget the fleet, as a restarted control would.
+
+        Every replica it published is withdrawn (a standby routes nothing), and what runs where is
+        learnt again from the nodes' hellos, with adoption, if it leads again.
+        """
+        for shard_id in list(self.shards) + list(self._published):
+            self.replicas.withdraw(shard_id)
+        self.shards.clear()
+        self.backoff.clear()
+        self.failures.clear()
+        self.blocked = {}
+        self._published = set()
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         while True:
@@ -174,6 +233,12 @@ class Reconciler:
         now = self.clock()
         self.passes += 1
         self._absorb_reports(now)
+        if now < self.hold_until:
+            self._sync_router(now)
+            return
+        # Replicas of a model the catalog no longer has (removed through the admin API) go away
+        # the usual way: withdrawn, then drained.
+        self._drain([r for r in self.shards.values() if self.catalog.resolve(r.key) is None])
         demands = self._demands(now)
         views = self._node_views(now)
         limits = PlanLimits(self.config.port_min, self.config.port_max, self._reschedule_budget(now))
@@ -231,11 +296,14 @@ class Reconciler:
 
     def _demands(self, now: float) -> list[Demand]:
         demands = []
+        live_by_key: dict[str, list[ShardRecord]] = {}
+        for record in self.shards.values():
+            if not record.draining and record.status not in ("failed", "stopped"):
+                live_by_key.setdefault(record.key, []).append(record)
         for resolved in self.catalog.all_profiles():
             key = resolved.key
             profile = resolved.profile
-            live = [r for r in self.shards.values() if r.key == key and not r.draining
-                    and r.status not in ("failed", "stopped")]
+            live = live_by_key.get(key, [])
             published = {r.id: r for r in self.replicas.for_model(key)}
             wanted = profile.min_replicas
             waiting = self.waiting.get(key, 0)
@@ -268,7 +336,8 @@ class Reconciler:
             facts = node.facts
             busy_ports = frozenset(s.port for s in node.shards.values() if s.status not in ("stopped", "failed"))
             views.append(NodeView(
-                node.node_id, self.liveness.state(node, now), node.cordoned, node.labels, dict(node.engines),
+                node.node_id, self.liveness.state(node, now), self.is_cordoned(node.node_id), node.labels,
+                dict(node.engines),
                 max(0, facts.ram_total_mib - self.config.reserved_ram_mib),
                 sum(g.memory_total_mib for g in facts.gpus), busy_ports,
             ))
