@@ -30,7 +30,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -147,26 +147,32 @@ class _Reader:
                 return status, self.buf[-256:], False
 
 
-async def _one_connection(host: str, port: int, path: str, body: bytes, budget: Budget,
-                          result: LoadResult, extra_headers: Sequence[tuple[str, str]]) -> None:
-    head = f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-    head += "".join(f"{k}: {v}\r\n" for k, v in extra_headers)
-    request = (head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
-    stream: trio.SocketStream | None = None
-    reader: _Reader | None = None
-    try:
+class _Connection:
+    """One client connection, reused for as long as the server allows (reopened when it closes)."""
+
+    def __init__(self, host: str, port: int, request: bytes) -> None:
+        self.host, self.port, self.request = host, port, request
+        self.stream: trio.SocketStream | None = None
+        self.reader: _Reader | None = None
+
+    async def close(self) -> None:
+        if self.stream is not None:
+            await self.stream.aclose()
+        self.stream = self.reader = None
+
+    async def run(self, budget: Budget, result: LoadResult) -> None:
         while budget.take():
-            if stream is None or reader is None:
-                stream = await trio.open_tcp_stream(host, port)
+            if self.stream is None or self.reader is None:
+                self.stream = await trio.open_tcp_stream(self.host, self.port)
                 # Without TCP_NODELAY small request writes wait for delayed ACKs (~40 ms).
-                stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                reader = _Reader(stream)
+                self.stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self.reader = _Reader(self.stream)
             started = time.perf_counter()
             ok = reuse = False
             try:
                 with trio.fail_after(30):
-                    await stream.send_all(request)
-                    status, tail, reuse = await reader.response(started, result.ttfb)
+                    await self.stream.send_all(self.request)
+                    status, tail, reuse = await self.reader.response(started, result.ttfb)
                 # A complete answer: a stream ends with [DONE], a JSON answer carries its usage.
                 ok = status == 200 and (tail.endswith(b"data: [DONE]\n\n") or b'"usage"' in tail)
             except (OSError, trio.BrokenResourceError, trio.TooSlowError, _Closed, ValueError, IndexError):
@@ -177,37 +183,54 @@ async def _one_connection(host: str, port: int, path: str, body: bytes, budget: 
             else:
                 result.errors += 1
             if not (ok and reuse):
-                await stream.aclose()
-                stream = reader = None
-    finally:
-        if stream is not None:
-            await stream.aclose()
+                await self.close()
 
 
 async def run_load(url: str, *, stream: bool, concurrency: int, requests: int, seconds: float,
-                   api_key: str | None = None) -> LoadResult:
+                   api_key: str | None = None, on_start: Callable[[], None] | None = None) -> LoadResult:
+    """Warm up (2 requests per connection, not counted), call ``on_start``, then run the bounded load.
+
+    The connections opened in the warm-up are the ones measured, so connection setup stays out of
+    the numbers except where a server closes connections (llama-server does, after each stream).
+    """
     host, port = url.removeprefix("http://").rsplit(":", 1)
     payload: dict[str, Any] = {"model": MODEL, "max_tokens": STREAM_CHUNKS,
                                "messages": [{"role": "user", "content": "Say something."}]}
     if stream:
         payload |= {"stream": True, "stream_options": {"include_usage": True}}
     body = json.dumps(payload).encode()
-    extra = [("Authorization", f"Bearer {api_key}")] if api_key else []
-    # Warm-up, not counted: connections open, the gateway's upstream pool fills.
+    head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+    if api_key:
+        head += f"Authorization: Bearer {api_key}\r\n"
+    request = (head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
     warm = LoadResult(0, 0, 0.0, [], [])
-    warm_budget = Budget(concurrency * 2, time.monotonic() + 10)
-    async with trio.open_nursery() as nursery:
-        for _ in range(concurrency):
-            nursery.start_soon(_one_connection, host, int(port), "/v1/chat/completions", body, warm_budget,
-                               warm, extra)
     result = LoadResult(0, 0, 0.0, [], [])
-    budget = Budget(requests, time.monotonic() + seconds)
-    started = time.monotonic()
+    budget = Budget(requests, time.monotonic() + 3600)
+    go = trio.Event()
+    waiting = concurrency
+
+    async def worker() -> None:
+        nonlocal waiting
+        conn = _Connection(host, int(port), request)
+        try:
+            await conn.run(Budget(2, time.monotonic() + 30), warm)
+            waiting -= 1
+            if waiting == 0:
+                if on_start is not None:
+                    on_start()
+                budget.deadline = time.monotonic() + seconds
+                result.seconds = time.monotonic()  # the start, until the end is known
+                go.set()
+            await go.wait()
+            await conn.run(budget, result)
+        finally:
+            await conn.close()
+
     async with trio.open_nursery() as nursery:
         for _ in range(concurrency):
-            nursery.start_soon(_one_connection, host, int(port), "/v1/chat/completions", body, budget,
-                               result, extra)
-    result.seconds = time.monotonic() - started
+            nursery.start_soon(worker)
+    result.seconds = time.monotonic() - result.seconds
     return result
 
 
@@ -299,6 +322,7 @@ class Row:
     via: LoadResult | None
     gateway_cpu_ms: float | None
     engine_cpu_ms_direct: float
+    gateway_core_share: float | None = None
 
 
 def fmt_row(row: Row) -> str:
@@ -317,6 +341,7 @@ def fmt_row(row: Row) -> str:
     return (line + f"   | llmgw {v.rps:7.0f} rps  p50 {v.pct(0.5):7.2f}  p99 {v.pct(0.99):7.2f}"
             + (f"  ttfb {v.pct(0.5, v.ttfb):6.2f} (+{added_ttfb:.2f})" if row.mode == "stream" else "")
             + f"   | rps x{ratio:4.2f}  +p50 {added:6.2f} ms  cpu/req {cpu} ms"
+            + (f" ({row.gateway_core_share:4.0%} of its core)" if row.gateway_core_share is not None else "")
             + (f"  errors {v.errors}" if v.errors or d.errors else ""))
 
 
@@ -383,6 +408,12 @@ def main(argv: list[str] | None = None) -> int:
     print("latencies in ms; cpu/req is the gateway's utime+stime per proxied request\n")
 
     rows: list[Row] = []
+    marks: dict[str, float] = {}
+
+    def mark(pid: int, key: str) -> Callable[[], None]:
+        """Snapshot a process's CPU time when the measured load starts (after the warm-up)."""
+        return lambda: marks.__setitem__(key, cpu_seconds(pid))
+
     with tempfile.TemporaryDirectory(prefix="llmgw-bench-") as tmp, \
             fake_engine_process(gen_core) as (engine_url, engine_pid):
         log_path = Path(tmp) / "gateway.log"
@@ -392,21 +423,22 @@ def main(argv: list[str] | None = None) -> int:
                 for c in levels:
                     n, secs = budget(c)
                     stream = mode == "stream"
-                    e0 = cpu_seconds(engine_pid)
-                    direct = trio.run(partial(run_load, engine_url, stream=stream, concurrency=c,
-                                              requests=n, seconds=secs))
-                    engine_cpu = (cpu_seconds(engine_pid) - e0) * 1000 / max(1, direct.requests + 2 * c)
+                    direct = trio.run(partial(run_load, engine_url, stream=stream, concurrency=c, requests=n,
+                                              seconds=secs, on_start=mark(engine_pid, "engine")))
+                    engine_cpu = (cpu_seconds(engine_pid) - marks["engine"]) * 1000 / max(1, direct.requests)
                     via: LoadResult | None = None
                     gw_cpu: float | None = None
+                    gw_share: float | None = None
                     if gw is not None:
                         gw_url, gw_pid = gw
-                        g0 = cpu_seconds(gw_pid)
                         via = trio.run(partial(run_load, gw_url, stream=stream, concurrency=c, requests=n,
-                                               seconds=secs, api_key=args.api_key))
-                        # warm-up requests are included in the CPU delta: count them too.
-                        served = via.requests + via.errors + 2 * c
-                        gw_cpu = (cpu_seconds(gw_pid) - g0) * 1000 / max(1, served)
-                    row = Row(mode, c, direct, via, gw_cpu, engine_cpu)
+                                               seconds=secs, api_key=args.api_key, on_start=mark(gw_pid, "gw")))
+                        used = cpu_seconds(gw_pid) - marks["gw"]
+                        gw_cpu = used * 1000 / max(1, via.requests + via.errors)
+                        # How much of its core the gateway got: well under 100% while it is the
+                        # bottleneck means other work on the machine took the rest.
+                        gw_share = used / via.seconds if via.seconds else None
+                    row = Row(mode, c, direct, via, gw_cpu, engine_cpu, gw_share)
                     rows.append(row)
                     print(fmt_row(row), flush=True)
     print(f"\nload average after the run {os.getloadavg()[0]:.2f}")
@@ -431,7 +463,7 @@ def _row_json(row: Row) -> dict[str, Any]:
                 "rps": round(r.rps, 1), "p50_ms": round(r.pct(0.5), 3), "p99_ms": round(r.pct(0.99), 3),
                 "ttfb_p50_ms": round(r.pct(0.5, r.ttfb), 3)}
     return {"mode": row.mode, "concurrency": row.concurrency, "direct": res(row.direct), "via": res(row.via),
-            "gateway_cpu_ms_per_request": row.gateway_cpu_ms,
+            "gateway_cpu_ms_per_request": row.gateway_cpu_ms, "gateway_core_share": row.gateway_core_share,
             "engine_cpu_ms_per_request_direct": round(row.engine_cpu_ms_direct, 3)}
 
 
