@@ -92,7 +92,19 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
-async def simulated_node(url: str, index: int, interval: float, stop: trio.Event, connected: list[int]) -> None:
+class Joined:
+    def __init__(self, expected: int) -> None:
+        self.expected = expected
+        self.count = 0
+        self.all = trio.Event()
+
+    def one(self) -> None:
+        self.count += 1
+        if self.count >= self.expected:
+            self.all.set()
+
+
+async def simulated_node(url: str, index: int, interval: float, stop: trio.Event, connected: Joined) -> None:
     facts = attrs.evolve(unprobed(), probed=True, hostname=f"sim-{index}", ram_total_mib=64_000, cores=16,
                          arch="x86_64", cpu_features=["avx", "avx2", "fma", "f16c"])
     hello = Hello(PROTOCOL_VERSION, f"sim-{index:04d}", "", facts, [EngineState("llama.cpp", "b11312", "installed")],
@@ -100,7 +112,7 @@ async def simulated_node(url: str, index: int, interval: float, stop: trio.Event
     async with open_websocket_url(url, message_queue_size=64) as ws:
         await ws.send_message(encode(hello))
         await ws.get_message()  # welcome
-        connected[0] += 1
+        connected.one()
 
         async def drain() -> None:
             while True:
@@ -134,12 +146,14 @@ async def simulated_fleet(nodes: int, seconds: float, model_count: int) -> dict[
     }
     path = root / "control.toml"
     path.write_text(tomli_w.dumps(config))
-    process = subprocess.Popen([str(Path(sys.executable).with_name("llmgw-control")), "run", "--config", str(path)],
-                               stdout=subprocess.DEVNULL, stderr=open(root / "control.log", "wb"))  # noqa: SIM115
+    log = (root / "control.log").open("wb")  # noqa: ASYNC230,SIM115 -- once, before the measurement
+    process = await trio.lowlevel.open_process(
+        [str(Path(sys.executable).with_name("llmgw-control")), "run", "--config", str(path)],
+        stdout=subprocess.DEVNULL, stderr=log)
     url = f"ws://127.0.0.1:{agents}/agent/v1"
     latencies: list[float] = []
     stop = trio.Event()
-    connected = [0]
+    connected = Joined(nodes)
     try:
         async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{api}", timeout=30) as client:
             with trio.fail_after(30):
@@ -155,8 +169,7 @@ async def simulated_fleet(nodes: int, seconds: float, model_count: int) -> dict[
                     if index % 50 == 49:
                         await trio.sleep(0.05)  # a fleet connects over seconds, not in one instant
                 with trio.fail_after(120):
-                    while connected[0] < nodes:
-                        await trio.sleep(0.1)
+                    await connected.all.wait()
                 joined_at = time.monotonic()
                 cpu_before = cpu_seconds(process.pid)
                 end = time.monotonic() + seconds
@@ -171,7 +184,9 @@ async def simulated_fleet(nodes: int, seconds: float, model_count: int) -> dict[
                 stop.set()
     finally:
         process.terminate()
-        process.wait(timeout=30)
+        with trio.move_on_after(30):
+            await process.wait()
+        log.close()
     latencies.sort()
     return {"nodes": nodes, "models": model_count, "window_s": round(window, 1),
             "control_cpu_share_of_one_core": round(cpu / window, 3),
