@@ -146,7 +146,7 @@ async def simulated_fleet(nodes: int, seconds: float, model_count: int) -> dict[
     }
     path = root / "control.toml"
     path.write_text(tomli_w.dumps(config))
-    log = (root / "control.log").open("wb")  # noqa: ASYNC230,SIM115 -- once, before the measurement
+    log = (root / "control.log").open("wb")
     process = await trio.lowlevel.open_process(
         [str(Path(sys.executable).with_name("llmgw-control")), "run", "--config", str(path)],
         stdout=subprocess.DEVNULL, stderr=log)
