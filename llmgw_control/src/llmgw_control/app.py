@@ -30,6 +30,15 @@ from .fleet.listener import make_agent_app
 from .fleet.reconciler import Reconciler
 from .fleet.secret import default_data_dir, load_or_create_secret
 from .fleet_metrics import register_fleet_metrics
+from .leadership import (
+    KEY_DIGEST_SECRET,
+    SHARD_KEY_SECRET,
+    Leadership,
+    StandbyGate,
+    clear_single_daemon_lease,
+    cluster_secret,
+    new_holder,
+)
 from .metrics import GatewayMetrics
 from .router.activator import Activator
 from .router.asgi import ClientApp, serve_lifespan
@@ -38,7 +47,7 @@ from .router.gateway import Gateway
 from .router.replicas import Replica, ReplicaSet
 from .router.upstream import Httpx2Upstream, UpstreamClient
 from .serving import serve_asgi
-from .store import Store, open_store
+from .store import LeaseKeeper, Store, is_postgres_url, open_store
 from .tenancy.admission import TenancyAdmission
 from .tenancy.keys import KeyDigester, load_or_create_server_secret
 from .tenancy.service import TenancyService
@@ -71,8 +80,14 @@ class Tenancy:
 async def open_tenancy(config: ControlConfig, data_dir: Path) -> AsyncIterator[Tenancy]:
     """The store and, over it, the tenancy state: loaded before the first request is admitted."""
     location = config.store or str(data_dir / "llmgw.db")
-    secret = await trio.to_thread.run_sync(load_or_create_server_secret, data_dir / "key-secret")
+    if not is_postgres_url(location):
+        await trio.to_thread.run_sync(partial(data_dir.mkdir, parents=True, exist_ok=True))
     async with open_store(location) as store, trio.open_nursery() as nursery:
+        if is_postgres_url(location):
+            # Every daemon on this database must check the same digests: the secret lives there.
+            secret = await cluster_secret(store, KEY_DIGEST_SECRET, data_dir / "key-secret")
+        else:
+            secret = await trio.to_thread.run_sync(load_or_create_server_secret, data_dir / "key-secret")
         state = TenancyState(store, KeyDigester(secret))
         usage = UsageAccumulator()
         flusher = UsageFlusher(store, usage)
@@ -99,6 +114,7 @@ class Fleet:
     agents: AgentService
     activator: Activator
     files: FileServer | None
+    leadership: Leadership | None = None
 
 
 def static_replicas(config: ControlConfig) -> ReplicaSet:
@@ -118,13 +134,27 @@ def data_dir_of(config: ControlConfig) -> Path:
     return Path(config.data_dir) if config.data_dir else default_data_dir()
 
 
-async def _build_fleet(config: ControlConfig, replicas: ReplicaSet, agent_url: str) -> Fleet:
+def advertised_agent_url(config: ControlConfig, bound: str) -> str:
+    """Where nodes reach this daemon's agent endpoint, for the lease (standbys send nodes there)."""
+    if config.leadership.advertise:
+        return config.leadership.advertise
+    base = _public_url(config, bound)
+    scheme, _, rest = base.partition("://")
+    return f"{'wss' if scheme == 'https' else 'ws'}://{rest}/agent/v1"
+
+
+async def _build_fleet(config: ControlConfig, replicas: ReplicaSet, agent_url: str, store: Store) -> Fleet:
     catalog = Catalog(config.models, config.engines, config.router.default_profile)
     public_url = _public_url(config, agent_url)
     files = FileServer(Path(config.agents.files_dir), public_url) if config.agents.files_dir else None
     inventory = Inventory()
     liveness = Liveness(config.agents.unreachable_after, config.agents.lost_after)
-    secret = await trio.to_thread.run_sync(load_or_create_secret, data_dir_of(config))
+    if is_postgres_url(config.store):
+        # Shard API keys must be the same on every daemon, or a new leader could not talk to the
+        # engines it adopts.
+        secret = await cluster_secret(store, SHARD_KEY_SECRET, data_dir_of(config) / "control.secret")
+    else:
+        secret = await trio.to_thread.run_sync(load_or_create_secret, data_dir_of(config))
     claims = await profile_claims(catalog, files)
 
     def engine_specs() -> list[EngineSpec]:
@@ -192,17 +222,30 @@ async def run_control(
                 agent_url = await nursery.start(partial(
                     serve, agent_app, config.agents.listen, name="agents",
                     websocket_max_message_size=config.agents.max_frame_bytes))
-                fleet = await _build_fleet(config, replicas, agent_url)
+                fleet = await _build_fleet(config, replicas, agent_url, tenancy.store)
                 agent_app_box.append(make_agent_app(fleet.agents, fleet.files))
                 # Read at scrape time from the live objects: nothing is counted on the hot path.
                 register_fleet_metrics(registry, fleet)
                 directory = FleetDirectory(fleet.catalog, replicas)
-                await nursery.start(fleet.reconciler.run)
+                lead = config.leadership
+                if not is_postgres_url(config.store):
+                    await clear_single_daemon_lease(tenancy.store.lease)
+                keeper = LeaseKeeper(tenancy.store.lease, new_holder(), advertised_agent_url(config, agent_url),
+                                     ttl=lead.ttl, renew_interval=lead.renew_interval)
+                fleet.leadership = Leadership(keeper, fleet.agents, fleet.reconciler, fleet.inventory,
+                                              settle=lead.settle)
+                # The reconciler runs inside it, only while this daemon leads.
+                role = await nursery.start(fleet.leadership.run)
+                log.info("leader" if role.leader else "standby",
+                         extra={"holder": keeper.holder, "leader": role.leader_address})
                 if fleet_status is not None:
                     fleet_status.append(fleet)
             gateway = Gateway(replicas, client, metrics, config.router, directory=directory,
                               activator=fleet.activator if fleet else None, admission=tenancy.admission)
-            api_url = await nursery.start(partial(serve, ClientApp(gateway), config.listen, name="api"))
+            client_app: Any = ClientApp(gateway)
+            if fleet is not None and fleet.leadership is not None:
+                client_app = StandbyGate(client_app, fleet.leadership)
+            api_url = await nursery.start(partial(serve, client_app, config.listen, name="api"))
             admin_url = await nursery.start(partial(serve, make_admin_app(registry, fleet), config.admin_listen,
                                                     name="admin"))
             metrics_url = None
@@ -217,6 +260,9 @@ async def run_control(
             if fleet is not None:
                 # The reconciler and agent connections run until the listeners have drained.
                 await shutdown.wait()
+                if fleet.leadership is not None:
+                    # First, so a standby takes over on its next poll while requests here drain.
+                    await fleet.leadership.release()
                 fleet.agents.close_all("control is shutting down")
                 with trio.move_on_after(grace + 1):
                     await fleet.agents.wait_all_closed()

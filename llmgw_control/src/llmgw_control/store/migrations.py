@@ -116,6 +116,19 @@ MIGRATIONS: tuple[Migration, ...] = (
             "INSERT INTO leader_lease (id, holder, address, epoch, expires_at) VALUES (1, NULL, NULL, 0, 0)",
         ),
     ),
+    Migration(
+        2,
+        "cluster secrets shared by every control daemon on one database",
+        (
+            # Random values every daemon must agree on (the key-digest server secret, the shard
+            # API key secret); the first daemon inserts each one, the rest read it. See
+            # docs/failover.md for why these live in the database.
+            """CREATE TABLE cluster_secrets (
+                name TEXT PRIMARY KEY,
+                value TEXT NOT NULL,
+                created_at BIGINT NOT NULL)""",
+        ),
+    ),
 )
 
 # An arbitrary constant: the key of the PostgreSQL advisory lock that serialises daemons

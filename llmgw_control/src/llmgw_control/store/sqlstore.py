@@ -25,13 +25,14 @@ from .ops_groups import GroupOps
 from .ops_keys import KeyOps
 from .ops_nodes import NodeOps
 from .ops_quotas import QuotaOps
+from .ops_secrets import SecretOps
 from .ops_usage import UsageOps
 from .postgres import PostgresBackend
 from .records import Revisions
 from .sqlite import SqliteBackend
 
 
-class SqlStore(CatalogOps, NodeOps, GroupOps, KeyOps, QuotaOps, UsageOps, CapacityOps):
+class SqlStore(CatalogOps, NodeOps, GroupOps, KeyOps, QuotaOps, UsageOps, CapacityOps, SecretOps):
     def __init__(self, backend: Backend, lease_backend: Backend | None = None) -> None:
         self._backend = backend
         self._lease_backend = lease_backend

@@ -1,0 +1,204 @@
+"""Leadership in the control daemon: who may manage the fleet, and what a standby does instead.
+
+A ``LeaseKeeper`` over the store's lease publishes this daemon's role. ``Leadership`` turns every
+change into action at once, in the keeper's own task (synchronously, before the lease can lapse):
+
+* **leader** — the agent service accepts nodes, commands carry the lease epoch as their fencing
+  token, and the reconciler runs. For ``settle`` seconds after taking over it only absorbs node
+  reports (adopting the engines they run) and serves ready replicas, without starting or stopping
+  any: nodes need a moment to find the new leader, and placing before they report would start
+  duplicates of engines that are still running.
+* **standby** (or stepping down) — the reconciler is cancelled, every agent connection is closed,
+  new nodes are refused with ``standby, leader is <address>``, the replicas this daemon published
+  are withdrawn, and the client API answers 503 naming the leader (``StandbyGate``). A standby does
+  not serve client traffic: see docs/failover.md for why.
+
+``cluster_secret`` gives every daemon on one PostgreSQL store the same shard-key and key-digest
+secrets, created once in the database by whichever daemon comes first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from llmgw_shared.logs import get_logger
+
+from .fleet.agents import AgentService
+from .fleet.agents import Role as AgentRole
+from .fleet.inventory import Inventory
+from .fleet.reconciler import Reconciler
+from .router.errors import ApiError
+from .store import Lease, LeaseKeeper, Role, Store
+
+log = get_logger("llmgw.leadership")
+
+Scope = dict[str, Any]
+
+
+def new_holder() -> str:
+    """Unique per process start: a restarted daemon must never inherit its predecessor's term."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+async def clear_single_daemon_lease(lease: Lease) -> None:
+    """On SQLite there is exactly one daemon, so a holder in the row is a previous run of it.
+
+    Releasing that stale term lets a daemon restarted after a crash lead at once instead of
+    waiting out its own old lease; the next acquisition still gets a larger epoch, so nodes that
+    saw the old daemon's commands accept the new one's.
+    """
+    info = await lease.current()
+    if info.holder is not None:
+        log.info("releasing the lease of a previous run (%s): a SQLite store has one daemon", info.holder)
+        await lease.release(info.holder)
+
+
+class Leadership:
+    def __init__(
+        self,
+        keeper: LeaseKeeper,
+        agents: AgentService,
+        reconciler: Reconciler,
+        inventory: Inventory,
+        *,
+        settle: float = 3.0,
+    ) -> None:
+        self.keeper = keeper
+        self.agents = agents
+        self.reconciler = reconciler
+        self.inventory = inventory
+        self.settle = settle
+        self._lead_scope: trio.CancelScope | None = None
+        # Until the keeper has spoken, refuse nodes: two daemons starting together must not both
+        # accept them.
+        agents.role = AgentRole(leader=False, leader_address="")
+        keeper.on_change(self._on_change)
+
+    @property
+    def role(self) -> Role:
+        return self.keeper.role
+
+    def _on_change(self, role: Role) -> None:
+        # Runs in the keeper's task, synchronously: when it returns this daemon has stopped acting
+        # as the leader (nothing below awaits, so nothing can slip in between).
+        if role.leader:
+            assert role.epoch is not None
+            self.reconciler.fencing_token = role.epoch
+            self.agents.role = AgentRole(leader=True, leader_address=self.keeper.address)
+            return
+        was_leading = self.agents.role.leader
+        self.agents.role = AgentRole(leader=False, leader_address=role.leader_address or "")
+        if self._lead_scope is not None:
+            self._lead_scope.cancel()
+        if was_leading:
+            self.agents.close_all("this control daemon is no longer the leader")
+            self.reconciler.stand_down()
+            for node in self.inventory:
+                # What a node runs is learnt again from its hello when it comes back (labels and
+                # cordons stay): the old reports would be stale by then.
+                node.connected = False
+                node.shards.clear()
+
+    async def run(self, *, task_status: trio.TaskStatus[Role] = trio.TASK_STATUS_IGNORED) -> None:
+        """Keep the lease and act on the role until cancelled; ``started`` after the first attempt."""
+        async with trio.open_nursery() as nursery:
+            role = await nursery.start(self.keeper.run)
+            task_status.started(role)
+            while True:
+                role = await self.keeper.wait_leader()
+                await self._lead(role)
+                # Cancelled by the step-down callback; wait for the next term.
+                await self.keeper.wait_change(role)
+
+    async def _lead(self, role: Role) -> None:
+        with trio.CancelScope() as scope:
+            self._lead_scope = scope
+            if self.keeper.role != role:
+                return  # stepped down again before this task ran
+            # Epoch 1 is the first term this database has seen: no earlier leader started engines
+            # for nodes to report, so there is nothing to wait for.
+            settle = self.settle if (role.epoch or 0) > 1 else 0.0
+            self.reconciler.hold_until = self.reconciler.clock() + settle
+            log.info("leading the fleet", extra={"epoch": role.epoch, "settle": settle})
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self.reconciler.run)
+                if settle:
+                    await trio.sleep(settle)
+                    self.reconciler.wake()  # the first pass that may place, without waiting an interval
+        self._lead_scope = None
+
+    async def release(self) -> None:
+        """On SIGTERM: step down and give the lease up, so a standby takes over on its next poll."""
+        released = await self.keeper.release()
+        log.info("leader lease released" if released else "leader lease not released (not held, or the "
+                 "database did not answer): a standby takes over after the TTL")
+
+
+class StandbyGate:
+    """In front of the client API: a standby answers 503 and names the leader.
+
+    ``/healthz`` says ``standby`` with a 503 so a load balancer's health check moves traffic to
+    the leader; the OpenAI paths get the OpenAI error shape with ``code: standby`` and
+    ``Retry-After``, so a client that retries through the load balancer lands on the leader.
+    """
+
+    def __init__(self, app: Any, leadership: Leadership) -> None:
+        self.app = app
+        self.leadership = leadership
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        role = self.leadership.role
+        if scope["type"] != "http" or role.leader:
+            await self.app(scope, receive, send)
+            return
+        leader = role.leader_address or "unknown"
+        if scope["path"] == "/healthz":
+            body = json.dumps({"status": "standby", "leader": role.leader_address}).encode()
+        else:
+            body = ApiError(503, f"This llmgw control daemon is a standby; the leader is {leader}. "
+                                 "Send requests to the leader (a load balancer checking /healthz does).",
+                            code="standby").encoded()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                   (b"retry-after", b"1")]
+        if role.leader_address:
+            headers.append((b"x-llmgw-leader", role.leader_address.encode()))
+        await send({"type": "http.response.start", "status": 503, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+# --------------------------------------------------------------------------- cluster secrets
+
+KEY_DIGEST_SECRET = "key-digest"
+SHARD_KEY_SECRET = "shard-api-keys"
+
+
+def _read_hex(path: Path) -> bytes | None:
+    try:
+        return bytes.fromhex(path.read_text().strip())
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        raise ValueError(f"{path}: a secret file must hold hex digits") from None
+
+
+async def cluster_secret(store: Store, name: str, local_file: Path) -> bytes:
+    """The secret ``name`` every daemon on ``store`` shares, created in the database by the first.
+
+    The first daemon offers the value of its local file when it has one (an installation that
+    moves from one daemon to several keeps its key digests and adopted engines valid), else a
+    fresh random one. A local file that disagrees with the database is reported, not used.
+    """
+    local = await trio.to_thread.run_sync(_read_hex, local_file)
+    offer = local if local is not None and len(local) >= 16 else secrets.token_bytes(32)
+    value = await store.shared_secret(name, offer)
+    if local is not None and value != local:
+        log.warning("%s differs from the cluster's %s secret in the store: using the store's (every "
+                    "daemon on one database must agree); the file is ignored", local_file, name)
+    return value
