@@ -260,3 +260,32 @@ async def test_missing_library_is_installed_from_an_os_package_when_allowed(
     else:
         assert state.describe() == ("failed: apt-get install libggml-cpu-test failed: "
                                     "E: Unable to locate package libggml-cpu-test")
+
+
+async def test_cuda_node_installs_the_cuda_build_with_its_runtime(
+    tmp_path: Path, files: FileServer, engine_archive: tuple[str, bytes]
+) -> None:
+    _name, data = engine_archive
+    # The real build stands in for the CUDA one (no GPU here); the runtime archive is flat, as
+    # upstream's cudart archives are, and its library must land next to the binary ($ORIGIN).
+    runtime = io.BytesIO()
+    with tarfile.open(fileobj=runtime, mode="w:gz") as tar:
+        lib = tarfile.TarInfo("libcudart.so.12")
+        lib.size = 4
+        tar.addfile(lib, io.BytesIO(b"\x7fELF"))
+    files.publish(TAG, {
+        f"llama-{TAG}-bin-ubuntu-x64.tar.gz": data,
+        f"llama-{TAG}-bin-ubuntu-cuda-12.4-x64.tar.gz": data,
+        "cudart-llama-bin-ubuntu-cuda-12.4-x64.tar.gz": runtime.getvalue(),
+    })
+    seen: list[EngineState] = []
+    async with httpx2.AsyncClient() as client:
+        mgr = EngineManager(tmp_path, client, Platform(os="linux", arch="x86_64", cuda=True), on_change=seen.append)
+        state = await mgr.install(EngineSpec("llama.cpp", TAG, files.release_api()))
+    assert state.status == "installed", state.describe()
+    assert (Path(state.binary).parent / "libcudart.so.12").read_bytes() == b"\x7fELF"
+    downloads = [s.detail.split(" (")[0] for s in seen if s.detail.startswith("downloading ")]
+    assert list(dict.fromkeys(downloads)) == [
+        f"downloading llama-{TAG}-bin-ubuntu-cuda-12.4-x64.tar.gz",
+        "downloading cudart-llama-bin-ubuntu-cuda-12.4-x64.tar.gz",
+    ]
