@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 from llmgw_shared.logs import get_logger
 from llmgw_shared.wire import EngineSpec, StartShard
 
+from .admin.api.catalog_service import ModelService, stored_models
 from .admin.app import make_admin_app, make_metrics_app
 from .catalog import Catalog
 from .config import ControlConfig
@@ -145,6 +146,9 @@ def advertised_agent_url(config: ControlConfig, bound: str) -> str:
 
 async def _build_fleet(config: ControlConfig, replicas: ReplicaSet, agent_url: str, store: Store) -> Fleet:
     catalog = Catalog(config.models, config.engines, config.router.default_profile)
+    # Models added through the admin API; on a name in both, the config file wins (catalog_service).
+    for model in stored_models(await store.list_models(), {m.name for m in config.models}, catalog):
+        catalog.put(model, "api")
     public_url = _public_url(config, agent_url)
     files = FileServer(Path(config.agents.files_dir), public_url) if config.agents.files_dir else None
     inventory = Inventory()
@@ -206,6 +210,7 @@ async def run_control(
             if tenancy_status is not None:
                 tenancy_status.append(tenancy)
             fleet = None
+            models = None
             agent_url = None
             directory: ModelDirectory = StaticDirectory(replicas)
             if config.agents.listen:
@@ -238,6 +243,9 @@ async def run_control(
                 role = await nursery.start(fleet.leadership.run)
                 log.info("leader" if role.leader else "standby",
                          extra={"holder": keeper.holder, "leader": role.leader_address})
+                models = ModelService(fleet.catalog, fleet.reconciler, tenancy.store, fleet.files,
+                                      {m.name for m in config.models})
+                await nursery.start(models.run)
                 if fleet_status is not None:
                     fleet_status.append(fleet)
             gateway = Gateway(replicas, client, metrics, config.router, directory=directory,
@@ -246,8 +254,8 @@ async def run_control(
             if fleet is not None and fleet.leadership is not None:
                 client_app = StandbyGate(client_app, fleet.leadership)
             api_url = await nursery.start(partial(serve, client_app, config.listen, name="api"))
-            admin_url = await nursery.start(partial(serve, make_admin_app(registry, fleet), config.admin_listen,
-                                                    name="admin"))
+            admin_app = make_admin_app(registry, fleet, tenancy=tenancy, models=models)
+            admin_url = await nursery.start(partial(serve, admin_app, config.admin_listen, name="admin"))
             metrics_url = None
             if config.metrics_listen:
                 metrics_url = await nursery.start(partial(serve, make_metrics_app(registry), config.metrics_listen,

@@ -80,46 +80,86 @@ def profile_key(model: str, profile: str) -> str:
     return f"{model}:{profile}"
 
 
+def model_problems(model: ModelConfig, engines: list[EngineConfig]) -> list[tuple[str, str]]:
+    """What is wrong with one model definition, as (field, message) pairs; fields are relative to
+    the model (``profiles[0].weights.sha256``), so the config loader and the admin API can each
+    say where the model came from."""
+    engine_names = sorted({e.name for e in engines})
+    problems: list[tuple[str, str]] = []
+    if not NAME.match(model.name):
+        problems.append(("name", "a model name uses letters, digits, '.', '_' and '-' (no ':'), at most 96"))
+    if not model.profiles:
+        problems.append(("profiles", "needs at least one profile"))
+    names = [p.name for p in model.profiles]
+    if len(set(names)) != len(names):
+        problems.append(("profiles", "two profiles share a name"))
+    if model.default_profile and model.default_profile not in names:
+        problems.append(("default_profile", f"{model.default_profile!r} is not one of {names}"))
+    for index, profile in enumerate(model.profiles):
+        at = f"profiles[{index}]"
+        if not NAME.match(profile.name):
+            problems.append((f"{at}.name", "a profile name uses letters, digits, '.', '_' and '-', at most 96"))
+        if profile.engine not in engine_names:
+            problems.append((f"{at}.engine", f"{profile.engine!r} is not in [[engines]] ({engine_names})"))
+        if profile.engine_version and not any(
+                e.name == profile.engine and e.version == profile.engine_version for e in engines):
+            problems.append((f"{at}.engine_version",
+                             f"{profile.engine} {profile.engine_version!r} is not in [[engines]]"))
+        if not profile.weights.url.strip():
+            problems.append((f"{at}.weights.url", "must be an http(s) URL or a path on the nodes"))
+        if not SHA256.match(profile.weights.sha256):
+            problems.append((f"{at}.weights.sha256", "must be 64 lowercase hex digits"))
+        if profile.weights.size <= 0:
+            problems.append((f"{at}.weights.size", "must be the file size in bytes"))
+        if profile.context < 64:
+            problems.append((f"{at}.context", "must be at least 64"))
+        if profile.parallel < 1:
+            problems.append((f"{at}.parallel", "must be at least 1"))
+        if profile.max_replicas < 1:
+            problems.append((f"{at}.max_replicas", "must be at least 1"))
+        if not 0 <= profile.min_replicas <= profile.max_replicas:
+            problems.append((f"{at}.min_replicas", "need 0 <= min_replicas <= max_replicas"))
+        for field in ("idle_timeout", "ram_mib", "vram_mib", "start_timeout"):
+            if getattr(profile, field) < 0:
+                problems.append((f"{at}.{field}", "must not be negative"))
+    return problems
+
+
 def validate_models(models: list[ModelConfig], engines: list[EngineConfig]) -> None:
-    engine_names = {e.name for e in engines}
     seen: set[str] = set()
     for model in models:
         where = f"models ({model.name!r})"
-        if not NAME.match(model.name):
-            raise ConfigError(f"{where}: a model name uses letters, digits, '.', '_' and '-' (no ':')")
         if model.name in seen:
             raise ConfigError(f"{where}: declared twice")
         seen.add(model.name)
-        if not model.profiles:
-            raise ConfigError(f"{where}: needs at least one profile")
-        names = [p.name for p in model.profiles]
-        if len(set(names)) != len(names):
-            raise ConfigError(f"{where}: two profiles share a name")
-        if model.default_profile and model.default_profile not in names:
-            raise ConfigError(f"{where}.default_profile {model.default_profile!r} is not one of {names}")
-        for profile in model.profiles:
-            at = f"{where}.profiles ({profile.name!r})"
-            if not NAME.match(profile.name):
-                raise ConfigError(f"{at}: a profile name uses letters, digits, '.', '_' and '-'")
-            if profile.engine not in engine_names:
-                raise ConfigError(f"{at}.engine {profile.engine!r} is not in [[engines]] ({sorted(engine_names)})")
-            if not SHA256.match(profile.weights.sha256):
-                raise ConfigError(f"{at}.weights.sha256 must be 64 lowercase hex digits")
-            if profile.weights.size <= 0:
-                raise ConfigError(f"{at}.weights.size must be the file size in bytes")
-            if profile.context < 64 or profile.parallel < 1:
-                raise ConfigError(f"{at}: context must be at least 64 and parallel at least 1")
-            if not 0 <= profile.min_replicas <= profile.max_replicas or profile.max_replicas < 1:
-                raise ConfigError(f"{at}: need 0 <= min_replicas <= max_replicas and max_replicas >= 1")
-            if profile.idle_timeout < 0 or profile.ram_mib < 0 or profile.vram_mib < 0:
-                raise ConfigError(f"{at}: idle_timeout, ram_mib and vram_mib must not be negative")
+        problems = model_problems(model, engines)
+        if problems:
+            field, message = problems[0]
+            raise ConfigError(f"{where}.{field}: {message}")
 
 
 class Catalog:
+    """The models clients may ask for. Changed at run time by the admin API (``put``/``remove``);
+    everything here is synchronous, so a reader in the same trio thread never sees half a change."""
+
     def __init__(self, models: list[ModelConfig], engines: list[EngineConfig], default_profile: str = "") -> None:
         self.models = {m.name: m for m in models}
         self.engines = list(engines)
         self.default_profile = default_profile
+        # Where each model came from: the config file (changed only by editing it) or the API.
+        self.sources: dict[str, str] = {m.name: "config" for m in models}
+
+    def put(self, model: ModelConfig, source: str = "api") -> None:
+        """Add or replace a model (the caller validated it)."""
+        self.models[model.name] = model
+        self.sources[model.name] = source
+
+    def remove(self, name: str) -> ModelConfig | None:
+        self.sources.pop(name, None)
+        return self.models.pop(name, None)
+
+    def source(self, name: str) -> str:
+        return self.sources.get(name, "config")
 
     def engine_version(self, profile: ProfileConfig) -> str:
         if profile.engine_version:

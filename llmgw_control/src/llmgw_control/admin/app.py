@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from quart import Response, jsonify
 from quart_trio import QuartTrio
+
+from .api import ApiContext, ModelService, build_api
+from .api.core import error_body
+
+if TYPE_CHECKING:
+    from ..app import Fleet, Tenancy
 
 
 def _metrics_response(registry: CollectorRegistry) -> Response:
@@ -14,24 +20,40 @@ def _metrics_response(registry: CollectorRegistry) -> Response:
 
 
 def _json_errors(app: QuartTrio) -> None:
+    """The admin API's one error shape for what Quart itself refuses (no route, wrong method...)."""
+
     @app.errorhandler(404)
-    async def not_found(_: Any) -> tuple[Any, int]:
-        return jsonify({"error": {"message": "Not found.", "code": "not_found"}}), 404
+    async def not_found(_: Any) -> Response:
+        return error_body(404, "not_found", "Not found.")
 
     @app.errorhandler(405)
-    async def not_allowed(_: Any) -> tuple[Any, int]:
-        return jsonify({"error": {"message": "Method not allowed.", "code": "method_not_allowed"}}), 405
+    async def not_allowed(_: Any) -> Response:
+        return error_body(405, "method_not_allowed", "Method not allowed.")
+
+    @app.errorhandler(413)
+    async def too_large(_: Any) -> Response:
+        return error_body(413, "body_too_large", "The body is too large.")
 
 
-def make_admin_app(registry: CollectorRegistry, fleet: Any = None) -> QuartTrio:
+def make_admin_app(
+    registry: CollectorRegistry, fleet: Fleet | None = None, *, tenancy: Tenancy | None = None,
+    models: ModelService | None = None,
+) -> QuartTrio:
     app = QuartTrio("llmgw_control.admin")
     app.config["RESPONSE_TIMEOUT"] = None
+    # Admin bodies are small (a model definition is the largest); refuse more before reading it.
+    app.config["MAX_CONTENT_LENGTH"] = 1024 * 1024
     _json_errors(app)
 
-    if fleet is not None:
-        from .fleet_views import register_fleet_views
+    api = build_api(ApiContext(fleet=fleet, tenancy=tenancy, models=models))
+    api.install(app)
+    # Other modules add their routes to the same table (``api.route(...)`` then ``api.install(app)``),
+    # so they are served with the same validation and error shape and appear in the document.
+    app.extensions["llmgw.api"] = api
 
-        register_fleet_views(app, fleet)
+    @app.get("/api/v1/openapi.json")
+    async def openapi() -> Any:
+        return jsonify(api.openapi("llmgw admin API", "1"))
 
     @app.get("/metrics")
     async def metrics() -> Response:

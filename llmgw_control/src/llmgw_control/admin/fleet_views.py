@@ -1,56 +1,73 @@
-"""Read-only views of the fleet on the admin listener (the full REST API builds on these)."""
+"""How the fleet looks to the admin API: nodes and model profiles as the API's answer classes."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-import trio
-from quart import jsonify
-from quart_trio import QuartTrio
+from ..catalog import Resolved
+from ..fleet.inventory import NodeRecord
+from ..fleet.plan import Claim
+from ..store import NodeIdentity
+from .api.schemas import (
+    ClaimView,
+    EngineOnNode,
+    FactsView,
+    GpuView,
+    ModelView,
+    NodeView,
+    ReplicaOfModel,
+    ShardOnNode,
+)
+
+if TYPE_CHECKING:
+    from ..app import Fleet
 
 
-def node_view(fleet: Any, node: Any, now: float) -> dict[str, Any]:
+def node_view(fleet: Fleet, node: NodeRecord, now: float) -> NodeView:
     facts = node.facts
-    return {
-        "id": node.node_id,
-        "state": fleet.reconciler.liveness.state(node, now),
-        "address": node.address,
-        "cordoned": node.cordoned,
-        "labels": node.labels,
-        "facts": {
-            "os": facts.os_name, "arch": facts.arch, "cpu": facts.cpu_model, "cores": facts.cores,
-            "cpu_features": facts.cpu_features, "ram_total_mib": facts.ram_total_mib,
-            "gpus": [{"name": g.name, "memory_total_mib": g.memory_total_mib} for g in facts.gpus],
-            "nvidia_driver": facts.nvidia_driver,
-        },
-        "warnings": list(facts.warnings),
-        "engines": [{"name": e.name, "version": e.version, "state": e.describe()} for e in node.engines.values()],
-        "shards": [{"id": s.shard_id, "state": s.describe(), "port": s.port} for s in node.shards.values()],
-    }
+    return NodeView(
+        id=node.node_id,
+        state=fleet.reconciler.liveness.state(node, now),
+        address=node.address,
+        cordoned=fleet.reconciler.is_cordoned(node.node_id),
+        labels=dict(node.labels),
+        facts=FactsView(
+            os=facts.os_name, arch=facts.arch, cpu=facts.cpu_model, cores=facts.cores,
+            cpu_features=list(facts.cpu_features), ram_total_mib=facts.ram_total_mib,
+            gpus=[GpuView(g.name, g.memory_total_mib) for g in facts.gpus], nvidia_driver=facts.nvidia_driver,
+        ),
+        warnings=list(facts.warnings),
+        engines=[EngineOnNode(e.name, e.version, e.describe()) for e in node.engines.values()],
+        shards=[ShardOnNode(s.shard_id, s.describe(), s.port) for s in node.shards.values()],
+    )
 
 
-def model_view(fleet: Any, resolved: Any) -> dict[str, Any]:
+def registered_node_view(fleet: Fleet, identity: NodeIdentity) -> NodeView:
+    """A node with a stored identity that has not connected to this daemon since it started."""
+    return NodeView(
+        id=identity.id, state="registered", address="",
+        cordoned=identity.cordoned or fleet.reconciler.is_cordoned(identity.id), labels=dict(identity.labels),
+        facts=FactsView(os="", arch="", cpu="", cores=0, cpu_features=[], ram_total_mib=0, gpus=[],
+                        nvidia_driver=None),
+        warnings=[], engines=[], shards=[],
+    )
+
+
+def model_view(fleet: Fleet, resolved: Resolved) -> ModelView:
     key = resolved.key
-    replicas = [r for r in fleet.reconciler.shards.values() if r.key == key]
+    reconciler = fleet.reconciler
+    replicas = [r for r in reconciler.shards.values() if r.key == key]
     ready = [r for r in replicas if r.status == "ready" and not r.draining]
-    return {
-        "model": resolved.model.name,
-        "profile": resolved.profile.name,
-        "key": key,
-        "replicas": [{"id": r.shard_id, "node": r.node_id, "port": r.port,
-                      "state": f"{r.status}: {r.detail}" if r.detail else r.status} for r in replicas],
-        "ready": len(ready),
-        "waiting_requests": fleet.reconciler.waiting.get(key, 0),
-        "status": "ready" if ready else fleet.reconciler.status(key),
-    }
-
-
-def register_fleet_views(app: QuartTrio, fleet: Any) -> None:
-    @app.get("/api/v1/nodes")
-    async def nodes() -> Any:
-        now = trio.current_time()
-        return jsonify({"nodes": [node_view(fleet, n, now) for n in fleet.inventory]})
-
-    @app.get("/api/v1/models")
-    async def models() -> Any:
-        return jsonify({"models": [model_view(fleet, r) for r in fleet.catalog.all_profiles()]})
+    claim = reconciler.claims.get(key, Claim(0))
+    return ModelView(
+        model=resolved.model.name,
+        profile=resolved.profile.name,
+        key=key,
+        source=fleet.catalog.source(resolved.model.name),
+        replicas=[ReplicaOfModel(r.shard_id, r.node_id, r.port,
+                                 f"{r.status}: {r.detail}" if r.detail else r.status) for r in replicas],
+        ready=len(ready),
+        waiting_requests=reconciler.waiting.get(key, 0),
+        status="ready" if ready else reconciler.status(key),
+        claim=ClaimView(claim.ram_mib, claim.vram_mib),
+    )

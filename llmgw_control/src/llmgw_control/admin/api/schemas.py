@@ -1,0 +1,347 @@
+"""The admin API's bodies and answers, as attrs classes.
+
+These classes *are* the contract: requests are structured into them, answers unstructured from
+them, and the OpenAPI document generated from them (see ``core``). Constraints sit in the
+``schema`` metadata, so they are published and enforced from one place.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import attrs
+
+from ...catalog import ModelConfig
+
+NAME_RULES = {"minLength": 1, "maxLength": 200}
+COUNT = {"minimum": 0}
+
+
+def _name(doc: str = "") -> Any:
+    return attrs.field(metadata={"schema": NAME_RULES, "doc": doc})
+
+
+# --------------------------------------------------------------------------- nodes
+
+
+@attrs.frozen
+class GpuView:
+    name: str
+    memory_total_mib: int
+
+
+@attrs.frozen
+class FactsView:
+    os: str
+    arch: str
+    cpu: str
+    cores: int
+    cpu_features: list[str]
+    ram_total_mib: int
+    gpus: list[GpuView]
+    nvidia_driver: str | None
+
+
+@attrs.frozen
+class EngineOnNode:
+    name: str
+    version: str
+    # The node's own words: "installed b11312", "installing: downloading ... (41%)", "failed: ...".
+    state: str
+
+
+@attrs.frozen
+class ShardOnNode:
+    id: str
+    state: str
+    port: int
+
+
+@attrs.frozen
+class NodeView:
+    """A node: ``state`` is ready, disconnected, unreachable, lost, or registered (a node identity
+    in the store that has not connected to this control daemon since it started)."""
+
+    id: str
+    state: str
+    address: str
+    cordoned: bool
+    labels: dict[str, str]
+    facts: FactsView
+    # Host problems in the node's words, e.g. the CPU lacks AVX2 (llama.cpp will be slow).
+    warnings: list[str]
+    engines: list[EngineOnNode]
+    shards: list[ShardOnNode]
+
+
+@attrs.frozen
+class NodeList:
+    nodes: list[NodeView]
+
+
+@attrs.frozen
+class NodeAnswer:
+    node: NodeView
+
+
+@attrs.frozen
+class DrainAnswer:
+    node: NodeView
+    # The replicas withdrawn from the router and told to drain.
+    drained: list[str]
+
+
+# --------------------------------------------------------------------------- models
+
+
+@attrs.frozen
+class ReplicaOfModel:
+    id: str
+    node: str
+    port: int
+    state: str
+
+
+@attrs.frozen
+class ClaimView:
+    ram_mib: int
+    vram_mib: int
+
+
+@attrs.frozen
+class ModelView:
+    """One profile of a model: its replicas and, when none is ready, why (``status``)."""
+
+    model: str
+    profile: str
+    key: str
+    # config: from the config file (edit the file to change it); api: added through this API.
+    source: str
+    replicas: list[ReplicaOfModel]
+    ready: int
+    waiting_requests: int
+    status: str
+    claim: ClaimView
+
+
+@attrs.frozen
+class ModelList:
+    models: list[ModelView]
+
+
+@attrs.frozen
+class ModelDefinition:
+    """A model's definition (one ``[[models]]`` entry) and where it came from."""
+
+    model: ModelConfig
+    source: str
+
+
+# --------------------------------------------------------------------------- replicas, engines
+
+
+@attrs.frozen
+class ReplicaView:
+    id: str
+    # The profile key, model:profile.
+    model: str
+    node: str
+    port: int
+    # assigned, pending, downloading, starting, ready, draining, stopped, failed
+    status: str
+    detail: str
+    draining: bool
+    # Published to the router (receiving requests) right now.
+    routable: bool
+    in_flight: int
+
+
+@attrs.frozen
+class ReplicaList:
+    replicas: list[ReplicaView]
+
+
+@attrs.frozen
+class EngineNodeState:
+    node: str
+    state: str
+
+
+@attrs.frozen
+class EngineView:
+    name: str
+    version: str
+    release_api: str
+    nodes: list[EngineNodeState]
+
+
+@attrs.frozen
+class EngineList:
+    engines: list[EngineView]
+
+
+# --------------------------------------------------------------------------- groups
+
+
+@attrs.frozen
+class GroupView:
+    id: str
+    name: str
+    parent_id: str | None
+    # org/team/project
+    path: str
+    created_at: datetime
+    updated_at: datetime
+
+
+@attrs.frozen
+class GroupList:
+    groups: list[GroupView]
+
+
+@attrs.frozen
+class GroupAnswer:
+    group: GroupView
+
+
+@attrs.frozen
+class CreateGroup:
+    name: str = _name("The group's name, unique among its siblings.")
+    parent_id: str | None = attrs.field(default=None, metadata={"doc": "The parent group; null for a root."})
+
+
+@attrs.frozen
+class PatchGroup:
+    """Only the fields present change; ``parent_id: null`` makes the group a root."""
+
+    name: str | None = attrs.field(default=None, metadata={"schema": NAME_RULES})
+    parent_id: str | None = None
+
+
+# --------------------------------------------------------------------------- keys
+
+
+@attrs.frozen
+class KeyView:
+    """A key as stored: never its secret."""
+
+    id: str
+    name: str
+    group_id: str
+    # null: every model.
+    models: list[str] | None
+    admin: bool
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    # active, revoked or expired
+    state: str
+
+
+@attrs.frozen
+class KeyList:
+    keys: list[KeyView]
+
+
+@attrs.frozen
+class KeyAnswer:
+    key: KeyView
+
+
+@attrs.frozen
+class CreatedKeyAnswer:
+    key: KeyView
+    # The only time the secret is shown: it is stored as a digest.
+    secret: str
+
+
+@attrs.frozen
+class CreateKey:
+    name: str = _name()
+    group_id: str = _name()
+    models: list[str] | None = attrs.field(default=None, metadata={
+        "schema": {"maxItems": 1000, "items": NAME_RULES},
+        "doc": "The models (or model:profile) this key may use; null or absent: every model."})
+    admin: bool = False
+    expires_at: datetime | None = None
+
+
+# --------------------------------------------------------------------------- quotas
+
+
+@attrs.frozen
+class QuotaBody:
+    """Limits for a group; null or absent: no limit of that kind; 0 pauses that kind."""
+
+    requests_per_minute: int | None = attrs.field(default=None, metadata={"schema": COUNT})
+    tokens_per_minute: int | None = attrs.field(default=None, metadata={"schema": COUNT})
+    tokens_per_day: int | None = attrs.field(default=None, metadata={"schema": COUNT})
+    concurrent_requests: int | None = attrs.field(default=None, metadata={"schema": COUNT})
+
+
+@attrs.frozen
+class QuotaView:
+    group_id: str
+    path: str
+    requests_per_minute: int | None
+    tokens_per_minute: int | None
+    tokens_per_day: int | None
+    concurrent_requests: int | None
+
+
+@attrs.frozen
+class QuotaList:
+    quotas: list[QuotaView]
+
+
+@attrs.frozen
+class QuotaAnswer:
+    quota: QuotaView
+
+
+# --------------------------------------------------------------------------- usage, capacity
+
+
+@attrs.frozen
+class UsageRow:
+    hour: datetime
+    key_id: str
+    group_id: str
+    model: str
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@attrs.frozen
+class Totals:
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@attrs.frozen
+class UsageAnswer:
+    usage: list[UsageRow]
+    totals: Totals
+
+
+@attrs.frozen
+class CapacityView:
+    id: str
+    model: str
+    profile: str
+    node_id: str
+    engine: str
+    concurrency: int
+    tokens_per_s: float
+    ttft_p50_s: float
+    ttft_p99_s: float
+    measured_at: datetime
+    detail: dict[str, Any]
+
+
+@attrs.frozen
+class CapacityList:
+    capacity: list[CapacityView]

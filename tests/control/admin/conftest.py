@@ -1,0 +1,167 @@
+"""Fixtures for the admin API and CLI tests: a control daemon in-process with its fleet, a scripted
+node speaking the wire protocol, and PostgreSQL (as in the store suite) for the restart tests."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx2
+import pytest
+import trio
+from trio_websocket import WebSocketConnection, open_websocket_url
+
+from llmgw_control.app import Fleet, Listening, Tenancy, run_control
+from llmgw_control.catalog import ModelConfig
+from llmgw_control.config import ControlConfig, LeadershipConfig, validate
+from llmgw_control.fleet.agents import AgentsConfig
+from llmgw_dev.postgres import PostgresServer, PostgresUnavailable
+from llmgw_shared.config import strict_converter
+from llmgw_shared.facts import unprobed
+from llmgw_shared.wire import (
+    PROTOCOL_VERSION,
+    Ack,
+    DrainShard,
+    EngineState,
+    Hello,
+    ShardState,
+    ShardStateReport,
+    StartShard,
+    StopShard,
+    decode,
+    encode,
+)
+
+WEIGHTS_SHA = hashlib.sha256(b"weights").hexdigest()
+
+
+def model_doc(name: str = "tiny", **profile: Any) -> dict[str, Any]:
+    """One [[models]] entry as JSON; the weights path does not exist, so the claim is estimated
+    from the size without any network (or set ram_mib to skip the estimate)."""
+    return {"name": name, "profiles": [{
+        "name": "cpu", "weights": {"url": f"/nonexistent/{name}.gguf", "sha256": WEIGHTS_SHA, "size": 1_000_000},
+        "context": 256, "parallel": 2, "ram_mib": 100, **profile}]}
+
+
+@attrs.define
+class Daemon:
+    listening: Listening
+    fleet: Fleet
+    tenancy: Tenancy
+    admin: httpx2.AsyncClient
+
+    @property
+    def admin_url(self) -> str:
+        return self.listening.admin_url
+
+    @property
+    def agent_url(self) -> str:
+        assert self.listening.agent_url
+        return self.listening.agent_url.replace("http://", "ws://") + "/agent/v1"
+
+
+@asynccontextmanager
+async def running_control(data_dir: Path, *, store: str = "", models: list[dict[str, Any]] | None = None
+                          ) -> AsyncIterator[Daemon]:
+    agents = AgentsConfig(listen="127.0.0.1:0", heartbeat_interval=0.2, unreachable_after=2.0, lost_after=5.0)
+    lead = LeadershipConfig(ttl=2.0, renew_interval=0.5, settle=0.0,
+                            advertise="ws://127.0.0.1:9/agent/v1" if store.startswith("postgresql") else "")
+    config = validate(ControlConfig(
+        listen="127.0.0.1:0", admin_listen="127.0.0.1:0", data_dir=str(data_dir), store=store, agents=agents,
+        leadership=lead, shutdown_grace=1.0,
+        models=[strict_converter().structure(m, ModelConfig) for m in models or []]))
+    fleets: list[Fleet] = []
+    tenancies: list[Tenancy] = []
+    shutdown = trio.Event()
+    async with trio.open_nursery() as nursery:
+        listening = await nursery.start(lambda task_status: run_control(
+            config, shutdown=shutdown, task_status=task_status, fleet_status=fleets, tenancy_status=tenancies))
+        async with httpx2.AsyncClient(base_url=listening.admin_url + "/api/v1", timeout=20) as admin:
+            yield Daemon(listening, fleets[0], tenancies[0], admin)
+        shutdown.set()
+
+
+@pytest.fixture
+async def daemon(tmp_path: Path) -> AsyncIterator[Daemon]:
+    async with running_control(tmp_path) as d:
+        yield d
+
+
+@attrs.define
+class FakeNode:
+    """A node that installs nothing and runs nothing, but says it does: starts become ready."""
+
+    node_id: str
+    ws: WebSocketConnection
+    commands: list[Any] = attrs.Factory(list)
+
+    async def serve(self) -> None:
+        while True:
+            message = decode(await self.ws.get_message())
+            if isinstance(message, StartShard | DrainShard | StopShard):
+                self.commands.append(message)
+                await self.ws.send_message(encode(Ack(message.id, True)))
+                if isinstance(message, StartShard):
+                    state = ShardState(message.shard.shard_id, "ready", port=message.shard.port)
+                else:
+                    state = ShardState(message.shard_id, "stopped")
+                await self.ws.send_message(encode(ShardStateReport(state)))
+
+
+@asynccontextmanager
+async def fake_node(daemon: Daemon, node_id: str = "n1", *, warnings: list[str] | None = None
+                    ) -> AsyncIterator[FakeNode]:
+    facts = attrs.evolve(unprobed(), probed=True, hostname=node_id, ram_total_mib=8192, os_name="Debian",
+                         arch="x86_64", cpu_model="Test CPU", cores=4, cpu_features=["avx"],
+                         warnings=warnings or [])
+    hello = Hello(PROTOCOL_VERSION, node_id, "", facts, [EngineState("llama.cpp", "b11312", "installed")], [])
+    async with open_websocket_url(daemon.agent_url) as ws, trio.open_nursery() as nursery:
+        await ws.send_message(encode(hello))
+        assert json.loads(await ws.get_message())["type"] == "welcome"
+        node = FakeNode(node_id, ws)
+        nursery.start_soon(node.serve)
+        yield node
+        nursery.cancel_scope.cancel()
+
+
+async def wait_until(predicate: Any, timeout: float = 10) -> None:
+    with trio.fail_after(timeout):
+        while not await predicate():
+            await trio.sleep(0.05)
+
+
+# --------------------------------------------------------------------------- PostgreSQL
+
+_db_numbers = itertools.count(1)
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PostgresServer]:
+    try:
+        server = PostgresServer.start()
+    except PostgresUnavailable as exc:
+        pytest.fail(f"the restart tests need PostgreSQL: {exc}", pytrace=False)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """Where a store lives: a SQLite file or a fresh database on the session's PostgreSQL."""
+    if request.param == "sqlite":
+        yield str(tmp_path / "store.db")
+        return
+    server: PostgresServer = request.getfixturevalue("pg_server")
+    name = f"admin{os.getpid()}_{next(_db_numbers)}"
+    server.create_database(name)
+    yield server.url(name)
+    server.drop_database(name)
