@@ -21,6 +21,7 @@ from llmgw_shared.wire import EngineSpec, StartShard
 
 from .admin.api.catalog_service import ModelService, stored_models
 from .admin.app import make_admin_app, make_metrics_app
+from .admin.dashboard import client_dashboard, open_dashboard, register_admin_dashboard
 from .catalog import Catalog
 from .config import ControlConfig
 from .fleet.agents import AgentService, Role
@@ -250,11 +251,18 @@ async def run_control(
                     fleet_status.append(fleet)
             gateway = Gateway(replicas, client, metrics, config.router, directory=directory,
                               activator=fleet.activator if fleet else None, admission=tenancy.admission)
-            client_app: Any = ClientApp(gateway)
+            # The dashboard: at / on the admin listener, and at /admin on the client port behind an
+            # admin-key login, which is also the only way the client port reaches the admin API.
+            dashboard = await open_dashboard(fleet=fleet, tenancy=tenancy, prometheus=config.monitoring.prometheus,
+                                             data_dir=data_dir_of(config))
+            client_pages = client_dashboard(dashboard)
+            client_app: Any = ClientApp(gateway, fallback=client_pages)
             if fleet is not None and fleet.leadership is not None:
                 client_app = StandbyGate(client_app, fleet.leadership)
             api_url = await nursery.start(partial(serve, client_app, config.listen, name="api"))
             admin_app = make_admin_app(registry, fleet, tenancy=tenancy, models=models)
+            register_admin_dashboard(admin_app, dashboard)
+            client_pages.admin_api = admin_app
             admin_url = await nursery.start(partial(serve, admin_app, config.admin_listen, name="admin"))
             metrics_url = None
             if config.metrics_listen:

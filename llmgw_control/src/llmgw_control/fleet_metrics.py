@@ -28,18 +28,24 @@ REPLICA_STATES = ("assigned", "pending", "downloading", "starting", "ready", "dr
 _HOLDING = frozenset(("assigned", "pending", "downloading", "starting", "ready", "draining"))
 
 
-def _default_role(fleet: Any) -> Any:
-    # Hook for leadership: today ``AgentService.role`` (a ``Role`` with ``leader`` and
-    # ``leader_address``) is the only source. When the lease lands, pass ``role=`` a callable that
-    # returns an object with the same two attributes (and optionally ``holder``).
-    return getattr(fleet.agents, "role", None)
+def _lease_view(fleet: Any) -> tuple[bool, str, str, int | None] | None:
+    """(leader?, holder, address, epoch) of the lease as this daemon knows it, or None if unknown."""
+    leadership = getattr(fleet, "leadership", None)
+    if leadership is not None:
+        role, keeper = leadership.role, leadership.keeper
+        if role.leader:
+            return True, keeper.holder, keeper.address, role.epoch
+        return False, role.leader_holder or "", role.leader_address or "", None
+    # Without a lease keeper (older wiring, tests) the agents' role is all there is.
+    role = getattr(fleet.agents, "role", None)
+    if role is None:
+        return None
+    return bool(role.leader), "", role.leader_address, None
 
 
 class FleetCollector(Collector):
-    def __init__(self, fleet: Any, *, role: Callable[[], Any] | None = None,
-                 clock: Callable[[], float] = trio.current_time) -> None:
+    def __init__(self, fleet: Any, *, clock: Callable[[], float] = trio.current_time) -> None:
         self.fleet = fleet
-        self.role = role or (lambda: _default_role(self.fleet))
         self.clock = clock
 
     def describe(self) -> list[Any]:
@@ -117,16 +123,18 @@ class FleetCollector(Collector):
         yield from self._leadership()
 
     def _leadership(self) -> Iterator[Any]:
-        role = self.role()
-        if role is None:
+        view = _lease_view(self.fleet)
+        if view is None:
             return
-        leader = bool(getattr(role, "leader", False))
+        leader, holder, address, epoch = view
         yield GaugeMetricFamily("llmgw_control_leader", "1 when this control daemon holds the lease (the leader).",
                                 value=1 if leader else 0)
-        holder = getattr(role, "holder", "") or ("self" if leader else getattr(role, "leader_address", ""))
-        info = InfoMetricFamily("llmgw_control_lease", "Who holds the leader lease, as this daemon knows it.")
-        info.add_metric([], {"holder": holder or "unknown"})
+        info = InfoMetricFamily("llmgw_control_lease", "The lease holder as this daemon knows it (empty: unknown).")
+        info.add_metric([], {"holder": holder, "address": address})
         yield info
+        if epoch is not None:
+            yield GaugeMetricFamily("llmgw_control_lease_epoch", "The leader's fencing token (lease epoch).",
+                                    value=epoch)
 
 
 # One collector per registry: a test (or a restart in-process) that runs control twice on one

@@ -1,0 +1,53 @@
+"""The operator's dashboard: pages on the admin listener at ``/`` and on the client port at ``/admin``.
+
+``open_dashboard`` builds what both mounts share; ``register_admin_dashboard`` adds the pages to
+the admin listener's app; ``client_dashboard`` makes the client port's fallback app (login,
+pages, and the admin API behind the session). See docs/dashboard.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import trio
+from quart import jsonify
+from quart_trio import QuartTrio
+
+from ...tenancy.keys import load_or_create_server_secret
+from .client import PREFIX, ClientDashboard
+from .session import SessionSigner
+from .views import Dashboard, Mount, admin_origin_guard, make_blueprint
+
+__all__ = ["Dashboard", "client_dashboard", "open_dashboard", "register_admin_dashboard"]
+
+
+async def open_dashboard(*, fleet: Any, tenancy: Any, prometheus: str, data_dir: Path) -> Dashboard:
+    """The shared parts; the session secret is read (or created) in ``data_dir/dashboard-secret``."""
+    secret = await trio.to_thread.run_sync(load_or_create_server_secret, data_dir / "dashboard-secret")
+    return Dashboard(fleet=fleet, tenancy=tenancy, prometheus=prometheus, signer=SessionSigner(secret))
+
+
+def register_admin_dashboard(app: QuartTrio, dash: Dashboard) -> None:
+    """The pages at ``/`` on the admin listener, and the origin guard for its state-changing requests."""
+    admin_origin_guard(app)
+    app.register_blueprint(make_blueprint(dash, Mount(prefix="", api_base="/api/v1", login=False)))
+
+
+def client_dashboard(dash: Dashboard, admin_app: Any = None) -> ClientDashboard:
+    """The client port's fallback: ``/admin`` pages behind the login, ``/admin/api/v1/`` to ``admin_app``."""
+    pages = QuartTrio("llmgw_control.dashboard")
+    pages.config["RESPONSE_TIMEOUT"] = None
+
+    @pages.errorhandler(404)
+    async def not_found(_: Any) -> tuple[Any, int]:
+        return jsonify({"error": {"message": "Not found.", "code": "not_found", "field": None}}), 404
+
+    @pages.errorhandler(405)
+    async def not_allowed(_: Any) -> tuple[Any, int]:
+        return jsonify({"error": {"message": "Method not allowed.", "code": "method_not_allowed",
+                                  "field": None}}), 405
+
+    pages.register_blueprint(make_blueprint(dash, Mount(prefix=PREFIX, api_base=f"{PREFIX}/api/v1", login=True)),
+                             url_prefix=PREFIX)
+    return ClientDashboard(dash, pages, admin_app)

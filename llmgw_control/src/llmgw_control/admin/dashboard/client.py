@@ -1,0 +1,85 @@
+"""The dashboard on the client port: ``/admin`` pages and ``/admin/api/v1/`` behind the admin login.
+
+The admin REST API is served in-process by the admin listener's own app: a request to
+``/admin/api/v1/<rest>`` is checked here (a valid session of a live admin key; for anything that
+changes state, the CSRF token and the origin) and then handed to that app as ``/api/v1/<rest>``.
+So the API exists once, and the client port reaches it only through the login; everything else
+under ``/admin`` is the dashboard's pages. Paths outside ``/admin`` are not served here.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .session import UNSAFE_METHODS, csrf_ok, same_origin
+from .views import Dashboard
+
+PREFIX = "/admin"
+API_PREFIX = "/admin/api/"
+_ACTOR = b"x-llmgw-admin-key-id"
+
+
+class _Headers:
+    """Read access to ASGI headers by lower-case name (the subset ``session`` helpers use)."""
+
+    def __init__(self, scope: dict[str, Any]) -> None:
+        self._items: dict[str, str] = {}
+        for name, value in scope.get("headers", ()):
+            key = name.decode("latin-1").lower()
+            text = value.decode("latin-1")
+            # Cookie headers may repeat (HTTP/2); join them the way a single header would read.
+            self._items[key] = f"{self._items[key]}; {text}" if key == "cookie" and key in self._items else text
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        return self._items.get(name, default)
+
+
+class ClientDashboard:
+    def __init__(self, dash: Dashboard, pages: Any, admin_api: Any = None) -> None:
+        self.dash = dash
+        self.pages = pages
+        # Set once the admin app exists (it is built after the client listener starts).
+        self.admin_api = admin_api
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 1008})
+            return
+        path: str = scope["path"]
+        if path.startswith(API_PREFIX):
+            await self._api(scope, receive, send)
+        elif path == PREFIX or path.startswith(PREFIX + "/"):
+            await self.pages(scope, receive, send)
+        else:
+            await _json(send, 404, "Not found.", "not_found")
+
+    async def _api(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        headers = _Headers(scope)
+        found = self.dash.session_of(headers)
+        if found is None:
+            await _json(send, 401, "Log in to the dashboard with an admin key first.", "login_required")
+            return
+        session, key = found
+        if self.admin_api is None:
+            await _json(send, 503, "The admin API is starting; retry in a moment.", "starting")
+            return
+        if scope["method"] in UNSAFE_METHODS and not (
+                same_origin(headers, scope.get("scheme", "http")) and csrf_ok(session, headers)):
+            await _json(send, 403, "Missing or wrong CSRF token, or a request from another site.", "csrf_failed")
+            return
+        inner = scope["path"][len(PREFIX):]
+        forwarded = dict(scope, path=inner, raw_path=inner.encode("latin-1"), root_path="")
+        # The admin API may record who acted; the session's key is the operator.
+        # (Any copy the browser sent is dropped: only this code may say who the operator is.)
+        forwarded["headers"] = [*(h for h in scope.get("headers", ()) if h[0].lower() != _ACTOR),
+                                (_ACTOR, key.id.encode())]
+        await self.admin_api(forwarded, receive, send)
+
+
+async def _json(send: Any, status: int, message: str, code: str) -> None:
+    body = json.dumps({"error": {"message": message, "code": code, "field": None}}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})

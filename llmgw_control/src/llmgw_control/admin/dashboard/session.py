@@ -1,0 +1,125 @@
+"""The dashboard's login session on the client port: a signed, expiring cookie and its CSRF token.
+
+The cookie holds ``{"k": key id, "c": csrf token, "e": expiry}`` signed with HMAC-SHA256 under a
+secret kept in the data directory (``dashboard-secret``), so sessions survive a restart and every
+control daemon sharing that file accepts them. Nothing secret is in the payload: the key's
+secret is never stored, only its id, and every request re-checks that key in the live key table,
+so revoking the admin key (or taking its admin flag away, or its expiry) ends the session at once.
+
+The CSRF token is random per session. Pages carry it in a ``<meta>`` tag; the dashboard's
+scripts send it as ``X-CSRF-Token`` on every state-changing request, and the server compares it
+in constant time with the one in the signed cookie. A foreign site can make the browser send the
+cookie (if SameSite ever failed) but cannot read the page, so it cannot know the token.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+
+COOKIE_NAME = "llmgw_admin_session"
+CSRF_HEADER = "x-csrf-token"
+UNSAFE_METHODS = frozenset(("POST", "PUT", "PATCH", "DELETE"))
+DEFAULT_LIFETIME = 8 * 3600.0
+
+
+@attrs.frozen
+class Session:
+    key_id: str
+    csrf: str
+    expires_at: float
+
+
+class SessionSigner:
+    """Makes and checks session cookie values; pure apart from the clock."""
+
+    def __init__(self, secret: bytes, *, lifetime: float = DEFAULT_LIFETIME,
+                 clock: Callable[[], float] = time.time) -> None:
+        if len(secret) < 16:
+            raise ValueError("the dashboard session secret must be at least 16 bytes")
+        # Derived, so this key signs sessions and nothing else, whatever else the file is used for.
+        self._key = hmac.new(secret, b"llmgw dashboard session v1", hashlib.sha256).digest()
+        self.lifetime = lifetime
+        self.clock = clock
+
+    def new(self, key_id: str) -> tuple[Session, str]:
+        """A fresh session for ``key_id`` and the cookie value that carries it."""
+        session = Session(key_id, secrets.token_urlsafe(32), self.clock() + self.lifetime)
+        payload = json.dumps({"k": session.key_id, "c": session.csrf, "e": int(session.expires_at)},
+                             separators=(",", ":")).encode()
+        body = base64.urlsafe_b64encode(payload).rstrip(b"=").decode()
+        return session, f"{body}.{self._sign(body)}"
+
+    def load(self, value: str | None) -> Session | None:
+        """The session in a cookie value, or None if absent, forged, malformed or expired."""
+        if not value or len(value) > 4096:
+            return None
+        body, dot, signature = value.rpartition(".")
+        if not dot or not hmac.compare_digest(signature, self._sign(body)):
+            return None
+        try:
+            data = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+            session = Session(str(data["k"]), str(data["c"]), float(data["e"]))
+        except (ValueError, KeyError, TypeError, binascii.Error):
+            return None
+        if session.expires_at <= self.clock():
+            return None
+        return session
+
+    def _sign(self, body: str) -> str:
+        mac = hmac.new(self._key, body.encode(), hashlib.sha256).digest()
+        return base64.urlsafe_b64encode(mac).rstrip(b"=").decode()
+
+
+def cookie_value(headers: Mapping[str, str] | Any, name: str = COOKIE_NAME) -> str | None:
+    """The named cookie from a ``Cookie`` header (``headers.get`` works on both ASGI and Quart headers)."""
+    raw = headers.get("cookie") or ""
+    for part in raw.split(";"):
+        key, eq, value = part.strip().partition("=")
+        if eq and key == name:
+            return value
+    return None
+
+
+def set_cookie_header(value: str, *, path: str, max_age: int, secure: bool) -> str:
+    # SameSite=Strict: the dashboard is never entered from another site's link carrying intent,
+    # and Strict keeps the cookie off every cross-site request, including top-level navigations.
+    parts = [f"{COOKIE_NAME}={value}", f"Path={path}", f"Max-Age={max_age}", "HttpOnly", "SameSite=Strict"]
+    if secure:
+        parts.append("Secure")
+    return "; ".join(parts)
+
+
+def clear_cookie_header(*, path: str, secure: bool) -> str:
+    return set_cookie_header("", path=path, max_age=0, secure=secure)
+
+
+def same_origin(headers: Any, scheme: str) -> bool:
+    """False when a browser says the request comes from another origin.
+
+    ``Origin`` (sent by browsers on every POST/PUT/DELETE, same-origin included) must name this
+    very scheme and host; ``Sec-Fetch-Site``, when present, must say same-origin. A request with
+    neither header is not from a browser's page (curl, the CLI), and has no ambient cookie to abuse.
+    """
+    site = headers.get("sec-fetch-site")
+    if site and site not in ("same-origin", "none"):
+        return False
+    origin = headers.get("origin")
+    if origin is None:
+        return True
+    host = headers.get("host") or ""
+    return bool(host) and origin == f"{scheme}://{host}"
+
+
+def csrf_ok(session: Session, headers: Any) -> bool:
+    token = headers.get(CSRF_HEADER) or ""
+    return bool(token) and hmac.compare_digest(token, session.csrf)
