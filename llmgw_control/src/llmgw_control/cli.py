@@ -29,6 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--data-dir", help="control's state directory (secrets, the embedded store)")
     run.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     run.add_argument("--log-format", choices=["auto", "json", "text"])
+    commands.add_parser("ctl", help="manage the fleet, models, keys and quotas through the admin API "
+                        "(llmgw-control ctl --help)", add_help=False)
     return parser
 
 
@@ -54,6 +56,13 @@ async def _run(config: ControlConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["ctl"]:
+        # Handed over before parsing: ctl has its own parser (nouns and verbs), and needs neither
+        # the config nor logging, only the admin API's URL.
+        from .ctl import main as ctl_main
+
+        raise SystemExit(ctl_main(argv[1:]))
     args = build_parser().parse_args(argv)
     try:
         config = config_from_args(args)

@@ -1,0 +1,63 @@
+"""The CLI's only way to the daemon: the admin REST API over HTTP."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx2
+
+DEFAULT_ADMIN = "http://127.0.0.1:8081"
+
+
+class CtlError(Exception):
+    """What the CLI prints as ``error: ...`` before exiting non-zero."""
+
+
+class AdminClient:
+    def __init__(self, base_url: str, timeout: float = 30.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx2.Client(base_url=self.base_url + "/api/v1", timeout=timeout)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> AdminClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def call(self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None) -> Any:
+        """The answer's JSON (None for 204), or ``CtlError`` with the API's own message."""
+        query = {k: v for k, v in (params or {}).items() if v is not None}
+        try:
+            response = self._http.request(method, path, json=json, params=query or None)
+        except httpx2.TransportError as exc:
+            raise CtlError(f"cannot reach the admin API at {self.base_url}: {exc} "
+                           "(is llmgw-control running? use --admin URL for another address)") from None
+        if response.status_code == 204:
+            return None
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if response.status_code >= 400:
+            error = body.get("error") if isinstance(body, dict) else None
+            if isinstance(error, dict) and error.get("message"):
+                raise CtlError(f"{error['message']} (HTTP {response.status_code})")
+            raise CtlError(f"{method} {path}: HTTP {response.status_code}: {response.text[:200]}")
+        if body is None:
+            raise CtlError(f"{method} {path}: the answer is not JSON")
+        return body
+
+    def get(self, path: str, **params: Any) -> Any:
+        return self.call("GET", path, params=params)
+
+    def post(self, path: str, body: Any = None) -> Any:
+        return self.call("POST", path, json=body)
+
+    def put(self, path: str, body: Any) -> Any:
+        return self.call("PUT", path, json=body)
+
+    def delete(self, path: str) -> Any:
+        return self.call("DELETE", path)

@@ -1,0 +1,431 @@
+"""``llmgw-control ctl <noun> <verb>``: the admin REST API from a terminal.
+
+Talks only to the API (``--admin URL``, default the local admin listener), so whatever it can do
+a script or the dashboard can do too. Tables for people by default, the API's JSON with
+``--json``; an error from the API is printed as the API said it, with a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+from urllib.parse import quote
+
+from .client import DEFAULT_ADMIN, AdminClient, CtlError
+from .tables import mib, table
+
+Action = Callable[[AdminClient, argparse.Namespace, TextIO], None]
+
+
+def _q(segment: str) -> str:
+    """A path segment: ids and names may hold characters with a meaning in URLs."""
+    return quote(segment, safe="")
+
+
+def _emit(out: TextIO, args: argparse.Namespace, answer: Any, human: Callable[[], str]) -> None:
+    if args.json:
+        out.write(json.dumps(answer, indent=2) + "\n")
+    else:
+        text = human()
+        if text:
+            out.write(text + "\n")
+
+
+def _said(text: str) -> Callable[[], str]:
+    return lambda: text
+
+
+# --------------------------------------------------------------------------- nodes
+
+
+def _engine_words(node: dict[str, Any]) -> str:
+    return "; ".join(f"{e['name']} {e['version']}: {e['state']}" for e in node["engines"]) or "-"
+
+
+def nodes_list(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
+    answer = client.get("/nodes")
+
+    def human() -> str:
+        nodes = answer["nodes"]
+        if not nodes:
+            return "no nodes (add one with: llmgw-control ctl nodes add NAME)"
+        rows = [[n["id"], n["state"], n["cordoned"], n["address"] or "-",
+                 f"{n['facts']['cpu'] or '-'} ({n['facts']['cores']} cores)" if n["facts"]["cores"] else "-",
+                 mib(n["facts"]["ram_total_mib"]) if n["facts"]["ram_total_mib"] else "-",
+                 len(n["shards"]), _engine_words(n)] for n in nodes]
+        text = table(["NODE", "STATE", "CORDONED", "ADDRESS", "CPU", "RAM", "SHARDS", "ENGINES"], rows)
+        warnings = [f"warning: node {n['id']}: {w}" for n in nodes for w in n["warnings"]]
+        return "\n".join([text, *warnings])
+
+    _emit(out, args, answer, human)
+
+
+def _node_action(verb: str) -> Action:
+    def act(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
+        answer = client.post(f"/nodes/{_q(args.node)}/{verb}")
+
+        def human() -> str:
+            node = answer["node"]
+            words = {"cordon": "cordoned: no new replicas will be placed there",
+                     "uncordon": "uncordoned: replicas may be placed there again",
+                     "drain": "cordoned and draining"}[verb]
+            text = f"node {node['id']} {words}"
+            if verb == "drain":
+                drained = answer["drained"]
+                text += f" ({len(drained)} replica(s): {', '.join(drained)})" if drained else " (it ran no replicas)"
+            return text
+
+        _emit(out, args, answer, human)
+    return act
+
+
+def nodes_add(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
+    labels = _pairs(args.label, "--label")
+    answer = client.post("/nodes", {"name": args.name, "labels": labels})
+
+    def human() -> str:
+        return "\n".join([
+            f"node {answer.get('node_id', args.name)} registered.",
+            "Join token (shown only this once; keep it secret):",
+            f"  {answer.get('join_token', '')}",
+            "Install and start the node on its machine with:",
+            f"  {answer.get('install_command', '')}",
+        ])
+
+    _emit(out, args, answer, human)
+
+
+def _pairs(values: list[str] | None, flag: str) -> dict[str, str]:
+    pairs = {}
+    for value in values or []:
+        key, sep, val = value.partition("=")
+        if not sep or not key:
+            raise CtlError(f"{flag} {value!r}: expected KEY=VALUE")
+        pairs[key] = val
+    return pairs
+
+
+# --------------------------------------------------------------------------- models, replicas, engines
+
+
+def models_list(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
+    answer = client.get("/models")
+
+    def human() -> str:
+        if not answer["models"]:
+            return "no models (add one with: llmgw-control ctl models add --file model.toml)"
+        rows = [[m["key"], m["source"], f"{m['ready']}/{len(m['replicas'])}", m["waiting_requests"],
+                 mib(m["claim"]["ram_mib"]), m["status"]] for m in answer["models"]]
+        return table(["MODEL", "SOURCE", "READY", "WAITING", "RAM", "STATUS"], rows)
+
+    _emit(out, args, answer, human)
+
+
+def read_model_file(path: str) -> list[dict[str, Any]]:
+    """Model entries from a TOML or JSON file: one entry at the top level, or ``[[models]]``."""
+    file = Path(path)
+    try:
+        text = file.read_text()
+    except OSError as exc:
+        raise CtlError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        data: Any = json.loads(text) if file.suffix == ".json" else tomllib.loads(text)
+    except (ValueError, tomllib.TOMLDecodeError) as exc:
+        raise CtlError(f"{path}: not valid {'JSON' if file.suffix == '.json' else 'TOML'}: {exc}") from None
+    if isinstance(data, dict) and set(data) == {"models"} and isinstance(data["models"], list):
+        entries = data["models"]
+    else:
+        entries = [data]
+    if not entries or not all(isinstance(e, dict) for e in entries):
+        raise CtlError(f"{path}: expected a model entry (name, profiles, ...) or [[models]] entries")
+    return entries
+
+
+def models_add(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
+    for entry in read_model_file(args.file):
+        answer = client.post("/models", entry)
+        _emit(out, args, answer, _said(f"model {answer['model']['name']} added"))
+
+
+def models_change(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
+    for entry in read_model_file(args.file):
+        name = entry.get("name")
+        if not isinstance(name, str):
+            raise CtlError(f"{args.file}: the model entry has no name")
+        answer = client.put(f"/models/{_q(name)}", entry)
+        _emit(out, args, answer, _said(f"model {answer['model']['name']} changed"))
+
+
+def models_show(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
+    answer = client.get(f"/models/{_q(args.name)}")
+    _emit(out, args, answer, lambda: json.dumps(answer, indent=2))
+
+
+def models_remove(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
+    client.delete(f"/models/{_q(args.name)}")
+    _emit(out, args, {"removed": args.name}, lambda: f"model {args.name} removed (its replicas are draining)")
+
+
+def replicas_list(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
+    answer = client.get("/replicas")
+
+    def human() -> str:
+        if not answer["replicas"]:
+            return "no replicas"
+        rows = [[r["id"], r["model"], r["node"], r["port"], r["routable"], r["in_flight"],
+                 f"{r['status']}: {r['detail']}" if r["detail"] else r["status"]] for r in answer["replicas"]]
+        return table(["REPLICA", "MODEL", "NODE", "PORT", "ROUTABLE", "IN FLIGHT", "STATE"], rows)
+
+    _emit(out, args, answer, human)
+
+
+def engines_list(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
+    answer = client.get("/engines")
+
+    def human() -> str:
+        rows = [[e["name"], e["version"], n["node"], n["state"]] for e in answer["engines"] for n in e["nodes"]]
+        rows += [[e["name"], e["version"], "-", "no node connected"] for e in answer["engines"] if not e["nodes"]]
+        return table(["ENGINE", "VERSION", "NODE", "STATE"], rows)
+
+    _emit(out, args, answer, human)
+
+
+# --------------------------------------------------------------------------- groups, keys, quotas, usage
+
+
+def resolve_group(client: AdminClient, text: str) -> str:
+    """A group id from an id or a path (``org/team``), so people need not copy ids around."""
+    groups = client.get("/groups")["groups"]
+    for group in groups:
+        if group["id"] == text:
+            return str(group["id"])
+    matches = [g for g in groups if g["path"] == text]
+    if len(matches) == 1:
+        return str(matches[0]["id"])
+    raise CtlError(f"no group with the id or path {text!r} (see: llmgw-control ctl groups)")
+
+
+def groups_list(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
+    answer = client.get("/groups")
+
+    def human() -> str:
+        if not answer["groups"]:
+            return "no groups"
+        rows = [[g["path"], g["id"]] for g in sorted(answer["groups"], key=lambda g: g["path"])]
+        return table(["GROUP", "ID"], rows)
+
+    _emit(out, args, answer, human)
+
+
+def groups_create(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
+    parent = resolve_group(client, args.parent) if args.parent else None
+    answer = client.post("/groups", {"name": args.name, "parent_id": parent})
+    _emit(out, args, answer, lambda: f"group {answer['group']['path']} created (id {answer['group']['id']})")
+
+
+def groups_delete(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
+    group_id = resolve_group(client, args.group)
+    client.delete(f"/groups/{_q(group_id)}")
+    _emit(out, args, {"deleted": group_id}, lambda: f"group {args.group} deleted")
+
+
+def keys_list(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
+    group_id = resolve_group(client, args.group) if args.group else None
+    answer = client.get("/keys", group_id=group_id)
+
+    def human() -> str:
+        if not answer["keys"]:
+            return "no keys"
+        paths = {g["id"]: g["path"] for g in client.get("/groups")["groups"]}
+        rows = [[k["id"], k["name"], paths.get(k["group_id"], k["group_id"]), k["state"], k["admin"],
+                 ",".join(k["models"]) if k["models"] is not None else "all", k["expires_at"]]
+                for k in answer["keys"]]
+        return table(["KEY", "NAME", "GROUP", "STATE", "ADMIN", "MODELS", "EXPIRES"], rows)
+
+    _emit(out, args, answer, human)
+
+
+def keys_create(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
+    body: dict[str, Any] = {"name": args.name, "group_id": resolve_group(client, args.group),
+                            "admin": args.admin_key}
+    if args.model:
+        body["models"] = args.model
+    if args.expires:
+        body["expires_at"] = args.expires
+    answer = client.post("/keys", body)
+
+    def human() -> str:
+        key = answer["key"]
+        return "\n".join([f"key {key['id']} ({key['name']}) created.",
+                          "Secret (shown only this once; it is stored as a digest):", f"  {answer['secret']}"])
+
+    _emit(out, args, answer, human)
+
+
+def keys_revoke(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
+    answer = client.post(f"/keys/{_q(args.key)}/revoke")
+    _emit(out, args, answer, lambda: f"key {args.key} revoked")
+
+
+def keys_delete(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
+    client.delete(f"/keys/{_q(args.key)}")
+    _emit(out, args, {"deleted": args.key}, lambda: f"key {args.key} deleted")
+
+
+_LIMITS = (("requests_per_minute", "RPM"), ("tokens_per_minute", "TPM"), ("tokens_per_day", "TOKENS/DAY"),
+           ("concurrent_requests", "CONCURRENT"))
+
+
+def quotas_list(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
+    answer = client.get("/quotas")
+
+    def human() -> str:
+        if not answer["quotas"]:
+            return "no quotas"
+        rows = [[q["path"], *(q[name] for name, _ in _LIMITS)] for q in answer["quotas"]]
+        return table(["GROUP", *(label for _, label in _LIMITS)], rows)
+
+    _emit(out, args, answer, human)
+
+
+def quotas_set(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
+    group_id = resolve_group(client, args.group)
+    body = {name: getattr(args, name) for name, _ in _LIMITS}
+    answer = client.put(f"/groups/{_q(group_id)}/quota", body)
+
+    def human() -> str:
+        quota = answer["quota"]
+        limits = ", ".join(f"{name} {quota[name]}" for name, _ in _LIMITS if quota[name] is not None)
+        return f"quota of {quota['path']} set: {limits or 'no limits'}"
+
+    _emit(out, args, answer, human)
+
+
+def quotas_clear(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
+    group_id = resolve_group(client, args.group)
+    client.delete(f"/groups/{_q(group_id)}/quota")
+    _emit(out, args, {"cleared": group_id}, lambda: f"quota of {args.group} cleared")
+
+
+def usage_show(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
+    group_id = resolve_group(client, args.group) if args.group else None
+    answer = client.get("/usage", group_id=group_id, key_id=args.key, model=args.model, since=args.since,
+                        until=args.until, include_descendants="true" if args.descendants else None)
+
+    def human() -> str:
+        rows = [[u["hour"], u["group_id"] or "-", u["key_id"] or "-", u["model"], u["requests"], u["prompt_tokens"],
+                 u["completion_tokens"]] for u in answer["usage"]]
+        t = answer["totals"]
+        rows.append(["total", "", "", "", t["requests"], t["prompt_tokens"], t["completion_tokens"]])
+        return table(["HOUR", "GROUP", "KEY", "MODEL", "REQUESTS", "PROMPT", "COMPLETION"], rows)
+
+    _emit(out, args, answer, human)
+
+
+# --------------------------------------------------------------------------- the parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--admin", default=argparse.SUPPRESS,
+                        help=f"the admin API's base URL (default {DEFAULT_ADMIN})")
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                        help="print the API's JSON instead of a table")
+    parser = argparse.ArgumentParser(prog="llmgw-control ctl", parents=[common],
+                                     description="Manage llmgw through its admin REST API.")
+    nouns = parser.add_subparsers(dest="noun", required=True, metavar="NOUN")
+
+    def noun(name: str, help: str, default: Action | None) -> Any:
+        p = nouns.add_parser(name, help=help, parents=[common])
+        verbs = p.add_subparsers(dest="verb", metavar="VERB", required=default is None)
+        if default is not None:
+            p.set_defaults(action=default)
+        return verbs
+
+    def verb(verbs: Any, name: str, action: Action, help: str) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = verbs.add_parser(name, help=help, parents=[common])
+        p.set_defaults(action=action)
+        return p
+
+    v = noun("nodes", "nodes: list (default), add, cordon, drain, uncordon", nodes_list)
+    verb(v, "list", nodes_list, "every node with its engine state and warnings")
+    p = verb(v, "add", nodes_add, "register a node: prints its join token (once) and the install command")
+    p.add_argument("name")
+    p.add_argument("--label", action="append", metavar="KEY=VALUE", help="a node label (repeatable)")
+    for name, words in (("cordon", "place no new replicas on the node"),
+                        ("drain", "cordon the node and drain its replicas"),
+                        ("uncordon", "allow new replicas on the node again")):
+        verb(v, name, _node_action(name), words).add_argument("node")
+
+    v = noun("models", "models: list (default), show, add, change, remove", models_list)
+    verb(v, "list", models_list, "every model profile with its replicas and status")
+    verb(v, "show", models_show, "a model's definition").add_argument("name")
+    verb(v, "add", models_add, "add the model(s) in a TOML or JSON file").add_argument("--file", required=True)
+    verb(v, "change", models_change, "replace a model with the definition in a file").add_argument(
+        "--file", required=True)
+    verb(v, "remove", models_remove, "remove a model (its replicas are drained)").add_argument("name")
+
+    v = noun("replicas", "replicas: list (default)", replicas_list)
+    verb(v, "list", replicas_list, "every replica the control daemon manages")
+    v = noun("engines", "engines: list (default)", engines_list)
+    verb(v, "list", engines_list, "the engines and their state on each node")
+
+    v = noun("groups", "groups: list (default), create, delete", groups_list)
+    verb(v, "list", groups_list, "the group tree")
+    p = verb(v, "create", groups_create, "create a group")
+    p.add_argument("name")
+    p.add_argument("--parent", help="the parent group (id or path, e.g. org/team)")
+    verb(v, "delete", groups_delete, "delete a group (id or path)").add_argument("group")
+
+    v = noun("keys", "keys: list (default), create, revoke, delete", keys_list)
+    p = verb(v, "list", keys_list, "API keys (never their secrets)")
+    p.add_argument("--group", help="only this group's keys (id or path)")
+    p = verb(v, "create", keys_create, "create a key: prints its secret, this once")
+    p.add_argument("name")
+    p.add_argument("--group", required=True, help="the key's group (id or path)")
+    p.add_argument("--model", action="append", help="a model the key may use (repeatable; default: all)")
+    # Not --admin: that is the API's URL on every command.
+    p.add_argument("--admin-key", action="store_true", help="an admin key: it may open the dashboard")
+    p.add_argument("--expires", help="expiry, RFC 3339 (e.g. 2027-01-01T00:00:00Z)")
+    verb(v, "revoke", keys_revoke, "revoke a key").add_argument("key")
+    verb(v, "delete", keys_delete, "delete a key").add_argument("key")
+
+    v = noun("quotas", "quotas: list (default), set, clear", quotas_list)
+    verb(v, "list", quotas_list, "every group's quota")
+    p = verb(v, "set", quotas_set, "set (replace) a group's quota; limits not given are unlimited")
+    p.add_argument("group", help="id or path")
+    for name, label in _LIMITS:
+        p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, metavar="N", help=f"{label} (0 pauses)")
+    verb(v, "clear", quotas_clear, "remove a group's quota").add_argument("group", help="id or path")
+
+    v = noun("usage", "usage: show (default) with filters", usage_show)
+    for target in (v.add_parser("show", help="hourly usage and totals", parents=[common]),
+                   nouns.choices["usage"]):
+        target.set_defaults(action=usage_show)
+        target.add_argument("--group", help="id or path")
+        target.add_argument("--descendants", action="store_true", help="with --group: include its descendants")
+        target.add_argument("--key", help="a key id")
+        target.add_argument("--model")
+        target.add_argument("--since", help="RFC 3339, e.g. 2026-12-01T00:00:00Z")
+        target.add_argument("--until", help="RFC 3339, exclusive")
+    return parser
+
+
+def main(argv: list[str] | None = None, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+    out = stdout or sys.stdout
+    err = stderr or sys.stderr
+    args = build_parser().parse_args(argv)
+    args.admin = getattr(args, "admin", DEFAULT_ADMIN)
+    args.json = getattr(args, "json", False)
+    try:
+        with AdminClient(args.admin) as client:
+            args.action(client, args, out)
+    except CtlError as exc:
+        err.write(f"error: {exc}\n")
+        return 1
+    return 0
