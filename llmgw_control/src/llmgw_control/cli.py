@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from functools import partial
 
 import trio
 
+from llmgw_shared import sdnotify
 from llmgw_shared.config import ConfigError
 from llmgw_shared.lifecycle import stop_on_signals
 from llmgw_shared.logs import get_logger, setup_logging
@@ -29,6 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--data-dir", help="control's state directory (secrets, the embedded store)")
     run.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     run.add_argument("--log-format", choices=["auto", "json", "text"])
+    init = commands.add_parser("init", help="write a commented config with every option, or --check one")
+    init.add_argument("--output", "-o", help="file to write (default: standard output)")
+    init.add_argument("--force", action="store_true", help="replace an existing file")
+    init.add_argument("--check", metavar="CONFIG", help="validate CONFIG as run would, and exit (0: ok)")
     commands.add_parser("ctl", help="manage the fleet, models, keys and quotas through the admin API "
                         "(llmgw-control ctl --help)", add_help=False)
     return parser
@@ -50,7 +56,13 @@ async def _run(config: ControlConfig) -> None:
     shutdown = trio.Event()
     async with trio.open_nursery() as nursery:
         await nursery.start(stop_on_signals, shutdown)
-        await run_control(config, shutdown=shutdown)
+        # systemd (Type=notify): the watchdog pings come from this event loop, so a wedged
+        # loop gets the daemon restarted; READY=1 only once every listener is bound.
+        nursery.start_soon(sdnotify.watchdog_loop)
+        nursery.start_soon(sdnotify.stopping_on, shutdown)
+        async with trio.open_nursery() as daemon:
+            listening = await daemon.start(partial(run_control, config, shutdown=shutdown))
+            await sdnotify.ready(f"serving on {listening.api_url}")
         nursery.cancel_scope.cancel()
     log.info("llmgw-control stopped")
 
@@ -64,6 +76,10 @@ def main(argv: list[str] | None = None) -> None:
 
         raise SystemExit(ctl_main(argv[1:]))
     args = build_parser().parse_args(argv)
+    if args.command == "init":
+        from . import init_config
+
+        raise SystemExit(init_config.main(args.output, force=args.force, check_path=args.check))
     try:
         config = config_from_args(args)
     except ConfigError as exc:

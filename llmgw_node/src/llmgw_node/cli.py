@@ -25,6 +25,7 @@ from llmgw_node.engines.release import Platform
 from llmgw_node.probe import probe
 from llmgw_node.service import open_node_service
 from llmgw_node.tls import client_context
+from llmgw_shared import sdnotify
 from llmgw_shared.facts import HostFacts
 from llmgw_shared.lifecycle import stop_on_signals
 from llmgw_shared.logs import get_logger, setup_logging
@@ -65,6 +66,16 @@ def _parser() -> argparse.ArgumentParser:
                       help="GitHub-shaped release JSON URL ({version} is replaced); default: the engine's own")
     common(esub.add_parser("list", help="list installed and configured engines"))
     common(esub.add_parser("check", help="re-prove every installed engine (ldd and --version)"))
+
+    init = sub.add_parser("init", help="write a commented config with every option, or --check one")
+    init.add_argument("--output", "-o", help="file to write (default: standard output)")
+    init.add_argument("--force", action="store_true", help="replace an existing file")
+    init.add_argument("--check", metavar="CONFIG", help="validate CONFIG as run would, and exit (0: ok)")
+    init.add_argument("--control", action="append", default=[], metavar="URL",
+                      help="control agent URL, ws://host:port/agent/v1 (repeatable)")
+    init.add_argument("--node-id", help="this node's name (default: the host name)")
+    init.add_argument("--data-dir", help="where engines and weights live")
+    init.add_argument("--token-file", help="file holding the join token (default: $LLMGW_JOIN_TOKEN)")
     return parser
 
 
@@ -82,6 +93,12 @@ def _config(args: argparse.Namespace) -> NodeConfig:
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
+    if args.command == "init":
+        from llmgw_node import init_config
+
+        raise SystemExit(init_config.main(args.output, force=args.force, check_path=args.check,
+                                          control=args.control, node_id=args.node_id, data_dir=args.data_dir,
+                                          token_file=args.token_file))
     try:
         config = _config(args)
     except ConfigError as exc:
@@ -111,18 +128,33 @@ async def _run(config: NodeConfig, stop_engines: bool, tls: ssl.SSLContext | Non
     shutdown = trio.Event()
     async with trio.open_nursery() as nursery:
         await nursery.start(stop_on_signals, shutdown)
+        # systemd (Type=notify): watchdog pings from this event loop; STOPPING=1 on the signal.
+        nursery.start_soon(sdnotify.watchdog_loop)
+        nursery.start_soon(sdnotify.stopping_on, shutdown)
         async with open_node_service(config, stop_engines_on_exit=stop_engines) as svc:
             engines = [e.describe() for e in svc.engine_states()]
             log.info("node %s running", config.node_id, extra={"data_dir": config.data_dir, "engines": engines})
             async with trio.open_nursery() as inner:
                 if config.control:
-                    inner.start_soon(Agent(svc, ssl_context=tls).run)
+                    agent = Agent(svc, ssl_context=tls)
+                    inner.start_soon(agent.run)
+                    inner.start_soon(_ready_when_welcomed, agent)
+                else:
+                    await sdnotify.ready("running standalone (no control configured)")
                 await shutdown.wait()
                 inner.cancel_scope.cancel()
             if not stop_engines and svc.shard_states():
                 log.info("leaving %d engine(s) running for the next daemon to adopt", len(svc.shard_states()))
         nursery.cancel_scope.cancel()
     return 0
+
+
+async def _ready_when_welcomed(agent: Agent) -> None:
+    """READY=1 once control first welcomes this node: before that it can run nothing."""
+    await sdnotify.status("connecting to control")
+    while not agent.status.sessions:
+        await agent.status.changed.wait()
+    await sdnotify.ready(f"connected to {agent.status.connected_to}")
 
 
 async def _manager(

@@ -1,0 +1,168 @@
+"""``llmgw-control init``: a commented config with every option; ``--check`` validates one.
+
+The file is generated from ``ControlConfig`` (see ``llmgw_shared.config_doc``); the one-line help
+for each option lives in ``DOCS`` below unless the field carries ``metadata={"doc": ...}``. A
+test fails when an option has neither, so a new option cannot ship without its line.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from llmgw_shared.config import ConfigError
+from llmgw_shared.config_doc import render
+
+from .catalog import ModelConfig, ProfileConfig, WeightsConfig
+from .config import ControlConfig, EndpointConfig, load_config
+
+DOCS: dict[str, str] = {
+    "ControlConfig.listen": "Client API address (the OpenAI endpoints), host:port; 0.0.0.0 for every address.",
+    "ControlConfig.admin_listen": "Admin REST API, dashboard and /metrics, host:port; keep it on loopback.",
+    "ControlConfig.metrics_listen": "An extra listener serving only /metrics, host:port (empty: none).",
+    "ControlConfig.shutdown_grace": "Seconds in-flight requests get to finish after SIGTERM before they are cut.",
+    "ControlConfig.log_level": "debug, info, warning or error.",
+    "ControlConfig.log_format": "auto (JSON unless stderr is a terminal), json or text.",
+    "ControlConfig.data_dir": "Control's state directory: secrets and the embedded SQLite store "
+                              "(empty: $STATE_DIRECTORY under systemd, else ~/.local/state/llmgw/control).",
+    "ControlConfig.store": "The store: a SQLite file, or postgresql://... shared by several control daemons "
+                           "(empty: <data_dir>/llmgw.db).",
+    "ControlConfig.router": "How client requests are sent to engine replicas.",
+    "ControlConfig.endpoints": "Static engine replicas (router-only mode, no nodes).",
+    "ControlConfig.agents": "The agent listener nodes connect to, and how they are watched.",
+    "ControlConfig.reconciler": "The loop that places and stops replicas.",
+    "ControlConfig.activator": "Requests held while a model with no ready replica starts.",
+    "ControlConfig.leadership": "The leader lease when several control daemons share a store (docs/failover.md).",
+    "ControlConfig.engines": "Engine builds every node installs and proves.",
+    "ControlConfig.models": "Models served by the fleet, each with one or more profiles.",
+    "ControlConfig.monitoring": "Where the dashboard finds metrics history.",
+    "RouterConfig.connect_timeout": "Seconds to connect to a replica before trying another.",
+    "RouterConfig.first_byte_timeout": "Seconds to wait for an engine's first byte (queueing and prompt included).",
+    "RouterConfig.idle_timeout": "Seconds a stream may stay silent before it is cut.",
+    "RouterConfig.max_attempts": "Replicas tried per request, counting the first (only before any byte is sent).",
+    "RouterConfig.cooldown": "Seconds a replica that failed is avoided while others can serve.",
+    "RouterConfig.max_body_bytes": "Largest request body accepted (413 above).",
+    "RouterConfig.default_profile": "Profile used when a client names a model without one, for models that have it.",
+    "EndpointConfig.id": "A name for this replica, used in logs, metrics and errors.",
+    "EndpointConfig.url": "The engine's base URL, e.g. http://10.0.0.5:8001.",
+    "EndpointConfig.models": "Model names this replica serves.",
+    "EndpointConfig.weight": "Relative share of traffic against other replicas of the same model.",
+    "EndpointConfig.api_key": "Bearer token sent to the engine (llama-server --api-key); never a client's key.",
+    "AgentsConfig.listen": "Where nodes connect, host:port (empty: no nodes, router-only mode).",
+    "AgentsConfig.public_url": "How nodes reach the agent listener, for files and install commands "
+                               "(empty: http://<listen>).",
+    "AgentsConfig.join_token_digests": "Digests (sha256:<hex>) of shared join tokens; empty with no onboarded "
+                                       "nodes: any node may join (trusted networks only).",
+    "AgentsConfig.files_dir": "Directory of engines/, models/ and wheels/ served to nodes (air-gapped clusters, "
+                              "onboarding).",
+    "AgentsConfig.heartbeat_interval": "Seconds between heartbeats in each direction.",
+    "AgentsConfig.unreachable_after": "Seconds without a heartbeat before a node gets no new traffic.",
+    "AgentsConfig.lost_after": "Seconds without a heartbeat before a node's replicas are placed elsewhere.",
+    "AgentsConfig.hello_timeout": "Seconds a new connection has to send its hello.",
+    "AgentsConfig.max_frame_bytes": "Largest WebSocket frame accepted from a node.",
+    "AgentsConfig.command_queue": "Commands queued per node before it is disconnected as too slow.",
+    "ReconcilerConfig.interval": "Seconds between reconcile passes (changes also wake it at once).",
+    "ReconcilerConfig.port_min": "Lowest port given to an engine on a node.",
+    "ReconcilerConfig.port_max": "Highest port given to an engine on a node.",
+    "ReconcilerConfig.backoff_base": "Seconds before retrying a failed start on a node; doubles per failure.",
+    "ReconcilerConfig.backoff_cap": "Longest wait between retries of a failed start.",
+    "ReconcilerConfig.reschedule_burst": "Replicas moved off lost nodes at once before the rate limit applies.",
+    "ReconcilerConfig.reschedules_per_minute": "Replicas moved off lost nodes per minute after the burst.",
+    "ReconcilerConfig.reserved_ram_mib": "RAM (MiB) kept free on every node for the OS and the node daemon.",
+    "ActivatorConfig.queue_size": "Requests that may wait per model for a replica; more get a 503 at once.",
+    "ActivatorConfig.max_wait": "Seconds a request waits for a replica before a 503 that says why.",
+    "LeadershipConfig.ttl": "Seconds a lease grant lasts without a renew (a killed leader is replaced after it).",
+    "LeadershipConfig.renew_interval": "Seconds between lease renewals.",
+    "LeadershipConfig.advertise": "Agent URL (ws://host:port/agent/v1) standbys send nodes to while this "
+                                  "daemon leads (empty: derived).",
+    "LeadershipConfig.settle": "Seconds after becoming leader before replicas are started or stopped.",
+    "MonitoringConfig.prometheus": "The Prometheus scraping this daemon (http://host:9090), for dashboard "
+                                   "history (empty: none).",
+    "EngineConfig.name": "Engine name (llama.cpp, or one a node's config names by path).",
+    "EngineConfig.version": "Release tag to install, e.g. b11312.",
+    "EngineConfig.release_api": "GitHub-shaped release JSON URL with {version} (empty: control's files, "
+                                "else GitHub).",
+    "ModelConfig.name": "What clients ask for (letters, digits, '.', '_', '-').",
+    "ModelConfig.profiles": "Ways to run the model (e.g. gpu, cpu); a client may ask for model:profile.",
+    "ModelConfig.default_profile": "Profile used when a client names only the model (empty: the first).",
+    "ProfileConfig.name": "The profile's name.",
+    "ProfileConfig.weights": "The model file.",
+    "ProfileConfig.engine": "Engine that runs it (one of [[engines]]).",
+    "ProfileConfig.engine_version": "Engine version (empty: the one [[engines]] names).",
+    "ProfileConfig.context": "Context size in tokens.",
+    "ProfileConfig.parallel": "Requests one replica serves at once (engine slots).",
+    "ProfileConfig.args": "Extra engine flags, after the ones llmgw sets.",
+    "ProfileConfig.env": "Extra environment variables for the engine.",
+    "ProfileConfig.ram_mib": "RAM claim in MiB (0: estimated from the GGUF header).",
+    "ProfileConfig.vram_mib": "VRAM claim in MiB on GPU nodes.",
+    "ProfileConfig.min_replicas": "Replicas kept running even without traffic.",
+    "ProfileConfig.max_replicas": "Most replicas started for demand.",
+    "ProfileConfig.idle_timeout": "Seconds without traffic before a replica is stopped (0: never).",
+    "ProfileConfig.labels": "Node labels a replica must run on.",
+    "ProfileConfig.start_timeout": "Seconds an engine has to become healthy before the start counts as failed.",
+    "WeightsConfig.url": "An http(s) URL the nodes can reach, or a path on the nodes.",
+    "WeightsConfig.sha256": "The file's sha256 (64 hex digits), checked after download.",
+    "WeightsConfig.size": "The file's size in bytes.",
+}
+
+HEADER = """\
+llmgw-control configuration, written by `llmgw-control init`.
+
+Every option is listed with a one-line description and its default; delete the lines you do not
+change if you prefer new defaults to reach you on upgrade. Check a file with
+`llmgw-control init --check FILE`; run with `llmgw-control run --config FILE`.
+Reference: docs/operator-guide.md."""
+
+EXAMPLE_MODEL = ModelConfig(
+    name="qwen2.5-0.5b",
+    profiles=[ProfileConfig(
+        name="cpu",
+        weights=WeightsConfig(url="http://files.example/qwen2.5-0.5b-instruct-q4_k_m.gguf", sha256="0" * 64,
+                              size=491400032),
+        args=["--threads", "4"], env={"LLAMA_ARG_FLASH_ATTN": "0"}, labels={"pool": "cpu"},
+    )],
+)
+EXAMPLE_ENDPOINT = EndpointConfig(id="gpu1", url="http://10.0.0.11:8001", models=["llama-3.1-8b"])
+EXAMPLES: dict[str, list[Any]] = {"models": [EXAMPLE_MODEL], "endpoints": [EXAMPLE_ENDPOINT]}
+
+
+def render_config(config: ControlConfig | None = None) -> str:
+    return render(config or ControlConfig(), DOCS, header=HEADER, examples=EXAMPLES)
+
+
+def check(path: str) -> int:
+    """Validate ``path`` exactly as ``run`` would; print the daemon's own message on failure."""
+    try:
+        load_config(path)
+    except ConfigError as exc:
+        print(f"llmgw-control: config error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{path}: ok")
+    return 0
+
+
+def write(text: str, output: str | None, *, force: bool) -> int:
+    if not output or output == "-":
+        sys.stdout.write(text)
+        return 0
+    path = Path(output)
+    if path.exists() and not force:
+        print(f"llmgw-control: {path} exists; pass --force to replace it", file=sys.stderr)
+        return 1
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Written whole then renamed: a daemon reading it never sees half a file.
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    tmp.replace(path)
+    print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def main(output: str | None, *, force: bool, check_path: str | None) -> int:
+    if check_path:
+        return check(check_path)
+    return write(render_config(), output, force=force)
