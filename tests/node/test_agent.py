@@ -177,32 +177,36 @@ async def test_join_token_never_reaches_the_log(
     assert token not in caplog.text
 
 
-async def _count_hellos(node_config: NodeConfig, fast_timing: Timing, urls: list[str], seconds: float) -> None:
-    config = attrs.evolve(node_config, control=urls, reconnect_min_s=0.2, reconnect_max_s=0.2)
+async def _run_until(node_config: NodeConfig, fast_timing: Timing, urls: list[str], hellos: list[float],
+                     count: int) -> None:
+    # Backoff 0.5-1.0 s: far above the milliseconds a tight reconnect loop takes, even under load.
+    config = attrs.evolve(node_config, control=urls, reconnect_min_s=1.0, reconnect_max_s=1.0)
     async with open_node_service(config, timing=fast_timing) as svc, trio.open_nursery() as nursery:
         nursery.start_soon(Agent(svc).run)
-        await trio.sleep(seconds)
+        with trio.fail_after(20):
+            while len(hellos) < count:
+                await trio.sleep(0.01)
         nursery.cancel_scope.cancel()
 
 
 async def test_standbys_naming_each_other_do_not_bounce_the_node_forever(
     node_config: NodeConfig, fast_timing: Timing
 ) -> None:
-    hellos: list[str] = []
+    hellos: list[float] = []
 
     def standby(name: str) -> Callable[[WebSocketConnection], Awaitable[None]]:
         async def behave(ws: WebSocketConnection) -> None:
             await receive(ws)
-            hellos.append(name)
+            hellos.append(trio.current_time())
             await ws.send_message(encode(Refuse(reason="standby", leader=urls[name])))
         return behave
 
     urls: dict[str, str] = {}
     async with fake_control(standby("a")) as a, fake_control(standby("b")) as b:
         urls.update(a=b, b=a)  # each names the other as the leader
-        await _count_hellos(node_config, fast_timing, [a], 1.0)
-    # Each round tries both once and then backs off (0.1-0.2 s): a handful, not thousands.
-    assert 4 <= len(hellos) <= 40, len(hellos)
+        await _run_until(node_config, fast_timing, [a], hellos, 7)
+    # A round is a, b, a (each redirect followed once), then a backoff: 7 hellos span two of them.
+    assert hellos[6] - hellos[0] >= 1.0
 
 
 async def test_a_control_that_drops_every_session_at_once_gets_backoff(
@@ -217,5 +221,6 @@ async def test_a_control_that_drops_every_session_at_once_gets_backoff(
         await ws.aclose()
 
     async with fake_control(drop) as url:
-        await _count_hellos(node_config, fast_timing, [url], 1.0)
-    assert 3 <= len(hellos) <= 15, len(hellos)
+        await _run_until(node_config, fast_timing, [url], hellos, 4)
+    # The first drop is retried at once; after that each waits a backoff (at least 0.5 s).
+    assert hellos[3] - hellos[1] >= 1.0
