@@ -68,11 +68,11 @@ async def test_refusal_names_the_leader_and_the_session_runs_there(
 
     async with fake_control(leader) as leader_url, fake_control(standby) as standby_url:
         # A long backoff: going to the named leader, and back after a lost session, must not wait.
-        config = attrs.evolve(node_config, control=[standby_url], reconnect_min_s=10, reconnect_max_s=10)
+        config = attrs.evolve(node_config, control=[standby_url], reconnect_min_s=30, reconnect_max_s=30)
         async with open_node_service(config, timing=fast_timing) as svc, trio.open_nursery() as nursery:
             agent = Agent(svc, timing=AgentTiming(connect_timeout=5))
             nursery.start_soon(agent.run)
-            with trio.fail_after(4):
+            with trio.fail_after(10):  # a backoff would be 15-30 s
                 await done.wait()
             nursery.cancel_scope.cancel()
 
@@ -135,7 +135,7 @@ async def test_hung_control_is_noticed_by_missing_heartbeats(node_config: NodeCo
                     await trio.sleep(0.02)
             nursery.cancel_scope.cancel()
     # Three missed 0.1 s heartbeats, a short wait for a close the peer never answers, reconnect.
-    assert 0.25 < sessions[1] - sessions[0] < 1.2
+    assert 0.25 < sessions[1] - sessions[0] < 3.0
     assert "heartbeat missed" in agent.status.last_error
 
 
