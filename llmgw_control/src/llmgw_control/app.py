@@ -31,6 +31,7 @@ from .fleet.inventory import Inventory, Liveness
 from .fleet.listener import make_agent_app
 from .fleet.reconciler import Reconciler
 from .fleet.secret import default_data_dir, load_or_create_secret
+from .fleet.tls import Identities, serve_tls_front, server_context
 from .fleet_metrics import register_fleet_metrics
 from .leadership import (
     KEY_DIGEST_SECRET,
@@ -42,6 +43,7 @@ from .leadership import (
     new_holder,
 )
 from .metrics import GatewayMetrics
+from .onboarding import Onboarding, stored_identity, wheels_dir_for
 from .router.activator import Activator
 from .router.asgi import ClientApp, serve_lifespan
 from .router.directory import FleetDirectory, ModelDirectory, StaticDirectory
@@ -117,6 +119,7 @@ class Fleet:
     activator: Activator
     files: FileServer | None
     leadership: Leadership | None = None
+    onboarding: Onboarding | None = None
 
 
 def static_replicas(config: ControlConfig) -> ReplicaSet:
@@ -180,13 +183,34 @@ async def _build_fleet(config: ControlConfig, replicas: ReplicaSet, agent_url: s
         inventory, config=config.agents, token_digests=set(config.agents.join_token_digests),
         engines=engine_specs, on_change=on_change, on_command_failed=on_command_failed, role=Role(),
         fencing_token=lambda: reconciler_box[0].fencing_token if reconciler_box else 1,
+        stored_identity=stored_identity(store),
     )
     reconciler = Reconciler(catalog, inventory, liveness, agents, replicas, secret=secret, claims=claims,
                             config=config.reconciler)
     reconciler_box.append(reconciler)
     activator = Activator(replicas, config.activator, waiting=reconciler.waiting, wake=reconciler.wake,
                           status=reconciler.status)
-    return Fleet(catalog, inventory, reconciler, agents, activator, files)
+    onboarding = Onboarding(store, public_url, advertised_agent_url(config, agent_url),
+                            wheels_dir_for(config.agents.files_dir, data_dir_of(config)))
+    return Fleet(catalog, inventory, reconciler, agents, activator, files, onboarding=onboarding)
+
+
+async def _start_agent_listener(
+    config: ControlConfig, nursery: trio.Nursery, serve: Any, agent_app: Any, shutdown: trio.Event
+) -> tuple[Identities | None, str]:
+    """The agent listener, behind our own TLS front when TLS is configured (see fleet/tls.py)."""
+    agents = config.agents
+    if not agents.tls_cert_file:
+        url = await nursery.start(partial(serve, agent_app, agents.listen, name="agents",
+                                          websocket_max_message_size=agents.max_frame_bytes))
+        return None, str(url)
+    context = server_context(agents.tls_cert_file, agents.tls_key_file, agents.tls_client_ca_file)
+    identities = Identities(mutual=bool(agents.tls_client_ca_file))
+    internal = await nursery.start(partial(serve, agent_app, "127.0.0.1:0", name="agents (behind TLS)",
+                                           websocket_max_message_size=agents.max_frame_bytes))
+    port = int(str(internal).rsplit(":", 1)[1])
+    url = await nursery.start(partial(serve_tls_front, agents.listen, port, context, identities, shutdown=shutdown))
+    return identities, str(url)
 
 
 async def run_control(
@@ -225,11 +249,9 @@ async def run_control(
                     else:
                         await agent_app_box[0](scope, receive, send)
 
-                agent_url = await nursery.start(partial(
-                    serve, agent_app, config.agents.listen, name="agents",
-                    websocket_max_message_size=config.agents.max_frame_bytes))
+                identities, agent_url = await _start_agent_listener(config, nursery, serve, agent_app, shutdown)
                 fleet = await _build_fleet(config, replicas, agent_url, tenancy.store)
-                agent_app_box.append(make_agent_app(fleet.agents, fleet.files))
+                agent_app_box.append(make_agent_app(fleet.agents, fleet.files, identities, onboarding=fleet.onboarding))
                 # Read at scrape time from the live objects: nothing is counted on the hot path.
                 register_fleet_metrics(registry, fleet)
                 directory = FleetDirectory(fleet.catalog, replicas)

@@ -179,6 +179,10 @@ def _validate_fleet(config: ControlConfig) -> None:
                               "(llmgw-control token prints one)")
     if not 0 < agents.heartbeat_interval < agents.unreachable_after < agents.lost_after:
         raise ConfigError("agents: need 0 < heartbeat_interval < unreachable_after < lost_after")
+    if bool(agents.tls_cert_file) != bool(agents.tls_key_file):
+        raise ConfigError("agents: tls_cert_file and tls_key_file go together")
+    if agents.tls_client_ca_file and not agents.tls_cert_file:
+        raise ConfigError("agents: tls_client_ca_file (mutual TLS) needs tls_cert_file and tls_key_file")
     if agents.max_frame_bytes < 4096:
         raise ConfigError("agents.max_frame_bytes must be at least 4096")
     rec = config.reconciler

@@ -19,6 +19,7 @@ from llmgw_node.engines.manager import EngineManager
 from llmgw_node.engines.release import Platform
 from llmgw_node.probe import probe, with_time_cleared
 from llmgw_node.supervisor import ShardError, Supervisor, Timing
+from llmgw_node.tls import client_context
 from llmgw_node.weights import WeightsCache
 from llmgw_shared.facts import HostFacts, unprobed
 from llmgw_shared.logs import get_logger
@@ -185,7 +186,11 @@ async def open_node_service(
     stop_engines_on_exit: bool = False,
 ) -> AsyncIterator[NodeService]:
     """A running NodeService; on exit its tasks end and engines keep running (unless asked)."""
-    async with httpx2.AsyncClient() as client, trio.open_nursery() as nursery:
+    # Engines and weights may come from control's own file server, behind the same TLS (and the
+    # same client certificate) as the agent socket.
+    tls = client_context(config)
+    async with httpx2.AsyncClient(verify=tls if tls is not None else True) as client, \
+            trio.open_nursery() as nursery:
         svc = NodeService(config, client, timing=timing, facts=facts)
         await nursery.start(lambda task_status: svc.run(adopt=adopt, task_status=task_status))
         try:

@@ -17,8 +17,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
 import trio
@@ -46,6 +46,9 @@ from llmgw_shared.wire import (
 
 from .inventory import Inventory, NodeRecord
 
+if TYPE_CHECKING:
+    from ..store.records import NodeIdentity
+
 log = get_logger("llmgw.agents")
 
 _MAX_BAD_FRAMES = 5
@@ -68,6 +71,11 @@ class AgentsConfig:
     join_token_digests: list[str] = attrs.Factory(list)
     # A directory with engines/ and models/ to serve to nodes (air-gapped clusters).
     files_dir: str = ""
+    # TLS on the agent listener (wss://, https:// for the files); with a client CA, mutual TLS:
+    # every node needs a certificate signed by it, and its node id is taken from it.
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_client_ca_file: str = ""
     heartbeat_interval: float = 5.0
     unreachable_after: float = 15.0
     lost_after: float = 60.0
@@ -109,8 +117,12 @@ class AgentService:
         role: Role | None = None,
         fencing_token: Callable[[], int] = lambda: 1,
         clock: Callable[[], float] = trio.current_time,
+        stored_identity: Callable[[str], Awaitable[NodeIdentity | None]] | None = None,
     ) -> None:
         self.fencing_token = fencing_token
+        # The identity the store holds for a node id (onboarded nodes: token digest, labels), or None.
+        self.stored_identity = stored_identity
+        self._stored_labels: dict[str, dict[str, str]] = {}
         self.inventory = inventory
         self.config = config
         self.token_digests = set(token_digests)
@@ -150,8 +162,10 @@ class AgentService:
 
     # ------------------------------------------------------------------ one connection
 
-    async def serve(self, socket: Socket, peer: str) -> None:
-        hello = await self._handshake(socket, peer)
+    async def serve(self, socket: Socket, peer: str, *, certified_node_id: str | None = None,
+                    certificate_required: bool = False) -> None:
+        """One node's connection; with mutual TLS, ``certified_node_id`` is what its certificate says."""
+        hello = await self._handshake(socket, peer, certified_node_id, certificate_required)
         if hello is None:
             return
         session = _Session(hello.node_id, self.config.command_queue)
@@ -180,7 +194,9 @@ class AgentService:
                 with contextlib.suppress(Exception):
                     await socket.close(1000, "bye")
 
-    async def _handshake(self, socket: Socket, peer: str) -> Hello | None:
+    async def _handshake(
+        self, socket: Socket, peer: str, certified_node_id: str | None, certificate_required: bool
+    ) -> Hello | None:
         with trio.move_on_after(self.config.hello_timeout):
             raw = await socket.receive()
             break_reason = ""
@@ -201,7 +217,12 @@ class AgentService:
                 await socket.close(1013, "standby")
                 log.info("refused node %s: this control is a standby", msg.node_id)
                 return None
-            elif not self._token_ok(msg.join_token):
+            elif certificate_required and certified_node_id is None:
+                break_reason = "a client certificate naming the node is required"
+            elif certified_node_id is not None and certified_node_id != msg.node_id:
+                break_reason = (f"the client certificate is for node {certified_node_id}, "
+                                f"but the hello says {msg.node_id}")
+            elif not await self._token_ok(msg.node_id, msg.join_token):
                 break_reason = "bad join token"
             elif msg.node_id in self.sessions:
                 break_reason = f"node id {msg.node_id} is already connected"
@@ -218,13 +239,24 @@ class AgentService:
         await socket.send(encode(Refuse(reason)))
         await socket.close(1008, reason[:100])
 
-    def _token_ok(self, token: str) -> bool:
-        if not self.token_digests:
-            return True
+    async def _token_ok(self, node_id: str, token: str) -> bool:
         digest = token_digest(token)
         # Compare against every digest so the time taken does not say which one was close.
         matches = [hmac.compare_digest(digest, known) for known in self.token_digests]
-        return any(matches)
+        if any(matches):
+            return True
+        if self.stored_identity is not None:
+            # An onboarded node's own token; an id with a stored token accepts no other, even
+            # when the fleet is otherwise open, so nobody can take over an onboarded node's name.
+            try:
+                identity = await self.stored_identity(node_id)
+            except Exception as exc:
+                log.warning("cannot check node %s's join token now: %s", node_id, exc)
+                return False
+            if identity is not None:
+                self._stored_labels[node_id] = dict(identity.labels)
+                return hmac.compare_digest(digest, identity.token_digest)
+        return not self.token_digests
 
     def _register(self, hello: Hello, peer: str) -> NodeRecord:
         now = self.clock()
@@ -232,7 +264,9 @@ class AgentService:
         node = NodeRecord(
             node_id=hello.node_id, address=hello.address or peer, facts=hello.facts,
             last_seen=now, connected_since=now,
-            labels=existing.labels if existing else {}, cordoned=existing.cordoned if existing else False,
+            # Labels given when the node was onboarded (the store) win over what this process knew.
+            labels=self._stored_labels.pop(hello.node_id, existing.labels if existing else {}),
+            cordoned=existing.cordoned if existing else False,
         )
         node.update_engines(hello.engines)
         node.update_shards(hello.shards)

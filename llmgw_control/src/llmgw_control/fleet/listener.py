@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from quart import Response, abort, jsonify, send_file, websocket
+from quart import Response, abort, jsonify, request, send_file, websocket
 from quart_trio import QuartTrio
 
+from ..onboarding import Onboarding, register_install_routes
 from .agents import AgentService
 from .files import FileServer
+from .tls import Identities
 
 
 class _QuartSocket:
@@ -28,15 +30,31 @@ class _QuartSocket:
         await self._ws.close(code, reason)
 
 
-def make_agent_app(service: AgentService, files: FileServer | None) -> QuartTrio:
+def make_agent_app(service: AgentService, files: FileServer | None, identities: Identities | None = None, *,
+                   onboarding: Onboarding | None = None) -> QuartTrio:
+    """``identities``: node ids proven by client certificates, when a TLS front relays to this app."""
     app = QuartTrio("llmgw_control.agents")
     app.config["RESPONSE_TIMEOUT"] = None
+    # The node install script and wheels (onboarding), next to the files nodes fetch.
+    register_install_routes(app, onboarding)
+
+    def certified(scope: Any) -> str | None:
+        client = scope.get("client")
+        return identities.get(client[1]) if identities is not None and client else None
+
+    if identities is not None and identities.mutual:
+        @app.before_request
+        async def require_certificate() -> None:
+            # With mutual TLS the files are for enrolled nodes only, like the socket.
+            if certified(request.scope) is None:
+                abort(403)
 
     @app.websocket("/agent/v1")
     async def agent() -> None:
         await websocket.accept()
         peer = websocket.remote_addr or ""
-        await service.serve(_QuartSocket(websocket), peer)
+        await service.serve(_QuartSocket(websocket), peer, certified_node_id=certified(websocket.scope),
+                            certificate_required=identities is not None and identities.mutual)
 
     @app.get("/healthz")
     async def healthz() -> Any:

@@ -1,0 +1,126 @@
+"""TLS, and mutual TLS, on the agent listener.
+
+Hypercorn terminates TLS itself but does not tell the application which client certificate was
+presented, and with mutual TLS the node id must come from that certificate. So when TLS is on,
+control runs its own small TLS front on the agent address: it completes the handshake (requiring
+a client certificate signed by the configured CA when one is set), reads the node id from the
+certificate, opens a loopback connection to the agent app, records that connection's local port
+against the node id, and relays bytes both ways. The agent app looks the node id up by the
+client port hypercorn reports, so the identity travels with the connection, not with anything
+the client can say.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ssl
+from typing import Any
+
+import trio
+
+from llmgw_shared.config import ConfigError, parse_host_port
+from llmgw_shared.logs import get_logger
+
+log = get_logger("llmgw.agents.tls")
+
+_HANDSHAKE_TIMEOUT = 10.0
+_CHUNK = 64 * 1024
+
+
+def server_context(cert_file: str, key_file: str, client_ca_file: str) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(cert_file, key_file)
+        if client_ca_file:
+            context.load_verify_locations(client_ca_file)
+            context.verify_mode = ssl.CERT_REQUIRED
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"agents TLS: cannot load the certificate files: {exc}") from None
+    return context
+
+
+def node_id_of(certificate: dict[str, Any]) -> str | None:
+    """The certificate's common name, else its first DNS name."""
+    for rdn in certificate.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return str(value)
+    for kind, value in certificate.get("subjectAltName", ()):
+        if kind == "DNS":
+            return str(value)
+    return None
+
+
+class Identities:
+    """Node ids proven by client certificates, by the local port of the relayed connection."""
+
+    def __init__(self, mutual: bool) -> None:
+        self.mutual = mutual
+        self._by_port: dict[int, str] = {}
+
+    def get(self, port: int) -> str | None:
+        return self._by_port.get(port)
+
+    def bind(self, port: int, node_id: str) -> None:
+        self._by_port[port] = node_id
+
+    def unbind(self, port: int) -> None:
+        self._by_port.pop(port, None)
+
+
+async def _pump(source: trio.abc.ReceiveStream, sink: trio.abc.SendStream) -> None:
+    while chunk := await source.receive_some(_CHUNK):
+        await sink.send_all(chunk)
+
+
+async def _relay(stream: trio.SocketStream, context: ssl.SSLContext, backend_port: int,
+                 identities: Identities) -> None:
+    tls = trio.SSLStream(stream, context, server_side=True, https_compatible=True)
+    peer = stream.socket.getpeername()
+    try:
+        with trio.fail_after(_HANDSHAKE_TIMEOUT):
+            await tls.do_handshake()
+    except (trio.BrokenResourceError, trio.TooSlowError, ssl.SSLError) as exc:
+        log.warning("TLS handshake with %s failed: %s", peer[0], exc.__cause__ or exc)
+        await trio.aclose_forcefully(tls)
+        return
+    node_id = node_id_of(tls.getpeercert() or {})
+    backend = await trio.open_tcp_stream("127.0.0.1", backend_port)
+    local_port = backend.socket.getsockname()[1]
+    if node_id is not None:
+        identities.bind(local_port, node_id)
+    try:
+        async with trio.open_nursery() as nursery:
+            async def pump(source: trio.abc.ReceiveStream, sink: trio.abc.SendStream) -> None:
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    await _pump(source, sink)
+                # Either side ending ends the relay: TLS cannot half-close.
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(pump, tls, backend)
+            nursery.start_soon(pump, backend, tls)
+    finally:
+        identities.unbind(local_port)
+        await trio.aclose_forcefully(backend)
+        await trio.aclose_forcefully(tls)
+
+
+async def serve_tls_front(
+    address: str, backend_port: int, context: ssl.SSLContext, identities: Identities, *,
+    shutdown: trio.Event, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    host, port = parse_host_port(address, what="agents.listen")
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    bound = listeners[0].socket.getsockname()
+    url = f"https://{host}:{bound[1]}"
+    log.info("agents (TLS%s) listening on %s", ", client certificates required" if identities.mutual else "", url)
+
+    async def handle(stream: trio.SocketStream) -> None:
+        await _relay(stream, context, backend_port, identities)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(trio.serve_listeners, handle, listeners)
+        task_status.started(url)
+        await shutdown.wait()
+        nursery.cancel_scope.cancel()
