@@ -102,6 +102,9 @@ class FakeNode:
     ws: WebSocketConnection
     commands: list[Any] = attrs.Factory(list)
 
+    def drained(self, shard_id: str) -> bool:
+        return any(isinstance(c, DrainShard) and c.shard_id == shard_id for c in self.commands)
+
     async def serve(self) -> None:
         while True:
             message = decode(await self.ws.get_message())
@@ -116,12 +119,12 @@ class FakeNode:
 
 
 @asynccontextmanager
-async def fake_node(daemon: Daemon, node_id: str = "n1", *, warnings: list[str] | None = None
+async def fake_node(daemon: Daemon, node_id: str = "n1", *, warnings: list[str] | None = None, token: str = ""
                     ) -> AsyncIterator[FakeNode]:
     facts = attrs.evolve(unprobed(), probed=True, hostname=node_id, ram_total_mib=8192, os_name="Debian",
                          arch="x86_64", cpu_model="Test CPU", cores=4, cpu_features=["avx"],
                          warnings=warnings or [])
-    hello = Hello(PROTOCOL_VERSION, node_id, "", facts, [EngineState("llama.cpp", "b11312", "installed")], [])
+    hello = Hello(PROTOCOL_VERSION, node_id, token, facts, [EngineState("llama.cpp", "b11312", "installed")], [])
     async with open_websocket_url(daemon.agent_url) as ws, trio.open_nursery() as nursery:
         await ws.send_message(encode(hello))
         assert json.loads(await ws.get_message())["type"] == "welcome"
@@ -154,14 +157,19 @@ def pg_server() -> Iterator[PostgresServer]:
         server.stop()
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """Where a store lives: a SQLite file or a fresh database on the session's PostgreSQL."""
-    if request.param == "sqlite":
-        yield str(tmp_path / "store.db")
-        return
-    server: PostgresServer = request.getfixturevalue("pg_server")
+@pytest.fixture
+def pg_url(pg_server: PostgresServer) -> Iterator[str]:
+    """A fresh database on the session's PostgreSQL, dropped afterwards."""
     name = f"admin{os.getpid()}_{next(_db_numbers)}"
-    server.create_database(name)
-    yield server.url(name)
-    server.drop_database(name)
+    pg_server.create_database(name)
+    yield pg_server.url(name)
+    pg_server.drop_database(name)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Where a store lives: a SQLite file or a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        return str(tmp_path / "store.db")
+    url: str = request.getfixturevalue("pg_url")
+    return url
