@@ -29,16 +29,20 @@ class Chart:
     legend: str
 
 
+# ``model!=""``: requests that named no model (health checks, unknown names) are counted with an
+# empty model label; they are not a model's traffic.
 CHARTS: tuple[Chart, ...] = (
     Chart("requests", "Requests per second", "req/s",
-          "sum by (model) (rate(llmgw_requests_total[{w}]))", "model"),
+          'sum by (model) (rate(llmgw_requests_total{{model!=""}}[{w}]))', "model"),
     Chart("tokens", "Generated tokens per second", "tok/s",
           'sum by (model) (rate(llmgw_tokens_total{{kind="completion"}}[{w}]))', "model"),
     Chart("latency", "Request duration, p95", "s",
-          "histogram_quantile(0.95, sum by (le, model) (rate(llmgw_request_duration_seconds_bucket[{w}])))",
+          "histogram_quantile(0.95, sum by (le, model) "
+          '(rate(llmgw_request_duration_seconds_bucket{{model!=""}}[{w}])))',
           "model"),
     Chart("ttft", "Time to first token, p95", "s",
-          "histogram_quantile(0.95, sum by (le, model) (rate(llmgw_time_to_first_token_seconds_bucket[{w}])))",
+          "histogram_quantile(0.95, sum by (le, model) "
+          '(rate(llmgw_time_to_first_token_seconds_bucket{{model!=""}}[{w}])))',
           "model"),
     Chart("replicas", "Replicas by state", "",
           "sum by (state) (llmgw_fleet_replicas) > 0", "state"),
@@ -47,7 +51,7 @@ CHARTS: tuple[Chart, ...] = (
 )
 CHARTS_BY_ID = {c.id: c for c in CHARTS}
 # The ranges the page offers, in seconds; anything else is refused.
-RANGES = (900, 3600, 6 * 3600, 24 * 3600, 7 * 24 * 3600)
+RANGES = (300, 900, 3600, 6 * 3600, 24 * 3600, 7 * 24 * 3600)
 # Points per series: enough for a smooth line in a ~600 px chart, few enough to stay small.
 POINTS = 120
 

@@ -280,20 +280,25 @@
       grid.append(s("line", { x1: L, x2: W - R, y1: Y(v), y2: Y(v) }));
       grid.append(s("text", { x: L - 4, y: Y(v) + 3, "text-anchor": "end" }, fmt(v)));
     }
-    for (const t of [data.start, (data.start + data.end) / 2, data.end]) {
-      grid.append(s("text", { x: X(t), y: H - 6, "text-anchor": "middle" }, hhmm(t)));
-    }
+    [["start", data.start], ["middle", (data.start + data.end) / 2], ["end", data.end]].forEach(([anchor, t]) => {
+      grid.append(s("text", { x: X(t), y: H - 6, "text-anchor": anchor }, hhmm(t)));
+    });
     svg.append(grid);
     series.forEach((x, i) => {
       // A null (no samples, or a quantile over no requests) breaks the line instead of dropping to zero.
       let d = "", pen = false;
-      for (const [t, v] of x.points) {
-        if (v === null) { pen = false; continue; }
+      const color = COLORS[i % COLORS.length];
+      x.points.forEach(([t, v], j) => {
+        if (v === null) { pen = false; return; }
         d += `${pen ? "L" : "M"}${X(t).toFixed(1)},${Y(v).toFixed(1)}`;
+        const next = x.points[j + 1];
+        if (!pen && (!next || next[1] === null)) {
+          // A lone sample would be an invisible zero-length line: mark it with a dot.
+          svg.append(s("circle", { cx: X(t).toFixed(1), cy: Y(v).toFixed(1), r: 2.5, fill: color }));
+        }
         pen = true;
-      }
-      svg.append(s("path", { d, fill: "none", stroke: COLORS[i % COLORS.length], "stroke-width": 1.6,
-        "data-series": x.label }));
+      });
+      svg.append(s("path", { d, fill: "none", stroke: color, "stroke-width": 1.6, "data-series": x.label }));
     });
     const legend = h("div", { class: "legend" }, series.map((x, i) =>
       h("span", {}, h("i", { style: `background:${COLORS[i % COLORS.length]}` }), x.label)));
@@ -391,20 +396,26 @@
   // ---------------------------------------------------------------- refresh loop
 
   let running = null;
+  let again = false;
   async function refresh() {
     // One refresh at a time: an action's refresh and the timer's must not interleave their renders.
-    if (running) return running;
+    // A refresh asked for while one runs (after an action, or a new range) runs once more after
+    // it, since the one in flight may have read the old state.
+    if (running) { again = true; return running; }
     running = (async () => {
       const status = $("#status");
-      try {
-        await (pages[PAGE] || (async () => {}))();
-        status.textContent = "updated " + new Date().toLocaleTimeString();
-        status.classList.remove("stale");
-        body.dataset.loaded = "true";
-      } catch (e) {
-        status.textContent = "refresh failed: " + e.message;
-        status.classList.add("stale");
-      }
+      do {
+        again = false;
+        try {
+          await (pages[PAGE] || (async () => {}))();
+          status.textContent = "updated " + new Date().toLocaleTimeString();
+          status.classList.remove("stale");
+          body.dataset.loaded = "true";
+        } catch (e) {
+          status.textContent = "refresh failed: " + e.message;
+          status.classList.add("stale");
+        }
+      } while (again);
     })();
     try { await running; } finally { running = null; }
   }
