@@ -10,6 +10,7 @@ from quart_trio import QuartTrio
 
 from .api import ApiContext, ModelService, build_api
 from .api.core import error_body
+from .onboarding_views import register_onboarding_views
 
 if TYPE_CHECKING:
     from ..app import Fleet, Tenancy
@@ -50,6 +51,7 @@ def make_admin_app(
     # Other modules add their routes to the same table (``api.route(...)`` then ``api.install(app)``),
     # so they are served with the same validation and error shape and appear in the document.
     app.extensions["llmgw.api"] = api
+    register_onboarding_views(app, fleet)
 
     @app.get("/api/v1/openapi.json")
     async def openapi() -> Any:
