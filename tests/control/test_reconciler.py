@@ -189,3 +189,19 @@ def test_status_explains_why_nothing_runs() -> None:
     reconciler.waiting["m:cpu"] = 1
     reconciler.reconcile_once()
     assert reconciler.status("m:cpu") == "no node is connected and schedulable"
+
+
+def test_a_port_taken_by_another_process_is_avoided_without_backing_off() -> None:
+    reconciler, dispatcher, inventory, _, clock = make()
+    node = add_node(inventory, dispatcher, clock, "n1")
+    reconciler.waiting["m:cpu"] = 1
+    reconciler.reconcile_once()
+    (_, start), = dispatcher.take()
+    assert isinstance(start, StartShard)
+    report(node, start.shard.shard_id, "failed", start.shard.port,
+           f"port {start.shard.port} on 127.0.0.1 is in use by another process")
+    reconciler.reconcile_once()
+    commands = dispatcher.take()
+    retry = [c for _, c in commands if isinstance(c, StartShard)]
+    assert len(retry) == 1 and retry[0].shard.port != start.shard.port
+    assert ("m:cpu", "n1") not in reconciler.backoff

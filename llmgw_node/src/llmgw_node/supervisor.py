@@ -29,7 +29,7 @@ from llmgw_node.engines.manager import EngineManager
 from llmgw_node.procs import ProcessRecord, StateFile, alive, open_log, signal_group, start_ticks, tail_lines
 from llmgw_node.weights import WeightsCache, WeightsError
 from llmgw_shared.logs import get_logger
-from llmgw_shared.wire import ShardSpec, ShardState, ShardStatus
+from llmgw_shared.wire import PORT_IN_USE, ShardSpec, ShardState, ShardStatus
 
 log = get_logger("llmgw.node.supervisor")
 
@@ -343,7 +343,7 @@ class Supervisor:
         if binary is None:
             raise ShardError(f"engine {spec.engine} {spec.engine_version} is no longer installed")
         if not await trio.to_thread.run_sync(engine_http.port_free, self.host, spec.port):
-            raise ShardError(f"port {spec.port} on {self.host} is in use by another process")
+            raise ShardError(f"port {spec.port} on {self.host} {PORT_IN_USE}")
         env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "LD_PRELOAD")}
         env.update(spec.env)
         # The key goes by environment, not argv: /proc/<pid>/cmdline is world-readable.
@@ -389,12 +389,16 @@ class Supervisor:
             nursery.start_soon(wait_exit)
             ready = False
             with trio.move_on_after(spec.start_timeout_s) as deadline:
+                # Poll often at first (a small model is up in ~50 ms and a request is waiting for
+                # it), then back off to the configured interval for engines that load for minutes.
+                interval = min(0.02, self.timing.health_interval)
                 while not exited.is_set() and not shard.stop_requested.is_set():
                     if await self._healthy(spec):
                         ready = True
                         break
-                    with trio.move_on_after(self.timing.health_interval):
+                    with trio.move_on_after(interval):
                         await _first(exited, shard.stop_requested)
+                    interval = min(interval * 1.5, self.timing.health_interval)
             if not ready and not shard.stop_requested.is_set():
                 if exited.is_set():
                     result = f"crashed while starting: {exit_text[0]}"

@@ -30,6 +30,10 @@ from llmgw_shared.facts import GpuFacts, HostFacts
 
 PROTOCOL_VERSION = 1
 
+# Part of a failed shard's detail when its port was taken by a process the node does not run:
+# control then picks another port rather than backing the model off the node.
+PORT_IN_USE = "is in use by another process"
+
 # The llama.cpp release index used when an engine spec names no source of its own.
 LLAMA_CPP_RELEASES = "https://api.github.com/repos/ggml-org/llama.cpp/releases/tags/{version}"
 

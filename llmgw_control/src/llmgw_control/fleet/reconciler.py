@@ -24,6 +24,7 @@ import trio
 
 from llmgw_shared.logs import get_logger
 from llmgw_shared.wire import (
+    PORT_IN_USE,
     Command,
     DrainShard,
     ShardSpec,
@@ -126,6 +127,8 @@ class Reconciler:
         # Replicas this reconciler published (the set may also hold static endpoints).
         self._published: set[str] = set()
         self._blocked_logged: dict[str, tuple[str, float]] = {}
+        # Ports found taken by processes control does not know, per node.
+        self.busy_ports: dict[str, set[int]] = {}
         # Nodes an operator cordoned (no new replicas there). Kept here rather than only on the
         # NodeRecord: a record is replaced when its node reconnects, and a cordon set before the
         # node ever connected (or restored from the store at start) must still hold.
@@ -156,6 +159,14 @@ class Reconciler:
         if record is None or record.status == "failed":
             return
         record.status, record.detail = "failed", detail
+        if PORT_IN_USE in detail:
+            # Something else on that node holds the port: not the model's fault. Avoid the port
+            # there and place again at once, instead of backing the model off the whole node.
+            self.busy_ports.setdefault(record.node_id, set()).add(record.port)
+            log.warning("port %d on node %s is taken by another process: choosing another", record.port,
+                        record.node_id, extra={"model": record.key})
+            self.wake()
+            return
         attempts = self.failures.get((record.key, record.node_id), 0) + 1
         self.failures[(record.key, record.node_id)] = attempts
         delay = min(self.config.backoff_cap, self.config.backoff_base * 2 ** (attempts - 1))
@@ -334,7 +345,8 @@ class Reconciler:
         views = []
         for node in self.inventory:
             facts = node.facts
-            busy_ports = frozenset(s.port for s in node.shards.values() if s.status not in ("stopped", "failed"))
+            busy_ports = frozenset({s.port for s in node.shards.values() if s.status not in ("stopped", "failed")}
+                                   | self.busy_ports.get(node.node_id, set()))
             views.append(NodeView(
                 node.node_id, self.liveness.state(node, now), self.is_cordoned(node.node_id), node.labels,
                 dict(node.engines),
