@@ -71,6 +71,12 @@ def drive(fleet: Fleet, facts: dict[str, Any]) -> None:
     with browser_context() as context:
         page = context.new_page()
         page.on("dialog", lambda dialog: dialog.accept())
+        # Script errors and CSP violations surface here; the expected 401/403s of the checks below
+        # are logged by Chromium as failed resource loads, which are told apart by their text.
+        problems: list[str] = []
+        page.on("pageerror", lambda error: problems.append(str(error)))
+        page.on("console", lambda msg: problems.append(msg.text) if msg.type == "error"
+                and "Failed to load resource" not in msg.text else None)
 
         # ---- the admin listener: every page, then actions
         page.goto(fleet.admin_url + "/")
@@ -160,6 +166,7 @@ def drive(fleet: Fleet, facts: dict[str, Any]) -> None:
             page.goto(f"{fleet.api_url}/admin/{path}")
             expect(page.locator("body")).to_have_attribute("data-loaded", "true")
             expect(page.locator("#status")).not_to_contain_text("failed")
+        assert problems == []
         page.get_by_role("button", name="Log out").click()
         expect(page).to_have_url(fleet.api_url + "/admin/login")
         assert page.evaluate("fetch('/admin/api/v1/nodes').then(r => r.status)") == 401

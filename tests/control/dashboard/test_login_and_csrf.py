@@ -98,6 +98,8 @@ async def test_an_admin_login_gives_a_strict_httponly_expiring_session(gw: Runni
         page = await c.get("/admin/")
         assert page.status_code == 200
         assert keys.admin not in page.text
+        assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+        assert page.headers["cache-control"] == "no-store"
         listed = await c.get("/admin/api/v1/keys")
         assert listed.status_code == 200
         assert {k["name"] for k in listed.json()["keys"]} == {"root", "app"}
