@@ -254,6 +254,34 @@ async def test_a_standby_answers_503_naming_the_leader(autojump_clock: Any) -> N
         nursery.cancel_scope.cancel()
 
 
+async def test_with_default_intervals_a_standby_polls_often_enough_for_prompt_takeovers(autojump_clock: Any) -> None:
+    """TTL 10 s / renew 3 s: a released lease is taken within a second, a lapsed one within TTL + 1 s."""
+    row = LeaseRow()
+    a, b, c = (LeaseKeeper(MemoryLease(row), holder=name, address=f"ws://{name}/agent/v1") for name in "abc")
+    b_scope = trio.CancelScope()
+
+    async def run_b(task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
+        with b_scope:
+            await b.run(task_status=task_status)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(a.run)
+        await nursery.start(run_b)
+        assert a.role.leader and not b.role.leader
+        await trio.sleep(7)  # a few renews in
+        await a.release()  # SIGTERM on the leader
+        released = trio.current_time()
+        await b.wait_leader()
+        assert trio.current_time() - released < 1.0
+        await nursery.start(c.run)
+        await trio.sleep(4)
+        b_scope.cancel()  # kill -9: no release, the lease lapses on its own
+        expires = row.expires
+        await c.wait_leader()
+        assert trio.current_time() - expires < 1.0
+        nursery.cancel_scope.cancel()
+
+
 async def test_on_sqlite_a_restarted_daemon_leads_at_once(tmp_path: Path) -> None:
     """A crashed run's lease would otherwise keep its successor waiting for the TTL."""
     async with await connect_store(tmp_path / "s.db") as store:

@@ -55,12 +55,21 @@ class LeaseKeeper:
         ttl: float = 10.0,
         renew_interval: float = 3.0,
         margin: float | None = None,
+        poll_interval: float | None = None,
     ) -> None:
         margin = min(1.0, ttl / 5) if margin is None else margin
         if not 0 < renew_interval < ttl - margin or margin <= 0:
             raise ValueError(
                 f"need 0 < renew_interval ({renew_interval}) < ttl ({ttl}) - margin ({margin}) and margin > 0"
             )
+        # How often a standby tries to acquire (default: every 0.5 s, or renew_interval if
+        # shorter). Separate from renew_interval so a released lease is taken over promptly
+        # (SIGTERM hand-over within a second) and a lapsed one within TTL + 0.5 s, while the
+        # leader renews at a relaxed pace; an attempt that finds the lease held changes nothing.
+        poll_interval = min(renew_interval, 0.5) if poll_interval is None else poll_interval
+        if not 0 < poll_interval <= renew_interval:
+            raise ValueError(f"need 0 < poll_interval ({poll_interval}) <= renew_interval ({renew_interval})")
+        self.poll_interval = poll_interval
         self._lease = lease
         self.holder = holder
         self.address = address
@@ -149,7 +158,7 @@ class LeaseKeeper:
         if self._role.leader:
             wake_at = self._granted_at + self.renew_interval
         else:
-            wake_at = trio.current_time() + self.renew_interval
+            wake_at = trio.current_time() + self.poll_interval
         with trio.move_on_at(wake_at):
             await self._wake.wait()
 
@@ -160,7 +169,7 @@ class LeaseKeeper:
         grant: LeaseGrant | None = None
         sent = trio.current_time()
         try:
-            # A standby's poll must not hang either: bound it by one interval.
+            # A standby's poll must not hang either: bound it by one renew interval.
             with trio.fail_after(self.renew_interval):
                 async with self._op_lock:
                     if self._stopping:
