@@ -10,11 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import trio
 from quart import jsonify
 from quart_trio import QuartTrio
 
-from ...tenancy.keys import load_or_create_server_secret
+from ...leadership import cluster_secret
 from .client import PREFIX, ClientDashboard
 from .session import SessionSigner
 from .views import Dashboard, Mount, admin_origin_guard, make_blueprint
@@ -23,8 +22,10 @@ __all__ = ["Dashboard", "client_dashboard", "open_dashboard", "register_admin_da
 
 
 async def open_dashboard(*, fleet: Any, tenancy: Any, prometheus: str, data_dir: Path) -> Dashboard:
-    """The shared parts; the session secret is read (or created) in ``data_dir/dashboard-secret``."""
-    secret = await trio.to_thread.run_sync(load_or_create_server_secret, data_dir / "dashboard-secret")
+    """The shared parts. The session secret is a cluster secret in the store, so every control
+    daemon on one database accepts the others' sessions (a failover does not log operators out);
+    ``data_dir/dashboard-secret`` seeds it when present."""
+    secret = await cluster_secret(tenancy.store, "dashboard-session", data_dir / "dashboard-secret")
     return Dashboard(fleet=fleet, tenancy=tenancy, prometheus=prometheus, signer=SessionSigner(secret))
 
 
