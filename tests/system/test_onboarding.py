@@ -245,6 +245,25 @@ async def test_the_install_command_installs_a_node_that_joins(tmp_path: Path, wh
         assert secret not in node_log
         assert secret not in output
         assert re.search(r"connected to control", node_log)
+
+        # An upgrade in place: the same script with LLMGW_UPGRADE=1 keeps the config (and the
+        # token in it), reinstalls the wheels and replaces the daemon, which joins again.
+        before = node_config.read_bytes()
+        script = tmp_path / "node.sh"
+        async with httpx2.AsyncClient(timeout=30) as client:
+            script.write_text((await client.get(f"http://127.0.0.1:{agents}/install/node.sh")).text)
+        upgrade_env = {k: v for k, v in env.items() if k not in ("LLMGW_NODE_ID", "LLMGW_JOIN_TOKEN")}
+        result = await trio.run_process(["sh", str(script)], env={**upgrade_env, "LLMGW_UPGRADE": "1"},
+                                        capture_stdout=True, capture_stderr=True, check=False)
+        assert result.returncode == 0, (result.stdout + result.stderr).decode(errors="replace")
+        old_pid, node_pid = node_pid, int((root / "var/lib/llmgw-node/llmgw-node.pid").read_text())
+        assert node_pid != old_pid
+        assert node_config.read_bytes() == before
+        with trio.fail_after(60):
+            while not (alive(node_pid)
+                       and {n["id"]: n for n in await _nodes(admin_url)}.get("gpu-3", {}).get("state") == "ready"
+                       and node_log_sessions(root) >= 2):
+                await trio.sleep(0.2)
     finally:
         with trio.CancelScope(shield=True):
             if node_pid is not None:
@@ -255,6 +274,14 @@ async def test_the_install_command_installs_a_node_that_joins(tmp_path: Path, wh
             if control.returncode is None:
                 control.kill()
                 await control.wait()
+
+
+def alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists()
+
+
+def node_log_sessions(root: Path) -> int:
+    return (root / "var/lib/llmgw-node/llmgw-node.log").read_text().count("connected to control")
 
 
 def with_suppress_kill(pid: int) -> None:

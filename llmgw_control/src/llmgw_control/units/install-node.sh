@@ -3,17 +3,19 @@
 # starts it. Run as root by the command `llmgw-control ctl nodes add NAME` printed; that command
 # checked this script's sha256, and this script checks the sha256 of every wheel it installs.
 #
-# Input (environment): LLMGW_NODE_ID, LLMGW_JOIN_TOKEN (required); LLMGW_PYTHON (default
-# python3, 3.11 or newer); LLMGW_INSTALL_ROOT (default /: install under another root, for tests;
-# the daemon is then started directly instead of through systemd). pip's own variables apply to
-# the dependencies, e.g. PIP_NO_INDEX=1 when control's wheels directory holds them all.
+# Input (environment): LLMGW_NODE_ID, LLMGW_JOIN_TOKEN (required for a new node); LLMGW_UPGRADE=1
+# to upgrade an installed node in place (its config is kept, no token needed); LLMGW_PYTHON
+# (default python3, 3.11 or newer); LLMGW_INSTALL_ROOT (default /: install under another root,
+# for tests; the daemon is then started directly instead of through systemd). pip's own
+# variables apply to the dependencies, e.g. PIP_NO_INDEX=1 when control's wheels directory
+# holds them all.
 set -eu
 
 # @SETTINGS@
 
 ROOT="${LLMGW_INSTALL_ROOT:-}"
 ROOT="${ROOT%/}"
-NODE_ID="${LLMGW_NODE_ID:?set LLMGW_NODE_ID}"
+UPGRADE="${LLMGW_UPGRADE:-}"
 PYTHON="${LLMGW_PYTHON:-python3}"
 PREFIX="$ROOT/opt/llmgw-node"
 ETC="$ROOT/etc/llmgw"
@@ -23,7 +25,13 @@ CONFIG="$ETC/node.toml"
 say() { printf 'llmgw-node install: %s\n' "$*" >&2; }
 die() { say "$*"; exit 1; }
 
-[ -n "${LLMGW_JOIN_TOKEN:-}" ] || die "set LLMGW_JOIN_TOKEN"
+if [ -n "$UPGRADE" ]; then
+    [ -f "$CONFIG" ] || die "LLMGW_UPGRADE=1: no $CONFIG here; install with the command llmgw-control ctl nodes add printed"
+else
+    NODE_ID="${LLMGW_NODE_ID:-}"
+    [ -n "$NODE_ID" ] || die "set LLMGW_NODE_ID"
+    [ -n "${LLMGW_JOIN_TOKEN:-}" ] || die "set LLMGW_JOIN_TOKEN"
+fi
 if [ -z "$ROOT" ] && [ "$(id -u)" != 0 ]; then
     die "run as root (it installs to /opt/llmgw-node, /etc/llmgw and a systemd unit)"
 fi
@@ -61,13 +69,16 @@ say "installing (dependencies from $CONTROL_HTTP/install/wheels/ and the package
     --find-links "$CONTROL_HTTP/install/wheels/" "$work/$SHARED_WHEEL" "$work/$NODE_WHEEL"
 
 mkdir -p "$ETC" "$DATA"
-if [ -e "$CONFIG" ]; then
-    cp -p "$CONFIG" "$CONFIG.bak"
-    say "kept the previous config as $CONFIG.bak"
+if [ -z "$UPGRADE" ]; then
+    if [ -e "$CONFIG" ]; then
+        cp -p "$CONFIG" "$CONFIG.bak"
+        say "kept the previous config as $CONFIG.bak"
+    fi
+    # The token goes through the environment, never the command line (which ps shows everyone).
+    "$PREFIX/bin/llmgw-node" init --force --output "$CONFIG" --control "$CONTROL_WS" \
+        --node-id "$NODE_ID" --data-dir "$DATA"
 fi
-# The token goes through the environment, never the command line (which ps shows everyone).
-"$PREFIX/bin/llmgw-node" init --force --output "$CONFIG" --control "$CONTROL_WS" \
-    --node-id "$NODE_ID" --data-dir "$DATA"
+# The new version must accept the config before the running daemon is replaced.
 "$PREFIX/bin/llmgw-node" init --check "$CONFIG" >/dev/null
 
 if [ -z "$ROOT" ] && [ -d /run/systemd/system ]; then
@@ -92,7 +103,12 @@ LLMGW_UNIT_EOF
 else
     pidfile="$DATA/llmgw-node.pid"
     if [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
-        kill "$(cat "$pidfile")" || true
+        # The old daemon leaves its engines running for the new one to adopt; wait for it to go,
+        # or control would refuse the new one as a second connection for this node id.
+        old=$(cat "$pidfile")
+        kill "$old" || true
+        waited=0
+        while kill -0 "$old" 2>/dev/null && [ "$waited" -lt 30 ]; do sleep 1; waited=$((waited + 1)); done
     fi
     nohup "$PREFIX/bin/llmgw-node" run --config "$CONFIG" >>"$DATA/llmgw-node.log" 2>&1 </dev/null &
     echo $! > "$pidfile"
