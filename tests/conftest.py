@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
+
 from llmgw_dev import build_engine
 from llmgw_dev.engine_proc import LlamaServer, llama_server_process
 from llmgw_dev.engine_proc import free_port as _free_port

@@ -14,6 +14,7 @@ import httpx2
 import openai
 import pytest
 import trio
+
 from llmgw_dev import tiny_model as tm
 from llmgw_dev.engine_proc import EngineStartError, LlamaServer, llama_server_process, running_llama_server
 from llmgw_dev.fake_engine import FakeEngine, FakeEngineBehavior, run_fake_engine
