@@ -10,6 +10,7 @@ Screenshots of every page land in test-artifacts/dashboard/.
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,7 +23,7 @@ import trio
 
 from llmgw_control.store import open_store
 from llmgw_dev.build_engine import ensure_engine
-from support.fleet import Fleet, running_fleet
+from support.fleet import Fleet, model_entry, running_fleet
 
 from .browser import artifacts, browser_context, require_chromium
 
@@ -39,7 +40,7 @@ def chat(fleet: Fleet, key: str) -> Any:
     return client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
 
 
-async def prepare(fleet: Fleet) -> dict[str, Any]:
+async def prepare(fleet: Fleet, tiny_model: Path) -> dict[str, Any]:
     """Groups, an admin key and a client key, a served request, and a stored benchmark result."""
     async with httpx2.AsyncClient(base_url=fleet.admin_url, timeout=10) as admin:
         org = (await admin.post("/api/v1/groups", json={"name": "acme"})).json()["group"]
@@ -59,7 +60,9 @@ async def prepare(fleet: Fleet) -> dict[str, Any]:
                                  tokens_per_s=123.4, ttft_p50_s=0.05, ttft_p99_s=0.2,
                                  measured_at=datetime.now(UTC))
     nodes, _ = await fleet.state()
-    return {"admin": root["secret"], "user": user["secret"], "node": nodes[0]}
+    huge = model_entry("huge", fleet.root / "files" / "models" / tiny_model.name, fleet.agent_url,
+                       ram_mib=50_000_000, min_replicas=1)
+    return {"admin": root["secret"], "user": user["secret"], "node": nodes[0], "huge_model": huge}
 
 
 def drive(fleet: Fleet, facts: dict[str, Any]) -> None:
@@ -103,6 +106,20 @@ def drive(fleet: Fleet, facts: dict[str, Any]) -> None:
         expect(row.locator("td.replicas")).to_contain_text("on n1:")
         expect(row.locator("td.replicas .badge")).to_have_text("ready")
         page.screenshot(path=shots / "models.png", full_page=True)
+
+        # Add a model through the page; it needs more RAM than any node has, and the page says so.
+        form = page.locator('form[data-action="add-model"]')
+        page.locator("#add-model summary").click()
+        form.locator("textarea").fill("{not json")
+        form.get_by_role("button", name="Add model").click()
+        expect(page.locator("#flash")).to_contain_text("not valid JSON")
+        form.locator("textarea").fill(json.dumps(facts["huge_model"]))
+        form.get_by_role("button", name="Add model").click()
+        expect(page.locator("#flash")).to_contain_text("Model huge added")
+        huge = page.locator('tr[data-model="huge:cpu"]')
+        expect(huge.locator("td.status")).to_contain_text("not running")
+        expect(huge.locator("td.status")).to_contain_text("no node fits")
+        page.screenshot(path=shots / "models-added.png", full_page=True)
 
         page.goto(fleet.admin_url + "/usage")
         rows = page.locator("#usage tbody tr")
@@ -183,5 +200,5 @@ async def test_every_page_and_the_actions_in_a_real_browser(
     require_chromium()
     async with running_fleet(tmp_path, tiny_model, engine_archive) as fleet:
         await fleet.add_node("n1")
-        facts = await prepare(fleet)
+        facts = await prepare(fleet, tiny_model)
         await trio.to_thread.run_sync(drive, fleet, facts)
