@@ -205,6 +205,15 @@ async def test_the_install_command_installs_a_node_that_joins(tmp_path: Path, wh
             created = answer.json()
             again = await client.post(f"{admin_url}/api/v1/nodes", json={"name": "gpu-3"})
             assert again.status_code == 409
+            # A lost token is replaced, not recovered: the first one stops working.
+            lost = created["join_token"]
+            answer = await client.post(f"{admin_url}/api/v1/nodes/gpu-3/token")
+            assert answer.status_code == 200, answer.text
+            created = answer.json()
+            assert created["join_token"] != lost and created["join_token"] in created["install_command"]
+            assert (await client.post(f"{admin_url}/api/v1/nodes/nobody/token")).status_code == 404
+            document = (await client.get(f"{admin_url}/api/v1/openapi.json")).json()
+            assert "post" in document["paths"]["/api/v1/nodes"]
         token = created["join_token"]
         command = created["install_command"]
         assert created["node_id"] == "gpu-3"
@@ -244,6 +253,7 @@ async def test_the_install_command_installs_a_node_that_joins(tmp_path: Path, wh
         assert secret not in control_log.read_text()
         assert secret not in node_log
         assert secret not in output
+        assert lost.removeprefix(TOKEN_PREFIX) not in control_log.read_text()
         assert re.search(r"connected to control", node_log)
 
         # An upgrade in place: the same script with LLMGW_UPGRADE=1 keeps the config (and the

@@ -184,6 +184,19 @@ class Onboarding:
         sha = hashlib.sha256(script.encode()).hexdigest()
         return Created(name, token, self.command(name, token, sha))
 
+    async def new_token(self, node_id: str) -> Created:
+        """Replace a node's join token (lost, leaked); ``NotFound`` when it was never onboarded.
+
+        A node connected with the old token stays connected until it reconnects; it then needs
+        the new one, which the install command writes (or edit ``token`` in its config).
+        """
+        script = await self.script()
+        token = new_join_token()
+        await self.store.update_node(node_id, token_digest=token_digest(token))
+        log.info("node %s has a new join token", node_id, extra={"node": node_id})
+        sha = hashlib.sha256(script.encode()).hexdigest()
+        return Created(node_id, token, self.command(node_id, token, sha))
+
 
 def _hash_file(path: Path) -> str:
     digest = hashlib.sha256()

@@ -2,6 +2,7 @@
 
 Body ``{"name": "gpu-3", "labels": {"zone": "a"}}`` → 201 ``{"node_id", "join_token",
 "install_command"}``; the token is in this answer and nowhere else (the store keeps its digest).
+``POST /api/v1/nodes/{node_id}/token`` replaces a lost or leaked token the same way.
 Declared on the admin API's route table (``app.extensions["llmgw.api"]``), so it is validated,
 answers errors in the API's shape and appears in ``/api/v1/openapi.json`` like every other
 route: 400 naming the field, 409 when the name is taken or onboarding cannot work as configured
@@ -58,6 +59,15 @@ def register_onboarding_views(app: QuartTrio, fleet: Any) -> None:
             created = await onboarding.create(body.name, body.labels)
         except ValueError as exc:
             raise ApiError(400, "invalid_request", str(exc), "name") from None
+        except OnboardingError as exc:
+            raise conflict(str(exc), code="onboarding_unavailable") from None
+        return AddedNode(created.node_id, created.join_token, created.install_command)
+
+    @api.route("POST", "/nodes/{node_id}/token", summary="Replace an onboarded node's join token (shown once)",
+               tag="nodes", response=AddedNode, errors=(404, 409, 503))
+    async def new_token(call: Call) -> AddedNode:
+        try:
+            created = await onboarding.new_token(call.path["node_id"])
         except OnboardingError as exc:
             raise conflict(str(exc), code="onboarding_unavailable") from None
         return AddedNode(created.node_id, created.join_token, created.install_command)
