@@ -26,8 +26,9 @@ from llmgw_dev.engine_proc import free_port
 
 from .fleet import BIN, TOKEN, Daemon, model_entry
 
-# Short on purpose: the whole failover file must run in well under two minutes.
-FAST_LEADERSHIP = {"ttl": 2.0, "renew_interval": 0.5, "settle": 1.0}
+# Short on purpose: the whole failover file must run in well under two minutes. The settle time
+# covers the nodes' reconnect backoff (at most 1 s here) with room for a busy machine.
+FAST_LEADERSHIP = {"ttl": 2.0, "renew_interval": 0.5, "settle": 3.0}
 
 
 @attrs.define

@@ -70,10 +70,11 @@ class LeadershipConfig:
     # nodes here when this daemon leads. Empty: derived from agents.public_url or the bound address
     # (fine for one daemon; required with a PostgreSQL store, where other machines must reach it).
     advertise: str = ""
-    # After becoming the leader, this long without starting or stopping replicas, so nodes can
-    # reconnect and report the engines they run (adopted, not duplicated); reports are absorbed
-    # and ready replicas served meanwhile.
-    settle: float = 3.0
+    # After taking over from an earlier leader, this long without starting or stopping replicas,
+    # so nodes can reconnect and report the engines they run (adopted, not duplicated); reports
+    # are absorbed and ready replicas served meanwhile. Make it longer than the nodes' reconnect
+    # delay after a takeover (their reconnect backoff, see docs/failover.md).
+    settle: float = 10.0
 
 
 @attrs.frozen
