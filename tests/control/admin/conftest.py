@@ -30,6 +30,7 @@ from llmgw_shared.wire import (
     Ack,
     DrainShard,
     EngineState,
+    Heartbeat,
     Hello,
     ShardState,
     ShardStateReport,
@@ -105,6 +106,11 @@ class FakeNode:
     def drained(self, shard_id: str) -> bool:
         return any(isinstance(c, DrainShard) and c.shard_id == shard_id for c in self.commands)
 
+    async def beat(self) -> None:
+        for seq in itertools.count(1):
+            await self.ws.send_message(encode(Heartbeat(seq)))
+            await trio.sleep(0.2)
+
     async def serve(self) -> None:
         while True:
             message = decode(await self.ws.get_message())
@@ -130,6 +136,7 @@ async def fake_node(daemon: Daemon, node_id: str = "n1", *, warnings: list[str] 
         assert json.loads(await ws.get_message())["type"] == "welcome"
         node = FakeNode(node_id, ws)
         nursery.start_soon(node.serve)
+        nursery.start_soon(node.beat)
         yield node
         nursery.cancel_scope.cancel()
 

@@ -358,9 +358,8 @@ class Api:
         query: tuple[Param, ...] = (),
     ) -> Callable[[Handler], Handler]:
         def register(handler: Handler) -> Handler:
-            codes = set(errors)
-            if body is not None or query or _PATH_PARAM.search(path):
-                codes.add(400)
+            # Every route refuses unknown query parameters, so every route may answer 400.
+            codes = {*errors, 400}
             self.routes.append(Route(method, PREFIX + path, handler, summary, tag, body, response, status,
                                      tuple(sorted(codes)), query))
             return handler
@@ -442,6 +441,7 @@ class Api:
             for code in route.errors:
                 responses[str(code)] = {"description": _ERROR_WORDS[code], "content": {
                     "application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}}
+            operation["responses"] = responses
             paths.setdefault(route.path, {})[route.method.lower()] = operation
         return {
             "openapi": "3.1.0",
