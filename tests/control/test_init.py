@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import attrs
@@ -83,3 +86,17 @@ def test_check_reports_the_daemons_own_error(tmp_path: Path, capsys: pytest.Capt
     path.write_text('listen = "8080"\n')
     assert run_cli(["init", "--check", str(path)]) == 2
     assert "listen '8080': expected host:port" in capsys.readouterr().err
+
+
+def test_an_address_in_use_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [str(Path(sys.executable).parent / "llmgw-control"), "run", "--listen", f"127.0.0.1:{port}",
+             "--admin-listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "data")],
+            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 1
+    assert "llmgw-control: cannot start: " in result.stderr
+    assert "Traceback" not in result.stderr

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -83,3 +85,15 @@ def test_check_and_init_refuse_what_run_refuses(tmp_path: Path, capsys: pytest.C
     assert "tls_ca_file" in capsys.readouterr().err
     assert run_cli(["init", "--control", "http://x:1/agent/v1"]) == 2
     assert "not a ws:// or wss:// URL" in capsys.readouterr().err
+
+
+def test_a_data_dir_it_cannot_create_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    path = tmp_path / "node.toml"
+    path.write_text(f'node_id = "n1"\ndata_dir = "{blocker / "data"}"\n')
+    result = subprocess.run([str(Path(sys.executable).parent / "llmgw-node"), "run", "--config", str(path)],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 1
+    assert "llmgw-node: stopped: " in result.stderr
+    assert "Traceback" not in result.stderr

@@ -87,11 +87,26 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2) from None
     json_lines = {"json": True, "text": False}.get(config.log_format)
     setup_logging(config.log_level, json_lines=json_lines)
+    from .store import StoreError
+
     try:
         trio.run(_run, config)
-    except* OSError as group:
-        for error in group.exceptions:
+    except* (OSError, StoreError) as group:
+        # An address in use, an unreachable database: one line that says so, not a traceback.
+        for error in _leaves(group):
             print(f"llmgw-control: cannot start: {error}", file=sys.stderr)
         raise SystemExit(1) from None
     except* KeyboardInterrupt:
         raise SystemExit(130) from None
+    except* Exception as group:
+        # A bug: through the log handler, so the journal gets one structured line (traceback in
+        # its "exc" field, secrets scrubbed) instead of raw multi-line stderr.
+        log.critical("llmgw-control crashed", exc_info=group)
+        raise SystemExit(1) from None
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for error in group.exceptions:
+        out.extend(_leaves(error) if isinstance(error, BaseExceptionGroup) else [error])
+    return out

@@ -57,6 +57,11 @@ DOCS: dict[str, str] = {
                                        "nodes: any node may join (trusted networks only).",
     "AgentsConfig.files_dir": "Directory of engines/, models/ and wheels/ served to nodes (air-gapped clusters, "
                               "onboarding).",
+    "AgentsConfig.tls_cert_file": "TLS certificate (PEM) for the agent listener: nodes use wss:// and https:// "
+                                  "(empty: no TLS, trusted networks only).",
+    "AgentsConfig.tls_key_file": "The private key (PEM) of tls_cert_file.",
+    "AgentsConfig.tls_client_ca_file": "CA (PEM) that signs node certificates: mutual TLS, the node id taken "
+                                       "from the certificate (empty: no client certificates).",
     "AgentsConfig.heartbeat_interval": "Seconds between heartbeats in each direction.",
     "AgentsConfig.unreachable_after": "Seconds without a heartbeat before a node gets no new traffic.",
     "AgentsConfig.lost_after": "Seconds without a heartbeat before a node's replicas are placed elsewhere.",

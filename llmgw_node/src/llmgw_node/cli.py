@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.command == "run":
             # Before anything starts: an unreadable certificate is a config error, not a retry loop.
             tls = client_context(config)
-            code = trio.run(_run, config, args.stop_engines, tls)
+            code = _run_daemon(config, args.stop_engines, tls)
         elif args.command == "probe":
             code = trio.run(_probe, config, args.json)
         else:
@@ -120,6 +120,30 @@ def main(argv: list[str] | None = None) -> None:
         print(f"llmgw-node: {exc}", file=sys.stderr)
         code = 2
     raise SystemExit(code)
+
+
+def _run_daemon(config: NodeConfig, stop_engines: bool, tls: ssl.SSLContext | None) -> int:
+    try:
+        code: int = trio.run(_run, config, stop_engines, tls)
+        return code
+    except* OSError as group:
+        # An unwritable data_dir (ProtectSystem=strict and a data_dir outside StateDirectory, say):
+        # one line that says so, not a traceback.
+        for error in _leaves(group):
+            print(f"llmgw-node: stopped: {error}", file=sys.stderr)
+        raise SystemExit(1) from None
+    except* Exception as group:
+        # A bug: through the log handler, so the journal gets one structured line (traceback in
+        # its "exc" field, secrets scrubbed) instead of raw multi-line stderr.
+        log.critical("llmgw-node crashed", exc_info=group)
+        raise SystemExit(1) from None
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for error in group.exceptions:
+        out.extend(_leaves(error) if isinstance(error, BaseExceptionGroup) else [error])
+    return out
 
 
 async def _run(config: NodeConfig, stop_engines: bool, tls: ssl.SSLContext | None) -> int:
