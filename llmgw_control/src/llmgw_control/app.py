@@ -277,7 +277,7 @@ async def run_control(
             # admin-key login, which is also the only way the client port reaches the admin API.
             dashboard = await open_dashboard(fleet=fleet, tenancy=tenancy, prometheus=config.monitoring.prometheus,
                                              data_dir=data_dir_of(config))
-            client_pages = client_dashboard(dashboard)
+            client_pages = client_dashboard(dashboard, otherwise=gateway)
             client_app: Any = ClientApp(gateway, fallback=client_pages)
             if fleet is not None and fleet.leadership is not None:
                 client_app = StandbyGate(client_app, fleet.leadership)

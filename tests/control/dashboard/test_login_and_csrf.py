@@ -182,7 +182,10 @@ async def test_the_admin_listener_serves_the_pages_and_refuses_cross_site_change
         assert (await c.post("/api/v1/groups", json={"name": "y"})).status_code == 201
 
 
-async def test_unknown_paths_on_the_client_port_are_404(gw: RunningGateway) -> None:
+async def test_paths_outside_admin_still_get_the_gateways_answer(gw: RunningGateway) -> None:
     async with client(gw) as c:
         response: Any = await c.get("/elsewhere")
         assert response.status_code == 404
+        assert response.json()["error"]["type"] == "invalid_request_error"  # the OpenAI shape
+        # A prefix that merely starts like /admin is not the dashboard.
+        assert "type" in (await c.get("/administrator")).json()["error"]

@@ -35,8 +35,9 @@ def register_admin_dashboard(app: QuartTrio, dash: Dashboard) -> None:
     app.register_blueprint(make_blueprint(dash, Mount(prefix="", api_base="/api/v1", login=False)))
 
 
-def client_dashboard(dash: Dashboard, admin_app: Any = None) -> ClientDashboard:
-    """The client port's fallback: ``/admin`` pages behind the login, ``/admin/api/v1/`` to ``admin_app``."""
+def client_dashboard(dash: Dashboard, admin_app: Any = None, *, otherwise: Any = None) -> ClientDashboard:
+    """The client port's fallback: ``/admin`` pages behind the login, ``/admin/api/v1/`` to ``admin_app``,
+    anything else to ``otherwise`` (the gateway, so unknown paths keep its OpenAI-shaped 404)."""
     pages = QuartTrio("llmgw_control.dashboard")
     pages.config["RESPONSE_TIMEOUT"] = None
 
@@ -51,4 +52,4 @@ def client_dashboard(dash: Dashboard, admin_app: Any = None) -> ClientDashboard:
 
     pages.register_blueprint(make_blueprint(dash, Mount(prefix=PREFIX, api_base=f"{PREFIX}/api/v1", login=True)),
                              url_prefix=PREFIX)
-    return ClientDashboard(dash, pages, admin_app)
+    return ClientDashboard(dash, pages, admin_app, otherwise=otherwise)

@@ -4,7 +4,7 @@ The admin REST API is served in-process by the admin listener's own app: a reque
 ``/admin/api/v1/<rest>`` is checked here (a valid session of a live admin key; for anything that
 changes state, the CSRF token and the origin) and then handed to that app as ``/api/v1/<rest>``.
 So the API exists once, and the client port reaches it only through the login; everything else
-under ``/admin`` is the dashboard's pages. Paths outside ``/admin`` are not served here.
+under ``/admin`` is the dashboard's pages. Other paths go to ``otherwise`` (the gateway).
 """
 
 from __future__ import annotations
@@ -36,9 +36,11 @@ class _Headers:
 
 
 class ClientDashboard:
-    def __init__(self, dash: Dashboard, pages: Any, admin_api: Any = None) -> None:
+    def __init__(self, dash: Dashboard, pages: Any, admin_api: Any = None, *, otherwise: Any = None) -> None:
         self.dash = dash
         self.pages = pages
+        # Paths outside /admin (the gateway answers them as before, in the OpenAI error shape).
+        self.otherwise = otherwise
         # Set once the admin app exists (it is built after the client listener starts).
         self.admin_api = admin_api
 
@@ -52,6 +54,8 @@ class ClientDashboard:
             await self._api(scope, receive, send)
         elif path == PREFIX or path.startswith(PREFIX + "/"):
             await self.pages(scope, receive, send)
+        elif self.otherwise is not None:
+            await self.otherwise(scope, receive, send)
         else:
             await _json(send, 404, "Not found.", "not_found")
 
