@@ -235,7 +235,8 @@ def groups_delete(client: AdminClient, args: argparse.Namespace, out: TextIO) ->
 
 
 def keys_list(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
-    group_id = resolve_group(client, args.group) if args.group else None
+    group = getattr(args, "group", None)
+    group_id = resolve_group(client, group) if group else None
     answer = client.get("/keys", group_id=group_id)
 
     def human() -> str:
@@ -313,9 +314,11 @@ def quotas_clear(client: AdminClient, args: argparse.Namespace, out: TextIO) -> 
 
 
 def usage_show(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
-    group_id = resolve_group(client, args.group) if args.group else None
-    answer = client.get("/usage", group_id=group_id, key_id=args.key, model=args.model, since=args.since,
-                        until=args.until, include_descendants="true" if args.descendants else None)
+    opt = vars(args)
+    group_id = resolve_group(client, opt["group"]) if opt.get("group") else None
+    answer = client.get("/usage", group_id=group_id, key_id=opt.get("key"), model=opt.get("model"),
+                        since=opt.get("since"), until=opt.get("until"),
+                        include_descendants="true" if opt.get("descendants") else None)
 
     def human() -> str:
         rows = [[u["hour"], u["group_id"] or "-", u["key_id"] or "-", u["model"], u["requests"], u["prompt_tokens"],
@@ -383,8 +386,9 @@ def build_parser() -> argparse.ArgumentParser:
     verb(v, "delete", groups_delete, "delete a group (id or path)").add_argument("group")
 
     v = noun("keys", "keys: list (default), create, revoke, delete", keys_list)
-    p = verb(v, "list", keys_list, "API keys (never their secrets)")
-    p.add_argument("--group", help="only this group's keys (id or path)")
+    for target in (verb(v, "list", keys_list, "API keys (never their secrets)"), nouns.choices["keys"]):
+        # SUPPRESS: a verb's unset option must not overwrite the noun's (argparse would).
+        target.add_argument("--group", default=argparse.SUPPRESS, help="only this group's keys (id or path)")
     p = verb(v, "create", keys_create, "create a key: prints its secret, this once")
     p.add_argument("name")
     p.add_argument("--group", required=True, help="the key's group (id or path)")
@@ -407,12 +411,14 @@ def build_parser() -> argparse.ArgumentParser:
     for target in (v.add_parser("show", help="hourly usage and totals", parents=[common]),
                    nouns.choices["usage"]):
         target.set_defaults(action=usage_show)
-        target.add_argument("--group", help="id or path")
-        target.add_argument("--descendants", action="store_true", help="with --group: include its descendants")
-        target.add_argument("--key", help="a key id")
-        target.add_argument("--model")
-        target.add_argument("--since", help="RFC 3339, e.g. 2026-12-01T00:00:00Z")
-        target.add_argument("--until", help="RFC 3339, exclusive")
+        hidden = argparse.SUPPRESS
+        target.add_argument("--group", default=hidden, help="id or path")
+        target.add_argument("--descendants", action="store_true", default=hidden,
+                            help="with --group: include its descendants")
+        target.add_argument("--key", default=hidden, help="a key id")
+        target.add_argument("--model", default=hidden)
+        target.add_argument("--since", default=hidden, help="RFC 3339, e.g. 2026-12-01T00:00:00Z")
+        target.add_argument("--until", default=hidden, help="RFC 3339, exclusive")
     return parser
 
 
