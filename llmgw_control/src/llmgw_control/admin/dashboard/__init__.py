@@ -40,6 +40,8 @@ def client_dashboard(dash: Dashboard, admin_app: Any = None, *, otherwise: Any =
     anything else to ``otherwise`` (the gateway, so unknown paths keep its OpenAI-shaped 404)."""
     pages = QuartTrio("llmgw_control.dashboard")
     pages.config["RESPONSE_TIMEOUT"] = None
+    # The pages take a login form and a logout form, nothing larger; anyone can send these.
+    pages.config["MAX_CONTENT_LENGTH"] = 64 * 1024
 
     @pages.errorhandler(404)
     async def not_found(_: Any) -> tuple[Any, int]:
