@@ -194,5 +194,9 @@ async def test_model_conflicts(tmp_path: Path) -> None:
         assert (await d.admin.post("/models", json=model_doc())).status_code == 201
         error(await d.admin.post("/models", json=model_doc()), 409, "name")
         error(await d.admin.put("/models/tiny", json=model_doc("other")), 400, "name")
+        # A bad replacement changes nothing, in the store or in the catalog.
+        error(await d.admin.put("/models/tiny", json=model_doc(parallel=0)), 400, "profiles[0].parallel")
+        assert (await d.tenancy.store.get_model("tiny")).document["profiles"][0]["parallel"] == 2
+        assert d.fleet.catalog.models["tiny"].profiles[0].parallel == 2
         error(await d.admin.put("/models/nothing", json=model_doc("nothing")), 404)
         assert [m.name for m in await d.tenancy.store.list_models()] == ["tiny"]

@@ -9,7 +9,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from llmgw_control.store import Usage
+from llmgw_control.store import StoreUnavailable, Usage
 
 from .conftest import Daemon
 
@@ -217,3 +217,19 @@ async def test_capacity_records_and_filters(daemon: Daemon) -> None:
 async def test_unknown_paths_and_methods_answer_in_the_one_shape(daemon: Daemon) -> None:
     assert (await daemon.admin.get("/nothing-here")).json()["error"]["code"] == "not_found"
     assert (await daemon.admin.delete("/quotas")).json()["error"]["code"] == "method_not_allowed"
+
+
+async def test_a_store_outage_is_503_and_a_bug_is_a_500_without_a_traceback(
+        daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def unavailable(*_: Any, **__: Any) -> Any:
+        raise StoreUnavailable("connection refused")
+
+    async def bug(*_: Any, **__: Any) -> Any:
+        raise RuntimeError("secret internals")
+
+    monkeypatch.setattr(daemon.tenancy.store, "list_groups", unavailable)
+    assert error(await daemon.admin.get("/groups"), 503)["code"] == "store_unavailable"
+    monkeypatch.setattr(daemon.tenancy.store, "list_quotas", bug)
+    response = await daemon.admin.get("/quotas")
+    assert error(response, 500)["code"] == "internal_error"
+    assert "secret internals" not in response.text and "Traceback" not in response.text
