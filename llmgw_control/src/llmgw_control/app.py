@@ -262,13 +262,15 @@ async def run_control(
                                      ttl=lead.ttl, renew_interval=lead.renew_interval)
                 fleet.leadership = Leadership(keeper, fleet.agents, fleet.reconciler, fleet.inventory,
                                               settle=lead.settle)
+                # Before the reconciler can run: it restores stored cordons, so nothing is placed
+                # on a node an operator cordoned before this restart.
+                models = ModelService(fleet.catalog, fleet.reconciler, tenancy.store, fleet.files,
+                                      {m.name for m in config.models})
+                await nursery.start(models.run)
                 # The reconciler runs inside it, only while this daemon leads.
                 role = await nursery.start(fleet.leadership.run)
                 log.info("leader" if role.leader else "standby",
                          extra={"holder": keeper.holder, "leader": role.leader_address})
-                models = ModelService(fleet.catalog, fleet.reconciler, tenancy.store, fleet.files,
-                                      {m.name for m in config.models})
-                await nursery.start(models.run)
                 if fleet_status is not None:
                     fleet_status.append(fleet)
             gateway = Gateway(replicas, client, metrics, config.router, directory=directory,
