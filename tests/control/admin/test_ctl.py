@@ -67,13 +67,25 @@ async def test_nodes_show_engine_states_and_warnings_and_cordon_drain_uncordon(d
         assert missing.err == "error: node 'n9' not found (HTTP 404)\n"
 
 
-async def test_nodes_add_prints_the_token_once_or_says_why_not(daemon: Daemon) -> None:
-    ran = await run(daemon, "nodes", "add", "gpu-3", "--label", "zone=a")
-    if ran.code == 0:
-        assert "Join token" in ran.out and "Install" in ran.out
-    else:  # this daemon has no onboarding configured: the API's reason, plainly
-        assert ran.err.startswith("error: ") and "HTTP" in ran.err
-    bad = await run(daemon, "nodes", "add", "gpu-3", "--label", "nonsense")
+async def test_nodes_add_prints_the_token_once_and_the_install_command(daemon: Daemon, tmp_path: Path) -> None:
+    # No wheels to serve yet: onboarding's own reason, plainly.
+    refused = await run(daemon, "nodes", "add", "gpu-3")
+    assert refused.code == 1 and "wheels" in refused.err and "(HTTP 409)" in refused.err
+    wheels = tmp_path / "wheels"  # the daemon's data directory is tmp_path
+    wheels.mkdir(exist_ok=True)
+    for dist in ("llmgw_shared", "llmgw_node"):
+        (wheels / f"{dist}-0.1.0-py3-none-any.whl").write_bytes(b"not really a wheel")
+
+    ran = await ok(daemon, "nodes", "add", "gpu-3", "--label", "zone=a")
+    lines = ran.out.splitlines()
+    assert lines[0] == "node gpu-3 registered." and "shown only this once" in lines[1]
+    token = lines[2].strip()
+    assert token and "LLMGW_JOIN_TOKEN=" in lines[4] and token in lines[4]
+    identity = await daemon.tenancy.store.get_node("gpu-3")
+    assert dict(identity.labels) == {"zone": "a"} and token not in identity.token_digest
+    again = await run(daemon, "nodes", "add", "gpu-3")
+    assert again.code == 1 and "(HTTP 409)" in again.err
+    bad = await run(daemon, "nodes", "add", "gpu-4", "--label", "nonsense")
     assert bad.code == 1 and "KEY=VALUE" in bad.err
 
 
