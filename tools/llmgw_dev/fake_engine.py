@@ -420,6 +420,9 @@ async def _serve_connection(app: FakeEngineApp, stream: trio.SocketStream) -> No
             event = await _next_event(conn, stream)
             if not isinstance(event, h11.Request):
                 return  # closed by the client, or garbage
+            if conn.they_are_waiting_for_100_continue:
+                # curl asks this for bodies over 1 KB and would otherwise wait a second.
+                await stream.send_all(conn.send(h11.InformationalResponse(status_code=100, headers=[])) or b"")
             body = b""
             while True:
                 part = await _next_event(conn, stream)
