@@ -179,6 +179,7 @@ async def test_usage_with_filters(daemon: Daemon) -> None:
     await daemon.tenancy.store.add_usage([Usage(hour, "k1", group_id, "tiny", 3, 30, 12),
                                           Usage(hour, "k2", group_id, "big", 1, 5, 5)])
     table = (await ok(daemon, "usage", "--group", "org", "--model", "tiny")).out.splitlines()
+    assert table[1].split()[1:] == ["org", "k1", "tiny", "3", "30", "12"]  # groups by path
     assert table[-1].split() == ["total", "3", "30", "12"]
     # Options before or after the verb.
     shown = await ok(daemon, "--json", "usage", "--key", "k2", "show", "--since", hour.isoformat())

@@ -321,8 +321,9 @@ def usage_show(client: AdminClient, args: argparse.Namespace, out: TextIO) -> No
                         include_descendants="true" if opt.get("descendants") else None)
 
     def human() -> str:
-        rows = [[u["hour"], u["group_id"] or "-", u["key_id"] or "-", u["model"], u["requests"], u["prompt_tokens"],
-                 u["completion_tokens"]] for u in answer["usage"]]
+        paths = {g["id"]: g["path"] for g in client.get("/groups")["groups"]} if answer["usage"] else {}
+        rows = [[u["hour"], paths.get(u["group_id"], u["group_id"]) or "-", u["key_id"] or "-", u["model"],
+                 u["requests"], u["prompt_tokens"], u["completion_tokens"]] for u in answer["usage"]]
         t = answer["totals"]
         rows.append(["total", "", "", "", t["requests"], t["prompt_tokens"], t["completion_tokens"]])
         return table(["HOUR", "GROUP", "KEY", "MODEL", "REQUESTS", "PROMPT", "COMPLETION"], rows)
