@@ -123,6 +123,9 @@ class Pair:
         return daemon
 
     def engine_pids(self) -> list[int]:
+        """Serving llama-server processes under this pair's directory. ``--port`` leaves out the
+        short ``llama-server --version`` runs a node makes when it re-proves an installed engine,
+        which would otherwise look like a restarted engine to a test that compares pids."""
         marker = str(self.root)
         pids = []
         for entry in Path("/proc").iterdir():
@@ -130,7 +133,7 @@ class Pair:
                 continue
             with suppress(OSError):
                 cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                if "llama-server" in cmdline and marker in cmdline:
+                if "llama-server" in cmdline and marker in cmdline and "--port" in cmdline:
                     pids.append(int(entry.name))
         return sorted(pids)
 
