@@ -233,3 +233,9 @@ async def test_a_store_outage_is_503_and_a_bug_is_a_500_without_a_traceback(
     response = await daemon.admin.get("/quotas")
     assert error(response, 500)["code"] == "internal_error"
     assert "secret internals" not in response.text and "Traceback" not in response.text
+
+
+async def test_a_body_over_the_limit_is_413_in_the_one_shape(daemon: Daemon) -> None:
+    response = await daemon.admin.post("/groups", content=b'{"name": "' + b"x" * (2 * 1024 * 1024) + b'"}',
+                                       headers={"content-type": "application/json"})
+    assert error(response, 413)["code"] == "body_too_large"

@@ -26,6 +26,7 @@ from cattrs.cols import is_sequence, list_structure_factory
 from cattrs.errors import ForbiddenExtraKeysError
 from quart import Response, request
 from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
 
 from llmgw_shared.config import strict_converter
 from llmgw_shared.logs import get_logger
@@ -383,6 +384,8 @@ class Api:
             except StoreError as exc:
                 err = from_store_error(exc)
                 return error_body(err.status, err.code, err.message, err.field)
+            except HTTPException:
+                raise  # Quart's own (a body over the limit: 413): its handlers answer in our shape
             except Exception:
                 # A bug: logged with its traceback, answered in the one error shape without it.
                 log.exception("admin API %s %s failed", route.method, route.path)
