@@ -360,7 +360,7 @@ class Api:
     ) -> Callable[[Handler], Handler]:
         def register(handler: Handler) -> Handler:
             # Every route refuses unknown query parameters, so every route may answer 400.
-            codes = {*errors, 400}
+            codes = {*errors, 400, *((413,) if body is not None else ())}
             self.routes.append(Route(method, PREFIX + path, handler, summary, tag, body, response, status,
                                      tuple(sorted(codes)), query))
             return handler
@@ -459,6 +459,7 @@ _ERROR_WORDS = {
     400: "Bad input; `field` names it.",
     404: "The object addressed does not exist.",
     409: "The change contradicts what exists (a duplicate, an object in use, a model from the config file).",
+    413: "The body is larger than 1 MiB.",
     503: "The store is unavailable, or this daemon is not ready.",
 }
 
