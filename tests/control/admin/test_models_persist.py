@@ -40,7 +40,7 @@ async def test_the_config_file_wins_over_a_stored_model_of_the_same_name(
         assert [m.name for m in await d.tenancy.store.list_models()] == ["tiny"]  # kept, unused
 
 
-async def test_a_stored_model_this_config_cannot_run_is_skipped_and_can_be_removed(
+async def test_a_stored_model_this_config_cannot_run_is_skipped_and_can_be_fixed_or_removed(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     async with running_control(tmp_path) as d:
         # As if written by a daemon whose config had another engine.

@@ -143,7 +143,9 @@ class ModelService:
             raise bad_request("name", f"must be the name in the path ({name!r}); a model cannot be renamed")
         self._refuse_config(name)
         if name not in self.catalog.models:
-            raise not_found("model", name)
+            # Stored but not served (this daemon could not run it): a fixed definition may replace
+            # it. Otherwise the store's NotFound is the 404, before any estimate is made.
+            await self.store.get_model(name)
         check_model(model, self.catalog)
         claims = await claims_for(model, self.files)
         async with self._lock:
