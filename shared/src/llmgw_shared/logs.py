@@ -43,7 +43,14 @@ _SECRET_PATTERNS = [
 ]
 
 
+# Every pattern above needs one of these words: one search rules out the common case (no secret)
+# at a fraction of the cost of three substitutions, on every field of every access line.
+_MAYBE_SECRET = re.compile(r"(?i)bearer|sk-llmgw-|llmgw-join-|key|authorization|token|password|secret")
+
+
 def redact(text: str) -> str:
+    if _MAYBE_SECRET.search(text) is None:
+        return text
     for pattern, replacement in _SECRET_PATTERNS:
         text = pattern.sub(replacement, text)
     return text
@@ -52,10 +59,20 @@ def redact(text: str) -> str:
 _SECRET_FIELD = re.compile(r"(?i)^(.*[_-])?(api[_-]?key|key|authorization|token|password|secret)$")
 
 
+_secret_field_names: dict[str, bool] = {}
+
+
+def _is_secret_field(name: str) -> bool:
+    known = _secret_field_names.get(name)
+    if known is None:
+        known = _secret_field_names[name] = _SECRET_FIELD.search(name) is not None
+    return known
+
+
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
     """Extra fields of a record; a field named like a secret is dropped whatever its value looks like."""
     return {
-        k: "[redacted]" if _SECRET_FIELD.search(k) else v
+        k: "[redacted]" if _is_secret_field(k) else v
         for k, v in vars(record).items()
         if k not in _STANDARD_ATTRS and not k.startswith("_")
     }

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import time
 import uuid
@@ -47,6 +48,8 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 # Engine response headers worth passing on; connection management and framing are ours.
 _PASS_HEADERS = frozenset({"content-type", "cache-control"})
 _ERROR_BODY_LIMIT = 64 * 1024
+# Chunks read ahead of a slow client before the reader waits (backpressure to the engine).
+_RELAY_QUEUE = 64
 
 
 class _Retryable(Exception):
@@ -72,6 +75,7 @@ class Exchange:
         self.stream = False
         self.upstream_seconds = 0.0
         self.chunks_sent = 0
+        self.frozen_overhead: float | None = None
         # Time held by the activator while a replica started: neither llmgw's work nor the engine's.
         self.queued_seconds = 0.0
         self.ttft: float | None = None
@@ -82,7 +86,12 @@ class Exchange:
         self.complete = False
 
     def overhead(self) -> float:
+        if self.frozen_overhead is not None:
+            return self.frozen_overhead
         return max(0.0, time.perf_counter() - self.started - self.upstream_seconds - self.queued_seconds)
+
+    def freeze_overhead(self) -> None:
+        self.frozen_overhead = self.overhead()
 
     def _headers(self, extra: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
         headers = [(b"x-request-id", self.request_id.encode())]
@@ -131,8 +140,9 @@ class Exchange:
                                       (b"x-accel-buffering", b"no")]),
         })
 
-    async def send_chunk(self, chunk: bytes) -> None:
-        self.chunks_sent += 1
+    async def send_chunk(self, chunk: bytes, events: int = 1) -> None:
+        # Events relayed: with no usage from the engine, about one token each.
+        self.chunks_sent += events
         if self.ttft is None:
             self.ttft = time.perf_counter() - self.started
         await self._send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -408,18 +418,63 @@ class Gateway:
             await exchange.respond(status, body, content_type.encode() or b"application/json")
             return
         await exchange.start_stream(status, content_type.encode())
+        # From here the overhead figure is fixed: the relay's own time overlaps the engine's.
+        exchange.freeze_overhead()
         tail = StreamTail()
-        try:
-            while (chunk := await self._next_chunk(replica, chunks, exchange)) is not None:
-                tail.feed(chunk)
-                await exchange.send_chunk(chunk)
-        except ApiError as error:
+        arrived, collected = trio.open_memory_channel[bytes | ApiError | None](_RELAY_QUEUE)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._read_stream, replica, chunks, arrived)
+            failure: ApiError | None = None
+            done = False
+            while not done:
+                # Everything the reader has queued goes out as one write: under load that turns
+                # dozens of small SSE events into one send, which is most of a stream's CPU.
+                parts: list[bytes] = []
+                item = await collected.receive()
+                while True:
+                    if item is None or isinstance(item, ApiError):
+                        done, failure = True, item
+                        break
+                    parts.append(item)
+                    try:
+                        item = collected.receive_nowait()
+                    except trio.WouldBlock:
+                        break
+                if parts:
+                    data = parts[0] if len(parts) == 1 else b"".join(parts)
+                    tail.feed(data)
+                    await exchange.send_chunk(data, events=data.count(b"data:"))
+        if failure is not None:
             # Bytes already reached the client: no retry, the error travels as the last event.
-            log.warning("stream from replica %s ended early: %s", replica.id, error.message,
+            log.warning("stream from replica %s ended early: %s", replica.id, failure.message,
                         extra={"replica": replica.id})
-            await exchange.send_error(error)
+            await exchange.send_error(failure)
         exchange.usage = tail.usage()
         await exchange.end_stream()
+
+    async def _read_stream(
+        self, replica: Replica, chunks: Any, arrived: trio.MemorySendChannel[bytes | ApiError | None]
+    ) -> None:
+        """Read the engine's stream into the relay queue; ends with None, or the error that ended it."""
+        idle = self.config.idle_timeout
+        async with arrived:
+            # One scope for the whole stream, its deadline moved per chunk: a new scope per chunk
+            # cost more than the chunk. Waiting on a full queue (a slow client) is not idleness.
+            with trio.CancelScope(deadline=trio.current_time() + idle) as waiting:
+                try:
+                    async for chunk in chunks:
+                        waiting.deadline = math.inf
+                        await arrived.send(bytes(chunk))
+                        waiting.deadline = trio.current_time() + idle
+                except UpstreamBodyError as exc:
+                    await arrived.send(ApiError(502, f"Replica {replica.id} broke off its response (phase: body): "
+                                                     f"{exc}", code="upstream_broken"))
+                    return
+            if waiting.cancelled_caught:
+                await arrived.send(ApiError(504, f"Replica {replica.id} sent nothing for {idle:g} s (phase: body).",
+                                            code="upstream_timeout"))
+                return
+            await arrived.send(None)
 
     def _record(self, scope: Scope, exchange: Exchange) -> None:
         status = 499 if exchange.client_gone else exchange.status

@@ -87,27 +87,44 @@ def _describe(exc: Exception) -> str:
 
 
 class Httpx2Upstream:
+    """httpx2's connection pool, used at the transport level.
+
+    The client layer (URL merging, cookies, auth, redirects, event hooks) does nothing a proxy
+    needs and cost about a fifth of the gateway's CPU per request in a profile; requests are
+    built against cached URL objects and handed straight to the pooled transport.
+    """
+
     def __init__(self, *, max_keepalive: int = 512, keepalive_expiry: float = 30.0) -> None:
-        self._client = httpx2.AsyncClient(
-            # Phase deadlines are trio scopes in the router, where the phase is known for the
-            # error message; httpx2's own read timeout would fire mid-stream without that context.
-            timeout=httpx2.Timeout(connect=5.0, read=None, write=60.0, pool=None),
+        self._transport = httpx2.AsyncHTTPTransport(
             limits=httpx2.Limits(max_connections=None, max_keepalive_connections=max_keepalive,
                                  keepalive_expiry=keepalive_expiry),
-            follow_redirects=False,
             trust_env=False,
         )
+        self._urls: dict[str, httpx2.URL] = {}
+        self._timeouts: dict[float, dict[str, float | None]] = {}
+
+    def _url(self, url: str) -> httpx2.URL:
+        parsed = self._urls.get(url)
+        if parsed is None:
+            if len(self._urls) > 10_000:
+                self._urls.clear()  # replicas come and go; never grow without bound
+            parsed = self._urls[url] = httpx2.URL(url)
+        return parsed
 
     @asynccontextmanager
     async def open(
         self, method: str, url: str, *, headers: Sequence[tuple[str, str]], body: bytes, connect_timeout: float
     ) -> AsyncIterator[UpstreamResponse]:
-        request = self._client.build_request(
-            method, url, headers=list(headers), content=body,
-            timeout=httpx2.Timeout(connect=connect_timeout, read=None, write=60.0, pool=None),
-        )
+        timeouts = self._timeouts.get(connect_timeout)
+        if timeouts is None:
+            # Phase deadlines are trio scopes in the router, where the phase is known for the
+            # error message; httpx2's own read timeout would fire mid-stream without that context.
+            timeouts = self._timeouts[connect_timeout] = {"connect": connect_timeout, "read": None,
+                                                          "write": 60.0, "pool": None}
+        request = httpx2.Request(method, self._url(url), headers=list(headers), content=body,
+                                 extensions={"timeout": timeouts})
         try:
-            response = await self._client.send(request, stream=True)
+            response = await self._transport.handle_async_request(request)
         except (httpx2.ConnectError, httpx2.ConnectTimeout) as exc:
             raise UpstreamConnectError(_describe(exc)) from exc
         except (httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.WriteError) as exc:
@@ -124,4 +141,4 @@ class Httpx2Upstream:
                 await response.aclose()
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._transport.aclose()
