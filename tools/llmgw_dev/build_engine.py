@@ -34,7 +34,7 @@ from pathlib import Path
 
 if not __package__:  # run as a script: make the llmgw_dev package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from llmgw_dev import pypi  # noqa: E402
+from llmgw_dev import pypi
 
 SDIST_VERSION = "0.3.36"
 SDIST_NAME = f"llama_cpp_python-{SDIST_VERSION}.tar.gz"
@@ -162,7 +162,7 @@ def compile_server(sources: Path, work: Path) -> Path:
     last_percent = ""
     tail: list[str] = []
     for line in proc.stdout:
-        tail = (tail + [line.rstrip()])[-40:]
+        tail = [*tail, line.rstrip()][-40:]
         progress = _progress(line)
         if progress and progress != last_percent:
             last_percent = progress
