@@ -97,3 +97,9 @@ def test_host_port(text: str, expected: tuple[str, int]) -> None:
 def test_bad_host_port(text: str) -> None:
     with pytest.raises(ConfigError):
         parse_host_port(text)
+
+
+def test_a_string_where_a_list_belongs_is_refused(tmp_path: Path) -> None:
+    # cattrs alone would split "llama" into ['l', 'l', 'a', 'm', 'a'].
+    with pytest.raises(ConfigError, match=r"endpoints\[0\]\.models: expected a list, got a string"):
+        load_config(write(tmp_path, "[[endpoints]]\nid = 'a'\nurl = 'http://h:1'\nmodels = 'llama'\n"))

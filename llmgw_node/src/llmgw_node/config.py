@@ -13,7 +13,6 @@ from typing import Any
 import attrs
 
 from llmgw_shared.config import ConfigError, load_toml, strict_converter, structure
-from llmgw_shared.wire import strict_collections
 
 __all__ = ["ConfigError", "ConfiguredEngine", "NodeConfig", "load_config", "parse_config"]
 
@@ -64,9 +63,6 @@ class NodeConfig:
 
 
 _conv = strict_converter()
-# The shared strict converter still lets a string through where a list belongs (split into
-# characters): `control = "ws://..."` must be an error, not a list of one-letter URLs.
-strict_collections(_conv)
 
 
 def parse_config(data: dict[str, Any], *, source: str = "config") -> NodeConfig:

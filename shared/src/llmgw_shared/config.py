@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_origin
 
 import attrs
 import cattrs
+from cattrs import BaseConverter
+from cattrs.cols import list_structure_factory, mapping_structure_factory
+from cattrs.dispatch import StructureHook
 from cattrs.errors import ForbiddenExtraKeysError
 from cattrs.preconf.tomllib import make_converter
 
@@ -54,6 +57,47 @@ def _strict_bool(value: Any, _: type) -> bool:
     return value
 
 
+def json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "a list",
+            dict: "an object"}.get(type(value), type(value).__name__)
+
+
+def strict_collections(conv: cattrs.Converter) -> None:
+    """Refuse a string where a list belongs (cattrs would split it into characters) and a
+    non-object where a mapping belongs."""
+
+    def list_factory(type_: Any, conv: BaseConverter) -> StructureHook:
+        inner = list_structure_factory(type_, conv)
+
+        def hook(value: Any, t: Any) -> Any:
+            if not isinstance(value, list):
+                raise TypeError(f"expected a list, got {json_kind(value)}")
+            return inner(value, t)
+
+        return hook
+
+    def mapping_factory(type_: Any, conv: BaseConverter) -> StructureHook:
+        inner = mapping_structure_factory(type_, conv)
+
+        def hook(value: Any, t: Any) -> Any:
+            if not isinstance(value, dict):
+                raise TypeError(f"expected an object, got {json_kind(value)}")
+            return inner(value, t)
+
+        return hook
+
+    def is_list(t: Any) -> bool:
+        return get_origin(t) is list
+
+    def is_dict(t: Any) -> bool:
+        return get_origin(t) is dict
+
+    conv.register_structure_hook_factory(is_list, list_factory)
+    conv.register_structure_hook_factory(is_dict, mapping_factory)
+
+
 def strict_converter(*, forbid_extra_keys: bool = True) -> cattrs.Converter:
     """A converter that refuses unknown keys and never coerces between primitive types."""
     converter = make_converter(forbid_extra_keys=forbid_extra_keys)
@@ -61,6 +105,7 @@ def strict_converter(*, forbid_extra_keys: bool = True) -> cattrs.Converter:
     converter.register_structure_hook(int, _strict_int)
     converter.register_structure_hook(float, _strict_float)
     converter.register_structure_hook(bool, _strict_bool)
+    strict_collections(converter)
     return converter
 
 

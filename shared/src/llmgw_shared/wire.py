@@ -16,16 +16,15 @@ Direction of each message:
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, TypeAlias, get_args, get_origin
+from typing import Any, Literal, TypeAlias, get_args
 
 import attrs
 import cattrs
-from cattrs import BaseConverter
-from cattrs.cols import list_structure_factory, mapping_structure_factory
-from cattrs.dispatch import StructureHook
 from cattrs.preconf.json import make_converter
 from cattrs.strategies import configure_tagged_union
 
+from llmgw_shared.config import json_kind as _json_kind
+from llmgw_shared.config import strict_collections
 from llmgw_shared.facts import GpuFacts, HostFacts
 
 PROTOCOL_VERSION = 1
@@ -281,47 +280,6 @@ def _strict(kind: type, name: str) -> Any:
         return value
 
     return hook
-
-
-def _json_kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    return {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "a list",
-            dict: "an object"}.get(type(value), type(value).__name__)
-
-
-def strict_collections(conv: cattrs.Converter) -> None:
-    """Refuse a string where a list belongs (cattrs would split it into characters) and a
-    non-object where a mapping belongs."""
-
-    def list_factory(type_: Any, conv: BaseConverter) -> StructureHook:
-        inner = list_structure_factory(type_, conv)
-
-        def hook(value: Any, t: Any) -> Any:
-            if not isinstance(value, list):
-                raise TypeError(f"expected a list, got {_json_kind(value)}")
-            return inner(value, t)
-
-        return hook
-
-    def mapping_factory(type_: Any, conv: BaseConverter) -> StructureHook:
-        inner = mapping_structure_factory(type_, conv)
-
-        def hook(value: Any, t: Any) -> Any:
-            if not isinstance(value, dict):
-                raise TypeError(f"expected an object, got {_json_kind(value)}")
-            return inner(value, t)
-
-        return hook
-
-    def is_list(t: Any) -> bool:
-        return get_origin(t) is list
-
-    def is_dict(t: Any) -> bool:
-        return get_origin(t) is dict
-
-    conv.register_structure_hook_factory(is_list, list_factory)
-    conv.register_structure_hook_factory(is_dict, mapping_factory)
 
 
 def _make_converter() -> cattrs.Converter:
