@@ -27,8 +27,9 @@ from llmgw_dev.engine_proc import free_port
 from .fleet import BIN, TOKEN, Daemon, model_entry
 
 # Short on purpose: the whole failover file must run in well under two minutes. The settle time
-# covers the nodes' reconnect backoff (at most 1 s here) with room for a busy machine.
-FAST_LEADERSHIP = {"ttl": 2.0, "renew_interval": 0.5, "settle": 3.0}
+# covers a node's worst reconnect: a connect to the killed leader's port that hangs for the node's
+# whole connect timeout (10 s, seen under load) plus its backoff (at most 1 s here).
+FAST_LEADERSHIP = {"ttl": 2.0, "renew_interval": 0.5, "settle": 12.0}
 
 
 @attrs.define

@@ -73,8 +73,8 @@ class LeadershipConfig:
     # After taking over from an earlier leader, this long without starting or stopping replicas,
     # so nodes can reconnect and report the engines they run (adopted, not duplicated); reports
     # are absorbed and ready replicas served meanwhile. Make it longer than the nodes' reconnect
-    # delay after a takeover (their reconnect backoff, see docs/failover.md).
-    settle: float = 10.0
+    # delay after a takeover: a node's connect timeout (10 s) plus its backoff (docs/failover.md).
+    settle: float = 15.0
 
 
 @attrs.frozen
