@@ -10,6 +10,7 @@ import trio
 
 from llmgw_shared import sdnotify
 from llmgw_shared.config import ConfigError
+from llmgw_shared.gcpause import keep_gc_pauses_short
 from llmgw_shared.lifecycle import stop_on_signals
 from llmgw_shared.logs import get_logger, setup_logging
 
@@ -60,6 +61,7 @@ async def _run(config: ControlConfig) -> None:
         # loop gets the daemon restarted; READY=1 only once every listener is bound.
         nursery.start_soon(sdnotify.watchdog_loop)
         nursery.start_soon(sdnotify.stopping_on, shutdown)
+        nursery.start_soon(keep_gc_pauses_short)
         async with trio.open_nursery() as daemon:
             listening = await daemon.start(partial(run_control, config, shutdown=shutdown))
             await sdnotify.ready(f"serving on {listening.api_url}")
