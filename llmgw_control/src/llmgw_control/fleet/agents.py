@@ -214,8 +214,13 @@ class AgentService:
             elif not self.role.leader:
                 await socket.send(encode(Refuse(
                     f"standby, leader is {self.role.leader_address or 'unknown'}", self.role.leader_address)))
-                await socket.close(1013, "standby")
                 log.info("refused node %s: this control is a standby", msg.node_id)
+                # The node closes as soon as it reads the refusal and hypercorn may be answering that
+                # close while we send ours (BusyResourceError): the refusal is delivered, the close
+                # is a courtesy, and a traceback per refused node during a failover is only noise.
+                with contextlib.suppress(trio.BusyResourceError, trio.BrokenResourceError,
+                                         trio.ClosedResourceError):
+                    await socket.close(1013, "standby")
                 return None
             elif certificate_required and certified_node_id is None:
                 break_reason = "a client certificate naming the node is required"
