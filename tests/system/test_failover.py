@@ -111,6 +111,10 @@ async def test_kill_9_the_leader_the_standby_takes_over_and_adopts_the_engines(
 async def test_sigterm_hands_over_in_under_a_second(tmp_path: Path, pg_url: str) -> None:
     async with control_pair(tmp_path, pg_url) as pair:
         c1, c2 = pair.controls
+        # A key made on the leader, to be checked by the next one: the digest secret is shared.
+        async with httpx2.AsyncClient(base_url=c1.admin_url, timeout=10) as admin:
+            group = (await admin.post("/api/v1/groups", json={"name": "team"})).json()["group"]
+            made = (await admin.post("/api/v1/keys", json={"name": "app", "group_id": group["id"]})).json()
         c1.daemon.send_signal(signal.SIGTERM)
         stopped = time.monotonic()
         took_over = await c2.wait_role("leader", timeout=TTL + 5)
@@ -119,6 +123,11 @@ async def test_sigterm_hands_over_in_under_a_second(tmp_path: Path, pg_url: str)
         with trio.fail_after(10):
             assert await c1.daemon.process.wait() == 0
         assert "leader lease released" in c1.daemon.log()
+        async with httpx2.AsyncClient(base_url=c2.api_url, timeout=10) as client:
+            accepted = await client.get("/v1/models", headers={"authorization": f"Bearer {made['secret']}"})
+            assert accepted.status_code == 200, accepted.text
+            wrong = await client.get("/v1/models", headers={"authorization": "Bearer sk-llmgw-wrong"})
+            assert wrong.status_code == 401
 
 
 async def test_a_leader_cut_off_from_its_database_steps_down(
