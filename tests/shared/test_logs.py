@@ -6,6 +6,7 @@ import io
 import json
 
 import pytest
+
 from llmgw_shared.logs import get_logger, redact, request_context, setup_logging
 
 
