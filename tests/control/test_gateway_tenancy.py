@@ -89,3 +89,50 @@ async def test_a_failed_request_gives_its_concurrency_slot_back(fake_engine: Fak
             busy = await gw.client.post("/v1/chat/completions", json=chat_body(), headers=auth)
             assert busy.status_code == 429 and "concurrent" in busy.json()["error"]["message"]
             nursery.cancel_scope.cancel()
+
+
+async def test_three_levels_under_concurrent_load_hold_and_count_exactly(fake_engine: FakeEngine) -> None:
+    """Org, team and project limits at once, 60 concurrent clients, some engine failures."""
+    fake_engine.behavior.prompt_tokens = 10
+    fake_engine.behavior.chunks = 5  # 15 tokens per served request
+    fake_engine.behavior.first_byte_delay = 0.05
+    fake_engine.behavior.status_before_body = 500
+    fake_engine.behavior.status_times = 6  # the first six fail: their reservations must come back
+    async with running_gateway(endpoint("e1", fake_engine.url), max_attempts=1) as gw:
+        service = gw.tenancy.service
+        org = await service.create_group("org")
+        team = await service.create_group("team", org.id)
+        project = await service.create_group("project", team.id)
+        await service.set_quota(org.id, {"tokens_per_minute": 20_000})
+        await service.set_quota(team.id, {"requests_per_minute": 30})
+        await service.set_quota(project.id, {"concurrent_requests": 4})
+        created = await service.create_key(name="k", group_id=project.id)
+        auth = {"authorization": f"Bearer {created.secret}"}
+        statuses: list[int] = []
+
+        async def client() -> None:
+            async with httpx2.AsyncClient(base_url=gw.url, timeout=30) as http:
+                for _ in range(3):
+                    response = await http.post("/v1/chat/completions", json=chat_body(max_tokens=5), headers=auth)
+                    statuses.append(response.status_code)
+                    if response.status_code == 429:
+                        await trio.sleep(0.01)
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(60):
+                nursery.start_soon(client)
+        served = statuses.count(200)
+        assert statuses.count(502) == 6
+        assert served + 6 <= 30  # the team's requests per minute, failures included
+        assert served > 0 and statuses.count(429) == len(statuses) - served - 6
+        assert fake_engine.observed.max_in_flight <= 4  # the project's concurrency
+        # Each request settles just after its last byte is handed over: give the last ones a moment.
+        with trio.move_on_after(3):
+            while sum(u.requests for u in gw.tenancy.usage.pending()) < served:
+                await trio.sleep(0.01)
+        pending = gw.tenancy.usage.pending()
+        assert sum(u.requests for u in pending) == served  # failures are not usage
+        assert sum(u.prompt_tokens for u in pending) == 10 * served  # settled once each
+        assert sum(u.completion_tokens for u in pending) == 5 * served
+        for budget in gw.tenancy.state.chain(project.id):
+            assert budget.in_flight == 0 and budget.reserved == 0  # nothing left reserved
