@@ -334,3 +334,24 @@ async def test_metrics_on_admin_and_metrics_only_listeners(fake_engine: FakeEngi
                 assert name in text
         # The client port does not expose metrics.
         assert (await gw.client.get("/metrics")).status_code == 404
+
+
+async def test_a_client_that_hangs_up_right_after_done_is_not_an_abort(fake_engine: FakeEngine) -> None:
+    # The openai client closes its connection as soon as it reads [DONE], which can beat the
+    # gateway's final empty write: the request is still complete and its usage still counts.
+    fake_engine.behavior.chunks = 3
+    fake_engine.behavior.prompt_tokens = 4
+    async with running_gateway(endpoint("e1", fake_engine.url)) as gw:
+        for _ in range(20):
+            async with httpx2.AsyncClient(base_url=gw.url) as client:
+                body = chat_body(stream=True, stream_options={"include_usage": True})
+                async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+                    received = b""
+                    async for chunk in response.aiter_bytes():
+                        received += chunk
+                        if b"[DONE]" in received:
+                            break
+        ok = {"model": "fake-model", "replica": "e1", "status": "200"}
+        assert await gw.settled_metric("llmgw_requests_total", ok, expect=20) == 20
+        tokens = {"model": "fake-model", "kind": "completion"}
+        assert await gw.settled_metric("llmgw_tokens_total", tokens, expect=60) == 60

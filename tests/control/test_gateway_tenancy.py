@@ -60,8 +60,8 @@ async def test_quota_on_a_parent_group_refuses_with_429_and_usage_is_settled(fak
         assert refused.status_code == 429
         assert "org" in refused.json()["error"]["message"] and int(refused.headers["retry-after"]) >= 1
         assert len(fake_engine.observed.requests) == 3
-        pending = gw.tenancy.usage.pending()
-        assert sum(u.prompt_tokens for u in pending) == 30 and sum(u.completion_tokens for u in pending) == 15
+        totals = await service.usage_totals(group_id=org.id, include_descendants=True)
+        assert totals.prompt_tokens == 30 and totals.completion_tokens == 15
 
 
 async def test_a_failed_request_gives_its_concurrency_slot_back(fake_engine: FakeEngine) -> None:
@@ -127,12 +127,13 @@ async def test_three_levels_under_concurrent_load_hold_and_count_exactly(fake_en
         assert served > 0 and statuses.count(429) == len(statuses) - served - 6
         assert fake_engine.observed.max_in_flight <= 4  # the project's concurrency
         # Each request settles just after its last byte is handed over: give the last ones a moment.
+        # Totals are what was flushed to the store plus what is still pending in memory.
         with trio.move_on_after(3):
-            while sum(u.requests for u in gw.tenancy.usage.pending()) < served:
+            while (await service.usage_totals(group_id=org.id, include_descendants=True)).requests < served:
                 await trio.sleep(0.01)
-        pending = gw.tenancy.usage.pending()
-        assert sum(u.requests for u in pending) == served  # failures are not usage
-        assert sum(u.prompt_tokens for u in pending) == 10 * served  # settled once each
-        assert sum(u.completion_tokens for u in pending) == 5 * served
+        totals = await service.usage_totals(group_id=org.id, include_descendants=True)
+        assert totals.requests == served  # failures are not usage
+        assert totals.prompt_tokens == 10 * served  # settled once each
+        assert totals.completion_tokens == 5 * served
         for budget in gw.tenancy.state.chain(project.id):
             assert budget.in_flight == 0 and budget.reserved == 0  # nothing left reserved

@@ -443,13 +443,20 @@ class Gateway:
                 if parts:
                     data = parts[0] if len(parts) == 1 else b"".join(parts)
                     tail.feed(data)
+                    if b'"usage"' in data:
+                        # Taken now: a client that closes right after [DONE] cancels what follows.
+                        exchange.usage = tail.usage() or exchange.usage
+                    if (done and failure is None) or b"data: [DONE]" in data:
+                        # This write carries the end of the answer: a client that hangs up from
+                        # here on (the openai client does, right after [DONE]) is done, not gone.
+                        exchange.complete = True
                     await exchange.send_chunk(data, events=data.count(b"data:"))
         if failure is not None:
             # Bytes already reached the client: no retry, the error travels as the last event.
             log.warning("stream from replica %s ended early: %s", replica.id, failure.message,
                         extra={"replica": replica.id})
             await exchange.send_error(failure)
-        exchange.usage = tail.usage()
+        exchange.usage = tail.usage() or exchange.usage
         await exchange.end_stream()
 
     async def _read_stream(
