@@ -8,6 +8,8 @@ llama-server build.
 
 from __future__ import annotations
 
+import itertools
+import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from llmgw_dev import build_engine
 from llmgw_dev.engine_proc import LlamaServer, llama_server_process
 from llmgw_dev.engine_proc import free_port as _free_port
 from llmgw_dev.fake_engine import FakeEngine, run_fake_engine
+from llmgw_dev.postgres import PostgresServer, PostgresUnavailable
 from llmgw_dev.tiny_model import ensure_model
 
 REAL_ENGINE_FIXTURES = frozenset({"llama_server_binary", "real_engine", "real_embedding_engine"})
@@ -78,3 +81,35 @@ async def fake_engine() -> AsyncIterator[FakeEngine]:
     """A running fake engine with default behaviour; change ``fake_engine.behavior`` as needed."""
     async with run_fake_engine() as engine:
         yield engine
+
+
+_db_numbers = itertools.count(1)
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PostgresServer]:
+    """One real PostgreSQL for the whole session (started on first use, ~2 s)."""
+    try:
+        server = PostgresServer.start()
+    except PostgresUnavailable as exc:
+        # A failure, not a skip: half the store suite silently not running is worse.
+        pytest.fail(f"these tests need PostgreSQL: {exc}", pytrace=False)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def pg_database(pg_server: PostgresServer) -> Iterator[str]:
+    """The name of a fresh, empty database on the session's server (dropped afterwards)."""
+    name = f"t{os.getpid()}_{next(_db_numbers)}"
+    pg_server.create_database(name)
+    yield name
+    pg_server.drop_database(name)
+
+
+@pytest.fixture
+def pg_url(pg_server: PostgresServer, pg_database: str) -> str:
+    """A postgresql:// URL for a fresh database."""
+    return pg_server.url(pg_database)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ from llmgw_control.leadership import Leadership, StandbyGate, clear_single_daemo
 from llmgw_control.router.replicas import ReplicaSet
 from llmgw_control.store import LeaseKeeper, connect_store
 from llmgw_control.store.testing import LeaseRow, MemoryLease
-from llmgw_dev.postgres import PostgresServer, PostgresUnavailable
+from llmgw_dev.postgres import PostgresServer
 from llmgw_shared.config import ConfigError
 from llmgw_shared.facts import unprobed
 from llmgw_shared.wire import PROTOCOL_VERSION, EngineState, Hello, ShardState, encode
@@ -313,16 +312,7 @@ def test_leadership_config_is_checked() -> None:
 # --------------------------------------------------------------------------- cluster secrets
 
 
-@pytest.fixture(scope="module")
-def pg_server() -> Iterator[PostgresServer]:
-    try:
-        server = PostgresServer.start()
-    except PostgresUnavailable as exc:
-        pytest.fail(f"needs PostgreSQL: {exc}", pytrace=False)
-    try:
-        yield server
-    finally:
-        server.stop()
+# pg_server comes from tests/conftest.py.
 
 
 async def test_daemons_sharing_postgresql_agree_on_secrets(pg_server: PostgresServer, tmp_path: Path) -> None:

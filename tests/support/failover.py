@@ -7,7 +7,6 @@ control is read from its client ``/healthz``: 200 is the leader, 503 ``standby``
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 from collections.abc import AsyncIterator
@@ -24,7 +23,7 @@ from llmgw_control.fleet.agents import token_digest
 from llmgw_dev.build_engine import archive_name
 from llmgw_dev.engine_proc import free_port
 
-from .fleet import BIN, TOKEN, Daemon, model_entry
+from .fleet import BIN, TOKEN, Daemon, admin_state, engine_pids, kill_pids, model_entry, wait_for_state
 
 # Short on purpose: the whole failover file must run in well under two minutes. The settle time
 # covers a node's worst reconnect: a connect to the killed leader's port that hangs for the node's
@@ -79,21 +78,10 @@ class Control:
                     await trio.sleep(poll)
 
     async def state(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        async with httpx2.AsyncClient(base_url=self.admin_url, timeout=10) as client:
-            nodes = (await client.get("/api/v1/nodes")).json()["nodes"]
-            models = (await client.get("/api/v1/models")).json()["models"]
-        return nodes, models
+        return await admin_state(self.admin_url)
 
     async def wait_for(self, predicate: Any, timeout: float = 60) -> tuple[list[Any], list[Any]]:
-        with trio.fail_after(timeout):
-            while True:
-                try:
-                    nodes, models = await self.state()
-                    if predicate(nodes, models):
-                        return nodes, models
-                except httpx2.TransportError:
-                    pass
-                await trio.sleep(0.1)
+        return await wait_for_state(self.admin_url, predicate, timeout)
 
 
 @attrs.define
@@ -124,24 +112,10 @@ class Pair:
         return daemon
 
     def engine_pids(self) -> list[int]:
-        """Serving llama-server processes under this pair's directory. ``--port`` leaves out the
-        short ``llama-server --version`` runs a node makes when it re-proves an installed engine,
-        which would otherwise look like a restarted engine to a test that compares pids."""
-        marker = str(self.root)
-        pids = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            with suppress(OSError):
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                if "llama-server" in cmdline and marker in cmdline and "--port" in cmdline:
-                    pids.append(int(entry.name))
-        return sorted(pids)
+        return engine_pids(self.root)
 
     def kill_engines(self) -> None:
-        for pid in self.engine_pids():
-            with suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_pids(self.engine_pids())
 
 
 def _control_config(control: Control, store_url: str, files: Path | None, models: list[dict[str, Any]],

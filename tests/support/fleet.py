@@ -125,39 +125,62 @@ class Fleet:
         return daemon
 
     async def state(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        async with httpx2.AsyncClient(base_url=self.admin_url, timeout=10) as client:
-            nodes = (await client.get("/api/v1/nodes")).json()["nodes"]
-            models = (await client.get("/api/v1/models")).json()["models"]
-        return nodes, models
+        return await admin_state(self.admin_url)
 
     async def wait_for(self, predicate: Any, timeout: float = 60) -> tuple[list[Any], list[Any]]:
-        with trio.fail_after(timeout):
-            while True:
-                try:
-                    nodes, models = await self.state()
-                    if predicate(nodes, models):
-                        return nodes, models
-                except httpx2.TransportError:
-                    pass
-                await trio.sleep(0.2)
+        return await wait_for_state(self.admin_url, predicate, timeout)
 
     def engine_pids(self, node_id: str | None = None) -> list[int]:
-        """llama-server processes started under this fleet's directory (or one node's)."""
-        marker = str(self.root / node_id) if node_id else str(self.root)
-        pids = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            with suppress(OSError):
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                if "llama-server" in cmdline and marker in cmdline:
-                    pids.append(int(entry.name))
-        return pids
+        """Serving llama-server processes started under this fleet's directory (or one node's)."""
+        return engine_pids(self.root / node_id if node_id else self.root)
 
     def kill_engines(self, node_id: str | None = None) -> None:
-        for pid in self.engine_pids(node_id):
-            with suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_pids(self.engine_pids(node_id))
+
+
+async def admin_state(admin_url: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The nodes and models a control daemon's admin API reports."""
+    async with httpx2.AsyncClient(base_url=admin_url, timeout=10) as client:
+        nodes = (await client.get("/api/v1/nodes")).json()["nodes"]
+        models = (await client.get("/api/v1/models")).json()["models"]
+    return nodes, models
+
+
+async def wait_for_state(admin_url: str, predicate: Any, timeout: float = 60,
+                         poll: float = 0.1) -> tuple[list[Any], list[Any]]:
+    with trio.fail_after(timeout):
+        while True:
+            try:
+                nodes, models = await admin_state(admin_url)
+                if predicate(nodes, models):
+                    return nodes, models
+            except httpx2.TransportError:
+                pass
+            await trio.sleep(poll)
+
+
+def engine_pids(under: Path) -> list[int]:
+    """Serving llama-server processes whose command line names a path under ``under``.
+
+    ``--port`` leaves out the short ``llama-server --version`` runs a node makes when it re-proves
+    an installed engine, which would otherwise look like a restarted engine to a pid comparison.
+    """
+    marker = str(under)
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with suppress(OSError):
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if "llama-server" in cmdline and marker in cmdline and "--port" in cmdline:
+                pids.append(int(entry.name))
+    return sorted(pids)
+
+
+def kill_pids(pids: list[int]) -> None:
+    for pid in pids:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def write_control_config(root: Path, fleet: Fleet, models: list[dict[str, Any]], **extra: Any) -> Path:

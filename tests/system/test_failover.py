@@ -9,10 +9,8 @@ database steps down before its lease can lapse.
 from __future__ import annotations
 
 import itertools
-import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +20,7 @@ import pytest
 import trio
 
 from llmgw_dev.build_engine import ensure_engine
-from llmgw_dev.postgres import PostgresServer, PostgresUnavailable
+from llmgw_dev.postgres import PostgresServer
 from support.failover import FAST_LEADERSHIP, Control, TcpProxy, control_pair
 
 pytestmark = [pytest.mark.slow]
@@ -30,23 +28,7 @@ TTL = FAST_LEADERSHIP["ttl"]
 _numbers = itertools.count(1)
 
 
-@pytest.fixture(scope="module")
-def pg_server() -> Iterator[PostgresServer]:
-    try:
-        server = PostgresServer.start()
-    except PostgresUnavailable as exc:
-        pytest.fail(f"the failover tests need PostgreSQL: {exc}", pytrace=False)
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def pg_url(pg_server: PostgresServer) -> Iterator[str]:
-    name = f"failover_{os.getpid()}_{next(_numbers)}"
-    yield pg_server.create_database(name)
-    pg_server.drop_database(name)
+# pg_server and pg_url (a fresh database) come from tests/conftest.py.
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,6 @@ from llmgw_control.app import Fleet, Listening, Tenancy, run_control
 from llmgw_control.catalog import ModelConfig
 from llmgw_control.config import ControlConfig, LeadershipConfig, validate
 from llmgw_control.fleet.agents import AgentsConfig
-from llmgw_dev.postgres import PostgresServer, PostgresUnavailable
 from llmgw_shared.config import strict_converter
 from llmgw_shared.facts import unprobed
 from llmgw_shared.wire import (
@@ -149,28 +147,7 @@ async def wait_until(predicate: Any, timeout: float = 10) -> None:
 
 # --------------------------------------------------------------------------- PostgreSQL
 
-_db_numbers = itertools.count(1)
-
-
-@pytest.fixture(scope="session")
-def pg_server() -> Iterator[PostgresServer]:
-    try:
-        server = PostgresServer.start()
-    except PostgresUnavailable as exc:
-        pytest.fail(f"the restart tests need PostgreSQL: {exc}", pytrace=False)
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def pg_url(pg_server: PostgresServer) -> Iterator[str]:
-    """A fresh database on the session's PostgreSQL, dropped afterwards."""
-    name = f"admin{os.getpid()}_{next(_db_numbers)}"
-    pg_server.create_database(name)
-    yield pg_server.url(name)
-    pg_server.drop_database(name)
+# pg_server and pg_url come from tests/conftest.py.
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

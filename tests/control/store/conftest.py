@@ -7,43 +7,14 @@ silently skipping half the suite.
 
 from __future__ import annotations
 
-import itertools
-import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from llmgw_control.store import SqlStore, connect_store
-from llmgw_dev.postgres import PostgresServer, PostgresUnavailable
 
-_db_numbers = itertools.count(1)
-
-
-@pytest.fixture(scope="session")
-def pg_server() -> Iterator[PostgresServer]:
-    try:
-        server = PostgresServer.start()
-    except PostgresUnavailable as exc:
-        pytest.fail(f"the store tests need PostgreSQL: {exc}", pytrace=False)
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def pg_database(pg_server: PostgresServer) -> Iterator[str]:
-    """The name of a fresh, empty database (dropped afterwards)."""
-    name = f"t{os.getpid()}_{next(_db_numbers)}"
-    pg_server.create_database(name)
-    yield name
-    pg_server.drop_database(name)
-
-
-@pytest.fixture
-def pg_url(pg_server: PostgresServer, pg_database: str) -> str:
-    return pg_server.url(pg_database)
+# pg_server, pg_database and pg_url come from tests/conftest.py.
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
