@@ -70,17 +70,43 @@ def sync_environment() -> None:
     subprocess.run([uv_binary(), "sync", "--frozen", "--quiet", "--python", sys.executable], cwd=ROOT, check=True)
 
 
-def ensure_compiler() -> None:
-    if shutil.which("c++") or shutil.which("g++"):
-        return
+# What the tests run for real, from Debian's packages: g++ builds llama-server once; PostgreSQL
+# backs the store and failover tests; Chromium (with fonts, for readable screenshots) drives the
+# dashboard tests; Prometheus and promtool check the history charts and alert rules.
+TEST_PACKAGES = ["g++", "postgresql", "chromium", "fonts-liberation", "prometheus"]
+
+
+def _installed(package: str) -> bool:
+    result = subprocess.run(["dpkg-query", "-W", "-f=${Status}", package], capture_output=True, text=True)
+    return result.returncode == 0 and "install ok installed" in result.stdout
+
+
+def ensure_debian_packages(packages: list[str], why: str) -> None:
+    """Install what is missing with apt-get (as root, or with sudo that needs no password)."""
     apt = shutil.which("apt-get")
-    if apt is None:
-        raise SystemExit("a C++ compiler is needed to build llama-server once: install g++ or clang")
+    if apt is None or shutil.which("dpkg-query") is None:
+        if packages == ["g++"] and not (shutil.which("c++") or shutil.which("g++")):
+            raise SystemExit("a C++ compiler is needed to build llama-server once: install g++ or clang")
+        pypi.say(f"not a Debian/Ubuntu system: make sure these are installed ({why}): {' '.join(packages)}")
+        return
+    missing = [p for p in packages if not _installed(p)]
+    if not missing:
+        return
     prefix = [] if os.geteuid() == 0 else ["sudo", "-n"]
-    pypi.say("no C++ compiler found: installing g++ with apt-get (needed once, to build llama-server)")
+    pypi.say(f"installing {' '.join(missing)} with apt-get ({why})")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run([*prefix, apt, "-qq", "update"], check=True, env=env)
-    subprocess.run([*prefix, apt, "-y", "-qq", "install", "--no-install-recommends", "g++"], check=True, env=env)
+    try:
+        subprocess.run([*prefix, apt, "-qq", "update"], check=True, env=env)
+        subprocess.run([*prefix, apt, "-y", "-qq", "install", "--no-install-recommends", *missing], check=True,
+                       env=env)
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        raise SystemExit(f"could not install {' '.join(missing)}: run as root, or "
+                         f"sudo apt-get install {' '.join(missing)}") from None
+
+
+def ensure_compiler() -> None:
+    if not (shutil.which("c++") or shutil.which("g++")):
+        ensure_debian_packages(["g++"], "needed once, to build llama-server")
 
 
 def venv_run(*args: str, check: bool = True) -> int:
@@ -115,6 +141,7 @@ def main(argv: list[str]) -> int:
         prepare_engine()
         return venv_run("python", "-m", "llmgw_dev.demo", *rest, check=False)
     if command == "test":
+        ensure_debian_packages(TEST_PACKAGES, "the tests run them for real")
         prepare_engine()
         lint()
         return venv_run("python", "-m", "pytest", *rest, check=False)
