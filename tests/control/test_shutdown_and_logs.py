@@ -109,8 +109,12 @@ async def test_logs_carry_request_ids_and_never_secrets(fake_engine: FakeEngine,
     dead = f"http://127.0.0.1:{free_port()}"
     log_path = tmp_path / "log"
     secret = "sk-llmgw-Zq9secretvalue"
-    async with control_process(f"--endpoint=dead={dead}=fake-model", f"--endpoint=e1={fake_engine.url}=fake-model",
-                               log_path=log_path) as (proc, url):
+    # The dead replica weighs most, so the first request always tries it first and logs the
+    # retry warning (with equal weights the pick is random and might never land on it).
+    config = tmp_path / "control.toml"
+    config.write_text(f'[[endpoints]]\nid = "dead"\nurl = "{dead}"\nmodels = ["fake-model"]\nweight = 100.0\n'
+                      f'[[endpoints]]\nid = "e1"\nurl = "{fake_engine.url}"\nmodels = ["fake-model"]\n')
+    async with control_process("--config", str(config), log_path=log_path) as (proc, url):
         async with httpx2.AsyncClient(base_url=url) as client:
             for _ in range(3):
                 response = await client.post("/v1/chat/completions", json=chat_body(),
