@@ -18,7 +18,6 @@ import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
-from contextlib import AsyncExitStack, aclosing
 from typing import Any
 
 import trio
@@ -355,52 +354,56 @@ class Gateway:
         if replica.served_name and replica.served_name != request.model:
             # Engines such as vLLM check the name; llama-server ignores it (then it is not set).
             body = json.dumps({**request.payload, "model": replica.served_name}).encode()
-        async with AsyncExitStack() as stack:
-            waited = time.perf_counter()
-            try:
-                with trio.fail_after(config.first_byte_timeout):
-                    response = await stack.enter_async_context(self.upstream.open(
-                        "POST", url, headers=headers, body=body, connect_timeout=config.connect_timeout))
-            except trio.TooSlowError:
-                raise ApiError(504, f"Replica {replica.id} did not answer within {config.first_byte_timeout:g} s "
-                                    "(phase: first_byte).", code="upstream_timeout") from None
-            finally:
+        waited = time.perf_counter()
+        answered = False
+        try:
+            # One scope for the wait for the response head, lifted once it is in: a second
+            # scope (or an exit stack to nest one) per request is measurable on this path.
+            with trio.CancelScope(deadline=trio.current_time() + config.first_byte_timeout) as head:
+                async with self.upstream.open("POST", url, headers=headers, body=body,
+                                              connect_timeout=config.connect_timeout) as response:
+                    head.deadline = math.inf
+                    answered = True
+                    exchange.upstream_seconds += time.perf_counter() - waited
+                    await self._relay(replica, response, exchange)
+        finally:
+            if not answered:
                 exchange.upstream_seconds += time.perf_counter() - waited
-            chunks = await stack.enter_async_context(aclosing(response.iter_chunks()))
-            await self._relay(replica, response, chunks, exchange)
+        if head.cancelled_caught:
+            raise ApiError(504, f"Replica {replica.id} did not answer within {config.first_byte_timeout:g} s "
+                                "(phase: first_byte).", code="upstream_timeout")
 
-    async def _next_chunk(self, replica: Replica, chunks: Any, exchange: Exchange) -> bytes | None:
-        """The next body chunk, None at the end; ApiError when the engine stalls or breaks off."""
+    async def _read_all(
+        self, replica: Replica, response: UpstreamResponse, exchange: Exchange, limit: int | None = None
+    ) -> bytes:
+        """The whole body; ApiError when the engine stalls for the idle timeout or breaks off."""
+        idle = self.config.idle_timeout
+        parts = []
+        size = 0
         waited = time.perf_counter()
         try:
-            with trio.fail_after(self.config.idle_timeout):
-                return bytes(await chunks.__anext__())
-        except StopAsyncIteration:
-            return None
-        except trio.TooSlowError:
-            raise ApiError(504, f"Replica {replica.id} sent nothing for {self.config.idle_timeout:g} s "
-                                "(phase: body).", code="upstream_timeout") from None
+            with trio.CancelScope(deadline=trio.current_time() + idle) as stalled:
+                while (chunk := await response.next_chunk()) is not None:
+                    parts.append(chunk)
+                    size += len(chunk)
+                    if limit is not None and size >= limit:
+                        break
+                    stalled.deadline = trio.current_time() + idle
         except UpstreamBodyError as exc:
             raise ApiError(502, f"Replica {replica.id} broke off its response (phase: body): {exc}",
                            code="upstream_broken") from None
         finally:
             exchange.upstream_seconds += time.perf_counter() - waited
+        if stalled.cancelled_caught:
+            raise ApiError(504, f"Replica {replica.id} sent nothing for {idle:g} s (phase: body).",
+                           code="upstream_timeout")
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    async def _read_all(self, replica: Replica, chunks: Any, exchange: Exchange, limit: int | None = None) -> bytes:
-        parts = []
-        size = 0
-        while (chunk := await self._next_chunk(replica, chunks, exchange)) is not None:
-            parts.append(chunk)
-            size += len(chunk)
-            if limit is not None and size >= limit:
-                break
-        return b"".join(parts)
-
-    async def _relay(self, replica: Replica, response: UpstreamResponse, chunks: Any, exchange: Exchange) -> None:
+    async def _relay(self, replica: Replica, response: UpstreamResponse, exchange: Exchange) -> None:
         status = response.status_code
         if status >= 500:
             try:
-                detail = _engine_message(await self._read_all(replica, chunks, exchange, _ERROR_BODY_LIMIT))
+                detail = _engine_message(await self._read_all(replica, response, exchange, _ERROR_BODY_LIMIT))
             except ApiError as error:
                 detail = error.message
             raise _Retryable(ApiError(
@@ -409,7 +412,7 @@ class Gateway:
         content_type = response.content_type()
         if not content_type.startswith("text/event-stream"):
             try:
-                body = await self._read_all(replica, chunks, exchange)
+                body = await self._read_all(replica, response, exchange)
             except ApiError as error:
                 # Nothing has reached the client yet, so another replica may still serve it.
                 raise _Retryable(error, "body") from None
@@ -423,7 +426,7 @@ class Gateway:
         tail = StreamTail()
         arrived, collected = trio.open_memory_channel[bytes | ApiError | None](_RELAY_QUEUE)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._read_stream, replica, chunks, arrived)
+            nursery.start_soon(self._read_stream, replica, response, arrived)
             failure: ApiError | None = None
             done = False
             while not done:
@@ -460,7 +463,7 @@ class Gateway:
         await exchange.end_stream()
 
     async def _read_stream(
-        self, replica: Replica, chunks: Any, arrived: trio.MemorySendChannel[bytes | ApiError | None]
+        self, replica: Replica, response: UpstreamResponse, arrived: trio.MemorySendChannel[bytes | ApiError | None]
     ) -> None:
         """Read the engine's stream into the relay queue; ends with None, or the error that ended it."""
         idle = self.config.idle_timeout
@@ -469,9 +472,9 @@ class Gateway:
             # cost more than the chunk. Waiting on a full queue (a slow client) is not idleness.
             with trio.CancelScope(deadline=trio.current_time() + idle) as waiting:
                 try:
-                    async for chunk in chunks:
+                    while (chunk := await response.next_chunk()) is not None:
                         waiting.deadline = math.inf
-                        await arrived.send(bytes(chunk))
+                        await arrived.send(chunk)
                         waiting.deadline = trio.current_time() + idle
                 except UpstreamBodyError as exc:
                     await arrived.send(ApiError(502, f"Replica {replica.id} broke off its response (phase: body): "

@@ -1,10 +1,9 @@
 """The upstream HTTP client behind a small interface of our own.
 
-The router speaks only to ``UpstreamClient``; the one implementation wraps httpx2 (the
-maintained fork of httpx: httpx 0.28's pool does quadratic work per request and collapsed under
-128 concurrent streams in our measurements). Keeping httpx2's types out of the router means the
-client can be swapped -- for a leaner h11 pool if CPU ever becomes the limit -- without touching
-the retry and relay logic.
+The router speaks only to ``UpstreamClient``; the one implementation speaks HTTP/1.1 through
+httpx2's own protocol layer (``httpcore2.AsyncHTTP11Connection``, the maintained fork's
+connection class) and pools those connections itself. Keeping httpx2's types out of the router
+means the client can be swapped without touching the retry and relay logic.
 
 Errors are translated into three kinds the router acts on differently:
 ``UpstreamConnectError`` (nothing was sent: safe to try another replica),
@@ -15,10 +14,13 @@ safe to retry once on a fresh connection), and ``UpstreamBodyError`` (the respon
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+import ssl
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Protocol
+from typing import Any, Protocol
 
+import attrs
+import httpcore2
 import httpx2
 import trio
 
@@ -42,10 +44,10 @@ class UpstreamBodyError(UpstreamError):
 class UpstreamResponse(Protocol):
     @property
     def status_code(self) -> int: ...
-    @property
-    def headers(self) -> Sequence[tuple[str, str]]: ...
     def content_type(self) -> str: ...
-    def iter_chunks(self) -> AsyncGenerator[bytes, None]: ...
+    async def next_chunk(self) -> bytes | None:
+        """The next piece of the body as it arrived, None at its end; UpstreamBodyError if it broke off."""
+        ...
 
 
 class UpstreamClient(Protocol):
@@ -58,97 +60,227 @@ class UpstreamClient(Protocol):
     async def aclose(self) -> None: ...
 
 
-class _Httpx2Response:
-    def __init__(self, response: httpx2.Response) -> None:
-        self._response = response
-
-    @property
-    def status_code(self) -> int:
-        return self._response.status_code
-
-    @property
-    def headers(self) -> Sequence[tuple[str, str]]:
-        return list(self._response.headers.items())
-
-    def content_type(self) -> str:
-        return self._response.headers.get("content-type", "")
-
-    async def iter_chunks(self) -> AsyncGenerator[bytes, None]:
-        try:
-            async for chunk in self._response.aiter_raw():
-                yield chunk
-        except httpx2.TransportError as exc:
-            raise UpstreamBodyError(_describe(exc)) from exc
+# Errors of a request whose response never started: the connection was dead or died under us.
+_CLOSED_EARLY = (httpcore2.RemoteProtocolError, httpcore2.ReadError, httpcore2.WriteError)
+_BODY_ERRORS = (httpcore2.NetworkError, httpcore2.ProtocolError, httpcore2.TimeoutException)
 
 
-def _describe(exc: Exception) -> str:
+def _describe(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
     return text.splitlines()[0][:200]
 
 
-class Httpx2Upstream:
-    """httpx2's connection pool, used at the transport level.
+class _Response:
+    def __init__(self, response: httpcore2.Response) -> None:
+        self._response = response
+        self.status_code = response.status
+        stream = response.stream
+        assert isinstance(stream, AsyncIterable)
+        self._chunks = aiter(stream)
 
-    The client layer (URL merging, cookies, auth, redirects, event hooks) does nothing a proxy
-    needs and cost about a fifth of the gateway's CPU per request in a profile; requests are
-    built against cached URL objects and handed straight to the pooled transport.
+    def content_type(self) -> str:
+        for key, value in self._response.headers:
+            if key.lower() == b"content-type":
+                return value.decode("latin-1")
+        return ""
+
+    async def next_chunk(self) -> bytes | None:
+        # A method rather than an async generator of our own: one generator layer and its
+        # aclosing() per request were measurable on a path that costs a few milliseconds.
+        try:
+            return await anext(self._chunks)
+        except StopAsyncIteration:
+            return None
+        except _BODY_ERRORS as exc:
+            raise UpstreamBodyError(_describe(exc)) from exc
+
+    async def aclose(self) -> None:
+        chunks = self._chunks
+        if isinstance(chunks, AsyncGenerator):
+            await chunks.aclose()
+        await self._response.aclose()
+
+
+class _HeldWritesStream(httpcore2.AsyncNetworkStream):
+    """A connection's socket, with writes held until the response is read.
+
+    httpcore2 writes a request as head, body and end-of-message, one ``send`` each; on loopback
+    every send runs the whole TCP path and wakes the engine, so three cost about three times one.
+    Nothing needs the bytes before the response is awaited, so they leave together then.
+    Deadlines are the router's own trio scopes (it knows the phase for the error message), so no
+    per-call timeout scope is opened here.
     """
 
-    def __init__(self, *, max_keepalive: int = 512, keepalive_expiry: float = 30.0, shards: int = 8) -> None:
-        # httpcore2's pool walks every connection it holds (probing idle ones with a poll) twice
-        # per request: with 128 requests in flight that walk was the largest single cost of a
-        # proxied request. Requests are spread round-robin over several smaller pools instead,
-        # so each walk covers a fraction of the connections.
-        self._transports = [
-            httpx2.AsyncHTTPTransport(
-                limits=httpx2.Limits(max_connections=None, max_keepalive_connections=max(1, max_keepalive // shards),
-                                     keepalive_expiry=keepalive_expiry),
-                trust_env=False,
-            )
-            for _ in range(shards)
-        ]
-        self._turn = 0
-        self._urls: dict[str, httpx2.URL] = {}
-        self._timeouts: dict[float, dict[str, float | None]] = {}
+    def __init__(self, stream: trio.abc.Stream, socket: trio.socket.SocketType) -> None:
+        self._stream = stream
+        self._socket = socket
+        self._held: list[bytes] = []
 
-    def _url(self, url: str) -> httpx2.URL:
-        parsed = self._urls.get(url)
-        if parsed is None:
-            if len(self._urls) > 10_000:
-                self._urls.clear()  # replicas come and go; never grow without bound
-            parsed = self._urls[url] = httpx2.URL(url)
-        return parsed
+    # httpcore2's interface: the timeouts are ours to ignore (see above).
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:  # noqa: ASYNC109
+        try:
+            if self._held:
+                held, self._held = self._held, []
+                await self._stream.send_all(held[0] if len(held) == 1 else b"".join(held))
+            return bytes(await self._stream.receive_some(max_bytes))
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise httpcore2.ReadError(_describe(exc.__cause__ or exc)) from exc
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:  # noqa: ASYNC109
+        if buffer:
+            self._held.append(buffer)
+
+    async def aclose(self) -> None:
+        self._held = []
+        await self._stream.aclose()
+
+    def get_extra_info(self, info: str) -> Any:
+        if info == "is_readable":
+            return self._socket.is_readable()
+        if info == "socket":
+            return self._socket
+        if info == "ssl_object" and isinstance(self._stream, trio.SSLStream):
+            return self._stream._ssl_object
+        return None
+
+
+@attrs.frozen
+class _Target:
+    url: httpcore2.URL
+    origin: tuple[bytes, bytes, int]
+    host_header: bytes
+
+
+class Httpx2Upstream:
+    """httpx2's HTTP/1.1 connections, pooled as one stack of idle connections per origin.
+
+    httpx2's own pool (httpcore2's ``AsyncConnectionPool``) walks every connection it holds,
+    polling each idle one, twice per request: with 128 requests in flight that walk was the
+    largest single cost of a proxied request, and the client layer above it (URL merging,
+    cookies, redirects) another fifth. A proxy needs neither: it takes the most recently used
+    idle connection to the replica (one poll, to skip one the engine has closed) or opens one,
+    and puts it back when the response is done.
+    """
+
+    def __init__(self, *, max_idle_per_origin: int = 256, keepalive_expiry: float = 30.0) -> None:
+        self._max_idle = max_idle_per_origin
+        self._keepalive_expiry = keepalive_expiry
+        self._idle: dict[tuple[bytes, bytes, int], list[httpcore2.AsyncHTTP11Connection]] = {}
+        self._targets: dict[str, _Target] = {}
+        self._ssl_context: ssl.SSLContext | None = None
+        self._next_sweep = 0.0
+        self._extensions = {"timeout": {"connect": None, "read": None, "write": None, "pool": None}}
+        self._closed = False
+
+    def _target(self, url: str) -> _Target:
+        target = self._targets.get(url)
+        if target is None:
+            if len(self._targets) > 10_000:
+                self._targets.clear()  # replicas come and go; never grow without bound
+            parsed = httpcore2.URL(url)
+            if parsed.scheme not in (b"http", b"https"):
+                raise UpstreamConnectError(f"unsupported URL scheme in {url!r}")
+            origin = parsed.origin
+            default_port = 443 if origin.scheme == b"https" else 80
+            host = origin.host if origin.port == default_port else b"%s:%d" % (origin.host, origin.port)
+            target = self._targets[url] = _Target(parsed, (origin.scheme, origin.host, origin.port), host)
+        return target
 
     @asynccontextmanager
     async def open(
         self, method: str, url: str, *, headers: Sequence[tuple[str, str]], body: bytes, connect_timeout: float
     ) -> AsyncIterator[UpstreamResponse]:
-        timeouts = self._timeouts.get(connect_timeout)
-        if timeouts is None:
-            # Phase deadlines are trio scopes in the router, where the phase is known for the
-            # error message; httpx2's own read timeout would fire mid-stream without that context.
-            timeouts = self._timeouts[connect_timeout] = {"connect": connect_timeout, "read": None,
-                                                          "write": 60.0, "pool": None}
-        request = httpx2.Request(method, self._url(url), headers=list(headers), content=body,
-                                 extensions={"timeout": timeouts})
-        self._turn = (self._turn + 1) % len(self._transports)
+        target = self._target(url)
+        request = httpcore2.Request(
+            method.encode(), target.url,
+            headers=[(b"host", target.host_header), (b"content-length", str(len(body)).encode()),
+                     *((k.encode("latin-1"), v.encode("latin-1")) for k, v in headers)],
+            content=body, extensions=self._extensions)
+        connection = await self._checkout(target, connect_timeout)
         try:
-            response = await self._transports[self._turn].handle_async_request(request)
-        except (httpx2.ConnectError, httpx2.ConnectTimeout) as exc:
-            raise UpstreamConnectError(_describe(exc)) from exc
-        except (httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.WriteError) as exc:
+            response = await connection.handle_async_request(request)
+        except _CLOSED_EARLY as exc:
             raise UpstreamClosedEarly(_describe(exc)) from exc
-        except httpx2.TransportError as exc:
+        except (httpcore2.ProtocolError, httpcore2.NetworkError, httpcore2.TimeoutException) as exc:
             raise UpstreamConnectError(_describe(exc)) from exc
+        relayed = _Response(response)
         try:
-            yield _Httpx2Response(response)
+            yield relayed
         finally:
             # Closing an unfinished response closes its connection, which is how the engine
             # learns that the client went away; shield it so cancellation cannot skip it.
             with trio.move_on_after(5) as scope:
                 scope.shield = True
-                await response.aclose()
+                await relayed.aclose()
+                await self._checkin(target, connection)
+
+    async def _checkout(self, target: _Target, connect_timeout: float) -> httpcore2.AsyncHTTP11Connection:
+        now = trio.current_time()
+        if now >= self._next_sweep:
+            self._next_sweep = now + 10.0
+            await self._close_expired()
+        idle = self._idle.get(target.origin)
+        while idle:
+            connection = idle.pop()
+            # Expired, or readable while idle (the engine closed it: llama-server does after a stream).
+            if not connection.has_expired():
+                return connection
+            await connection.aclose()
+        if self._closed:
+            raise UpstreamConnectError("the gateway is shutting down")
+        return httpcore2.AsyncHTTP11Connection(
+            httpcore2.Origin(*target.origin), await self._connect(target, connect_timeout),
+            keepalive_expiry=self._keepalive_expiry)
+
+    async def _connect(self, target: _Target, within: float) -> _HeldWritesStream:
+        scheme, host, port = target.origin
+        try:
+            with trio.fail_after(within):
+                socket_stream = await trio.open_tcp_stream(host.decode("ascii"), port)
+                stream: trio.abc.Stream = socket_stream
+                if scheme == b"https":
+                    if self._ssl_context is None:
+                        self._ssl_context = httpx2.create_ssl_context()
+                    stream = trio.SSLStream(socket_stream, self._ssl_context, server_hostname=host.decode("ascii"),
+                                            https_compatible=True)
+                    try:
+                        await stream.do_handshake()
+                    except BaseException:
+                        await trio.aclose_forcefully(socket_stream)
+                        raise
+        except trio.TooSlowError:
+            raise UpstreamConnectError(f"connect timed out after {within:g} s") from None
+        except (OSError, trio.BrokenResourceError) as exc:
+            raise UpstreamConnectError(_describe(exc.__cause__ or exc)) from exc
+        # trio turns Nagle off on its TCP streams: an SSE event is never held back for an ACK.
+        return _HeldWritesStream(stream, socket_stream.socket)
+
+    async def _checkin(self, target: _Target, connection: httpcore2.AsyncHTTP11Connection) -> None:
+        if not connection.is_idle():
+            return  # closed: the response was cut short, or the engine ended the connection
+        idle = self._idle.setdefault(target.origin, [])
+        if len(idle) < self._max_idle and not self._closed:
+            idle.append(connection)
+        else:
+            await connection.aclose()
+
+    async def _close_expired(self) -> None:
+        """Connections to replicas nobody asks for any more would otherwise stay open forever."""
+        for origin, idle in list(self._idle.items()):
+            keep = []
+            for connection in idle:
+                if connection.has_expired():
+                    await connection.aclose()
+                else:
+                    keep.append(connection)
+            if keep:
+                self._idle[origin] = keep
+            else:
+                del self._idle[origin]
 
     async def aclose(self) -> None:
-        for transport in self._transports:
-            await transport.aclose()
+        self._closed = True
+        idle, self._idle = self._idle, {}
+        for connections in idle.values():
+            for connection in connections:
+                await connection.aclose()
