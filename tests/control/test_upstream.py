@@ -1,0 +1,231 @@
+"""The upstream client's own pool: reuse, stale connections, bounds, abandoned responses, one write.
+
+Against a small h11 server written here, so each test can see what the engine sees: how many
+connections were opened, which were closed, and what arrived in which read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from functools import partial
+
+import attrs
+import h11
+import httpcore2
+import pytest
+import trio
+import trio.lowlevel
+
+from llmgw_control.router.upstream import Httpx2Upstream, UpstreamConnectError, _HeldWritesStream
+from llmgw_dev.engine_proc import free_port
+
+BODY = b'{"model": "m", "messages": []}'
+
+
+@attrs.define
+class Engine:
+    """What the server saw; ``close_idle`` makes it close each connection after one answer, silently."""
+
+    url: str = ""
+    close_idle: bool = False
+    body_chunks: int = 1
+    delay: float = 0.0
+    accepted: int = 0
+    closed_by_peer: int = 0
+    requests: list[bytes] = attrs.Factory(list)
+    idle_closes: int = 0
+    changed: trio.Event = attrs.Factory(trio.Event)
+
+    def note(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+    async def wait_for(self, predicate: Callable[[Engine], bool]) -> None:
+        with trio.fail_after(5):
+            while not predicate(self):
+                await self.changed.wait()
+
+
+async def _serve(engine: Engine, stream: trio.SocketStream) -> None:
+    engine.accepted += 1
+    engine.note()
+    conn = h11.Connection(h11.SERVER)
+    try:
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                data = await stream.receive_some(65536)
+                if not data:
+                    engine.closed_by_peer += 1
+                    engine.note()
+                    return
+                conn.receive_data(data)
+                continue
+            if isinstance(event, h11.Data):
+                engine.requests.append(bytes(event.data))
+            if isinstance(event, h11.EndOfMessage):
+                await trio.sleep(engine.delay)
+                piece = b'{"ok": true}'
+                head = conn.send(h11.Response(status_code=200, headers=[
+                    ("content-type", "application/json"),
+                    ("content-length", str(len(piece) * engine.body_chunks))]))
+                await stream.send_all(head or b"")
+                for _ in range(engine.body_chunks):
+                    await stream.send_all(conn.send(h11.Data(data=piece)) or b"")
+                    await trio.lowlevel.checkpoint()
+                conn.send(h11.EndOfMessage())
+                engine.note()
+                if engine.close_idle:
+                    # As llama-server does after a stream: keep-alive advertised, socket closed.
+                    await stream.aclose()
+                    engine.idle_closes += 1
+                    engine.note()
+                    return
+                conn.start_next_cycle()
+    except trio.BrokenResourceError:
+        engine.closed_by_peer += 1
+        engine.note()
+
+
+@asynccontextmanager
+async def running_engine(**kwargs: object) -> AsyncIterator[Engine]:
+    engine = Engine(**kwargs)  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, partial(_serve, engine), 0, host="127.0.0.1"))
+        engine.url = f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}/v1/chat/completions"
+        yield engine
+        nursery.cancel_scope.cancel()
+
+
+async def _post(upstream: Httpx2Upstream, url: str) -> bytes:
+    async with upstream.open("POST", url, headers=[("content-type", "application/json")], body=BODY,
+                             connect_timeout=5) as response:
+        assert response.status_code == 200
+        assert response.content_type() == "application/json"
+        parts = []
+        while (chunk := await response.next_chunk()) is not None:
+            parts.append(chunk)
+        return b"".join(parts)
+
+
+async def test_sequential_requests_reuse_one_connection() -> None:
+    async with running_engine() as engine:
+        upstream = Httpx2Upstream()
+        for _ in range(5):
+            assert await _post(upstream, engine.url) == b'{"ok": true}'
+        assert engine.accepted == 1
+        assert engine.requests == [BODY] * 5
+        await upstream.aclose()
+        await engine.wait_for(lambda e: e.closed_by_peer == 1)
+
+
+async def test_concurrent_requests_open_connections_that_are_then_reused() -> None:
+    async with running_engine(body_chunks=3) as engine:
+        upstream = Httpx2Upstream()
+        async with trio.open_nursery() as nursery:
+            for _ in range(4):
+                nursery.start_soon(_post, upstream, engine.url)
+        assert engine.accepted == 4
+        for _ in range(8):
+            await _post(upstream, engine.url)
+        assert engine.accepted == 4
+        await upstream.aclose()
+
+
+def _closed_idle(engine: Engine, done: int) -> bool:
+    return engine.idle_closes == done
+
+
+async def test_a_connection_the_engine_closed_while_idle_is_skipped() -> None:
+    async with running_engine(close_idle=True) as engine:
+        upstream = Httpx2Upstream()
+        for done in range(1, 4):
+            await _post(upstream, engine.url)
+            await engine.wait_for(partial(_closed_idle, done=done))
+        # Every request after the first found its pooled connection closed and opened another,
+        # with no error and no retry.
+        assert engine.accepted == 3
+        assert len(engine.requests) == 3
+        await upstream.aclose()
+
+
+async def test_leaving_a_response_unread_closes_its_connection() -> None:
+    async with running_engine(body_chunks=50) as engine:
+        upstream = Httpx2Upstream()
+        async with upstream.open("POST", engine.url, headers=[], body=BODY, connect_timeout=5) as response:
+            assert await response.next_chunk()
+        # This is how the engine learns that the client went away.
+        await engine.wait_for(lambda e: e.closed_by_peer == 1)
+        await _post(upstream, engine.url)
+        assert engine.accepted == 2
+        await upstream.aclose()
+
+
+async def test_cancelled_while_waiting_for_the_answer_closes_the_connection() -> None:
+    async with running_engine(delay=2.0) as engine:
+        upstream = Httpx2Upstream()
+        with trio.move_on_after(0.2) as waited:
+            await _post(upstream, engine.url)
+        assert waited.cancelled_caught
+        await engine.wait_for(lambda e: e.closed_by_peer == 1)
+        engine.delay = 0
+        await _post(upstream, engine.url)
+        assert engine.accepted == 2
+        await upstream.aclose()
+
+
+async def test_idle_connections_beyond_the_bound_are_closed() -> None:
+    async with running_engine(body_chunks=3) as engine:
+        upstream = Httpx2Upstream(max_idle_per_origin=2)
+        async with trio.open_nursery() as nursery:
+            for _ in range(5):
+                nursery.start_soon(_post, upstream, engine.url)
+        await engine.wait_for(lambda e: e.closed_by_peer == 3)
+        await upstream.aclose()
+        await engine.wait_for(lambda e: e.closed_by_peer == 5)
+
+
+async def test_refused_connection_and_bad_scheme_are_connect_errors() -> None:
+    upstream = Httpx2Upstream()
+    with pytest.raises(UpstreamConnectError):
+        await _post(upstream, f"http://127.0.0.1:{free_port()}/v1/chat/completions")
+    with pytest.raises(UpstreamConnectError, match="scheme"):
+        await _post(upstream, "ftp://127.0.0.1:1/v1/chat/completions")
+
+
+class _RecordingStream(trio.abc.Stream):
+    def __init__(self, answer: bytes) -> None:
+        self.writes: list[bytes] = []
+        self._answer = answer
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        self.writes.append(bytes(data))
+
+    async def wait_send_all_might_not_block(self) -> None:
+        pass
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        answer, self._answer = self._answer, b""
+        return answer
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_request_head_and_body_leave_in_one_write() -> None:
+    answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}"
+    stream = _RecordingStream(answer)
+    sock = trio.socket.socket()
+    try:
+        origin = httpcore2.Origin(b"http", b"e", 80)
+        connection = httpcore2.AsyncHTTP11Connection(origin, _HeldWritesStream(stream, sock))
+        request = httpcore2.Request(b"POST", "http://e/v1/chat/completions", content=BODY,
+                                    headers=[(b"host", b"e"), (b"content-length", str(len(BODY)).encode())])
+        response = await connection.handle_async_request(request)
+        assert response.status == 200
+        assert len(stream.writes) == 1
+        assert stream.writes[0].startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
+        assert stream.writes[0].endswith(b"\r\n\r\n" + BODY)
+    finally:
+        sock.close()
