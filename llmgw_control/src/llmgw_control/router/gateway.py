@@ -467,15 +467,27 @@ class Gateway:
     ) -> None:
         """Read the engine's stream into the relay queue; ends with None, or the error that ended it."""
         idle = self.config.idle_timeout
+        # Moving a cancel scope's deadline goes through trio's deadline heap: done twice per chunk
+        # it was a twentieth of a stream's CPU. The deadline is moved at most every ``slack``
+        # seconds instead, and set ``slack`` later than due, so it fires between ``idle`` and
+        # ``idle + slack`` after the last chunk: never early.
+        slack = min(1.0, idle / 10)
         async with arrived:
-            # One scope for the whole stream, its deadline moved per chunk: a new scope per chunk
-            # cost more than the chunk. Waiting on a full queue (a slow client) is not idleness.
-            with trio.CancelScope(deadline=trio.current_time() + idle) as waiting:
+            # Waiting on a full queue (a slow client) is not idleness: the deadline is lifted then.
+            with trio.CancelScope(deadline=trio.current_time() + idle + slack) as waiting:
+                refresh_at = trio.current_time() + slack
                 try:
                     while (chunk := await response.next_chunk()) is not None:
-                        waiting.deadline = math.inf
-                        await arrived.send(chunk)
-                        waiting.deadline = trio.current_time() + idle
+                        try:
+                            arrived.send_nowait(chunk)
+                        except trio.WouldBlock:
+                            waiting.deadline = math.inf
+                            await arrived.send(chunk)
+                            refresh_at = 0.0
+                        now = trio.current_time()
+                        if now >= refresh_at:
+                            waiting.deadline = now + idle + slack
+                            refresh_at = now + slack
                 except UpstreamBodyError as exc:
                     await arrived.send(ApiError(502, f"Replica {replica.id} broke off its response (phase: body): "
                                                      f"{exc}", code="upstream_broken"))
