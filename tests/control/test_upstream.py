@@ -120,6 +120,19 @@ async def test_sequential_requests_reuse_one_connection() -> None:
         await engine.wait_for(lambda e: e.closed_by_peer == 1)
 
 
+async def test_a_connection_is_back_in_the_pool_as_soon_as_its_body_ends() -> None:
+    # A client sends its next request the moment it has the last byte, which can be before the
+    # gateway has left the previous exchange: that request must find the connection idle.
+    async with running_engine() as engine:
+        upstream = Httpx2Upstream()
+        async with upstream.open("POST", engine.url, headers=[], body=BODY, connect_timeout=5) as response:
+            while await response.next_chunk() is not None:
+                pass
+            await _post(upstream, engine.url)
+        assert engine.accepted == 1
+        await upstream.aclose()
+
+
 async def test_concurrent_requests_open_connections_that_are_then_reused() -> None:
     async with running_engine(body_chunks=3) as engine:
         upstream = Httpx2Upstream()

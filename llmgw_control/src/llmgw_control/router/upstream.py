@@ -15,8 +15,9 @@ safe to retry once on a fresh connection), and ``UpstreamBodyError`` (the respon
 from __future__ import annotations
 
 import ssl
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from functools import partial
 from typing import Any, Protocol
 
 import attrs
@@ -71,8 +72,10 @@ def _describe(exc: BaseException) -> str:
 
 
 class _Response:
-    def __init__(self, response: httpcore2.Response) -> None:
+    def __init__(self, response: httpcore2.Response, release: Callable[[], Awaitable[None]]) -> None:
         self._response = response
+        self._release = release
+        self._closed = False
         self.status_code = response.status
         stream = response.stream
         assert isinstance(stream, AsyncIterable)
@@ -90,15 +93,30 @@ class _Response:
         try:
             return await anext(self._chunks)
         except StopAsyncIteration:
+            # The body is complete: the connection goes back to the pool now, before the client
+            # has its last bytes. A client sending its next request at once would otherwise find
+            # no idle connection and open a new one, every time.
+            await self.aclose()
             return None
         except _BODY_ERRORS as exc:
             raise UpstreamBodyError(_describe(exc)) from exc
 
     async def aclose(self) -> None:
-        chunks = self._chunks
-        if isinstance(chunks, AsyncGenerator):
-            await chunks.aclose()
-        await self._response.aclose()
+        """Close the response and give the connection back; closing an unfinished one closes it.
+
+        That close is how the engine learns that the client went away: shielded, so a
+        cancellation cannot skip it, and bounded, so a wedged close cannot hold the request.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        with trio.move_on_after(5) as scope:
+            scope.shield = True
+            chunks = self._chunks
+            if isinstance(chunks, AsyncGenerator):
+                await chunks.aclose()
+            await self._response.aclose()
+            await self._release()
 
 
 class _HeldWritesStream(httpcore2.AsyncNetworkStream):
@@ -203,16 +221,11 @@ class Httpx2Upstream:
             raise UpstreamClosedEarly(_describe(exc)) from exc
         except (httpcore2.ProtocolError, httpcore2.NetworkError, httpcore2.TimeoutException) as exc:
             raise UpstreamConnectError(_describe(exc)) from exc
-        relayed = _Response(response)
+        relayed = _Response(response, partial(self._checkin, target, connection))
         try:
             yield relayed
         finally:
-            # Closing an unfinished response closes its connection, which is how the engine
-            # learns that the client went away; shield it so cancellation cannot skip it.
-            with trio.move_on_after(5) as scope:
-                scope.shield = True
-                await relayed.aclose()
-                await self._checkin(target, connection)
+            await relayed.aclose()
 
     async def _checkout(self, target: _Target, connect_timeout: float) -> httpcore2.AsyncHTTP11Connection:
         now = trio.current_time()
