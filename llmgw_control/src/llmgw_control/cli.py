@@ -10,7 +10,7 @@ import trio
 
 from llmgw_shared import sdnotify
 from llmgw_shared.config import ConfigError
-from llmgw_shared.gcpause import keep_gc_pauses_short
+from llmgw_shared.gcpause import collect_young_generation_less_often, keep_gc_pauses_short
 from llmgw_shared.lifecycle import stop_on_signals
 from llmgw_shared.logs import get_logger, setup_logging
 
@@ -54,6 +54,7 @@ async def _run(config: ControlConfig) -> None:
     # Imported here so that config errors and --help answer without loading the web stack.
     from .app import run_control
 
+    collect_young_generation_less_often()
     shutdown = trio.Event()
     async with trio.open_nursery() as nursery:
         await nursery.start(stop_on_signals, shutdown)

@@ -21,6 +21,22 @@ from .logs import get_logger
 
 log = get_logger("llmgw.gc")
 
+# Python collects its youngest generation whenever tracked allocations outrun deallocations by
+# 700. A proxy's requests allocate a few thousand objects each and free nearly all of them by
+# reference counting a moment later, so the count crossed 700 on every small peak: at 128
+# requests in flight a young collection ran every ~10 requests, walked the suspended coroutines
+# of every request in flight (1-2 ms each) and promoted them, feeding 10 ms middle collections;
+# garbage collection was a tenth of the gateway's CPU and the reason throughput fell with
+# concurrency. At 20,000 the peaks no longer reach it: 9 young collections in 12,000 requests
+# instead of 1,443, and the garbage that only the collector frees (reference cycles) is still
+# collected, a few megabytes at most later.
+YOUNG_GENERATION_THRESHOLD = 20_000
+
+
+def collect_young_generation_less_often() -> None:
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(YOUNG_GENERATION_THRESHOLD, middle, old)
+
 
 async def keep_gc_pauses_short(*, freeze_every: float = 10.0, full_every: float = 1800.0) -> None:
     last_full = trio.current_time()
