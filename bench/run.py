@@ -269,18 +269,18 @@ def fake_engine_process(core: int | None) -> Iterator[tuple[str, int]]:
         _stop(proc)
 
 
-def gateway_available(binary: Path) -> bool:
-    if not binary.exists():
+def gateway_available(command: Sequence[str]) -> bool:
+    if not Path(command[-1]).exists():
         return False
-    probe = subprocess.run([str(binary), "run", "--help"], capture_output=True, text=True, check=False)
+    probe = subprocess.run([*command, "run", "--help"], capture_output=True, text=True, check=False)
     return probe.returncode == 0 and "--endpoint" in probe.stdout
 
 
 @contextmanager
-def gateway_process(binary: Path, engine_url: str, core: int | None, log_path: Path,
+def gateway_process(command: Sequence[str], engine_url: str, core: int | None, log_path: Path,
                     extra_args: Sequence[str]) -> Iterator[tuple[str, int]]:
     port, admin = free_port(), free_port()
-    cmd = [*_pin(core), str(binary), "run", "--listen", f"127.0.0.1:{port}",
+    cmd = [*_pin(core), *command, "run", "--listen", f"127.0.0.1:{port}",
            "--admin-listen", f"127.0.0.1:{admin}", "--endpoint", f"e1={engine_url}={MODEL}", *extra_args]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -381,6 +381,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="short run (fewer requests, shorter caps)")
     parser.add_argument("--gateway", type=Path, default=ROOT / ".venv" / "bin" / "llmgw-control")
     parser.add_argument("--gateway-arg", action="append", default=[], help="extra argument for `run`")
+    parser.add_argument("--bare", action="store_true",
+                        help="measure bench/bare_proxy.py (hypercorn + httpx2 and nothing else) instead: the "
+                             "floor of this stack, to tell llmgw's own cost from its framework's")
     parser.add_argument("--api-key", default=None, help="client key to send to the gateway, if it needs one")
     parser.add_argument("--concurrency", type=int, action="append", help="default: 1, 32, 128")
     parser.add_argument("--json", type=Path, help="also write the results here")
@@ -402,14 +405,16 @@ def main(argv: list[str] | None = None) -> int:
             return (150, 2.0) if c == 1 else (600, 3.0)
         return (2000, 8.0) if c == 1 else (4000, 12.0)
 
-    have_gateway = gateway_available(args.gateway)
+    gateway = [sys.executable, str(ROOT / "bench" / "bare_proxy.py")] if args.bare else [str(args.gateway)]
+    have_gateway = gateway_available(gateway)
     print(f"llmgw bench  {time.strftime('%Y-%m-%d %H:%M')}  {os.cpu_count()} cores  "
           f"{_cpu_model()}  python {sys.version.split()[0]}")
-    print(f"code: {_revision()}  nice {os.getpriority(os.PRIO_PROCESS, 0)}")
+    print(f"code: {_revision()}  nice {os.getpriority(os.PRIO_PROCESS, 0)}"
+          + ("  MEASURING bench/bare_proxy.py (the floor), not llmgw" if args.bare else ""))
     print(f"pinning: load generator + fake engine on core {gen_core}, gateway on core {gw_core}; "
           f"load average before the run {os.getloadavg()[0]:.2f} (other work on the machine skews results)")
     if not have_gateway:
-        print(f"{args.gateway} run --help failed: measuring the fake engine only; gateway figures pending")
+        print(f"{gateway[-1]} run --help failed: measuring the fake engine only; gateway figures pending")
     print("latencies in ms; cpu/req is the gateway's utime+stime per proxied request\n")
 
     rows: list[Row] = []
@@ -422,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="llmgw-bench-") as tmp, \
             fake_engine_process(gen_core) as (engine_url, engine_pid):
         log_path = Path(tmp) / "gateway.log"
-        with (gateway_process(args.gateway, engine_url, gw_core, log_path, args.gateway_arg)
+        with (gateway_process(gateway, engine_url, gw_core, log_path, args.gateway_arg)
               if have_gateway else _nothing()) as gw:
             for mode in ("non-stream", "stream"):
                 for c in levels:
