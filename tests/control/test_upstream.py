@@ -89,13 +89,18 @@ async def _serve(engine: Engine, stream: trio.SocketStream) -> None:
 
 
 @asynccontextmanager
-async def running_engine(**kwargs: object) -> AsyncIterator[Engine]:
+async def running_engine(max_idle: int = 256, **kwargs: object) -> AsyncIterator[tuple[Engine, Httpx2Upstream]]:
+    """The engine, and an upstream client that is closed when the block ends."""
     engine = Engine(**kwargs)  # type: ignore[arg-type]
+    upstream = Httpx2Upstream(max_idle_per_origin=max_idle)
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(partial(trio.serve_tcp, partial(_serve, engine), 0, host="127.0.0.1"))
         engine.url = f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}/v1/chat/completions"
-        yield engine
-        nursery.cancel_scope.cancel()
+        try:
+            yield engine, upstream
+        finally:
+            await upstream.aclose()
+            nursery.cancel_scope.cancel()
 
 
 async def _post(upstream: Httpx2Upstream, url: str) -> bytes:
@@ -110,8 +115,7 @@ async def _post(upstream: Httpx2Upstream, url: str) -> bytes:
 
 
 async def test_sequential_requests_reuse_one_connection() -> None:
-    async with running_engine() as engine:
-        upstream = Httpx2Upstream()
+    async with running_engine() as (engine, upstream):
         for _ in range(5):
             assert await _post(upstream, engine.url) == b'{"ok": true}'
         assert engine.accepted == 1
@@ -123,19 +127,16 @@ async def test_sequential_requests_reuse_one_connection() -> None:
 async def test_a_connection_is_back_in_the_pool_as_soon_as_its_body_ends() -> None:
     # A client sends its next request the moment it has the last byte, which can be before the
     # gateway has left the previous exchange: that request must find the connection idle.
-    async with running_engine() as engine:
-        upstream = Httpx2Upstream()
+    async with running_engine() as (engine, upstream):
         async with upstream.open("POST", engine.url, headers=[], body=BODY, connect_timeout=5) as response:
             while await response.next_chunk() is not None:
                 pass
             await _post(upstream, engine.url)
         assert engine.accepted == 1
-        await upstream.aclose()
 
 
 async def test_concurrent_requests_open_connections_that_are_then_reused() -> None:
-    async with running_engine(body_chunks=3) as engine:
-        upstream = Httpx2Upstream()
+    async with running_engine(body_chunks=3) as (engine, upstream):
         async with trio.open_nursery() as nursery:
             for _ in range(4):
                 nursery.start_soon(_post, upstream, engine.url)
@@ -143,7 +144,6 @@ async def test_concurrent_requests_open_connections_that_are_then_reused() -> No
         for _ in range(8):
             await _post(upstream, engine.url)
         assert engine.accepted == 4
-        await upstream.aclose()
 
 
 def _closed_idle(engine: Engine, done: int) -> bool:
@@ -151,8 +151,7 @@ def _closed_idle(engine: Engine, done: int) -> bool:
 
 
 async def test_a_connection_the_engine_closed_while_idle_is_skipped() -> None:
-    async with running_engine(close_idle=True) as engine:
-        upstream = Httpx2Upstream()
+    async with running_engine(close_idle=True) as (engine, upstream):
         for done in range(1, 4):
             await _post(upstream, engine.url)
             await engine.wait_for(partial(_closed_idle, done=done))
@@ -160,24 +159,20 @@ async def test_a_connection_the_engine_closed_while_idle_is_skipped() -> None:
         # with no error and no retry.
         assert engine.accepted == 3
         assert len(engine.requests) == 3
-        await upstream.aclose()
 
 
 async def test_leaving_a_response_unread_closes_its_connection() -> None:
-    async with running_engine(body_chunks=50) as engine:
-        upstream = Httpx2Upstream()
+    async with running_engine(body_chunks=50) as (engine, upstream):
         async with upstream.open("POST", engine.url, headers=[], body=BODY, connect_timeout=5) as response:
             assert await response.next_chunk()
         # This is how the engine learns that the client went away.
         await engine.wait_for(lambda e: e.closed_by_peer == 1)
         await _post(upstream, engine.url)
         assert engine.accepted == 2
-        await upstream.aclose()
 
 
 async def test_cancelled_while_waiting_for_the_answer_closes_the_connection() -> None:
-    async with running_engine(delay=2.0) as engine:
-        upstream = Httpx2Upstream()
+    async with running_engine(delay=2.0) as (engine, upstream):
         with trio.move_on_after(0.2) as waited:
             await _post(upstream, engine.url)
         assert waited.cancelled_caught
@@ -185,12 +180,10 @@ async def test_cancelled_while_waiting_for_the_answer_closes_the_connection() ->
         engine.delay = 0
         await _post(upstream, engine.url)
         assert engine.accepted == 2
-        await upstream.aclose()
 
 
 async def test_idle_connections_beyond_the_bound_are_closed() -> None:
-    async with running_engine(body_chunks=3) as engine:
-        upstream = Httpx2Upstream(max_idle_per_origin=2)
+    async with running_engine(max_idle=2, body_chunks=3) as (engine, upstream):
         async with trio.open_nursery() as nursery:
             for _ in range(5):
                 nursery.start_soon(_post, upstream, engine.url)
