@@ -6,9 +6,11 @@ connections were opened, which were closed, and what arrived in which read.
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
+from pathlib import Path
 
 import attrs
 import h11
@@ -16,6 +18,7 @@ import httpcore2
 import pytest
 import trio
 import trio.lowlevel
+import trustme
 
 from llmgw_control.router.upstream import Httpx2Upstream, UpstreamConnectError, _HeldWritesStream
 from llmgw_dev.engine_proc import free_port
@@ -47,7 +50,7 @@ class Engine:
                 await self.changed.wait()
 
 
-async def _serve(engine: Engine, stream: trio.SocketStream) -> None:
+async def _serve(engine: Engine, stream: trio.abc.Stream) -> None:
     engine.accepted += 1
     engine.note()
     conn = h11.Connection(h11.SERVER)
@@ -60,7 +63,7 @@ async def _serve(engine: Engine, stream: trio.SocketStream) -> None:
                     engine.closed_by_peer += 1
                     engine.note()
                     return
-                conn.receive_data(data)
+                conn.receive_data(bytes(data))
                 continue
             if isinstance(event, h11.Data):
                 engine.requests.append(bytes(event.data))
@@ -190,6 +193,30 @@ async def test_idle_connections_beyond_the_bound_are_closed() -> None:
         await engine.wait_for(lambda e: e.closed_by_peer == 3)
         await upstream.aclose()
         await engine.wait_for(lambda e: e.closed_by_peer == 5)
+
+
+async def test_an_https_engine_is_reached_over_tls_and_its_connection_reused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ca.pem"))  # httpx2's context trusts it
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_context)
+    engine = Engine()
+
+    async def serve_tls(stream: trio.SocketStream) -> None:
+        await _serve(engine, trio.SSLStream(stream, server_context, server_side=True))
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, serve_tls, 0, host="127.0.0.1"))
+        url = f"https://127.0.0.1:{listeners[0].socket.getsockname()[1]}/v1/chat/completions"
+        upstream = Httpx2Upstream()
+        assert await _post(upstream, url) == b'{"ok": true}'
+        assert await _post(upstream, url) == b'{"ok": true}'
+        assert engine.accepted == 1
+        await upstream.aclose()
+        nursery.cancel_scope.cancel()
 
 
 async def test_refused_connection_and_bad_scheme_are_connect_errors() -> None:
