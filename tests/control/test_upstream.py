@@ -219,6 +219,15 @@ async def test_an_https_engine_is_reached_over_tls_and_its_connection_reused(
         nursery.cancel_scope.cancel()
 
 
+def test_the_host_header_names_the_origin_as_http_wants_it() -> None:
+    upstream = Httpx2Upstream()
+    assert upstream._target("http://10.0.0.5/v1/chat/completions").host_header == b"10.0.0.5"
+    assert upstream._target("http://10.0.0.5:8080/v1/x").host_header == b"10.0.0.5:8080"
+    assert upstream._target("https://engine.example/v1/x").host_header == b"engine.example"
+    assert upstream._target("http://[::1]:8080/prefix/v1/x").host_header == b"[::1]:8080"
+    assert upstream._target("http://[::1]:8080/prefix/v1/x").url.target == b"/prefix/v1/x"
+
+
 async def test_refused_connection_and_bad_scheme_are_connect_errors() -> None:
     upstream = Httpx2Upstream()
     with pytest.raises(UpstreamConnectError):

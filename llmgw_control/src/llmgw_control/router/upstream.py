@@ -200,7 +200,9 @@ class Httpx2Upstream:
                 raise UpstreamConnectError(f"unsupported URL scheme in {url!r}")
             origin = parsed.origin
             default_port = 443 if origin.scheme == b"https" else 80
-            host = origin.host if origin.port == default_port else b"%s:%d" % (origin.host, origin.port)
+            host = b"[%s]" % origin.host if b":" in origin.host else origin.host  # an IPv6 literal
+            if origin.port != default_port:
+                host = b"%s:%d" % (host, origin.port)
             target = self._targets[url] = _Target(parsed, (origin.scheme, origin.host, origin.port), host)
         return target
 
