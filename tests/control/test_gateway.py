@@ -8,7 +8,15 @@ from typing import Any
 import httpx2
 import pytest
 import trio
+import trio.lowlevel
+import trio.testing
+from prometheus_client import CollectorRegistry
 
+from llmgw_control.config import RouterConfig
+from llmgw_control.metrics import GatewayMetrics
+from llmgw_control.router.errors import ApiError
+from llmgw_control.router.gateway import Gateway
+from llmgw_control.router.replicas import Replica, ReplicaSet
 from llmgw_dev.engine_proc import free_port
 from llmgw_dev.fake_engine import FakeEngine, FakeEngineBehavior, run_fake_engine
 from support.gateway import chat_body, endpoint, running_gateway
@@ -355,3 +363,65 @@ async def test_a_client_that_hangs_up_right_after_done_is_not_an_abort(fake_engi
         assert await gw.settled_metric("llmgw_requests_total", ok, expect=20) == 20
         tokens = {"model": "fake-model", "kind": "completion"}
         assert await gw.settled_metric("llmgw_tokens_total", tokens, expect=60) == 60
+
+
+class _InstantStream:
+    """An engine answer whose chunks are all there at once, as when the client is the slow side."""
+
+    status_code = 200
+
+    def __init__(self, chunks: int, then_stall: bool = False) -> None:
+        self._left = chunks
+        self._then_stall = then_stall
+
+    def content_type(self) -> str:
+        return "text/event-stream"
+
+    async def next_chunk(self) -> bytes | None:
+        await trio.lowlevel.checkpoint()
+        if self._left == 0:
+            if self._then_stall:
+                await trio.sleep_forever()
+            return None
+        self._left -= 1
+        return b'data: {"x": 1}\n\n'
+
+
+def _stream_gateway(idle_timeout: float) -> Gateway:
+    return Gateway(ReplicaSet(), upstream=None,  # type: ignore[arg-type]
+                   metrics=GatewayMetrics(CollectorRegistry()), config=RouterConfig(idle_timeout=idle_timeout))
+
+
+async def test_a_client_slower_than_the_engine_is_not_an_idle_engine(autojump_clock: trio.testing.MockClock) -> None:
+    # 500 chunks against a queue of 64: the reader waits on the full queue while the client
+    # takes 2 s per read, far past the 1 s idle timeout. That wait is the client's, not the engine's.
+    gateway = _stream_gateway(idle_timeout=1.0)
+    arrived, collected = trio.open_memory_channel[Any](64)
+    replica = Replica("r1", "http://r1", frozenset({"m"}))
+    got: list[Any] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(gateway._read_stream, replica, _InstantStream(500), arrived)
+        async with collected:
+            async for item in collected:
+                got.append(item)
+                if len(got) % 100 == 0:
+                    await trio.sleep(2.0)
+    assert len(got) == 501
+    assert got[-1] is None
+
+
+async def test_an_engine_that_stops_sending_is_cut_after_the_idle_timeout_not_before(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    gateway = _stream_gateway(idle_timeout=1.0)
+    arrived, collected = trio.open_memory_channel[Any](64)
+    replica = Replica("r1", "http://r1", frozenset({"m"}))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(gateway._read_stream, replica, _InstantStream(3, then_stall=True), arrived)
+        async with collected:
+            items = [item async for item in collected]
+            stalled_for = trio.current_time()
+    assert items[:3] == [b'data: {"x": 1}\n\n'] * 3
+    assert isinstance(items[-1], ApiError) and items[-1].status == 504
+    # Cut between idle_timeout and idle_timeout + its slack (a tenth of it) after the last chunk.
+    assert 1.0 <= stalled_for <= 1.0 + 0.1 + 0.01
