@@ -164,6 +164,17 @@ async def test_a_connection_the_engine_closed_while_idle_is_skipped() -> None:
         assert len(engine.requests) == 3
 
 
+async def test_idle_connections_the_engine_closed_are_swept_even_if_nobody_asks_for_it_again() -> None:
+    async with running_engine(close_idle=True) as (gone, _), running_engine() as (other, _):
+        upstream = Httpx2Upstream(sweep_every=0)
+        await _post(upstream, gone.url)
+        await gone.wait_for(lambda e: e.idle_closes == 1)
+        assert len(upstream._idle) == 1
+        await _post(upstream, other.url)  # any checkout sweeps (here every time)
+        assert [origin[2] for origin in upstream._idle] == [int(other.url.split(":")[2].split("/")[0])]
+        await upstream.aclose()
+
+
 async def test_leaving_a_response_unread_closes_its_connection() -> None:
     async with running_engine(body_chunks=50) as (engine, upstream):
         async with upstream.open("POST", engine.url, headers=[], body=BODY, connect_timeout=5) as response:

@@ -180,8 +180,10 @@ class Httpx2Upstream:
     and puts it back when the response is done.
     """
 
-    def __init__(self, *, max_idle_per_origin: int = 256, keepalive_expiry: float = 30.0) -> None:
+    def __init__(self, *, max_idle_per_origin: int = 256, keepalive_expiry: float = 30.0,
+                 sweep_every: float = 10.0) -> None:
         self._max_idle = max_idle_per_origin
+        self._sweep_every = sweep_every
         self._keepalive_expiry = keepalive_expiry
         self._idle: dict[tuple[bytes, bytes, int], list[httpcore2.AsyncHTTP11Connection]] = {}
         self._targets: dict[str, _Target] = {}
@@ -232,7 +234,7 @@ class Httpx2Upstream:
     async def _checkout(self, target: _Target, connect_timeout: float) -> httpcore2.AsyncHTTP11Connection:
         now = trio.current_time()
         if now >= self._next_sweep:
-            self._next_sweep = now + 10.0
+            self._next_sweep = now + self._sweep_every
             await self._close_expired()
         idle = self._idle.get(target.origin)
         while idle:
@@ -281,17 +283,20 @@ class Httpx2Upstream:
 
     async def _close_expired(self) -> None:
         """Connections to replicas nobody asks for any more would otherwise stay open forever."""
+        # Sorted out before the first await: a close yields, and a request taking or returning a
+        # connection meanwhile must find the idle lists whole (an in-use connection left in one
+        # would be handed out twice).
+        expired: list[httpcore2.AsyncHTTP11Connection] = []
         for origin, idle in list(self._idle.items()):
-            keep = []
+            keep: list[httpcore2.AsyncHTTP11Connection] = []
             for connection in idle:
-                if connection.has_expired():
-                    await connection.aclose()
-                else:
-                    keep.append(connection)
+                (expired if connection.has_expired() else keep).append(connection)
             if keep:
                 self._idle[origin] = keep
             else:
                 del self._idle[origin]
+        for connection in expired:
+            await connection.aclose()
 
     async def aclose(self) -> None:
         self._closed = True
