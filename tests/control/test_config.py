@@ -62,6 +62,9 @@ api_key = "k"
     ("[[endpoints]]\nid = 'a'\nurl = 'http://h:x'\nmodels = ['m']", "invalid port"),
     ("[[endpoints]]\nid = 'a'\nurl = 'h:1'\nmodels = ['m']", "not an http(s) URL"),
     ("listen = ", "not valid TOML"),
+    ("admin_hosts = ['http://control.example']", "admin_hosts: 'http://control.example' is not a host name"),
+    ("admin_hosts = ['control.example:8081']", "is not a host name (no scheme, port or path)"),
+    ("admin_hosts = 'control.example'", "admin_hosts: expected a list, got a string"),
 ])
 def test_bad_files_are_refused_by_name(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(ConfigError) as error:

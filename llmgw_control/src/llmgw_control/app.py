@@ -22,6 +22,7 @@ from llmgw_shared.wire import EngineSpec, StartShard
 from .admin.api.catalog_service import ModelService, stored_models
 from .admin.app import make_admin_app, make_metrics_app
 from .admin.dashboard import client_dashboard, open_dashboard, register_admin_dashboard
+from .admin.host_guard import AdminHostGuard
 from .catalog import Catalog
 from .config import ControlConfig
 from .fleet.agents import AgentService, Role
@@ -287,7 +288,8 @@ async def run_control(
             admin_app = make_admin_app(registry, fleet, tenancy=tenancy, models=models)
             register_admin_dashboard(admin_app, dashboard)
             client_pages.admin_api = admin_app
-            admin_url = await nursery.start(partial(serve, admin_app, config.admin_listen, name="admin"))
+            admin_url = await nursery.start(partial(serve, AdminHostGuard(admin_app, config.admin_hosts),
+                                                    config.admin_listen, name="admin"))
             metrics_url = None
             if config.metrics_listen:
                 metrics_url = await nursery.start(partial(serve, make_metrics_app(registry), config.metrics_listen,

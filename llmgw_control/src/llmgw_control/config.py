@@ -81,6 +81,8 @@ class LeadershipConfig:
 class ControlConfig:
     listen: str = "127.0.0.1:8080"
     admin_listen: str = "127.0.0.1:8081"
+    # Names the admin listener answers to besides IP addresses and localhost (DNS rebinding guard).
+    admin_hosts: list[str] = attrs.Factory(list)
     metrics_listen: str = ""
     # In-flight requests get this long to finish after SIGTERM before they are cut.
     shutdown_grace: float = 30.0
@@ -106,6 +108,7 @@ class ControlConfig:
 _converter = strict_converter()
 _ENDPOINT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}$")
 _LOG_LEVELS = ("debug", "info", "warning", "error")
+_HOST_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9\-]{0,62})(\.[A-Za-z0-9]([A-Za-z0-9\-]{0,62}))*\.?$")
 
 
 def validate_engine_url(url: str, *, what: str) -> str:
@@ -132,6 +135,10 @@ def validate(config: ControlConfig) -> ControlConfig:
         parse_host_port(getattr(config, name), what=name)
     if config.metrics_listen:
         parse_host_port(config.metrics_listen, what="metrics_listen")
+    for name in config.admin_hosts:
+        if not _HOST_NAME.match(name):
+            raise ConfigError(f"admin_hosts: {name!r} is not a host name (no scheme, port or path), "
+                              "e.g. control.mgmt.example")
     if config.log_level not in _LOG_LEVELS:
         raise ConfigError(f"log_level must be one of {', '.join(_LOG_LEVELS)}, got {config.log_level!r}")
     if config.log_format not in ("auto", "json", "text"):

@@ -21,6 +21,8 @@ from .config import ControlConfig, EndpointConfig, load_config
 DOCS: dict[str, str] = {
     "ControlConfig.listen": "Client API address (the OpenAI endpoints), host:port; 0.0.0.0 for every address.",
     "ControlConfig.admin_listen": "Admin REST API, dashboard and /metrics, host:port; keep it on loopback.",
+    "ControlConfig.admin_hosts": "Host names the admin listener answers to besides IP addresses and localhost, "
+                                 "e.g. [\"control.mgmt.example\"] (others are refused: DNS rebinding).",
     "ControlConfig.metrics_listen": "An extra listener serving only /metrics, host:port (empty: none).",
     "ControlConfig.shutdown_grace": "Seconds in-flight requests get to finish after SIGTERM before they are cut.",
     "ControlConfig.log_level": "debug, info, warning or error.",
