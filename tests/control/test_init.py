@@ -100,3 +100,9 @@ def test_an_address_in_use_is_one_line_not_a_traceback(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "llmgw-control: cannot start: " in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_shipped_example_is_what_init_writes() -> None:
+    # A changed default or help line reaches examples/control.toml only by running init again.
+    example = Path(__file__).resolve().parents[2] / "examples" / "control.toml"
+    assert example.read_text() == render_config(), "regenerate: llmgw-control init --force -o examples/control.toml"
