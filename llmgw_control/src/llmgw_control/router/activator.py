@@ -42,6 +42,8 @@ class Activator:
         self._wake = wake
         self._status = status
         self._published: dict[str, trio.Event] = {}
+        # Set while this daemon is a standby (the leader's agent address, or ""); None: leading.
+        self._standby: str | None = None
         replicas.on_publish = self._on_publish
 
     def _on_publish(self, key: str) -> None:
@@ -49,12 +51,33 @@ class Activator:
         if event is not None:
             event.set()
 
+    def stand_down(self, leader_address: str) -> None:
+        """This daemon stopped leading: the replica its waiters wait for will never be started here.
+
+        They would otherwise wait out ``max_wait``; they get the standby's 503 naming the leader
+        now, which a client retrying through a load balancer turns into a request to the leader.
+        """
+        self._standby = leader_address
+        published, self._published = self._published, {}
+        for event in published.values():
+            event.set()
+
+    def lead(self) -> None:
+        self._standby = None
+
+    def _standby_error(self) -> ApiError:
+        return ApiError(503, f"This llmgw control daemon stepped down while the model was starting; the leader "
+                             f"is {self._standby or 'unknown'}. Retry (through the load balancer) to reach it.",
+                        code="standby", headers=(("retry-after", "1"),))
+
     def queue_depth(self) -> int:
         return sum(self.waiting.values())
 
     async def wait_ready(self, key: str) -> None:
         if self.replicas.for_model(key):
             return
+        if self._standby is not None:
+            raise self._standby_error()
         if self.waiting.get(key, 0) >= self.config.queue_size:
             raise ApiError(503, f"Model '{key}' is starting and {self.config.queue_size} requests already wait "
                                 "for it; retry shortly.", code="model_queue_full", headers=(("retry-after", "5"),))
@@ -64,6 +87,8 @@ class Activator:
             with trio.move_on_after(self.config.max_wait):
                 while not self.replicas.for_model(key):
                     await self._published.setdefault(key, trio.Event()).wait()
+                    if self._standby is not None:
+                        raise self._standby_error()
                 return
         finally:
             self.waiting[key] -= 1
