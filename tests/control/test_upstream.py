@@ -166,12 +166,19 @@ async def test_a_connection_the_engine_closed_while_idle_is_skipped() -> None:
 
 async def test_idle_connections_the_engine_closed_are_swept_even_if_nobody_asks_for_it_again() -> None:
     async with running_engine(close_idle=True) as (gone, _), running_engine() as (other, _):
-        upstream = Httpx2Upstream(sweep_every=0)
-        await _post(upstream, gone.url)
-        await gone.wait_for(lambda e: e.idle_closes == 1)
-        assert len(upstream._idle) == 1
-        await _post(upstream, other.url)  # any checkout sweeps (here every time)
-        assert [origin[2] for origin in upstream._idle] == [int(other.url.split(":")[2].split("/")[0])]
+        upstream = Httpx2Upstream(sweep_every=2.0)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(upstream.run)
+            await _post(upstream, gone.url)
+            await gone.wait_for(lambda e: e.idle_closes == 1)
+            assert len(upstream._idle) == 1
+            await _post(upstream, other.url)
+            other_port = int(other.url.split(":")[2].split("/")[0])
+            with trio.fail_after(10):  # the sweep's next turn, not any request, closes it
+                while len(upstream._idle) != 1 or next(iter(upstream._idle))[2] != other_port:
+                    await trio.sleep(0.05)
+            assert [origin[2] for origin in upstream._idle] == [other_port]
+            nursery.cancel_scope.cancel()
         await upstream.aclose()
 
 

@@ -53,7 +53,6 @@ from .router.replicas import Replica, ReplicaSet
 from .router.upstream import Httpx2Upstream, UpstreamClient
 from .serving import serve_asgi
 from .store import LeaseKeeper, Store, is_postgres_url, open_store
-from .store import Role as LeaseRole
 from .tenancy.admission import TenancyAdmission
 from .tenancy.keys import KeyDigester, load_or_create_server_secret
 from .tenancy.service import TenancyService
@@ -139,14 +138,6 @@ def _public_url(config: ControlConfig, bound: str) -> str:
 
 def data_dir_of(config: ControlConfig) -> Path:
     return Path(config.data_dir) if config.data_dir else default_data_dir()
-
-
-def _follow_role(activator: Activator, role: LeaseRole) -> None:
-    """Requests waiting for a model to start on a daemon that stopped leading are answered at once."""
-    if role.leader:
-        activator.lead()
-    else:
-        activator.stand_down(role.leader_address or "")
 
 
 def advertised_agent_url(config: ControlConfig, bound: str) -> str:
@@ -242,6 +233,7 @@ async def run_control(
     serve = partial(serve_asgi, shutdown=shutdown, grace=grace)
     try:
         async with open_tenancy(config, data_dir_of(config)) as tenancy, trio.open_nursery() as nursery:
+            nursery.start_soon(client.run)
             if tenancy_status is not None:
                 tenancy_status.append(tenancy)
             fleet = None
@@ -271,8 +263,7 @@ async def run_control(
                 keeper = LeaseKeeper(tenancy.store.lease, new_holder(), advertised_agent_url(config, agent_url),
                                      ttl=lead.ttl, renew_interval=lead.renew_interval)
                 fleet.leadership = Leadership(keeper, fleet.agents, fleet.reconciler, fleet.inventory,
-                                              settle=lead.settle)
-                keeper.on_change(partial(_follow_role, fleet.activator))
+                                              settle=lead.settle, activator=fleet.activator)
                 # Before the reconciler can run: it restores stored cordons, so nothing is placed
                 # on a node an operator cordoned before this restart.
                 models = ModelService(fleet.catalog, fleet.reconciler, tenancy.store, fleet.files,

@@ -10,8 +10,9 @@ change into action at once, in the keeper's own task (synchronously, before the 
   duplicates of engines that are still running.
 * **standby** (or stepping down) — the reconciler is cancelled, every agent connection is closed,
   new nodes are refused with ``standby, leader is <address>``, the replicas this daemon published
-  are withdrawn, and the client API answers 503 naming the leader (``StandbyGate``). A standby does
-  not serve client traffic: see docs/failover.md for why.
+  are withdrawn, requests waiting in the activator for a model to start get the standby 503 at
+  once, and the client API answers 503 naming the leader (``StandbyGate``). A standby does not
+  serve client traffic: see docs/failover.md for why.
 
 ``cluster_secret`` gives every daemon on one PostgreSQL store the same shard-key and key-digest
 secrets, created once in the database by whichever daemon comes first.
@@ -30,16 +31,17 @@ import trio
 
 from llmgw_shared.logs import get_logger
 
+from .asgi import Receive, Scope, Send, send_json
 from .fleet.agents import AgentService
 from .fleet.agents import Role as AgentRole
 from .fleet.inventory import Inventory
 from .fleet.reconciler import Reconciler
-from .router.errors import ApiError
+from .router.activator import Activator
+from .router.errors import standby
 from .store import Lease, LeaseKeeper, Role, Store
 
 log = get_logger("llmgw.leadership")
 
-Scope = dict[str, Any]
 
 
 def new_holder() -> str:
@@ -69,11 +71,13 @@ class Leadership:
         inventory: Inventory,
         *,
         settle: float = 3.0,
+        activator: Activator | None = None,
     ) -> None:
         self.keeper = keeper
         self.agents = agents
         self.reconciler = reconciler
         self.inventory = inventory
+        self.activator = activator
         self.settle = settle
         self._lead_scope: trio.CancelScope | None = None
         # Until the keeper has spoken, refuse nodes: two daemons starting together must not both
@@ -92,9 +96,14 @@ class Leadership:
             assert role.epoch is not None
             self.reconciler.fencing_token = role.epoch
             self.agents.role = AgentRole(leader=True, leader_address=self.keeper.address)
+            if self.activator is not None:
+                self.activator.lead()
             return
         was_leading = self.agents.role.leader
         self.agents.role = AgentRole(leader=False, leader_address=role.leader_address or "")
+        if self.activator is not None:
+            # Requests waiting for a model to start here would wait for a start that never comes.
+            self.activator.stand_down(role.leader_address or "")
         if self._lead_scope is not None:
             self._lead_scope.cancel()
         if was_leading:
@@ -153,24 +162,19 @@ class StandbyGate:
         self.app = app
         self.leadership = leadership
 
-    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         role = self.leadership.role
         if scope["type"] != "http" or role.leader:
             await self.app(scope, receive, send)
             return
-        leader = role.leader_address or "unknown"
         if scope["path"] == "/healthz":
             body = json.dumps({"status": "standby", "leader": role.leader_address}).encode()
         else:
-            body = ApiError(503, f"This llmgw control daemon is a standby; the leader is {leader}. "
-                                 "Send requests to the leader (a load balancer checking /healthz does).",
-                            code="standby").encoded()
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                   (b"retry-after", b"1")]
+            body = standby(role.leader_address).encoded()
+        headers = [(b"retry-after", b"1")]
         if role.leader_address:
             headers.append((b"x-llmgw-leader", role.leader_address.encode()))
-        await send({"type": "http.response.start", "status": 503, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await send_json(send, 503, body, headers)
 
 
 # --------------------------------------------------------------------------- cluster secrets

@@ -16,13 +16,11 @@ The client port's ``/admin`` is not behind this guard: it has its own login and 
 from __future__ import annotations
 
 import ipaddress
-import json
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import Iterable
 from typing import Any
 
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
+from ..asgi import Receive, Scope, Send
+from .api.core import send_error
 
 OPEN_PATHS = frozenset({"/metrics", "/healthz"})
 
@@ -67,10 +65,7 @@ async def _refuse(scope: Scope, send: Send, host: str) -> None:
     if scope["type"] == "websocket":
         await send({"type": "websocket.close", "code": 1008})
         return
-    message = (f"This admin listener does not answer to the name {host_name(host)!r}. If it is one of yours, "
-               "add it to admin_hosts in the control config.")
-    body = json.dumps({"error": {"message": message, "code": "host_not_allowed", "field": None}}).encode()
     # 421 Misdirected Request: this server is not the one for that name.
-    await send({"type": "http.response.start", "status": 421,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
+    await send_error(send, 421, "host_not_allowed",
+                     f"This admin listener does not answer to the name {host_name(host)!r}. If it is one of "
+                     "yours, add it to admin_hosts in the control config.")

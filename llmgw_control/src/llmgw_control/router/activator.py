@@ -13,7 +13,7 @@ from collections.abc import Callable
 import attrs
 import trio
 
-from .errors import ApiError
+from .errors import ApiError, standby
 from .replicas import ReplicaSet
 
 
@@ -65,11 +65,6 @@ class Activator:
     def lead(self) -> None:
         self._standby = None
 
-    def _standby_error(self) -> ApiError:
-        return ApiError(503, f"This llmgw control daemon stepped down while the model was starting; the leader "
-                             f"is {self._standby or 'unknown'}. Retry (through the load balancer) to reach it.",
-                        code="standby", headers=(("retry-after", "1"),))
-
     def queue_depth(self) -> int:
         return sum(self.waiting.values())
 
@@ -77,7 +72,7 @@ class Activator:
         if self.replicas.for_model(key):
             return
         if self._standby is not None:
-            raise self._standby_error()
+            raise standby(self._standby)
         if self.waiting.get(key, 0) >= self.config.queue_size:
             raise ApiError(503, f"Model '{key}' is starting and {self.config.queue_size} requests already wait "
                                 "for it; retry shortly.", code="model_queue_full", headers=(("retry-after", "5"),))
@@ -88,7 +83,7 @@ class Activator:
                 while not self.replicas.for_model(key):
                     await self._published.setdefault(key, trio.Event()).wait()
                     if self._standby is not None:
-                        raise self._standby_error()
+                        raise standby(self._standby)
                 return
         finally:
             self.waiting[key] -= 1

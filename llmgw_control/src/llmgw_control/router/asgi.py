@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .gateway import Gateway, Receive, Scope, Send
+from ..asgi import Receive, Scope, Send
+from .gateway import Gateway
 
 
 class ClientApp:

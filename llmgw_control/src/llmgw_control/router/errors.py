@@ -59,6 +59,13 @@ def invalid_request(message: str, *, param: str | None = None, code: str | None 
     return ApiError(400, message, code=code, param=param)
 
 
+def standby(leader_address: str | None) -> ApiError:
+    """What a client gets from a control daemon that is not (or no longer) the leader."""
+    return ApiError(503, f"This llmgw control daemon is a standby; the leader is {leader_address or 'unknown'}. "
+                         "Send requests to the leader (a load balancer checking /healthz does).",
+                    code="standby", headers=(("retry-after", "1"),))
+
+
 def model_not_found(model: str, available: list[str]) -> ApiError:
     known = ", ".join(available) if available else "none are configured"
     return ApiError(

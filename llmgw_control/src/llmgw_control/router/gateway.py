@@ -17,13 +17,13 @@ import math
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import trio
 
 from llmgw_shared.logs import get_logger, request_context
 
+from ..asgi import Receive, Scope, Send
 from ..config import RouterConfig
 from ..metrics import GatewayMetrics
 from ..tenancy.admission import Admission, Ticket
@@ -35,10 +35,6 @@ from .replicas import Replica, ReplicaSet
 from .requests import ENDPOINTS, ClientGone, ParsedRequest, parse_request, read_body
 from .upstream import UpstreamBodyError, UpstreamClient, UpstreamClosedEarly, UpstreamConnectError, UpstreamResponse
 from .usage import StreamTail, Usage, find_usage
-
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 log = get_logger("llmgw.router")
 access_log = get_logger("llmgw.access")

@@ -58,6 +58,10 @@ class UpstreamClient(Protocol):
         """Response headers are in when it enters; the body streams after; exit closes the request."""
         ...
 
+    async def run(self) -> None:
+        """Upkeep until cancelled (closing connections nobody will use again)."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -188,7 +192,6 @@ class Httpx2Upstream:
         self._idle: dict[tuple[bytes, bytes, int], list[httpcore2.AsyncHTTP11Connection]] = {}
         self._targets: dict[str, _Target] = {}
         self._ssl_context: ssl.SSLContext | None = None
-        self._next_sweep = 0.0
         self._extensions = {"timeout": {"connect": None, "read": None, "write": None, "pool": None}}
         self._closed = False
 
@@ -232,10 +235,6 @@ class Httpx2Upstream:
             await relayed.aclose()
 
     async def _checkout(self, target: _Target, connect_timeout: float) -> httpcore2.AsyncHTTP11Connection:
-        now = trio.current_time()
-        if now >= self._next_sweep:
-            self._next_sweep = now + self._sweep_every
-            await self._close_expired()
         idle = self._idle.get(target.origin)
         while idle:
             connection = idle.pop()
@@ -281,8 +280,18 @@ class Httpx2Upstream:
         else:
             await connection.aclose()
 
+    async def run(self) -> None:
+        """Close expired idle connections every ``sweep_every`` seconds.
+
+        Connections to replicas nobody asks for any more would otherwise stay open forever. Done
+        in a task of its own rather than on a request's checkout: the sweep polls every idle
+        connection, and a request should not pay for that.
+        """
+        while True:
+            await trio.sleep(self._sweep_every)
+            await self._close_expired()
+
     async def _close_expired(self) -> None:
-        """Connections to replicas nobody asks for any more would otherwise stay open forever."""
         # Sorted out before the first await: a close yields, and a request taking or returning a
         # connection meanwhile must find the idle lists whole (an in-use connection left in one
         # would be handed out twice).

@@ -30,6 +30,7 @@ from werkzeug.exceptions import HTTPException
 from llmgw_shared.config import strict_converter
 from llmgw_shared.logs import get_logger
 
+from ...asgi import Send, send_json
 from ...store import Conflict, InvalidInput, NotFound, StoreError, StoreUnavailable
 
 log = get_logger("llmgw.admin")
@@ -62,9 +63,18 @@ def conflict(message: str, field: str | None = None, code: str = "conflict") -> 
     return ApiError(409, code, message, field)
 
 
+def error_json(code: str, message: str, field: str | None = None) -> bytes:
+    """The admin API's one error shape."""
+    return json.dumps({"error": {"message": message, "code": code, "field": field}}).encode()
+
+
 def error_body(status: int, code: str, message: str, field: str | None = None) -> Response:
-    body = {"error": {"message": message, "code": code, "field": field}}
-    return Response(json.dumps(body), status=status, content_type="application/json")
+    return Response(error_json(code, message, field), status=status, content_type="application/json")
+
+
+async def send_error(send: Send, status: int, code: str, message: str) -> None:
+    """The same error from the plain ASGI layers in front of the admin app."""
+    await send_json(send, status, error_json(code, message))
 
 
 def from_store_error(exc: StoreError) -> ApiError:

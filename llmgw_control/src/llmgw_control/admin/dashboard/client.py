@@ -9,9 +9,9 @@ under ``/admin`` is the dashboard's pages. Other paths go to ``otherwise`` (the 
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from ..api.core import send_error
 from .session import UNSAFE_METHODS, csrf_ok, same_origin
 from .views import Dashboard
 
@@ -57,21 +57,21 @@ class ClientDashboard:
         elif self.otherwise is not None:
             await self.otherwise(scope, receive, send)
         else:
-            await _json(send, 404, "Not found.", "not_found")
+            await send_error(send, 404, "not_found", "Not found.")
 
     async def _api(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         headers = _Headers(scope)
         found = self.dash.session_of(headers)
         if found is None:
-            await _json(send, 401, "Log in to the dashboard with an admin key first.", "login_required")
+            await send_error(send, 401, "login_required", "Log in to the dashboard with an admin key first.")
             return
         session, key = found
         if self.admin_api is None:
-            await _json(send, 503, "The admin API is starting; retry in a moment.", "starting")
+            await send_error(send, 503, "starting", "The admin API is starting; retry in a moment.")
             return
         if scope["method"] in UNSAFE_METHODS and not (
                 same_origin(headers, scope.get("scheme", "http")) and csrf_ok(session, headers)):
-            await _json(send, 403, "Missing or wrong CSRF token, or a request from another site.", "csrf_failed")
+            await send_error(send, 403, "csrf_failed", "Missing or wrong CSRF token, or a request from another site.")
             return
         inner = scope["path"][len(PREFIX):]
         forwarded = dict(scope, path=inner, raw_path=inner.encode("latin-1"), root_path="")
@@ -80,10 +80,3 @@ class ClientDashboard:
         forwarded["headers"] = [*(h for h in scope.get("headers", ()) if h[0].lower() != _ACTOR),
                                 (_ACTOR, key.id.encode())]
         await self.admin_api(forwarded, receive, send)
-
-
-async def _json(send: Any, status: int, message: str, code: str) -> None:
-    body = json.dumps({"error": {"message": message, "code": code, "field": None}}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
