@@ -6,7 +6,7 @@ period, and everything else is cancelled with the nursery.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -140,6 +140,15 @@ def data_dir_of(config: ControlConfig) -> Path:
     return Path(config.data_dir) if config.data_dir else default_data_dir()
 
 
+@asynccontextmanager
+async def _for_the_block(task: Callable[[], Awaitable[None]]) -> AsyncIterator[None]:
+    """Run ``task`` while the block runs; cancel it when the block is done."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(task)
+        yield
+        nursery.cancel_scope.cancel()
+
+
 def advertised_agent_url(config: ControlConfig, bound: str) -> str:
     """Where nodes reach this daemon's agent endpoint, for the lease (standbys send nodes there)."""
     if config.leadership.advertise:
@@ -232,8 +241,9 @@ async def run_control(
     grace = config.shutdown_grace
     serve = partial(serve_asgi, shutdown=shutdown, grace=grace)
     try:
-        async with open_tenancy(config, data_dir_of(config)) as tenancy, trio.open_nursery() as nursery:
-            nursery.start_soon(client.run)
+        # The upstream's upkeep outlives the listeners' drain (its nursery is left after theirs).
+        async with open_tenancy(config, data_dir_of(config)) as tenancy, _for_the_block(client.run), \
+                trio.open_nursery() as nursery:
             if tenancy_status is not None:
                 tenancy_status.append(tenancy)
             fleet = None
