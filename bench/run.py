@@ -391,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="run bench, fake engine and gateway at this nice value (negative needs root): on a "
                              "shared machine -10 keeps other work from taking the measured cores")
     parser.add_argument("--no-realtime", action="store_true",
-                        help="leave the load generator at normal scheduling (see _read_bytes_as_they_arrive)")
+                        help="leave the load generator at normal scheduling at c=1 too (see _scheduling)")
     args = parser.parse_args(argv)
 
     levels: list[int] = args.concurrency or [1, 32, 128]
@@ -431,10 +431,13 @@ def main(argv: list[str] | None = None) -> int:
         log_path = Path(tmp) / "gateway.log"
         with (gateway_process(gateway, engine_url, gw_core, log_path, args.gateway_arg)
               if have_gateway else _nothing()) as gw:
-            # After the children have started, so that only the load generator runs this way.
-            print("load generator: " + ("normal scheduling" if args.no_realtime else _read_bytes_as_they_arrive()))
+            if not args.no_realtime:
+                print("load generator at c=1: " + _scheduling(realtime=True))
+                _scheduling(realtime=False)
             for mode in ("non-stream", "stream"):
                 for c in levels:
+                    if not args.no_realtime:
+                        _scheduling(realtime=c == 1)
                     n, secs = budget(c)
                     stream = mode == "stream"
                     direct = trio.run(partial(run_load, engine_url, stream=stream, concurrency=c, requests=n,
@@ -464,8 +467,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _read_bytes_as_they_arrive() -> str:
-    """Run the load generator at real-time priority on its core, so it reads bytes when they arrive.
+def _scheduling(*, realtime: bool) -> str:
+    """At c=1 the load generator runs at real-time priority on its core: it reads bytes when they arrive.
 
     It shares core 0 with the fake engine, which writes a stream's 35 events in one burst of
     about 1.5 ms of CPU. Linux (EEVDF) lets a running task finish its slice before a task it
@@ -473,13 +476,19 @@ def _read_bytes_as_they_arrive() -> str:
     the fake's burst ended: 0.5-0.8 ms counted against the gateway's time to first byte that a
     client on a machine of its own never sees. Directly, the fake writes its head before the
     burst, so the two runs were not measured alike. SCHED_FIFO lets the woken load generator
-    take the core at once; it needs root, and without it the run says so.
+    take the core at once (it needs root; without it the run says so).
+
+    Under load it runs at normal priority again: there it measures capacity, and a load
+    generator that preempts the fake engine at every byte it is sent breaks the fake's writes
+    into pieces no engine on its own machine would make, which the gateway then pays for.
+    Called after the children have started, so that only the load generator runs this way.
     """
+    policy, priority = (os.SCHED_FIFO, 1) if realtime else (os.SCHED_OTHER, 0)
     try:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+        os.sched_setscheduler(0, policy, os.sched_param(priority))
     except (PermissionError, AttributeError, OSError) as exc:
         return f"normal scheduling (real-time priority refused: {exc}); stream first-byte times read late"
-    return "SCHED_FIFO 1 (reads bytes as they arrive)"
+    return "SCHED_FIFO 1 (reads bytes as they arrive)" if realtime else "normal scheduling"
 
 
 @contextmanager
