@@ -15,9 +15,12 @@ timed:
 - While the app is inside an ASGI ``send`` on an HTTP/1.1 connection, the bytes hypercorn writes
   are held and leave as one write when that ``send`` returns, or with the body when it was the
   head of a sized answer: a whole JSON answer is one ``send()`` call, and so is each relayed SSE
-  batch. HTTP/2 is written through at once: its
-  sends can wait for the peer's flow-control window, which must not wait behind held bytes.
+  batch. HTTP/2 is written through at once: its sends can wait for the peer's flow-control
+  window, which must not wait behind held bytes.
 - One task per connection times the keep-alive, and requests only move its deadline.
+- The app's receive queue is a small bounded queue (``_Inbox``), not a memory channel each.
+- An answer that ends before its request has arrived whole first reads the rest (bounded), so
+  the connection stays usable instead of being closed under a client that reuses it.
 """
 
 from __future__ import annotations
@@ -162,6 +165,8 @@ class _AppTasks:
 
 
 class Connection:
+    """One accepted TCP connection, served until either side closes it (see the module's docstring)."""
+
     def __init__(self, app: Any, config: Config, context: WorkerContext, state: dict[str, Any],
                  stream: trio.SocketStream) -> None:
         self._app = app
@@ -184,7 +189,8 @@ class Connection:
             client = parse_socket_addr(socket.family, socket.getpeername())
             server = parse_socket_addr(socket.family, socket.getsockname())
             async with trio.open_nursery() as nursery:
-                # hypercorn's TaskGroup type also names the context manager its own loop uses.
+                # A cast: hypercorn's TaskGroup protocol also lists the __aenter__/__aexit__ that
+                # only its own loop calls; its protocol classes use spawn_app and spawn.
                 tasks = cast(TaskGroup, _AppTasks(nursery, self))
                 self._protocol = ProtocolWrapper(
                     self._app, self._config, self._context, tasks,
