@@ -11,10 +11,10 @@ import attrs
 import pytest
 import trio
 from node.helpers import fake_control, receive
-from trio_websocket import WebSocketConnection
+from trio_websocket import CloseReason, ConnectionClosed, WebSocketConnection
 
 from llmgw_dev.engine_proc import free_port
-from llmgw_node.agent import Agent, AgentTiming, backoff_delay
+from llmgw_node.agent import Agent, AgentTiming, SessionEnded, _what_ended, backoff_delay
 from llmgw_node.config import ConfiguredEngine, NodeConfig
 from llmgw_node.service import open_node_service
 from llmgw_node.supervisor import Timing
@@ -224,3 +224,18 @@ async def test_a_control_that_drops_every_session_at_once_gets_backoff(
         await _run_until(node_config, fast_timing, [url], hellos, 4)
     # The first drop is retried at once; after that each waits a backoff (at least 0.5 s).
     assert hellos[3] - hellos[1] >= 1.0
+
+
+def test_a_session_that_ends_as_the_node_stops_lets_only_the_stop_go_on_up() -> None:
+    closed = ConnectionClosed(CloseReason(1000, None))
+    ended = _what_ended(BaseExceptionGroup("tasks", [closed]))
+    assert isinstance(ended, SessionEnded) and "connection closed" in str(ended)
+    assert str(_what_ended(BaseExceptionGroup("tasks", [SessionEnded("control silent")]))) == "control silent"
+    # The node stopping (a cancellation; any other exception stands in for it here) while control
+    # drops the session: the session's ending must not ride up with the stop, or the cancel scope
+    # that takes the stop out of the group lets the ConnectionClosed escape as an error.
+    stop = KeyboardInterrupt()
+    rest = _what_ended(BaseExceptionGroup("tasks", [closed, stop]))
+    assert isinstance(rest, BaseExceptionGroup) and rest.exceptions == (stop,)
+    bug = BaseExceptionGroup("tasks", [ValueError("a bug")])
+    assert _what_ended(bug) is bug

@@ -250,14 +250,7 @@ class Agent:
                 nursery.start_soon(self._heartbeats, send, interval)
                 await self._watchdog(last_heard, interval * self.timing.missed_heartbeats)
         except BaseExceptionGroup as group:
-            # One of the four tasks ended the session; anything else (cancellation, a bug) goes on up.
-            matched, rest = group.split((SessionEnded, ConnectionClosed))
-            if matched is None or rest is not None:
-                raise
-            first = _leaves(matched)[0]
-            if isinstance(first, ConnectionClosed):
-                raise SessionEnded(f"connection closed: {first.reason}") from None
-            raise SessionEnded(str(first)) from None
+            raise _what_ended(group) from None
         finally:
             self._outbound = None
 
@@ -325,6 +318,25 @@ class Agent:
             # A slow socket drops the report: the next heartbeat carries whatever it said.
             with contextlib.suppress(trio.WouldBlock, trio.ClosedResourceError):
                 out.send_nowait(report)
+
+
+def _what_ended(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """What to raise when the session's tasks ended with ``group``: SessionEnded saying why, or
+    whatever else is in it (a cancellation, a bug), which goes on up.
+
+    Ended and cancelled at once (the node stopping as control dropped it) is the second case,
+    with the session's ending taken out: left in, the cancel scope above took the Cancelled out
+    of the group and let the ConnectionClosed escape the node as an error.
+    """
+    matched, rest = group.split((SessionEnded, ConnectionClosed))
+    if matched is None:
+        return group
+    if rest is not None:
+        return rest
+    first = _leaves(matched)[0]
+    if isinstance(first, ConnectionClosed):
+        return SessionEnded(f"connection closed: {first.reason}")
+    return SessionEnded(str(first))
 
 
 def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
