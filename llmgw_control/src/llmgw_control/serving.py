@@ -35,7 +35,6 @@ async def serve_asgi(
     """
     config = HypercornConfig()
     config.bind = [address]
-    config.graceful_timeout = grace
     # Clients of an LLM gateway reuse connections between long requests; 5 s (the default)
     # made them reconnect after every pause.
     config.keep_alive_timeout = keep_alive_timeout
