@@ -35,6 +35,7 @@ from quart import Response, abort, send_file
 from quart_trio import QuartTrio
 
 from llmgw_shared.logs import get_logger
+from llmgw_shared.names import NODE_ID, NODE_ID_RULE
 
 from .fleet.agents import token_digest
 from .store import InvalidInput, NodeIdentity, NotFound, Store
@@ -42,8 +43,6 @@ from .store import InvalidInput, NodeIdentity, NotFound, Store
 log = get_logger("llmgw.onboarding")
 
 TOKEN_PREFIX = "llmgw-join-"
-# Node ids go into a shell command and a file name: a conservative alphabet, no quoting needed.
-NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,62}$")
 _WHEEL = re.compile(r"^(?P<dist>[A-Za-z0-9_.]+)-(?P<version>[A-Za-z0-9_.+!]+)(-\d[^-]*)?-[^-]+-[^-]+-[^-]+\.whl$")
 SCRIPT_PATH = "/install/node.sh"
 WHEELS_PATH = "/install/wheels/"
@@ -170,8 +169,8 @@ class Onboarding:
     # ------------------------------------------------------------------ the API's verb
 
     async def create(self, name: str, labels: Mapping[str, str]) -> Created:
-        if not isinstance(name, str) or not NODE_ID.match(name):
-            raise ValueError("name: use 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit")
+        if not isinstance(name, str) or not NODE_ID.fullmatch(name):
+            raise ValueError(f"name: use {NODE_ID_RULE}")
         host = urlsplit(self.public_url).hostname or ""
         if host in ("0.0.0.0", "::", ""):
             raise OnboardingError(f"nodes cannot reach {self.public_url}: set agents.public_url to the address "

@@ -16,7 +16,9 @@ from typing import Any
 import attrs
 from quart_trio import QuartTrio
 
-from ..onboarding import NODE_ID, Onboarding, OnboardingError
+from llmgw_shared.names import NODE_ID, NODE_ID_RULE
+
+from ..onboarding import Onboarding, OnboardingError
 from .api.core import Api, ApiError, Call, conflict
 
 _LABEL = {"minLength": 1, "maxLength": 200}
@@ -25,8 +27,7 @@ _LABEL = {"minLength": 1, "maxLength": 200}
 @attrs.frozen
 class AddNode:
     name: str = attrs.field(metadata={
-        "schema": {"pattern": NODE_ID.pattern, "maxLength": 63,
-                   "x-pattern-message": "use 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit"},
+        "schema": {"pattern": f"^{NODE_ID.pattern}$", "maxLength": 63, "x-pattern-message": f"use {NODE_ID_RULE}"},
         "doc": "The node id: how the node is named in the fleet (and in its config).",
     })
     labels: dict[str, str] = attrs.field(factory=dict, metadata={
