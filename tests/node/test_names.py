@@ -48,7 +48,7 @@ def test_real_names_pass(kind: str, value: str) -> None:
 
 
 def test_traversal_through_an_asset_name_is_refused() -> None:
-    with pytest.raises(BadName, match="^asset name 'llama-b4001/../"):
+    with pytest.raises(BadName, match=r"^asset name 'llama-b4001/\.\./"):
         check_asset_name("llama-b4001/../../../../x-bin-ubuntu-x64.tar.gz")
     with pytest.raises(BadName):
         check_asset_name("llama-b4001..tar.gz")  # no '..' anywhere, not even inside a component
@@ -63,7 +63,7 @@ def test_digests_are_sha256_and_64_hex_digits() -> None:
                 "a" * 64, "sha256:" + "g" * 64, None]:
         with pytest.raises(BadName, match=r"^digest .* is not valid: use 'sha256:' and 64 hex digits$"):
             check_digest(bad)
-    with pytest.raises(BadName, match="^sha256 '../x' is not valid"):
+    with pytest.raises(BadName, match=r"^sha256 '\.\./x' is not valid"):
         check_sha256("../x")
 
 

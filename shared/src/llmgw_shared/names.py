@@ -99,17 +99,17 @@ def check_digest(value: object) -> str:
     """The lower-case hex of a ``sha256:<64 hex>`` digest; ``BadName`` otherwise."""
     match = DIGEST.fullmatch(value) if isinstance(value, str) else None
     if match is None:
-        raise BadName(f"digest {_shown(value)} is not valid: use {DIGEST_RULE}")
+        raise BadName(f"digest {shown(value)} is not valid: use {DIGEST_RULE}")
     return match[1].lower()
 
 
 def _check(kind: str, pattern: re.Pattern[str], rule: str, value: object) -> str:
     if not isinstance(value, str) or not pattern.fullmatch(value):
-        raise BadName(f"{kind} {_shown(value)} is not valid: use {rule}")
+        raise BadName(f"{kind} {shown(value)} is not valid: use {rule}")
     return value
 
 
-def _shown(value: object, limit: int = 80) -> str:
+def shown(value: object, limit: int = 80) -> str:
     """A hostile value, quoted and cut so that it cannot flood or forge a log line."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
