@@ -180,3 +180,20 @@ def gzip_bomb(declared: int, top: str = "top") -> bytes:
         gz.write(bytes(-declared % 512))  # pad the member to a whole block
         gz.write(bytes(1024))  # the two zero blocks that end a tar
     return out.getvalue()
+
+
+def engine_archive_cases(top: str) -> list[tuple[str, str, bytes, str]]:
+    """(case, archive suffix, bytes, words the refusal must contain) for every class an engine
+    install must refuse; ``top`` is the release's top folder (``llama-<tag>``)."""
+    return [
+        ("pathmax-tar", ".tar.gz", pathmax_escape_tar(4, top=top), "failed: entry '"),
+        ("pathmax-zip", ".zip", pathmax_escape_zip(4, top=top), "failed: entry '"),
+        ("hardlink-chmod", ".tar.gz", hardlink_chmod_tar(4, "victim"), "failed: entry '"),
+        ("link-chain", ".tar.gz", link_chain_escape_tar(),
+         "failed: entry 'esc': resolves outside the install directory through a link"),
+        ("duplicate", ".zip", duplicate_zip(top), f"failed: entry '{top}/llama-server': appears twice in the archive"),
+        ("nul", ".tar.gz", nul_name_tar(top), f"failed: entry '{top}/a\\x00b': NUL in the name"),
+        ("long-name", ".tar.gz", long_name_tar(top), ": a name longer than 255 bytes"),
+        ("long-path", ".tar.gz", long_path_tar(top), ": path longer than 1024 bytes"),
+        ("truncated", ".tar.gz", truncated_tar_gz(top), "not a readable tar archive: EOFError: "),
+    ]

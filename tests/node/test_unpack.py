@@ -262,7 +262,7 @@ def test_a_second_archive_cannot_leave_through_the_first_ones_links(tmp_path: Pa
 @pytest.mark.parametrize(("suffix", "build", "message"), [
     (".zip", hostile.duplicate_zip, "entry 'top/llama-server': appears twice in the archive"),
     (".tar.gz", hostile.nul_name_tar, "entry 'top/a\\x00b': NUL in the name"),
-    (".tar.gz", hostile.long_name_tar, f"entry 'top/{'n' * 300}': a name longer than 255 bytes"),
+    (".tar.gz", hostile.long_name_tar, f"entry 'top/{'n' * 192}...: a name longer than 255 bytes"),
     (".tar.gz", hostile.long_path_tar, "path longer than 1024 bytes"),
     (".tar.gz", hostile.truncated_tar_gz, "trunc.tar.gz: not a readable tar archive: "),
 ], ids=["duplicate", "nul", "long-name", "long-path", "truncated"])

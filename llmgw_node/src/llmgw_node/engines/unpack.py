@@ -41,6 +41,7 @@ import attrs
 
 from llmgw_node.disk import DISK_MARGIN, NotEnoughDisk, check_room, free_bytes
 from llmgw_node.fetch import human_size
+from llmgw_shared.names import shown
 
 # NAME_MAX on every Linux filesystem an engine is installed on (ext4, xfs, btrfs, tmpfs).
 MAX_NAME_BYTES = 255
@@ -93,10 +94,14 @@ class _Entry:
 Lookup = Callable[[tuple[str, ...]], tuple[str, str]]
 
 
-def safe_unpack(archive: Path, dest: Path, limits: UnpackLimits | None = None) -> None:
-    """Unpack ``archive`` (by its name: .tar.gz/.tgz/.tar or .zip) into the existing directory ``dest``."""
+def safe_unpack(archive: Path, dest: Path, limits: UnpackLimits | None = None, *, shown_as: str = "") -> None:
+    """Unpack ``archive`` (by its name: .tar.gz/.tgz/.tar or .zip) into the existing directory ``dest``.
+
+    Messages name the archive ``shown_as`` (default: its file name).
+    """
     limits = limits or UnpackLimits()
-    reader = _ZipReader(archive) if archive.name.endswith(".zip") else _TarReader(archive)
+    shown_as = shown_as or archive.name
+    reader = _ZipReader(archive, shown_as) if archive.name.endswith(".zip") else _TarReader(archive, shown_as)
     root_fd = _open_root(dest)
     try:
         with reader:
@@ -113,10 +118,11 @@ def safe_unpack(archive: Path, dest: Path, limits: UnpackLimits | None = None) -
 class _Reader:
     """One archive format, read-only: its entries' headers, then each file's data."""
 
-    label = ""
+    kind = ""
 
-    def __init__(self, archive: Path) -> None:
+    def __init__(self, archive: Path, shown_as: str) -> None:
         self.archive = archive
+        self.shown_as = shown_as
 
     def __enter__(self) -> _Reader:
         with self.reading():
@@ -140,7 +146,7 @@ class _Reader:
         except UnsafeArchive:
             raise
         except Exception as exc:
-            raise UnsafeArchive(f"{self.archive.name}: not a readable {self.label} archive: "
+            raise UnsafeArchive(f"{self.shown_as}: not a readable {self.kind} archive: "
                                 f"{type(exc).__name__}: {exc}") from None
 
     def open(self) -> None:
@@ -157,11 +163,11 @@ class _Reader:
         raise NotImplementedError
 
     def too_many(self, max_entries: int) -> UnsafeArchive:
-        return UnsafeArchive(f"{self.archive.name}: more than {max_entries} entries (unpack_max_entries)")
+        return UnsafeArchive(f"{self.shown_as}: more than {max_entries} entries (unpack_max_entries)")
 
 
 class _TarReader(_Reader):
-    label = "tar"
+    kind = "tar"
     _tar: tarfile.TarFile
 
     def open(self) -> None:
@@ -189,12 +195,12 @@ class _TarReader(_Reader):
         with self.reading():
             stream = self._tar.extractfile(entry.source)
         if stream is None:
-            raise UnsafeArchive(f"entry {entry.name!r}: has no data")
+            raise UnsafeArchive(f"entry {_q(entry.name)}: has no data")
         return stream
 
 
 class _ZipReader(_Reader):
-    label = "zip"
+    kind = "zip"
     _zip: zipfile.ZipFile
 
     def open(self) -> None:
@@ -218,9 +224,9 @@ class _ZipReader(_Reader):
         mode = info.external_attr >> 16
         kind_bits = stat.S_IFMT(mode)
         if kind_bits in (stat.S_IFCHR, stat.S_IFBLK):
-            raise UnsafeArchive(f"entry {name!r}: device file")
+            raise UnsafeArchive(f"entry {_q(name)}: device file")
         if kind_bits == stat.S_IFIFO:
-            raise UnsafeArchive(f"entry {name!r}: fifo")
+            raise UnsafeArchive(f"entry {_q(name)}: fifo")
         if kind_bits == stat.S_IFLNK:
             with self.reading(), self._zip.open(info) as stream:
                 raw = stream.read(MAX_PATH_BYTES + 1)
@@ -229,7 +235,7 @@ class _ZipReader(_Reader):
         if info.is_dir() or kind_bits == stat.S_IFDIR:
             return _entry(name, parts, "dir")
         if kind_bits not in (0, stat.S_IFREG):
-            raise UnsafeArchive(f"entry {name!r}: unsupported entry type {oct(kind_bits)}")
+            raise UnsafeArchive(f"entry {_q(name)}: unsupported entry type {oct(kind_bits)}")
         return _entry(name, parts, "file", size=info.file_size, executable=bool(mode & 0o111), source=info)
 
     def data(self, entry: _Entry) -> IO[bytes]:
@@ -242,9 +248,9 @@ def _tar_entry(info: tarfile.TarInfo) -> _Entry | None:
     name = info.name
     parts = _check_path(name)
     if info.ischr() or info.isblk():
-        raise UnsafeArchive(f"entry {name!r}: device file")
+        raise UnsafeArchive(f"entry {_q(name)}: device file")
     if info.isfifo():
-        raise UnsafeArchive(f"entry {name!r}: fifo")
+        raise UnsafeArchive(f"entry {_q(name)}: fifo")
     if info.issym():
         return _entry(name, parts, "symlink", target=info.linkname)
     if info.islnk():
@@ -253,17 +259,17 @@ def _tar_entry(info: tarfile.TarInfo) -> _Entry | None:
         return _entry(name, parts, "dir")
     if info.isreg():
         return _entry(name, parts, "file", size=info.size, executable=bool(info.mode & 0o111), source=info)
-    raise UnsafeArchive(f"entry {name!r}: unsupported entry type {info.type!r}")
+    raise UnsafeArchive(f"entry {_q(name)}: unsupported entry type {info.type!r}")
 
 
 def _entry(name: str, parts: tuple[str, ...], kind: Kind, *, size: int = 0, executable: bool = False,
            target: str = "", source: object = None) -> _Entry | None:
     if not parts:
         if kind != "dir":
-            raise UnsafeArchive(f"entry {name!r}: names the top folder itself")
+            raise UnsafeArchive(f"entry {_q(name)}: names the top folder itself")
         return None  # "./": the folder we unpack into
     if size < 0:
-        raise UnsafeArchive(f"entry {name!r}: negative size")
+        raise UnsafeArchive(f"entry {_q(name)}: negative size")
     return _Entry(name=name, parts=parts, kind=kind, size=size, executable=executable, target=target,
                   source=source)
 
@@ -271,45 +277,50 @@ def _entry(name: str, parts: tuple[str, ...], kind: Kind, *, size: int = 0, exec
 # --------------------------------------------------------------------------- names and links
 
 
+def _q(name: str) -> str:
+    """An entry's name for a message: quoted, and cut so that a 4 KB name cannot flood a line."""
+    return shown(name, limit=200)
+
+
 def _check_path(name: str) -> tuple[str, ...]:
     """The entry's path as components, or ``UnsafeArchive`` naming the entry and what is wrong."""
     if "\x00" in name:
-        raise UnsafeArchive(f"entry {name!r}: NUL in the name")
+        raise UnsafeArchive(f"entry {_q(name)}: NUL in the name")
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
-        raise UnsafeArchive(f"entry {name!r}: control character in the name")
+        raise UnsafeArchive(f"entry {_q(name)}: control character in the name")
     if name.startswith("/") or name.startswith("\\") or (len(name) > 1 and name[1] == ":"):
-        raise UnsafeArchive(f"entry {name!r}: absolute path")
+        raise UnsafeArchive(f"entry {_q(name)}: absolute path")
     # A backslash is a separator to whoever made a zip on Windows: treat it as one everywhere.
     raw = name.replace("\\", "/").split("/")
     if ".." in raw:
-        raise UnsafeArchive(f"entry {name!r}: '..' component")
+        raise UnsafeArchive(f"entry {_q(name)}: '..' component")
     parts = tuple(p for p in raw if p not in ("", "."))
     if any(len(os.fsencode(p)) > MAX_NAME_BYTES for p in parts):
-        raise UnsafeArchive(f"entry {name!r}: a name longer than {MAX_NAME_BYTES} bytes")
+        raise UnsafeArchive(f"entry {_q(name)}: a name longer than {MAX_NAME_BYTES} bytes")
     if len(os.fsencode("/".join(parts))) > MAX_PATH_BYTES:
-        raise UnsafeArchive(f"entry {name!r}: path longer than {MAX_PATH_BYTES} bytes")
+        raise UnsafeArchive(f"entry {_q(name)}: path longer than {MAX_PATH_BYTES} bytes")
     if len(parts) > MAX_DEPTH:
-        raise UnsafeArchive(f"entry {name!r}: more than {MAX_DEPTH} folders deep")
+        raise UnsafeArchive(f"entry {_q(name)}: more than {MAX_DEPTH} folders deep")
     return parts
 
 
 def _check_link_target(name: str, target: str, kind: str, base: tuple[str, ...]) -> tuple[str, ...]:
     """Lexical checks of a link's target; ``base`` is the folder it is read from. Its components."""
     if not target:
-        raise UnsafeArchive(f"entry {name!r}: {kind} with an empty target")
+        raise UnsafeArchive(f"entry {_q(name)}: {kind} with an empty target")
     if "\x00" in target:
-        raise UnsafeArchive(f"entry {name!r}: NUL in the {kind} target")
+        raise UnsafeArchive(f"entry {_q(name)}: NUL in the {kind} target")
     if len(os.fsencode(target)) > MAX_PATH_BYTES:
-        raise UnsafeArchive(f"entry {name!r}: {kind} target longer than {MAX_PATH_BYTES} bytes")
+        raise UnsafeArchive(f"entry {_q(name)}: {kind} target longer than {MAX_PATH_BYTES} bytes")
     if target.startswith("/"):
-        raise UnsafeArchive(f"entry {name!r}: {kind} to absolute path {target!r}")
+        raise UnsafeArchive(f"entry {_q(name)}: {kind} to absolute path {_q(target)}")
     where: list[str] = list(base)
     for part in target.split("/"):
         if part in ("", "."):
             continue
         if part == "..":
             if not where:
-                raise UnsafeArchive(f"entry {name!r}: {kind} to {target!r} points outside the install directory")
+                raise UnsafeArchive(f"entry {_q(name)}: {kind} to {_q(target)} points outside the install directory")
             where.pop()
         else:
             where.append(part)
@@ -374,23 +385,23 @@ def _scan(reader: _Reader, dest: Path, root_fd: int, limits: UnpackLimits) -> li
             above = tree.get(entry.parts[:depth])
             if above is not None and above.kind != "dir":
                 shown = "/".join(entry.parts[:depth])
-                raise UnsafeArchive(f"entry {name!r}: inside {shown!r}, which is a "
+                raise UnsafeArchive(f"entry {_q(name)}: inside {_q(shown)}, which is a "
                                     f"{'symlink' if above.kind == 'symlink' else 'file'}")
             tree.setdefault(entry.parts[:depth], None)
         if entry.parts in tree:
             before = tree[entry.parts]
             if entry.kind != "dir" or (before is not None and before.kind != "dir"):
-                raise UnsafeArchive(f"entry {name!r}: appears twice in the archive")
+                raise UnsafeArchive(f"entry {_q(name)}: appears twice in the archive")
         if entry.kind == "symlink":
             _check_link_target(name, entry.target, "symlink", entry.parts[:-1])
         elif entry.kind == "hardlink":
             if ".." in entry.target.replace("\\", "/").split("/"):
-                raise UnsafeArchive(f"entry {name!r}: hardlink to {entry.target!r} points outside the install "
+                raise UnsafeArchive(f"entry {_q(name)}: hardlink to {_q(entry.target)} points outside the install "
                                     "directory")
             parts = _check_link_target(name, entry.target, "hardlink", ())
             original = tree.get(parts)
             if original is None or original.kind not in ("file", "hardlink"):
-                raise UnsafeArchive(f"entry {name!r}: hardlink to {entry.target!r}, which is not a file earlier "
+                raise UnsafeArchive(f"entry {_q(name)}: hardlink to {_q(entry.target)}, which is not a file earlier "
                                     "in the archive")
             # A hardlink to a hardlink is one to the same file.
             entry = attrs.evolve(entry, target=original.target if original.kind == "hardlink"
@@ -398,11 +409,11 @@ def _scan(reader: _Reader, dest: Path, root_fd: int, limits: UnpackLimits) -> li
         elif entry.kind == "file":
             total += entry.size
             if total > limits.max_bytes:
-                raise UnsafeArchive(f"{reader.archive.name}: unpacks to more than {human_size(limits.max_bytes)} "
-                                    f"(unpack_max_bytes), at entry {name!r}")
+                raise UnsafeArchive(f"{reader.shown_as}: unpacks to more than {human_size(limits.max_bytes)} "
+                                    f"(unpack_max_bytes), at entry {_q(name)}")
             if total > room:
                 try:
-                    check_room(dest, total, f"unpacking {reader.archive.name}", margin=limits.keep_free)
+                    check_room(dest, total, f"unpacking {reader.shown_as}", margin=limits.keep_free)
                 except NotEnoughDisk as exc:
                     raise UnsafeArchive(str(exc)) from None
         tree[entry.parts] = entry
@@ -418,9 +429,9 @@ def _check_resolved(name: str, parts: tuple[str, ...], target: str, lookup: Look
     try:
         out = _escapes(parts[:-1], target, lookup)
     except _LinkLoop:
-        raise UnsafeArchive(f"entry {name!r}: a loop of links (more than {MAX_LINK_HOPS} in a row)") from None
+        raise UnsafeArchive(f"entry {_q(name)}: a loop of links (more than {MAX_LINK_HOPS} in a row)") from None
     if out:
-        raise UnsafeArchive(f"entry {name!r}: resolves outside the install directory through a link")
+        raise UnsafeArchive(f"entry {_q(name)}: resolves outside the install directory through a link")
 
 
 def _combined_lookup(tree: dict[tuple[str, ...], _Entry | None], root_fd: int) -> Lookup:
@@ -509,7 +520,7 @@ def _write(reader: _Reader, entries: list[_Entry], dest: Path, root_fd: int, lim
             finally:
                 os.close(parent)
         except OSError as exc:
-            raise _write_error(reader.archive, entry, exc, dest) from None
+            raise _write_error(reader.shown_as, entry, exc, dest) from None
 
 
 def _write_one(reader: _Reader, entry: _Entry, parent: int, root_fd: int, budget: list[int]) -> None:
@@ -553,9 +564,9 @@ def _copy(reader: _Reader, entry: _Entry, fd: int, budget: list[int]) -> None:
             budget[0] -= len(block)
             # The headers were checked; the data is held to them (a lying zip cannot grow past).
             if written > entry.size:
-                raise UnsafeArchive(f"entry {entry.name!r}: holds more than its declared {entry.size} bytes")
+                raise UnsafeArchive(f"entry {_q(entry.name)}: holds more than its declared {entry.size} bytes")
             if budget[0] < 0:
-                raise UnsafeArchive(f"{reader.archive.name}: unpacks to more than the cap (unpack_max_bytes)")
+                raise UnsafeArchive(f"{reader.shown_as}: unpacks to more than the cap (unpack_max_bytes)")
             view = memoryview(block)
             while view:
                 view = view[os.write(fd, view):]
@@ -563,21 +574,21 @@ def _copy(reader: _Reader, entry: _Entry, fd: int, budget: list[int]) -> None:
         with contextlib.suppress(Exception):
             stream.close()
     if written != entry.size:
-        raise UnsafeArchive(f"entry {entry.name!r}: holds {written} bytes, its header says {entry.size}")
+        raise UnsafeArchive(f"entry {_q(entry.name)}: holds {written} bytes, its header says {entry.size}")
 
 
-def _write_error(archive: Path, entry: _Entry, exc: OSError, dest: Path) -> UnsafeArchive:
+def _write_error(shown_as: str, entry: _Entry, exc: OSError, dest: Path) -> UnsafeArchive:
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         try:
             free = human_size(free_bytes(dest))
         except OSError:
             free = "?"
-        return UnsafeArchive(f"{archive.name}: the disk ran out at entry {entry.name!r} ({exc.strerror}); "
+        return UnsafeArchive(f"{shown_as}: the disk ran out at entry {_q(entry.name)} ({exc.strerror}); "
                              f"{free} free in {dest}")
     if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EEXIST):
-        return UnsafeArchive(f"entry {entry.name!r}: a link or a file is already in its place "
+        return UnsafeArchive(f"entry {_q(entry.name)}: a link or a file is already in its place "
                              f"({exc.strerror})")
-    return UnsafeArchive(f"entry {entry.name!r}: cannot be unpacked: {exc.strerror or exc}")
+    return UnsafeArchive(f"entry {_q(entry.name)}: cannot be unpacked: {exc.strerror or exc}")
 
 
 # --------------------------------------------------------------------------- pass 3: the finished tree
@@ -598,11 +609,11 @@ def _verify_tree(root_fd: int) -> None:
                     except _LinkLoop:
                         out = True
                     if out:
-                        raise UnsafeArchive(f"entry {shown!r}: link resolves outside the install directory")
+                        raise UnsafeArchive(f"entry {_q(shown)}: link resolves outside the install directory")
                 elif not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
-                    raise UnsafeArchive(f"entry {shown!r}: a special file")
+                    raise UnsafeArchive(f"entry {_q(shown)}: a special file")
                 elif st.st_mode & (stat.S_ISUID | stat.S_ISGID):
-                    raise UnsafeArchive(f"entry {shown!r}: setuid or setgid")
+                    raise UnsafeArchive(f"entry {_q(shown)}: setuid or setgid")
         finally:
             os.close(fd)
 
