@@ -1,12 +1,14 @@
-"""Small helpers for node tests: wait for state reports, build shard specs."""
+"""Small helpers for node tests: wait for state reports, build shard specs, mount a small disk."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager, suppress
+import subprocess
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager, suppress
 from functools import partial
 from pathlib import Path
 
+import pytest
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, serve_websocket
 
@@ -96,3 +98,23 @@ async def fake_control(behaviour: Behaviour) -> AsyncIterator[str]:
 async def receive(ws: WebSocketConnection, limit_s: float = 10.0) -> Message:
     with trio.fail_after(limit_s):
         return decode(await ws.get_message())
+
+
+@contextmanager
+def small_filesystem(path: Path, size: str, *, inodes: int | None = None) -> Iterator[Path]:
+    """A tmpfs of ``size`` (and at most ``inodes`` files) mounted at ``path``, unmounted after.
+
+    A real small filesystem is the only honest way to see what a full disk does; skipped, with
+    the reason, where this process may not mount (not root, or no CAP_SYS_ADMIN in a container).
+    """
+    path.mkdir(parents=True, exist_ok=True)
+    options = f"size={size}" + (f",nr_inodes={inodes}" if inodes else "")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
+                             capture_output=True, text=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip() or 'mount failed'}); "
+                    "the full-disk test needs root or CAP_SYS_ADMIN")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "--lazy", str(path)], check=False)

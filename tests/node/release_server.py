@@ -36,6 +36,8 @@ class FileServer:
     cut_after: dict[str, int] = attrs.field(factory=dict)
     # (path, Range header or "") for every file request, so a test can see a resume happen.
     requests: list[tuple[str, str]] = attrs.field(factory=list)
+    # The path of every release index request, so a test can count install attempts.
+    index_requests: list[str] = attrs.field(factory=list)
 
     def add_file(self, name: str, data: bytes) -> str:
         self.files[f"/files/{name}"] = data
@@ -46,14 +48,17 @@ class FileServer:
         return f"{self.base}/repos/{repo}/releases/tags/{{version}}"
 
     def publish(self, tag: str, assets: dict[str, bytes], *, digests: dict[str, str] | None = None,
-                repo: str = "ggml-org/llama.cpp") -> None:
-        """A release whose assets are served here; ``digests`` overrides a published sha256."""
+                repo: str = "ggml-org/llama.cpp", listed_as: dict[str, dict[str, Any]] | None = None) -> None:
+        """A release whose assets are served here; ``digests`` overrides a published sha256
+        (hex), ``listed_as`` any field of an asset's entry (a hostile name or digest, say)."""
         listed = []
         for name, data in assets.items():
             url = self.add_file(name, data)
             digest = (digests or {}).get(name, sha256_hex(data))
-            listed.append({"name": name, "size": len(data), "browser_download_url": url,
-                           "digest": f"sha256:{digest}", "content_type": "application/octet-stream"})
+            entry = {"name": name, "size": len(data), "browser_download_url": url,
+                     "digest": f"sha256:{digest}", "content_type": "application/octet-stream"}
+            entry.update((listed_as or {}).get(name, {}))
+            listed.append(entry)
         self.releases[f"/repos/{repo}/releases/tags/{tag}"] = {"tag_name": tag, "assets": listed}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -68,6 +73,7 @@ class FileServer:
         path = scope["path"]
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
         if path in self.releases:
+            self.index_requests.append(path)
             await _respond(send, 200, json.dumps(self.releases[path]).encode(), "application/json")
             return
         data = self.files.get(path)

@@ -14,6 +14,7 @@ import pytest
 import trio
 from node.conftest import TAG
 from node.helpers import fake_control, receive, shard_spec
+from node.hostile import engine_archive_cases
 from node.release_server import FileServer
 from trio_websocket import WebSocketConnection
 
@@ -167,3 +168,43 @@ async def test_daemon_leaves_engines_running_on_sigterm_unless_told(
     assert ready[-1].pid == engine_pid
     # Gone (a zombie counts as gone: whoever inherited the orphan reaps it, not us).
     assert start_ticks(engine_pid) is None
+
+
+async def test_a_version_that_is_not_one_name_is_refused_and_deletes_nothing(
+    tmp_path: Path, files: FileServer, engine_archive: tuple[str, bytes]
+) -> None:
+    name, data = engine_archive
+    files.publish(TAG, {name: data})
+    d = str(tmp_path / "data")
+    assert (await node("engines", "install", "llama.cpp", TAG, "--release-api", files.release_api(),
+                       "--data-dir", d)).returncode == 0
+    for version in (".", "", "../../x"):
+        bad = await node("engines", "install", "llama.cpp", version, "--release-api", files.release_api(),
+                         "--data-dir", d)
+        err = bad.stderr.decode()
+        assert bad.returncode == 1, err
+        assert err.splitlines()[-1] == (f"llmgw-node: llama.cpp {version}: failed: version {version!r} is not valid: "
+                                        "use 1-64 letters, digits, '.', '_', '+' or '-', starting with a letter or "
+                                        "digit")
+        assert "Traceback" not in err
+    listed = await node("engines", "list", "--data-dir", d)
+    assert listed.stdout.decode().startswith(f"llama.cpp {TAG}: installed {TAG}")
+
+
+ARCHIVE_CASES = engine_archive_cases(f"llama-{TAG}")
+
+
+@pytest.mark.parametrize(("case", "suffix", "archive", "message"), ARCHIVE_CASES, ids=[c[0] for c in ARCHIVE_CASES])
+async def test_each_bad_archive_is_one_line_and_exit_1(
+    tmp_path: Path, files: FileServer, case: str, suffix: str, archive: bytes, message: str
+) -> None:
+    files.publish(TAG, {f"llama-{TAG}-bin-ubuntu-x64{suffix}": archive})
+    data = tmp_path.joinpath("a", "b", "c", "d", "data")
+    result = await node("engines", "install", "llama.cpp", TAG, "--release-api", files.release_api(),
+                        "--data-dir", str(data))
+    err = result.stderr.decode()
+    assert result.returncode == 1, err
+    assert "Traceback" not in err
+    last = err.splitlines()[-1]
+    assert last.startswith(f"llmgw-node: llama.cpp {TAG}: failed: ") and message in last, last
+    assert not (tmp_path / "PWNED").exists()

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 import tarfile
 from pathlib import Path
 
 import httpx2
 import pytest
+import trio
+from node import hostile
 from node.conftest import TAG
 from node.release_server import FileServer
 
-from llmgw_node.engines.manager import EngineManager
+from llmgw_node.engines.manager import EngineManager, RetryPolicy
 from llmgw_node.engines.release import Platform
 from llmgw_shared.wire import EngineSpec, EngineState
 
@@ -289,3 +292,115 @@ async def test_cuda_node_installs_the_cuda_build_with_its_runtime(
         f"downloading llama-{TAG}-bin-ubuntu-cuda-12.4-x64.tar.gz",
         "downloading cudart-llama-bin-ubuntu-cuda-12.4-x64.tar.gz",
     ]
+
+
+# --------------------------------------------------------------------------- issue 14: hostile releases
+
+
+def _outside(tmp_path: Path, data: Path) -> set[str]:
+    """Everything under ``tmp_path`` that is not under the data directory."""
+    return {os.path.join(d, n) for d, dirs, names in os.walk(tmp_path) for n in [*dirs, *names]
+            if not os.path.join(d, n).startswith(str(data))}
+
+
+@pytest.mark.parametrize(("listed_as", "why"), [
+    ({"name": f"llama-{TAG}/../../../../x-bin-ubuntu-x64.tar.gz"},
+     f"asset name 'llama-{TAG}/../../../../x-bin-ubuntu-x64.tar.gz' is not valid: use a plain file name"),
+    ({"digest": "sha256:../../../x"}, "digest 'sha256:../../../x' is not valid: use 'sha256:' and 64 hex digits"),
+    ({"size": 0}, "size 0 is not a positive number of bytes"),
+], ids=["asset-name", "digest", "size"])
+async def test_names_in_the_release_never_reach_a_path(
+    tmp_path: Path, files: FileServer, engine_archive: tuple[str, bytes], listed_as: dict[str, object], why: str
+) -> None:
+    name, data = engine_archive
+    files.publish(TAG, {name: data}, listed_as={name: listed_as})
+    box = tmp_path / "box" / "data"
+    box.mkdir(parents=True)
+    before = _outside(tmp_path, box)
+    async with httpx2.AsyncClient() as client:
+        state = await manager(box, client, []).install(EngineSpec("llama.cpp", TAG, files.release_api()))
+    assert state.status == "failed" and why in state.detail, state.detail
+    assert state.detail.startswith("no asset fits linux/x86_64: ")
+    assert _outside(tmp_path, box) == before
+    assert files.requests == []  # refused before any download
+
+
+@pytest.mark.parametrize("version", [".", "", "..", "../../x", "b1/../..", "b1\n", "-rf"])
+async def test_a_version_that_is_not_one_name_installs_nothing_and_deletes_nothing(
+    tmp_path: Path, files: FileServer, engine_archive: tuple[str, bytes], version: str
+) -> None:
+    name, data = engine_archive
+    files.publish(TAG, {name: data})
+    async with httpx2.AsyncClient() as client:
+        mgr = manager(tmp_path, client, [])
+        good = await mgr.install(EngineSpec("llama.cpp", TAG, files.release_api()))
+        before = _outside(tmp_path / "engines" / ".downloads", tmp_path / "nothing") | {
+            os.path.join(d, n) for d, dirs, names in os.walk(tmp_path) for n in [*dirs, *names]}
+        state = await mgr.install(EngineSpec("llama.cpp", version, files.release_api()))
+    assert state.status == "failed"
+    assert state.detail == f"version {version!r} is not valid: use 1-64 letters, digits, '.', '_', '+' or '-', " \
+                           "starting with a letter or digit"
+    assert await trio.Path(good.binary).is_file()
+    assert {os.path.join(d, n) for d, dirs, names in os.walk(tmp_path) for n in [*dirs, *names]} == before
+    assert len(files.index_requests) == 1  # the bad version never even fetched the index
+
+
+ARCHIVE_CASES = hostile.engine_archive_cases(f"llama-{TAG}")
+
+
+@pytest.mark.parametrize(("case", "suffix", "archive", "message"), ARCHIVE_CASES, ids=[c[0] for c in ARCHIVE_CASES])
+async def test_each_bad_archive_is_a_failed_state_with_its_reason(
+    tmp_path: Path, files: FileServer, case: str, suffix: str, archive: bytes, message: str
+) -> None:
+    asset = f"llama-{TAG}-bin-ubuntu-x64{suffix}"
+    files.publish(TAG, {asset: archive})
+    data = tmp_path.joinpath("a", "b", "c", "d", "data")  # an escape four levels up stays in tmp_path
+    data.mkdir(parents=True)
+    victim = tmp_path / "victim"
+    victim.write_text("secret")
+    victim.chmod(0o600)
+    before = _outside(tmp_path, data)
+    async with httpx2.AsyncClient() as client:
+        mgr = manager(data, client, [])
+        state = await mgr.install(EngineSpec("llama.cpp", TAG, files.release_api()))
+    assert state.status == "failed"
+    assert message in state.describe(), state.describe()
+    assert "\n" not in state.describe()
+    assert _outside(tmp_path, data) == before and not (tmp_path / "PWNED").exists()
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o600
+    assert not any((data / "engines" / ".staging").iterdir())
+    # A refused archive does not stay on the disk either.
+    assert not any((data / "engines" / ".downloads").iterdir())
+
+
+async def test_a_failed_install_is_retried_only_after_a_backoff(
+    tmp_path: Path, files: FileServer, engine_archive: tuple[str, bytes]
+) -> None:
+    name, data = engine_archive
+    files.publish(TAG, {f"llama-{TAG}-bin-ubuntu-x64.tar.gz": hostile.truncated_tar_gz()})
+    spec = EngineSpec("llama.cpp", TAG, files.release_api())
+    async with httpx2.AsyncClient() as client:
+        mgr = EngineManager(tmp_path, client, CPU, retry=RetryPolicy(min_s=0.5, max_s=0.5))
+        assert mgr.want([spec]) == [spec]
+        failed_at = trio.current_time()
+        assert (await mgr.install(spec)).status == "failed"
+        # Control asking again at once (a reconnect, the reconciler's next pass) is not a retry.
+        for _ in range(3):
+            assert mgr.want([spec]) == []
+            await mgr.check_all()
+        assert len(files.index_requests) == 1
+        with trio.fail_after(30):
+            while mgr.want([spec]) != [spec]:
+                await trio.sleep(0.05)
+        assert trio.current_time() - failed_at >= 0.5
+        files.publish(TAG, {name: data})
+        assert (await mgr.install(spec)).status == "installed"
+    assert len(files.index_requests) == 2
+
+
+async def test_a_release_index_that_is_too_big_is_refused(tmp_path: Path, files: FileServer) -> None:
+    files.releases[f"/repos/ggml-org/llama.cpp/releases/tags/{TAG}"] = {
+        "assets": [{"name": "x" * 100, "size": 1, "browser_download_url": "x", "digest": ""}] * 40000}
+    async with httpx2.AsyncClient() as client:
+        state = await manager(tmp_path, client, []).install(EngineSpec("llama.cpp", TAG, files.release_api()))
+    assert state.detail.endswith("larger than 4 MB; not a release index"), state.detail

@@ -62,3 +62,45 @@ def test_nothing_fits_lists_every_asset_and_why() -> None:
 def test_not_a_release_document() -> None:
     with pytest.raises(ReleaseError, match="no 'assets' list"):
         parse_release({"message": "API rate limit exceeded"})
+
+
+def _one(**fields: object) -> dict[str, object]:
+    asset: dict[str, object] = {"name": "llama-b6000-bin-ubuntu-x64.tar.gz", "size": 10,
+                                "browser_download_url": "https://example.invalid/a.tar.gz",
+                                "digest": f"sha256:{'a' * 64}"}
+    asset.update(fields)
+    return {"assets": [asset]}
+
+
+@pytest.mark.parametrize(("fields", "why"), [
+    ({"name": "llama-b4001/../../../../x-bin-ubuntu-x64.tar.gz"},
+     "asset name 'llama-b4001/../../../../x-bin-ubuntu-x64.tar.gz' is not valid: use a plain file name"),
+    ({"name": "llama-b4001-bin-ubuntu-x64.tar.gz\n"}, "asset name 'llama-b4001-bin-ubuntu-x64.tar.gz\\n' is not valid"),
+    ({"name": "llama-" + "x" * 300 + "-bin-ubuntu-x64.tar.gz"}, "is not valid: use a plain file name: 1-200"),
+    ({"digest": "sha256:../../../x"},
+     "digest 'sha256:../../../x' is not valid: use 'sha256:' and 64 hex digits"),
+    ({"digest": "sha256:" + "a" * 64 + "/../x"}, "is not valid: use 'sha256:' and 64 hex digits"),
+    ({"size": 0}, "size 0 is not a positive number of bytes"),
+    ({"size": True}, "size True is not a positive number of bytes"),
+    ({"size": "10"}, "size '10' is not a positive number of bytes"),
+])
+def test_an_asset_whose_name_digest_or_size_is_bad_is_never_chosen(fields: dict[str, object], why: str) -> None:
+    assets = parse_release(_one(**fields))
+    assert why in assets[0].refused
+    with pytest.raises(ReleaseError) as info:
+        choose_assets(assets, Platform("linux", "x86_64", cuda=False))
+    assert why in str(info.value)
+
+
+def test_a_release_without_a_digest_is_parsed_and_refused_at_download() -> None:
+    # GitHub added digests in 2025; older releases have none. The manager refuses to install
+    # those (an unverified archive), with its own message.
+    data = _one()
+    del data["assets"][0]["digest"]  # type: ignore[index, attr-defined]
+    [asset] = parse_release(data)
+    assert asset.sha256 == "" and not asset.refused
+
+
+def test_a_release_with_too_many_assets_is_not_one() -> None:
+    with pytest.raises(ReleaseError, match="lists 1001 assets"):
+        parse_release({"assets": [_one()["assets"][0]] * 1001})  # type: ignore[index]

@@ -162,3 +162,49 @@ async def test_an_engine_on_path_is_not_reported(
         # Found by chance is not installed: an empty list here means "has none".
         assert svc.engine_states() == []
         assert svc.hello().engines == []
+
+
+async def test_what_a_crashed_engine_forked_dies_with_it(
+    tmp_path: Path, node_config: NodeConfig, fast_timing: Timing
+) -> None:
+    # vLLM-style: the server forks workers (holding GPU memory, the port) and then dies; the
+    # workers must not outlive it, or the restart finds the port taken and the GPU full.
+    child = tmp_path / "child"
+    script = tmp_path / "forking"
+    script.write_text('#!/bin/sh\nif [ "$1" = "--version" ]; then echo "forking 1"; exit 0; fi\n'
+                      f"sleep 300 &\necho $! > {child}\nexit 1\n")
+    script.chmod(0o755)
+    config = attrs.evolve(node_config, engines=[ConfiguredEngine(name="forking", path=str(script), version="1")])
+    spec = attrs.evolve(shard_spec("f", weights_file(tmp_path), free_port(), args=["{port}"], max_restarts=0),
+                        engine="forking", engine_version="1")
+    async with open_node_service(config, timing=fast_timing) as svc:
+        assert (await svc.handle(StartShard(id="1", fencing_token=1, shard=spec))).ok
+        failed = await next_shard_state(svc, "f", lambda s: s.status == "failed")
+    assert failed.detail.startswith("crashed while starting: exited with status 1")
+    pid = int(child.read_text())
+    with trio.fail_after(10):
+        while start_ticks(pid) is not None:
+            await trio.sleep(0.02)
+
+
+async def test_remove_weights_with_a_path_is_refused_in_the_ack(
+    tmp_path: Path, config: NodeConfig, fast_timing: Timing
+) -> None:
+    victim = Path(config.data_dir) / "victim"
+    async with open_node_service(config, timing=fast_timing) as svc:
+        victim.write_text("state")
+        ack = await svc.handle(RemoveWeights(id="r", fencing_token=1, sha256=["../victim", "../shards"]))
+        assert not ack.ok and ack.error.startswith("remove_weights: sha256 '../victim' is not valid")
+        assert victim.exists()
+        # Still serving commands.
+        assert (await svc.handle(StopShard(id="s", fencing_token=1, shard_id="nothing"))).ok
+
+
+@pytest.mark.parametrize("shard_id", ["tiny\n", "../etc", ".hidden", "a/b", "x" * 129])
+async def test_a_shard_id_that_is_not_one_file_name_is_refused(
+    tmp_path: Path, config: NodeConfig, fast_timing: Timing, shard_id: str
+) -> None:
+    async with open_node_service(config, timing=fast_timing) as svc:
+        ack = await svc.handle(StartShard(id="1", fencing_token=1,
+                                          shard=shard_spec(shard_id, weights_file(tmp_path), free_port())))
+    assert not ack.ok and ack.error.startswith("shard id ") and "is not valid: use 1-128 letters" in ack.error

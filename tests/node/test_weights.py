@@ -112,3 +112,32 @@ async def test_local_path_is_checked_and_used_in_place(tmp_path: Path) -> None:
     # The operator's own file is never the node's to delete.
     cache.remove([SHA])
     assert model.exists()
+
+
+@pytest.mark.parametrize("name", ["../victim", "../victim\n", "x/../../victim", "", "sha256:" + "a" * 64])
+async def test_remove_refuses_anything_but_a_digest(tmp_path: Path, name: str) -> None:
+    # The digest is the file's name under weights/: '../victim' would name a file outside.
+    victim = tmp_path / "victim"
+    victim.write_text("the operator's")
+    (tmp_path / "weights").mkdir()
+    async with httpx2.AsyncClient() as client:
+        cache = WeightsCache(tmp_path, client, margin=0)
+        with pytest.raises(WeightsError, match=r"^remove_weights: sha256 .* is not valid: use 64 hex digits$"):
+            cache.remove([SHA, name])
+    assert victim.exists()
+
+
+async def test_a_url_that_is_no_file_name_is_shown_by_its_digest(tmp_path: Path, files: FileServer) -> None:
+    progress: list[str] = []
+    async with httpx2.AsyncClient() as client:
+        cache = WeightsCache(tmp_path, client, margin=0)
+        await cache.ensure(spec(files, name="model(1).gguf"), progress.append)
+    assert progress[-1] == f"downloading {SHA[:12]} (3 MB, 100%)"
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:1/a\nb.gguf", "http://[::1/x.gguf", "gopher://127.0.0.1/x.gguf"])
+async def test_a_url_httpx_cannot_use_is_a_refusal(tmp_path: Path, url: str) -> None:
+    async with httpx2.AsyncClient() as client:
+        cache = WeightsCache(tmp_path, client, margin=0)
+        with pytest.raises(WeightsError):
+            await cache.ensure(WeightsSpec(url=url, sha256=SHA, size=len(DATA)))

@@ -119,6 +119,10 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as exc:
         print(f"llmgw-node: {exc}", file=sys.stderr)
         code = 2
+    except OSError as exc:
+        # probe and engines on a data_dir they cannot read or create: one line, not a traceback.
+        print(f"llmgw-node: {exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}", file=sys.stderr)
+        code = 1
     raise SystemExit(code)
 
 
@@ -190,9 +194,9 @@ async def _manager(
         if state.status == "installing":
             print(f"{state.name} {state.version}: {state.describe()}", file=sys.stderr, flush=True)
 
-    return EngineManager(config.data_path, client,
-                         Platform(os="linux", arch=facts.arch, cuda=facts.nvidia_driver is not None),
-                         configured=config.engines, allow_os_packages=config.allow_os_packages, on_change=report)
+    return EngineManager.from_config(config, client,
+                                     Platform(os="linux", arch=facts.arch, cuda=facts.nvidia_driver is not None),
+                                     on_change=report)
 
 
 async def _probe(config: NodeConfig, as_json: bool) -> int:

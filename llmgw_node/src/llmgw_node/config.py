@@ -13,6 +13,7 @@ from typing import Any
 import attrs
 
 from llmgw_shared.config import ConfigError, load_toml, strict_converter, structure
+from llmgw_shared.names import BadName, check_engine_name
 
 __all__ = ["ConfigError", "ConfiguredEngine", "NodeConfig", "load_config", "parse_config"]
 
@@ -48,6 +49,16 @@ class NodeConfig:
     engines: list[ConfiguredEngine] = attrs.field(factory=list)
     # Seconds between re-checks of installed engines (ldd and --version).
     recheck_interval_s: float = 600.0
+    # What one engine archive may unpack to. llama.cpp's CUDA 12 builds, the largest it
+    # publishes, unpack to about 1.5-2 GB in a few dozen entries: 8 GiB and 4096 entries are
+    # four and a hundred times that, and still bound what a hostile archive can write.
+    unpack_max_bytes: int = 8 << 30
+    unpack_max_entries: int = 4096
+    # A failed install is tried again after this backoff (doubling, capped), however often
+    # control asks: a bad release or a full disk fails the same way for a while, and each try
+    # downloads the archive again. The cap is the re-check interval, which retries them anyway.
+    install_retry_min_s: float = 30.0
+    install_retry_max_s: float = 600.0
     # Reconnect backoff to control: first delay, cap.
     reconnect_min_s: float = 0.5
     reconnect_max_s: float = 30.0
@@ -75,6 +86,16 @@ def parse_config(data: dict[str, Any], *, source: str = "config") -> NodeConfig:
     names = [e.name for e in config.engines]
     if len(set(names)) != len(names):
         raise ConfigError(f"{source}: engines: an engine name appears twice: {names}")
+    for i, name in enumerate(names):
+        try:
+            check_engine_name(name)
+        except BadName as exc:
+            raise ConfigError(f"{source}: engines[{i}].name: {exc}") from None
+    for key in ("unpack_max_bytes", "unpack_max_entries", "install_retry_min_s", "install_retry_max_s"):
+        if getattr(config, key) <= 0:
+            raise ConfigError(f"{source}: {key}: must be more than 0")
+    if config.install_retry_min_s > config.install_retry_max_s:
+        raise ConfigError(f"{source}: install_retry_min_s is more than install_retry_max_s")
     return config
 
 

@@ -22,6 +22,9 @@ log = get_logger("llmgw.node.fetch")
 # (bytes so far, total or None when the server does not say)
 Progress = Callable[[int, int | None], None]
 CHUNK = 1 << 20
+# What httpx raises for a URL it cannot even send: InvalidURL is not an HTTPError, and the URL
+# comes from the network (a release index, control), so it must end as a FetchError too.
+URL_ERRORS = (httpx2.HTTPError, httpx2.InvalidURL)
 
 
 class FetchError(Exception):
@@ -113,7 +116,7 @@ async def fetch(
                                 progress(got, total)
                     finally:
                         await trio.to_thread.run_sync(handle.close)
-        except httpx2.HTTPError as exc:
+        except URL_ERRORS as exc:
             raise FetchError(f"{_short(url)}: {type(exc).__name__}: {exc}") from None
     await trio.to_thread.run_sync(_finish, label or dest.name, url, dest, part, size, sha256, digest.hexdigest())
     return dest

@@ -41,6 +41,12 @@ DOCS: dict[str, str] = {
     "NodeConfig.tls_key_file": "For mutual TLS: this node's client key (PEM).",
     "NodeConfig.engines": "Engines that are not release archives (vLLM, SGLang, a local build), named by path.",
     "NodeConfig.recheck_interval_s": "Seconds between re-checks of installed engines (ldd and --version).",
+    "NodeConfig.unpack_max_bytes": "Most bytes one engine archive may unpack to (default 8 GiB: 4x llama.cpp's "
+                                   "CUDA builds).",
+    "NodeConfig.unpack_max_entries": "Most entries one engine archive may hold (default 4096: 100x llama.cpp's "
+                                     "archives).",
+    "NodeConfig.install_retry_min_s": "First delay before a failed engine install is tried again (doubles).",
+    "NodeConfig.install_retry_max_s": "Longest delay between attempts at a failed engine install.",
     "NodeConfig.reconnect_min_s": "First delay before reconnecting to control (doubles, with jitter).",
     "NodeConfig.reconnect_max_s": "Longest delay between reconnect attempts.",
     "NodeConfig.log_level": "debug, info, warning or error.",

@@ -20,7 +20,7 @@ from llmgw_node.engines.release import Platform
 from llmgw_node.probe import probe, with_time_cleared
 from llmgw_node.supervisor import ShardError, Supervisor, Timing
 from llmgw_node.tls import client_context
-from llmgw_node.weights import WeightsCache
+from llmgw_node.weights import WeightsCache, WeightsError
 from llmgw_shared.facts import HostFacts, unprobed
 from llmgw_shared.logs import get_logger
 from llmgw_shared.wire import (
@@ -62,11 +62,8 @@ class NodeService:
         self.facts = facts or unprobed()
         data = config.data_path
         self._send, self.reports = trio.open_memory_channel[Report](REPORT_BUFFER)
-        self.engines = EngineManager(
-            data, client, _platform(self.facts),
-            configured=config.engines, allow_os_packages=config.allow_os_packages,
-            on_change=self._engine_changed,
-        )
+        self.engines = EngineManager.from_config(config, client, _platform(self.facts),
+                                                 on_change=self._engine_changed)
         self.weights = WeightsCache(data, client)
         self.supervisor = Supervisor(data, self.engines, self.weights, client, host=config.engine_host,
                                      timing=timing, on_change=self._shard_changed)
@@ -141,8 +138,13 @@ class NodeService:
         self.fencing_token = command.fencing_token
         try:
             error = self._dispatch(command)
-        except ShardError as exc:
+        except (ShardError, WeightsError) as exc:
             error = str(exc)
+        except Exception as exc:
+            # A bug, not a bad command: the ack says so and the node keeps serving.
+            log.error("command %s crashed", type(command).__name__, exc_info=True,
+                      extra={"command_id": command.id})
+            error = f"unexpected error: {type(exc).__name__}: {exc}"
         if error:
             log.warning("command %s refused: %s", type(command).__name__, error, extra={"command_id": command.id})
         return Ack(command_id=command.id, ok=not error, error=error)

@@ -1,8 +1,9 @@
 """Shards: one supervised engine process each.
 
 Each shard has one task (in the supervisor's nursery) that owns its process from start to stop:
-fetch the weights, start the engine in its own process group, poll its health endpoint until it
-is ready, then wait for it to exit or be told to stop. A crash is reported with the last lines
+fetch the weights, start the engine in its own session (so its process group holds it and all it
+forks), poll its health endpoint until it is ready, then wait for it to exit or be told to stop.
+When the engine exits, however it exits, the rest of its group is killed. A crash is reported with the last lines
 of output and restarted with exponential backoff up to the shard's limit. Stopping is SIGTERM to
 the group, then SIGKILL after a grace period. Draining waits for the engine's in-flight requests
 (``/slots``, else ``/metrics``) before stopping.
@@ -14,7 +15,6 @@ checked, then supervised by polling ``/proc``, since they are no longer our chil
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 from collections.abc import Callable
@@ -29,11 +29,11 @@ from llmgw_node.engines.manager import EngineManager
 from llmgw_node.procs import ProcessRecord, StateFile, alive, open_log, signal_group, start_ticks, tail_lines
 from llmgw_node.weights import WeightsCache, WeightsError
 from llmgw_shared.logs import get_logger
+from llmgw_shared.names import BadName, check_shard_id
 from llmgw_shared.wire import PORT_IN_USE, ShardSpec, ShardState, ShardStatus
 
 log = get_logger("llmgw.node.supervisor")
 
-SHARD_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 FAILURE_LINES = 30
 KEEP_ENDED = 100
 
@@ -132,8 +132,11 @@ class Supervisor:
 
     def start(self, spec: ShardSpec) -> None:
         """Begin supervising ``spec``. Idempotent for the same spec; refuses conflicts."""
-        if not SHARD_ID.match(spec.shard_id):
-            raise ShardError(f"shard id {spec.shard_id!r}: use letters, digits, '.', '_' and '-' (max 128)")
+        try:
+            # It names the engine's log file: one plain path component.
+            check_shard_id(spec.shard_id)
+        except BadName as exc:
+            raise ShardError(str(exc)) from None
         if not 1 <= spec.port <= 65535:
             raise ShardError(f"shard {spec.shard_id}: port {spec.port} is out of range")
         existing = self._shards.get(spec.shard_id)
@@ -382,6 +385,9 @@ class Supervisor:
                 assert shard.process is not None
                 code = await shard.process.wait()
                 exit_text[0] = f"exited with {'signal ' + str(-code) if code < 0 else 'status ' + str(code)}"
+            # Whatever the engine forked (vLLM's workers, holding the GPU and the port) dies with
+            # it: the group outlives its leader while any member lives, and its id is not reused.
+            signal_group(shard.pid, signal.SIGKILL)
             exited.set()
 
         result = ""

@@ -7,21 +7,19 @@ after its size and digest are checked: it is the operator's file, never deleted 
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx2
 import trio
 
+from llmgw_node.disk import DISK_MARGIN, NotEnoughDisk, check_room
 from llmgw_node.fetch import FetchError, fetch, human_size, sha256_file
 from llmgw_shared.logs import get_logger
+from llmgw_shared.names import BadName, check_sha256, check_weight_file_name
 from llmgw_shared.wire import WeightsSpec
 
 log = get_logger("llmgw.node.weights")
-
-# Keep this much free after a download: a full disk breaks logs, state files and the engine.
-DISK_MARGIN = 256 << 20
 
 
 class WeightsError(Exception):
@@ -60,16 +58,17 @@ class WeightsCache:
 
     async def ensure(self, spec: WeightsSpec, progress: Callable[[str], None] | None = None) -> Path:
         """Return a verified local path for ``spec``, downloading it when the cache lacks it."""
-        sha = spec.sha256.lower()
-        if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
-            raise WeightsError(f"weights sha256 {spec.sha256!r} is not 64 hex digits")
+        try:
+            sha = check_sha256(spec.sha256)
+        except BadName:
+            raise WeightsError(f"weights sha256 {spec.sha256!r} is not 64 hex digits") from None
         target = self.path_for(spec)
         lock = self._locks.setdefault(sha, trio.Lock())
         async with lock:
             if _is_local(spec.url):
                 await self._verify_local(target, spec)
                 return target
-            name = spec.url.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1] or sha[:12]
+            name = _display_name(spec.url, sha)
             await trio.to_thread.run_sync(self._check_space, target, spec.size, name)
             last = [-1]
 
@@ -105,25 +104,45 @@ class WeightsCache:
         self.root.mkdir(parents=True, exist_ok=True)
         part = target.with_name(target.name + ".part")
         have = part.stat().st_size if part.exists() else 0
-        free = shutil.disk_usage(self.root).free
-        need = max(0, size - have) + self.margin
-        if need > free:
-            raise WeightsError(f"not enough disk for {name}: needs {human_size(need)} "
-                               f"(with {human_size(self.margin)} kept free), {human_size(free)} free "
-                               f"in {self.root}")
+        try:
+            check_room(self.root, size - have, name, margin=self.margin)
+        except NotEnoughDisk as exc:
+            raise WeightsError(str(exc)) from None
 
     def remove(self, sha256s: list[str]) -> tuple[list[str], list[str]]:
-        """Delete cached files no running shard uses; return (removed, kept because in use)."""
+        """Delete cached files no running shard uses; return (removed, kept because in use).
+
+        Each entry must be 64 hex digits (``WeightsError`` names the first that is not, and
+        nothing is deleted): the digest is the file's name, and ``../`` would name any file.
+        """
+        try:
+            wanted = [check_sha256(s) for s in sha256s]
+        except BadName as exc:
+            raise WeightsError(f"remove_weights: {exc}") from None
         removed, kept = [], []
-        for sha in (s.lower() for s in sha256s):
+        for sha in wanted:
             if self.in_use(sha):
                 kept.append(sha)
                 continue
             for path in (self.root / sha, self.root / f"{sha}.part"):
-                if path.exists():
+                try:
                     path.unlink()
-                    removed.append(sha)
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    raise WeightsError(f"remove_weights: {path}: {exc.strerror}") from None
+                removed.append(sha)
         return sorted(set(removed)), kept
+
+
+def _display_name(url: str, sha: str) -> str:
+    """The file name a weights URL ends in, for progress and errors; its digest's start when that
+    is not a plain file name (the URL is control's to choose; the text reaches logs)."""
+    name = url.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+    try:
+        return check_weight_file_name(name)
+    except BadName:
+        return sha[:12]
 
 
 def _is_local(url: str) -> bool:

@@ -8,10 +8,17 @@ Layout under ``<data_dir>/engines``::
     <name>/<version>/            a proven install (renamed into place in one step)
     <name>/<version>/.llmgw-engine.json   what was installed and how it answered
     .staging/<name>-<version>-*  work in progress; deleted on failure and on start-up
+    .downloads/<sha256[:16]>-<asset>  archives being fetched; deleted once unpacked
+
+Every name in those paths came from the network and was checked first (``llmgw_shared.names``):
+the engine name, the version, the asset name and its digest. An install that fails for any
+reason is reported ``failed`` with the reason and never raises: a hostile release cannot stop
+the daemon. A failed install is retried with backoff, however often control asks again.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -24,12 +31,14 @@ import attrs
 import httpx2
 import trio
 
-from llmgw_node.config import ConfiguredEngine
+from llmgw_node.config import ConfiguredEngine, NodeConfig
+from llmgw_node.disk import NotEnoughDisk, check_room
 from llmgw_node.engines import proof
 from llmgw_node.engines.release import Platform, ReleaseAsset, ReleaseError, choose_assets, parse_release
-from llmgw_node.engines.unpack import UnsafeArchive, safe_unpack
-from llmgw_node.fetch import FetchError, fetch, human_size
+from llmgw_node.engines.unpack import UnpackLimits, UnsafeArchive, safe_unpack
+from llmgw_node.fetch import URL_ERRORS, FetchError, fetch, human_size
 from llmgw_shared.logs import get_logger
+from llmgw_shared.names import BadName, check_engine_name, check_version
 from llmgw_shared.wire import LLAMA_CPP_RELEASES, EngineSpec, EngineState
 
 log = get_logger("llmgw.node.engines")
@@ -41,6 +50,14 @@ ARCHIVE_ENGINES: dict[str, tuple[str, str]] = {
 }
 
 Key = tuple[str, str]
+# GitHub's release JSON for llama.cpp (about 40 assets) is about 60 KB; its 1000-asset maximum
+# about 2 MB. Past this the "index" is not one, and it would sit in memory whole.
+MAX_RELEASE_JSON = 4 << 20
+# The whole index request, not one read: a server that trickles a byte every 29 s passes any
+# per-read timeout forever.
+RELEASE_INDEX_TIMEOUT = 60.0
+# The errors an install reports in its own words; anything else is a bug, reported as one.
+REFUSALS = (BadName, FetchError, NotEnoughDisk, ReleaseError, UnsafeArchive, proof.ProofError)
 
 
 class InstallError(Exception):
@@ -51,6 +68,24 @@ class InstallError(Exception):
 class Installed:
     binary: Path
     reported_version: str
+
+
+@attrs.frozen
+class RetryPolicy:
+    """Backoff between attempts at an install that failed: ``min(max_s, min_s * 2**(n-1))``."""
+
+    min_s: float = 30.0
+    max_s: float = 600.0
+
+    def delay(self, failures: int) -> float:
+        return float(min(self.max_s, self.min_s * 2.0 ** max(0, failures - 1)))
+
+
+@attrs.define
+class _Failure:
+    spec: EngineSpec
+    count: int
+    retry_at: float
 
 
 class EngineManager:
@@ -65,8 +100,12 @@ class EngineManager:
         known_packages: dict[str, dict[str, str]] | None = None,
         on_change: Callable[[EngineState], None] | None = None,
         version_timeout: float = 20.0,
+        limits: UnpackLimits | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
         self.root = data_dir / "engines"
+        self.limits = limits or UnpackLimits()
+        self.retry = retry or RetryPolicy()
         self.client = client
         self.platform = platform
         self.configured = list(configured or [])
@@ -79,6 +118,20 @@ class EngineManager:
         self._installed: dict[Key, Installed] = {}
         self._wanted: dict[Key, EngineSpec] = {}
         self._locks: dict[Key, trio.Lock] = {}
+        self._failures: dict[Key, _Failure] = {}
+
+    @classmethod
+    def from_config(
+        cls, config: NodeConfig, client: httpx2.AsyncClient, platform: Platform,
+        on_change: Callable[[EngineState], None] | None = None,
+    ) -> EngineManager:
+        """The manager ``config`` describes: what the daemon and ``engines install`` both use."""
+        return cls(
+            config.data_path, client, platform, configured=config.engines,
+            allow_os_packages=config.allow_os_packages, on_change=on_change,
+            limits=UnpackLimits(max_bytes=config.unpack_max_bytes, max_entries=config.unpack_max_entries),
+            retry=RetryPolicy(min_s=config.install_retry_min_s, max_s=config.install_retry_max_s),
+        )
 
     # ------------------------------------------------------------------ state
 
@@ -170,6 +223,12 @@ class EngineManager:
         todo = []
         for spec in specs:
             state = self.state(spec.name, spec.version)
+            if spec.name in ARCHIVE_ENGINES and (problem := _bad_names(spec)):
+                # Never becomes a path, never installs; said once, not retried.
+                self._set(EngineState(name=spec.name, version=spec.version, status="failed", detail=problem))
+                continue
+            if state.status == "failed" and self._backing_off(spec):
+                continue
             if state.status not in ("installed", "configured", "installing"):
                 todo.append(spec)
             if spec.name not in ARCHIVE_ENGINES and state.status == "absent":
@@ -185,7 +244,12 @@ class EngineManager:
         return todo
 
     async def install(self, spec: EngineSpec) -> EngineState:
-        """Install and prove ``spec``; the returned (and reported) state says how it went."""
+        """Install and prove ``spec``; the returned (and reported) state says how it went.
+
+        Never raises for anything the release, the archive, the network or the disk do: each
+        is a ``failed`` state with the reason, and the next attempt waits out a backoff.
+        Cancellation goes through (staging is deleted on the way out).
+        """
         key = (spec.name, spec.version)
         async with self._lock(key):
             current = self.state(*key)
@@ -193,12 +257,33 @@ class EngineManager:
                 return current
             try:
                 binary, line = await self._install(spec)
-            except (InstallError, FetchError, ReleaseError, UnsafeArchive, proof.ProofError) as exc:
-                return self._set(EngineState(name=spec.name, version=spec.version, status="failed",
-                                             detail=str(exc)))
+            except (InstallError, *REFUSALS) as exc:
+                return self._failed(spec, str(exc))
+            except OSError as exc:
+                # The data disk itself: unwritable, gone read-only, out of inodes.
+                return self._failed(spec, f"{exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}")
+            except Exception as exc:
+                # A bug, not an input: reported as one, and the daemon keeps serving.
+                log.error("engine %s %s: install crashed", spec.name, spec.version, exc_info=True)
+                return self._failed(spec, f"unexpected error while installing: {type(exc).__name__}: {exc}")
+            self._failures.pop(key, None)
             self._installed[key] = Installed(binary=binary, reported_version=line)
             return self._set(EngineState(name=spec.name, version=spec.version, status="installed",
                                          reported_version=line, binary=str(binary)))
+
+    def _failed(self, spec: EngineSpec, detail: str) -> EngineState:
+        key = (spec.name, spec.version)
+        earlier = self._failures.get(key)
+        count = earlier.count + 1 if earlier is not None and earlier.spec == spec else 1
+        delay = self.retry.delay(count)
+        self._failures[key] = _Failure(spec=spec, count=count, retry_at=trio.current_time() + delay)
+        log.info("engine %s %s: attempt %d failed; the next waits %g s", spec.name, spec.version, count, delay)
+        return self._set(EngineState(name=spec.name, version=spec.version, status="failed", detail=detail))
+
+    def _backing_off(self, spec: EngineSpec) -> bool:
+        """A failed install of this same spec whose backoff has not passed yet."""
+        failure = self._failures.get((spec.name, spec.version))
+        return failure is not None and failure.spec == spec and trio.current_time() < failure.retry_at
 
     def _progress(self, spec: EngineSpec, what: str) -> None:
         self._set(EngineState(name=spec.name, version=spec.version, status="installing", detail=what))
@@ -207,6 +292,8 @@ class EngineManager:
         if spec.name not in ARCHIVE_ENGINES:
             raise InstallError(f"unknown engine {spec.name!r}: only {', '.join(ARCHIVE_ENGINES)} install "
                                "from releases; name others in the node's config by path")
+        if problem := _bad_names(spec):
+            raise InstallError(problem)
         binary_name, default_source = ARCHIVE_ENGINES[spec.name]
         source = (spec.release_api or default_source).replace("{version}", spec.version)
         self._progress(spec, f"fetching the release index for {spec.version}")
@@ -222,17 +309,25 @@ class EngineManager:
         try:
             for asset, archive in zip(chosen, archives, strict=True):
                 self._progress(spec, f"unpacking {asset.name}")
-                await trio.to_thread.run_sync(safe_unpack, archive, staging)
+                try:
+                    await trio.to_thread.run_sync(
+                        functools.partial(safe_unpack, archive, staging, self.limits, shown_as=asset.name))
+                except UnsafeArchive:
+                    # Verified against its digest and refused: the same bytes would be refused
+                    # again, so they do not stay on the disk (up to unpack_max_bytes each).
+                    for path in archives:
+                        path.unlink(missing_ok=True)
+                    raise
             binary = await trio.to_thread.run_sync(_find_and_gather, staging, binary_name)
             if binary is None:
                 raise InstallError(f"{chosen[0].name} has no {binary_name}")
             line = await self._prove(spec, binary)
-            (staging / MARKER).write_text(json.dumps({
+            _write_marker(staging, {
                 "name": spec.name, "version": spec.version, "source": source.split("?", 1)[0],
                 "assets": [{"name": a.name, "sha256": a.sha256} for a in chosen],
                 "binary": str(binary.relative_to(staging)), "reported_version": line,
                 "installed_at": time.time(),
-            }, indent=2))
+            })
             final = self.root / spec.name / spec.version
             final.parent.mkdir(parents=True, exist_ok=True)
             old = None
@@ -251,15 +346,24 @@ class EngineManager:
 
     async def _release_assets(self, source: str) -> list[ReleaseAsset]:
         shown = source.split("?", 1)[0]
+        body = bytearray()
         try:
-            resp = await self.client.get(source, timeout=30.0, follow_redirects=True,
-                                         headers={"Accept": "application/vnd.github+json"})
-        except httpx2.HTTPError as exc:
+            with trio.fail_after(RELEASE_INDEX_TIMEOUT):
+                async with self.client.stream("GET", source, timeout=30.0, follow_redirects=True,
+                                              headers={"Accept": "application/vnd.github+json"}) as resp:
+                    if resp.status_code != 200:
+                        raise InstallError(f"release index {shown}: HTTP {resp.status_code}")
+                    async for chunk in resp.aiter_bytes():
+                        body += chunk
+                        if len(body) > MAX_RELEASE_JSON:
+                            raise InstallError(f"release index {shown}: larger than "
+                                               f"{human_size(MAX_RELEASE_JSON)}; not a release index")
+        except trio.TooSlowError:
+            raise InstallError(f"release index {shown}: not received within {RELEASE_INDEX_TIMEOUT:g} s") from None
+        except URL_ERRORS as exc:
             raise InstallError(f"release index {shown}: {type(exc).__name__}: {exc}") from None
-        if resp.status_code != 200:
-            raise InstallError(f"release index {shown}: HTTP {resp.status_code}")
         try:
-            data = resp.json()
+            data = json.loads(body)
         except ValueError:
             raise InstallError(f"release index {shown}: not JSON") from None
         return parse_release(data)
@@ -268,6 +372,11 @@ class EngineManager:
         if not asset.sha256:
             raise InstallError(f"{asset.name}: the release publishes no sha256 digest; refusing to install "
                                "an unverified archive")
+        # An archive is smaller than what it unpacks to: past the unpack cap it cannot be one.
+        if asset.size > self.limits.max_bytes:
+            raise InstallError(f"{asset.name}: {human_size(asset.size)} is more than an archive may unpack to "
+                               f"({human_size(self.limits.max_bytes)}, unpack_max_bytes)")
+        await trio.to_thread.run_sync(_make_room, downloads, asset.size, asset.name)
         size_text = human_size(asset.size or None)
         last = [-1, 0.0]
 
@@ -344,7 +453,8 @@ class EngineManager:
         # Installs that failed earlier get another try each round: a mirror may be back, a
         # release may have been fixed. The re-check interval is the backoff.
         for key, spec in sorted(self._wanted.items()):
-            if self.state(*key).status == "failed" and spec.name in ARCHIVE_ENGINES:
+            if (self.state(*key).status == "failed" and spec.name in ARCHIVE_ENGINES and not _bad_names(spec)
+                    and not self._backing_off(spec)):
                 await self.install(spec)
         for eng in self.configured:
             await self._prove_configured(eng)
@@ -353,6 +463,32 @@ class EngineManager:
         while True:
             await trio.sleep(interval)
             await self.check_all()
+
+
+def _bad_names(spec: EngineSpec) -> str:
+    """Why ``spec``'s name or version may not name a folder, or ""."""
+    try:
+        check_engine_name(spec.name)
+        check_version(spec.version)
+    except BadName as exc:
+        return str(exc)
+    return ""
+
+
+def _make_room(downloads: Path, size: int, name: str) -> None:
+    downloads.mkdir(parents=True, exist_ok=True)
+    check_room(downloads, size, f"downloading {name}")
+
+
+def _write_marker(staging: Path, info: dict[str, object]) -> None:
+    # O_EXCL | O_NOFOLLOW: an archive that brought its own marker (or a link by that name)
+    # cannot have it written through, or pass for an install record.
+    try:
+        fd = os.open(staging / MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except FileExistsError:
+        raise InstallError(f"the archive has its own {MARKER}; refusing it") from None
+    with os.fdopen(fd, "w") as handle:
+        json.dump(info, handle, indent=2)
 
 
 def _is_executable(path: Path) -> bool:

@@ -66,19 +66,26 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
+# A version line is under 200 bytes and ldd lists a few dozen libraries (about 3 KB): what a
+# probe prints past this is dropped (still read, so the probe is not blocked writing it).
+MAX_PROBE_OUTPUT = 64 << 10
+
+
 async def missing_libraries(binary: Path, time_limit: float = 30.0) -> list[str]:
     ldd = shutil.which("ldd")
     if ldd is None:
         log.warning("no ldd on this node; skipping the library check")
         return []
     try:
-        with trio.fail_after(time_limit):
-            result = await trio.run_process([ldd, str(binary)], capture_stdout=True, capture_stderr=True,
-                                            check=False, env=_clean_env())
+        # ldd runs the binary's own loader on it (a crafted ELF names its loader): as hostile as
+        # --version, and run the same way.
+        code, stdout, stderr = await run_probe([ldd, str(binary)], time_limit=time_limit)
     except trio.TooSlowError:
         raise ProofError(f"ldd {binary.name} did not finish within {time_limit:g} s") from None
-    out = result.stdout.decode(errors="replace") + result.stderr.decode(errors="replace")
-    if result.returncode != 0 and "not a dynamic executable" in out:
+    except OSError as exc:
+        raise ProofError(f"ldd {binary.name} could not run: {exc.strerror or exc}") from None
+    out = stdout.decode(errors="replace") + stderr.decode(errors="replace")
+    if code != 0 and "not a dynamic executable" in out:
         return []
     return parse_ldd(out)
 
@@ -87,20 +94,17 @@ async def engine_version(binary: Path, args: list[str] | None = None, time_limit
     """Run ``binary --version``; return the first line mentioning a version (stdout or stderr)."""
     cmd = [str(binary), *(args if args is not None else ["--version"])]
     try:
-        with trio.fail_after(time_limit):
-            result = await trio.run_process(cmd, capture_stdout=True, capture_stderr=True, check=False,
-                                            stdin=subprocess.DEVNULL, env=_clean_env(),
-                                            start_new_session=True, deliver_cancel=_kill_group)
+        code, stdout, stderr = await run_probe(cmd, time_limit=time_limit)
     except trio.TooSlowError:
         raise ProofError(f"{binary.name} --version did not finish within {time_limit:g} s") from None
     except OSError as exc:
         raise ProofError(f"{binary.name} could not run: {exc.strerror or exc}") from None
     # llama-server prints its version on stderr; others use stdout. Look at both.
-    text = (result.stdout + b"\n" + result.stderr).decode(errors="replace")
+    text = (stdout + b"\n" + stderr).decode(errors="replace")
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if result.returncode != 0:
+    if code != 0:
         tail = " | ".join(lines[-3:]) if lines else "no output"
-        raise ProofError(f"{binary.name} --version exited with {_exit_text(result.returncode)}: {tail}")
+        raise ProofError(f"{binary.name} --version exited with {_exit_text(code)}: {tail}")
     for line in lines:
         if "version" in line.lower():
             return line
@@ -109,10 +113,50 @@ async def engine_version(binary: Path, args: list[str] | None = None, time_limit
     raise ProofError(f"{binary.name} --version printed nothing")
 
 
-async def _kill_group(proc: trio.Process) -> None:
-    # Whatever the binary forked must go too, not only the binary (it has its own session).
+async def run_probe(cmd: list[str], *, time_limit: float) -> tuple[int, bytes, bytes]:
+    """Run ``cmd`` to the end of its output and its exit: (exit code, stdout, stderr).
+
+    It runs in its own session, and when the probe ends -- done, timed out or cancelled -- its
+    whole process group is killed: whatever the binary forked dies with the probe, whether or
+    not the binary itself exited (a child that keeps stdout open makes the probe time out; one
+    that let go of it is killed all the same). The probe is done only when both pipes are closed
+    and the binary has exited, within ``time_limit`` (``trio.TooSlowError`` otherwise). A process
+    that calls setsid() itself leaves the group and is out of reach (see docs/node.md).
+    """
+    proc = await trio.lowlevel.open_process(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                            stderr=subprocess.PIPE, env=_clean_env(), start_new_session=True)
+    out, err = bytearray(), bytearray()
+    try:
+        with trio.fail_after(time_limit):
+            async with trio.open_nursery() as nursery:
+                assert proc.stdout is not None and proc.stderr is not None
+                nursery.start_soon(_collect, proc.stdout, out)
+                nursery.start_soon(_collect, proc.stderr, err)
+            # Both pipes are closed: the binary has exited or is about to.
+            await proc.wait()
+    finally:
+        with trio.CancelScope(shield=True):
+            # The group outlives its leader while any member lives, and a live group's id is never
+            # handed to a new process: this reaches exactly what the probe started.
+            _kill_group(proc.pid)
+            with trio.move_on_after(5.0):
+                await proc.wait()
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None:
+                    await trio.aclose_forcefully(stream)
+    assert proc.returncode is not None  # reaped above: both pipes closed, then wait() returned
+    return proc.returncode, bytes(out), bytes(err)
+
+
+async def _collect(stream: trio.abc.ReceiveStream, into: bytearray) -> None:
+    while chunk := await stream.receive_some(1 << 16):
+        if len(into) < MAX_PROBE_OUTPUT:
+            into += chunk[: MAX_PROBE_OUTPUT - len(into)]
+
+
+def _kill_group(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(pgid, signal.SIGKILL)
 
 
 def _exit_text(code: int) -> str:

@@ -6,6 +6,11 @@ same shape works, which is how air-gapped clusters and the tests do it.
 
 llama.cpp names its builds ``llama-<tag>-bin-<os>[-<variant>]-<arch>.<tar.gz|zip>``; a CUDA
 build on Windows also needs ``cudart-llama-bin-<os>-cuda-<ver>-<arch>.zip``.
+
+The index comes from the network: every asset's name must be a plain file name
+(``llmgw_shared.names.check_asset_name``), its digest ``sha256:<64 hex>`` and its size a positive
+number before the asset can be chosen. An asset that fails is never chosen, and is listed with
+the reason when nothing else fits; no part of it reaches a path.
 """
 
 from __future__ import annotations
@@ -15,12 +20,19 @@ from typing import Any
 
 import attrs
 
+from llmgw_shared.logs import get_logger
+from llmgw_shared.names import BadName, check_asset_name, check_digest, shown
+
+log = get_logger("llmgw.node.engines.release")
+
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".zip")
 _LINUX_NAMES = ("linux", "ubuntu")
 _ARCH_NAMES = {"x86_64": ("x64", "x86_64", "amd64"), "aarch64": ("arm64", "aarch64")}
 _NAME = re.compile(
-    r"^(?P<prefix>llama-[^-]+|cudart-llama)-bin-(?P<rest>.+?)(?P<suffix>\.tar\.gz|\.tgz|\.zip)$"
+    r"(?P<prefix>llama-[^-]+|cudart-llama)-bin-(?P<rest>.+?)(?P<suffix>\.tar\.gz|\.tgz|\.zip)"
 )
+# GitHub allows 1000 assets per release; llama.cpp publishes about 40.
+MAX_ASSETS = 1000
 
 
 class ReleaseError(Exception):
@@ -32,7 +44,9 @@ class ReleaseAsset:
     name: str
     url: str
     size: int
-    sha256: str
+    sha256: str  # hex, checked; "" when the release publishes no digest
+    # Why this asset may not be used (a bad name, digest or size), in words for the operator.
+    refused: str = ""
 
 
 @attrs.frozen
@@ -45,6 +59,9 @@ class Platform:
 def parse_release(data: Any) -> list[ReleaseAsset]:
     if not isinstance(data, dict) or not isinstance(data.get("assets"), list):
         raise ReleaseError("release JSON has no 'assets' list")
+    if len(data["assets"]) > MAX_ASSETS:
+        raise ReleaseError(f"release JSON lists {len(data['assets'])} assets; more than {MAX_ASSETS} is not a "
+                           "release")
     assets = []
     for item in data["assets"]:
         if not isinstance(item, dict):
@@ -53,11 +70,28 @@ def parse_release(data: Any) -> list[ReleaseAsset]:
         size = item.get("size")
         if not (isinstance(name, str) and isinstance(url, str)):
             continue
-        sha = ""
-        if isinstance(digest, str) and digest.lower().startswith("sha256:"):
-            sha = digest.split(":", 1)[1].strip().lower()
-        assets.append(ReleaseAsset(name=name, url=url, size=size if isinstance(size, int) else 0, sha256=sha))
+        asset = _checked(name, url, size, digest)
+        if asset.refused:
+            log.warning("release asset refused: %s", asset.refused)
+        assets.append(asset)
     return assets
+
+
+def _checked(name: str, url: str, size: object, digest: object) -> ReleaseAsset:
+    sha, problems = "", []
+    try:
+        check_asset_name(name)
+    except BadName as exc:
+        problems.append(str(exc))
+    if digest is not None:
+        try:
+            sha = check_digest(digest)
+        except BadName as exc:
+            problems.append(str(exc))
+    if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+        problems.append(f"size {size!r} is not a positive number of bytes")
+        size = 0
+    return ReleaseAsset(name=name, url=url, size=size, sha256=sha, refused="; ".join(problems))
 
 
 @attrs.frozen
@@ -70,8 +104,8 @@ class _Parsed:
 
 
 def _parse_name(asset: ReleaseAsset) -> _Parsed | None:
-    m = _NAME.match(asset.name)
-    if not m:
+    m = _NAME.fullmatch(asset.name)
+    if not m or asset.refused:
         return None
     parts = m["rest"].split("-")
     if len(parts) < 2:
@@ -114,7 +148,9 @@ def choose_assets(assets: list[ReleaseAsset], plat: Platform) -> list[ReleaseAss
     reasons = []
     for a in assets:
         p = _parse_name(a)
-        if p is None:
+        if a.refused:
+            reasons.append(f"{shown(a.name)} ({a.refused})")
+        elif p is None:
             reasons.append(f"{a.name} (not a llama.cpp build archive)")
         elif p.cudart:
             reasons.append(f"{a.name} (a CUDA runtime, not a build)")
