@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from llmgw_control.app import Listening, Tenancy, run_control
 from llmgw_control.config import ControlConfig, EndpointConfig, RouterConfig, validate
+from llmgw_control.router.upstream import UpstreamClient
 
 
 @attrs.define
@@ -47,7 +48,8 @@ def endpoint(id: str, url: str, *models: str, weight: float = 1.0, api_key: str 
 
 @asynccontextmanager
 async def running_gateway(
-    *endpoints: EndpointConfig, grace: float = 5.0, metrics_listen: str = "", **router: Any
+    *endpoints: EndpointConfig, grace: float = 5.0, metrics_listen: str = "", upstream: UpstreamClient | None = None,
+    **router: Any,
 ) -> AsyncIterator[RunningGateway]:
     data_dir = tempfile.mkdtemp(prefix="llmgw-control-")
     config = validate(ControlConfig(
@@ -60,7 +62,7 @@ async def running_gateway(
     async with trio.open_nursery() as nursery:
         listening = await nursery.start(
             lambda task_status: run_control(config, shutdown=shutdown, registry=registry, task_status=task_status,
-                                            tenancy_status=tenancies))
+                                            tenancy_status=tenancies, upstream=upstream))
         try:
             async with httpx2.AsyncClient(base_url=listening.api_url, timeout=30) as client:
                 yield RunningGateway(listening, shutdown, registry, client, tenancies[0])

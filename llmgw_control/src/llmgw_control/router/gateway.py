@@ -33,7 +33,7 @@ from .directory import ModelDirectory, StaticDirectory
 from .errors import ApiError, model_not_found, sse_error_event
 from .replicas import Replica, ReplicaSet
 from .requests import ENDPOINTS, ClientGone, ParsedRequest, parse_request, read_body
-from .upstream import UpstreamBodyError, UpstreamClient, UpstreamClosedEarly, UpstreamConnectError, UpstreamResponse
+from .upstream import UpstreamBodyError, UpstreamClient, UpstreamClosedEarly, UpstreamError, UpstreamResponse
 from .usage import StreamTail, Usage, find_usage
 
 log = get_logger("llmgw.router")
@@ -333,7 +333,8 @@ class Gateway:
                             502, f"Replica {replica.id} closed the connection before answering (phase: "
                                  f"first_byte): {exc}", code="upstream_closed"), "closed") from None
                     self.metrics.retries.labels(replica.id, "stale_connection").inc()
-                except UpstreamConnectError as exc:
+                except UpstreamError as exc:
+                    # A connect error, or anything else the upstream client could not send.
                     raise _Retryable(ApiError(
                         502, f"Replica {replica.id} could not be reached (phase: connect): {exc}",
                         code="upstream_connect_error"), "connect") from None
