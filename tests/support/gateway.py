@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from llmgw_control.app import Listening, Tenancy, run_control
 from llmgw_control.config import ControlConfig, EndpointConfig, RouterConfig, validate
+from llmgw_control.router.activator import ActivatorConfig
 from llmgw_control.router.upstream import UpstreamClient
 
 
@@ -42,19 +43,22 @@ class RunningGateway:
         return self.metric(name, labels)
 
 
-def endpoint(id: str, url: str, *models: str, weight: float = 1.0, api_key: str = "") -> EndpointConfig:
-    return EndpointConfig(id=id, url=url, models=list(models) or ["fake-model"], weight=weight, api_key=api_key)
+def endpoint(id: str, url: str, *models: str, weight: float = 1.0, api_key: str = "", slots: int | None = None
+             ) -> EndpointConfig:
+    config = EndpointConfig(id=id, url=url, models=list(models) or ["fake-model"], weight=weight, api_key=api_key)
+    return config if slots is None else attrs.evolve(config, slots=slots)
 
 
 @asynccontextmanager
 async def running_gateway(
     *endpoints: EndpointConfig, grace: float = 5.0, metrics_listen: str = "", upstream: UpstreamClient | None = None,
-    **router: Any,
+    activator: ActivatorConfig | None = None, **router: Any,
 ) -> AsyncIterator[RunningGateway]:
     data_dir = tempfile.mkdtemp(prefix="llmgw-control-")
     config = validate(ControlConfig(
         listen="127.0.0.1:0", admin_listen="127.0.0.1:0", metrics_listen=metrics_listen, data_dir=data_dir,
         shutdown_grace=grace, router=RouterConfig(**router), endpoints=list(endpoints),
+        activator=activator or ActivatorConfig(),
     ))
     shutdown = trio.Event()
     registry = CollectorRegistry()
