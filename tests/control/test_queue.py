@@ -100,6 +100,7 @@ async def test_a_full_queue_gets_429_and_a_wait_over_max_wait_gets_503(fake_engi
             assert overflow.json()["error"]["code"] == "model_queue_full"
             assert overflow.json()["error"]["type"] == "rate_limit_error"
             assert int(overflow.headers["retry-after"]) > 0
+            assert "x-llmgw-queued-ms" not in overflow.headers  # turned away at once: it never waited
             with trio.fail_after(10):
                 while not answers:
                     await trio.sleep(0.01)
@@ -112,6 +113,7 @@ async def test_a_full_queue_gets_429_and_a_wait_over_max_wait_gets_503(fake_engi
         refusals = "llmgw_queue_refusals_total"
         assert gw.metric(refusals, {**MODEL, "reason": "overflow"}) == 1
         assert gw.metric(refusals, {**MODEL, "reason": "timeout"}) == 1
+        assert gw.metric("llmgw_queue_wait_seconds_count", MODEL) == 1  # the one that waited
 
 
 async def test_a_client_that_gives_up_while_queued_takes_no_slot_with_it(fake_engine: FakeEngine) -> None:

@@ -323,12 +323,15 @@ class Gateway:
     ) -> Slot | Refusal:
         """Wait for a slot; the time waited is the queue's, neither llmgw's work nor the engine's."""
         held = time.perf_counter()
+        outcome: Slot | Refusal | None = None
         try:
             outcome = await self.activator.wait(key, priority, exclude=tried, front=retry)
         finally:
-            waited = time.perf_counter() - held
-            exchange.queued_seconds += waited
-            self.metrics.queue_wait.labels(key).observe(waited)
+            # Refused at once (queue full, nothing left to try): that request never waited.
+            if outcome is not Refusal.OVERFLOW and outcome is not Refusal.EXHAUSTED:
+                waited = time.perf_counter() - held
+                exchange.queued_seconds += waited
+                self.metrics.queue_wait.labels(key).observe(waited)
         if isinstance(outcome, Refusal) and outcome is not Refusal.EXHAUSTED:
             self.metrics.queue_refusals.labels(key, outcome.value).inc()
         return outcome
