@@ -83,7 +83,7 @@ def test_waiting_request_places_a_replica_and_ready_publishes_it() -> None:
     reconciler.reconcile_once()
     (replica,) = replicas.for_model("m:cpu")
     assert replica.url == f"http://10.0.0.1:{spec.port}" and replica.api_key == spec.api_key
-    assert replica.served_name == "m" and replica.weight == 2.0
+    assert replica.served_name == "m" and replica.slots == 2  # the profile's parallel
 
 
 def test_an_idle_replica_is_withdrawn_then_drained() -> None:

@@ -125,7 +125,7 @@ class Fleet:
 
 def static_replicas(config: ControlConfig) -> ReplicaSet:
     return ReplicaSet(
-        Replica(id=e.id, url=e.url, models=frozenset(e.models), weight=e.weight, api_key=e.api_key)
+        Replica(id=e.id, url=e.url, models=frozenset(e.models), weight=e.weight, api_key=e.api_key, slots=e.slots)
         for e in config.endpoints
     )
 
@@ -286,7 +286,8 @@ async def run_control(
                 if fleet_status is not None:
                     fleet_status.append(fleet)
             gateway = Gateway(replicas, client, metrics, config.router, directory=directory,
-                              activator=fleet.activator if fleet else None, admission=tenancy.admission)
+                              activator=fleet.activator if fleet else Activator(replicas, config.activator),
+                              admission=tenancy.admission)
             # The dashboard: at / on the admin listener, and at /admin on the client port behind an
             # admin-key login, which is also the only way the client port reaches the admin API.
             dashboard = await open_dashboard(fleet=fleet, tenancy=tenancy, prometheus=config.monitoring.prometheus,

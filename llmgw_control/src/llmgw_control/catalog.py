@@ -34,6 +34,10 @@ class ProfileConfig:
     engine_version: str = ""
     context: int = 4096
     parallel: int = 4
+    # Requests the gateway sends a replica at once; more wait in the gateway's queue, where
+    # priorities order them and their number asks for another replica. 0: ``parallel`` (one per
+    # llama-server slot); higher only for an engine that batches beyond its slots (vLLM).
+    slots: int = 0
     # Extra engine flags, appended after the ones llmgw sets.
     args: list[str] = attrs.Factory(list)
     env: dict[str, str] = attrs.Factory(dict)
@@ -47,6 +51,11 @@ class ProfileConfig:
     # Node labels the replica must run on.
     labels: dict[str, str] = attrs.Factory(dict)
     start_timeout: float = 120.0
+
+
+def replica_slots(profile: ProfileConfig) -> int:
+    """How many requests the gateway sends one replica of ``profile`` at once."""
+    return profile.slots or profile.parallel
 
 
 @attrs.frozen
@@ -115,6 +124,8 @@ def model_problems(model: ModelConfig, engines: list[EngineConfig]) -> list[tupl
             problems.append((f"{at}.context", "must be at least 64"))
         if profile.parallel < 1:
             problems.append((f"{at}.parallel", "must be at least 1"))
+        if profile.slots < 0:
+            problems.append((f"{at}.slots", "must not be negative (0: the profile's parallel)"))
         if profile.max_replicas < 1:
             problems.append((f"{at}.max_replicas", "must be at least 1"))
         if not 0 <= profile.min_replicas <= profile.max_replicas:

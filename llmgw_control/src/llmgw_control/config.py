@@ -19,6 +19,7 @@ from .catalog import EngineConfig, ModelConfig, validate_models
 from .fleet.agents import AgentsConfig
 from .fleet.reconciler import ReconcilerConfig
 from .router.activator import ActivatorConfig
+from .router.replicas import DEFAULT_ENDPOINT_SLOTS
 
 
 @attrs.frozen
@@ -49,6 +50,10 @@ class EndpointConfig:
     weight: float = 1.0
     # Sent to the engine as a bearer token (llama-server --api-key); never the client's key.
     api_key: str = attrs.field(default="", repr=False)
+    # Requests sent to it at once; more wait in the gateway's queue. Set it to llama-server's -np
+    # so the queue (and its priorities) is the gateway's; the default only stops a runaway
+    # (vLLM's default max_num_seqs).
+    slots: int = DEFAULT_ENDPOINT_SLOTS
 
 
 @attrs.frozen
@@ -170,6 +175,8 @@ def validate(config: ControlConfig) -> ControlConfig:
         if not endpoint.models or any(not m.strip() for m in endpoint.models):
             raise ConfigError(f"{where} ({endpoint.id}): models must name at least one model")
         _check_positive(endpoint.weight, f"{where}.weight")
+        if endpoint.slots < 1:
+            raise ConfigError(f"{where}.slots ({endpoint.id}) must be at least 1, got {endpoint.slots}")
         url = validate_engine_url(endpoint.url, what=f"{where}.url ({endpoint.id})")
         endpoints.append(attrs.evolve(endpoint, url=url))
     return attrs.evolve(config, endpoints=endpoints)
@@ -196,10 +203,13 @@ def _validate_fleet(config: ControlConfig) -> None:
     rec = config.reconciler
     if not 1 <= rec.port_min <= rec.port_max <= 65535:
         raise ConfigError("reconciler: need 1 <= port_min <= port_max <= 65535")
+    if rec.saturated_after < 0:
+        raise ConfigError(f"reconciler.saturated_after must not be negative, got {rec.saturated_after}")
     if rec.interval <= 0 or rec.backoff_base <= 0 or rec.backoff_cap < rec.backoff_base:
         raise ConfigError("reconciler: interval and backoff_base must be positive, backoff_cap >= backoff_base")
-    if config.activator.queue_size < 0 or config.activator.max_wait <= 0:
-        raise ConfigError("activator: queue_size must not be negative and max_wait must be positive")
+    activator = config.activator
+    if activator.queue_size < 0 or activator.max_wait <= 0 or activator.batch_after < 0:
+        raise ConfigError("activator: queue_size and batch_after must not be negative and max_wait must be positive")
     names = [(e.name, e.version) for e in config.engines]
     if len(set(names)) != len(names):
         raise ConfigError("engines: an engine and version is listed twice")

@@ -33,7 +33,7 @@ from llmgw_shared.wire import (
     WeightsSpec,
 )
 
-from ..catalog import Catalog, Resolved
+from ..catalog import Catalog, Resolved, replica_slots
 from ..router.replicas import Replica, ReplicaSet
 from .inventory import Inventory, Liveness, NodeRecord
 from .plan import Assignment, Claim, Demand, Drain, Forget, NodeView, PlanLimits, Start, Stop, plan
@@ -59,6 +59,11 @@ class ReconcilerConfig:
     reschedules_per_minute: float = 10.0
     # RAM kept free on every node for the OS and the node daemon.
     reserved_ram_mib: int = 512
+    # Seconds every slot of a model must stay busy, with nothing queued, before that counts as
+    # demand for another replica (queued requests count at once). A model at exactly its
+    # capacity serves, but the next request will wait; a moment at capacity is not demand.
+    # Ten seconds: Knative's panic window (6 s), in which it scales on a burst, plus a pass.
+    saturated_after: float = 10.0
 
 
 @attrs.define
@@ -129,6 +134,9 @@ class Reconciler:
         self._blocked_logged: dict[str, tuple[str, float]] = {}
         # Ports found taken by processes control does not know, per node.
         self.busy_ports: dict[str, set[int]] = {}
+        # Per profile key: replica count -> when the load last needed that many (see _demands).
+        self._load_marks: dict[str, dict[int, float]] = {}
+        self._demands_at = float("-inf")
         # Nodes an operator cordoned (no new replicas there). Kept here rather than only on the
         # NodeRecord: a record is replaced when its node reconnects, and a cordon set before the
         # node ever connected (or restored from the store at start) must still hold.
@@ -306,39 +314,59 @@ class Reconciler:
         log.info("adopted replica %s of %s on node %s (%s)", shard_id, key, node.node_id, status)
 
     def _demands(self, now: float) -> list[Demand]:
+        """How many replicas each profile wants now: the demand the gateway's queue and slots show.
+
+        - At least ``min_replicas``; one as soon as a request waits for a model with none.
+        - One more (up to ``max_replicas``) when every slot of every replica is busy and requests
+          queue for them, or when every slot stays busy for ``saturated_after`` with none queued;
+          only while no replica of the profile is still starting, so a burst adds one replica at
+          a time rather than all at once before the first is up.
+        - Surplus replicas go after ``idle_timeout``: a replica is kept while the load of the
+          last ``idle_timeout`` seconds (requests holding a slot or queued, sampled each pass)
+          needed it, and for ``idle_timeout`` after it became ready. Load, not per-replica
+          idleness, because the balancer spreads requests over every replica: with any traffic
+          at all none of them is ever idle.
+        """
         demands = []
         live_by_key: dict[str, list[ShardRecord]] = {}
         for record in self.shards.values():
             if not record.draining and record.status not in ("failed", "stopped"):
                 live_by_key.setdefault(record.key, []).append(record)
+        marks_seen: set[str] = set()
         for resolved in self.catalog.all_profiles():
             key = resolved.key
             profile = resolved.profile
+            marks_seen.add(key)
             live = live_by_key.get(key, [])
             published = {r.id: r for r in self.replicas.for_model(key)}
-            wanted = profile.min_replicas
+            serving = [published[r.shard_id] for r in live if r.shard_id in published]
             waiting = self.waiting.get(key, 0)
-            if waiting:
-                wanted = max(wanted, 1)
-            busy = 0
-            saturated = bool(live)
-            for record in live:
-                replica = published.get(record.shard_id)
-                if replica is None:
-                    busy += 1  # starting: keep it
-                    saturated = False
-                    continue
-                idle_since = max(replica.last_used, record.ready_since or record.created_at)
-                if replica.in_flight or profile.idle_timeout == 0 or now - idle_since < profile.idle_timeout:
-                    busy += 1
-                if replica.in_flight < profile.parallel:
-                    saturated = False
-            wanted = max(wanted, busy)
-            if waiting and saturated:
-                wanted = len(live) + 1
+            marks = self._load_marks.setdefault(key, {})
+            # Requests in the gateway for this profile now; a replica used since the last pass
+            # counts as one, so requests shorter than a pass are load too.
+            load = waiting + sum(r.in_flight or (1 if r.last_used > self._demands_at else 0) for r in serving)
+            for count in range(1, -(-load // replica_slots(profile)) + 1):
+                marks[count] = now
+            if profile.idle_timeout == 0:
+                keep = len(live)
+            else:
+                recent = max((n for n, at in marks.items() if now - at < profile.idle_timeout), default=0)
+                starting_or_new = sum(
+                    1 for r in live
+                    if r.shard_id not in published or now - (r.ready_since or r.created_at) < profile.idle_timeout)
+                keep = min(len(live), max(recent, starting_or_new))
+            wanted = max(profile.min_replicas, keep, 1 if waiting else 0)
+            if serving and len(serving) == len(live) and all(r.in_flight >= r.slots for r in serving):
+                full_since = max(r.full_since if r.full_since is not None else now for r in serving)
+                if waiting or now - full_since >= self.config.saturated_after:
+                    wanted = len(live) + 1
+                    marks[wanted] = now
             wanted = min(wanted, profile.max_replicas)
             engine = (profile.engine, self.catalog.engine_version(profile))
             demands.append(Demand(key, engine, self.claims.get(key, Claim(0)), wanted, dict(profile.labels)))
+        for key in set(self._load_marks) - marks_seen:
+            del self._load_marks[key]
+        self._demands_at = now
         return demands
 
     def _node_views(self, now: float) -> list[NodeView]:
@@ -429,10 +457,10 @@ class Reconciler:
                 url = f"http://{_url_host(node.address)}:{record.port}"
                 if current is None or current.url != url:
                     resolved = self.catalog.resolve(record.key)
-                    weight = float(resolved.profile.parallel) if resolved else 1.0
+                    slots = replica_slots(resolved.profile) if resolved else 1
                     served = resolved.model.name if resolved else ""
                     self.replicas.publish(Replica(
-                        id=record.shard_id, url=url, models=frozenset({record.key}), weight=weight,
+                        id=record.shard_id, url=url, models=frozenset({record.key}), slots=slots,
                         api_key=self.shard_api_key(record.shard_id), served_name=served,
                         last_used=now))
             elif current is not None:

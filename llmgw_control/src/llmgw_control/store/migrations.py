@@ -129,6 +129,15 @@ MIGRATIONS: tuple[Migration, ...] = (
                 created_at BIGINT NOT NULL)""",
         ),
     ),
+    Migration(
+        3,
+        "a group's priority class for requests waiting for a replica slot",
+        (
+            # NULL: inherited from the parent group. Both databases add a nullable column in
+            # place, without rewriting the table.
+            "ALTER TABLE tenant_groups ADD COLUMN priority TEXT",
+        ),
+    ),
 )
 
 # An arbitrary constant: the key of the PostgreSQL advisory lock that serialises daemons

@@ -45,6 +45,9 @@ class Group:
     parent_id: str | None
     created_at: datetime
     updated_at: datetime
+    # "interactive" or "batch": how its requests are ordered when they wait for a replica slot.
+    # None: the parent's (a root without one is interactive).
+    priority: str | None = None
 
 
 @attrs.frozen
