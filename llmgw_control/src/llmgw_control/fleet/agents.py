@@ -110,6 +110,9 @@ class _Session:
         # Commands handed to the socket (or being handed to it) and not acknowledged yet, with
         # when; oldest first (dicts keep insertion order), so the watchdog reads one entry.
         self.pending: dict[str, tuple[Command, float]] = {}
+        # The command being handed to the socket: if the connection ends during that send, the
+        # command may not have left, and is reported with the ones still queued.
+        self.in_hand: Command | None = None
 
 
 class AgentService:
@@ -350,11 +353,11 @@ class AgentService:
 
         Only the wait for a command is under the heartbeat timer. A send is never interrupted
         by it: the timer once cancelled ``socket.send`` with the command already taken from the
-        queue, and the command was gone. A command is pending (awaiting its ack) from the moment
-        it is taken; if the connection ends, ``_account_for`` reports what never left.
+        queue, and the command was gone. A command is pending (awaiting its ack) from then on.
 
-        Cancellation: when the session ends, at most the command in hand is half-sent; it is in
-        ``pending`` and the node's next hello tells whether it arrived.
+        Cancellation: when the session ends, a command still queued never left, and the one in
+        hand may not have; ``_account_for`` reports both (a start that did arrive after all is
+        in the node's next hello, and adopted).
         """
         seq = 0
         interval = self.config.heartbeat_interval
@@ -364,17 +367,21 @@ class AgentService:
             with trio.move_on_at(next_beat):
                 command = await session.receive_channel.receive()
             if command is not None:
+                session.in_hand = command
+                # Pending before the send: the node's ack may be read while the send is on its way.
                 session.pending[command.id] = (command, self.clock())
                 await socket.send(encode(command))
+                session.in_hand = None
                 continue
             seq += 1
             await socket.send(encode(Heartbeat(seq)))
             next_beat = trio.current_time() + interval
 
     def _account_for(self, session: _Session) -> None:
-        """The connection ended: report every command still queued (it never left control)."""
+        """The connection ended: report every command that did not leave (or may not have)."""
         session.send_channel.close()
-        unsent: list[Command] = []
+        unsent: list[Command] = [session.in_hand] if session.in_hand is not None else []
+        session.in_hand = None
         while True:
             try:
                 unsent.append(session.receive_channel.receive_nowait())
