@@ -91,9 +91,6 @@ class ShardRecord:
     shard_id: str
     key: str
     node_id: str
-    # Where the router reaches it: the node's address when control placed (or adopted) it. A
-    # later hello cannot move a replica, and its bearer key, to another address.
-    address: str
     port: int
     claim: Claim
     status: Status = Status.ASSIGNED
@@ -101,6 +98,9 @@ class ShardRecord:
     draining: bool = False
     ready_since: float | None = None
     created_at: float = 0.0
+    # Where the router reaches it: the node's address when control placed (or adopted) it. A
+    # later hello cannot move a replica, and its bearer key, to another address.
+    address: str = ""
 
     def as_assignment(self, last_used: float) -> Assignment:
         return Assignment(self.shard_id, self.key, self.node_id, self.port, self.claim, self.status,
@@ -456,8 +456,9 @@ class Reconciler:
             self._send(node.node_id, StopShard(self._next_id(), self.fencing_token, shard_id))
             node.shards.pop(shard_id, None)
             return
-        record = ShardRecord(shard_id, key, node.node_id, node.address, state.port, self.claims.get(key, Claim(0)),
-                             status, state.detail, created_at=now, ready_since=now if status == Status.READY else None)
+        record = ShardRecord(shard_id, key, node.node_id, state.port, self.claims.get(key, Claim(0)), status,
+                             state.detail, created_at=now, ready_since=now if status == Status.READY else None,
+                             address=node.address)
         self.shards[shard_id] = record
         log.info("adopted replica %s of %s on node %s (%s)", shard_id, key, node.node_id, status)
 
@@ -578,8 +579,8 @@ class Reconciler:
         shard_id = self.new_shard_id(action.key, action.node_id)
         spec = self.shard_spec(resolved, shard_id, action.port)
         # The record first: a dispatcher may report the command lost before send returns.
-        self.shards[shard_id] = ShardRecord(shard_id, action.key, action.node_id, node.address, action.port,
-                                            action.claim, created_at=now)
+        self.shards[shard_id] = ShardRecord(shard_id, action.key, action.node_id, action.port, action.claim,
+                                            created_at=now, address=node.address)
         if not self._send(action.node_id, StartShard(self._next_id(), self.fencing_token, spec)):
             self.shards.pop(shard_id, None)
             return
@@ -619,7 +620,7 @@ class Reconciler:
             routable = record.status == Status.READY and not record.draining and state in ("ready", "disconnected")
             current = self.replicas.get(record.shard_id)
             if routable and node is not None:
-                url = f"http://{_url_host(record.address)}:{record.port}"
+                url = f"http://{_url_host(record.address or node.address)}:{record.port}"
                 if current is None or current.url != url:
                     resolved = self.catalog.resolve(record.key)
                     weight = float(resolved.profile.parallel) if resolved else 1.0
