@@ -280,7 +280,8 @@ async def run_control(
                 keeper = LeaseKeeper(tenancy.store.lease, new_holder(), advertised_agent_url(config, agent_url),
                                      ttl=lead.ttl, renew_interval=lead.renew_interval)
                 fleet.leadership = Leadership(keeper, fleet.agents, fleet.reconciler, fleet.inventory,
-                                              settle=lead.settle, activator=fleet.activator)
+                                              settle=lead.settle, activator=fleet.activator,
+                                              memory=tenancy.store)
                 # Before the reconciler can run: it restores stored cordons, so nothing is placed
                 # on a node an operator cordoned before this restart.
                 models = ModelService(fleet.catalog, fleet.reconciler, tenancy.store, fleet.files,
