@@ -86,8 +86,7 @@ class AgentsConfig:
     # so an ack missing this long means the node is not processing what it is sent: its start
     # commands are failed with that reason and the connection is closed, so that the node's next
     # hello says what it really has. Far beyond a congested link's delay, and below lost_after.
-    ack_timeout: float = attrs.field(default=30.0, metadata={"doc": (
-        "Seconds a node has to acknowledge a command before the command fails and the node is reconnected.")})
+    ack_timeout: float = 30.0
 
 
 def token_digest(token: str) -> str:

@@ -77,13 +77,11 @@ class ReconcilerConfig:
     # A start_shard the node has not reported on after this long is failed with that reason (the
     # node acknowledged it and then said nothing): nothing waits in "assigned" forever. A node
     # reports a new shard within a heartbeat (5 s); a minute allows for a congested node.
-    assigned_timeout: float = attrs.field(default=60.0, metadata={"doc": (
-        "Seconds a started replica may go unreported by its node before it counts as failed.")})
+    assigned_timeout: float = 60.0
     # A lost node is forgotten (gone from /api/v1/nodes and /metrics, its records dropped) after
     # this long without a word: a day, as Nomad's node_gc_threshold (24h), so an operator and the
     # alerts see it lost first, and a fleet of short-lived nodes does not grow control's memory.
-    forget_nodes_after: float = attrs.field(default=86400.0, metadata={"doc": (
-        "Seconds after which a silent (lost) node is forgotten: removed from the node list and metrics.")})
+    forget_nodes_after: float = 86400.0
 
 
 @attrs.define
