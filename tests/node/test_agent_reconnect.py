@@ -7,12 +7,14 @@ attempts after a lost connection must give up quickly there, not wait out the fu
 
 from __future__ import annotations
 
+import random
+
 import attrs
 import trio
 import trio_websocket
 from node.helpers import receive
 
-from llmgw_node.agent import Agent, AgentTiming
+from llmgw_node.agent import RECONNECT_CAP_S, RECONNECT_WINDOW_S, Agent, AgentTiming, reconnect_delay
 from llmgw_node.config import NodeConfig
 from llmgw_node.service import open_node_service
 from llmgw_node.supervisor import Timing
@@ -54,3 +56,14 @@ async def test_after_losing_control_a_connect_into_a_dead_backlog_gives_up_quick
             gave_up_after = trio.current_time() - closed_at[0]
             nursery.cancel_scope.cancel()
     assert gave_up_after < 5, gave_up_after
+
+
+def test_right_after_losing_control_retries_stay_frequent_then_back_off() -> None:
+    """A restarted control is back in seconds: for 30 s after a lost connection the node retries
+    at least every 2 s (the plain backoff reached 4-8 s by the fourth round); then as before."""
+    rng = random.Random(3)
+    for attempt in range(12):
+        assert reconnect_delay(attempt, 5.0, 0.5, 30.0, rng) <= RECONNECT_CAP_S
+    assert reconnect_delay(10, None, 0.5, 30.0, rng) >= 15  # never welcomed: the full backoff
+    assert reconnect_delay(10, RECONNECT_WINDOW_S + 1, 0.5, 30.0, rng) >= 15  # control stayed away
+    assert reconnect_delay(0, 5.0, 0.5, 30.0, rng) <= 0.5  # the first retry stays prompt

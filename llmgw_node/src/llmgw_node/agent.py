@@ -90,10 +90,26 @@ class AgentStatus:
         self.changed = trio.Event()
 
 
+# For this long after control went away (a welcomed connection ended), reconnect attempts come
+# at least every RECONNECT_CAP_S: a control restart or a failover is over in seconds, and an
+# exponential backoff grown to 8 s by then delays every replica on the node by as much. Past
+# the window the backoff grows as usual, so a control that stays down is not hammered.
+RECONNECT_WINDOW_S = 30.0
+RECONNECT_CAP_S = 2.0
+
+
 def backoff_delay(attempt: int, low: float, high: float, rng: random.Random) -> float:
     """Exponential backoff with "equal jitter": half fixed, half random, so nodes spread out."""
     base: float = min(high, low * 2.0 ** attempt)
     return base / 2 + rng.uniform(0, base / 2)
+
+
+def reconnect_delay(attempt: int, away_for: float | None, low: float, high: float, rng: random.Random) -> float:
+    """The wait before the next round of attempts; ``away_for``: seconds since control went away
+    after a welcomed connection (None when the node has not been welcomed since it started)."""
+    if away_for is not None and away_for < RECONNECT_WINDOW_S:
+        high = min(high, max(low, RECONNECT_CAP_S))
+    return backoff_delay(attempt, low, high, rng)
 
 
 class Agent:
@@ -138,6 +154,7 @@ class Agent:
         # Failed attempts since a welcomed connection ended; None before the first welcome (a
         # node starting up may face a slow link: it gets the full connect timeout).
         away: int | None = None
+        lost_at: float | None = None
         while True:
             url = queue.pop(0)
             self._welcomed = False
@@ -159,6 +176,7 @@ class Agent:
                 # It worked until it did not: start over from the one that worked, promptly. (Twice
                 # in a row welcomed and dropped at once is a failure: back off, do not hammer it.)
                 attempt = 0
+                lost_at = trio.current_time()
                 queue = [url, *[u for u in self.urls if u != url]]
             elif self._redirect and self._redirect not in followed:
                 # A standby named the leader: go there now, not after a backoff. Once per round,
@@ -172,7 +190,8 @@ class Agent:
             if not queue:
                 queue = list(self.urls)
                 followed.clear()
-                delay = backoff_delay(attempt, cfg.reconnect_min_s, cfg.reconnect_max_s, self.rng)
+                away_for = None if lost_at is None else trio.current_time() - lost_at
+                delay = reconnect_delay(attempt, away_for, cfg.reconnect_min_s, cfg.reconnect_max_s, self.rng)
                 attempt += 1
                 log.info("no control answered; retrying in %.1f s", delay)
                 await trio.sleep(delay)
