@@ -134,3 +134,28 @@ async def test_losing_two_of_three_nodes_moves_replicas_within_the_reschedule_li
                 await trio.sleep(0.2)
         # ... and then the next one does: the limit delays moves, it does not stop them.
         await settled(fleet, lambda nodes, models: len(moved(models)) == 2, timeout=30)
+
+
+async def test_after_a_restart_control_places_once_its_nodes_are_back_not_after_the_settle_time(
+    tmp_path: Path, tiny_model: Path, engine_archive: Path
+) -> None:
+    """The demo's restart: both daemons stopped (the engine with the node), both started again.
+    The node that held the replica is back at once, so the first request's cold start must not
+    wait out the settle hold (30 s here); before the fix it always did (15 s in the demo)."""
+    import httpx2
+
+    async with running_fleet(tmp_path, tiny_model, engine_archive, leadership={"settle": 30.0}) as fleet:
+        await fleet.add_node("n1")
+        await chat_ok(fleet)
+        await trio.sleep(2)  # the leader writes down which nodes hold replicas (within a second)
+        assert await fleet.control.stop(signal.SIGTERM) == 0
+        await fleet.nodes["n1"].stop(signal.SIGTERM)
+        fleet.kill_engines()
+        await fleet.start_control()
+        await fleet.nodes["n1"].start()
+        async with httpx2.AsyncClient(base_url=fleet.api_url, timeout=60) as client:
+            response = await client.post("/v1/chat/completions", json={
+                "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+        assert response.status_code == 200, response.text
+        # Held while the node came back and the engine started: seconds, not the 30 s hold.
+        assert float(response.headers["x-llmgw-queued-ms"]) < 15_000, response.headers["x-llmgw-queued-ms"]
