@@ -287,11 +287,13 @@ class Reconciler:
                 self.mark_failed(record.shard_id, reason)
 
     def command_unsent(self, node_id: str, command: Command) -> None:
-        """A command that never left control (its node's connection ended first).
+        """A command that did not leave control, or was being written when its node's connection
+        ended (the agent service cannot tell whether that one arrived).
 
-        A start that never reached the node cannot be running there: forget it now, so a
-        replacement is placed without waiting for the node to come back or be lost. A drain is
-        sent again when the node's next hello still lists the shard (``_settle_full_report``).
+        A start is forgotten now, so a replacement is placed without waiting for the node to come
+        back or be lost; had it arrived after all, the node's next hello lists the shard and it is
+        adopted (the plan drains a surplus). A drain is sent again when the node's next hello
+        still lists the shard (``_settle_full_report``).
         """
         if isinstance(command, StartShard):
             record = self.shards.get(command.shard.shard_id)
