@@ -17,7 +17,7 @@ import trio
 from prometheus_client import CollectorRegistry
 
 from llmgw_shared.logs import get_logger
-from llmgw_shared.wire import EngineSpec, StartShard
+from llmgw_shared.wire import EngineSpec
 
 from .admin.api.catalog_service import ModelService, stored_models
 from .admin.app import make_admin_app, make_metrics_app
@@ -185,13 +185,18 @@ async def _build_fleet(config: ControlConfig, replicas: ReplicaSet, agent_url: s
         if reconciler_box:
             reconciler_box[0].wake()
 
-    def on_command_failed(node_id: str, command: Any, error: str) -> None:
-        if isinstance(command, StartShard) and reconciler_box:
-            reconciler_box[0].mark_failed(command.shard.shard_id, f"node {node_id} refused the start: {error}")
+    def on_command_failed(node_id: str, command: Any, reason: str) -> None:
+        if reconciler_box:
+            reconciler_box[0].command_failed(node_id, command, reason)
+
+    def on_command_unsent(node_id: str, command: Any) -> None:
+        if reconciler_box:
+            reconciler_box[0].command_unsent(node_id, command)
 
     agents = AgentService(
         inventory, config=config.agents, token_digests=set(config.agents.join_token_digests),
-        engines=engine_specs, on_change=on_change, on_command_failed=on_command_failed, role=Role(),
+        engines=engine_specs, on_change=on_change, on_command_failed=on_command_failed,
+        on_command_unsent=on_command_unsent, role=Role(),
         fencing_token=lambda: reconciler_box[0].fencing_token if reconciler_box else 1,
         stored_identity=stored_identity(store),
     )
@@ -263,6 +268,8 @@ async def run_control(
 
                 identities, agent_url = await _start_agent_listener(config, nursery, serve, agent_app, shutdown)
                 fleet = await _build_fleet(config, replicas, agent_url, tenancy.store)
+                # A forgotten replica's per-replica series go with it (bounded /metrics).
+                fleet.reconciler.on_replica_forgotten = metrics.forget_replica
                 agent_app_box.append(make_agent_app(fleet.agents, fleet.files, identities, onboarding=fleet.onboarding))
                 # Read at scrape time from the live objects: nothing is counted on the hot path.
                 register_fleet_metrics(registry, fleet)
@@ -273,7 +280,8 @@ async def run_control(
                 keeper = LeaseKeeper(tenancy.store.lease, new_holder(), advertised_agent_url(config, agent_url),
                                      ttl=lead.ttl, renew_interval=lead.renew_interval)
                 fleet.leadership = Leadership(keeper, fleet.agents, fleet.reconciler, fleet.inventory,
-                                              settle=lead.settle, activator=fleet.activator)
+                                              settle=lead.settle, activator=fleet.activator,
+                                              memory=tenancy.store)
                 # Before the reconciler can run: it restores stored cordons, so nothing is placed
                 # on a node an operator cordoned before this restart.
                 models = ModelService(fleet.catalog, fleet.reconciler, tenancy.store, fleet.files,

@@ -207,6 +207,13 @@ def _validate_fleet(config: ControlConfig) -> None:
         raise ConfigError(f"reconciler.saturated_after must not be negative, got {rec.saturated_after}")
     if rec.interval <= 0 or rec.backoff_base <= 0 or rec.backoff_cap < rec.backoff_base:
         raise ConfigError("reconciler: interval and backoff_base must be positive, backoff_cap >= backoff_base")
+    if rec.reschedule_burst < 1 or rec.reschedules_per_minute <= 0:
+        raise ConfigError("reconciler: reschedule_burst must be at least 1 and reschedules_per_minute positive")
+    if rec.assigned_timeout <= 0 or agents.ack_timeout <= 0:
+        raise ConfigError("reconciler.assigned_timeout and agents.ack_timeout must be positive")
+    if rec.forget_nodes_after < agents.lost_after:
+        raise ConfigError("reconciler.forget_nodes_after must be at least agents.lost_after: a node is lost "
+                          "before it is forgotten")
     activator = config.activator
     if activator.queue_size < 0 or activator.max_wait <= 0 or activator.batch_after < 0:
         raise ConfigError("activator: queue_size and batch_after must not be negative and max_wait must be positive")

@@ -72,6 +72,8 @@ DOCS: dict[str, str] = {
     "AgentsConfig.hello_timeout": "Seconds a new connection has to send its hello.",
     "AgentsConfig.max_frame_bytes": "Largest WebSocket frame accepted from a node.",
     "AgentsConfig.command_queue": "Commands queued per node before it is disconnected as too slow.",
+    "AgentsConfig.ack_timeout": "Seconds a node has to acknowledge a command before the command fails and "
+                                "the node is reconnected.",
     "ReconcilerConfig.interval": "Seconds between reconcile passes (changes also wake it at once).",
     "ReconcilerConfig.port_min": "Lowest port given to an engine on a node.",
     "ReconcilerConfig.port_max": "Highest port given to an engine on a node.",
@@ -80,6 +82,10 @@ DOCS: dict[str, str] = {
     "ReconcilerConfig.reschedule_burst": "Replicas moved off lost nodes at once before the rate limit applies.",
     "ReconcilerConfig.reschedules_per_minute": "Replicas moved off lost nodes per minute after the burst.",
     "ReconcilerConfig.reserved_ram_mib": "RAM (MiB) kept free on every node for the OS and the node daemon.",
+    "ReconcilerConfig.assigned_timeout": "Seconds a started replica may go unreported by its node before it "
+                                         "counts as failed.",
+    "ReconcilerConfig.forget_nodes_after": "Seconds after which a silent (lost) node is forgotten: removed from "
+                                           "the node list and the metrics.",
     "ReconcilerConfig.saturated_after": "Seconds every slot of a model stays busy (none queued) before another "
                                         "replica is started.",
     "ActivatorConfig.queue_size": "Requests that may wait per model for a slot; more get a 429 at once.",

@@ -64,3 +64,9 @@ class GatewayMetrics:
             "llmgw_replica_cooldowns_total", "Times a replica was put in cooldown after a failure.",
             ["replica"], registry=registry,
         )
+
+    def forget_replica(self, replica_id: str) -> None:
+        """Drop every series labelled with ``replica_id``: the replica is gone for good, and a
+        fleet that starts and stops replicas all day must not grow /metrics with each one."""
+        for metric in (self.requests, self.replica_in_flight, self.retries, self.cooldowns):
+            metric.remove_by_labels({"replica": replica_id})

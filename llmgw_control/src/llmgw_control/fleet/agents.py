@@ -26,6 +26,7 @@ import trio
 from llmgw_shared.logs import get_logger
 from llmgw_shared.wire import (
     PROTOCOL_VERSION,
+    TAGS,
     Ack,
     Command,
     EngineSpec,
@@ -37,7 +38,6 @@ from llmgw_shared.wire import (
     Refuse,
     SetEngines,
     ShardStateReport,
-    StartShard,
     Welcome,
     WireError,
     decode,
@@ -82,6 +82,11 @@ class AgentsConfig:
     hello_timeout: float = 10.0
     max_frame_bytes: int = 1024 * 1024
     command_queue: int = 1000
+    # A node acknowledges a command as soon as it reads it (the work goes on in the background),
+    # so an ack missing this long means the node is not processing what it is sent: its start
+    # commands are failed with that reason and the connection is closed, so that the node's next
+    # hello says what it really has. Far beyond a congested link's delay, and below lost_after.
+    ack_timeout: float = 30.0
 
 
 def token_digest(token: str) -> str:
@@ -101,7 +106,12 @@ class _Session:
         self.node_id = node_id
         self.send_channel, self.receive_channel = trio.open_memory_channel[Command](queue)
         self.cancel_scope = trio.CancelScope()
-        self.pending: dict[str, Command] = {}
+        # Commands handed to the socket (or being handed to it) and not acknowledged yet, with
+        # when; oldest first (dicts keep insertion order), so the watchdog reads one entry.
+        self.pending: dict[str, tuple[Command, float]] = {}
+        # The command being handed to the socket: if the connection ends during that send, the
+        # command may not have left, and is reported with the ones still queued.
+        self.in_hand: Command | None = None
 
 
 class AgentService:
@@ -114,6 +124,7 @@ class AgentService:
         engines: Callable[[], list[EngineSpec]],
         on_change: Callable[[], None],
         on_command_failed: Callable[[str, Command, str], None] | None = None,
+        on_command_unsent: Callable[[str, Command], None] | None = None,
         role: Role | None = None,
         fencing_token: Callable[[], int] = lambda: 1,
         clock: Callable[[], float] = trio.current_time,
@@ -129,6 +140,9 @@ class AgentService:
         self.engines = engines
         self.on_change = on_change
         self.on_command_failed = on_command_failed
+        # Told of every command that never left control because its node's connection ended
+        # first (the node cannot have it); see Reconciler.command_unsent.
+        self.on_command_unsent = on_command_unsent
         self.role = role or Role()
         self.clock = clock
         self.sessions: dict[str, _Session] = {}
@@ -142,6 +156,8 @@ class AgentService:
             return False
         try:
             session.send_channel.send_nowait(command)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return False  # the connection is ending: the command would never leave
         except trio.WouldBlock:
             # A node that cannot keep up with its commands is treated as gone: reconnecting gives
             # it a clean slate, and its hello tells us what it actually runs.
@@ -188,6 +204,7 @@ class AgentService:
                 node.connected = False
                 log.info("node %s disconnected", hello.node_id, extra={"node": hello.node_id})
                 self.on_change()
+            self._account_for(session)
             with trio.move_on_after(1) as cleanup:
                 cleanup.shield = True
                 # The peer may be gone already.
@@ -314,12 +331,14 @@ class AgentService:
             node.update_shards([msg.shard])
             changed = True
         elif isinstance(msg, Ack):
-            command = session.pending.pop(msg.command_id, None)
+            entry = session.pending.pop(msg.command_id, None)
+            command = entry[0] if entry is not None else None
             if not msg.ok:
                 log.warning("node %s refused command %s: %s", node.node_id, msg.command_id, msg.error,
                             extra={"node": node.node_id})
                 if command is not None and self.on_command_failed is not None:
-                    self.on_command_failed(node.node_id, command, msg.error)
+                    self.on_command_failed(node.node_id, command,
+                                           f"node {node.node_id} refused {TAGS[type(command)]}: {msg.error}")
                     changed = True
         elif isinstance(msg, Error):
             log.warning("node %s reported an error: %s", node.node_id, msg.message, extra={"node": node.node_id})
@@ -329,33 +348,83 @@ class AgentService:
             self.on_change()
 
     async def _writer(self, socket: Socket, session: _Session) -> None:
+        """The only sender: queued commands, and a heartbeat whenever none was due to go out.
+
+        Only the wait for a command is under the heartbeat timer. A send is never interrupted
+        by it: the timer once cancelled ``socket.send`` with the command already taken from the
+        queue, and the command was gone. A command is pending (awaiting its ack) from then on.
+
+        Cancellation: when the session ends, a command still queued never left, and the one in
+        hand may not have; ``_account_for`` reports both (a start that did arrive after all is
+        in the node's next hello, and adopted).
+        """
         seq = 0
         interval = self.config.heartbeat_interval
         next_beat = trio.current_time()
         while True:
+            command: Command | None = None
             with trio.move_on_at(next_beat):
                 command = await session.receive_channel.receive()
-                session.pending[command.id] = command
+            if command is not None:
+                session.in_hand = command
+                # Pending before the send: the node's ack may be read while the send is on its way.
+                session.pending[command.id] = (command, self.clock())
                 await socket.send(encode(command))
+                session.in_hand = None
                 continue
             seq += 1
             await socket.send(encode(Heartbeat(seq)))
             next_beat = trio.current_time() + interval
 
-    async def _watchdog(self, session: _Session, node: NodeRecord) -> None:
-        limit = self.config.unreachable_after
+    def _account_for(self, session: _Session) -> None:
+        """The connection ended: report every command that did not leave (or may not have)."""
+        session.send_channel.close()
+        unsent: list[Command] = [session.in_hand] if session.in_hand is not None else []
+        session.in_hand = None
         while True:
-            silent = self.clock() - node.last_seen
+            try:
+                unsent.append(session.receive_channel.receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+        session.receive_channel.close()
+        if unsent or session.pending:
+            log.info("node %s: connection ended with %d command(s) unsent and %d unacknowledged",
+                     session.node_id, len(unsent), len(session.pending), extra={"node": session.node_id})
+        if self.on_command_unsent is not None:
+            for command in unsent:
+                self.on_command_unsent(session.node_id, command)
+
+    async def _watchdog(self, session: _Session, node: NodeRecord) -> None:
+        """Close a node that went silent, or that leaves a command unacknowledged too long."""
+        limit = self.config.unreachable_after
+        ack_limit = self.config.ack_timeout
+        while True:
+            now = self.clock()
+            silent = now - node.last_seen
             if silent > limit:
                 log.warning("node %s silent for %.1f s: closing its connection", node.node_id, silent,
                             extra={"node": node.node_id})
                 session.cancel_scope.cancel()
                 return
-            await trio.sleep(max(0.05, min(limit - silent, self.config.heartbeat_interval) + 0.01))
+            oldest = next(iter(session.pending.values()), None)
+            if oldest is not None and now - oldest[1] > ack_limit:
+                self._unacknowledged(session, node, ack_limit)
+                return
+            wait = min(limit - silent, self.config.heartbeat_interval)
+            if oldest is not None:
+                wait = min(wait, ack_limit - (now - oldest[1]))
+            await trio.sleep(max(0.05, wait + 0.01))
 
-
-def failed_start(command: Command) -> str | None:
-    """The shard id of a start command, for marking it failed when the node refuses it."""
-    return command.shard.shard_id if isinstance(command, StartShard) else None
-
-
+    def _unacknowledged(self, session: _Session, node: NodeRecord, limit: float) -> None:
+        command, _ = next(iter(session.pending.values()))
+        reason = f"node {node.node_id} did not acknowledge {TAGS[type(command)]} within {limit:g} s"
+        log.warning("%s: closing its connection (its hello will say what it has)", reason,
+                    extra={"node": node.node_id})
+        if self.on_command_failed is not None:
+            now = self.clock()
+            for late, sent_at in list(session.pending.values()):
+                if now - sent_at > limit:
+                    self.on_command_failed(node.node_id, late, reason)
+        session.pending.clear()
+        session.cancel_scope.cancel()
+        self.on_change()

@@ -11,7 +11,7 @@ addressed does not exist), ``Conflict`` (a duplicate, a cycle, a group still in 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Protocol, Self
@@ -22,6 +22,7 @@ from .records import (
     ApiKey,
     CapacityRecord,
     CatalogModel,
+    FleetHolders,
     Group,
     KeyChanges,
     NodeIdentity,
@@ -175,3 +176,7 @@ class Store(Protocol):
 
     # cluster secrets (see ops_secrets): the first offer under a name wins
     async def shared_secret(self, name: str, offer: bytes) -> bytes: ...
+
+    # the nodes that held replicas under a leader (see ops_fleet)
+    async def fleet_holders(self) -> FleetHolders | None: ...
+    async def remember_holders(self, epoch: int, nodes: Iterable[str]) -> bool: ...

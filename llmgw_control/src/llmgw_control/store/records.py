@@ -171,3 +171,12 @@ class LeaseInfo:
     address: str | None
     epoch: int
     expires_at: datetime | None
+
+
+@attrs.frozen
+class FleetHolders:
+    """The nodes that held replicas when the leader of ``epoch`` last wrote them down."""
+
+    epoch: int
+    nodes: frozenset[str]
+    written_at: datetime
