@@ -26,6 +26,7 @@ from cattrs.strategies import configure_tagged_union
 from llmgw_shared.config import json_kind as _json_kind
 from llmgw_shared.config import strict_collections
 from llmgw_shared.facts import GpuFacts, HostFacts
+from llmgw_shared.jsonin import loads as _loads
 
 PROTOCOL_VERSION = 1
 
@@ -319,8 +320,9 @@ def encode(msg: Message) -> str:
 def decode(text: str | bytes) -> Message:
     """Parse one frame; any problem is a :class:`WireError` whose text names the field."""
     try:
-        raw = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as exc:
+        # Depth-bounded: a frame nested 100,000 deep once ended a node's session with a traceback.
+        raw = _loads(text)
+    except ValueError as exc:  # UnicodeDecodeError and JsonTooDeep included
         raise WireError(f"frame is not valid JSON: {exc}") from None
     if not isinstance(raw, dict):
         raise WireError(f"frame must be a JSON object, got {_json_kind(raw)}")

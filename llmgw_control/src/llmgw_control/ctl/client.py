@@ -6,6 +6,8 @@ from typing import Any
 
 import httpx2
 
+from llmgw_shared.jsonin import loads as json_loads
+
 DEFAULT_ADMIN = "http://127.0.0.1:8081"
 
 
@@ -38,7 +40,7 @@ class AdminClient:
         if response.status_code == 204:
             return None
         try:
-            body = response.json()
+            body = json_loads(response.content)
         except ValueError:
             body = None
         if response.status_code >= 400:

@@ -21,6 +21,7 @@ from typing import Any
 
 import trio
 
+from llmgw_shared.jsonin import loads as json_loads
 from llmgw_shared.logs import get_logger, request_context
 
 from ..asgi import Receive, Scope, Send
@@ -163,7 +164,7 @@ def _request_id(scope: Scope) -> str:
 
 def _engine_message(body: bytes) -> str:
     try:
-        value = json.loads(body)
+        value = json_loads(body)
         error = value.get("error") if isinstance(value, dict) else None
         if isinstance(error, dict) and isinstance(error.get("message"), str):
             return str(error["message"])[:300]

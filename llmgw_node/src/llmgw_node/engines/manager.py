@@ -29,6 +29,7 @@ from llmgw_node.engines import proof
 from llmgw_node.engines.release import Platform, ReleaseAsset, ReleaseError, choose_assets, parse_release
 from llmgw_node.engines.unpack import UnsafeArchive, safe_unpack
 from llmgw_node.fetch import FetchError, fetch, human_size
+from llmgw_shared.jsonin import loads as json_loads
 from llmgw_shared.logs import get_logger
 from llmgw_shared.wire import LLAMA_CPP_RELEASES, EngineSpec, EngineState
 
@@ -259,7 +260,7 @@ class EngineManager:
         if resp.status_code != 200:
             raise InstallError(f"release index {shown}: HTTP {resp.status_code}")
         try:
-            data = resp.json()
+            data = json_loads(resp.content)
         except ValueError:
             raise InstallError(f"release index {shown}: not JSON") from None
         return parse_release(data)

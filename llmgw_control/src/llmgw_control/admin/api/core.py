@@ -28,6 +28,8 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from llmgw_shared.config import strict_converter
+from llmgw_shared.jsonin import JsonTooDeep
+from llmgw_shared.jsonin import loads as json_loads
 from llmgw_shared.logs import get_logger
 
 from ...asgi import Send, send_json
@@ -405,8 +407,10 @@ class Api:
         if route.body is not None:
             data = await request.get_data(as_text=False)
             try:
-                parsed = json.loads(data) if data else None
-            except (ValueError, UnicodeDecodeError):
+                parsed = json_loads(data) if data else None
+            except JsonTooDeep as exc:
+                raise bad_request(None, f"the body is not valid JSON: {exc}", code="invalid_json") from None
+            except ValueError:  # UnicodeDecodeError included
                 raise bad_request(None, "the body is not valid JSON", code="invalid_json") from None
             body = structure_body(parsed, route.body)
             raw = parsed if isinstance(parsed, dict) else {}
