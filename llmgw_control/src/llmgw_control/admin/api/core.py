@@ -109,15 +109,25 @@ def _clean_str(value: Any, _: type) -> str:
 
 
 def _datetime_in(value: Any, _: type) -> datetime:
+    """An RFC 3339 date-time, as a UTC datetime: the one parser of every date-time the API takes.
+
+    Its instant must be one Python can hold in UTC: ``9999-12-31T23:59:59-14:00`` is valid RFC
+    3339, but its UTC instant is in the year 10000, and converting it raised OverflowError (a 500)
+    wherever it was first compared or stored. Converted here, once, it is a 400 naming the field.
+    """
     if not isinstance(value, str):
         raise TypeError(f"expected an RFC 3339 date-time string, got {type(value).__name__}")
     try:
         parsed = datetime.fromisoformat(value)
     except ValueError:
-        raise ValueError(f"{value!r} is not an RFC 3339 date-time (e.g. 2026-12-02T10:00:00Z)") from None
+        raise ValueError(f"{value[:64]!r} is not an RFC 3339 date-time (e.g. 2026-12-02T10:00:00Z)") from None
     if parsed.tzinfo is None:
         raise ValueError("needs a timezone (e.g. Z or +01:00)")
-    return parsed
+    try:
+        return parsed.astimezone(UTC)
+    except OverflowError:
+        raise ValueError(f"{value[:64]!r} is out of range: in UTC it must lie between 0001-01-01T00:00:00Z and "
+                         "9999-12-31T23:59:59.999999Z") from None
 
 
 def make_converter() -> cattrs.Converter:
