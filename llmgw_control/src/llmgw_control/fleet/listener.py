@@ -7,6 +7,7 @@ from typing import Any
 from quart import Response, abort, jsonify, request, send_file, websocket
 from quart_trio import QuartTrio
 
+from ..byte_ranges import StrictRangeResponse
 from ..onboarding import Onboarding, register_install_routes
 from .agents import AgentService
 from .files import FileServer
@@ -34,6 +35,8 @@ def make_agent_app(service: AgentService, files: FileServer | None, identities: 
                    onboarding: Onboarding | None = None) -> QuartTrio:
     """``identities``: node ids proven by client certificates, when a TLS front relays to this app."""
     app = QuartTrio("llmgw_control.agents")
+    # Range requests (nodes resume downloads) are parsed by byte_ranges, strictly (RFC 9110).
+    app.response_class = StrictRangeResponse
     app.config["RESPONSE_TIMEOUT"] = None
     # The node install script and wheels (onboarding), next to the files nodes fetch.
     register_install_routes(app, onboarding)
