@@ -71,10 +71,12 @@ class Daemon:
 
 
 @asynccontextmanager
-async def running_control(data_dir: Path, *, store: str = "", models: list[dict[str, Any]] | None = None
-                          ) -> AsyncIterator[Daemon]:
+async def running_control(data_dir: Path, *, store: str = "", models: list[dict[str, Any]] | None = None,
+                          **agent_settings: Any) -> AsyncIterator[Daemon]:
+    """``agent_settings`` replace AgentsConfig fields (e.g. ``join_token_digests=[]``: only onboarded nodes)."""
+    settings: dict[str, Any] = {"join_token_digests": [token_digest(JOIN_TOKEN)], **agent_settings}
     agents = AgentsConfig(listen="127.0.0.1:0", heartbeat_interval=0.2, unreachable_after=2.0, lost_after=5.0,
-                          join_token_digests=[token_digest(JOIN_TOKEN)])
+                          **settings)
     lead = LeadershipConfig(ttl=2.0, renew_interval=0.5, settle=0.0,
                             advertise="ws://127.0.0.1:9/agent/v1" if store.startswith("postgresql") else "")
     config = validate(ControlConfig(
@@ -146,6 +148,14 @@ async def fake_node(daemon: Daemon, node_id: str = "n1", *, warnings: list[str] 
         nursery.start_soon(node.beat)
         yield node
         nursery.cancel_scope.cancel()
+
+
+async def first_answer(daemon: Daemon, frame: str) -> dict[str, Any]:
+    """What control answers a raw first frame (a hello, or anything pretending to be one)."""
+    async with open_websocket_url(daemon.agent_url, max_message_size=4 * 1024 * 1024) as ws:
+        await ws.send_message(frame)
+        answer: dict[str, Any] = json.loads(await ws.get_message())
+        return answer
 
 
 async def wait_until(predicate: Any, timeout: float = 10) -> None:
