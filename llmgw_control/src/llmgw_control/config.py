@@ -136,7 +136,7 @@ def validate(config: ControlConfig) -> ControlConfig:
     if config.metrics_listen:
         parse_host_port(config.metrics_listen, what="metrics_listen")
     for name in config.admin_hosts:
-        if not _HOST_NAME.match(name):
+        if not _HOST_NAME.fullmatch(name):
             raise ConfigError(f"admin_hosts: {name!r} is not a host name (no scheme, port or path), "
                               "e.g. control.mgmt.example")
     if config.log_level not in _LOG_LEVELS:
@@ -162,7 +162,7 @@ def validate(config: ControlConfig) -> ControlConfig:
     endpoints = []
     for index, endpoint in enumerate(config.endpoints):
         where = f"endpoints[{index}]"
-        if not _ENDPOINT_ID.match(endpoint.id):
+        if not _ENDPOINT_ID.fullmatch(endpoint.id):
             raise ConfigError(f"{where}.id {endpoint.id!r}: use letters, digits, '.', '_' or '-'")
         if endpoint.id in seen:
             raise ConfigError(f"{where}.id {endpoint.id!r} is used by another endpoint")
@@ -182,7 +182,7 @@ def _validate_fleet(config: ControlConfig) -> None:
     if agents.public_url:
         validate_engine_url(agents.public_url, what="agents.public_url")
     for digest in agents.join_token_digests:
-        if not re.match(r"^sha256:[0-9a-f]{64}$", digest):
+        if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
             raise ConfigError(f"agents.join_token_digests: {digest[:12]}... is not sha256:<64 hex digits> "
                               "(llmgw-control token prints one)")
     if not 0 < agents.heartbeat_interval < agents.unreachable_after < agents.lost_after:

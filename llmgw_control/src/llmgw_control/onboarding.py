@@ -113,7 +113,7 @@ class Onboarding:
     def _newest(self, dist: str) -> Path | None:
         found = []
         for path in self._listing():
-            match = _WHEEL.match(path.name)
+            match = _WHEEL.fullmatch(path.name)
             if match and match["dist"].lower().replace(".", "_") == dist:
                 found.append((_version_key(match["version"]), path))
         return max(found)[1] if found else None

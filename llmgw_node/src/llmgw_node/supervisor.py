@@ -132,7 +132,7 @@ class Supervisor:
 
     def start(self, spec: ShardSpec) -> None:
         """Begin supervising ``spec``. Idempotent for the same spec; refuses conflicts."""
-        if not SHARD_ID.match(spec.shard_id):
+        if not SHARD_ID.fullmatch(spec.shard_id):
             raise ShardError(f"shard id {spec.shard_id!r}: use letters, digits, '.', '_' and '-' (max 128)")
         if not 1 <= spec.port <= 65535:
             raise ShardError(f"shard {spec.shard_id}: port {spec.port} is out of range")

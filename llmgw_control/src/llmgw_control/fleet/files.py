@@ -61,7 +61,7 @@ class FileServer:
             return []
         found = []
         for entry in sorted(directory.iterdir()):
-            match = _ARCHIVE.match(entry.name)
+            match = _ARCHIVE.fullmatch(entry.name)
             if match and (match["tag"] in (None, version)) and entry.is_file():
                 found.append(entry)
         return found
@@ -89,7 +89,7 @@ class FileServer:
 
 
 def _tag(archive: Path) -> str | None:
-    match = _ARCHIVE.match(archive.name)
+    match = _ARCHIVE.fullmatch(archive.name)
     return match["tag"] if match else None
 
 

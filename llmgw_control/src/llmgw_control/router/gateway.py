@@ -157,7 +157,7 @@ def _header(scope: Scope, name: bytes) -> str | None:
 
 def _request_id(scope: Scope) -> str:
     given = _header(scope, b"x-request-id")
-    if given and _REQUEST_ID.match(given):
+    if given and _REQUEST_ID.fullmatch(given):
         return given
     return uuid.uuid4().hex
 

@@ -70,7 +70,7 @@ class _Parsed:
 
 
 def _parse_name(asset: ReleaseAsset) -> _Parsed | None:
-    m = _NAME.match(asset.name)
+    m = _NAME.fullmatch(asset.name)
     if not m:
         return None
     parts = m["rest"].split("-")

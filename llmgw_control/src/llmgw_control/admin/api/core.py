@@ -205,7 +205,9 @@ def _check_value(item: Any, rules: Mapping[str, Any], where: str) -> None:
                               else f"must be at least {rules['minLength']} characters")
         if "maxLength" in rules and len(item) > rules["maxLength"]:
             raise bad_request(where, f"must be at most {rules['maxLength']} characters")
-        if "pattern" in rules and not re.search(rules["pattern"], item):
+        # Schema patterns are written anchored (^...$) and matched whole: re.search with "$" would
+        # also accept the value with a newline after it.
+        if "pattern" in rules and not re.fullmatch(rules["pattern"], item):
             raise bad_request(where, rules.get("x-pattern-message", f"must match {rules['pattern']}"))
     if isinstance(item, list | dict):
         if "maxItems" in rules and len(item) > rules["maxItems"]:
