@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 
 import attrs
@@ -177,3 +178,110 @@ async def test_the_dashboards_static_files_parse_ranges_the_same_way(served: Ser
         assert whole.status_code == 200, whole.text[:200]
         for header in ("bytes=0-" + "9" * 40, "bytes=" + "9" * 40 + "-", "bytes=3-1", "bytes=2-5"):
             check_answer(await client.get(path, headers={"Range": header}), header, whole.content)
+
+
+# --------------------------------------------------------------------------- what leaves the tree
+
+
+async def test_a_link_out_of_its_directory_is_not_served(tmp_path: Path) -> None:
+    secret = tmp_path / "control-secret"
+    secret.write_bytes(b"the cluster secret")
+    root = tmp_path / "root"
+    files = root / "files"
+    for kind in ("engines", "models", "wheels"):
+        (files / kind).mkdir(parents=True)
+    (files / "engines" / "llama-b1-bin-ubuntu-x64.tar.gz").symlink_to(secret)
+    (files / "engines" / "llama-b1-bin-ubuntu-arm64.tar.gz").write_bytes(b"archive")
+    (files / "models" / "leak.gguf").symlink_to(secret)
+    (files / "models" / "up.gguf").symlink_to("../engines/llama-b1-bin-ubuntu-arm64.tar.gz")
+    (files / "models" / "alias.gguf").symlink_to("m.gguf")  # a link inside the directory: allowed
+    (files / "wheels" / "llmgw_node-9-py3-none-any.whl").symlink_to(secret)
+    async with control_serving_files(root) as served:
+        def get(path: str) -> httpx2.Response:
+            with node_client(served.agent_url) as client:
+                return client.get(path)
+
+        for path in ("/files/models/leak.gguf", "/files/models/up.gguf",
+                     "/files/engines/llama-b1-bin-ubuntu-x64.tar.gz", "/install/wheels/llmgw_node-9-py3-none-any.whl",
+                     "/files/models/..%2F..%2Fcontrol-secret", "/files/models/%2e%2e"):
+            response = await trio.to_thread.run_sync(get, path)
+            assert response.status_code == 404, (path, response.status_code)
+            assert b"cluster secret" not in response.content
+        assert (await trio.to_thread.run_sync(get, "/files/models/alias.gguf")).content == DATA
+        release = (await trio.to_thread.run_sync(get, "/releases/llama.cpp/b1")).json()
+        assert [a["name"] for a in release["assets"]] == ["llama-b1-bin-ubuntu-arm64.tar.gz"]
+        index = (await trio.to_thread.run_sync(get, "/install/wheels/")).text
+        assert "llmgw_node-9" not in index and WHEEL in index
+
+
+async def test_a_kind_directory_may_itself_be_a_link_the_operator_made(tmp_path: Path) -> None:
+    store = tmp_path / "weights-store"
+    store.mkdir()
+    (store / "big.gguf").write_bytes(DATA)
+    root = tmp_path / "root"
+    (root / "files").mkdir(parents=True)
+    (root / "files" / "models").symlink_to(store)
+    async with control_serving_files(root) as served:
+        async with httpx2.AsyncClient(base_url=served.agent_url, auth=("n1", TOKEN)) as client:
+            assert (await client.get("/files/models/big.gguf")).content == DATA
+
+
+# --------------------------------------------------------------------------- enrolled nodes only
+
+
+NODE_FILES = ["/files/models/m.gguf", "/install/wheels/", f"/install/wheels/{WHEEL}", "/releases/llama.cpp/b11312"]
+
+
+@pytest.mark.parametrize("auth", [None, ("n1", "wrong"), ("../..", TOKEN), ("n1", ""), ("", "")],
+                         ids=["none", "wrong token", "bad node id", "empty token", "empty"])
+async def test_files_are_for_enrolled_nodes_only(served: Served, auth: tuple[str, str] | None) -> None:
+    async with httpx2.AsyncClient(base_url=served.agent_url, auth=auth) as client:
+        for path in NODE_FILES:
+            response = await client.get(path)
+            assert response.status_code == 401, (path, response.status_code, response.text[:200])
+            assert response.json()["error"]["code"] == "node_credentials_required"
+            assert response.headers["www-authenticate"].startswith("Basic")
+        # The onboarding script is for machines that are not nodes yet; health is for anyone.
+        assert (await client.get("/install/node.sh")).status_code != 401
+        assert (await client.get("/healthz")).status_code == 200
+
+
+async def test_an_onboarded_node_fetches_with_its_own_token(tmp_path: Path) -> None:
+    own = "llmgw-join-own-token-of-gpu-3"
+    async with control_serving_files(tmp_path) as served:
+        async with httpx2.AsyncClient(base_url=served.agent_url) as client:
+            assert (await client.get("/files/models/m.gguf", auth=("gpu-3", own))).status_code == 401
+        from llmgw_control.store import open_store
+
+        async with open_store(str(tmp_path / "control" / "llmgw.db")) as store:
+            await store.add_node("gpu-3", token_digest(own))
+        async with httpx2.AsyncClient(base_url=served.agent_url) as client:
+            assert (await client.get("/files/models/m.gguf", auth=("gpu-3", own))).content == DATA
+            # Its token is its own: not another id's, and the shared one is not its.
+            assert (await client.get("/files/models/m.gguf", auth=("gpu-4", own))).status_code == 401
+            assert (await client.get("/files/models/m.gguf", auth=("gpu-3", TOKEN))).status_code == 401
+
+
+async def test_the_node_sends_its_credentials_to_control_and_to_nothing_else(served: Served, tmp_path: Path) -> None:
+    from llmgw_node.config import NodeConfig
+    from llmgw_node.service import open_node_service
+
+    seen: list[bytes] = []
+
+    async def elsewhere(stream: trio.SocketStream) -> None:
+        request = b""
+        while b"\r\n\r\n" not in request:
+            request += await stream.receive_some(4096)
+        seen.append(request)
+        await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok")
+
+    ws_url = served.agent_url.replace("http://", "ws://") + "/agent/v1"
+    config = NodeConfig(control=[ws_url], node_id="n1", token=TOKEN, data_dir=str(tmp_path / "node"))
+    async with trio.open_nursery() as nursery:
+        (listener,) = await nursery.start(partial(trio.serve_tcp, elsewhere, 0, host="127.0.0.1"))
+        other = f"http://127.0.0.1:{listener.socket.getsockname()[1]}/x"
+        async with open_node_service(config) as svc:
+            assert (await svc.client.get(served.agent_url + "/files/models/m.gguf")).content == DATA
+            assert (await svc.client.get(other)).text == "ok"
+        nursery.cancel_scope.cancel()
+    assert seen and b"authorization" not in seen[0].lower()

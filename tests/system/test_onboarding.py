@@ -35,6 +35,7 @@ from llmgw_control.onboarding import TOKEN_PREFIX, Onboarding, OnboardingError, 
 from llmgw_control.store import NodeIdentity
 from llmgw_dev.build_engine import cache_dir
 from llmgw_dev.engine_proc import free_port
+from llmgw_dev.served_files import place
 from llmgw_node.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -162,7 +163,7 @@ def wheels_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
                         "--only-binary=:all:", "--no-deps", "-r", str(req), "-d", str(house)], check=True)
         (house / ".complete").write_text("")
     for wheel in house.glob("*.whl"):
-        (out / wheel.name).symlink_to(wheel)
+        place(wheel, out / wheel.name)  # in the served directory itself: a symlink out of it is refused
     yield out
 
 

@@ -1,14 +1,25 @@
-"""The agent listener's app: the nodes' WebSocket, and the files control serves to them."""
+"""The agent listener's app: the nodes' WebSocket, and the files control serves to them.
+
+The files (engine archives and their release index, model weights, llmgw-node's wheels) are for
+enrolled nodes only: a request must carry the credentials the node joins with, as HTTP Basic
+``<node id>:<join token>`` (llmgw-node and the install script send them), checked exactly as a
+hello's are (``AgentService.enrolled``); under mutual TLS the client certificate is the proof
+instead. The install script itself is open: a machine that is not a node yet fetches it, and
+the command that runs it pins its sha256. ``/healthz`` is open too.
+"""
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 from typing import Any
 
 from quart import Response, abort, jsonify, request, send_file, websocket
 from quart_trio import QuartTrio
 
 from ..byte_ranges import StrictRangeResponse
-from ..onboarding import Onboarding, register_install_routes
+from ..onboarding import WHEELS_PATH, Onboarding, register_install_routes
 from .agents import AgentService
 from .files import FileServer
 from .tls import Identities
@@ -31,6 +42,37 @@ class _QuartSocket:
         await self._ws.close(code, reason)
 
 
+# What only enrolled nodes may fetch: the install script (/install/node.sh) is not among these.
+NODES_ONLY = ("/files/", "/releases/", WHEELS_PATH)
+# A Basic credential longer than this is no node's (a node id is at most 63 characters, a token
+# from `ctl nodes add` 54): it is refused before it is decoded.
+_MAX_CREDENTIALS = 1024
+
+
+def basic_credentials(header: str | None) -> tuple[str, str] | None:
+    """``(user, password)`` from an ``Authorization: Basic`` header, or None when there is none or it is malformed."""
+    if header is None or len(header) > _MAX_CREDENTIALS:
+        return None
+    scheme, _, value = header.strip().partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        text = base64.b64decode(value.strip(), validate=True).decode("utf-8")
+    except (binascii.Error, ValueError):
+        return None
+    user, colon, password = text.partition(":")
+    return (user, password) if colon else None
+
+
+def _not_enrolled() -> Response:
+    body = json.dumps({"error": {
+        "message": "Only enrolled nodes may fetch this: send the node id and its join token as HTTP Basic "
+                   "credentials (llmgw-node does), or a client certificate under mutual TLS.",
+        "code": "node_credentials_required", "field": None}})
+    return Response(body, status=401, content_type="application/json",
+                    headers={"WWW-Authenticate": 'Basic realm="llmgw nodes", charset="UTF-8"'})
+
+
 def make_agent_app(service: AgentService, files: FileServer | None, identities: Identities | None = None, *,
                    onboarding: Onboarding | None = None) -> QuartTrio:
     """``identities``: node ids proven by client certificates, when a TLS front relays to this app."""
@@ -51,6 +93,15 @@ def make_agent_app(service: AgentService, files: FileServer | None, identities: 
             # With mutual TLS the files are for enrolled nodes only, like the socket.
             if certified(request.scope) is None:
                 abort(403)
+    else:
+        @app.before_request
+        async def require_node_credentials() -> Response | None:
+            if not request.path.startswith(NODES_ONLY):
+                return None
+            credentials = basic_credentials(request.headers.get("Authorization"))
+            if credentials is not None and await service.enrolled(*credentials):
+                return None
+            return _not_enrolled()
 
     @app.websocket("/agent/v1")
     async def agent() -> None:
