@@ -183,8 +183,8 @@ def _validate_fleet(config: ControlConfig) -> None:
         validate_engine_url(agents.public_url, what="agents.public_url")
     for digest in agents.join_token_digests:
         if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
-            raise ConfigError(f"agents.join_token_digests: {digest[:12]}... is not sha256:<64 hex digits> "
-                              "(llmgw-control token prints one)")
+            raise ConfigError(f"agents.join_token_digests: {digest[:12]!r}... is not sha256:<64 hex digits> "
+                              "(`llmgw-control join-token` makes a token and prints its digest)")
     if not 0 < agents.heartbeat_interval < agents.unreachable_after < agents.lost_after:
         raise ConfigError("agents: need 0 < heartbeat_interval < unreachable_after < lost_after")
     if bool(agents.tls_cert_file) != bool(agents.tls_key_file):

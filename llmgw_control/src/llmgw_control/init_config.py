@@ -55,8 +55,11 @@ DOCS: dict[str, str] = {
     "AgentsConfig.listen": "Where nodes connect, host:port (empty: no nodes, router-only mode).",
     "AgentsConfig.public_url": "How nodes reach the agent listener, for files and install commands "
                                "(empty: http://<listen>).",
-    "AgentsConfig.join_token_digests": "Digests (sha256:<hex>) of shared join tokens; empty with no onboarded "
-                                       "nodes: any node may join (trusted networks only).",
+    "AgentsConfig.join_token_digests": "Digests (sha256:<hex>) of shared join tokens a node id that was never "
+                                       "onboarded may join with (llmgw-control join-token makes one); onboarded "
+                                       "nodes use their own token.",
+    "AgentsConfig.open_fleet": "Let any node id join with any token (a trusted lab network only; a warning at "
+                               "start). Off: only onboarded nodes, shared tokens above, or certificates.",
     "AgentsConfig.files_dir": "Directory of engines/, models/ and wheels/ served to nodes (air-gapped clusters, "
                               "onboarding).",
     "AgentsConfig.tls_cert_file": "TLS certificate (PEM) for the agent listener: nodes use wss:// and https:// "

@@ -68,9 +68,9 @@ class AgentsConfig:
     # How nodes reach this listener, for the files it serves; empty: http://<listen>.
     public_url: str = ""
     # Digests ("sha256:<hex>") of shared join tokens: a node id that was never onboarded may join
-    # with one of these (the digest of a token: printf %s TOKEN | sha256sum). A node onboarded with
-    # `llmgw-control ctl nodes add` joins with its own token, and with mutual TLS a certificate
-    # naming the node is enough.
+    # with one of these (`llmgw-control join-token` makes a token and prints its digest). A node
+    # onboarded with `llmgw-control ctl nodes add` joins with its own token, and with mutual TLS a
+    # certificate naming the node is enough.
     join_token_digests: list[str] = attrs.Factory(list)
     # Let any node id join with any token. Off: the fleet is closed by default, since a node that
     # joins is listed, placed on, and sent prompts and engine keys. Only for a lab network where
