@@ -122,8 +122,9 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         trio.run(_run, config)
-    except* (OSError, StoreError) as group:
-        # An address in use, an unreachable database: one line that says so, not a traceback.
+    except* (OSError, StoreError, ConfigError) as group:
+        # An address in use, an unreachable database, an admin listener no key could open: one
+        # line that says so, not a traceback.
         for error in _leaves(group):
             print(f"llmgw-control: cannot start: {error}", file=sys.stderr)
         raise SystemExit(1) from None

@@ -83,6 +83,10 @@ class ControlConfig:
     admin_listen: str = "127.0.0.1:8081"
     # Names the admin listener answers to besides IP addresses and localhost (DNS rebinding guard).
     admin_hosts: list[str] = attrs.Factory(list)
+    # Require an admin key (Authorization: Bearer) on every admin-listener request but /healthz.
+    # Always required when admin_listen is not a loopback address, since the admin API can make
+    # keys and onboard nodes; set it to require keys on loopback too (a machine shared with others).
+    admin_require_key: bool = False
     metrics_listen: str = ""
     # In-flight requests get this long to finish after SIGTERM before they are cut.
     shutdown_grace: float = 30.0

@@ -23,6 +23,8 @@ DOCS: dict[str, str] = {
     "ControlConfig.admin_listen": "Admin REST API, dashboard and /metrics, host:port; keep it on loopback.",
     "ControlConfig.admin_hosts": "Host names the admin listener answers to besides IP addresses and localhost, "
                                  "e.g. [\"control.mgmt.example\"] (others are refused: DNS rebinding).",
+    "ControlConfig.admin_require_key": "Require an admin key (Authorization: Bearer) on every admin-listener "
+                                       "request but /healthz; always on when admin_listen is not loopback.",
     "ControlConfig.metrics_listen": "An extra listener serving only /metrics, host:port (empty: none).",
     "ControlConfig.shutdown_grace": "Seconds in-flight requests get to finish after SIGTERM before they are cut.",
     "ControlConfig.log_level": "debug, info, warning or error.",

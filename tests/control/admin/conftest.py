@@ -72,8 +72,10 @@ class Daemon:
 
 @asynccontextmanager
 async def running_control(data_dir: Path, *, store: str = "", models: list[dict[str, Any]] | None = None,
-                          **agent_settings: Any) -> AsyncIterator[Daemon]:
-    """``agent_settings`` replace AgentsConfig fields (e.g. ``join_token_digests=[]``: only onboarded nodes)."""
+                          control_settings: dict[str, Any] | None = None, **agent_settings: Any
+                          ) -> AsyncIterator[Daemon]:
+    """``agent_settings`` replace AgentsConfig fields (e.g. ``join_token_digests=[]``: only onboarded nodes),
+    ``control_settings`` ControlConfig fields (e.g. ``{"admin_require_key": True}``)."""
     settings: dict[str, Any] = {"join_token_digests": [token_digest(JOIN_TOKEN)], **agent_settings}
     agents = AgentsConfig(listen="127.0.0.1:0", heartbeat_interval=0.2, unreachable_after=2.0, lost_after=5.0,
                           **settings)
@@ -81,7 +83,7 @@ async def running_control(data_dir: Path, *, store: str = "", models: list[dict[
                             advertise="ws://127.0.0.1:9/agent/v1" if store.startswith("postgresql") else "")
     config = validate(ControlConfig(
         listen="127.0.0.1:0", admin_listen="127.0.0.1:0", data_dir=str(data_dir), store=store, agents=agents,
-        leadership=lead, shutdown_grace=1.0,
+        leadership=lead, shutdown_grace=1.0, **(control_settings or {}),
         models=[strict_converter().structure(m, ModelConfig) for m in models or []]))
     fleets: list[Fleet] = []
     tenancies: list[Tenancy] = []
