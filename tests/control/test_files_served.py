@@ -241,6 +241,11 @@ async def test_files_are_for_enrolled_nodes_only(served: Served, auth: tuple[str
             assert response.status_code == 401, (path, response.status_code, response.text[:200])
             assert response.json()["error"]["code"] == "node_credentials_required"
             assert response.headers["www-authenticate"].startswith("Basic")
+        # No other spelling of a path gets past: the route decides, not the text.
+        for path in ("//files/models/m.gguf", "/files//models/m.gguf", "/files/models/./m.gguf",
+                     "/releases//llama.cpp/b11312"):
+            response = await client.get(path, follow_redirects=True)
+            assert response.content != DATA and response.status_code in (401, 404), (path, response.status_code)
         # The onboarding script is for machines that are not nodes yet; health is for anyone.
         assert (await client.get("/install/node.sh")).status_code != 401
         assert (await client.get("/healthz")).status_code == 200

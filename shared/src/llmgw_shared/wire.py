@@ -400,7 +400,8 @@ def decode(text: str | bytes) -> Message:
         msg: Message = converter.structure(raw, Message)  # type: ignore[arg-type]
     except Exception as exc:  # cattrs raises exception groups; render every leaf with its path
         problems = cattrs.transform_error(exc, path=f"$({tag})", format_exception=_format)
-        raise WireError("; ".join(problems)) from None
+        # Cut: the text goes back to the peer in an error frame, which it bounds (MAX_TEXT) too.
+        raise WireError("; ".join(problems)[:2000]) from None
     if isinstance(msg, _FROM_NODES):
         _check_report(msg, f"$({tag})")
     return msg

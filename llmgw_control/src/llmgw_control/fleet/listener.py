@@ -19,7 +19,7 @@ from quart import Response, abort, jsonify, request, send_file, websocket
 from quart_trio import QuartTrio
 
 from ..byte_ranges import StrictRangeResponse
-from ..onboarding import WHEELS_PATH, Onboarding, register_install_routes
+from ..onboarding import Onboarding, register_install_routes
 from .agents import AgentService
 from .files import FileServer
 from .tls import Identities
@@ -42,8 +42,9 @@ class _QuartSocket:
         await self._ws.close(code, reason)
 
 
-# What only enrolled nodes may fetch: the install script (/install/node.sh) is not among these.
-NODES_ONLY = ("/files/", "/releases/", WHEELS_PATH)
+# The routes anyone may use; every other route of this app is for enrolled nodes. Decided by the
+# route matched, not by the path's spelling, so no other spelling of a path can slip past.
+OPEN_ENDPOINTS = frozenset({"healthz", "install_script"})
 # A Basic credential longer than this is no node's (a node id is at most 63 characters, a token
 # from `ctl nodes add` 54): it is refused before it is decoded.
 _MAX_CREDENTIALS = 1024
@@ -96,8 +97,8 @@ def make_agent_app(service: AgentService, files: FileServer | None, identities: 
     else:
         @app.before_request
         async def require_node_credentials() -> Response | None:
-            if not request.path.startswith(NODES_ONLY):
-                return None
+            if request.endpoint is None or request.endpoint in OPEN_ENDPOINTS:
+                return None  # open, or no such route (a 404 says nothing)
             credentials = basic_credentials(request.headers.get("Authorization"))
             if credentials is not None and await service.enrolled(*credentials):
                 return None
