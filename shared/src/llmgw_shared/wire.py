@@ -395,7 +395,8 @@ def decode(text: str | bytes) -> Message:
     if tag is None:
         raise WireError("frame has no 'type' field")
     if not isinstance(tag, str) or tag not in _BY_TAG:
-        raise WireError(f"unknown message type {tag!r}; known: {', '.join(sorted(_BY_TAG))}")
+        shown = repr(tag) if len(repr(tag)) <= 60 else repr(tag)[:57] + "..."
+        raise WireError(f"unknown message type {shown}; known: {', '.join(sorted(_BY_TAG))}")
     try:
         msg: Message = converter.structure(raw, Message)  # type: ignore[arg-type]
     except Exception as exc:  # cattrs raises exception groups; render every leaf with its path
