@@ -20,7 +20,7 @@ import trio
 
 from llmgw_control.catalog import Catalog, EngineConfig, ModelConfig, ProfileConfig, WeightsConfig
 from llmgw_control.config import ControlConfig, LeadershipConfig, validate
-from llmgw_control.fleet.agents import AgentsConfig, AgentService
+from llmgw_control.fleet.agents import AgentsConfig, AgentService, token_digest
 from llmgw_control.fleet.inventory import Inventory, Liveness
 from llmgw_control.fleet.plan import Claim
 from llmgw_control.fleet.reconciler import Reconciler, ReconcilerConfig
@@ -34,6 +34,7 @@ from llmgw_shared.facts import unprobed
 from llmgw_shared.wire import PROTOCOL_VERSION, EngineState, Hello, ShardState, encode
 
 TTL, RENEW, SETTLE = 2.0, 0.5, 1.0
+JOIN_TOKEN = "llmgw-join-leadership-test"
 
 
 # --------------------------------------------------------------------------- a daemon's parts
@@ -81,7 +82,7 @@ def make_daemon(row: LeaseRow, name: str, *, settle: float = SETTLE, memory: Mem
     # Heartbeats far apart: the scripted nodes stay quiet, and fake time must not call them dead.
     config = AgentsConfig(listen="x:1", heartbeat_interval=100, unreachable_after=1000, lost_after=2000)
     box: list[Reconciler] = []
-    agents = AgentService(inventory, config=config, token_digests=set(), engines=list,
+    agents = AgentService(inventory, config=config, token_digests={token_digest(JOIN_TOKEN)}, engines=list,
                           on_change=lambda: box[0].wake() if box else None,
                           fencing_token=lambda: box[0].fencing_token)
     reconciler = Reconciler(catalog, inventory, Liveness(1000, 2000), agents, replicas, secret=b"s" * 32,
@@ -133,7 +134,7 @@ class FakeSocket:
 
 def hello(node_id: str, shards: list[ShardState] | None = None) -> str:
     facts = attrs.evolve(unprobed(), probed=True, hostname=node_id, ram_total_mib=16000)
-    return encode(Hello(PROTOCOL_VERSION, node_id, "", facts, [EngineState("llama.cpp", "b11312", "installed")],
+    return encode(Hello(PROTOCOL_VERSION, node_id, JOIN_TOKEN, facts, [EngineState("llama.cpp", "b11312", "installed")],
                         shards or []))
 
 

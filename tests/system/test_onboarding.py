@@ -35,6 +35,7 @@ from llmgw_control.onboarding import TOKEN_PREFIX, Onboarding, OnboardingError, 
 from llmgw_control.store import NodeIdentity
 from llmgw_dev.build_engine import cache_dir
 from llmgw_dev.engine_proc import free_port
+from llmgw_dev.served_files import place
 from llmgw_node.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,17 +70,24 @@ async def test_a_token_is_bound_to_its_node_id() -> None:
     async def lookup(node_id: str) -> NodeIdentity | None:
         return stored.get(node_id)
 
-    def service(digests: set[str]) -> AgentService:
-        return AgentService(Inventory(), config=AgentsConfig(), token_digests=digests, engines=list,
-                            on_change=lambda: None, stored_identity=lookup)
+    def service(digests: set[str], *, open_fleet: bool = False) -> AgentService:
+        return AgentService(Inventory(), config=AgentsConfig(open_fleet=open_fleet), token_digests=digests,
+                            engines=list, on_change=lambda: None, stored_identity=lookup)
 
     closed = service({token_digest(SHARED_TOKEN)})
     assert await closed._token_ok("gpu-3", token)
     assert not await closed._token_ok("gpu-4", token)
     assert await closed._token_ok("gpu-4", SHARED_TOKEN)
     assert not await closed._token_ok("gpu-3", new_join_token())
-    # An open fleet still lets unknown nodes in, but an onboarded id only with its own token.
-    open_fleet = service(set())
+    # An onboarded id takes its own token only, not the shared one either.
+    assert not await closed._token_ok("gpu-3", SHARED_TOKEN)
+    # With no shared tokens (what onboarding leaves) only onboarded nodes get in.
+    onboarded_only = service(set())
+    assert await onboarded_only._token_ok("gpu-3", token)
+    assert not await onboarded_only._token_ok("anything", "")
+    assert not await onboarded_only._token_ok("anything", token)
+    # An open fleet, chosen on purpose, lets unknown nodes in, but an onboarded id only with its own token.
+    open_fleet = service(set(), open_fleet=True)
     assert await open_fleet._token_ok("anything", "")
     assert not await open_fleet._token_ok("gpu-3", "")
 
@@ -155,7 +163,7 @@ def wheels_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
                         "--only-binary=:all:", "--no-deps", "-r", str(req), "-d", str(house)], check=True)
         (house / ".complete").write_text("")
     for wheel in house.glob("*.whl"):
-        (out / wheel.name).symlink_to(wheel)
+        place(wheel, out / wheel.name)  # in the served directory itself: a symlink out of it is refused
     yield out
 
 

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 from llmgw_shared.logs import get_logger
 from llmgw_shared.wire import EngineSpec
 
+from .admin.admin_auth import AdminKeyGuard, key_required, refuse_without_admin_keys
 from .admin.api.catalog_service import ModelService, stored_models
 from .admin.app import make_admin_app, make_metrics_app
 from .admin.dashboard import client_dashboard, open_dashboard, register_admin_dashboard
@@ -251,6 +252,8 @@ async def run_control(
                 trio.open_nursery() as nursery:
             if tenancy_status is not None:
                 tenancy_status.append(tenancy)
+            # Before any listener binds: an admin listener off loopback with no admin key to open it.
+            refuse_without_admin_keys(config.admin_listen, config.admin_require_key, tenancy.state)
             fleet = None
             models = None
             agent_url = None
@@ -308,7 +311,9 @@ async def run_control(
             admin_app = make_admin_app(registry, fleet, tenancy=tenancy, models=models)
             register_admin_dashboard(admin_app, dashboard)
             client_pages.admin_api = admin_app
-            admin_url = await nursery.start(partial(serve, AdminHostGuard(admin_app, config.admin_hosts),
+            admin_guarded = AdminKeyGuard(admin_app, tenancy.state,
+                                          required=key_required(config.admin_listen, config.admin_require_key))
+            admin_url = await nursery.start(partial(serve, AdminHostGuard(admin_guarded, config.admin_hosts),
                                                     config.admin_listen, name="admin"))
             metrics_url = None
             if config.metrics_listen:

@@ -95,7 +95,7 @@ def model_problems(model: ModelConfig, engines: list[EngineConfig]) -> list[tupl
     say where the model came from."""
     engine_names = sorted({e.name for e in engines})
     problems: list[tuple[str, str]] = []
-    if not NAME.match(model.name):
+    if not NAME.fullmatch(model.name):
         problems.append(("name", "a model name uses letters, digits, '.', '_' and '-' (no ':'), at most 96"))
     if not model.profiles:
         problems.append(("profiles", "needs at least one profile"))
@@ -106,7 +106,7 @@ def model_problems(model: ModelConfig, engines: list[EngineConfig]) -> list[tupl
         problems.append(("default_profile", f"{model.default_profile!r} is not one of {names}"))
     for index, profile in enumerate(model.profiles):
         at = f"profiles[{index}]"
-        if not NAME.match(profile.name):
+        if not NAME.fullmatch(profile.name):
             problems.append((f"{at}.name", "a profile name uses letters, digits, '.', '_' and '-', at most 96"))
         if profile.engine not in engine_names:
             problems.append((f"{at}.engine", f"{profile.engine!r} is not in [[engines]] ({engine_names})"))
@@ -116,7 +116,7 @@ def model_problems(model: ModelConfig, engines: list[EngineConfig]) -> list[tupl
                              f"{profile.engine} {profile.engine_version!r} is not in [[engines]]"))
         if not profile.weights.url.strip():
             problems.append((f"{at}.weights.url", "must be an http(s) URL or a path on the nodes"))
-        if not SHA256.match(profile.weights.sha256):
+        if not SHA256.fullmatch(profile.weights.sha256):
             problems.append((f"{at}.weights.sha256", "must be 64 lowercase hex digits"))
         if profile.weights.size <= 0:
             problems.append((f"{at}.weights.size", "must be the file size in bytes"))

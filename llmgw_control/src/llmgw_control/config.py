@@ -88,6 +88,10 @@ class ControlConfig:
     admin_listen: str = "127.0.0.1:8081"
     # Names the admin listener answers to besides IP addresses and localhost (DNS rebinding guard).
     admin_hosts: list[str] = attrs.Factory(list)
+    # Require an admin key (Authorization: Bearer) on every admin-listener request but /healthz.
+    # Always required when admin_listen is not a loopback address, since the admin API can make
+    # keys and onboard nodes; set it to require keys on loopback too (a machine shared with others).
+    admin_require_key: bool = False
     metrics_listen: str = ""
     # In-flight requests get this long to finish after SIGTERM before they are cut.
     shutdown_grace: float = 30.0
@@ -141,7 +145,7 @@ def validate(config: ControlConfig) -> ControlConfig:
     if config.metrics_listen:
         parse_host_port(config.metrics_listen, what="metrics_listen")
     for name in config.admin_hosts:
-        if not _HOST_NAME.match(name):
+        if not _HOST_NAME.fullmatch(name):
             raise ConfigError(f"admin_hosts: {name!r} is not a host name (no scheme, port or path), "
                               "e.g. control.mgmt.example")
     if config.log_level not in _LOG_LEVELS:
@@ -167,7 +171,7 @@ def validate(config: ControlConfig) -> ControlConfig:
     endpoints = []
     for index, endpoint in enumerate(config.endpoints):
         where = f"endpoints[{index}]"
-        if not _ENDPOINT_ID.match(endpoint.id):
+        if not _ENDPOINT_ID.fullmatch(endpoint.id):
             raise ConfigError(f"{where}.id {endpoint.id!r}: use letters, digits, '.', '_' or '-'")
         if endpoint.id in seen:
             raise ConfigError(f"{where}.id {endpoint.id!r} is used by another endpoint")
@@ -189,9 +193,9 @@ def _validate_fleet(config: ControlConfig) -> None:
     if agents.public_url:
         validate_engine_url(agents.public_url, what="agents.public_url")
     for digest in agents.join_token_digests:
-        if not re.match(r"^sha256:[0-9a-f]{64}$", digest):
-            raise ConfigError(f"agents.join_token_digests: {digest[:12]}... is not sha256:<64 hex digits> "
-                              "(llmgw-control token prints one)")
+        if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+            raise ConfigError(f"agents.join_token_digests: {digest[:12]!r}... is not sha256:<64 hex digits> "
+                              "(`llmgw-control join-token` makes a token and prints its digest)")
     if not 0 < agents.heartbeat_interval < agents.unreachable_after < agents.lost_after:
         raise ConfigError("agents: need 0 < heartbeat_interval < unreachable_after < lost_after")
     if bool(agents.tls_cert_file) != bool(agents.tls_key_file):

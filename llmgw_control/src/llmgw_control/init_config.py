@@ -23,6 +23,8 @@ DOCS: dict[str, str] = {
     "ControlConfig.admin_listen": "Admin REST API, dashboard and /metrics, host:port; keep it on loopback.",
     "ControlConfig.admin_hosts": "Host names the admin listener answers to besides IP addresses and localhost, "
                                  "e.g. [\"control.mgmt.example\"] (others are refused: DNS rebinding).",
+    "ControlConfig.admin_require_key": "Require an admin key (Authorization: Bearer) on every admin-listener "
+                                       "request but /healthz; always on when admin_listen is not loopback.",
     "ControlConfig.metrics_listen": "An extra listener serving only /metrics, host:port (empty: none).",
     "ControlConfig.shutdown_grace": "Seconds in-flight requests get to finish after SIGTERM before they are cut.",
     "ControlConfig.log_level": "debug, info, warning or error.",
@@ -57,8 +59,11 @@ DOCS: dict[str, str] = {
     "AgentsConfig.listen": "Where nodes connect, host:port (empty: no nodes, router-only mode).",
     "AgentsConfig.public_url": "How nodes reach the agent listener, for files and install commands "
                                "(empty: http://<listen>).",
-    "AgentsConfig.join_token_digests": "Digests (sha256:<hex>) of shared join tokens; empty with no onboarded "
-                                       "nodes: any node may join (trusted networks only).",
+    "AgentsConfig.join_token_digests": "Digests (sha256:<hex>) of shared join tokens a node id that was never "
+                                       "onboarded may join with (llmgw-control join-token makes one); onboarded "
+                                       "nodes use their own token.",
+    "AgentsConfig.open_fleet": "Let any node id join with any token (a trusted lab network only; a warning at "
+                               "start). Off: only onboarded nodes, shared tokens above, or certificates.",
     "AgentsConfig.files_dir": "Directory of engines/, models/ and wheels/ served to nodes (air-gapped clusters, "
                               "onboarding).",
     "AgentsConfig.tls_cert_file": "TLS certificate (PEM) for the agent listener: nodes use wss:// and https:// "

@@ -38,6 +38,7 @@ from llmgw_shared.logs import get_logger
 from llmgw_shared.names import NODE_ID, NODE_ID_RULE
 
 from .fleet.agents import token_digest
+from .fleet.files import contained_file
 from .store import InvalidInput, NodeIdentity, NotFound, Store
 
 log = get_logger("llmgw.onboarding")
@@ -92,11 +93,10 @@ class Onboarding:
     # ------------------------------------------------------------------ wheels
 
     def wheel_path(self, name: str) -> Path | None:
-        """A wheel of the served directory by file name; never anything outside it."""
-        if "/" in name or name.startswith(".") or not name.endswith(".whl"):
+        """The real path of a wheel of the served directory, by file name; never anything outside it."""
+        if not name.endswith(".whl"):
             return None
-        path = self.wheels_dir / name
-        return path if path.is_file() else None
+        return contained_file(self.wheels_dir, name)
 
     async def _sha256(self, path: Path) -> str:
         stat = await trio.to_thread.run_sync(path.stat)
@@ -108,12 +108,12 @@ class Onboarding:
     def _listing(self) -> list[Path]:
         if not self.wheels_dir.is_dir():
             return []
-        return sorted(p for p in self.wheels_dir.iterdir() if p.name.endswith(".whl") and p.is_file())
+        return sorted(p for p in self.wheels_dir.iterdir() if self.wheel_path(p.name) is not None)
 
     def _newest(self, dist: str) -> Path | None:
         found = []
         for path in self._listing():
-            match = _WHEEL.match(path.name)
+            match = _WHEEL.fullmatch(path.name)
             if match and match["dist"].lower().replace(".", "_") == dist:
                 found.append((_version_key(match["version"]), path))
         return max(found)[1] if found else None

@@ -15,6 +15,7 @@ import httpx2
 import trio
 
 from llmgw_node.config import NodeConfig
+from llmgw_node.control_auth import ControlCredentials
 from llmgw_node.engines.manager import EngineManager
 from llmgw_node.engines.release import Platform
 from llmgw_node.probe import probe, with_time_cleared
@@ -189,9 +190,11 @@ async def open_node_service(
 ) -> AsyncIterator[NodeService]:
     """A running NodeService; on exit its tasks end and engines keep running (unless asked)."""
     # Engines and weights may come from control's own file server, behind the same TLS (and the
-    # same client certificate) as the agent socket.
+    # same client certificate) as the agent socket, and for enrolled nodes only: the node's
+    # credentials go with every request to control (control_auth), and to nothing else.
     tls = client_context(config)
-    async with httpx2.AsyncClient(verify=tls if tls is not None else True) as client, \
+    auth = ControlCredentials(config.control, config.node_id, config.token)
+    async with httpx2.AsyncClient(verify=tls if tls is not None else True, auth=auth) as client, \
             trio.open_nursery() as nursery:
         svc = NodeService(config, client, timing=timing, facts=facts)
         await nursery.start(lambda task_status: svc.run(adopt=adopt, task_status=task_status))

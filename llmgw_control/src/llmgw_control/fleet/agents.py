@@ -24,6 +24,7 @@ import attrs
 import trio
 
 from llmgw_shared.logs import get_logger
+from llmgw_shared.names import BadName, check_node_id
 from llmgw_shared.wire import (
     PROTOCOL_VERSION,
     TAGS,
@@ -66,9 +67,15 @@ class AgentsConfig:
     listen: str = ""
     # How nodes reach this listener, for the files it serves; empty: http://<listen>.
     public_url: str = ""
-    # Digests ("sha256:<hex>") of the join tokens nodes may present; empty: any node may join,
-    # which is only right on a trusted network.
+    # Digests ("sha256:<hex>") of shared join tokens: a node id that was never onboarded may join
+    # with one of these (`llmgw-control join-token` makes a token and prints its digest). A node
+    # onboarded with `llmgw-control ctl nodes add` joins with its own token, and with mutual TLS a
+    # certificate naming the node is enough.
     join_token_digests: list[str] = attrs.Factory(list)
+    # Let any node id join with any token. Off: the fleet is closed by default, since a node that
+    # joins is listed, placed on, and sent prompts and engine keys. Only for a lab network where
+    # everyone who can reach the agent listener is trusted; control warns at start when it is on.
+    open_fleet: bool = False
     # A directory with engines/ and models/ to serve to nodes (air-gapped clusters).
     files_dir: str = ""
     # TLS on the agent listener (wss://, https:// for the files); with a client CA, mutual TLS:
@@ -147,6 +154,9 @@ class AgentService:
         self.clock = clock
         self.sessions: dict[str, _Session] = {}
         self._closed = trio.Event()
+        if config.open_fleet:
+            log.warning("agents.open_fleet is on: any node id joins with any token, is placed on and sent "
+                        "prompts; only for a network where everyone who can reach the agent listener is trusted")
 
     # ------------------------------------------------------------------ the Dispatcher
 
@@ -214,6 +224,13 @@ class AgentService:
     async def _handshake(
         self, socket: Socket, peer: str, certified_node_id: str | None, certificate_required: bool
     ) -> Hello | None:
+        """The hello, or None once the connection was refused (with the reason) or timed out.
+
+        ``decode`` is where a hello's names are checked (the node id exactly as onboarding checks
+        it, engine names, shard ids, the address): a hello that fails is refused before anything
+        of it is logged or stored. Who may join is ``_admits``: a certificate naming the node under
+        mutual TLS, else the node's own onboarding token, a shared join token, or an open fleet.
+        """
         with trio.move_on_after(self.config.hello_timeout):
             raw = await socket.receive()
             break_reason = ""
@@ -244,8 +261,10 @@ class AgentService:
             elif certified_node_id is not None and certified_node_id != msg.node_id:
                 break_reason = (f"the client certificate is for node {certified_node_id}, "
                                 f"but the hello says {msg.node_id}")
-            elif not await self._token_ok(msg.node_id, msg.join_token):
-                break_reason = "bad join token"
+            # The token is looked up even with a certificate: it also loads an onboarded node's labels.
+            elif not await self._token_ok(msg.node_id, msg.join_token) and certified_node_id is None:
+                break_reason = ("bad join token: this node id needs its own token (llmgw-control ctl nodes add "
+                                "prints it) or a shared join token control knows")
             elif msg.node_id in self.sessions:
                 break_reason = f"node id {msg.node_id} is already connected"
             if break_reason:
@@ -262,14 +281,15 @@ class AgentService:
         await socket.close(1008, reason[:100])
 
     async def _token_ok(self, node_id: str, token: str) -> bool:
+        """Whether ``token`` lets ``node_id`` join: the one check for the socket and the files.
+
+        An onboarded node id (one the store has an identity for) accepts its own token and no
+        other, so nobody can take over an onboarded node's name, not with a shared token either.
+        Any other id needs a shared token whose digest is configured, unless the fleet was opened
+        on purpose (``open_fleet``). When the store cannot say, the answer is no: the node retries.
+        """
         digest = token_digest(token)
-        # Compare against every digest so the time taken does not say which one was close.
-        matches = [hmac.compare_digest(digest, known) for known in self.token_digests]
-        if any(matches):
-            return True
         if self.stored_identity is not None:
-            # An onboarded node's own token; an id with a stored token accepts no other, even
-            # when the fleet is otherwise open, so nobody can take over an onboarded node's name.
             try:
                 identity = await self.stored_identity(node_id)
             except Exception as exc:
@@ -278,7 +298,17 @@ class AgentService:
             if identity is not None:
                 self._stored_labels[node_id] = dict(identity.labels)
                 return hmac.compare_digest(digest, identity.token_digest)
-        return not self.token_digests
+        # Compared with every digest, so the time taken does not say which one was close.
+        matches = [hmac.compare_digest(digest, known) for known in self.token_digests]
+        return any(matches) or self.config.open_fleet
+
+    async def enrolled(self, node_id: str, token: str) -> bool:
+        """Whether these are the credentials of a node that may join (for the files it fetches)."""
+        try:
+            check_node_id(node_id)
+        except BadName:
+            return False
+        return await self._token_ok(node_id, token)
 
     def _register(self, hello: Hello, peer: str) -> NodeRecord:
         now = self.clock()

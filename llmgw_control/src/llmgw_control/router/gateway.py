@@ -21,6 +21,7 @@ from typing import Any
 
 import trio
 
+from llmgw_shared.jsonin import loads as json_loads
 from llmgw_shared.logs import get_logger, request_context
 
 from ..asgi import Receive, Scope, Send
@@ -156,14 +157,14 @@ def _header(scope: Scope, name: bytes) -> str | None:
 
 def _request_id(scope: Scope) -> str:
     given = _header(scope, b"x-request-id")
-    if given and _REQUEST_ID.match(given):
+    if given and _REQUEST_ID.fullmatch(given):
         return given
     return uuid.uuid4().hex
 
 
 def _engine_message(body: bytes) -> str:
     try:
-        value = json.loads(body)
+        value = json_loads(body)
         error = value.get("error") if isinstance(value, dict) else None
         if isinstance(error, dict) and isinstance(error.get("message"), str):
             return str(error["message"])[:300]

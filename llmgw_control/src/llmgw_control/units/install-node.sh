@@ -4,8 +4,8 @@
 # checked this script's sha256, and this script checks the sha256 of every wheel it installs.
 #
 # Input (environment): LLMGW_NODE_ID, LLMGW_JOIN_TOKEN (required for a new node); LLMGW_UPGRADE=1
-# to upgrade an installed node in place (its config is kept, no token needed); LLMGW_PYTHON
-# (default python3, 3.11 or newer); LLMGW_INSTALL_ROOT (default /: install under another root,
+# to upgrade an installed node in place (its config is kept; its id and token fetch the wheels);
+# LLMGW_PYTHON (default python3, 3.11 or newer); LLMGW_INSTALL_ROOT (default /: install under another root,
 # for tests; the daemon is then started directly instead of through systemd). pip's own
 # variables apply to the dependencies, e.g. PIP_NO_INDEX=1 when control's wheels directory
 # holds them all.
@@ -27,10 +27,19 @@ die() { say "$*"; exit 1; }
 
 if [ -n "$UPGRADE" ]; then
     [ -f "$CONFIG" ] || die "LLMGW_UPGRADE=1: no $CONFIG here; install with the command llmgw-control ctl nodes add printed"
+    [ -x "$PREFIX/bin/python" ] || die "LLMGW_UPGRADE=1: no $PREFIX here to upgrade"
+    # The node's own id and token, from its config: control serves the wheels to enrolled nodes only.
+    creds=$("$PREFIX/bin/python" -c 'import socket, sys, tomllib
+c = tomllib.load(open(sys.argv[1], "rb"))
+print(c.get("node_id") or socket.gethostname())
+print(c.get("token", ""))' "$CONFIG") || die "cannot read the node id and token from $CONFIG"
+    NODE_ID=$(printf '%s\n' "$creds" | sed -n 1p)
+    TOKEN=$(printf '%s\n' "$creds" | sed -n 2p)
 else
     NODE_ID="${LLMGW_NODE_ID:-}"
     [ -n "$NODE_ID" ] || die "set LLMGW_NODE_ID"
-    [ -n "${LLMGW_JOIN_TOKEN:-}" ] || die "set LLMGW_JOIN_TOKEN"
+    TOKEN="${LLMGW_JOIN_TOKEN:-}"
+    [ -n "$TOKEN" ] || die "set LLMGW_JOIN_TOKEN"
 fi
 if [ -z "$ROOT" ] && [ "$(id -u)" != 0 ]; then
     die "run as root (it installs to /opt/llmgw-node, /etc/llmgw and a systemd unit)"
@@ -38,9 +47,9 @@ fi
 
 fetch() {
     if command -v curl >/dev/null 2>&1; then
-        curl -fsSL "$1" -o "$2"
+        curl -fsSL --netrc-file "$work/.netrc" "$1" -o "$2"
     elif command -v wget >/dev/null 2>&1; then
-        wget -q -O "$2" "$1"
+        HOME="$work" wget -q -O "$2" "$1"
     else
         die "needs curl or wget"
     fi
@@ -52,6 +61,16 @@ command -v "$PYTHON" >/dev/null 2>&1 || die "$PYTHON not found: install Python 3
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+# Control serves the wheels only to enrolled nodes: the node id and token go as HTTP Basic
+# credentials from a netrc file (curl, wget and pip all read one), never on a command line,
+# which ps shows everyone. The file is private and removed with $work.
+host=${CONTROL_HTTP#*://}
+host=${host%%/*}
+case "$host" in
+    \[*) host=${host%%]*}; host=${host#[} ;;
+    *) host=${host%:*} ;;
+esac
+(umask 077 && printf 'machine %s login %s password %s\n' "$host" "$NODE_ID" "$TOKEN" > "$work/.netrc")
 
 say "downloading $NODE_WHEEL and $SHARED_WHEEL from $CONTROL_HTTP"
 fetch "$CONTROL_HTTP/install/wheels/$SHARED_WHEEL" "$work/$SHARED_WHEEL"
@@ -65,7 +84,7 @@ if [ ! -x "$PREFIX/bin/python" ]; then
         || die "cannot create a virtual environment (on Debian/Ubuntu: apt-get install python3-venv)"
 fi
 say "installing (dependencies from $CONTROL_HTTP/install/wheels/ and the package index)"
-"$PREFIX/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade \
+NETRC="$work/.netrc" "$PREFIX/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade \
     --find-links "$CONTROL_HTTP/install/wheels/" "$work/$SHARED_WHEEL" "$work/$NODE_WHEEL"
 
 mkdir -p "$ETC" "$DATA"

@@ -37,6 +37,7 @@ from llmgw_node.engines import proof
 from llmgw_node.engines.release import Platform, ReleaseAsset, ReleaseError, choose_assets, parse_release
 from llmgw_node.engines.unpack import UnpackLimits, UnsafeArchive, safe_unpack
 from llmgw_node.fetch import URL_ERRORS, FetchError, fetch, human_size
+from llmgw_shared.jsonin import loads as json_loads
 from llmgw_shared.logs import get_logger
 from llmgw_shared.names import BadName, check_engine_name, check_version
 from llmgw_shared.wire import LLAMA_CPP_RELEASES, EngineSpec, EngineState
@@ -363,7 +364,7 @@ class EngineManager:
         except URL_ERRORS as exc:
             raise InstallError(f"release index {shown}: {type(exc).__name__}: {exc}") from None
         try:
-            data = json.loads(body)
+            data = json_loads(bytes(body))
         except ValueError:
             raise InstallError(f"release index {shown}: not JSON") from None
         return parse_release(data)
