@@ -71,9 +71,9 @@ def check_engine_name(value: object) -> str:
     return _check("engine name", ENGINE_NAME, ENGINE_NAME_RULE, value)
 
 
-def check_version(value: object) -> str:
-    """``value`` when it is a valid engine version; ``BadName`` naming the rule otherwise."""
-    return _check("version", VERSION, VERSION_RULE, value)
+def check_version(value: object, kind: str = "version") -> str:
+    """``value`` when it is a valid engine version; ``BadName`` naming ``kind`` and the rule otherwise."""
+    return _check(kind, VERSION, VERSION_RULE, value)
 
 
 def check_shard_id(value: object) -> str:

@@ -327,7 +327,7 @@ _NAMES: dict[tuple[type, str], Callable[[Any], object]] = {
     (Hello, "node_id"): check_node_id,
     (Hello, "address"): lambda value: value == "" or check_address(value),
     (EngineState, "name"): check_engine_name,
-    (EngineState, "version"): check_version,
+    (EngineState, "version"): lambda value: check_version(value, "engine version"),
     (ShardState, "shard_id"): check_shard_id,
 }
 _PORTS = frozenset({(ShardState, "port")})
