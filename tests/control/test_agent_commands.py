@@ -13,7 +13,7 @@ from typing import Any
 import attrs
 import trio
 
-from llmgw_control.fleet.agents import AgentsConfig, AgentService
+from llmgw_control.fleet.agents import AgentsConfig, AgentService, token_digest
 from llmgw_control.fleet.inventory import Inventory
 from llmgw_shared.facts import unprobed
 from llmgw_shared.wire import (
@@ -31,6 +31,9 @@ from llmgw_shared.wire import (
 )
 
 HEARTBEAT = 0.1
+
+# The fleet is closed by default (issue 13): the scripted node presents a shared join token.
+TOKEN = "llmgw-join-test-token"
 
 
 def start(n: int) -> StartShard:
@@ -78,7 +81,7 @@ class ScriptedSocket:
 
 def hello() -> str:
     facts = attrs.evolve(unprobed(), probed=True, hostname="n1", ram_total_mib=4096)
-    return encode(Hello(PROTOCOL_VERSION, "n1", "", facts, [EngineState("llama.cpp", "b11312", "installed")], []))
+    return encode(Hello(PROTOCOL_VERSION, "n1", TOKEN, facts, [EngineState("llama.cpp", "b11312", "installed")], []))
 
 
 @attrs.define
@@ -96,7 +99,8 @@ async def run(*, cut_at: int = 0, when: str = "", send_time: float = 0.01, ack: 
     failed: list[tuple[str, str]] = []
     config = AgentsConfig(listen="x:1", heartbeat_interval=HEARTBEAT, unreachable_after=1000, lost_after=2000,
                           ack_timeout=ack_timeout)
-    service = AgentService(Inventory(), config=config, token_digests=set(), engines=list, on_change=lambda: None,
+    service = AgentService(Inventory(), config=config, token_digests={token_digest(TOKEN)}, engines=list,
+                           on_change=lambda: None,
                            on_command_failed=lambda node, command, reason: failed.append((command.id, reason)),
                            on_command_unsent=lambda node, command: unsent.append(command.id))
     socket = ScriptedSocket(service, send_time=send_time, cut_at=cut_at, when=when)

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 import attrs
 
 from llmgw_shared.config import ConfigError, load_toml, parse_host_port, strict_converter, structure
+from llmgw_shared.names import BadName, check_engine_name, check_version
 
 from .catalog import EngineConfig, ModelConfig, validate_models
 from .fleet.agents import AgentsConfig
@@ -221,6 +222,13 @@ def _validate_fleet(config: ControlConfig) -> None:
     activator = config.activator
     if activator.queue_size < 0 or activator.max_wait <= 0 or activator.batch_after < 0:
         raise ConfigError("activator: queue_size and batch_after must not be negative and max_wait must be positive")
+    for engine in config.engines:
+        # Nodes refuse a name or version that may not name a folder: say so here, at start.
+        try:
+            check_engine_name(engine.name)
+            check_version(engine.version, "engine version")
+        except BadName as exc:
+            raise ConfigError(f"engines: {exc}") from None
     names = [(e.name, e.version) for e in config.engines]
     if len(set(names)) != len(names):
         raise ConfigError("engines: an engine and version is listed twice")

@@ -16,7 +16,7 @@ import trio
 
 from llmgw_node.config import NodeConfig
 from llmgw_node.control_auth import ControlCredentials
-from llmgw_node.engines.manager import EngineManager
+from llmgw_node.engines.manager import EngineManager, bad_names
 from llmgw_node.engines.release import Platform
 from llmgw_node.probe import probe, with_time_cleared
 from llmgw_node.supervisor import ShardError, Supervisor, Timing
@@ -155,7 +155,8 @@ class NodeService:
         if isinstance(command, SetEngines):
             for spec in self.engines.want(command.engines):
                 self._nursery.start_soon(self.engines.install, spec, name=f"install:{spec.name}:{spec.version}")
-            return ""
+            # The others are refused here, in the ack: a report naming them would not decode.
+            return "; ".join(problem for spec in command.engines if (problem := bad_names(spec)))
         if isinstance(command, StartShard):
             self.supervisor.start(command.shard)
             return ""

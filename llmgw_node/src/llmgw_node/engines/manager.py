@@ -220,14 +220,13 @@ class EngineManager:
 
     def want(self, specs: list[EngineSpec]) -> list[EngineSpec]:
         """Record what control wants; return the specs that still need an install."""
+        # A name or version that may not name a folder never becomes a path, a state or a report
+        # (control could not decode a report naming it): the command's ack says why (``bad_names``).
+        specs = [s for s in specs if not bad_names(s)]
         self._wanted = {(s.name, s.version): s for s in specs}
         todo = []
         for spec in specs:
             state = self.state(spec.name, spec.version)
-            if spec.name in ARCHIVE_ENGINES and (problem := _bad_names(spec)):
-                # Never becomes a path, never installs; said once, not retried.
-                self._set(EngineState(name=spec.name, version=spec.version, status="failed", detail=problem))
-                continue
             if state.status == "failed" and self._backing_off(spec):
                 continue
             if state.status not in ("installed", "configured", "installing"):
@@ -293,7 +292,7 @@ class EngineManager:
         if spec.name not in ARCHIVE_ENGINES:
             raise InstallError(f"unknown engine {spec.name!r}: only {', '.join(ARCHIVE_ENGINES)} install "
                                "from releases; name others in the node's config by path")
-        if problem := _bad_names(spec):
+        if problem := bad_names(spec):
             raise InstallError(problem)
         binary_name, default_source = ARCHIVE_ENGINES[spec.name]
         source = (spec.release_api or default_source).replace("{version}", spec.version)
@@ -454,7 +453,7 @@ class EngineManager:
         # Installs that failed earlier get another try each round: a mirror may be back, a
         # release may have been fixed. The re-check interval is the backoff.
         for key, spec in sorted(self._wanted.items()):
-            if (self.state(*key).status == "failed" and spec.name in ARCHIVE_ENGINES and not _bad_names(spec)
+            if (self.state(*key).status == "failed" and spec.name in ARCHIVE_ENGINES and not bad_names(spec)
                     and not self._backing_off(spec)):
                 await self.install(spec)
         for eng in self.configured:
@@ -466,7 +465,7 @@ class EngineManager:
             await self.check_all()
 
 
-def _bad_names(spec: EngineSpec) -> str:
+def bad_names(spec: EngineSpec) -> str:
     """Why ``spec``'s name or version may not name a folder, or ""."""
     try:
         check_engine_name(spec.name)
