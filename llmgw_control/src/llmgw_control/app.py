@@ -6,6 +6,7 @@ period, and everything else is cancelled with the nursery.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
@@ -25,7 +26,7 @@ from .admin.app import make_admin_app, make_metrics_app
 from .admin.dashboard import client_dashboard, open_dashboard, register_admin_dashboard
 from .admin.host_guard import AdminHostGuard
 from .catalog import Catalog
-from .client_tls import ClientTls, TrustedProxies
+from .client_tls import ClientTls, TrustedProxies, reload_on_sighup
 from .config import ControlConfig
 from .fleet.agents import AgentService, Role
 from .fleet.claims import profile_claims
@@ -310,7 +311,8 @@ async def run_control(
             client_tls = None
             if config.client_tls.cert_file:
                 client_tls = ClientTls(config.client_tls.cert_file, config.client_tls.key_file)
-                await nursery.start(client_tls.reload_on_sighup, shutdown)
+            if threading.current_thread() is threading.main_thread():  # (signals reach the main thread only)
+                await nursery.start(reload_on_sighup, client_tls, shutdown)
             api_url = await nursery.start(partial(serve, client_app, config.listen, name="api",
                                                   error_body=openai_error_body,
                                                   tls=client_tls.context if client_tls else None))

@@ -60,20 +60,28 @@ class ClientTls:
         log.info("the client listener's certificate was reloaded", extra={"cert_file": self.cert_file})
         return True
 
-    async def reload_on_sighup(self, shutdown: trio.Event, *,
-                               task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Reload on every SIGHUP until ``shutdown`` is set (then return)."""
-        with trio.open_signal_receiver(signal.SIGHUP) as signals:
-            async with trio.open_nursery() as nursery:
-                task_status.started()
 
-                async def stop() -> None:
-                    await shutdown.wait()
-                    nursery.cancel_scope.cancel()
+async def reload_on_sighup(tls: ClientTls | None, shutdown: trio.Event, *,
+                           task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """Reload ``tls`` on every SIGHUP until ``shutdown`` is set (then return).
 
-                nursery.start_soon(stop)
-                async for _ in signals:
-                    self.reload()
+    Installed with or without a certificate: SIGHUP's default action ends the process, and
+    ``systemctl reload`` (the unit's ExecReload) must never stop the daemon.
+    """
+    with trio.open_signal_receiver(signal.SIGHUP) as signals:
+        async with trio.open_nursery() as nursery:
+            task_status.started()
+
+            async def stop() -> None:
+                await shutdown.wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(stop)
+            async for _ in signals:
+                if tls is None:
+                    log.info("SIGHUP: nothing to reload (no [client_tls] certificate)")
+                else:
+                    tls.reload()
 
 
 _SCHEMES = {"http": {"https": "https", "http": "http"}, "websocket": {"https": "wss", "http": "ws"}}
