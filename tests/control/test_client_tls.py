@@ -209,3 +209,28 @@ def test_no_bytes_stop_a_tls_listener(tls_fleet: ControlDaemon, listener: str, o
 def test_the_tls_daemon_logged_no_failed_connection(tls_fleet: ControlDaemon) -> None:
     log = tls_fleet.log()
     assert tls_fleet.alive() and "failed and was closed" not in log and '"level": "error"' not in log, log[-4000:]
+
+
+def test_tls_listeners_refuse_connections_beyond_the_limit_with_503(tmp_path: Path) -> None:
+    cert = _issue(trustme.CA(), tmp_path)
+    agents = f'tls_cert_file = "{cert.cert}"\ntls_key_file = "{cert.key}"\n'
+    config = _tls_config(cert).replace("[listeners]\n", "[listeners]\nmax_connections = 2\n")
+    with control_daemon(tmp_path, config, listeners=("agents",), agents_config=agents,
+                        client_ssl=cert.client_context(), tls_listeners=frozenset({"api", "agents"})) as daemon:
+        for listener in ("api", "agents"):
+            held = [daemon.connect(listener) for _ in range(2)]
+            for sock in held:  # both are being served: each has had its answer
+                sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
+                assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
+            with daemon.connect(listener) as extra:
+                extra.sendall(b"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
+                received = b""
+                try:
+                    while chunk := extra.recv(65536):
+                        received += chunk
+                except (OSError, ssl.SSLError):
+                    pass  # (the close after the answer may come as a TLS error)
+            assert received.startswith(b"HTTP/1.1 503 ") and b"too_many_connections" in received, (listener, received)
+            for sock in held:
+                sock.close()
+        assert daemon.alive()

@@ -226,9 +226,8 @@ async def _start_agent_listener(
     internal = await nursery.start(partial(serve, agent_app, "127.0.0.1:0", name="agents (behind TLS)",
                                            websocket_max_message_size=agents.max_frame_bytes))
     port = int(str(internal).rsplit(":", 1)[1])
-    limits = config.listeners
     url = await nursery.start(partial(serve_tls_front, agents.listen, port, context, identities, shutdown=shutdown,
-                                      max_connections=limits.max_connections, write_timeout=limits.write_timeout))
+                                      limits=config.listeners, error_body=_admin_error_body))
     return identities, str(url)
 
 

@@ -377,7 +377,8 @@ class Connection:
             if not invited:
                 invited = True
                 connection = self._protocol.connection
-                if (isinstance(connection, h11.Connection) and connection.client_is_waiting_for_100_continue
+                if (not self._gone and not self._lingering() and isinstance(connection, h11.Connection)
+                        and connection.client_is_waiting_for_100_continue
                         and connection.our_state is h11.SEND_RESPONSE):
                     self._held.append(connection.send(h11.InformationalResponse(
                         status_code=100, headers=self._config.response_headers("h11"))))

@@ -107,7 +107,7 @@ async def _serve_connection(app: Any, config: HypercornConfig, context: WorkerCo
     """One accepted connection, isolated: whatever it raises ends it alone (``Connection.run`` logs it)."""
     limits = listener.limits
     if listener.count >= limits.max_connections:
-        await _refuse(stream, listener, tls)
+        await refuse_connection(stream, listener, tls)
         return
     listener.count += 1
     try:
@@ -141,7 +141,7 @@ async def _serve_connection(app: Any, config: HypercornConfig, context: WorkerCo
         await trio.aclose_forcefully(stream)
 
 
-async def _refuse(stream: trio.SocketStream, listener: Listener, tls: TlsContext | None) -> None:
+async def refuse_connection(stream: trio.SocketStream, listener: Listener, tls: TlsContext | None) -> None:
     """Over ``max_connections``: a 503 that says so, then the connection is closed.
 
     The answer goes before the request is read (there is no room to serve it); what the client

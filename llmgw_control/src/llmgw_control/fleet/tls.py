@@ -21,7 +21,9 @@ import trio
 from llmgw_shared.config import ConfigError, parse_host_port
 from llmgw_shared.logs import get_logger
 
-from ..http_connection import PEER_GONE, log_connection_failure
+from ..config import ListenersConfig
+from ..http_connection import PEER_GONE, ErrorBody, Listener, log_connection_failure
+from ..serving import openai_error_body, refuse_connection
 
 log = get_logger("llmgw.agents.tls")
 
@@ -124,35 +126,32 @@ async def _relay(stream: trio.SocketStream, context: ssl.SSLContext, backend_por
 
 async def serve_tls_front(
     address: str, backend_port: int, context: ssl.SSLContext, identities: Identities, *,
-    shutdown: trio.Event, max_connections: int = 1024, write_timeout: float = 60.0,
+    shutdown: trio.Event, limits: ListenersConfig | None = None, error_body: ErrorBody = openai_error_body,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """The agent listener's TLS front; ``max_connections`` and ``write_timeout`` as ``[listeners]`` sets them."""
+    """The agent listener's TLS front, bounded and timed as ``limits`` says (``[listeners]``)."""
     host, port = parse_host_port(address, what="agents.listen")
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound = listeners[0].socket.getsockname()
     url = f"https://{host}:{bound[1]}"
     log.info("agents (TLS%s) listening on %s", ", client certificates required" if identities.mutual else "", url)
-
-    live = 0
+    front = Listener("agents (TLS)", limits or ListenersConfig(), error_body)
 
     async def handle(stream: trio.SocketStream) -> None:
         # Isolated like every connection (http_connection.py): what one raises ends it alone.
-        # Bounded like the listener it fronts: beyond max_connections a connection is closed
-        # before its handshake (the listener behind, where a request would be answered, is full).
-        nonlocal live
-        if live >= max_connections:
-            await trio.aclose_forcefully(stream)
+        # Bounded like every listener: beyond max_connections, a 503 and the close.
+        if front.count >= front.limits.max_connections:
+            await refuse_connection(stream, front, lambda: context)
             return
-        live += 1
+        front.count += 1
         try:
-            await _relay(stream, context, backend_port, identities, write_timeout)
+            await _relay(stream, context, backend_port, identities, front.limits.write_timeout)
         except* PEER_GONE:
             pass
         except* Exception as failure:
-            log_connection_failure(failure, listener="agents (TLS)", peer="?", request_id=None)
+            log_connection_failure(failure, listener=front.name, peer="?", request_id=None)
         finally:
-            live -= 1
+            front.count -= 1
             await trio.aclose_forcefully(stream)
 
     async with trio.open_nursery() as nursery:
