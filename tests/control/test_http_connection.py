@@ -654,3 +654,32 @@ async def test_an_early_answer_to_a_large_body_says_close_and_reaches_a_client_s
         assert received.startswith(b"HTTP/1.1 401 ") and b"connection: close" in received
         assert received.endswith(b'{"error": "no key"}')
         sock.close()
+
+
+async def test_two_answers_that_cross_close_the_connection_without_an_error(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Found by test_listener_fuzz: WebSocket frames sent with the handshake make hypercorn answer
+    # 400 itself while the app refuses the handshake too; the two answers crossed in h11
+    # (LocalProtocolError "Can't send data when our state is ERROR").
+    async def refusing(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        await _answer_json(scope, receive, send)
+
+    async with serving(refusing) as (port, _):
+        for _ in range(5):
+            sock = await _connect(port)
+            await sock.send(b"GET /ws HTTP/1.1\r\nhost: t\r\nconnection: Upgrade\r\nupgrade: websocket\r\n"
+                            b"sec-websocket-key: MDEyMzQ1Njc4OWFiY2RlZg==\r\nsec-websocket-version: 13\r\n\r\n"
+                            b"\x81\x85\x01\x02\x03\x04hello")
+            received = b""
+            with trio.fail_after(5):  # the refusal, then the end of the connection
+                while chunk := await sock.recv(65536):
+                    received += chunk
+            assert received.startswith((b"HTTP/1.1 400 ", b"HTTP/1.1 403 ")), received
+            sock.close()
+        sock = await _connect(port)
+        assert await _request(sock, h11.Connection(h11.CLIENT)) == (200, b'{"ok": true}')
+        sock.close()
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], [r.getMessage() for r in caplog.records]

@@ -33,9 +33,12 @@ def test_the_protocol_class_is_built_as_the_loop_builds_it() -> None:
     assert params == ["self", "app", "config", "context", "task_group", "connection_state", "ssl", "client",
                       "server", "send"]
     # The override points the loop replaces.
-    for name in ("_check_protocol", "_handle_events", "handle", "stream_send"):
+    for name in ("_check_protocol", "_handle_events", "_send_h11_event", "handle", "stream_send"):
         assert inspect.iscoroutinefunction(getattr(H11Protocol, name)), name
-    assert list(inspect.signature(H11Protocol._check_protocol).parameters) == ["self", "event"]
+    for name in ("_check_protocol", "_send_h11_event"):
+        assert list(inspect.signature(getattr(H11Protocol, name)).parameters) == ["self", "event"], name
+    # Every answer hypercorn frames goes through _send_h11_event (the override's premise).
+    assert "_send_h11_event" in inspect.getsource(H11Protocol.stream_send)
 
 
 class _Tasks:

@@ -44,7 +44,7 @@ import h11
 import trio
 from hypercorn.config import Config
 from hypercorn.events import Closed, Event, RawData, Updated
-from hypercorn.protocol.h11 import H11Protocol
+from hypercorn.protocol.h11 import H11Protocol, H11WSConnection
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState, TaskGroup
 
@@ -151,6 +151,29 @@ class _H11Protocol(H11Protocol):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.connection = _H11Connection(h11.SERVER, max_incomplete_event_size=self.config.h11_max_incomplete_size)
+        self._crossed = False
+
+    async def _send_h11_event(self, event: Any) -> None:
+        try:
+            data = self.connection.send(event)
+        except h11.LocalProtocolError as error:
+            if getattr(self.connection, "their_state", None) is h11.ERROR:
+                return  # as hypercorn does: the answer to a request h11 could not parse is already out
+            # Two answers to one request crossed: hypercorn answers 400 itself to WebSocket frames
+            # sent before the handshake's answer, while the app refuses the same handshake. The
+            # framing is lost, so the connection ends here (hypercorn raised, into the app and
+            # out of the connection).
+            if not self._crossed:
+                self._crossed = True
+                log.warning("two answers to one request crossed (%s); the connection is closed", error)
+            await self.send(Closed())
+            return
+        await self.send(RawData(data=data))
+        if type(event) is h11.EndOfMessage and isinstance(self.connection, H11WSConnection):
+            # A WebSocket handshake answered in HTTP (refused): hypercorn does not end the stream
+            # after every such answer (not after its 400 for early frames), which left the
+            # connection open for as long as the client kept it. It ends here.
+            await self.send(Closed())
 
     async def _check_protocol(self, event: h11.Request) -> None:
         # hypercorn answers "Upgrade: h2c" with a 101 and switches to HTTP/2, and takes the HTTP/2
@@ -593,7 +616,8 @@ class Connection:
     def _client_may_send_more(self) -> bool:
         connection = self._protocol.connection
         if type(connection) is not _H11Connection:
-            return False
+            # A WebSocket peer may be sending frames still (or an early frame that was refused).
+            return isinstance(connection, H11WSConnection)
         state = connection.their_state
         return (state is h11.SEND_BODY or state is h11.ERROR
                 or (state is h11.IDLE and bool(connection.trailing_data[0])))
