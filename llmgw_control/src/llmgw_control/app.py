@@ -6,6 +6,7 @@ period, and everything else is cancelled with the nursery.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
@@ -21,10 +22,12 @@ from llmgw_shared.wire import EngineSpec
 
 from .admin.admin_auth import AdminKeyGuard, key_required, refuse_without_admin_keys
 from .admin.api.catalog_service import ModelService, stored_models
+from .admin.api.core import error_json
 from .admin.app import make_admin_app, make_metrics_app
 from .admin.dashboard import client_dashboard, open_dashboard, register_admin_dashboard
 from .admin.host_guard import AdminHostGuard
 from .catalog import Catalog
+from .client_tls import ClientTls, TrustedProxies, reload_on_sighup
 from .config import ControlConfig
 from .fleet.agents import AgentService, Role
 from .fleet.claims import profile_claims
@@ -52,7 +55,7 @@ from .router.directory import FleetDirectory, ModelDirectory, StaticDirectory
 from .router.gateway import Gateway
 from .router.replicas import Replica, ReplicaSet
 from .router.upstream import Httpx2Upstream, UpstreamClient
-from .serving import serve_asgi
+from .serving import openai_error_body, serve_asgi
 from .store import LeaseKeeper, Store, is_postgres_url, open_store
 from .tenancy.admission import TenancyAdmission
 from .tenancy.keys import KeyDigester, load_or_create_server_secret
@@ -135,6 +138,10 @@ def _public_url(config: ControlConfig, bound: str) -> str:
     if config.agents.public_url:
         return config.agents.public_url.rstrip("/")
     return bound.rstrip("/")
+
+
+def _admin_error_body(status: int, code: str, message: str) -> bytes:
+    return error_json(code, message)
 
 
 def data_dir_of(config: ControlConfig) -> Path:
@@ -225,7 +232,8 @@ async def _start_agent_listener(
     internal = await nursery.start(partial(serve, agent_app, "127.0.0.1:0", name="agents (behind TLS)",
                                            websocket_max_message_size=agents.max_frame_bytes))
     port = int(str(internal).rsplit(":", 1)[1])
-    url = await nursery.start(partial(serve_tls_front, agents.listen, port, context, identities, shutdown=shutdown))
+    url = await nursery.start(partial(serve_tls_front, agents.listen, port, context, identities, shutdown=shutdown,
+                                      limits=config.listeners, error_body=_admin_error_body))
     return identities, str(url)
 
 
@@ -245,7 +253,9 @@ async def run_control(
     replicas = static_replicas(config)
     client = upstream or Httpx2Upstream()
     grace = config.shutdown_grace
-    serve = partial(serve_asgi, shutdown=shutdown, grace=grace)
+    # Every listener but the client's answers its own refusals (408, 503) in the admin API's shape.
+    serve = partial(serve_asgi, shutdown=shutdown, grace=grace, limits=config.listeners,
+                    error_body=_admin_error_body)
     try:
         # The upstream's upkeep outlives the listeners' drain (its nursery is left after theirs).
         async with open_tenancy(config, data_dir_of(config)) as tenancy, _for_the_block(client.run), \
@@ -307,7 +317,16 @@ async def run_control(
             client_app: Any = ClientApp(gateway, fallback=client_pages)
             if fleet is not None and fleet.leadership is not None:
                 client_app = StandbyGate(client_app, fleet.leadership)
-            api_url = await nursery.start(partial(serve, client_app, config.listen, name="api"))
+            if config.client_tls.trusted_proxies:
+                client_app = TrustedProxies(client_app, config.client_tls.trusted_proxies)
+            client_tls = None
+            if config.client_tls.cert_file:
+                client_tls = ClientTls(config.client_tls.cert_file, config.client_tls.key_file)
+            if threading.current_thread() is threading.main_thread():  # (signals reach the main thread only)
+                await nursery.start(reload_on_sighup, client_tls, shutdown)
+            api_url = await nursery.start(partial(serve, client_app, config.listen, name="api",
+                                                  error_body=openai_error_body,
+                                                  tls=client_tls.context if client_tls else None))
             admin_app = make_admin_app(registry, fleet, tenancy=tenancy, models=models)
             register_admin_dashboard(admin_app, dashboard)
             client_pages.admin_api = admin_app

@@ -6,6 +6,7 @@ strange failure under traffic.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,60 @@ class LeadershipConfig:
     settle: float = 15.0
 
 
+# --- Listeners: what one connection may hold, and TLS on the client listener (docs/security.md) ---
+
+
+def _doc(text: str) -> dict[str, str]:
+    return {"doc": text}
+
+
+@attrs.frozen
+class ListenersConfig:
+    """Limits every HTTP listener (client API, admin, metrics, agents) applies to each connection."""
+
+    # Beyond this many open connections a listener answers 503 and closes, rather than letting
+    # connections pile up until the process runs out of file descriptors (each client connection
+    # is one, plus one toward an engine while its request is in flight; the systemd unit allows
+    # 65536). gunicorn's worker_connections default is 1000, nginx's 512 per worker process.
+    max_connections: int = attrs.field(default=1024, metadata=_doc(
+        "Open connections per listener; more are answered 503 and closed."))
+    # A request's head (request line and headers) must arrive whole within this long of its
+    # first byte, else 408: a client that sends a header line every few seconds holds nothing
+    # for long. A TLS handshake gets as long from the accept. (Before its first byte a request
+    # is awaited for the keep-alive timeout, 75 s.) Apache's mod_reqtimeout default is
+    # header=20-40; nginx's client_header_timeout is 60 s.
+    head_timeout: float = attrs.field(default=20.0, metadata=_doc(
+        "Seconds a request's head may take from its first byte (a TLS handshake from the accept), else 408."))
+    # A body must arrive within body_timeout plus one second per body_min_rate bytes received,
+    # else 408: a body that stalls is cut after body_timeout, and one that trickles a byte every
+    # few seconds soon after. Apache's mod_reqtimeout default is body=20,MinRate=500. (nginx's
+    # client_body_timeout, 60 s between two reads, never cuts a trickle.)
+    body_timeout: float = attrs.field(default=20.0, metadata=_doc(
+        "Seconds a request body may take beyond one second per body_min_rate bytes, else 408."))
+    body_min_rate: int = attrs.field(default=500, metadata=_doc(
+        "Bytes per second a request body must average once body_timeout is spent."))
+    # One socket write may wait this long for a client that stopped reading; then the connection
+    # is closed. nginx's send_timeout is 60 s. A server shutdown cuts writes at the grace period.
+    write_timeout: float = attrs.field(default=60.0, metadata=_doc(
+        "Seconds one write may wait for a client that stopped reading, before the connection is closed."))
+
+
+@attrs.frozen
+class ClientTlsConfig:
+    """TLS on the client listener (``listen``), or the proxies that terminate it in front of it."""
+
+    # PEM files; both or neither. Reloaded on SIGHUP, so a renewed certificate needs no restart.
+    cert_file: str = attrs.field(default="", metadata=_doc(
+        "TLS certificate chain (PEM) for the client listener: clients use https:// (empty: plain HTTP). "
+        "Reloaded on SIGHUP."))
+    key_file: str = attrs.field(default="", metadata=_doc("The private key (PEM) of cert_file."))
+    # Only these peers' X-Forwarded-Proto is believed (anyone can send the header): a TLS proxy in
+    # front of the client listener says "https" there, and the dashboard's cookie is then Secure.
+    trusted_proxies: list[str] = attrs.field(factory=list, metadata=_doc(
+        "Addresses or networks of TLS proxies in front of the client listener whose X-Forwarded-Proto "
+        "is believed, e.g. [\"10.0.0.5\", \"10.1.0.0/16\"]."))
+
+
 @attrs.frozen
 class ControlConfig:
     listen: str = "127.0.0.1:8080"
@@ -113,6 +168,10 @@ class ControlConfig:
     engines: list[EngineConfig] = attrs.Factory(lambda: [EngineConfig()])
     models: list[ModelConfig] = attrs.Factory(list)
     monitoring: MonitoringConfig = MonitoringConfig()
+    listeners: ListenersConfig = attrs.field(factory=ListenersConfig, metadata=_doc(
+        "Limits and deadlines every listener applies to each connection (docs/security.md)."))
+    client_tls: ClientTlsConfig = attrs.field(factory=ClientTlsConfig, metadata=_doc(
+        "TLS on the client listener, or the TLS proxies in front of it (docs/security.md)."))
 
 
 _converter = strict_converter()
@@ -165,6 +224,7 @@ def validate(config: ControlConfig) -> ControlConfig:
     if router.max_body_bytes < 1024:
         raise ConfigError(f"router.max_body_bytes must be at least 1024, got {router.max_body_bytes}")
     _validate_fleet(config)
+    _validate_listeners(config)
     if config.monitoring.prometheus:
         url = validate_engine_url(config.monitoring.prometheus, what="monitoring.prometheus")
         config = attrs.evolve(config, monitoring=MonitoringConfig(prometheus=url))
@@ -236,6 +296,25 @@ def _validate_fleet(config: ControlConfig) -> None:
     _validate_leadership(config)
     if config.models and not agents.listen:
         raise ConfigError("models need nodes to run on: set agents.listen (where llmgw-node connects)")
+
+
+def _validate_listeners(config: ControlConfig) -> None:
+    limits = config.listeners
+    if limits.max_connections < 1:
+        raise ConfigError(f"listeners.max_connections must be at least 1, got {limits.max_connections}")
+    for field in ("head_timeout", "body_timeout", "write_timeout"):
+        _check_positive(getattr(limits, field), f"listeners.{field}")
+    if limits.body_min_rate < 1:
+        raise ConfigError(f"listeners.body_min_rate must be at least 1 (bytes per second), got {limits.body_min_rate}")
+    tls = config.client_tls
+    if bool(tls.cert_file) != bool(tls.key_file):
+        raise ConfigError("client_tls: cert_file and key_file go together")
+    for entry in tls.trusted_proxies:
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            raise ConfigError(f"client_tls.trusted_proxies: {entry!r} is not an IP address or network, "
+                              "e.g. 10.0.0.5 or 10.1.0.0/16") from None
 
 
 def _validate_leadership(config: ControlConfig) -> None:

@@ -24,7 +24,7 @@ import trio
 from llmgw_shared.jsonin import loads as json_loads
 from llmgw_shared.logs import get_logger, request_context
 
-from ..asgi import Receive, Scope, Send
+from ..asgi import REQUEST_ID, Receive, Scope, Send
 from ..config import RouterConfig
 from ..metrics import GatewayMetrics
 from ..priority import Priority
@@ -216,25 +216,27 @@ class Gateway:
                 self._record(scope, exchange)
 
     async def _dispatch(self, scope: Scope, receive: Receive, exchange: Exchange) -> None:
+        # For the server's own log line should the connection fail while this request is served.
+        scope[REQUEST_ID] = exchange.request_id
         path: str = scope["path"]
         method: str = scope["method"]
         endpoint = ENDPOINTS.get(path)
         if endpoint is not None:
             if method != "POST":
                 raise ApiError(405, f"Method {method} is not allowed on {path}; use POST.", code="method_not_allowed")
+            authorization = _header(scope, b"authorization")
+            # Who is asking comes first, on the head: a client without a key gets its 401 before
+            # its body is invited (no 100 Continue) or read, and learns no model names.
+            allowed = self.admission.authenticate(authorization) if self.admission is not None else None
             length = _header(scope, b"content-length")
             body = await read_body(
                 receive, content_length=int(length) if length and length.isdigit() else None,
                 limit=self.config.max_body_bytes,
             )
             request = parse_request(endpoint, body)
-            authorization = _header(scope, b"authorization")
-            if self.admission is not None:
-                # Who is asking comes before what exists: no model names for a client without a key.
-                self.admission.authenticate(authorization)
             key = self.directory.resolve(request.model)
             if key is None:
-                raise model_not_found(request.model, self.directory.names())
+                raise model_not_found(request.model, self._visible(allowed), restricted=allowed is not None)
             exchange.model = key
             exchange.stream = request.stream
             if self.admission is None:
@@ -247,23 +249,32 @@ class Gateway:
             finally:
                 _settle(ticket, exchange, estimate)
         elif path.startswith("/v1/models") and method == "GET":
-            if self.admission is not None:
-                self.admission.authenticate(_header(scope, b"authorization"))
-            await self._models(path, exchange)
+            allowed = self.admission.authenticate(_header(scope, b"authorization")) if self.admission else None
+            await self._models(path, exchange, allowed)
         elif path == "/healthz":
             await exchange.respond_json(200, {"status": "ok", "replicas": len(self.replicas)})
         else:
             raise ApiError(404, f"Unknown request URL: {method} {path}.", code="unknown_url")
 
-    async def _models(self, path: str, exchange: Exchange) -> None:
+    async def _models(self, path: str, exchange: Exchange, allowed: frozenset[str] | None) -> None:
+        visible = self._visible(allowed)
         if path == "/v1/models":
-            cards = [_model_card(m) for m in self.directory.names()]
-            await exchange.respond_json(200, {"object": "list", "data": cards})
+            await exchange.respond_json(200, {"object": "list", "data": [_model_card(m) for m in visible]})
             return
         name = path.removeprefix("/v1/models/")
-        if self.directory.resolve(name) is None:
-            raise model_not_found(name, self.directory.names())
+        if not self._may_see(name, allowed):
+            raise model_not_found(name, visible, restricted=allowed is not None)
         await exchange.respond_json(200, _model_card(name))
+
+    def _may_see(self, name: str, allowed: frozenset[str] | None) -> bool:
+        key = self.directory.resolve(name)
+        # As ``admit`` checks an allow-list: by the model, whatever the profile.
+        return key is not None and (allowed is None or key.partition(":")[0] in allowed)
+
+    def _visible(self, allowed: frozenset[str] | None) -> list[str]:
+        """The model names a key may see: all of them, or those its allow-list names."""
+        names = self.directory.names()
+        return names if allowed is None else [name for name in names if self._may_see(name, allowed)]
 
     async def _forward(
         self, request: ParsedRequest, key: str, receive: Receive, exchange: Exchange,

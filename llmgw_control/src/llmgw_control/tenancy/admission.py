@@ -50,8 +50,12 @@ class Ticket(Protocol):
 
 
 class Admission(Protocol):
-    def authenticate(self, authorization: str | None) -> None:
-        """Raise ApiError(401) when a key is required and this one is not usable."""
+    def authenticate(self, authorization: str | None) -> frozenset[str] | None:
+        """Raise ApiError(401) when a key is required and this one is not usable.
+
+        Returns the models the key may use (its allow-list), or None when it may use every model
+        (or no key is required): what ``/v1/models`` and a 404's list of models may show it.
+        """
         ...
 
     def admit(self, authorization: str | None, model: str, *, estimated_tokens: int) -> Ticket:
@@ -157,7 +161,7 @@ class OpenAdmission:
         self.usage = usage
         self.clock = clock
 
-    def authenticate(self, authorization: str | None) -> None:
+    def authenticate(self, authorization: str | None) -> frozenset[str] | None:
         return None
 
     def admit(self, authorization: str | None, model: str, *, estimated_tokens: int) -> OpenTicket:
@@ -176,9 +180,10 @@ class TenancyAdmission:
         self.usage = usage
         self.clock = state.clock
 
-    def authenticate(self, authorization: str | None) -> None:
+    def authenticate(self, authorization: str | None) -> frozenset[str] | None:
         if self.state.loaded and not self.state.open:
-            self.state.authenticate(authorization)
+            return self.state.authenticate(authorization).models
+        return None
 
     def admit(self, authorization: str | None, model: str, *, estimated_tokens: int) -> OpenTicket | TenancyTicket:
         state = self.state
