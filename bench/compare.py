@@ -98,11 +98,11 @@ def main(argv: list[str] | None = None) -> int:
         b, a = results["before"].get(key), results["after"][key]
         if b is None:
             continue
-        row = {"mode": key[0], "concurrency": key[1]}
+        row: dict[str, float] = {}
         for name, figures in (("before", b), ("after", a)):
             for metric, values in figures.items():
                 row[f"{metric}_{name}"] = round(statistics.median(values), 3)
-        medians.append(row)
+        medians.append({"mode": key[0], "concurrency": key[1], **row})
         ratio = row["cpu_after"] / row["cpu_before"] if row["cpu_before"] else float("nan")
         print(f"{key[0] + ' c=' + str(key[1]):<18}{row['cpu_before']:>14.2f}ms{row['cpu_after']:>7.2f}ms"
               f"{ratio:>8.2f}{row['added_before']:>17.2f}ms{row['added_after']:>7.2f}ms"
