@@ -152,7 +152,8 @@ class NodeService:
     def _dispatch(self, command: Command) -> str:
         assert self._nursery is not None, "NodeService.run() must be running"
         if isinstance(command, SetEngines):
-            for spec in self.engines.want(command.engines):
+            # The fencing token is the leader's epoch: each install records it as who asked.
+            for spec in self.engines.want(command.engines, control_epoch=command.fencing_token):
                 self._nursery.start_soon(self.engines.install, spec, name=f"install:{spec.name}:{spec.version}")
             return ""
         if isinstance(command, StartShard):

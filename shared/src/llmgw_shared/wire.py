@@ -20,6 +20,7 @@ from typing import Any, Literal, TypeAlias, get_args
 
 import attrs
 import cattrs
+from cattrs.gen import make_dict_unstructure_fn, override
 from cattrs.preconf.json import make_converter
 from cattrs.strategies import configure_tagged_union
 
@@ -60,6 +61,36 @@ class EngineSpec:
 
 
 @attrs.frozen
+class AssetProvenance:
+    """One archive an engine was unpacked from: where it was fetched, what it hashed to."""
+
+    name: str
+    url: str
+    sha256: str  # hex, the digest the release index published and the download matched
+    size: int
+
+
+@attrs.frozen
+class EngineProvenance:
+    """Where an installed engine came from, as its install manifest records it."""
+
+    # The release index it was chosen from (without any query string), and the sha256 of the
+    # index's bytes as fetched: the index is what lists every archive's digest.
+    source: str
+    index_sha256: str
+    assets: list[AssetProvenance]
+    # Unix time the install was renamed into place.
+    installed_at: float
+    # The minisign key id that signed the index ("" when the node requires no signature).
+    signed_by: str = ""
+    # Who asked: the fencing token (the control leader's epoch) of the set_engines that asked
+    # for it; 0 when it was installed by hand (``llmgw-node engines install``).
+    control_epoch: int = 0
+    # Whether the archives are kept beside the install, so ``engines check`` can hash them again.
+    archives_kept: bool = False
+
+
+@attrs.frozen
 class EngineState:
     name: str
     version: str
@@ -70,6 +101,10 @@ class EngineState:
     # The version line the binary printed for ``--version`` once proven.
     reported_version: str = ""
     binary: str = ""
+    # For an installed engine: where it came from (null for configured engines and before an
+    # install). Left out of the frame when null, so a control that predates it still decodes
+    # the states of engines that have none.
+    provenance: EngineProvenance | None = None
 
     def describe(self) -> str:
         """One line for people: ``installing: downloading ...``, ``installed b11312``, ..."""
@@ -289,6 +324,9 @@ def _make_converter() -> cattrs.Converter:
     conv.register_structure_hook(float, _strict(float, "a number"))
     conv.register_structure_hook(bool, _strict(bool, "a boolean"))
     strict_collections(conv)
+    # Before the union: its members' hooks are generated from what is registered at this point.
+    conv.register_unstructure_hook(EngineState, make_dict_unstructure_fn(
+        EngineState, conv, provenance=override(omit_if_default=True)))
     configure_tagged_union(Message, conv, tag_generator=TAGS.__getitem__, tag_name="type")
     return conv
 
@@ -341,8 +379,10 @@ __all__ = [
     "LLAMA_CPP_RELEASES",
     "PROTOCOL_VERSION",
     "Ack",
+    "AssetProvenance",
     "Command",
     "DrainShard",
+    "EngineProvenance",
     "EngineSpec",
     "EngineState",
     "EngineStateReport",
