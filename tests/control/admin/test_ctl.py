@@ -12,6 +12,7 @@ from typing import Any
 
 import attrs
 import trio
+from system.releases import fake_release
 
 from llmgw_control.ctl import main as ctl
 from llmgw_control.store import Usage
@@ -68,13 +69,12 @@ async def test_nodes_show_engine_states_and_warnings_and_cordon_drain_uncordon(d
 
 
 async def test_nodes_add_prints_the_token_once_and_the_install_command(daemon: Daemon, tmp_path: Path) -> None:
-    # No wheels to serve yet: onboarding's own reason, plainly.
+    # No node release to serve yet: onboarding's own reason, plainly.
     refused = await run(daemon, "nodes", "add", "gpu-3")
-    assert refused.code == 1 and "wheels" in refused.err and "(HTTP 409)" in refused.err
-    wheels = tmp_path / "wheels"  # the daemon's data directory is tmp_path
-    wheels.mkdir(exist_ok=True)
-    for dist in ("llmgw_shared", "llmgw_node"):
-        (wheels / f"{dist}-0.1.0-py3-none-any.whl").write_bytes(b"not really a wheel")
+    assert refused.code == 1 and "llmgw-control release prepare" in refused.err and "(HTTP 409)" in refused.err
+    # The daemon's data directory is tmp_path.
+    fake_release(tmp_path / "node-releases", {f"{dist}-0.1.0-py3-none-any.whl": b"not really a wheel"
+                                              for dist in ("llmgw_shared", "llmgw_node")})
 
     ran = await ok(daemon, "nodes", "add", "gpu-3", "--label", "zone=a")
     lines = ran.out.splitlines()
