@@ -12,7 +12,6 @@ import importlib.metadata
 import json
 import ssl
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ from llmgw_shared import sdnotify
 from llmgw_shared.facts import HostFacts
 from llmgw_shared.lifecycle import stop_on_signals
 from llmgw_shared.logs import get_logger, setup_logging
-from llmgw_shared.wire import EngineProvenance, EngineSpec, EngineState, converter
+from llmgw_shared.wire import EngineSpec, EngineState, converter
 
 log = get_logger("llmgw.node.cli")
 DEFAULT_CONFIG = "/etc/llmgw/node.toml"
@@ -263,16 +262,7 @@ async def _engines(config: NodeConfig, args: argparse.Namespace) -> int:
             extra = f" ({s.reported_version})" if s.reported_version else ""
             print(f"{s.name} {s.version}: {s.describe()}{extra}")
             if s.provenance is not None:
-                print(f"  {provenance_text(s.provenance)}")
+                print(f"  {s.provenance.describe()}")
         bad = [s for s in states if s.status == "failed"]
         return 1 if args.engines_command == "check" and bad else 0
 
-
-def provenance_text(p: EngineProvenance) -> str:
-    """One line: where an install came from, when, who asked, whether its index was signed."""
-    when = datetime.fromtimestamp(p.installed_at, UTC).strftime("%Y-%m-%d %H:%M:%SZ") if p.installed_at else "?"
-    assets = ", ".join(f"{a.name} sha256:{a.sha256[:16]}…" for a in p.assets) or "no archives recorded"
-    asked = f"control epoch {p.control_epoch}" if p.control_epoch else "by hand"
-    signed = f"signed by {p.signed_by}" if p.signed_by else "unsigned index"
-    kept = "; archives kept" if p.archives_kept else ""
-    return f"from {p.source or '?'} ({signed}): {assets}; installed {when}, {asked}{kept}"

@@ -16,6 +16,7 @@ Direction of each message:
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any, Literal, TypeAlias, get_args
 
 import attrs
@@ -88,6 +89,16 @@ class EngineProvenance:
     control_epoch: int = 0
     # Whether the archives are kept beside the install, so ``engines check`` can hash them again.
     archives_kept: bool = False
+
+    def describe(self) -> str:
+        """One line for people: the source, who signed, each archive's digest, when, who asked."""
+        when = (datetime.fromtimestamp(self.installed_at, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+                if self.installed_at > 0 else "at an unknown time")
+        assets = ", ".join(f"{a.name} sha256:{a.sha256[:16]}…" for a in self.assets) or "no archives recorded"
+        asked = f"control epoch {self.control_epoch}" if self.control_epoch else "by hand"
+        signed = f"signed by {self.signed_by}" if self.signed_by else "unsigned index"
+        kept = "; archives kept" if self.archives_kept else ""
+        return f"from {self.source or '?'} ({signed}): {assets}; installed {when}, {asked}{kept}"
 
 
 @attrs.frozen
