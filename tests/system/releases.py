@@ -13,6 +13,7 @@ import importlib.util
 import json
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import zipfile
@@ -20,11 +21,16 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import httpx2
 import pytest
+import tomli_w
+import trio
 from node.release_server import FileServer, run_file_server
 
+from llmgw_control.fleet.agents import token_digest
 from llmgw_control.node_release import Target, fetch_wheels, plan_release, use
 from llmgw_dev.build_engine import cache_dir
+from llmgw_dev.engine_proc import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -33,6 +39,7 @@ LOCK = ROOT / "uv.lock"
 NODE_PYTHON = Path(sys.base_prefix) / "bin" / "python3"
 HERE = Target((sys.version_info[0], sys.version_info[1]), platform.machine())
 PYTHON_FLAG = f"{HERE.python[0]}.{HERE.python[1]}"
+SHARED_TOKEN = "llmgw-join-shared-fleet-token"
 
 
 def uv() -> str:
@@ -122,3 +129,42 @@ def fake_release(releases: Path, wheels: dict[str, bytes], requirements: str = "
     }))
     use(releases, release_id)
     return release_id
+
+
+@asynccontextmanager
+async def running_control(tmp_path: Path, files: Path) -> AsyncIterator[tuple[str, int, Path]]:
+    """``llmgw-control run`` serving ``files`` (its node releases) to nodes: (admin URL, agent port, log)."""
+    api, admin, agents = free_port(), free_port(), free_port()
+    config = tmp_path / "control.toml"
+    config.write_text(tomli_w.dumps({
+        "listen": f"127.0.0.1:{api}", "admin_listen": f"127.0.0.1:{admin}", "data_dir": str(tmp_path / "control"),
+        "shutdown_grace": 1.0, "log_format": "json", "engines": [],
+        # A closed fleet: only the shared token, or a node's own onboarding token for its own id.
+        "agents": {"listen": f"127.0.0.1:{agents}", "files_dir": str(files),
+                   "join_token_digests": [token_digest(SHARED_TOKEN)], "heartbeat_interval": 0.5,
+                   "unreachable_after": 2.0, "lost_after": 4.0},
+    }))
+    control_log = tmp_path / "control.log"
+    admin_url = f"http://127.0.0.1:{admin}"
+    with open(control_log, "ab") as out:  # noqa: ASYNC230 -- a local file, opened once
+        control = await trio.lowlevel.open_process([str(BIN / "llmgw-control"), "run", "--config", str(config)],
+                                                   stdout=out, stderr=subprocess.STDOUT)
+    try:
+        async with httpx2.AsyncClient(timeout=30) as client:
+            with trio.fail_after(30):
+                while True:
+                    try:
+                        if (await client.get(f"{admin_url}/healthz")).status_code == 200:
+                            break
+                    except httpx2.TransportError:
+                        pass
+                    await trio.sleep(0.1)
+        yield admin_url, agents, control_log
+    finally:
+        with trio.CancelScope(shield=True):
+            control.send_signal(signal.SIGTERM)
+            with trio.move_on_after(10):
+                await control.wait()
+            if control.returncode is None:
+                control.kill()
+                await control.wait()

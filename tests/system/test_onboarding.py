@@ -19,28 +19,34 @@ import shutil
 import signal
 import stat
 import subprocess
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx2
 import pytest
-import tomli_w
 import trio
 from packaging.utils import canonicalize_name
-from system.releases import BIN, NODE_PYTHON, ROOT, fake_release, node_dist, prepare, repacked, wheel_mirror, wheelhouse
+from system.releases import (
+    NODE_PYTHON,
+    ROOT,
+    SHARED_TOKEN,
+    fake_release,
+    node_dist,
+    prepare,
+    repacked,
+    running_control,
+    wheel_mirror,
+    wheelhouse,
+)
 
 from llmgw_control.fleet.agents import AgentsConfig, AgentService, token_digest
 from llmgw_control.fleet.inventory import Inventory
 from llmgw_control.onboarding import TOKEN_PREFIX, Onboarding, OnboardingError, new_join_token, node_unit
 from llmgw_control.store import NodeIdentity
-from llmgw_dev.engine_proc import free_port
 from llmgw_node.config import load_config
 
 __all__ = ["node_dist", "wheelhouse"]  # fixtures, used by name
-SHARED_TOKEN = "llmgw-join-shared-fleet-token"
 
 # ---------------------------------------------------------------------- fast checks
 
@@ -138,45 +144,6 @@ def test_systemd_accepts_every_line_of_the_node_unit(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------- the system test
-
-
-@asynccontextmanager
-async def running_control(tmp_path: Path, files: Path) -> AsyncIterator[tuple[str, int, Path]]:
-    """``llmgw-control run`` serving ``files`` (its node releases) to nodes: (admin URL, agent port, log)."""
-    api, admin, agents = free_port(), free_port(), free_port()
-    config = tmp_path / "control.toml"
-    config.write_text(tomli_w.dumps({
-        "listen": f"127.0.0.1:{api}", "admin_listen": f"127.0.0.1:{admin}", "data_dir": str(tmp_path / "control"),
-        "shutdown_grace": 1.0, "log_format": "json", "engines": [],
-        # A closed fleet: only the shared token, or a node's own onboarding token for its own id.
-        "agents": {"listen": f"127.0.0.1:{agents}", "files_dir": str(files),
-                   "join_token_digests": [token_digest(SHARED_TOKEN)], "heartbeat_interval": 0.5,
-                   "unreachable_after": 2.0, "lost_after": 4.0},
-    }))
-    control_log = tmp_path / "control.log"
-    admin_url = f"http://127.0.0.1:{admin}"
-    with open(control_log, "ab") as out:  # noqa: ASYNC230 -- a local file, opened once
-        control = await trio.lowlevel.open_process([str(BIN / "llmgw-control"), "run", "--config", str(config)],
-                                                   stdout=out, stderr=subprocess.STDOUT)
-    try:
-        async with httpx2.AsyncClient(timeout=30) as client:
-            with trio.fail_after(30):
-                while True:
-                    try:
-                        if (await client.get(f"{admin_url}/healthz")).status_code == 200:
-                            break
-                    except httpx2.TransportError:
-                        pass
-                    await trio.sleep(0.1)
-        yield admin_url, agents, control_log
-    finally:
-        with trio.CancelScope(shield=True):
-            control.send_signal(signal.SIGTERM)
-            with trio.move_on_after(10):
-                await control.wait()
-            if control.returncode is None:
-                control.kill()
-                await control.wait()
 
 
 async def _nodes(admin: str) -> list[dict[str, Any]]:

@@ -452,7 +452,7 @@ class EngineManager:
                 raise InstallError(f"release index {shown} is signed for tag {shown_name(tag)}, not {version}; "
                                    "not installing from it")
         return _Index(source=shown, body=bytes(body), signature=signature, verified=verified,
-                      assets=parse_release(data))
+                      assets=parse_release(data, base_url=source))
 
     async def _fetch_small(self, url: str, what: str, limit: int, *, accept: str = "*/*",
                            missing_ok: bool = False, too_large: str = "not a release index") -> bytes:
