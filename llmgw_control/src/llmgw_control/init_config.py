@@ -57,8 +57,8 @@ DOCS: dict[str, str] = {
                                "(empty: http://<listen>).",
     "AgentsConfig.join_token_digests": "Digests (sha256:<hex>) of shared join tokens; empty with no onboarded "
                                        "nodes: any node may join (trusted networks only).",
-    "AgentsConfig.files_dir": "Directory of engines/, models/ and wheels/ served to nodes (air-gapped clusters, "
-                              "onboarding).",
+    "AgentsConfig.files_dir": "Directory of engines/, models/ and node-releases/ served to nodes (air-gapped "
+                              "clusters, onboarding: llmgw-control release prepare).",
     "AgentsConfig.tls_cert_file": "TLS certificate (PEM) for the agent listener: nodes use wss:// and https:// "
                                   "(empty: no TLS, trusted networks only).",
     "AgentsConfig.tls_key_file": "The private key (PEM) of tls_cert_file.",

@@ -35,7 +35,7 @@ def make_agent_app(service: AgentService, files: FileServer | None, identities: 
     """``identities``: node ids proven by client certificates, when a TLS front relays to this app."""
     app = QuartTrio("llmgw_control.agents")
     app.config["RESPONSE_TIMEOUT"] = None
-    # The node install script and wheels (onboarding), next to the files nodes fetch.
+    # The node install script and each node release's wheels (onboarding), next to the files nodes fetch.
     register_install_routes(app, onboarding)
 
     def certified(scope: Any) -> str | None:
