@@ -26,6 +26,8 @@ from typing import Any
 import httpx2
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from packaging.utils import canonicalize_name
 from system.releases import (
     NODE_PYTHON,
@@ -130,6 +132,34 @@ async def test_the_script_carries_the_current_release_and_is_valid_shell(tmp_pat
     (tampered / "requirements.txt").write_text("attrs==2 --hash=sha256:22\n")
     with pytest.raises(OnboardingError, match=r"does not match its release\.json"):
         await onboarding.script()
+
+
+@pytest.fixture(scope="module")
+def hostile_releases(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    releases = tmp_path_factory.mktemp("hostile") / "node-releases"
+    fake_release(releases, {"llmgw_node-0.1.0-py3-none-any.whl": b"w"})
+    (releases.parent / "secret.whl").write_bytes(b"outside")
+    return releases
+
+
+@settings(max_examples=200, deadline=None)
+@given(release_id=st.one_of(st.text(max_size=80), st.sampled_from(["current", ".", "..", "0.1.0-0123456789ab"])),
+       name=st.one_of(st.text(max_size=80), st.sampled_from(["release.json", "requirements.txt", "../secret.whl"])))
+def test_no_release_id_or_file_name_reaches_a_file_the_release_does_not_list(
+    hostile_releases: Path, release_id: str, name: str
+) -> None:
+    # Every name a node's request can carry: only a listed wheel of a prepared release answers.
+    onboarding = Onboarding(store=None, public_url="http://10.0.0.1:8443",  # type: ignore[arg-type]
+                            agent_ws_url="ws://10.0.0.1:8443/agent/v1", releases_dir=hostile_releases)
+
+    async def ask() -> tuple[Path | None, str | None]:
+        return await onboarding.release_file(release_id, name), await onboarding.index_html(release_id)
+
+    found, page = trio.run(ask)
+    if found is not None:
+        assert found == hostile_releases / release_id / name and name == "llmgw_node-0.1.0-py3-none-any.whl"
+    if page is not None:
+        assert (hostile_releases / release_id / "release.json").is_file()
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
