@@ -30,6 +30,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from packaging.utils import canonicalize_name
 from system.releases import (
+    BIN,
     NODE_PYTHON,
     ROOT,
     SHARED_TOKEN,
@@ -321,6 +322,19 @@ async def test_the_install_command_installs_a_node_that_joins_then_upgrades_and_
             await _until_ready(admin_url, node_pid, root, sessions=3)
             # Releases other than the current and the previous one are gone.
             assert sorted(p.name for p in (prefix / "releases").iterdir()) == sorted([first, second])
+
+            # The fleet's way: control makes an earlier release current again; a node that still
+            # has it switches to it without installing anything.
+            used = await trio.run_process([str(BIN / "llmgw-control"), "release", "--files-dir", str(files), "use",
+                                           second], capture_stdout=True)
+            assert used.stdout.decode() == f"release {second} is current\n"
+            code, output = await _sh(["sh", str(await _script(agents, tmp_path / "node.sh"))], upgrade)
+            assert code == 0, output
+            assert f"release {second} is already installed; checking it" in output
+            assert os.readlink(prefix / "current") == f"releases/{second}"
+            assert os.readlink(prefix / "previous") == f"releases/{first}"
+            node_pid = int((root / "var/lib/llmgw-node/llmgw-node.pid").read_text())
+            await _until_ready(admin_url, node_pid, root, sessions=4)
         finally:
             if node_pid is not None:
                 with_suppress_kill(node_pid)

@@ -125,11 +125,17 @@ else
     esac
     ENV="$RELEASES/$RELEASE_ID"
     mkdir -p "$RELEASES"
-    if [ "$(readlink "$CURRENT" 2>/dev/null || true)" = "releases/$RELEASE_ID" ] && [ -x "$ENV/bin/llmgw-node" ]; then
+    case "$(readlink "$CURRENT" 2>/dev/null || true) $(readlink "$PREVIOUS" 2>/dev/null || true) " in
+        *"releases/$RELEASE_ID "*) installed=yes ;;
+        *) installed= ;;
+    esac
+    if [ -n "$installed" ] && [ -x "$ENV/bin/llmgw-node" ]; then
+        # The current or the previous release: a complete install that passed before (switching
+        # back to it after a rollback must not depend on control, nor delete it first).
         say "release $RELEASE_ID is already installed; checking it"
     else
-        # Whatever is at $ENV is not current: a failed earlier attempt, or the rollback target
-        # being installed again. Built afresh, never trusted half-made.
+        # Whatever is at $ENV is neither current nor previous: a failed earlier attempt. Built
+        # afresh, never trusted half-made.
         rm -rf "$ENV"
         say "installing release $RELEASE_ID (llmgw-node $NODE_VERSION) into $ENV"
         "$PYTHON" -m venv "$ENV" || die "cannot create a virtual environment (on Debian/Ubuntu: apt-get install python3-venv)"
