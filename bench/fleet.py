@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 
 from llmgw_control.catalog import Catalog, EngineConfig, ModelConfig, ProfileConfig, WeightsConfig  # noqa: E402
+from llmgw_control.fleet.agents import token_digest  # noqa: E402
 from llmgw_control.fleet.inventory import Inventory, Liveness, NodeRecord  # noqa: E402
 from llmgw_control.fleet.plan import Claim  # noqa: E402
 from llmgw_control.fleet.reconciler import Reconciler  # noqa: E402
@@ -104,6 +105,10 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+# The simulated nodes join as a production fleet's would: with a shared join token control knows.
+JOIN_TOKEN = "llmgw-join-fleet-bench"
+
+
 class Joined:
     def __init__(self, expected: int) -> None:
         self.expected = expected
@@ -119,8 +124,8 @@ class Joined:
 async def simulated_node(url: str, index: int, interval: float, stop: trio.Event, connected: Joined) -> None:
     facts = attrs.evolve(unprobed(), probed=True, hostname=f"sim-{index}", ram_total_mib=64_000, cores=16,
                          arch="x86_64", cpu_features=["avx", "avx2", "fma", "f16c"])
-    hello = Hello(PROTOCOL_VERSION, f"sim-{index:04d}", "", facts, [EngineState("llama.cpp", "b11312", "installed")],
-                  [])
+    hello = Hello(PROTOCOL_VERSION, f"sim-{index:04d}", JOIN_TOKEN, facts,
+                  [EngineState("llama.cpp", "b11312", "installed")], [])
     async with open_websocket_url(url, message_queue_size=64) as ws:
         await ws.send_message(encode(hello))
         await ws.get_message()  # welcome
@@ -151,7 +156,7 @@ async def simulated_fleet(nodes: int, seconds: float, model_count: int) -> dict[
         "listen": f"127.0.0.1:{api}", "admin_listen": f"127.0.0.1:{admin}", "data_dir": str(root),
         "log_level": "warning",
         "agents": {"listen": f"127.0.0.1:{agents}", "heartbeat_interval": interval, "unreachable_after": 15.0,
-                   "lost_after": 60.0},
+                   "lost_after": 60.0, "join_token_digests": [token_digest(JOIN_TOKEN)]},
         "models": [{"name": m.name, "profiles": [{"name": "cpu", "weights": {"url": "http://files/x.gguf",
                                                                              "sha256": SHA, "size": 10**9},
                                                   "ram_mib": 2000}]} for m in models(model_count)],

@@ -440,7 +440,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="llmgw-bench-") as tmp, \
             fake_engine_process(gen_core) as (engine_url, engine_pid):
         log_path = Path(tmp) / "gateway.log"
-        with (gateway_process(gateway, engine_url, gw_core, log_path, args.gateway_arg)
+        # A data directory of its own: the default one is shared by every run on the machine, and
+        # a run of a newer llmgw migrates its store past what an older one (a "before" run) opens.
+        own_state = [] if args.bare else ["--data-dir", str(Path(tmp) / "control")]
+        with (gateway_process(gateway, engine_url, gw_core, log_path, [*own_state, *args.gateway_arg])
               if have_gateway else _nothing()) as gw:
             if not args.no_realtime:
                 print("load generator at c=1: " + _scheduling(realtime=True))

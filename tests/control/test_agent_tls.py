@@ -19,6 +19,7 @@ from llmgw_control.app import Fleet, Listening, run_control
 from llmgw_control.config import ControlConfig, validate
 from llmgw_control.fleet.agents import AgentsConfig
 from llmgw_dev.build_engine import archive_name, ensure_engine
+from llmgw_dev.served_files import place
 from llmgw_node.agent import Agent
 from llmgw_node.config import NodeConfig
 from llmgw_node.service import open_node_service
@@ -121,7 +122,7 @@ async def test_no_client_certificate_no_connection(pki: Pki) -> None:
 async def test_a_real_node_installs_its_engine_over_mutual_tls(pki: Pki, llama_server_binary: Path) -> None:
     files = pki.dir / "files"
     (files / "engines").mkdir(parents=True)
-    (files / "engines" / archive_name()).symlink_to(ensure_engine())
+    place(ensure_engine(), files / "engines" / archive_name())
     cert, key = pki.client("gpu-1")
     async with tls_control(pki, files) as (listening, fleet):
         node_config = NodeConfig(control=[wss(listening)], node_id="gpu-1", data_dir=str(pki.dir / "node"),

@@ -6,6 +6,8 @@ import random
 
 import attrs
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from llmgw_control.router.balancer import choose
 from llmgw_control.router.replicas import Replica, ReplicaSet
@@ -18,6 +20,7 @@ class R:
     weight: float = 1.0
     in_flight: int = 0
     cooldown_until: float = 0.0
+    slots: int = 1000
 
 
 def test_least_in_flight_wins() -> None:
@@ -29,6 +32,45 @@ def test_weight_scales_the_load_a_replica_takes() -> None:
     # Four in flight on a weight-4 replica count like one on a weight-1 replica.
     heavy, light = R("heavy", weight=4, in_flight=4), R("light", weight=1, in_flight=1)
     assert choose([heavy, light], now=0) is heavy  # (4+1)/4 < (1+1)/1
+
+
+def test_a_replica_with_every_slot_busy_is_never_chosen() -> None:
+    full, free = R("full", in_flight=2, slots=2), R("free", in_flight=7, slots=8)
+    assert choose([full, free], now=0) is free
+    assert choose([full, R("also-full", in_flight=8, slots=8)], now=0) is None
+    # Not even when the only free one is cooling down: that one is still tried first.
+    cooling = R("cooling", in_flight=0, slots=2, cooldown_until=10)
+    assert choose([full, cooling], now=5) is cooling
+
+
+def test_load_is_relative_to_slots() -> None:
+    # Three of four slots busy is more loaded than one of three.
+    big, small = R("big", in_flight=3, slots=4), R("small", in_flight=1, slots=3)
+    assert choose([big, small], now=0) is small  # (1+1)/3 < (3+1)/4
+    big.in_flight = 1
+    assert choose([big, small], now=0) is big  # (1+1)/4 < (1+1)/3
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 6), st.integers(1, 6), st.sampled_from([0.5, 1.0, 2.0]), st.booleans(),
+                       st.booleans()), max_size=6),
+)
+def test_choose_takes_a_free_slot_least_loaded_healthy_first(specs: list[tuple[int, int, float, bool, bool]]) -> None:
+    replicas = [R(f"r{i}", weight=w, in_flight=min(n, s), slots=s, cooldown_until=10.0 if cool else 0.0)
+                for i, (n, s, w, cool, _) in enumerate(specs)]
+    exclude = {r.id for r, spec in zip(replicas, specs, strict=True) if spec[4]}
+    chosen = choose(replicas, now=5.0, exclude=exclude, rng=random.Random(0))
+    free = [r for r in replicas if r.in_flight < r.slots and r.id not in exclude]
+    if not free:
+        assert chosen is None
+        return
+    assert chosen in free
+    healthy = [r for r in free if r.cooldown_until <= 5.0]
+    if healthy:
+        def score(r: R) -> float:
+            return (r.in_flight + 1) / (r.slots * r.weight)
+        assert chosen in healthy and score(chosen) == min(score(r) for r in healthy)
 
 
 def test_cooling_replicas_are_avoided_while_others_serve() -> None:

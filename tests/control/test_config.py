@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from llmgw_control.config import ControlConfig, load_config, parse_endpoint_flag
+from llmgw_control.catalog import EngineConfig
+from llmgw_control.config import ControlConfig, load_config, parse_endpoint_flag, validate
 from llmgw_shared.config import ConfigError, parse_host_port
 
 
@@ -106,3 +107,10 @@ def test_a_string_where_a_list_belongs_is_refused(tmp_path: Path) -> None:
     # cattrs alone would split "llama" into ['l', 'l', 'a', 'm', 'a'].
     with pytest.raises(ConfigError, match=r"endpoints\[0\]\.models: expected a list, got a string"):
         load_config(write(tmp_path, "[[endpoints]]\nid = 'a'\nurl = 'http://h:1'\nmodels = 'llama'\n"))
+
+
+@pytest.mark.parametrize("name, version",
+                         [("llama.cpp", "."), ("llama.cpp", ""), ("../x", "b1"), ("llama.cpp", "b1\n")])
+def test_an_engine_name_or_version_a_node_would_refuse_is_refused_at_start(name: str, version: str) -> None:
+    with pytest.raises(ConfigError, match="engines: "):
+        validate(ControlConfig(engines=[EngineConfig(name=name, version=version)]))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import httpx2
@@ -17,6 +18,7 @@ from llmgw_control.metrics import GatewayMetrics
 from llmgw_control.router.errors import ApiError
 from llmgw_control.router.gateway import Gateway
 from llmgw_control.router.replicas import Replica, ReplicaSet
+from llmgw_control.router.upstream import Httpx2Upstream, UpstreamError, UpstreamResponse
 from llmgw_dev.engine_proc import free_port
 from llmgw_dev.fake_engine import FakeEngine, FakeEngineBehavior, run_fake_engine
 from support.gateway import chat_body, endpoint, running_gateway
@@ -135,6 +137,40 @@ async def test_all_replicas_failing_gives_502_naming_replica_and_phase() -> None
             assert response.status_code == 502
             assert "gone" in response.json()["error"]["message"]
             assert "connect" in response.json()["error"]["message"]
+
+
+class _FailingPool:
+    """The real upstream client, except that its first ``failures`` requests fail in the pool."""
+
+    def __init__(self, failures: int) -> None:
+        self.real = Httpx2Upstream()
+        self.failures = failures
+
+    def open(self, method: str, url: str, **kwargs: Any) -> AbstractAsyncContextManager[UpstreamResponse]:
+        if self.failures:
+            self.failures -= 1
+            # The base class, as any new kind of pool failure would be: the gateway must not
+            # need to know each kind to answer it well.
+            raise UpstreamError("the pool has no usable connection")
+        return self.real.open(method, url, **kwargs)
+
+    async def run(self) -> None:
+        await self.real.run()
+
+    async def aclose(self) -> None:
+        await self.real.aclose()
+
+
+async def test_a_pool_failure_before_the_first_byte_is_retried_elsewhere_or_a_502_never_a_500() -> None:
+    async with run_fake_engine() as a, run_fake_engine() as b:
+        async with running_gateway(endpoint("a", a.url), endpoint("b", b.url), upstream=_FailingPool(1)) as gw:
+            response = await gw.client.post("/v1/chat/completions", json=chat_body())
+            assert response.status_code == 200
+        async with running_gateway(endpoint("only", a.url), upstream=_FailingPool(10)) as gw:
+            response = await gw.client.post("/v1/chat/completions", json=chat_body())
+            assert response.status_code == 502
+            error = response.json()["error"]
+            assert "only" in error["message"] and "pool" in error["message"]
 
 
 async def test_nothing_is_retried_once_bytes_reached_the_client() -> None:

@@ -245,24 +245,29 @@ async def test_stopping_closes_idle_connections_at_once_and_answers_busy_ones() 
         busy.close()
 
 
-async def test_http2_with_prior_knowledge_is_served_without_held_writes() -> None:
-    # An HTTP/2 send can wait for the peer's flow-control window: holding its bytes would deadlock.
-    body = b"x" * 200_000  # beyond the default 64 KiB window
+async def test_http2_with_prior_knowledge_is_refused_with_http_1_1_required() -> None:
+    # No listener offers HTTP/2 (docs/architecture.md): a client that starts with its preface is
+    # told so in its own protocol (GOAWAY, HTTP_1_1_REQUIRED), and the server goes on.
+    async with serving() as (port, _):
+        async with httpx2.AsyncClient(http1=False, http2=True) as client:
+            with trio.fail_after(10), pytest.raises(httpx2.RemoteProtocolError, match="error_code:13"):
+                await client.post(f"http://127.0.0.1:{port}/v1/x", content=b"{}")
+        sock = await _connect(port)
+        assert await _request(sock, h11.Connection(h11.CLIENT)) == (200, b'{"ok": true}')
+        sock.close()
 
-    async def big(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            await _answer_json(scope, receive, send)
-            return
-        while (await receive()).get("more_body"):
-            pass
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"200000")]})
-        await send({"type": "http.response.body", "body": body})
 
-    async with serving(big) as (port, _), httpx2.AsyncClient(http1=False, http2=True) as client:
-        with trio.fail_after(10):
-            response = await client.post(f"http://127.0.0.1:{port}/v1/x", content=b"{}")
-        assert response.http_version == "HTTP/2"
-        assert response.status_code == 200 and response.content == body
+async def test_an_h2c_upgrade_is_ignored_and_answered_in_http_1_1() -> None:
+    async with serving() as (port, _):
+        sock = await _connect(port)
+        await sock.send(b"GET /v1/x HTTP/1.1\r\nhost: t\r\nconnection: Upgrade, HTTP2-Settings\r\n"
+                        b"upgrade: h2c\r\nhttp2-settings: AAMAAABkAAQAoAAAAAIAAAAA\r\n\r\n")
+        conn = h11.Connection(h11.CLIENT)
+        conn.send(h11.Request(method="GET", target="/v1/x", headers=[("host", "t")]))
+        conn.send(h11.EndOfMessage())
+        with trio.fail_after(5):
+            assert await _read_response(sock, conn) == (200, b'{"ok": true}')
+        sock.close()
 
 
 async def test_websockets_still_work() -> None:
@@ -291,30 +296,390 @@ async def test_the_apps_inbox_is_bounded_and_hands_messages_over_in_order() -> N
     inbox = _Inbox(2)
     got: list[int] = []
 
+    def body(n: int) -> dict[str, Any]:
+        return {"type": "http.request", "n": n}
+
     async def reader() -> None:
         for _ in range(5):
-            got.append(await inbox.get())
+            got.append((await inbox.get())["n"])
             await trio.sleep(0.01)
 
     async with trio.open_nursery() as nursery:
         for i in range(2):
-            await inbox.put(i)
+            await inbox.put(body(i))
         with trio.move_on_after(0.05) as full:
-            await inbox.put(99)  # nobody reads yet: the third waits
+            await inbox.put(body(99))  # nobody reads yet: the third waits
         assert full.cancelled_caught
         nursery.start_soon(reader)
         for i in range(2, 5):
-            await inbox.put(i)
+            await inbox.put(body(i))
     assert got == [0, 1, 2, 3, 4]
+
+
+async def test_the_inbox_never_holds_back_the_disconnect_and_drops_everything_once_closed() -> None:
+    from llmgw_control.http_connection import _Inbox
+
+    inbox = _Inbox(1)
+    await inbox.put({"type": "http.request", "more_body": True})
+    with trio.fail_after(1):
+        # Full, but an app that answered without reading must still learn that the client left.
+        await inbox.put({"type": "http.disconnect"})
+        inbox.close()
+        # The app is done: a reader handing over more body is not left waiting forever.
+        await inbox.put({"type": "http.request", "more_body": True})
+        await inbox.put({"type": "http.request", "more_body": True})
 
 
 async def test_a_cancelled_caller_of_the_inbox_gets_cancelled_even_with_a_message_waiting() -> None:
     from llmgw_control.http_connection import _Inbox
 
     inbox = _Inbox(4)
-    await inbox.put("body")
+    await inbox.put({"type": "http.request"})
     with trio.CancelScope() as scope:
         scope.cancel()
         await inbox.get()
     assert scope.cancelled_caught
-    assert await inbox.get() == "body"
+    assert await inbox.get() == {"type": "http.request"}
+
+
+# --- One connection cannot stop a listener -------------------------------------------------------
+
+
+async def test_an_h2c_upgrade_with_malformed_settings_ends_no_listener() -> None:
+    # Issue 13's crash: a 101 was sent, then h2 raised binascii.Error out of the connection and
+    # out of the listener, and the daemon exited. Every variant of the settings header is fine now.
+    async with serving() as (port, _):
+        for settings in (b"A", b"!!!!", b"AAAA" * 5000, b"", b"\xff\xfe"):
+            sock = await _connect(port)
+            await sock.send(b"GET /v1/x HTTP/1.1\r\nhost: t\r\nconnection: Upgrade, HTTP2-Settings\r\n"
+                            b"upgrade: h2c\r\nhttp2-settings: " + settings + b"\r\n\r\n")
+            with trio.fail_after(5):
+                received = await sock.recv(65536)
+            assert not received.startswith(b"HTTP/1.1 101"), received
+            sock.close()
+        sock = await _connect(port)
+        assert await _request(sock, h11.Connection(h11.CLIENT)) == (200, b'{"ok": true}')
+        sock.close()
+
+
+async def test_whatever_one_connection_raises_is_logged_once_and_ends_it_alone(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # Fault injection: hypercorn itself fails while finishing a request's answer, outside the app
+    # (as h2 did on a malformed HTTP2-Settings), on the one request that asks for it.
+    from hypercorn.protocol.http_stream import HTTPStream
+
+    from llmgw_control.asgi import REQUEST_ID
+
+    original = HTTPStream.app_send
+
+    async def failing(self: HTTPStream, message: Any) -> None:
+        if message is None and self.scope["path"] == "/boom":
+            raise RuntimeError("hypercorn broke")
+        await original(self, message)
+
+    monkeypatch.setattr(HTTPStream, "app_send", failing)
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            scope[REQUEST_ID] = "req-42"  # as the gateway records its request id
+        await _answer_json(scope, receive, send)
+
+    async with serving(app) as (port, _):
+        broken = await _connect(port)
+        await broken.send(REQUEST.replace(b"/v1/x", b"/boom"))
+        with trio.fail_after(5):
+            while await broken.recv(65536):
+                pass  # the answer, then the close of this connection alone
+        broken.close()
+        sock = await _connect(port)
+        assert await _request(sock, h11.Connection(h11.CLIENT)) == (200, b'{"ok": true}')
+        sock.close()
+    failures = [r for r in caplog.records if "hypercorn broke" in r.getMessage()
+                or (r.exc_info and "hypercorn broke" in str(r.exc_info[1]))]
+    assert len(failures) == 1, [r.getMessage() for r in failures]
+    assert getattr(failures[0], "request_id", None) == "req-42"
+
+
+# --- Deadlines ---------------------------------------------------------------------------------
+
+
+def _limits(**values: Any) -> Any:
+    from llmgw_control.config import ListenersConfig
+
+    return ListenersConfig(**values)
+
+
+async def _read_all(sock: trio.socket.SocketType) -> bytes:
+    received = b""
+    while chunk := await sock.recv(65536):
+        received += chunk
+    return received
+
+
+async def test_a_head_that_does_not_arrive_in_time_gets_408() -> None:
+    async with serving(limits=_limits(head_timeout=0.3)) as (port, _):
+        sock = await _connect(port)
+        await sock.send(b"POST /v1/x HTTP/1.1\r\nhost: t\r\n")  # ... and the rest never comes
+        with trio.fail_after(10):
+            received = await _read_all(sock)
+        assert received.startswith(b"HTTP/1.1 408 ") and b"connection: close" in received
+        assert b'"request_timeout"' in received
+        sock.close()
+
+
+async def test_a_header_line_every_little_while_does_not_extend_the_head_deadline() -> None:
+    async with serving(limits=_limits(head_timeout=0.5)) as (port, _):
+        sock = await _connect(port)
+        await sock.send(b"POST /v1/x HTTP/1.1\r\n")
+        received = b""
+        with trio.fail_after(10):
+            for i in range(100):
+                try:
+                    await sock.send(b"x-slow-%d: 1\r\n" % i)
+                except OSError:
+                    break
+                with trio.move_on_after(0.1):
+                    if chunk := await sock.recv(65536):
+                        received += chunk
+                        break
+            received += await _read_all(sock)
+        assert received.startswith(b"HTTP/1.1 408 "), received[:200]
+        sock.close()
+
+
+async def test_a_body_that_stalls_gets_408_and_the_app_learns_the_client_is_gone() -> None:
+    seen: list[str] = []
+
+    async def reading(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await _answer_json(scope, receive, send)
+            return
+        while (message := await receive())["type"] == "http.request" and message.get("more_body"):
+            pass
+        seen.append(message["type"])
+
+    async with serving(reading, limits=_limits(body_timeout=0.3)) as (port, _):
+        sock = await _connect(port)
+        await sock.send(b"POST /v1/x HTTP/1.1\r\nhost: t\r\ncontent-length: 100\r\n\r\n{\"half\":")
+        with trio.fail_after(10):
+            received = await _read_all(sock)
+        assert received.startswith(b"HTTP/1.1 408 ") and b"connection: close" in received
+        sock.close()
+        with trio.fail_after(5):
+            while not seen:
+                await trio.sleep(0.01)
+        assert seen == ["http.disconnect"]
+
+
+async def test_a_body_that_trickles_a_byte_at_a_time_gets_408() -> None:
+    # Each byte comes well within body_timeout of the last, so only a minimum rate can end it.
+    async with serving(limits=_limits(body_timeout=0.5, body_min_rate=1000)) as (port, _):
+        sock = await _connect(port)
+        await sock.send(b"POST /v1/x HTTP/1.1\r\nhost: t\r\ncontent-length: 100000\r\n\r\n")
+        received = b""
+        with trio.fail_after(15):
+            for _ in range(200):
+                try:
+                    await sock.send(b"x")
+                except OSError:
+                    break
+                with trio.move_on_after(0.05):
+                    if chunk := await sock.recv(65536):
+                        received += chunk
+                        break
+            received += await _read_all(sock)
+        assert received.startswith(b"HTTP/1.1 408 "), received[:200]
+        sock.close()
+
+
+async def test_a_body_that_arrives_at_a_fair_rate_is_not_cut() -> None:
+    async with serving(limits=_limits(body_timeout=0.3, body_min_rate=50_000)) as (port, _):
+        sock = await _connect(port)
+        body = b"x" * 60_000
+        await sock.send(b"POST /v1/x HTTP/1.1\r\nhost: t\r\ncontent-length: %d\r\n\r\n" % len(body))
+        for start in range(0, len(body), 10_000):  # 10 kB every 0.1 s: 100 kB/s, twice the minimum
+            await sock.send(body[start:start + 10_000])
+            await trio.sleep(0.1)
+        conn = h11.Connection(h11.CLIENT)
+        conn.send(h11.Request(method="POST", target="/v1/x", headers=[("host", "t"), ("content-length", "60000")]))
+        conn.send(h11.Data(data=body))
+        conn.send(h11.EndOfMessage())
+        with trio.fail_after(5):
+            assert await _read_response(sock, conn) == (200, b'{"ok": true}')
+        sock.close()
+
+
+async def _stream_forever(scope: dict[str, Any], receive: Any, send: Any, *, gone: list[float]) -> None:
+    if scope["type"] == "lifespan":
+        await _answer_json(scope, receive, send)
+        return
+    while (await receive()).get("more_body"):
+        pass
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+    async with trio.open_nursery() as nursery:
+        async def watch() -> None:
+            # As every ASGI app should (the gateway does): the disconnect says the client is gone.
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone.append(trio.current_time())
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(watch)
+        while True:
+            await send({"type": "http.response.body", "body": b"x" * 65536, "more_body": True})
+
+
+def _small_receive_buffer() -> trio.socket.SocketType:
+    sock = trio.socket.socket()
+    sock.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_RCVBUF, 4096)
+    return sock
+
+
+async def test_a_client_that_stops_reading_loses_its_connection_after_the_write_timeout() -> None:
+    gone: list[float] = []
+    async with serving(partial(_stream_forever, gone=gone), limits=_limits(write_timeout=0.5)) as (port, _):
+        sock = _small_receive_buffer()
+        await sock.connect(("127.0.0.1", port))
+        await sock.send(b"GET /v1/x HTTP/1.1\r\nhost: t\r\n\r\n")
+        with trio.fail_after(10):  # and it never reads
+            while not gone:
+                await trio.sleep(0.05)
+        sock.close()
+
+
+async def test_a_write_to_a_client_that_stopped_reading_does_not_outlive_the_shutdown_grace() -> None:
+    gone: list[float] = []
+    shutdown = trio.Event()
+    sock = _small_receive_buffer()
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            url = await nursery.start(partial(
+                serve_asgi, partial(_stream_forever, gone=gone), "127.0.0.1:0", shutdown=shutdown, grace=0.3,
+                name="test", limits=_limits(write_timeout=3600)))
+            await sock.connect(("127.0.0.1", int(url.rsplit(":", 1)[1])))
+            await sock.send(b"GET /v1/x HTTP/1.1\r\nhost: t\r\n\r\n")
+            await trio.sleep(0.3)  # the server's writes are stuck by now
+            shutdown.set()
+    sock.close()
+
+
+# --- A bounded number of connections ----------------------------------------------------------
+
+
+async def test_connections_beyond_the_limit_are_answered_503_and_closed() -> None:
+    async with serving(limits=_limits(max_connections=2)) as (port, _):
+        held = [await _connect(port) for _ in range(2)]
+        for sock in held:  # both are being served
+            assert (await _request(sock, h11.Connection(h11.CLIENT)))[0] == 200
+        extra = await _connect(port)
+        await extra.send(REQUEST)
+        with trio.fail_after(5):
+            received = await _read_all(extra)
+        assert received.startswith(b"HTTP/1.1 503 ") and b"connection: close" in received
+        assert b"retry-after: 1" in received and b'"too_many_connections"' in received
+        extra.close()
+        held.pop().close()
+        with trio.fail_after(5):
+            while True:  # the closed one is counted out as soon as the server sees it go
+                sock = await _connect(port)
+                conn = h11.Connection(h11.CLIENT)
+                await sock.send(_encode(conn, "/v1/x"))
+                first = await sock.recv(65536)
+                if first.startswith(b"HTTP/1.1 200 "):
+                    break
+                sock.close()
+                await trio.sleep(0.05)
+        sock.close()
+        for sock in held:
+            sock.close()
+
+
+# --- 100 Continue, and answers that come before the request is read ----------------------------
+
+
+async def _refuse_on_head(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] == "lifespan":
+        await _answer_json(scope, receive, send)
+        return
+    if scope["path"] == "/refuse":
+        body = b'{"error": "no key"}'
+        await send({"type": "http.response.start", "status": 401,
+                    "headers": [(b"content-length", b"%d" % len(body))]})
+        await send({"type": "http.response.body", "body": body})
+        return
+    await _answer_json(scope, receive, send)
+
+
+async def test_no_100_continue_for_a_request_refused_on_its_head() -> None:
+    async with serving(_refuse_on_head) as (port, _):
+        sock = await _connect(port)
+        await sock.send(b"POST /refuse HTTP/1.1\r\nhost: t\r\nexpect: 100-continue\r\ncontent-length: 30000000\r\n\r\n")
+        with trio.fail_after(5):
+            received = await _read_all(sock)  # the client never sends its body: it was not invited
+        assert received.startswith(b"HTTP/1.1 401 "), received[:100]
+        assert b"100 Continue" not in received and b"connection: close" in received
+        sock.close()
+
+
+async def test_100_continue_comes_when_the_app_asks_for_the_body() -> None:
+    async with serving(_refuse_on_head) as (port, _):
+        sock = await _connect(port)
+        await sock.send(b"POST /v1/x HTTP/1.1\r\nhost: t\r\nexpect: 100-continue\r\ncontent-length: 2\r\n\r\n")
+        with trio.fail_after(5):
+            interim = await sock.recv(65536)
+        assert interim.startswith(b"HTTP/1.1 100 "), interim
+        await sock.send(b"{}")
+        conn = h11.Connection(h11.CLIENT)
+        conn.send(h11.Request(method="POST", target="/v1/x", headers=[("host", "t"), ("content-length", "2")]))
+        conn.send(h11.Data(data=b"{}"))
+        conn.send(h11.EndOfMessage())
+        with trio.fail_after(5):
+            assert await _read_response(sock, conn) == (200, b'{"ok": true}')
+        sock.close()
+
+
+async def test_an_early_answer_to_a_large_body_says_close_and_reaches_a_client_still_sending() -> None:
+    # The client writes its whole 8 MB body before it reads (as most clients do): the answer
+    # waits for it, the body is read and dropped (no reset cuts the client's write), and
+    # the answer says the connection is done.
+    async with serving(_refuse_on_head) as (port, _):
+        sock = await _connect(port)
+        size = 8 * 1024 * 1024
+        await sock.send(b"POST /refuse HTTP/1.1\r\nhost: t\r\ncontent-length: %d\r\n\r\n" % size)
+        chunk = b"x" * 65536
+        with trio.fail_after(20):
+            for _ in range(size // len(chunk)):
+                await sock.send(chunk)
+            received = await _read_all(sock)
+        assert received.startswith(b"HTTP/1.1 401 ") and b"connection: close" in received
+        assert received.endswith(b'{"error": "no key"}')
+        sock.close()
+
+
+async def test_two_answers_that_cross_close_the_connection_without_an_error(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Found by test_listener_fuzz: WebSocket frames sent with the handshake make hypercorn answer
+    # 400 itself while the app refuses the handshake too; the two answers crossed in h11
+    # (LocalProtocolError "Can't send data when our state is ERROR").
+    async def refusing(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        await _answer_json(scope, receive, send)
+
+    async with serving(refusing) as (port, _):
+        for _ in range(5):
+            sock = await _connect(port)
+            await sock.send(b"GET /ws HTTP/1.1\r\nhost: t\r\nconnection: Upgrade\r\nupgrade: websocket\r\n"
+                            b"sec-websocket-key: MDEyMzQ1Njc4OWFiY2RlZg==\r\nsec-websocket-version: 13\r\n\r\n"
+                            b"\x81\x85\x01\x02\x03\x04hello")
+            received = b""
+            with trio.fail_after(5):  # the refusal, then the end of the connection
+                while chunk := await sock.recv(65536):
+                    received += chunk
+            assert received.startswith((b"HTTP/1.1 400 ", b"HTTP/1.1 403 ")), received
+            sock.close()
+        sock = await _connect(port)
+        assert await _request(sock, h11.Connection(h11.CLIENT)) == (200, b'{"ok": true}')
+        sock.close()
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], [r.getMessage() for r in caplog.records]

@@ -13,7 +13,7 @@ import pytest
 from llmgw_control.cli import main
 from llmgw_control.config import ControlConfig, load_config
 from llmgw_control.init_config import DOCS, EXAMPLES, render_config
-from llmgw_shared.config_doc import EXAMPLE_BEGIN, missing_docs, uncomment_examples, walk
+from llmgw_shared.config_doc import EXAMPLE_BEGIN, doc_of, missing_docs, uncomment_examples, walk
 
 
 def run_cli(argv: list[str]) -> int:
@@ -46,7 +46,7 @@ def test_every_option_appears_with_its_help_and_default() -> None:
     text = render_config()
     lines = text.splitlines()
     for cls, name, path in walk(ControlConfig):
-        doc = DOCS[f"{cls.__name__}.{name}"]
+        doc = doc_of(cls, name, DOCS)  # a field may carry its line as metadata["doc"]
         # The help line sits right above the key (or the section it introduces).
         at = [i for i, line in enumerate(lines) if line.lstrip("# ").startswith(doc)]
         assert at, f"no help line for {path}"

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +20,13 @@ import trio
 
 from llmgw_control.catalog import Catalog, EngineConfig, ModelConfig, ProfileConfig, WeightsConfig
 from llmgw_control.config import ControlConfig, LeadershipConfig, validate
-from llmgw_control.fleet.agents import AgentsConfig, AgentService
+from llmgw_control.fleet.agents import AgentsConfig, AgentService, token_digest
 from llmgw_control.fleet.inventory import Inventory, Liveness
 from llmgw_control.fleet.plan import Claim
 from llmgw_control.fleet.reconciler import Reconciler, ReconcilerConfig
 from llmgw_control.leadership import Leadership, StandbyGate, clear_single_daemon_lease, cluster_secret
 from llmgw_control.router.replicas import ReplicaSet
-from llmgw_control.store import LeaseKeeper, connect_store
+from llmgw_control.store import FleetHolders, LeaseKeeper, connect_store
 from llmgw_control.store.testing import LeaseRow, MemoryLease
 from llmgw_dev.postgres import PostgresServer
 from llmgw_shared.config import ConfigError
@@ -32,6 +34,7 @@ from llmgw_shared.facts import unprobed
 from llmgw_shared.wire import PROTOCOL_VERSION, EngineState, Hello, ShardState, encode
 
 TTL, RENEW, SETTLE = 2.0, 0.5, 1.0
+JOIN_TOKEN = "llmgw-join-leadership-test"
 
 
 # --------------------------------------------------------------------------- a daemon's parts
@@ -51,7 +54,27 @@ class Daemon:
         return f"ws://{self.name}/agent/v1"
 
 
-def make_daemon(row: LeaseRow, name: str) -> Daemon:
+class MemoryHolders:
+    """The store's fleet_holders row, in memory and on trio's clock (see ops_fleet)."""
+
+    def __init__(self) -> None:
+        self.held: FleetHolders | None = None
+        self.writes = 0
+
+    async def fleet_holders(self) -> FleetHolders | None:
+        await trio.sleep(0.001)
+        return self.held
+
+    async def remember_holders(self, epoch: int, nodes: Iterable[str]) -> bool:
+        await trio.sleep(0.001)
+        if self.held is not None and self.held.epoch > epoch:
+            return False
+        self.writes += 1
+        self.held = FleetHolders(epoch, frozenset(nodes), datetime.now(UTC))
+        return True
+
+
+def make_daemon(row: LeaseRow, name: str, *, settle: float = SETTLE, memory: MemoryHolders | None = None) -> Daemon:
     profile = ProfileConfig(name="cpu", weights=WeightsConfig("http://files/m.gguf", "a" * 64, 1000),
                             min_replicas=1, context=512, parallel=2)
     catalog = Catalog([ModelConfig("m", [profile])], [EngineConfig()])
@@ -59,7 +82,7 @@ def make_daemon(row: LeaseRow, name: str) -> Daemon:
     # Heartbeats far apart: the scripted nodes stay quiet, and fake time must not call them dead.
     config = AgentsConfig(listen="x:1", heartbeat_interval=100, unreachable_after=1000, lost_after=2000)
     box: list[Reconciler] = []
-    agents = AgentService(inventory, config=config, token_digests=set(), engines=list,
+    agents = AgentService(inventory, config=config, token_digests={token_digest(JOIN_TOKEN)}, engines=list,
                           on_change=lambda: box[0].wake() if box else None,
                           fencing_token=lambda: box[0].fencing_token)
     reconciler = Reconciler(catalog, inventory, Liveness(1000, 2000), agents, replicas, secret=b"s" * 32,
@@ -68,7 +91,7 @@ def make_daemon(row: LeaseRow, name: str) -> Daemon:
     lease = MemoryLease(row)
     keeper = LeaseKeeper(lease, holder=f"{name}:1:abcd", address=f"ws://{name}/agent/v1", ttl=TTL,
                          renew_interval=RENEW)
-    leadership = Leadership(keeper, agents, reconciler, inventory, settle=SETTLE)
+    leadership = Leadership(keeper, agents, reconciler, inventory, settle=settle, memory=memory)
     return Daemon(name, lease, leadership, agents, reconciler, replicas)
 
 
@@ -111,7 +134,7 @@ class FakeSocket:
 
 def hello(node_id: str, shards: list[ShardState] | None = None) -> str:
     facts = attrs.evolve(unprobed(), probed=True, hostname=node_id, ram_total_mib=16000)
-    return encode(Hello(PROTOCOL_VERSION, node_id, "", facts, [EngineState("llama.cpp", "b11312", "installed")],
+    return encode(Hello(PROTOCOL_VERSION, node_id, JOIN_TOKEN, facts, [EngineState("llama.cpp", "b11312", "installed")],
                         shards or []))
 
 
@@ -205,6 +228,46 @@ async def test_after_earlier_terms_a_new_leader_settles_before_placing(autojump_
         started = trio.current_time()
         await node.frame("start_shard")
         assert trio.current_time() - started >= SETTLE - 0.01
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_new_leader_places_as_soon_as_every_node_that_held_replicas_has_reported(
+    autojump_clock: Any,
+) -> None:
+    """The demo's restart: control comes back, its one node reconnects at once without the engine
+    (stopped with the old control), and the first request waited the whole settle (15 s) for a
+    start. Knowing from the store that n1 held replicas, the hold ends with n1's hello."""
+    row, memory = LeaseRow(), MemoryHolders()
+    a = make_daemon(row, "a", memory=memory)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(a.leadership.run)
+        node = await connect(nursery, a, "n1")
+        await node.frame("start_shard")
+        await trio.sleep(3)  # the leader writes down who holds replicas
+        assert memory.held is not None and memory.held.nodes == {"n1"} and memory.held.epoch == 1
+        await a.leadership.release()
+        await node.closed.wait()
+        nursery.cancel_scope.cancel()
+    b = make_daemon(row, "b", settle=15.0, memory=memory)
+    async with trio.open_nursery() as nursery:
+        assert (await nursery.start(b.leadership.run)).epoch == 2
+        await trio.sleep(0.5)
+        node = await connect(nursery, b, "n1")  # no shards: the node lost its engine meanwhile
+        joined = trio.current_time()
+        await node.frame("start_shard")
+        assert trio.current_time() - joined < 2  # not the 15 s hold
+        nursery.cancel_scope.cancel()
+
+
+async def test_without_a_record_of_holders_the_hold_lasts_its_full_time(autojump_clock: Any) -> None:
+    row, memory = LeaseRow(epoch=4), MemoryHolders()
+    a = make_daemon(row, "a", settle=15.0, memory=memory)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(a.leadership.run)
+        node = await connect(nursery, a, "n1")
+        started = trio.current_time()
+        await node.frame("start_shard")
+        assert trio.current_time() - started >= 15 - 0.01
         nursery.cancel_scope.cancel()
 
 

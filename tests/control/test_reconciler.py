@@ -7,7 +7,7 @@ import attrs
 from llmgw_control.catalog import Catalog, EngineConfig, ModelConfig, ProfileConfig, WeightsConfig
 from llmgw_control.fleet.inventory import Inventory, Liveness, NodeRecord
 from llmgw_control.fleet.plan import Claim
-from llmgw_control.fleet.reconciler import Reconciler, ReconcilerConfig, shard_key
+from llmgw_control.fleet.reconciler import Reconciler, ReconcilerConfig
 from llmgw_control.router.replicas import ReplicaSet
 from llmgw_shared.facts import HostFacts, unprobed
 from llmgw_shared.wire import Command, DrainShard, EngineState, ShardState, StartShard, StopShard
@@ -77,13 +77,13 @@ def test_waiting_request_places_a_replica_and_ready_publishes_it() -> None:
     spec = command.shard
     assert spec.args[:6] == ["-c", "1024", "-np", "2", "--alias", "m"]
     assert spec.api_key == reconciler.shard_api_key(spec.shard_id)
-    assert shard_key(spec.shard_id, reconciler.catalog) == "m:cpu"
+    assert reconciler.adoption_key(spec.shard_id, "n1") == "m:cpu"
     assert replicas.for_model("m:cpu") == []
     report(node, spec.shard_id, "ready", spec.port)
     reconciler.reconcile_once()
     (replica,) = replicas.for_model("m:cpu")
     assert replica.url == f"http://10.0.0.1:{spec.port}" and replica.api_key == spec.api_key
-    assert replica.served_name == "m" and replica.weight == 2.0
+    assert replica.served_name == "m" and replica.slots == 2  # the profile's parallel
 
 
 def test_an_idle_replica_is_withdrawn_then_drained() -> None:
@@ -205,3 +205,268 @@ def test_a_port_taken_by_another_process_is_avoided_without_backing_off() -> Non
     retry = [c for _, c in commands if isinstance(c, StartShard)]
     assert len(retry) == 1 and retry[0].shard.port != start.shard.port
     assert ("m:cpu", "n1") not in reconciler.backoff
+
+
+# --------------------------------------------------------------------------- the node's report is the truth
+
+
+def rehello(inventory: Inventory, dispatcher: FakeDispatcher, clock: Clock, node_id: str,
+            shards: list[ShardState] | None = None, address: str | None = None) -> NodeRecord:
+    """What ``AgentService._register`` does with a hello: a new record with the complete shard list."""
+    old = inventory.get(node_id)
+    node = NodeRecord(node_id, address or (old.address if old else "10.0.0.9"), facts(), last_seen=clock.now,
+                      connected_since=clock.now)
+    node.update_engines([EngineState("llama.cpp", "b11312", "installed")])
+    node.update_shards(shards or [])
+    inventory.put(node)
+    dispatcher.connected.add(node_id)
+    return node
+
+
+def started(dispatcher: FakeDispatcher) -> list[tuple[str, StartShard]]:
+    return [(n, c) for n, c in dispatcher.take() if isinstance(c, StartShard)]
+
+
+def test_a_shard_missing_from_a_hello_is_forgotten_and_replaced() -> None:
+    """The node restarted without its engines (kill -9 of both) before lost_after: its hello lists
+    nothing. Before the fix the record stayed ready and was published again at a dead port."""
+    reconciler, dispatcher, inventory, replicas, clock = make(min_replicas=1)
+    node = add_node(inventory, dispatcher, clock, "n1")
+    reconciler.reconcile_once()
+    ((_, start),) = started(dispatcher)
+    report(node, start.shard.shard_id, "ready", start.shard.port)
+    reconciler.reconcile_once()
+    assert replicas.for_model("m:cpu")
+    clock.now += 1
+    rehello(inventory, dispatcher, clock, "n1")
+    reconciler.reconcile_once()
+    assert start.shard.shard_id not in reconciler.shards
+    assert replicas.get(start.shard.shard_id) is None
+    ((node_id, again),) = started(dispatcher)  # min_replicas 1: a replacement at once
+    assert node_id == "n1" and again.shard.shard_id != start.shard.shard_id
+
+
+def test_a_start_lost_with_its_connection_or_a_download_cut_by_a_node_death_does_not_wait_forever() -> None:
+    for last_seen in ("assigned", "downloading"):
+        reconciler, dispatcher, inventory, _, clock = make(min_replicas=1)
+        node = add_node(inventory, dispatcher, clock, "n1")
+        reconciler.reconcile_once()
+        ((_, start),) = started(dispatcher)
+        if last_seen == "downloading":
+            report(node, start.shard.shard_id, "downloading", start.shard.port, "41%")
+            reconciler.reconcile_once()
+        clock.now += 1
+        rehello(inventory, dispatcher, clock, "n1")  # reconnected: the hello does not list it
+        reconciler.reconcile_once()
+        assert start.shard.shard_id not in reconciler.shards, last_seen
+        assert len(started(dispatcher)) == 1, last_seen
+
+
+def test_a_start_that_never_left_control_is_forgotten_at_once() -> None:
+    reconciler, dispatcher, inventory, _, clock = make(min_replicas=1)
+    add_node(inventory, dispatcher, clock, "n1")
+    add_node(inventory, dispatcher, clock, "n2")
+    reconciler.reconcile_once()
+    ((node_id, start),) = started(dispatcher)
+    dispatcher.connected.discard(node_id)
+    inventory.get(node_id).connected = False  # type: ignore[union-attr]
+    reconciler.command_unsent(node_id, start)
+    assert start.shard.shard_id not in reconciler.shards
+    reconciler.reconcile_once()
+    ((other, _),) = started(dispatcher)
+    assert other != node_id
+
+
+def test_a_start_never_reported_fails_after_the_deadline_with_the_reason() -> None:
+    reconciler, dispatcher, inventory, _, clock = make(min_replicas=1)
+    node = add_node(inventory, dispatcher, clock, "n1")
+    reconciler.reconcile_once()
+    ((_, start),) = started(dispatcher)
+    clock.now += reconciler.config.assigned_timeout + 1
+    node.last_seen = clock.now
+    reconciler.reconcile_once()
+    assert reconciler.backoff[("m:cpu", "n1")][1] == ("node n1 did not report it within 60 s of start_shard")
+    assert any(isinstance(c, StopShard) and c.shard_id == start.shard.shard_id for _, c in dispatcher.take())
+
+
+def test_a_drain_the_node_has_not_carried_out_is_sent_again_after_a_hello() -> None:
+    reconciler, dispatcher, inventory, replicas, clock = make()
+    node = add_node(inventory, dispatcher, clock, "n1")
+    reconciler.waiting["m:cpu"] = 1
+    reconciler.reconcile_once()
+    ((_, start),) = started(dispatcher)
+    shard_id = start.shard.shard_id
+    report(node, shard_id, "ready", start.shard.port)
+    reconciler.reconcile_once()
+    reconciler.waiting.clear()
+    reconciler.drain_key("m:cpu")
+    (drain,) = [c for _, c in dispatcher.take() if isinstance(c, DrainShard)]
+    # The node reconnects (the drain was lost with the connection) and still runs it.
+    rehello(inventory, dispatcher, clock, "n1", [ShardState(shard_id, "ready", port=start.shard.port)])
+    reconciler.reconcile_once()
+    (again,) = [c for _, c in dispatcher.take() if isinstance(c, DrainShard)]
+    assert again.shard_id == shard_id and again.id != drain.id
+    assert replicas.get(shard_id) is None  # a stale "ready" does not undo the withdrawal
+    assert reconciler.shards[shard_id].status == "draining"
+
+
+# --------------------------------------------------------------------------- adoption
+
+
+def two_slug_alike() -> tuple[Reconciler, FakeDispatcher, Inventory, ReplicaSet, Clock]:
+    weights = WeightsConfig("http://files/m.gguf", SHA, 1000)
+    catalog = Catalog([ModelConfig("a", [ProfileConfig(name="b-c", weights=weights)]),
+                       ModelConfig("a-b", [ProfileConfig(name="c", weights=weights)])], [EngineConfig()])
+    inventory, replicas, dispatcher, clock = Inventory(), ReplicaSet(), FakeDispatcher(), Clock()
+    reconciler = Reconciler(catalog, inventory, Liveness(15, 60), dispatcher, replicas, secret=b"s" * 32,
+                            claims={"a:b-c": Claim(1000), "a-b:c": Claim(1000)}, config=ReconcilerConfig(),
+                            clock=clock)
+    return reconciler, dispatcher, inventory, replicas, clock
+
+
+def test_profiles_whose_names_slug_alike_are_adopted_as_themselves() -> None:
+    """Model ``a`` profile ``b-c`` and model ``a-b`` profile ``c`` both slug to ``a-b-c``; before
+    the fix a restarted control adopted the second profile's engine as the first."""
+    first, dispatcher, inventory, _, clock = two_slug_alike()
+    add_node(inventory, dispatcher, clock, "n1")
+    first.waiting["a-b:c"] = 1
+    first.reconcile_once()
+    ((_, start),) = started(dispatcher)
+    second, dispatcher2, inventory2, replicas2, clock2 = two_slug_alike()
+    node = add_node(inventory2, dispatcher2, clock2, "n1")
+    report(node, start.shard.shard_id, "ready", start.shard.port)
+    second.reconcile_once()
+    assert second.shards[start.shard.shard_id].key == "a-b:c"
+    assert [r.id for r in replicas2.for_model("a-b:c")] == [start.shard.shard_id]
+    assert replicas2.for_model("a:b-c") == []
+
+
+def test_a_node_can_only_have_adopted_what_control_started_on_that_node() -> None:
+    first, dispatcher, inventory, _, clock = make()
+    add_node(inventory, dispatcher, clock, "n1")
+    first.waiting["m:cpu"] = 1
+    first.reconcile_once()
+    ((_, start),) = started(dispatcher)
+    real = start.shard.shard_id
+    stem, nonce, _tag = real.rsplit("-", 2)
+    forged = f"{stem}-{nonce}-{'0' * 16}"
+    # A restarted control; n2 claims n1's replica and a forged one, each ready.
+    reconciler, dispatcher, inventory, replicas, clock = make()
+    intruder = add_node(inventory, dispatcher, clock, "n2")
+    intruder.update_shards([ShardState(real, "ready", port=20000), ShardState(forged, "ready", port=20001)])
+    reconciler.reconcile_once()
+    assert reconciler.shards == {} and replicas.for_model("m:cpu") == []
+    stops = sorted(c.shard_id for _, c in dispatcher.take() if isinstance(c, StopShard))
+    assert stops == sorted([real, forged])
+
+
+def test_an_adopted_replica_is_published_only_at_the_nodes_own_address_and_a_port_control_gives() -> None:
+    first, dispatcher, inventory, _, clock = make()
+    add_node(inventory, dispatcher, clock, "n1")
+    first.waiting["m:cpu"] = 1
+    first.waiting["m:cpu"] = 1
+    first.reconcile_once()
+    ((_, start),) = started(dispatcher)
+    first.config = attrs.evolve(first.config)
+    other_id = first.new_shard_id("m:cpu", "n1")
+    reconciler, dispatcher, inventory, replicas, clock = make()
+    node = add_node(inventory, dispatcher, clock, "n1")
+    node.update_shards([ShardState(start.shard.shard_id, "ready", port=start.shard.port),
+                        ShardState(other_id, "ready", port=22)])  # ssh: not a port control gives
+    reconciler.reconcile_once()
+    (replica,) = replicas.for_model("m:cpu")
+    assert replica.url == f"http://{node.address}:{start.shard.port}"
+    assert [c.shard_id for _, c in dispatcher.take() if isinstance(c, StopShard)] == [other_id]
+    # A later hello claiming another address does not take the replica (and its key) with it.
+    rehello(inventory, dispatcher, clock, "n1", [ShardState(start.shard.shard_id, "ready", port=start.shard.port)],
+            address="203.0.113.7")
+    reconciler.reconcile_once()
+    assert replicas.get(start.shard.shard_id).url == f"http://{node.address}:{start.shard.port}"  # type: ignore[union-attr]
+
+
+# --------------------------------------------------------------------------- limits and bounded state
+
+
+def test_the_reschedule_limit_holds_when_two_of_three_nodes_are_lost() -> None:
+    """1 move, then 1 per 20 s. Before the fix the bucket refilled and was never spent: every
+    replica on the lost nodes moved in the first pass."""
+    profile = ProfileConfig(name="cpu", weights=WeightsConfig("http://files/m.gguf", SHA, 1000), min_replicas=6,
+                            max_replicas=6)
+    catalog = Catalog([ModelConfig("m", [profile])], [EngineConfig()])
+    inventory, replicas, dispatcher, clock = Inventory(), ReplicaSet(), FakeDispatcher(), Clock()
+    config = ReconcilerConfig(reschedule_burst=1, reschedules_per_minute=3)
+    reconciler = Reconciler(catalog, inventory, Liveness(15, 60), dispatcher, replicas, secret=b"s" * 32,
+                            claims={"m:cpu": Claim(1000)}, config=config, clock=clock)
+    nodes = {f"n{i}": add_node(inventory, dispatcher, clock, f"n{i}") for i in (1, 2, 3)}
+    reconciler.reconcile_once()
+    first = started(dispatcher)
+    assert len(first) == 6
+    for node_id, start in first:
+        report(nodes[node_id], start.shard.shard_id, "ready", start.shard.port)
+    reconciler.reconcile_once()
+    nodes_list = list(nodes.values())
+    clock.now += 61  # n2 and n3 lost; n1 keeps talking
+    nodes_list[0].last_seen = clock.now
+    moves = []
+    for _ in range(60):  # a pass a second for a minute
+        reconciler.reconcile_once()
+        moves.append(len(started(dispatcher)))
+        clock.now += 1
+        nodes_list[0].last_seen = clock.now
+    assert moves[0] == 1 and sum(moves[:19]) == 1  # the burst, then nothing for 20 s
+    assert sum(moves[:21]) == 2 and sum(moves) == 3  # one more every 20 s
+
+
+def test_a_lost_node_is_forgotten_after_the_retention() -> None:
+    reconciler, dispatcher, inventory, _, clock = make(min_replicas=1)
+    reconciler.config = attrs.evolve(reconciler.config, forget_nodes_after=600.0)
+    n1 = add_node(inventory, dispatcher, clock, "n1")
+    reconciler.reconcile_once()
+    ((_, start),) = started(dispatcher)
+    reconciler.mark_failed(start.shard.shard_id, "exited with 1")
+    n1.connected = False
+    dispatcher.connected.clear()
+    clock.now += 599
+    reconciler.reconcile_once()
+    assert inventory.get("n1") is not None
+    clock.now += 2
+    reconciler.reconcile_once()
+    assert inventory.get("n1") is None and reconciler.shards == {}
+    assert not any(k[1] == "n1" for k in reconciler.backoff)
+
+
+def test_the_metric_series_of_a_forgotten_replica_go_once_nothing_is_in_flight_on_it() -> None:
+    reconciler, dispatcher, inventory, replicas, clock = make()
+    forgotten: list[str] = []
+    reconciler.on_replica_forgotten = forgotten.append
+    node = add_node(inventory, dispatcher, clock, "n1")
+    reconciler.waiting["m:cpu"] = 1
+    reconciler.reconcile_once()
+    ((_, start),) = started(dispatcher)
+    report(node, start.shard.shard_id, "ready", start.shard.port)
+    reconciler.reconcile_once()
+    replica = replicas.get(start.shard.shard_id)
+    assert replica is not None
+    replica.in_flight = 1  # a request still running when the replica goes
+    report(node, start.shard.shard_id, "stopped", start.shard.port)
+    for _ in range(5):
+        reconciler.reconcile_once()
+        clock.now += 1
+    assert start.shard.shard_id not in reconciler.shards and forgotten == []
+    replica.in_flight = 0
+    for _ in range(4):
+        reconciler.reconcile_once()
+        clock.now += 1
+    assert forgotten == [start.shard.shard_id]
+
+
+def test_the_hold_after_a_takeover_ends_when_every_node_that_held_replicas_has_reported() -> None:
+    reconciler, dispatcher, inventory, _, clock = make(min_replicas=1)
+    reconciler.hold_until = clock.now + 15
+    reconciler.awaited_nodes = frozenset({"n1", "n2"})
+    add_node(inventory, dispatcher, clock, "n1")
+    reconciler.reconcile_once()
+    assert dispatcher.take() == []  # n2 has not said hello yet: still holding
+    add_node(inventory, dispatcher, clock, "n2")
+    reconciler.reconcile_once()
+    assert len(started(dispatcher)) == 1 and reconciler.hold_until == clock.now

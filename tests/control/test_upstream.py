@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import attrs
 import h11
@@ -18,9 +19,10 @@ import httpcore2
 import pytest
 import trio
 import trio.lowlevel
+import trio.testing
 import trustme
 
-from llmgw_control.router.upstream import Httpx2Upstream, UpstreamConnectError, _HeldWritesStream
+from llmgw_control.router.upstream import Httpx2Upstream, UpstreamConnectError, UpstreamError, _HeldWritesStream
 from llmgw_dev.engine_proc import free_port
 
 BODY = b'{"model": "m", "messages": []}'
@@ -38,6 +40,11 @@ class Engine:
     closed_by_peer: int = 0
     requests: list[bytes] = attrs.Factory(list)
     idle_closes: int = 0
+    # Requests to this path get their connection closed after the answer (as close_idle does).
+    close_path: bytes = b""
+    # While set, answers wait for it: a request held in flight on its connection.
+    hold: trio.Event | None = None
+    held: int = 0
     changed: trio.Event = attrs.Factory(trio.Event)
 
     def note(self) -> None:
@@ -54,9 +61,12 @@ async def _serve(engine: Engine, stream: trio.abc.Stream) -> None:
     engine.accepted += 1
     engine.note()
     conn = h11.Connection(h11.SERVER)
+    target = b""
     try:
         while True:
             event = conn.next_event()
+            if isinstance(event, h11.Request):
+                target = event.target
             if event is h11.NEED_DATA:
                 data = await stream.receive_some(65536)
                 if not data:
@@ -69,6 +79,10 @@ async def _serve(engine: Engine, stream: trio.abc.Stream) -> None:
                 engine.requests.append(bytes(event.data))
             if isinstance(event, h11.EndOfMessage):
                 await trio.sleep(engine.delay)
+                if engine.hold is not None:
+                    engine.held += 1
+                    engine.note()
+                    await engine.hold.wait()
                 piece = b'{"ok": true}'
                 head = conn.send(h11.Response(status_code=200, headers=[
                     ("content-type", "application/json"),
@@ -79,7 +93,7 @@ async def _serve(engine: Engine, stream: trio.abc.Stream) -> None:
                     await trio.lowlevel.checkpoint()
                 conn.send(h11.EndOfMessage())
                 engine.note()
-                if engine.close_idle:
+                if engine.close_idle or (engine.close_path and target == engine.close_path):
                     # As llama-server does after a stream: keep-alive advertised, socket closed.
                     await stream.aclose()
                     engine.idle_closes += 1
@@ -289,3 +303,95 @@ async def test_request_head_and_body_leave_in_one_write() -> None:
         assert stream.writes[0].endswith(b"\r\n\r\n" + BODY)
     finally:
         sock.close()
+
+
+class _SlowClose(trio.abc.Stream):
+    """A socket whose close waits for ``gate``, as a TLS close (close_notify to a slow peer) can."""
+
+    def __init__(self, stream: trio.abc.Stream, gate: trio.Event) -> None:
+        self._stream = stream
+        self._gate = gate
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self._stream.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self._stream.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        return await self._stream.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        await self._gate.wait()
+        await self._stream.aclose()
+
+
+class _SlowClosingUpstream(Httpx2Upstream):
+    """The real pool, whose new connections are slow to close while ``gate`` is set."""
+
+    gate: trio.Event | None = None
+
+    async def _connect(self, target: Any, within: float) -> _HeldWritesStream:
+        stream = await super()._connect(target, within)
+        if self.gate is not None:
+            stream._stream = _SlowClose(stream._stream, self.gate)
+        return stream
+
+
+async def test_a_sweep_while_a_checkout_closes_a_dead_connection_never_hands_one_to_two_requests() -> None:
+    # Issue 15 item 4: the checkout held a reference to an idle list across the await of closing
+    # a dead connection; the sweep replaced that list meanwhile, and the live connection under
+    # the dead one was then in both lists, handed to two requests (ConnectionNotAvailable, a 500).
+    async with running_engine(close_path=b"/close") as (engine, _):
+        upstream = _SlowClosingUpstream()
+        closing = engine.url.rsplit("/v1/", 1)[0] + "/close"
+        held = engine.hold = trio.Event()
+        gate = upstream.gate = trio.Event()
+        async with trio.open_nursery() as nursery:
+            # The pool's idle stack becomes [live, dead]: the dead one (closed by the engine
+            # after its answer, and slow to close on our side) on top, taken first.
+            nursery.start_soon(_post, upstream, closing)
+            await engine.wait_for(lambda e: e.held == 1)
+            upstream.gate = None
+            engine.hold = None
+            await _post(upstream, engine.url)
+            held.set()
+            await engine.wait_for(lambda e: e.idle_closes == 1)
+        [idle] = upstream._idle.values()
+        assert len(idle) == 2
+        with trio.fail_after(5):
+            while not idle[-1].has_expired():  # the engine's FIN has arrived
+                await trio.sleep(0.01)
+        results: list[bytes] = []
+
+        async def post() -> None:
+            results.append(await _post(upstream, engine.url))
+
+        engine.hold = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post)
+            await trio.testing.wait_all_tasks_blocked()  # the checkout is closing the dead one
+            await upstream._close_expired()  # the sweep's turn, in the middle of that close
+            gate.set()
+            await engine.wait_for(lambda e: e.held == 2)  # the live connection is in use
+            nursery.start_soon(post)  # must not be handed the connection in use
+            await engine.wait_for(lambda e: e.held == 3)
+            engine.hold.set()
+        assert results == [b'{"ok": true}'] * 2
+        await upstream.aclose()
+
+
+async def test_a_connection_the_pool_cannot_use_is_an_upstream_error_not_a_crash() -> None:
+    # Whatever the pool's state, a request it cannot send is an error the router retries or
+    # answers 502, never an exception the gateway answers 500 for.
+    async with running_engine() as (engine, upstream):
+        await _post(upstream, engine.url)
+        [idle] = upstream._idle.values()
+        idle.append(idle[0])  # the pool's own invariant broken on purpose: one connection listed twice
+        engine.hold = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_post, upstream, engine.url)
+            await engine.wait_for(lambda e: e.held == 1)
+            with pytest.raises(UpstreamError):
+                await _post(upstream, engine.url)
+            engine.hold.set()

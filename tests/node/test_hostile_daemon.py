@@ -69,9 +69,12 @@ def _releases(files: FileServer) -> dict[str, str]:
     files.publish("b9102", {"llama-b9102-bin-ubuntu-x64.tar.gz": good},
                   listed_as={"llama-b9102-bin-ubuntu-x64.tar.gz": {"digest": "sha256:../../../x"}})
     expected["b9102"] = "digest 'sha256:../../../x' is not valid"
-    for version in (".", "", "../../x"):
-        expected[version] = f"failed: version {version!r} {VERSION_RULE}"
     return expected
+
+
+# Versions that may not name a folder: refused in the command's ack, never a state or a report
+# (control's decoder refuses a report naming one, as it refuses every bad name from a node).
+BAD_VERSIONS = (".", "", "../../x")
 
 
 def _fake_engine(tmp_path: Path) -> Path:
@@ -139,16 +142,22 @@ async def test_every_hostile_release_is_a_failed_engine_and_the_node_keeps_servi
                 assert isinstance(ready, ShardStateReport)
                 engine_pids.append(ready.shard.pid)
 
-                specs = [EngineSpec("llama.cpp", v, files.release_api()) for v in expected]
+                specs = [EngineSpec("llama.cpp", v, files.release_api()) for v in (*expected, *BAD_VERSIONS)]
                 await ws.send_message(encode(SetEngines(id="hostile", fencing_token=1, engines=specs)))
+                ack: Ack | None = None
                 failed: dict[str, EngineState] = {}
                 with trio.fail_after(120):
-                    while set(failed) != set(expected):
+                    while ack is None or set(failed) != set(expected):
                         msg = await inbox.receive()
+                        if isinstance(msg, Ack) and msg.command_id == "hostile":
+                            ack = msg
                         for engine in _engines_in(msg):
                             assert engine.status != "installed", engine
                             if engine.status == "failed" and engine.name == "llama.cpp":
                                 failed[engine.version] = engine
+                assert not ack.ok
+                for version in BAD_VERSIONS:
+                    assert f"version {version!r} {VERSION_RULE}" in ack.error, ack.error
                 for version, words in expected.items():
                     assert words in failed[version].describe(), (version, failed[version].describe())
                     assert "\n" not in failed[version].describe()
@@ -163,7 +172,8 @@ async def test_every_hostile_release_is_a_failed_engine_and_the_node_keeps_servi
                 # Control asking again is not a retry: no index is fetched again within the backoff.
                 fetched = len(files.index_requests)
                 await ws.send_message(encode(SetEngines(id="again", fencing_token=1, engines=specs)))
-                await _until(inbox, lambda m: isinstance(m, Ack) and m.command_id == "again" and m.ok)
+                again = await _until(inbox, lambda m: isinstance(m, Ack) and m.command_id == "again")
+                assert isinstance(again, Ack) and again.error == ack.error
                 for _ in range(3):  # three heartbeats later, the node has had time to act on it
                     await _until(inbox, lambda m: isinstance(m, Heartbeat))
                 assert len(files.index_requests) == fetched

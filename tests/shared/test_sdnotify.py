@@ -7,6 +7,7 @@ STOPPING=1 on SIGTERM, WATCHDOG=1 on its period.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import socket
@@ -26,6 +27,8 @@ from llmgw_dev.engine_proc import free_port
 from llmgw_shared import sdnotify
 
 BIN = Path(sys.executable).parent
+# The node joins as in production: with a token whose digest control's config lists.
+JOIN_TOKEN = "llmgw-join-sdnotify-test"
 
 
 class Listener:
@@ -180,7 +183,8 @@ async def test_a_node_is_ready_only_once_control_welcomed_it(tmp_path: Path) -> 
     agent_port = free_port()
     url = f"ws://127.0.0.1:{agent_port}/agent/v1"
     async with notify_socket(tmp_path) as listener:
-        node = await _node(tmp_path, listener, control=[url], reconnect_min_s=0.1, reconnect_max_s=0.3)
+        node = await _node(tmp_path, listener, control=[url], token=JOIN_TOKEN, reconnect_min_s=0.1,
+                           reconnect_max_s=0.3)
         control = None
         try:
             # Control is not there yet: the node says so, keeps its watchdog fed, and is not ready.
@@ -192,7 +196,8 @@ async def test_a_node_is_ready_only_once_control_welcomed_it(tmp_path: Path) -> 
             config.write_text(tomli_w.dumps({
                 "listen": f"127.0.0.1:{free_port()}", "admin_listen": f"127.0.0.1:{free_port()}",
                 "data_dir": str(tmp_path / "control"), "shutdown_grace": 1.0, "engines": [],
-                "agents": {"listen": f"127.0.0.1:{agent_port}"},
+                "agents": {"listen": f"127.0.0.1:{agent_port}",
+                           "join_token_digests": ["sha256:" + hashlib.sha256(JOIN_TOKEN.encode()).hexdigest()]},
             }))
             control = await _spawn([str(BIN / "llmgw-control"), "run", "--config", str(config)], tmp_path, "control")
             messages = await listener.until("READY=1")

@@ -22,6 +22,7 @@ import trio
 from llmgw_control.fleet.agents import token_digest
 from llmgw_dev.build_engine import archive_name
 from llmgw_dev.engine_proc import free_port
+from llmgw_dev.served_files import place
 
 from .fleet import BIN, TOKEN, Daemon, admin_state, engine_pids, kill_pids, model_entry, wait_for_state
 
@@ -151,8 +152,8 @@ async def control_pair(root: Path, store_url: str, *, tiny_model: Path | None = 
         files = root / "files"
         (files / "engines").mkdir(parents=True)
         (files / "models").mkdir()
-        (files / "engines" / archive_name()).symlink_to(engine_archive)
-        (files / "models" / tiny_model.name).symlink_to(tiny_model)
+        place(engine_archive, files / "engines" / archive_name())
+        place(tiny_model, files / "models" / tiny_model.name)
     controls = []
     for name in ("c1", "c2"):
         (root / name).mkdir(parents=True)

@@ -1,7 +1,7 @@
 """Real daemons as processes for system tests: one control, several nodes, the real engine.
 
 Everything listens on 127.0.0.1 with ports chosen at start. Control serves the engine archive
-and the tiny model from a files directory (symlinks into the build cache), so nodes install the
+and the tiny model from a files directory (hard links to the build cache), so nodes install the
 real llama-server exactly as an air-gapped cluster would. Every engine a test started is killed
 at the end, found by its command line (which names the test's own directory).
 """
@@ -26,6 +26,7 @@ import trio
 from llmgw_control.fleet.agents import token_digest
 from llmgw_dev.build_engine import archive_name
 from llmgw_dev.engine_proc import free_port
+from llmgw_dev.served_files import place
 
 BIN = Path(sys.executable).parent
 TOKEN = "llmgw-join-system-test"
@@ -211,8 +212,9 @@ async def running_fleet(root: Path, tiny_model: Path, engine_archive: Path, *,
     files = root / "files"
     (files / "engines").mkdir(parents=True)
     (files / "models").mkdir()
-    (files / "engines" / archive_name()).symlink_to(engine_archive)
-    (files / "models" / tiny_model.name).symlink_to(tiny_model)
+    # In the tree, not linked to the cache: control serves nothing whose real path leaves it.
+    place(engine_archive, files / "engines" / archive_name())
+    place(tiny_model, files / "models" / tiny_model.name)
     fleet = Fleet(root, free_port(), free_port(), free_port(),
                   Daemon("control", [], root / "control.log"))
     public = fleet.agent_url

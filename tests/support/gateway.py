@@ -15,6 +15,8 @@ from prometheus_client import CollectorRegistry
 
 from llmgw_control.app import Listening, Tenancy, run_control
 from llmgw_control.config import ControlConfig, EndpointConfig, RouterConfig, validate
+from llmgw_control.router.activator import ActivatorConfig
+from llmgw_control.router.upstream import UpstreamClient
 
 
 @attrs.define
@@ -41,18 +43,22 @@ class RunningGateway:
         return self.metric(name, labels)
 
 
-def endpoint(id: str, url: str, *models: str, weight: float = 1.0, api_key: str = "") -> EndpointConfig:
-    return EndpointConfig(id=id, url=url, models=list(models) or ["fake-model"], weight=weight, api_key=api_key)
+def endpoint(id: str, url: str, *models: str, weight: float = 1.0, api_key: str = "", slots: int | None = None
+             ) -> EndpointConfig:
+    config = EndpointConfig(id=id, url=url, models=list(models) or ["fake-model"], weight=weight, api_key=api_key)
+    return config if slots is None else attrs.evolve(config, slots=slots)
 
 
 @asynccontextmanager
 async def running_gateway(
-    *endpoints: EndpointConfig, grace: float = 5.0, metrics_listen: str = "", **router: Any
+    *endpoints: EndpointConfig, grace: float = 5.0, metrics_listen: str = "", upstream: UpstreamClient | None = None,
+    activator: ActivatorConfig | None = None, **router: Any,
 ) -> AsyncIterator[RunningGateway]:
     data_dir = tempfile.mkdtemp(prefix="llmgw-control-")
     config = validate(ControlConfig(
         listen="127.0.0.1:0", admin_listen="127.0.0.1:0", metrics_listen=metrics_listen, data_dir=data_dir,
         shutdown_grace=grace, router=RouterConfig(**router), endpoints=list(endpoints),
+        activator=activator or ActivatorConfig(),
     ))
     shutdown = trio.Event()
     registry = CollectorRegistry()
@@ -60,7 +66,7 @@ async def running_gateway(
     async with trio.open_nursery() as nursery:
         listening = await nursery.start(
             lambda task_status: run_control(config, shutdown=shutdown, registry=registry, task_status=task_status,
-                                            tenancy_status=tenancies))
+                                            tenancy_status=tenancies, upstream=upstream))
         try:
             async with httpx2.AsyncClient(base_url=listening.api_url, timeout=30) as client:
                 yield RunningGateway(listening, shutdown, registry, client, tenancies[0])

@@ -79,17 +79,24 @@ async def test_a_token_is_bound_to_its_node_id() -> None:
     async def lookup(node_id: str) -> NodeIdentity | None:
         return stored.get(node_id)
 
-    def service(digests: set[str]) -> AgentService:
-        return AgentService(Inventory(), config=AgentsConfig(), token_digests=digests, engines=list,
-                            on_change=lambda: None, stored_identity=lookup)
+    def service(digests: set[str], *, open_fleet: bool = False) -> AgentService:
+        return AgentService(Inventory(), config=AgentsConfig(open_fleet=open_fleet), token_digests=digests,
+                            engines=list, on_change=lambda: None, stored_identity=lookup)
 
     closed = service({token_digest(SHARED_TOKEN)})
     assert await closed._token_ok("gpu-3", token)
     assert not await closed._token_ok("gpu-4", token)
     assert await closed._token_ok("gpu-4", SHARED_TOKEN)
     assert not await closed._token_ok("gpu-3", new_join_token())
-    # An open fleet still lets unknown nodes in, but an onboarded id only with its own token.
-    open_fleet = service(set())
+    # An onboarded id takes its own token only, not the shared one either.
+    assert not await closed._token_ok("gpu-3", SHARED_TOKEN)
+    # With no shared tokens (what onboarding leaves) only onboarded nodes get in.
+    onboarded_only = service(set())
+    assert await onboarded_only._token_ok("gpu-3", token)
+    assert not await onboarded_only._token_ok("anything", "")
+    assert not await onboarded_only._token_ok("anything", token)
+    # An open fleet, chosen on purpose, lets unknown nodes in, but an onboarded id only with its own token.
+    open_fleet = service(set(), open_fleet=True)
     assert await open_fleet._token_ok("anything", "")
     assert not await open_fleet._token_ok("gpu-3", "")
 
@@ -253,10 +260,23 @@ async def test_the_install_command_installs_a_node_that_joins_then_upgrades_and_
             # Registered before it ever connected.
             assert any(n["id"] == "gpu-3" for n in await _nodes(admin_url))
 
+            # The fleet is closed (running_control): the release's page and wheels are for enrolled
+            # nodes only, so the script's pip must send this node's id and token (from a netrc file).
+            page = f"http://127.0.0.1:{agents}/install/releases/{first}/"
+            async with httpx2.AsyncClient(timeout=30) as client:
+                wheel_name = next(n for n in _pinned_files(files, first) if n.startswith("llmgw_node-"))
+                for auth in (None, ("gpu-4", token), ("gpu-3", lost), ("gpu-3", SHARED_TOKEN)):
+                    for url in (page, page + wheel_name):
+                        assert (await client.get(url, auth=auth)).status_code == 401, (url, auth)
+                assert (await client.get(page, auth=("gpu-3", token))).status_code == 200
+                assert (await client.get(f"http://127.0.0.1:{agents}/install/node.sh")).status_code == 200
+
             # No PIP_NO_INDEX, no index reachable or needed: the script names its only source.
             env = _base_env(root)
             code, output = await _sh(["sh", "-c", command], env)
             assert code == 0, output
+            # The credentials' netrc went with the script's scratch directory.
+            assert not [p for p in root.rglob("*netrc*")]
             node_pid = int((root / "var/lib/llmgw-node/llmgw-node.pid").read_text())
             assert os.readlink(prefix / "current") == f"releases/{first}"
             assert not (prefix / "previous").exists()
@@ -287,6 +307,7 @@ async def test_the_install_command_installs_a_node_that_joins_then_upgrades_and_
             second = await _prepared(tmp_path, files, repacked(node_dist, tmp_path / "dist2", level=1), wheelhouse)
             assert second != first
             before = node_config.read_bytes()
+            # No id or token given: the upgrade fetches with the ones in the node's config.
             upgrade = {k: v for k, v in env.items() if k not in ("LLMGW_NODE_ID", "LLMGW_JOIN_TOKEN")}
             upgrade["LLMGW_UPGRADE"] = "1"
             code, output = await _sh(["sh", str(await _script(agents, tmp_path / "node.sh"))], upgrade)
@@ -298,9 +319,19 @@ async def test_the_install_command_installs_a_node_that_joins_then_upgrades_and_
             assert os.readlink(prefix / "previous") == f"releases/{first}"
             await _until_ready(admin_url, node_pid, root, sessions=2)
 
-            # A failed upgrade leaves the node as it was: control's copy of a wheel was changed
-            # after the release was prepared, so pip's hash check refuses it.
+            # A failed upgrade leaves the node as it was. First: the token in the node's config is
+            # not the node's (control refuses the wheels to it).
             third = await _prepared(tmp_path, files, repacked(node_dist, tmp_path / "dist3", level=9), wheelhouse)
+            node_config.write_text(before.decode().replace(token, new_join_token()))
+            code, output = await _sh(["sh", str(await _script(agents, tmp_path / "node.sh"))], upgrade)
+            node_config.write_bytes(before)
+            assert code != 0, output
+            assert f"control did not serve release {third} to node gpu-3 (a 401" in output, output
+            assert "error: 401" in output and secret not in output, output
+            assert os.readlink(prefix / "current") == f"releases/{second}"
+            assert int((root / "var/lib/llmgw-node/llmgw-node.pid").read_text()) == node_pid and alive(node_pid)
+            # Then: control's copy of a wheel was changed after the release was prepared, so pip's
+            # hash check refuses it.
             wheel = next(p for p in (files / "node-releases" / third).iterdir() if p.name.startswith("llmgw_node-"))
             data = wheel.read_bytes()
             wheel.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
@@ -353,6 +384,11 @@ async def _distributions(env: Path) -> dict[str, str]:
     # pip and setuptools come with every venv (ensurepip, from the Python itself), not the release.
     return {canonicalize_name(d["name"]): d["version"] for d in json.loads(listed.stdout)
             if canonicalize_name(d["name"]) not in ("pip", "setuptools")}
+
+
+def _pinned_files(files: Path, release_id: str) -> list[str]:
+    manifest = json.loads((files / "node-releases" / release_id / "release.json").read_text())
+    return [entry["name"] for entry in manifest["files"]]
 
 
 def _pinned(files: Path, release_id: str) -> dict[str, str]:

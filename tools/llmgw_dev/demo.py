@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import secrets
 import shutil
 import signal
 import socket
@@ -25,6 +26,7 @@ import tomli_w
 
 from llmgw_dev import build_engine
 from llmgw_dev.engine_proc import free_port
+from llmgw_dev.served_files import place
 from llmgw_dev.tiny_model import ensure_model
 
 BIN = Path(sys.executable).parent
@@ -60,18 +62,32 @@ def post_json(url: str, body: dict[str, object], timeout: float = 300) -> dict[s
         return result
 
 
+def join_token(root: Path) -> str:
+    """The demo fleet's shared join token, made once and kept (0600) beside its configs."""
+    path = root / "join-token"
+    if not path.exists():
+        root.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600)
+        path.write_text("llmgw-join-" + secrets.token_urlsafe(32))
+    return path.read_text().strip()
+
+
 def prepare(root: Path, model: Path, archive: Path, ports: dict[str, int]) -> tuple[Path, Path]:
     files = root / "files"
     for kind, source in (("engines", archive), ("models", model)):
-        (files / kind).mkdir(parents=True, exist_ok=True)
-        link = files / kind / source.name
-        link.unlink(missing_ok=True)
-        link.symlink_to(source)
+        # In the tree (a hard link, else a copy): control serves nothing whose real path leaves it.
+        (files / kind / source.name).unlink(missing_ok=True)
+        place(source, files / kind / source.name)
     agents = f"http://127.0.0.1:{ports['agents']}"
+    # The fleet is closed, as in production: the node joins with a shared token whose digest
+    # control's config lists (`llmgw-control join-token` makes such a pair).
+    token = join_token(root)
+    digest = "sha256:" + hashlib.sha256(token.encode()).hexdigest()
     control = {
         "listen": f"127.0.0.1:{ports['api']}", "admin_listen": f"127.0.0.1:{ports['admin']}",
         "data_dir": str(root / "control"), "log_format": "text",
-        "agents": {"listen": f"127.0.0.1:{ports['agents']}", "files_dir": str(files)},
+        "agents": {"listen": f"127.0.0.1:{ports['agents']}", "files_dir": str(files),
+                   "join_token_digests": [digest]},
         "models": [{"name": "tiny", "profiles": [{
             "name": "cpu", "context": 512, "parallel": 2, "args": ["-t", "1"],
             "weights": {"url": f"{agents}/files/models/{model.name}",
@@ -79,9 +95,13 @@ def prepare(root: Path, model: Path, archive: Path, ports: dict[str, int]) -> tu
         }]}],
     }
     node = {"control": [f"ws://127.0.0.1:{ports['agents']}/agent/v1"], "node_id": "demo-node",
-            "data_dir": str(root / "node")}
+            "token": token, "data_dir": str(root / "node")}
     (root / "control.toml").write_text(tomli_w.dumps(control))
-    (root / "node.toml").write_text(tomli_w.dumps(node))
+    # The node's config holds its token: readable by its owner only, as the installer leaves it.
+    node_toml = root / "node.toml"
+    node_toml.touch(mode=0o600)
+    node_toml.chmod(0o600)
+    node_toml.write_text(tomli_w.dumps(node))
     return root / "control.toml", root / "node.toml"
 
 

@@ -6,6 +6,7 @@ period, and everything else is cancelled with the nursery.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
@@ -17,13 +18,16 @@ import trio
 from prometheus_client import CollectorRegistry
 
 from llmgw_shared.logs import get_logger
-from llmgw_shared.wire import EngineSpec, StartShard
+from llmgw_shared.wire import EngineSpec
 
+from .admin.admin_auth import AdminKeyGuard, key_required, refuse_without_admin_keys
 from .admin.api.catalog_service import ModelService, stored_models
+from .admin.api.core import error_json
 from .admin.app import make_admin_app, make_metrics_app
 from .admin.dashboard import client_dashboard, open_dashboard, register_admin_dashboard
 from .admin.host_guard import AdminHostGuard
 from .catalog import Catalog
+from .client_tls import ClientTls, TrustedProxies, reload_on_sighup
 from .config import ControlConfig
 from .fleet.agents import AgentService, Role
 from .fleet.claims import profile_claims
@@ -52,7 +56,7 @@ from .router.directory import FleetDirectory, ModelDirectory, StaticDirectory
 from .router.gateway import Gateway
 from .router.replicas import Replica, ReplicaSet
 from .router.upstream import Httpx2Upstream, UpstreamClient
-from .serving import serve_asgi
+from .serving import openai_error_body, serve_asgi
 from .store import LeaseKeeper, Store, is_postgres_url, open_store
 from .tenancy.admission import TenancyAdmission
 from .tenancy.keys import KeyDigester, load_or_create_server_secret
@@ -126,7 +130,7 @@ class Fleet:
 
 def static_replicas(config: ControlConfig) -> ReplicaSet:
     return ReplicaSet(
-        Replica(id=e.id, url=e.url, models=frozenset(e.models), weight=e.weight, api_key=e.api_key)
+        Replica(id=e.id, url=e.url, models=frozenset(e.models), weight=e.weight, api_key=e.api_key, slots=e.slots)
         for e in config.endpoints
     )
 
@@ -135,6 +139,10 @@ def _public_url(config: ControlConfig, bound: str) -> str:
     if config.agents.public_url:
         return config.agents.public_url.rstrip("/")
     return bound.rstrip("/")
+
+
+def _admin_error_body(status: int, code: str, message: str) -> bytes:
+    return error_json(code, message)
 
 
 def data_dir_of(config: ControlConfig) -> Path:
@@ -186,13 +194,18 @@ async def _build_fleet(config: ControlConfig, replicas: ReplicaSet, agent_url: s
         if reconciler_box:
             reconciler_box[0].wake()
 
-    def on_command_failed(node_id: str, command: Any, error: str) -> None:
-        if isinstance(command, StartShard) and reconciler_box:
-            reconciler_box[0].mark_failed(command.shard.shard_id, f"node {node_id} refused the start: {error}")
+    def on_command_failed(node_id: str, command: Any, reason: str) -> None:
+        if reconciler_box:
+            reconciler_box[0].command_failed(node_id, command, reason)
+
+    def on_command_unsent(node_id: str, command: Any) -> None:
+        if reconciler_box:
+            reconciler_box[0].command_unsent(node_id, command)
 
     agents = AgentService(
         inventory, config=config.agents, token_digests=set(config.agents.join_token_digests),
-        engines=engine_specs, on_change=on_change, on_command_failed=on_command_failed, role=Role(),
+        engines=engine_specs, on_change=on_change, on_command_failed=on_command_failed,
+        on_command_unsent=on_command_unsent, role=Role(),
         fencing_token=lambda: reconciler_box[0].fencing_token if reconciler_box else 1,
         stored_identity=stored_identity(store),
     )
@@ -220,7 +233,8 @@ async def _start_agent_listener(
     internal = await nursery.start(partial(serve, agent_app, "127.0.0.1:0", name="agents (behind TLS)",
                                            websocket_max_message_size=agents.max_frame_bytes))
     port = int(str(internal).rsplit(":", 1)[1])
-    url = await nursery.start(partial(serve_tls_front, agents.listen, port, context, identities, shutdown=shutdown))
+    url = await nursery.start(partial(serve_tls_front, agents.listen, port, context, identities, shutdown=shutdown,
+                                      limits=config.listeners, error_body=_admin_error_body))
     return identities, str(url)
 
 
@@ -240,13 +254,17 @@ async def run_control(
     replicas = static_replicas(config)
     client = upstream or Httpx2Upstream()
     grace = config.shutdown_grace
-    serve = partial(serve_asgi, shutdown=shutdown, grace=grace)
+    # Every listener but the client's answers its own refusals (408, 503) in the admin API's shape.
+    serve = partial(serve_asgi, shutdown=shutdown, grace=grace, limits=config.listeners,
+                    error_body=_admin_error_body)
     try:
         # The upstream's upkeep outlives the listeners' drain (its nursery is left after theirs).
         async with open_tenancy(config, data_dir_of(config)) as tenancy, _for_the_block(client.run), \
                 trio.open_nursery() as nursery:
             if tenancy_status is not None:
                 tenancy_status.append(tenancy)
+            # Before any listener binds: an admin listener off loopback with no admin key to open it.
+            refuse_without_admin_keys(config.admin_listen, config.admin_require_key, tenancy.state)
             fleet = None
             models = None
             agent_url = None
@@ -264,6 +282,8 @@ async def run_control(
 
                 identities, agent_url = await _start_agent_listener(config, nursery, serve, agent_app, shutdown)
                 fleet = await _build_fleet(config, replicas, agent_url, tenancy.store)
+                # A forgotten replica's per-replica series go with it (bounded /metrics).
+                fleet.reconciler.on_replica_forgotten = metrics.forget_replica
                 agent_app_box.append(make_agent_app(fleet.agents, fleet.files, identities, onboarding=fleet.onboarding))
                 # Read at scrape time from the live objects: nothing is counted on the hot path.
                 register_fleet_metrics(registry, fleet)
@@ -274,7 +294,8 @@ async def run_control(
                 keeper = LeaseKeeper(tenancy.store.lease, new_holder(), advertised_agent_url(config, agent_url),
                                      ttl=lead.ttl, renew_interval=lead.renew_interval)
                 fleet.leadership = Leadership(keeper, fleet.agents, fleet.reconciler, fleet.inventory,
-                                              settle=lead.settle, activator=fleet.activator)
+                                              settle=lead.settle, activator=fleet.activator,
+                                              memory=tenancy.store)
                 # Before the reconciler can run: it restores stored cordons, so nothing is placed
                 # on a node an operator cordoned before this restart.
                 models = ModelService(fleet.catalog, fleet.reconciler, tenancy.store, fleet.files,
@@ -287,7 +308,8 @@ async def run_control(
                 if fleet_status is not None:
                     fleet_status.append(fleet)
             gateway = Gateway(replicas, client, metrics, config.router, directory=directory,
-                              activator=fleet.activator if fleet else None, admission=tenancy.admission)
+                              activator=fleet.activator if fleet else Activator(replicas, config.activator),
+                              admission=tenancy.admission)
             # The dashboard: at / on the admin listener, and at /admin on the client port behind an
             # admin-key login, which is also the only way the client port reaches the admin API.
             dashboard = await open_dashboard(fleet=fleet, tenancy=tenancy, prometheus=config.monitoring.prometheus,
@@ -296,11 +318,22 @@ async def run_control(
             client_app: Any = ClientApp(gateway, fallback=client_pages)
             if fleet is not None and fleet.leadership is not None:
                 client_app = StandbyGate(client_app, fleet.leadership)
-            api_url = await nursery.start(partial(serve, client_app, config.listen, name="api"))
+            if config.client_tls.trusted_proxies:
+                client_app = TrustedProxies(client_app, config.client_tls.trusted_proxies)
+            client_tls = None
+            if config.client_tls.cert_file:
+                client_tls = ClientTls(config.client_tls.cert_file, config.client_tls.key_file)
+            if threading.current_thread() is threading.main_thread():  # (signals reach the main thread only)
+                await nursery.start(reload_on_sighup, client_tls, shutdown)
+            api_url = await nursery.start(partial(serve, client_app, config.listen, name="api",
+                                                  error_body=openai_error_body,
+                                                  tls=client_tls.context if client_tls else None))
             admin_app = make_admin_app(registry, fleet, tenancy=tenancy, models=models)
             register_admin_dashboard(admin_app, dashboard)
             client_pages.admin_api = admin_app
-            admin_url = await nursery.start(partial(serve, AdminHostGuard(admin_app, config.admin_hosts),
+            admin_guarded = AdminKeyGuard(admin_app, tenancy.state,
+                                          required=key_required(config.admin_listen, config.admin_require_key))
+            admin_url = await nursery.start(partial(serve, AdminHostGuard(admin_guarded, config.admin_hosts),
                                                     config.admin_listen, name="admin"))
             metrics_url = None
             if config.metrics_listen:

@@ -9,6 +9,10 @@ Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
+# The scope key under which the gateway records a request's id, so that the server's own log
+# line about a failed connection names the request as the access log does.
+REQUEST_ID = "llmgw.request_id"
+
 
 async def send_json(send: Send, status: int, body: bytes, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
     await send({"type": "http.response.start", "status": status,

@@ -34,6 +34,10 @@ class ProfileConfig:
     engine_version: str = ""
     context: int = 4096
     parallel: int = 4
+    # Requests the gateway sends a replica at once; more wait in the gateway's queue, where
+    # priorities order them and their number asks for another replica. 0: ``parallel`` (one per
+    # llama-server slot); higher only for an engine that batches beyond its slots (vLLM).
+    slots: int = 0
     # Extra engine flags, appended after the ones llmgw sets.
     args: list[str] = attrs.Factory(list)
     env: dict[str, str] = attrs.Factory(dict)
@@ -47,6 +51,11 @@ class ProfileConfig:
     # Node labels the replica must run on.
     labels: dict[str, str] = attrs.Factory(dict)
     start_timeout: float = 120.0
+
+
+def replica_slots(profile: ProfileConfig) -> int:
+    """How many requests the gateway sends one replica of ``profile`` at once."""
+    return profile.slots or profile.parallel
 
 
 @attrs.frozen
@@ -86,7 +95,7 @@ def model_problems(model: ModelConfig, engines: list[EngineConfig]) -> list[tupl
     say where the model came from."""
     engine_names = sorted({e.name for e in engines})
     problems: list[tuple[str, str]] = []
-    if not NAME.match(model.name):
+    if not NAME.fullmatch(model.name):
         problems.append(("name", "a model name uses letters, digits, '.', '_' and '-' (no ':'), at most 96"))
     if not model.profiles:
         problems.append(("profiles", "needs at least one profile"))
@@ -97,7 +106,7 @@ def model_problems(model: ModelConfig, engines: list[EngineConfig]) -> list[tupl
         problems.append(("default_profile", f"{model.default_profile!r} is not one of {names}"))
     for index, profile in enumerate(model.profiles):
         at = f"profiles[{index}]"
-        if not NAME.match(profile.name):
+        if not NAME.fullmatch(profile.name):
             problems.append((f"{at}.name", "a profile name uses letters, digits, '.', '_' and '-', at most 96"))
         if profile.engine not in engine_names:
             problems.append((f"{at}.engine", f"{profile.engine!r} is not in [[engines]] ({engine_names})"))
@@ -107,7 +116,7 @@ def model_problems(model: ModelConfig, engines: list[EngineConfig]) -> list[tupl
                              f"{profile.engine} {profile.engine_version!r} is not in [[engines]]"))
         if not profile.weights.url.strip():
             problems.append((f"{at}.weights.url", "must be an http(s) URL or a path on the nodes"))
-        if not SHA256.match(profile.weights.sha256):
+        if not SHA256.fullmatch(profile.weights.sha256):
             problems.append((f"{at}.weights.sha256", "must be 64 lowercase hex digits"))
         if profile.weights.size <= 0:
             problems.append((f"{at}.weights.size", "must be the file size in bytes"))
@@ -115,6 +124,8 @@ def model_problems(model: ModelConfig, engines: list[EngineConfig]) -> list[tupl
             problems.append((f"{at}.context", "must be at least 64"))
         if profile.parallel < 1:
             problems.append((f"{at}.parallel", "must be at least 1"))
+        if profile.slots < 0:
+            problems.append((f"{at}.slots", "must not be negative (0: the profile's parallel)"))
         if profile.max_replicas < 1:
             problems.append((f"{at}.max_replicas", "must be at least 1"))
         if not 0 <= profile.min_replicas <= profile.max_replicas:

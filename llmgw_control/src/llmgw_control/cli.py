@@ -40,7 +40,33 @@ def build_parser() -> argparse.ArgumentParser:
                         "(llmgw-control ctl --help)", add_help=False)
     commands.add_parser("release", help="prepare the exact wheel set nodes install, from uv.lock "
                         "(llmgw-control release --help)", add_help=False)
+    token = commands.add_parser(
+        "join-token", help="make a shared join token for nodes, and its digest for agents.join_token_digests")
+    token.add_argument("--digest", action="store_true",
+                       help="print only the digest of a token read from standard input (never from argv, "
+                            "which ps shows everyone)")
     return parser
+
+
+def join_token(*, digest_only: bool) -> int:
+    """A new shared join token and its digest, or (``digest_only``) the digest of one on stdin."""
+    from .fleet.agents import token_digest
+    from .onboarding import new_join_token
+
+    if digest_only:
+        token = sys.stdin.readline().strip()
+        if not token:
+            print("llmgw-control join-token --digest: no token on standard input", file=sys.stderr)
+            return 2
+        print(token_digest(token))
+        return 0
+    token = new_join_token()
+    print("A shared join token (shown only this once): put it in each node's config as token = \"...\"")
+    print(f"  {token}")
+    print("Its digest: add it to agents.join_token_digests in the control config, then restart control")
+    print(f"  {token_digest(token)}")
+    print("A node onboarded with `llmgw-control ctl nodes add NAME` gets a token of its own instead.")
+    return 0
 
 
 def config_from_args(args: argparse.Namespace) -> ControlConfig:
@@ -85,6 +111,8 @@ def main(argv: list[str] | None = None) -> None:
 
         raise SystemExit(release_main(argv[1:]))
     args = build_parser().parse_args(argv)
+    if args.command == "join-token":
+        raise SystemExit(join_token(digest_only=args.digest))
     if args.command == "init":
         from . import init_config
 
@@ -100,8 +128,9 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         trio.run(_run, config)
-    except* (OSError, StoreError) as group:
-        # An address in use, an unreachable database: one line that says so, not a traceback.
+    except* (OSError, StoreError, ConfigError) as group:
+        # An address in use, an unreachable database, an admin listener no key could open: one
+        # line that says so, not a traceback.
         for error in _leaves(group):
             print(f"llmgw-control: cannot start: {error}", file=sys.stderr)
         raise SystemExit(1) from None

@@ -6,6 +6,7 @@ strange failure under traffic.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 from typing import Any
@@ -14,11 +15,13 @@ from urllib.parse import urlsplit
 import attrs
 
 from llmgw_shared.config import ConfigError, load_toml, parse_host_port, strict_converter, structure
+from llmgw_shared.names import BadName, check_engine_name, check_version
 
 from .catalog import EngineConfig, ModelConfig, validate_models
 from .fleet.agents import AgentsConfig
 from .fleet.reconciler import ReconcilerConfig
 from .router.activator import ActivatorConfig
+from .router.replicas import DEFAULT_ENDPOINT_SLOTS
 
 
 @attrs.frozen
@@ -49,6 +52,10 @@ class EndpointConfig:
     weight: float = 1.0
     # Sent to the engine as a bearer token (llama-server --api-key); never the client's key.
     api_key: str = attrs.field(default="", repr=False)
+    # Requests sent to it at once; more wait in the gateway's queue. Set it to llama-server's -np
+    # so the queue (and its priorities) is the gateway's; the default only stops a runaway
+    # (vLLM's default max_num_seqs).
+    slots: int = DEFAULT_ENDPOINT_SLOTS
 
 
 @attrs.frozen
@@ -77,12 +84,70 @@ class LeadershipConfig:
     settle: float = 15.0
 
 
+# --- Listeners: what one connection may hold, and TLS on the client listener (docs/security.md) ---
+
+
+def _doc(text: str) -> dict[str, str]:
+    return {"doc": text}
+
+
+@attrs.frozen
+class ListenersConfig:
+    """Limits every HTTP listener (client API, admin, metrics, agents) applies to each connection."""
+
+    # Beyond this many open connections a listener answers 503 and closes, rather than letting
+    # connections pile up until the process runs out of file descriptors (each client connection
+    # is one, plus one toward an engine while its request is in flight; the systemd unit allows
+    # 65536). gunicorn's worker_connections default is 1000, nginx's 512 per worker process.
+    max_connections: int = attrs.field(default=1024, metadata=_doc(
+        "Open connections per listener; more are answered 503 and closed."))
+    # A request's head (request line and headers) must arrive whole within this long of its
+    # first byte, else 408: a client that sends a header line every few seconds holds nothing
+    # for long. A TLS handshake gets as long from the accept. (Before its first byte a request
+    # is awaited for the keep-alive timeout, 75 s.) Apache's mod_reqtimeout default is
+    # header=20-40; nginx's client_header_timeout is 60 s.
+    head_timeout: float = attrs.field(default=20.0, metadata=_doc(
+        "Seconds a request's head may take from its first byte (a TLS handshake from the accept), else 408."))
+    # A body must arrive within body_timeout plus one second per body_min_rate bytes received,
+    # else 408: a body that stalls is cut after body_timeout, and one that trickles a byte every
+    # few seconds soon after. Apache's mod_reqtimeout default is body=20,MinRate=500. (nginx's
+    # client_body_timeout, 60 s between two reads, never cuts a trickle.)
+    body_timeout: float = attrs.field(default=20.0, metadata=_doc(
+        "Seconds a request body may take beyond one second per body_min_rate bytes, else 408."))
+    body_min_rate: int = attrs.field(default=500, metadata=_doc(
+        "Bytes per second a request body must average once body_timeout is spent."))
+    # One socket write may wait this long for a client that stopped reading; then the connection
+    # is closed. nginx's send_timeout is 60 s. A server shutdown cuts writes at the grace period.
+    write_timeout: float = attrs.field(default=60.0, metadata=_doc(
+        "Seconds one write may wait for a client that stopped reading, before the connection is closed."))
+
+
+@attrs.frozen
+class ClientTlsConfig:
+    """TLS on the client listener (``listen``), or the proxies that terminate it in front of it."""
+
+    # PEM files; both or neither. Reloaded on SIGHUP, so a renewed certificate needs no restart.
+    cert_file: str = attrs.field(default="", metadata=_doc(
+        "TLS certificate chain (PEM) for the client listener: clients use https:// (empty: plain HTTP). "
+        "Reloaded on SIGHUP."))
+    key_file: str = attrs.field(default="", metadata=_doc("The private key (PEM) of cert_file."))
+    # Only these peers' X-Forwarded-Proto is believed (anyone can send the header): a TLS proxy in
+    # front of the client listener says "https" there, and the dashboard's cookie is then Secure.
+    trusted_proxies: list[str] = attrs.field(factory=list, metadata=_doc(
+        "Addresses or networks of TLS proxies in front of the client listener whose X-Forwarded-Proto "
+        "is believed, e.g. [\"10.0.0.5\", \"10.1.0.0/16\"]."))
+
+
 @attrs.frozen
 class ControlConfig:
     listen: str = "127.0.0.1:8080"
     admin_listen: str = "127.0.0.1:8081"
     # Names the admin listener answers to besides IP addresses and localhost (DNS rebinding guard).
     admin_hosts: list[str] = attrs.Factory(list)
+    # Require an admin key (Authorization: Bearer) on every admin-listener request but /healthz.
+    # Always required when admin_listen is not a loopback address, since the admin API can make
+    # keys and onboard nodes; set it to require keys on loopback too (a machine shared with others).
+    admin_require_key: bool = False
     metrics_listen: str = ""
     # In-flight requests get this long to finish after SIGTERM before they are cut.
     shutdown_grace: float = 30.0
@@ -103,6 +168,10 @@ class ControlConfig:
     engines: list[EngineConfig] = attrs.Factory(lambda: [EngineConfig()])
     models: list[ModelConfig] = attrs.Factory(list)
     monitoring: MonitoringConfig = MonitoringConfig()
+    listeners: ListenersConfig = attrs.field(factory=ListenersConfig, metadata=_doc(
+        "Limits and deadlines every listener applies to each connection (docs/security.md)."))
+    client_tls: ClientTlsConfig = attrs.field(factory=ClientTlsConfig, metadata=_doc(
+        "TLS on the client listener, or the TLS proxies in front of it (docs/security.md)."))
 
 
 _converter = strict_converter()
@@ -136,7 +205,7 @@ def validate(config: ControlConfig) -> ControlConfig:
     if config.metrics_listen:
         parse_host_port(config.metrics_listen, what="metrics_listen")
     for name in config.admin_hosts:
-        if not _HOST_NAME.match(name):
+        if not _HOST_NAME.fullmatch(name):
             raise ConfigError(f"admin_hosts: {name!r} is not a host name (no scheme, port or path), "
                               "e.g. control.mgmt.example")
     if config.log_level not in _LOG_LEVELS:
@@ -155,6 +224,7 @@ def validate(config: ControlConfig) -> ControlConfig:
     if router.max_body_bytes < 1024:
         raise ConfigError(f"router.max_body_bytes must be at least 1024, got {router.max_body_bytes}")
     _validate_fleet(config)
+    _validate_listeners(config)
     if config.monitoring.prometheus:
         url = validate_engine_url(config.monitoring.prometheus, what="monitoring.prometheus")
         config = attrs.evolve(config, monitoring=MonitoringConfig(prometheus=url))
@@ -162,7 +232,7 @@ def validate(config: ControlConfig) -> ControlConfig:
     endpoints = []
     for index, endpoint in enumerate(config.endpoints):
         where = f"endpoints[{index}]"
-        if not _ENDPOINT_ID.match(endpoint.id):
+        if not _ENDPOINT_ID.fullmatch(endpoint.id):
             raise ConfigError(f"{where}.id {endpoint.id!r}: use letters, digits, '.', '_' or '-'")
         if endpoint.id in seen:
             raise ConfigError(f"{where}.id {endpoint.id!r} is used by another endpoint")
@@ -170,6 +240,8 @@ def validate(config: ControlConfig) -> ControlConfig:
         if not endpoint.models or any(not m.strip() for m in endpoint.models):
             raise ConfigError(f"{where} ({endpoint.id}): models must name at least one model")
         _check_positive(endpoint.weight, f"{where}.weight")
+        if endpoint.slots < 1:
+            raise ConfigError(f"{where}.slots ({endpoint.id}) must be at least 1, got {endpoint.slots}")
         url = validate_engine_url(endpoint.url, what=f"{where}.url ({endpoint.id})")
         endpoints.append(attrs.evolve(endpoint, url=url))
     return attrs.evolve(config, endpoints=endpoints)
@@ -182,9 +254,9 @@ def _validate_fleet(config: ControlConfig) -> None:
     if agents.public_url:
         validate_engine_url(agents.public_url, what="agents.public_url")
     for digest in agents.join_token_digests:
-        if not re.match(r"^sha256:[0-9a-f]{64}$", digest):
-            raise ConfigError(f"agents.join_token_digests: {digest[:12]}... is not sha256:<64 hex digits> "
-                              "(llmgw-control token prints one)")
+        if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+            raise ConfigError(f"agents.join_token_digests: {digest[:12]!r}... is not sha256:<64 hex digits> "
+                              "(`llmgw-control join-token` makes a token and prints its digest)")
     if not 0 < agents.heartbeat_interval < agents.unreachable_after < agents.lost_after:
         raise ConfigError("agents: need 0 < heartbeat_interval < unreachable_after < lost_after")
     if bool(agents.tls_cert_file) != bool(agents.tls_key_file):
@@ -196,10 +268,27 @@ def _validate_fleet(config: ControlConfig) -> None:
     rec = config.reconciler
     if not 1 <= rec.port_min <= rec.port_max <= 65535:
         raise ConfigError("reconciler: need 1 <= port_min <= port_max <= 65535")
+    if rec.saturated_after < 0:
+        raise ConfigError(f"reconciler.saturated_after must not be negative, got {rec.saturated_after}")
     if rec.interval <= 0 or rec.backoff_base <= 0 or rec.backoff_cap < rec.backoff_base:
         raise ConfigError("reconciler: interval and backoff_base must be positive, backoff_cap >= backoff_base")
-    if config.activator.queue_size < 0 or config.activator.max_wait <= 0:
-        raise ConfigError("activator: queue_size must not be negative and max_wait must be positive")
+    if rec.reschedule_burst < 1 or rec.reschedules_per_minute <= 0:
+        raise ConfigError("reconciler: reschedule_burst must be at least 1 and reschedules_per_minute positive")
+    if rec.assigned_timeout <= 0 or agents.ack_timeout <= 0:
+        raise ConfigError("reconciler.assigned_timeout and agents.ack_timeout must be positive")
+    if rec.forget_nodes_after < agents.lost_after:
+        raise ConfigError("reconciler.forget_nodes_after must be at least agents.lost_after: a node is lost "
+                          "before it is forgotten")
+    activator = config.activator
+    if activator.queue_size < 0 or activator.max_wait <= 0 or activator.batch_after < 0:
+        raise ConfigError("activator: queue_size and batch_after must not be negative and max_wait must be positive")
+    for engine in config.engines:
+        # Nodes refuse a name or version that may not name a folder: say so here, at start.
+        try:
+            check_engine_name(engine.name)
+            check_version(engine.version, "engine version")
+        except BadName as exc:
+            raise ConfigError(f"engines: {exc}") from None
     names = [(e.name, e.version) for e in config.engines]
     if len(set(names)) != len(names):
         raise ConfigError("engines: an engine and version is listed twice")
@@ -207,6 +296,25 @@ def _validate_fleet(config: ControlConfig) -> None:
     _validate_leadership(config)
     if config.models and not agents.listen:
         raise ConfigError("models need nodes to run on: set agents.listen (where llmgw-node connects)")
+
+
+def _validate_listeners(config: ControlConfig) -> None:
+    limits = config.listeners
+    if limits.max_connections < 1:
+        raise ConfigError(f"listeners.max_connections must be at least 1, got {limits.max_connections}")
+    for field in ("head_timeout", "body_timeout", "write_timeout"):
+        _check_positive(getattr(limits, field), f"listeners.{field}")
+    if limits.body_min_rate < 1:
+        raise ConfigError(f"listeners.body_min_rate must be at least 1 (bytes per second), got {limits.body_min_rate}")
+    tls = config.client_tls
+    if bool(tls.cert_file) != bool(tls.key_file):
+        raise ConfigError("client_tls: cert_file and key_file go together")
+    for entry in tls.trusted_proxies:
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            raise ConfigError(f"client_tls.trusted_proxies: {entry!r} is not an IP address or network, "
+                              "e.g. 10.0.0.5 or 10.1.0.0/16") from None
 
 
 def _validate_leadership(config: ControlConfig) -> None:

@@ -21,11 +21,11 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
+from .fleet.lifecycle import HOLDING, Status
+
 # Every state is exported, with 0 when none is in it, so an alert on e.g. lost > 0 sees a series.
 NODE_STATES = ("ready", "disconnected", "unreachable", "lost")
-REPLICA_STATES = ("assigned", "pending", "downloading", "starting", "ready", "draining", "stopped", "failed")
-# Claims a replica still holds: a stopped or failed one has released its memory.
-_HOLDING = frozenset(("assigned", "pending", "downloading", "starting", "ready", "draining"))
+REPLICA_STATES = tuple(str(s) for s in Status)
 
 
 def _lease_view(fleet: Any) -> tuple[bool, str, str, int | None] | None:
@@ -77,7 +77,8 @@ class FleetCollector(Collector):
 
         claimed: dict[str, tuple[int, int, int]] = {}
         for record in reconciler.shards.values():
-            if record.status in _HOLDING:
+            # Claims a replica still holds: a stopped or failed one has released its memory.
+            if record.status in HOLDING:
                 ram_c, vram_c, count = claimed.get(record.node_id, (0, 0, 0))
                 claimed[record.node_id] = (ram_c + record.claim.ram_mib, vram_c + record.claim.vram_mib, count + 1)
 
@@ -104,7 +105,7 @@ class FleetCollector(Collector):
         replicas = GaugeMetricFamily("llmgw_fleet_replicas", "Replicas per model profile, by state.",
                                      labels=["model", "state"])
         counts: Counter[tuple[str, str]] = Counter(
-            (r.key, "draining" if r.draining else r.status) for r in reconciler.shards.values())
+            (r.key, "draining" if r.draining else str(r.status)) for r in reconciler.shards.values())
         for resolved in fleet.catalog.all_profiles():
             for state in REPLICA_STATES:
                 counts.setdefault((resolved.key, state), 0)

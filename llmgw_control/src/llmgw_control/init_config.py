@@ -23,6 +23,8 @@ DOCS: dict[str, str] = {
     "ControlConfig.admin_listen": "Admin REST API, dashboard and /metrics, host:port; keep it on loopback.",
     "ControlConfig.admin_hosts": "Host names the admin listener answers to besides IP addresses and localhost, "
                                  "e.g. [\"control.mgmt.example\"] (others are refused: DNS rebinding).",
+    "ControlConfig.admin_require_key": "Require an admin key (Authorization: Bearer) on every admin-listener "
+                                       "request but /healthz; always on when admin_listen is not loopback.",
     "ControlConfig.metrics_listen": "An extra listener serving only /metrics, host:port (empty: none).",
     "ControlConfig.shutdown_grace": "Seconds in-flight requests get to finish after SIGTERM before they are cut.",
     "ControlConfig.log_level": "debug, info, warning or error.",
@@ -35,7 +37,8 @@ DOCS: dict[str, str] = {
     "ControlConfig.endpoints": "Static engine replicas (router-only mode, no nodes).",
     "ControlConfig.agents": "The agent listener nodes connect to, and how they are watched.",
     "ControlConfig.reconciler": "The loop that places and stops replicas.",
-    "ControlConfig.activator": "Requests held while a model with no ready replica starts.",
+    "ControlConfig.activator": "The per-model queue of requests waiting for a replica slot (or for a replica "
+                               "to start).",
     "ControlConfig.leadership": "The leader lease when several control daemons share a store (docs/failover.md).",
     "ControlConfig.engines": "Engine builds every node installs and proves.",
     "ControlConfig.models": "Models served by the fleet, each with one or more profiles.",
@@ -52,11 +55,15 @@ DOCS: dict[str, str] = {
     "EndpointConfig.models": "Model names this replica serves.",
     "EndpointConfig.weight": "Relative share of traffic against other replicas of the same model.",
     "EndpointConfig.api_key": "Bearer token sent to the engine (llama-server --api-key); never a client's key.",
+    "EndpointConfig.slots": "Requests sent to it at once, more wait in the gateway's queue (llama-server: its -np).",
     "AgentsConfig.listen": "Where nodes connect, host:port (empty: no nodes, router-only mode).",
     "AgentsConfig.public_url": "How nodes reach the agent listener, for files and install commands "
                                "(empty: http://<listen>).",
-    "AgentsConfig.join_token_digests": "Digests (sha256:<hex>) of shared join tokens; empty with no onboarded "
-                                       "nodes: any node may join (trusted networks only).",
+    "AgentsConfig.join_token_digests": "Digests (sha256:<hex>) of shared join tokens a node id that was never "
+                                       "onboarded may join with (llmgw-control join-token makes one); onboarded "
+                                       "nodes use their own token.",
+    "AgentsConfig.open_fleet": "Let any node id join with any token (a trusted lab network only; a warning at "
+                               "start). Off: only onboarded nodes, shared tokens above, or certificates.",
     "AgentsConfig.files_dir": "Directory of engines/, models/ and node-releases/ served to nodes (air-gapped "
                               "clusters, onboarding: llmgw-control release prepare).",
     "AgentsConfig.tls_cert_file": "TLS certificate (PEM) for the agent listener: nodes use wss:// and https:// "
@@ -70,6 +77,8 @@ DOCS: dict[str, str] = {
     "AgentsConfig.hello_timeout": "Seconds a new connection has to send its hello.",
     "AgentsConfig.max_frame_bytes": "Largest WebSocket frame accepted from a node.",
     "AgentsConfig.command_queue": "Commands queued per node before it is disconnected as too slow.",
+    "AgentsConfig.ack_timeout": "Seconds a node has to acknowledge a command before the command fails and "
+                                "the node is reconnected.",
     "ReconcilerConfig.interval": "Seconds between reconcile passes (changes also wake it at once).",
     "ReconcilerConfig.port_min": "Lowest port given to an engine on a node.",
     "ReconcilerConfig.port_max": "Highest port given to an engine on a node.",
@@ -78,8 +87,17 @@ DOCS: dict[str, str] = {
     "ReconcilerConfig.reschedule_burst": "Replicas moved off lost nodes at once before the rate limit applies.",
     "ReconcilerConfig.reschedules_per_minute": "Replicas moved off lost nodes per minute after the burst.",
     "ReconcilerConfig.reserved_ram_mib": "RAM (MiB) kept free on every node for the OS and the node daemon.",
-    "ActivatorConfig.queue_size": "Requests that may wait per model for a replica; more get a 503 at once.",
-    "ActivatorConfig.max_wait": "Seconds a request waits for a replica before a 503 that says why.",
+    "ReconcilerConfig.assigned_timeout": "Seconds a started replica may go unreported by its node before it "
+                                         "counts as failed.",
+    "ReconcilerConfig.forget_nodes_after": "Seconds after which a silent (lost) node is forgotten: removed from "
+                                           "the node list and the metrics.",
+    "ReconcilerConfig.saturated_after": "Seconds every slot of a model stays busy (none queued) before another "
+                                        "replica is started.",
+    "ActivatorConfig.queue_size": "Requests that may wait per model for a slot; more get a 429 at once.",
+    "ActivatorConfig.max_wait": "Seconds a request waits for a slot (or a replica to start) before a 503 that "
+                                "says why.",
+    "ActivatorConfig.batch_after": "While both wait, a batch request goes after at most this many interactive "
+                                   "ones.",
     "LeadershipConfig.ttl": "Seconds a lease grant lasts without a renew (a killed leader is replaced after it).",
     "LeadershipConfig.renew_interval": "Seconds between lease renewals.",
     "LeadershipConfig.advertise": "Agent URL (ws://host:port/agent/v1) standbys send nodes to while this "
@@ -100,6 +118,7 @@ DOCS: dict[str, str] = {
     "ProfileConfig.engine_version": "Engine version (empty: the one [[engines]] names).",
     "ProfileConfig.context": "Context size in tokens.",
     "ProfileConfig.parallel": "Requests one replica serves at once (engine slots).",
+    "ProfileConfig.slots": "Requests the gateway sends one replica at once; more queue (0: parallel).",
     "ProfileConfig.args": "Extra engine flags, after the ones llmgw sets.",
     "ProfileConfig.env": "Extra environment variables for the engine.",
     "ProfileConfig.ram_mib": "RAM claim in MiB (0: estimated from the GGUF header).",

@@ -7,7 +7,10 @@ change into action at once, in the keeper's own task (synchronously, before the 
   token, and the reconciler runs. For ``settle`` seconds after taking over it only absorbs node
   reports (adopting the engines they run) and serves ready replicas, without starting or stopping
   any: nodes need a moment to find the new leader, and placing before they report would start
-  duplicates of engines that are still running.
+  duplicates of engines that are still running. The leader writes down in the store which nodes
+  hold replicas (when that changes); the next one ends its hold as soon as every one of those
+  has said hello, instead of always waiting ``settle`` out (a restart of one control daemon on
+  a small fleet: about a second instead of 15).
 * **standby** (or stepping down) — the reconciler is cancelled, every agent connection is closed,
   new nodes are refused with ``standby, leader is <address>``, the replicas this daemon published
   are withdrawn, requests waiting in the activator for a model to start get the standby 503 at
@@ -24,8 +27,9 @@ import json
 import os
 import secrets
 import socket
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -38,9 +42,23 @@ from .fleet.inventory import Inventory
 from .fleet.reconciler import Reconciler
 from .router.activator import Activator
 from .router.errors import standby
-from .store import Lease, LeaseKeeper, Role, Store
+from .store import FleetHolders, Lease, LeaseKeeper, Role, Store, StoreError
 
 log = get_logger("llmgw.leadership")
+
+# How often the leader compares the nodes holding replicas with what it last wrote down: a
+# write happens only on a change, so this is the delay before the store knows of one.
+_HOLDERS_EVERY = 1.0
+# A store that does not answer this fast is not worth waiting for: the hold falls back to its
+# full length, and the next change is written on a later round.
+_STORE_WAIT = 5.0
+
+
+class HolderMemory(Protocol):
+    """Where a leader leaves the nodes holding replicas for its successor (``Store`` is one)."""
+
+    async def fleet_holders(self) -> FleetHolders | None: ...
+    async def remember_holders(self, epoch: int, nodes: Iterable[str]) -> bool: ...
 
 
 
@@ -72,6 +90,7 @@ class Leadership:
         *,
         settle: float = 3.0,
         activator: Activator | None = None,
+        memory: HolderMemory | None = None,
     ) -> None:
         self.keeper = keeper
         self.agents = agents
@@ -79,6 +98,7 @@ class Leadership:
         self.inventory = inventory
         self.activator = activator
         self.settle = settle
+        self.memory = memory
         self._lead_scope: trio.CancelScope | None = None
         # Until the keeper has spoken, refuse nodes: two daemons starting together must not both
         # accept them.
@@ -135,13 +155,52 @@ class Leadership:
             # for nodes to report, so there is nothing to wait for.
             settle = self.settle if (role.epoch or 0) > 1 else 0.0
             self.reconciler.hold_until = self.reconciler.clock() + settle
+            self.reconciler.awaited_nodes = None
             log.info("leading the fleet", extra={"epoch": role.epoch, "settle": settle})
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.reconciler.run)
+                if self.memory is not None and role.epoch is not None:
+                    if settle:
+                        nursery.start_soon(self._await_holders, self.memory, role.epoch)
+                    nursery.start_soon(self._remember_holders, self.memory, role.epoch)
                 if settle:
                     await trio.sleep(settle)
                     self.reconciler.wake()  # the first pass that may place, without waiting an interval
         self._lead_scope = None
+
+    async def _await_holders(self, memory: HolderMemory, epoch: int) -> None:
+        """Tell the reconciler whom to wait for: the nodes that held replicas before this term."""
+        held = None
+        with trio.move_on_after(_STORE_WAIT):
+            try:
+                held = await memory.fleet_holders()
+            except StoreError as exc:
+                log.warning("cannot read which nodes held replicas (%s): holding the full settle time", exc)
+        if held is None or held.epoch >= epoch:
+            return
+        log.info("waiting for %d node(s) that held replicas to report", len(held.nodes),
+                 extra={"nodes": sorted(held.nodes)[:20], "epoch": held.epoch})
+        self.reconciler.awaited_nodes = held.nodes
+        self.reconciler.wake()
+
+    async def _remember_holders(self, memory: HolderMemory, epoch: int) -> None:
+        """Write down which nodes hold replicas whenever that changes (never during the hold:
+        the set is still being learnt then, and would hide nodes not yet back from the next leader)."""
+        written: frozenset[str] | None = None
+        while True:
+            await trio.sleep(_HOLDERS_EVERY)
+            if self.reconciler.clock() < self.reconciler.hold_until:
+                continue
+            nodes = self.reconciler.holders()
+            if nodes == written:
+                continue
+            with trio.move_on_after(_STORE_WAIT):
+                try:
+                    if not await memory.remember_holders(epoch, nodes):
+                        return  # a later leader wrote: this term is over, whether we know it yet or not
+                    written = nodes
+                except StoreError as exc:
+                    log.warning("cannot write which nodes hold replicas (%s): retrying", exc)
 
     async def release(self) -> None:
         """On SIGTERM: step down and give the lease up, so a standby takes over on its next poll."""

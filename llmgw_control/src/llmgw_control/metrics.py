@@ -50,7 +50,23 @@ class GatewayMetrics:
             "llmgw_upstream_retries_total", "Attempts moved to another replica (or a fresh connection).",
             ["replica", "reason"], registry=registry,
         )
+        self.queue_wait = Histogram(
+            "llmgw_queue_wait_seconds",
+            "Time requests waited for a replica slot (or for a replica to start), by model; only requests "
+            "that waited.", ["model"], buckets=_LATENCY_BUCKETS, registry=registry,
+        )
+        self.queue_refusals = Counter(
+            "llmgw_queue_refusals_total",
+            "Requests refused by a model's queue: overflow (429, the queue was full), timeout (503, "
+            "waited max_wait), standby (503, this daemon stopped leading).", ["model", "reason"], registry=registry,
+        )
         self.cooldowns = Counter(
             "llmgw_replica_cooldowns_total", "Times a replica was put in cooldown after a failure.",
             ["replica"], registry=registry,
         )
+
+    def forget_replica(self, replica_id: str) -> None:
+        """Drop every series labelled with ``replica_id``: the replica is gone for good, and a
+        fleet that starts and stops replicas all day must not grow /metrics with each one."""
+        for metric in (self.requests, self.replica_in_flight, self.retries, self.cooldowns):
+            metric.remove_by_labels({"replica": replica_id})

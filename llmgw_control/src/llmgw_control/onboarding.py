@@ -35,6 +35,7 @@ from llmgw_shared.logs import get_logger
 from llmgw_shared.names import NODE_ID, NODE_ID_RULE
 
 from .fleet.agents import token_digest
+from .fleet.files import contained_file
 from .node_release import RELEASE_ID, Release, ReleaseError, current_id, load_release
 from .store import InvalidInput, NodeIdentity, NotFound, Store
 
@@ -107,8 +108,8 @@ class Onboarding:
             return None
         if name not in release.files:
             return None
-        path = release.path / name
-        return path if path.is_file() else None
+        # Listed is not enough: a link in the release directory must not lead out of it.
+        return contained_file(release.path, name)
 
     async def index_html(self, release_id: str) -> str | None:
         """A pip ``--find-links`` page of the release's wheels, each with its sha256 for pip to check."""
@@ -118,8 +119,13 @@ class Onboarding:
             release = await self.release(release_id)
         except OnboardingError:
             return None
+        # Only what release_file serves: a page must not list a file that is then refused.
+        served = await trio.to_thread.run_sync(
+            lambda: {name for name in release.files if contained_file(release.path, name) is not None})
         rows = []
         for name, digest in sorted(release.files.items()):
+            if name not in served:
+                continue
             href = f"{quote(name)}#sha256={digest}"
             rows.append(f'<a href="{html.escape(href)}">{html.escape(name)}</a><br>')
         return "<!DOCTYPE html>\n<html><body>\n" + "\n".join(rows) + "\n</body></html>\n"

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import attrs
 import trio
-from trio_websocket import ConnectionClosed, HandshakeError, WebSocketConnection, open_websocket_url
+from trio_websocket import ConnectionClosed, HandshakeError, WebSocketConnection, connect_websocket_url
 
 from llmgw_node.probe import with_time_cleared
 from llmgw_node.service import NodeService
@@ -62,6 +62,11 @@ class SessionEnded(Exception):
 @attrs.define
 class AgentTiming:
     connect_timeout: float = 10.0
+    # While control is away (a welcomed connection ended), the first connect attempts get this
+    # long, doubling per failure up to connect_timeout: a connect that lands in a dying control's
+    # accept queue is never answered, and waiting out 10 s there delays the return to a
+    # restarted control by as much. A control that is up answers a connect in milliseconds.
+    reconnect_timeout: float = 1.0
     # The first frame back after our hello.
     welcome_timeout: float = 10.0
     # Control counts as gone after this many heartbeat intervals without a frame from it.
@@ -85,10 +90,26 @@ class AgentStatus:
         self.changed = trio.Event()
 
 
+# For this long after control went away (a welcomed connection ended), reconnect attempts come
+# at least every RECONNECT_CAP_S: a control restart or a failover is over in seconds, and an
+# exponential backoff grown to 8 s by then delays every replica on the node by as much. Past
+# the window the backoff grows as usual, so a control that stays down is not hammered.
+RECONNECT_WINDOW_S = 30.0
+RECONNECT_CAP_S = 2.0
+
+
 def backoff_delay(attempt: int, low: float, high: float, rng: random.Random) -> float:
     """Exponential backoff with "equal jitter": half fixed, half random, so nodes spread out."""
     base: float = min(high, low * 2.0 ** attempt)
     return base / 2 + rng.uniform(0, base / 2)
+
+
+def reconnect_delay(attempt: int, away_for: float | None, low: float, high: float, rng: random.Random) -> float:
+    """The wait before the next round of attempts; ``away_for``: seconds since control went away
+    after a welcomed connection (None when the node has not been welcomed since it started)."""
+    if away_for is not None and away_for < RECONNECT_WINDOW_S:
+        high = min(high, max(low, RECONNECT_CAP_S))
+    return backoff_delay(attempt, low, high, rng)
 
 
 class Agent:
@@ -130,12 +151,19 @@ class Agent:
         queue = list(self.urls)
         followed: set[str] = set()
         last_was_quick = False
+        # Failed attempts since a welcomed connection ended; None before the first welcome (a
+        # node starting up may face a slow link: it gets the full connect timeout).
+        away: int | None = None
+        lost_at: float | None = None
         while True:
             url = queue.pop(0)
             self._welcomed = False
             started = trio.current_time()
+            timeout = self.timing.connect_timeout
+            if away is not None:
+                timeout = min(timeout, self.timing.reconnect_timeout * 2.0 ** away)
             try:
-                await self._session(url)
+                await self._session(url, timeout)
             except SessionEnded as exc:
                 self.status.last_error = str(exc)
                 log.warning("control %s: %s", url, exc)
@@ -143,10 +171,12 @@ class Agent:
                 self.status.connected_to = ""
                 self.status.touch()
             quick = trio.current_time() - started < QUICK_SESSION_S
+            away = 0 if self._welcomed else (None if away is None else away + 1)
             if self._welcomed and not (quick and last_was_quick):
                 # It worked until it did not: start over from the one that worked, promptly. (Twice
                 # in a row welcomed and dropped at once is a failure: back off, do not hammer it.)
                 attempt = 0
+                lost_at = trio.current_time()
                 queue = [url, *[u for u in self.urls if u != url]]
             elif self._redirect and self._redirect not in followed:
                 # A standby named the leader: go there now, not after a backoff. Once per round,
@@ -160,31 +190,54 @@ class Agent:
             if not queue:
                 queue = list(self.urls)
                 followed.clear()
-                delay = backoff_delay(attempt, cfg.reconnect_min_s, cfg.reconnect_max_s, self.rng)
+                away_for = None if lost_at is None else trio.current_time() - lost_at
+                delay = reconnect_delay(attempt, away_for, cfg.reconnect_min_s, cfg.reconnect_max_s, self.rng)
                 attempt += 1
                 log.info("no control answered; retrying in %.1f s", delay)
                 await trio.sleep(delay)
 
     # ------------------------------------------------------------------ one connection
 
-    async def _session(self, url: str) -> None:
-        """Run one connection until it ends; raise SessionEnded saying why."""
+    async def _session(self, url: str, connect_timeout: float) -> None:
+        """Run one connection until it ends; raise SessionEnded saying why.
+
+        The connect (TCP, TLS, WebSocket upgrade) is timed here rather than by trio-websocket's
+        ``connect_timeout``: that one raises, but its reader task stays blocked on a socket that
+        nobody answers (a dying control's listen backlog) and its nursery waits for it, so the
+        timeout did not end the attempt. Here the reader is cancelled with our nursery.
+        """
         t = self.timing
         if url.startswith("wss://"):
-            await self._check_tls(url)
-        try:
-            async with open_websocket_url(url, self.ssl_context, message_queue_size=64,
-                                          max_message_size=MAX_FRAME, connect_timeout=t.connect_timeout,
-                                          disconnect_timeout=t.disconnect_timeout) as ws:
-                await self._converse(url, ws)
-        except HandshakeError as exc:
-            raise SessionEnded(f"could not connect: {exc}") from None
-        except ConnectionClosed as exc:
-            raise SessionEnded(f"connection closed: {exc.reason}") from None
-        except OSError as exc:
-            raise SessionEnded(f"could not connect: {exc.strerror or exc}") from None
+            await self._check_tls(url, connect_timeout)
+        ended: SessionEnded | None = None
+        async with trio.open_nursery() as nursery:
+            try:
+                ws: WebSocketConnection | None = None
+                with trio.move_on_after(connect_timeout):
+                    ws = await connect_websocket_url(nursery, url, self.ssl_context, message_queue_size=64,
+                                                     max_message_size=MAX_FRAME)
+                if ws is None:
+                    ended = SessionEnded(f"could not connect: no answer within {connect_timeout:g} s")
+                else:
+                    try:
+                        await self._converse(url, ws)
+                    finally:
+                        # A hung peer never answers our close frame: bounded, then dropped.
+                        with trio.move_on_after(t.disconnect_timeout):
+                            await ws.aclose()
+            except SessionEnded as exc:
+                ended = exc
+            except HandshakeError as exc:
+                ended = SessionEnded(f"could not connect: {exc}")
+            except ConnectionClosed as exc:
+                ended = SessionEnded(f"connection closed: {exc.reason}")
+            except OSError as exc:
+                ended = SessionEnded(f"could not connect: {exc.strerror or exc}")
+            nursery.cancel_scope.cancel()
+        if ended is not None:
+            raise ended
 
-    async def _check_tls(self, url: str) -> None:
+    async def _check_tls(self, url: str, connect_timeout: float) -> None:
         """Handshake once on our own so a certificate problem is reported as itself.
 
         trio-websocket 0.12 turns a failed TLS handshake into a bare ConnectionTimeout after the
@@ -194,7 +247,7 @@ class Agent:
         host, port = parts.hostname or "", parts.port or 443
         context = self.ssl_context or ssl.create_default_context()
         try:
-            with trio.fail_after(self.timing.connect_timeout):
+            with trio.fail_after(connect_timeout):
                 tcp = await trio.open_tcp_stream(host, port)
                 stream = trio.SSLStream(tcp, context, server_hostname=host, https_compatible=True)
                 try:
@@ -203,7 +256,7 @@ class Agent:
                     await trio.aclose_forcefully(stream)
         except trio.TooSlowError:
             raise SessionEnded(f"TLS handshake with {host}:{port} did not finish within "
-                               f"{self.timing.connect_timeout:g} s") from None
+                               f"{connect_timeout:g} s") from None
         except trio.BrokenResourceError as exc:
             cause = exc.__cause__ or exc
             raise SessionEnded(f"TLS handshake with {host}:{port} failed: {cause}") from None

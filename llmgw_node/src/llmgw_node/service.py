@@ -15,7 +15,8 @@ import httpx2
 import trio
 
 from llmgw_node.config import NodeConfig
-from llmgw_node.engines.manager import EngineManager
+from llmgw_node.control_auth import ControlCredentials
+from llmgw_node.engines.manager import EngineManager, bad_names
 from llmgw_node.engines.release import Platform
 from llmgw_node.probe import probe, with_time_cleared
 from llmgw_node.supervisor import ShardError, Supervisor, Timing
@@ -155,7 +156,8 @@ class NodeService:
             # The fencing token is the leader's epoch: each install records it as who asked.
             for spec in self.engines.want(command.engines, control_epoch=command.fencing_token):
                 self._nursery.start_soon(self.engines.install, spec, name=f"install:{spec.name}:{spec.version}")
-            return ""
+            # The others are refused here, in the ack: a report naming them would not decode.
+            return "; ".join(problem for spec in command.engines if (problem := bad_names(spec)))
         if isinstance(command, StartShard):
             self.supervisor.start(command.shard)
             return ""
@@ -190,9 +192,11 @@ async def open_node_service(
 ) -> AsyncIterator[NodeService]:
     """A running NodeService; on exit its tasks end and engines keep running (unless asked)."""
     # Engines and weights may come from control's own file server, behind the same TLS (and the
-    # same client certificate) as the agent socket.
+    # same client certificate) as the agent socket, and for enrolled nodes only: the node's
+    # credentials go with every request to control (control_auth), and to nothing else.
     tls = client_context(config)
-    async with httpx2.AsyncClient(verify=tls if tls is not None else True) as client, \
+    auth = ControlCredentials(config.control, config.node_id, config.token)
+    async with httpx2.AsyncClient(verify=tls if tls is not None else True, auth=auth) as client, \
             trio.open_nursery() as nursery:
         svc = NodeService(config, client, timing=timing, facts=facts)
         await nursery.start(lambda task_status: svc.run(adopt=adopt, task_status=task_status))

@@ -65,7 +65,7 @@ _secret_field_names: dict[str, bool] = {}
 def _is_secret_field(name: str) -> bool:
     known = _secret_field_names.get(name)
     if known is None:
-        known = _secret_field_names[name] = _SECRET_FIELD.search(name) is not None
+        known = _secret_field_names[name] = _SECRET_FIELD.fullmatch(name) is not None
     return known
 
 

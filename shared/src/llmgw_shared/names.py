@@ -11,6 +11,7 @@ plain path component that is never ``.``, ``..`` or hidden, and needs no quoting
 
 from __future__ import annotations
 
+import ipaddress
 import re
 
 
@@ -70,9 +71,9 @@ def check_engine_name(value: object) -> str:
     return _check("engine name", ENGINE_NAME, ENGINE_NAME_RULE, value)
 
 
-def check_version(value: object) -> str:
-    """``value`` when it is a valid engine version; ``BadName`` naming the rule otherwise."""
-    return _check("version", VERSION, VERSION_RULE, value)
+def check_version(value: object, kind: str = "version") -> str:
+    """``value`` when it is a valid engine version; ``BadName`` naming ``kind`` and the rule otherwise."""
+    return _check(kind, VERSION, VERSION_RULE, value)
 
 
 def check_shard_id(value: object) -> str:
@@ -113,3 +114,28 @@ def shown(value: object, limit: int = 80) -> str:
     """A hostile value, quoted and cut so that it cannot flood or forge a log line."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# A DNS name (RFC 1123 labels, 253 characters in all); an IP literal is checked by ipaddress.
+_HOST_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9\-]{0,61}[A-Za-z0-9])?"
+HOST_NAME = re.compile(rf"{_HOST_LABEL}(?:\.{_HOST_LABEL})*\.?")
+ADDRESS_RULE = "a host name or an IP address, without a port, scheme or path"
+
+
+def check_address(value: object) -> str:
+    """Where a node's engines are reached: a host name or an IP literal (IPv6 with or without brackets).
+
+    It becomes the host of the URLs control sends requests (and the shards' keys) to, so nothing
+    that would change a URL's meaning passes: no port, userinfo, path, zone id or whitespace.
+    """
+    if isinstance(value, str) and 0 < len(value) <= 253:
+        literal = value[1:-1] if value.startswith("[") and value.endswith("]") else value
+        try:
+            ipaddress.ip_address(literal)
+        except ValueError:
+            if literal is value and HOST_NAME.fullmatch(value):
+                return value
+        else:
+            if "%" not in literal:
+                return value
+    raise BadName(f"address {shown(value)} is not valid: use {ADDRESS_RULE}")

@@ -16,6 +16,8 @@ Direction of each message:
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Literal, TypeAlias, get_args
 
@@ -28,6 +30,8 @@ from cattrs.strategies import configure_tagged_union
 from llmgw_shared.config import json_kind as _json_kind
 from llmgw_shared.config import strict_collections
 from llmgw_shared.facts import GpuFacts, HostFacts
+from llmgw_shared.jsonin import loads as _loads
+from llmgw_shared.names import BadName, check_address, check_engine_name, check_node_id, check_shard_id, check_version
 
 PROTOCOL_VERSION = 1
 
@@ -358,6 +362,68 @@ def _format(exc: BaseException, type_: type | None) -> str:
     return cattrs.v.format_exception(exc, type_)
 
 
+# --------------------------------------------------------------------------- what a node may say
+
+# A node's reports are stored, logged, shown on the dashboard and turned into metric labels,
+# URLs and file names, so each name in them is checked here, at the edge, against its kind's
+# pattern (llmgw_shared.names), and everything else is bounded: a hello once welcomed a node id
+# of 10,000 characters, with a newline, with NUL, or '../..'.
+MAX_TEXT = 8192  # characters in any other string (a failure's detail, an engine's output line)
+MAX_ITEMS = 1000  # entries in any list (engines, shards, CPU flags, output lines)
+MAX_INT = 2**62  # what the store keeps as a BIGINT, with room to add
+
+_NAMES: dict[tuple[type, str], Callable[[Any], object]] = {
+    (Hello, "node_id"): check_node_id,
+    (Hello, "address"): lambda value: value == "" or check_address(value),
+    (EngineState, "name"): check_engine_name,
+    (EngineState, "version"): lambda value: check_version(value, "engine version"),
+    (ShardState, "shard_id"): check_shard_id,
+}
+_PORTS = frozenset({(ShardState, "port")})
+_FROM_NODES = (Hello, Heartbeat, Ack, EngineStateReport, ShardStateReport, Error)
+
+
+def _check_report(value: Any, path: str) -> None:
+    """Every field of an attrs value from a node: its name pattern if it has one, else the bounds."""
+    kind = type(value)
+    for field in attrs.fields(kind):
+        item = getattr(value, field.name)
+        where = f"{path}.{field.name}"
+        check = _NAMES.get((kind, field.name))
+        if check is not None:
+            try:
+                check(item)
+            except BadName as exc:
+                raise WireError(f"{exc} @ {where}") from None
+        if (kind, field.name) in _PORTS and not 0 <= item <= 65535:
+            raise WireError(f"port {item} is not between 0 and 65535 @ {where}")
+        _check_bounds(item, where)
+
+
+def _check_bounds(item: Any, where: str) -> None:
+    if isinstance(item, str):
+        if len(item) > MAX_TEXT:
+            raise WireError(f"a string of {len(item)} characters is longer than {MAX_TEXT} @ {where}")
+    elif isinstance(item, bool) or item is None:
+        return
+    elif isinstance(item, int):
+        if not 0 <= item <= MAX_INT:
+            raise WireError(f"{item if abs(item) < 10**20 else 'a number'} is not between 0 and 2^62 @ {where}")
+    elif isinstance(item, float):
+        if not math.isfinite(item) or item < 0:
+            raise WireError(f"{item} is not a finite number of 0 or more @ {where}")
+    elif isinstance(item, list | dict):
+        if len(item) > MAX_ITEMS:
+            raise WireError(f"{len(item)} entries are more than {MAX_ITEMS} @ {where}")
+        entries = item.items() if isinstance(item, dict) else enumerate(item)
+        for key, element in entries:
+            if isinstance(key, str):
+                _check_bounds(key, f"{where}.{key[:40]}")
+            _check_bounds(element, f"{where}[{key!r}]" if isinstance(key, int) else f"{where}.{key[:40]}")
+    elif attrs.has(type(item)):
+        _check_report(item, where)
+
+
 def encode(msg: Message) -> str:
     """One JSON text frame for ``msg``."""
     if type(msg) not in TAGS:
@@ -368,8 +434,9 @@ def encode(msg: Message) -> str:
 def decode(text: str | bytes) -> Message:
     """Parse one frame; any problem is a :class:`WireError` whose text names the field."""
     try:
-        raw = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as exc:
+        # Depth-bounded: a frame nested 100,000 deep once ended a node's session with a traceback.
+        raw = _loads(text)
+    except ValueError as exc:  # UnicodeDecodeError and JsonTooDeep included
         raise WireError(f"frame is not valid JSON: {exc}") from None
     if not isinstance(raw, dict):
         raise WireError(f"frame must be a JSON object, got {_json_kind(raw)}")
@@ -377,12 +444,16 @@ def decode(text: str | bytes) -> Message:
     if tag is None:
         raise WireError("frame has no 'type' field")
     if not isinstance(tag, str) or tag not in _BY_TAG:
-        raise WireError(f"unknown message type {tag!r}; known: {', '.join(sorted(_BY_TAG))}")
+        shown = repr(tag) if len(repr(tag)) <= 60 else repr(tag)[:57] + "..."
+        raise WireError(f"unknown message type {shown}; known: {', '.join(sorted(_BY_TAG))}")
     try:
         msg: Message = converter.structure(raw, Message)  # type: ignore[arg-type]
     except Exception as exc:  # cattrs raises exception groups; render every leaf with its path
         problems = cattrs.transform_error(exc, path=f"$({tag})", format_exception=_format)
-        raise WireError("; ".join(problems)) from None
+        # Cut: the text goes back to the peer in an error frame, which it bounds (MAX_TEXT) too.
+        raise WireError("; ".join(problems)[:2000]) from None
+    if isinstance(msg, _FROM_NODES):
+        _check_report(msg, f"$({tag})")
     return msg
 
 

@@ -20,7 +20,7 @@ from trio_websocket import WebSocketConnection, open_websocket_url
 from llmgw_control.app import Fleet, Listening, Tenancy, run_control
 from llmgw_control.catalog import ModelConfig
 from llmgw_control.config import ControlConfig, LeadershipConfig, validate
-from llmgw_control.fleet.agents import AgentsConfig
+from llmgw_control.fleet.agents import AgentsConfig, token_digest
 from llmgw_shared.config import strict_converter
 from llmgw_shared.facts import unprobed
 from llmgw_shared.wire import (
@@ -30,6 +30,7 @@ from llmgw_shared.wire import (
     DrainShard,
     EngineProvenance,
     EngineState,
+    Error,
     Heartbeat,
     Hello,
     ShardState,
@@ -41,6 +42,9 @@ from llmgw_shared.wire import (
 )
 
 WEIGHTS_SHA = hashlib.sha256(b"weights").hexdigest()
+# The fleet is closed, as in production: fake nodes join with this shared token (its digest is in
+# the config); a node onboarded through the API uses its own.
+JOIN_TOKEN = "llmgw-join-admin-tests"
 
 
 def model_doc(name: str = "tiny", **profile: Any) -> dict[str, Any]:
@@ -69,14 +73,19 @@ class Daemon:
 
 
 @asynccontextmanager
-async def running_control(data_dir: Path, *, store: str = "", models: list[dict[str, Any]] | None = None
+async def running_control(data_dir: Path, *, store: str = "", models: list[dict[str, Any]] | None = None,
+                          control_settings: dict[str, Any] | None = None, **agent_settings: Any
                           ) -> AsyncIterator[Daemon]:
-    agents = AgentsConfig(listen="127.0.0.1:0", heartbeat_interval=0.2, unreachable_after=2.0, lost_after=5.0)
+    """``agent_settings`` replace AgentsConfig fields (e.g. ``join_token_digests=[]``: only onboarded nodes),
+    ``control_settings`` ControlConfig fields (e.g. ``{"admin_require_key": True}``)."""
+    settings: dict[str, Any] = {"join_token_digests": [token_digest(JOIN_TOKEN)], **agent_settings}
+    agents = AgentsConfig(listen="127.0.0.1:0", heartbeat_interval=0.2, unreachable_after=2.0, lost_after=5.0,
+                          **settings)
     lead = LeadershipConfig(ttl=2.0, renew_interval=0.5, settle=0.0,
                             advertise="ws://127.0.0.1:9/agent/v1" if store.startswith("postgresql") else "")
     config = validate(ControlConfig(
         listen="127.0.0.1:0", admin_listen="127.0.0.1:0", data_dir=str(data_dir), store=store, agents=agents,
-        leadership=lead, shutdown_grace=1.0,
+        leadership=lead, shutdown_grace=1.0, **(control_settings or {}),
         models=[strict_converter().structure(m, ModelConfig) for m in models or []]))
     fleets: list[Fleet] = []
     tenancies: list[Tenancy] = []
@@ -102,6 +111,8 @@ class FakeNode:
     node_id: str
     ws: WebSocketConnection
     commands: list[Any] = attrs.Factory(list)
+    # The messages of the error frames control sent.
+    errors: list[str] = attrs.Factory(list)
 
     def drained(self, shard_id: str) -> bool:
         return any(isinstance(c, DrainShard) and c.shard_id == shard_id for c in self.commands)
@@ -114,6 +125,8 @@ class FakeNode:
     async def serve(self) -> None:
         while True:
             message = decode(await self.ws.get_message())
+            if isinstance(message, Error):
+                self.errors.append(message.message)
             if isinstance(message, StartShard | DrainShard | StopShard):
                 self.commands.append(message)
                 await self.ws.send_message(encode(Ack(message.id, True)))
@@ -134,7 +147,7 @@ PROVENANCE = EngineProvenance(
 
 
 @asynccontextmanager
-async def fake_node(daemon: Daemon, node_id: str = "n1", *, warnings: list[str] | None = None, token: str = ""
+async def fake_node(daemon: Daemon, node_id: str = "n1", *, warnings: list[str] | None = None, token: str = JOIN_TOKEN
                     ) -> AsyncIterator[FakeNode]:
     facts = attrs.evolve(unprobed(), probed=True, hostname=node_id, ram_total_mib=8192, os_name="Debian",
                          arch="x86_64", cpu_model="Test CPU", cores=4, cpu_features=["avx"],
@@ -149,6 +162,14 @@ async def fake_node(daemon: Daemon, node_id: str = "n1", *, warnings: list[str] 
         nursery.start_soon(node.beat)
         yield node
         nursery.cancel_scope.cancel()
+
+
+async def first_answer(daemon: Daemon, frame: str) -> dict[str, Any]:
+    """What control answers a raw first frame (a hello, or anything pretending to be one)."""
+    async with open_websocket_url(daemon.agent_url, max_message_size=4 * 1024 * 1024) as ws:
+        await ws.send_message(frame)
+        answer: dict[str, Any] = json.loads(await ws.get_message())
+        return answer
 
 
 async def wait_until(predicate: Any, timeout: float = 10) -> None:

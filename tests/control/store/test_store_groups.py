@@ -80,3 +80,20 @@ async def test_delete_refuses_groups_in_use(store: SqlStore) -> None:
     assert leaf.id not in await store.list_quotas()
     with pytest.raises(NotFound):
         await store.delete_group(leaf.id)
+
+
+async def test_a_group_priority_is_stored_changed_and_cleared(store: SqlStore) -> None:
+    org = await store.create_group("org", priority="batch")
+    team = await store.create_group("team", org.id)
+    assert org.priority == "batch" and team.priority is None  # None: inherited from the parent
+    assert (await store.get_group(org.id)).priority == "batch"
+    renamed = await store.update_group(org.id, name="org2")
+    assert renamed.priority == "batch"  # not passed: unchanged
+    assert (await store.update_group(team.id, priority="interactive")).priority == "interactive"
+    assert (await store.update_group(org.id, priority=None)).priority is None
+    for bad in ("urgent", "", 1):
+        with pytest.raises(InvalidInput, match="priority"):
+            await store.create_group("x", priority=bad)  # type: ignore[arg-type]
+        with pytest.raises(InvalidInput, match="priority"):
+            await store.update_group(team.id, priority=bad)  # type: ignore[arg-type]
+    assert {g.name: g.priority for g in await store.list_groups()} == {"org2": None, "team": "interactive"}

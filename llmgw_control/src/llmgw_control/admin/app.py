@@ -8,6 +8,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from quart import Response, jsonify
 from quart_trio import QuartTrio
 
+from ..byte_ranges import StrictRangeResponse
 from .api import ApiContext, ModelService, build_api
 from .api.core import error_body
 from .onboarding_views import register_onboarding_views
@@ -41,6 +42,8 @@ def make_admin_app(
     models: ModelService | None = None,
 ) -> QuartTrio:
     app = QuartTrio("llmgw_control.admin")
+    # Its files (the dashboard's static ones) answer Range requests through our strict parser.
+    app.response_class = StrictRangeResponse
     app.config["RESPONSE_TIMEOUT"] = None
     # Admin bodies are small (a model definition is the largest); refuse more before reading it.
     app.config["MAX_CONTENT_LENGTH"] = 1024 * 1024
@@ -70,6 +73,7 @@ def make_admin_app(
 
 def make_metrics_app(registry: CollectorRegistry) -> QuartTrio:
     app = QuartTrio("llmgw_control.metrics")
+    app.response_class = StrictRangeResponse
     _json_errors(app)
 
     @app.get("/metrics")

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import httpx2
+
+from llmgw_shared.jsonin import loads as json_loads
 
 DEFAULT_ADMIN = "http://127.0.0.1:8081"
 
@@ -13,10 +16,17 @@ class CtlError(Exception):
     """What the CLI prints as ``error: ...`` before exiting non-zero."""
 
 
+# An admin key for an admin listener that requires one (off loopback, or admin_require_key):
+# from the environment, never a command-line argument (ps shows those to everyone).
+ADMIN_KEY_ENV = "LLMGW_ADMIN_KEY"
+
+
 class AdminClient:
-    def __init__(self, base_url: str, timeout: float = 30.0) -> None:
+    def __init__(self, base_url: str, timeout: float = 30.0, *, admin_key: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
-        self._http = httpx2.Client(base_url=self.base_url + "/api/v1", timeout=timeout)
+        key = admin_key if admin_key is not None else os.environ.get(ADMIN_KEY_ENV, "")
+        headers = {"authorization": f"Bearer {key}"} if key else {}
+        self._http = httpx2.Client(base_url=self.base_url + "/api/v1", timeout=timeout, headers=headers)
 
     def close(self) -> None:
         self._http.close()
@@ -38,11 +48,13 @@ class AdminClient:
         if response.status_code == 204:
             return None
         try:
-            body = response.json()
+            body = json_loads(response.content)
         except ValueError:
             body = None
         if response.status_code >= 400:
             error = body.get("error") if isinstance(body, dict) else None
+            if response.status_code == 401 and isinstance(error, dict) and error.get("code") == "admin_key_required":
+                raise CtlError(f"{error.get('message')} (set {ADMIN_KEY_ENV} to an admin key for ctl)")
             if isinstance(error, dict) and error.get("message"):
                 raise CtlError(f"{error['message']} (HTTP {response.status_code})")
             raise CtlError(f"{method} {path}: HTTP {response.status_code}: {response.text[:200]}")
@@ -58,6 +70,9 @@ class AdminClient:
 
     def put(self, path: str, body: Any) -> Any:
         return self.call("PUT", path, json=body)
+
+    def patch(self, path: str, body: Any) -> Any:
+        return self.call("PATCH", path, json=body)
 
     def delete(self, path: str) -> Any:
         return self.call("DELETE", path)

@@ -230,16 +230,32 @@ def groups_list(client: AdminClient, args: argparse.Namespace, out: TextIO) -> N
     def human() -> str:
         if not answer["groups"]:
             return "no groups"
-        rows = [[g["path"], g["id"]] for g in sorted(answer["groups"], key=lambda g: g["path"])]
-        return table(["GROUP", "ID"], rows)
+        rows = [[g["path"], g["id"], _priority_words(g)] for g in sorted(answer["groups"], key=lambda g: g["path"])]
+        return table(["GROUP", "ID", "PRIORITY"], rows)
 
     _emit(out, args, answer, human)
 
 
+def _priority_words(group: dict[str, Any]) -> str:
+    effective = str(group["effective_priority"])
+    return effective if group["priority"] else f"{effective} (inherited)"
+
+
 def groups_create(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
     parent = resolve_group(client, args.parent) if args.parent else None
-    answer = client.post("/groups", {"name": args.name, "parent_id": parent})
+    body: dict[str, Any] = {"name": args.name, "parent_id": parent}
+    if args.priority:
+        body["priority"] = args.priority
+    answer = client.post("/groups", body)
     _emit(out, args, answer, lambda: f"group {answer['group']['path']} created (id {answer['group']['id']})")
+
+
+def groups_priority(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
+    group_id = resolve_group(client, args.group)
+    answer = client.patch(f"/groups/{_q(group_id)}",
+                          {"priority": None if args.priority == "inherit" else args.priority})
+    group = answer["group"]
+    _emit(out, args, answer, lambda: f"group {group['path']}: priority {_priority_words(group)}")
 
 
 def groups_delete(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
@@ -393,11 +409,17 @@ def build_parser() -> argparse.ArgumentParser:
     v = noun("engines", "engines: list (default)", engines_list)
     verb(v, "list", engines_list, "the engines and their state on each node")
 
-    v = noun("groups", "groups: list (default), create, delete", groups_list)
+    v = noun("groups", "groups: list (default), create, priority, delete", groups_list)
     verb(v, "list", groups_list, "the group tree")
     p = verb(v, "create", groups_create, "create a group")
     p.add_argument("name")
     p.add_argument("--parent", help="the parent group (id or path, e.g. org/team)")
+    p.add_argument("--priority", choices=("interactive", "batch"),
+                   help="how its requests wait for a replica slot (default: the parent's)")
+    p = verb(v, "priority", groups_priority, "set how a group's requests wait for a replica slot")
+    p.add_argument("group", help="id or path")
+    p.add_argument("priority", choices=("interactive", "batch", "inherit"),
+                   help="interactive goes first; batch gets a bounded share; inherit: the parent's")
     verb(v, "delete", groups_delete, "delete a group (id or path)").add_argument("group")
 
     v = noun("keys", "keys: list (default), create, revoke, delete", keys_list)

@@ -24,8 +24,10 @@ import attrs
 import trio
 
 from llmgw_shared.logs import get_logger
+from llmgw_shared.names import BadName, check_node_id
 from llmgw_shared.wire import (
     PROTOCOL_VERSION,
+    TAGS,
     Ack,
     Command,
     EngineSpec,
@@ -37,7 +39,6 @@ from llmgw_shared.wire import (
     Refuse,
     SetEngines,
     ShardStateReport,
-    StartShard,
     Welcome,
     WireError,
     decode,
@@ -66,9 +67,15 @@ class AgentsConfig:
     listen: str = ""
     # How nodes reach this listener, for the files it serves; empty: http://<listen>.
     public_url: str = ""
-    # Digests ("sha256:<hex>") of the join tokens nodes may present; empty: any node may join,
-    # which is only right on a trusted network.
+    # Digests ("sha256:<hex>") of shared join tokens: a node id that was never onboarded may join
+    # with one of these (`llmgw-control join-token` makes a token and prints its digest). A node
+    # onboarded with `llmgw-control ctl nodes add` joins with its own token, and with mutual TLS a
+    # certificate naming the node is enough.
     join_token_digests: list[str] = attrs.Factory(list)
+    # Let any node id join with any token. Off: the fleet is closed by default, since a node that
+    # joins is listed, placed on, and sent prompts and engine keys. Only for a lab network where
+    # everyone who can reach the agent listener is trusted; control warns at start when it is on.
+    open_fleet: bool = False
     # A directory with engines/ and models/ to serve to nodes (air-gapped clusters).
     files_dir: str = ""
     # TLS on the agent listener (wss://, https:// for the files); with a client CA, mutual TLS:
@@ -82,6 +89,11 @@ class AgentsConfig:
     hello_timeout: float = 10.0
     max_frame_bytes: int = 1024 * 1024
     command_queue: int = 1000
+    # A node acknowledges a command as soon as it reads it (the work goes on in the background),
+    # so an ack missing this long means the node is not processing what it is sent: its start
+    # commands are failed with that reason and the connection is closed, so that the node's next
+    # hello says what it really has. Far beyond a congested link's delay, and below lost_after.
+    ack_timeout: float = 30.0
 
 
 def token_digest(token: str) -> str:
@@ -101,7 +113,12 @@ class _Session:
         self.node_id = node_id
         self.send_channel, self.receive_channel = trio.open_memory_channel[Command](queue)
         self.cancel_scope = trio.CancelScope()
-        self.pending: dict[str, Command] = {}
+        # Commands handed to the socket (or being handed to it) and not acknowledged yet, with
+        # when; oldest first (dicts keep insertion order), so the watchdog reads one entry.
+        self.pending: dict[str, tuple[Command, float]] = {}
+        # The command being handed to the socket: if the connection ends during that send, the
+        # command may not have left, and is reported with the ones still queued.
+        self.in_hand: Command | None = None
 
 
 class AgentService:
@@ -114,6 +131,7 @@ class AgentService:
         engines: Callable[[], list[EngineSpec]],
         on_change: Callable[[], None],
         on_command_failed: Callable[[str, Command, str], None] | None = None,
+        on_command_unsent: Callable[[str, Command], None] | None = None,
         role: Role | None = None,
         fencing_token: Callable[[], int] = lambda: 1,
         clock: Callable[[], float] = trio.current_time,
@@ -129,10 +147,16 @@ class AgentService:
         self.engines = engines
         self.on_change = on_change
         self.on_command_failed = on_command_failed
+        # Told of every command that never left control because its node's connection ended
+        # first (the node cannot have it); see Reconciler.command_unsent.
+        self.on_command_unsent = on_command_unsent
         self.role = role or Role()
         self.clock = clock
         self.sessions: dict[str, _Session] = {}
         self._closed = trio.Event()
+        if config.open_fleet:
+            log.warning("agents.open_fleet is on: any node id joins with any token, is placed on and sent "
+                        "prompts; only for a network where everyone who can reach the agent listener is trusted")
 
     # ------------------------------------------------------------------ the Dispatcher
 
@@ -142,6 +166,8 @@ class AgentService:
             return False
         try:
             session.send_channel.send_nowait(command)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return False  # the connection is ending: the command would never leave
         except trio.WouldBlock:
             # A node that cannot keep up with its commands is treated as gone: reconnecting gives
             # it a clean slate, and its hello tells us what it actually runs.
@@ -188,6 +214,7 @@ class AgentService:
                 node.connected = False
                 log.info("node %s disconnected", hello.node_id, extra={"node": hello.node_id})
                 self.on_change()
+            self._account_for(session)
             with trio.move_on_after(1) as cleanup:
                 cleanup.shield = True
                 # The peer may be gone already.
@@ -197,6 +224,13 @@ class AgentService:
     async def _handshake(
         self, socket: Socket, peer: str, certified_node_id: str | None, certificate_required: bool
     ) -> Hello | None:
+        """The hello, or None once the connection was refused (with the reason) or timed out.
+
+        ``decode`` is where a hello's names are checked (the node id exactly as onboarding checks
+        it, engine names, shard ids, the address): a hello that fails is refused before anything
+        of it is logged or stored. Who may join is ``_admits``: a certificate naming the node under
+        mutual TLS, else the node's own onboarding token, a shared join token, or an open fleet.
+        """
         with trio.move_on_after(self.config.hello_timeout):
             raw = await socket.receive()
             break_reason = ""
@@ -227,8 +261,10 @@ class AgentService:
             elif certified_node_id is not None and certified_node_id != msg.node_id:
                 break_reason = (f"the client certificate is for node {certified_node_id}, "
                                 f"but the hello says {msg.node_id}")
-            elif not await self._token_ok(msg.node_id, msg.join_token):
-                break_reason = "bad join token"
+            # The token is looked up even with a certificate: it also loads an onboarded node's labels.
+            elif not await self._token_ok(msg.node_id, msg.join_token) and certified_node_id is None:
+                break_reason = ("bad join token: this node id needs its own token (llmgw-control ctl nodes add "
+                                "prints it) or a shared join token control knows")
             elif msg.node_id in self.sessions:
                 break_reason = f"node id {msg.node_id} is already connected"
             if break_reason:
@@ -245,14 +281,15 @@ class AgentService:
         await socket.close(1008, reason[:100])
 
     async def _token_ok(self, node_id: str, token: str) -> bool:
+        """Whether ``token`` lets ``node_id`` join: the one check for the socket and the files.
+
+        An onboarded node id (one the store has an identity for) accepts its own token and no
+        other, so nobody can take over an onboarded node's name, not with a shared token either.
+        Any other id needs a shared token whose digest is configured, unless the fleet was opened
+        on purpose (``open_fleet``). When the store cannot say, the answer is no: the node retries.
+        """
         digest = token_digest(token)
-        # Compare against every digest so the time taken does not say which one was close.
-        matches = [hmac.compare_digest(digest, known) for known in self.token_digests]
-        if any(matches):
-            return True
         if self.stored_identity is not None:
-            # An onboarded node's own token; an id with a stored token accepts no other, even
-            # when the fleet is otherwise open, so nobody can take over an onboarded node's name.
             try:
                 identity = await self.stored_identity(node_id)
             except Exception as exc:
@@ -261,7 +298,17 @@ class AgentService:
             if identity is not None:
                 self._stored_labels[node_id] = dict(identity.labels)
                 return hmac.compare_digest(digest, identity.token_digest)
-        return not self.token_digests
+        # Compared with every digest, so the time taken does not say which one was close.
+        matches = [hmac.compare_digest(digest, known) for known in self.token_digests]
+        return any(matches) or self.config.open_fleet
+
+    async def enrolled(self, node_id: str, token: str) -> bool:
+        """Whether these are the credentials of a node that may join (for the files it fetches)."""
+        try:
+            check_node_id(node_id)
+        except BadName:
+            return False
+        return await self._token_ok(node_id, token)
 
     def _register(self, hello: Hello, peer: str) -> NodeRecord:
         now = self.clock()
@@ -314,12 +361,14 @@ class AgentService:
             node.update_shards([msg.shard])
             changed = True
         elif isinstance(msg, Ack):
-            command = session.pending.pop(msg.command_id, None)
+            entry = session.pending.pop(msg.command_id, None)
+            command = entry[0] if entry is not None else None
             if not msg.ok:
                 log.warning("node %s refused command %s: %s", node.node_id, msg.command_id, msg.error,
                             extra={"node": node.node_id})
                 if command is not None and self.on_command_failed is not None:
-                    self.on_command_failed(node.node_id, command, msg.error)
+                    self.on_command_failed(node.node_id, command,
+                                           f"node {node.node_id} refused {TAGS[type(command)]}: {msg.error}")
                     changed = True
         elif isinstance(msg, Error):
             log.warning("node %s reported an error: %s", node.node_id, msg.message, extra={"node": node.node_id})
@@ -329,33 +378,83 @@ class AgentService:
             self.on_change()
 
     async def _writer(self, socket: Socket, session: _Session) -> None:
+        """The only sender: queued commands, and a heartbeat whenever none was due to go out.
+
+        Only the wait for a command is under the heartbeat timer. A send is never interrupted
+        by it: the timer once cancelled ``socket.send`` with the command already taken from the
+        queue, and the command was gone. A command is pending (awaiting its ack) from then on.
+
+        Cancellation: when the session ends, a command still queued never left, and the one in
+        hand may not have; ``_account_for`` reports both (a start that did arrive after all is
+        in the node's next hello, and adopted).
+        """
         seq = 0
         interval = self.config.heartbeat_interval
         next_beat = trio.current_time()
         while True:
+            command: Command | None = None
             with trio.move_on_at(next_beat):
                 command = await session.receive_channel.receive()
-                session.pending[command.id] = command
+            if command is not None:
+                session.in_hand = command
+                # Pending before the send: the node's ack may be read while the send is on its way.
+                session.pending[command.id] = (command, self.clock())
                 await socket.send(encode(command))
+                session.in_hand = None
                 continue
             seq += 1
             await socket.send(encode(Heartbeat(seq)))
             next_beat = trio.current_time() + interval
 
-    async def _watchdog(self, session: _Session, node: NodeRecord) -> None:
-        limit = self.config.unreachable_after
+    def _account_for(self, session: _Session) -> None:
+        """The connection ended: report every command that did not leave (or may not have)."""
+        session.send_channel.close()
+        unsent: list[Command] = [session.in_hand] if session.in_hand is not None else []
+        session.in_hand = None
         while True:
-            silent = self.clock() - node.last_seen
+            try:
+                unsent.append(session.receive_channel.receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+        session.receive_channel.close()
+        if unsent or session.pending:
+            log.info("node %s: connection ended with %d command(s) unsent and %d unacknowledged",
+                     session.node_id, len(unsent), len(session.pending), extra={"node": session.node_id})
+        if self.on_command_unsent is not None:
+            for command in unsent:
+                self.on_command_unsent(session.node_id, command)
+
+    async def _watchdog(self, session: _Session, node: NodeRecord) -> None:
+        """Close a node that went silent, or that leaves a command unacknowledged too long."""
+        limit = self.config.unreachable_after
+        ack_limit = self.config.ack_timeout
+        while True:
+            now = self.clock()
+            silent = now - node.last_seen
             if silent > limit:
                 log.warning("node %s silent for %.1f s: closing its connection", node.node_id, silent,
                             extra={"node": node.node_id})
                 session.cancel_scope.cancel()
                 return
-            await trio.sleep(max(0.05, min(limit - silent, self.config.heartbeat_interval) + 0.01))
+            oldest = next(iter(session.pending.values()), None)
+            if oldest is not None and now - oldest[1] > ack_limit:
+                self._unacknowledged(session, node, ack_limit)
+                return
+            wait = min(limit - silent, self.config.heartbeat_interval)
+            if oldest is not None:
+                wait = min(wait, ack_limit - (now - oldest[1]))
+            await trio.sleep(max(0.05, wait + 0.01))
 
-
-def failed_start(command: Command) -> str | None:
-    """The shard id of a start command, for marking it failed when the node refuses it."""
-    return command.shard.shard_id if isinstance(command, StartShard) else None
-
-
+    def _unacknowledged(self, session: _Session, node: NodeRecord, limit: float) -> None:
+        command, _ = next(iter(session.pending.values()))
+        reason = f"node {node.node_id} did not acknowledge {TAGS[type(command)]} within {limit:g} s"
+        log.warning("%s: closing its connection (its hello will say what it has)", reason,
+                    extra={"node": node.node_id})
+        if self.on_command_failed is not None:
+            now = self.clock()
+            for late, sent_at in list(session.pending.values()):
+                if now - sent_at > limit:
+                    self.on_command_failed(node.node_id, late, reason)
+        session.pending.clear()
+        session.cancel_scope.cancel()
+        self.on_change()

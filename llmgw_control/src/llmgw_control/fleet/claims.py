@@ -17,6 +17,7 @@ from .plan import Claim
 
 log = get_logger("llmgw.claims")
 
+# The GGUF metadata (and tensor index) of every model we have seen fits in a few MiB.
 _HEADER_BYTES = 16 * 1024 * 1024
 
 
@@ -35,11 +36,20 @@ async def _header_bytes(profile: ProfileConfig, files: FileServer | None) -> byt
             with open(local, "rb") as handle:
                 return handle.read(_HEADER_BYTES)
         return await trio.to_thread.run_sync(read)
-    async with httpx2.AsyncClient(timeout=10, follow_redirects=True) as client:
-        response = await client.get(url, headers={"range": f"bytes=0-{_HEADER_BYTES - 1}"})
+    async with httpx2.AsyncClient(timeout=10, follow_redirects=True) as client, \
+            client.stream("GET", url, headers={"range": f"bytes=0-{_HEADER_BYTES - 1}"}) as response:
         if response.status_code not in (200, 206):
             return None
-        return response.content[:_HEADER_BYTES]
+        # Read no more than the header's share, whatever the server sends: one that ignores
+        # Range answers 200 with the whole model (gigabytes), which must not land in memory.
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in response.aiter_bytes():
+            chunks.append(chunk)
+            size += len(chunk)
+            if size >= _HEADER_BYTES:
+                break
+        return b"".join(chunks)[:_HEADER_BYTES]
 
 
 async def estimate_profile(profile: ProfileConfig, files: FileServer | None) -> MemoryEstimate:

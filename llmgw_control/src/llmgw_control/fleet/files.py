@@ -5,6 +5,12 @@ has the archives and model files in a local directory, it serves both over the a
 so a cluster with no internet works -- and so do the tests and the demo, without GitHub.
 
 Layout: ``<dir>/engines/llama-<tag>-bin-<os>-<arch>.tar.gz`` and ``<dir>/models/<file>``.
+
+Every path is resolved before it is served, and a file whose real path is not inside its kind's
+directory (``engines/`` or ``models/``, each as it resolves) is not served: a symlink in
+``models/`` pointing at ``/etc/shadow`` or at control's own secrets is a 404, not a download.
+Links inside a directory to files in it stay allowed, and so does making ``models`` itself a
+link to where the weights live (``models -> /data/models``): the operator chose that directory.
 """
 
 from __future__ import annotations
@@ -39,11 +45,10 @@ class FileServer:
         self._digests: dict[Path, _Digest] = {}
 
     def path(self, kind: str, name: str) -> Path | None:
-        """The file for a URL path, or None; never anything outside ``<root>/<kind>``."""
-        if kind not in ("engines", "models") or "/" in name or name.startswith("."):
+        """The real path of the file for a URL path, or None; never anything outside ``<root>/<kind>``."""
+        if kind not in ("engines", "models"):
             return None
-        path = self.root / kind / name
-        return path if path.is_file() else None
+        return contained_file(self.root / kind, name)
 
     async def sha256(self, path: Path) -> str:
         stat = await trio.to_thread.run_sync(path.stat)
@@ -63,8 +68,9 @@ class FileServer:
             return []
         found = []
         for entry in sorted(directory.iterdir()):
-            match = _ARCHIVE.match(entry.name)
-            if match and (match["tag"] in (None, version)) and entry.is_file():
+            match = _ARCHIVE.fullmatch(entry.name)
+            # Only what path() would serve: a release must not list a file that is then refused.
+            if match and (match["tag"] in (None, version)) and contained_file(directory, entry.name) is not None:
                 found.append(entry)
         return found
 
@@ -94,11 +100,12 @@ class FileServer:
             check_version(version)
         except BadName:
             return None
-        index = self.root / "engines" / f"{name}-{version}.json"
-        if not index.is_file():
+        # Resolved as every served file is: a link in engines/ must not lead out of it.
+        engines = self.root / "engines"
+        index = contained_file(engines, f"{name}-{version}.json")
+        if index is None:
             return None
-        signature = index.with_name(index.name + ".minisig")
-        return index, signature if signature.is_file() else None
+        return index, contained_file(engines, f"{name}-{version}.json.minisig")
 
     def release_api(self, engine: EngineConfig) -> str:
         """Where nodes should look for ``engine``: its configured source, else this server if it has it."""
@@ -110,8 +117,25 @@ class FileServer:
         return ""
 
 
+def contained_file(directory: Path, name: str) -> Path | None:
+    """The real path of the regular file ``name`` in ``directory`` when it resolves inside it, else None.
+
+    ``name`` is one URL path segment: no separators, no leading dot (no ``..``, no hidden files).
+    """
+    if not name or "/" in name or "\\" in name or "\x00" in name or name.startswith("."):
+        return None
+    try:
+        served = directory.resolve(strict=True)
+        real = (directory / name).resolve(strict=True)
+    except (OSError, RuntimeError):  # missing, a loop of links, a name too long
+        return None
+    if real.parent != served and served not in real.parents:
+        return None
+    return real if real.is_file() else None
+
+
 def _tag(archive: Path) -> str | None:
-    match = _ARCHIVE.match(archive.name)
+    match = _ARCHIVE.fullmatch(archive.name)
     return match["tag"] if match else None
 
 

@@ -27,6 +27,10 @@ class NodeRecord:
     connected_since: float = 0.0
     labels: dict[str, str] = attrs.Factory(dict)
     cordoned: bool = False
+    # ``shards`` came from a hello, a complete list, and the reconciler has not yet compared it
+    # with what it placed there (a record the list lacks is gone). Heartbeats and shard_state
+    # reports only add to ``shards``: they carry what changed.
+    full_report_pending: bool = True
 
     def engine(self, name: str, version: str) -> EngineState | None:
         return self.engines.get((name, version))

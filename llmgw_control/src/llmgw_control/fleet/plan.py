@@ -13,6 +13,8 @@ import attrs
 
 from llmgw_shared.wire import EngineState
 
+from .lifecycle import TERMINAL, Status
+
 READY_ENGINE = ("installed", "configured")
 
 
@@ -58,8 +60,7 @@ class Assignment:
     node_id: str
     port: int
     claim: Claim
-    # assigned (sent, no report yet) | pending | downloading | starting | ready | draining | stopped | failed
-    status: str
+    status: Status
     detail: str = ""
     draining: bool = False
     # For choosing which replica to drain when there are too many.
@@ -67,7 +68,7 @@ class Assignment:
 
     @property
     def live(self) -> bool:
-        return not self.draining and self.status not in ("failed", "stopped")
+        return not self.draining and self.status not in TERMINAL
 
 
 @attrs.frozen
@@ -107,14 +108,17 @@ class Plan:
     actions: list[Action]
     # Why a profile has fewer replicas than wanted, in the words an operator needs.
     blocked: dict[str, str]
+    # Assignments moved off lost nodes in this plan: what the caller spends from its budget.
+    rescheduled: int = 0
 
 
 @attrs.frozen
 class PlanLimits:
     port_min: int = 20000
     port_max: int = 20999
-    # Assignments on lost nodes moved elsewhere in this pass (the loop refills it over time), so
-    # a network blip that loses every node does not restart every model at once.
+    # Assignments on lost nodes moved elsewhere in this pass at most (the caller's token bucket:
+    # it spends ``Plan.rescheduled``), so a network blip that loses every node does not restart
+    # every model at once.
     reschedule_budget: int = 1_000_000
 
 
@@ -147,15 +151,17 @@ def plan(
     for assignment in assignments:
         node = node_map.get(assignment.node_id)
         if node is None or node.state == "lost":
-            if budget <= 0:
-                kept.append(assignment)  # counted as live until the budget allows moving it
-                continue
-            budget -= 1
+            if assignment.live:
+                # Only a live replica is moved (its replacement placed below), so only it costs.
+                if budget <= 0:
+                    kept.append(assignment)  # counted as live until the budget allows moving it
+                    continue
+                budget -= 1
             actions.append(Forget(assignment.shard_id, f"node {assignment.node_id} is lost"))
-        elif assignment.status == "failed":
+        elif assignment.status == Status.FAILED:
             actions.append(Stop(assignment.shard_id, assignment.node_id, assignment.detail or "failed"))
             actions.append(Forget(assignment.shard_id, f"failed on {assignment.node_id}: {assignment.detail}"))
-        elif assignment.status == "stopped":
+        elif assignment.status == Status.STOPPED:
             actions.append(Forget(assignment.shard_id, "drained and stopped" if assignment.draining else "stopped"))
         else:
             kept.append(assignment)
@@ -165,7 +171,7 @@ def plan(
     free_vram = {n.node_id: n.vram_mib for n in node_map.values()}
     ports: dict[str, set[int]] = {n.node_id: set() for n in node_map.values()}
     for assignment in kept:
-        if assignment.node_id in free_ram and assignment.status not in ("stopped",):
+        if assignment.node_id in free_ram and assignment.status != Status.STOPPED:
             free_ram[assignment.node_id] -= assignment.claim.ram_mib
             free_vram[assignment.node_id] -= assignment.claim.vram_mib
             ports[assignment.node_id].add(assignment.port)
@@ -185,7 +191,7 @@ def plan(
         missing = demand.wanted - len(live)
         if missing < 0:
             # Drain the surplus: replicas not yet serving first, then the least recently used.
-            surplus = sorted(live, key=lambda a: (a.status == "ready", a.last_used))[:-missing]
+            surplus = sorted(live, key=lambda a: (a.status == Status.READY, a.last_used))[:-missing]
             actions.extend(Drain(a.shard_id, a.node_id) for a in surplus)
             continue
         for _ in range(missing):
@@ -205,7 +211,7 @@ def plan(
             free_vram[choice] -= demand.claim.vram_mib
             actions.append(Start(choice, demand.key, port, demand.claim))
             spread[(demand.key, choice)] = spread.get((demand.key, choice), 0) + 1
-    return Plan(actions, blocked)
+    return Plan(actions, blocked, limits.reschedule_budget - budget)
 
 
 def _choose_node(

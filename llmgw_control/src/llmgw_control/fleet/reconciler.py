@@ -8,6 +8,13 @@ ready before new requests reach them.
 
 Shard API keys are derived from a control secret and the shard id (HMAC), so after a control
 restart the router can talk to the engines it adopts without the nodes ever sending a key back.
+Shard ids carry a tag (an HMAC of the profile key, a nonce and the node id), so a node can only
+get a shard adopted that control minted for that very node, and the profile it belongs to is
+found from the tag, not from a slug two profiles could share.
+
+What a node reports is the truth about its shards: its hello lists every shard it has, so a
+shard control placed there that the hello does not list is forgotten at once (and replaced if
+it should run), whatever state control last saw it in.
 """
 
 from __future__ import annotations
@@ -28,17 +35,25 @@ from llmgw_shared.wire import (
     Command,
     DrainShard,
     ShardSpec,
+    ShardState,
     StartShard,
     StopShard,
     WeightsSpec,
 )
 
-from ..catalog import Catalog, Resolved
+from ..catalog import Catalog, Resolved, replica_slots
 from ..router.replicas import Replica, ReplicaSet
+from . import lifecycle
 from .inventory import Inventory, Liveness, NodeRecord
+from .lifecycle import HOLDING, TERMINAL, Status
 from .plan import Assignment, Claim, Demand, Drain, Forget, NodeView, PlanLimits, Start, Stop, plan
+from .token_bucket import TokenBucket
 
 log = get_logger("llmgw.reconciler")
+
+# Seconds a forgotten replica must have been idle before its metric series are removed (see
+# ``_sweep_retired``); one or two passes.
+_SERIES_GRACE = 2.0
 
 
 class Dispatcher(Protocol):
@@ -59,6 +74,19 @@ class ReconcilerConfig:
     reschedules_per_minute: float = 10.0
     # RAM kept free on every node for the OS and the node daemon.
     reserved_ram_mib: int = 512
+    # Seconds every slot of a model must stay busy, with nothing queued, before that counts as
+    # demand for another replica (queued requests count at once). A model at exactly its
+    # capacity serves, but the next request will wait; a moment at capacity is not demand.
+    # Ten seconds: Knative's panic window (6 s), in which it scales on a burst, plus a pass.
+    saturated_after: float = 10.0
+    # A start_shard the node has not reported on after this long is failed with that reason (the
+    # node acknowledged it and then said nothing): nothing waits in "assigned" forever. A node
+    # reports a new shard within a heartbeat (5 s); a minute allows for a congested node.
+    assigned_timeout: float = 60.0
+    # A lost node is forgotten (gone from /api/v1/nodes and /metrics, its records dropped) after
+    # this long without a word: a day, as Nomad's node_gc_threshold (24h), so an operator and the
+    # alerts see it lost first, and a fleet of short-lived nodes does not grow control's memory.
+    forget_nodes_after: float = 86400.0
 
 
 @attrs.define
@@ -68,22 +96,36 @@ class ShardRecord:
     node_id: str
     port: int
     claim: Claim
-    status: str = "assigned"
+    status: Status = Status.ASSIGNED
     detail: str = ""
     draining: bool = False
     ready_since: float | None = None
     created_at: float = 0.0
+    # Where the router reaches it: the node's address when control placed (or adopted) it. A
+    # later hello cannot move a replica, and its bearer key, to another address.
+    address: str = ""
 
     def as_assignment(self, last_used: float) -> Assignment:
         return Assignment(self.shard_id, self.key, self.node_id, self.port, self.claim, self.status,
                           self.detail, self.draining, last_used)
 
+    def move(self, status: Status, detail: str | None = None) -> None:
+        """A transition control makes (or applies from a report it checked): the table decides."""
+        self.status = lifecycle.check(self.shard_id, self.status, status)
+        if detail is not None:
+            self.detail = detail
+
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_NONCE = re.compile(r"[0-9a-f]{8}")
+_TAG = re.compile(r"[0-9a-f]{16}")
+# The human-readable head of a shard id; the node accepts ids of up to 128 characters and the
+# nonce and tag take 26 of them.
+_SLUG_CHARS = 96
 
 
-def new_shard_id(key: str) -> str:
-    return f"{_UNSAFE.sub('-', key)[:100]}-{secrets.token_hex(4)}"
+def _slug(key: str) -> str:
+    return _UNSAFE.sub("-", key)[:_SLUG_CHARS]
 
 
 class Reconciler:
@@ -119,9 +161,11 @@ class Reconciler:
         # Until then (trio clock) a pass adopts and publishes but places nothing: set on taking
         # over, so nodes can report the engines they run before anything is started twice.
         self.hold_until = float("-inf")
+        # Nodes that held replicas under the previous leader (from the store), when known: once
+        # every one of them has said hello to this leader, the hold ends early (see leadership).
+        self.awaited_nodes: frozenset[str] | None = None
         self._wake = trio.Event()
-        self._tokens = float(config.reschedule_burst)
-        self._tokens_at = 0.0
+        self._reschedules = TokenBucket(config.reschedule_burst, config.reschedules_per_minute / 60)
         self._command_seq = 0
         self.passes = 0
         # Replicas this reconciler published (the set may also hold static endpoints).
@@ -129,10 +173,19 @@ class Reconciler:
         self._blocked_logged: dict[str, tuple[str, float]] = {}
         # Ports found taken by processes control does not know, per node.
         self.busy_ports: dict[str, set[int]] = {}
+        # Per profile key: replica count -> when the load last needed that many (see _demands).
+        self._load_marks: dict[str, dict[int, float]] = {}
+        self._demands_at = float("-inf")
         # Nodes an operator cordoned (no new replicas there). Kept here rather than only on the
         # NodeRecord: a record is replaced when its node reconnects, and a cordon set before the
         # node ever connected (or restored from the store at start) must still hold.
         self.cordons: set[str] = set()
+        # Told the id of each replica forgotten for good, once no request is in flight on it any
+        # more, so per-replica metric series go with it (app.py: GatewayMetrics.forget_replica).
+        self.on_replica_forgotten: Callable[[str], None] | None = None
+        # Forgotten replicas whose series are still to be removed: id -> (its Replica if it was
+        # published, when it was first seen idle).
+        self._retired: dict[str, tuple[Replica | None, float | None]] = {}
 
     # ------------------------------------------------------------------ outside API
 
@@ -141,6 +194,34 @@ class Reconciler:
 
     def shard_api_key(self, shard_id: str) -> str:
         return hmac.new(self._secret, shard_id.encode(), hashlib.sha256).hexdigest()[:48]
+
+    def new_shard_id(self, key: str, node_id: str) -> str:
+        """``<slug of the key>-<nonce>-<tag>``: the tag binds the id to its profile and its node."""
+        nonce = secrets.token_hex(4)
+        return f"{_slug(key)}-{nonce}-{self._id_tag(key, nonce, node_id)}"
+
+    def _id_tag(self, key: str, nonce: str, node_id: str) -> str:
+        # "shard-id" and the NUL separators keep this apart from the API keys (an HMAC of the id,
+        # which cannot contain a NUL) and make (key, nonce, node) unambiguous.
+        message = f"shard-id\0{key}\0{nonce}\0{node_id}".encode()
+        return hmac.new(self._secret, message, hashlib.sha256).hexdigest()[:16]
+
+    def adoption_key(self, shard_id: str, node_id: str) -> str | None:
+        """The profile key control minted ``shard_id`` for on ``node_id``; None when it did not.
+
+        A node cannot forge an id (the tag needs the cluster secret) or borrow one minted for
+        another node, and two profiles whose names slug alike (model ``a`` profile ``b-c``, model
+        ``a-b`` profile ``c``) are told apart by the tag.
+        """
+        stem, _, rest = shard_id.rpartition("-")
+        stem, _, nonce = stem.rpartition("-")
+        tag = rest
+        if not stem or not _NONCE.fullmatch(nonce) or not _TAG.fullmatch(tag):
+            return None
+        for resolved in self.catalog.all_profiles():
+            if _slug(resolved.key) == stem and hmac.compare_digest(tag, self._id_tag(resolved.key, nonce, node_id)):
+                return resolved.key
+        return None
 
     def status(self, key: str) -> str:
         """Why ``key`` has no ready replica, in the operator's words."""
@@ -154,11 +235,12 @@ class Reconciler:
         return "no replica placed yet"
 
     def mark_failed(self, shard_id: str, detail: str) -> None:
-        """A start failed (the node said so): back off from that node for this model, then retry."""
+        """A start failed (the node said so, or a deadline passed): back off from that node for
+        this model, then retry. A replica already stopped or failed stays as it is."""
         record = self.shards.get(shard_id)
-        if record is None or record.status == "failed":
+        if record is None or record.status in TERMINAL:
             return
-        record.status, record.detail = "failed", detail
+        record.move(Status.FAILED, detail)
         if PORT_IN_USE in detail:
             # Something else on that node holds the port: not the model's fault. Avoid the port
             # there and place again at once, instead of backing the model off the whole node.
@@ -205,8 +287,34 @@ class Reconciler:
         running engines no longer match it)."""
         return self._drain([r for r in self.shards.values() if r.key == key])
 
+    def command_failed(self, node_id: str, command: Command, reason: str) -> None:
+        """The node refused a command, or did not acknowledge it in time (``reason`` says which)."""
+        if isinstance(command, StartShard):
+            record = self.shards.get(command.shard.shard_id)
+            if record is not None and record.node_id == node_id:
+                self.mark_failed(record.shard_id, reason)
+
+    def command_unsent(self, node_id: str, command: Command) -> None:
+        """A command that did not leave control, or was being written when its node's connection
+        ended (the agent service cannot tell whether that one arrived).
+
+        A start is forgotten now, so a replacement is placed without waiting for the node to come
+        back or be lost; had it arrived after all, the node's next hello lists the shard and it is
+        adopted (the plan drains a surplus). A drain is sent again when the node's next hello
+        still lists the shard (``_settle_full_report``).
+        """
+        if isinstance(command, StartShard):
+            record = self.shards.get(command.shard.shard_id)
+            if record is not None and record.node_id == node_id and record.status == Status.ASSIGNED:
+                self._forget(Forget(record.shard_id, f"its start never reached node {node_id}"), self.clock())
+                self.wake()
+
+    def holders(self) -> frozenset[str]:
+        """Nodes running (or starting) replicas this control placed or adopted."""
+        return frozenset(r.node_id for r in self.shards.values() if r.status in HOLDING)
+
     def _drain(self, records: list[ShardRecord]) -> list[str]:
-        drained = [r.shard_id for r in records if not r.draining and r.status not in ("stopped", "failed")]
+        drained = [r.shard_id for r in records if not r.draining and r.status not in TERMINAL]
         if drained:
             self._apply([Drain(shard_id, self.shards[shard_id].node_id) for shard_id in drained], self.clock())
             self.wake()
@@ -225,6 +333,7 @@ class Reconciler:
         self.failures.clear()
         self.blocked = {}
         self._published = set()
+        self.awaited_nodes = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -244,6 +353,12 @@ class Reconciler:
         now = self.clock()
         self.passes += 1
         self._absorb_reports(now)
+        self._expire_assigned(now)
+        self._forget_lost_nodes(now)
+        self._sweep_retired(now)
+        if now < self.hold_until and self._awaited_have_reported():
+            log.info("every node that held replicas before has reported: placing now")
+            self.hold_until = now
         if now < self.hold_until:
             self._sync_router(now)
             return
@@ -252,11 +367,12 @@ class Reconciler:
         self._drain([r for r in self.shards.values() if self.catalog.resolve(r.key) is None])
         demands = self._demands(now)
         views = self._node_views(now)
-        limits = PlanLimits(self.config.port_min, self.config.port_max, self._reschedule_budget(now))
+        limits = PlanLimits(self.config.port_min, self.config.port_max, self._reschedules.available(now))
         last_used = {r.id: r.last_used for r in self.replicas}
         decided = plan(demands, views, [r.as_assignment(last_used.get(r.shard_id, r.created_at))
                                         for r in self.shards.values()],
                        backoff=self.backoff, now=now, limits=limits)
+        self._reschedules.spend(decided.rescheduled, now)
         self._apply(decided.actions, now)
         for key, reason in decided.blocked.items():
             self._log_blocked(key, reason, now)
@@ -273,72 +389,179 @@ class Reconciler:
 
     def _absorb_reports(self, now: float) -> None:
         for node in self.inventory:
+            if node.full_report_pending:
+                node.full_report_pending = False
+                self._settle_full_report(node, now)
             for state in list(node.shards.values()):
                 record = self.shards.get(state.shard_id)
                 if record is None:
-                    self._adopt(node, state.shard_id, state.status, state.port, now)
-                    continue
-                if record.node_id != node.node_id:
-                    continue
-                if state.status == "ready" and record.status != "ready":
-                    record.ready_since = now
-                    self.failures.pop((record.key, record.node_id), None)
-                    log.info("replica %s of %s ready on node %s", record.shard_id, record.key, node.node_id)
-                if state.status == "failed" and record.status != "failed":
-                    self.mark_failed(record.shard_id, state.detail)
-                record.status = state.status
-                record.detail = state.detail
+                    self._adopt(node, state, now)
+                elif record.node_id == node.node_id:
+                    self._absorb(node, record, state, now)
 
-    def _adopt(self, node: NodeRecord, shard_id: str, status: str, port: int, now: float) -> None:
-        """A shard a node runs that this control does not know: after a restart, take it over."""
-        if status in ("stopped", "failed"):
+    def _settle_full_report(self, node: NodeRecord, now: float) -> None:
+        """The node's hello listed every shard it has: what it did not list is gone.
+
+        Runs in the first pass after the hello, before this pass can start anything there, so
+        every record on the node predates the report. A replica the node no longer has (it was
+        restarted without its engines, the start was lost with a connection, the download died
+        with the node) is withdrawn and forgotten; the plan then places it again if it should run.
+        A drain the node has not carried out (it may have been lost with the connection) is sent
+        again; drains are idempotent on the node.
+        """
+        for record in [r for r in self.shards.values() if r.node_id == node.node_id]:
+            state = node.shards.get(record.shard_id)
+            if state is None:
+                self._forget(Forget(record.shard_id, f"node {node.node_id} no longer has it (not in its hello)"),
+                             now)
+            elif record.draining and state.status not in TERMINAL:
+                log.info("sending the drain of replica %s to node %s again", record.shard_id, node.node_id)
+                self._send(node.node_id, DrainShard(self._next_id(), self.fencing_token, record.shard_id))
+
+    def _absorb(self, node: NodeRecord, record: ShardRecord, state: ShardState, now: float) -> None:
+        """Apply what the node says about a replica control knows, if it can be true."""
+        reported = Status(state.status)
+        if record.status in TERMINAL:
+            return  # control has decided: the plan stops and forgets it
+        if record.draining and reported not in TERMINAL:
+            # The drain is on its way (or being carried out): an older "ready" must not undo it.
+            if reported == Status.DRAINING:
+                record.detail = state.detail
             return
-        key = shard_key(shard_id, self.catalog)
+        if not lifecycle.allowed(record.status, reported):
+            log.warning("node %s reported replica %s going from %s to %s, which cannot happen: ignored",
+                        node.node_id, record.shard_id, record.status, reported, extra={"node": node.node_id})
+            return
+        if reported == Status.READY and record.status != Status.READY:
+            record.ready_since = now
+            self.failures.pop((record.key, record.node_id), None)
+            log.info("replica %s of %s ready on node %s", record.shard_id, record.key, node.node_id)
+        if reported == Status.FAILED:
+            self.mark_failed(record.shard_id, state.detail)
+        else:
+            record.move(reported, state.detail)
+
+    def _adopt(self, node: NodeRecord, state: ShardState, now: float) -> None:
+        """A shard a node runs that this control does not know: after a restart, take it over --
+        but only one control minted for this node, at the node's own address, on a port control
+        could have given it. Anything else the node is told to stop."""
+        status = Status(state.status)
+        if status in TERMINAL or status == Status.DRAINING:
+            return  # ended, or on its way out: nothing to take over
+        shard_id = state.shard_id
+        key = self.adoption_key(shard_id, node.node_id)
+        refusal = ""
         if key is None:
-            log.info("node %s runs shard %s, which no model in the catalog claims: stopping it",
-                     node.node_id, shard_id)
+            refusal = "no model in the catalog claims it, or it was not started on this node"
+        elif not self.config.port_min <= state.port <= self.config.port_max:
+            refusal = f"port {state.port} is outside {self.config.port_min}-{self.config.port_max}"
+        elif any(r.node_id == node.node_id and r.port == state.port and r.status in HOLDING
+                 for r in self.shards.values()):
+            refusal = f"port {state.port} belongs to another replica there"
+        if refusal or key is None:
+            log.info("node %s runs shard %s, which is not adopted (%s): stopping it", node.node_id, shard_id,
+                     refusal, extra={"node": node.node_id})
             self._send(node.node_id, StopShard(self._next_id(), self.fencing_token, shard_id))
             node.shards.pop(shard_id, None)
             return
-        record = ShardRecord(shard_id, key, node.node_id, port, self.claims.get(key, Claim(0)), status,
-                             created_at=now, ready_since=now if status == "ready" else None)
+        record = ShardRecord(shard_id, key, node.node_id, state.port, self.claims.get(key, Claim(0)), status,
+                             state.detail, created_at=now, ready_since=now if status == Status.READY else None,
+                             address=node.address)
         self.shards[shard_id] = record
         log.info("adopted replica %s of %s on node %s (%s)", shard_id, key, node.node_id, status)
 
+    def _expire_assigned(self, now: float) -> None:
+        """A start the node acknowledged (or never answered) and then never reported: failed."""
+        limit = self.config.assigned_timeout
+        for record in list(self.shards.values()):
+            if record.status == Status.ASSIGNED and now - record.created_at > limit:
+                node = self.inventory.get(record.node_id)
+                # A node that went quiet is the liveness rules' business, not this deadline's.
+                if node is not None and self.liveness.state(node, now) == "ready":
+                    self.mark_failed(record.shard_id, f"node {record.node_id} did not report it within {limit:g} s "
+                                                      "of start_shard")
+
+    def _forget_lost_nodes(self, now: float) -> None:
+        """Nodes silent past ``forget_nodes_after`` are dropped, with whatever control kept on them."""
+        retention = max(self.config.forget_nodes_after, self.liveness.lost_after)
+        for node in self.inventory:
+            if node.connected or now - node.last_seen <= retention:
+                continue
+            for record in [r for r in self.shards.values() if r.node_id == node.node_id]:
+                self._forget(Forget(record.shard_id, f"node {node.node_id} is forgotten"), now)
+            self.inventory.remove(node.node_id)
+            self.busy_ports.pop(node.node_id, None)
+            for key in [k for k in self.backoff if k[1] == node.node_id]:
+                del self.backoff[key]
+            for key in [k for k in self.failures if k[1] == node.node_id]:
+                del self.failures[key]
+            log.info("forgot node %s: silent for %.0f s", node.node_id, now - node.last_seen,
+                     extra={"node": node.node_id})
+
+    def _awaited_have_reported(self) -> bool:
+        awaited = self.awaited_nodes
+        if awaited is None:
+            return False
+        for node_id in awaited:
+            node = self.inventory.get(node_id)
+            if node is None or not node.connected:
+                return False
+        return True
+
     def _demands(self, now: float) -> list[Demand]:
+        """How many replicas each profile wants now: the demand the gateway's queue and slots show.
+
+        - At least ``min_replicas``; one as soon as a request waits for a model with none.
+        - One more (up to ``max_replicas``) when every slot of every replica is busy and requests
+          queue for them, or when every slot stays busy for ``saturated_after`` with none queued;
+          only while no replica of the profile is still starting, so a burst adds one replica at
+          a time rather than all at once before the first is up.
+        - Surplus replicas go after ``idle_timeout``: a replica is kept while the load of the
+          last ``idle_timeout`` seconds (requests holding a slot or queued, sampled each pass)
+          needed it, and for ``idle_timeout`` after it became ready. Load, not per-replica
+          idleness, because the balancer spreads requests over every replica: with any traffic
+          at all none of them is ever idle.
+        """
         demands = []
         live_by_key: dict[str, list[ShardRecord]] = {}
         for record in self.shards.values():
             if not record.draining and record.status not in ("failed", "stopped"):
                 live_by_key.setdefault(record.key, []).append(record)
+        marks_seen: set[str] = set()
         for resolved in self.catalog.all_profiles():
             key = resolved.key
             profile = resolved.profile
+            marks_seen.add(key)
             live = live_by_key.get(key, [])
             published = {r.id: r for r in self.replicas.for_model(key)}
-            wanted = profile.min_replicas
+            serving = [published[r.shard_id] for r in live if r.shard_id in published]
             waiting = self.waiting.get(key, 0)
-            if waiting:
-                wanted = max(wanted, 1)
-            busy = 0
-            saturated = bool(live)
-            for record in live:
-                replica = published.get(record.shard_id)
-                if replica is None:
-                    busy += 1  # starting: keep it
-                    saturated = False
-                    continue
-                idle_since = max(replica.last_used, record.ready_since or record.created_at)
-                if replica.in_flight or profile.idle_timeout == 0 or now - idle_since < profile.idle_timeout:
-                    busy += 1
-                if replica.in_flight < profile.parallel:
-                    saturated = False
-            wanted = max(wanted, busy)
-            if waiting and saturated:
-                wanted = len(live) + 1
+            marks = self._load_marks.setdefault(key, {})
+            # Requests in the gateway for this profile now; a replica used since the last pass
+            # counts as one, so requests shorter than a pass are load too.
+            load = waiting + sum(r.in_flight or (1 if r.last_used > self._demands_at else 0) for r in serving)
+            for count in range(1, -(-load // replica_slots(profile)) + 1):
+                marks[count] = now
+            if profile.idle_timeout == 0:
+                keep = len(live)
+            else:
+                recent = max((n for n, at in marks.items() if now - at < profile.idle_timeout), default=0)
+                starting_or_new = sum(
+                    1 for r in live
+                    if r.shard_id not in published or now - (r.ready_since or r.created_at) < profile.idle_timeout)
+                keep = min(len(live), max(recent, starting_or_new))
+            wanted = max(profile.min_replicas, keep, 1 if waiting else 0)
+            if serving and len(serving) == len(live) and all(r.in_flight >= r.slots for r in serving):
+                full_since = max(r.full_since if r.full_since is not None else now for r in serving)
+                if waiting or now - full_since >= self.config.saturated_after:
+                    wanted = len(live) + 1
+                    marks[wanted] = now
             wanted = min(wanted, profile.max_replicas)
             engine = (profile.engine, self.catalog.engine_version(profile))
             demands.append(Demand(key, engine, self.claims.get(key, Claim(0)), wanted, dict(profile.labels)))
+        for key in set(self._load_marks) - marks_seen:
+            del self._load_marks[key]
+        self._demands_at = now
         return demands
 
     def _node_views(self, now: float) -> list[NodeView]:
@@ -355,13 +578,6 @@ class Reconciler:
             ))
         return views
 
-    def _reschedule_budget(self, now: float) -> int:
-        elapsed = max(0.0, now - self._tokens_at)
-        self._tokens_at = now
-        self._tokens = min(float(self.config.reschedule_burst),
-                           self._tokens + elapsed * self.config.reschedules_per_minute / 60)
-        return int(self._tokens)
-
     def _apply(self, actions: list[Start | Drain | Stop | Forget], now: float) -> None:
         for action in actions:
             if isinstance(action, Start):
@@ -373,7 +589,7 @@ class Reconciler:
                 # Withdraw before draining so no new request is sent to a replica going away.
                 self.replicas.withdraw(record.shard_id)
                 record.draining = True
-                record.status = "draining"
+                record.move(Status.DRAINING)
                 log.info("draining replica %s of %s on node %s", record.shard_id, record.key, record.node_id)
                 self._send(record.node_id, DrainShard(self._next_id(), self.fencing_token, record.shard_id))
             elif isinstance(action, Stop):
@@ -385,12 +601,17 @@ class Reconciler:
         resolved = self.catalog.resolve(action.key)
         if resolved is None:
             return
-        shard_id = new_shard_id(action.key)
-        spec = self.shard_spec(resolved, shard_id, action.port)
-        if not self._send(action.node_id, StartShard(self._next_id(), self.fencing_token, spec)):
+        node = self.inventory.get(action.node_id)
+        if node is None:
             return
+        shard_id = self.new_shard_id(action.key, action.node_id)
+        spec = self.shard_spec(resolved, shard_id, action.port)
+        # The record first: a dispatcher may report the command lost before send returns.
         self.shards[shard_id] = ShardRecord(shard_id, action.key, action.node_id, action.port, action.claim,
-                                            created_at=now)
+                                            created_at=now, address=node.address)
+        if not self._send(action.node_id, StartShard(self._next_id(), self.fencing_token, spec)):
+            self.shards.pop(shard_id, None)
+            return
         log.info("starting replica %s of %s on node %s port %d", shard_id, action.key, action.node_id,
                  action.port)
 
@@ -411,9 +632,10 @@ class Reconciler:
 
     def _forget(self, action: Forget, now: float) -> None:
         record = self.shards.pop(action.shard_id, None)
-        self.replicas.withdraw(action.shard_id)
+        replica = self.replicas.withdraw(action.shard_id)
         if record is None:
             return
+        self._retired[record.shard_id] = (replica, None)
         node = self.inventory.get(record.node_id)
         if node is not None:
             node.shards.pop(record.shard_id, None)
@@ -423,16 +645,16 @@ class Reconciler:
         for record in self.shards.values():
             node = self.inventory.get(record.node_id)
             state = self.liveness.state(node, now) if node is not None else "lost"
-            routable = record.status == "ready" and not record.draining and state in ("ready", "disconnected")
+            routable = record.status == Status.READY and not record.draining and state in ("ready", "disconnected")
             current = self.replicas.get(record.shard_id)
             if routable and node is not None:
-                url = f"http://{_url_host(node.address)}:{record.port}"
+                url = f"http://{_url_host(record.address or node.address)}:{record.port}"
                 if current is None or current.url != url:
                     resolved = self.catalog.resolve(record.key)
-                    weight = float(resolved.profile.parallel) if resolved else 1.0
+                    slots = replica_slots(resolved.profile) if resolved else 1
                     served = resolved.model.name if resolved else ""
                     self.replicas.publish(Replica(
-                        id=record.shard_id, url=url, models=frozenset({record.key}), weight=weight,
+                        id=record.shard_id, url=url, models=frozenset({record.key}), slots=slots,
                         api_key=self.shard_api_key(record.shard_id), served_name=served,
                         last_used=now))
             elif current is not None:
@@ -442,6 +664,28 @@ class Reconciler:
         for shard_id in self._published - set(self.shards):
             self.replicas.withdraw(shard_id)
         self._published = {r.shard_id for r in self.shards.values() if self.replicas.get(r.shard_id)}
+
+    def _sweep_retired(self, now: float) -> None:
+        """Remove the metric series of forgotten replicas once nothing is in flight on them.
+
+        A request that was on a replica when it was forgotten records its metrics when it ends;
+        removing the series before that would let it create them again, for good. So a replica
+        is swept once it has been seen idle for a while (a request records within microseconds
+        of leaving the replica; the grace covers a loaded event loop).
+        """
+        if not self._retired:
+            return
+        for shard_id, (replica, idle_since) in list(self._retired.items()):
+            if shard_id in self.shards:
+                del self._retired[shard_id]  # adopted again under the same id: its series live on
+            elif replica is not None and replica.in_flight > 0:
+                self._retired[shard_id] = (replica, None)
+            elif idle_since is None:
+                self._retired[shard_id] = (replica, now)
+            elif now - idle_since >= _SERIES_GRACE:
+                del self._retired[shard_id]
+                if self.on_replica_forgotten is not None:
+                    self.on_replica_forgotten(shard_id)
 
     def _send(self, node_id: str, command: Command) -> bool:
         return self.dispatcher.send(node_id, command)
@@ -453,14 +697,3 @@ class Reconciler:
 
 def _url_host(address: str) -> str:
     return f"[{address}]" if ":" in address and not address.startswith("[") else address
-
-
-def shard_key(shard_id: str, catalog: Catalog) -> str | None:
-    """The profile key a shard id was made for (ids are the slugged key plus 8 hex digits)."""
-    stem, _, suffix = shard_id.rpartition("-")
-    if len(suffix) != 8:
-        return None
-    for resolved in catalog.all_profiles():
-        if _UNSAFE.sub("-", resolved.key)[:100] == stem:
-            return resolved.key
-    return None

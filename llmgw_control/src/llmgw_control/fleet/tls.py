@@ -21,13 +21,18 @@ import trio
 from llmgw_shared.config import ConfigError, parse_host_port
 from llmgw_shared.logs import get_logger
 
+from ..config import ListenersConfig
+from ..http_connection import PEER_GONE, ErrorBody, Listener, log_connection_failure
+from ..serving import openai_error_body, refuse_connection
+
 log = get_logger("llmgw.agents.tls")
 
 _HANDSHAKE_TIMEOUT = 10.0
 _CHUNK = 64 * 1024
 
 
-def server_context(cert_file: str, key_file: str, client_ca_file: str) -> ssl.SSLContext:
+def server_context(cert_file: str, key_file: str, client_ca_file: str, *, what: str = "agents TLS") -> ssl.SSLContext:
+    """A server's TLS context from PEM files (TLS 1.2 or later); ``ConfigError`` naming ``what`` if they do not load."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
@@ -36,7 +41,7 @@ def server_context(cert_file: str, key_file: str, client_ca_file: str) -> ssl.SS
             context.load_verify_locations(client_ca_file)
             context.verify_mode = ssl.CERT_REQUIRED
     except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"agents TLS: cannot load the certificate files: {exc}") from None
+        raise ConfigError(f"{what}: cannot load the certificate files: {exc}") from None
     return context
 
 
@@ -69,55 +74,85 @@ class Identities:
         self._by_port.pop(port, None)
 
 
-async def _pump(source: trio.abc.ReceiveStream, sink: trio.abc.SendStream) -> None:
+async def _pump(source: trio.abc.ReceiveStream, sink: trio.abc.SendStream, write_timeout: float) -> None:
     while chunk := await source.receive_some(_CHUNK):
-        await sink.send_all(chunk)
+        # A peer that stops reading ends the relay after write_timeout (listeners.write_timeout),
+        # as the listener behind ends a connection whose client stops reading.
+        with trio.move_on_after(write_timeout) as writing:
+            await sink.send_all(chunk)
+        if writing.cancelled_caught:
+            return
 
 
 async def _relay(stream: trio.SocketStream, context: ssl.SSLContext, backend_port: int,
-                 identities: Identities) -> None:
+                 identities: Identities, write_timeout: float) -> None:
     tls = trio.SSLStream(stream, context, server_side=True, https_compatible=True)
-    peer = stream.socket.getpeername()
+    peer = "?"
     try:
+        peer = str(stream.socket.getpeername()[0])
         with trio.fail_after(_HANDSHAKE_TIMEOUT):
             await tls.do_handshake()
-    except (trio.BrokenResourceError, trio.TooSlowError, ssl.SSLError) as exc:
-        log.warning("TLS handshake with %s failed: %s", peer[0], exc.__cause__ or exc)
+    except (OSError, trio.BrokenResourceError, trio.TooSlowError, ssl.SSLError) as exc:
+        log.warning("TLS handshake with %s failed: %s", peer, exc.__cause__ or exc)
         await trio.aclose_forcefully(tls)
         return
     node_id = node_id_of(tls.getpeercert() or {})
-    backend = await trio.open_tcp_stream("127.0.0.1", backend_port)
-    local_port = backend.socket.getsockname()[1]
-    if node_id is not None:
-        identities.bind(local_port, node_id)
     try:
+        backend = await trio.open_tcp_stream("127.0.0.1", backend_port)
+    except BaseException:
+        await trio.aclose_forcefully(tls)
+        raise
+    local_port: int | None = None
+    try:
+        local_port = backend.socket.getsockname()[1]
+        if node_id is not None:
+            identities.bind(local_port, node_id)
+        log.debug("relaying a TLS connection", extra={"peer": peer, "node_id": node_id})
         async with trio.open_nursery() as nursery:
             async def pump(source: trio.abc.ReceiveStream, sink: trio.abc.SendStream) -> None:
                 with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                    await _pump(source, sink)
+                    await _pump(source, sink, write_timeout)
                 # Either side ending ends the relay: TLS cannot half-close.
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(pump, tls, backend)
             nursery.start_soon(pump, backend, tls)
     finally:
-        identities.unbind(local_port)
+        if local_port is not None:
+            identities.unbind(local_port)
         await trio.aclose_forcefully(backend)
         await trio.aclose_forcefully(tls)
 
 
 async def serve_tls_front(
     address: str, backend_port: int, context: ssl.SSLContext, identities: Identities, *,
-    shutdown: trio.Event, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+    shutdown: trio.Event, limits: ListenersConfig | None = None, error_body: ErrorBody = openai_error_body,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
+    """The agent listener's TLS front, bounded and timed as ``limits`` says (``[listeners]``)."""
     host, port = parse_host_port(address, what="agents.listen")
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound = listeners[0].socket.getsockname()
     url = f"https://{host}:{bound[1]}"
     log.info("agents (TLS%s) listening on %s", ", client certificates required" if identities.mutual else "", url)
+    front = Listener("agents (TLS)", limits or ListenersConfig(), error_body)
 
     async def handle(stream: trio.SocketStream) -> None:
-        await _relay(stream, context, backend_port, identities)
+        # Isolated like every connection (http_connection.py): what one raises ends it alone.
+        # Bounded like every listener: beyond max_connections, a 503 and the close.
+        if front.count >= front.limits.max_connections:
+            await refuse_connection(stream, front, lambda: context)
+            return
+        front.count += 1
+        try:
+            await _relay(stream, context, backend_port, identities, front.limits.write_timeout)
+        except* PEER_GONE:
+            pass
+        except* Exception as failure:
+            log_connection_failure(failure, listener=front.name, peer="?", request_id=None)
+        finally:
+            front.count -= 1
+            await trio.aclose_forcefully(stream)
 
     async with trio.open_nursery() as nursery:
         await nursery.start(trio.serve_listeners, handle, listeners)

@@ -1,55 +1,180 @@
-"""Holding requests for a model that is configured but not running, until a replica is ready.
+"""Admission to replica slots: one bounded wait for "no replica yet" and "every slot busy".
 
-A request for such a model waits in a bounded queue (per model) for a bounded time while the
-reconciler is asked to place a replica; it is served the moment one is published. When the wait
-runs out the client gets a 503 that says what blocked: no node fits, the engine is still
-installing (in the node's own words), or the start failed and why.
+Each replica has a number of slots (its profile's ``parallel``, or an endpoint's ``slots``); a
+request holds one while a replica serves it. When a replica of the model has a free slot, taking
+it is a synchronous call (``try_acquire``): no event, no task, no wait. Otherwise the request
+waits in the model's queue (``wait``), bounded in length and in time, and a slot that frees, or a
+replica that is published, is handed straight to the next waiter -- so a request arriving later
+can never take a slot ahead of one that waits. The order is interactive before batch, first come
+first served within a class, and a waiting batch request is let in after at most
+``batch_after`` interactive ones, so the lower class is slowed, never starved.
+
+A slot is a guard (``Slot``, a context manager): released exactly once, when the block that
+holds it ends, whatever ends it. A slot handed to a waiter that is cancelled before it resumes
+is passed on at once. The wait ends with a typed result, the slot or a ``Refusal`` (overflow,
+timeout, standby, exhausted), which the gateway turns into the client's answer; the queued
+requests per model are the reconciler's demand signal (``waiting``), and the reconciler is woken
+when one queues.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import enum
+from collections import deque
+from collections.abc import Callable, Collection, Iterator
+from types import TracebackType
 
 import attrs
 import trio
 
+from llmgw_shared.logs import get_logger
+
+from ..priority import Priority
+from .balancer import choose
 from .errors import ApiError, standby
-from .replicas import ReplicaSet
+from .replicas import Replica, ReplicaSet
+
+log = get_logger("llmgw.router")
 
 
 @attrs.frozen
 class ActivatorConfig:
-    # Requests that may wait per model; more get a 503 at once.
+    # Requests that may wait per model (for a replica to start, or for a free slot); more get a
+    # 429 with Retry-After at once. Bounded so a burst costs memory in proportion to this, not
+    # to the burst.
     queue_size: int = 100
-    # Seconds a request waits for a replica before the 503.
+    # Seconds a request waits before the 503. Long enough to cover a cold start of a model
+    # (download and load: the system tests' tiny model starts in seconds, a 70B model in a minute
+    # or two), short of the openai client's own 600 s timeout.
     max_wait: float = 120.0
+    # While both classes wait, a batch request is let in after at most this many interactive
+    # ones: batch gets at least 1 in (batch_after + 1) of the slots that free. Linux's
+    # mq-deadline scheduler bounds writes behind reads the same way (writes_starved, default 2).
+    batch_after: int = 4
+
+
+class Refusal(enum.Enum):
+    """Why a wait ended without a slot."""
+
+    # The model's queue was full: 429, retry shortly.
+    OVERFLOW = "overflow"
+    # max_wait passed with every slot busy, or with no replica ready: 503.
+    TIMEOUT = "timeout"
+    # This daemon stopped leading while the request waited: the standby's 503.
+    STANDBY = "standby"
+    # Every replica of the model was tried already (a retry): the last failure is the answer.
+    EXHAUSTED = "exhausted"
+
+
+class Slot:
+    """One request's hold on one slot of ``replica``; released once, by ``release`` or the block's end."""
+
+    __slots__ = ("_activator", "replica")
+
+    def __init__(self, activator: Activator, replica: Replica) -> None:
+        self._activator: Activator | None = activator
+        self.replica = replica
+
+    def release(self) -> None:
+        activator, self._activator = self._activator, None
+        if activator is not None:
+            activator._release(self.replica)
+
+    def __enter__(self) -> Slot:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.release()
+
+    def __del__(self) -> None:
+        # A safety net, not the protocol: a slot dropped unreleased (a bug in the caller) would
+        # hold the replica's capacity for the life of the daemon.
+        activator = self._activator
+        if activator is not None:
+            activator.dropped += 1
+            with contextlib.suppress(Exception):
+                self.release()
+                log.warning("a replica slot was dropped without release; released it",
+                            extra={"replica": self.replica.id})
+
+
+class _Waiter:
+    __slots__ = ("event", "exclude", "priority", "refusal", "slot")
+
+    def __init__(self, priority: Priority, exclude: Collection[str]) -> None:
+        self.event = trio.Event()
+        self.priority = priority
+        self.exclude = exclude
+        self.slot: Slot | None = None
+        self.refusal: Refusal | None = None
+
+
+class _Queue:
+    """One model's waiters: a FIFO per priority class, and how many interactive ones went in a row."""
+
+    __slots__ = ("classes", "interactive_run", "size")
+
+    def __init__(self) -> None:
+        self.classes: tuple[deque[_Waiter], ...] = tuple(deque() for _ in Priority)
+        self.size = 0
+        self.interactive_run = 0
+
+    def add(self, waiter: _Waiter, *, front: bool) -> None:
+        if front:
+            self.classes[waiter.priority].appendleft(waiter)
+        else:
+            self.classes[waiter.priority].append(waiter)
+        self.size += 1
+
+    def remove(self, waiter: _Waiter) -> None:
+        # Usually the head (the waiter served next), so the scan stops at once.
+        self.classes[waiter.priority].remove(waiter)
+        self.size -= 1
+
+    def in_order(self, batch_after: int) -> Iterator[_Waiter]:
+        """Waiters in the order they are served."""
+        interactive, batch = self.classes
+        if batch and (not interactive or self.interactive_run >= batch_after):
+            yield from batch
+            yield from interactive
+        else:
+            yield from interactive
+            yield from batch
+
+    def served(self, waiter: _Waiter) -> None:
+        if waiter.priority is Priority.INTERACTIVE and self.classes[Priority.BATCH]:
+            self.interactive_run += 1
+        else:
+            self.interactive_run = 0
 
 
 class Activator:
     def __init__(
         self,
         replicas: ReplicaSet,
-        config: ActivatorConfig,
+        config: ActivatorConfig = ActivatorConfig(),
         *,
-        waiting: dict[str, int],
-        wake: Callable[[], None],
-        status: Callable[[str], str],
+        waiting: dict[str, int] | None = None,
+        wake: Callable[[], None] | None = None,
+        status: Callable[[str], str] | None = None,
     ) -> None:
         self.replicas = replicas
         self.config = config
         # Shared with the reconciler: how many requests wait per profile key is demand.
-        self.waiting = waiting
-        self._wake = wake
-        self._status = status
-        self._published: dict[str, trio.Event] = {}
+        self.waiting: dict[str, int] = waiting if waiting is not None else {}
+        self._wake = wake or (lambda: None)
+        self._status = status or (lambda key: "no replica is published")
+        self._queues: dict[str, _Queue] = {}
         # Set while this daemon is a standby (the leader's agent address, or ""); None: leading.
         self._standby: str | None = None
-        replicas.on_publish = self._on_publish
+        # Slots released by the safety net rather than their holder: a bug, counted for the tests.
+        self.dropped = 0
+        replicas.on_publish = self._grant
 
-    def _on_publish(self, key: str) -> None:
-        event = self._published.pop(key, None)
-        if event is not None:
-            event.set()
+    # ------------------------------------------------------------------ leadership
 
     def stand_down(self, leader_address: str) -> None:
         """This daemon stopped leading: the replica its waiters wait for will never be started here.
@@ -58,36 +183,139 @@ class Activator:
         now, which a client retrying through a load balancer turns into a request to the leader.
         """
         self._standby = leader_address
-        published, self._published = self._published, {}
-        for event in published.values():
-            event.set()
+        queues, self._queues = self._queues, {}
+        for key, queue in queues.items():
+            for waiters in queue.classes:
+                for waiter in waiters:
+                    waiter.refusal = Refusal.STANDBY
+                    waiter.event.set()
+            self.waiting.pop(key, None)
 
     def lead(self) -> None:
         self._standby = None
 
     def queue_depth(self) -> int:
-        return sum(self.waiting.values())
+        return sum(q.size for q in self._queues.values())
 
-    async def wait_ready(self, key: str) -> None:
-        if self.replicas.for_model(key):
-            return
+    # ------------------------------------------------------------------ taking a slot
+
+    def try_acquire(self, key: str, exclude: Collection[str] = ()) -> Slot | None:
+        """A free slot of a replica of ``key`` now, or None. The hot path: synchronous, no allocation
+        beyond the guard.
+
+        No waiter is passed over: every slot a waiter could use is handed to it the moment it
+        frees, so a free slot found here is one no waiter can take.
+        """
+        now = trio.current_time()
+        replica = choose(self.replicas.for_model(key), now=now, exclude=exclude)
+        if replica is None:
+            return None
+        self._take(replica, now)
+        return Slot(self, replica)
+
+    async def wait(
+        self, key: str, priority: Priority = Priority.INTERACTIVE, *, exclude: Collection[str] = (),
+        front: bool = False,
+    ) -> Slot | Refusal:
+        """Wait in ``key``'s queue for a slot (after ``try_acquire`` found none).
+
+        ``exclude``: replicas this request already failed on; ``front``: it waited before (a
+        retry), so it goes ahead of its class. Cancellation contract: a cancelled wait leaves the
+        queue, and a slot granted to it as it was cancelled is released before the Cancelled
+        propagates, so no cancellation can leak a slot.
+        """
+        slot = self.try_acquire(key, exclude)
+        if slot is not None:
+            return slot
+        if exclude:
+            replicas = self.replicas.for_model(key)
+            if all(r.id in exclude for r in replicas):
+                return Refusal.EXHAUSTED
         if self._standby is not None:
-            raise standby(self._standby)
-        if self.waiting.get(key, 0) >= self.config.queue_size:
-            raise ApiError(503, f"Model '{key}' is starting and {self.config.queue_size} requests already wait "
-                                "for it; retry shortly.", code="model_queue_full", headers=(("retry-after", "5"),))
-        self.waiting[key] = self.waiting.get(key, 0) + 1
+            return Refusal.STANDBY
+        queue = self._queues.get(key)
+        if queue is None:
+            queue = self._queues[key] = _Queue()
+        if queue.size >= self.config.queue_size:
+            return Refusal.OVERFLOW
+        waiter = _Waiter(priority, exclude)
+        queue.add(waiter, front=front)
+        self.waiting[key] = queue.size
         self._wake()
         try:
             with trio.move_on_after(self.config.max_wait):
-                while not self.replicas.for_model(key):
-                    await self._published.setdefault(key, trio.Event()).wait()
-                    if self._standby is not None:
-                        raise standby(self._standby)
-                return
+                await waiter.event.wait()
+        except BaseException:
+            if waiter.slot is not None:
+                waiter.slot.release()
+            raise
         finally:
-            self.waiting[key] -= 1
-            if not self.waiting[key]:
-                del self.waiting[key]
-        raise ApiError(503, f"Model '{key}' has no ready replica after {self.config.max_wait:g} s: "
-                            f"{self._status(key)}.", code="model_not_ready", headers=(("retry-after", "10"),))
+            if waiter.slot is None and waiter.refusal is None:
+                queue.remove(waiter)
+                self._counted(key, queue)
+        if waiter.slot is not None:
+            return waiter.slot
+        return waiter.refusal or Refusal.TIMEOUT
+
+    def refusal_error(self, refusal: Refusal, key: str) -> ApiError:
+        """The client's answer to a wait that ended without a slot (not for EXHAUSTED)."""
+        if refusal is Refusal.STANDBY:
+            return standby(self._standby or "")
+        if refusal is Refusal.OVERFLOW:
+            return ApiError(429, f"Model '{key}' has every slot busy and {self.config.queue_size} requests already "
+                                 "waiting; retry shortly.", code="model_queue_full",
+                            headers=(("retry-after", "5"),))
+        replicas = self.replicas.for_model(key)
+        if not replicas:
+            return ApiError(503, f"Model '{key}' has no ready replica after {self.config.max_wait:g} s: "
+                                 f"{self._status(key)}.", code="model_not_ready", headers=(("retry-after", "10"),))
+        slots = sum(r.slots for r in replicas)
+        return ApiError(503, f"Model '{key}' had every slot busy for {self.config.max_wait:g} s ({len(replicas)} "
+                             f"replica(s), {slots} slot(s)); retry later.", code="model_overloaded",
+                        headers=(("retry-after", "10"),))
+
+    # ------------------------------------------------------------------ handing slots on
+
+    def _take(self, replica: Replica, now: float) -> None:
+        replica.in_flight += 1
+        if replica.in_flight >= replica.slots and replica.full_since is None:
+            replica.full_since = now
+
+    def _release(self, replica: Replica) -> None:
+        replica.in_flight -= 1
+        replica.last_used = trio.current_time()
+        if self._queues:
+            for model in replica.models:
+                if model in self._queues:
+                    self._grant(model)
+        if replica.in_flight < replica.slots:
+            replica.full_since = None
+
+    def _grant(self, key: str) -> None:
+        """Hand every free slot of ``key``'s replicas that a waiter can use to the next such waiter."""
+        queue = self._queues.get(key)
+        if queue is None:
+            return
+        replicas = self.replicas.for_model(key)
+        now = trio.current_time()
+        while queue.size and choose(replicas, now=now) is not None:
+            for waiter in queue.in_order(self.config.batch_after):
+                replica = choose(replicas, now=now, exclude=waiter.exclude)
+                if replica is not None:
+                    break
+            else:
+                break  # the free slots are on replicas every waiter already failed on
+            queue.remove(waiter)
+            queue.served(waiter)
+            self._take(replica, now)
+            waiter.slot = Slot(self, replica)
+            waiter.event.set()
+        self._counted(key, queue)
+
+    def _counted(self, key: str, queue: _Queue) -> None:
+        if queue.size:
+            self.waiting[key] = queue.size
+        else:
+            self.waiting.pop(key, None)
+            if self._queues.get(key) is queue:
+                del self._queues[key]

@@ -66,8 +66,10 @@ def standby(leader_address: str | None) -> ApiError:
                     code="standby", headers=(("retry-after", "1"),))
 
 
-def model_not_found(model: str, available: list[str]) -> ApiError:
-    known = ", ".join(available) if available else "none are configured"
+def model_not_found(model: str, available: list[str], *, restricted: bool = False) -> ApiError:
+    """404 for a model that does not exist, naming what does: for a key restricted to some models
+    (``restricted``), ``available`` is only those, and nothing else is named."""
+    known = ", ".join(available) if available else ("none for this key" if restricted else "none are configured")
     return ApiError(
         404,
         f"The model '{model}' does not exist. Available models: {known}.",

@@ -21,19 +21,20 @@ from typing import Any
 
 import trio
 
+from llmgw_shared.jsonin import loads as json_loads
 from llmgw_shared.logs import get_logger, request_context
 
-from ..asgi import Receive, Scope, Send
+from ..asgi import REQUEST_ID, Receive, Scope, Send
 from ..config import RouterConfig
 from ..metrics import GatewayMetrics
+from ..priority import Priority
 from ..tenancy.admission import Admission, Ticket
-from .activator import Activator
-from .balancer import choose
+from .activator import Activator, Refusal, Slot
 from .directory import ModelDirectory, StaticDirectory
 from .errors import ApiError, model_not_found, sse_error_event
 from .replicas import Replica, ReplicaSet
 from .requests import ENDPOINTS, ClientGone, ParsedRequest, parse_request, read_body
-from .upstream import UpstreamBodyError, UpstreamClient, UpstreamClosedEarly, UpstreamConnectError, UpstreamResponse
+from .upstream import UpstreamBodyError, UpstreamClient, UpstreamClosedEarly, UpstreamError, UpstreamResponse
 from .usage import StreamTail, Usage, find_usage
 
 log = get_logger("llmgw.router")
@@ -71,7 +72,7 @@ class Exchange:
         self.upstream_seconds = 0.0
         self.chunks_sent = 0
         self.frozen_overhead: float | None = None
-        # Time held by the activator while a replica started: neither llmgw's work nor the engine's.
+        # Time waiting for a slot (or for a replica to start): neither llmgw's work nor the engine's.
         self.queued_seconds = 0.0
         self.ttft: float | None = None
         self.usage: Usage | None = None
@@ -156,14 +157,14 @@ def _header(scope: Scope, name: bytes) -> str | None:
 
 def _request_id(scope: Scope) -> str:
     given = _header(scope, b"x-request-id")
-    if given and _REQUEST_ID.match(given):
+    if given and _REQUEST_ID.fullmatch(given):
         return given
     return uuid.uuid4().hex
 
 
 def _engine_message(body: bytes) -> str:
     try:
-        value = json.loads(body)
+        value = json_loads(body)
         error = value.get("error") if isinstance(value, dict) else None
         if isinstance(error, dict) and isinstance(error.get("message"), str):
             return str(error["message"])[:300]
@@ -191,7 +192,9 @@ class Gateway:
         self.metrics = metrics
         self.config = config
         self.directory = directory or StaticDirectory(replicas)
-        self.activator = activator
+        # Router-only mode has no reconciler to start replicas, but its endpoints' slots are
+        # admitted the same way.
+        self.activator = activator or Activator(replicas)
         self.admission = admission
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -213,25 +216,27 @@ class Gateway:
                 self._record(scope, exchange)
 
     async def _dispatch(self, scope: Scope, receive: Receive, exchange: Exchange) -> None:
+        # For the server's own log line should the connection fail while this request is served.
+        scope[REQUEST_ID] = exchange.request_id
         path: str = scope["path"]
         method: str = scope["method"]
         endpoint = ENDPOINTS.get(path)
         if endpoint is not None:
             if method != "POST":
                 raise ApiError(405, f"Method {method} is not allowed on {path}; use POST.", code="method_not_allowed")
+            authorization = _header(scope, b"authorization")
+            # Who is asking comes first, on the head: a client without a key gets its 401 before
+            # its body is invited (no 100 Continue) or read, and learns no model names.
+            allowed = self.admission.authenticate(authorization) if self.admission is not None else None
             length = _header(scope, b"content-length")
             body = await read_body(
                 receive, content_length=int(length) if length and length.isdigit() else None,
                 limit=self.config.max_body_bytes,
             )
             request = parse_request(endpoint, body)
-            authorization = _header(scope, b"authorization")
-            if self.admission is not None:
-                # Who is asking comes before what exists: no model names for a client without a key.
-                self.admission.authenticate(authorization)
             key = self.directory.resolve(request.model)
             if key is None:
-                raise model_not_found(request.model, self.directory.names())
+                raise model_not_found(request.model, self._visible(allowed), restricted=allowed is not None)
             exchange.model = key
             exchange.stream = request.stream
             if self.admission is None:
@@ -240,44 +245,50 @@ class Gateway:
             estimate = _estimate_tokens(request)
             ticket = self.admission.admit(authorization, key.partition(":")[0], estimated_tokens=sum(estimate))
             try:
-                await self._forward(request, key, receive, exchange)
+                await self._forward(request, key, receive, exchange, ticket.priority)
             finally:
                 _settle(ticket, exchange, estimate)
         elif path.startswith("/v1/models") and method == "GET":
-            if self.admission is not None:
-                self.admission.authenticate(_header(scope, b"authorization"))
-            await self._models(path, exchange)
+            allowed = self.admission.authenticate(_header(scope, b"authorization")) if self.admission else None
+            await self._models(path, exchange, allowed)
         elif path == "/healthz":
             await exchange.respond_json(200, {"status": "ok", "replicas": len(self.replicas)})
         else:
             raise ApiError(404, f"Unknown request URL: {method} {path}.", code="unknown_url")
 
-    async def _models(self, path: str, exchange: Exchange) -> None:
+    async def _models(self, path: str, exchange: Exchange, allowed: frozenset[str] | None) -> None:
+        visible = self._visible(allowed)
         if path == "/v1/models":
-            cards = [_model_card(m) for m in self.directory.names()]
-            await exchange.respond_json(200, {"object": "list", "data": cards})
+            await exchange.respond_json(200, {"object": "list", "data": [_model_card(m) for m in visible]})
             return
         name = path.removeprefix("/v1/models/")
-        if self.directory.resolve(name) is None:
-            raise model_not_found(name, self.directory.names())
+        if not self._may_see(name, allowed):
+            raise model_not_found(name, visible, restricted=allowed is not None)
         await exchange.respond_json(200, _model_card(name))
 
-    async def _forward(self, request: ParsedRequest, key: str, receive: Receive, exchange: Exchange) -> None:
+    def _may_see(self, name: str, allowed: frozenset[str] | None) -> bool:
+        key = self.directory.resolve(name)
+        # As ``admit`` checks an allow-list: by the model, whatever the profile.
+        return key is not None and (allowed is None or key.partition(":")[0] in allowed)
+
+    def _visible(self, allowed: frozenset[str] | None) -> list[str]:
+        """The model names a key may see: all of them, or those its allow-list names."""
+        names = self.directory.names()
+        return names if allowed is None else [name for name in names if self._may_see(name, allowed)]
+
+    async def _forward(
+        self, request: ParsedRequest, key: str, receive: Receive, exchange: Exchange,
+        priority: Priority = Priority.INTERACTIVE,
+    ) -> None:
         in_flight = self.metrics.in_flight.labels(key)
         in_flight.inc()
         failure: Exception | None = None
         try:
             async with trio.open_nursery() as nursery:
+                # Inside the nursery, so a client that gives up stops waiting for a slot too.
                 nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope, exchange)
                 try:
-                    if not self.replicas.for_model(key) and self.activator is not None:
-                        # Inside the nursery, so a client that gives up stops waiting too.
-                        held = time.perf_counter()
-                        try:
-                            await self.activator.wait_ready(key)
-                        finally:
-                            exchange.queued_seconds = time.perf_counter() - held
-                    await self._attempts(request, key, exchange)
+                    await self._attempts(request, key, exchange, priority)
                 except Exception as exc:
                     # Re-raised below the nursery, so callers see the error itself rather than
                     # an exception group wrapping it.
@@ -288,28 +299,54 @@ class Gateway:
         if failure is not None:
             raise failure
 
-    async def _attempts(self, request: ParsedRequest, key: str, exchange: Exchange) -> None:
-        tried: set[str] = set()
+    async def _attempts(self, request: ParsedRequest, key: str, exchange: Exchange, priority: Priority) -> None:
+        activator = self.activator
+        tried: frozenset[str] = frozenset()
         failure: ApiError | None = None
         for attempt in range(self.config.max_attempts):
-            replica = choose(self.replicas.for_model(key), now=trio.current_time(), exclude=tried)
-            if replica is None:
-                break
-            if attempt:
-                self.metrics.retries.labels(replica.id, "other_replica").inc()
-            tried.add(replica.id)
-            exchange.replica = replica.id
-            try:
-                await self._attempt(replica, request, exchange)
-                return
-            except _Retryable as retry:
-                failure = retry.error
-                replica.cooldown_until = trio.current_time() + self.config.cooldown
-                self.metrics.cooldowns.labels(replica.id).inc()
-                log.warning("replica %s failed (%s): %s", replica.id, retry.reason, retry.error.message,
-                            extra={"replica": replica.id, "model": key})
+            slot = activator.try_acquire(key, tried)
+            if slot is None:
+                outcome = await self._queue(key, exchange, priority, tried, retry=bool(attempt))
+                if outcome is Refusal.EXHAUSTED:
+                    break
+                if isinstance(outcome, Refusal):
+                    raise activator.refusal_error(outcome, key)
+                slot = outcome
+            with slot:
+                replica = slot.replica
+                if attempt:
+                    self.metrics.retries.labels(replica.id, "other_replica").inc()
+                tried = tried | {replica.id}
+                exchange.replica = replica.id
+                try:
+                    await self._attempt(replica, request, exchange)
+                    return
+                except _Retryable as retry:
+                    failure = retry.error
+                    replica.cooldown_until = trio.current_time() + self.config.cooldown
+                    self.metrics.cooldowns.labels(replica.id).inc()
+                    log.warning("replica %s failed (%s): %s", replica.id, retry.reason, retry.error.message,
+                                extra={"replica": replica.id, "model": key})
         raise failure or ApiError(
             503, f"No replica of model '{request.model}' is available.", code="no_replica_available")
+
+    async def _queue(
+        self, key: str, exchange: Exchange, priority: Priority, tried: frozenset[str], *, retry: bool
+    ) -> Slot | Refusal:
+        """Wait for a slot; the time waited is the queue's, neither llmgw's work nor the engine's."""
+        held = time.perf_counter()
+        outcome: Slot | Refusal | None = None
+        try:
+            outcome = await self.activator.wait(key, priority, exclude=tried, front=retry)
+        finally:
+            # Refused at once (queue full, nothing left to try): that request never waited.
+            if outcome is not Refusal.OVERFLOW and outcome is not Refusal.EXHAUSTED:
+                waited = time.perf_counter() - held
+                exchange.queued_seconds += waited
+                self.metrics.queue_wait.labels(key).observe(waited)
+        if isinstance(outcome, Refusal) and outcome is not Refusal.EXHAUSTED:
+            self.metrics.queue_refusals.labels(key, outcome.value).inc()
+        return outcome
 
     async def _attempt(self, replica: Replica, request: ParsedRequest, exchange: Exchange) -> None:
         headers = [("content-type", "application/json"), ("accept", "application/json, text/event-stream"),
@@ -318,7 +355,6 @@ class Gateway:
             headers.append(("authorization", f"Bearer {replica.api_key}"))
         url = replica.url + request.endpoint.path
         gauge = self.metrics.replica_in_flight.labels(replica.id)
-        replica.in_flight += 1
         gauge.inc()
         try:
             # One silent retry on a fresh connection: a pooled connection the engine closed
@@ -333,13 +369,12 @@ class Gateway:
                             502, f"Replica {replica.id} closed the connection before answering (phase: "
                                  f"first_byte): {exc}", code="upstream_closed"), "closed") from None
                     self.metrics.retries.labels(replica.id, "stale_connection").inc()
-                except UpstreamConnectError as exc:
+                except UpstreamError as exc:
+                    # A connect error, or anything else the upstream client could not send.
                     raise _Retryable(ApiError(
                         502, f"Replica {replica.id} could not be reached (phase: connect): {exc}",
                         code="upstream_connect_error"), "connect") from None
         finally:
-            replica.in_flight -= 1
-            replica.last_used = trio.current_time()
             gauge.dec()
 
     async def _exchange_with(

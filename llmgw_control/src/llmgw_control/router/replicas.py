@@ -11,6 +11,12 @@ from collections.abc import Callable, Iterable, Iterator
 
 import attrs
 
+# Slots of a static endpoint whose config does not say: llmgw knows nothing of that engine, so the
+# bound should only stop a runaway, not queue requests the engine could serve. vLLM's default
+# max_num_seqs is 256; for llama-server set it to its -np so the gateway queues (and orders by
+# priority) what the engine would otherwise queue unseen.
+DEFAULT_ENDPOINT_SLOTS = 256
+
 
 @attrs.define(eq=False)
 class Replica:
@@ -23,10 +29,16 @@ class Replica:
     # The model name the engine expects in requests, when it differs from what clients ask for
     # (a client asks for "llama:gpu", vLLM serves "llama"); empty: send the request unchanged.
     served_name: str = ""
+    # Requests it serves at once (llama-server's -np); more wait in the gateway's queue.
+    slots: int = DEFAULT_ENDPOINT_SLOTS
+    # Slots taken, by the activator's slot guards only (router/activator.py).
     in_flight: int = 0
     cooldown_until: float = 0.0
     # When the last request finished here; the idle unloader reads it.
     last_used: float = 0.0
+    # Since when every slot has been busy (trio clock), None while one is free: the reconciler
+    # counts a model whose replicas stay full as demand for another replica.
+    full_since: float | None = None
 
 
 class ReplicaSet:

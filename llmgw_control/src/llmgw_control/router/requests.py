@@ -8,11 +8,12 @@ the retry and cooldown logic relies on.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
+
+from llmgw_shared.jsonin import loads
 
 from .errors import ApiError, invalid_request
 
@@ -101,8 +102,10 @@ def parse_request(endpoint: Endpoint, body: bytes) -> ParsedRequest:
     if not body.strip():
         raise invalid_request("The request body is empty; expected a JSON object.", code="invalid_json")
     try:
-        payload = json.loads(body)
-    except (ValueError, RecursionError) as exc:
+        # Depth-bounded (llmgw_shared.jsonin): the body is re-encoded for the engine, and a value
+        # nested near Python's recursion limit would fail there, as a 500.
+        payload = loads(body)
+    except ValueError as exc:
         detail = str(exc).splitlines()[0][:120]
         raise invalid_request(f"The request body is not valid JSON: {detail}", code="invalid_json") from None
     if not isinstance(payload, dict):

@@ -10,10 +10,13 @@ Errors are translated into three kinds the router acts on differently:
 ``UpstreamClosedEarly`` (the connection died before any response byte: llama-server closes
 connections after every stream while advertising keep-alive, so a pooled connection may be dead;
 safe to retry once on a fresh connection), and ``UpstreamBodyError`` (the response broke off).
+Nothing else leaves ``open`` before the response head: any other failure of the connection layer
+is an ``UpstreamConnectError``, so the router retries it or answers 502, never 500.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ssl
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -66,7 +69,10 @@ class UpstreamClient(Protocol):
 
 
 # Errors of a request whose response never started: the connection was dead or died under us.
-_CLOSED_EARLY = (httpcore2.RemoteProtocolError, httpcore2.ReadError, httpcore2.WriteError)
+# ConnectionNotAvailable: httpcore2 found the connection busy and sent nothing (the pool handing
+# one connection to two requests did this, issue 15); a fresh connection serves the request.
+_CLOSED_EARLY = (httpcore2.RemoteProtocolError, httpcore2.ReadError, httpcore2.WriteError,
+                 httpcore2.ConnectionNotAvailable)
 _BODY_ERRORS = (httpcore2.NetworkError, httpcore2.ProtocolError, httpcore2.TimeoutException)
 
 
@@ -154,7 +160,10 @@ class _HeldWritesStream(httpcore2.AsyncNetworkStream):
 
     async def aclose(self) -> None:
         self._held = []
-        await self._stream.aclose()
+        # A TLS close to a peer that is gone fails; the socket is closed all the same, and a
+        # checkout closing a dead pooled connection must not fail the request it serves.
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            await self._stream.aclose()
 
     def get_extra_info(self, info: str) -> Any:
         if info == "is_readable":
@@ -228,6 +237,11 @@ class Httpx2Upstream:
             raise UpstreamClosedEarly(_describe(exc)) from exc
         except (httpcore2.ProtocolError, httpcore2.NetworkError, httpcore2.TimeoutException) as exc:
             raise UpstreamConnectError(_describe(exc)) from exc
+        except Exception as exc:
+            # Whatever else the connection layer raises before a response exists (httpcore2 has
+            # closed the connection by then), the request was not answered: the router may try
+            # elsewhere. Uncaught, it would be a 500 for a fault on the engine's side.
+            raise UpstreamConnectError(f"{type(exc).__name__}: {_describe(exc)}") from exc
         relayed = _Response(response, partial(self._checkin, target, connection))
         try:
             yield relayed
@@ -235,8 +249,9 @@ class Httpx2Upstream:
             await relayed.aclose()
 
     async def _checkout(self, target: _Target, connect_timeout: float) -> httpcore2.AsyncHTTP11Connection:
-        idle = self._idle.get(target.origin)
-        while idle:
+        # The idle list is looked up again after every await: closing a dead connection yields,
+        # and a reference kept across it may be to a list the sweep has emptied meanwhile.
+        while idle := self._idle.get(target.origin):
             connection = idle.pop()
             # Expired, or readable while idle (the engine closed it: llama-server does after a stream).
             if not connection.has_expired():
@@ -293,16 +308,18 @@ class Httpx2Upstream:
 
     async def _close_expired(self) -> None:
         # Sorted out before the first await: a close yields, and a request taking or returning a
-        # connection meanwhile must find the idle lists whole (an in-use connection left in one
-        # would be handed out twice).
+        # connection meanwhile must find the idle lists whole. Each list is changed in place,
+        # never replaced: a checkout that holds a list while it closes a dead connection must
+        # see the sweep's removals. A replacement list left it popping connections still listed
+        # in the new one, so one connection went to two requests (issue 15: a 500 about once in
+        # 10,000 requests, on the sweep's beat).
         expired: list[httpcore2.AsyncHTTP11Connection] = []
         for origin, idle in list(self._idle.items()):
             keep: list[httpcore2.AsyncHTTP11Connection] = []
             for connection in idle:
                 (expired if connection.has_expired() else keep).append(connection)
-            if keep:
-                self._idle[origin] = keep
-            else:
+            idle[:] = keep
+            if not keep:
                 del self._idle[origin]
         for connection in expired:
             await connection.aclose()

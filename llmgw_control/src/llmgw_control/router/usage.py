@@ -38,7 +38,9 @@ def find_usage(data: bytes | bytearray) -> Usage | None:
             try:
                 text = bytes(data[start:start + 4096]).decode("utf-8", "replace")
                 value, _ = _decoder.raw_decode(text)
-            except ValueError:
+            except (ValueError, RecursionError):
+                # RecursionError: 4 KiB of brackets from an engine nests 2,048 deep, past the C
+                # scanner's limit (llmgw_shared.jsonin explains); such a tail simply has no usage.
                 value = None
             if isinstance(value, dict):
                 prompt = value.get("prompt_tokens")

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
+from ..priority import PRIORITY_NAMES
 from .errors import InvalidInput
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -48,6 +49,15 @@ def from_us(value: int) -> datetime:
 
 def opt_from_us(value: int | None) -> datetime | None:
     return None if value is None else from_us(value)
+
+
+def priority(field: str, value: object) -> str | None:
+    """A group's priority class, or None (inherit)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or value not in PRIORITY_NAMES:
+        raise InvalidInput(field, f"must be one of {', '.join(PRIORITY_NAMES)}, or null to inherit the parent's")
+    return value
 
 
 def name(field: str, value: object, *, max_len: int = MAX_NAME) -> str:

@@ -11,7 +11,7 @@ addressed does not exist), ``Conflict`` (a duplicate, a cycle, a group still in 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Protocol, Self
@@ -22,6 +22,7 @@ from .records import (
     ApiKey,
     CapacityRecord,
     CatalogModel,
+    FleetHolders,
     Group,
     KeyChanges,
     NodeIdentity,
@@ -78,10 +79,11 @@ class Store(Protocol):
 
     # the group tree
     async def create_group(
-        self, name: str, parent_id: str | None = None, *, group_id: str | None = None
+        self, name: str, parent_id: str | None = None, *, group_id: str | None = None, priority: str | None = None
     ) -> Group: ...
     async def update_group(
-        self, group_id: str, *, name: str | Unset = ..., parent_id: str | Unset | None = ...
+        self, group_id: str, *, name: str | Unset = ..., parent_id: str | Unset | None = ...,
+        priority: str | Unset | None = ...,
     ) -> Group: ...
     async def delete_group(self, group_id: str) -> None: ...
     async def get_group(self, group_id: str) -> Group: ...
@@ -174,3 +176,7 @@ class Store(Protocol):
 
     # cluster secrets (see ops_secrets): the first offer under a name wins
     async def shared_secret(self, name: str, offer: bytes) -> bytes: ...
+
+    # the nodes that held replicas under a leader (see ops_fleet)
+    async def fleet_holders(self) -> FleetHolders | None: ...
+    async def remember_holders(self, epoch: int, nodes: Iterable[str]) -> bool: ...

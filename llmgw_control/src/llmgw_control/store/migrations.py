@@ -129,6 +129,30 @@ MIGRATIONS: tuple[Migration, ...] = (
                 created_at BIGINT NOT NULL)""",
         ),
     ),
+    Migration(
+        3,
+        "a group's priority class for requests waiting for a replica slot",
+        (
+            # NULL: inherited from the parent group. Both databases add a nullable column in
+            # place, without rewriting the table.
+            "ALTER TABLE tenant_groups ADD COLUMN priority TEXT",
+        ),
+    ),
+    Migration(
+        4,
+        "the nodes that held replicas under the leader of an epoch (a new leader waits for them)",
+        (
+            # One row: written by the leader when the set changes (not per heartbeat), read by
+            # the next leader, whose hold after a takeover ends once all of them have reported.
+            # ``nodes`` is a JSON list; epoch 0 means never written.
+            """CREATE TABLE fleet_holders (
+                id INTEGER PRIMARY KEY CHECK (id = 1),
+                epoch BIGINT NOT NULL,
+                nodes TEXT NOT NULL,
+                updated_at BIGINT NOT NULL)""",
+            "INSERT INTO fleet_holders (id, epoch, nodes, updated_at) VALUES (1, 0, '[]', 0)",
+        ),
+    ),
 )
 
 # An arbitrary constant: the key of the PostgreSQL advisory lock that serialises daemons

@@ -9,7 +9,7 @@ from .errors import Conflict, InvalidInput, NotFound
 from .ops_base import ONE_CLOCK, OpsBase, bump_revision, new_id
 from .records import Group
 
-_COLUMNS = "id, name, parent_id, created_at, updated_at"
+_COLUMNS = "id, name, parent_id, created_at, updated_at, priority"
 
 # The group itself and everything below it. Both databases support WITH RECURSIVE; the tree
 # is acyclic by construction (update_group refuses cycles), so the recursion terminates.
@@ -21,7 +21,8 @@ SUBTREE_CTE = """WITH RECURSIVE subtree(id) AS (
 
 def _group(row: Row) -> Group:
     return Group(
-        id=row[0], name=row[1], parent_id=row[2], created_at=cv.from_us(row[3]), updated_at=cv.from_us(row[4])
+        id=row[0], name=row[1], parent_id=row[2], created_at=cv.from_us(row[3]), updated_at=cv.from_us(row[4]),
+        priority=row[5],
     )
 
 
@@ -42,11 +43,15 @@ def _check_sibling_name(tx: Tx, name: str, parent_id: str | None, exclude: str |
 
 
 class GroupOps(OpsBase):
-    async def create_group(self, name: str, parent_id: str | None = None, *, group_id: str | None = None) -> Group:
-        """Add a group under ``parent_id`` (None: a root); the id is generated unless given."""
+    async def create_group(
+        self, name: str, parent_id: str | None = None, *, group_id: str | None = None, priority: str | None = None
+    ) -> Group:
+        """Add a group under ``parent_id`` (None: a root); the id is generated unless given.
+        ``priority`` None: inherited from the parent."""
         name = cv.name("name", name)
         parent = None if parent_id is None else cv.name("parent_id", parent_id)
         gid = new_id() if group_id is None else cv.name("group_id", group_id)
+        klass = cv.priority("priority", priority)
 
         def create(tx: Tx) -> Group:
             bump_revision(tx, "groups")
@@ -56,9 +61,9 @@ class GroupOps(OpsBase):
                 require_group(tx, parent, "parent_id")
             _check_sibling_name(tx, name, parent, None)
             row = tx.one(
-                f"INSERT INTO tenant_groups ({_COLUMNS}) SELECT ?, ?, ?, clock.t, clock.t FROM {ONE_CLOCK} "
+                f"INSERT INTO tenant_groups ({_COLUMNS}) SELECT ?, ?, ?, clock.t, clock.t, ? FROM {ONE_CLOCK} "
                 f"RETURNING {_COLUMNS}",
-                (gid, name, parent),
+                (gid, name, parent, klass),
             )
             assert row is not None
             return _group(row)
@@ -66,11 +71,14 @@ class GroupOps(OpsBase):
         return await self._write(create)
 
     async def update_group(
-        self, group_id: str, *, name: str | Unset = UNSET, parent_id: str | Unset | None = UNSET
+        self, group_id: str, *, name: str | Unset = UNSET, parent_id: str | Unset | None = UNSET,
+        priority: str | Unset | None = UNSET,
     ) -> Group:
-        """Rename and/or move a group (``parent_id=None`` makes it a root); refuses cycles."""
+        """Rename, move (``parent_id=None`` makes it a root; refuses cycles) and/or set the priority
+        (``priority=None``: inherit the parent's) of a group."""
         group_id = cv.name("group_id", group_id)
         new_name = UNSET if isinstance(name, Unset) else cv.name("name", name)
+        new_priority = UNSET if isinstance(priority, Unset) else cv.priority("priority", priority)
         new_parent: str | Unset | None = parent_id
         if isinstance(parent_id, str):
             new_parent = cv.name("parent_id", parent_id)
@@ -92,10 +100,11 @@ class GroupOps(OpsBase):
                         field="parent_id",
                     )
             _check_sibling_name(tx, target_name, target_parent, group_id)
+            target_priority = current.priority if isinstance(new_priority, Unset) else new_priority
             row = tx.one(
-                f"UPDATE tenant_groups SET name = ?, parent_id = ?, updated_at = now_us() WHERE id = ? "
+                f"UPDATE tenant_groups SET name = ?, parent_id = ?, priority = ?, updated_at = now_us() WHERE id = ? "
                 f"RETURNING {_COLUMNS}",
-                (target_name, target_parent, group_id),
+                (target_name, target_parent, target_priority, group_id),
             )
             assert row is not None
             return _group(row)

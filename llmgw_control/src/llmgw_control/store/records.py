@@ -45,6 +45,9 @@ class Group:
     parent_id: str | None
     created_at: datetime
     updated_at: datetime
+    # "interactive" or "batch": how its requests are ordered when they wait for a replica slot.
+    # None: the parent's (a root without one is interactive).
+    priority: str | None = None
 
 
 @attrs.frozen
@@ -168,3 +171,12 @@ class LeaseInfo:
     address: str | None
     epoch: int
     expires_at: datetime | None
+
+
+@attrs.frozen
+class FleetHolders:
+    """The nodes that held replicas when the leader of ``epoch`` last wrote them down."""
+
+    epoch: int
+    nodes: frozenset[str]
+    written_at: datetime

@@ -21,6 +21,7 @@ from .lease import SqlLease
 from .migrations import MIGRATIONS, REVISION_KINDS, Migration
 from .ops_capacity import CapacityOps
 from .ops_catalog import CatalogOps
+from .ops_fleet import FleetOps
 from .ops_groups import GroupOps
 from .ops_keys import KeyOps
 from .ops_nodes import NodeOps
@@ -32,7 +33,7 @@ from .records import Revisions
 from .sqlite import SqliteBackend
 
 
-class SqlStore(CatalogOps, NodeOps, GroupOps, KeyOps, QuotaOps, UsageOps, CapacityOps, SecretOps):
+class SqlStore(CatalogOps, NodeOps, GroupOps, KeyOps, QuotaOps, UsageOps, CapacityOps, SecretOps, FleetOps):
     def __init__(self, backend: Backend, lease_backend: Backend | None = None) -> None:
         self._backend = backend
         self._lease_backend = lease_backend

@@ -24,6 +24,7 @@ from typing import Protocol, Self
 
 from llmgw_shared.logs import get_logger
 
+from ..priority import Priority
 from ..router.errors import ApiError
 from .budget import GroupBudget, release, reserve, settle
 from .state import TenancyState
@@ -36,6 +37,8 @@ log = get_logger("llmgw.tenancy")
 class Ticket(Protocol):
     key_id: str | None
     group_id: str | None
+    # Orders the request among others waiting for a replica slot (the group's, inherited).
+    priority: Priority
 
     def settle(self, prompt_tokens: int, completion_tokens: int) -> None:
         """The engine's real usage: replaces the reservation, and is recorded as usage."""
@@ -47,8 +50,12 @@ class Ticket(Protocol):
 
 
 class Admission(Protocol):
-    def authenticate(self, authorization: str | None) -> None:
-        """Raise ApiError(401) when a key is required and this one is not usable."""
+    def authenticate(self, authorization: str | None) -> frozenset[str] | None:
+        """Raise ApiError(401) when a key is required and this one is not usable.
+
+        Returns the models the key may use (its allow-list), or None when it may use every model
+        (or no key is required): what ``/v1/models`` and a 404's list of models may show it.
+        """
         ...
 
     def admit(self, authorization: str | None, model: str, *, estimated_tokens: int) -> Ticket:
@@ -62,10 +69,11 @@ def _count(value: int) -> int:
 
 
 class _TicketBase:
-    __slots__ = ("_clock", "_done", "_usage", "group_id", "key_id", "model")
+    __slots__ = ("_clock", "_done", "_usage", "group_id", "key_id", "model", "priority")
 
     def __init__(
-        self, usage: UsageAccumulator, clock: Clock, model: str, key_id: str | None, group_id: str | None
+        self, usage: UsageAccumulator, clock: Clock, model: str, key_id: str | None, group_id: str | None,
+        priority: Priority = Priority.INTERACTIVE,
     ) -> None:
         self._usage = usage
         self._clock = clock
@@ -73,6 +81,7 @@ class _TicketBase:
         self.model = model
         self.key_id = key_id
         self.group_id = group_id
+        self.priority = priority
 
     @property
     def finished(self) -> bool:
@@ -110,8 +119,9 @@ class TenancyTicket(_TicketBase):
     def __init__(
         self, usage: UsageAccumulator, clock: Clock, model: str, key_id: str, group_id: str,
         chain: tuple[GroupBudget, ...], estimated: int, seconds: tuple[int, ...],
+        priority: Priority = Priority.INTERACTIVE,
     ) -> None:
-        super().__init__(usage, clock, model, key_id, group_id)
+        super().__init__(usage, clock, model, key_id, group_id, priority)
         self._chain = chain
         self._estimated = estimated
         self._seconds = seconds
@@ -151,7 +161,7 @@ class OpenAdmission:
         self.usage = usage
         self.clock = clock
 
-    def authenticate(self, authorization: str | None) -> None:
+    def authenticate(self, authorization: str | None) -> frozenset[str] | None:
         return None
 
     def admit(self, authorization: str | None, model: str, *, estimated_tokens: int) -> OpenTicket:
@@ -170,9 +180,10 @@ class TenancyAdmission:
         self.usage = usage
         self.clock = state.clock
 
-    def authenticate(self, authorization: str | None) -> None:
+    def authenticate(self, authorization: str | None) -> frozenset[str] | None:
         if self.state.loaded and not self.state.open:
-            self.state.authenticate(authorization)
+            return self.state.authenticate(authorization).models
+        return None
 
     def admit(self, authorization: str | None, model: str, *, estimated_tokens: int) -> OpenTicket | TenancyTicket:
         state = self.state
@@ -189,4 +200,5 @@ class TenancyAdmission:
         estimated = _count(estimated_tokens)
         chain = state.chain(key.group_id)
         seconds = reserve(chain, self.clock(), estimated)
-        return TenancyTicket(self.usage, self.clock, model, key.id, key.group_id, chain, estimated, seconds)
+        return TenancyTicket(self.usage, self.clock, model, key.id, key.group_id, chain, estimated, seconds,
+                             state.priority(key.group_id))

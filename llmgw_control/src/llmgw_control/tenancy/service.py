@@ -85,16 +85,18 @@ class TenancyService:
 
     # --- groups -----------------------------------------------------------------------------
 
-    async def create_group(self, name: str, parent_id: str | None = None) -> Group:
-        group = await self.store.create_group(name, parent_id)
+    async def create_group(self, name: str, parent_id: str | None = None, *, priority: str | None = None) -> Group:
+        group = await self.store.create_group(name, parent_id, priority=priority)
         await self._refresh()
         return group
 
     async def update_group(
-        self, group_id: str, *, name: str | Unset = UNSET, parent_id: str | Unset | None = UNSET
+        self, group_id: str, *, name: str | Unset = UNSET, parent_id: str | Unset | None = UNSET,
+        priority: str | Unset | None = UNSET,
     ) -> Group:
-        """Rename and/or move a group. A moved group's history stays with its old ancestors."""
-        group = await self.store.update_group(group_id, name=name, parent_id=parent_id)
+        """Rename, move and/or set the priority of a group. A moved group's history stays with its
+        old ancestors."""
+        group = await self.store.update_group(group_id, name=name, parent_id=parent_id, priority=priority)
         await self._refresh()
         return group
 

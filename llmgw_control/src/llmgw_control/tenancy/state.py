@@ -26,6 +26,7 @@ import trio
 
 from llmgw_shared.logs import get_logger
 
+from ..priority import Priority, parse_priority
 from ..router.errors import ApiError
 from ..store import Group, KeyChanges, Quota, Revisions, Store, StoreError
 from .budget import GroupBudget
@@ -63,6 +64,8 @@ class TenancyState:
         self.loaded = False
         self._budgets: dict[str, GroupBudget] = {}
         self._chains: dict[str, tuple[GroupBudget, ...]] = {}
+        # Each group's effective priority, computed on first use like the chains.
+        self._priorities: dict[str, Priority] = {}
         self._revisions: Revisions | None = None
         self._key_marker = 0
         # One reload at a time: two interleaved refreshes could apply an older key snapshot after
@@ -100,6 +103,19 @@ class TenancyState:
         if chain is None:
             chain = self._chains[group_id] = tuple(self.budget(g) for g in self.tree.ancestry(group_id))
         return chain
+
+    def priority(self, group_id: str) -> Priority:
+        """The group's priority class: its own, else its nearest ancestor's, else interactive."""
+        priority = self._priorities.get(group_id)
+        if priority is None:
+            priority = Priority.INTERACTIVE
+            for ancestor in self.tree.ancestry(group_id):
+                group = self.tree.groups.get(ancestor)
+                if group is not None and group.priority is not None:
+                    priority = parse_priority(group.priority)
+                    break
+            self._priorities[group_id] = priority
+        return priority
 
     def budget(self, group_id: str) -> GroupBudget:
         budget = self._budgets.get(group_id)
@@ -199,6 +215,7 @@ class TenancyState:
             else:
                 del self._budgets[group_id]
         self._chains = {}
+        self._priorities = {}
 
     async def _restore_windows(self) -> None:
         now = self.clock()

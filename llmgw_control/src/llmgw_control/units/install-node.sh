@@ -11,9 +11,13 @@
 # restarted. A failure before the switch leaves the node exactly as it was. The release that was
 # current stays (/opt/llmgw-node/previous) for a rollback; older ones are removed.
 #
+# Control serves the release's wheels to enrolled nodes only: pip fetches them with the node id
+# and token as HTTP Basic credentials, from a private netrc file (never a command line).
+#
 # Input (environment):
 #   LLMGW_NODE_ID, LLMGW_JOIN_TOKEN  for a new node (both required)
-#   LLMGW_UPGRADE=1    switch an installed node to this script's release; its config is kept
+#   LLMGW_UPGRADE=1    switch an installed node to this script's release; its config is kept,
+#                      and its node id and token there fetch the wheels
 #   LLMGW_ROLLBACK=1   switch back to the release that was current before the last switch
 #                      (no network; /opt/llmgw-node/install-node.sh is this script, kept)
 #   LLMGW_PYTHON       the Python for new environments (default python3; 3.11 or newer)
@@ -66,7 +70,8 @@ if [ -n "$UPGRADE" ] || [ -n "$ROLLBACK" ]; then
 else
     NODE_ID="${LLMGW_NODE_ID:-}"
     [ -n "$NODE_ID" ] || die "set LLMGW_NODE_ID"
-    [ -n "${LLMGW_JOIN_TOKEN:-}" ] || die "set LLMGW_JOIN_TOKEN"
+    TOKEN="${LLMGW_JOIN_TOKEN:-}"
+    [ -n "$TOKEN" ] || die "set LLMGW_JOIN_TOKEN"
 fi
 if [ -z "$ROOT" ] && [ "$(id -u)" != 0 ]; then
     die "run as root (it installs to /opt/llmgw-node, /etc/llmgw and a systemd unit)"
@@ -74,6 +79,17 @@ fi
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+
+# A file from control with the node's credentials (the netrc file below), never on a command line.
+fetch() {
+    if command -v curl >/dev/null 2>&1; then
+        curl -fsSL --netrc-file "$work/.netrc" "$1" -o "$2"
+    elif command -v wget >/dev/null 2>&1; then
+        HOME="$work" wget -q -O "$2" "$1"
+    else
+        die "needs curl or wget"
+    fi
+}
 
 # An environment passes when it prints its release's version and probes this machine. The probe
 # uses a scratch data directory: the running daemon's (engines being installed) is not touched.
@@ -118,6 +134,26 @@ else
     command -v "$PYTHON" >/dev/null 2>&1 || die "$PYTHON not found: install Python 3.11 or newer, or set LLMGW_PYTHON"
     "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
         || die "$PYTHON is $("$PYTHON" -V 2>&1); llmgw-node needs Python 3.11 or newer (set LLMGW_PYTHON)"
+    if [ -n "$UPGRADE" ]; then
+        # The node's own id and token, from its config (read with $PYTHON, which has tomllib:
+        # a node of the layout before releases has no $CURRENT to read it with).
+        creds=$("$PYTHON" -c 'import socket, sys, tomllib
+c = tomllib.load(open(sys.argv[1], "rb"))
+print(c.get("node_id") or socket.gethostname())
+print(c.get("token", ""))' "$CONFIG") || die "cannot read the node id and token from $CONFIG"
+        NODE_ID=$(printf '%s\n' "$creds" | sed -n 1p)
+        TOKEN=$(printf '%s\n' "$creds" | sed -n 2p)
+    fi
+    # The node id and token go to control as HTTP Basic credentials from a netrc file (pip reads
+    # the one $NETRC names), never on a command line, which ps shows everyone. The file is
+    # private and removed with $work.
+    host=${CONTROL_HTTP#*://}
+    host=${host%%/*}
+    case "$host" in
+        \[*) host=${host%%]*}; host=${host#[} ;;
+        *) host=${host%:*} ;;
+    esac
+    (umask 077 && printf 'machine %s login %s password %s\n' "$host" "$NODE_ID" "$TOKEN" > "$work/.netrc")
     here=$("$PYTHON" -c 'import platform, sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}-{platform.machine()}")')
     case " $TARGETS " in
         *" $here "*) ;;
@@ -134,6 +170,10 @@ else
         # back to it after a rollback must not depend on control, nor delete it first).
         say "release $RELEASE_ID is already installed; checking it"
     else
+        # The page pip installs from, first: credentials control refuses are said here, in
+        # words, not as pip's "no matching distribution" (pip keeps a 401 to its debug log).
+        fetch "$CONTROL_HTTP/install/releases/$RELEASE_ID/" "$work/release.html" \
+            || die "control did not serve release $RELEASE_ID to node $NODE_ID (a 401: the token is not the one control has for this node id); the node is unchanged"
         # Whatever is at $ENV is neither current nor previous: a failed earlier attempt. Built
         # afresh, never trusted half-made.
         rm -rf "$ENV"
@@ -144,8 +184,10 @@ else
 LLMGW_REQUIREMENTS_EOF
         # --isolated: no pip.conf, no PIP_* variables (an extra index could not sneak in);
         # --no-index: control's release page is the only source; --require-hashes: every file
-        # must match a digest above, dependencies included, or nothing is installed.
-        "$ENV/bin/python" -m pip --isolated install --quiet --disable-pip-version-check --no-cache-dir \
+        # must match a digest above, dependencies included, or nothing is installed. NETRC is
+        # not pip's own setting: --isolated keeps it, and the credentials reach control;
+        # --no-input: credentials control refuses end the install, never a password prompt.
+        NETRC="$work/.netrc" "$ENV/bin/python" -m pip --isolated install --quiet --disable-pip-version-check --no-cache-dir --no-input \
             --require-hashes --no-index --only-binary :all: \
             --find-links "$CONTROL_HTTP/install/releases/$RELEASE_ID/" -r "$work/requirements.txt" \
             || die "installing release $RELEASE_ID failed; the node is unchanged (the old release keeps running)"

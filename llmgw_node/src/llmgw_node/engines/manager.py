@@ -48,6 +48,7 @@ from llmgw_node.engines.signature import (
 )
 from llmgw_node.engines.unpack import UnpackLimits, UnsafeArchive, safe_unpack
 from llmgw_node.fetch import URL_ERRORS, FetchError, fetch, human_size
+from llmgw_shared.jsonin import loads as json_loads
 from llmgw_shared.logs import get_logger
 from llmgw_shared.names import BadName, check_asset_name, check_engine_name, check_version
 from llmgw_shared.names import shown as shown_name
@@ -261,15 +262,14 @@ class EngineManager:
         ``control_epoch`` is the fencing token of the command that asked: each install records
         it as who asked for the engine.
         """
+        # A name or version that may not name a folder never becomes a path, a state or a report
+        # (control could not decode a report naming it): the command's ack says why (``bad_names``).
+        specs = [s for s in specs if not bad_names(s)]
         self._wanted = {(s.name, s.version): s for s in specs}
         self.control_epoch = control_epoch
         todo = []
         for spec in specs:
             state = self.state(spec.name, spec.version)
-            if spec.name in ARCHIVE_ENGINES and (problem := _bad_names(spec)):
-                # Never becomes a path, never installs; said once, not retried.
-                self._set(EngineState(name=spec.name, version=spec.version, status="failed", detail=problem))
-                continue
             if state.status == "failed" and self._backing_off(spec):
                 continue
             if state.status not in ("installed", "configured", "installing"):
@@ -339,7 +339,7 @@ class EngineManager:
         if spec.name not in ARCHIVE_ENGINES:
             raise InstallError(f"unknown engine {spec.name!r}: only {', '.join(ARCHIVE_ENGINES)} install "
                                "from releases; name others in the node's config by path")
-        if problem := _bad_names(spec):
+        if problem := bad_names(spec):
             raise InstallError(problem)
         epoch = self.control_epoch
         binary_name, default_source = ARCHIVE_ENGINES[spec.name]
@@ -443,7 +443,7 @@ class EngineManager:
             except SignatureError as exc:
                 raise InstallError(f"release index {shown}: {exc}; not installing from it") from None
         try:
-            data = json.loads(body)
+            data = json_loads(bytes(body))
         except ValueError:
             raise InstallError(f"release index {shown}: not JSON") from None
         if verified is not None:
@@ -590,7 +590,7 @@ class EngineManager:
         # Installs that failed earlier get another try each round: a mirror may be back, a
         # release may have been fixed. The re-check interval is the backoff.
         for key, spec in sorted(self._wanted.items()):
-            if (self.state(*key).status == "failed" and spec.name in ARCHIVE_ENGINES and not _bad_names(spec)
+            if (self.state(*key).status == "failed" and spec.name in ARCHIVE_ENGINES and not bad_names(spec)
                     and not self._backing_off(spec)):
                 await self.install(spec)
         for eng in self.configured:
@@ -602,7 +602,7 @@ class EngineManager:
             await self.check_all()
 
 
-def _bad_names(spec: EngineSpec) -> str:
+def bad_names(spec: EngineSpec) -> str:
     """Why ``spec``'s name or version may not name a folder, or ""."""
     try:
         check_engine_name(spec.name)
@@ -666,7 +666,7 @@ def _verify_kept(folder: Path, provenance: EngineProvenance, keys: list[PublicKe
         except SignatureError as exc:
             raise proof.ProofError(f"the kept release index: {exc}") from None
     try:
-        published = {a.name: a.sha256 for a in parse_release(json.loads(body)) if not a.refused}
+        published = {a.name: a.sha256 for a in parse_release(json_loads(body)) if not a.refused}
     except (ValueError, ReleaseError) as exc:
         raise proof.ProofError(f"the kept release index is unreadable: {exc}") from None
     for asset in provenance.assets:

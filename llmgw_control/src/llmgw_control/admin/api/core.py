@@ -28,6 +28,8 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from llmgw_shared.config import strict_converter
+from llmgw_shared.jsonin import JsonTooDeep
+from llmgw_shared.jsonin import loads as json_loads
 from llmgw_shared.logs import get_logger
 
 from ...asgi import Send, send_json
@@ -107,15 +109,25 @@ def _clean_str(value: Any, _: type) -> str:
 
 
 def _datetime_in(value: Any, _: type) -> datetime:
+    """An RFC 3339 date-time, as a UTC datetime: the one parser of every date-time the API takes.
+
+    Its instant must be one Python can hold in UTC: ``9999-12-31T23:59:59-14:00`` is valid RFC
+    3339, but its UTC instant is in the year 10000, and converting it raised OverflowError (a 500)
+    wherever it was first compared or stored. Converted here, once, it is a 400 naming the field.
+    """
     if not isinstance(value, str):
         raise TypeError(f"expected an RFC 3339 date-time string, got {type(value).__name__}")
     try:
         parsed = datetime.fromisoformat(value)
     except ValueError:
-        raise ValueError(f"{value!r} is not an RFC 3339 date-time (e.g. 2026-12-02T10:00:00Z)") from None
+        raise ValueError(f"{value[:64]!r} is not an RFC 3339 date-time (e.g. 2026-12-02T10:00:00Z)") from None
     if parsed.tzinfo is None:
         raise ValueError("needs a timezone (e.g. Z or +01:00)")
-    return parsed
+    try:
+        return parsed.astimezone(UTC)
+    except OverflowError:
+        raise ValueError(f"{value[:64]!r} is out of range: in UTC it must lie between 0001-01-01T00:00:00Z and "
+                         "9999-12-31T23:59:59.999999Z") from None
 
 
 def make_converter() -> cattrs.Converter:
@@ -193,7 +205,9 @@ def _check_value(item: Any, rules: Mapping[str, Any], where: str) -> None:
                               else f"must be at least {rules['minLength']} characters")
         if "maxLength" in rules and len(item) > rules["maxLength"]:
             raise bad_request(where, f"must be at most {rules['maxLength']} characters")
-        if "pattern" in rules and not re.search(rules["pattern"], item):
+        # Schema patterns are written anchored (^...$) and matched whole: re.search with "$" would
+        # also accept the value with a newline after it.
+        if "pattern" in rules and not re.fullmatch(rules["pattern"], item):
             raise bad_request(where, rules.get("x-pattern-message", f"must match {rules['pattern']}"))
     if isinstance(item, list | dict):
         if "maxItems" in rules and len(item) > rules["maxItems"]:
@@ -405,8 +419,10 @@ class Api:
         if route.body is not None:
             data = await request.get_data(as_text=False)
             try:
-                parsed = json.loads(data) if data else None
-            except (ValueError, UnicodeDecodeError):
+                parsed = json_loads(data) if data else None
+            except JsonTooDeep as exc:
+                raise bad_request(None, f"the body is not valid JSON: {exc}", code="invalid_json") from None
+            except ValueError:  # UnicodeDecodeError included
                 raise bad_request(None, "the body is not valid JSON", code="invalid_json") from None
             body = structure_body(parsed, route.body)
             raw = parsed if isinstance(parsed, dict) else {}

@@ -235,7 +235,9 @@ def build_api(ctx: ApiContext) -> Api:
     def group_view(group: Group) -> GroupView:
         tree = tenancy().state.tree
         path = tree.path(group.id) if group.id in tree else group.name
-        return GroupView(group.id, group.name, group.parent_id, path, group.created_at, group.updated_at)
+        effective = tenancy().state.priority(group.id).label if group.id in tree else group.priority or "interactive"
+        return GroupView(group.id, group.name, group.parent_id, path, group.created_at, group.updated_at,
+                         group.priority, effective)
 
     @api.route("GET", "/groups", summary="The group tree", tag="groups", response=GroupList, errors=(503,))
     async def list_groups(call: Call) -> GroupList:
@@ -245,15 +247,16 @@ def build_api(ctx: ApiContext) -> Api:
                status=201, errors=(404, 409, 503))
     async def create_group(call: Call) -> GroupAnswer:
         body: CreateGroup = call.body
-        return GroupAnswer(group_view(await tenancy().service.create_group(body.name, body.parent_id)))
+        return GroupAnswer(group_view(await tenancy().service.create_group(body.name, body.parent_id,
+                                                                           priority=body.priority)))
 
     @api.route("GET", "/groups/{group_id}", summary="One group", tag="groups", response=GroupAnswer,
                errors=(404, 503))
     async def get_group(call: Call) -> GroupAnswer:
         return GroupAnswer(group_view(await tenancy().service.get_group(call.path["group_id"])))
 
-    @api.route("PATCH", "/groups/{group_id}", summary="Rename and/or move a group", tag="groups", body=PatchGroup,
-               response=GroupAnswer, errors=(404, 409, 503))
+    @api.route("PATCH", "/groups/{group_id}", summary="Rename, move or set the priority of a group", tag="groups",
+               body=PatchGroup, response=GroupAnswer, errors=(404, 409, 503))
     async def update_group(call: Call) -> GroupAnswer:
         name: str | Unset = UNSET
         parent: str | Unset | None = UNSET
@@ -263,7 +266,11 @@ def build_api(ctx: ApiContext) -> Api:
             name = call.body.name
         if "parent_id" in call.raw:
             parent = call.body.parent_id
-        group = await tenancy().service.update_group(call.path["group_id"], name=name, parent_id=parent)
+        priority: str | Unset | None = UNSET
+        if "priority" in call.raw:
+            priority = call.body.priority
+        group = await tenancy().service.update_group(call.path["group_id"], name=name, parent_id=parent,
+                                                     priority=priority)
         return GroupAnswer(group_view(group))
 
     @api.route("DELETE", "/groups/{group_id}", summary="Delete a group (no children, keys or quota in use)",

@@ -8,7 +8,7 @@ them, and the OpenAPI document generated from them (see ``core``). Constraints s
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
@@ -199,6 +199,10 @@ class GroupView:
     path: str
     created_at: datetime
     updated_at: datetime
+    # The group's own setting; null: its parent's.
+    priority: str | None
+    # What its requests get: its own, else the nearest ancestor's, else interactive.
+    effective_priority: str
 
 
 @attrs.frozen
@@ -211,18 +215,26 @@ class GroupAnswer:
     group: GroupView
 
 
+PriorityName = Literal["interactive", "batch"]
+_PRIORITY_DOC = ("How the group's requests are ordered while they wait for a replica slot: interactive before "
+                 "batch (batch still gets a bounded share). null: the parent's; a root without one is interactive.")
+
+
 @attrs.frozen
 class CreateGroup:
     name: str = _name("The group's name, unique among its siblings.")
     parent_id: str | None = attrs.field(default=None, metadata={"doc": "The parent group; null for a root."})
+    priority: PriorityName | None = attrs.field(default=None, metadata={"doc": _PRIORITY_DOC})
 
 
 @attrs.frozen
 class PatchGroup:
-    """Only the fields present change; ``parent_id: null`` makes the group a root."""
+    """Only the fields present change; ``parent_id: null`` makes the group a root, ``priority: null``
+    makes it inherit its parent's."""
 
     name: str | None = attrs.field(default=None, metadata={"schema": NAME_RULES})
     parent_id: str | None = None
+    priority: PriorityName | None = attrs.field(default=None, metadata={"doc": _PRIORITY_DOC})
 
 
 # --------------------------------------------------------------------------- keys

@@ -13,6 +13,7 @@ from typing import Any
 from quart import jsonify
 from quart_trio import QuartTrio
 
+from ...byte_ranges import StrictRangeResponse
 from ...leadership import cluster_secret
 from .client import PREFIX, ClientDashboard
 from .session import SessionSigner
@@ -39,6 +40,7 @@ def client_dashboard(dash: Dashboard, admin_app: Any = None, *, otherwise: Any =
     """The client port's fallback: ``/admin`` pages behind the login, ``/admin/api/v1/`` to ``admin_app``,
     anything else to ``otherwise`` (the gateway, so unknown paths keep its OpenAI-shaped 404)."""
     pages = QuartTrio("llmgw_control.dashboard")
+    pages.response_class = StrictRangeResponse  # its static files answer Range requests
     pages.config["RESPONSE_TIMEOUT"] = None
     # The pages take a login form and a logout form, nothing larger; anyone can send these.
     pages.config["MAX_CONTENT_LENGTH"] = 64 * 1024

@@ -17,6 +17,7 @@ from .views import Dashboard
 
 PREFIX = "/admin"
 API_PREFIX = "/admin/api/"
+LOGIN = "/admin/login"
 _ACTOR = b"x-llmgw-admin-key-id"
 
 
@@ -53,6 +54,11 @@ class ClientDashboard:
         if path.startswith(API_PREFIX):
             await self._api(scope, receive, send)
         elif path == PREFIX or path.startswith(PREFIX + "/"):
+            if scope["method"] in UNSAFE_METHODS and path != LOGIN and self.dash.session_of(_Headers(scope)) is None:
+                # Refused on the head, as the API above is: Quart would start reading the body
+                # (and invite it with 100 Continue) before the pages' own session check runs.
+                await send_error(send, 401, "login_required", "Log in to the dashboard with an admin key first.")
+                return
             await self.pages(scope, receive, send)
         elif self.otherwise is not None:
             await self.otherwise(scope, receive, send)

@@ -14,6 +14,7 @@ import attrs
 import httpx2
 import trio
 
+from llmgw_shared.jsonin import loads as json_loads
 from llmgw_shared.logs import get_logger
 
 log = get_logger("llmgw.dashboard")
@@ -78,7 +79,7 @@ async def query_chart(client: httpx2.AsyncClient, prometheus: str, chart: Chart,
         log.warning("cannot reach Prometheus at %s: %s", prometheus, exc)
         raise HistoryError(f"Prometheus at {prometheus} did not answer ({type(exc).__name__}).") from None
     try:
-        body = response.json()
+        body = json_loads(response.content)
     except ValueError:
         body = None
     if not isinstance(body, dict) or body.get("status") != "success":

@@ -26,6 +26,8 @@ from typing import Any
 
 import attrs
 
+from llmgw_shared.jsonin import loads as json_loads
+
 COOKIE_NAME = "llmgw_admin_session"
 CSRF_HEADER = "x-csrf-token"
 UNSAFE_METHODS = frozenset(("POST", "PUT", "PATCH", "DELETE"))
@@ -67,7 +69,7 @@ class SessionSigner:
         if not dot or not hmac.compare_digest(signature, self._sign(body)):
             return None
         try:
-            data = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+            data = json_loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
             session = Session(str(data["k"]), str(data["c"]), float(data["e"]))
         except (ValueError, KeyError, TypeError, binascii.Error):
             return None
