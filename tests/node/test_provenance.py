@@ -24,7 +24,15 @@ from llmgw_node.engines.manager import EngineManager
 from llmgw_node.engines.release import Platform
 from llmgw_node.service import open_node_service
 from llmgw_node.supervisor import Timing
-from llmgw_shared.wire import AssetProvenance, EngineSpec, SetEngines, converter, decode, encode
+from llmgw_shared.wire import (
+    AssetProvenance,
+    EngineSpec,
+    EngineStateReport,
+    SetEngines,
+    converter,
+    decode,
+    encode,
+)
 
 NODE = [sys.executable, "-m", "llmgw_node"]
 
@@ -80,6 +88,27 @@ async def test_a_manifest_from_before_provenance_still_loads_with_what_it_record
     assert state.status == "installed" and state.provenance is not None
     assert [a.sha256 for a in state.provenance.assets] == [hashlib.sha256(data).hexdigest()]
     assert state.provenance.installed_at == info["installed_at"]
+
+
+async def test_a_manifest_provenance_control_would_refuse_is_not_reported(
+    tmp_path: Path, files: FileServer, engine_archive: tuple[str, bytes]
+) -> None:
+    # The node reads its manifests back from disk; a report naming "../x" would be refused by
+    # control's decode (and the engine's state with it), so the node drops the provenance instead.
+    name, data = engine_archive
+    files.publish(TAG, {name: data})
+    async with httpx2.AsyncClient() as client:
+        mgr = EngineManager(tmp_path, client, Platform("linux", "x86_64", False))
+        await mgr.install(EngineSpec("llama.cpp", TAG, files.release_api()))
+        marker = tmp_path / "engines" / "llama.cpp" / TAG / ".llmgw-engine.json"
+        info = json.loads(marker.read_text())
+        info["provenance"]["assets"][0]["name"] = "../../etc/passwd"
+        marker.write_text(json.dumps(info))
+        again = EngineManager(tmp_path, client, Platform("linux", "x86_64", False))
+        await again.load()
+    state = again.state("llama.cpp", TAG)
+    assert state.status == "installed" and state.provenance is None
+    assert decode(encode(EngineStateReport(engine=state))) == EngineStateReport(engine=state)
 
 
 async def _cli(*args: str) -> tuple[int, str]:

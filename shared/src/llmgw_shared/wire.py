@@ -31,7 +31,16 @@ from llmgw_shared.config import json_kind as _json_kind
 from llmgw_shared.config import strict_collections
 from llmgw_shared.facts import GpuFacts, HostFacts
 from llmgw_shared.jsonin import loads as _loads
-from llmgw_shared.names import BadName, check_address, check_engine_name, check_node_id, check_shard_id, check_version
+from llmgw_shared.names import (
+    BadName,
+    check_address,
+    check_asset_name,
+    check_engine_name,
+    check_node_id,
+    check_sha256,
+    check_shard_id,
+    check_version,
+)
 
 PROTOCOL_VERSION = 1
 
@@ -378,6 +387,11 @@ _NAMES: dict[tuple[type, str], Callable[[Any], object]] = {
     (EngineState, "name"): check_engine_name,
     (EngineState, "version"): lambda value: check_version(value, "engine version"),
     (ShardState, "shard_id"): check_shard_id,
+    # Shown by `ctl engines` and the dashboard: an archive name and digests of their kinds ("" for
+    # a digest a manifest from before provenance did not record).
+    (AssetProvenance, "name"): check_asset_name,
+    (AssetProvenance, "sha256"): lambda value: value == "" or check_sha256(value),
+    (EngineProvenance, "index_sha256"): lambda value: value == "" or check_sha256(value),
 }
 _PORTS = frozenset({(ShardState, "port")})
 _FROM_NODES = (Hello, Heartbeat, Ack, EngineStateReport, ShardStateReport, Error)
@@ -398,6 +412,15 @@ def _check_report(value: Any, path: str) -> None:
         if (kind, field.name) in _PORTS and not 0 <= item <= 65535:
             raise WireError(f"port {item} is not between 0 and 65535 @ {where}")
         _check_bounds(item, where)
+
+
+def check_from_node(value: Any, where: str = "$") -> None:
+    """What ``decode`` checks in a node's message, for a part of one (``WireError`` naming the field).
+
+    A node runs it on what it reads back from its own files before reporting it: a report control
+    would refuse must not be sent (it would say nothing else either).
+    """
+    _check_report(value, where)
 
 
 def _check_bounds(item: Any, where: str) -> None:
@@ -487,6 +510,7 @@ __all__ = [
     "WeightsSpec",
     "Welcome",
     "WireError",
+    "check_from_node",
     "converter",
     "decode",
     "encode",

@@ -52,7 +52,16 @@ from llmgw_shared.jsonin import loads as json_loads
 from llmgw_shared.logs import get_logger
 from llmgw_shared.names import BadName, check_asset_name, check_engine_name, check_version
 from llmgw_shared.names import shown as shown_name
-from llmgw_shared.wire import LLAMA_CPP_RELEASES, AssetProvenance, EngineProvenance, EngineSpec, EngineState, converter
+from llmgw_shared.wire import (
+    LLAMA_CPP_RELEASES,
+    AssetProvenance,
+    EngineProvenance,
+    EngineSpec,
+    EngineState,
+    WireError,
+    check_from_node,
+    converter,
+)
 
 log = get_logger("llmgw.node.engines")
 
@@ -628,7 +637,24 @@ def _write_new(folder: Path, name: str, data: bytes) -> None:
 
 
 def _recorded_provenance(info: dict[str, object], marker: Path) -> EngineProvenance | None:
-    """The provenance an install manifest records; for a manifest older than provenance, what it has."""
+    """The provenance an install manifest records; for a manifest older than provenance, what it has.
+
+    None when it would not pass control's checks of a node's report (``wire.check_from_node``):
+    an engine state control refuses would not be reported at all, and the engine runs either way.
+    """
+    provenance = _read_provenance(info, marker)
+    if provenance is None:
+        return None
+    try:
+        check_from_node(provenance, "provenance")
+    except WireError as exc:
+        log.warning("install manifest has a provenance control would refuse", extra={"path": str(marker),
+                                                                                     "error": str(exc)})
+        return None
+    return provenance
+
+
+def _read_provenance(info: dict[str, object], marker: Path) -> EngineProvenance | None:
     if "provenance" in info:
         try:
             return converter.structure(info["provenance"], EngineProvenance)
