@@ -15,7 +15,7 @@ from pathlib import Path
 
 import trio
 from node.signing import OperatorKey
-from system.releases import BIN, running_control
+from system.releases import BIN, SHARED_TOKEN, running_control
 
 from llmgw_dev import build_engine
 
@@ -37,8 +37,12 @@ async def test_a_node_with_the_operators_key_installs_only_the_index_the_operato
     shutil.copyfile(archive, files / "engines" / archive.name)
     key = OperatorKey.new()
     config = tmp_path / "node.toml"
-    config.write_text(f'data_dir = "{tmp_path / "node"}"\nrelease_signing_keys = ["{key.public}"]\n')
     async with running_control(tmp_path, files) as (_admin, agents, _log):
+        # A node of the closed fleet: `engines install` fetches from control with its credentials,
+        # as the daemon does.
+        config.write_text(f'data_dir = "{tmp_path / "node"}"\nrelease_signing_keys = ["{key.public}"]\n'
+                          f'control = ["ws://127.0.0.1:{agents}/agent/v1"]\nnode_id = "n1"\n'
+                          f'token = "{SHARED_TOKEN}"\n')
         url = f"http://127.0.0.1:{agents}/releases/llama.cpp/{{version}}"
         # Control's generated index is not signed: refused before anything is downloaded.
         code, out = await _install(config, url)

@@ -21,6 +21,7 @@ import trio
 
 from llmgw_node.agent import Agent
 from llmgw_node.config import ConfigError, NodeConfig, load_config
+from llmgw_node.control_auth import control_client
 from llmgw_node.engines.manager import EngineManager
 from llmgw_node.engines.release import Platform
 from llmgw_node.probe import probe
@@ -213,7 +214,7 @@ async def _manager(
 
 async def _probe(config: NodeConfig, as_json: bool) -> int:
     facts = await probe(config.data_path)
-    async with httpx2.AsyncClient() as client:
+    async with control_client(config) as client:
         mgr = await _manager(config, client, facts)
         await mgr.load()
     engines = mgr.states()
@@ -242,7 +243,7 @@ async def _probe(config: NodeConfig, as_json: bool) -> int:
 
 
 async def _engines(config: NodeConfig, args: argparse.Namespace) -> int:
-    async with httpx2.AsyncClient() as client:
+    async with control_client(config) as client:
         mgr = await _manager(config, client)
         if args.engines_command == "install":
             await mgr.load()
