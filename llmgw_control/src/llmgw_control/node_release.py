@@ -515,7 +515,7 @@ def releases_dir_for(files_dir: str, data_dir: Path) -> Path:
 # --------------------------------------------------------------------------- the command
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmgw-control release", description="Node releases: the exact wheels "
                                      "onboarding installs on nodes, from uv.lock.")
     parser.add_argument("--config", help="control's config file, for agents.files_dir and data_dir (default "
@@ -552,7 +552,7 @@ def _releases_dir(args: argparse.Namespace) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     from llmgw_shared.config import ConfigError
 
     try:
