@@ -162,3 +162,15 @@ def test_release_use_switches_back_and_refuses_what_is_not_a_release(tmp_path: P
         assert result.returncode == 1, bad
         assert "is not a release id" in result.stderr or "no release" in result.stderr
     assert not releases.exists() or not (releases / "current").exists()
+
+
+@pytest.mark.parametrize("manifest", ["[]", '"x"', "null", "{"])
+def test_a_release_json_that_is_not_an_object_is_an_unreadable_release(tmp_path: Path, manifest: str) -> None:
+    # Onboarding reads release.json for every script it serves: a damaged one is a ReleaseError
+    # (a 503 that says so from /install/node.sh), never an AttributeError (a 500).
+    folder = tmp_path / "0.1.0-0123456789ab"
+    folder.mkdir()
+    (folder / "release.json").write_text(manifest)
+    (folder / "requirements.txt").write_text("")
+    with pytest.raises(ReleaseError, match=r"0\.1\.0-0123456789ab"):
+        load_release(tmp_path, "0.1.0-0123456789ab")

@@ -479,6 +479,8 @@ def load_release(releases: Path, release_id: str) -> Release:
         raise ReleaseError(f"no release {release_id} in {releases}") from None
     except (OSError, ValueError) as exc:
         raise ReleaseError(f"release {release_id} is unreadable: {exc}") from None
+    if not isinstance(manifest, dict):
+        raise ReleaseError(f"release {release_id}: {MANIFEST} is not a JSON object; prepare it again")
     if hashlib.sha256(requirements.encode()).hexdigest() != manifest.get("requirements_sha256"):
         raise ReleaseError(f"release {release_id}: {REQUIREMENTS} does not match its {MANIFEST}; prepare it again")
     files = {}
