@@ -72,8 +72,9 @@ def sync_environment() -> None:
 
 # What the tests run for real, from Debian's packages: g++ builds llama-server once; PostgreSQL
 # backs the store and failover tests; Chromium (with fonts, for readable screenshots) drives the
-# dashboard tests; Prometheus and promtool check the history charts and alert rules.
-TEST_PACKAGES = ["g++", "postgresql", "chromium", "fonts-liberation", "prometheus"]
+# dashboard tests; Prometheus and promtool check the history charts and alert rules; minisign
+# signs and verifies release indexes against the node's own verifier (the format operators use).
+TEST_PACKAGES = ["g++", "postgresql", "chromium", "fonts-liberation", "prometheus", "minisign"]
 
 
 def _installed(package: str) -> bool:

@@ -18,6 +18,7 @@ import pytest
 
 from llmgw_control.cli import build_parser as control_parser
 from llmgw_control.ctl.main import build_parser as ctl_parser
+from llmgw_control.node_release import build_parser as release_parser
 from llmgw_node.cli import _parser as node_parser
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,9 +37,11 @@ _PACKAGE_FLAG = re.compile(r"--package\s+$")
 # ..."), never a subcommand: a mention followed by one of these is not a command line. Anything
 # else is checked, so a wrong or removed subcommand ("llmgw-control token") fails.
 PROSE = frozenset({"and", "configuration", "connects", "crashed", "does", "from", "here", "needs", "on", "ready",
-                   "running", "stopped", "wheels", "is", "has", "can", "will", "must", "should", "sends", "to",
+                   "running", "runs", "stopped", "wheels", "is", "has", "can", "will", "must", "should", "sends", "to",
                    "as", "or", "the", "itself", "daemon", "process"})
 _WORD = re.compile(r"[a-z][a-z0-9-]*")
+# llmgw-control's commands that hand the rest of the line to a parser of their own.
+_DELEGATED = {"ctl": ctl_parser, "release": release_parser}
 _TRAILING = ")].,;:'\"`*|"
 
 
@@ -69,6 +72,8 @@ def check_command(program: str, words: list[str]) -> str | None:
             action = _options(parser).get(option)
             if action is None:
                 return f"{path}: no option {option}"
+            if isinstance(action, argparse._VersionAction | argparse._HelpAction):
+                break  # the program prints and exits: what follows is not part of the command
             skip_value = action.nargs != 0 and "=" not in word
             continue
         if leaf or not _WORD.fullmatch(word):
@@ -77,8 +82,8 @@ def check_command(program: str, words: list[str]) -> str | None:
                 break  # punctuation ended the command
             continue
         choices = _subcommands(parser)
-        if program == "llmgw-control" and path == "llmgw-control" and word == "ctl":
-            parser, path = ctl_parser(), "llmgw-control ctl"
+        if program == "llmgw-control" and path == "llmgw-control" and word in _DELEGATED:
+            parser, path = _DELEGATED[word](), f"llmgw-control {word}"
             continue
         if not choices:
             leaf = True
@@ -138,6 +143,11 @@ def test_every_command_named_in_docs_and_messages_exists() -> None:
     ("(is llmgw-control running? use --admin URL)", True),
     ("useradd --home-dir /var/lib/llmgw-node --no-create-home llmgw", True),
     ("uv build --wheel --package llmgw-node --out-dir dist", True),
+    ("llmgw-control release --files-dir /srv/files prepare --python 3.12 --arch x86_64", True),
+    ("llmgw-control release prepare --no-such-flag", False),
+    ("llmgw-control release rollback", False),
+    ("die \"$dir: llmgw-node --version failed: $got\"", True),
+    ("llmgw-node --nope --version", False),
 ])
 def test_the_checker_itself(line: str, ok: bool) -> None:
     found = [check_command(program, words) for _, program, words in commands_in(line)]

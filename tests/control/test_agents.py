@@ -76,7 +76,7 @@ async def test_a_node_joins_and_is_listed(tmp_path: Path) -> None:
         await joined(ws)
         (node,) = await ctl.nodes()
         assert node["id"] == "n1" and node["state"] == "ready"
-        assert node["engines"] == [{"name": "llama.cpp", "version": "b11312", "state": "absent"}]
+        assert node["engines"] == [{"name": "llama.cpp", "version": "b11312", "state": "absent", "provenance": None}]
         # Control sends its own heartbeats so a node notices a hung control.
         assert (await receive(ws))["type"] == "heartbeat"
 

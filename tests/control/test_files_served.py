@@ -1,9 +1,10 @@
-"""The files control serves (engine archives, weights, wheels, the dashboard's static files), on the real
+"""The files control serves (engine archives, weights, node release wheels, the dashboard's static files), on the real
 daemon over real sockets: ranges parsed strictly, nothing outside the served directories, and engine
 files only for enrolled nodes."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -16,6 +17,7 @@ import pytest
 import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from system.releases import fake_release
 
 from llmgw_control.app import Listening, run_control
 from llmgw_control.config import ControlConfig, validate
@@ -24,6 +26,11 @@ from llmgw_control.fleet.agents import AgentsConfig, token_digest
 TOKEN = "llmgw-join-files-test"
 DATA = bytes(range(256)) * 4 + b"tail"  # 1028 bytes, every offset distinguishable
 WHEEL = "llmgw_node-0.1.0-py3-none-any.whl"
+# A node release (what `llmgw-control release prepare` writes) holding WHEEL; its id follows from
+# its requirements.
+REQUIREMENTS = f"llmgw-node==0.1.0 --hash=sha256:{hashlib.sha256(DATA).hexdigest()}\n"
+RELEASE = "0.1.0-" + hashlib.sha256(REQUIREMENTS.encode()).hexdigest()[:12]
+RELEASE_PAGE = f"/install/releases/{RELEASE}/"
 
 
 @attrs.frozen
@@ -40,10 +47,11 @@ class Served:
 @asynccontextmanager
 async def control_serving_files(root: Path, **agents: object) -> AsyncIterator[Served]:
     files = root / "files"
-    for kind in ("engines", "models", "wheels"):
+    for kind in ("engines", "models"):
         (files / kind).mkdir(parents=True, exist_ok=True)
     (files / "models" / "m.gguf").write_bytes(DATA)
-    (files / "wheels" / WHEEL).write_bytes(DATA)
+    if not (files / "node-releases").exists():
+        assert fake_release(files / "node-releases", {WHEEL: DATA}, REQUIREMENTS) == RELEASE
     config = validate(ControlConfig(
         listen="127.0.0.1:0", admin_listen="127.0.0.1:0", data_dir=str(root / "control"), shutdown_grace=1.0,
         agents=AgentsConfig(listen="127.0.0.1:0", files_dir=str(files), join_token_digests=[token_digest(TOKEN)],
@@ -110,7 +118,7 @@ ANYTHING = (st.text(alphabet=st.sampled_from("bytes=0123456789-, ;BYTESitem\t"),
                 lambda specs: "bytes=" + ", ".join(specs))).map(lambda text: text.strip(" \t"))
 
 
-@pytest.mark.parametrize("path", ["/files/models/m.gguf", f"/install/wheels/{WHEEL}"])
+@pytest.mark.parametrize("path", ["/files/models/m.gguf", RELEASE_PAGE + WHEEL])
 async def test_every_range_header_gets_the_file_a_range_or_416(served: Served, path: str) -> None:
     def run(client: httpx2.Client) -> None:
         @settings(max_examples=150, deadline=None, database=None, suppress_health_check=list(HealthCheck))
@@ -188,21 +196,25 @@ async def test_a_link_out_of_its_directory_is_not_served(tmp_path: Path) -> None
     secret.write_bytes(b"the cluster secret")
     root = tmp_path / "root"
     files = root / "files"
-    for kind in ("engines", "models", "wheels"):
+    for kind in ("engines", "models"):
         (files / kind).mkdir(parents=True)
     (files / "engines" / "llama-b1-bin-ubuntu-x64.tar.gz").symlink_to(secret)
     (files / "engines" / "llama-b1-bin-ubuntu-arm64.tar.gz").write_bytes(b"archive")
     (files / "models" / "leak.gguf").symlink_to(secret)
     (files / "models" / "up.gguf").symlink_to("../engines/llama-b1-bin-ubuntu-arm64.tar.gz")
     (files / "models" / "alias.gguf").symlink_to("m.gguf")  # a link inside the directory: allowed
-    (files / "wheels" / "llmgw_node-9-py3-none-any.whl").symlink_to(secret)
+    # A wheel the release lists, replaced after it was prepared by a link to the secret.
+    fake_release(files / "node-releases", {WHEEL: DATA, "llmgw_node-9-py3-none-any.whl": b"w"}, REQUIREMENTS)
+    leak = files / "node-releases" / RELEASE / "llmgw_node-9-py3-none-any.whl"
+    leak.unlink()
+    leak.symlink_to(secret)
     async with control_serving_files(root) as served:
         def get(path: str) -> httpx2.Response:
             with node_client(served.agent_url) as client:
                 return client.get(path)
 
         for path in ("/files/models/leak.gguf", "/files/models/up.gguf",
-                     "/files/engines/llama-b1-bin-ubuntu-x64.tar.gz", "/install/wheels/llmgw_node-9-py3-none-any.whl",
+                     "/files/engines/llama-b1-bin-ubuntu-x64.tar.gz", RELEASE_PAGE + "llmgw_node-9-py3-none-any.whl",
                      "/files/models/..%2F..%2Fcontrol-secret", "/files/models/%2e%2e"):
             response = await trio.to_thread.run_sync(get, path)
             assert response.status_code == 404, (path, response.status_code)
@@ -210,7 +222,7 @@ async def test_a_link_out_of_its_directory_is_not_served(tmp_path: Path) -> None
         assert (await trio.to_thread.run_sync(get, "/files/models/alias.gguf")).content == DATA
         release = (await trio.to_thread.run_sync(get, "/releases/llama.cpp/b1")).json()
         assert [a["name"] for a in release["assets"]] == ["llama-b1-bin-ubuntu-arm64.tar.gz"]
-        index = (await trio.to_thread.run_sync(get, "/install/wheels/")).text
+        index = (await trio.to_thread.run_sync(get, RELEASE_PAGE)).text
         assert "llmgw_node-9" not in index and WHEEL in index
 
 
@@ -229,7 +241,8 @@ async def test_a_kind_directory_may_itself_be_a_link_the_operator_made(tmp_path:
 # --------------------------------------------------------------------------- enrolled nodes only
 
 
-NODE_FILES = ["/files/models/m.gguf", "/install/wheels/", f"/install/wheels/{WHEEL}", "/releases/llama.cpp/b11312"]
+NODE_FILES = ["/files/models/m.gguf", RELEASE_PAGE, RELEASE_PAGE + WHEEL, "/releases/llama.cpp/b11312",
+              "/releases/llama.cpp/b11312.minisig"]
 
 
 @pytest.mark.parametrize("auth", [None, ("n1", "wrong"), ("../..", TOKEN), ("n1", ""), ("", "")],

@@ -61,6 +61,17 @@ class FileServer:
             listed.append(entry)
         self.releases[f"/repos/{repo}/releases/tags/{tag}"] = {"tag_name": tag, "assets": listed}
 
+    def index_path(self, tag: str, repo: str = "ggml-org/llama.cpp") -> str:
+        return f"/repos/{repo}/releases/tags/{tag}"
+
+    def index_bytes(self, tag: str, repo: str = "ggml-org/llama.cpp") -> bytes:
+        """The release JSON exactly as it is served (what a signature must cover)."""
+        return json.dumps(self.releases[self.index_path(tag, repo)]).encode()
+
+    def add_signature(self, tag: str, signature: bytes, repo: str = "ggml-org/llama.cpp") -> None:
+        """Serve ``signature`` at the index URL plus ``.minisig``, where nodes look for it."""
+        self.files[self.index_path(tag, repo) + ".minisig"] = signature
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             while True:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import stat
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -226,7 +229,10 @@ def _fake_apt_get(tmp_path: Path, body: str) -> Path:
     bindir = tmp_path / "fakebin"
     bindir.mkdir()
     script = bindir / "apt-get"
-    script.write_text("#!/bin/sh\necho \"$@\" >> \"$FAKE_APT_LOG\"\n" + body)
+    # `update` succeeds unless FAKE_APT_UPDATE says what it fails with; `install` runs ``body``.
+    script.write_text("#!/bin/sh\necho \"$@\" >> \"$FAKE_APT_LOG\"\n"
+                      'if [ "$1" = update ]; then [ -z "${FAKE_APT_UPDATE:-}" ] && exit 0; '
+                      'echo "$FAKE_APT_UPDATE" >&2; exit 100; fi\n' + body)
     script.chmod(0o755)
     return bindir
 
@@ -256,13 +262,108 @@ async def test_missing_library_is_installed_from_an_os_package_when_allowed(
         mgr = EngineManager(tmp_path / "data", client, CPU, allow_os_packages=True, on_change=seen.append,
                             known_packages={"apt": {"libggml-cpu.so.0": "libggml-cpu-test"}})
         state = await mgr.install(EngineSpec("llama.cpp", TAG, files.release_api()))
-    assert (tmp_path / "apt.log").read_text() == "install -y --no-install-recommends libggml-cpu-test\n"
-    assert "installing: installing OS packages: libggml-cpu-test" in [s.describe() for s in seen]
+    # The index update comes first, once: a machine whose lists are old or were never fetched
+    # cannot find the package otherwise.
+    assert (tmp_path / "apt.log").read_text() == "update\ninstall -y --no-install-recommends libggml-cpu-test\n"
+    described = [s.describe() for s in seen]
+    assert described.index("installing: updating the package index (apt)") < \
+        described.index("installing: installing OS packages: libggml-cpu-test")
     if apt_works:
         assert state.describe() == f"installed {TAG}"
     else:
         assert state.describe() == ("failed: apt-get install libggml-cpu-test failed: "
                                     "E: Unable to locate package libggml-cpu-test")
+
+
+async def test_a_failed_index_update_is_the_reason_and_nothing_is_installed(
+    tmp_path: Path, files: FileServer, engine_archive: tuple[str, bytes], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    name, data = engine_archive
+    files.publish(TAG, {name: _archive_without(data, "libggml-cpu.so.0")})
+    bindir = _fake_apt_get(tmp_path, "exit 0\n")
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_APT_LOG", str(tmp_path / "apt.log"))
+    monkeypatch.setenv("FAKE_APT_UPDATE",
+                       "E: The repository 'http://mirror bookworm Release' does not have a Release file.")
+    async with httpx2.AsyncClient() as client:
+        mgr = EngineManager(tmp_path / "data", client, CPU, allow_os_packages=True,
+                            known_packages={"apt": {"libggml-cpu.so.0": "libggml-cpu-test"}},
+                            retry=RetryPolicy(min_s=0.001, max_s=0.001))
+        state = await mgr.install(EngineSpec("llama.cpp", TAG, files.release_api()))
+        assert state.describe() == ("failed: apt-get update failed: E: The repository 'http://mirror bookworm "
+                                    "Release' does not have a Release file.")
+        # Once per install: a second attempt updates once more, and never got as far as installing.
+        await mgr.install(EngineSpec("llama.cpp", TAG, files.release_api()))
+    assert (tmp_path / "apt.log").read_text() == "update\nupdate\n"
+
+
+def test_the_failure_names_the_package_and_the_command_that_installs_it() -> None:
+    from llmgw_node.engines.proof import install_hint
+
+    text = install_hint(["libgomp.so.1", "libfoo.so.9", "libcurl.so.4"], "apt", why_not="why")
+    assert text == ("missing library: libgomp.so.1 (package libgomp1); missing library: libfoo.so.9; "
+                    "missing library: libcurl.so.4 (package libcurl4); to install: apt-get update && "
+                    "apt-get install -y libcurl4 libgomp1, as root (why)")
+    assert install_hint(["libgomp.so.1"], "dnf").endswith("to install: dnf install -y libgomp, as root")
+    # Nothing known: the libraries alone, no guessed package.
+    assert install_hint(["libfoo.so.9"], "apt") == "missing library: libfoo.so.9"
+    assert install_hint(["libgomp.so.1"], None) == "missing library: libgomp.so.1"
+
+
+NOBODY = 65534
+
+
+def _binary_needing(tmp_path: Path, library: str) -> bytes:
+    """A real ELF ``llama-server`` whose only missing library is ``library`` (linked to a stub, then
+    the stub is gone), packed as a llama.cpp release archive."""
+    work = tmp_path / "build"
+    work.mkdir()
+    (work / "main.c").write_text("int main(void) { return 0; }\n")
+    subprocess.run(["cc", "-shared", "-o", str(work / library), f"-Wl,-soname,{library}", "-x", "c", "/dev/null"],
+                   check=True, capture_output=True)
+    binary = work / "llama-server"
+    subprocess.run(["cc", "-o", str(binary), str(work / "main.c"), "-Wl,--no-as-needed", str(work / library)],
+                   check=True, capture_output=True)
+    (work / library).unlink()
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        tar.add(binary, f"llama-{TAG}/llama-server")
+    return out.getvalue()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="arranging a non-root daemon (setpriv to uid 65534) needs root")
+@pytest.mark.skipif(shutil.which("cc") is None or shutil.which("setpriv") is None,
+                    reason="needs cc (to build a binary that lacks a library) and setpriv")
+async def test_a_daemon_that_is_not_root_names_the_package_and_the_command_and_never_runs_apt(
+    tmp_path: Path, files: FileServer
+) -> None:
+    # What the shipped unit is: allow_os_packages set, the daemon running as a plain user that
+    # apt-get would refuse. It must not try, and must say exactly what the operator runs.
+    library = "libvulkan.so.1"
+    name = f"llama-{TAG}-bin-ubuntu-x64.tar.gz"
+    files.publish(TAG, {name: _binary_needing(tmp_path, library)})
+    if (await trio.run_process(["sh", "-c", f"ldconfig -p | grep -q {library}"], check=False)).returncode == 0:
+        pytest.skip(f"{library} is installed on this machine, so it cannot be missing")
+    owned = tmp_path / "nobody"
+    owned.mkdir()
+    os.chown(owned, NOBODY, NOBODY)
+    bindir = _fake_apt_get(tmp_path, "exit 0\n")
+    config = owned / "node.toml"
+    config.write_text(f'data_dir = "{owned / "data"}"\nallow_os_packages = true\n')
+    # setpriv keeps only CAP_DAC_READ_SEARCH, so the non-root process can reach the test's
+    # Python under /root; it can read, not write, anything it does not own.
+    result = await trio.run_process(
+        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--inh-caps=+dac_read_search",
+         "--ambient-caps=+dac_read_search", sys.executable, "-m", "llmgw_node", "engines", "install", "llama.cpp",
+         TAG, "--release-api", files.release_api(), "--config", str(config)],
+        env={**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "FAKE_APT_LOG": str(owned / "apt.log")},
+        capture_stdout=True, capture_stderr=True, check=False)
+    last = result.stderr.decode().strip().splitlines()[-1]
+    assert result.returncode == 1
+    assert last == (f"llmgw-node: llama.cpp {TAG}: failed: missing library: {library} (package libvulkan1); "
+                    "to install: apt-get update && apt-get install -y libvulkan1, as root (allow_os_packages "
+                    f"cannot: llmgw-node runs as uid {NOBODY}, not root; then run llmgw-node engines check)")
+    assert not (owned / "apt.log").exists()
 
 
 async def test_cuda_node_installs_the_cuda_build_with_its_runtime(

@@ -104,3 +104,19 @@ def test_a_release_without_a_digest_is_parsed_and_refused_at_download() -> None:
 def test_a_release_with_too_many_assets_is_not_one() -> None:
     with pytest.raises(ReleaseError, match="lists 1001 assets"):
         parse_release({"assets": [_one()["assets"][0]] * 1001})  # type: ignore[index]
+
+
+def test_relative_download_urls_resolve_against_the_index_and_only_http_urls_are_used() -> None:
+    digest = "sha256:" + "a" * 64
+    name = "llama-b1-bin-ubuntu-x64.tar.gz"
+
+    def asset(url: str) -> dict[str, object]:
+        return {"name": name, "size": 10, "digest": digest, "browser_download_url": url}
+
+    index = "http://10.0.0.1:8443/releases/llama.cpp/b1"
+    (relative,) = parse_release({"assets": [asset(f"../../files/engines/{name}")]}, base_url=index)
+    assert relative.url == f"http://10.0.0.1:8443/files/engines/{name}" and not relative.refused
+    # A download URL is fetched and recorded in every hello: http(s) and of sane length only.
+    for bad in (f"file:///etc/{name}", "ftp://x/y", "http://x/" + "a" * 2100, f"files/engines/{name}"):
+        (refused,) = parse_release({"assets": [asset(bad)]})
+        assert "is not an http(s) URL of at most 2048 characters" in refused.refused, bad

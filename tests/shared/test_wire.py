@@ -11,7 +11,9 @@ from llmgw_shared.wire import (
     PROTOCOL_VERSION,
     TAGS,
     Ack,
+    AssetProvenance,
     DrainShard,
+    EngineProvenance,
     EngineSpec,
     EngineState,
     EngineStateReport,
@@ -41,6 +43,14 @@ FACTS = HostFacts(
     data_dir="/var/lib/llmgw-node", disk_free_mib=80000, nvidia_driver="550.54.15",
     gpus=[GpuFacts(index=0, name="NVIDIA L4", uuid="GPU-1234", memory_total_mib=23034, memory_free_mib=22000)],
 )
+PROVENANCE = EngineProvenance(
+    source="http://10.0.0.1:8443/releases/llama.cpp/b11312", index_sha256="cd" * 32,
+    assets=[AssetProvenance("llama-b11312-bin-ubuntu-x64.tar.gz",
+                            "http://10.0.0.1:8443/files/engines/llama-b11312-bin-ubuntu-x64.tar.gz", "ef" * 32,
+                            6_000_000)],
+    installed_at=1790000000.25, signed_by="RWQf6LRCGA9i53mlYecO4IzT51TGPpvWucNSCh1CBM0QTaLn73Y7GFO3",
+    control_epoch=3, archives_kept=True,
+)
 SPEC = ShardSpec(
     shard_id="tiny-0", engine="llama.cpp", engine_version="b11312",
     weights=WeightsSpec(url="http://127.0.0.1:9/tiny.gguf", sha256="ab" * 32, size=300_000),
@@ -59,6 +69,10 @@ EXAMPLES: list[Message] = [
     Error(message="bad frame", in_reply_to="c9"),
     Ack(command_id="c1", ok=False, error="port 8101 is already used by shard x"),
     EngineStateReport(engine=EngineState(name="llama.cpp", version="b1", status="installing", detail="downloading")),
+    # An installed engine's report carries its provenance: it must decode on control.
+    EngineStateReport(engine=EngineState(name="llama.cpp", version="b11312", status="installed",
+                                         reported_version="version: 1 (b11312)", binary="/x/llama-server",
+                                         provenance=PROVENANCE)),
     ShardStateReport(shard=ShardState(shard_id="s", status="draining")),
     SetEngines(id="c2", fencing_token=3, engines=[EngineSpec("llama.cpp", "b11312", "http://mirror/{version}")]),
     StartShard(id="c3", fencing_token=3, shard=SPEC),
@@ -127,6 +141,39 @@ def test_every_problem_in_a_frame_is_named() -> None:
         decode(_start_frame(port="x", shard_id=1, bogus=True))
     text = str(info.value)
     assert "shard.port" in text and "shard.shard_id" in text and "bogus" in text
+
+
+def _installed(provenance: object) -> str:
+    frame = json.loads(encode(EngineStateReport(engine=EngineState("llama.cpp", "b1", "installed",
+                                                                   provenance=PROVENANCE))))
+    frame["engine"]["provenance"] = provenance
+    return json.dumps(frame)
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    ({"assets": [{"name": "../../etc/passwd", "url": "", "sha256": "", "size": 1}]}, "provenance.assets[0].name"),
+    ({"assets": [{"name": "a\nb", "url": "", "sha256": "", "size": 1}]}, "provenance.assets[0].name"),
+    ({"assets": [{"name": "a.tgz", "url": "", "sha256": "not hex", "size": 1}]}, "provenance.assets[0].sha256"),
+    ({"assets": [{"name": "a.tgz", "url": "", "sha256": "", "size": -1}]}, "provenance.assets[0].size"),
+    ({"index_sha256": "x" * 64}, "provenance.index_sha256"),
+    ({"source": "x" * 10_000}, "provenance.source"),
+    ({"signed_by": "x" * 10_000}, "provenance.signed_by"),
+    ({"installed_at": -1.0}, "provenance.installed_at"),
+    ({"control_epoch": -3}, "provenance.control_epoch"),
+    ({"assets": [{"name": "a.tgz", "url": "", "sha256": "", "size": 1}] * 1001}, "provenance.assets"),
+])
+def test_a_provenance_from_a_node_is_checked_like_every_report(change: dict[str, object], expected: str) -> None:
+    raw = json.loads(encode(EngineStateReport(engine=EngineState("llama.cpp", "b1", "installed",
+                                                                 provenance=PROVENANCE))))["engine"]["provenance"]
+    with pytest.raises(WireError) as info:
+        decode(_installed({**raw, **change}))
+    assert expected in str(info.value)
+
+
+def test_an_engine_state_without_provenance_leaves_it_out_of_the_frame() -> None:
+    # A control that predates provenance still decodes the states of engines that have none.
+    assert "provenance" not in encode(EngineStateReport(engine=EngineState("llama.cpp", "b1", "absent")))
+    assert decode(_installed(None)) == EngineStateReport(engine=EngineState("llama.cpp", "b1", "installed"))
 
 
 def test_encode_refuses_what_is_not_a_message() -> None:

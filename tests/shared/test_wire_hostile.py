@@ -15,8 +15,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmgw_shared.names import ENGINE_NAME, NODE_ID, SHARD_ID
-from llmgw_shared.wire import EngineState, Hello, ShardState, WireError, decode, encode
+from llmgw_shared.names import ASSET_NAME, ENGINE_NAME, NODE_ID, SHA256, SHARD_ID
+from llmgw_shared.wire import EngineState, EngineStateReport, Hello, ShardState, WireError, decode, encode
 
 from .test_wire import EXAMPLES
 
@@ -63,8 +63,14 @@ def _text(frame: Any) -> str:
 def _check_names(message: Any) -> None:
     if isinstance(message, Hello):
         assert NODE_ID.fullmatch(message.node_id)
-    for engine in getattr(message, "engines", []) if isinstance(message, Hello) else []:
+    engines = message.engines if isinstance(message, Hello) else []
+    if isinstance(message, EngineStateReport):
+        engines = [message.engine]
+    for engine in engines:
         assert isinstance(engine, EngineState) and ENGINE_NAME.fullmatch(engine.name)
+        if engine.provenance is not None:
+            for asset in engine.provenance.assets:
+                assert ASSET_NAME.fullmatch(asset.name) and (asset.sha256 == "" or SHA256.fullmatch(asset.sha256))
     for shard in getattr(message, "shards", []) or []:
         assert isinstance(shard, ShardState) and SHARD_ID.fullmatch(shard.shard_id)
 

@@ -48,7 +48,8 @@ from .leadership import (
     new_holder,
 )
 from .metrics import GatewayMetrics
-from .onboarding import Onboarding, stored_identity, wheels_dir_for
+from .node_release import releases_dir_for
+from .onboarding import Onboarding, stored_identity
 from .router.activator import Activator
 from .router.asgi import ClientApp, serve_lifespan
 from .router.directory import FleetDirectory, ModelDirectory, StaticDirectory
@@ -214,7 +215,7 @@ async def _build_fleet(config: ControlConfig, replicas: ReplicaSet, agent_url: s
     activator = Activator(replicas, config.activator, waiting=reconciler.waiting, wake=reconciler.wake,
                           status=reconciler.status)
     onboarding = Onboarding(store, public_url, advertised_agent_url(config, agent_url),
-                            wheels_dir_for(config.agents.files_dir, data_dir_of(config)))
+                            releases_dir_for(config.agents.files_dir, data_dir_of(config)))
     return Fleet(catalog, inventory, reconciler, agents, activator, files, onboarding=onboarding)
 
 

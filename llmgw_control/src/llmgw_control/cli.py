@@ -38,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--check", metavar="CONFIG", help="validate CONFIG as run would, and exit (0: ok)")
     commands.add_parser("ctl", help="manage the fleet, models, keys and quotas through the admin API "
                         "(llmgw-control ctl --help)", add_help=False)
+    commands.add_parser("release", help="prepare the exact wheel set nodes install, from uv.lock "
+                        "(llmgw-control release --help)", add_help=False)
     token = commands.add_parser(
         "join-token", help="make a shared join token for nodes, and its digest for agents.join_token_digests")
     token.add_argument("--digest", action="store_true",
@@ -104,6 +106,10 @@ def main(argv: list[str] | None = None) -> None:
         from .ctl import main as ctl_main
 
         raise SystemExit(ctl_main(argv[1:]))
+    if argv[:1] == ["release"]:
+        from .node_release import main as release_main
+
+        raise SystemExit(release_main(argv[1:]))
     args = build_parser().parse_args(argv)
     if args.command == "join-token":
         raise SystemExit(join_token(digest_only=args.digest))

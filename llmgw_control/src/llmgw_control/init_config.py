@@ -64,8 +64,8 @@ DOCS: dict[str, str] = {
                                        "nodes use their own token.",
     "AgentsConfig.open_fleet": "Let any node id join with any token (a trusted lab network only; a warning at "
                                "start). Off: only onboarded nodes, shared tokens above, or certificates.",
-    "AgentsConfig.files_dir": "Directory of engines/, models/ and wheels/ served to nodes (air-gapped clusters, "
-                              "onboarding).",
+    "AgentsConfig.files_dir": "Directory of engines/, models/ and node-releases/ served to nodes (air-gapped "
+                              "clusters, onboarding: llmgw-control release prepare).",
     "AgentsConfig.tls_cert_file": "TLS certificate (PEM) for the agent listener: nodes use wss:// and https:// "
                                   "(empty: no TLS, trusted networks only).",
     "AgentsConfig.tls_key_file": "The private key (PEM) of tls_cert_file.",

@@ -3,14 +3,12 @@
 ``POST /api/v1/nodes`` (admin listener) creates a node identity in the store with a random join
 token, kept only as its digest, and answers the token once with an install command. The command
 downloads an install script from this daemon's agent listener, checks the script's sha256 (pinned
-in the command, which the operator got over the admin API) and runs it; the script pins the
-sha256 of the ``llmgw-shared`` and ``llmgw-node`` wheels it downloads next, so nothing fetched
-over the agent listener -- which may be plain HTTP -- is run unchecked.
-
-The wheels come from ``<files_dir>/wheels/`` (else ``<data_dir>/wheels/``), built with
-``uv build --wheel --package llmgw-node`` and ``--package llmgw-shared``. The same directory is
-served as a pip ``--find-links`` page, so dependency wheels put there install air-gapped nodes
-(run the command with ``PIP_NO_INDEX=1``).
+in the command, which the operator got over the admin API) and runs it. The script carries the
+current node release's ``requirements.txt`` -- every wheel ``llmgw-node`` needs, pinned by sha256
+to ``uv.lock`` (``llmgw-control release prepare``, see ``node_release``) -- and installs exactly
+those with ``pip --require-hashes --no-index`` from this listener's
+``/install/releases/<id>/``. Nothing fetched over the agent listener -- which may be plain HTTP --
+is run unchecked, and nothing is resolved from a package index.
 
 The join token never reaches a log: it is shown once in the API answer, travels in the command's
 environment (not its arguments, visible in ``ps``) and ends in ``/etc/llmgw/node.toml`` (0640).
@@ -20,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import html
-import re
 import secrets
 import shlex
 from collections.abc import Awaitable, Callable, Mapping
@@ -39,15 +36,18 @@ from llmgw_shared.names import NODE_ID, NODE_ID_RULE
 
 from .fleet.agents import token_digest
 from .fleet.files import contained_file
+from .node_release import RELEASE_ID, Release, ReleaseError, current_id, load_release
 from .store import InvalidInput, NodeIdentity, NotFound, Store
 
 log = get_logger("llmgw.onboarding")
 
 TOKEN_PREFIX = "llmgw-join-"
-_WHEEL = re.compile(r"^(?P<dist>[A-Za-z0-9_.]+)-(?P<version>[A-Za-z0-9_.+!]+)(-\d[^-]*)?-[^-]+-[^-]+-[^-]+\.whl$")
 SCRIPT_PATH = "/install/node.sh"
-WHEELS_PATH = "/install/wheels/"
+RELEASES_PATH = "/install/releases/"
 UNIT_NAME = "llmgw-node.service"
+# Here-document markers in the script: the text they enclose must not contain them.
+_UNIT_EOF = "LLMGW_UNIT_EOF"
+_REQUIREMENTS_EOF = "LLMGW_REQUIREMENTS_EOF"
 
 
 class OnboardingError(Exception):
@@ -60,21 +60,10 @@ def new_join_token() -> str:
 
 
 @attrs.frozen
-class Wheel:
-    name: str
-    sha256: str
-
-
-@attrs.frozen
 class Created:
     node_id: str
     join_token: str = attrs.field(repr=False)
     install_command: str = attrs.field(repr=False)
-
-
-def _version_key(version: str) -> tuple[tuple[int, int | str], ...]:
-    # Enough of PEP 440 to pick the newest of a few builds: numeric parts compare as numbers.
-    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"[.+!_-]", version))
 
 
 def node_unit() -> str:
@@ -83,77 +72,82 @@ def node_unit() -> str:
 
 
 class Onboarding:
-    def __init__(self, store: Store, public_url: str, agent_ws_url: str, wheels_dir: Path) -> None:
+    def __init__(self, store: Store, public_url: str, agent_ws_url: str, releases_dir: Path) -> None:
         self.store = store
         self.public_url = public_url.rstrip("/")
         self.agent_ws_url = agent_ws_url
-        self.wheels_dir = wheels_dir
-        self._digests: dict[tuple[str, int, int], str] = {}
+        self.releases_dir = releases_dir
+        # A prepared release never changes (a new one gets a new id): read each once.
+        self._releases: dict[str, Release] = {}
 
-    # ------------------------------------------------------------------ wheels
+    # ------------------------------------------------------------------ the release served
 
-    def wheel_path(self, name: str) -> Path | None:
-        """The real path of a wheel of the served directory, by file name; never anything outside it."""
-        if not name.endswith(".whl"):
+    async def release(self, release_id: str | None = None) -> Release:
+        """The release ``release_id`` (default: the current one); ``OnboardingError`` says what to do."""
+        if release_id is None:
+            release_id = await trio.to_thread.run_sync(current_id, self.releases_dir)
+            if release_id is None:
+                raise OnboardingError(
+                    f"no node release in {self.releases_dir}: build the wheels and pin their dependencies with "
+                    "`uv build --wheel --all-packages --out-dir dist && llmgw-control release prepare` in the source "
+                    "tree (docs/operator-guide.md)")
+        if release_id not in self._releases:
+            try:
+                self._releases[release_id] = await trio.to_thread.run_sync(load_release, self.releases_dir, release_id)
+            except ReleaseError as exc:
+                raise OnboardingError(str(exc)) from None
+        return self._releases[release_id]
+
+    async def release_file(self, release_id: str, name: str) -> Path | None:
+        """A wheel of a prepared release by file name; never anything its manifest does not list."""
+        if not RELEASE_ID.fullmatch(release_id):
             return None
-        return contained_file(self.wheels_dir, name)
+        try:
+            release = await self.release(release_id)
+        except OnboardingError:
+            return None
+        if name not in release.files:
+            return None
+        # Listed is not enough: a link in the release directory must not lead out of it.
+        return contained_file(release.path, name)
 
-    async def _sha256(self, path: Path) -> str:
-        stat = await trio.to_thread.run_sync(path.stat)
-        key = (path.name, stat.st_size, stat.st_mtime_ns)
-        if key not in self._digests:
-            self._digests[key] = await trio.to_thread.run_sync(_hash_file, path)
-        return self._digests[key]
-
-    def _listing(self) -> list[Path]:
-        if not self.wheels_dir.is_dir():
-            return []
-        return sorted(p for p in self.wheels_dir.iterdir() if self.wheel_path(p.name) is not None)
-
-    def _newest(self, dist: str) -> Path | None:
-        found = []
-        for path in self._listing():
-            match = _WHEEL.fullmatch(path.name)
-            if match and match["dist"].lower().replace(".", "_") == dist:
-                found.append((_version_key(match["version"]), path))
-        return max(found)[1] if found else None
-
-    async def wheels(self) -> list[Wheel]:
-        """The llmgw-shared and llmgw-node wheels the script installs (newest of each)."""
-        listing = await trio.to_thread.run_sync(lambda: [self._newest("llmgw_shared"), self._newest("llmgw_node")])
-        if None in listing:
-            raise OnboardingError(
-                f"no llmgw-shared and llmgw-node wheels in {self.wheels_dir}: build them with "
-                f"`uv build --wheel --package llmgw-shared --package llmgw-node --out-dir {self.wheels_dir}`")
-        return [Wheel(p.name, await self._sha256(p)) for p in listing if p is not None]
-
-    async def index_html(self) -> str:
-        """A pip ``--find-links`` page of every wheel served, each with its sha256 for pip to check."""
+    async def index_html(self, release_id: str) -> str | None:
+        """A pip ``--find-links`` page of the release's wheels, each with its sha256 for pip to check."""
+        if not RELEASE_ID.fullmatch(release_id):
+            return None
+        try:
+            release = await self.release(release_id)
+        except OnboardingError:
+            return None
+        # Only what release_file serves: a page must not list a file that is then refused.
+        served = await trio.to_thread.run_sync(
+            lambda: {name for name in release.files if contained_file(release.path, name) is not None})
         rows = []
-        for path in await trio.to_thread.run_sync(self._listing):
-            digest = await self._sha256(path)
-            href = f"{quote(path.name)}#sha256={digest}"
-            rows.append(f'<a href="{html.escape(href)}">{html.escape(path.name)}</a><br>')
+        for name, digest in sorted(release.files.items()):
+            if name not in served:
+                continue
+            href = f"{quote(name)}#sha256={digest}"
+            rows.append(f'<a href="{html.escape(href)}">{html.escape(name)}</a><br>')
         return "<!DOCTYPE html>\n<html><body>\n" + "\n".join(rows) + "\n</body></html>\n"
 
     # ------------------------------------------------------------------ the script and the command
 
     async def script(self) -> str:
-        wheels = await self.wheels()
+        release = await self.release()
         values = {
             "CONTROL_HTTP": self.public_url,
             "CONTROL_WS": self.agent_ws_url,
-            "SHARED_WHEEL": wheels[0].name,
-            "SHARED_SHA256": wheels[0].sha256,
-            "NODE_WHEEL": wheels[1].name,
-            "NODE_SHA256": wheels[1].sha256,
+            "RELEASE_ID": release.id,
+            "NODE_VERSION": release.node_version,
+            "TARGETS": " ".join(release.targets),
         }
         text = resources.files("llmgw_control").joinpath("units", "install-node.sh").read_text()
         settings = "\n".join(f"{key}={shlex.quote(value)}" for key, value in values.items())
         unit = node_unit()
-        if "LLMGW_UNIT_EOF" in unit:
-            raise OnboardingError("the node unit contains the script's heredoc marker")
-        return text.replace("# @SETTINGS@", settings).replace("@UNIT@\n", unit)
+        if _UNIT_EOF in unit or _REQUIREMENTS_EOF in release.requirements:
+            raise OnboardingError("the node unit or the release's requirements contain the script's heredoc marker")
+        return (text.replace("# @SETTINGS@", settings).replace("@UNIT@\n", unit)
+                .replace("@REQUIREMENTS@\n", release.requirements))
 
     def command(self, node_id: str, token: str, script_sha256: str) -> str:
         """One shell command: fetch the script, check its sha256, run it with the id and token."""
@@ -197,20 +191,8 @@ class Onboarding:
         return Created(node_id, token, self.command(node_id, token, sha))
 
 
-def _hash_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def wheels_dir_for(files_dir: str, data_dir: Path) -> Path:
-    return Path(files_dir) / "wheels" if files_dir else data_dir / "wheels"
-
-
 def register_install_routes(app: QuartTrio, onboarding: Onboarding | None) -> None:
-    """On the agent listener: the install script, and the wheels as files and as a pip index."""
+    """On the agent listener: the install script, and each release's wheels as files and as a pip index."""
     if onboarding is None:
         return
 
@@ -224,13 +206,16 @@ def register_install_routes(app: QuartTrio, onboarding: Onboarding | None) -> No
                             content_type="text/x-shellscript")
         return Response(text, content_type="text/x-shellscript")
 
-    @app.get(WHEELS_PATH)
-    async def wheel_index() -> Any:
-        return Response(await onboarding.index_html(), content_type="text/html")
+    @app.get(RELEASES_PATH + "<release_id>/")
+    async def release_index(release_id: str) -> Any:
+        page = await onboarding.index_html(release_id)
+        if page is None:
+            abort(404)
+        return Response(page, content_type="text/html")
 
-    @app.get(WHEELS_PATH + "<name>")
-    async def wheel(name: str) -> Response:
-        path = onboarding.wheel_path(name)
+    @app.get(RELEASES_PATH + "<release_id>/<name>")
+    async def release_file(release_id: str, name: str) -> Response:
+        path = await onboarding.release_file(release_id, name)
         if path is None:
             abort(404)
         response = await send_file(path, conditional=True, mimetype="application/octet-stream")

@@ -8,6 +8,7 @@ machine itself. Every refusal is one line on stderr and a non-zero exit, never a
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import ssl
 import sys
@@ -20,6 +21,7 @@ import trio
 
 from llmgw_node.agent import Agent
 from llmgw_node.config import ConfigError, NodeConfig, load_config
+from llmgw_node.control_auth import control_client
 from llmgw_node.engines.manager import EngineManager
 from llmgw_node.engines.release import Platform
 from llmgw_node.probe import probe
@@ -38,6 +40,9 @@ DEFAULT_CONFIG = "/etc/llmgw/node.toml"
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmgw-node", description="llmgw node daemon: host facts, engine "
                                      "installs, engine supervision.")
+    # The installer runs this in a new environment before switching to it: it must print the
+    # version that environment holds (the distribution's metadata, not a constant in the code).
+    parser.add_argument("--version", action="version", version=f"llmgw-node {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def common(p: argparse.ArgumentParser, *, config_required: bool = False) -> None:
@@ -65,7 +70,8 @@ def _parser() -> argparse.ArgumentParser:
     inst.add_argument("--release-api", default="",
                       help="GitHub-shaped release JSON URL ({version} is replaced); default: the engine's own")
     common(esub.add_parser("list", help="list installed and configured engines"))
-    common(esub.add_parser("check", help="re-prove every installed engine (ldd and --version)"))
+    common(esub.add_parser("check", help="re-prove every installed engine (ldd and --version) and hash its kept "
+                                         "archives again (keep_engine_archives)"))
 
     init = sub.add_parser("init", help="write a commented config with every option, or --check one")
     init.add_argument("--output", "-o", help="file to write (default: standard output)")
@@ -77,6 +83,13 @@ def _parser() -> argparse.ArgumentParser:
     init.add_argument("--data-dir", help="where engines and weights live")
     init.add_argument("--token-file", help="file holding the join token (default: $LLMGW_JOIN_TOKEN)")
     return parser
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("llmgw-node")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed as a distribution)"
 
 
 def _config(args: argparse.Namespace) -> NodeConfig:
@@ -201,7 +214,7 @@ async def _manager(
 
 async def _probe(config: NodeConfig, as_json: bool) -> int:
     facts = await probe(config.data_path)
-    async with httpx2.AsyncClient() as client:
+    async with control_client(config) as client:
         mgr = await _manager(config, client, facts)
         await mgr.load()
     engines = mgr.states()
@@ -230,7 +243,7 @@ async def _probe(config: NodeConfig, as_json: bool) -> int:
 
 
 async def _engines(config: NodeConfig, args: argparse.Namespace) -> int:
-    async with httpx2.AsyncClient() as client:
+    async with control_client(config) as client:
         mgr = await _manager(config, client)
         if args.engines_command == "install":
             await mgr.load()
@@ -241,12 +254,16 @@ async def _engines(config: NodeConfig, args: argparse.Namespace) -> int:
             print(f"{state.name} {state.version}: {state.describe()} ({state.reported_version}) at {state.binary}")
             return 0
         # load() proves every install (ldd and --version): exactly what "check" asks for.
-        await mgr.load(prove=args.engines_command == "check")
+        checking = args.engines_command == "check"
+        await mgr.load(prove=checking, verify_archives=checking)
         states = mgr.states()
         if not states:
             print("no engines installed or configured")
         for s in states:
             extra = f" ({s.reported_version})" if s.reported_version else ""
             print(f"{s.name} {s.version}: {s.describe()}{extra}")
+            if s.provenance is not None:
+                print(f"  {s.provenance.describe()}")
         bad = [s for s in states if s.status == "failed"]
         return 1 if args.engines_command == "check" and bad else 0
+

@@ -12,6 +12,7 @@ from typing import Any
 
 import attrs
 
+from llmgw_node.engines.signature import PublicKey, SignatureError, parse_public_key
 from llmgw_shared.config import ConfigError, load_toml, strict_converter, structure
 from llmgw_shared.names import BadName, check_engine_name
 
@@ -40,7 +41,19 @@ class NodeConfig:
     # The address engines listen on, and the one control is told to reach them at.
     engine_host: str = "127.0.0.1"
     address: str = ""
+    # Install the OS packages that provide libraries an engine build lacks (apt-get or dnf, after
+    # one index update per install). Needs root: under the shipped unit (user llmgw) the daemon
+    # never tries, and the failure names each package and the command to install it.
     allow_os_packages: bool = False
+    # minisign public keys (the base64 line of a .pub file). When set, every engine release index
+    # must come with a signature by one of them at <index URL>.minisig, or nothing is installed
+    # from it; the index lists each archive's sha256, so the signature pins the archives too.
+    # Empty: indexes are trusted as fetched (GitHub over https, or control's own).
+    release_signing_keys: list[str] = attrs.field(factory=list)
+    # Keep each engine's downloaded archives (and the index they were chosen from) in its install
+    # folder, so `llmgw-node engines check` can verify them against their digests again. Off by
+    # default: it doubles the disk an engine takes (llama.cpp's CUDA builds are 0.5-1 GB packed).
+    keep_engine_archives: bool = False
     # wss:// to control: the CA that signed control's certificate (empty: the system's CAs), and
     # this node's client certificate and key for mutual TLS (control may take the node id from it).
     tls_ca_file: str = ""
@@ -72,6 +85,10 @@ class NodeConfig:
     def data_path(self) -> Path:
         return Path(self.data_dir)
 
+    @property
+    def signing_keys(self) -> list[PublicKey]:
+        return [parse_public_key(key) for key in self.release_signing_keys]
+
 
 _conv = strict_converter()
 
@@ -91,6 +108,11 @@ def parse_config(data: dict[str, Any], *, source: str = "config") -> NodeConfig:
             check_engine_name(name)
         except BadName as exc:
             raise ConfigError(f"{source}: engines[{i}].name: {exc}") from None
+    for i, key in enumerate(config.release_signing_keys):
+        try:
+            parse_public_key(key)
+        except SignatureError as exc:
+            raise ConfigError(f"{source}: release_signing_keys[{i}]: {exc}") from None
     for key in ("unpack_max_bytes", "unpack_max_entries", "install_retry_min_s", "install_retry_max_s"):
         if getattr(config, key) <= 0:
             raise ConfigError(f"{source}: {key}: must be more than 0")

@@ -15,6 +15,9 @@ from urllib.parse import urlsplit
 
 import httpx2
 
+from llmgw_node.config import NodeConfig
+from llmgw_node.tls import client_context
+
 _SCHEMES = {"ws": "http", "wss": "https", "http": "http", "https": "https"}
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -45,3 +48,14 @@ class ControlCredentials(httpx2.Auth):
             yield from self._basic.auth_flow(request)
         else:
             yield request
+
+
+def control_client(config: NodeConfig) -> httpx2.AsyncClient:
+    """The node's HTTP client: control's TLS (and client certificate) and credentials, on control's origins only.
+
+    The daemon and every ``llmgw-node`` command that fetches (``engines install``, ``probe``) use
+    it: from a closed fleet's control nothing is served to a client without them.
+    """
+    tls = client_context(config)
+    return httpx2.AsyncClient(verify=tls if tls is not None else True,
+                              auth=ControlCredentials(config.control, config.node_id, config.token))

@@ -35,7 +35,12 @@ DOCS: dict[str, str] = {
     "NodeConfig.engine_host": "Address engines listen on, and the one control is told to reach them at.",
     "NodeConfig.address": "Address control should use for this node's engines, when not engine_host "
                           "(NAT, a second interface).",
-    "NodeConfig.allow_os_packages": "Let engine installs apt-get the OS libraries a build needs (needs root).",
+    "NodeConfig.allow_os_packages": "Let engine installs apt-get the OS libraries a build needs (needs root; "
+                                    "otherwise the failure names the package to install).",
+    "NodeConfig.release_signing_keys": "minisign public keys: when set, every engine release index must be "
+                                       "signed by one (<index URL>.minisig).",
+    "NodeConfig.keep_engine_archives": "Keep engine archives beside each install so `engines check` verifies "
+                                       "their digests again.",
     "NodeConfig.tls_ca_file": "For wss://: the CA that signed control's certificate (empty: the system's CAs).",
     "NodeConfig.tls_cert_file": "For mutual TLS: this node's client certificate (PEM).",
     "NodeConfig.tls_key_file": "For mutual TLS: this node's client key (PEM).",

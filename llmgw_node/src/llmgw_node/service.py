@@ -15,12 +15,11 @@ import httpx2
 import trio
 
 from llmgw_node.config import NodeConfig
-from llmgw_node.control_auth import ControlCredentials
+from llmgw_node.control_auth import control_client
 from llmgw_node.engines.manager import EngineManager, bad_names
 from llmgw_node.engines.release import Platform
 from llmgw_node.probe import probe, with_time_cleared
 from llmgw_node.supervisor import ShardError, Supervisor, Timing
-from llmgw_node.tls import client_context
 from llmgw_node.weights import WeightsCache, WeightsError
 from llmgw_shared.facts import HostFacts, unprobed
 from llmgw_shared.logs import get_logger
@@ -153,7 +152,8 @@ class NodeService:
     def _dispatch(self, command: Command) -> str:
         assert self._nursery is not None, "NodeService.run() must be running"
         if isinstance(command, SetEngines):
-            for spec in self.engines.want(command.engines):
+            # The fencing token is the leader's epoch: each install records it as who asked.
+            for spec in self.engines.want(command.engines, control_epoch=command.fencing_token):
                 self._nursery.start_soon(self.engines.install, spec, name=f"install:{spec.name}:{spec.version}")
             # The others are refused here, in the ack: a report naming them would not decode.
             return "; ".join(problem for spec in command.engines if (problem := bad_names(spec)))
@@ -193,10 +193,7 @@ async def open_node_service(
     # Engines and weights may come from control's own file server, behind the same TLS (and the
     # same client certificate) as the agent socket, and for enrolled nodes only: the node's
     # credentials go with every request to control (control_auth), and to nothing else.
-    tls = client_context(config)
-    auth = ControlCredentials(config.control, config.node_id, config.token)
-    async with httpx2.AsyncClient(verify=tls if tls is not None else True, auth=auth) as client, \
-            trio.open_nursery() as nursery:
+    async with control_client(config) as client, trio.open_nursery() as nursery:
         svc = NodeService(config, client, timing=timing, facts=facts)
         await nursery.start(lambda task_status: svc.run(adopt=adopt, task_status=task_status))
         try:

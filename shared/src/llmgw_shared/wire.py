@@ -18,10 +18,12 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any, Literal, TypeAlias, get_args
 
 import attrs
 import cattrs
+from cattrs.gen import make_dict_unstructure_fn, override
 from cattrs.preconf.json import make_converter
 from cattrs.strategies import configure_tagged_union
 
@@ -29,7 +31,16 @@ from llmgw_shared.config import json_kind as _json_kind
 from llmgw_shared.config import strict_collections
 from llmgw_shared.facts import GpuFacts, HostFacts
 from llmgw_shared.jsonin import loads as _loads
-from llmgw_shared.names import BadName, check_address, check_engine_name, check_node_id, check_shard_id, check_version
+from llmgw_shared.names import (
+    BadName,
+    check_address,
+    check_asset_name,
+    check_engine_name,
+    check_node_id,
+    check_sha256,
+    check_shard_id,
+    check_version,
+)
 
 PROTOCOL_VERSION = 1
 
@@ -64,6 +75,46 @@ class EngineSpec:
 
 
 @attrs.frozen
+class AssetProvenance:
+    """One archive an engine was unpacked from: where it was fetched, what it hashed to."""
+
+    name: str
+    url: str
+    sha256: str  # hex, the digest the release index published and the download matched
+    size: int
+
+
+@attrs.frozen
+class EngineProvenance:
+    """Where an installed engine came from, as its install manifest records it."""
+
+    # The release index it was chosen from (without any query string), and the sha256 of the
+    # index's bytes as fetched: the index is what lists every archive's digest.
+    source: str
+    index_sha256: str
+    assets: list[AssetProvenance]
+    # Unix time the install was renamed into place.
+    installed_at: float
+    # The minisign key id that signed the index ("" when the node requires no signature).
+    signed_by: str = ""
+    # Who asked: the fencing token (the control leader's epoch) of the set_engines that asked
+    # for it; 0 when it was installed by hand (``llmgw-node engines install``).
+    control_epoch: int = 0
+    # Whether the archives are kept beside the install, so ``engines check`` can hash them again.
+    archives_kept: bool = False
+
+    def describe(self) -> str:
+        """One line for people: the source, who signed, each archive's digest, when, who asked."""
+        when = (datetime.fromtimestamp(self.installed_at, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+                if self.installed_at > 0 else "at an unknown time")
+        assets = ", ".join(f"{a.name} sha256:{a.sha256[:16]}…" for a in self.assets) or "no archives recorded"
+        asked = f"control epoch {self.control_epoch}" if self.control_epoch else "by hand"
+        signed = f"signed by {self.signed_by}" if self.signed_by else "unsigned index"
+        kept = "; archives kept" if self.archives_kept else ""
+        return f"from {self.source or '?'} ({signed}): {assets}; installed {when}, {asked}{kept}"
+
+
+@attrs.frozen
 class EngineState:
     name: str
     version: str
@@ -74,6 +125,10 @@ class EngineState:
     # The version line the binary printed for ``--version`` once proven.
     reported_version: str = ""
     binary: str = ""
+    # For an installed engine: where it came from (null for configured engines and before an
+    # install). Left out of the frame when null, so a control that predates it still decodes
+    # the states of engines that have none.
+    provenance: EngineProvenance | None = None
 
     def describe(self) -> str:
         """One line for people: ``installing: downloading ...``, ``installed b11312``, ..."""
@@ -293,6 +348,9 @@ def _make_converter() -> cattrs.Converter:
     conv.register_structure_hook(float, _strict(float, "a number"))
     conv.register_structure_hook(bool, _strict(bool, "a boolean"))
     strict_collections(conv)
+    # Before the union: its members' hooks are generated from what is registered at this point.
+    conv.register_unstructure_hook(EngineState, make_dict_unstructure_fn(
+        EngineState, conv, provenance=override(omit_if_default=True)))
     configure_tagged_union(Message, conv, tag_generator=TAGS.__getitem__, tag_name="type")
     return conv
 
@@ -329,6 +387,11 @@ _NAMES: dict[tuple[type, str], Callable[[Any], object]] = {
     (EngineState, "name"): check_engine_name,
     (EngineState, "version"): lambda value: check_version(value, "engine version"),
     (ShardState, "shard_id"): check_shard_id,
+    # Shown by `ctl engines` and the dashboard: an archive name and digests of their kinds ("" for
+    # a digest a manifest from before provenance did not record).
+    (AssetProvenance, "name"): check_asset_name,
+    (AssetProvenance, "sha256"): lambda value: value == "" or check_sha256(value),
+    (EngineProvenance, "index_sha256"): lambda value: value == "" or check_sha256(value),
 }
 _PORTS = frozenset({(ShardState, "port")})
 _FROM_NODES = (Hello, Heartbeat, Ack, EngineStateReport, ShardStateReport, Error)
@@ -349,6 +412,15 @@ def _check_report(value: Any, path: str) -> None:
         if (kind, field.name) in _PORTS and not 0 <= item <= 65535:
             raise WireError(f"port {item} is not between 0 and 65535 @ {where}")
         _check_bounds(item, where)
+
+
+def check_from_node(value: Any, where: str = "$") -> None:
+    """What ``decode`` checks in a node's message, for a part of one (``WireError`` naming the field).
+
+    A node runs it on what it reads back from its own files before reporting it: a report control
+    would refuse must not be sent (it would say nothing else either).
+    """
+    _check_report(value, where)
 
 
 def _check_bounds(item: Any, where: str) -> None:
@@ -412,8 +484,10 @@ __all__ = [
     "LLAMA_CPP_RELEASES",
     "PROTOCOL_VERSION",
     "Ack",
+    "AssetProvenance",
     "Command",
     "DrainShard",
+    "EngineProvenance",
     "EngineSpec",
     "EngineState",
     "EngineStateReport",
@@ -436,6 +510,7 @@ __all__ = [
     "WeightsSpec",
     "Welcome",
     "WireError",
+    "check_from_node",
     "converter",
     "decode",
     "encode",

@@ -26,7 +26,9 @@ from llmgw_shared.facts import unprobed
 from llmgw_shared.wire import (
     PROTOCOL_VERSION,
     Ack,
+    AssetProvenance,
     DrainShard,
+    EngineProvenance,
     EngineState,
     Error,
     Heartbeat,
@@ -135,13 +137,23 @@ class FakeNode:
                 await self.ws.send_message(encode(ShardStateReport(state)))
 
 
+# What a node's install manifest records for an engine (issue 21), as a real node reports it.
+PROVENANCE = EngineProvenance(
+    source="http://10.0.0.1:8443/releases/llama.cpp/b11312", index_sha256="ab" * 32,
+    assets=[AssetProvenance("llama-b11312-bin-ubuntu-x64.tar.gz",
+                            "http://10.0.0.1:8443/files/engines/llama-b11312-bin-ubuntu-x64.tar.gz", "cd" * 32,
+                            6291456)],
+    installed_at=1796000000.0, signed_by="0123456789ABCDEF", control_epoch=3)
+
+
 @asynccontextmanager
 async def fake_node(daemon: Daemon, node_id: str = "n1", *, warnings: list[str] | None = None, token: str = JOIN_TOKEN
                     ) -> AsyncIterator[FakeNode]:
     facts = attrs.evolve(unprobed(), probed=True, hostname=node_id, ram_total_mib=8192, os_name="Debian",
                          arch="x86_64", cpu_model="Test CPU", cores=4, cpu_features=["avx"],
                          warnings=warnings or [])
-    hello = Hello(PROTOCOL_VERSION, node_id, token, facts, [EngineState("llama.cpp", "b11312", "installed")], [])
+    hello = Hello(PROTOCOL_VERSION, node_id, token, facts,
+                  [EngineState("llama.cpp", "b11312", "installed", provenance=PROVENANCE)], [])
     async with open_websocket_url(daemon.agent_url) as ws, trio.open_nursery() as nursery:
         await ws.send_message(encode(hello))
         assert json.loads(await ws.get_message())["type"] == "welcome"

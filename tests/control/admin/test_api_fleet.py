@@ -12,9 +12,9 @@ import trio
 
 from llmgw_control.fleet.agents import Role
 from llmgw_control.fleet.agents import token_digest as join_digest
-from llmgw_shared.wire import StartShard
+from llmgw_shared.wire import StartShard, converter
 
-from .conftest import Daemon, FakeNode, fake_node, model_doc, running_control, wait_until
+from .conftest import PROVENANCE, Daemon, FakeNode, fake_node, model_doc, running_control, wait_until
 from .test_api_tenancy import error
 
 AVX2 = "the CPU has no AVX2: llama.cpp will run several times slower"
@@ -47,12 +47,15 @@ async def test_nodes_list_their_facts_engine_states_and_warnings(daemon: Daemon)
         node = nodes[0]
         assert node["id"] == "n1" and node["state"] == "ready" and node["cordoned"] is False
         assert node["warnings"] == [AVX2]
-        assert node["engines"] == [{"name": "llama.cpp", "version": "b11312", "state": "installed b11312"}]
+        # Where the node's install came from, as its manifest records it (issue 21).
+        provenance = converter.unstructure(PROVENANCE)
+        assert node["engines"] == [{"name": "llama.cpp", "version": "b11312", "state": "installed b11312",
+                                    "provenance": provenance}]
         assert node["facts"]["cpu"] == "Test CPU" and node["facts"]["ram_total_mib"] == 8192
         assert (await daemon.admin.get("/nodes/n1")).json()["node"] == node
         engines = (await daemon.admin.get("/engines")).json()["engines"]
         assert engines == [{"name": "llama.cpp", "version": "b11312", "release_api": "",
-                            "nodes": [{"node": "n1", "state": "installed b11312"}]}]
+                            "nodes": [{"node": "n1", "state": "installed b11312", "provenance": provenance}]}]
     error(await daemon.admin.get("/nodes/n9"), 404)
     for verb in ("cordon", "uncordon", "drain"):
         error(await daemon.admin.post(f"/nodes/n9/{verb}"), 404)

@@ -12,11 +12,12 @@ from typing import Any
 
 import attrs
 import trio
+from system.releases import fake_release
 
 from llmgw_control.ctl import main as ctl
 from llmgw_control.store import Usage
 
-from .conftest import Daemon, fake_node, model_doc
+from .conftest import PROVENANCE, Daemon, fake_node, model_doc
 from .test_api_fleet import AVX2, ready_replicas
 
 
@@ -68,13 +69,12 @@ async def test_nodes_show_engine_states_and_warnings_and_cordon_drain_uncordon(d
 
 
 async def test_nodes_add_prints_the_token_once_and_the_install_command(daemon: Daemon, tmp_path: Path) -> None:
-    # No wheels to serve yet: onboarding's own reason, plainly.
+    # No node release to serve yet: onboarding's own reason, plainly.
     refused = await run(daemon, "nodes", "add", "gpu-3")
-    assert refused.code == 1 and "wheels" in refused.err and "(HTTP 409)" in refused.err
-    wheels = tmp_path / "wheels"  # the daemon's data directory is tmp_path
-    wheels.mkdir(exist_ok=True)
-    for dist in ("llmgw_shared", "llmgw_node"):
-        (wheels / f"{dist}-0.1.0-py3-none-any.whl").write_bytes(b"not really a wheel")
+    assert refused.code == 1 and "llmgw-control release prepare" in refused.err and "(HTTP 409)" in refused.err
+    # The daemon's data directory is tmp_path.
+    fake_release(tmp_path / "node-releases", {f"{dist}-0.1.0-py3-none-any.whl": b"not really a wheel"
+                                              for dist in ("llmgw_shared", "llmgw_node")})
 
     ran = await ok(daemon, "nodes", "add", "gpu-3", "--label", "zone=a")
     lines = ran.out.splitlines()
@@ -135,7 +135,17 @@ async def test_replicas_and_engines(daemon: Daemon) -> None:
         row = (await ok(daemon, "replicas")).out.splitlines()[1].split()
         assert row[1:5] == ["tiny:cpu", "n1", "20000", "yes"]
         engines = (await ok(daemon, "engines")).out.splitlines()
-        assert engines[1].split() == ["llama.cpp", "b11312", "n1", "installed", "b11312"]
+        assert engines[0].split() == ["ENGINE", "VERSION", "NODE", "STATE", "PROVENANCE"]
+        assert engines[1].split()[:5] == ["llama.cpp", "b11312", "n1", "installed", "b11312"]
+        # Where each node's install came from: the index, who signed it, the archive's digest,
+        # when, and the control epoch that asked.
+        assert engines[1].endswith(f"  {PROVENANCE.describe()}")
+        assert PROVENANCE.describe() == (
+            "from http://10.0.0.1:8443/releases/llama.cpp/b11312 (signed by 0123456789ABCDEF): "
+            "llama-b11312-bin-ubuntu-x64.tar.gz sha256:cdcdcdcdcdcdcdcd…; installed 2026-11-30 00:53:20Z, "
+            "control epoch 3")
+        listed = (await ok(daemon, "--json", "engines")).json()["engines"][0]["nodes"][0]
+        assert listed["provenance"]["assets"][0]["sha256"] == "cd" * 32
 
 
 async def test_groups_keys_quotas_by_path(daemon: Daemon) -> None:

@@ -88,6 +88,11 @@ def drive(fleet: Fleet, facts: dict[str, Any]) -> None:
         expect(card.locator("dd.os")).to_have_text(node["facts"]["os"])
         expect(card.locator("dd.cpu")).to_contain_text(f'{node["facts"]["cores"]} cores')
         expect(card.locator("dd.engines")).to_contain_text(re.compile(r"installed \S+"))
+        # Where the install came from, as the node's manifest records it (issue 21).
+        expect(card.locator("dd.engines .provenance")).to_contain_text(
+            re.compile(r"^from http://127\.0\.0\.1:\d+/releases/llama\.cpp/\S+ \(unsigned index\): "
+                       r"llama-\S+ sha256:[0-9a-f]{16}…; installed \d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ, "
+                       r"control epoch \d+$"))
         expect(card.locator("dd.shards")).to_contain_text("ready")
         for warning in node["warnings"]:
             expect(card.locator(".warning")).to_contain_text(warning)

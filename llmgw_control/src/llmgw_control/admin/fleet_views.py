@@ -37,7 +37,7 @@ def node_view(fleet: Fleet, node: NodeRecord, now: float) -> NodeView:
             gpus=[GpuView(g.name, g.memory_total_mib) for g in facts.gpus], nvidia_driver=facts.nvidia_driver,
         ),
         warnings=list(facts.warnings),
-        engines=[EngineOnNode(e.name, e.version, e.describe()) for e in node.engines.values()],
+        engines=[EngineOnNode(e.name, e.version, e.describe(), e.provenance) for e in node.engines.values()],
         shards=[ShardOnNode(s.shard_id, s.describe(), s.port) for s in node.shards.values()],
     )
 

@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import quote
 
+from llmgw_shared.wire import EngineProvenance
+from llmgw_shared.wire import converter as wire_converter
+
 from .client import DEFAULT_ADMIN, AdminClient, CtlError
 from .tables import mib, table
 
@@ -184,13 +187,24 @@ def replicas_list(client: AdminClient, args: argparse.Namespace, out: TextIO) ->
     _emit(out, args, answer, human)
 
 
+def _provenance_words(raw: Any) -> str:
+    """The node's record of where its install came from, in the node's own words (``-``: none)."""
+    if raw is None:
+        return "-"
+    try:
+        return wire_converter.structure(raw, EngineProvenance).describe()
+    except Exception:  # an answer from a newer control: show it rather than fail the listing
+        return str(raw)
+
+
 def engines_list(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
     answer = client.get("/engines")
 
     def human() -> str:
-        rows = [[e["name"], e["version"], n["node"], n["state"]] for e in answer["engines"] for n in e["nodes"]]
-        rows += [[e["name"], e["version"], "-", "no node connected"] for e in answer["engines"] if not e["nodes"]]
-        return table(["ENGINE", "VERSION", "NODE", "STATE"], rows)
+        rows = [[e["name"], e["version"], n["node"], n["state"], _provenance_words(n.get("provenance"))]
+                for e in answer["engines"] for n in e["nodes"]]
+        rows += [[e["name"], e["version"], "-", "no node connected", "-"] for e in answer["engines"] if not e["nodes"]]
+        return table(["ENGINE", "VERSION", "NODE", "STATE", "PROVENANCE"], rows)
 
     _emit(out, args, answer, human)
 

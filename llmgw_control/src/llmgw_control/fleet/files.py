@@ -24,6 +24,8 @@ from typing import Any
 import attrs
 import trio
 
+from llmgw_shared.names import BadName, check_engine_name, check_version
+
 from ..catalog import EngineConfig
 
 _ARCHIVE = re.compile(r"^(llama-(?P<tag>[^-]+)-bin-.+|cudart-llama-bin-.+)\.(tar\.gz|tgz|zip)$")
@@ -85,11 +87,32 @@ class FileServer:
             })
         return {"tag_name": version, "name": version, "assets": assets}
 
+    def static_release(self, name: str, version: str) -> tuple[Path, Path | None] | None:
+        """An index the operator wrote (and signed) for ``name`` ``version``: served as it is.
+
+        ``<dir>/engines/<name>-<version>.json`` and its minisign signature ``.json.minisig``
+        beside it. A signature covers exact bytes, so a signed index is a file, never generated:
+        nodes with ``release_signing_keys`` install only from these (see release_index_signing in
+        docs/operator-guide.md). None when there is none (then ``release`` generates one).
+        """
+        try:
+            check_engine_name(name)
+            check_version(version)
+        except BadName:
+            return None
+        # Resolved as every served file is: a link in engines/ must not lead out of it.
+        engines = self.root / "engines"
+        index = contained_file(engines, f"{name}-{version}.json")
+        if index is None:
+            return None
+        return index, contained_file(engines, f"{name}-{version}.json.minisig")
+
     def release_api(self, engine: EngineConfig) -> str:
         """Where nodes should look for ``engine``: its configured source, else this server if it has it."""
         if engine.release_api:
             return engine.release_api
-        if engine.name == "llama.cpp" and self.has_release(engine.version):
+        if engine.name == "llama.cpp" and (self.has_release(engine.version)
+                                           or self.static_release(engine.name, engine.version)):
             return f"{self.public_url}/releases/llama.cpp/{{version}}"
         return ""
 

@@ -81,7 +81,7 @@ def make_agent_app(service: AgentService, files: FileServer | None, identities: 
     # Range requests (nodes resume downloads) are parsed by byte_ranges, strictly (RFC 9110).
     app.response_class = StrictRangeResponse
     app.config["RESPONSE_TIMEOUT"] = None
-    # The node install script and wheels (onboarding), next to the files nodes fetch.
+    # The node install script and each node release's wheels (onboarding), next to the files nodes fetch.
     register_install_routes(app, onboarding)
 
     def certified(scope: Any) -> str | None:
@@ -118,6 +118,17 @@ def make_agent_app(service: AgentService, files: FileServer | None, identities: 
     @app.get("/releases/<name>/<version>")
     async def release(name: str, version: str) -> Any:
         if files is None or name != "llama.cpp":
+            abort(404)
+        # An index the operator wrote and signed is served byte for byte, its signature beside
+        # it at <index URL>.minisig (where nodes with release_signing_keys look for it).
+        signature = version.endswith(".minisig")
+        static = files.static_release(name, version.removesuffix(".minisig"))
+        if static is not None:
+            path = static[1] if signature else static[0]
+            if path is None:
+                abort(404)
+            return await send_file(path, mimetype="text/plain" if signature else "application/json")
+        if signature:
             abort(404)
         body = await files.release(version)
         if body is None:

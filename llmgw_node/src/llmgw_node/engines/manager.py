@@ -6,7 +6,9 @@ the node's config names it by path (``configured``). Nothing found by chance on 
 Layout under ``<data_dir>/engines``::
 
     <name>/<version>/            a proven install (renamed into place in one step)
-    <name>/<version>/.llmgw-engine.json   what was installed and how it answered
+    <name>/<version>/.llmgw-engine.json   what was installed, where it came from, how it answered
+    <name>/<version>/.llmgw-index.json    the release index it was chosen from (+ .minisig when signed)
+    <name>/<version>/.llmgw-archives/     the archives, with ``keep_engine_archives``
     .staging/<name>-<version>-*  work in progress; deleted on failure and on start-up
     .downloads/<sha256[:16]>-<asset>  archives being fetched; deleted once unpacked
 
@@ -19,6 +21,7 @@ the daemon. A failed install is retried with backoff, however often control asks
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import shutil
@@ -35,16 +38,38 @@ from llmgw_node.config import ConfiguredEngine, NodeConfig
 from llmgw_node.disk import NotEnoughDisk, check_room
 from llmgw_node.engines import proof
 from llmgw_node.engines.release import Platform, ReleaseAsset, ReleaseError, choose_assets, parse_release
+from llmgw_node.engines.signature import (
+    MAX_SIGNATURE_BYTES,
+    PublicKey,
+    SignatureError,
+    Verified,
+    signature_url,
+    verify,
+)
 from llmgw_node.engines.unpack import UnpackLimits, UnsafeArchive, safe_unpack
 from llmgw_node.fetch import URL_ERRORS, FetchError, fetch, human_size
 from llmgw_shared.jsonin import loads as json_loads
 from llmgw_shared.logs import get_logger
-from llmgw_shared.names import BadName, check_engine_name, check_version
-from llmgw_shared.wire import LLAMA_CPP_RELEASES, EngineSpec, EngineState
+from llmgw_shared.names import BadName, check_asset_name, check_engine_name, check_version
+from llmgw_shared.names import shown as shown_name
+from llmgw_shared.wire import (
+    LLAMA_CPP_RELEASES,
+    AssetProvenance,
+    EngineProvenance,
+    EngineSpec,
+    EngineState,
+    WireError,
+    check_from_node,
+    converter,
+)
 
 log = get_logger("llmgw.node.engines")
 
 MARKER = ".llmgw-engine.json"
+# Beside the marker: the index bytes the install was chosen from, its signature, the archives.
+INDEX_COPY = ".llmgw-index.json"
+SIGNATURE_COPY = ".llmgw-index.json.minisig"
+ARCHIVES_DIR = ".llmgw-archives"
 # Archive engines this node knows how to install, and the server binary inside each.
 ARCHIVE_ENGINES: dict[str, tuple[str, str]] = {
     "llama.cpp": ("llama-server", LLAMA_CPP_RELEASES),
@@ -58,7 +83,7 @@ MAX_RELEASE_JSON = 4 << 20
 # per-read timeout forever.
 RELEASE_INDEX_TIMEOUT = 60.0
 # The errors an install reports in its own words; anything else is a bug, reported as one.
-REFUSALS = (BadName, FetchError, NotEnoughDisk, ReleaseError, UnsafeArchive, proof.ProofError)
+REFUSALS = (BadName, FetchError, NotEnoughDisk, ReleaseError, UnsafeArchive, proof.ProofError, SignatureError)
 
 
 class InstallError(Exception):
@@ -69,6 +94,18 @@ class InstallError(Exception):
 class Installed:
     binary: Path
     reported_version: str
+    provenance: EngineProvenance | None = None
+
+
+@attrs.frozen
+class _Index:
+    """A release index as fetched: its bytes, its signature (when one was required), its assets."""
+
+    source: str
+    body: bytes
+    signature: bytes
+    verified: Verified | None
+    assets: list[ReleaseAsset]
 
 
 @attrs.frozen
@@ -103,6 +140,8 @@ class EngineManager:
         version_timeout: float = 20.0,
         limits: UnpackLimits | None = None,
         retry: RetryPolicy | None = None,
+        signing_keys: list[PublicKey] | None = None,
+        keep_archives: bool = False,
     ) -> None:
         self.root = data_dir / "engines"
         self.limits = limits or UnpackLimits()
@@ -120,6 +159,12 @@ class EngineManager:
         self._wanted: dict[Key, EngineSpec] = {}
         self._locks: dict[Key, trio.Lock] = {}
         self._failures: dict[Key, _Failure] = {}
+        # Indexes must be signed by one of these (release_signing_keys); none: taken as fetched.
+        self.signing_keys = list(signing_keys or [])
+        self.keep_archives = keep_archives
+        # The epoch (fencing token) of the control leader whose set_engines asked for the
+        # engines now wanted: recorded in each install's provenance as who asked. 0: by hand.
+        self.control_epoch = 0
 
     @classmethod
     def from_config(
@@ -132,6 +177,7 @@ class EngineManager:
             allow_os_packages=config.allow_os_packages, on_change=on_change,
             limits=UnpackLimits(max_bytes=config.unpack_max_bytes, max_entries=config.unpack_max_entries),
             retry=RetryPolicy(min_s=config.install_retry_min_s, max_s=config.install_retry_max_s),
+            signing_keys=config.signing_keys, keep_archives=config.keep_engine_archives,
         )
 
     # ------------------------------------------------------------------ state
@@ -169,10 +215,11 @@ class EngineManager:
 
     # ------------------------------------------------------------------ start-up
 
-    async def load(self, *, prove: bool = True) -> None:
+    async def load(self, *, prove: bool = True, verify_archives: bool = False) -> None:
         """Find installs from earlier runs and configured engines; prove each before reporting it.
 
-        ``prove=False`` only reads what was recorded at install time (``engines list``).
+        ``prove=False`` only reads what was recorded at install time (``engines list``);
+        ``verify_archives`` also hashes kept archives again (``engines check``).
         """
         shutil.rmtree(self.root / ".staging", ignore_errors=True)
         if self.root.is_dir():
@@ -191,12 +238,12 @@ class EngineManager:
                         continue
                     key = (name_dir.name, version_dir.name)
                     line = str(info.get("reported_version", ""))
-                    self._installed[key] = Installed(binary=binary, reported_version=line)
+                    self._installed[key] = Installed(binary=binary, reported_version=line,
+                                                     provenance=_recorded_provenance(info, marker))
                     if prove:
-                        await self.check(*key)
+                        await self.check(*key, verify_archives=verify_archives)
                     else:
-                        self._set(EngineState(name=key[0], version=key[1], status="installed",
-                                              reported_version=line, binary=str(binary)))
+                        self._set(self._installed_state(key, line))
         for eng in self.configured:
             await self._prove_configured(eng)
 
@@ -218,12 +265,17 @@ class EngineManager:
 
     # ------------------------------------------------------------------ converge
 
-    def want(self, specs: list[EngineSpec]) -> list[EngineSpec]:
-        """Record what control wants; return the specs that still need an install."""
+    def want(self, specs: list[EngineSpec], *, control_epoch: int = 0) -> list[EngineSpec]:
+        """Record what control wants; return the specs that still need an install.
+
+        ``control_epoch`` is the fencing token of the command that asked: each install records
+        it as who asked for the engine.
+        """
         # A name or version that may not name a folder never becomes a path, a state or a report
         # (control could not decode a report naming it): the command's ack says why (``bad_names``).
         specs = [s for s in specs if not bad_names(s)]
         self._wanted = {(s.name, s.version): s for s in specs}
+        self.control_epoch = control_epoch
         todo = []
         for spec in specs:
             state = self.state(spec.name, spec.version)
@@ -256,7 +308,7 @@ class EngineManager:
             if current.status in ("installed", "configured") and key in self._installed:
                 return current
             try:
-                binary, line = await self._install(spec)
+                binary, line, provenance = await self._install(spec)
             except (InstallError, *REFUSALS) as exc:
                 return self._failed(spec, str(exc))
             except OSError as exc:
@@ -267,9 +319,13 @@ class EngineManager:
                 log.error("engine %s %s: install crashed", spec.name, spec.version, exc_info=True)
                 return self._failed(spec, f"unexpected error while installing: {type(exc).__name__}: {exc}")
             self._failures.pop(key, None)
-            self._installed[key] = Installed(binary=binary, reported_version=line)
-            return self._set(EngineState(name=spec.name, version=spec.version, status="installed",
-                                         reported_version=line, binary=str(binary)))
+            self._installed[key] = Installed(binary=binary, reported_version=line, provenance=provenance)
+            return self._set(self._installed_state(key, line))
+
+    def _installed_state(self, key: Key, line: str) -> EngineState:
+        inst = self._installed[key]
+        return EngineState(name=key[0], version=key[1], status="installed", reported_version=line,
+                           binary=str(inst.binary), provenance=inst.provenance)
 
     def _failed(self, spec: EngineSpec, detail: str) -> EngineState:
         key = (spec.name, spec.version)
@@ -288,17 +344,18 @@ class EngineManager:
     def _progress(self, spec: EngineSpec, what: str) -> None:
         self._set(EngineState(name=spec.name, version=spec.version, status="installing", detail=what))
 
-    async def _install(self, spec: EngineSpec) -> tuple[Path, str]:
+    async def _install(self, spec: EngineSpec) -> tuple[Path, str, EngineProvenance]:
         if spec.name not in ARCHIVE_ENGINES:
             raise InstallError(f"unknown engine {spec.name!r}: only {', '.join(ARCHIVE_ENGINES)} install "
                                "from releases; name others in the node's config by path")
         if problem := bad_names(spec):
             raise InstallError(problem)
+        epoch = self.control_epoch
         binary_name, default_source = ARCHIVE_ENGINES[spec.name]
         source = (spec.release_api or default_source).replace("{version}", spec.version)
         self._progress(spec, f"fetching the release index for {spec.version}")
-        assets = await self._release_assets(source)
-        chosen = choose_assets(assets, self.platform)
+        index = await self._release_index(source, spec.version)
+        chosen = choose_assets(index.assets, self.platform)
         downloads = self.root / ".downloads"
         archives = []
         for asset in chosen:
@@ -322,11 +379,34 @@ class EngineManager:
             if binary is None:
                 raise InstallError(f"{chosen[0].name} has no {binary_name}")
             line = await self._prove(spec, binary)
+            # What the install came from is kept with it: the index as fetched (which lists every
+            # archive's digest) and its signature, so `engines check` can verify both again.
+            _write_new(staging, INDEX_COPY, index.body)
+            if index.verified is not None:
+                _write_new(staging, SIGNATURE_COPY, index.signature)
+            if self.keep_archives:
+                kept = staging / ARCHIVES_DIR
+                try:
+                    kept.mkdir()
+                except FileExistsError:
+                    raise InstallError(f"the archive has its own {ARCHIVES_DIR}; refusing it") from None
+                for asset, archive in zip(chosen, archives, strict=True):
+                    os.replace(archive, kept / asset.name)
+            provenance = EngineProvenance(
+                source=index.source,
+                index_sha256=hashlib.sha256(index.body).hexdigest(),
+                assets=[AssetProvenance(a.name, a.url, a.sha256, a.size) for a in chosen],
+                installed_at=time.time(),
+                signed_by=index.verified.key_id if index.verified else "",
+                control_epoch=epoch,
+                archives_kept=self.keep_archives,
+            )
             _write_marker(staging, {
-                "name": spec.name, "version": spec.version, "source": source.split("?", 1)[0],
+                "name": spec.name, "version": spec.version, "source": index.source,
                 "assets": [{"name": a.name, "sha256": a.sha256} for a in chosen],
                 "binary": str(binary.relative_to(staging)), "reported_version": line,
-                "installed_at": time.time(),
+                "installed_at": provenance.installed_at,
+                "provenance": converter.unstructure(provenance),
             })
             final = self.root / spec.name / spec.version
             final.parent.mkdir(parents=True, exist_ok=True)
@@ -340,33 +420,73 @@ class EngineManager:
                 shutil.rmtree(old, ignore_errors=True)
             for archive in archives:
                 archive.unlink(missing_ok=True)
-            return final / binary.relative_to(staging), line
+            return final / binary.relative_to(staging), line, provenance
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
-    async def _release_assets(self, source: str) -> list[ReleaseAsset]:
+    async def _release_index(self, source: str, version: str) -> _Index:
+        """Fetch the index; with ``release_signing_keys``, its signature too, verified before parsing.
+
+        A signed index must also name the tag that was asked for (``tag_name``): a signature
+        says the operator published these bytes, not for which version, and an older signed
+        index served under a newer version's URL would otherwise install the older build.
+        """
         shown = source.split("?", 1)[0]
-        body = bytearray()
-        try:
-            with trio.fail_after(RELEASE_INDEX_TIMEOUT):
-                async with self.client.stream("GET", source, timeout=30.0, follow_redirects=True,
-                                              headers={"Accept": "application/vnd.github+json"}) as resp:
-                    if resp.status_code != 200:
-                        raise InstallError(f"release index {shown}: HTTP {resp.status_code}")
-                    async for chunk in resp.aiter_bytes():
-                        body += chunk
-                        if len(body) > MAX_RELEASE_JSON:
-                            raise InstallError(f"release index {shown}: larger than "
-                                               f"{human_size(MAX_RELEASE_JSON)}; not a release index")
-        except trio.TooSlowError:
-            raise InstallError(f"release index {shown}: not received within {RELEASE_INDEX_TIMEOUT:g} s") from None
-        except URL_ERRORS as exc:
-            raise InstallError(f"release index {shown}: {type(exc).__name__}: {exc}") from None
+        body = await self._fetch_small(source, f"release index {shown}", MAX_RELEASE_JSON,
+                                       accept="application/vnd.github+json")
+        verified, signature = None, b""
+        if self.signing_keys:
+            sig_url = signature_url(source)
+            try:
+                signature = await self._fetch_small(sig_url, f"signature {sig_url.split('?', 1)[0]}",
+                                                    MAX_SIGNATURE_BYTES, missing_ok=True,
+                                                    too_large="not a minisign signature")
+            except InstallError as exc:
+                raise InstallError(f"release index {shown} is not signed: {exc}; release_signing_keys is set, "
+                                   "so nothing unsigned is installed") from None
+            if not signature:
+                raise InstallError(f"release index {shown} is not signed (no {sig_url.split('?', 1)[0]}); "
+                                   "release_signing_keys is set, so nothing unsigned is installed")
+            try:
+                verified = verify(body, signature, self.signing_keys)
+            except SignatureError as exc:
+                raise InstallError(f"release index {shown}: {exc}; not installing from it") from None
         try:
             data = json_loads(bytes(body))
         except ValueError:
             raise InstallError(f"release index {shown}: not JSON") from None
-        return parse_release(data)
+        if verified is not None:
+            tag = data.get("tag_name") if isinstance(data, dict) else None
+            if tag != version:
+                raise InstallError(f"release index {shown} is signed for tag {shown_name(tag)}, not {version}; "
+                                   "not installing from it")
+        return _Index(source=shown, body=bytes(body), signature=signature, verified=verified,
+                      assets=parse_release(data, base_url=source))
+
+    async def _fetch_small(self, url: str, what: str, limit: int, *, accept: str = "*/*",
+                           missing_ok: bool = False, too_large: str = "not a release index") -> bytes:
+        """A whole small document (an index, a signature) within ``limit`` bytes and 60 s.
+
+        ``missing_ok``: a 404 answers ``b""`` instead of an error.
+        """
+        body = bytearray()
+        try:
+            with trio.fail_after(RELEASE_INDEX_TIMEOUT):
+                async with self.client.stream("GET", url, timeout=30.0, follow_redirects=True,
+                                              headers={"Accept": accept}) as resp:
+                    if missing_ok and resp.status_code == 404:
+                        return b""
+                    if resp.status_code != 200:
+                        raise InstallError(f"{what}: HTTP {resp.status_code}")
+                    async for chunk in resp.aiter_bytes():
+                        body += chunk
+                        if len(body) > limit:
+                            raise InstallError(f"{what}: larger than {human_size(limit)}; {too_large}")
+        except trio.TooSlowError:
+            raise InstallError(f"{what}: not received within {RELEASE_INDEX_TIMEOUT:g} s") from None
+        except URL_ERRORS as exc:
+            raise InstallError(f"{what}: {type(exc).__name__}: {exc}") from None
+        return bytes(body)
 
     async def _download(self, spec: EngineSpec, asset: ReleaseAsset, downloads: Path) -> Path:
         if not asset.sha256:
@@ -400,26 +520,49 @@ class EngineManager:
         if missing:
             missing = await self._try_os_packages(spec, missing, binary)
         if missing:
-            raise proof.ProofError("; ".join(f"missing library: {lib}" for lib in missing))
+            raise proof.ProofError(self._missing_text(missing))
         self._progress(spec, f"running {binary.name} --version")
         return await proof.engine_version(binary, time_limit=self.version_timeout)
 
     async def _try_os_packages(self, spec: EngineSpec | None, missing: list[str], binary: Path) -> list[str]:
+        """With ``allow_os_packages`` and root: update the package index once, install, look again."""
         manager = proof.package_manager()
-        if not self.allow_os_packages or manager is None:
+        if not self.allow_os_packages or manager is None or not proof.can_install_packages():
             return missing
         packages, _unknown = proof.packages_for(missing, manager, self.known_packages)
         if not packages:
             return missing
         if spec is not None:
+            self._progress(spec, f"updating the package index ({manager})")
+        # Once per install: a fresh image (or one whose lists are months old) has no lists to
+        # find the package in, and `apt-get install` fails with "Unable to locate package".
+        await proof.update_package_index(manager)
+        if spec is not None:
             self._progress(spec, f"installing OS packages: {' '.join(packages)}")
         await proof.install_packages(manager, packages)
         return await proof.missing_libraries(binary)
 
+    def _missing_text(self, missing: list[str]) -> str:
+        """The failure for missing libraries: each with its package, and what the operator runs."""
+        manager = proof.package_manager()
+        why_not = ""
+        if self.allow_os_packages and not proof.can_install_packages():
+            why_not = (f"allow_os_packages cannot: llmgw-node runs as uid {os.geteuid()}, not root; then run "
+                       "llmgw-node engines check")
+        elif not self.allow_os_packages:
+            why_not = "or set allow_os_packages when the node runs as root"
+        return proof.install_hint(missing, manager, self.known_packages, why_not=why_not)
+
     # ------------------------------------------------------------------ re-check
 
-    async def check(self, name: str, version: str) -> EngineState:
-        """Prove an installed engine again (ldd and --version); report failure in its own words."""
+    async def check(self, name: str, version: str, *, verify_archives: bool = False) -> EngineState:
+        """Prove an installed engine again (ldd and --version); report failure in its own words.
+
+        ``verify_archives``: when the install kept its archives (``keep_engine_archives``), hash
+        each again and compare it with the digest its kept release index publishes, after
+        checking that index against the digest recorded at install and, with
+        ``release_signing_keys``, its signature (``llmgw-node engines check``).
+        """
         key = (name, version)
         async with self._lock(key):
             inst = self._installed.get(key)
@@ -432,14 +575,17 @@ class EngineManager:
                 if missing:
                     missing = await self._try_os_packages(None, missing, inst.binary)
                 if missing:
-                    raise proof.ProofError("; ".join(f"missing library: {lib}" for lib in missing))
+                    raise proof.ProofError(self._missing_text(missing))
                 line = await proof.engine_version(inst.binary, time_limit=self.version_timeout)
+                if verify_archives and inst.provenance is not None and inst.provenance.archives_kept:
+                    await trio.to_thread.run_sync(
+                        _verify_kept, self.root / name / version, inst.provenance, self.signing_keys)
             except proof.ProofError as exc:
                 del self._installed[key]
                 return self._set(EngineState(name=name, version=version, status="failed",
-                                             detail=f"re-check: {exc}", binary=str(inst.binary)))
-            return self._set(EngineState(name=name, version=version, status="installed",
-                                         reported_version=line, binary=str(inst.binary)))
+                                             detail=f"re-check: {exc}", binary=str(inst.binary),
+                                             provenance=inst.provenance))
+            return self._set(self._installed_state(key, line))
 
     async def check_all(self) -> None:
         """Re-check every archive install; reinstall those control still wants and that broke."""
@@ -478,6 +624,100 @@ def bad_names(spec: EngineSpec) -> str:
 def _make_room(downloads: Path, size: int, name: str) -> None:
     downloads.mkdir(parents=True, exist_ok=True)
     check_room(downloads, size, f"downloading {name}")
+
+
+def _write_new(folder: Path, name: str, data: bytes) -> None:
+    """A file of ours in an install folder: never one the archive brought, never through a link."""
+    try:
+        fd = os.open(folder / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except FileExistsError:
+        raise InstallError(f"the archive has its own {name}; refusing it") from None
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+
+
+def _recorded_provenance(info: dict[str, object], marker: Path) -> EngineProvenance | None:
+    """The provenance an install manifest records; for a manifest older than provenance, what it has.
+
+    None when it would not pass control's checks of a node's report (``wire.check_from_node``):
+    an engine state control refuses would not be reported at all, and the engine runs either way.
+    """
+    provenance = _read_provenance(info, marker)
+    if provenance is None:
+        return None
+    try:
+        check_from_node(provenance, "provenance")
+    except WireError as exc:
+        log.warning("install manifest has a provenance control would refuse", extra={"path": str(marker),
+                                                                                     "error": str(exc)})
+        return None
+    return provenance
+
+
+def _read_provenance(info: dict[str, object], marker: Path) -> EngineProvenance | None:
+    if "provenance" in info:
+        try:
+            return converter.structure(info["provenance"], EngineProvenance)
+        except Exception:  # a damaged manifest: the install still runs, its origin is unknown
+            log.warning("install manifest has an unreadable provenance", extra={"path": str(marker)})
+            return None
+    assets = info.get("assets")
+    if not isinstance(assets, list):
+        return None
+    installed_at = info.get("installed_at")
+    return EngineProvenance(
+        source=str(info.get("source", "")), index_sha256="",
+        assets=[AssetProvenance(str(a.get("name", "")), "", str(a.get("sha256", "")), 0)
+                for a in assets if isinstance(a, dict)],
+        installed_at=float(installed_at) if isinstance(installed_at, int | float) else 0.0,
+    )
+
+
+def _verify_kept(folder: Path, provenance: EngineProvenance, keys: list[PublicKey]) -> None:
+    """The kept index is the one installed from, still signed; each kept archive matches it."""
+    try:
+        with open(folder / INDEX_COPY, "rb") as handle:
+            body = handle.read(MAX_RELEASE_JSON + 1)
+    except OSError as exc:
+        raise proof.ProofError(f"the kept release index cannot be read: {exc.strerror or exc}") from None
+    if provenance.index_sha256 and hashlib.sha256(body).hexdigest() != provenance.index_sha256:
+        raise proof.ProofError("the kept release index no longer matches the sha256 recorded at install")
+    if keys:
+        try:
+            signature = (folder / SIGNATURE_COPY).read_bytes()[: MAX_SIGNATURE_BYTES + 1]
+        except FileNotFoundError:
+            raise proof.ProofError("the kept release index is not signed, and release_signing_keys is set") from None
+        try:
+            verify(body, signature, keys)
+        except SignatureError as exc:
+            raise proof.ProofError(f"the kept release index: {exc}") from None
+    try:
+        published = {a.name: a.sha256 for a in parse_release(json_loads(body)) if not a.refused}
+    except (ValueError, ReleaseError) as exc:
+        raise proof.ProofError(f"the kept release index is unreadable: {exc}") from None
+    for asset in provenance.assets:
+        try:
+            check_asset_name(asset.name)
+        except BadName as exc:
+            raise proof.ProofError(f"the install manifest names a bad archive: {exc}") from None
+        path = folder / ARCHIVES_DIR / asset.name
+        if not path.is_file() or path.is_symlink():
+            raise proof.ProofError(f"the kept archive {asset.name} is gone")
+        digest = _sha256_of(path)
+        expected = published.get(asset.name)
+        if expected is None:
+            raise proof.ProofError(f"the kept release index does not list {asset.name}")
+        if digest != expected:
+            raise proof.ProofError(f"the kept archive {asset.name} has sha256 {digest}, not the {expected} "
+                                   "its release index publishes")
+
+
+def _sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _write_marker(staging: Path, info: dict[str, object]) -> None:

@@ -163,6 +163,37 @@ def _exit_text(code: int) -> str:
     return f"signal {-code}" if code < 0 else f"status {code}"
 
 
+def can_install_packages() -> bool:
+    """apt-get and dnf install only as root; the shipped unit runs the daemon as user llmgw."""
+    return os.geteuid() == 0
+
+
+def install_hint(missing: list[str], manager: str | None, known: dict[str, dict[str, str]] | None = None,
+                 *, why_not: str = "") -> str:
+    """Each missing library, the package that provides it, and the command that installs them.
+
+    ``missing library: libgomp.so.1 (package libgomp1); to install: apt-get update && apt-get
+    install -y libgomp1, as root (<why_not>)``. Libraries no known package provides are named
+    alone: the operator has to find those, and the text does not guess.
+    """
+    table = (KNOWN_PACKAGES if known is None else known).get(manager or "", {})
+    parts = [f"missing library: {lib} (package {table[lib]})" if lib in table else f"missing library: {lib}"
+             for lib in missing]
+    packages, _unknown = packages_for(missing, manager, known) if manager else ([], missing)
+    if packages:
+        command = (f"apt-get update && apt-get install -y {' '.join(packages)}" if manager == "apt"
+                   else f"dnf install -y {' '.join(packages)}")
+        parts.append(f"to install: {command}, as root{f' ({why_not})' if why_not else ''}")
+    return "; ".join(parts)
+
+
+async def update_package_index(manager: str, time_limit: float = 300.0) -> None:
+    """``apt-get update`` (or ``dnf makecache``): without it a machine whose lists are old or were
+    never fetched (a fresh cloud image, a container) cannot find the package at all."""
+    cmd = ["apt-get", "update"] if manager == "apt" else ["dnf", "makecache"]
+    await _package_command(cmd, " ".join(cmd), time_limit)
+
+
 def package_manager() -> str | None:
     for name in ("apt-get", "dnf"):
         if shutil.which(name):
@@ -183,15 +214,20 @@ def packages_for(
 async def install_packages(manager: str, packages: list[str], time_limit: float = 600.0) -> None:
     cmd = (["apt-get", "install", "-y", "--no-install-recommends", *packages] if manager == "apt"
            else ["dnf", "install", "-y", *packages])
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     log.info("installing OS packages", extra={"packages": packages, "manager": manager})
+    await _package_command(cmd, f"{cmd[0]} install {' '.join(packages)}", time_limit)
+
+
+async def _package_command(cmd: list[str], what: str, time_limit: float) -> None:
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     try:
         with trio.fail_after(time_limit):
             result = await trio.run_process(cmd, capture_stdout=True, capture_stderr=True, check=False,
-                                            env=env)
+                                            env=env, stdin=subprocess.DEVNULL)
     except trio.TooSlowError:
-        what = f"{cmd[0]} install {' '.join(packages)}"
         raise ProofError(f"{what} did not finish within {time_limit:g} s") from None
+    except OSError as exc:
+        raise ProofError(f"{what} could not run: {exc.strerror or exc}") from None
     if result.returncode != 0:
         last = result.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
-        raise ProofError(f"{cmd[0]} install {' '.join(packages)} failed: {last[0]}")
+        raise ProofError(f"{what} failed: {last[0]}")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from typing import Any
+from urllib.parse import urljoin
 
 import attrs
 
@@ -33,6 +34,8 @@ _NAME = re.compile(
 )
 # GitHub allows 1000 assets per release; llama.cpp publishes about 40.
 MAX_ASSETS = 1000
+# GitHub's download URLs are about 120 characters; browsers and servers cap URLs near 2-8 KB.
+MAX_URL = 2048
 
 
 class ReleaseError(Exception):
@@ -56,7 +59,9 @@ class Platform:
     cuda: bool  # an NVIDIA driver is loaded
 
 
-def parse_release(data: Any) -> list[ReleaseAsset]:
+def parse_release(data: Any, base_url: str = "") -> list[ReleaseAsset]:
+    """The assets of a release index; a relative ``browser_download_url`` is resolved against
+    ``base_url`` (the index's own URL), so one signed index serves from any mirror of it."""
     if not isinstance(data, dict) or not isinstance(data.get("assets"), list):
         raise ReleaseError("release JSON has no 'assets' list")
     if len(data["assets"]) > MAX_ASSETS:
@@ -70,6 +75,8 @@ def parse_release(data: Any) -> list[ReleaseAsset]:
         size = item.get("size")
         if not (isinstance(name, str) and isinstance(url, str)):
             continue
+        if base_url:
+            url = urljoin(base_url, url)
         asset = _checked(name, url, size, digest)
         if asset.refused:
             log.warning("release asset refused: %s", asset.refused)
@@ -88,6 +95,10 @@ def _checked(name: str, url: str, size: object, digest: object) -> ReleaseAsset:
             sha = check_digest(digest)
         except BadName as exc:
             problems.append(str(exc))
+    if len(url) > MAX_URL or not url.startswith(("http://", "https://")):
+        # The URL is fetched and recorded in the install's provenance (and every hello): a
+        # plain http(s) URL of sane length, or the asset is not used.
+        problems.append(f"download URL {shown(url)} is not an http(s) URL of at most {MAX_URL} characters")
     if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
         problems.append(f"size {size!r} is not a positive number of bytes")
         size = 0

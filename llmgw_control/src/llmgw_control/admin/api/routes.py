@@ -225,7 +225,8 @@ def build_api(ctx: ApiContext) -> Api:
             states = []
             for node in f.inventory:
                 state = node.engine(engine.name, engine.version)
-                states.append(EngineNodeState(node.node_id, state.describe() if state else "not reported"))
+                states.append(EngineNodeState(node.node_id, state.describe() if state else "not reported",
+                                              state.provenance if state else None))
             out.append(EngineView(engine.name, engine.version, engine.release_api, states))
         return EngineList(out)
 

@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 import attrs
 
+from llmgw_shared.wire import EngineProvenance
+
 from ...catalog import ModelConfig
 
 NAME_RULES = {"minLength": 1, "maxLength": 200}
@@ -49,6 +51,9 @@ class EngineOnNode:
     version: str
     # The node's own words: "installed b11312", "installing: downloading ... (41%)", "failed: ...".
     state: str
+    # Where the install came from, as the node's install manifest records it (null: configured
+    # by path, not installed yet, or a node that predates provenance).
+    provenance: EngineProvenance | None = None
 
 
 @attrs.frozen
@@ -166,6 +171,7 @@ class ReplicaList:
 class EngineNodeState:
     node: str
     state: str
+    provenance: EngineProvenance | None = None
 
 
 @attrs.frozen

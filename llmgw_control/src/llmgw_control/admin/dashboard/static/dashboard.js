@@ -87,6 +87,18 @@
 
   const pages = {};
 
+  // Where a node's engine install came from (its install manifest): index, signer, digests, when,
+  // the control epoch that asked. The same words as `ctl engines` and `llmgw-node engines list`.
+  const provenanceWords = (p) => {
+    const when = p.installed_at > 0
+      ? new Date(p.installed_at * 1000).toISOString().replace("T", " ").replace(/\.\d+Z$/, "Z") : "at an unknown time";
+    const assets = (p.assets || []).map((a) => `${a.name} sha256:${a.sha256.slice(0, 16)}…`).join(", ")
+      || "no archives recorded";
+    const signed = p.signed_by ? `signed by ${p.signed_by}` : "unsigned index";
+    const asked = p.control_epoch ? `control epoch ${p.control_epoch}` : "by hand";
+    return `from ${p.source || "?"} (${signed}): ${assets}; installed ${when}, ${asked}${p.archives_kept ? "; archives kept" : ""}`;
+  };
+
   pages.fleet = async () => {
     const nodes = firstArray(await api("/nodes"), "nodes");
     const counts = {};
@@ -120,7 +132,8 @@
             : null,
           h("dt", {}, "Engines"),
           h("dd", { class: "engines" }, (n.engines || []).length
-            ? h("ul", {}, n.engines.map((e) => h("li", {}, `${e.name} ${e.version}: `, badge(e.state, stateKind(e.state)))))
+            ? h("ul", {}, n.engines.map((e) => h("li", {}, `${e.name} ${e.version}: `, badge(e.state, stateKind(e.state)),
+                e.provenance ? h("div", { class: "provenance mono" }, provenanceWords(e.provenance)) : null)))
             : "none"),
           h("dt", {}, "Shards"),
           h("dd", { class: "shards" }, (n.shards || []).length
