@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmgw_control.router.balancer import choose
-from llmgw_control.router.replicas import Replica, ReplicaSet
-from llmgw_control.router.usage import TAIL_BYTES, StreamTail, Usage, find_usage
+from llmgw_control.gateway.balancer import choose
+from llmgw_control.gateway.replicas import Replica, ReplicaSet
+from llmgw_control.gateway.usage import TAIL_BYTES, StreamTail, Usage, find_usage
 
 
 @attrs.define

@@ -13,12 +13,12 @@ import trio.lowlevel
 import trio.testing
 from prometheus_client import CollectorRegistry
 
-from llmgw_control.config import RouterConfig
-from llmgw_control.metrics import GatewayMetrics
-from llmgw_control.router.errors import ApiError
-from llmgw_control.router.gateway import Gateway
-from llmgw_control.router.replicas import Replica, ReplicaSet
-from llmgw_control.router.upstream import Httpx2Upstream, UpstreamError, UpstreamResponse
+from llmgw_control.api_errors import ClientApiError
+from llmgw_control.gateway.config import RouterConfig
+from llmgw_control.gateway.gateway import Gateway
+from llmgw_control.gateway.metrics import GatewayMetrics
+from llmgw_control.gateway.replicas import Replica, ReplicaSet
+from llmgw_control.gateway.upstream import Httpx2Upstream, UpstreamError, UpstreamResponse
 from llmgw_dev.engine_proc import free_port
 from llmgw_dev.fake_engine import FakeEngine, FakeEngineBehavior, run_fake_engine
 from support.gateway import chat_body, endpoint, running_gateway
@@ -458,6 +458,6 @@ async def test_an_engine_that_stops_sending_is_cut_after_the_idle_timeout_not_be
             items = [item async for item in collected]
             stalled_for = trio.current_time()
     assert items[:3] == [b'data: {"x": 1}\n\n'] * 3
-    assert isinstance(items[-1], ApiError) and items[-1].status == 504
+    assert isinstance(items[-1], ClientApiError) and items[-1].status == 504
     # Cut between idle_timeout and idle_timeout + its slack (a tenth of it) after the last chunk.
     assert 1.0 <= stalled_for <= 1.0 + 0.1 + 0.01

@@ -21,7 +21,7 @@ from hypercorn.protocol.h11 import H2CProtocolRequiredError, H11Protocol, H11WSC
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 
-from llmgw_control.http_connection import _H11Connection, _H11Protocol, _Http2Refused
+from llmgw_control.transport.connection import _H11Connection, _H11Protocol, _Http2Refused
 
 
 def test_the_pinned_release() -> None:

@@ -14,9 +14,10 @@ import trio
 from prometheus_client import CollectorRegistry
 
 from llmgw_control.app import Listening, Tenancy, run_control
-from llmgw_control.config import ControlConfig, EndpointConfig, RouterConfig, validate
-from llmgw_control.router.activator import ActivatorConfig
-from llmgw_control.router.upstream import UpstreamClient
+from llmgw_control.config import ControlConfig, validate
+from llmgw_control.gateway.activator import ActivatorConfig
+from llmgw_control.gateway.config import EndpointConfig, RouterConfig
+from llmgw_control.gateway.upstream import UpstreamClient
 
 
 @attrs.define

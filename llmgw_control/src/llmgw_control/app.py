@@ -21,47 +21,45 @@ from llmgw_shared.logs import get_logger
 from llmgw_shared.wire import EngineSpec
 
 from .admin.admin_auth import AdminKeyGuard, key_required, refuse_without_admin_keys
-from .admin.api.catalog_service import ModelService, stored_models
-from .admin.api.core import error_json
 from .admin.app import make_admin_app, make_metrics_app
 from .admin.dashboard import client_dashboard, open_dashboard, register_admin_dashboard
 from .admin.host_guard import AdminHostGuard
+from .api_errors import admin_error_body, openai_error_body
 from .catalog import Catalog
-from .client_tls import ClientTls, TrustedProxies, reload_on_sighup
+from .catalog.claims import profile_claims
+from .catalog.service import ModelService, stored_models
 from .config import ControlConfig
 from .fleet.agents import AgentService, Role
-from .fleet.claims import profile_claims
 from .fleet.files import FileServer
 from .fleet.inventory import Inventory, Liveness
-from .fleet.listener import make_agent_app
-from .fleet.reconciler import Reconciler
-from .fleet.secret import default_data_dir, load_or_create_secret
-from .fleet.tls import Identities, serve_tls_front, server_context
-from .fleet_metrics import register_fleet_metrics
-from .leadership import (
-    KEY_DIGEST_SECRET,
-    SHARD_KEY_SECRET,
+from .fleet.leadership import (
     Leadership,
     StandbyGate,
     clear_single_daemon_lease,
-    cluster_secret,
     new_holder,
 )
-from .metrics import GatewayMetrics
+from .fleet.listener import make_agent_app
+from .fleet.metrics import register_fleet_metrics
+from .fleet.reconciler import Reconciler
+from .fleet.secret import default_data_dir, load_or_create_secret
+from .fleet.tls import Identities, serve_tls_front
+from .gateway.activator import Activator
+from .gateway.client_app import ClientApp
+from .gateway.directory import FleetDirectory, ModelDirectory, StaticDirectory
+from .gateway.gateway import Gateway
+from .gateway.metrics import GatewayMetrics
+from .gateway.replicas import Replica, ReplicaSet
+from .gateway.upstream import Httpx2Upstream, UpstreamClient
 from .onboarding import Onboarding, stored_identity, wheels_dir_for
-from .router.activator import Activator
-from .router.asgi import ClientApp, serve_lifespan
-from .router.directory import FleetDirectory, ModelDirectory, StaticDirectory
-from .router.gateway import Gateway
-from .router.replicas import Replica, ReplicaSet
-from .router.upstream import Httpx2Upstream, UpstreamClient
-from .serving import openai_error_body, serve_asgi
-from .store import LeaseKeeper, Store, is_postgres_url, open_store
+from .store import KEY_DIGEST_SECRET, SHARD_KEY_SECRET, LeaseKeeper, Store, cluster_secret, is_postgres_url, open_store
 from .tenancy.admission import TenancyAdmission
 from .tenancy.keys import KeyDigester, load_or_create_server_secret
 from .tenancy.service import TenancyService
 from .tenancy.state import TenancyState
 from .tenancy.usage import UsageAccumulator, UsageFlusher
+from .transport.asgi import serve_lifespan
+from .transport.serving import serve_asgi
+from .transport.tls import ClientTls, TrustedProxies, reload_on_sighup, server_context
 
 log = get_logger("llmgw.control")
 
@@ -138,10 +136,6 @@ def _public_url(config: ControlConfig, bound: str) -> str:
     if config.agents.public_url:
         return config.agents.public_url.rstrip("/")
     return bound.rstrip("/")
-
-
-def _admin_error_body(status: int, code: str, message: str) -> bytes:
-    return error_json(code, message)
 
 
 def data_dir_of(config: ControlConfig) -> Path:
@@ -233,7 +227,7 @@ async def _start_agent_listener(
                                            websocket_max_message_size=agents.max_frame_bytes))
     port = int(str(internal).rsplit(":", 1)[1])
     url = await nursery.start(partial(serve_tls_front, agents.listen, port, context, identities, shutdown=shutdown,
-                                      limits=config.listeners, error_body=_admin_error_body))
+                                      limits=config.listeners, error_body=admin_error_body))
     return identities, str(url)
 
 
@@ -255,7 +249,7 @@ async def run_control(
     grace = config.shutdown_grace
     # Every listener but the client's answers its own refusals (408, 503) in the admin API's shape.
     serve = partial(serve_asgi, shutdown=shutdown, grace=grace, limits=config.listeners,
-                    error_body=_admin_error_body)
+                    error_body=admin_error_body)
     try:
         # The upstream's upkeep outlives the listeners' drain (its nursery is left after theirs).
         async with open_tenancy(config, data_dir_of(config)) as tenancy, _for_the_block(client.run), \

@@ -16,7 +16,8 @@ from llmgw_shared.config import ConfigError
 from llmgw_shared.config_doc import render
 
 from .catalog import ModelConfig, ProfileConfig, WeightsConfig
-from .config import ControlConfig, EndpointConfig, load_config
+from .config import ControlConfig, load_config
+from .gateway.config import EndpointConfig
 
 DOCS: dict[str, str] = {
     "ControlConfig.listen": "Client API address (the OpenAI endpoints), host:port; 0.0.0.0 for every address.",

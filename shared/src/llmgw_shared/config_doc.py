@@ -23,6 +23,11 @@ EXAMPLE_BEGIN = "# >>> example"
 EXAMPLE_END = "# <<< end of example"
 
 
+def doc(text: str) -> dict[str, str]:
+    """A field's metadata carrying its one-line help: ``attrs.field(default=..., metadata=doc("..."))``."""
+    return {"doc": text}
+
+
 def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 

@@ -19,8 +19,9 @@ from trio_websocket import WebSocketConnection, open_websocket_url
 
 from llmgw_control.app import Fleet, Listening, Tenancy, run_control
 from llmgw_control.catalog import ModelConfig
-from llmgw_control.config import ControlConfig, LeadershipConfig, validate
+from llmgw_control.config import ControlConfig, validate
 from llmgw_control.fleet.agents import AgentsConfig, token_digest
+from llmgw_control.fleet.leadership import LeadershipConfig
 from llmgw_shared.config import strict_converter
 from llmgw_shared.facts import unprobed
 from llmgw_shared.wire import (

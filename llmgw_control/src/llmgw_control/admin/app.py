@@ -9,7 +9,8 @@ from quart import Response, jsonify
 from quart_trio import QuartTrio
 
 from ..byte_ranges import StrictRangeResponse
-from .api import ApiContext, ModelService, build_api
+from ..catalog.service import ModelService
+from .api import ApiContext, build_api
 from .api.core import error_body
 from .onboarding_views import register_onboarding_views
 

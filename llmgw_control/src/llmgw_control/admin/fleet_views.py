@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..catalog import Resolved
+from ..catalog import Claim, Resolved
 from ..fleet.inventory import NodeRecord
-from ..fleet.plan import Claim
 from ..store import NodeIdentity
 from .api.schemas import (
     ClaimView,

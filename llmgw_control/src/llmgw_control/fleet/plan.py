@@ -13,15 +13,10 @@ import attrs
 
 from llmgw_shared.wire import EngineState
 
+from ..catalog import Claim
 from .lifecycle import TERMINAL, Status
 
 READY_ENGINE = ("installed", "configured")
-
-
-@attrs.frozen
-class Claim:
-    ram_mib: int
-    vram_mib: int = 0
 
 
 @attrs.frozen

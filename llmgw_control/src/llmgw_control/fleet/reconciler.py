@@ -41,12 +41,12 @@ from llmgw_shared.wire import (
     WeightsSpec,
 )
 
-from ..catalog import Catalog, Resolved, replica_slots
-from ..router.replicas import Replica, ReplicaSet
+from ..catalog import Catalog, Claim, Resolved, replica_slots
+from ..gateway.replicas import Replica, ReplicaSet
 from . import lifecycle
 from .inventory import Inventory, Liveness, NodeRecord
 from .lifecycle import HOLDING, TERMINAL, Status
-from .plan import Assignment, Claim, Demand, Drain, Forget, NodeView, PlanLimits, Start, Stop, plan
+from .plan import Assignment, Demand, Drain, Forget, NodeView, PlanLimits, Start, Stop, plan
 from .token_bucket import TokenBucket
 
 log = get_logger("llmgw.reconciler")

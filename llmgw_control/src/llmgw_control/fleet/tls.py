@@ -18,31 +18,18 @@ from typing import Any
 
 import trio
 
-from llmgw_shared.config import ConfigError, parse_host_port
+from llmgw_shared.config import parse_host_port
 from llmgw_shared.logs import get_logger
 
-from ..config import ListenersConfig
-from ..http_connection import PEER_GONE, ErrorBody, Listener, log_connection_failure
-from ..serving import openai_error_body, refuse_connection
+from ..api_errors import openai_error_body
+from ..transport.config import ListenersConfig
+from ..transport.connection import PEER_GONE, ErrorBody, Listener, log_connection_failure
+from ..transport.serving import refuse_connection
 
 log = get_logger("llmgw.agents.tls")
 
 _HANDSHAKE_TIMEOUT = 10.0
 _CHUNK = 64 * 1024
-
-
-def server_context(cert_file: str, key_file: str, client_ca_file: str, *, what: str = "agents TLS") -> ssl.SSLContext:
-    """A server's TLS context from PEM files (TLS 1.2 or later); ``ConfigError`` naming ``what`` if they do not load."""
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    try:
-        context.load_cert_chain(cert_file, key_file)
-        if client_ca_file:
-            context.load_verify_locations(client_ca_file)
-            context.verify_mode = ssl.CERT_REQUIRED
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"{what}: cannot load the certificate files: {exc}") from None
-    return context
 
 
 def node_id_of(certificate: dict[str, Any]) -> str | None:

@@ -4,6 +4,7 @@ Use ``open_store(url_or_path)`` (or ``connect_store``) to get a ``Store``; run a
 ``LeaseKeeper`` over ``store.lease`` to learn whether this daemon leads. See docs/store.md.
 """
 
+from .cluster_secrets import KEY_DIGEST_SECRET, SHARD_KEY_SECRET, cluster_secret
 from .convert import UNSET, Unset
 from .errors import (
     Conflict,
@@ -37,7 +38,9 @@ from .records import (
 from .sqlstore import PostgresStore, SqliteStore, SqlStore, connect_store, is_postgres_url, open_store
 
 __all__ = [
+    "KEY_DIGEST_SECRET",
     "MIGRATIONS",
+    "SHARD_KEY_SECRET",
     "STANDBY",
     "UNSET",
     "ApiKey",
@@ -71,6 +74,7 @@ __all__ = [
     "Unset",
     "Usage",
     "UsageTotals",
+    "cluster_secret",
     "connect_store",
     "is_postgres_url",
     "latest_version",

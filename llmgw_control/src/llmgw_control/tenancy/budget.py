@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from ..router.errors import ApiError
+from ..api_errors import ClientApiError
 from ..store import Quota
 from .windows import DayCounter, SlidingWindow
 
@@ -114,22 +114,22 @@ class Refusal:
     requested: int
     retry_after: int | None
 
-    def to_api_error(self) -> ApiError:
+    def to_api_error(self) -> ClientApiError:
         what = self.limit_name.replace("_", " ")
         if self.limit == 0:
-            return ApiError(
+            return ClientApiError(
                 429,
                 f"Group '{self.group_label}' allows no {what.split(' per ')[0]} at present (its {what} limit is 0).",
                 code="insufficient_quota",
             )
         if self.retry_after is None:
-            return ApiError(
+            return ClientApiError(
                 429,
                 f"Request too large for group '{self.group_label}': it asks for {self.requested} tokens, more than "
                 f"the group's {what} limit of {self.limit}. Lower max_tokens or shorten the prompt.",
                 code="request_too_large",
             )
-        return ApiError(
+        return ClientApiError(
             429,
             f"Rate limit reached for group '{self.group_label}' on {what}: limit {self.limit}, in use {self.used}, "
             f"requested {self.requested}. Retry after {self.retry_after} s.",
@@ -145,7 +145,7 @@ def worst(refusals: Sequence[Refusal]) -> Refusal:
 
 
 def reserve(chain: Sequence[GroupBudget], now: float, estimated: int) -> tuple[int, ...]:
-    """Admit one request against every budget in ``chain`` or raise ``ApiError(429)``.
+    """Admit one request against every budget in ``chain`` or raise ``ClientApiError(429)``.
 
     Returns the bucket each level counted the request in (what ``release`` needs; they differ
     only if the clock stepped back). Check everything first, reserve second: a refusal at the

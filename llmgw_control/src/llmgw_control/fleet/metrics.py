@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
-from .fleet.lifecycle import HOLDING, Status
+from .lifecycle import HOLDING, Status
 
 # Every state is exported, with 0 when none is in it, so an alert on e.g. lost > 0 sees a series.
 NODE_STATES = ("ready", "disconnected", "unreachable", "lost")

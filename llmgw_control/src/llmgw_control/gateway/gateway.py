@@ -24,14 +24,14 @@ import trio
 from llmgw_shared.jsonin import loads as json_loads
 from llmgw_shared.logs import get_logger, request_context
 
-from ..asgi import REQUEST_ID, Receive, Scope, Send
-from ..config import RouterConfig
-from ..metrics import GatewayMetrics
+from ..api_errors import ClientApiError, model_not_found, sse_error_event
 from ..priority import Priority
 from ..tenancy.admission import Admission, Ticket
+from ..transport.asgi import REQUEST_ID, Receive, Scope, Send
 from .activator import Activator, Refusal, Slot
+from .config import RouterConfig
 from .directory import ModelDirectory, StaticDirectory
-from .errors import ApiError, model_not_found, sse_error_event
+from .metrics import GatewayMetrics
 from .replicas import Replica, ReplicaSet
 from .requests import ENDPOINTS, ClientGone, ParsedRequest, parse_request, read_body
 from .upstream import UpstreamBodyError, UpstreamClient, UpstreamClosedEarly, UpstreamError, UpstreamResponse
@@ -51,7 +51,7 @@ _RELAY_QUEUE = 64
 class _Retryable(Exception):
     """This attempt failed before anything reached the client: another replica may serve it."""
 
-    def __init__(self, error: ApiError, reason: str) -> None:
+    def __init__(self, error: ClientApiError, reason: str) -> None:
         super().__init__(error.message)
         self.error = error
         self.reason = reason
@@ -112,7 +112,7 @@ class Exchange:
     async def respond_json(self, status: int, value: Any) -> None:
         await self.respond(status, json.dumps(value).encode())
 
-    async def send_error(self, error: ApiError) -> None:
+    async def send_error(self, error: ClientApiError) -> None:
         if self.response_started:
             await self.send_chunk(sse_error_event(error))
             self.status = error.status
@@ -202,14 +202,14 @@ class Gateway:
         with request_context(exchange.request_id):
             try:
                 await self._dispatch(scope, receive, exchange)
-            except ApiError as error:
+            except ClientApiError as error:
                 await exchange.send_error(error)
             except ClientGone:
                 exchange.client_gone = True
             except Exception:
                 log.exception("unexpected error while serving %s %s", scope["method"], scope["path"])
                 if not exchange.response_started:
-                    await exchange.send_error(ApiError(
+                    await exchange.send_error(ClientApiError(
                         500, f"Internal error in the gateway (request id {exchange.request_id}).",
                         code="internal_error"))
             finally:
@@ -223,7 +223,7 @@ class Gateway:
         endpoint = ENDPOINTS.get(path)
         if endpoint is not None:
             if method != "POST":
-                raise ApiError(405, f"Method {method} is not allowed on {path}; use POST.", code="method_not_allowed")
+                raise ClientApiError(405, f"Method {method} is not allowed on {path}; use POST.", code="method_not_allowed")
             authorization = _header(scope, b"authorization")
             # Who is asking comes first, on the head: a client without a key gets its 401 before
             # its body is invited (no 100 Continue) or read, and learns no model names.
@@ -254,7 +254,7 @@ class Gateway:
         elif path == "/healthz":
             await exchange.respond_json(200, {"status": "ok", "replicas": len(self.replicas)})
         else:
-            raise ApiError(404, f"Unknown request URL: {method} {path}.", code="unknown_url")
+            raise ClientApiError(404, f"Unknown request URL: {method} {path}.", code="unknown_url")
 
     async def _models(self, path: str, exchange: Exchange, allowed: frozenset[str] | None) -> None:
         visible = self._visible(allowed)
@@ -302,7 +302,7 @@ class Gateway:
     async def _attempts(self, request: ParsedRequest, key: str, exchange: Exchange, priority: Priority) -> None:
         activator = self.activator
         tried: frozenset[str] = frozenset()
-        failure: ApiError | None = None
+        failure: ClientApiError | None = None
         for attempt in range(self.config.max_attempts):
             slot = activator.try_acquire(key, tried)
             if slot is None:
@@ -327,7 +327,7 @@ class Gateway:
                     self.metrics.cooldowns.labels(replica.id).inc()
                     log.warning("replica %s failed (%s): %s", replica.id, retry.reason, retry.error.message,
                                 extra={"replica": replica.id, "model": key})
-        raise failure or ApiError(
+        raise failure or ClientApiError(
             503, f"No replica of model '{request.model}' is available.", code="no_replica_available")
 
     async def _queue(
@@ -365,13 +365,13 @@ class Gateway:
                     return
                 except UpstreamClosedEarly as exc:
                     if fresh_connection:
-                        raise _Retryable(ApiError(
+                        raise _Retryable(ClientApiError(
                             502, f"Replica {replica.id} closed the connection before answering (phase: "
                                  f"first_byte): {exc}", code="upstream_closed"), "closed") from None
                     self.metrics.retries.labels(replica.id, "stale_connection").inc()
                 except UpstreamError as exc:
                     # A connect error, or anything else the upstream client could not send.
-                    raise _Retryable(ApiError(
+                    raise _Retryable(ClientApiError(
                         502, f"Replica {replica.id} could not be reached (phase: connect): {exc}",
                         code="upstream_connect_error"), "connect") from None
         finally:
@@ -401,13 +401,13 @@ class Gateway:
             if not answered:
                 exchange.upstream_seconds += time.perf_counter() - waited
         if head.cancelled_caught:
-            raise ApiError(504, f"Replica {replica.id} did not answer within {config.first_byte_timeout:g} s "
+            raise ClientApiError(504, f"Replica {replica.id} did not answer within {config.first_byte_timeout:g} s "
                                 "(phase: first_byte).", code="upstream_timeout")
 
     async def _read_all(
         self, replica: Replica, response: UpstreamResponse, exchange: Exchange, limit: int | None = None
     ) -> bytes:
-        """The whole body; ApiError when the engine stalls for the idle timeout or breaks off."""
+        """The whole body; ClientApiError when the engine stalls for the idle timeout or breaks off."""
         idle = self.config.idle_timeout
         parts = []
         size = 0
@@ -421,12 +421,12 @@ class Gateway:
                         break
                     stalled.deadline = trio.current_time() + idle
         except UpstreamBodyError as exc:
-            raise ApiError(502, f"Replica {replica.id} broke off its response (phase: body): {exc}",
+            raise ClientApiError(502, f"Replica {replica.id} broke off its response (phase: body): {exc}",
                            code="upstream_broken") from None
         finally:
             exchange.upstream_seconds += time.perf_counter() - waited
         if stalled.cancelled_caught:
-            raise ApiError(504, f"Replica {replica.id} sent nothing for {idle:g} s (phase: body).",
+            raise ClientApiError(504, f"Replica {replica.id} sent nothing for {idle:g} s (phase: body).",
                            code="upstream_timeout")
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
@@ -435,16 +435,16 @@ class Gateway:
         if status >= 500:
             try:
                 detail = _engine_message(await self._read_all(replica, response, exchange, _ERROR_BODY_LIMIT))
-            except ApiError as error:
+            except ClientApiError as error:
                 detail = error.message
-            raise _Retryable(ApiError(
+            raise _Retryable(ClientApiError(
                 502, f"Replica {replica.id} answered {status} (phase: first_byte): {detail}",
                 code="upstream_error"), f"http_{status}")
         content_type = response.content_type()
         if not content_type.startswith("text/event-stream"):
             try:
                 body = await self._read_all(replica, response, exchange)
-            except ApiError as error:
+            except ClientApiError as error:
                 # Nothing has reached the client yet, so another replica may still serve it.
                 raise _Retryable(error, "body") from None
             if status < 300:
@@ -455,10 +455,10 @@ class Gateway:
         # From here the overhead figure is fixed: the relay's own time overlaps the engine's.
         exchange.freeze_overhead()
         tail = StreamTail()
-        arrived, collected = trio.open_memory_channel[bytes | ApiError | None](_RELAY_QUEUE)
+        arrived, collected = trio.open_memory_channel[bytes | ClientApiError | None](_RELAY_QUEUE)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._read_stream, replica, response, arrived)
-            failure: ApiError | None = None
+            failure: ClientApiError | None = None
             done = False
             while not done:
                 # Everything the reader has queued goes out as one write: under load that turns
@@ -466,7 +466,7 @@ class Gateway:
                 parts: list[bytes] = []
                 item = await collected.receive()
                 while True:
-                    if item is None or isinstance(item, ApiError):
+                    if item is None or isinstance(item, ClientApiError):
                         done, failure = True, item
                         break
                     parts.append(item)
@@ -494,7 +494,7 @@ class Gateway:
         await exchange.end_stream()
 
     async def _read_stream(
-        self, replica: Replica, response: UpstreamResponse, arrived: trio.MemorySendChannel[bytes | ApiError | None]
+        self, replica: Replica, response: UpstreamResponse, arrived: trio.MemorySendChannel[bytes | ClientApiError | None]
     ) -> None:
         """Read the engine's stream into the relay queue; ends with None, or the error that ended it."""
         idle = self.config.idle_timeout
@@ -520,11 +520,11 @@ class Gateway:
                             waiting.deadline = now + idle + slack
                             refresh_at = now + slack
                 except UpstreamBodyError as exc:
-                    await arrived.send(ApiError(502, f"Replica {replica.id} broke off its response (phase: body): "
+                    await arrived.send(ClientApiError(502, f"Replica {replica.id} broke off its response (phase: body): "
                                                      f"{exc}", code="upstream_broken"))
                     return
             if waiting.cancelled_caught:
-                await arrived.send(ApiError(504, f"Replica {replica.id} sent nothing for {idle:g} s (phase: body).",
+                await arrived.send(ClientApiError(504, f"Replica {replica.id} sent nothing for {idle:g} s (phase: body).",
                                             code="upstream_timeout"))
                 return
             await arrived.send(None)

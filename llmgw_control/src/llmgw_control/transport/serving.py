@@ -22,9 +22,9 @@ from hypercorn.utils import parse_socket_addr, repr_socket_addr, wrap_app
 
 from llmgw_shared.logs import get_logger
 
+from ..api_errors import openai_error_body
 from .config import ListenersConfig
-from .http_connection import PEER_GONE, Connection, ErrorBody, Listener, log_connection_failure, refusal
-from .router.errors import ApiError
+from .connection import PEER_GONE, Connection, ErrorBody, Listener, log_connection_failure, refusal
 
 log = get_logger("llmgw.serving")
 
@@ -40,11 +40,6 @@ _REFUSAL_LOG_INTERVAL = 60.0
 
 # The current certificate for a TLS listener (reloaded on SIGHUP, see ``client_tls``).
 TlsContext = Callable[[], ssl.SSLContext]
-
-
-def openai_error_body(status: int, code: str, message: str) -> bytes:
-    """The client listener's error shape, for the answers the connection makes itself (408, 503)."""
-    return ApiError(status, message, code=code).encoded()
 
 
 async def serve_asgi(
