@@ -22,8 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "tools"))
 
-from llmgw_dev import pypi
-from llmgw_dev.build_engine import cache_dir
+from llmgw_dev import pypi  # noqa: E402
+from llmgw_dev.build_engine import cache_dir  # noqa: E402
 
 UV_VERSION = "0.13.9"
 VENV = ROOT / ".venv"

@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from support.fleet import Fleet, kill_pids, model_entry, running_fleet
+from support.fleet import Fleet, kill_pids, model_entry, running_fleet  # noqa: E402
 
 MODEL = "tiny"
 MIN_REPLICAS = 2
@@ -143,7 +143,7 @@ async def wait_until(check: Callable[[], Awaitable[bool]], limit: float = CONVER
     """Seconds until ``check`` holds (raises TooSlowError past ``limit``)."""
     started = time.monotonic()
     with trio.fail_after(limit):
-        while not await check():
+        while not await check():  # noqa: ASYNC110 -- polling the daemons over HTTP is the point
             await trio.sleep(poll)
     return time.monotonic() - started
 

@@ -27,10 +27,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 
-from llmgw_dev import build_engine
-from llmgw_dev.demo import post_json, prepare, stop, wait_healthy
-from llmgw_dev.engine_proc import free_port, llama_server_process
-from llmgw_dev.tiny_model import ensure_model
+from llmgw_dev import build_engine  # noqa: E402
+from llmgw_dev.demo import post_json, prepare, stop, wait_healthy  # noqa: E402
+from llmgw_dev.engine_proc import free_port, llama_server_process  # noqa: E402
+from llmgw_dev.tiny_model import ensure_model  # noqa: E402
 
 BIN = Path(sys.executable).parent
 MODELS = ["tiny-a", "tiny-b", "tiny-c"]

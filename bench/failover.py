@@ -33,8 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from llmgw_dev.postgres import PostgresServer
-from support.failover import Control, Pair, control_pair
+from llmgw_dev.postgres import PostgresServer  # noqa: E402
+from support.failover import Control, Pair, control_pair  # noqa: E402
 
 SETTINGS = {
     "default (ttl 10 s, renew 3 s)": {"ttl": 10.0, "renew_interval": 3.0, "settle": 15.0},

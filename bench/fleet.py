@@ -35,21 +35,14 @@ from trio_websocket import open_websocket_url
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 
-from llmgw_control.catalog import (
-    Catalog,
-    Claim,
-    EngineConfig,
-    ModelConfig,
-    ProfileConfig,
-    WeightsConfig,
-)
-from llmgw_control.fleet.agents import token_digest
-from llmgw_control.fleet.inventory import Inventory, Liveness, NodeRecord
-from llmgw_control.fleet.reconciler import Reconciler
-from llmgw_control.gateway.replicas import ReplicaSet
-from llmgw_dev.engine_proc import free_port
-from llmgw_shared.facts import unprobed
-from llmgw_shared.wire import PROTOCOL_VERSION, Command, EngineState, Heartbeat, Hello, encode
+from llmgw_control.catalog import Catalog, Claim, EngineConfig, ModelConfig, ProfileConfig, WeightsConfig  # noqa: E402
+from llmgw_control.fleet.agents import token_digest  # noqa: E402
+from llmgw_control.fleet.inventory import Inventory, Liveness, NodeRecord  # noqa: E402
+from llmgw_control.fleet.reconciler import Reconciler  # noqa: E402
+from llmgw_control.gateway.replicas import ReplicaSet  # noqa: E402
+from llmgw_dev.engine_proc import free_port  # noqa: E402
+from llmgw_shared.facts import unprobed  # noqa: E402
+from llmgw_shared.wire import PROTOCOL_VERSION, Command, EngineState, Heartbeat, Hello, encode  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 _SAMPLER = """

@@ -49,7 +49,7 @@ async def test_in_flight_stream_finishes_after_shutdown_and_new_connections_are_
 async def control_process(*args: str, log_path: Path) -> AsyncIterator[tuple[trio.Process, str]]:
     port = free_port()
     args = ("--data-dir", str(log_path.parent / "control-data"), *args)
-    with open(log_path, "wb") as log:
+    with open(log_path, "wb") as log:  # noqa: ASYNC230 -- a local file, opened once
         process = await trio.lowlevel.open_process(
             [LLMGW_CONTROL, "run", "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{free_port()}",
              "--log-format", "json", *args],

@@ -48,7 +48,7 @@ class Daemon:
     process: trio.Process | None = None
 
     async def start(self) -> None:
-        with open(self.log_path, "ab") as log:
+        with open(self.log_path, "ab") as log:  # noqa: ASYNC230 -- a local file, opened once
             self.process = await trio.lowlevel.open_process(self.argv, stdout=log, stderr=subprocess.STDOUT)
 
     def send_signal(self, sig: signal.Signals) -> None:

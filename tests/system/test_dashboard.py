@@ -46,7 +46,7 @@ async def running_prometheus(root: Path, port: int, target: str) -> AsyncIterato
         "scrape_configs:\n  - job_name: llmgw-control\n    static_configs:\n"
         f"      - targets: ['{target}']\n")
     url = f"http://127.0.0.1:{port}"
-    with open(root / "prometheus.log", "wb") as log:
+    with open(root / "prometheus.log", "wb") as log:  # noqa: ASYNC230 -- a local file, opened once
         process = await trio.lowlevel.open_process(
             [binary, f"--config.file={config}", f"--storage.tsdb.path={root / 'tsdb'}",
              f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)

@@ -191,7 +191,7 @@ async def test_the_install_command_installs_a_node_that_joins(tmp_path: Path, wh
     control_log = tmp_path / "control.log"
     root = tmp_path / "root"
     admin_url = f"http://127.0.0.1:{admin}"
-    with open(control_log, "ab") as out:
+    with open(control_log, "ab") as out:  # noqa: ASYNC230 -- a local file, opened once
         control = await trio.lowlevel.open_process([str(BIN / "llmgw-control"), "run", "--config", str(config)],
                                                    stdout=out, stderr=subprocess.STDOUT)
     node_pid = None

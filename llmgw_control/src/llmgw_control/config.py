@@ -55,7 +55,7 @@ class ControlConfig:
     # The store: a SQLite file path, or postgresql://... when several control daemons share it.
     # Empty: <data_dir>/llmgw.db.
     store: str = ""
-    router: RouterConfig = RouterConfig()
+    router: RouterConfig = attrs.Factory(RouterConfig)
     endpoints: list[EndpointConfig] = attrs.Factory(list)
     agents: AgentsConfig = attrs.Factory(AgentsConfig)
     reconciler: ReconcilerConfig = attrs.Factory(ReconcilerConfig)
@@ -64,7 +64,7 @@ class ControlConfig:
     # Every node gets these engines; the default is the llama.cpp build this release is tested with.
     engines: list[EngineConfig] = attrs.Factory(lambda: [EngineConfig()])
     models: list[ModelConfig] = attrs.Factory(list)
-    monitoring: MonitoringConfig = MonitoringConfig()
+    monitoring: MonitoringConfig = attrs.Factory(MonitoringConfig)
     listeners: ListenersConfig = attrs.field(factory=ListenersConfig, metadata=doc(
         "Limits and deadlines every listener applies to each connection (docs/security.md)."))
     client_tls: ClientTlsConfig = attrs.field(factory=ClientTlsConfig, metadata=doc(
@@ -84,7 +84,7 @@ def validate_engine_url(url: str, *, what: str) -> str:
     if parts.query or parts.fragment:
         raise ConfigError(f"{what}: {url!r} must be a base address without a query or fragment")
     try:
-        parts.port
+        parts.port  # noqa: B018 -- urlsplit validates the port lazily
     except ValueError:
         raise ConfigError(f"{what}: {url!r} has an invalid port") from None
     return url.rstrip("/")
@@ -225,7 +225,7 @@ def _validate_leadership(config: ControlConfig) -> None:
     if lead.advertise:
         parts = urlsplit(lead.advertise)
         try:
-            parts.port
+            parts.port  # noqa: B018 -- urlsplit validates the port lazily
         except ValueError:
             raise ConfigError(f"leadership.advertise: {lead.advertise!r} has an invalid port") from None
         if parts.scheme not in ("ws", "wss") or not parts.hostname or parts.query or parts.fragment:

@@ -378,7 +378,7 @@ class Supervisor:
         async def wait_exit() -> None:
             if adopted:
                 # Not our child, so no wait(): /proc is the only way to see it end.
-                while alive(shard.pid, shard.ticks):
+                while alive(shard.pid, shard.ticks):  # noqa: ASYNC110
                     await trio.sleep(self.timing.adopted_poll)
                 exit_text[0] = "exited"
             else:
@@ -499,7 +499,7 @@ class Supervisor:
         if process is not None:
             await process.wait()
             return
-        while alive(pid, ticks):
+        while alive(pid, ticks):  # noqa: ASYNC110 -- not our child: polling /proc is all there is
             await trio.sleep(0.05)
 
 

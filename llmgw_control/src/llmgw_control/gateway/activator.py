@@ -262,9 +262,9 @@ class Activator:
         if refusal is Refusal.STANDBY:
             return standby(self._standby or "")
         if refusal is Refusal.OVERFLOW:
-            return ClientApiError(429, f"Model '{key}' has every slot busy and {self.config.queue_size} requests already "
-                                 "waiting; retry shortly.", code="model_queue_full",
-                            headers=(("retry-after", "5"),))
+            return ClientApiError(
+                429, f"Model '{key}' has every slot busy and {self.config.queue_size} requests already waiting; "
+                     "retry shortly.", code="model_queue_full", headers=(("retry-after", "5"),))
         replicas = self.replicas.for_model(key)
         if not replicas:
             return ClientApiError(503, f"Model '{key}' has no ready replica after {self.config.max_wait:g} s: "

@@ -145,7 +145,7 @@ class _HeldWritesStream(httpcore2.AsyncNetworkStream):
         self._held: list[bytes] = []
 
     # httpcore2's interface: the timeouts are ours to ignore (see above).
-    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:  # noqa: ASYNC109
         try:
             if self._held:
                 held, self._held = self._held, []
@@ -154,7 +154,7 @@ class _HeldWritesStream(httpcore2.AsyncNetworkStream):
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise httpcore2.ReadError(_describe(exc.__cause__ or exc)) from exc
 
-    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:  # noqa: ASYNC109
         if buffer:
             self._held.append(buffer)
 

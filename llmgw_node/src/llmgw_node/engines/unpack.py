@@ -171,7 +171,7 @@ class _TarReader(_Reader):
     _tar: tarfile.TarFile
 
     def open(self) -> None:
-        self._tar = tarfile.open(self.archive, "r:*")
+        self._tar = tarfile.open(self.archive, "r:*")  # noqa: SIM115 -- closed by close(), after both passes
 
     def close(self) -> None:
         self._tar.close()
