@@ -16,8 +16,8 @@ from prometheus_client import CollectorRegistry
 from llmgw_control.api_errors import ClientApiError
 from llmgw_control.gateway.config import RouterConfig
 from llmgw_control.gateway.gateway import Gateway
-from llmgw_control.gateway.relay import _read_stream
 from llmgw_control.gateway.metrics import GatewayMetrics
+from llmgw_control.gateway.relay import _read_stream
 from llmgw_control.gateway.replicas import Replica, ReplicaSet
 from llmgw_control.gateway.upstream import Httpx2Upstream, UpstreamError, UpstreamResponse
 from llmgw_dev.engine_proc import free_port

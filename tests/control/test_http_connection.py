@@ -291,7 +291,7 @@ async def test_websockets_still_work() -> None:
 
 
 async def test_the_apps_inbox_is_bounded_and_hands_messages_over_in_order() -> None:
-    from llmgw_control.transport.connection import _Inbox
+    from llmgw_control.transport.app_tasks import Inbox as _Inbox
 
     inbox = _Inbox(2)
     got: list[int] = []
@@ -317,7 +317,7 @@ async def test_the_apps_inbox_is_bounded_and_hands_messages_over_in_order() -> N
 
 
 async def test_the_inbox_never_holds_back_the_disconnect_and_drops_everything_once_closed() -> None:
-    from llmgw_control.transport.connection import _Inbox
+    from llmgw_control.transport.app_tasks import Inbox as _Inbox
 
     inbox = _Inbox(1)
     await inbox.put({"type": "http.request", "more_body": True})
@@ -331,7 +331,7 @@ async def test_the_inbox_never_holds_back_the_disconnect_and_drops_everything_on
 
 
 async def test_a_cancelled_caller_of_the_inbox_gets_cancelled_even_with_a_message_waiting() -> None:
-    from llmgw_control.transport.connection import _Inbox
+    from llmgw_control.transport.app_tasks import Inbox as _Inbox
 
     inbox = _Inbox(4)
     await inbox.put({"type": "http.request"})

@@ -23,7 +23,7 @@ from llmgw_shared.logs import get_logger
 
 from ..api_errors import openai_error_body
 from ..transport.config import ListenersConfig
-from ..transport.connection import PEER_GONE, ErrorBody, Listener, log_connection_failure
+from ..transport.listener import PEER_GONE, ErrorBody, Listener, log_connection_failure
 from ..transport.serving import refuse_connection
 
 log = get_logger("llmgw.agents.tls")

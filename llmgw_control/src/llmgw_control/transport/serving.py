@@ -24,7 +24,8 @@ from llmgw_shared.logs import get_logger
 
 from ..api_errors import openai_error_body
 from .config import ListenersConfig
-from .connection import PEER_GONE, Connection, ErrorBody, Listener, log_connection_failure, refusal
+from .connection import Connection
+from .listener import PEER_GONE, ErrorBody, Listener, log_connection_failure, refusal
 
 log = get_logger("llmgw.serving")
 
