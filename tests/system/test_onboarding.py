@@ -31,7 +31,7 @@ import trio
 
 from llmgw_control.fleet.agents import AgentsConfig, AgentService, token_digest
 from llmgw_control.fleet.inventory import Inventory
-from llmgw_control.onboarding import TOKEN_PREFIX, Onboarding, OnboardingError, new_join_token, node_unit
+from llmgw_control.fleet.onboarding import TOKEN_PREFIX, Onboarding, OnboardingError, new_join_token, node_unit
 from llmgw_control.store import NodeIdentity
 from llmgw_dev.build_engine import cache_dir
 from llmgw_dev.engine_proc import free_port

@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 def join_token(*, digest_only: bool) -> int:
     """A new shared join token and its digest, or (``digest_only``) the digest of one on stdin."""
     from .fleet.agents import token_digest
-    from .onboarding import new_join_token
+    from .fleet.onboarding import new_join_token
 
     if digest_only:
         token = sys.stdin.readline().strip()

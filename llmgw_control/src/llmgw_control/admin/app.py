@@ -15,7 +15,8 @@ from .api.core import error_body
 from .onboarding_views import register_onboarding_views
 
 if TYPE_CHECKING:
-    from ..app import Fleet, Tenancy
+    from ..fleet.fleet import Fleet
+    from ..tenancy.tenancy import Tenancy
 
 
 def _metrics_response(registry: CollectorRegistry) -> Response:

@@ -19,7 +19,7 @@ from .api.schemas import (
 )
 
 if TYPE_CHECKING:
-    from ..app import Fleet
+    from ..fleet.fleet import Fleet
 
 
 def node_view(fleet: Fleet, node: NodeRecord, now: float) -> NodeView:

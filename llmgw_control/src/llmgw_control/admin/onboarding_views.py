@@ -19,7 +19,7 @@ from quart_trio import QuartTrio
 from llmgw_shared.names import NODE_ID, NODE_ID_RULE
 
 from ..api_errors import AdminApiError, conflict
-from ..onboarding import Onboarding, OnboardingError
+from ..fleet.onboarding import Onboarding, OnboardingError
 from .api.core import Api, Call
 
 _LABEL = {"minLength": 1, "maxLength": 200}

@@ -37,7 +37,6 @@ from ..gateway.activator import Activator
 from ..store import FleetHolders, Lease, LeaseKeeper, Role, StoreError
 from ..transport.asgi import Receive, Scope, Send, send_json
 from .agents import AgentService
-from .agents import Role as AgentRole
 from .inventory import Inventory
 from .reconciler import Reconciler
 
@@ -117,7 +116,7 @@ class Leadership:
         self._lead_scope: trio.CancelScope | None = None
         # Until the keeper has spoken, refuse nodes: two daemons starting together must not both
         # accept them.
-        agents.role = AgentRole(leader=False, leader_address="")
+        agents.role = Role(leader=False)
         keeper.on_change(self._on_change)
 
     @property
@@ -130,12 +129,12 @@ class Leadership:
         if role.leader:
             assert role.epoch is not None
             self.reconciler.fencing_token = role.epoch
-            self.agents.role = AgentRole(leader=True, leader_address=self.keeper.address)
+            self.agents.role = role
             if self.activator is not None:
                 self.activator.lead()
             return
         was_leading = self.agents.role.leader
-        self.agents.role = AgentRole(leader=False, leader_address=role.leader_address or "")
+        self.agents.role = role
         if self.activator is not None:
             # Requests waiting for a model to start here would wait for a start that never comes.
             self.activator.stand_down(role.leader_address or "")

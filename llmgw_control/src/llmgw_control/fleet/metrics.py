@@ -40,7 +40,7 @@ def _lease_view(fleet: Any) -> tuple[bool, str, str, int | None] | None:
     role = getattr(fleet.agents, "role", None)
     if role is None:
         return None
-    return bool(role.leader), "", role.leader_address, None
+    return bool(role.leader), "", role.leader_address or "", None
 
 
 class FleetCollector(Collector):

@@ -111,21 +111,26 @@ async def _relay(stream: trio.SocketStream, context: ssl.SSLContext, backend_por
         await trio.aclose_forcefully(tls)
 
 
-async def serve_tls_front(
-    address: str, backend_port: int, context: ssl.SSLContext, identities: Identities, *,
-    shutdown: trio.Event, limits: ListenersConfig | None = None, error_body: ErrorBody = openai_error_body,
-    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    """The agent listener's TLS front, bounded and timed as ``limits`` says (``[listeners]``)."""
+async def bind_tls_front(address: str) -> tuple[list[trio.SocketListener], str]:
+    """The TLS front's listening sockets on ``address`` and their https URL, before it serves."""
     host, port = parse_host_port(address, what="agents.listen")
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound = listeners[0].socket.getsockname()
-    url = f"https://{host}:{bound[1]}"
+    return listeners, f"https://{host}:{bound[1]}"
+
+
+async def serve_tls_front(
+    listeners: list[trio.SocketListener], url: str, backend_port: int, context: ssl.SSLContext,
+    identities: Identities, *, shutdown: trio.Event, limits: ListenersConfig | None = None,
+    error_body: ErrorBody = openai_error_body, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """The agent listener's TLS front on ``listeners`` (``bind_tls_front``), bounded and timed as
+    ``limits`` says (``[listeners]``)."""
     log.info("agents (TLS%s) listening on %s", ", client certificates required" if identities.mutual else "", url)
     front = Listener("agents (TLS)", limits or ListenersConfig(), error_body)
 
     async def handle(stream: trio.SocketStream) -> None:
-        # Isolated like every connection (http_connection.py): what one raises ends it alone.
+        # Isolated like every connection (transport/connection.py): what one raises ends it alone.
         # Bounded like every listener: beyond max_connections, a 503 and the close.
         if front.count >= front.limits.max_connections:
             await refuse_connection(stream, front, lambda: context)

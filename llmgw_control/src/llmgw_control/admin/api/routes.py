@@ -50,7 +50,8 @@ from .schemas import (
 )
 
 if TYPE_CHECKING:
-    from ...app import Fleet, Tenancy
+    from ...fleet.fleet import Fleet
+    from ...tenancy.tenancy import Tenancy
 
 log = get_logger("llmgw.admin")
 
