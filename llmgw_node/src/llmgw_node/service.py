@@ -70,7 +70,6 @@ class NodeService:
                                      timing=timing, on_change=self._shard_changed)
         self.fencing_token = 0
         self._nursery: trio.Nursery | None = None
-        self._facts_changed = trio.Event()
 
     # ------------------------------------------------------------------ reports
 

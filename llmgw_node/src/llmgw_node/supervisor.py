@@ -173,20 +173,12 @@ class Supervisor:
         shard.stop_requested.set()
         return True
 
-    async def wait_stopped(self, shard_id: str) -> None:
-        shard = self._shards.get(shard_id)
-        if shard is not None:
-            await shard.done.wait()
-
     async def stop_all(self, grace: float | None = None) -> None:
         """Stop every shard and wait for all of them (``--stop-engines``)."""
         for shard_id in list(self._shards):
             self.stop(shard_id, grace)
         for shard in list(self._shards.values()):
             await shard.done.wait()
-
-    def weights_in_use(self) -> set[str]:
-        return {s.spec.weights.sha256.lower() for s in self._shards.values() if not s.done.is_set()}
 
     # ------------------------------------------------------------------ internals
 

@@ -16,7 +16,6 @@ link to where the weights live (``models -> /data/models``): the operator chose 
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -123,6 +122,3 @@ def _hash_file(path: Path) -> str:
             digest.update(block)
     return digest.hexdigest()
 
-
-def url_for_model_file(public_url: str, name: str) -> str:
-    return f"{public_url.rstrip('/')}/files/models/{os.path.basename(name)}"

@@ -46,7 +46,7 @@ from ..gateway.replicas import Replica, ReplicaSet
 from . import lifecycle
 from .inventory import Inventory, Liveness, NodeRecord
 from .lifecycle import HOLDING, TERMINAL, Status
-from .plan import Assignment, Demand, Drain, Forget, NodeView, PlanLimits, Start, Stop, plan
+from .plan import Assignment, Demand, Drain, Forget, PlanLimits, PlanNode, Start, Stop, plan
 from .token_bucket import TokenBucket
 
 log = get_logger("llmgw.reconciler")
@@ -564,13 +564,13 @@ class Reconciler:
         self._demands_at = now
         return demands
 
-    def _node_views(self, now: float) -> list[NodeView]:
+    def _node_views(self, now: float) -> list[PlanNode]:
         views = []
         for node in self.inventory:
             facts = node.facts
             busy_ports = frozenset({s.port for s in node.shards.values() if s.status not in ("stopped", "failed")}
                                    | self.busy_ports.get(node.node_id, set()))
-            views.append(NodeView(
+            views.append(PlanNode(
                 node.node_id, self.liveness.state(node, now), self.is_cordoned(node.node_id), node.labels,
                 dict(node.engines),
                 max(0, facts.ram_total_mib - self.config.reserved_ram_mib),

@@ -15,7 +15,7 @@ from llmgw_shared.logs import get_logger
 from ..api_errors import ClientApiError, sse_error_event
 from ..transport.asgi import Scope, Send
 from .metrics import GatewayMetrics
-from .usage import Usage
+from .usage import TokenUsage
 
 access_log = get_logger("llmgw.access")
 
@@ -42,7 +42,7 @@ class Exchange:
         # Time waiting for a slot (or for a replica to start): neither llmgw's work nor the engine's.
         self.queued_seconds = 0.0
         self.ttft: float | None = None
-        self.usage: Usage | None = None
+        self.usage: TokenUsage | None = None
         self.client_gone = False
         # Set as the last bytes are handed to the server (hypercorn reports the disconnect of a
         # finished request before our send returns): a disconnect after that is not an abort.

@@ -49,12 +49,12 @@ class GroupBudget:
         self.in_flight = 0
         self.reserved = 0
 
-    def refusals(self, now: float, estimated: int) -> list[Refusal]:
+    def refusals(self, now: float, estimated: int) -> list[QuotaRefusal]:
         """Every limit of this group that has no room for one more request of ``estimated`` tokens."""
         q = self.quota
         if q is None:
             return []
-        found: list[Refusal] = []
+        found: list[QuotaRefusal] = []
         limit = q.concurrent_requests
         if limit is not None and self.in_flight + 1 > limit:
             # Nothing tells when a running request ends; one second is a polite first retry.
@@ -92,14 +92,14 @@ class GroupBudget:
                 found.append(self._refusal(TPD, limit, used, estimated, wait))
         return found
 
-    def _refusal(self, limit_name: str, limit: int, used: int, requested: int, wait: float | None) -> Refusal:
+    def _refusal(self, limit_name: str, limit: int, used: int, requested: int, wait: float | None) -> QuotaRefusal:
         # A limit of 0 pauses the group for that kind: no wait helps, and the message says so.
         retry = None if wait is None or limit == 0 else max(1, math.ceil(wait))
-        return Refusal(self.group_id, self.label, limit_name, limit, used, requested, retry)
+        return QuotaRefusal(self.group_id, self.label, limit_name, limit, used, requested, retry)
 
 
 @attrs.frozen
-class Refusal:
+class QuotaRefusal:
     """Why a request was refused: which group, which limit, and when a retry may succeed.
 
     ``retry_after`` is None when no retry can succeed: the request alone asks for more tokens
@@ -138,7 +138,7 @@ class Refusal:
         )
 
 
-def worst(refusals: Sequence[Refusal]) -> Refusal:
+def worst(refusals: Sequence[QuotaRefusal]) -> QuotaRefusal:
     """The refusal to report: one no retry can fix first, else the longest wait, so a client that
     honours Retry-After does not come back while another limit still blocks it."""
     return max(refusals, key=lambda r: math.inf if r.retry_after is None else r.retry_after)
@@ -151,7 +151,7 @@ def reserve(chain: Sequence[GroupBudget], now: float, estimated: int) -> tuple[i
     only if the clock stepped back). Check everything first, reserve second: a refusal at the
     root must not leave reservations at the leaf.
     """
-    refused: list[Refusal] = []
+    refused: list[QuotaRefusal] = []
     for budget in chain:
         if budget.quota is not None:
             refused.extend(budget.refusals(now, estimated))
