@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx2
 import trio
 
+from llmgw_shared.hashing import update_from_file
 from llmgw_shared.logs import get_logger
 
 log = get_logger("llmgw.node.fetch")
@@ -41,15 +42,9 @@ def human_size(n: int | None) -> str:
     return f"{n / (1 << 30):.1f} GB"
 
 
-def _hash_file(path: Path, digest: hashlib._Hash) -> None:
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(CHUNK), b""):
-            digest.update(block)
-
-
 async def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
-    await trio.to_thread.run_sync(_hash_file, path, digest)
+    await trio.to_thread.run_sync(update_from_file, digest, path)
     return digest.hexdigest()
 
 
@@ -76,7 +71,7 @@ async def fetch(
         return dest
     digest = hashlib.sha256()
     if have:
-        await trio.to_thread.run_sync(_hash_file, part, digest)
+        await trio.to_thread.run_sync(update_from_file, digest, part)
     headers = {"Range": f"bytes={have}-"} if have else {}
     if have and size is not None and have == size:
         pass  # everything arrived last time; only the check and the rename are left

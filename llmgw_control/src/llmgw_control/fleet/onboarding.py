@@ -34,6 +34,7 @@ import trio
 from quart import Response, abort, send_file
 from quart_trio import QuartTrio
 
+from llmgw_shared.hashing import file_sha256
 from llmgw_shared.logs import get_logger
 from llmgw_shared.names import NODE_ID, NODE_ID_RULE
 
@@ -102,7 +103,7 @@ class Onboarding:
         stat = await trio.to_thread.run_sync(path.stat)
         key = (path.name, stat.st_size, stat.st_mtime_ns)
         if key not in self._digests:
-            self._digests[key] = await trio.to_thread.run_sync(_hash_file, path)
+            self._digests[key] = await trio.to_thread.run_sync(file_sha256, path)
         return self._digests[key]
 
     def _listing(self) -> list[Path]:
@@ -195,14 +196,6 @@ class Onboarding:
         log.info("node %s has a new join token", node_id, extra={"node": node_id})
         sha = hashlib.sha256(script.encode()).hexdigest()
         return Created(node_id, token, self.command(node_id, token, sha))
-
-
-def _hash_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def wheels_dir_for(files_dir: str, data_dir: Path) -> Path:

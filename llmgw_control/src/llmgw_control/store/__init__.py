@@ -33,6 +33,7 @@ from .records import (
     Quota,
     Revisions,
     Usage,
+    UsageQuery,
     UsageTotals,
 )
 from .sqlstore import PostgresStore, SqliteStore, SqlStore, connect_store, is_postgres_url, open_store
@@ -73,6 +74,7 @@ __all__ = [
     "StoreUnavailable",
     "Unset",
     "Usage",
+    "UsageQuery",
     "UsageTotals",
     "cluster_secret",
     "connect_store",
