@@ -21,7 +21,7 @@ from llmgw_shared.names import BadName, check_engine_name, check_version
 from .catalog import EngineConfig, ModelConfig, validate_models
 from .fleet.agents import AgentsConfig
 from .fleet.leadership import LeadershipConfig
-from .fleet.reconciler import ReconcilerConfig
+from .fleet.shards import ReconcilerConfig
 from .gateway.activator import ActivatorConfig
 from .gateway.config import EndpointConfig, RouterConfig
 from .transport.config import ClientTlsConfig, ListenersConfig
