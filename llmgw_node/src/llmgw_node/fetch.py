@@ -22,6 +22,7 @@ log = get_logger("llmgw.node.fetch")
 
 # (bytes so far, total or None when the server does not say)
 Progress = Callable[[int, int | None], None]
+# Bytes per read of a download: 1 MiB, so a progress report and a cancellation come every MiB.
 CHUNK = 1 << 20
 # What httpx raises for a URL it cannot even send: InvalidURL is not an HTTPError, and the URL
 # comes from the network (a release index, control), so it must end as a FetchError too.

@@ -53,6 +53,9 @@ if TYPE_CHECKING:
 
 log = get_logger("llmgw.agents")
 
+# Malformed frames in a row that end a connection: one bad frame is answered with an error frame
+# naming the field (a node of another version may send one), five in a row is a node that is not
+# speaking the protocol, and reading more from it only costs control.
 _MAX_BAD_FRAMES = 5
 
 
@@ -84,11 +87,22 @@ class AgentsConfig:
     tls_cert_file: str = ""
     tls_key_file: str = ""
     tls_client_ca_file: str = ""
+    # Control's heartbeat to each node; a node sends its own as often: a hung node (which sends no
+    # FIN) is seen within unreachable_after, at a dozen small frames a minute per node.
     heartbeat_interval: float = 5.0
+    # A node silent this long takes no new traffic (three missed heartbeats, so one late frame on
+    # a busy link is not an outage); silent lost_after, its replicas are placed elsewhere (a
+    # minute: long enough for a node daemon's restart, which keeps its engines, to not move them).
     unreachable_after: float = 15.0
     lost_after: float = 60.0
+    # The first frame (hello) must arrive this long after the WebSocket opens: a connection that
+    # says nothing holds no session; a node sends its hello at once.
     hello_timeout: float = 10.0
+    # The largest frame a node may send: a hello of a node with hundreds of shards and engines is
+    # a few tens of KiB; trio-websocket's own default is 1 MiB.
     max_frame_bytes: int = 1024 * 1024
+    # Commands queued for one node before it counts as not reading them and is disconnected: a
+    # pass sends a handful per node, so a thousand is a node that stopped reading, not a burst.
     command_queue: int = 1000
     # A node acknowledges a command as soon as it reads it (the work goes on in the background),
     # so an ack missing this long means the node is not processing what it is sent: its start

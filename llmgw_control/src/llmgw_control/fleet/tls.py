@@ -28,7 +28,10 @@ from ..transport.serving import refuse_connection
 
 log = get_logger("llmgw.agents.tls")
 
+# A node's TLS handshake must finish this long after its connect: a node's own connect timeout is
+# 10 s, and a peer that never finishes one holds no connection longer.
 _HANDSHAKE_TIMEOUT = 10.0
+# Bytes relayed per read, each way: 64 KiB, the read size of the listeners behind (MAX_RECV).
 _CHUNK = 64 * 1024
 
 

@@ -20,6 +20,8 @@ class RouterConfig:
     max_attempts: int = 3
     # How long a replica that failed is avoided while others can serve.
     cooldown: float = 10.0
+    # The largest request body (413 above): a long chat with images as base64 data URLs reaches a
+    # few MiB; 32 MiB is vLLM-sized headroom that still bounds what one request can make us hold.
     max_body_bytes: int = 32 * 1024 * 1024
     # The profile used when a client asks for a model without one, for every model that has it
     # (e.g. "gpu"); otherwise each model's own default_profile.

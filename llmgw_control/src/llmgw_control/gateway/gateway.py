@@ -250,6 +250,9 @@ async def _watch_disconnect(receive: Receive, scope: trio.CancelScope, exchange:
             return
 
 
+# Completion tokens reserved against a quota for a request that names no max_tokens: settled with
+# the engine's real count afterwards, so this only decides whether a request near its limit is
+# let in; 512 is a long chat answer, and a shorter default would admit requests that then overrun.
 _DEFAULT_COMPLETION_ESTIMATE = 512
 
 
