@@ -5,7 +5,7 @@ a Quart streaming body runs after the handler has returned, outside the scope th
 upstream request, so a client that disconnects before the first body iteration leaves the
 upstream request open. Here one function owns the whole exchange -- read, pick, connect, relay --
 inside one nursery, and the upstream response is an ``async with`` that closes the moment the
-client goes away. It also saves Quart's 0.2-0.5 ms per request on the hot path. The admin API and
+client goes away. It also saves Quart's own cost per request (docs/performance.md). The admin API and
 pages, which are not hot, use Quart.
 """
 

@@ -184,7 +184,7 @@ async def _read_stream(
     """Read the engine's stream into the relay queue; ends with None, or the error that ended it."""
     idle = config.idle_timeout
     # Moving a cancel scope's deadline goes through trio's deadline heap: done twice per chunk
-    # it was a twentieth of a stream's CPU. The deadline is moved at most every ``slack``
+    # it was measurable in a stream's CPU (docs/performance.md). The deadline is moved at most every ``slack``
     # seconds instead, and set ``slack`` later than due, so it fires between ``idle`` and
     # ``idle + slack`` after the last chunk: never early.
     slack = min(1.0, idle / 10)

@@ -57,7 +57,7 @@ class Inbox:
     """The app's receive queue: what a trio memory channel did here, for less.
 
     One is made per request and carries two or three messages (the body, its end, the
-    disconnect). The channel's setup cost a twentieth of a request, and each send and receive
+    disconnect). The channel's setup was measurable per request (docs/performance.md), and each send and receive
     was a trip through the scheduler even when the other side was already waiting. Bounded as
     the channel was (``max_app_queue_size``), so an app that stops reading slows the reader of
     its connection rather than growing the queue; a cancelled caller still gets ``Cancelled``.
