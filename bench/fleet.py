@@ -35,12 +35,11 @@ from trio_websocket import open_websocket_url
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 
-from llmgw_control.catalog import Catalog, EngineConfig, ModelConfig, ProfileConfig, WeightsConfig  # noqa: E402
+from llmgw_control.catalog import Catalog, Claim, EngineConfig, ModelConfig, ProfileConfig, WeightsConfig  # noqa: E402
 from llmgw_control.fleet.agents import token_digest  # noqa: E402
 from llmgw_control.fleet.inventory import Inventory, Liveness, NodeRecord  # noqa: E402
-from llmgw_control.fleet.plan import Claim  # noqa: E402
 from llmgw_control.fleet.reconciler import Reconciler  # noqa: E402
-from llmgw_control.router.replicas import ReplicaSet  # noqa: E402
+from llmgw_control.gateway.replicas import ReplicaSet  # noqa: E402
 from llmgw_dev.engine_proc import free_port  # noqa: E402
 from llmgw_shared.facts import unprobed  # noqa: E402
 from llmgw_shared.wire import PROTOCOL_VERSION, Command, EngineState, Heartbeat, Hello, encode  # noqa: E402

@@ -18,7 +18,7 @@ import pytest
 
 from llmgw_control.cli import build_parser as control_parser
 from llmgw_control.ctl.main import build_parser as ctl_parser
-from llmgw_control.node_release import build_parser as release_parser
+from llmgw_control.release_cli import build_parser as release_parser
 from llmgw_node.cli import _parser as node_parser
 
 ROOT = Path(__file__).resolve().parents[1]

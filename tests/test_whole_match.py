@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from llmgw_control.config import ControlConfig, EndpointConfig, validate
+from llmgw_control.config import ControlConfig, validate
 from llmgw_control.fleet.agents import AgentsConfig
+from llmgw_control.gateway.config import EndpointConfig
 from llmgw_shared.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,9 +94,10 @@ def test_the_config_refuses_a_trailing_newline(config: ControlConfig) -> None:
 
 
 def test_an_api_schema_pattern_is_matched_whole() -> None:
-    from llmgw_control.admin.api.core import ApiError, _check_value
+    from llmgw_control.admin.api.validate import _check_value
+    from llmgw_control.api_errors import AdminApiError
 
     rules = {"pattern": "^[a-z0-9]+$"}
     _check_value("n1", rules, "name")
-    with pytest.raises(ApiError):
+    with pytest.raises(AdminApiError):
         _check_value("n1\n", rules, "name")

@@ -15,9 +15,9 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from llmgw_control.gateway.activator import Activator, ActivatorConfig, Refusal, Slot
+from llmgw_control.gateway.replicas import Replica, ReplicaSet
 from llmgw_control.priority import Priority
-from llmgw_control.router.activator import Activator, ActivatorConfig, Refusal, Slot
-from llmgw_control.router.replicas import Replica, ReplicaSet
 
 KEY = "m:cpu"
 

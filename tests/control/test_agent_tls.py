@@ -15,9 +15,10 @@ import trio
 import trustme
 from trio_websocket import HandshakeError, open_websocket_url
 
-from llmgw_control.app import Fleet, Listening, run_control
+from llmgw_control.app import Listening, run_control
 from llmgw_control.config import ControlConfig, validate
 from llmgw_control.fleet.agents import AgentsConfig
+from llmgw_control.fleet.fleet import Fleet
 from llmgw_dev.build_engine import archive_name, ensure_engine
 from llmgw_dev.served_files import place
 from llmgw_node.agent import Agent
@@ -67,11 +68,10 @@ async def tls_control(pki: Pki, files: Path | None = None) -> AsyncIterator[tupl
                           heartbeat_interval=0.5, unreachable_after=2, lost_after=4)
     config = validate(ControlConfig(listen="127.0.0.1:0", admin_listen="127.0.0.1:0", data_dir=str(d / "control"),
                                     agents=agents))
-    fleets: list[Fleet] = []
     async with trio.open_nursery() as nursery:
-        listening = await nursery.start(
-            lambda task_status: run_control(config, task_status=task_status, fleet_status=fleets))
-        yield listening, fleets[0]
+        listening = await nursery.start(lambda task_status: run_control(config, task_status=task_status))
+        assert listening.fleet is not None
+        yield listening, listening.fleet
         nursery.cancel_scope.cancel()
 
 

@@ -14,9 +14,11 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection, open_websocket_url
 
-from llmgw_control.app import Fleet, Listening, run_control
+from llmgw_control.app import Listening, run_control
 from llmgw_control.config import ControlConfig, validate
 from llmgw_control.fleet.agents import AgentsConfig, token_digest
+from llmgw_control.fleet.fleet import Fleet
+from llmgw_control.store import Role
 from llmgw_shared.facts import unprobed
 from llmgw_shared.wire import PROTOCOL_VERSION, EngineState, Hello, decode, encode
 
@@ -45,11 +47,10 @@ async def control(tmp_path: Path, **agents: Any) -> AsyncIterator[Control]:
                 "unreachable_after": 1.0, "lost_after": 3.0, "hello_timeout": 1.0, **agents}
     config = validate(ControlConfig(listen="127.0.0.1:0", admin_listen="127.0.0.1:0", data_dir=str(tmp_path),
                                     agents=AgentsConfig(**settings)))
-    fleets: list[Fleet] = []
     async with trio.open_nursery() as nursery:
-        listening = await nursery.start(
-            lambda task_status: run_control(config, task_status=task_status, fleet_status=fleets))
-        yield Control(listening, fleets[0])
+        listening = await nursery.start(lambda task_status: run_control(config, task_status=task_status))
+        assert listening.fleet is not None
+        yield Control(listening, listening.fleet)
         nursery.cancel_scope.cancel()
 
 
@@ -177,8 +178,7 @@ async def test_no_hello_in_time_closes_the_connection(tmp_path: Path) -> None:
 
 async def test_a_standby_refuses_and_names_the_leader(tmp_path: Path) -> None:
     async with control(tmp_path) as ctl:
-        ctl.fleet.agents.role.leader = False
-        ctl.fleet.agents.role.leader_address = "ws://10.1.2.3:8090/agent/v1"
+        ctl.fleet.agents.role = Role(leader=False, leader_address="ws://10.1.2.3:8090/agent/v1")
         async with open_websocket_url(ctl.agent_url) as ws:
             await ws.send_message(hello())
             refusal = await receive(ws)

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmgw_control.router.balancer import choose
-from llmgw_control.router.replicas import Replica, ReplicaSet
-from llmgw_control.router.usage import TAIL_BYTES, StreamTail, Usage, find_usage
+from llmgw_control.gateway.balancer import choose
+from llmgw_control.gateway.replicas import Replica, ReplicaSet
+from llmgw_control.gateway.usage import TAIL_BYTES, StreamTail, TokenUsage, find_usage
 
 
 @attrs.define
@@ -108,16 +108,16 @@ def test_replica_set_publish_and_withdraw() -> None:
 
 
 @pytest.mark.parametrize(("data", "expected"), [
-    (b'{"id":"x","usage":{"prompt_tokens":5,"completion_tokens":7,"total_tokens":12}}', Usage(5, 7)),
-    (b'{"usage": {"prompt_tokens": 3, "total_tokens": 3}}', Usage(3, 0)),  # embeddings
+    (b'{"id":"x","usage":{"prompt_tokens":5,"completion_tokens":7,"total_tokens":12}}', TokenUsage(5, 7)),
+    (b'{"usage": {"prompt_tokens": 3, "total_tokens": 3}}', TokenUsage(3, 0)),  # embeddings
     (b'{"usage":null}', None),
     (b'{"choices":[]}', None),
     (b'data: {"usage":{"prompt_tokens":1,"completion_tokens":1}}\n\ndata: {"usage":{"prompt_tokens":2,'
-     b'"completion_tokens":9}}\n\ndata: [DONE]\n\n', Usage(2, 9)),
+     b'"completion_tokens":9}}\n\ndata: [DONE]\n\n', TokenUsage(2, 9)),
     (b'data: {"usage":{"prompt_tokens":2,"completion_tok', None),  # cut off
-    (b'{"content":"the word \\"usage\\" in text","usage":{"prompt_tokens":4,"completion_tokens":1}}', Usage(4, 1)),
+    (b'{"content":"the word \\"usage\\" in text","usage":{"prompt_tokens":4,"completion_tokens":1}}', TokenUsage(4, 1)),
 ])
-def test_find_usage(data: bytes, expected: Usage | None) -> None:
+def test_find_usage(data: bytes, expected: TokenUsage | None) -> None:
     assert find_usage(data) == expected
 
 
@@ -126,5 +126,5 @@ def test_stream_tail_keeps_the_end_of_a_long_stream() -> None:
     for _ in range(10_000):
         tail.feed(b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n')
     tail.feed(b'data: {"choices":[],"usage":{"prompt_tokens":8,"completion_tokens":10000}}\n\ndata: [DONE]\n\n')
-    assert tail.usage() == Usage(8, 10000)
+    assert tail.usage() == TokenUsage(8, 10000)
     assert len(tail._buffer) <= 2 * TAIL_BYTES + 200

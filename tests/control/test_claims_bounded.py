@@ -7,7 +7,7 @@ from functools import partial
 import trio
 
 from llmgw_control.catalog import ProfileConfig, WeightsConfig
-from llmgw_control.fleet.claims import _HEADER_BYTES, _header_bytes
+from llmgw_control.catalog.claims import _HEADER_BYTES, _header_bytes
 
 BODY = 256 * 1024 * 1024  # a "model" far larger than the header read
 

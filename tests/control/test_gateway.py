@@ -13,12 +13,13 @@ import trio.lowlevel
 import trio.testing
 from prometheus_client import CollectorRegistry
 
-from llmgw_control.config import RouterConfig
-from llmgw_control.metrics import GatewayMetrics
-from llmgw_control.router.errors import ApiError
-from llmgw_control.router.gateway import Gateway
-from llmgw_control.router.replicas import Replica, ReplicaSet
-from llmgw_control.router.upstream import Httpx2Upstream, UpstreamError, UpstreamResponse
+from llmgw_control.api_errors import ClientApiError
+from llmgw_control.gateway.config import RouterConfig
+from llmgw_control.gateway.gateway import Gateway
+from llmgw_control.gateway.metrics import GatewayMetrics
+from llmgw_control.gateway.relay import _read_stream
+from llmgw_control.gateway.replicas import Replica, ReplicaSet
+from llmgw_control.gateway.upstream import Httpx2Upstream, UpstreamError, UpstreamResponse
 from llmgw_dev.engine_proc import free_port
 from llmgw_dev.fake_engine import FakeEngine, FakeEngineBehavior, run_fake_engine
 from support.gateway import chat_body, endpoint, running_gateway
@@ -436,7 +437,7 @@ async def test_a_client_slower_than_the_engine_is_not_an_idle_engine(autojump_cl
     replica = Replica("r1", "http://r1", frozenset({"m"}))
     got: list[Any] = []
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(gateway._read_stream, replica, _InstantStream(500), arrived)
+        nursery.start_soon(_read_stream, gateway.config, replica, _InstantStream(500), arrived)
         async with collected:
             async for item in collected:
                 got.append(item)
@@ -453,11 +454,11 @@ async def test_an_engine_that_stops_sending_is_cut_after_the_idle_timeout_not_be
     arrived, collected = trio.open_memory_channel[Any](64)
     replica = Replica("r1", "http://r1", frozenset({"m"}))
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(gateway._read_stream, replica, _InstantStream(3, then_stall=True), arrived)
+        nursery.start_soon(_read_stream, gateway.config, replica, _InstantStream(3, then_stall=True), arrived)
         async with collected:
             items = [item async for item in collected]
             stalled_for = trio.current_time()
     assert items[:3] == [b'data: {"x": 1}\n\n'] * 3
-    assert isinstance(items[-1], ApiError) and items[-1].status == 504
+    assert isinstance(items[-1], ClientApiError) and items[-1].status == 504
     # Cut between idle_timeout and idle_timeout + its slack (a tenth of it) after the last chunk.
     assert 1.0 <= stalled_for <= 1.0 + 0.1 + 0.01

@@ -18,7 +18,7 @@ import httpx2
 import pytest
 import trio
 
-from llmgw_control.serving import serve_asgi
+from llmgw_control.transport.serving import serve_asgi
 
 App = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 REQUEST = b"POST /v1/x HTTP/1.1\r\nhost: t\r\ncontent-length: 2\r\n\r\n{}"
@@ -291,7 +291,7 @@ async def test_websockets_still_work() -> None:
 
 
 async def test_the_apps_inbox_is_bounded_and_hands_messages_over_in_order() -> None:
-    from llmgw_control.http_connection import _Inbox
+    from llmgw_control.transport.app_tasks import Inbox as _Inbox
 
     inbox = _Inbox(2)
     got: list[int] = []
@@ -317,7 +317,7 @@ async def test_the_apps_inbox_is_bounded_and_hands_messages_over_in_order() -> N
 
 
 async def test_the_inbox_never_holds_back_the_disconnect_and_drops_everything_once_closed() -> None:
-    from llmgw_control.http_connection import _Inbox
+    from llmgw_control.transport.app_tasks import Inbox as _Inbox
 
     inbox = _Inbox(1)
     await inbox.put({"type": "http.request", "more_body": True})
@@ -331,7 +331,7 @@ async def test_the_inbox_never_holds_back_the_disconnect_and_drops_everything_on
 
 
 async def test_a_cancelled_caller_of_the_inbox_gets_cancelled_even_with_a_message_waiting() -> None:
-    from llmgw_control.http_connection import _Inbox
+    from llmgw_control.transport.app_tasks import Inbox as _Inbox
 
     inbox = _Inbox(4)
     await inbox.put({"type": "http.request"})
@@ -368,7 +368,7 @@ async def test_whatever_one_connection_raises_is_logged_once_and_ends_it_alone(
     # (as h2 did on a malformed HTTP2-Settings), on the one request that asks for it.
     from hypercorn.protocol.http_stream import HTTPStream
 
-    from llmgw_control.asgi import REQUEST_ID
+    from llmgw_control.transport.asgi import REQUEST_ID
 
     original = HTTPStream.app_send
 
@@ -404,7 +404,7 @@ async def test_whatever_one_connection_raises_is_logged_once_and_ends_it_alone(
 
 
 def _limits(**values: Any) -> Any:
-    from llmgw_control.config import ListenersConfig
+    from llmgw_control.transport.config import ListenersConfig
 
     return ListenersConfig(**values)
 

@@ -21,7 +21,7 @@ from hypercorn.protocol.h11 import H2CProtocolRequiredError, H11Protocol, H11WSC
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 
-from llmgw_control.http_connection import _H11Connection, _H11Protocol, _Http2Refused
+from llmgw_control.transport.protocol import Http2Refused, Http11Connection, Http11Protocol
 
 
 def test_the_pinned_release() -> None:
@@ -70,7 +70,7 @@ class _Tasks:
         self.nursery.start_soon(func, *args)
 
 
-async def _drive(data: bytes, protocol_class: type[H11Protocol] = _H11Protocol,
+async def _drive(data: bytes, protocol_class: type[H11Protocol] = Http11Protocol,
                  connection: type[h11.Connection] | None = None) -> tuple[list[Any], _Tasks, H11Protocol]:
     events: list[Any] = []
 
@@ -99,7 +99,7 @@ async def test_events_the_loop_times_connections_by() -> None:
     assert isinstance(events[-1], Updated) and events[-1].idle is True
     assert tasks.scopes[0]["path"] == "/x" and tasks.scopes[0]["scheme"] == "http"
     # The loop reads h11's states through this attribute, our subclass in place.
-    assert type(protocol.connection) is _H11Connection
+    assert type(protocol.connection) is Http11Connection
     assert protocol.connection.their_state is h11.IDLE and protocol.connection.our_state is h11.IDLE
 
 
@@ -129,7 +129,7 @@ async def test_h2c_is_hypercorns_upgrade_and_our_override_declines_it() -> None:
 
 
 async def test_the_http2_preface_reaches_our_check() -> None:
-    with pytest.RaisesGroup(_Http2Refused, allow_unwrapped=True, flatten_subgroups=True):
+    with pytest.RaisesGroup(Http2Refused, allow_unwrapped=True, flatten_subgroups=True):
         await _drive(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from llmgw_control.config import ControlConfig, validate
 from llmgw_control.fleet.agents import AgentsConfig, token_digest
-from llmgw_control.onboarding import TOKEN_PREFIX
+from llmgw_control.fleet.onboarding import TOKEN_PREFIX
 
 BIN = Path(sys.executable).parent
 

@@ -18,15 +18,19 @@ import attrs
 import pytest
 import trio
 
-from llmgw_control.catalog import Catalog, EngineConfig, ModelConfig, ProfileConfig, WeightsConfig
-from llmgw_control.config import ControlConfig, LeadershipConfig, validate
+from llmgw_control.catalog import Catalog, Claim, EngineConfig, ModelConfig, ProfileConfig, WeightsConfig
+from llmgw_control.config import ControlConfig, validate
 from llmgw_control.fleet.agents import AgentsConfig, AgentService, token_digest
 from llmgw_control.fleet.inventory import Inventory, Liveness
-from llmgw_control.fleet.plan import Claim
+from llmgw_control.fleet.leadership import (
+    Leadership,
+    LeadershipConfig,
+    StandbyGate,
+    clear_single_daemon_lease,
+)
 from llmgw_control.fleet.reconciler import Reconciler, ReconcilerConfig
-from llmgw_control.leadership import Leadership, StandbyGate, clear_single_daemon_lease, cluster_secret
-from llmgw_control.router.replicas import ReplicaSet
-from llmgw_control.store import FleetHolders, LeaseKeeper, connect_store
+from llmgw_control.gateway.replicas import ReplicaSet
+from llmgw_control.store import FleetHolders, LeaseKeeper, cluster_secret, connect_store
 from llmgw_control.store.testing import LeaseRow, MemoryLease
 from llmgw_dev.postgres import PostgresServer
 from llmgw_shared.config import ConfigError

@@ -10,14 +10,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmgw_control.catalog import Catalog, EngineConfig, ModelConfig, ProfileConfig, WeightsConfig
+from llmgw_control.catalog import Catalog, Claim, EngineConfig, ModelConfig, ProfileConfig, WeightsConfig
 from llmgw_control.fleet import lifecycle
 from llmgw_control.fleet.inventory import Inventory, Liveness, NodeRecord
 from llmgw_control.fleet.lifecycle import TERMINAL, ImpossibleTransition, Status
-from llmgw_control.fleet.plan import Claim
 from llmgw_control.fleet.reconciler import Reconciler, ReconcilerConfig
 from llmgw_control.fleet.token_bucket import TokenBucket
-from llmgw_control.router.replicas import ReplicaSet
+from llmgw_control.gateway.replicas import ReplicaSet
 from llmgw_shared.facts import unprobed
 from llmgw_shared.wire import Command, EngineState, ShardState, ShardStatus, StartShard
 

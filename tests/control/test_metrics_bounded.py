@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
 
-from llmgw_control.metrics import GatewayMetrics
+from llmgw_control.gateway.metrics import GatewayMetrics
 
 
 def exposition(registry: CollectorRegistry) -> str:

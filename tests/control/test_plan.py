@@ -8,8 +8,8 @@ from llmgw_control.fleet.plan import (
     Demand,
     Drain,
     Forget,
-    NodeView,
     PlanLimits,
+    PlanNode,
     Start,
     Stop,
     plan,
@@ -21,8 +21,8 @@ INSTALLED = {ENGINE: EngineState("llama.cpp", "b11312", "installed")}
 
 
 def node(node_id: str, *, ram: int = 8000, state: str = "ready", engines: dict | None = None,  # type: ignore[type-arg]
-         labels: dict[str, str] | None = None, cordoned: bool = False, busy: frozenset[int] = frozenset()) -> NodeView:
-    return NodeView(node_id, state, cordoned, labels or {}, INSTALLED if engines is None else engines, ram, 0, busy)
+         labels: dict[str, str] | None = None, cordoned: bool = False, busy: frozenset[int] = frozenset()) -> PlanNode:
+    return PlanNode(node_id, state, cordoned, labels or {}, INSTALLED if engines is None else engines, ram, 0, busy)
 
 
 def demand(key: str = "m:cpu", wanted: int = 1, ram: int = 1000, labels: dict[str, str] | None = None) -> Demand:

@@ -12,7 +12,7 @@ from typing import Any
 import httpx2
 import trio
 
-from llmgw_control.router.activator import ActivatorConfig
+from llmgw_control.gateway.activator import ActivatorConfig
 from llmgw_dev.fake_engine import FakeEngine
 from support.gateway import RunningGateway, chat_body, endpoint, running_gateway
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import attrs
 
-from llmgw_control.catalog import Catalog, EngineConfig, ModelConfig, ProfileConfig, WeightsConfig
+from llmgw_control.catalog import Catalog, Claim, EngineConfig, ModelConfig, ProfileConfig, WeightsConfig
 from llmgw_control.fleet.inventory import Inventory, Liveness, NodeRecord
-from llmgw_control.fleet.plan import Claim
 from llmgw_control.fleet.reconciler import Reconciler, ReconcilerConfig
-from llmgw_control.router.replicas import ReplicaSet
+from llmgw_control.gateway.replicas import ReplicaSet
 from llmgw_shared.facts import HostFacts, unprobed
 from llmgw_shared.wire import Command, DrainShard, EngineState, ShardState, StartShard, StopShard
 

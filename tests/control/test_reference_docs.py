@@ -7,8 +7,8 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from llmgw_control.fleet_metrics import NODE_STATES
-from llmgw_control.metrics import GatewayMetrics
+from llmgw_control.fleet.metrics import NODE_STATES
+from llmgw_control.gateway.metrics import GatewayMetrics
 from llmgw_shared.wire import TAGS
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -20,7 +20,7 @@ def test_metrics_md_lists_every_series_control_exports() -> None:
     GatewayMetrics(registry)
     names = {metric.name for metric in registry.collect()}
     # The fleet collector builds its families at scrape time: read their names from its source.
-    source = (Path(__file__).resolve().parents[2] / "llmgw_control/src/llmgw_control/fleet_metrics.py").read_text()
+    source = (Path(__file__).resolve().parents[2] / "llmgw_control/src/llmgw_control/fleet/metrics.py").read_text()
     names |= set(re.findall(r'MetricFamily\(\s*"(llmgw_[a-z_]+)"', source))
     assert len(names) > 15
     missing = sorted(n for n in names if f"`{n}" not in text)

@@ -22,7 +22,7 @@ import trio.lowlevel
 import trio.testing
 import trustme
 
-from llmgw_control.router.upstream import Httpx2Upstream, UpstreamConnectError, UpstreamError, _HeldWritesStream
+from llmgw_control.gateway.upstream import Httpx2Upstream, UpstreamConnectError, UpstreamError, _HeldWritesStream
 from llmgw_dev.engine_proc import free_port
 
 BODY = b'{"model": "m", "messages": []}'

@@ -19,12 +19,21 @@ import httpx2
 import tomli_w
 import trio
 
-from llmgw_control.fleet.agents import token_digest
-from llmgw_dev.build_engine import archive_name
 from llmgw_dev.engine_proc import free_port
-from llmgw_dev.served_files import place
 
-from .fleet import BIN, TOKEN, Daemon, admin_state, engine_pids, kill_pids, model_entry, wait_for_state
+from .fleet import (
+    BIN,
+    Daemon,
+    admin_state,
+    control_settings,
+    engine_pids,
+    kill_pids,
+    model_entry,
+    node_ready,
+    place_files,
+    start_node,
+    wait_for_state,
+)
 
 # Short on purpose: the whole failover file must run in well under two minutes. The settle time
 # covers a node's worst reconnect: a connect to the killed leader's port that hangs for the node's
@@ -96,20 +105,8 @@ class Pair:
         return [c.agent_ws for c in self.controls]
 
     async def add_node(self, node_id: str, leader: Control, *, engine: bool = True) -> Daemon:
-        data = self.root / node_id
-        data.mkdir(exist_ok=True)
-        config = {"control": self.control_urls(), "token": TOKEN, "node_id": node_id, "data_dir": str(data),
-                  "reconnect_min_s": 0.2, "reconnect_max_s": 1.0,
-                  "engine_host": f"127.0.0.{len(self.nodes) + 1}"}
-        path = self.root / f"{node_id}.toml"
-        path.write_text(tomli_w.dumps(config))
-        daemon = Daemon(node_id, [str(BIN / "llmgw-node"), "run", "--config", str(path)],
-                        self.root / f"{node_id}.log")
-        self.nodes[node_id] = daemon
-        await daemon.start()
-        await leader.wait_for(lambda nodes, models: any(
-            n["id"] == node_id and n["state"] == "ready"
-            and (not engine or any(e["state"].startswith("installed") for e in n["engines"])) for n in nodes))
+        daemon = await start_node(self.root, node_id, self.control_urls(), self.nodes)
+        await leader.wait_for(node_ready(node_id, engine=engine))
         return daemon
 
     def engine_pids(self) -> list[int]:
@@ -121,22 +118,12 @@ class Pair:
 
 def _control_config(control: Control, store_url: str, files: Path | None, models: list[dict[str, Any]],
                     leadership: dict[str, Any]) -> dict[str, Any]:
-    agents: dict[str, Any] = {
-        "listen": f"127.0.0.1:{control.agent_port}", "public_url": control.agent_http,
-        "join_token_digests": [token_digest(TOKEN)], "heartbeat_interval": 0.5,
-        "unreachable_after": 2.0, "lost_after": 4.0,
-    }
+    config = control_settings(control.api_port, control.admin_port, control.agent_port, control.root / "data",
+                              models)
+    config["agents"]["public_url"] = control.agent_http
     if files is not None:
-        agents["files_dir"] = str(files)
-    return {
-        "listen": f"127.0.0.1:{control.api_port}", "admin_listen": f"127.0.0.1:{control.admin_port}",
-        "data_dir": str(control.root / "data"), "log_format": "json", "shutdown_grace": 2.0,
-        "store": store_url, "agents": agents,
-        "reconciler": {"interval": 0.5, "backoff_base": 1.0, "backoff_cap": 5.0},
-        "activator": {"max_wait": 60.0},
-        "leadership": {**leadership, "advertise": control.agent_ws},
-        "models": models,
-    }
+        config["agents"]["files_dir"] = str(files)
+    return {**config, "store": store_url, "leadership": {**leadership, "advertise": control.agent_ws}}
 
 
 @asynccontextmanager
@@ -149,11 +136,7 @@ async def control_pair(root: Path, store_url: str, *, tiny_model: Path | None = 
     ``c1_store`` is another URL of the same database for ``c1`` (e.g. through a ``TcpProxy``)."""
     files = None
     if tiny_model is not None and engine_archive is not None:
-        files = root / "files"
-        (files / "engines").mkdir(parents=True)
-        (files / "models").mkdir()
-        place(engine_archive, files / "engines" / archive_name())
-        place(tiny_model, files / "models" / tiny_model.name)
+        files = place_files(root, engine_archive, tiny_model)
     controls = []
     for name in ("c1", "c2"):
         (root / name).mkdir(parents=True)

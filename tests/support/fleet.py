@@ -105,24 +105,9 @@ class Fleet:
         await self.wait_healthy(self.api_url)
 
     async def add_node(self, node_id: str) -> Daemon:
-        data = self.root / node_id
-        data.mkdir(exist_ok=True)
-        # Each node's engines on their own loopback address, as if on their own machine: ports
-        # chosen per node can then never collide between nodes sharing this host.
-        engine_host = f"127.0.0.{len(self.nodes) + 1}"
-        config = {"control": [f"ws://127.0.0.1:{self.agent_port}/agent/v1"], "token": TOKEN, "node_id": node_id,
-                  "data_dir": str(data), "reconnect_min_s": 0.2, "reconnect_max_s": 1.0,
-                  "engine_host": engine_host}
-        path = self.root / f"{node_id}.toml"
-        path.write_text(tomli_w.dumps(config))
-        daemon = Daemon(node_id, [str(BIN / "llmgw-node"), "run", "--config", str(path)],
-                        self.root / f"{node_id}.log")
-        self.nodes[node_id] = daemon
-        await daemon.start()
+        daemon = await start_node(self.root, node_id, [f"ws://127.0.0.1:{self.agent_port}/agent/v1"], self.nodes)
         # Ready, with its engine installed and proven (the archive comes from control's file server).
-        await self.wait_for(lambda nodes, models: any(
-            n["id"] == node_id and n["state"] == "ready"
-            and any(e["state"].startswith("installed") for e in n["engines"]) for n in nodes))
+        await self.wait_for(node_ready(node_id))
         return daemon
 
     async def state(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -160,6 +145,54 @@ async def wait_for_state(admin_url: str, predicate: Any, timeout: float = 60,
             await trio.sleep(poll)
 
 
+async def start_node(root: Path, node_id: str, controls: list[str], nodes: dict[str, Daemon]) -> Daemon:
+    """A node daemon connecting to ``controls``, started and added to ``nodes``."""
+    data = root / node_id
+    data.mkdir(exist_ok=True)
+    # Each node's engines on their own loopback address, as if on their own machine: ports
+    # chosen per node can then never collide between nodes sharing this host.
+    config = {"control": controls, "token": TOKEN, "node_id": node_id, "data_dir": str(data),
+              "reconnect_min_s": 0.2, "reconnect_max_s": 1.0, "engine_host": f"127.0.0.{len(nodes) + 1}"}
+    path = root / f"{node_id}.toml"
+    path.write_text(tomli_w.dumps(config))
+    daemon = Daemon(node_id, [str(BIN / "llmgw-node"), "run", "--config", str(path)], root / f"{node_id}.log")
+    nodes[node_id] = daemon
+    await daemon.start()
+    return daemon
+
+
+def node_ready(node_id: str, *, engine: bool = True) -> Any:
+    """A ``wait_for`` predicate: ``node_id`` is ready (and, with ``engine``, has its engine installed)."""
+    return lambda nodes, models: any(
+        n["id"] == node_id and n["state"] == "ready"
+        and (not engine or any(e["state"].startswith("installed") for e in n["engines"])) for n in nodes)
+
+
+def place_files(root: Path, engine_archive: Path, tiny_model: Path) -> Path:
+    """The files directory control serves nodes: the engine archive and the tiny model."""
+    files = root / "files"
+    (files / "engines").mkdir(parents=True)
+    (files / "models").mkdir()
+    # In the tree, not linked to the cache: control serves nothing whose real path leaves it.
+    place(engine_archive, files / "engines" / archive_name())
+    place(tiny_model, files / "models" / tiny_model.name)
+    return files
+
+
+def control_settings(api_port: int, admin_port: int, agent_port: int, data_dir: Path,
+                     models: list[dict[str, Any]]) -> dict[str, Any]:
+    """What every system test's control runs with: fast timings, the test token, JSON logs."""
+    return {
+        "listen": f"127.0.0.1:{api_port}", "admin_listen": f"127.0.0.1:{admin_port}",
+        "data_dir": str(data_dir), "log_format": "json", "shutdown_grace": 2.0,
+        "agents": {"listen": f"127.0.0.1:{agent_port}", "join_token_digests": [token_digest(TOKEN)],
+                   "heartbeat_interval": 0.5, "unreachable_after": 2.0, "lost_after": 4.0},
+        "reconciler": {"interval": 0.5, "backoff_base": 1.0, "backoff_cap": 5.0},
+        "activator": {"max_wait": 60.0},
+        "models": models,
+    }
+
+
 def engine_pids(under: Path) -> list[int]:
     """Serving llama-server processes whose command line names a path under ``under``.
 
@@ -185,16 +218,8 @@ def kill_pids(pids: list[int]) -> None:
 
 
 def write_control_config(root: Path, fleet: Fleet, models: list[dict[str, Any]], **extra: Any) -> Path:
-    config: dict[str, Any] = {
-        "listen": f"127.0.0.1:{fleet.control_port}", "admin_listen": f"127.0.0.1:{fleet.admin_port}",
-        "data_dir": str(root / "control"), "log_format": "json", "shutdown_grace": 2.0,
-        "agents": {"listen": f"127.0.0.1:{fleet.agent_port}", "files_dir": str(root / "files"),
-                   "join_token_digests": [token_digest(TOKEN)], "heartbeat_interval": 0.5,
-                   "unreachable_after": 2.0, "lost_after": 4.0},
-        "reconciler": {"interval": 0.5, "backoff_base": 1.0, "backoff_cap": 5.0},
-        "activator": {"max_wait": 60.0},
-        "models": models,
-    }
+    config = control_settings(fleet.control_port, fleet.admin_port, fleet.agent_port, root / "control", models)
+    config["agents"]["files_dir"] = str(root / "files")
     for section, values in extra.items():
         if isinstance(values, dict):
             config.setdefault(section, {}).update(values)
@@ -209,12 +234,7 @@ def write_control_config(root: Path, fleet: Fleet, models: list[dict[str, Any]],
 async def running_fleet(root: Path, tiny_model: Path, engine_archive: Path, *,
                         models: list[tuple[str, dict[str, Any]]] | None = None,
                         **extra: Any) -> AsyncIterator[Fleet]:
-    files = root / "files"
-    (files / "engines").mkdir(parents=True)
-    (files / "models").mkdir()
-    # In the tree, not linked to the cache: control serves nothing whose real path leaves it.
-    place(engine_archive, files / "engines" / archive_name())
-    place(tiny_model, files / "models" / tiny_model.name)
+    place_files(root, engine_archive, tiny_model)
     fleet = Fleet(root, free_port(), free_port(), free_port(),
                   Daemon("control", [], root / "control.log"))
     public = fleet.agent_url

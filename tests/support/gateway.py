@@ -13,10 +13,12 @@ import httpx2
 import trio
 from prometheus_client import CollectorRegistry
 
-from llmgw_control.app import Listening, Tenancy, run_control
-from llmgw_control.config import ControlConfig, EndpointConfig, RouterConfig, validate
-from llmgw_control.router.activator import ActivatorConfig
-from llmgw_control.router.upstream import UpstreamClient
+from llmgw_control.app import Listening, run_control
+from llmgw_control.config import ControlConfig, validate
+from llmgw_control.gateway.activator import ActivatorConfig
+from llmgw_control.gateway.config import EndpointConfig, RouterConfig
+from llmgw_control.gateway.upstream import UpstreamClient
+from llmgw_control.tenancy.tenancy import Tenancy
 
 
 @attrs.define
@@ -62,14 +64,13 @@ async def running_gateway(
     ))
     shutdown = trio.Event()
     registry = CollectorRegistry()
-    tenancies: list[Tenancy] = []
     async with trio.open_nursery() as nursery:
         listening = await nursery.start(
             lambda task_status: run_control(config, shutdown=shutdown, registry=registry, task_status=task_status,
-                                            tenancy_status=tenancies, upstream=upstream))
+                                            upstream=upstream))
         try:
             async with httpx2.AsyncClient(base_url=listening.api_url, timeout=30) as client:
-                yield RunningGateway(listening, shutdown, registry, client, tenancies[0])
+                yield RunningGateway(listening, shutdown, registry, client, listening.tenancy)
         finally:
             nursery.cancel_scope.cancel()
     shutil.rmtree(data_dir, ignore_errors=True)

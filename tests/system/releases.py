@@ -28,7 +28,7 @@ import trio
 from node.release_server import FileServer, run_file_server
 
 from llmgw_control.fleet.agents import token_digest
-from llmgw_control.node_release import Target, fetch_wheels, plan_release, use
+from llmgw_control.fleet.node_release import Target, fetch_wheels, plan_release, use
 from llmgw_dev.build_engine import cache_dir
 from llmgw_dev.engine_proc import free_port
 

@@ -18,7 +18,7 @@ import pytest
 import trio
 from system.releases import BIN, HERE, LOCK, NODE_PYTHON, node_dist, prepare, repacked, wheel_mirror, wheelhouse
 
-from llmgw_control.node_release import Lock, ReleaseError, Target, choose_wheel, load_release, parse_target
+from llmgw_control.fleet.node_release import Lock, ReleaseError, Target, choose_wheel, load_release, parse_target
 
 __all__ = ["node_dist", "wheelhouse"]  # fixtures, used by name
 

@@ -45,7 +45,7 @@ from system.releases import (
 
 from llmgw_control.fleet.agents import AgentsConfig, AgentService, token_digest
 from llmgw_control.fleet.inventory import Inventory
-from llmgw_control.onboarding import TOKEN_PREFIX, Onboarding, OnboardingError, new_join_token, node_unit
+from llmgw_control.fleet.onboarding import TOKEN_PREFIX, Onboarding, OnboardingError, new_join_token, node_unit
 from llmgw_control.store import NodeIdentity
 from llmgw_node.config import load_config
 

@@ -22,6 +22,9 @@ Use it in a trio test::
 or as a process (benchmarks)::
 
     python -m llmgw_dev.fake_engine --port 0 --chunks 32   # prints the URL when ready
+
+About 600 lines: every fault a test or a bench can ask of an engine lives in this one fake, so each
+behaves the same way wherever it is used.
 """
 
 from __future__ import annotations

@@ -1,11 +1,17 @@
 """Builds the control daemon from its config and runs every part in one nursery.
 
+``run_control`` is a few builders in order, each returning what the next needs: the tenancy (the
+store under it), the agent listener's sockets (bound first: their URL goes into what the fleet
+hands nodes), the fleet, the gateway, and the client, admin and metrics listeners. Once they are
+up, the caller is handed ``Listening``: the bound URLs and the live parts.
+
 Shutdown is one event: the listeners stop accepting, in-flight requests get the configured grace
 period, and everything else is cancelled with the nursery.
 """
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -21,111 +27,56 @@ from llmgw_shared.logs import get_logger
 from llmgw_shared.wire import EngineSpec
 
 from .admin.admin_auth import AdminKeyGuard, key_required, refuse_without_admin_keys
-from .admin.api.catalog_service import ModelService, stored_models
-from .admin.api.core import error_json
 from .admin.app import make_admin_app, make_metrics_app
 from .admin.dashboard import client_dashboard, open_dashboard, register_admin_dashboard
 from .admin.host_guard import AdminHostGuard
+from .api_errors import admin_error_body, openai_error_body
 from .catalog import Catalog
-from .client_tls import ClientTls, TrustedProxies, reload_on_sighup
+from .catalog.claims import profile_claims
+from .catalog.service import ModelService, stored_models
 from .config import ControlConfig
-from .fleet.agents import AgentService, Role
-from .fleet.claims import profile_claims
+from .fleet.agents import AgentService
 from .fleet.files import FileServer
+from .fleet.fleet import Fleet
 from .fleet.inventory import Inventory, Liveness
+from .fleet.leadership import Leadership, StandbyGate, clear_single_daemon_lease, new_holder
 from .fleet.listener import make_agent_app
+from .fleet.metrics import register_fleet_metrics
+from .fleet.node_release import releases_dir_for
+from .fleet.onboarding import Onboarding, stored_identity
 from .fleet.reconciler import Reconciler
 from .fleet.secret import default_data_dir, load_or_create_secret
-from .fleet.tls import Identities, serve_tls_front, server_context
-from .fleet_metrics import register_fleet_metrics
-from .leadership import (
-    KEY_DIGEST_SECRET,
-    SHARD_KEY_SECRET,
-    Leadership,
-    StandbyGate,
-    clear_single_daemon_lease,
-    cluster_secret,
-    new_holder,
-)
-from .metrics import GatewayMetrics
-from .node_release import releases_dir_for
-from .onboarding import Onboarding, stored_identity
-from .router.activator import Activator
-from .router.asgi import ClientApp, serve_lifespan
-from .router.directory import FleetDirectory, ModelDirectory, StaticDirectory
-from .router.gateway import Gateway
-from .router.replicas import Replica, ReplicaSet
-from .router.upstream import Httpx2Upstream, UpstreamClient
-from .serving import openai_error_body, serve_asgi
-from .store import LeaseKeeper, Store, is_postgres_url, open_store
-from .tenancy.admission import TenancyAdmission
-from .tenancy.keys import KeyDigester, load_or_create_server_secret
-from .tenancy.service import TenancyService
-from .tenancy.state import TenancyState
-from .tenancy.usage import UsageAccumulator, UsageFlusher
+from .fleet.tls import Identities, bind_tls_front, serve_tls_front
+from .gateway.activator import Activator
+from .gateway.client_app import ClientApp
+from .gateway.directory import FleetDirectory, ModelDirectory, StaticDirectory
+from .gateway.gateway import Gateway
+from .gateway.metrics import GatewayMetrics
+from .gateway.replicas import Replica, ReplicaSet
+from .gateway.upstream import Httpx2Upstream, UpstreamClient
+from .store import SHARD_KEY_SECRET, LeaseKeeper, Store, cluster_secret, is_postgres_url
+from .tenancy.tenancy import Tenancy, open_tenancy
+from .transport.asgi import Receive, Scope, Send, serve_lifespan
+from .transport.serving import bind, bound_url, serve_asgi
+from .transport.tls import ClientTls, TrustedProxies, reload_on_sighup, server_context
 
 log = get_logger("llmgw.control")
+
+# Serve one listener until shutdown (``serve_asgi`` with the daemon's shutdown, grace and limits).
+Serve = Callable[..., Awaitable[None]]
 
 
 @attrs.frozen
 class Listening:
+    """What ``run_control`` hands its starter once every listener is up: the URLs, and the live
+    parts (the tenancy, and the fleet when ``agents.listen`` is set) for embedders and tests."""
+
     api_url: str
     admin_url: str
     metrics_url: str | None
-    agent_url: str | None = None
-
-
-@attrs.define
-class Tenancy:
-    """Keys, groups, quotas and usage, for the admin API and tests."""
-
-    store: Store
-    state: TenancyState
-    usage: UsageAccumulator
-    service: TenancyService
-    admission: TenancyAdmission
-
-
-@asynccontextmanager
-async def open_tenancy(config: ControlConfig, data_dir: Path) -> AsyncIterator[Tenancy]:
-    """The store and, over it, the tenancy state: loaded before the first request is admitted."""
-    location = config.store or str(data_dir / "llmgw.db")
-    if not is_postgres_url(location):
-        await trio.to_thread.run_sync(partial(data_dir.mkdir, parents=True, exist_ok=True))
-    async with open_store(location) as store, trio.open_nursery() as nursery:
-        if is_postgres_url(location):
-            # Every daemon on this database must check the same digests: the secret lives there.
-            secret = await cluster_secret(store, KEY_DIGEST_SECRET, data_dir / "key-secret")
-        else:
-            secret = await trio.to_thread.run_sync(load_or_create_server_secret, data_dir / "key-secret")
-        state = TenancyState(store, KeyDigester(secret))
-        usage = UsageAccumulator()
-        flusher = UsageFlusher(store, usage)
-        await nursery.start(state.run)
-        await nursery.start(flusher.run)
-        if state.open:
-            log.warning("no API keys exist: the gateway is open to every request (create a key to close it)")
-        try:
-            yield Tenancy(store, state, usage, TenancyService(store, state, usage), TenancyAdmission(state, usage))
-        finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(10):
-                # Usage counted since the last batch is written before the store closes.
-                await flusher.flush_once()
-            nursery.cancel_scope.cancel()
-
-
-@attrs.define
-class Fleet:
-    """The control plane's parts, for the admin API and tests."""
-
-    catalog: Catalog
-    inventory: Inventory
-    reconciler: Reconciler
-    agents: AgentService
-    activator: Activator
-    files: FileServer | None
-    leadership: Leadership | None = None
-    onboarding: Onboarding | None = None
+    agent_url: str | None
+    tenancy: Tenancy
+    fleet: Fleet | None
 
 
 def static_replicas(config: ControlConfig) -> ReplicaSet:
@@ -139,10 +90,6 @@ def _public_url(config: ControlConfig, bound: str) -> str:
     if config.agents.public_url:
         return config.agents.public_url.rstrip("/")
     return bound.rstrip("/")
-
-
-def _admin_error_body(status: int, code: str, message: str) -> bytes:
-    return error_json(code, message)
 
 
 def data_dir_of(config: ControlConfig) -> Path:
@@ -167,9 +114,61 @@ def advertised_agent_url(config: ControlConfig, bound: str) -> str:
     return f"{'wss' if scheme == 'https' else 'ws'}://{rest}/agent/v1"
 
 
-async def _build_fleet(config: ControlConfig, replicas: ReplicaSet, agent_url: str, store: Store) -> Fleet:
+# --------------------------------------------------------------------------- the agent listener
+
+
+@attrs.frozen
+class AgentSockets:
+    """The agent listener, bound before the fleet is built; behind our own TLS front when TLS is
+    configured (see fleet/tls.py), the app's sockets are then a loopback port the front relays to."""
+
+    url: str
+    app_sockets: list[socket.socket]
+    front: list[trio.SocketListener] | None = None
+    context: Any = None
+    identities: Identities | None = None
+
+
+async def bind_agents(config: ControlConfig) -> AgentSockets:
+    agents = config.agents
+    if not agents.tls_cert_file:
+        sockets = bind(agents.listen)
+        return AgentSockets(bound_url(sockets, tls=False), sockets)
+    # The certificate files first: a bad one is refused before anything is bound.
+    context = server_context(agents.tls_cert_file, agents.tls_key_file, agents.tls_client_ca_file)
+    internal = bind("127.0.0.1:0")
+    front, url = await bind_tls_front(agents.listen)
+    return AgentSockets(url, internal, front, context, Identities(mutual=bool(agents.tls_client_ca_file)))
+
+
+async def serve_agents(config: ControlConfig, nursery: trio.Nursery, serve: Serve, bound: AgentSockets,
+                       fleet: Fleet, shutdown: trio.Event) -> None:
+    """Serve the agent app (nodes' WebSockets, files, the install script) on the bound sockets."""
+    agent_app: Any = make_agent_app(fleet.agents, fleet.files, bound.identities, onboarding=fleet.onboarding)
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await serve_lifespan(receive, send)
+        else:
+            await agent_app(scope, receive, send)
+
+    name = "agents" if bound.front is None else "agents (behind TLS)"
+    await nursery.start(partial(serve, app, bound.app_sockets, name=name,
+                                websocket_max_message_size=config.agents.max_frame_bytes))
+    if bound.front is not None and bound.identities is not None:
+        port = bound.app_sockets[0].getsockname()[1]
+        await nursery.start(partial(serve_tls_front, bound.front, bound.url, port, bound.context, bound.identities,
+                                    shutdown=shutdown, limits=config.listeners, error_body=admin_error_body))
+
+
+# --------------------------------------------------------------------------- the fleet
+
+
+async def build_fleet(config: ControlConfig, replicas: ReplicaSet, agent_url: str, store: Store,
+                      metrics: GatewayMetrics) -> Fleet:
+    """The control plane's parts, wired to each other; nothing runs yet (``start_fleet``)."""
     catalog = Catalog(config.models, config.engines, config.router.default_profile)
-    # Models added through the admin API; on a name in both, the config file wins (catalog_service).
+    # Models added through the admin API; on a name in both, the config file wins (catalog/service.py).
     for model in stored_models(await store.list_models(), {m.name for m in config.models}, catalog):
         catalog.put(model, "api")
     public_url = _public_url(config, agent_url)
@@ -188,54 +187,98 @@ async def _build_fleet(config: ControlConfig, replicas: ReplicaSet, agent_url: s
         return [EngineSpec(e.name, e.version, files.release_api(e) if files else e.release_api)
                 for e in config.engines]
 
-    reconciler_box: list[Reconciler] = []
-
-    def on_change() -> None:
-        if reconciler_box:
-            reconciler_box[0].wake()
-
-    def on_command_failed(node_id: str, command: Any, reason: str) -> None:
-        if reconciler_box:
-            reconciler_box[0].command_failed(node_id, command, reason)
-
-    def on_command_unsent(node_id: str, command: Any) -> None:
-        if reconciler_box:
-            reconciler_box[0].command_unsent(node_id, command)
-
-    agents = AgentService(
-        inventory, config=config.agents, token_digests=set(config.agents.join_token_digests),
-        engines=engine_specs, on_change=on_change, on_command_failed=on_command_failed,
-        on_command_unsent=on_command_unsent, role=Role(),
-        fencing_token=lambda: reconciler_box[0].fencing_token if reconciler_box else 1,
-        stored_identity=stored_identity(store),
-    )
+    agents = AgentService(inventory, config=config.agents, token_digests=set(config.agents.join_token_digests),
+                          engines=engine_specs, stored_identity=stored_identity(store))
     reconciler = Reconciler(catalog, inventory, liveness, agents, replicas, secret=secret, claims=claims,
                             config=config.reconciler)
-    reconciler_box.append(reconciler)
+    agents.report_to(reconciler)
+    # A forgotten replica's per-replica series go with it (bounded /metrics).
+    reconciler.on_replica_forgotten = metrics.forget_replica
     activator = Activator(replicas, config.activator, waiting=reconciler.waiting, wake=reconciler.wake,
                           status=reconciler.status)
     onboarding = Onboarding(store, public_url, advertised_agent_url(config, agent_url),
                             releases_dir_for(config.agents.files_dir, data_dir_of(config)))
-    return Fleet(catalog, inventory, reconciler, agents, activator, files, onboarding=onboarding)
+    if not is_postgres_url(config.store):
+        await clear_single_daemon_lease(store.lease)
+    lead = config.leadership
+    keeper = LeaseKeeper(store.lease, new_holder(), advertised_agent_url(config, agent_url),
+                         ttl=lead.ttl, renew_interval=lead.renew_interval)
+    leadership = Leadership(keeper, agents, reconciler, inventory, settle=lead.settle, activator=activator,
+                            memory=store)
+    models = ModelService(catalog, reconciler, store, files, {m.name for m in config.models})
+    return Fleet(catalog, inventory, reconciler, agents, activator, files, leadership=leadership,
+                 onboarding=onboarding, models=models)
 
 
-async def _start_agent_listener(
-    config: ControlConfig, nursery: trio.Nursery, serve: Any, agent_app: Any, shutdown: trio.Event
-) -> tuple[Identities | None, str]:
-    """The agent listener, behind our own TLS front when TLS is configured (see fleet/tls.py)."""
-    agents = config.agents
-    if not agents.tls_cert_file:
-        url = await nursery.start(partial(serve, agent_app, agents.listen, name="agents",
-                                          websocket_max_message_size=agents.max_frame_bytes))
-        return None, str(url)
-    context = server_context(agents.tls_cert_file, agents.tls_key_file, agents.tls_client_ca_file)
-    identities = Identities(mutual=bool(agents.tls_client_ca_file))
-    internal = await nursery.start(partial(serve, agent_app, "127.0.0.1:0", name="agents (behind TLS)",
-                                           websocket_max_message_size=agents.max_frame_bytes))
-    port = int(str(internal).rsplit(":", 1)[1])
-    url = await nursery.start(partial(serve_tls_front, agents.listen, port, context, identities, shutdown=shutdown,
-                                      limits=config.listeners, error_body=_admin_error_body))
-    return identities, str(url)
+async def start_fleet(nursery: trio.Nursery, fleet: Fleet) -> None:
+    """The model follower, then leadership (the reconciler runs inside it, only while leading)."""
+    assert fleet.models is not None and fleet.leadership is not None
+    # Before the reconciler can run: it restores stored cordons, so nothing is placed on a node an
+    # operator cordoned before this restart.
+    await nursery.start(fleet.models.run)
+    role = await nursery.start(fleet.leadership.run)
+    log.info("leader" if role.leader else "standby",
+             extra={"holder": fleet.leadership.keeper.holder, "leader": role.leader_address})
+
+
+async def stop_fleet(fleet: Fleet, grace: float) -> None:
+    """After the listeners drained: give the lease up, then close the nodes' connections."""
+    if fleet.leadership is not None:
+        # First, so a standby takes over on its next poll while requests here drain.
+        await fleet.leadership.release()
+    fleet.agents.close_all("control is shutting down")
+    with trio.move_on_after(grace + 1):
+        await fleet.agents.wait_all_closed()
+
+
+# --------------------------------------------------------------------------- the listeners
+
+
+def build_gateway(config: ControlConfig, replicas: ReplicaSet, client: UpstreamClient, metrics: GatewayMetrics,
+                  fleet: Fleet | None, tenancy: Tenancy) -> Gateway:
+    directory: ModelDirectory = FleetDirectory(fleet.catalog, replicas) if fleet else StaticDirectory(replicas)
+    if not directory.names():
+        log.warning("no models or endpoints configured: every request will get 404 model_not_found")
+    return Gateway(replicas, client, metrics, config.router, directory=directory,
+                   activator=fleet.activator if fleet else Activator(replicas, config.activator),
+                   admission=tenancy.admission)
+
+
+async def serve_client_and_admin(
+    config: ControlConfig, nursery: trio.Nursery, serve: Serve, shutdown: trio.Event, registry: CollectorRegistry,
+    gateway: Gateway, fleet: Fleet | None, tenancy: Tenancy,
+) -> tuple[str, str, str | None]:
+    """The client, admin and metrics listeners; their URLs."""
+    # The dashboard: at / on the admin listener, and at /admin on the client port behind an
+    # admin-key login, which is also the only way the client port reaches the admin API.
+    dashboard = await open_dashboard(fleet=fleet, tenancy=tenancy, prometheus=config.monitoring.prometheus,
+                                     data_dir=data_dir_of(config))
+    admin_app = make_admin_app(registry, fleet, tenancy=tenancy, models=fleet.models if fleet else None)
+    register_admin_dashboard(admin_app, dashboard)
+    client_app: Any = ClientApp(gateway, fallback=client_dashboard(dashboard, admin_app, otherwise=gateway))
+    if fleet is not None and fleet.leadership is not None:
+        client_app = StandbyGate(client_app, fleet.leadership)
+    if config.client_tls.trusted_proxies:
+        client_app = TrustedProxies(client_app, config.client_tls.trusted_proxies)
+    client_tls = None
+    if config.client_tls.cert_file:
+        client_tls = ClientTls(config.client_tls.cert_file, config.client_tls.key_file)
+    if threading.current_thread() is threading.main_thread():  # (signals reach the main thread only)
+        await nursery.start(reload_on_sighup, client_tls, shutdown)
+    api_url = await nursery.start(partial(serve, client_app, config.listen, name="api", error_body=openai_error_body,
+                                          tls=client_tls.context if client_tls else None))
+    admin_guarded = AdminKeyGuard(admin_app, tenancy.state,
+                                  required=key_required(config.admin_listen, config.admin_require_key))
+    admin_url = await nursery.start(partial(serve, AdminHostGuard(admin_guarded, config.admin_hosts),
+                                            config.admin_listen, name="admin"))
+    metrics_url = None
+    if config.metrics_listen:
+        metrics_url = await nursery.start(partial(serve, make_metrics_app(registry), config.metrics_listen,
+                                                  name="metrics"))
+    return str(api_url), str(admin_url), str(metrics_url) if metrics_url else None
+
+
+# --------------------------------------------------------------------------- the daemon
 
 
 async def run_control(
@@ -245,9 +288,8 @@ async def run_control(
     registry: CollectorRegistry | None = None,
     upstream: UpstreamClient | None = None,
     task_status: trio.TaskStatus[Listening] = trio.TASK_STATUS_IGNORED,
-    fleet_status: list[Fleet] | None = None,
-    tenancy_status: list[Tenancy] | None = None,
 ) -> None:
+    """Run the daemon until ``shutdown`` is set; ``started`` with ``Listening`` once it serves."""
     shutdown = shutdown if shutdown is not None else trio.Event()
     registry = registry or CollectorRegistry()
     metrics = GatewayMetrics(registry)
@@ -256,103 +298,34 @@ async def run_control(
     grace = config.shutdown_grace
     # Every listener but the client's answers its own refusals (408, 503) in the admin API's shape.
     serve = partial(serve_asgi, shutdown=shutdown, grace=grace, limits=config.listeners,
-                    error_body=_admin_error_body)
+                    error_body=admin_error_body)
+    data_dir = data_dir_of(config)
     try:
         # The upstream's upkeep outlives the listeners' drain (its nursery is left after theirs).
-        async with open_tenancy(config, data_dir_of(config)) as tenancy, _for_the_block(client.run), \
-                trio.open_nursery() as nursery:
-            if tenancy_status is not None:
-                tenancy_status.append(tenancy)
+        async with open_tenancy(config.store or str(data_dir / "llmgw.db"), data_dir) as tenancy, \
+                _for_the_block(client.run), trio.open_nursery() as nursery:
             # Before any listener binds: an admin listener off loopback with no admin key to open it.
             refuse_without_admin_keys(config.admin_listen, config.admin_require_key, tenancy.state)
             fleet = None
-            models = None
             agent_url = None
-            directory: ModelDirectory = StaticDirectory(replicas)
             if config.agents.listen:
-                # The agent listener starts first: the public URL of the files it serves goes into
-                # the engine specs and weights URLs the fleet hands out.
-                agent_app_box: list[Any] = []
-
-                async def agent_app(scope: Any, receive: Any, send: Any) -> None:
-                    if scope["type"] == "lifespan":
-                        await serve_lifespan(receive, send)
-                    else:
-                        await agent_app_box[0](scope, receive, send)
-
-                identities, agent_url = await _start_agent_listener(config, nursery, serve, agent_app, shutdown)
-                fleet = await _build_fleet(config, replicas, agent_url, tenancy.store)
-                # A forgotten replica's per-replica series go with it (bounded /metrics).
-                fleet.reconciler.on_replica_forgotten = metrics.forget_replica
-                agent_app_box.append(make_agent_app(fleet.agents, fleet.files, identities, onboarding=fleet.onboarding))
+                agent_sockets = await bind_agents(config)
+                agent_url = agent_sockets.url
+                fleet = await build_fleet(config, replicas, agent_url, tenancy.store, metrics)
+                await serve_agents(config, nursery, serve, agent_sockets, fleet, shutdown)
                 # Read at scrape time from the live objects: nothing is counted on the hot path.
                 register_fleet_metrics(registry, fleet)
-                directory = FleetDirectory(fleet.catalog, replicas)
-                lead = config.leadership
-                if not is_postgres_url(config.store):
-                    await clear_single_daemon_lease(tenancy.store.lease)
-                keeper = LeaseKeeper(tenancy.store.lease, new_holder(), advertised_agent_url(config, agent_url),
-                                     ttl=lead.ttl, renew_interval=lead.renew_interval)
-                fleet.leadership = Leadership(keeper, fleet.agents, fleet.reconciler, fleet.inventory,
-                                              settle=lead.settle, activator=fleet.activator,
-                                              memory=tenancy.store)
-                # Before the reconciler can run: it restores stored cordons, so nothing is placed
-                # on a node an operator cordoned before this restart.
-                models = ModelService(fleet.catalog, fleet.reconciler, tenancy.store, fleet.files,
-                                      {m.name for m in config.models})
-                await nursery.start(models.run)
-                # The reconciler runs inside it, only while this daemon leads.
-                role = await nursery.start(fleet.leadership.run)
-                log.info("leader" if role.leader else "standby",
-                         extra={"holder": keeper.holder, "leader": role.leader_address})
-                if fleet_status is not None:
-                    fleet_status.append(fleet)
-            gateway = Gateway(replicas, client, metrics, config.router, directory=directory,
-                              activator=fleet.activator if fleet else Activator(replicas, config.activator),
-                              admission=tenancy.admission)
-            # The dashboard: at / on the admin listener, and at /admin on the client port behind an
-            # admin-key login, which is also the only way the client port reaches the admin API.
-            dashboard = await open_dashboard(fleet=fleet, tenancy=tenancy, prometheus=config.monitoring.prometheus,
-                                             data_dir=data_dir_of(config))
-            client_pages = client_dashboard(dashboard, otherwise=gateway)
-            client_app: Any = ClientApp(gateway, fallback=client_pages)
-            if fleet is not None and fleet.leadership is not None:
-                client_app = StandbyGate(client_app, fleet.leadership)
-            if config.client_tls.trusted_proxies:
-                client_app = TrustedProxies(client_app, config.client_tls.trusted_proxies)
-            client_tls = None
-            if config.client_tls.cert_file:
-                client_tls = ClientTls(config.client_tls.cert_file, config.client_tls.key_file)
-            if threading.current_thread() is threading.main_thread():  # (signals reach the main thread only)
-                await nursery.start(reload_on_sighup, client_tls, shutdown)
-            api_url = await nursery.start(partial(serve, client_app, config.listen, name="api",
-                                                  error_body=openai_error_body,
-                                                  tls=client_tls.context if client_tls else None))
-            admin_app = make_admin_app(registry, fleet, tenancy=tenancy, models=models)
-            register_admin_dashboard(admin_app, dashboard)
-            client_pages.admin_api = admin_app
-            admin_guarded = AdminKeyGuard(admin_app, tenancy.state,
-                                          required=key_required(config.admin_listen, config.admin_require_key))
-            admin_url = await nursery.start(partial(serve, AdminHostGuard(admin_guarded, config.admin_hosts),
-                                                    config.admin_listen, name="admin"))
-            metrics_url = None
-            if config.metrics_listen:
-                metrics_url = await nursery.start(partial(serve, make_metrics_app(registry), config.metrics_listen,
-                                                          name="metrics"))
-            if not directory.names():
-                log.warning("no models or endpoints configured: every request will get 404 model_not_found")
+                await start_fleet(nursery, fleet)
+            gateway = build_gateway(config, replicas, client, metrics, fleet, tenancy)
+            api_url, admin_url, metrics_url = await serve_client_and_admin(
+                config, nursery, serve, shutdown, registry, gateway, fleet, tenancy)
             log.info("llmgw-control ready", extra={"api": api_url, "admin": admin_url, "agents": agent_url,
-                                                   "models": directory.names()})
-            task_status.started(Listening(api_url, admin_url, metrics_url, agent_url))
+                                                   "models": gateway.directory.names()})
+            task_status.started(Listening(api_url, admin_url, metrics_url, agent_url, tenancy, fleet))
             if fleet is not None:
                 # The reconciler and agent connections run until the listeners have drained.
                 await shutdown.wait()
-                if fleet.leadership is not None:
-                    # First, so a standby takes over on its next poll while requests here drain.
-                    await fleet.leadership.release()
-                fleet.agents.close_all("control is shutting down")
-                with trio.move_on_after(grace + 1):
-                    await fleet.agents.wait_all_closed()
+                await stop_fleet(fleet, grace)
                 nursery.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):

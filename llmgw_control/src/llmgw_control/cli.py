@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 def join_token(*, digest_only: bool) -> int:
     """A new shared join token and its digest, or (``digest_only``) the digest of one on stdin."""
     from .fleet.agents import token_digest
-    from .onboarding import new_join_token
+    from .fleet.onboarding import new_join_token
 
     if digest_only:
         token = sys.stdin.readline().strip()
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
 
         raise SystemExit(ctl_main(argv[1:]))
     if argv[:1] == ["release"]:
-        from .node_release import main as release_main
+        from .release_cli import main as release_main
 
         raise SystemExit(release_main(argv[1:]))
     args = build_parser().parse_args(argv)

@@ -15,47 +15,16 @@ from urllib.parse import urlsplit
 import attrs
 
 from llmgw_shared.config import ConfigError, load_toml, parse_host_port, strict_converter, structure
+from llmgw_shared.config_doc import doc
 from llmgw_shared.names import BadName, check_engine_name, check_version
 
 from .catalog import EngineConfig, ModelConfig, validate_models
 from .fleet.agents import AgentsConfig
-from .fleet.reconciler import ReconcilerConfig
-from .router.activator import ActivatorConfig
-from .router.replicas import DEFAULT_ENDPOINT_SLOTS
-
-
-@attrs.frozen
-class RouterConfig:
-    # Per-phase deadlines. The first byte includes the engine's queueing and prompt processing,
-    # so it is generous; the idle gap bounds a stream whose engine stopped producing.
-    connect_timeout: float = 5.0
-    first_byte_timeout: float = 300.0
-    idle_timeout: float = 120.0
-    # Attempts per request across replicas, counting the first; only before any byte reached
-    # the client.
-    max_attempts: int = 3
-    # How long a replica that failed is avoided while others can serve.
-    cooldown: float = 10.0
-    max_body_bytes: int = 32 * 1024 * 1024
-    # The profile used when a client asks for a model without one, for every model that has it
-    # (e.g. "gpu"); otherwise each model's own default_profile.
-    default_profile: str = ""
-
-
-@attrs.frozen
-class EndpointConfig:
-    """A static engine replica, for router-only mode."""
-
-    id: str
-    url: str
-    models: list[str]
-    weight: float = 1.0
-    # Sent to the engine as a bearer token (llama-server --api-key); never the client's key.
-    api_key: str = attrs.field(default="", repr=False)
-    # Requests sent to it at once; more wait in the gateway's queue. Set it to llama-server's -np
-    # so the queue (and its priorities) is the gateway's; the default only stops a runaway
-    # (vLLM's default max_num_seqs).
-    slots: int = DEFAULT_ENDPOINT_SLOTS
+from .fleet.leadership import LeadershipConfig
+from .fleet.shards import ReconcilerConfig
+from .gateway.activator import ActivatorConfig
+from .gateway.config import EndpointConfig, RouterConfig
+from .transport.config import ClientTlsConfig, ListenersConfig
 
 
 @attrs.frozen
@@ -64,78 +33,6 @@ class MonitoringConfig:
     # time; the dashboard proxies its query_range API so browsers talk only to llmgw. Empty: no
     # history, and the dashboard says how to enable it.
     prometheus: str = ""
-
-
-@attrs.frozen
-class LeadershipConfig:
-    """The leader lease (see docs/failover.md). Only one daemon leads the fleet at a time."""
-
-    # How long a grant lasts without a renew: a killed leader is replaced after about this long.
-    ttl: float = 10.0
-    renew_interval: float = 3.0
-    # Where nodes reach this daemon's agent listener (ws://host:port/agent/v1): a standby sends
-    # nodes here when this daemon leads. Empty: derived from agents.public_url or the bound address
-    # (fine for one daemon; required with a PostgreSQL store, where other machines must reach it).
-    advertise: str = ""
-    # After taking over from an earlier leader, this long without starting or stopping replicas,
-    # so nodes can reconnect and report the engines they run (adopted, not duplicated); reports
-    # are absorbed and ready replicas served meanwhile. Make it longer than the nodes' reconnect
-    # delay after a takeover: a node's connect timeout (10 s) plus its backoff (docs/failover.md).
-    settle: float = 15.0
-
-
-# --- Listeners: what one connection may hold, and TLS on the client listener (docs/security.md) ---
-
-
-def _doc(text: str) -> dict[str, str]:
-    return {"doc": text}
-
-
-@attrs.frozen
-class ListenersConfig:
-    """Limits every HTTP listener (client API, admin, metrics, agents) applies to each connection."""
-
-    # Beyond this many open connections a listener answers 503 and closes, rather than letting
-    # connections pile up until the process runs out of file descriptors (each client connection
-    # is one, plus one toward an engine while its request is in flight; the systemd unit allows
-    # 65536). gunicorn's worker_connections default is 1000, nginx's 512 per worker process.
-    max_connections: int = attrs.field(default=1024, metadata=_doc(
-        "Open connections per listener; more are answered 503 and closed."))
-    # A request's head (request line and headers) must arrive whole within this long of its
-    # first byte, else 408: a client that sends a header line every few seconds holds nothing
-    # for long. A TLS handshake gets as long from the accept. (Before its first byte a request
-    # is awaited for the keep-alive timeout, 75 s.) Apache's mod_reqtimeout default is
-    # header=20-40; nginx's client_header_timeout is 60 s.
-    head_timeout: float = attrs.field(default=20.0, metadata=_doc(
-        "Seconds a request's head may take from its first byte (a TLS handshake from the accept), else 408."))
-    # A body must arrive within body_timeout plus one second per body_min_rate bytes received,
-    # else 408: a body that stalls is cut after body_timeout, and one that trickles a byte every
-    # few seconds soon after. Apache's mod_reqtimeout default is body=20,MinRate=500. (nginx's
-    # client_body_timeout, 60 s between two reads, never cuts a trickle.)
-    body_timeout: float = attrs.field(default=20.0, metadata=_doc(
-        "Seconds a request body may take beyond one second per body_min_rate bytes, else 408."))
-    body_min_rate: int = attrs.field(default=500, metadata=_doc(
-        "Bytes per second a request body must average once body_timeout is spent."))
-    # One socket write may wait this long for a client that stopped reading; then the connection
-    # is closed. nginx's send_timeout is 60 s. A server shutdown cuts writes at the grace period.
-    write_timeout: float = attrs.field(default=60.0, metadata=_doc(
-        "Seconds one write may wait for a client that stopped reading, before the connection is closed."))
-
-
-@attrs.frozen
-class ClientTlsConfig:
-    """TLS on the client listener (``listen``), or the proxies that terminate it in front of it."""
-
-    # PEM files; both or neither. Reloaded on SIGHUP, so a renewed certificate needs no restart.
-    cert_file: str = attrs.field(default="", metadata=_doc(
-        "TLS certificate chain (PEM) for the client listener: clients use https:// (empty: plain HTTP). "
-        "Reloaded on SIGHUP."))
-    key_file: str = attrs.field(default="", metadata=_doc("The private key (PEM) of cert_file."))
-    # Only these peers' X-Forwarded-Proto is believed (anyone can send the header): a TLS proxy in
-    # front of the client listener says "https" there, and the dashboard's cookie is then Secure.
-    trusted_proxies: list[str] = attrs.field(factory=list, metadata=_doc(
-        "Addresses or networks of TLS proxies in front of the client listener whose X-Forwarded-Proto "
-        "is believed, e.g. [\"10.0.0.5\", \"10.1.0.0/16\"]."))
 
 
 @attrs.frozen
@@ -158,7 +55,7 @@ class ControlConfig:
     # The store: a SQLite file path, or postgresql://... when several control daemons share it.
     # Empty: <data_dir>/llmgw.db.
     store: str = ""
-    router: RouterConfig = RouterConfig()
+    router: RouterConfig = attrs.Factory(RouterConfig)
     endpoints: list[EndpointConfig] = attrs.Factory(list)
     agents: AgentsConfig = attrs.Factory(AgentsConfig)
     reconciler: ReconcilerConfig = attrs.Factory(ReconcilerConfig)
@@ -167,10 +64,10 @@ class ControlConfig:
     # Every node gets these engines; the default is the llama.cpp build this release is tested with.
     engines: list[EngineConfig] = attrs.Factory(lambda: [EngineConfig()])
     models: list[ModelConfig] = attrs.Factory(list)
-    monitoring: MonitoringConfig = MonitoringConfig()
-    listeners: ListenersConfig = attrs.field(factory=ListenersConfig, metadata=_doc(
+    monitoring: MonitoringConfig = attrs.Factory(MonitoringConfig)
+    listeners: ListenersConfig = attrs.field(factory=ListenersConfig, metadata=doc(
         "Limits and deadlines every listener applies to each connection (docs/security.md)."))
-    client_tls: ClientTlsConfig = attrs.field(factory=ClientTlsConfig, metadata=_doc(
+    client_tls: ClientTlsConfig = attrs.field(factory=ClientTlsConfig, metadata=doc(
         "TLS on the client listener, or the TLS proxies in front of it (docs/security.md)."))
 
 

@@ -7,16 +7,15 @@ test fails when an option has neither, so a new option cannot ship without its l
 
 from __future__ import annotations
 
-import os
 import sys
-from pathlib import Path
 from typing import Any
 
 from llmgw_shared.config import ConfigError
-from llmgw_shared.config_doc import render
+from llmgw_shared.config_doc import render, write_output
 
 from .catalog import ModelConfig, ProfileConfig, WeightsConfig
-from .config import ControlConfig, EndpointConfig, load_config
+from .config import ControlConfig, load_config
+from .gateway.config import EndpointConfig
 
 DOCS: dict[str, str] = {
     "ControlConfig.listen": "Client API address (the OpenAI endpoints), host:port; 0.0.0.0 for every address.",
@@ -170,22 +169,7 @@ def check(path: str) -> int:
 
 
 def write(text: str, output: str | None, *, force: bool) -> int:
-    if not output or output == "-":
-        sys.stdout.write(text)
-        return 0
-    path = Path(output)
-    if path.exists() and not force:
-        print(f"llmgw-control: {path} exists; pass --force to replace it", file=sys.stderr)
-        return 1
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Written whole then renamed: a daemon reading it never sees half a file.
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-    tmp.replace(path)
-    print(f"wrote {path}", file=sys.stderr)
-    return 0
+    return write_output(text, output, force=force, mode=0o640, program="llmgw-control")
 
 
 def main(output: str | None, *, force: bool, check_path: str | None) -> int:

@@ -49,6 +49,8 @@ from llmgw_shared.wire import (
 
 log = get_logger("llmgw.node.agent")
 
+# The largest frame a node accepts from control: a set_engines or start_shard is a few KiB; 16 MiB
+# (trio-websocket's default is 1 MiB) leaves room without letting a frame exhaust memory.
 MAX_FRAME = 16 << 20
 # A session shorter than this that ends twice in a row counts as a failed connect.
 QUICK_SESSION_S = 10.0
@@ -95,6 +97,8 @@ class AgentStatus:
 # exponential backoff grown to 8 s by then delays every replica on the node by as much. Past
 # the window the backoff grows as usual, so a control that stays down is not hammered.
 RECONNECT_WINDOW_S = 30.0
+# Within that window the backoff is capped here: a control failover (docs/failover.md) is found
+# within a couple of seconds.
 RECONNECT_CAP_S = 2.0
 
 

@@ -15,12 +15,14 @@ from pathlib import Path
 import httpx2
 import trio
 
+from llmgw_shared.hashing import update_from_file
 from llmgw_shared.logs import get_logger
 
 log = get_logger("llmgw.node.fetch")
 
 # (bytes so far, total or None when the server does not say)
 Progress = Callable[[int, int | None], None]
+# Bytes per read of a download: 1 MiB, so a progress report and a cancellation come every MiB.
 CHUNK = 1 << 20
 # What httpx raises for a URL it cannot even send: InvalidURL is not an HTTPError, and the URL
 # comes from the network (a release index, control), so it must end as a FetchError too.
@@ -41,15 +43,9 @@ def human_size(n: int | None) -> str:
     return f"{n / (1 << 30):.1f} GB"
 
 
-def _hash_file(path: Path, digest: hashlib._Hash) -> None:
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(CHUNK), b""):
-            digest.update(block)
-
-
 async def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
-    await trio.to_thread.run_sync(_hash_file, path, digest)
+    await trio.to_thread.run_sync(update_from_file, digest, path)
     return digest.hexdigest()
 
 
@@ -76,7 +72,7 @@ async def fetch(
         return dest
     digest = hashlib.sha256()
     if have:
-        await trio.to_thread.run_sync(_hash_file, part, digest)
+        await trio.to_thread.run_sync(update_from_file, digest, part)
     headers = {"Range": f"bytes={have}-"} if have else {}
     if have and size is not None and have == size:
         pass  # everything arrived last time; only the check and the rename are left

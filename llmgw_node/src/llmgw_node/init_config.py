@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 
 from llmgw_shared.config import ConfigError
-from llmgw_shared.config_doc import render
+from llmgw_shared.config_doc import render, write_output
 
 from .config import ConfiguredEngine, NodeConfig, load_config, parse_config
 
@@ -113,23 +113,9 @@ def build(*, control: list[str], node_id: str | None, data_dir: str | None, toke
 
 
 def write(text: str, output: str | None, *, force: bool, private: bool) -> int:
-    if not output or output == "-":
-        sys.stdout.write(text)
-        return 0
-    path = Path(output)
-    if path.exists() and not force:
-        print(f"llmgw-node: {path} exists; pass --force to replace it", file=sys.stderr)
-        return 1
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
     # A file holding a join token is readable by its owner only (the installer then hands it to
-    # the daemon's group); created with that mode, so it is never briefly world-readable.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o644)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-    tmp.replace(path)
-    print(f"wrote {path}", file=sys.stderr)
-    return 0
+    # the daemon's group).
+    return write_output(text, output, force=force, mode=0o600 if private else 0o644, program="llmgw-node")
 
 
 def main(

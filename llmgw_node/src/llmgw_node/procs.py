@@ -19,6 +19,8 @@ import attrs
 
 from llmgw_shared.wire import ShardSpec, converter
 
+# An engine's log is rotated (one old file kept) past this size: llama-server logs a few lines a
+# request, so 8 MiB holds hours of context for a failure, and a chatty engine cannot fill the disk.
 LOG_KEEP_BYTES = 8 << 20
 
 

@@ -45,6 +45,8 @@ Report = EngineStateReport | ShardStateReport
 # Reports wait here while the agent is between connections; past this, the oldest are dropped,
 # which loses nothing: the next hello or heartbeat carries the current state of everything.
 REPORT_BUFFER = 4096
+# Host facts (free RAM, disk, GPUs) are probed again this often: placement needs them to be
+# minutes fresh, not seconds, and a probe reads /proc and runs nvidia-smi.
 FACTS_INTERVAL = 60.0
 
 
@@ -69,7 +71,6 @@ class NodeService:
                                      timing=timing, on_change=self._shard_changed)
         self.fencing_token = 0
         self._nursery: trio.Nursery | None = None
-        self._facts_changed = trio.Event()
 
     # ------------------------------------------------------------------ reports
 

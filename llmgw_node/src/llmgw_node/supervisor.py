@@ -10,6 +10,9 @@ the group, then SIGKILL after a grace period. Draining waits for the engine's in
 
 Engines started by an earlier daemon are found through the state file and adopted (health
 checked, then supervised by polling ``/proc``, since they are no longer our children).
+
+About 510 lines: one shard's task (start, health, exit, restart, drain, adopt) is one state
+machine over one process, read top to bottom.
 """
 
 from __future__ import annotations
@@ -34,7 +37,11 @@ from llmgw_shared.wire import PORT_IN_USE, ShardSpec, ShardState, ShardStatus
 
 log = get_logger("llmgw.node.supervisor")
 
+# A failed start is reported with the engine's last 30 lines: enough for llama-server's reason
+# (a model it cannot load, a port in use) and its context, small enough for one frame.
 FAILURE_LINES = 30
+# Ended shards remembered for their final report: a node restarting engines all day must not
+# grow its memory with each one.
 KEEP_ENDED = 100
 
 
@@ -173,20 +180,12 @@ class Supervisor:
         shard.stop_requested.set()
         return True
 
-    async def wait_stopped(self, shard_id: str) -> None:
-        shard = self._shards.get(shard_id)
-        if shard is not None:
-            await shard.done.wait()
-
     async def stop_all(self, grace: float | None = None) -> None:
         """Stop every shard and wait for all of them (``--stop-engines``)."""
         for shard_id in list(self._shards):
             self.stop(shard_id, grace)
         for shard in list(self._shards.values()):
             await shard.done.wait()
-
-    def weights_in_use(self) -> set[str]:
-        return {s.spec.weights.sha256.lower() for s in self._shards.values() if not s.done.is_set()}
 
     # ------------------------------------------------------------------ internals
 

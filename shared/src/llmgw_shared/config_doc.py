@@ -12,8 +12,11 @@ commented example between marker lines, so the file shows their shape without de
 
 from __future__ import annotations
 
+import os
+import sys
 import typing
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -21,6 +24,11 @@ import tomli_w
 
 EXAMPLE_BEGIN = "# >>> example"
 EXAMPLE_END = "# <<< end of example"
+
+
+def doc(text: str) -> dict[str, str]:
+    """A field's metadata carrying its one-line help: ``attrs.field(default=..., metadata=doc("..."))``."""
+    return {"doc": text}
 
 
 def _hints(cls: type) -> dict[str, Any]:
@@ -200,3 +208,27 @@ def uncomment_examples(text: str) -> str:
             line = line[2:] if line.startswith("# ") else line.removeprefix("#")
         out.append(line)
     return "\n".join(out) + "\n"
+
+
+def write_output(text: str, output: str | None, *, force: bool, mode: int, program: str) -> int:
+    """``init``'s output: to stdout (no ``output``, or ``-``), or to a file created with ``mode``.
+
+    The file is written whole then renamed, so a daemon reading it never sees half a file; it is
+    created with its mode (a node's file holding a join token: 0600), so it is never briefly
+    readable by others; an existing file is replaced only with ``force``. Returns the exit code.
+    """
+    if not output or output == "-":
+        sys.stdout.write(text)
+        return 0
+    path = Path(output)
+    if path.exists() and not force:
+        print(f"{program}: {path} exists; pass --force to replace it", file=sys.stderr)
+        return 1
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    tmp.replace(path)
+    print(f"wrote {path}", file=sys.stderr)
+    return 0

@@ -2,8 +2,8 @@
 
 A control daemon holding 1,000 node connections has on the order of a million objects that live
 as long as the connections do. Python's full (generation 2) collection walks all of them, and it
-ran every few seconds under heartbeat traffic, stopping the event loop for 0.5-1 s each time
-(bench/fleet.py: /v1/models p99 of 500 ms). Moving the survivors to the permanent generation
+ran every few seconds under heartbeat traffic, stopping the event loop each time (the figures,
+from bench/fleet.py, are in docs/performance.md). Moving the survivors to the permanent generation
 (``gc.freeze``, which only moves a list) every ten seconds keeps full collections to the objects
 made since; every half hour everything is unfrozen and collected once, so reference cycles that
 died while frozen are still reclaimed, at the price of one pause per half hour instead of one
@@ -23,12 +23,10 @@ log = get_logger("llmgw.gc")
 
 # Python collects its youngest generation whenever tracked allocations outrun deallocations by
 # 700. A proxy's requests allocate a few thousand objects each and free nearly all of them by
-# reference counting a moment later, so the count crossed 700 on every small peak: at 128
-# requests in flight a young collection ran every ~10 requests, walked the suspended coroutines
-# of every request in flight (1-2 ms each) and promoted them, feeding 10 ms middle collections;
-# garbage collection was a tenth of the gateway's CPU and the reason throughput fell with
-# concurrency. At 20,000 the peaks no longer reach it: 9 young collections in 12,000 requests
-# instead of 1,443, and the garbage that only the collector frees (reference cycles) is still
+# reference counting a moment later, so the count crossed 700 on every small peak: a young
+# collection then walked the suspended coroutines of every request in flight and promoted them,
+# feeding middle collections, and throughput fell with concurrency (docs/performance.md). At
+# 20,000 the peaks no longer reach it, and the garbage that only the collector frees (reference cycles) is still
 # collected, a few megabytes at most later.
 YOUNG_GENERATION_THRESHOLD = 20_000
 

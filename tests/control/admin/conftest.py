@@ -17,10 +17,13 @@ import pytest
 import trio
 from trio_websocket import WebSocketConnection, open_websocket_url
 
-from llmgw_control.app import Fleet, Listening, Tenancy, run_control
+from llmgw_control.app import Listening, run_control
 from llmgw_control.catalog import ModelConfig
-from llmgw_control.config import ControlConfig, LeadershipConfig, validate
+from llmgw_control.config import ControlConfig, validate
 from llmgw_control.fleet.agents import AgentsConfig, token_digest
+from llmgw_control.fleet.fleet import Fleet
+from llmgw_control.fleet.leadership import LeadershipConfig
+from llmgw_control.tenancy.tenancy import Tenancy
 from llmgw_shared.config import strict_converter
 from llmgw_shared.facts import unprobed
 from llmgw_shared.wire import (
@@ -87,14 +90,13 @@ async def running_control(data_dir: Path, *, store: str = "", models: list[dict[
         listen="127.0.0.1:0", admin_listen="127.0.0.1:0", data_dir=str(data_dir), store=store, agents=agents,
         leadership=lead, shutdown_grace=1.0, **(control_settings or {}),
         models=[strict_converter().structure(m, ModelConfig) for m in models or []]))
-    fleets: list[Fleet] = []
-    tenancies: list[Tenancy] = []
     shutdown = trio.Event()
     async with trio.open_nursery() as nursery:
         listening = await nursery.start(lambda task_status: run_control(
-            config, shutdown=shutdown, task_status=task_status, fleet_status=fleets, tenancy_status=tenancies))
+            config, shutdown=shutdown, task_status=task_status))
+        assert listening.fleet is not None
         async with httpx2.AsyncClient(base_url=listening.admin_url + "/api/v1", timeout=20) as admin:
-            yield Daemon(listening, fleets[0], tenancies[0], admin)
+            yield Daemon(listening, listening.fleet, listening.tenancy, admin)
         shutdown.set()
 
 

@@ -10,8 +10,8 @@ import httpx2
 import pytest
 import trio
 
-from llmgw_control.fleet.agents import Role
 from llmgw_control.fleet.agents import token_digest as join_digest
+from llmgw_control.store import Role
 from llmgw_shared.wire import StartShard, converter
 
 from .conftest import PROVENANCE, Daemon, FakeNode, fake_node, model_doc, running_control, wait_until

@@ -8,10 +8,10 @@ from typing import Any
 import attrs
 from prometheus_client import CollectorRegistry
 
+from llmgw_control.catalog import Claim
 from llmgw_control.fleet.inventory import Inventory, Liveness, NodeRecord
-from llmgw_control.fleet.plan import Claim
+from llmgw_control.fleet.metrics import register_fleet_metrics
 from llmgw_control.fleet.reconciler import ReconcilerConfig, ShardRecord
-from llmgw_control.fleet_metrics import register_fleet_metrics
 from llmgw_shared.facts import GpuFacts, unprobed
 from llmgw_shared.wire import EngineState
 

@@ -10,13 +10,13 @@ import pytest
 import trio
 from control.tenancy.support import FakeClock, Tenancy, bearer, make_tenancy, make_tree
 
-from llmgw_control.router.errors import ApiError
+from llmgw_control.api_errors import ClientApiError
 from llmgw_control.store import Quota
 from llmgw_control.tenancy import OpenAdmission, OpenTicket, UsageAccumulator
 
 
-def _refused(tenancy: Tenancy, auth: str | None, model: str = "m", tokens: int = 10) -> ApiError:
-    with pytest.raises(ApiError) as info:
+def _refused(tenancy: Tenancy, auth: str | None, model: str = "m", tokens: int = 10) -> ClientApiError:
+    with pytest.raises(ClientApiError) as info:
         tenancy.admission.admit(auth, model, estimated_tokens=tokens)
     return info.value
 
@@ -200,7 +200,7 @@ async def test_revocation_reaches_another_daemon_within_a_poll(db_path: Path, cl
             b.admission.admit(bearer(key.secret), "m", estimated_tokens=1).release()
             await a.service.revoke_key(key.key.id)
             # The daemon that revoked refuses at once...
-            with pytest.raises(ApiError):
+            with pytest.raises(ClientApiError):
                 a.admission.admit(bearer(key.secret), "m", estimated_tokens=1)
             # ...and the other within one poll (well under the one second promised).
             started = trio.current_time()
@@ -208,7 +208,7 @@ async def test_revocation_reaches_another_daemon_within_a_poll(db_path: Path, cl
                 while True:
                     try:
                         b.admission.admit(bearer(key.secret), "m", estimated_tokens=1).release()
-                    except ApiError as error:
+                    except ClientApiError as error:
                         assert error.code == "api_key_revoked"
                         break
                     await trio.sleep(0.005)

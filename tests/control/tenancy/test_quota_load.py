@@ -18,7 +18,7 @@ import attrs
 import trio
 from control.tenancy.support import FakeClock, Tenancy, bearer, make_tree
 
-from llmgw_control.router.errors import ApiError
+from llmgw_control.api_errors import ClientApiError
 from llmgw_control.store import Quota
 
 QUOTAS = {
@@ -65,7 +65,7 @@ async def _worker(
         estimated = rng.randint(50, 400)
         try:
             ticket = tenancy.admission.admit(auth, "m", estimated_tokens=estimated)
-        except ApiError as error:
+        except ClientApiError as error:
             assert error.status == 429, error
             limit = error.message.split(" on ")[-1].split(":")[0]
             truth.refusals[limit] += 1

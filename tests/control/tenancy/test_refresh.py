@@ -10,7 +10,7 @@ import pytest
 import trio
 from control.tenancy.support import SECRET, FakeClock, bearer, make_tenancy, make_tree
 
-from llmgw_control.router.errors import ApiError
+from llmgw_control.api_errors import ClientApiError
 from llmgw_control.store import Revisions, SqliteStore, Store, StoreUnavailable
 from llmgw_control.tenancy import KeyDigester, TenancyAdmission, TenancyService, TenancyState, UsageAccumulator
 
@@ -56,7 +56,7 @@ async def test_outage_keeps_serving_and_logs_once(
                 while True:
                     try:
                         admission.admit(bearer(key.secret), "m", estimated_tokens=1).release()
-                    except ApiError:
+                    except ClientApiError:
                         break
                     await trio.sleep(0.01)
             nursery.cancel_scope.cancel()
@@ -82,7 +82,7 @@ async def test_run_returns_only_once_loaded(db_path: Path, clock: FakeClock, aut
             nursery.start_soon(start)
             await trio.sleep(5)
             assert not state.loaded
-            with pytest.raises(ApiError) as info:
+            with pytest.raises(ClientApiError) as info:
                 admission.admit(None, "m", estimated_tokens=1)
             assert info.value.status == 503  # never "open" because the store is down
             flaky.down = False

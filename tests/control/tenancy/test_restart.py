@@ -14,7 +14,7 @@ import pytest
 import trio
 from control.tenancy.support import FakeClock, Tenancy, bearer, make_tenancy, make_tree
 
-from llmgw_control.router.errors import ApiError
+from llmgw_control.api_errors import ClientApiError
 from llmgw_control.store import Quota
 from llmgw_control.tenancy import UsageFlusher
 
@@ -57,7 +57,7 @@ async def test_tokens_per_day_hold_after_a_restart(db_path: Path, clock: FakeClo
     t, project = await _second_life(db_path, clock)
     try:
         auth = await _new_key(t, project)
-        with pytest.raises(ApiError) as info:
+        with pytest.raises(ClientApiError) as info:
             t.admission.admit(auth, "m", estimated_tokens=101)
         assert "tokens per day" in info.value.message and "in use 900" in info.value.message
         # Retry-After points at UTC midnight (10:30 + 3 h → 13:30: 10.5 h to go).
@@ -76,7 +76,7 @@ async def test_minute_windows_get_an_estimate_that_ages_out(db_path: Path) -> No
     t, project = await _second_life(db_path, clock)
     try:
         auth = await _new_key(t, project)
-        with pytest.raises(ApiError) as info:
+        with pytest.raises(ClientApiError) as info:
             t.admission.admit(auth, "m", estimated_tokens=200)
         assert "tokens per minute" in info.value.message
         # The estimate is spread over the past minute, so room comes back bit by bit.
@@ -129,10 +129,10 @@ async def test_keys_and_quotas_survive_a_restart(db_path: Path, clock: FakeClock
     t = await make_tenancy(db_path, clock)
     try:
         held = t.admission.admit(bearer(key.secret), "m", estimated_tokens=1)
-        with pytest.raises(ApiError) as info:
+        with pytest.raises(ClientApiError) as info:
             t.admission.admit(bearer(key.secret), "m", estimated_tokens=1)
         assert info.value.status == 429
-        with pytest.raises(ApiError) as info:
+        with pytest.raises(ClientApiError) as info:
             t.admission.admit(bearer(key.secret), "n", estimated_tokens=1)
         assert info.value.status == 403
         held.settle(1, 1)

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 from control.tenancy.support import FakeClock, Tenancy, bearer, make_tree
 
-from llmgw_control.router.errors import ApiError
+from llmgw_control.api_errors import ClientApiError
 from llmgw_control.store import Conflict, InvalidInput, NotFound, Quota
 from llmgw_control.tenancy import parse_quota
 
@@ -70,13 +70,13 @@ async def test_update_key_changes_what_admission_checks(tenancy: Tenancy, clock:
     auth = bearer(created.secret)
     tenancy.admission.admit(auth, "big", estimated_tokens=1).release()
     await tenancy.service.update_key(created.key.id, models=["small"])
-    with pytest.raises(ApiError) as info:
+    with pytest.raises(ClientApiError) as info:
         tenancy.admission.admit(auth, "big", estimated_tokens=1)
     assert info.value.status == 403
     await tenancy.service.update_key(created.key.id, expires_at=datetime.fromtimestamp(clock() + 5, UTC))
     tenancy.admission.admit(auth, "small", estimated_tokens=1).release()
     clock.advance(5)
-    with pytest.raises(ApiError) as info:
+    with pytest.raises(ClientApiError) as info:
         tenancy.admission.admit(auth, "small", estimated_tokens=1)
     assert info.value.code == "api_key_expired"
 
@@ -109,7 +109,7 @@ async def test_moving_a_group_changes_which_quotas_apply(tenancy: Tenancy) -> No
     held = tenancy.admission.admit(bearer(key.secret), "m", estimated_tokens=10)
     await tenancy.service.update_group(tree.project, parent_id=tree.other_team)
     assert tenancy.state.tree.path(tree.project) == "org/other-team/project"
-    with pytest.raises(ApiError) as info:
+    with pytest.raises(ClientApiError) as info:
         tenancy.admission.admit(bearer(key.secret), "m", estimated_tokens=10)
     assert "org/other-team" in info.value.message
     # The request admitted before the move settles against the chain it reserved in.

@@ -21,9 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from llmgw_shared.config import ConfigError, parse_host_port
 
-from ..asgi import Receive, Scope, Send
-from ..router.errors import ApiError as ClientApiError
-from .api.core import error_json
+from ..api_errors import ClientApiError, admin_error_json
+from ..transport.asgi import Receive, Scope, Send
 
 if TYPE_CHECKING:
     from ..tenancy.state import TenancyState
@@ -102,7 +101,7 @@ async def _refuse(scope: Scope, send: Send, message: str) -> None:
     if scope["type"] == "websocket":
         await send({"type": "websocket.close", "code": 1008})
         return
-    body = error_json("admin_key_required", f"{message} This admin listener needs an admin key on every request: "
+    body = admin_error_json("admin_key_required", f"{message} This admin listener needs an admin key on every request: "
                       "send 'Authorization: Bearer <admin key>'.")
     await send({"type": "http.response.start", "status": 401, "headers": [
         (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),

@@ -9,12 +9,14 @@ from quart import Response, jsonify
 from quart_trio import QuartTrio
 
 from ..byte_ranges import StrictRangeResponse
-from .api import ApiContext, ModelService, build_api
+from ..catalog.service import ModelService
+from .api import ApiContext, build_api
 from .api.core import error_body
 from .onboarding_views import register_onboarding_views
 
 if TYPE_CHECKING:
-    from ..app import Fleet, Tenancy
+    from ..fleet.fleet import Fleet
+    from ..tenancy.tenancy import Tenancy
 
 
 def _metrics_response(registry: CollectorRegistry) -> Response:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..catalog import Resolved
+from ..catalog import Claim, Resolved
 from ..fleet.inventory import NodeRecord
-from ..fleet.plan import Claim
 from ..store import NodeIdentity
 from .api.schemas import (
     ClaimView,
@@ -20,7 +19,7 @@ from .api.schemas import (
 )
 
 if TYPE_CHECKING:
-    from ..app import Fleet
+    from ..fleet.fleet import Fleet
 
 
 def node_view(fleet: Fleet, node: NodeRecord, now: float) -> NodeView:

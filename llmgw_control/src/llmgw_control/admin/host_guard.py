@@ -19,7 +19,7 @@ import ipaddress
 from collections.abc import Iterable
 from typing import Any
 
-from ..asgi import Receive, Scope, Send
+from ..transport.asgi import Receive, Scope, Send
 from .api.core import send_error
 
 OPEN_PATHS = frozenset({"/metrics", "/healthz"})

@@ -18,8 +18,9 @@ from quart_trio import QuartTrio
 
 from llmgw_shared.names import NODE_ID, NODE_ID_RULE
 
-from ..onboarding import Onboarding, OnboardingError
-from .api.core import Api, ApiError, Call, conflict
+from ..api_errors import AdminApiError, conflict
+from ..fleet.onboarding import Onboarding, OnboardingError
+from .api.core import Api, Call
 
 _LABEL = {"minLength": 1, "maxLength": 200}
 
@@ -59,7 +60,7 @@ def register_onboarding_views(app: QuartTrio, fleet: Any) -> None:
         try:
             created = await onboarding.create(body.name, body.labels)
         except ValueError as exc:
-            raise ApiError(400, "invalid_request", str(exc), "name") from None
+            raise AdminApiError(400, "invalid_request", str(exc), "name") from None
         except OnboardingError as exc:
             raise conflict(str(exc), code="onboarding_unavailable") from None
         return AddedNode(created.node_id, created.join_token, created.install_command)

@@ -45,6 +45,7 @@ from llmgw_shared.wire import (
     encode,
 )
 
+from ..store.keeper import Role
 from .inventory import Inventory, NodeRecord
 
 if TYPE_CHECKING:
@@ -52,6 +53,9 @@ if TYPE_CHECKING:
 
 log = get_logger("llmgw.agents")
 
+# Malformed frames in a row that end a connection: one bad frame is answered with an error frame
+# naming the field (a node of another version may send one), five in a row is a node that is not
+# speaking the protocol, and reading more from it only costs control.
 _MAX_BAD_FRAMES = 5
 
 
@@ -83,11 +87,22 @@ class AgentsConfig:
     tls_cert_file: str = ""
     tls_key_file: str = ""
     tls_client_ca_file: str = ""
+    # Control's heartbeat to each node; a node sends its own as often: a hung node (which sends no
+    # FIN) is seen within unreachable_after, at a dozen small frames a minute per node.
     heartbeat_interval: float = 5.0
+    # A node silent this long takes no new traffic (three missed heartbeats, so one late frame on
+    # a busy link is not an outage); silent lost_after, its replicas are placed elsewhere (a
+    # minute: long enough for a node daemon's restart, which keeps its engines, to not move them).
     unreachable_after: float = 15.0
     lost_after: float = 60.0
+    # The first frame (hello) must arrive this long after the WebSocket opens: a connection that
+    # says nothing holds no session; a node sends its hello at once.
     hello_timeout: float = 10.0
+    # The largest frame a node may send: a hello of a node with hundreds of shards and engines is
+    # a few tens of KiB; trio-websocket's own default is 1 MiB.
     max_frame_bytes: int = 1024 * 1024
+    # Commands queued for one node before it counts as not reading them and is disconnected: a
+    # pass sends a handful per node, so a thousand is a node that stopped reading, not a burst.
     command_queue: int = 1000
     # A node acknowledges a command as soon as it reads it (the work goes on in the background),
     # so an ack missing this long means the node is not processing what it is sent: its start
@@ -100,12 +115,14 @@ def token_digest(token: str) -> str:
     return "sha256:" + hashlib.sha256(token.encode()).hexdigest()
 
 
-@attrs.define
-class Role:
-    """Whether this control daemon may accept nodes (the leader) or must send them on."""
+class Outcomes(Protocol):
+    """What the service reports to (``reconciler.Reconciler``): changes, and commands' fates."""
 
-    leader: bool = True
-    leader_address: str = ""
+    fencing_token: int
+
+    def wake(self) -> None: ...
+    def command_failed(self, node_id: str, command: Command, reason: str) -> None: ...
+    def command_unsent(self, node_id: str, command: Command) -> None: ...
 
 
 class _Session:
@@ -129,7 +146,7 @@ class AgentService:
         config: AgentsConfig,
         token_digests: set[str],
         engines: Callable[[], list[EngineSpec]],
-        on_change: Callable[[], None],
+        on_change: Callable[[], None] = lambda: None,
         on_command_failed: Callable[[str, Command, str], None] | None = None,
         on_command_unsent: Callable[[str, Command], None] | None = None,
         role: Role | None = None,
@@ -150,13 +167,22 @@ class AgentService:
         # Told of every command that never left control because its node's connection ended
         # first (the node cannot have it); see Reconciler.command_unsent.
         self.on_command_unsent = on_command_unsent
-        self.role = role or Role()
+        # Whether this daemon may accept nodes (the leader) or must send them on (``leadership``).
+        self.role = role or Role(leader=True)
         self.clock = clock
         self.sessions: dict[str, _Session] = {}
         self._closed = trio.Event()
         if config.open_fleet:
             log.warning("agents.open_fleet is on: any node id joins with any token, is placed on and sent "
                         "prompts; only for a network where everyone who can reach the agent listener is trusted")
+
+    def report_to(self, reconciler: Outcomes) -> None:
+        """Tell ``reconciler`` of every change and of every command's fate, and fence commands with
+        its lease epoch. It is built over this service (its dispatcher), so it is named here after."""
+        self.on_change = reconciler.wake
+        self.on_command_failed = reconciler.command_failed
+        self.on_command_unsent = reconciler.command_unsent
+        self.fencing_token = lambda: reconciler.fencing_token
 
     # ------------------------------------------------------------------ the Dispatcher
 
@@ -247,7 +273,7 @@ class AgentService:
                                 f"this control speaks {PROTOCOL_VERSION}")
             elif not self.role.leader:
                 await socket.send(encode(Refuse(
-                    f"standby, leader is {self.role.leader_address or 'unknown'}", self.role.leader_address)))
+                    f"standby, leader is {self.role.leader_address or 'unknown'}", self.role.leader_address or "")))
                 log.info("refused node %s: this control is a standby", msg.node_id)
                 # The node closes as soon as it reads the refusal and hypercorn may be answering that
                 # close while we send ours (BusyResourceError): the refusal is delivered, the close

@@ -15,8 +15,6 @@ link to where the weights live (``models -> /data/models``): the operator chose 
 
 from __future__ import annotations
 
-import hashlib
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -24,6 +22,7 @@ from typing import Any
 import attrs
 import trio
 
+from llmgw_shared.hashing import file_sha256
 from llmgw_shared.names import BadName, check_engine_name, check_version
 
 from ..catalog import EngineConfig
@@ -55,7 +54,7 @@ class FileServer:
         cached = self._digests.get(path)
         if cached and cached.size == stat.st_size and cached.mtime_ns == stat.st_mtime_ns:
             return cached.sha256
-        digest = await trio.to_thread.run_sync(_hash_file, path)
+        digest = await trio.to_thread.run_sync(file_sha256, path)
         self._digests[path] = _Digest(stat.st_size, stat.st_mtime_ns, digest)
         return digest
 
@@ -138,14 +137,3 @@ def _tag(archive: Path) -> str | None:
     match = _ARCHIVE.fullmatch(archive.name)
     return match["tag"] if match else None
 
-
-def _hash_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def url_for_model_file(public_url: str, name: str) -> str:
-    return f"{public_url.rstrip('/')}/files/models/{os.path.basename(name)}"

@@ -19,9 +19,9 @@ from quart import Response, abort, jsonify, request, send_file, websocket
 from quart_trio import QuartTrio
 
 from ..byte_ranges import StrictRangeResponse
-from ..onboarding import Onboarding, register_install_routes
 from .agents import AgentService
 from .files import FileServer
+from .onboarding import Onboarding, register_install_routes
 from .tls import Identities
 
 

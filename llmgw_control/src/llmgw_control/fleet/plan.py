@@ -13,15 +13,10 @@ import attrs
 
 from llmgw_shared.wire import EngineState
 
+from ..catalog import Claim
 from .lifecycle import TERMINAL, Status
 
 READY_ENGINE = ("installed", "configured")
-
-
-@attrs.frozen
-class Claim:
-    ram_mib: int
-    vram_mib: int = 0
 
 
 @attrs.frozen
@@ -36,7 +31,7 @@ class Demand:
 
 
 @attrs.frozen
-class NodeView:
+class PlanNode:
     node_id: str
     # ready | disconnected | unreachable | lost
     state: str
@@ -126,7 +121,7 @@ def _labels_match(required: dict[str, str], labels: dict[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in required.items())
 
 
-def _free_port(node: NodeView, used: set[int], limits: PlanLimits) -> int | None:
+def _free_port(node: PlanNode, used: set[int], limits: PlanLimits) -> int | None:
     for port in range(limits.port_min, limits.port_max + 1):
         if port not in used and port not in node.busy_ports:
             return port
@@ -135,7 +130,7 @@ def _free_port(node: NodeView, used: set[int], limits: PlanLimits) -> int | None
 
 def plan(
     demands: Iterable[Demand],
-    nodes: Iterable[NodeView],
+    nodes: Iterable[PlanNode],
     assignments: Iterable[Assignment],
     *,
     backoff: dict[tuple[str, str], tuple[float, str]],
@@ -216,7 +211,7 @@ def plan(
 
 def _choose_node(
     demand: Demand,
-    nodes: list[NodeView],
+    nodes: list[PlanNode],
     spread: dict[tuple[str, str], int],
     free_ram: dict[str, int],
     free_vram: dict[str, int],
@@ -226,7 +221,7 @@ def _choose_node(
     """The best node for one more replica, or None and the reason nothing fits."""
     name, version = demand.engine
     reasons: list[str] = []
-    candidates: list[NodeView] = []
+    candidates: list[PlanNode] = []
     required = demand.labels
     for node in nodes:
         if required and not _labels_match(required, node.labels):

@@ -6,27 +6,23 @@ through a ``Dispatcher`` (which only queues commands: a pass never waits on the 
 publishes the replicas that are ready to the router, withdrawing the ones that stopped being
 ready before new requests reach them.
 
-Shard API keys are derived from a control secret and the shard id (HMAC), so after a control
-restart the router can talk to the engines it adopts without the nodes ever sending a key back.
-Shard ids carry a tag (an HMAC of the profile key, a nonce and the node id), so a node can only
-get a shard adopted that control minted for that very node, and the profile it belongs to is
-found from the tag, not from a slug two profiles could share.
+Shard ids and API keys are ``shard_ids.py``'s; the records of what runs where, the config and
+the dispatcher interface are ``shards.py``'s.
 
 What a node reports is the truth about its shards: its hello lists every shard it has, so a
 shard control placed there that the hello does not list is forgotten at once (and replaced if
 it should run), whatever state control last saw it in.
+
+This module is the loop and its pass, about 600 lines: the steps of one pass (absorb reports,
+adopt, expire, demand, plan, apply, publish) read and change the same records in one order, and
+apart they would each need the whole reconciler passed in.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import re
-import secrets
 from collections.abc import Callable
-from typing import Protocol
 
-import attrs
 import trio
 
 from llmgw_shared.logs import get_logger
@@ -41,12 +37,14 @@ from llmgw_shared.wire import (
     WeightsSpec,
 )
 
-from ..catalog import Catalog, Resolved, replica_slots
-from ..router.replicas import Replica, ReplicaSet
+from ..catalog import Catalog, Claim, Resolved, replica_slots
+from ..gateway.replicas import Replica, ReplicaSet
 from . import lifecycle
 from .inventory import Inventory, Liveness, NodeRecord
 from .lifecycle import HOLDING, TERMINAL, Status
-from .plan import Assignment, Claim, Demand, Drain, Forget, NodeView, PlanLimits, Start, Stop, plan
+from .plan import Demand, Drain, Forget, PlanLimits, PlanNode, Start, Stop, plan
+from .shard_ids import ShardIds
+from .shards import Dispatcher, ReconcilerConfig, ShardRecord
 from .token_bucket import TokenBucket
 
 log = get_logger("llmgw.reconciler")
@@ -54,78 +52,6 @@ log = get_logger("llmgw.reconciler")
 # Seconds a forgotten replica must have been idle before its metric series are removed (see
 # ``_sweep_retired``); one or two passes.
 _SERIES_GRACE = 2.0
-
-
-class Dispatcher(Protocol):
-    def send(self, node_id: str, command: Command) -> bool:
-        """Queue a command for a node; False when the node is not connected."""
-        ...
-
-
-@attrs.frozen
-class ReconcilerConfig:
-    interval: float = 2.0
-    port_min: int = 20000
-    port_max: int = 20999
-    backoff_base: float = 5.0
-    backoff_cap: float = 300.0
-    # Moving replicas off lost nodes: a burst, then this many per minute.
-    reschedule_burst: int = 10
-    reschedules_per_minute: float = 10.0
-    # RAM kept free on every node for the OS and the node daemon.
-    reserved_ram_mib: int = 512
-    # Seconds every slot of a model must stay busy, with nothing queued, before that counts as
-    # demand for another replica (queued requests count at once). A model at exactly its
-    # capacity serves, but the next request will wait; a moment at capacity is not demand.
-    # Ten seconds: Knative's panic window (6 s), in which it scales on a burst, plus a pass.
-    saturated_after: float = 10.0
-    # A start_shard the node has not reported on after this long is failed with that reason (the
-    # node acknowledged it and then said nothing): nothing waits in "assigned" forever. A node
-    # reports a new shard within a heartbeat (5 s); a minute allows for a congested node.
-    assigned_timeout: float = 60.0
-    # A lost node is forgotten (gone from /api/v1/nodes and /metrics, its records dropped) after
-    # this long without a word: a day, as Nomad's node_gc_threshold (24h), so an operator and the
-    # alerts see it lost first, and a fleet of short-lived nodes does not grow control's memory.
-    forget_nodes_after: float = 86400.0
-
-
-@attrs.define
-class ShardRecord:
-    shard_id: str
-    key: str
-    node_id: str
-    port: int
-    claim: Claim
-    status: Status = Status.ASSIGNED
-    detail: str = ""
-    draining: bool = False
-    ready_since: float | None = None
-    created_at: float = 0.0
-    # Where the router reaches it: the node's address when control placed (or adopted) it. A
-    # later hello cannot move a replica, and its bearer key, to another address.
-    address: str = ""
-
-    def as_assignment(self, last_used: float) -> Assignment:
-        return Assignment(self.shard_id, self.key, self.node_id, self.port, self.claim, self.status,
-                          self.detail, self.draining, last_used)
-
-    def move(self, status: Status, detail: str | None = None) -> None:
-        """A transition control makes (or applies from a report it checked): the table decides."""
-        self.status = lifecycle.check(self.shard_id, self.status, status)
-        if detail is not None:
-            self.detail = detail
-
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-_NONCE = re.compile(r"[0-9a-f]{8}")
-_TAG = re.compile(r"[0-9a-f]{16}")
-# The human-readable head of a shard id; the node accepts ids of up to 128 characters and the
-# nonce and tag take 26 of them.
-_SLUG_CHARS = 96
-
-
-def _slug(key: str) -> str:
-    return _UNSAFE.sub("-", key)[:_SLUG_CHARS]
 
 
 class Reconciler:
@@ -139,7 +65,7 @@ class Reconciler:
         *,
         secret: bytes,
         claims: dict[str, Claim],
-        config: ReconcilerConfig = ReconcilerConfig(),
+        config: ReconcilerConfig = ReconcilerConfig(),  # noqa: B008 -- frozen: one shared default is safe
         clock: Callable[[], float] = trio.current_time,
     ) -> None:
         self.catalog = catalog
@@ -150,7 +76,7 @@ class Reconciler:
         self.config = config
         self.claims = claims
         self.clock = clock
-        self._secret = secret
+        self.ids = ShardIds(secret)
         self.shards: dict[str, ShardRecord] = {}
         self.backoff: dict[tuple[str, str], tuple[float, str]] = {}
         self.failures: dict[tuple[str, str], int] = {}
@@ -193,35 +119,14 @@ class Reconciler:
         self._wake.set()
 
     def shard_api_key(self, shard_id: str) -> str:
-        return hmac.new(self._secret, shard_id.encode(), hashlib.sha256).hexdigest()[:48]
+        return self.ids.api_key(shard_id)
 
     def new_shard_id(self, key: str, node_id: str) -> str:
-        """``<slug of the key>-<nonce>-<tag>``: the tag binds the id to its profile and its node."""
-        nonce = secrets.token_hex(4)
-        return f"{_slug(key)}-{nonce}-{self._id_tag(key, nonce, node_id)}"
-
-    def _id_tag(self, key: str, nonce: str, node_id: str) -> str:
-        # "shard-id" and the NUL separators keep this apart from the API keys (an HMAC of the id,
-        # which cannot contain a NUL) and make (key, nonce, node) unambiguous.
-        message = f"shard-id\0{key}\0{nonce}\0{node_id}".encode()
-        return hmac.new(self._secret, message, hashlib.sha256).hexdigest()[:16]
+        return self.ids.new(key, node_id)
 
     def adoption_key(self, shard_id: str, node_id: str) -> str | None:
-        """The profile key control minted ``shard_id`` for on ``node_id``; None when it did not.
-
-        A node cannot forge an id (the tag needs the cluster secret) or borrow one minted for
-        another node, and two profiles whose names slug alike (model ``a`` profile ``b-c``, model
-        ``a-b`` profile ``c``) are told apart by the tag.
-        """
-        stem, _, rest = shard_id.rpartition("-")
-        stem, _, nonce = stem.rpartition("-")
-        tag = rest
-        if not stem or not _NONCE.fullmatch(nonce) or not _TAG.fullmatch(tag):
-            return None
-        for resolved in self.catalog.all_profiles():
-            if _slug(resolved.key) == stem and hmac.compare_digest(tag, self._id_tag(resolved.key, nonce, node_id)):
-                return resolved.key
-        return None
+        """The profile key control minted ``shard_id`` for on ``node_id``; None when it did not."""
+        return self.ids.minted_for(shard_id, node_id, [r.key for r in self.catalog.all_profiles()])
 
     def status(self, key: str) -> str:
         """Why ``key`` has no ready replica, in the operator's words."""
@@ -564,13 +469,13 @@ class Reconciler:
         self._demands_at = now
         return demands
 
-    def _node_views(self, now: float) -> list[NodeView]:
+    def _node_views(self, now: float) -> list[PlanNode]:
         views = []
         for node in self.inventory:
             facts = node.facts
             busy_ports = frozenset({s.port for s in node.shards.values() if s.status not in ("stopped", "failed")}
                                    | self.busy_ports.get(node.node_id, set()))
-            views.append(NodeView(
+            views.append(PlanNode(
                 node.node_id, self.liveness.state(node, now), self.is_cordoned(node.node_id), node.labels,
                 dict(node.engines),
                 max(0, facts.ram_total_mib - self.config.reserved_ram_mib),

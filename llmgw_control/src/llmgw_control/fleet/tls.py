@@ -18,31 +18,21 @@ from typing import Any
 
 import trio
 
-from llmgw_shared.config import ConfigError, parse_host_port
+from llmgw_shared.config import parse_host_port
 from llmgw_shared.logs import get_logger
 
-from ..config import ListenersConfig
-from ..http_connection import PEER_GONE, ErrorBody, Listener, log_connection_failure
-from ..serving import openai_error_body, refuse_connection
+from ..api_errors import openai_error_body
+from ..transport.config import ListenersConfig
+from ..transport.listener import PEER_GONE, ErrorBody, Listener, log_connection_failure
+from ..transport.serving import refuse_connection
 
 log = get_logger("llmgw.agents.tls")
 
+# A node's TLS handshake must finish this long after its connect: a node's own connect timeout is
+# 10 s, and a peer that never finishes one holds no connection longer.
 _HANDSHAKE_TIMEOUT = 10.0
+# Bytes relayed per read, each way: 64 KiB, the read size of the listeners behind (MAX_RECV).
 _CHUNK = 64 * 1024
-
-
-def server_context(cert_file: str, key_file: str, client_ca_file: str, *, what: str = "agents TLS") -> ssl.SSLContext:
-    """A server's TLS context from PEM files (TLS 1.2 or later); ``ConfigError`` naming ``what`` if they do not load."""
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    try:
-        context.load_cert_chain(cert_file, key_file)
-        if client_ca_file:
-            context.load_verify_locations(client_ca_file)
-            context.verify_mode = ssl.CERT_REQUIRED
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"{what}: cannot load the certificate files: {exc}") from None
-    return context
 
 
 def node_id_of(certificate: dict[str, Any]) -> str | None:
@@ -124,21 +114,26 @@ async def _relay(stream: trio.SocketStream, context: ssl.SSLContext, backend_por
         await trio.aclose_forcefully(tls)
 
 
-async def serve_tls_front(
-    address: str, backend_port: int, context: ssl.SSLContext, identities: Identities, *,
-    shutdown: trio.Event, limits: ListenersConfig | None = None, error_body: ErrorBody = openai_error_body,
-    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    """The agent listener's TLS front, bounded and timed as ``limits`` says (``[listeners]``)."""
+async def bind_tls_front(address: str) -> tuple[list[trio.SocketListener], str]:
+    """The TLS front's listening sockets on ``address`` and their https URL, before it serves."""
     host, port = parse_host_port(address, what="agents.listen")
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound = listeners[0].socket.getsockname()
-    url = f"https://{host}:{bound[1]}"
+    return listeners, f"https://{host}:{bound[1]}"
+
+
+async def serve_tls_front(
+    listeners: list[trio.SocketListener], url: str, backend_port: int, context: ssl.SSLContext,
+    identities: Identities, *, shutdown: trio.Event, limits: ListenersConfig | None = None,
+    error_body: ErrorBody = openai_error_body, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """The agent listener's TLS front on ``listeners`` (``bind_tls_front``), bounded and timed as
+    ``limits`` says (``[listeners]``)."""
     log.info("agents (TLS%s) listening on %s", ", client certificates required" if identities.mutual else "", url)
     front = Listener("agents (TLS)", limits or ListenersConfig(), error_body)
 
     async def handle(stream: trio.SocketStream) -> None:
-        # Isolated like every connection (http_connection.py): what one raises ends it alone.
+        # Isolated like every connection (transport/connection.py): what one raises ends it alone.
         # Bounded like every listener: beyond max_connections, a 503 and the close.
         if front.count >= front.limits.max_connections:
             await refuse_connection(stream, front, lambda: context)

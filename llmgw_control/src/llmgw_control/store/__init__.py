@@ -4,6 +4,7 @@ Use ``open_store(url_or_path)`` (or ``connect_store``) to get a ``Store``; run a
 ``LeaseKeeper`` over ``store.lease`` to learn whether this daemon leads. See docs/store.md.
 """
 
+from .cluster_secrets import KEY_DIGEST_SECRET, SHARD_KEY_SECRET, cluster_secret
 from .convert import UNSET, Unset
 from .errors import (
     Conflict,
@@ -32,12 +33,15 @@ from .records import (
     Quota,
     Revisions,
     Usage,
+    UsageQuery,
     UsageTotals,
 )
 from .sqlstore import PostgresStore, SqliteStore, SqlStore, connect_store, is_postgres_url, open_store
 
 __all__ = [
+    "KEY_DIGEST_SECRET",
     "MIGRATIONS",
+    "SHARD_KEY_SECRET",
     "STANDBY",
     "UNSET",
     "ApiKey",
@@ -70,7 +74,9 @@ __all__ = [
     "StoreUnavailable",
     "Unset",
     "Usage",
+    "UsageQuery",
     "UsageTotals",
+    "cluster_secret",
     "connect_store",
     "is_postgres_url",
     "latest_version",

@@ -17,6 +17,8 @@ from ..priority import PRIORITY_NAMES
 from .errors import InvalidInput
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# The longest name the store takes (groups, keys, models): more than any label an operator types,
+# and short enough to show in a table or a log line whole.
 MAX_NAME = 200
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import Any, Protocol, Self, Unpack
 
 from .convert import Unset
 from .lease import Lease
@@ -29,6 +29,7 @@ from .records import (
     Quota,
     Revisions,
     Usage,
+    UsageQuery,
     UsageTotals,
 )
 
@@ -128,26 +129,8 @@ class Store(Protocol):
 
     # usage
     async def add_usage(self, deltas: Sequence[Usage]) -> None: ...
-    async def query_usage(
-        self,
-        *,
-        group_id: str | None = None,
-        include_descendants: bool = False,
-        key_id: str | None = None,
-        model: str | None = None,
-        since: datetime | None = None,
-        until: datetime | None = None,
-    ) -> list[Usage]: ...
-    async def usage_totals(
-        self,
-        *,
-        group_id: str | None = None,
-        include_descendants: bool = False,
-        key_id: str | None = None,
-        model: str | None = None,
-        since: datetime | None = None,
-        until: datetime | None = None,
-    ) -> UsageTotals: ...
+    async def query_usage(self, **query: Unpack[UsageQuery]) -> list[Usage]: ...
+    async def usage_totals(self, **query: Unpack[UsageQuery]) -> UsageTotals: ...
 
     # capacity records (benchmark results)
     async def add_capacity(

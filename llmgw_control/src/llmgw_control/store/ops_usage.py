@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from typing import Unpack
 
 from . import convert as cv
 from .backend import Row, Tx
 from .errors import InvalidInput
 from .ops_base import OpsBase
 from .ops_groups import SUBTREE_CTE
-from .records import Usage, UsageTotals
+from .records import Usage, UsageQuery, UsageTotals
 
 _HOUR_US = 3600 * 1_000_000
 _COUNTS = "requests, prompt_tokens, completion_tokens"
@@ -73,14 +73,10 @@ class UsageOps(OpsBase):
         await self._write(add)
 
     @staticmethod
-    def _filters(
-        group_id: str | None,
-        include_descendants: bool,
-        key_id: str | None,
-        model: str | None,
-        since: datetime | None,
-        until: datetime | None,
-    ) -> tuple[str, str, list[object]]:
+    def _filters(query: UsageQuery) -> tuple[str, str, list[object]]:
+        group_id, key_id, model = query.get("group_id"), query.get("key_id"), query.get("model")
+        since, until = query.get("since"), query.get("until")
+        include_descendants = query.get("include_descendants", False)
         cte = ""
         where: list[str] = []
         params: list[object] = []
@@ -108,21 +104,12 @@ class UsageOps(OpsBase):
             params.append(cv.to_us("until", until))
         return cte, (" WHERE " + " AND ".join(where)) if where else "", params
 
-    async def query_usage(
-        self,
-        *,
-        group_id: str | None = None,
-        include_descendants: bool = False,
-        key_id: str | None = None,
-        model: str | None = None,
-        since: datetime | None = None,
-        until: datetime | None = None,
-    ) -> list[Usage]:
+    async def query_usage(self, **query: Unpack[UsageQuery]) -> list[Usage]:
         """Hourly rows matching every filter given; ``since`` rounds down to its hour, ``until``
         is exclusive. With ``include_descendants`` a group's usage includes its whole subtree."""
-        cte, where, params = self._filters(group_id, include_descendants, key_id, model, since, until)
+        cte, where, params = self._filters(query)
 
-        def query(tx: Tx) -> list[Usage]:
+        def select(tx: Tx) -> list[Usage]:
             rows = tx.rows(
                 f"{cte} SELECT hour, key_id, group_id, model, {_COUNTS} FROM usage_hourly{where} "
                 "ORDER BY hour, group_id, key_id, model",
@@ -130,20 +117,11 @@ class UsageOps(OpsBase):
             )
             return [_usage(r) for r in rows]
 
-        return await self._read(query)
+        return await self._read(select)
 
-    async def usage_totals(
-        self,
-        *,
-        group_id: str | None = None,
-        include_descendants: bool = False,
-        key_id: str | None = None,
-        model: str | None = None,
-        since: datetime | None = None,
-        until: datetime | None = None,
-    ) -> UsageTotals:
+    async def usage_totals(self, **query: Unpack[UsageQuery]) -> UsageTotals:
         """The sums over what ``query_usage`` would return with the same filters."""
-        cte, where, params = self._filters(group_id, include_descendants, key_id, model, since, until)
+        cte, where, params = self._filters(query)
 
         def total(tx: Tx) -> UsageTotals:
             row = tx.one(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict
 
 import attrs
 
@@ -96,6 +96,20 @@ class Quota:
     tokens_per_minute: int | None = None
     tokens_per_day: int | None = None
     concurrent_requests: int | None = None
+
+
+class UsageQuery(TypedDict, total=False):
+    """Which usage a query means: every filter optional, all those given must hold. ``group_id``
+    with ``include_descendants`` means its whole subtree; ``since`` rounds down to its hour,
+    ``until`` is exclusive. The store's, the tenancy service's and the admin API's usage queries
+    take these keywords (``**query: Unpack[UsageQuery]``)."""
+
+    group_id: str | None
+    include_descendants: bool
+    key_id: str | None
+    model: str | None
+    since: datetime | None
+    until: datetime | None
 
 
 @attrs.frozen

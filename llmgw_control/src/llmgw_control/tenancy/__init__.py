@@ -7,7 +7,7 @@ nursery, ``TenancyService(store, state, usage)`` for the admin API.
 """
 
 from .admission import Admission, OpenAdmission, OpenTicket, TenancyAdmission, TenancyTicket, Ticket
-from .budget import CONCURRENT, RPM, TPD, TPM, GroupBudget, Refusal
+from .budget import CONCURRENT, RPM, TPD, TPM, GroupBudget, QuotaRefusal
 from .keys import KEY_PREFIX, KeyDigester, bearer_token, load_or_create_server_secret, new_key_secret
 from .keytable import KeyEntry, KeyTable
 from .service import CreatedKey, TenancyService, parse_quota
@@ -33,7 +33,7 @@ __all__ = [
     "KeyTable",
     "OpenAdmission",
     "OpenTicket",
-    "Refusal",
+    "QuotaRefusal",
     "SlidingWindow",
     "TenancyAdmission",
     "TenancyService",

@@ -24,8 +24,8 @@ from typing import Protocol, Self
 
 from llmgw_shared.logs import get_logger
 
+from ..api_errors import ClientApiError
 from ..priority import Priority
-from ..router.errors import ApiError
 from .budget import GroupBudget, release, reserve, settle
 from .state import TenancyState
 from .usage import UsageAccumulator
@@ -51,7 +51,7 @@ class Ticket(Protocol):
 
 class Admission(Protocol):
     def authenticate(self, authorization: str | None) -> frozenset[str] | None:
-        """Raise ApiError(401) when a key is required and this one is not usable.
+        """Raise ClientApiError(401) when a key is required and this one is not usable.
 
         Returns the models the key may use (its allow-list), or None when it may use every model
         (or no key is required): what ``/v1/models`` and a 404's list of models may show it.
@@ -59,7 +59,7 @@ class Admission(Protocol):
         ...
 
     def admit(self, authorization: str | None, model: str, *, estimated_tokens: int) -> Ticket:
-        """Admit a request or raise ``ApiError`` (401, 403, 429; 503 before tenancy has loaded)."""
+        """Admit a request or raise ``ClientApiError`` (401, 403, 429; 503 before tenancy has loaded)."""
         ...
 
 
@@ -189,13 +189,13 @@ class TenancyAdmission:
         state = self.state
         if not state.loaded:
             # Never fall back to "open" because the keys are not known yet.
-            raise ApiError(503, "The gateway is starting: API keys are not loaded yet.", code="not_ready",
+            raise ClientApiError(503, "The gateway is starting: API keys are not loaded yet.", code="not_ready",
                            headers=(("retry-after", "1"),))
         if state.open:
             return OpenTicket(self.usage, self.clock, model, None, None)
         key = state.authenticate(authorization)
         if key.models is not None and model not in key.models:
-            raise ApiError(403, f"The API key '{key.name}' may not use the model '{model}'.",
+            raise ClientApiError(403, f"The API key '{key.name}' may not use the model '{model}'.",
                            code="model_not_allowed", param="model")
         estimated = _count(estimated_tokens)
         chain = state.chain(key.group_id)

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from ..router.errors import ApiError
+from ..api_errors import ClientApiError
 from ..store import Quota
 from .windows import DayCounter, SlidingWindow
 
@@ -49,12 +49,12 @@ class GroupBudget:
         self.in_flight = 0
         self.reserved = 0
 
-    def refusals(self, now: float, estimated: int) -> list[Refusal]:
+    def refusals(self, now: float, estimated: int) -> list[QuotaRefusal]:
         """Every limit of this group that has no room for one more request of ``estimated`` tokens."""
         q = self.quota
         if q is None:
             return []
-        found: list[Refusal] = []
+        found: list[QuotaRefusal] = []
         limit = q.concurrent_requests
         if limit is not None and self.in_flight + 1 > limit:
             # Nothing tells when a running request ends; one second is a polite first retry.
@@ -92,14 +92,14 @@ class GroupBudget:
                 found.append(self._refusal(TPD, limit, used, estimated, wait))
         return found
 
-    def _refusal(self, limit_name: str, limit: int, used: int, requested: int, wait: float | None) -> Refusal:
+    def _refusal(self, limit_name: str, limit: int, used: int, requested: int, wait: float | None) -> QuotaRefusal:
         # A limit of 0 pauses the group for that kind: no wait helps, and the message says so.
         retry = None if wait is None or limit == 0 else max(1, math.ceil(wait))
-        return Refusal(self.group_id, self.label, limit_name, limit, used, requested, retry)
+        return QuotaRefusal(self.group_id, self.label, limit_name, limit, used, requested, retry)
 
 
 @attrs.frozen
-class Refusal:
+class QuotaRefusal:
     """Why a request was refused: which group, which limit, and when a retry may succeed.
 
     ``retry_after`` is None when no retry can succeed: the request alone asks for more tokens
@@ -114,22 +114,22 @@ class Refusal:
     requested: int
     retry_after: int | None
 
-    def to_api_error(self) -> ApiError:
+    def to_api_error(self) -> ClientApiError:
         what = self.limit_name.replace("_", " ")
         if self.limit == 0:
-            return ApiError(
+            return ClientApiError(
                 429,
                 f"Group '{self.group_label}' allows no {what.split(' per ')[0]} at present (its {what} limit is 0).",
                 code="insufficient_quota",
             )
         if self.retry_after is None:
-            return ApiError(
+            return ClientApiError(
                 429,
                 f"Request too large for group '{self.group_label}': it asks for {self.requested} tokens, more than "
                 f"the group's {what} limit of {self.limit}. Lower max_tokens or shorten the prompt.",
                 code="request_too_large",
             )
-        return ApiError(
+        return ClientApiError(
             429,
             f"Rate limit reached for group '{self.group_label}' on {what}: limit {self.limit}, in use {self.used}, "
             f"requested {self.requested}. Retry after {self.retry_after} s.",
@@ -138,20 +138,20 @@ class Refusal:
         )
 
 
-def worst(refusals: Sequence[Refusal]) -> Refusal:
+def worst(refusals: Sequence[QuotaRefusal]) -> QuotaRefusal:
     """The refusal to report: one no retry can fix first, else the longest wait, so a client that
     honours Retry-After does not come back while another limit still blocks it."""
     return max(refusals, key=lambda r: math.inf if r.retry_after is None else r.retry_after)
 
 
 def reserve(chain: Sequence[GroupBudget], now: float, estimated: int) -> tuple[int, ...]:
-    """Admit one request against every budget in ``chain`` or raise ``ApiError(429)``.
+    """Admit one request against every budget in ``chain`` or raise ``ClientApiError(429)``.
 
     Returns the bucket each level counted the request in (what ``release`` needs; they differ
     only if the clock stepped back). Check everything first, reserve second: a refusal at the
     root must not leave reservations at the leaf.
     """
-    refused: list[Refusal] = []
+    refused: list[QuotaRefusal] = []
     for budget in chain:
         if budget.quota is not None:
             refused.extend(budget.refusals(now, estimated))

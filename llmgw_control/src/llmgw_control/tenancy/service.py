@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
+from typing import Unpack
 
 import attrs
 
@@ -25,6 +26,7 @@ from ..store import (
     StoreError,
     Unset,
     Usage,
+    UsageQuery,
     UsageTotals,
 )
 from .keys import new_key_secret
@@ -188,34 +190,23 @@ class TenancyService:
 
     # --- usage ------------------------------------------------------------------------------
 
-    async def query_usage(
-        self,
-        *,
-        group_id: str | None = None,
-        include_descendants: bool = False,
-        key_id: str | None = None,
-        model: str | None = None,
-        since: datetime | None = None,
-        until: datetime | None = None,
-        include_pending: bool = True,
-    ) -> list[Usage]:
+    async def query_usage(self, *, include_pending: bool = True, **query: Unpack[UsageQuery]) -> list[Usage]:
         """Hourly usage rows matching every filter; ``include_pending`` adds what this daemon has
         counted but not yet flushed (so a report is current to the request, not to the flush).
 
         ``since`` rounds down to its hour; ``until`` is exclusive.
         """
-        since, until = _aware("since", since), _aware("until", until)
+        since, until = _aware("since", query.get("since")), _aware("until", query.get("until"))
         if since is not None and until is not None and until <= since:
             raise InvalidInput("until", "must be after since")
+        group_id, key_id, model = query.get("group_id"), query.get("key_id"), query.get("model")
         if group_id is not None:
             await self.store.get_group(group_id)  # NotFound (404) rather than an empty report
-        rows = await self.store.query_usage(
-            group_id=group_id, include_descendants=include_descendants, key_id=key_id, model=model,
-            since=since, until=until)
+        rows = await self.store.query_usage(**query)
         if include_pending and self.usage is not None:
             groups = None
             if group_id is not None:
-                groups = self.state.tree.subtree(group_id) if include_descendants else {group_id}
+                groups = self.state.tree.subtree(group_id) if query.get("include_descendants") else {group_id}
             lo = None if since is None else since.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
             rows += [
                 u for u in self.usage.pending()
@@ -225,20 +216,8 @@ class TenancyService:
             ]
         return merge(rows)
 
-    async def usage_totals(
-        self,
-        *,
-        group_id: str | None = None,
-        include_descendants: bool = False,
-        key_id: str | None = None,
-        model: str | None = None,
-        since: datetime | None = None,
-        until: datetime | None = None,
-        include_pending: bool = True,
-    ) -> UsageTotals:
-        rows = await self.query_usage(
-            group_id=group_id, include_descendants=include_descendants, key_id=key_id, model=model,
-            since=since, until=until, include_pending=include_pending)
+    async def usage_totals(self, *, include_pending: bool = True, **query: Unpack[UsageQuery]) -> UsageTotals:
+        rows = await self.query_usage(include_pending=include_pending, **query)
         return _total(rows)
 
     async def usage_rollup(

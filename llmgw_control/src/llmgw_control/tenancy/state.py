@@ -26,8 +26,8 @@ import trio
 
 from llmgw_shared.logs import get_logger
 
+from ..api_errors import ClientApiError
 from ..priority import Priority, parse_priority
-from ..router.errors import ApiError
 from ..store import Group, KeyChanges, Quota, Revisions, Store, StoreError
 from .budget import GroupBudget
 from .keys import MAX_KEY_LENGTH, KeyDigester, bearer_token
@@ -81,20 +81,20 @@ class TenancyState:
         return len(self.keys) == 0
 
     def authenticate(self, authorization: str | None) -> KeyEntry:
-        """The usable key named by an ``Authorization`` header, or ``ApiError(401)``."""
+        """The usable key named by an ``Authorization`` header, or ``ClientApiError(401)``."""
         token = bearer_token(authorization)
         if token is None:
-            raise ApiError(401, "Missing API key: send it as 'Authorization: Bearer <key>'.",
+            raise ClientApiError(401, "Missing API key: send it as 'Authorization: Bearer <key>'.",
                            code="missing_api_key", headers=_AUTH_HEADERS)
         key = self.keys.get(self.digester.digest(token)) if len(token) <= MAX_KEY_LENGTH else None
         if key is None:
-            raise ApiError(401, "Incorrect API key provided.", code="invalid_api_key", headers=_AUTH_HEADERS)
+            raise ClientApiError(401, "Incorrect API key provided.", code="invalid_api_key", headers=_AUTH_HEADERS)
         if key.revoked:
-            raise ApiError(401, "This API key has been revoked.", code="api_key_revoked", headers=_AUTH_HEADERS)
+            raise ClientApiError(401, "This API key has been revoked.", code="api_key_revoked", headers=_AUTH_HEADERS)
         if key.expired(self.clock()):
             assert key.expires_at is not None
             when = datetime.fromtimestamp(key.expires_at, UTC).isoformat(timespec="seconds")
-            raise ApiError(401, f"This API key expired at {when}.", code="api_key_expired", headers=_AUTH_HEADERS)
+            raise ClientApiError(401, f"This API key expired at {when}.", code="api_key_expired", headers=_AUTH_HEADERS)
         return key
 
     def chain(self, group_id: str) -> tuple[GroupBudget, ...]:

@@ -26,7 +26,6 @@ from llmgw_shared.names import BadName, check_asset_name, check_digest, shown
 
 log = get_logger("llmgw.node.engines.release")
 
-ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".zip")
 _LINUX_NAMES = ("linux", "ubuntu")
 _ARCH_NAMES = {"x86_64": ("x64", "x86_64", "amd64"), "aarch64": ("arm64", "aarch64")}
 _NAME = re.compile(

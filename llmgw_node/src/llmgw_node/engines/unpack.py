@@ -22,6 +22,9 @@
 Every failure is an ``UnsafeArchive`` whose text names the archive or the entry; the caller
 unpacks into a fresh staging directory and deletes it on failure. ``safe_unpack`` blocks (run it
 in a thread): it cannot be cancelled half-way, and its work is bounded by ``UnpackLimits``.
+
+One module of about 630 lines on purpose: the checks on the headers and the writes that rely on
+them are one argument about what an archive can reach, and a reader must see both to trust it.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ MAX_PATH_BYTES = 1024
 MAX_DEPTH = 32
 # The kernel's own limit on links followed in one lookup (MAXSYMLINKS, 40 since Linux 4.2).
 MAX_LINK_HOPS = 40
+# Bytes copied per read when writing an entry: 1 MiB, as the hashing of the same archives.
 _CHUNK = 1 << 20
 
 Kind = Literal["dir", "file", "symlink", "hardlink"]

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from .catalog_service import ModelService
-from .core import Api, ApiError
+from .core import Api
 from .routes import ApiContext, build_api
 
-__all__ = ["Api", "ApiContext", "ApiError", "ModelService", "build_api"]
+__all__ = ["Api", "ApiContext", "build_api"]

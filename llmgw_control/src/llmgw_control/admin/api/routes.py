@@ -10,11 +10,12 @@ import trio
 
 from llmgw_shared.logs import get_logger
 
+from ...api_errors import AdminApiError, conflict, not_found
 from ...catalog import ModelConfig
+from ...catalog.service import ModelService
 from ...store import UNSET, ApiKey, Group, NotFound, Quota, StoreError, Unset
 from ..fleet_views import model_view, node_view, registered_node_view
-from .catalog_service import ModelService
-from .core import Api, ApiError, Call, Param, conflict, not_found
+from .core import Api, Call, Param
 from .schemas import (
     CapacityList,
     CapacityView,
@@ -49,7 +50,8 @@ from .schemas import (
 )
 
 if TYPE_CHECKING:
-    from ...app import Fleet, Tenancy
+    from ...fleet.fleet import Fleet
+    from ...tenancy.tenancy import Tenancy
 
 log = get_logger("llmgw.admin")
 
@@ -73,13 +75,13 @@ def build_api(ctx: ApiContext) -> Api:
 
     def tenancy() -> Tenancy:
         if ctx.tenancy is None:
-            raise ApiError(503, "not_ready", "tenancy is not available on this daemon")
+            raise AdminApiError(503, "not_ready", "tenancy is not available on this daemon")
         return ctx.tenancy
 
     def models() -> ModelService:
         if ctx.models is None:
             fleet()
-            raise ApiError(503, "not_ready", "the model catalog is not available on this daemon")
+            raise AdminApiError(503, "not_ready", "the model catalog is not available on this daemon")
         return ctx.models
 
     # ------------------------------------------------------------------ nodes
@@ -262,7 +264,7 @@ def build_api(ctx: ApiContext) -> Api:
         parent: str | Unset | None = UNSET
         if "name" in call.raw:
             if call.body.name is None:
-                raise ApiError(400, "invalid_request", "name: must be a string, not null", "name")
+                raise AdminApiError(400, "invalid_request", "name: must be a string, not null", "name")
             name = call.body.name
         if "parent_id" in call.raw:
             parent = call.body.parent_id

@@ -14,7 +14,7 @@ from quart import jsonify
 from quart_trio import QuartTrio
 
 from ...byte_ranges import StrictRangeResponse
-from ...leadership import cluster_secret
+from ...store import cluster_secret
 from .client import PREFIX, ClientDashboard
 from .session import SessionSigner
 from .views import Dashboard, Mount, admin_origin_guard, make_blueprint

@@ -31,6 +31,8 @@ from llmgw_shared.jsonin import loads as json_loads
 COOKIE_NAME = "llmgw_admin_session"
 CSRF_HEADER = "x-csrf-token"
 UNSAFE_METHODS = frozenset(("POST", "PUT", "PATCH", "DELETE"))
+# A dashboard login lasts a working day (8 h), then the admin key is asked for again: the upper
+# end of the absolute session timeouts OWASP's session guidance gives (4 to 8 hours).
 DEFAULT_LIFETIME = 8 * 3600.0
 
 

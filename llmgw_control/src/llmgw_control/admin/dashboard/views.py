@@ -27,7 +27,7 @@ from quart_trio import QuartTrio
 
 from llmgw_shared.logs import get_logger
 
-from ...router.errors import ApiError
+from ...api_errors import ClientApiError
 from .history import CHARTS, CHARTS_BY_ID, RANGES, HistoryError, query_chart
 from .session import (
     CSRF_HEADER,
@@ -138,7 +138,7 @@ def make_blueprint(dash: Dashboard, mount: Mount) -> Blueprint:
             message, status = "", 200
             try:
                 key = dash.tenancy.state.authenticate(f"Bearer {secret}")
-            except ApiError as exc:
+            except ClientApiError as exc:
                 message, status = exc.message, 401
             else:
                 if not key.admin:

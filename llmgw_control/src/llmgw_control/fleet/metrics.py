@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
-from .fleet.lifecycle import HOLDING, Status
+from .lifecycle import HOLDING, Status
 
 # Every state is exported, with 0 when none is in it, so an alert on e.g. lost > 0 sees a series.
 NODE_STATES = ("ready", "disconnected", "unreachable", "lost")
@@ -40,7 +40,7 @@ def _lease_view(fleet: Any) -> tuple[bool, str, str, int | None] | None:
     role = getattr(fleet.agents, "role", None)
     if role is None:
         return None
-    return bool(role.leader), "", role.leader_address, None
+    return bool(role.leader), "", role.leader_address or "", None
 
 
 class FleetCollector(Collector):

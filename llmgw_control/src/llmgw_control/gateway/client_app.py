@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..asgi import Receive, Scope, Send
+from ..transport.asgi import Receive, Scope, Send, serve_lifespan
 from .gateway import Gateway
 
 
@@ -27,14 +27,3 @@ class ClientApp:
             await self.fallback(scope, receive, send)
         else:
             await send({"type": "websocket.close", "code": 1008})
-
-
-async def serve_lifespan(receive: Receive, send: Send) -> None:
-    """Nothing to set up per listener: everything the app needs is built before serving."""
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return

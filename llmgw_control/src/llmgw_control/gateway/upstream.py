@@ -193,6 +193,11 @@ class Httpx2Upstream:
     and puts it back when the response is done.
     """
 
+    # Idle connections kept per engine: as many as a replica's default slots (256, vLLM's
+    # max_num_seqs), so a burst that filled every slot finds its connections again. An idle one is
+    # closed after keepalive_expiry, checked every sweep_every: one the engine closed first
+    # (llama-server and uvicorn do after 5 s) is skipped by the poll at checkout, so the expiry
+    # only bounds the sockets held toward an engine gone quiet.
     def __init__(self, *, max_idle_per_origin: int = 256, keepalive_expiry: float = 30.0,
                  sweep_every: float = 10.0) -> None:
         self._max_idle = max_idle_per_origin

@@ -1,6 +1,6 @@
 """Token counts from the engine's own ``usage`` fields, found cheaply.
 
-Parsing every streamed chunk as JSON would cost more CPU than relaying it. Usage only ever
+Parsing every streamed chunk as JSON would cost more CPU than relaying it. TokenUsage only ever
 appears in the last events of a stream (the usage chunk before ``[DONE]``, or llama.cpp's finish
 chunk in completions streams) and once in a non-streamed body, so the router keeps only a tail
 of the stream and decodes the last ``"usage"`` object it finds there.
@@ -17,16 +17,14 @@ _decoder = json.JSONDecoder()
 
 
 @attrs.frozen
-class Usage:
+class TokenUsage:
+    """The token counts an engine reported for one response (its ``usage`` fields)."""
+
     prompt_tokens: int = 0
     completion_tokens: int = 0
 
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
 
-
-def find_usage(data: bytes | bytearray) -> Usage | None:
+def find_usage(data: bytes | bytearray) -> TokenUsage | None:
     """The last well-formed usage object in ``data``, or None."""
     position = len(data)
     while True:
@@ -46,7 +44,7 @@ def find_usage(data: bytes | bytearray) -> Usage | None:
                 prompt = value.get("prompt_tokens")
                 completion = value.get("completion_tokens", 0)
                 if isinstance(prompt, int) and isinstance(completion, int):
-                    return Usage(prompt, completion)
+                    return TokenUsage(prompt, completion)
 
 
 class StreamTail:
@@ -61,5 +59,5 @@ class StreamTail:
         if excess > TAIL_BYTES:
             del self._buffer[:excess]
 
-    def usage(self) -> Usage | None:
+    def usage(self) -> TokenUsage | None:
         return find_usage(self._buffer)

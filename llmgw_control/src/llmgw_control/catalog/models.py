@@ -76,6 +76,15 @@ class EngineConfig:
 
 
 @attrs.frozen
+class Claim:
+    """What one replica of a profile holds on its node while it runs (configured, or estimated
+    from the weights' GGUF header: ``catalog/claims.py``), so placement knows whether it fits."""
+
+    ram_mib: int
+    vram_mib: int = 0
+
+
+@attrs.frozen
 class Resolved:
     model: ModelConfig
     profile: ProfileConfig

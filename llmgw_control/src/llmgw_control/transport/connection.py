@@ -27,7 +27,7 @@ and what it offers:
   is small enough to read and drop after it; a connection that will not be reused is half-closed
   and what the client still sends is read and dropped for a while (nginx's lingering close), so
   the answer reaches a client still sending rather than being lost to a reset.
-- The app's receive queue is a small bounded queue (``_Inbox``), not a memory channel each.
+- The app's receive queue is a small bounded queue (``app_tasks.Inbox``), not a memory channel each.
 - Whatever one connection raises is logged once and ends that connection alone.
 """
 
@@ -36,25 +36,27 @@ from __future__ import annotations
 import contextlib
 import enum
 import math
-from collections import deque
-from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 import h11
 import trio
 from hypercorn.config import Config
 from hypercorn.events import Closed, Event, RawData, Updated
-from hypercorn.protocol.h11 import H11Protocol, H11WSConnection
+from hypercorn.protocol.h11 import H11WSConnection
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState, TaskGroup
 
 from llmgw_shared.logs import get_logger
 
+from .app_tasks import AppReceive, AppSend, AppTasks
 from .asgi import REQUEST_ID
-from .config import ListenersConfig
+from .listener import PEER_GONE, Listener, log_connection_failure, refusal
+from .protocol import HTTP2_REFUSAL, Http2Refused, Http11Connection, Http11Protocol
 
 log = get_logger("llmgw.serving")
 
+# The most one read takes from the socket: hypercorn's own loop reads 64 KiB (its MAX_RECV), so a
+# request arrives in the reads hypercorn's protocol was tuned for.
 _MAX_RECV = 2**16
 # An answer sent before its request's body was read keeps the connection when the whole body is
 # at most this large: it is read (within _DRAIN_SECONDS) and dropped after the answer. A chat
@@ -68,120 +70,6 @@ _DRAIN_SECONDS = 2.0
 _LINGER_GAP = 5.0
 _LINGER_SECONDS = 30.0
 _LINGER_BYTES = 64 << 20
-# The server preface (an empty SETTINGS frame) and a GOAWAY with HTTP_1_1_REQUIRED (RFC 9113
-# 9.2.1, error code 0xd), for a client that starts with the HTTP/2 preface: it learns why.
-_HTTP2_REFUSAL = (b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
-                  b"\x00\x00\x08\x07\x00\x00\x00\x00\x00" + (0).to_bytes(4, "big") + (0xD).to_bytes(4, "big"))
-# Peers that vanish (a reset, a closed socket) end their connection quietly: not an error of ours.
-PEER_GONE = (OSError, trio.BrokenResourceError, trio.ClosedResourceError)
-
-AppSend = Callable[[Any], Awaitable[None]]
-AppReceive = Callable[[], Awaitable[Any]]
-# (status, code, message) -> the JSON body of an answer the connection itself makes (408, 503), in
-# the listener's own error shape.
-ErrorBody = Callable[[int, str, str], bytes]
-
-_REASONS = {408: b"Request Timeout", 503: b"Service Unavailable"}
-
-
-def refusal(status: int, body: bytes, *extra: tuple[bytes, bytes]) -> bytes:
-    """A whole HTTP/1.1 answer that closes the connection, for answers made outside h11 (408, 503)."""
-    head = [b"HTTP/1.1 %d %s" % (status, _REASONS[status]), b"content-type: application/json",
-            b"content-length: %d" % len(body), b"connection: close",
-            *(name + b": " + value for name, value in extra)]
-    return b"\r\n".join(head) + b"\r\n\r\n" + body
-
-
-def log_connection_failure(failure: BaseException, *, listener: str, peer: str, request_id: str | None) -> None:
-    """One line, with the traceback, for whatever ended a connection that was not the peer leaving."""
-    while isinstance(failure, BaseExceptionGroup) and len(failure.exceptions) == 1:
-        failure = failure.exceptions[0]  # the nursery's wrapping says nothing
-    fields: dict[str, Any] = {"listener": listener, "peer": peer}
-    if request_id is not None:
-        fields["request_id"] = request_id
-    log.error("a connection on the %s listener failed and was closed: %r", listener, failure,
-              exc_info=failure, extra=fields)
-
-
-class Listener:
-    """One listener's connections: how many are open, their limits, and the cap a shutdown puts on writes."""
-
-    def __init__(self, name: str, limits: ListenersConfig, error_body: ErrorBody) -> None:
-        self.name = name
-        self.limits = limits
-        self.error_body = error_body
-        # Connections counted against max_connections (from the accept, a TLS handshake included),
-        # and those being served, whose writes a shutdown caps.
-        self.count = 0
-        self.open: set[Connection] = set()
-        # Refusals in progress (a 503 being written and lingered on), bounded apart from ``count``;
-        # refusals since the last warning about them, and when that was.
-        self.refusing = 0
-        self.refused = 0
-        self.refusals_logged_at = -math.inf
-        # Finite once the server stops: no write outlives the grace period.
-        self.write_cap = math.inf
-
-    def cap_writes(self, deadline: float) -> None:
-        self.write_cap = deadline
-        for connection in self.open:
-            connection.cap_write(deadline)
-
-
-class _Http2Refused(Exception):
-    """The client began with the HTTP/2 preface, which no listener serves."""
-
-
-class _H11Connection(h11.Connection):
-    """h11's connection, with hypercorn's automatic ``100 Continue`` turned off.
-
-    hypercorn sends ``100 Continue`` whenever this property is true, which it is as soon as the
-    head of an ``Expect: 100-continue`` request is parsed: before the app has looked at it. The
-    connection sends it instead when the app first asks for the body (``Connection.continuing``).
-    """
-
-    @property
-    def they_are_waiting_for_100_continue(self) -> bool:
-        return False
-
-
-class _H11Protocol(H11Protocol):
-    """hypercorn's HTTP/1.1 protocol, offering HTTP/1.1 (and WebSockets over it) and nothing else."""
-
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        self.connection = _H11Connection(h11.SERVER, max_incomplete_event_size=self.config.h11_max_incomplete_size)
-        self._crossed = False
-
-    async def _send_h11_event(self, event: Any) -> None:
-        try:
-            data = self.connection.send(event)
-        except h11.LocalProtocolError as error:
-            if getattr(self.connection, "their_state", None) is h11.ERROR:
-                return  # as hypercorn does: the answer to a request h11 could not parse is already out
-            # Two answers to one request crossed: hypercorn answers 400 itself to WebSocket frames
-            # sent before the handshake's answer, while the app refuses the same handshake. The
-            # framing is lost, so the connection ends here (hypercorn raised, into the app and
-            # out of the connection).
-            if not self._crossed:
-                self._crossed = True
-                log.warning("two answers to one request crossed (%s); the connection is closed", error)
-            await self.send(Closed())
-            return
-        await self.send(RawData(data=data))
-        if type(event) is h11.EndOfMessage and isinstance(self.connection, H11WSConnection):
-            # A WebSocket handshake answered in HTTP (refused): hypercorn does not end the stream
-            # after every such answer (not after its 400 for early frames), which left the
-            # connection open for as long as the client kept it. It ends here.
-            await self.send(Closed())
-
-    async def _check_protocol(self, event: h11.Request) -> None:
-        # hypercorn answers "Upgrade: h2c" with a 101 and switches to HTTP/2, and takes the HTTP/2
-        # preface as prior knowledge. An upgrade is ignored here (RFC 9110 7.8: a server may), so
-        # the request is answered in HTTP/1.1; the preface is refused by the connection.
-        if event.method == b"PRI" and event.target == b"*" and event.http_version == b"2.0":
-            raise _Http2Refused()
-
 
 class _Phase(enum.Enum):
     """What the connection is waiting for, which says what its one deadline means."""
@@ -191,33 +79,6 @@ class _Phase(enum.Enum):
     BUSY = "busy"  # nothing from the client: its request is in (or it is a WebSocket)
     KEEP_ALIVE = "keep-alive"  # the next request's first byte (or the first request's)
     LINGER = "linger"  # no more answers: what the client still sends is read and dropped
-
-
-async def _run_app(app: Any, config: Config, scope: Any, receive: AppReceive, send: AppSend,
-                   inbox: _Inbox) -> None:
-    """The app's task: an error it raises is logged and answered (a 500 if nothing was sent yet)."""
-    try:
-        try:
-            await app(scope, receive, send, trio.to_thread.run_sync, trio.from_thread.run)
-        except trio.Cancelled:
-            raise
-        except BaseExceptionGroup as error:
-            if error.split(trio.Cancelled)[1] is None:
-                raise
-            log.error("the app failed", exc_info=error, extra=_request_fields(scope))
-        except Exception as error:
-            log.error("the app failed", exc_info=error, extra=_request_fields(scope))
-        finally:
-            # "The app is done": hypercorn answers 500 if it never started a response, and ends the stream.
-            await send(None)
-    finally:
-        # Nobody reads the body any more: a reader waiting to hand it over must not wait forever.
-        inbox.close()
-
-
-def _request_fields(scope: Any) -> dict[str, Any]:
-    request_id = scope.get(REQUEST_ID)
-    return {"request_id": request_id} if request_id else {}
 
 
 def _is_sized_head(message: Any) -> bool:
@@ -247,82 +108,6 @@ async def _discard_rest_of_request(receive: AppReceive) -> None:
                 return
 
 
-class _Inbox:
-    """The app's receive queue: what a trio memory channel did here, for less.
-
-    One is made per request and carries two or three messages (the body, its end, the
-    disconnect). The channel's setup cost a twentieth of a request, and each send and receive
-    was a trip through the scheduler even when the other side was already waiting. Bounded as
-    the channel was (``max_app_queue_size``), so an app that stops reading slows the reader of
-    its connection rather than growing the queue; a cancelled caller still gets ``Cancelled``.
-    The disconnect is never held back by the bound (it is the last message, and an app that
-    answered without reading must still learn of it), and once the app is done (``close``),
-    what is put is dropped.
-    """
-
-    __slots__ = ("_changed", "_closed", "_items", "_limit")
-
-    def __init__(self, limit: int) -> None:
-        self._items: deque[Any] = deque()
-        self._limit = limit
-        self._changed: trio.Event | None = None
-        self._closed = False
-
-    async def put(self, message: Any) -> None:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        while len(self._items) >= self._limit and not self._closed and message["type"] != "http.disconnect":
-            await self._wait()
-        if self._closed:
-            return
-        self._items.append(message)
-        self._notify()
-
-    async def get(self) -> Any:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        while not self._items:
-            await self._wait()
-        message = self._items.popleft()
-        self._notify()
-        return message
-
-    def close(self) -> None:
-        self._closed = True
-        self._items.clear()
-        self._notify()
-
-    async def _wait(self) -> None:
-        if self._changed is None:
-            self._changed = trio.Event()
-        await self._changed.wait()
-
-    def _notify(self) -> None:
-        if self._changed is not None:
-            self._changed.set()
-            self._changed = None
-
-
-class _AppTasks:
-    """What hypercorn's protocol uses of a task group, with the app's ``send`` holding writes."""
-
-    def __init__(self, nursery: trio.Nursery, connection: Connection) -> None:
-        self._nursery = nursery
-        self._connection = connection
-
-    async def spawn_app(self, app: Any, config: Config, scope: Any, send: AppSend) -> AppSend:
-        connection = self._connection
-        inbox = _Inbox(config.max_app_queue_size)
-        receive: AppReceive = inbox.get
-        if connection.expects_continue():
-            receive = connection.continuing(receive)
-        connection.scope = scope
-        held_send = connection.holding_writes(send, inbox.get, scope)
-        self._nursery.start_soon(_run_app, app, config, scope, receive, held_send, inbox)
-        return inbox.put
-
-    def spawn(self, func: Callable[..., Awaitable[Any]], *args: Any) -> None:
-        self._nursery.start_soon(func, *args)
-
-
 class Connection:
     """One accepted connection, served until either side closes it (see the module's docstring).
 
@@ -348,7 +133,7 @@ class Connection:
         self._held: list[bytes] = []
         self._holding = 0
         self._write_scope: trio.CancelScope | None = None
-        self._protocol: _H11Protocol
+        self._protocol: Http11Protocol
         # The one timer (``_watch``): what it waits for, its deadline, and its current scope.
         self._phase = _Phase.KEEP_ALIVE
         self._deadline = first_request_by
@@ -369,8 +154,8 @@ class Connection:
             async with trio.open_nursery() as nursery:
                 # A cast: hypercorn's TaskGroup protocol also lists the __aenter__/__aexit__ that
                 # only its own loop calls; its protocol classes use spawn_app and spawn.
-                tasks = cast(TaskGroup, _AppTasks(nursery, self))
-                self._protocol = _H11Protocol(
+                tasks = cast(TaskGroup, AppTasks(nursery, self))
+                self._protocol = Http11Protocol(
                     self._app, self._config, self._context, tasks, ConnectionState(self._state.copy()),
                     self._tls, self._client, self._server, self._protocol_send)
                 nursery.start_soon(self._watch)
@@ -453,7 +238,7 @@ class Connection:
 
     def _request_unfinished(self) -> bool:
         connection = self._protocol.connection
-        return type(connection) is _H11Connection and connection.their_state is h11.SEND_BODY
+        return type(connection) is Http11Connection and connection.their_state is h11.SEND_BODY
 
     def _early_answer(self, message: Any, scope: Any) -> tuple[Any, bool]:
         """An answer that starts before its request was read whole: drained after it, or closed.
@@ -555,8 +340,8 @@ class Connection:
             self._in_handle = True
             try:
                 await protocol.handle(RawData(bytes(data)))
-            except _Http2Refused:
-                self._held.append(_HTTP2_REFUSAL)
+            except Http2Refused:
+                self._held.append(HTTP2_REFUSAL)
                 await self._write_held()
                 await self._end_answers()
                 continue
@@ -574,7 +359,7 @@ class Connection:
     def _after_read(self, size: int, before: float) -> None:
         """Move the timer to what the connection waits for now (usually it already is: no work)."""
         connection = self._protocol.connection
-        if type(connection) is not _H11Connection:
+        if type(connection) is not Http11Connection:
             # A WebSocket: hypercorn's pings and the app's own heartbeats time it.
             if self._phase is not _Phase.BUSY:
                 self._arm(_Phase.BUSY, math.inf)
@@ -615,7 +400,7 @@ class Connection:
 
     def _client_may_send_more(self) -> bool:
         connection = self._protocol.connection
-        if type(connection) is not _H11Connection:
+        if type(connection) is not Http11Connection:
             # A WebSocket peer may be sending frames still (or an early frame that was refused).
             return isinstance(connection, H11WSConnection)
         state = connection.their_state

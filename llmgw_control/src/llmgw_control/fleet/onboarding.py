@@ -34,10 +34,10 @@ from quart_trio import QuartTrio
 from llmgw_shared.logs import get_logger
 from llmgw_shared.names import NODE_ID, NODE_ID_RULE
 
-from .fleet.agents import token_digest
-from .fleet.files import contained_file
+from ..store import InvalidInput, NodeIdentity, NotFound, Store
+from .agents import token_digest
+from .files import contained_file
 from .node_release import RELEASE_ID, Release, ReleaseError, current_id, load_release
-from .store import InvalidInput, NodeIdentity, NotFound, Store
 
 log = get_logger("llmgw.onboarding")
 

@@ -30,9 +30,9 @@ import trio
 
 from llmgw_shared.logs import get_logger
 
+from ..api_errors import ClientApiError, standby
 from ..priority import Priority
 from .balancer import choose
-from .errors import ApiError, standby
 from .replicas import Replica, ReplicaSet
 
 log = get_logger("llmgw.router")
@@ -257,20 +257,20 @@ class Activator:
             return waiter.slot
         return waiter.refusal or Refusal.TIMEOUT
 
-    def refusal_error(self, refusal: Refusal, key: str) -> ApiError:
+    def refusal_error(self, refusal: Refusal, key: str) -> ClientApiError:
         """The client's answer to a wait that ended without a slot (not for EXHAUSTED)."""
         if refusal is Refusal.STANDBY:
             return standby(self._standby or "")
         if refusal is Refusal.OVERFLOW:
-            return ApiError(429, f"Model '{key}' has every slot busy and {self.config.queue_size} requests already "
-                                 "waiting; retry shortly.", code="model_queue_full",
-                            headers=(("retry-after", "5"),))
+            return ClientApiError(
+                429, f"Model '{key}' has every slot busy and {self.config.queue_size} requests already waiting; "
+                     "retry shortly.", code="model_queue_full", headers=(("retry-after", "5"),))
         replicas = self.replicas.for_model(key)
         if not replicas:
-            return ApiError(503, f"Model '{key}' has no ready replica after {self.config.max_wait:g} s: "
+            return ClientApiError(503, f"Model '{key}' has no ready replica after {self.config.max_wait:g} s: "
                                  f"{self._status(key)}.", code="model_not_ready", headers=(("retry-after", "10"),))
         slots = sum(r.slots for r in replicas)
-        return ApiError(503, f"Model '{key}' had every slot busy for {self.config.max_wait:g} s ({len(replicas)} "
+        return ClientApiError(503, f"Model '{key}' had every slot busy for {self.config.max_wait:g} s ({len(replicas)} "
                              f"replica(s), {slots} slot(s)); retry later.", code="model_overloaded",
                         headers=(("retry-after", "10"),))
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Protocol
 from urllib.parse import urlsplit
 
 import httpx2
@@ -10,18 +12,26 @@ import trio
 
 from llmgw_shared.logs import get_logger
 
-from ..catalog import Catalog, ProfileConfig
-from .files import FileServer
 from .gguf import MemoryEstimate, NotGguf, Truncated, estimate_ram, read_metadata
-from .plan import Claim
+from .models import Catalog, Claim, ModelConfig, ProfileConfig, profile_key
 
 log = get_logger("llmgw.claims")
+
+
+class ModelFiles(Protocol):
+    """The model files control serves itself (``fleet.files.FileServer``): their header is read
+    from the disk rather than fetched back over HTTP."""
+
+    @property
+    def public_url(self) -> str: ...
+
+    def path(self, kind: str, name: str) -> Path | None: ...
 
 # The GGUF metadata (and tensor index) of every model we have seen fits in a few MiB.
 _HEADER_BYTES = 16 * 1024 * 1024
 
 
-async def _header_bytes(profile: ProfileConfig, files: FileServer | None) -> bytes | None:
+async def _header_bytes(profile: ProfileConfig, files: ModelFiles | None) -> bytes | None:
     url = profile.weights.url
     parts = urlsplit(url)
     local: Path | None = None
@@ -52,7 +62,7 @@ async def _header_bytes(profile: ProfileConfig, files: FileServer | None) -> byt
         return b"".join(chunks)[:_HEADER_BYTES]
 
 
-async def estimate_profile(profile: ProfileConfig, files: FileServer | None) -> MemoryEstimate:
+async def estimate_profile(profile: ProfileConfig, files: ModelFiles | None) -> MemoryEstimate:
     metadata = None
     try:
         with trio.move_on_after(15):
@@ -64,7 +74,8 @@ async def estimate_profile(profile: ProfileConfig, files: FileServer | None) -> 
     return estimate_ram(metadata, weights_bytes=profile.weights.size, context=profile.context * profile.parallel)
 
 
-async def profile_claims(catalog: Catalog, files: FileServer | None) -> dict[str, Claim]:
+async def claims_of(profiles: Iterable[tuple[str, ProfileConfig]], files: ModelFiles | None) -> dict[str, Claim]:
+    """The claim of each (key, profile), the estimates made side by side."""
     claims: dict[str, Claim] = {}
 
     async def one(key: str, profile: ProfileConfig) -> None:
@@ -76,6 +87,16 @@ async def profile_claims(catalog: Catalog, files: FileServer | None) -> dict[str
         log.info("model %s claims %d MiB RAM (%s)", key, estimate.ram_mib, estimate.how)
 
     async with trio.open_nursery() as nursery:
-        for resolved in catalog.all_profiles():
-            nursery.start_soon(one, resolved.key, resolved.profile)
+        for key, profile in profiles:
+            nursery.start_soon(one, key, profile)
     return claims
+
+
+async def profile_claims(catalog: Catalog, files: ModelFiles | None) -> dict[str, Claim]:
+    """The claim of every profile in the catalog."""
+    return await claims_of(((r.key, r.profile) for r in catalog.all_profiles()), files)
+
+
+async def model_claims(model: ModelConfig, files: ModelFiles | None) -> dict[str, Claim]:
+    """The claim of each profile of ``model``."""
+    return await claims_of(((profile_key(model.name, p.name), p) for p in model.profiles), files)

@@ -1,4 +1,8 @@
-"""Whether a client's connection is HTTPS: TLS on the client listener, or a trusted TLS proxy in front.
+"""TLS on our listeners, and whether a client's connection is HTTPS: TLS on the client listener, or a
+trusted TLS proxy in front.
+
+``server_context`` builds the TLS context of every listener that terminates TLS (the client
+listener here, the agents' TLS front in ``fleet/tls.py``).
 
 Either way the ASGI scope's ``scheme`` says ``https``, which is what makes the dashboard's
 session cookie ``Secure`` and its origin checks expect ``https://`` (admin/dashboard/views.py).
@@ -25,9 +29,22 @@ from llmgw_shared.config import ConfigError
 from llmgw_shared.logs import get_logger
 
 from .asgi import Receive, Scope, Send
-from .fleet.tls import server_context
 
 log = get_logger("llmgw.tls")
+
+
+def server_context(cert_file: str, key_file: str, client_ca_file: str, *, what: str = "agents TLS") -> ssl.SSLContext:
+    """A server's TLS context from PEM files (TLS 1.2 or later); ``ConfigError`` naming ``what`` if they do not load."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(cert_file, key_file)
+        if client_ca_file:
+            context.load_verify_locations(client_ca_file)
+            context.verify_mode = ssl.CERT_REQUIRED
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"{what}: cannot load the certificate files: {exc}") from None
+    return context
 
 
 def client_context(cert_file: str, key_file: str) -> ssl.SSLContext:

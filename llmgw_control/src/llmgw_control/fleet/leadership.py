@@ -16,9 +16,6 @@ change into action at once, in the keeper's own task (synchronously, before the 
   are withdrawn, requests waiting in the activator for a model to start get the standby 503 at
   once, and the client API answers 503 naming the leader (``StandbyGate``). A standby does not
   serve client traffic: see docs/failover.md for why.
-
-``cluster_secret`` gives every daemon on one PostgreSQL store the same shard-key and key-digest
-secrets, created once in the database by whichever daemon comes first.
 """
 
 from __future__ import annotations
@@ -28,23 +25,40 @@ import os
 import secrets
 import socket
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any, Protocol
 
+import attrs
 import trio
 
 from llmgw_shared.logs import get_logger
 
-from .asgi import Receive, Scope, Send, send_json
-from .fleet.agents import AgentService
-from .fleet.agents import Role as AgentRole
-from .fleet.inventory import Inventory
-from .fleet.reconciler import Reconciler
-from .router.activator import Activator
-from .router.errors import standby
-from .store import FleetHolders, Lease, LeaseKeeper, Role, Store, StoreError
+from ..api_errors import standby
+from ..gateway.activator import Activator
+from ..store import FleetHolders, Lease, LeaseKeeper, Role, StoreError
+from ..transport.asgi import Receive, Scope, Send, send_json
+from .agents import AgentService
+from .inventory import Inventory
+from .reconciler import Reconciler
 
 log = get_logger("llmgw.leadership")
+
+
+@attrs.frozen
+class LeadershipConfig:
+    """The leader lease (see docs/failover.md). Only one daemon leads the fleet at a time."""
+
+    # How long a grant lasts without a renew: a killed leader is replaced after about this long.
+    ttl: float = 10.0
+    renew_interval: float = 3.0
+    # Where nodes reach this daemon's agent listener (ws://host:port/agent/v1): a standby sends
+    # nodes here when this daemon leads. Empty: derived from agents.public_url or the bound address
+    # (fine for one daemon; required with a PostgreSQL store, where other machines must reach it).
+    advertise: str = ""
+    # After taking over from an earlier leader, this long without starting or stopping replicas,
+    # so nodes can reconnect and report the engines they run (adopted, not duplicated); reports
+    # are absorbed and ready replicas served meanwhile. Make it longer than the nodes' reconnect
+    # delay after a takeover: a node's connect timeout (10 s) plus its backoff (docs/failover.md).
+    settle: float = 15.0
 
 # How often the leader compares the nodes holding replicas with what it last wrote down: a
 # write happens only on a change, so this is the delay before the store knows of one.
@@ -102,7 +116,7 @@ class Leadership:
         self._lead_scope: trio.CancelScope | None = None
         # Until the keeper has spoken, refuse nodes: two daemons starting together must not both
         # accept them.
-        agents.role = AgentRole(leader=False, leader_address="")
+        agents.role = Role(leader=False)
         keeper.on_change(self._on_change)
 
     @property
@@ -115,12 +129,12 @@ class Leadership:
         if role.leader:
             assert role.epoch is not None
             self.reconciler.fencing_token = role.epoch
-            self.agents.role = AgentRole(leader=True, leader_address=self.keeper.address)
+            self.agents.role = role
             if self.activator is not None:
                 self.activator.lead()
             return
         was_leading = self.agents.role.leader
-        self.agents.role = AgentRole(leader=False, leader_address=role.leader_address or "")
+        self.agents.role = role
         if self.activator is not None:
             # Requests waiting for a model to start here would wait for a start that never comes.
             self.activator.stand_down(role.leader_address or "")
@@ -234,34 +248,3 @@ class StandbyGate:
         if role.leader_address:
             headers.append((b"x-llmgw-leader", role.leader_address.encode()))
         await send_json(send, 503, body, headers)
-
-
-# --------------------------------------------------------------------------- cluster secrets
-
-KEY_DIGEST_SECRET = "key-digest"
-SHARD_KEY_SECRET = "shard-api-keys"
-
-
-def _read_hex(path: Path) -> bytes | None:
-    try:
-        return bytes.fromhex(path.read_text().strip())
-    except FileNotFoundError:
-        return None
-    except ValueError:
-        raise ValueError(f"{path}: a secret file must hold hex digits") from None
-
-
-async def cluster_secret(store: Store, name: str, local_file: Path) -> bytes:
-    """The secret ``name`` every daemon on ``store`` shares, created in the database by the first.
-
-    The first daemon offers the value of its local file when it has one (an installation that
-    moves from one daemon to several keeps its key digests and adopted engines valid), else a
-    fresh random one. A local file that disagrees with the database is reported, not used.
-    """
-    local = await trio.to_thread.run_sync(_read_hex, local_file)
-    offer = local if local is not None and len(local) >= 16 else secrets.token_bytes(32)
-    value = await store.shared_secret(name, offer)
-    if local is not None and value != local:
-        log.warning("%s differs from the cluster's %s secret in the store: using the store's (every "
-                    "daemon on one database must agree); the file is ignored", local_file, name)
-    return value

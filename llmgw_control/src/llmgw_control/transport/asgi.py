@@ -1,4 +1,5 @@
-"""ASGI types, and the one way the plain ASGI layers (not Quart) answer with a whole JSON body."""
+"""ASGI types, the one way the plain ASGI layers (not Quart) answer with a whole JSON body, and the
+lifespan every plain ASGI app of ours answers."""
 
 from __future__ import annotations
 
@@ -19,3 +20,14 @@ async def send_json(send: Send, status: int, body: bytes, headers: Sequence[tupl
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                             *headers]})
     await send({"type": "http.response.body", "body": body})
+
+
+async def serve_lifespan(receive: Receive, send: Send) -> None:
+    """Nothing to set up per listener: everything the app needs is built before serving."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

@@ -9,8 +9,9 @@ bound on open connections: beyond ``max_connections`` a connection is answered 5
 from __future__ import annotations
 
 import logging
+import socket
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -22,9 +23,10 @@ from hypercorn.utils import parse_socket_addr, repr_socket_addr, wrap_app
 
 from llmgw_shared.logs import get_logger
 
+from ..api_errors import openai_error_body
 from .config import ListenersConfig
-from .http_connection import PEER_GONE, Connection, ErrorBody, Listener, log_connection_failure, refusal
-from .router.errors import ApiError
+from .connection import Connection
+from .listener import PEER_GONE, ErrorBody, Listener, log_connection_failure, refusal
 
 log = get_logger("llmgw.serving")
 
@@ -42,23 +44,35 @@ _REFUSAL_LOG_INTERVAL = 60.0
 TlsContext = Callable[[], ssl.SSLContext]
 
 
-def openai_error_body(status: int, code: str, message: str) -> bytes:
-    """The client listener's error shape, for the answers the connection makes itself (408, 503)."""
-    return ApiError(status, message, code=code).encoded()
+def bind(address: str) -> list[socket.socket]:
+    """The sockets for ``address`` (``host:port``), bound but not listening yet.
+
+    A listener bound first has its address (port 0 gets one) before the app that serves it is
+    built: the agent listener's URL goes into what the fleet hands nodes (``app.bind_agents``).
+    """
+    config = HypercornConfig()
+    config.bind = [address]
+    return list(config.create_sockets().insecure_sockets)
+
+
+def bound_url(sockets: Sequence[socket.socket], *, tls: bool) -> str:
+    """The URL of the first of ``sockets``, as a client reaches it."""
+    return f"{'https' if tls else 'http'}://{repr_socket_addr(sockets[0].family, sockets[0].getsockname())}"
 
 
 async def serve_asgi(
-    app: Any, address: str, *, shutdown: trio.Event, grace: float, name: str,
+    app: Any, address: str | Sequence[socket.socket], *, shutdown: trio.Event, grace: float, name: str,
     limits: ListenersConfig | None = None, error_body: ErrorBody = openai_error_body, tls: TlsContext | None = None,
     websocket_max_message_size: int | None = None, keep_alive_timeout: float = 75.0,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until ``shutdown`` is set; in-flight requests then get ``grace`` seconds to finish.
 
+    ``address`` is ``host:port``, or sockets ``bind`` returned.
+
     No signal handlers are installed here: the caller owns SIGTERM (and SIGHUP, for ``tls``).
     """
     config = HypercornConfig()
-    config.bind = [address]
     # Clients of an LLM gateway reuse connections between long requests; 5 s (the default)
     # made them reconnect after every pause.
     config.keep_alive_timeout = keep_alive_timeout
@@ -79,12 +93,11 @@ async def serve_asgi(
         await lifespan_nursery.start(lifespan.handle_lifespan)
         await lifespan.wait_for_startup()
         async with trio.open_nursery() as connections:
-            sockets = config.create_sockets().insecure_sockets
+            sockets = bind(address) if isinstance(address, str) else list(address)
             for sock in sockets:
                 sock.listen(config.backlog)
             listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(sock)) for sock in sockets]
-            scheme = "https" if tls is not None else "http"
-            url = f"{scheme}://{repr_socket_addr(sockets[0].family, sockets[0].getsockname())}"
+            url = bound_url(sockets, tls=tls is not None)
             log.info("%s listening on %s", name, url, extra={"listener": name, "url": url})
             task_status.started(url)
             handler = partial(_serve_connection, wrapped, config, context, state, listener, tls)

@@ -15,7 +15,7 @@ import attrs
 
 from llmgw_shared.jsonin import loads
 
-from .errors import ApiError, invalid_request
+from ..api_errors import ClientApiError, invalid_request
 
 
 class ClientGone(Exception):
@@ -66,8 +66,8 @@ async def read_body(
             return b"".join(parts)
 
 
-def _too_large(limit: int) -> ApiError:
-    return ApiError(413, f"Request body is larger than the limit of {limit} bytes.", code="request_too_large")
+def _too_large(limit: int) -> ClientApiError:
+    return ClientApiError(413, f"Request body is larger than the limit of {limit} bytes.", code="request_too_large")
 
 
 def _type_name(value: Any) -> str:

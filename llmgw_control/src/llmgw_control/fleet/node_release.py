@@ -26,13 +26,11 @@ release runs on the widest range of machines.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
 import re
 import shutil
-import sys
 import tempfile
 import tomllib
 import zipfile
@@ -49,6 +47,8 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
+
+from llmgw_shared.hashing import file_sha256
 
 RELEASES_DIR = "node-releases"
 CURRENT = "current"
@@ -348,14 +348,6 @@ def _fetch(client: httpx2.Client, wheel: LockedWheel, source: str | None, dest: 
         tmp.unlink(missing_ok=True)
 
 
-def _hash_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 @attrs.frozen
 class Plan:
     """What a release will hold, before anything is fetched."""
@@ -402,7 +394,7 @@ def plan_release(lock_path: Path, dist_dir: Path, targets: list[Target]) -> Plan
                      frozenset(t for _, ts in files.values() for t in ts))
               for (name, version), files in chosen.items()]
     for name, version, path in ((NODE, node.version, node_wheel), (SHARED, shared.version, shared_wheel)):
-        pinned.append(Pinned(name, version, ((path.name, _hash_file(path), path.stat().st_size),), frozenset(targets)))
+        pinned.append(Pinned(name, version, ((path.name, file_sha256(path), path.stat().st_size),), frozenset(targets)))
     requirements = requirements_text(pinned, targets, node.version, lock.sha256)
     wheels = sorted({w.filename: w for files in chosen.values() for w, _ in files.values()}.values(),
                     key=lambda w: w.filename)
@@ -442,7 +434,7 @@ def prepare(lock_path: Path, dist_dir: Path, releases: Path, targets: list[Targe
                 "created_at": datetime.now(UTC).isoformat(timespec="seconds"), "lock_sha256": plan.lock_sha256,
                 "targets": [t.name for t in plan.targets],
                 "requirements_sha256": hashlib.sha256(plan.requirements.encode()).hexdigest(),
-                "files": [{"name": p.name, "sha256": _hash_file(p), "size": p.stat().st_size} for p in files],
+                "files": [{"name": p.name, "sha256": file_sha256(p), "size": p.stat().st_size} for p in files],
             }
             (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
             staging.chmod(0o755)
@@ -512,83 +504,3 @@ def use(releases: Path, release_id: str) -> None:
 
 def releases_dir_for(files_dir: str, data_dir: Path) -> Path:
     return (Path(files_dir) if files_dir else data_dir) / RELEASES_DIR
-
-
-# --------------------------------------------------------------------------- the command
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="llmgw-control release", description="Node releases: the exact wheels "
-                                     "onboarding installs on nodes, from uv.lock.")
-    parser.add_argument("--config", help="control's config file, for agents.files_dir and data_dir (default "
-                        "/etc/llmgw/control.toml when it exists)")
-    parser.add_argument("--files-dir", help="control's files directory (default: the config's agents.files_dir)")
-    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
-    prep = sub.add_parser("prepare", help="pin every wheel llmgw-node needs to uv.lock, and make it current")
-    prep.add_argument("--lock", default="uv.lock", help="the lock file (default: ./uv.lock)")
-    prep.add_argument("--dist", default="dist", help="where `uv build` put the llmgw-shared and llmgw-node wheels "
-                      "(default: ./dist)")
-    prep.add_argument("--python", action="append", metavar="3.X", help="a CPython version nodes run (repeatable; "
-                      f"default {', '.join(DEFAULT_PYTHONS)})")
-    prep.add_argument("--arch", action="append", metavar="MACHINE", help="a machine kind nodes run, as `uname -m` "
-                      f"prints it (repeatable; default {', '.join(DEFAULT_ARCHS)})")
-    prep.add_argument("--wheels-from", metavar="DIR_OR_URL", help="take the wheels from this directory or URL "
-                      "(a mirror of files by name) instead of the lock's URLs; each is still checked against "
-                      "the lock's sha256")
-    sub.add_parser("list", help="the prepared releases; * marks the current one")
-    use_ = sub.add_parser("use", help="make a prepared release current (rollback: nodes upgrade to it)")
-    use_.add_argument("id")
-    return parser
-
-
-def _releases_dir(args: argparse.Namespace) -> Path:
-    if args.files_dir:
-        return Path(args.files_dir) / RELEASES_DIR
-    from .config import load_config
-
-    path = args.config or ("/etc/llmgw/control.toml" if Path("/etc/llmgw/control.toml").exists() else None)
-    config = load_config(path, {})
-    from .app import data_dir_of
-
-    return releases_dir_for(config.agents.files_dir, data_dir_of(config))
-
-
-def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
-    from llmgw_shared.config import ConfigError
-
-    try:
-        releases = _releases_dir(args)
-        if args.action == "prepare":
-            pythons = args.python or list(DEFAULT_PYTHONS)
-            archs = args.arch or list(DEFAULT_ARCHS)
-            targets = sorted({parse_target(p, a) for p in pythons for a in archs})
-            release_id = prepare(Path(args.lock), Path(args.dist), releases, targets, wheels_from=args.wheels_from,
-                                 say=lambda text: print(text, file=sys.stderr))
-            print(f"release {release_id} is current in {releases}; new nodes get it, installed ones with "
-                  "LLMGW_UPGRADE=1 (docs/operator-guide.md)")
-        elif args.action == "use":
-            use(releases, args.id)
-            print(f"release {args.id} is current")
-        else:
-            current = current_id(releases)
-            found = sorted(p.name for p in releases.iterdir() if RELEASE_ID.fullmatch(p.name)) \
-                if releases.is_dir() else []
-            if not found:
-                print(f"no releases in {releases}: run `llmgw-control release prepare`")
-            for release_id in found:
-                try:
-                    release = load_release(releases, release_id)
-                    words = f"llmgw-node {release.node_version}, {len(release.files)} wheels, " \
-                            f"{' '.join(release.targets)}, prepared {release.created_at}"
-                except ReleaseError as exc:
-                    words = f"unusable: {exc}"
-                print(f"{'*' if release_id == current else ' '} {release_id}  {words}")
-    except (ReleaseError, ConfigError) as exc:
-        print(f"llmgw-control release: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, ConfigError) else 1
-    except OSError as exc:
-        print(f"llmgw-control release: {exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}",
-              file=sys.stderr)
-        return 1
-    return 0

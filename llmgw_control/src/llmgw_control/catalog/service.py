@@ -15,20 +15,18 @@ reconciler starts them again from the new definition; removing a model drains it
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import cattrs
 import trio
 
 from llmgw_shared.logs import get_logger
 
-from ...catalog import Catalog, ModelConfig, ProfileConfig, model_problems, profile_key
-from ...fleet.claims import estimate_profile
-from ...fleet.files import FileServer
-from ...fleet.plan import Claim
-from ...fleet.reconciler import Reconciler
-from ...store import CatalogModel, NotFound, Store, StoreError
-from .core import CONVERTER, bad_request, conflict, not_found
+from ..api_errors import bad_request, conflict, not_found
+from ..documents import CONVERTER
+from ..store import CatalogModel, NotFound, Store, StoreError
+from .claims import ModelFiles, model_claims
+from .models import Catalog, Claim, ModelConfig, ProfileConfig, model_problems, profile_key
 
 log = get_logger("llmgw.catalog")
 
@@ -36,6 +34,19 @@ log = get_logger("llmgw.catalog")
 # matches its profile, so it is replaced. Other fields (replica counts, idle timeout, labels,
 # the claim) apply to what runs without restarting it.
 _RESTART_FIELDS = ("weights", "engine", "engine_version", "context", "parallel", "args", "env")
+
+
+class Placement(Protocol):
+    """What the service changes in the fleet's reconciler (``fleet.reconciler.Reconciler``): the
+    claims it places by, the replicas of a changed profile, and the cordons it follows."""
+
+    claims: dict[str, Claim]
+    cordons: set[str]
+
+    def drain_key(self, key: str) -> list[str]: ...
+    def wake(self) -> None: ...
+    def cordon(self, node_id: str) -> None: ...
+    def uncordon(self, node_id: str) -> None: ...
 
 
 def document_of(model: ModelConfig) -> dict[str, Any]:
@@ -80,27 +91,8 @@ def stored_models(stored: list[CatalogModel], config_names: set[str], catalog: C
     return usable
 
 
-async def claims_for(model: ModelConfig, files: FileServer | None) -> dict[str, Claim]:
-    """The resource claim of each profile: configured, or estimated from the weights' header."""
-    claims: dict[str, Claim] = {}
-
-    async def one(profile: ProfileConfig) -> None:
-        key = profile_key(model.name, profile.name)
-        if profile.ram_mib:
-            claims[key] = Claim(profile.ram_mib, profile.vram_mib)
-            return
-        estimate = await estimate_profile(profile, files)
-        claims[key] = Claim(estimate.ram_mib, profile.vram_mib)
-        log.info("model %s claims %d MiB RAM (%s)", key, estimate.ram_mib, estimate.how)
-
-    async with trio.open_nursery() as nursery:
-        for profile in model.profiles:
-            nursery.start_soon(one, profile)
-    return claims
-
-
 class ModelService:
-    def __init__(self, catalog: Catalog, reconciler: Reconciler, store: Store, files: FileServer | None,
+    def __init__(self, catalog: Catalog, reconciler: Placement, store: Store, files: ModelFiles | None,
                  config_names: set[str], poll_interval: float = 2.0) -> None:
         self.catalog = catalog
         self.reconciler = reconciler
@@ -131,7 +123,7 @@ class ModelService:
         if model.name in self.catalog.models:
             raise conflict(f"model {model.name!r} already exists", field="name")
         check_model(model, self.catalog)
-        claims = await claims_for(model, self.files)
+        claims = await model_claims(model, self.files)
         async with self._lock:
             await self.store.add_model(model.name, document_of(model))
             self._apply(model, claims)
@@ -147,7 +139,7 @@ class ModelService:
             # it. Otherwise the store's NotFound is the 404, before any estimate is made.
             await self.store.get_model(name)
         check_model(model, self.catalog)
-        claims = await claims_for(model, self.files)
+        claims = await model_claims(model, self.files)
         async with self._lock:
             await self.store.update_model(name, document_of(model))
             self._apply(model, claims)
@@ -244,7 +236,7 @@ class ModelService:
         present = {r.name for r in rows}
         claims = {}
         for model in wanted.values():
-            claims[model.name] = await claims_for(model, self.files)
+            claims[model.name] = await model_claims(model, self.files)
         async with self._lock:
             for name in [n for n in self._applied if n not in present]:
                 log.info("model %s was removed by another control daemon", name)

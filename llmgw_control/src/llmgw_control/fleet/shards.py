@@ -1,0 +1,75 @@
+"""What the reconciler keeps and is configured by: its settings, the record of each shard it placed
+or adopted, and the interface it sends commands through (``agents.AgentService``)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import attrs
+
+from llmgw_shared.wire import Command
+
+from ..catalog import Claim
+from . import lifecycle
+from .lifecycle import Status
+from .plan import Assignment
+
+
+class Dispatcher(Protocol):
+    def send(self, node_id: str, command: Command) -> bool:
+        """Queue a command for a node; False when the node is not connected."""
+        ...
+
+
+@attrs.frozen
+class ReconcilerConfig:
+    interval: float = 2.0
+    port_min: int = 20000
+    port_max: int = 20999
+    backoff_base: float = 5.0
+    backoff_cap: float = 300.0
+    # Moving replicas off lost nodes: a burst, then this many per minute.
+    reschedule_burst: int = 10
+    reschedules_per_minute: float = 10.0
+    # RAM kept free on every node for the OS and the node daemon.
+    reserved_ram_mib: int = 512
+    # Seconds every slot of a model must stay busy, with nothing queued, before that counts as
+    # demand for another replica (queued requests count at once). A model at exactly its
+    # capacity serves, but the next request will wait; a moment at capacity is not demand.
+    # Ten seconds: Knative's panic window (6 s), in which it scales on a burst, plus a pass.
+    saturated_after: float = 10.0
+    # A start_shard the node has not reported on after this long is failed with that reason (the
+    # node acknowledged it and then said nothing): nothing waits in "assigned" forever. A node
+    # reports a new shard within a heartbeat (5 s); a minute allows for a congested node.
+    assigned_timeout: float = 60.0
+    # A lost node is forgotten (gone from /api/v1/nodes and /metrics, its records dropped) after
+    # this long without a word: a day, as Nomad's node_gc_threshold (24h), so an operator and the
+    # alerts see it lost first, and a fleet of short-lived nodes does not grow control's memory.
+    forget_nodes_after: float = 86400.0
+
+
+@attrs.define
+class ShardRecord:
+    shard_id: str
+    key: str
+    node_id: str
+    port: int
+    claim: Claim
+    status: Status = Status.ASSIGNED
+    detail: str = ""
+    draining: bool = False
+    ready_since: float | None = None
+    created_at: float = 0.0
+    # Where the router reaches it: the node's address when control placed (or adopted) it. A
+    # later hello cannot move a replica, and its bearer key, to another address.
+    address: str = ""
+
+    def as_assignment(self, last_used: float) -> Assignment:
+        return Assignment(self.shard_id, self.key, self.node_id, self.port, self.claim, self.status,
+                          self.detail, self.draining, last_used)
+
+    def move(self, status: Status, detail: str | None = None) -> None:
+        """A transition control makes (or applies from a report it checked): the table decides."""
+        self.status = lifecycle.check(self.shard_id, self.status, status)
+        if detail is not None:
+            self.detail = detail

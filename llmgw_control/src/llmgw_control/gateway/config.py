@@ -1,0 +1,44 @@
+"""The gateway's settings: the ``[router]`` section (deadlines, retries, the body limit) and the
+static ``[[endpoints]]`` of router-only mode. ``config.py`` composes them into the daemon's config."""
+
+from __future__ import annotations
+
+import attrs
+
+from .replicas import DEFAULT_ENDPOINT_SLOTS
+
+
+@attrs.frozen
+class RouterConfig:
+    # Per-phase deadlines. The first byte includes the engine's queueing and prompt processing,
+    # so it is generous; the idle gap bounds a stream whose engine stopped producing.
+    connect_timeout: float = 5.0
+    first_byte_timeout: float = 300.0
+    idle_timeout: float = 120.0
+    # Attempts per request across replicas, counting the first; only before any byte reached
+    # the client.
+    max_attempts: int = 3
+    # How long a replica that failed is avoided while others can serve.
+    cooldown: float = 10.0
+    # The largest request body (413 above): a long chat with images as base64 data URLs reaches a
+    # few MiB; 32 MiB is vLLM-sized headroom that still bounds what one request can make us hold.
+    max_body_bytes: int = 32 * 1024 * 1024
+    # The profile used when a client asks for a model without one, for every model that has it
+    # (e.g. "gpu"); otherwise each model's own default_profile.
+    default_profile: str = ""
+
+
+@attrs.frozen
+class EndpointConfig:
+    """A static engine replica, for router-only mode."""
+
+    id: str
+    url: str
+    models: list[str]
+    weight: float = 1.0
+    # Sent to the engine as a bearer token (llama-server --api-key); never the client's key.
+    api_key: str = attrs.field(default="", repr=False)
+    # Requests sent to it at once; more wait in the gateway's queue. Set it to llama-server's -np
+    # so the queue (and its priorities) is the gateway's; the default only stops a runaway
+    # (vLLM's default max_num_seqs).
+    slots: int = DEFAULT_ENDPOINT_SLOTS

@@ -1,0 +1,163 @@
+"""One client request as the gateway answers it: what was sent back, and the figures the access
+log and the metrics take from it (``record``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import uuid
+from typing import Any
+
+from llmgw_shared.logs import get_logger
+
+from ..api_errors import ClientApiError, sse_error_event
+from ..transport.asgi import Scope, Send
+from .metrics import GatewayMetrics
+from .usage import TokenUsage
+
+access_log = get_logger("llmgw.access")
+
+# A client's own request id is kept when it is this sane (it lands in logs and headers): at most
+# 128 characters a log line or a header can carry as they are.
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+
+
+class Exchange:
+    """One client request: what was sent back, and the figures the access log and metrics need."""
+
+    def __init__(self, send: Send, request_id: str) -> None:
+        self._send = send
+        self.request_id = request_id
+        self.started = time.perf_counter()
+        self.response_started = False
+        self.status = 0
+        self.model = ""
+        self.replica = ""
+        self.stream = False
+        self.upstream_seconds = 0.0
+        self.chunks_sent = 0
+        self.frozen_overhead: float | None = None
+        # Time waiting for a slot (or for a replica to start): neither llmgw's work nor the engine's.
+        self.queued_seconds = 0.0
+        self.ttft: float | None = None
+        self.usage: TokenUsage | None = None
+        self.client_gone = False
+        # Set as the last bytes are handed to the server (hypercorn reports the disconnect of a
+        # finished request before our send returns): a disconnect after that is not an abort.
+        self.complete = False
+
+    def overhead(self) -> float:
+        if self.frozen_overhead is not None:
+            return self.frozen_overhead
+        return max(0.0, time.perf_counter() - self.started - self.upstream_seconds - self.queued_seconds)
+
+    def freeze_overhead(self) -> None:
+        self.frozen_overhead = self.overhead()
+
+    def _headers(self, extra: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+        headers = [(b"x-request-id", self.request_id.encode())]
+        if self.replica:
+            headers.append((b"x-llmgw-replica", self.replica.encode()))
+        if self.queued_seconds:
+            headers.append((b"x-llmgw-queued-ms", f"{self.queued_seconds * 1000:.1f}".encode()))
+        headers.append((b"x-llmgw-overhead-ms", f"{self.overhead() * 1000:.3f}".encode()))
+        return extra + headers
+
+    async def respond(self, status: int, body: bytes, content_type: bytes = b"application/json") -> None:
+        self.status = status
+        self.response_started = True
+        await self._send({
+            "type": "http.response.start", "status": status,
+            "headers": self._headers([(b"content-type", content_type),
+                                      (b"content-length", str(len(body)).encode())]),
+        })
+        self.complete = True
+        await self._send({"type": "http.response.body", "body": body})
+
+    async def respond_json(self, status: int, value: Any) -> None:
+        await self.respond(status, json.dumps(value).encode())
+
+    async def send_error(self, error: ClientApiError) -> None:
+        if self.response_started:
+            await self.send_chunk(sse_error_event(error))
+            self.status = error.status
+            return
+        self.status = error.status
+        self.response_started = True
+        body = error.encoded()
+        extra = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        extra += [(k.encode(), v.encode()) for k, v in error.headers]
+        await self._send({"type": "http.response.start", "status": error.status, "headers": self._headers(extra)})
+        self.complete = True
+        await self._send({"type": "http.response.body", "body": body})
+
+    async def start_stream(self, status: int, content_type: bytes) -> None:
+        self.status = status
+        self.response_started = True
+        await self._send({
+            "type": "http.response.start", "status": status,
+            "headers": self._headers([(b"content-type", content_type), (b"cache-control", b"no-cache"),
+                                      # nginx in front would otherwise buffer the stream
+                                      (b"x-accel-buffering", b"no")]),
+        })
+
+    async def send_chunk(self, chunk: bytes, events: int = 1) -> None:
+        # Events relayed: with no usage from the engine, about one token each.
+        self.chunks_sent += events
+        if self.ttft is None:
+            self.ttft = time.perf_counter() - self.started
+        await self._send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+    async def end_stream(self) -> None:
+        self.complete = True
+        await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+def request_id(scope: Scope) -> str:
+    given = header(scope, b"x-request-id")
+    if given and _REQUEST_ID.fullmatch(given):
+        return given
+    return uuid.uuid4().hex
+
+
+
+
+def record(scope: Scope, exchange: Exchange, metrics: GatewayMetrics) -> None:
+    """The request's metrics and its one access line."""
+    status = 499 if exchange.client_gone else exchange.status
+    duration = time.perf_counter() - exchange.started
+    overhead = exchange.overhead()
+    metrics.requests.labels(exchange.model, exchange.replica, str(status)).inc()
+    if exchange.model:
+        metrics.duration.labels(exchange.model).observe(duration)
+        metrics.overhead.observe(overhead)
+        if exchange.stream and exchange.ttft is not None:
+            metrics.ttft.labels(exchange.model).observe(exchange.ttft)
+        if exchange.usage is not None:
+            metrics.tokens.labels(exchange.model, "prompt").inc(exchange.usage.prompt_tokens)
+            metrics.tokens.labels(exchange.model, "completion").inc(exchange.usage.completion_tokens)
+    fields: dict[str, Any] = {
+        "method": scope["method"], "path": scope["path"], "status": status,
+        "duration_ms": round(duration * 1000, 2), "overhead_ms": round(overhead * 1000, 3),
+    }
+    if exchange.model:
+        fields.update(model=exchange.model, replica=exchange.replica, stream=exchange.stream)
+    if exchange.ttft is not None:
+        fields["ttft_ms"] = round(exchange.ttft * 1000, 2)
+    if exchange.usage is not None:
+        fields.update(prompt_tokens=exchange.usage.prompt_tokens,
+                      completion_tokens=exchange.usage.completion_tokens)
+    if exchange.client_gone:
+        fields["client_gone"] = True
+    # Health checks arrive every few seconds from load balancers: not worth a line each.
+    quiet = scope["path"] == "/healthz" and status == 200
+    access_log.log(logging.DEBUG if quiet else logging.INFO, "served", extra=fields)

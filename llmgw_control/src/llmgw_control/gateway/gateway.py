@@ -1,0 +1,284 @@
+"""The OpenAI endpoints as a plain ASGI application.
+
+The data path is written against ASGI directly rather than through Quart's response objects:
+a Quart streaming body runs after the handler has returned, outside the scope that opened the
+upstream request, so a client that disconnects before the first body iteration leaves the
+upstream request open. Here one function owns the whole exchange -- read, pick, connect, relay --
+inside one nursery, and the upstream response is an ``async with`` that closes the moment the
+client goes away. It also saves Quart's own cost per request (docs/performance.md). The admin API and
+pages, which are not hot, use Quart.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import trio
+
+from llmgw_shared.logs import get_logger, request_context
+
+from ..api_errors import ClientApiError, model_not_found
+from ..priority import Priority
+from ..tenancy.admission import Admission, Ticket
+from ..transport.asgi import REQUEST_ID, Receive, Scope, Send
+from .activator import Activator, Refusal, Slot
+from .config import RouterConfig
+from .directory import ModelDirectory, StaticDirectory
+from .exchange import Exchange, header, record, request_id
+from .metrics import GatewayMetrics
+from .relay import Retryable, exchange_with
+from .replicas import Replica, ReplicaSet
+from .requests import ENDPOINTS, ClientGone, ParsedRequest, parse_request, read_body
+from .upstream import UpstreamClient, UpstreamClosedEarly, UpstreamError
+
+log = get_logger("llmgw.router")
+
+
+class Gateway:
+    def __init__(
+        self,
+        replicas: ReplicaSet,
+        upstream: UpstreamClient,
+        metrics: GatewayMetrics,
+        config: RouterConfig,
+        *,
+        directory: ModelDirectory | None = None,
+        activator: Activator | None = None,
+        admission: Admission | None = None,
+    ) -> None:
+        self.replicas = replicas
+        self.upstream = upstream
+        self.metrics = metrics
+        self.config = config
+        self.directory = directory or StaticDirectory(replicas)
+        # Router-only mode has no reconciler to start replicas, but its endpoints' slots are
+        # admitted the same way.
+        self.activator = activator or Activator(replicas)
+        self.admission = admission
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        exchange = Exchange(send, request_id(scope))
+        with request_context(exchange.request_id):
+            try:
+                await self._dispatch(scope, receive, exchange)
+            except ClientApiError as error:
+                await exchange.send_error(error)
+            except ClientGone:
+                exchange.client_gone = True
+            except Exception:
+                log.exception("unexpected error while serving %s %s", scope["method"], scope["path"])
+                if not exchange.response_started:
+                    await exchange.send_error(ClientApiError(
+                        500, f"Internal error in the gateway (request id {exchange.request_id}).",
+                        code="internal_error"))
+            finally:
+                record(scope, exchange, self.metrics)
+
+    async def _dispatch(self, scope: Scope, receive: Receive, exchange: Exchange) -> None:
+        # For the server's own log line should the connection fail while this request is served.
+        scope[REQUEST_ID] = exchange.request_id
+        path: str = scope["path"]
+        method: str = scope["method"]
+        endpoint = ENDPOINTS.get(path)
+        if endpoint is not None:
+            if method != "POST":
+                raise ClientApiError(405, f"Method {method} is not allowed on {path}; use POST.",
+                                     code="method_not_allowed")
+            authorization = header(scope, b"authorization")
+            # Who is asking comes first, on the head: a client without a key gets its 401 before
+            # its body is invited (no 100 Continue) or read, and learns no model names.
+            allowed = self.admission.authenticate(authorization) if self.admission is not None else None
+            length = header(scope, b"content-length")
+            body = await read_body(
+                receive, content_length=int(length) if length and length.isdigit() else None,
+                limit=self.config.max_body_bytes,
+            )
+            request = parse_request(endpoint, body)
+            key = self.directory.resolve(request.model)
+            if key is None:
+                raise model_not_found(request.model, self._visible(allowed), restricted=allowed is not None)
+            exchange.model = key
+            exchange.stream = request.stream
+            if self.admission is None:
+                await self._forward(request, key, receive, exchange)
+                return
+            estimate = _estimate_tokens(request)
+            ticket = self.admission.admit(authorization, key.partition(":")[0], estimated_tokens=sum(estimate))
+            try:
+                await self._forward(request, key, receive, exchange, ticket.priority)
+            finally:
+                _settle(ticket, exchange, estimate)
+        elif path.startswith("/v1/models") and method == "GET":
+            allowed = self.admission.authenticate(header(scope, b"authorization")) if self.admission else None
+            await self._models(path, exchange, allowed)
+        elif path == "/healthz":
+            await exchange.respond_json(200, {"status": "ok", "replicas": len(self.replicas)})
+        else:
+            raise ClientApiError(404, f"Unknown request URL: {method} {path}.", code="unknown_url")
+
+    async def _models(self, path: str, exchange: Exchange, allowed: frozenset[str] | None) -> None:
+        visible = self._visible(allowed)
+        if path == "/v1/models":
+            await exchange.respond_json(200, {"object": "list", "data": [_model_card(m) for m in visible]})
+            return
+        name = path.removeprefix("/v1/models/")
+        if not self._may_see(name, allowed):
+            raise model_not_found(name, visible, restricted=allowed is not None)
+        await exchange.respond_json(200, _model_card(name))
+
+    def _may_see(self, name: str, allowed: frozenset[str] | None) -> bool:
+        key = self.directory.resolve(name)
+        # As ``admit`` checks an allow-list: by the model, whatever the profile.
+        return key is not None and (allowed is None or key.partition(":")[0] in allowed)
+
+    def _visible(self, allowed: frozenset[str] | None) -> list[str]:
+        """The model names a key may see: all of them, or those its allow-list names."""
+        names = self.directory.names()
+        return names if allowed is None else [name for name in names if self._may_see(name, allowed)]
+
+    async def _forward(
+        self, request: ParsedRequest, key: str, receive: Receive, exchange: Exchange,
+        priority: Priority = Priority.INTERACTIVE,
+    ) -> None:
+        in_flight = self.metrics.in_flight.labels(key)
+        in_flight.inc()
+        failure: Exception | None = None
+        try:
+            async with trio.open_nursery() as nursery:
+                # Inside the nursery, so a client that gives up stops waiting for a slot too.
+                nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope, exchange)
+                try:
+                    await self._attempts(request, key, exchange, priority)
+                except Exception as exc:
+                    # Re-raised below the nursery, so callers see the error itself rather than
+                    # an exception group wrapping it.
+                    failure = exc
+                nursery.cancel_scope.cancel()
+        finally:
+            in_flight.dec()
+        if failure is not None:
+            raise failure
+
+    async def _attempts(self, request: ParsedRequest, key: str, exchange: Exchange, priority: Priority) -> None:
+        activator = self.activator
+        tried: frozenset[str] = frozenset()
+        failure: ClientApiError | None = None
+        for attempt in range(self.config.max_attempts):
+            slot = activator.try_acquire(key, tried)
+            if slot is None:
+                outcome = await self._queue(key, exchange, priority, tried, retry=bool(attempt))
+                if outcome is Refusal.EXHAUSTED:
+                    break
+                if isinstance(outcome, Refusal):
+                    raise activator.refusal_error(outcome, key)
+                slot = outcome
+            with slot:
+                replica = slot.replica
+                if attempt:
+                    self.metrics.retries.labels(replica.id, "other_replica").inc()
+                tried = tried | {replica.id}
+                exchange.replica = replica.id
+                try:
+                    await self._attempt(replica, request, exchange)
+                    return
+                except Retryable as retry:
+                    failure = retry.error
+                    replica.cooldown_until = trio.current_time() + self.config.cooldown
+                    self.metrics.cooldowns.labels(replica.id).inc()
+                    log.warning("replica %s failed (%s): %s", replica.id, retry.reason, retry.error.message,
+                                extra={"replica": replica.id, "model": key})
+        raise failure or ClientApiError(
+            503, f"No replica of model '{request.model}' is available.", code="no_replica_available")
+
+    async def _queue(
+        self, key: str, exchange: Exchange, priority: Priority, tried: frozenset[str], *, retry: bool
+    ) -> Slot | Refusal:
+        """Wait for a slot; the time waited is the queue's, neither llmgw's work nor the engine's."""
+        held = time.perf_counter()
+        outcome: Slot | Refusal | None = None
+        try:
+            outcome = await self.activator.wait(key, priority, exclude=tried, front=retry)
+        finally:
+            # Refused at once (queue full, nothing left to try): that request never waited.
+            if outcome is not Refusal.OVERFLOW and outcome is not Refusal.EXHAUSTED:
+                waited = time.perf_counter() - held
+                exchange.queued_seconds += waited
+                self.metrics.queue_wait.labels(key).observe(waited)
+        if isinstance(outcome, Refusal) and outcome is not Refusal.EXHAUSTED:
+            self.metrics.queue_refusals.labels(key, outcome.value).inc()
+        return outcome
+
+    async def _attempt(self, replica: Replica, request: ParsedRequest, exchange: Exchange) -> None:
+        headers = [("content-type", "application/json"), ("accept", "application/json, text/event-stream"),
+                   ("x-request-id", exchange.request_id)]
+        if replica.api_key:
+            headers.append(("authorization", f"Bearer {replica.api_key}"))
+        url = replica.url + request.endpoint.path
+        gauge = self.metrics.replica_in_flight.labels(replica.id)
+        gauge.inc()
+        try:
+            # One silent retry on a fresh connection: a pooled connection the engine closed
+            # after its last stream fails before any response byte.
+            for fresh_connection in (False, True):
+                try:
+                    await exchange_with(self.upstream, self.config, replica, url, headers, request, exchange)
+                    return
+                except UpstreamClosedEarly as exc:
+                    if fresh_connection:
+                        raise Retryable(ClientApiError(
+                            502, f"Replica {replica.id} closed the connection before answering (phase: "
+                                 f"first_byte): {exc}", code="upstream_closed"), "closed") from None
+                    self.metrics.retries.labels(replica.id, "stale_connection").inc()
+                except UpstreamError as exc:
+                    # A connect error, or anything else the upstream client could not send.
+                    raise Retryable(ClientApiError(
+                        502, f"Replica {replica.id} could not be reached (phase: connect): {exc}",
+                        code="upstream_connect_error"), "connect") from None
+        finally:
+            gauge.dec()
+
+
+async def _watch_disconnect(receive: Receive, scope: trio.CancelScope, exchange: Exchange) -> None:
+    """Cancel the exchange when the client goes away, which closes the upstream request at once."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            if not exchange.complete:
+                exchange.client_gone = True
+                scope.cancel()
+            return
+
+
+# Completion tokens reserved against a quota for a request that names no max_tokens: settled with
+# the engine's real count afterwards, so this only decides whether a request near its limit is
+# let in; 512 is a long chat answer, and a shorter default would admit requests that then overrun.
+_DEFAULT_COMPLETION_ESTIMATE = 512
+
+
+def _estimate_tokens(request: ParsedRequest) -> tuple[int, int]:
+    """(prompt, completion) tokens to reserve before the engine says: ~4 bytes a token, max_tokens."""
+    payload = request.payload
+    completion = payload.get("max_completion_tokens") or payload.get("max_tokens")
+    if request.endpoint.kind == "embeddings":
+        completion = 0
+    elif not isinstance(completion, int):
+        completion = _DEFAULT_COMPLETION_ESTIMATE
+    return len(request.body) // 4, completion
+
+
+def _settle(ticket: Ticket, exchange: Exchange, estimate: tuple[int, int]) -> None:
+    """Count what was served: the engine's usage, else an estimate; nothing for a failure."""
+    if exchange.usage is not None:
+        ticket.settle(exchange.usage.prompt_tokens, exchange.usage.completion_tokens)
+    elif exchange.response_started and 200 <= exchange.status < 300:
+        # Served, but the engine reported no usage (a stream without include_usage, or one cut
+        # off): a release would let those tokens escape every quota.
+        completion = exchange.chunks_sent if exchange.stream else estimate[1]
+        ticket.settle(estimate[0], completion)
+    else:
+        ticket.release()
+
+
+def _model_card(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "llmgw"}

@@ -1,0 +1,215 @@
+"""One attempt's exchange with an engine: the request sent, the answer relayed to the client.
+
+Deadlines are trio scopes per phase (the response head, then the idle gap between chunks), so an
+error names the replica and the phase. A failure before anything reached the client is
+``Retryable``: the gateway tries another replica. Once bytes reached it, a failure ends the stream
+with a last ``data: {"error": ...}`` event. A streamed answer is read by a task of its own into a
+bounded queue, and everything queued leaves as one write (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import trio
+
+from llmgw_shared.jsonin import loads as json_loads
+from llmgw_shared.logs import get_logger
+
+from ..api_errors import ClientApiError
+from .config import RouterConfig
+from .exchange import Exchange
+from .replicas import Replica
+from .requests import ParsedRequest
+from .upstream import UpstreamBodyError, UpstreamClient, UpstreamResponse
+from .usage import StreamTail, find_usage
+
+log = get_logger("llmgw.router")
+
+# An engine's error answer (a 5xx) is read up to this much for the message the client gets: the
+# message is cut to 300 characters anyway, and a broken engine may send anything.
+_ERROR_BODY_LIMIT = 64 * 1024
+# Chunks read ahead of a slow client before the reader waits (backpressure to the engine): a
+# client that stops reading holds at most this many of the engine's chunks in memory.
+_RELAY_QUEUE = 64
+
+
+class Retryable(Exception):
+    """This attempt failed before anything reached the client: another replica may serve it."""
+
+    def __init__(self, error: ClientApiError, reason: str) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.reason = reason
+
+
+def _engine_message(body: bytes) -> str:
+    try:
+        value = json_loads(body)
+        error = value.get("error") if isinstance(value, dict) else None
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return str(error["message"])[:300]
+        if isinstance(error, str):
+            return error[:300]
+    except ValueError:
+        pass
+    return body.decode("utf-8", "replace").strip()[:300] or "(empty body)"
+
+
+
+async def exchange_with(
+    upstream: UpstreamClient, config: RouterConfig, replica: Replica, url: str, headers: list[tuple[str, str]],
+    request: ParsedRequest, exchange: Exchange,
+) -> None:
+    """Send ``request`` to ``replica`` and relay its answer into ``exchange``."""
+    body = request.body
+    if replica.served_name and replica.served_name != request.model:
+        # Engines such as vLLM check the name; llama-server ignores it (then it is not set).
+        body = json.dumps({**request.payload, "model": replica.served_name}).encode()
+    waited = time.perf_counter()
+    answered = False
+    try:
+        # One scope for the wait for the response head, lifted once it is in: a second
+        # scope (or an exit stack to nest one) per request is measurable on this path.
+        with trio.CancelScope(deadline=trio.current_time() + config.first_byte_timeout) as head:
+            async with upstream.open("POST", url, headers=headers, body=body,
+                                          connect_timeout=config.connect_timeout) as response:
+                head.deadline = math.inf
+                answered = True
+                exchange.upstream_seconds += time.perf_counter() - waited
+                await _relay(config, replica, response, exchange)
+    finally:
+        if not answered:
+            exchange.upstream_seconds += time.perf_counter() - waited
+    if head.cancelled_caught:
+        raise ClientApiError(504, f"Replica {replica.id} did not answer within {config.first_byte_timeout:g} s "
+                            "(phase: first_byte).", code="upstream_timeout")
+
+async def _read_all(
+    config: RouterConfig, replica: Replica, response: UpstreamResponse, exchange: Exchange, limit: int | None = None
+) -> bytes:
+    """The whole body; ClientApiError when the engine stalls for the idle timeout or breaks off."""
+    idle = config.idle_timeout
+    parts = []
+    size = 0
+    waited = time.perf_counter()
+    try:
+        with trio.CancelScope(deadline=trio.current_time() + idle) as stalled:
+            while (chunk := await response.next_chunk()) is not None:
+                parts.append(chunk)
+                size += len(chunk)
+                if limit is not None and size >= limit:
+                    break
+                stalled.deadline = trio.current_time() + idle
+    except UpstreamBodyError as exc:
+        raise ClientApiError(502, f"Replica {replica.id} broke off its response (phase: body): {exc}",
+                       code="upstream_broken") from None
+    finally:
+        exchange.upstream_seconds += time.perf_counter() - waited
+    if stalled.cancelled_caught:
+        raise ClientApiError(504, f"Replica {replica.id} sent nothing for {idle:g} s (phase: body).",
+                       code="upstream_timeout")
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+async def _relay(config: RouterConfig, replica: Replica, response: UpstreamResponse, exchange: Exchange) -> None:
+    status = response.status_code
+    if status >= 500:
+        try:
+            detail = _engine_message(await _read_all(config, replica, response, exchange, _ERROR_BODY_LIMIT))
+        except ClientApiError as error:
+            detail = error.message
+        raise Retryable(ClientApiError(
+            502, f"Replica {replica.id} answered {status} (phase: first_byte): {detail}",
+            code="upstream_error"), f"http_{status}")
+    content_type = response.content_type()
+    if not content_type.startswith("text/event-stream"):
+        try:
+            body = await _read_all(config, replica, response, exchange)
+        except ClientApiError as error:
+            # Nothing has reached the client yet, so another replica may still serve it.
+            raise Retryable(error, "body") from None
+        if status < 300:
+            exchange.usage = find_usage(body)
+        await exchange.respond(status, body, content_type.encode() or b"application/json")
+        return
+    await exchange.start_stream(status, content_type.encode())
+    # From here the overhead figure is fixed: the relay's own time overlaps the engine's.
+    exchange.freeze_overhead()
+    tail = StreamTail()
+    arrived, collected = trio.open_memory_channel[bytes | ClientApiError | None](_RELAY_QUEUE)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_read_stream, config, replica, response, arrived)
+        failure: ClientApiError | None = None
+        done = False
+        while not done:
+            # Everything the reader has queued goes out as one write: under load that turns
+            # dozens of small SSE events into one send, which is most of a stream's CPU.
+            parts: list[bytes] = []
+            item = await collected.receive()
+            while True:
+                if item is None or isinstance(item, ClientApiError):
+                    done, failure = True, item
+                    break
+                parts.append(item)
+                try:
+                    item = collected.receive_nowait()
+                except trio.WouldBlock:
+                    break
+            if parts:
+                data = parts[0] if len(parts) == 1 else b"".join(parts)
+                tail.feed(data)
+                if b'"usage"' in data:
+                    # Taken now: a client that closes right after [DONE] cancels what follows.
+                    exchange.usage = tail.usage() or exchange.usage
+                if (done and failure is None) or b"data: [DONE]" in data:
+                    # This write carries the end of the answer: a client that hangs up from
+                    # here on (the openai client does, right after [DONE]) is done, not gone.
+                    exchange.complete = True
+                await exchange.send_chunk(data, events=data.count(b"data:"))
+    if failure is not None:
+        # Bytes already reached the client: no retry, the error travels as the last event.
+        log.warning("stream from replica %s ended early: %s", replica.id, failure.message,
+                    extra={"replica": replica.id})
+        await exchange.send_error(failure)
+    exchange.usage = tail.usage() or exchange.usage
+    await exchange.end_stream()
+
+
+async def _read_stream(
+    config: RouterConfig, replica: Replica, response: UpstreamResponse,
+    arrived: trio.MemorySendChannel[bytes | ClientApiError | None],
+) -> None:
+    """Read the engine's stream into the relay queue; ends with None, or the error that ended it."""
+    idle = config.idle_timeout
+    # Moving a cancel scope's deadline goes through trio's deadline heap: done twice per chunk
+    # it was measurable in a stream's CPU (docs/performance.md). The deadline is moved at most every ``slack``
+    # seconds instead, and set ``slack`` later than due, so it fires between ``idle`` and
+    # ``idle + slack`` after the last chunk: never early.
+    slack = min(1.0, idle / 10)
+    async with arrived:
+        # Waiting on a full queue (a slow client) is not idleness: the deadline is lifted then.
+        with trio.CancelScope(deadline=trio.current_time() + idle + slack) as waiting:
+            refresh_at = trio.current_time() + slack
+            try:
+                while (chunk := await response.next_chunk()) is not None:
+                    try:
+                        arrived.send_nowait(chunk)
+                    except trio.WouldBlock:
+                        waiting.deadline = math.inf
+                        await arrived.send(chunk)
+                        refresh_at = 0.0
+                    now = trio.current_time()
+                    if now >= refresh_at:
+                        waiting.deadline = now + idle + slack
+                        refresh_at = now + slack
+            except UpstreamBodyError as exc:
+                await arrived.send(ClientApiError(502, f"Replica {replica.id} broke off its response (phase: body): "
+                                                  f"{exc}", code="upstream_broken"))
+                return
+        if waiting.cancelled_caught:
+            await arrived.send(ClientApiError(504, f"Replica {replica.id} sent nothing for {idle:g} s (phase: body).",
+                                              code="upstream_timeout"))
+            return
+        await arrived.send(None)

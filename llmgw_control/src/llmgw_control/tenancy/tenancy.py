@@ -1,0 +1,64 @@
+"""Keys, groups, quotas and usage over the store, as one daemon opens them (``open_tenancy``)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+from pathlib import Path
+
+import attrs
+import trio
+
+from llmgw_shared.logs import get_logger
+
+from ..store import KEY_DIGEST_SECRET, Store, cluster_secret, is_postgres_url, open_store
+from .admission import TenancyAdmission
+from .keys import KeyDigester, load_or_create_server_secret
+from .service import TenancyService
+from .state import TenancyState
+from .usage import UsageAccumulator, UsageFlusher
+
+log = get_logger("llmgw.control")
+
+# How long a stop waits for the last usage batch to be written before the store closes: the
+# store's own statement timeout bounds one write, and a store that is down must not hold the stop.
+_LAST_FLUSH_SECONDS = 10
+
+
+@attrs.define
+class Tenancy:
+    """Keys, groups, quotas and usage, for the gateway, the admin API and tests."""
+
+    store: Store
+    state: TenancyState
+    usage: UsageAccumulator
+    service: TenancyService
+    admission: TenancyAdmission
+
+
+@asynccontextmanager
+async def open_tenancy(location: str, data_dir: Path) -> AsyncIterator[Tenancy]:
+    """The store at ``location`` and, over it, the tenancy state: loaded before the first request
+    is admitted. Usage counted since the last batch is written before the store closes."""
+    if not is_postgres_url(location):
+        await trio.to_thread.run_sync(partial(data_dir.mkdir, parents=True, exist_ok=True))
+    async with open_store(location) as store, trio.open_nursery() as nursery:
+        if is_postgres_url(location):
+            # Every daemon on this database must check the same digests: the secret lives there.
+            secret = await cluster_secret(store, KEY_DIGEST_SECRET, data_dir / "key-secret")
+        else:
+            secret = await trio.to_thread.run_sync(load_or_create_server_secret, data_dir / "key-secret")
+        state = TenancyState(store, KeyDigester(secret))
+        usage = UsageAccumulator()
+        flusher = UsageFlusher(store, usage)
+        await nursery.start(state.run)
+        await nursery.start(flusher.run)
+        if state.open:
+            log.warning("no API keys exist: the gateway is open to every request (create a key to close it)")
+        try:
+            yield Tenancy(store, state, usage, TenancyService(store, state, usage), TenancyAdmission(state, usage))
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(_LAST_FLUSH_SECONDS):
+                await flusher.flush_once()
+            nursery.cancel_scope.cancel()
