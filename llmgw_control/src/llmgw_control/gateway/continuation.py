@@ -83,6 +83,8 @@ class Seen:
     # Content events: llama-server sends one per token, so this counts the tokens sent.
     tokens: int = 0
     finish_reason: Any = None
+    # The chat role chunk reached the client: a continuation's own is dropped.
+    role_sent: bool = False
     # Something the continuation cannot carry over (tool calls, reasoning, a second choice).
     other: bool = False
 
@@ -117,6 +119,9 @@ def read_seen(data: bytes | bytearray, kind: str) -> Seen:
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 seen.other = True
                 continue
+            delta = choice.get("delta")
+            if isinstance(delta, dict) and "role" in delta:
+                seen.role_sent = True
             piece = _piece(choice, kind)
             if piece is None:
                 seen.other = True
@@ -139,7 +144,9 @@ def _piece(choice: dict[str, Any], kind: str) -> str | None:
     if any(delta.get(k) for k in ("tool_calls", "function_call", "reasoning_content", "refusal")):
         return None
     content = delta.get("content")
-    return content if isinstance(content, str) or content is None else None
+    if content is None:
+        return ""  # the role chunk, or the finish chunk
+    return content if isinstance(content, str) else None
 
 
 def continuation_request(request: ParsedRequest, seen: Seen) -> ParsedRequest | None:
@@ -277,11 +284,13 @@ class Splice:
             delta = choice.get("delta")
             if not isinstance(delta, dict):
                 return choice
-            delta.pop("role", None)
+            if self.seen.role_sent:
+                delta.pop("role", None)
             text = delta.get("content")
             if isinstance(text, str):
                 delta["content"] = text = self._strip_echo(text)
             if not text and not [k for k in delta if k != "content"] and choice.get("finish_reason") is None:
+                # Nothing left of it (the echo, or the role chunk): the client would see an empty delta.
                 return None
         else:
             text = choice.get("text")

@@ -1,0 +1,267 @@
+"""Streams that survive their replica: the splicing as a property, and the gateway against fake engines."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+import httpx2
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmgw_control.gateway.continuation import StreamRecord, continuation_request
+from llmgw_control.gateway.requests import ENDPOINTS, parse_request
+from llmgw_dev.fake_engine import FakeEngineBehavior, run_fake_engine
+from support.gateway import chat_body, endpoint, running_gateway
+
+PROMPT_TOKENS = 9
+
+
+def sse(text: str) -> list[Any]:
+    found = []
+    for block in text.split("\n\n"):
+        for line in block.splitlines():
+            if line.startswith("data: "):
+                data = line.removeprefix("data: ")
+                found.append(data if data == "[DONE]" else json.loads(data))
+    return found
+
+
+def _head(kind: str, rid: str) -> dict[str, Any]:
+    return {"id": rid, "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
+            "created": 1000 if rid == "a" else 2000, "model": f"served-{rid}"}
+
+
+def engine_stream(kind: str, rid: str, tokens: list[str], *, echo: str = "", separate_echo: bool = False,
+                  prompt: int = PROMPT_TOKENS, usage_chunk: bool = True) -> bytes:
+    """A llama-server-shaped stream of ``tokens``; a continuation's echo leads its first delta."""
+    events: list[dict[str, Any]] = []
+    head = _head(kind, rid)
+    if kind == "chat":
+        events.append({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": None},
+                                            "finish_reason": None}]})
+    pieces = list(tokens)
+    if echo and separate_echo:
+        pieces.insert(0, echo)
+    elif echo:
+        pieces = [echo + pieces[0], *pieces[1:]] if pieces else [echo]
+    for piece in pieces:
+        choice = {"index": 0, "delta": {"content": piece}} if kind == "chat" else {"index": 0, "text": piece}
+        events.append({**head, "choices": [{**choice, "finish_reason": None}]})
+    usage = {"prompt_tokens": prompt, "completion_tokens": len(tokens), "total_tokens": prompt + len(tokens)}
+    if kind == "chat":
+        events.append({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
+        if usage_chunk:
+            events.append({**head, "choices": [], "usage": usage})
+    else:
+        events.append({**head, "choices": [{"index": 0, "text": "", "finish_reason": "length"}], "usage": usage})
+    return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+
+
+def _pieces(data: bytes, splits: list[int]) -> list[bytes]:
+    """``data`` in arbitrary pieces (as the network hands it over)."""
+    cuts = sorted({s % (len(data) + 1) for s in splits})
+    bounds = [0, *cuts, len(data)]
+    return [data[a:b] for a, b in itertools.pairwise(bounds) if b > a]
+
+
+@settings(max_examples=300, deadline=None)
+@given(kind=st.sampled_from(["chat", "completions"]),
+       tokens=st.lists(st.text(alphabet="ab é😀\n{}\"", min_size=1, max_size=4), min_size=1, max_size=12),
+       cut=st.integers(min_value=0), splits=st.lists(st.integers(min_value=0), max_size=6),
+       wants_usage=st.booleans(), separate_echo=st.booleans())
+def test_a_stream_cut_anywhere_and_continued_reads_as_one_stream(
+    kind: str, tokens: list[str], cut: int, splits: list[int], wants_usage: bool, separate_echo: bool,
+) -> None:
+    body: dict[str, Any] = {"model": "m", "stream": True, "max_tokens": len(tokens) + 3}
+    if kind == "chat":
+        body["messages"] = [{"role": "user", "content": "hi"}]
+    else:
+        body["prompt"] = "Once"
+    if wants_usage:
+        body["stream_options"] = {"include_usage": True}
+    path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
+    request = parse_request(ENDPOINTS[path], json.dumps(body).encode())
+    record = StreamRecord(request)
+    first = engine_stream(kind, "a", tokens)
+    first = first[:cut % len(first)]  # the engine dies somewhere before its [DONE]
+    client = b"".join(record.whole_events(piece) for piece in _pieces(first, splits))
+    seen = record.seen()
+    assert not seen.other
+    assert seen.tokens <= len(tokens) and seen.text == "".join(tokens[:seen.tokens])
+    if seen.finish_reason is not None:
+        return  # only the [DONE] was missing: nothing to continue (the gateway sends it)
+    plan = continuation_request(request, seen)
+    assert plan is not None
+    assert plan.payload["max_tokens"] == len(tokens) + 3 - seen.tokens
+    if kind == "chat":
+        assert plan.payload["messages"][-1] == {"role": "assistant", "content": seen.text}
+    else:
+        assert plan.payload["prompt"] == "Once" + seen.text
+    record.continue_after(seen)
+    splice = record.splice
+    assert splice is not None
+    # The continuation reads the client's prompt plus what it had received, and echoes the prefill.
+    second = engine_stream(kind, "b", tokens[seen.tokens:], echo=seen.text if kind == "chat" else "",
+                           separate_echo=separate_echo, prompt=PROMPT_TOKENS + seen.tokens)
+    for piece in _pieces(second, splits):
+        client += record.whole_events(splice.feed(piece))
+    client += record.whole_events(splice.rest()) + record.rest()
+
+    events = sse(client.decode())  # every event whole: json.loads would fail on half of one
+    assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
+    chunks = [e for e in events if e != "[DONE]"]
+    expected = ("a", 1000, "served-a") if seen.id is not None else ("b", 2000, "served-b")
+    assert {(e["id"], e["created"], e["model"]) for e in chunks} == {expected}
+    if kind == "chat":
+        roles = [c for e in chunks for c in e["choices"] if "role" in c["delta"]]
+        assert len(roles) == 1
+        text = "".join(c["delta"].get("content") or "" for e in chunks for c in e["choices"])
+    else:
+        text = "".join(c["text"] for e in chunks for c in e["choices"])
+    assert text == "".join(tokens)
+    finishes = [c["finish_reason"] for e in chunks for c in e["choices"] if c["finish_reason"]]
+    assert finishes == ["length"]
+    usages = [e["usage"] for e in chunks if "usage" in e]
+    if wants_usage:
+        assert usages == [{"prompt_tokens": PROMPT_TOKENS, "completion_tokens": len(tokens),
+                           "total_tokens": PROMPT_TOKENS + len(tokens)}]
+    else:
+        assert usages == []
+    # Charged: both attempts read the prompt (the second with what had been generated), and each
+    # token was generated once.
+    assert splice.charged is not None
+    assert splice.charged.prompt_tokens == 2 * PROMPT_TOKENS + seen.tokens
+    assert splice.charged.completion_tokens == len(tokens)
+
+
+# -- the gateway, against fake engines ------------------------------------------------------------
+
+FULL = "".join(f"tok{i} " for i in range(8))
+
+
+def _text(events: list[Any]) -> str:
+    return "".join((c.get("delta") or {}).get("content") or c.get("text") or ""
+                   for e in events if isinstance(e, dict) for c in e.get("choices") or ())
+
+
+async def test_a_chat_stream_whose_engine_dies_is_continued_on_the_other_replica() -> None:
+    behavior = FakeEngineBehavior(close_mid_stream_after=3, stream_fault_times=1)
+    async with run_fake_engine(behavior) as a, run_fake_engine(behavior) as b:
+        async with running_gateway(endpoint("a", a.url), endpoint("b", b.url)) as gw:
+            response = await gw.client.post("/v1/chat/completions", json=chat_body(
+                stream=True, max_tokens=20, stream_options={"include_usage": True}))
+            assert response.status_code == 200
+            events = sse(response.text)
+            assert events[-1] == "[DONE]"
+            assert not any("error" in e for e in events if isinstance(e, dict))
+            assert _text(events) == FULL
+            chunks = [e for e in events if e != "[DONE]"]
+            assert len({e["id"] for e in chunks}) == 1 and len({e["created"] for e in chunks}) == 1
+            assert sum("role" in c["delta"] for e in chunks for c in e["choices"]) == 1
+            assert chunks[-1]["usage"] == {"prompt_tokens": 7, "completion_tokens": 8, "total_tokens": 15}
+            requests = [r.json for r in a.observed.requests + b.observed.requests]
+            assert len(requests) == 2
+            continued = next(r for r in requests if r["messages"][-1]["role"] == "assistant")
+            assert continued["messages"][-1]["content"] == "tok0 tok1 tok2 "
+            assert continued["max_tokens"] == 17
+            labels = {"model": "fake-model", "outcome": "continued"}
+            assert await gw.settled_metric("llmgw_stream_continuations_total", labels, expect=1) == 1
+            # Quotas and metrics count what the engines did: two prompts (the second with the
+            # three tokens it was given), eight tokens generated.
+            prompt = {"model": "fake-model", "kind": "prompt"}
+            assert await gw.settled_metric("llmgw_tokens_total", prompt, expect=7 + 10) == 17
+            assert gw.metric("llmgw_tokens_total", {"model": "fake-model", "kind": "completion"}) == 8
+
+
+async def test_streams_cut_at_any_byte_are_continued_whole() -> None:
+    behavior = FakeEngineBehavior()
+    async with run_fake_engine(behavior) as a, run_fake_engine(behavior) as b:
+        async with running_gateway(endpoint("a", a.url), endpoint("b", b.url)) as gw:
+            for kind, path, body in (("chat", "/v1/chat/completions", chat_body(stream=True)),
+                                     ("completions", "/v1/completions",
+                                      {"model": "fake-model", "prompt": "Once", "stream": True})):
+                behavior.stream_fault_times = None
+                behavior.cut_after_bytes = None
+                whole = (await gw.client.post(path, json=body)).text
+                # Every byte boundary of the first few events and a spread over the rest.
+                for cut in [*range(1, 400, 7), *range(400, len(whole) - 1, 97)]:
+                    behavior.cut_after_bytes, behavior.stream_fault_times = cut, 1
+                    response = await gw.client.post(path, json=body)
+                    events = sse(response.text)
+                    assert events[-1] == "[DONE]", (kind, cut, response.text[-300:])
+                    assert _text(events) == FULL, (kind, cut)
+
+
+async def test_a_continuation_answered_with_a_4xx_is_not_retried() -> None:
+    dying = FakeEngineBehavior(close_mid_stream_after=2)
+    refusing = FakeEngineBehavior(status_before_body=400)
+    async with run_fake_engine(dying) as a, run_fake_engine(refusing) as b, run_fake_engine(refusing) as c:
+        async with running_gateway(endpoint("a", a.url, weight=1000), endpoint("b", b.url),
+                                   endpoint("c", c.url)) as gw:
+            response = await gw.client.post("/v1/chat/completions", json=chat_body(stream=True))
+            events = sse(response.text)
+            assert "[DONE]" not in events and events[-1]["error"]["code"] == "upstream_error"
+            assert len(b.observed.requests) + len(c.observed.requests) == 1
+            labels = {"model": "fake-model", "outcome": "refused"}
+            assert await gw.settled_metric("llmgw_stream_continuations_total", labels, expect=1) == 1
+
+
+async def test_a_request_refused_with_a_4xx_is_neither_retried_nor_continued() -> None:
+    refusing = FakeEngineBehavior(status_before_body=400)
+    async with run_fake_engine(refusing) as a, run_fake_engine(refusing) as b:
+        async with running_gateway(endpoint("a", a.url), endpoint("b", b.url)) as gw:
+            response = await gw.client.post("/v1/chat/completions", json=chat_body(stream=True))
+            assert response.status_code == 400
+            assert len(a.observed.requests) + len(b.observed.requests) == 1
+
+
+async def test_continuations_stop_after_max_continuations_with_the_error_event() -> None:
+    behavior = FakeEngineBehavior(close_mid_stream_after=2)
+    async with run_fake_engine(behavior) as a, run_fake_engine(behavior) as b, run_fake_engine(behavior) as c:
+        async with running_gateway(endpoint("a", a.url), endpoint("b", b.url), endpoint("c", c.url),
+                                   max_continuations=1) as gw:
+            response = await gw.client.post("/v1/chat/completions", json=chat_body(stream=True))
+            events = sse(response.text)
+            assert "[DONE]" not in events and events[-1]["error"]["code"] == "upstream_broken"
+            # What reached the client was never repeated: two attempts, two tokens each.
+            assert _text(events) == "tok0 tok1 tok2 tok3 "
+            assert sum(len(e.observed.requests) for e in (a, b, c)) == 2
+            labels = {"model": "fake-model", "outcome": "gave_up"}
+            assert await gw.settled_metric("llmgw_stream_continuations_total", labels, expect=1) == 1
+
+
+async def test_a_stream_of_a_model_that_opts_out_or_with_continuations_off_ends_with_an_error_event() -> None:
+    behavior = FakeEngineBehavior(close_mid_stream_after=2)
+    async with run_fake_engine(behavior) as a, run_fake_engine(behavior) as b:
+        for router in ({"max_continuations": 0}, {"continue_streams": {"fake-model": False}}):
+            async with running_gateway(endpoint("a", a.url), endpoint("b", b.url), **router) as gw:
+                response = await gw.client.post("/v1/chat/completions", json=chat_body(stream=True))
+                events = sse(response.text)
+                assert "[DONE]" not in events and events[-1]["error"]["code"] == "upstream_broken"
+        assert len(a.observed.requests) + len(b.observed.requests) == 2
+
+
+async def test_a_client_that_hangs_up_is_not_continued_for() -> None:
+    behavior = FakeEngineBehavior(chunks=1000, chunk_delay=0.02, stream_fault_times=0)
+    async with run_fake_engine(behavior) as a, run_fake_engine(behavior) as b:
+        async with running_gateway(endpoint("a", a.url), endpoint("b", b.url)) as gw:
+            async with httpx2.AsyncClient(base_url=gw.url) as client:
+                async with client.stream("POST", "/v1/chat/completions", json=chat_body(stream=True)) as response:
+                    async for _ in response.aiter_bytes():
+                        break
+            with trio.fail_after(5):
+                disconnects = [*a.observed.disconnects, *b.observed.disconnects]
+                while not disconnects:
+                    await trio.sleep(0.01)
+                    disconnects = [*a.observed.disconnects, *b.observed.disconnects]
+            assert disconnects[0].phase == "mid_stream"
+            labels = {"model": "fake-model", "replica": "a", "status": "499"}
+            others = {**labels, "replica": "b"}
+            with trio.fail_after(5):
+                while gw.metric("llmgw_requests_total", labels) + gw.metric("llmgw_requests_total", others) < 1:
+                    await trio.sleep(0.01)
+            assert len(a.observed.requests) + len(b.observed.requests) == 1
+            assert gw.metric("llmgw_stream_continuations_total", {"model": "fake-model", "outcome": "continued"}) == 0
