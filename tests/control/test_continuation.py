@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 from typing import Any
 
 import httpx2
+import pytest
 import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -96,7 +98,10 @@ def test_a_stream_cut_anywhere_and_continued_reads_as_one_stream(
     plan = continuation_request(request, seen)
     assert plan is not None
     assert plan.payload["max_tokens"] == len(tokens) + 3 - seen.tokens
-    if kind == "chat":
+    if not seen.text:
+        field = "messages" if kind == "chat" else "prompt"
+        assert plan.payload[field] == body[field]
+    elif kind == "chat":
         assert plan.payload["messages"][-1] == {"role": "assistant", "content": seen.text}
     else:
         assert plan.payload["prompt"] == "Once" + seen.text
@@ -147,7 +152,9 @@ def _text(events: list[Any]) -> str:
                    for e in events if isinstance(e, dict) for c in e.get("choices") or ())
 
 
-async def test_a_chat_stream_whose_engine_dies_is_continued_on_the_other_replica() -> None:
+async def test_a_chat_stream_whose_engine_dies_is_continued_on_the_other_replica(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="llmgw.access")
     behavior = FakeEngineBehavior(close_mid_stream_after=3, stream_fault_times=1)
     async with run_fake_engine(behavior) as a, run_fake_engine(behavior) as b:
         async with running_gateway(endpoint("a", a.url), endpoint("b", b.url)) as gw:
@@ -174,6 +181,25 @@ async def test_a_chat_stream_whose_engine_dies_is_continued_on_the_other_replica
             prompt = {"model": "fake-model", "kind": "prompt"}
             assert await gw.settled_metric("llmgw_tokens_total", prompt, expect=7 + 10) == 17
             assert gw.metric("llmgw_tokens_total", {"model": "fake-model", "kind": "completion"}) == 8
+    served = [r for r in caplog.records if r.name == "llmgw.access" and r.getMessage() == "served"]
+    assert [getattr(r, "continuations", None) for r in served] == [1]
+    assert getattr(served[0], "status", None) == 200
+
+
+async def test_a_stream_whose_engine_stalls_past_the_idle_timeout_is_continued() -> None:
+    behavior = FakeEngineBehavior(hang_mid_stream_after=4, stream_fault_times=1)
+    async with run_fake_engine(behavior) as a, run_fake_engine(behavior) as b:
+        async with running_gateway(endpoint("a", a.url), endpoint("b", b.url), idle_timeout=0.3) as gw:
+            response = await gw.client.post("/v1/completions", json={
+                "model": "fake-model", "prompt": "Once", "stream": True, "max_tokens": 8})
+            events = sse(response.text)
+            assert events[-1] == "[DONE]" and _text(events) == FULL
+            continued = [r.json for r in a.observed.requests + b.observed.requests][-1]
+            assert continued["prompt"] == "Once" + "tok0 tok1 tok2 tok3 " and continued["max_tokens"] == 4
+            # The stalled engine's request was closed, so it stops generating.
+            with trio.fail_after(5):
+                while not a.observed.disconnects + b.observed.disconnects:
+                    await trio.sleep(0.01)
 
 
 async def test_streams_cut_at_any_byte_are_continued_whole() -> None:

@@ -158,7 +158,9 @@ def continuation_request(request: ParsedRequest, seen: Seen) -> ParsedRequest | 
             if limit - seen.tokens < 1:
                 return None
             payload[name] = limit - seen.tokens
-    if request.endpoint.kind == "chat":
+    if not seen.text:
+        pass  # nothing generated yet (or only the role chunk): the request as the client sent it
+    elif request.endpoint.kind == "chat":
         payload["messages"] = [*payload["messages"], {"role": "assistant", "content": seen.text}]
     else:
         payload["prompt"] = payload["prompt"] + seen.text
