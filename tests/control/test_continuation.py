@@ -194,7 +194,9 @@ async def test_a_stream_whose_engine_stalls_past_the_idle_timeout_is_continued()
                 "model": "fake-model", "prompt": "Once", "stream": True, "max_tokens": 8})
             events = sse(response.text)
             assert events[-1] == "[DONE]" and _text(events) == FULL
-            continued = [r.json for r in a.observed.requests + b.observed.requests][-1]
+            requests = [r.json for r in a.observed.requests + b.observed.requests]
+            assert len(requests) == 2
+            continued = next(r for r in requests if r["prompt"] != "Once")
             assert continued["prompt"] == "Once" + "tok0 tok1 tok2 tok3 " and continued["max_tokens"] == 4
             # The stalled engine's request was closed, so it stops generating.
             with trio.fail_after(5):
@@ -271,23 +273,39 @@ async def test_a_stream_of_a_model_that_opts_out_or_with_continuations_off_ends_
 
 
 async def test_a_client_that_hangs_up_is_not_continued_for() -> None:
-    behavior = FakeEngineBehavior(chunks=1000, chunk_delay=0.02, stream_fault_times=0)
+    # The engine stalls after two tokens; the client reads them and hangs up, and the gateway's
+    # own close of the engine's stream is no break to continue.
+    behavior = FakeEngineBehavior(hang_mid_stream_after=2)
     async with run_fake_engine(behavior) as a, run_fake_engine(behavior) as b:
         async with running_gateway(endpoint("a", a.url), endpoint("b", b.url)) as gw:
             async with httpx2.AsyncClient(base_url=gw.url) as client:
                 async with client.stream("POST", "/v1/chat/completions", json=chat_body(stream=True)) as response:
-                    async for _ in response.aiter_bytes():
-                        break
+                    received = ""
+                    async for text in response.aiter_text():
+                        received += text
+                        if _text(sse(received.rpartition("\n\n")[0])) == "tok0 tok1 ":
+                            break
             with trio.fail_after(5):
-                disconnects = [*a.observed.disconnects, *b.observed.disconnects]
-                while not disconnects:
+                while not a.observed.disconnects + b.observed.disconnects:
                     await trio.sleep(0.01)
-                    disconnects = [*a.observed.disconnects, *b.observed.disconnects]
-            assert disconnects[0].phase == "mid_stream"
-            labels = {"model": "fake-model", "replica": "a", "status": "499"}
-            others = {**labels, "replica": "b"}
+            gone = {"model": "fake-model", "status": "499"}
             with trio.fail_after(5):
-                while gw.metric("llmgw_requests_total", labels) + gw.metric("llmgw_requests_total", others) < 1:
+                while sum(gw.metric("llmgw_requests_total", {**gone, "replica": r}) for r in "ab") < 1:
                     await trio.sleep(0.01)
             assert len(a.observed.requests) + len(b.observed.requests) == 1
-            assert gw.metric("llmgw_stream_continuations_total", {"model": "fake-model", "outcome": "continued"}) == 0
+            assert not [o for o in ("continued", "gave_up", "impossible", "refused", "finished")
+                        if gw.metric("llmgw_stream_continuations_total", {"model": "fake-model", "outcome": o})]
+
+
+async def test_a_continuation_that_gets_no_first_byte_is_not_tried_again() -> None:
+    # As for a first attempt: the engine may still be reading the prompt, another would double it.
+    dying = FakeEngineBehavior(close_mid_stream_after=2)
+    silent = FakeEngineBehavior(hang_before_first_byte=True)
+    async with run_fake_engine(dying) as a, run_fake_engine(silent) as b, run_fake_engine(silent) as c:
+        async with running_gateway(endpoint("a", a.url, weight=1000), endpoint("b", b.url), endpoint("c", c.url),
+                                   first_byte_timeout=0.3) as gw:
+            response = await gw.client.post("/v1/chat/completions", json=chat_body(stream=True))
+            events = sse(response.text)
+            assert "[DONE]" not in events and events[-1]["error"]["code"] == "upstream_timeout"
+            assert _text(events) == "tok0 tok1 "
+            assert len(b.observed.requests) + len(c.observed.requests) == 1

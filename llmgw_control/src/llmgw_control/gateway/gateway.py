@@ -264,6 +264,11 @@ class Gateway:
                 except ContinuationRefused as refused:
                     failure, outcome = refused.error, "refused"
                     break
+                except ClientApiError as error:
+                    # A first-byte timeout: that engine may still be working on the prompt, and
+                    # another would double its cost (as for a first attempt, not retried).
+                    failure = error
+                    break
         self.metrics.continuations.labels(key, outcome).inc()
         log.warning("stream ended early after %d continuation(s) (%s): %s", record.continuations, outcome,
                     failure.message, extra={"model": key})
