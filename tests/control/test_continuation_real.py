@@ -8,6 +8,7 @@ greedy answer is the same whether or not a replica died on the way.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from collections.abc import Callable, Iterator
@@ -15,12 +16,14 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx2
 import openai
 import pytest
 import trio
 
 from llmgw_dev import smollm2
 from llmgw_dev.engine_proc import LlamaServer, llama_server_process
+from llmgw_dev.fake_engine import FakeEngineBehavior, run_fake_engine
 from support.gateway import RunningGateway, endpoint, running_gateway
 
 T = TypeVar("T")
@@ -47,6 +50,10 @@ async def in_thread(call: Callable[[], T]) -> T:
 
 def client_for(gw: RunningGateway) -> openai.OpenAI:
     return openai.OpenAI(base_url=gw.url + "/v1", api_key="not-needed", max_retries=0, timeout=120)
+
+
+def _events(text: str) -> list[Any]:
+    return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
 
 
 def _kill(replicas: dict[str, LlamaServer], replica_id: str) -> None:
@@ -130,3 +137,44 @@ async def test_a_completions_stream_is_continued_from_the_prompt_and_the_text_so
             reference.choices[0].finish_reason]
         labels = {"model": "smollm2", "outcome": "continued"}
         assert await gw.settled_metric("llmgw_stream_continuations_total", labels, expect=1) == 1
+
+
+async def test_llama_server_continues_a_trailing_assistant_message_and_echoes_it_first(
+    real_engine: LlamaServer,
+) -> None:
+    # The engine behaviour the splice relies on (b11312): the prefill is continued, and the first
+    # content delta starts with it.
+    async with httpx2.AsyncClient(timeout=60) as http:
+        response = await http.post(real_engine.url + "/v1/chat/completions", json={
+            "model": "tiny", "max_tokens": 4, "temperature": 0, "stream": True,
+            "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there"}]})
+    deltas = [e["choices"][0]["delta"].get("content") for e in _events(response.text) if e["choices"]]
+    contents = [d for d in deltas if d]
+    assert contents[0].startswith("Hello there") and len(contents) == 4
+
+
+async def test_a_stream_cut_on_a_fake_engine_is_finished_by_the_real_one_without_repeating_the_prefix(
+    real_engine: LlamaServer,
+) -> None:
+    dying = FakeEngineBehavior(models=["tiny"], close_mid_stream_after=3, token_text="word{i} ")
+    async with run_fake_engine(dying) as fake, running_gateway(
+            endpoint("fake", fake.url, "tiny", weight=1000), endpoint("real", real_engine.url, "tiny")) as gw:
+        client = client_for(gw)
+        messages = [{"role": "user", "content": "Count"}]
+        chunks = await in_thread(lambda: list(client.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=12, temperature=0, stream=True,
+            stream_options={"include_usage": True})))
+        prefix = "word0 word1 word2 "
+        async with httpx2.AsyncClient(timeout=60) as http:
+            direct = await http.post(real_engine.url + "/v1/chat/completions", json={
+                "model": "tiny", "max_tokens": 9, "temperature": 0, "stream": True,
+                "messages": [*messages, {"role": "assistant", "content": prefix}]})
+        rest = "".join(e["choices"][0]["delta"].get("content") or "" for e in _events(direct.text) if e["choices"])
+        assert rest.startswith(prefix)
+        content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert content == prefix + rest.removeprefix(prefix)
+        assert len({c.id for c in chunks}) == 1
+        assert sum(1 for c in chunks if c.choices and c.choices[0].delta.role) == 1
+        assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+        usage = chunks[-1].usage
+        assert usage is not None and usage.completion_tokens == 12

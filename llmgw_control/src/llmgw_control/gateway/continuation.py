@@ -319,7 +319,9 @@ class Splice:
         if not isinstance(prompt, int) or not isinstance(completion, int):
             return
         sent_before = self.seen.tokens
-        # The continuation's prompt is the client's plus the tokens it had received.
+        # The continuation's prompt is the client's plus the tokens it had received (counted as
+        # content events, one a token): exact when the text re-tokenizes as it was generated, as an
+        # engine's own output nearly always does; the broken attempt never said its prompt's size.
         client_prompt = max(0, prompt - sent_before)
         usage["prompt_tokens"] = client_prompt
         usage["completion_tokens"] = sent_before + completion
