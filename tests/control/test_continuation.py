@@ -309,3 +309,25 @@ async def test_a_continuation_that_gets_no_first_byte_is_not_tried_again() -> No
             assert "[DONE]" not in events and events[-1]["error"]["code"] == "upstream_timeout"
             assert _text(events) == "tok0 tok1 "
             assert len(b.observed.requests) + len(c.observed.requests) == 1
+
+
+async def test_a_continued_stream_is_charged_what_both_engines_did() -> None:
+    # The client does not ask for usage: the continuation asks for it anyway, and drops it from
+    # the client's stream, so the quota is charged the engines' own counts, not an estimate.
+    behavior = FakeEngineBehavior(prompt_tokens=10, close_mid_stream_after=3, stream_fault_times=1)
+    async with run_fake_engine(behavior) as a, run_fake_engine(behavior) as b:
+        async with running_gateway(endpoint("a", a.url), endpoint("b", b.url)) as gw:
+            service = gw.tenancy.service
+            group = await service.create_group("acme")
+            created = await service.create_key(name="k", group_id=group.id)
+            response = await gw.client.post("/v1/chat/completions", json=chat_body(stream=True),
+                                            headers={"authorization": f"Bearer {created.secret}"})
+            events = sse(response.text)
+            assert events[-1] == "[DONE]" and _text(events) == FULL
+            assert not [e for e in events if isinstance(e, dict) and "usage" in e]
+            assert len(a.observed.requests) + len(b.observed.requests) == 2
+            with trio.fail_after(5):
+                while (totals := await service.usage_totals(group_id=group.id)).requests < 1:
+                    await trio.sleep(0.01)
+            # The first engine read 10 prompt tokens, the second 10 + the 3 it was handed; 8 generated.
+            assert (totals.prompt_tokens, totals.completion_tokens) == (23, 8)
