@@ -13,7 +13,7 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmgw_control.gateway.continuation import StreamRecord, continuation_request
+from llmgw_control.gateway.continuation import StreamRecord, continuation_request, ending
 from llmgw_control.gateway.requests import ENDPOINTS, parse_request
 from llmgw_dev.fake_engine import FakeEngineBehavior, run_fake_engine
 from support.gateway import chat_body, endpoint, running_gateway
@@ -73,11 +73,11 @@ def _pieces(data: bytes, splits: list[int]) -> list[bytes]:
 @given(kind=st.sampled_from(["chat", "completions"]),
        tokens=st.lists(st.text(alphabet="ab é😀\n{}\"", min_size=1, max_size=4), min_size=1, max_size=12),
        cut=st.integers(min_value=0), splits=st.lists(st.integers(min_value=0), max_size=6),
-       wants_usage=st.booleans(), separate_echo=st.booleans())
+       wants_usage=st.booleans(), separate_echo=st.booleans(), spare=st.sampled_from([0, 3]))
 def test_a_stream_cut_anywhere_and_continued_reads_as_one_stream(
-    kind: str, tokens: list[str], cut: int, splits: list[int], wants_usage: bool, separate_echo: bool,
+    kind: str, tokens: list[str], cut: int, splits: list[int], wants_usage: bool, separate_echo: bool, spare: int,
 ) -> None:
-    body: dict[str, Any] = {"model": "m", "stream": True, "max_tokens": len(tokens) + 3}
+    body: dict[str, Any] = {"model": "m", "stream": True, "max_tokens": len(tokens) + spare}
     if kind == "chat":
         body["messages"] = [{"role": "user", "content": "hi"}]
     else:
@@ -93,11 +93,17 @@ def test_a_stream_cut_anywhere_and_continued_reads_as_one_stream(
     seen = record.seen()
     assert not seen.other
     assert seen.tokens <= len(tokens) and seen.text == "".join(tokens[:seen.tokens])
-    if seen.finish_reason is not None:
-        return  # only the [DONE] was missing: nothing to continue (the gateway sends it)
+    end = ending(request, seen)
+    if end is not None:
+        # The whole answer had arrived but for its last events: the gateway sends those.
+        events = sse((client + end).decode())
+        assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
+        assert _text(events) == "".join(tokens)
+        assert [c["finish_reason"] for e in events[:-1] for c in e["choices"] if c["finish_reason"]] == ["length"]
+        return
     plan = continuation_request(request, seen)
     assert plan is not None
-    assert plan.payload["max_tokens"] == len(tokens) + 3 - seen.tokens
+    assert plan.payload["max_tokens"] == len(tokens) + spare - seen.tokens
     if not seen.text:
         field = "messages" if kind == "chat" else "prompt"
         assert plan.payload[field] == body[field]
@@ -331,3 +337,33 @@ async def test_a_continued_stream_is_charged_what_both_engines_did() -> None:
                     await trio.sleep(0.01)
             # The first engine read 10 prompt tokens, the second 10 + the 3 it was handed; 8 generated.
             assert (totals.prompt_tokens, totals.completion_tokens) == (23, 8)
+
+
+@settings(max_examples=25, deadline=None)
+@given(kind=st.sampled_from(["chat", "completions"]), cut=st.integers(min_value=1, max_value=3000),
+       wants_usage=st.booleans())
+async def test_the_fake_engines_stream_cut_at_any_byte_reads_whole_through_the_gateway(
+    kind: str, cut: int, wants_usage: bool,
+) -> None:
+    behavior = FakeEngineBehavior(cut_after_bytes=cut, stream_fault_times=1)
+    body: dict[str, Any] = {"model": "fake-model", "stream": True, "max_tokens": 8}
+    body.update({"messages": [{"role": "user", "content": "hi"}]} if kind == "chat" else {"prompt": "Once"})
+    if wants_usage:
+        body["stream_options"] = {"include_usage": True}
+    async with run_fake_engine(behavior) as a, run_fake_engine(behavior) as b:
+        async with running_gateway(endpoint("a", a.url), endpoint("b", b.url)) as gw:
+            response = await gw.client.post("/v1/chat/completions" if kind == "chat" else "/v1/completions",
+                                            json=body)
+    events = sse(response.text)
+    assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
+    assert _text(events) == FULL
+    chunks = [e for e in events if e != "[DONE]"]
+    assert len({(e["id"], e["created"], e["model"]) for e in chunks}) == 1
+    if kind == "chat":
+        assert sum("role" in c["delta"] for e in chunks for c in e["choices"]) == 1
+    finishes = [c["finish_reason"] for e in chunks for c in e["choices"] if c["finish_reason"]]
+    assert finishes == ["length"]
+    usages = [e["usage"] for e in chunks if "usage" in e]
+    # The fake's whole stream is past 3000 bytes only for chat; a cut beyond it is no fault at all.
+    if wants_usage or kind == "completions":
+        assert usages in ([], [{"prompt_tokens": 7, "completion_tokens": 8, "total_tokens": 15}])

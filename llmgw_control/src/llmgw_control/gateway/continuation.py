@@ -149,6 +149,27 @@ def _piece(choice: dict[str, Any], kind: str) -> str | None:
     return content if isinstance(content, str) else None
 
 
+def ending(request: ParsedRequest, seen: Seen) -> bytes | None:
+    """The end of a stream that needs no engine, or None: the client has the whole answer when
+    its finish chunk arrived (only ``[DONE]`` is missing), or when every token ``max_tokens``
+    allows has reached it (the finish chunk, "length", is the gateway's to send)."""
+    if seen.other:
+        return None
+    if seen.finish_reason is not None:
+        return _DONE + _END
+    limits = [request.payload.get(name) for name in ("max_tokens", "max_completion_tokens")]
+    if not any(isinstance(limit, int) and seen.tokens >= limit for limit in limits):
+        return None
+    if request.endpoint.kind == "chat":
+        choice: dict[str, Any] = {"index": 0, "delta": {}, "finish_reason": "length"}
+        kind = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}
+        kind = "text_completion"
+    event = {"id": seen.id, "object": kind, "created": seen.created, "model": seen.model, "choices": [choice]}
+    return b"data: " + _dumps(event).encode() + _END + _DONE + _END
+
+
 def continuation_request(request: ParsedRequest, seen: Seen) -> ParsedRequest | None:
     """The request that continues ``seen``, or None when nothing sensible can be asked."""
     payload = dict(request.payload)

@@ -24,7 +24,14 @@ from ..tenancy.admission import Admission, Ticket
 from ..transport.asgi import REQUEST_ID, Receive, Scope, Send
 from .activator import Activator, Refusal, Slot
 from .config import RouterConfig
-from .continuation import ContinuationRefused, StreamBroken, StreamRecord, continuation_request, may_continue
+from .continuation import (
+    ContinuationRefused,
+    StreamBroken,
+    StreamRecord,
+    continuation_request,
+    ending,
+    may_continue,
+)
 from .directory import ModelDirectory, StaticDirectory
 from .exchange import Exchange, header, record, request_id
 from .metrics import GatewayMetrics
@@ -226,11 +233,12 @@ class Gateway:
             if exchange.client_gone:
                 return  # never for a client that hung up (its cancellation is on the way)
             seen = record.seen()
-            if seen.finish_reason is not None and not seen.other:
-                # The answer was whole but for its [DONE]: that much needs no engine.
+            end = ending(record.request, seen)
+            if end is not None:
+                # The answer was whole but for its last events: those need no engine.
                 self.metrics.continuations.labels(key, "finished").inc()
                 exchange.complete = True
-                await exchange.send_chunk(b"data: [DONE]\n\n")
+                await exchange.send_chunk(end, events=end.count(b"data:"))
                 await exchange.end_stream()
                 return
             plan = None if record.overflow or seen.other else continuation_request(record.request, seen)

@@ -66,9 +66,10 @@ class GatewayMetrics:
         self.continuations = Counter(
             "llmgw_stream_continuations_total",
             "Streams whose engine broke off after bytes reached the client, by model and outcome: continued "
-            "(another replica finished it), finished (only [DONE] was missing), gave_up (router.max_continuations "
-            "tries, or no other replica), refused (the continuing engine answered a 4xx), impossible (nothing "
-            "to carry over: tool calls, max_tokens already reached, a stream too long to record).",
+            "(another replica finished it), finished (the answer was whole but for its [DONE] or finish chunk), "
+            "gave_up (router.max_continuations tries, or no other replica), refused (the continuing engine "
+            "answered a 4xx), impossible (nothing to carry over: tool calls or reasoning, a stream too long to "
+            "record).",
             ["model", "outcome"], registry=registry,
         )
         self.cooldowns = Counter(
