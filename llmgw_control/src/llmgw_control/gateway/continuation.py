@@ -293,32 +293,32 @@ class Splice:
         usage = event.get("usage")
         if isinstance(usage, dict):
             self._usage(usage)
-            if not self.record.client_wants_usage:
-                if not event["choices"]:
-                    return None
-                del event["usage"]
+            # Asked for by the gateway, not the client: the usage-only chunk is dropped. Usage on
+            # a chunk with choices (llama-server's completions finish chunk) the engine sends
+            # unasked, and an unbroken stream would have carried it.
+            if not self.record.client_wants_usage and not event["choices"]:
+                return None
         return _dumps(event).encode()
 
     def _choice(self, choice: Any) -> Any:
+        """The choice as the client's stream carries it, or None when nothing is left of it."""
         if not isinstance(choice, dict):
             return choice
-        key = "text" if self.record.kind == "completions" else None
-        if key is None:
-            delta = choice.get("delta")
-            if not isinstance(delta, dict):
-                return choice
-            if self.seen.role_sent:
-                delta.pop("role", None)
-            text = delta.get("content")
-            if isinstance(text, str):
-                delta["content"] = text = self._strip_echo(text)
-            if not text and not [k for k in delta if k != "content"] and choice.get("finish_reason") is None:
-                # Nothing left of it (the echo, or the role chunk): the client would see an empty delta.
-                return None
-        else:
+        if self.record.kind == "completions":
             text = choice.get("text")
-            if isinstance(text, str) and not text and choice.get("finish_reason") is None:
-                return None
+            empty = isinstance(text, str) and not text
+            return None if empty and choice.get("finish_reason") is None else choice
+        delta = choice.get("delta")
+        if not isinstance(delta, dict):
+            return choice
+        if self.seen.role_sent:
+            delta.pop("role", None)
+        text = delta.get("content")
+        if isinstance(text, str):
+            delta["content"] = text = self._strip_echo(text)
+        if not text and not [k for k in delta if k != "content"] and choice.get("finish_reason") is None:
+            # Nothing left of it (the echo, or the role chunk): the client would see an empty delta.
+            return None
         return choice
 
     def _strip_echo(self, text: str) -> str:
