@@ -372,3 +372,25 @@ async def test_the_fake_engines_stream_cut_at_any_byte_reads_whole_through_the_g
         assert usages in ([], exact)
     else:
         assert usages == []
+
+
+def _record(kind: str = "chat") -> StreamRecord:
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    return StreamRecord(parse_request(ENDPOINTS["/v1/chat/completions"], json.dumps(body).encode()))
+
+
+def test_an_event_that_never_ends_is_passed_on_not_held_and_ends_the_chance_to_continue() -> None:
+    record = _record()
+    held = [record.whole_events(b"data: {\"x\": \"" + b"a" * 65536) for _ in range(15)]
+    assert held == [b""] * 15  # under the bound: waiting for the rest of the event
+    out = record.whole_events(b"a" * (1024 * 1024))
+    assert len(out) > 1024 * 1024 and record.overflow
+    assert record.whole_events(b'"}\n\n') == b'"}\n\n'
+
+
+def test_events_ended_by_crlf_are_whole_events_too() -> None:
+    record = _record()
+    event = b'data: {"id":"x","choices":[{"index":0,"delta":{"content":"hi"}}]}\r\n\r\n'
+    assert record.whole_events(event + event[:10]) == event
+    seen = record.seen()
+    assert seen.text == "hi" and seen.tokens == 1 and seen.id == "x" and not seen.other

@@ -31,6 +31,17 @@ from .usage import TokenUsage
 # tokens, longer than the context of the models this fleet serves by default.
 RECORD_LIMIT = 4 * 1024 * 1024
 _END = b"\n\n"
+# An event longer than this is no engine's (a token's event is a few hundred bytes, the last one
+# with usage and timings under 2 KiB): it is passed on as it is rather than held whole, and the
+# stream can no longer be continued. It bounds what a hostile engine can make the relay hold.
+_EVENT_LIMIT = 1024 * 1024
+
+
+def _events_end(data: bytes) -> int:
+    """Where the complete events in ``data`` end (0: none): after the last blank line."""
+    # \r\n line ends are SSE too; the engines we know write \n.
+    lf, crlf = data.rfind(_END), data.rfind(b"\r\n\r\n")
+    return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
 _DONE = b"data: [DONE]"
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
@@ -94,6 +105,7 @@ def events(data: bytes | bytearray) -> list[bytes]:
     found = []
     for block in bytes(data).split(_END):
         for line in block.split(b"\n"):
+            line = line.rstrip(b"\r")
             if line.startswith(b"data:"):
                 found.append(line[5:].strip())
     return found
@@ -209,11 +221,13 @@ class StreamRecord:
     def whole_events(self, data: bytes) -> bytes:
         """The complete events of what arrived (kept), holding back an unfinished one."""
         data = self._held + data if self._held else data
-        cut = data.rfind(_END)
-        if cut < 0:
+        cut = _events_end(data)
+        if len(data) - cut > _EVENT_LIMIT:
+            self.overflow, self._held = True, b""
+            return data
+        if not cut:
             self._held = data
             return b""
-        cut += len(_END)
         self._held = data[cut:]
         whole = data[:cut]
         if not self.overflow:
@@ -254,11 +268,13 @@ class Splice:
     def feed(self, data: bytes) -> bytes:
         """Rewritten whole events of ``data``; an unfinished event waits for the rest."""
         data = self._buffer + data
-        cut = data.rfind(_END)
-        if cut < 0:
+        cut = _events_end(data)
+        if len(data) - cut > _EVENT_LIMIT:
+            self._buffer = b""
+            return data
+        if not cut:
             self._buffer = data
             return b""
-        cut += len(_END)
         self._buffer = data[cut:]
         out: list[bytes] = []
         for payload in events(data[:cut]):
