@@ -118,6 +118,11 @@ def validate(config: ControlConfig) -> ControlConfig:
         raise ConfigError(f"router.max_attempts must be at least 1, got {router.max_attempts}")
     if router.cooldown < 0:
         raise ConfigError(f"router.cooldown must not be negative, got {router.cooldown}")
+    if router.max_continuations < 0:
+        raise ConfigError(f"router.max_continuations must not be negative (0: never), got {router.max_continuations}")
+    for name in router.continue_streams:
+        if not name.strip() or len(name) > 128:
+            raise ConfigError(f"router.continue_streams: {name[:40]!r} is not a model name (model or model:profile)")
     if router.max_body_bytes < 1024:
         raise ConfigError(f"router.max_body_bytes must be at least 1024, got {router.max_body_bytes}")
     _validate_fleet(config)

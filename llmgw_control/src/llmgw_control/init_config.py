@@ -46,6 +46,10 @@ DOCS: dict[str, str] = {
     "RouterConfig.first_byte_timeout": "Seconds to wait for an engine's first byte (queueing and prompt included).",
     "RouterConfig.idle_timeout": "Seconds a stream may stay silent before it is cut.",
     "RouterConfig.max_attempts": "Replicas tried per request, counting the first (only before any byte is sent).",
+    "RouterConfig.max_continuations": "Times a chat or completions stream whose engine broke off after bytes "
+                                      "reached the client is continued on another replica (0: never).",
+    "RouterConfig.continue_streams": "Per model (name or model:profile): false stops its streams from being "
+                                     "continued; models not named are.",
     "RouterConfig.cooldown": "Seconds a replica that failed is avoided while others can serve.",
     "RouterConfig.max_body_bytes": "Largest request body accepted (413 above).",
     "RouterConfig.default_profile": "Profile used when a client names a model without one, for models that have it.",
