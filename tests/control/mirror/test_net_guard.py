@@ -76,7 +76,7 @@ def test_idna_host_is_normalised_before_matching() -> None:
     # A full-width spelling of an allowed host is that host, and is judged by its addresses.
     guard = guard_for({"files.example": ["10.0.0.8"]})
     with pytest.raises(Refused, match="private"):
-        run(guard, "https://ｆｉｌｅｓ.example/m.gguf")
+        run(guard, "https://\uff46\uff49\uff4c\uff45\uff53.example/m.gguf")
     with pytest.raises(Refused):
         run(guard, "https://xn--invalid-\udcff.example/m")
 
@@ -99,14 +99,14 @@ def test_allow_networks_lets_a_lan_mirror_through() -> None:
         run(guard, "http://127.0.0.1:9001/api/models")
     # The allowed network does not open the others.
     guard = guard_for({"127.0.0.1": ["127.0.0.1", "10.0.0.1"]}, hub)
-    with pytest.raises(Refused, match="10.0.0.1"):
+    with pytest.raises(Refused, match=r"10\.0\.0\.1"):
         run(guard, "http://127.0.0.1:9000/m")
 
 
 _hosts = st.one_of(
     st.sampled_from(["hub.example", "files.example", "cdn.example", "localhost", "[::1]", "[fe80::1%25eth0]",
                      "[::ffff:127.0.0.1]", "2130706433", "0x7f.1", "017700000001", "127.000.000.001",
-                     "ｈｕｂ.example", "hub.example.", "HUB.EXAMPLE", "xn--80ak6aa92e.com", "", "[", "]"]),
+                     "\uff48\uff55\uff42.example", "hub.example.", "HUB.EXAMPLE", "xn--80ak6aa92e.com", "", "[", "]"]),
     st.text(min_size=1, max_size=20),
 )
 _userinfo = st.sampled_from(["", "user@", "user:pass@", "hub.example@", "@", ":@"])
