@@ -171,8 +171,9 @@ async def _serve(hub: FakeHub, stream: trio.SocketStream) -> None:
             await stream.send_all(conn.send(response) or b"")
             if method == "HEAD":
                 return
-            cut, hub.cut_after = hub.cut_after, None
-            if status in (200, 206):
+            cut = None
+            if status in (200, 206) and "/resolve/" in request.target.decode("latin-1"):
+                cut, hub.cut_after = hub.cut_after, None
                 hub.sending.set()
             sent = 0
             while sent < len(body):

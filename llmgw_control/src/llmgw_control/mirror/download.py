@@ -38,10 +38,35 @@ class Interrupted(Exception):
     """The connection failed mid-way; trying again continues from the ``.partial`` file."""
 
 
+# The rate is measured over this window (seconds), so an ETA follows the recent speed.
+RATE_WINDOW = 5.0
+
+
 @attrs.define
 class Progress:
+    """Bytes on disk, the expected total, and the recent rate (sampled as bytes arrive)."""
+
     done: int = 0
     total: int = 0
+    samples: list[tuple[float, int]] = attrs.Factory(list)
+
+    def at(self, done: int) -> None:
+        self.done = done
+        now = trio.current_time()
+        if not self.samples or now - self.samples[-1][0] >= 0.25:
+            self.samples.append((now, done))
+            while len(self.samples) > 2 and now - self.samples[0][0] > RATE_WINDOW:
+                self.samples.pop(0)
+
+    def rate(self) -> float:
+        """Bytes per second over the last few seconds; 0 when stalled or not started."""
+        if len(self.samples) < 2:
+            return 0.0
+        now = trio.current_time()
+        (first_t, first_done) = self.samples[0]
+        if now - self.samples[-1][0] > RATE_WINDOW:
+            return 0.0  # nothing arrived for a while
+        return (self.done - first_done) / max(now - first_t, 1e-3)
 
 
 def _hash_file(path: Path) -> tuple[int, hashlib._Hash]:
@@ -64,7 +89,7 @@ async def download(guard: NetGuard, url: str, partial: Path, *, size: int | None
     if size is not None and have > size:
         await trio.to_thread.run_sync(partial.unlink)
         have, digest = 0, hashlib.sha256()
-    progress.done = have
+    progress.at(have)
     if size is not None and have == size:
         return digest.hexdigest()
     timeout = httpx2.Timeout(READ_TIMEOUT, connect=CONNECT_TIMEOUT)
@@ -114,13 +139,13 @@ async def _receive(response: httpx2.Response, partial: Path, have: int, digest: 
                    progress: Progress) -> str:
     mode = "ab" if have else "wb"
     async with await trio.open_file(partial, mode) as out:
-        async for chunk in response.aiter_bytes(CHUNK):
+        async for chunk in response.aiter_bytes():  # as it arrives: a cut connection keeps what came
             if have + len(chunk) > size:
                 raise DownloadFailed(f"the server sent more than the {size} bytes expected")
             await out.write(chunk)
             digest.update(chunk)
             have += len(chunk)
-            progress.done = have
+            progress.at(have)
     if have != size:
         raise Interrupted(f"the connection ended at {have} of {size} bytes")
     return digest.hexdigest()

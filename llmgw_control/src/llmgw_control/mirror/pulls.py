@@ -59,8 +59,6 @@ HEADER_BYTES = 16 * 1024 * 1024
 DRAFT_CONTEXT_CAP = 8192
 # Pulls remembered at most (finished ones beyond this are forgotten, oldest first).
 MAX_PULLS = 200
-# The rate is measured over this window (seconds), so the ETA follows the recent speed.
-RATE_WINDOW = 5.0
 FINISHED = ("ready", "published", "failed", "cancelled", "interrupted")
 
 
@@ -84,8 +82,6 @@ class Pull:
     # In memory only:
     progress: Progress = attrs.field(factory=Progress, metadata={"memory": True})
     scope: trio.CancelScope | None = attrs.field(default=None, metadata={"memory": True})
-    rate: float = attrs.field(default=0.0, metadata={"memory": True})
-    samples: list[tuple[float, int]] = attrs.field(factory=list, metadata={"memory": True})
 
     def document(self) -> dict[str, Any]:
         doc = {f.name: getattr(self, f.name) for f in attrs.fields(Pull) if not f.metadata.get("memory")}
@@ -93,9 +89,11 @@ class Pull:
         return doc
 
     def eta(self) -> float | None:
-        if self.state != "downloading" or self.rate <= 0 or not self.size:
+        rate = self.progress.rate()
+        total = self.size or self.progress.total
+        if self.state != "downloading" or rate <= 0 or not total:
             return None
-        return max(0.0, (self.size - self.progress.done) / self.rate)
+        return max(0.0, (total - self.progress.done) / rate)
 
 
 def pull_from_document(doc: dict[str, Any]) -> Pull:
@@ -303,19 +301,16 @@ class Pulls:
         if pull.size:
             await trio.to_thread.run_sync(self._check_space, max(0, pull.size - have))
         token = self.hub.config.token() if pull.repo else None
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._measure, pull)
-            for attempt in range(1, MAX_ATTEMPTS + 1):
-                try:
-                    digest = await download(self.guard, pull.url, partial, size=pull.size or None, token=token,
-                                            progress=pull.progress, on_total=self._space_for(pull))
-                    break
-                except Interrupted as exc:
-                    if attempt == MAX_ATTEMPTS:
-                        raise DownloadFailed(f"gave up after {attempt} attempts: {exc}") from None
-                    log.info("pull %s: %s; continuing (attempt %d)", pull.id, exc, attempt + 1)
-                    await trio.sleep(min(2.0 ** attempt / 4, 10.0))
-            nursery.cancel_scope.cancel()
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            try:
+                digest = await download(self.guard, pull.url, partial, size=pull.size or None, token=token,
+                                        progress=pull.progress, on_total=self._space_for(pull))
+                break
+            except Interrupted as exc:
+                if attempt == MAX_ATTEMPTS:
+                    raise DownloadFailed(f"gave up after {attempt} attempts: {exc}") from None
+                log.info("pull %s: %s; continuing (attempt %d)", pull.id, exc, attempt + 1)
+                await trio.sleep(min(2.0 ** attempt / 4, 10.0))
         pull.size = pull.progress.total or pull.size
         pull.state = "verifying"
         if digest != pull.sha256:
@@ -328,15 +323,6 @@ class Pulls:
             if not pull.size:  # the size came from the server: check the space now, before any byte
                 self._check_space(remaining)
         return check
-
-    async def _measure(self, pull: Pull) -> None:
-        while True:
-            now = trio.current_time()
-            pull.samples.append((now, pull.progress.done))
-            pull.samples = [s for s in pull.samples if now - s[0] <= RATE_WINDOW]
-            first = pull.samples[0]
-            pull.rate = (pull.progress.done - first[1]) / (now - first[0]) if now > first[0] else 0.0
-            await trio.sleep(0.5)
 
     async def _draft(self, pull: Pull) -> None:
         path = self.models_dir / pull.name
