@@ -38,7 +38,7 @@ from ..api_errors import AdminApiError, bad_request, conflict, not_found
 from ..catalog import ModelConfig, ProfileConfig, WeightsConfig
 from ..catalog.gguf import NotGguf, Truncated, estimate_ram, read_metadata
 from ..catalog.models import NAME, SHA256
-from ..catalog.service import ModelService
+from ..catalog.service import ModelService, check_model
 from ..documents import CONVERTER
 from ..store import Store, StoreError
 from .download import DownloadFailed, Interrupted, Progress, download
@@ -189,7 +189,7 @@ class Pulls:
         name = file.rsplit("/", 1)[-1]
         if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9._\-]{0,199}", name):
             raise bad_request("file", "the file name must be letters, digits, '.', '_' and '-' to be served")
-        model_name = model if model is not None else model_name_for(name)
+        model_name = model or model_name_for(name)
         if not isinstance(model_name, str) or not NAME.fullmatch(model_name):
             raise bad_request("model", "a model name uses letters, digits, '.', '_' and '-' (no ':'), at most 96")
         for other in self.pulls.values():
@@ -236,8 +236,10 @@ class Pulls:
         pull = self.get(pull_id)
         if pull.state != "ready" or pull.draft is None:
             raise conflict(f"pull {pull_id} has no draft to change (state {pull.state})")
-        if [p.weights for p in draft.profiles] != [p.weights for p in pull.draft.profiles]:
+        if {p.weights for p in draft.profiles} != {p.weights for p in pull.draft.profiles}:
             raise bad_request("profiles", "a draft's weights are the pulled file: change anything else")
+        if self.models is not None:
+            check_model(draft, self.models.catalog)
         pull.draft = draft
         pull.model = draft.name
         await self._save(pull)
