@@ -1,16 +1,8 @@
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from llmgw_dev.fake_hub import FakeHub, FakeRepo
-from llmgw_dev.tiny_model import ensure_model
-
-
-@pytest.fixture(scope="session")
-def tiny_gguf() -> bytes:
-    return Path(ensure_model()).read_bytes()
 
 
 @pytest.fixture
