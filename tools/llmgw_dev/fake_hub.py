@@ -60,6 +60,8 @@ class FakeHub:
     ignore_range: bool = False
     # Set once a download body starts: tests wait on it instead of sleeping.
     sending: trio.Event = attrs.Factory(trio.Event)
+    # Sizes the tree states for some files instead of their real one (a "70B model" in a test).
+    claimed_sizes: dict[str, int] = attrs.Factory(dict)
     # Seconds between 64 KiB chunks of a download body, for tests that watch a pull in progress.
     chunk_delay: float = 0.0
 
@@ -97,9 +99,10 @@ class FakeHub:
             return _json(404, {"error": "Repository not found"}, [("x-error-code", "RepoNotFound")])
         entries = []
         for name, data in sorted(repo.files.items()):
-            entry = {"type": "file", "path": name, "size": len(data), "oid": hashlib.sha1(data).hexdigest()}
+            size = self.claimed_sizes.get(name, len(data))
+            entry = {"type": "file", "path": name, "size": size, "oid": hashlib.sha1(data).hexdigest()}
             if name.endswith(".gguf"):
-                entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
+                entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": size, "pointerSize": 134}
             entries.append(entry)
         return _json(200, entries)
 
