@@ -5,6 +5,7 @@ the draft, publish, and see the model in the catalog."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import trio
@@ -52,6 +53,7 @@ def drive(admin_url: str) -> None:
 
         pull_row.locator('button[data-find="edit"]').click()
         editor = page.locator("#draft-panel textarea")
+        expect(editor).to_have_value(re.compile(r'"name"'))  # filled once the pull is fetched
         draft = json.loads(editor.input_value())
         draft["name"] = "tiny"
         draft["profiles"][0]["context"] = 1024
