@@ -24,6 +24,7 @@ from .fleet.leadership import LeadershipConfig
 from .fleet.shards import ReconcilerConfig
 from .gateway.activator import ActivatorConfig
 from .gateway.config import EndpointConfig, RouterConfig
+from .mirror.config import HubConfig, validate_hub
 from .transport.config import ClientTlsConfig, ListenersConfig
 
 
@@ -69,6 +70,8 @@ class ControlConfig:
         "Limits and deadlines every listener applies to each connection (docs/security.md)."))
     client_tls: ClientTlsConfig = attrs.field(factory=ClientTlsConfig, metadata=doc(
         "TLS on the client listener, or the TLS proxies in front of it (docs/security.md)."))
+    hub: HubConfig = attrs.field(factory=HubConfig, metadata=doc(
+        "The model mirror: the Hugging Face Hub it searches and pulls from (docs/model-mirror.md)."))
 
 
 _converter = strict_converter()
@@ -130,6 +133,7 @@ def validate(config: ControlConfig) -> ControlConfig:
     if config.monitoring.prometheus:
         url = validate_engine_url(config.monitoring.prometheus, what="monitoring.prometheus")
         config = attrs.evolve(config, monitoring=MonitoringConfig(prometheus=url))
+    config = attrs.evolve(config, hub=validate_hub(config.hub))
     seen: set[str] = set()
     endpoints = []
     for index, endpoint in enumerate(config.endpoints):

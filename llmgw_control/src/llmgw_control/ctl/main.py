@@ -20,6 +20,7 @@ from llmgw_shared.wire import EngineProvenance
 from llmgw_shared.wire import converter as wire_converter
 
 from .client import DEFAULT_ADMIN, AdminClient, CtlError
+from .mirror_cmds import add_mirror_verbs
 from .tables import mib, table
 
 Action = Callable[[AdminClient, argparse.Namespace, TextIO], None]
@@ -396,13 +397,15 @@ def build_parser() -> argparse.ArgumentParser:
                         ("uncordon", "allow new replicas on the node again")):
         verb(v, name, _node_action(name), words).add_argument("node")
 
-    v = noun("models", "models: list (default), show, add, change, remove", models_list)
+    v = noun("models", "models: list (default), show, add, change, remove, search, files, pull, pulls, publish",
+             models_list)
     verb(v, "list", models_list, "every model profile with its replicas and status")
     verb(v, "show", models_show, "a model's definition").add_argument("name")
     verb(v, "add", models_add, "add the model(s) in a TOML or JSON file").add_argument("--file", required=True)
     verb(v, "change", models_change, "replace a model with the definition in a file").add_argument(
         "--file", required=True)
     verb(v, "remove", models_remove, "remove a model (its replicas are drained)").add_argument("name")
+    add_mirror_verbs(v, verb)
 
     v = noun("replicas", "replicas: list (default)", replicas_list)
     verb(v, "list", replicas_list, "every replica the control daemon manages")

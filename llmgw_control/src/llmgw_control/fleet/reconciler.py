@@ -284,6 +284,20 @@ class Reconciler:
         self.blocked = decided.blocked
         self._sync_router(now)
 
+    def would_fit(self, claim: Claim, engine: tuple[str, str], labels: dict[str, str] | None = None) -> str:
+        """Whether one replica with ``claim`` would be placed on some node now, by the same plan
+        placement runs, beside what is assigned: "" when it fits, else plan's reason."""
+        now = self.clock()
+        probe = "\x00probe"  # a key no profile can have (names never hold NUL)
+        last_used = {r.id: r.last_used for r in self.replicas}
+        decided = plan([Demand(probe, engine, claim, 1, dict(labels or {}))], self._node_views(now),
+                       [r.as_assignment(last_used.get(r.shard_id, r.created_at)) for r in self.shards.values()],
+                       backoff={}, now=now,
+                       limits=PlanLimits(self.config.port_min, self.config.port_max, 0))
+        if any(isinstance(a, Start) and a.key == probe for a in decided.actions):
+            return ""
+        return decided.blocked.get(probe, "no node is ready")
+
     def _log_blocked(self, key: str, reason: str, now: float) -> None:
         """Say why a model waits, in the node's words, without a line for every percent of a download."""
         gist = re.sub(r"[0-9.]+", "#", reason)

@@ -106,7 +106,9 @@ _ERROR_WORDS = {
     404: "The object addressed does not exist.",
     409: "The change contradicts what exists (a duplicate, an object in use, a model from the config file).",
     413: "The body is larger than 1 MiB.",
+    502: "An upstream service (the Hugging Face Hub) answered an error or could not be reached.",
     503: "The store is unavailable, or this daemon is not ready.",
+    504: "An upstream service (the Hugging Face Hub) did not answer in time.",
 }
 
 
