@@ -29,7 +29,8 @@ import trio
 
 from llmgw_node import engine_http
 from llmgw_node.engines.manager import EngineManager
-from llmgw_node.procs import ProcessRecord, StateFile, alive, open_log, signal_group, start_ticks, tail_lines
+from llmgw_node.procs import ProcessRecord, StateFile, alive, open_log, signal_group, start_ticks
+from llmgw_node.shard_logs import Output, read_output, rotate_if_large
 from llmgw_node.weights import WeightsCache, WeightsError
 from llmgw_shared.logs import get_logger
 from llmgw_shared.names import BadName, check_shard_id
@@ -135,7 +136,18 @@ class Supervisor:
 
     def output(self, shard_id: str, n: int = 300) -> list[str]:
         """The engine's last ``n`` output lines, for the operator."""
-        return tail_lines(self.log_path(shard_id), n)
+        return read_output(self.log_path(shard_id), n).lines
+
+    async def output_since(self, shard_id: str, n: int, cursor: str = "") -> Output | None:
+        """The last ``n`` lines after ``cursor`` (``shard_logs``); None when the shard has no output here."""
+        try:
+            check_shard_id(shard_id)  # it names a file
+        except BadName:
+            return None
+        path = self.log_path(shard_id)
+        if shard_id not in self._shards and not await trio.to_thread.run_sync(path.is_file):
+            return None
+        return await trio.to_thread.run_sync(read_output, path, n, cursor)
 
     def start(self, spec: ShardSpec) -> None:
         """Begin supervising ``spec``. Idempotent for the same spec; refuses conflicts."""
@@ -449,6 +461,8 @@ class Supervisor:
                 break
             if trio.current_time() - ready_since >= t.stable_after:
                 shard.restarts = 0  # stable for a while: earlier crashes no longer count
+            # The log is the shard's output ring: bounded while it runs, not only at a restart.
+            await trio.to_thread.run_sync(rotate_if_large, self.log_path(shard.spec.shard_id))
             failures = 0 if await self._healthy(shard.spec) else failures + 1
             if failures >= t.unhealthy_limit:
                 return f"hung: no answer on /health {failures} times in a row"
