@@ -74,7 +74,8 @@ def read_output(path: Path, lines: int, cursor: str = "") -> Output:
     # Only whole lines: a line still being written is read by the next request.
     end = data.rfind(b"\n") + 1
     whole = data[:end]
-    text = whole.decode(errors="replace").splitlines()
+    # Split on newlines only: splitlines() also splits on \r, which a progress bar redraws with.
+    text = [raw.decode(errors="replace") for raw in whole.split(b"\n")[:-1]]
     if cut_first and text:
         text = text[1:]  # the read began inside a line
     out = [_clean(line) for line in text if line.strip()][-lines:]
@@ -109,7 +110,12 @@ def rotate_if_large(path: Path, limit: int = LOG_KEEP_BYTES) -> bool:
     try:
         if path.stat().st_size <= limit:
             return False
-        shutil.copyfile(path, path.with_name(path.name + ".1"))
+        old = path.with_name(path.name + ".1")
+        old.unlink(missing_ok=True)
+        # 0600 as the log itself (open_log): an engine's output may name the operator's paths.
+        with open(path, "rb") as src, os.fdopen(os.open(old, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600),
+                                                "wb") as dst:
+            shutil.copyfileobj(src, dst)
         os.truncate(path, 0)
     except OSError:
         return False
