@@ -187,6 +187,30 @@ def replicas_list(client: AdminClient, args: argparse.Namespace, out: TextIO) ->
     _emit(out, args, answer, human)
 
 
+def replicas_logs(client: AdminClient, args: argparse.Namespace, out: TextIO, *, polls: int | None = None) -> None:
+    """The engine's last lines; with ``--follow``, then what it writes, until interrupted.
+
+    Following is a long poll (``wait=true`` with the last answer's cursor): each request is held
+    by control until there are new lines or its wait ends, so an idle engine costs one request per
+    20 s. ``polls`` bounds the loop for tests.
+    """
+    path = f"/replicas/{_q(args.replica)}/logs"
+    answer = client.get(path, lines=args.lines)
+    _emit(out, args, answer, lambda: "\n".join(answer["lines"]))
+    if answer["source"] != "node" and not args.json:
+        out.write(f"(the lines node {answer['node']} sent with the failure: {answer['status']}: "
+                  f"{answer['detail']})\n")
+    done = 0
+    while args.follow and answer["cursor"] and (polls is None or done < polls):
+        done += 1
+        answer = client.get(path, lines=1000, cursor=answer["cursor"], wait="true")
+        for line in answer["lines"]:
+            out.write((json.dumps(line) if args.json else line) + "\n")
+        out.flush()
+    if args.follow and not answer["cursor"] and polls is None:
+        out.write(f"(not following: node {answer['node']} cannot be asked for more)\n")
+
+
 def _provenance_words(raw: Any) -> str:
     """The node's record of where its install came from, in the node's own words (``-``: none)."""
     if raw is None:
@@ -404,8 +428,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--file", required=True)
     verb(v, "remove", models_remove, "remove a model (its replicas are drained)").add_argument("name")
 
-    v = noun("replicas", "replicas: list (default)", replicas_list)
+    v = noun("replicas", "replicas: list (default), logs", replicas_list)
     verb(v, "list", replicas_list, "every replica the control daemon manages")
+    p = verb(v, "logs", replicas_logs, "the engine's last output lines (--follow: then what it writes)")
+    p.add_argument("replica")
+    p.add_argument("--lines", "-n", type=int, default=100, help="how many of the last lines (1-1000, default 100)")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until interrupted")
     v = noun("engines", "engines: list (default)", engines_list)
     verb(v, "list", engines_list, "the engines and their state on each node")
 
@@ -471,4 +499,6 @@ def main(argv: list[str] | None = None, *, stdout: TextIO | None = None, stderr:
     except CtlError as exc:
         err.write(f"error: {exc}\n")
         return 1
+    except KeyboardInterrupt:
+        return 130  # Ctrl-C ends a --follow: the shell's code for SIGINT, without a traceback
     return 0
