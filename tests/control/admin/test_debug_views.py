@@ -7,6 +7,7 @@ from typing import Any
 
 import httpx2
 import trio
+import trio.lowlevel
 
 from .conftest import running_control
 from .test_admin_key import REQUIRE, admin_keys
@@ -32,7 +33,7 @@ async def test_the_task_dump_shows_every_task_with_its_stack(tmp_path: Path) -> 
             httpx2.AsyncClient(base_url=daemon.admin_url, timeout=10) as client:
         # The daemon runs in this test's trio loop, so a task started here is in its tree.
         nursery.start_soon(parked_somewhere_recognisable, release, name="h19-known-task")
-        await trio.sleep(0)
+        await trio.lowlevel.checkpoint()
         dump = (await client.get("/debug/tasks")).json()
         assert dump["count"] > 5 and dump["omitted"] == 0
         task = find(dump["task"], "h19-known-task")
