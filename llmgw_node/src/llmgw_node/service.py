@@ -70,6 +70,7 @@ class NodeService:
                                                  on_change=self._engine_changed)
         self.weights = WeightsCache(data, client)
         self.supervisor = Supervisor(data, self.engines, self.weights, client, host=config.engine_host,
+                                     model_roots=config.model_dir_roots,
                                      timing=timing, on_change=self._shard_changed)
         self.fencing_token = 0
         self._nursery: trio.Nursery | None = None

@@ -29,6 +29,7 @@ import trio
 
 from llmgw_node import engine_http
 from llmgw_node.engines.manager import EngineManager
+from llmgw_node.model_dirs import ModelDirError, ModelRoots, check_model_dir
 from llmgw_node.procs import ProcessRecord, StateFile, alive, open_log, signal_group, start_ticks
 from llmgw_node.shard_logs import Output, read_output, rotate_if_large
 from llmgw_node.weights import WeightsCache, WeightsError
@@ -44,6 +45,8 @@ FAILURE_LINES = 30
 # Ended shards remembered for their final report: a node restarting engines all day must not
 # grow its memory with each one.
 KEEP_ENDED = 100
+# Engines that serve a model directory (model_dir), each started by its own conventions (_argv).
+DIRECTORY_ENGINES = ("vllm", "sglang")
 
 
 class ShardError(Exception):
@@ -99,6 +102,7 @@ class Supervisor:
         host: str = "127.0.0.1",
         timing: Timing | None = None,
         on_change: Callable[[ShardState], None] | None = None,
+        model_roots: ModelRoots | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.logs_dir = data_dir / "shards"
@@ -107,6 +111,7 @@ class Supervisor:
         self.client = client
         self.host = host
         self.timing = timing or Timing()
+        self.model_roots = model_roots or ModelRoots((data_dir / "models",), data_dir / "hub")
         self._on_change = on_change
         self._state_file = StateFile(data_dir / "shards.json")
         self._shards: dict[str, _Shard] = {}
@@ -158,6 +163,15 @@ class Supervisor:
             raise ShardError(str(exc)) from None
         if not 1 <= spec.port <= 65535:
             raise ShardError(f"shard {spec.shard_id}: port {spec.port} is out of range")
+        if (spec.weights is None) == (not spec.model_dir):
+            raise ShardError(f"shard {spec.shard_id}: names weights or a model_dir, not both or neither")
+        if spec.engine in DIRECTORY_ENGINES and not spec.model_dir:
+            raise ShardError(f"shard {spec.shard_id}: {spec.engine} serves a model directory (model_dir)")
+        if spec.model_dir:
+            try:
+                check_model_dir(spec.model_dir)
+            except ModelDirError as exc:
+                raise ShardError(f"shard {spec.shard_id}: {exc}") from None
         existing = self._shards.get(spec.shard_id)
         if existing is not None and not existing.done.is_set():
             if existing.spec == spec:
@@ -203,7 +217,8 @@ class Supervisor:
 
     def _spawn(self, shard: _Shard, adopted: ProcessRecord | None) -> None:
         assert self._nursery is not None, "Supervisor.run() must be running"
-        self.weights.acquire(shard.spec.weights.sha256, shard.spec.shard_id)
+        if shard.spec.weights is not None:
+            self.weights.acquire(shard.spec.weights.sha256, shard.spec.shard_id)
         self._nursery.start_soon(self._supervise, shard, adopted, name=f"shard:{shard.spec.shard_id}")
 
     def _set(self, shard: _Shard, status: ShardStatus, detail: str = "", *, lines: bool = False) -> None:
@@ -232,7 +247,8 @@ class Supervisor:
                 records.append(ProcessRecord(
                     shard_id=shard.spec.shard_id, pid=shard.pid, ticks=shard.ticks,
                     binary=str(self.engines.binary(shard.spec.engine, shard.spec.engine_version) or ""),
-                    weights=str(self.weights.path_for(shard.spec.weights)),
+                    weights=str(self.weights.path_for(shard.spec.weights)) if shard.spec.weights is not None
+                    else shard.spec.model_dir,
                     log=str(self.log_path(shard.spec.shard_id)), spec=shard.spec, restarts=shard.restarts,
                 ))
         self._state_file.save(records)
@@ -266,7 +282,8 @@ class Supervisor:
             await self._loop(shard, weights, adopted)
         finally:
             shard.done.set()
-            self.weights.release(spec.weights.sha256, spec.shard_id)
+            if spec.weights is not None:
+                self.weights.release(spec.weights.sha256, spec.shard_id)
             # Cancelled means the daemon is going away and the engine keeps running for the next
             # one to adopt: its record must stay. Only a shard that really ended leaves the file.
             if shard.state.status in ("stopped", "failed"):
@@ -291,6 +308,13 @@ class Supervisor:
             state = self.engines.state(spec.engine, spec.engine_version)
             self._set(shard, "failed", f"engine {spec.engine} {spec.engine_version}: {state.describe()}")
             return None
+        if spec.weights is None:
+            try:
+                return await trio.to_thread.run_sync(self.model_roots.resolve, spec.model_dir)
+            except ModelDirError as exc:
+                self._set(shard, "failed", str(exc))
+                return None
+        weights_spec = spec.weights
         self._set(shard, "downloading", "checking weights")
         path: Path | None = None
         error = ""
@@ -298,7 +322,7 @@ class Supervisor:
             nursery.start_soon(_cancel_when, shard.stop_requested, nursery.cancel_scope)
             try:
                 path = await self.weights.ensure(
-                    spec.weights, lambda what: self._set(shard, "downloading", what)
+                    weights_spec, lambda what: self._set(shard, "downloading", what)
                 )
             except WeightsError as exc:
                 error = str(exc)
@@ -344,9 +368,18 @@ class Supervisor:
                 return
 
     def _argv(self, binary: Path, spec: ShardSpec, weights: Path) -> list[str]:
+        host_port = ["--host", self.host, "--port", str(spec.port)]
         if spec.engine == "llama.cpp":
-            return [str(binary), "-m", str(weights), "--host", self.host, "--port", str(spec.port),
-                    *spec.args]
+            return [str(binary), "-m", str(weights), *host_port, *spec.args]
+        if spec.engine == "vllm":
+            # `vllm serve DIR`; the key comes from VLLM_API_KEY in its environment.
+            return [str(binary), "serve", str(weights), *host_port, *spec.args]
+        if spec.engine == "sglang":
+            # The configured path is the Python that has sglang installed. SGLang reads its key
+            # only from --api-key: on its command line, where local users can read it
+            # (docs/engines.md says so; the key opens only this one engine).
+            return [str(binary), "-m", "sglang.launch_server", "--model-path", str(weights), *host_port,
+                    "--api-key", spec.api_key, *spec.args]
         # Other engines name their own layout; the spec's arguments say where the model goes.
         subst = {"{model}": str(weights), "{host}": self.host, "{port}": str(spec.port)}
         return [str(binary), *(subst.get(a, a) for a in spec.args)]
@@ -474,7 +507,8 @@ class Supervisor:
     async def _drain(self, shard: _Shard, limit_s: float, exited: trio.Event) -> None:
         with trio.move_on_after(limit_s) as scope:
             while not exited.is_set():
-                busy = await engine_http.in_flight(self.client, self.host, shard.spec.port, shard.spec.api_key)
+                busy = await engine_http.in_flight(self.client, self.host, shard.spec.port, shard.spec.api_key,
+                                                   shard.spec.engine)
                 if busy == 0:
                     return
                 if busy is None:

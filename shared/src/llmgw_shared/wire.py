@@ -59,7 +59,9 @@ class WireError(ValueError):
 
 # --------------------------------------------------------------------------- engines
 
-EngineStatus: TypeAlias = Literal["absent", "installing", "installed", "failed", "configured"]
+# "unconfigured": an engine named by path (vLLM, SGLang) that this node's config does not name --
+# not a failure, only something this node does not have; placement skips it without a word.
+EngineStatus: TypeAlias = Literal["absent", "installing", "installed", "failed", "configured", "unconfigured"]
 
 
 @attrs.frozen
@@ -137,6 +139,8 @@ class EngineState:
             return f"{self.status}: {self.detail}" if self.detail else self.status
         if self.status in ("installed", "configured"):
             return f"{self.status} {self.version}"
+        if self.status == "unconfigured":
+            return "not configured here"
         return self.status
 
 
@@ -161,7 +165,8 @@ class ShardSpec:
     shard_id: str
     engine: str
     engine_version: str
-    weights: WeightsSpec
+    # One sha256-checked file (llama.cpp's GGUF), or None when ``model_dir`` names the model.
+    weights: WeightsSpec | None
     port: int
     # The engine must require this key; the router sends it. Never logged (kept out of repr).
     api_key: str = attrs.field(repr=False)
@@ -171,6 +176,10 @@ class ShardSpec:
     start_timeout_s: float = 120.0
     # Crash restarts before the shard is left failed.
     max_restarts: int = 5
+    # A model directory for vLLM and SGLang: an absolute path on the node, or
+    # "hub:ORG/NAME[@REVISION]" (a snapshot in the node's Hugging Face cache). The node checks it
+    # against its model roots before anything is started.
+    model_dir: str = ""
 
 
 @attrs.frozen
