@@ -533,12 +533,19 @@ class Reconciler:
             # llama-server splits -c across its -np slots; the profile's context is per request.
             args = ["-c", str(profile.context * profile.parallel), "-np", str(profile.parallel),
                     "--alias", resolved.model.name, "--metrics", *args]
+        elif profile.engine == "vllm":
+            # The name the gateway sends; the context per request; sequences batched at once.
+            args = ["--served-model-name", resolved.model.name, "--max-model-len", str(profile.context),
+                    "--max-num-seqs", str(replica_slots(profile)), *args]
+        elif profile.engine == "sglang":
+            args = ["--served-model-name", resolved.model.name, "--context-length", str(profile.context),
+                    "--max-running-requests", str(replica_slots(profile)), "--enable-metrics", *args]
         weights = profile.weights
         return ShardSpec(
             shard_id=shard_id, engine=profile.engine, engine_version=self.catalog.engine_version(profile),
-            weights=WeightsSpec(weights.url, weights.sha256, weights.size), port=port,
-            api_key=self.shard_api_key(shard_id), args=args, env=dict(profile.env),
-            start_timeout_s=profile.start_timeout,
+            weights=WeightsSpec(weights.url, weights.sha256, weights.size) if weights is not None else None,
+            port=port, api_key=self.shard_api_key(shard_id), args=args, env=dict(profile.env),
+            start_timeout_s=profile.start_timeout, model_dir=profile.model_dir,
         )
 
     def _forget(self, action: Forget, now: float) -> None:
