@@ -12,13 +12,13 @@ import openai
 import pytest
 import trio
 from node.helpers import next_engine_state, next_shard_state
-from support.served_engines import VERSIONS, engines_config, hub_snapshot, model_directory
 
 from llmgw_dev.engine_proc import free_port
 from llmgw_node.config import ConfiguredEngine, NodeConfig
 from llmgw_node.service import NodeService, open_node_service
 from llmgw_node.supervisor import Timing
 from llmgw_shared.wire import DrainShard, EngineSpec, SetEngines, ShardSpec, ShardState, StartShard
+from support.served_engines import VERSIONS, engines_config, hub_snapshot, model_directory
 
 
 @pytest.fixture
