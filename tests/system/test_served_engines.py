@@ -15,10 +15,10 @@ import pytest
 import tomli_w
 import trio
 from control.admin.conftest import JOIN_TOKEN, running_control, wait_until
-from support.fleet import BIN, Daemon
-from support.served_engines import VERSIONS, engines_config, hub_snapshot, model_directory
 
 from llmgw_control.catalog import EngineConfig
+from support.fleet import BIN, Daemon
+from support.served_engines import VERSIONS, engines_config, hub_snapshot, model_directory
 
 pytestmark = pytest.mark.slow
 SLOW_TOKENS = {"FAKE_ENGINE_CHUNKS": "20", "FAKE_ENGINE_CHUNK_DELAY": "0.1"}
