@@ -83,3 +83,4 @@ async def test_a_failed_starts_last_lines_are_shown_with_the_failure(daemon: Dae
         answer = (await daemon.admin.get(f"/replicas/{rid}/logs")).json()
         assert answer["source"] == "failure report" and answer["lines"] == last
         assert answer["status"] == "failed" and "exited with status 1" in answer["detail"]
+
