@@ -144,3 +144,34 @@ async def test_an_engine_the_node_lacks_is_not_configured_here(node_config: Node
         await svc.handle(SetEngines(id="e", fencing_token=1, engines=[EngineSpec("vllm", "0.9.1")]))
         state = await next_engine_state(svc, lambda s: s.name == "vllm")
         assert state.status == "unconfigured" and state.describe() == "not configured here"
+
+
+async def test_an_adopted_sglang_engine_restarts_with_the_same_snapshot(
+    served_config: NodeConfig, fast_timing: Timing,
+) -> None:
+    import os
+    import signal
+
+    from llmgw_node.procs import start_ticks
+
+    shard = spec("sglang", hub_snapshot(served_config.data_path / "hub", "Qwen/Qwen2.5-0.5B-Instruct"))
+    shard = attrs.evolve(shard, max_restarts=3)
+    async with open_node_service(served_config, timing=fast_timing) as svc:
+        await configured(svc)
+        assert (await svc.handle(StartShard(id="s", fencing_token=1, shard=shard))).ok
+        first = await next_shard_state(svc, shard.shard_id, lambda s: s.status in ("ready", "failed"))
+        assert first.status == "ready", first.last_lines
+    assert start_ticks(first.pid) is not None  # the daemon went; the engine stayed
+    try:
+        async with open_node_service(served_config, timing=fast_timing) as svc:
+            adopted = await next_shard_state(svc, shard.shard_id, lambda s: s.status in ("ready", "failed"))
+            assert adopted.status == "ready" and adopted.pid == first.pid
+            # It crashes: started again from the recorded, resolved snapshot (not "hub:..." as a path).
+            os.killpg(first.pid, signal.SIGKILL)
+            again = await next_shard_state(svc, shard.shard_id, lambda s: s.status in ("ready", "failed")
+                                           and s.pid != first.pid)
+            assert again.status == "ready", (again.describe(), again.last_lines)
+            await svc.stop_engines(grace=3)
+    finally:
+        if start_ticks(first.pid) is not None:
+            os.killpg(first.pid, signal.SIGKILL)

@@ -89,6 +89,9 @@ class _Shard:
         self.process: trio.Process | None = None
         self.restarts = 0
         self.cancel = trio.CancelScope()
+        # The real directory a model_dir resolved to: what the engine was started with, and what
+        # the state file records, so a restart after adoption starts it with the same one.
+        self.model_path: Path | None = None
 
 
 class Supervisor:
@@ -248,7 +251,7 @@ class Supervisor:
                     shard_id=shard.spec.shard_id, pid=shard.pid, ticks=shard.ticks,
                     binary=str(self.engines.binary(shard.spec.engine, shard.spec.engine_version) or ""),
                     weights=str(self.weights.path_for(shard.spec.weights)) if shard.spec.weights is not None
-                    else shard.spec.model_dir,
+                    else str(shard.model_path or ""),
                     log=str(self.log_path(shard.spec.shard_id)), spec=shard.spec, restarts=shard.restarts,
                 ))
         self._state_file.save(records)
@@ -279,6 +282,8 @@ class Supervisor:
                     return
             else:
                 weights = Path(adopted.weights)
+                if spec.weights is None:
+                    shard.model_path = weights
             await self._loop(shard, weights, adopted)
         finally:
             shard.done.set()
@@ -310,10 +315,11 @@ class Supervisor:
             return None
         if spec.weights is None:
             try:
-                return await trio.to_thread.run_sync(self.model_roots.resolve, spec.model_dir)
+                shard.model_path = await trio.to_thread.run_sync(self.model_roots.resolve, spec.model_dir)
             except ModelDirError as exc:
                 self._set(shard, "failed", str(exc))
                 return None
+            return shard.model_path
         weights_spec = spec.weights
         self._set(shard, "downloading", "checking weights")
         path: Path | None = None
