@@ -11,7 +11,7 @@ the group, then SIGKILL after a grace period. Draining waits for the engine's in
 Engines started by an earlier daemon are found through the state file and adopted (health
 checked, then supervised by polling ``/proc``, since they are no longer our children).
 
-About 510 lines: one shard's task (start, health, exit, restart, drain, adopt) is one state
+About 550 lines: one shard's task (start, health, exit, restart, drain, adopt) is one state
 machine over one process, read top to bottom.
 """
 
@@ -28,6 +28,7 @@ import httpx2
 import trio
 
 from llmgw_node import engine_http
+from llmgw_node.engine_conventions import DIRECTORY_ENGINES, engine_argv, key_environment
 from llmgw_node.engines.manager import EngineManager
 from llmgw_node.model_dirs import ModelDirError, ModelRoots, check_model_dir
 from llmgw_node.procs import ProcessRecord, StateFile, alive, open_log, signal_group, start_ticks
@@ -45,8 +46,6 @@ FAILURE_LINES = 30
 # Ended shards remembered for their final report: a node restarting engines all day must not
 # grow its memory with each one.
 KEEP_ENDED = 100
-# Engines that serve a model directory (model_dir), each started by its own conventions (_argv).
-DIRECTORY_ENGINES = ("vllm", "sglang")
 
 
 class ShardError(Exception):
@@ -373,23 +372,6 @@ class Supervisor:
                 self._set(shard, "stopped", "stopped while waiting to restart")
                 return
 
-    def _argv(self, binary: Path, spec: ShardSpec, weights: Path) -> list[str]:
-        host_port = ["--host", self.host, "--port", str(spec.port)]
-        if spec.engine == "llama.cpp":
-            return [str(binary), "-m", str(weights), *host_port, *spec.args]
-        if spec.engine == "vllm":
-            # `vllm serve DIR`; the key comes from VLLM_API_KEY in its environment.
-            return [str(binary), "serve", str(weights), *host_port, *spec.args]
-        if spec.engine == "sglang":
-            # The configured path is the Python that has sglang installed. SGLang reads its key
-            # only from --api-key: on its command line, where local users can read it
-            # (docs/engines.md says so; the key opens only this one engine).
-            return [str(binary), "-m", "sglang.launch_server", "--model-path", str(weights), *host_port,
-                    "--api-key", spec.api_key, *spec.args]
-        # Other engines name their own layout; the spec's arguments say where the model goes.
-        subst = {"{model}": str(weights), "{host}": self.host, "{port}": str(spec.port)}
-        return [str(binary), *(subst.get(a, a) for a in spec.args)]
-
     async def _launch(self, shard: _Shard, weights: Path, *, fresh: bool) -> None:
         spec = shard.spec
         binary = self.engines.binary(spec.engine, spec.engine_version)
@@ -399,14 +381,11 @@ class Supervisor:
             raise ShardError(f"port {spec.port} on {self.host} {PORT_IN_USE}")
         env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "LD_PRELOAD")}
         env.update(spec.env)
-        # The key goes by environment, not argv: /proc/<pid>/cmdline is world-readable.
-        env["LLAMA_API_KEY" if spec.engine == "llama.cpp" else "LLMGW_API_KEY"] = spec.api_key
-        if spec.engine != "llama.cpp":
-            env.setdefault("VLLM_API_KEY", spec.api_key)
+        env.update(key_environment(spec))
         fd = await trio.to_thread.run_sync(lambda: open_log(self.log_path(spec.shard_id), fresh=fresh))
         try:
             proc = await trio.lowlevel.open_process(
-                self._argv(binary, spec, weights), stdin=subprocess.DEVNULL,
+                engine_argv(binary, spec, weights, self.host), stdin=subprocess.DEVNULL,
                 stdout=fd, stderr=fd, env=env, start_new_session=True, cwd=str(binary.parent),
             )
         except OSError as exc:
