@@ -10,6 +10,10 @@ network) sends no FIN, so only missing heartbeats reveal it.
 A malformed frame, an unknown type or a message out of place is answered with an ``error``
 frame and logged; it never ends other nodes' connections, and a node that keeps sending garbage
 is disconnected after a few in a row.
+
+About 540 lines: one connection's protocol (handshake, reader, writer, watchdog, the accounting
+of commands and the log requests that ride the same socket) is one state machine per node, read
+top to bottom.
 """
 
 from __future__ import annotations
