@@ -22,7 +22,16 @@ from llmgw_node.config import NodeConfig
 from llmgw_node.procs import start_ticks
 from llmgw_node.service import NodeService, open_node_service
 from llmgw_node.supervisor import Timing
-from llmgw_shared.wire import DrainShard, EngineSpec, SetEngines, ShardState, StartShard, StopShard, WeightsSpec
+from llmgw_shared.wire import (
+    DrainShard,
+    EngineSpec,
+    GetShardLogs,
+    SetEngines,
+    ShardState,
+    StartShard,
+    StopShard,
+    WeightsSpec,
+)
 
 pytestmark = pytest.mark.engine
 
@@ -75,6 +84,18 @@ async def test_start_chat_and_stop(
         with pytest.raises(openai.AuthenticationError):
             await wrong.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
                                                 max_tokens=1)
+        # Its output, as control asks for it (issue 19): llama-server's own lines, then, after the
+        # cursor, only what the next request made it write.
+        logs = await svc.shard_logs(GetShardLogs(id="l1", shard_id="tiny-0", lines=500))
+        assert logs.found and any("listening" in line for line in logs.lines), logs.lines
+        await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "again"}],
+                                             max_tokens=2)
+        with trio.fail_after(10):
+            while not (after := await svc.shard_logs(
+                    GetShardLogs(id="l2", shard_id="tiny-0", lines=500, cursor=logs.cursor))).lines:
+                await trio.sleep(0.05)
+        assert not any("listening" in line for line in after.lines), after.lines
+        assert not (await svc.shard_logs(GetShardLogs(id="l3", shard_id="nope", lines=5))).found
         # The key is not on the command line, where any local user could read it.
         cmdline = await trio.Path(f"/proc/{ready.pid}/cmdline").read_bytes()
         assert spec.api_key.encode() not in cmdline

@@ -18,12 +18,14 @@ from llmgw_shared.wire import (
     EngineState,
     EngineStateReport,
     Error,
+    GetShardLogs,
     Heartbeat,
     Hello,
     Message,
     Refuse,
     RemoveWeights,
     SetEngines,
+    ShardLogs,
     ShardSpec,
     ShardState,
     ShardStateReport,
@@ -79,6 +81,9 @@ EXAMPLES: list[Message] = [
     StopShard(id="c4", fencing_token=3, shard_id="tiny-0", grace_s=2.0),
     DrainShard(id="c5", fencing_token=3, shard_id="tiny-0", timeout_s=30.0),
     RemoveWeights(id="c6", fencing_token=3, sha256=["ab" * 32]),
+    GetShardLogs(id="logs1", shard_id="tiny-0", lines=50, cursor="1234:5678"),
+    ShardLogs(in_reply_to="logs1", shard_id="tiny-0", found=True, lines=["main: server is listening"],
+              cursor="1234:9000"),
 ]
 
 

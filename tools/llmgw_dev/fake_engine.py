@@ -92,6 +92,9 @@ class FakeEngineBehavior:
     api_key: str | None = None
     #: send ``Connection: close`` after each streamed response, as llama-server effectively does.
     close_after_stream: bool = False
+    #: whose Prometheus series ``/metrics`` speaks: "llama.cpp", "vllm" or "sglang"
+    #: (``llmgw_dev.fake_served_engine`` runs the fake behind vLLM's and SGLang's command lines).
+    metrics_as: str = "llama.cpp"
 
 
 @attrs.frozen
@@ -394,6 +397,28 @@ class FakeEngineApp:
 
     def _metrics(self) -> bytes:
         o = self.observed
+        model = self.behavior.models[0] if self.behavior.models else ""
+        if self.behavior.metrics_as == "vllm":
+            # vLLM's gauges carry the served name (and, from 0.8, the engine core) as labels.
+            return (
+                "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+                "# TYPE vllm:num_requests_running gauge\n"
+                f'vllm:num_requests_running{{engine="0",model_name="{model}"}} {float(o.in_flight)}\n'
+                "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
+                "# TYPE vllm:num_requests_waiting gauge\n"
+                f'vllm:num_requests_waiting{{engine="0",model_name="{model}"}} 0.0\n'
+                "# TYPE vllm:prompt_tokens_total counter\n"
+                f'vllm:prompt_tokens_total{{engine="0",model_name="{model}"}} {float(o.prompt_tokens_total)}\n'
+            ).encode()
+        if self.behavior.metrics_as == "sglang":
+            return (
+                "# HELP sglang:num_running_reqs The number of running requests.\n"
+                "# TYPE sglang:num_running_reqs gauge\n"
+                f'sglang:num_running_reqs{{model_name="{model}"}} {float(o.in_flight)}\n'
+                "# HELP sglang:num_queue_reqs The number of requests in the waiting queue.\n"
+                "# TYPE sglang:num_queue_reqs gauge\n"
+                f'sglang:num_queue_reqs{{model_name="{model}"}} 0.0\n'
+            ).encode()
         return (
             "# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.\n"
             "# TYPE llamacpp:prompt_tokens_total counter\n"

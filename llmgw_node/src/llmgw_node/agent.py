@@ -32,6 +32,7 @@ from llmgw_shared.wire import (
     EngineState,
     EngineStateReport,
     Error,
+    GetShardLogs,
     Heartbeat,
     Message,
     Refuse,
@@ -340,6 +341,8 @@ class Agent:
             if isinstance(msg, COMMANDS):
                 ack: Ack = await self.svc.handle(msg)
                 await send.send(ack)
+            elif isinstance(msg, GetShardLogs):
+                await send.send(await self.svc.shard_logs(msg))
             elif isinstance(msg, Heartbeat):
                 pass  # liveness only; last_heard is already updated
             elif isinstance(msg, Error):

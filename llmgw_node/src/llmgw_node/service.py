@@ -30,9 +30,11 @@ from llmgw_shared.wire import (
     DrainShard,
     EngineState,
     EngineStateReport,
+    GetShardLogs,
     Hello,
     RemoveWeights,
     SetEngines,
+    ShardLogs,
     ShardState,
     ShardStateReport,
     StartShard,
@@ -68,6 +70,7 @@ class NodeService:
                                                  on_change=self._engine_changed)
         self.weights = WeightsCache(data, client)
         self.supervisor = Supervisor(data, self.engines, self.weights, client, host=config.engine_host,
+                                     model_roots=config.model_dir_roots,
                                      timing=timing, on_change=self._shard_changed)
         self.fencing_token = 0
         self._nursery: trio.Nursery | None = None
@@ -149,6 +152,18 @@ class NodeService:
         if error:
             log.warning("command %s refused: %s", type(command).__name__, error, extra={"command_id": command.id})
         return Ack(command_id=command.id, ok=not error, error=error)
+
+    async def shard_logs(self, request: GetShardLogs) -> ShardLogs:
+        """A shard's last output lines for control (``get_shard_logs``); never raises."""
+        try:
+            output = await self.supervisor.output_since(request.shard_id, request.lines, request.cursor)
+        except Exception:
+            log.error("reading the output of shard %s crashed", request.shard_id, exc_info=True)
+            output = None
+        if output is None:
+            return ShardLogs(in_reply_to=request.id, shard_id=request.shard_id, found=False)
+        return ShardLogs(in_reply_to=request.id, shard_id=request.shard_id, found=True, lines=output.lines,
+                         cursor=output.cursor)
 
     def _dispatch(self, command: Command) -> str:
         assert self._nursery is not None, "NodeService.run() must be running"

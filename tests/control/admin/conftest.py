@@ -34,8 +34,10 @@ from llmgw_shared.wire import (
     EngineProvenance,
     EngineState,
     Error,
+    GetShardLogs,
     Heartbeat,
     Hello,
+    ShardLogs,
     ShardState,
     ShardStateReport,
     StartShard,
@@ -115,6 +117,10 @@ class FakeNode:
     commands: list[Any] = attrs.Factory(list)
     # The messages of the error frames control sent.
     errors: list[str] = attrs.Factory(list)
+    # Each shard's output, as get_shard_logs reads it (the cursor is "1:<lines read>").
+    logs: dict[str, list[str]] = attrs.Factory(dict)
+    # Starts fail with these last lines instead of becoming ready (None: they become ready).
+    fail_with: list[str] | None = None
 
     def drained(self, shard_id: str) -> bool:
         return any(isinstance(c, DrainShard) and c.shard_id == shard_id for c in self.commands)
@@ -129,10 +135,21 @@ class FakeNode:
             message = decode(await self.ws.get_message())
             if isinstance(message, Error):
                 self.errors.append(message.message)
+            if isinstance(message, GetShardLogs):
+                self.commands.append(message)
+                lines = self.logs.get(message.shard_id)
+                after = int(message.cursor.split(":")[1]) if message.cursor else 0
+                answer = ShardLogs(message.id, message.shard_id, lines is not None,
+                                   (lines or [])[after:][-message.lines:] if lines is not None else [],
+                                   f"1:{len(lines)}" if lines is not None else "")
+                await self.ws.send_message(encode(answer))
             if isinstance(message, StartShard | DrainShard | StopShard):
                 self.commands.append(message)
                 await self.ws.send_message(encode(Ack(message.id, True)))
-                if isinstance(message, StartShard):
+                if isinstance(message, StartShard) and self.fail_with is not None:
+                    state = ShardState(message.shard.shard_id, "failed", "crashed while starting: exited with "
+                                       "status 1", port=message.shard.port, last_lines=self.fail_with)
+                elif isinstance(message, StartShard):
                     state = ShardState(message.shard.shard_id, "ready", port=message.shard.port)
                 else:
                     state = ShardState(message.shard_id, "stopped")

@@ -14,6 +14,7 @@ from ..mirror.service import Mirror
 from .api import ApiContext, build_api
 from .api.core import error_body
 from .api.mirror_routes import add_mirror_routes
+from .debug_views import register_debug_views
 from .onboarding_views import register_onboarding_views
 
 if TYPE_CHECKING:
@@ -60,6 +61,7 @@ def make_admin_app(
     # so they are served with the same validation and error shape and appear in the document.
     app.extensions["llmgw.api"] = api
     register_onboarding_views(app, fleet)
+    register_debug_views(app)
 
     @app.get("/api/v1/openapi.json")
     async def openapi() -> Any:

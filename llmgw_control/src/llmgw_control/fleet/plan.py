@@ -223,10 +223,15 @@ def _choose_node(
     reasons: list[str] = []
     candidates: list[PlanNode] = []
     required = demand.labels
+    unconfigured = 0
     for node in nodes:
         if required and not _labels_match(required, node.labels):
             continue
         engine = node.engines.get(demand.engine)
+        if engine is not None and engine.status == "unconfigured":
+            # A node without vLLM (say) is not a node where vLLM failed: it is skipped silently.
+            unconfigured += 1
+            continue
         if engine is None or engine.status not in READY_ENGINE:
             words = engine.describe() if engine is not None else "engine not reported yet"
             reasons.append(f"node {node.node_id}: {name} {version}: {words}")
@@ -245,6 +250,8 @@ def _choose_node(
             continue
         candidates.append(node)
     if not candidates:
+        if not reasons and unconfigured:
+            return None, f"no node has {name} configured (a node names it by path in its [[engines]])"
         if not reasons:
             wanted = ", ".join(f"{k}={v}" for k, v in demand.labels.items())
             return None, f"no node has the labels {wanted}"

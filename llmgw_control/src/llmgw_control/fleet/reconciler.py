@@ -44,7 +44,7 @@ from .inventory import Inventory, Liveness, NodeRecord
 from .lifecycle import HOLDING, TERMINAL, Status
 from .plan import Demand, Drain, Forget, PlanLimits, PlanNode, Start, Stop, plan
 from .shard_ids import ShardIds
-from .shards import Dispatcher, ReconcilerConfig, ShardRecord
+from .shards import KEEP_ENDED, Dispatcher, EndedReplica, ReconcilerConfig, ShardRecord
 from .token_bucket import TokenBucket
 
 log = get_logger("llmgw.reconciler")
@@ -78,6 +78,8 @@ class Reconciler:
         self.clock = clock
         self.ids = ShardIds(secret)
         self.shards: dict[str, ShardRecord] = {}
+        # Recently forgotten replicas, oldest first (bounded: shards.KEEP_ENDED).
+        self.ended: dict[str, EndedReplica] = {}
         self.backoff: dict[tuple[str, str], tuple[float, str]] = {}
         self.failures: dict[tuple[str, str], int] = {}
         self.waiting: dict[str, int] = {}
@@ -158,8 +160,10 @@ class Reconciler:
         self.failures[(record.key, record.node_id)] = attempts
         delay = min(self.config.backoff_cap, self.config.backoff_base * 2 ** (attempts - 1))
         self.backoff[(record.key, record.node_id)] = (self.clock() + delay, detail or "failed")
+        # With the engine's last words: "exited with status 1" alone sends the operator to the node.
         log.warning("replica %s of %s failed on node %s: %s (not retried there for %.0f s)", shard_id,
-                    record.key, record.node_id, detail, delay, extra={"model": record.key})
+                    record.key, record.node_id, detail, delay,
+                    extra={"model": record.key, "engine_output": record.last_lines[-5:]})
         self.wake()
 
     def is_cordoned(self, node_id: str) -> bool:
@@ -355,6 +359,8 @@ class Reconciler:
             record.ready_since = now
             self.failures.pop((record.key, record.node_id), None)
             log.info("replica %s of %s ready on node %s", record.shard_id, record.key, node.node_id)
+        if state.last_lines:
+            record.last_lines = list(state.last_lines)
         if reported == Status.FAILED:
             self.mark_failed(record.shard_id, state.detail)
         else:
@@ -541,12 +547,19 @@ class Reconciler:
             # llama-server splits -c across its -np slots; the profile's context is per request.
             args = ["-c", str(profile.context * profile.parallel), "-np", str(profile.parallel),
                     "--alias", resolved.model.name, "--metrics", *args]
+        elif profile.engine == "vllm":
+            # The name the gateway sends; the context per request; sequences batched at once.
+            args = ["--served-model-name", resolved.model.name, "--max-model-len", str(profile.context),
+                    "--max-num-seqs", str(replica_slots(profile)), *args]
+        elif profile.engine == "sglang":
+            args = ["--served-model-name", resolved.model.name, "--context-length", str(profile.context),
+                    "--max-running-requests", str(replica_slots(profile)), "--enable-metrics", *args]
         weights = profile.weights
         return ShardSpec(
             shard_id=shard_id, engine=profile.engine, engine_version=self.catalog.engine_version(profile),
-            weights=WeightsSpec(weights.url, weights.sha256, weights.size), port=port,
-            api_key=self.shard_api_key(shard_id), args=args, env=dict(profile.env),
-            start_timeout_s=profile.start_timeout,
+            weights=WeightsSpec(weights.url, weights.sha256, weights.size) if weights is not None else None,
+            port=port, api_key=self.shard_api_key(shard_id), args=args, env=dict(profile.env),
+            start_timeout_s=profile.start_timeout, model_dir=profile.model_dir,
         )
 
     def _forget(self, action: Forget, now: float) -> None:
@@ -555,6 +568,10 @@ class Reconciler:
         if record is None:
             return
         self._retired[record.shard_id] = (replica, None)
+        self.ended[record.shard_id] = EndedReplica(record.shard_id, record.key, record.node_id, record.status,
+                                                   record.detail, record.last_lines)
+        while len(self.ended) > KEEP_ENDED:
+            del self.ended[next(iter(self.ended))]
         node = self.inventory.get(record.node_id)
         if node is not None:
             node.shards.pop(record.shard_id, None)

@@ -14,6 +14,23 @@ from . import lifecycle
 from .lifecycle import Status
 from .plan import Assignment
 
+# Replicas forgotten recently, kept with their final words: a failed start is forgotten within a
+# pass (a replacement is placed), and the operator asking why must still get its lines. A hundred
+# is a day of one model failing every fifteen minutes; each holds at most 30 lines.
+KEEP_ENDED = 100
+
+
+@attrs.frozen
+class EndedReplica:
+    """A forgotten replica's record as it ended: enough to answer for its logs."""
+
+    shard_id: str
+    key: str
+    node_id: str
+    status: Status
+    detail: str
+    last_lines: list[str]
+
 
 class Dispatcher(Protocol):
     def send(self, node_id: str, command: Command) -> bool:
@@ -63,6 +80,9 @@ class ShardRecord:
     # Where the router reaches it: the node's address when control placed (or adopted) it. A
     # later hello cannot move a replica, and its bearer key, to another address.
     address: str = ""
+    # The engine's last output lines, as the node sent them with a crash or a failed start: the
+    # failure is shown with them (the API's replica and logs answers), not without.
+    last_lines: list[str] = attrs.Factory(list)
 
     def as_assignment(self, last_used: float) -> Assignment:
         return Assignment(self.shard_id, self.key, self.node_id, self.port, self.claim, self.status,

@@ -16,6 +16,7 @@ from ...catalog.service import ModelService
 from ...store import UNSET, ApiKey, Group, NotFound, Quota, StoreError, Unset
 from ..fleet_views import model_view, node_view, registered_node_view
 from .core import Api, Call, Param
+from .replica_logs import register_replica_logs
 from .schemas import (
     CapacityList,
     CapacityView,
@@ -213,8 +214,11 @@ def build_api(ctx: ApiContext) -> Api:
         for r in sorted(f.reconciler.shards.values(), key=lambda r: (r.key, r.shard_id)):
             published = f.reconciler.replicas.get(r.shard_id)
             out.append(ReplicaView(r.shard_id, r.key, r.node_id, r.port, r.status, r.detail, r.draining,
-                                   published is not None, published.in_flight if published else 0))
+                                   published is not None, published.in_flight if published else 0,
+                                   list(r.last_lines)))
         return ReplicaList(out)
+
+    register_replica_logs(api, fleet)
 
     @api.route("GET", "/engines", summary="The engines every node gets, and their state on each node",
                tag="engines", response=EngineList)

@@ -160,6 +160,25 @@ class ReplicaView:
     # Published to the router (receiving requests) right now.
     routable: bool
     in_flight: int
+    # The engine's last output lines, as its node sent them with a crash or a failed start.
+    last_lines: list[str] = attrs.Factory(list)
+
+
+@attrs.frozen
+class ReplicaLogs:
+    """A replica's engine output: the last lines, or those after ``cursor`` (a follower's poll)."""
+
+    replica: str
+    model: str
+    node: str
+    status: str
+    detail: str
+    # "node": read from the engine's log on its node now; "failure report": the lines the node
+    # sent with the failure (the node is not connected, or no longer has the output).
+    source: str
+    lines: list[str]
+    # Give it back (``cursor=``) to get only what was written after these lines.
+    cursor: str
 
 
 @attrs.frozen
