@@ -11,8 +11,9 @@ the group, then SIGKILL after a grace period. Draining waits for the engine's in
 Engines started by an earlier daemon are found through the state file and adopted (health
 checked, then supervised by polling ``/proc``, since they are no longer our children).
 
-About 510 lines: one shard's task (start, health, exit, restart, drain, adopt) is one state
-machine over one process, read top to bottom.
+About 550 lines: one shard's task (start, health, exit, restart, drain, adopt) is one state
+machine over one process, read top to bottom; the periodic memory measurement of every engine
+(``memory``) reports through the same shard states.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import attrs
 import httpx2
 import trio
 
-from llmgw_node import engine_http
+from llmgw_node import engine_http, memory
 from llmgw_node.engines.manager import EngineManager
 from llmgw_node.procs import ProcessRecord, StateFile, alive, open_log, signal_group, start_ticks, tail_lines
 from llmgw_node.weights import WeightsCache, WeightsError
@@ -68,6 +69,10 @@ class Timing:
     # (a stopped process or a wedged engine exits nothing, so only polling notices it).
     ready_health_interval: float = 5.0
     unhealthy_limit: int = 6
+    # Each running engine's memory (RSS of its process tree, GPU memory) is measured this often:
+    # control accounts free memory from it, and an engine's use settles within seconds of its
+    # start (weights mapped, KV cache allocated), so a few measurements a minute are enough.
+    measure_interval: float = 15.0
 
 
 class _Shard:
@@ -85,6 +90,9 @@ class _Shard:
         self.process: trio.Process | None = None
         self.restarts = 0
         self.cancel = trio.CancelScope()
+        # The last measurement of the engine's process tree (memory.measure), in MiB.
+        self.rss_mib = 0
+        self.vram_mib = 0
 
 
 class Supervisor:
@@ -121,7 +129,7 @@ class Supervisor:
             self._nursery = nursery
             await self._recover(adopt)
             task_status.started()
-            await trio.sleep_forever()
+            await self._measure_loop()
 
     def states(self) -> list[ShardState]:
         return [s.state for _, s in sorted(self._shards.items())]
@@ -199,6 +207,7 @@ class Supervisor:
             shard_id=shard.spec.shard_id, status=status, detail=detail, port=shard.spec.port, pid=shard.pid,
             restarts=shard.restarts,
             last_lines=self.output(shard.spec.shard_id, FAILURE_LINES) if lines else [],
+            rss_mib=shard.rss_mib if shard.pid else 0, vram_mib=shard.vram_mib if shard.pid else 0,
         )
         if state == shard.state:
             return
@@ -206,6 +215,26 @@ class Supervisor:
         log.info("shard %s: %s", shard.spec.shard_id, state.describe(), extra={"pid": shard.pid})
         if self._on_change is not None:
             self._on_change(state)
+
+    async def _measure_loop(self) -> None:
+        while True:
+            await self.measure_once()
+            await trio.sleep(self.timing.measure_interval)
+
+    async def measure_once(self, proc_root: str = "/proc") -> None:
+        """Measure every running engine and report the shards whose use moved noticeably."""
+        running = {s.pid: s for s in self._shards.values() if s.pid and not s.done.is_set()}
+        measured = await memory.measure(running, proc_root)
+        for pid, (rss, vram) in measured.items():
+            shard = running[pid]
+            if shard.pid != pid or shard.done.is_set():
+                continue  # restarted or ended while it was measured
+            if _moved(shard.rss_mib, rss) or _moved(shard.vram_mib, vram):
+                shard.rss_mib, shard.vram_mib = rss, vram
+                state = attrs.evolve(shard.state, rss_mib=rss, vram_mib=vram)
+                shard.state = state
+                if self._on_change is not None:
+                    self._on_change(state)
 
     def _forget_old(self, keep: int = KEEP_ENDED) -> None:
         """Ended shards stay visible (control may not have seen the end yet), but not forever."""
@@ -316,6 +345,7 @@ class Supervisor:
             # A crash or a failed start. Report it with the output, then back off and restart.
             shard.restarts += 1
             shard.pid = 0
+            shard.rss_mib = shard.vram_mib = 0
             self._persist()
             if shard.restarts > spec.max_restarts:
                 self._set(shard, "failed", f"{outcome}; gave up after {spec.max_restarts} restarts",
@@ -500,6 +530,17 @@ class Supervisor:
             return
         while alive(pid, ticks):  # noqa: ASYNC110 -- not our child: polling /proc is all there is
             await trio.sleep(0.05)
+
+
+# A measurement is reported again only when it moved by this share (or from or to zero): every
+# heartbeat carries the shards that changed, and RSS wobbles by a few pages all the time.
+_MOVED_SHARE = 0.05
+
+
+def _moved(old: int, new: int) -> bool:
+    if (old == 0) != (new == 0):
+        return True
+    return abs(new - old) > old * _MOVED_SHARE
 
 
 async def _first(*events: trio.Event) -> None:

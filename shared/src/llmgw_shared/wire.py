@@ -182,6 +182,11 @@ class ShardState:
     restarts: int = 0
     # The engine's last output lines, sent with a failure so the operator sees why.
     last_lines: list[str] = attrs.field(factory=list)
+    # Memory the engine's process tree uses, as measured on the node (0: not measured yet):
+    # resident set size from /proc, and GPU memory from nvidia-smi's per-process accounting.
+    # Control accounts a node's free memory from these once a replica runs.
+    rss_mib: int = 0
+    vram_mib: int = 0
 
     def describe(self) -> str:
         return f"{self.status}: {self.detail}" if self.detail else self.status
@@ -394,6 +399,10 @@ _NAMES: dict[tuple[type, str], Callable[[Any], object]] = {
     (EngineProvenance, "index_sha256"): lambda value: value == "" or check_sha256(value),
 }
 _PORTS = frozenset({(ShardState, "port")})
+# A measured memory figure above this is not a measurement: 2^30 MiB is an exbibyte, more than
+# any host has; the bound keeps a hostile report from turning into negative free memory.
+MAX_MEMORY_MIB = 2**30
+_MEMORY = frozenset({(ShardState, "rss_mib"), (ShardState, "vram_mib")})
 _FROM_NODES = (Hello, Heartbeat, Ack, EngineStateReport, ShardStateReport, Error)
 
 
@@ -411,6 +420,8 @@ def _check_report(value: Any, path: str) -> None:
                 raise WireError(f"{exc} @ {where}") from None
         if (kind, field.name) in _PORTS and not 0 <= item <= 65535:
             raise WireError(f"port {item} is not between 0 and 65535 @ {where}")
+        if (kind, field.name) in _MEMORY and not 0 <= item <= MAX_MEMORY_MIB:
+            raise WireError(f"{item if abs(item) < 10**20 else 'a number'} MiB is not between 0 and 2^30 @ {where}")
         _check_bounds(item, where)
 
 
@@ -482,6 +493,7 @@ def decode(text: str | bytes) -> Message:
 
 __all__ = [
     "LLAMA_CPP_RELEASES",
+    "MAX_MEMORY_MIB",
     "PROTOCOL_VERSION",
     "Ack",
     "AssetProvenance",

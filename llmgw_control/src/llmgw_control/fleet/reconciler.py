@@ -42,7 +42,8 @@ from ..gateway.replicas import Replica, ReplicaSet
 from . import lifecycle
 from .inventory import Inventory, Liveness, NodeRecord
 from .lifecycle import HOLDING, TERMINAL, Status
-from .plan import Demand, Drain, Forget, PlanLimits, PlanNode, Start, Stop, plan
+from .measured import MeasuredUse, node_kind
+from .plan import Action, Demand, Drain, Evict, Forget, PlanLimits, PlanNode, Start, Stop, plan
 from .shard_ids import ShardIds
 from .shards import Dispatcher, ReconcilerConfig, ShardRecord
 from .token_bucket import TokenBucket
@@ -112,6 +113,10 @@ class Reconciler:
         # Forgotten replicas whose series are still to be removed: id -> (its Replica if it was
         # published, when it was first seen idle).
         self._retired: dict[str, tuple[Replica | None, float | None]] = {}
+        # What replicas were measured to use, per (profile, node kind): the next claim there.
+        self.measured = MeasuredUse()
+        # Per profile key: since when requests have waited for it without a break (fairness).
+        self._waiting_since: dict[str, float] = {}
 
     # ------------------------------------------------------------------ outside API
 
@@ -190,6 +195,7 @@ class Reconciler:
     def drain_key(self, key: str) -> list[str]:
         """Drain every replica of a profile key (its model was removed, or changed so that the
         running engines no longer match it)."""
+        self.measured.forget(key)
         return self._drain([r for r in self.shards.values() if r.key == key])
 
     def command_failed(self, node_id: str, command: Command, reason: str) -> None:
@@ -272,11 +278,16 @@ class Reconciler:
         self._drain([r for r in self.shards.values() if self.catalog.resolve(r.key) is None])
         demands = self._demands(now)
         views = self._node_views(now)
-        limits = PlanLimits(self.config.port_min, self.config.port_max, self._reschedules.available(now))
-        last_used = {r.id: r.last_used for r in self.replicas}
-        decided = plan(demands, views, [r.as_assignment(last_used.get(r.shard_id, r.created_at))
-                                        for r in self.shards.values()],
-                       backoff=self.backoff, now=now, limits=limits)
+        limits = PlanLimits(self.config.port_min, self.config.port_max, self._reschedules.available(now),
+                            self.config.evict_min_age)
+        published = {r.id: r for r in self.replicas}
+        assignments = []
+        for record in self.shards.values():
+            replica = published.get(record.shard_id)
+            busy = bool(self.waiting.get(record.key)) or (replica is not None and replica.in_flight > 0)
+            last_used = replica.last_used if replica is not None else record.created_at
+            assignments.append(record.as_assignment(last_used, busy=busy))
+        decided = plan(demands, views, assignments, backoff=self.backoff, now=now, limits=limits)
         self._reschedules.spend(decided.rescheduled, now)
         self._apply(decided.actions, now)
         for key, reason in decided.blocked.items():
@@ -345,6 +356,16 @@ class Reconciler:
             self.mark_failed(record.shard_id, state.detail)
         else:
             record.move(reported, state.detail)
+            self._measured(node, record, state)
+
+    def _measured(self, node: NodeRecord, record: ShardRecord, state: ShardState) -> None:
+        """Take the node's measurement of a running replica: its accounting, and the next claim."""
+        if state.rss_mib == 0 and state.vram_mib == 0:
+            return  # not measured yet (or between restarts): the claim stands
+        record.used = Claim(state.rss_mib, state.vram_mib)
+        if record.status == Status.READY:
+            # Only a replica that loaded says what the profile needs; one still loading holds less.
+            self.measured.record(record.key, node_kind(node.facts), record.used)
 
     def _adopt(self, node: NodeRecord, state: ShardState, now: float) -> None:
         """A shard a node runs that this control does not know: after a restart, take it over --
@@ -373,6 +394,7 @@ class Reconciler:
                              state.detail, created_at=now, ready_since=now if status == Status.READY else None,
                              address=node.address)
         self.shards[shard_id] = record
+        self._measured(node, record, state)
         log.info("adopted replica %s of %s on node %s (%s)", shard_id, key, node.node_id, status)
 
     def _expire_assigned(self, now: float) -> None:
@@ -433,6 +455,11 @@ class Reconciler:
             if not record.draining and record.status not in ("failed", "stopped"):
                 live_by_key.setdefault(record.key, []).append(record)
         marks_seen: set[str] = set()
+        for key in [k for k in self._waiting_since if not self.waiting.get(k)]:
+            del self._waiting_since[key]
+        for key, count in self.waiting.items():
+            if count:
+                self._waiting_since.setdefault(key, now)
         for resolved in self.catalog.all_profiles():
             key = resolved.key
             profile = resolved.profile
@@ -463,7 +490,9 @@ class Reconciler:
                     marks[wanted] = now
             wanted = min(wanted, profile.max_replicas)
             engine = (profile.engine, self.catalog.engine_version(profile))
-            demands.append(Demand(key, engine, self.claims.get(key, Claim(0)), wanted, dict(profile.labels)))
+            starved = now - self._waiting_since.get(key, now) >= self.config.yield_after
+            demands.append(Demand(key, engine, self.claims.get(key, Claim(0)), wanted, dict(profile.labels),
+                                  profile.min_replicas, starved and waiting > 0, self.measured.by_kind(key)))
         for key in set(self._load_marks) - marks_seen:
             del self._load_marks[key]
         self._demands_at = now
@@ -479,15 +508,15 @@ class Reconciler:
                 node.node_id, self.liveness.state(node, now), self.is_cordoned(node.node_id), node.labels,
                 dict(node.engines),
                 max(0, facts.ram_total_mib - self.config.reserved_ram_mib),
-                sum(g.memory_total_mib for g in facts.gpus), busy_ports,
+                sum(g.memory_total_mib for g in facts.gpus), busy_ports, node_kind(facts),
             ))
         return views
 
-    def _apply(self, actions: list[Start | Drain | Stop | Forget], now: float) -> None:
+    def _apply(self, actions: list[Action], now: float) -> None:
         for action in actions:
             if isinstance(action, Start):
                 self._start(action, now)
-            elif isinstance(action, Drain):
+            elif isinstance(action, Drain | Evict):
                 record = self.shards.get(action.shard_id)
                 if record is None:
                     continue
@@ -495,7 +524,14 @@ class Reconciler:
                 self.replicas.withdraw(record.shard_id)
                 record.draining = True
                 record.move(Status.DRAINING)
-                log.info("draining replica %s of %s on node %s", record.shard_id, record.key, record.node_id)
+                if isinstance(action, Evict):
+                    # Back to scale from zero: the load that kept it is forgotten, so only new
+                    # requests (waiting for it) place it again.
+                    self._load_marks.pop(record.key, None)
+                    log.info("evicting replica %s of %s on node %s to make room for %s", record.shard_id,
+                             record.key, record.node_id, action.for_key, extra={"model": record.key})
+                else:
+                    log.info("draining replica %s of %s on node %s", record.shard_id, record.key, record.node_id)
                 self._send(record.node_id, DrainShard(self._next_id(), self.fencing_token, record.shard_id))
             elif isinstance(action, Stop):
                 self._send(action.node_id, StopShard(self._next_id(), self.fencing_token, action.shard_id))

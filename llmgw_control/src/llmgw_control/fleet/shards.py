@@ -46,6 +46,16 @@ class ReconcilerConfig:
     # this long without a word: a day, as Nomad's node_gc_threshold (24h), so an operator and the
     # alerts see it lost first, and a fleet of short-lived nodes does not grow control's memory.
     forget_nodes_after: float = 86400.0
+    # A replica is never evicted to make room for another model within this many seconds of its
+    # placement: two models that do not fit together would otherwise swap on every pass, each
+    # paying its load (seconds to minutes) and neither serving. A minute lets a loaded model
+    # serve what it was loaded for.
+    evict_min_age: float = 60.0
+    # Requests queued this long for a model waiting for room make a busy resident model yield
+    # (drained, then evicted) instead of only idle ones: a steady stream of requests for the
+    # resident model must not starve the other. Half the activator's default max_wait (60 s), so
+    # the waiting requests are still there when their model has loaded.
+    yield_after: float = 30.0
 
 
 @attrs.define
@@ -63,10 +73,12 @@ class ShardRecord:
     # Where the router reaches it: the node's address when control placed (or adopted) it. A
     # later hello cannot move a replica, and its bearer key, to another address.
     address: str = ""
+    # What the node last measured it to use (its process tree's RSS and GPU memory), if it has.
+    used: Claim | None = None
 
-    def as_assignment(self, last_used: float) -> Assignment:
+    def as_assignment(self, last_used: float, *, busy: bool = False) -> Assignment:
         return Assignment(self.shard_id, self.key, self.node_id, self.port, self.claim, self.status,
-                          self.detail, self.draining, last_used)
+                          self.detail, self.draining, last_used, self.used, busy, self.created_at)
 
     def move(self, status: Status, detail: str | None = None) -> None:
         """A transition control makes (or applies from a report it checked): the table decides."""
