@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmgw_control.fleet.lifecycle import TERMINAL, Status
-from llmgw_control.fleet.plan import Assignment, Claim, Demand, Evict, Plan, PlanLimits, PlanNode, Start, plan
+from llmgw_control.fleet.plan import Assignment, Claim, Demand, Drain, Evict, Plan, PlanLimits, PlanNode, Start, plan
 from llmgw_shared.wire import EngineState
 
 ENGINE = ("llama.cpp", "b11312")
@@ -142,8 +142,9 @@ def worlds(draw: st.DrawFn) -> tuple[list[Demand], list[PlanNode], list[Assignme
     for i in range(draw(st.integers(0, 8))):
         status = draw(st.sampled_from([Status.READY, Status.READY, Status.STARTING, Status.DRAINING]))
         used = draw(st.none() | st.builds(Claim, st.integers(0, 6000), st.integers(0, 4000)))
+        on = draw(st.sampled_from(nodes)).node_id
         assignments.append(resident(
-            f"s{i}", draw(st.sampled_from(KEYS)), draw(st.integers(0, 6000)), node_id=draw(st.sampled_from(nodes)).node_id,
+            f"s{i}", draw(st.sampled_from(KEYS)), draw(st.integers(0, 6000)), node_id=on,
             port=20000 + i, last_used=draw(st.floats(0, NOW)), busy=draw(st.booleans()),
             started_at=draw(st.floats(0, NOW)), status=status, draining=status == Status.DRAINING, used=used))
     return demands, nodes, assignments
@@ -169,7 +170,8 @@ def test_eviction_never_breaks_its_rules(world: tuple[list[Demand], list[PlanNod
         if gone:
             assert len(live) - len(gone) >= wanted.min_replicas
     # Smallest set: on each node, without any one of its evictions the room would not suffice.
-    # (Profiles planned earlier in the pass placed replicas there, and their victims are draining.)
+    # (Profiles planned earlier in the pass, and this one's replicas before it ran out of room, placed
+    # replicas there; victims and surplus of earlier profiles are draining.)
     earlier: set[str] = set()
     for for_key in sorted({e.for_key for e in evicted}):
         victims = [by_id[e.shard_id] for e in evicted if e.for_key == for_key]
@@ -177,10 +179,11 @@ def test_eviction_never_breaks_its_rules(world: tuple[list[Demand], list[PlanNod
         assert all(v.node_id == node_id for v in victims)
         total = next(n for n in nodes if n.node_id == node_id)
         held = [a for a in assignments if a.node_id == node_id and a.status not in TERMINAL]
-        going = [a for a in held if a.draining or a.shard_id in earlier]
-        free_ram = total.ram_mib - sum(a.holding.ram_mib for a in held if a not in going)
-        free_vram = total.vram_mib - sum(a.holding.vram_mib for a in held if a not in going)
-        placed = [s.claim for s in starts(p) if s.node_id == node_id and s.key < for_key]
+        drained = {a.shard_id for a in p.actions if isinstance(a, Drain) and by_id[a.shard_id].key < for_key}
+        going = [a for a in held if a.draining or a.shard_id in earlier | drained]
+        free_ram = total.ram_mib - sum(a.holding.ram_mib for a in held)
+        free_vram = total.vram_mib - sum(a.holding.vram_mib for a in held)
+        placed = [s.claim for s in starts(p) if s.node_id == node_id and s.key <= for_key]
         free_ram -= sum(c.ram_mib for c in placed)
         free_vram -= sum(c.vram_mib for c in placed)
         need = by_key[for_key].claim

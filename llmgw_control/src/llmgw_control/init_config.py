@@ -92,6 +92,11 @@ DOCS: dict[str, str] = {
                                            "the node list and the metrics.",
     "ReconcilerConfig.saturated_after": "Seconds every slot of a model stays busy (none queued) before another "
                                         "replica is started.",
+    "ReconcilerConfig.evict_min_age": "Seconds after its placement before a replica may be evicted to make "
+                                      "room for another model (no thrash).",
+    "ReconcilerConfig.yield_after": "Seconds requests wait for a model that needs room before a busy resident "
+                                    "model is drained and evicted for it (fairness); keep it below "
+                                    "activator.max_wait.",
     "ActivatorConfig.queue_size": "Requests that may wait per model for a slot; more get a 429 at once.",
     "ActivatorConfig.max_wait": "Seconds a request waits for a slot (or a replica to start) before a 503 that "
                                 "says why.",

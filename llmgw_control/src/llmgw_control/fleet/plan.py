@@ -41,6 +41,9 @@ class Demand:
     # What one replica was measured to use on nodes of a kind (``PlanNode.kind``), where one ran
     # there: it corrects ``claim`` for the next placement on that kind.
     claim_by_kind: dict[str, Claim] = attrs.Factory(dict)
+    # Seconds requests have waited for it without a break: the longest waiting is placed first,
+    # so the room evicted for a starved model is not taken by the model that yielded it.
+    waited: float = 0.0
 
     def claim_on(self, kind: str) -> Claim:
         return self.claim_by_kind.get(kind, self.claim)
@@ -224,7 +227,7 @@ def plan(
             spread[(assignment.key, assignment.node_id)] = spread.get((assignment.key, assignment.node_id), 0) + 1
     ordered_nodes = sorted((n for n in node_map.values() if n.schedulable), key=lambda n: n.node_id)
     any_schedulable = bool(ordered_nodes)
-    demand_list = sorted(demands, key=lambda d: d.key)
+    demand_list = sorted(demands, key=lambda d: (-d.waited, d.key))
     min_replicas = {d.key: d.min_replicas for d in demand_list}
     # Profiles a replica was evicted from in this pass: not placed again in it.
     evicted_keys: set[str] = set()
@@ -237,6 +240,8 @@ def plan(
             # Drain the surplus: replicas not yet serving first, then the least recently used.
             surplus = sorted(live, key=lambda a: (a.status == Status.READY, a.last_used))[:-missing]
             actions.extend(Drain(a.shard_id, a.node_id) for a in surplus)
+            for assignment in surplus:
+                _now_draining(assignment, on_node, live_by_key)
             continue
         for _ in range(missing):
             if not any_schedulable:
@@ -253,10 +258,7 @@ def plan(
                     for victim in room.evict:
                         actions.append(Evict(victim.shard_id, victim.node_id, victim.key, demand.key))
                         evicted_keys.add(victim.key)
-                        live_by_key[victim.key] = [a for a in live_by_key[victim.key] if a is not victim]
-                        # Draining from now on: what the next demand's room may count on.
-                        index = on_node[victim.node_id].index(victim)
-                        on_node[victim.node_id][index] = attrs.evolve(victim, draining=True)
+                        _now_draining(victim, on_node, live_by_key)
                 break
             claim = demand.claim_on(node_map[choice].kind)
             port = _free_port(node_map[choice], ports[choice], limits)
@@ -269,6 +271,15 @@ def plan(
             actions.append(Start(choice, demand.key, port, claim))
             spread[(demand.key, choice)] = spread.get((demand.key, choice), 0) + 1
     return Plan(actions, blocked, limits.reschedule_budget - budget)
+
+
+def _now_draining(assignment: Assignment, on_node: dict[str, list[Assignment]],
+                  live_by_key: dict[str, list[Assignment]]) -> None:
+    """A drain decided in this pass: no longer live, and its memory is on its way out (what the
+    room of a later demand may count on, and nothing to evict a second time)."""
+    live_by_key[assignment.key] = [a for a in live_by_key.get(assignment.key, []) if a is not assignment]
+    held = on_node[assignment.node_id]
+    held[held.index(assignment)] = attrs.evolve(assignment, draining=True)
 
 
 def _making_room(room: Room) -> str:

@@ -490,9 +490,10 @@ class Reconciler:
                     marks[wanted] = now
             wanted = min(wanted, profile.max_replicas)
             engine = (profile.engine, self.catalog.engine_version(profile))
-            starved = now - self._waiting_since.get(key, now) >= self.config.yield_after
+            waited = now - self._waiting_since.get(key, now)
             demands.append(Demand(key, engine, self.claims.get(key, Claim(0)), wanted, dict(profile.labels),
-                                  profile.min_replicas, starved and waiting > 0, self.measured.by_kind(key)))
+                                  profile.min_replicas, waiting > 0 and waited >= self.config.yield_after,
+                                  self.measured.by_kind(key), waited))
         for key in set(self._load_marks) - marks_seen:
             del self._load_marks[key]
         self._demands_at = now
