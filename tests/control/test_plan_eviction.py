@@ -199,3 +199,11 @@ def test_eviction_never_breaks_its_rules(world: tuple[list[Demand], list[PlanNod
         if new:
             assert sum(a.holding.ram_mib for a in held) + sum(s.claim.ram_mib for s in new) <= n.ram_mib
             assert sum(a.holding.vram_mib for a in held) + sum(s.claim.vram_mib for s in new) <= n.vram_mib
+
+
+def test_a_replica_drained_as_surplus_in_the_pass_is_counted_as_freeing_not_evicted_again() -> None:
+    # Found by the property below: "a" has one replica too many; the drain of one frees enough for "d".
+    residents = [resident("s0", "a:cpu", 1000, port=20000), resident("s1", "a:cpu", 1000, port=20001)]
+    p = plan([demand("a:cpu", 1000, wanted=1), demand("d:cpu", 500)], [node(ram=2000)], residents, backoff={},
+             now=NOW, limits=LIMITS)
+    assert evicts(p) == [] and p.blocked["d:cpu"] == "making room on node a: waiting for s0 to stop"
