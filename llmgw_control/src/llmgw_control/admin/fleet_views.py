@@ -64,7 +64,9 @@ def model_view(fleet: Fleet, resolved: Resolved) -> ModelView:
         key=key,
         source=fleet.catalog.source(resolved.model.name),
         replicas=[ReplicaOfModel(r.shard_id, r.node_id, r.port,
-                                 f"{r.status}: {r.detail}" if r.detail else r.status) for r in replicas],
+                                 f"{r.status}: {r.detail}" if r.detail else r.status,
+                                 ClaimView(r.used.ram_mib, r.used.vram_mib) if r.used else None)
+                  for r in replicas],
         ready=len(ready),
         waiting_requests=reconciler.waiting.get(key, 0),
         status="ready" if ready else reconciler.status(key),

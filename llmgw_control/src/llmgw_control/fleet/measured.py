@@ -4,7 +4,8 @@ A claim estimated from a GGUF header is a guess (the KV cache, the compute buffe
 engine offloads to a GPU); what a node measured a replica of the profile to hold is not. The
 largest measurement seen while replicas of a profile ran on nodes of one kind becomes that
 profile's claim on that kind: the largest, because a replica's use grows with the context it
-has filled, and a claim must cover a replica at its busiest rather than at rest.
+has filled, and a claim must cover a replica at its busiest rather than at rest. A claim the
+operator configured (``ram_mib``) is a floor: the reconciler never accounts less than it.
 
 Nodes are of one kind when they run a profile alike: the same CPU architecture and the same GPUs
 (a model offloaded to a GPU holds little RAM; the same model on a CPU-only node holds it all).

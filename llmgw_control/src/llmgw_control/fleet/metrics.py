@@ -80,7 +80,8 @@ class FleetCollector(Collector):
             # Claims a replica still holds: a stopped or failed one has released its memory.
             if record.status in HOLDING:
                 ram_c, vram_c, count = claimed.get(record.node_id, (0, 0, 0))
-                claimed[record.node_id] = (ram_c + record.claim.ram_mib, vram_c + record.claim.vram_mib, count + 1)
+                held = record.holding
+                claimed[record.node_id] = (ram_c + held.ram_mib, vram_c + held.vram_mib, count + 1)
 
         by_state: Counter[str] = Counter()
         for node in fleet.inventory:

@@ -362,7 +362,14 @@ class Reconciler:
         """Take the node's measurement of a running replica: its accounting, and the next claim."""
         if state.rss_mib == 0 and state.vram_mib == 0:
             return  # not measured yet (or between restarts): the claim stands
-        record.used = Claim(state.rss_mib, state.vram_mib)
+        used = Claim(state.rss_mib, state.vram_mib)
+        resolved = self.catalog.resolve(record.key)
+        if resolved is not None and resolved.profile.ram_mib:
+            # A claim the operator configured is a reservation, not a guess: what is measured
+            # may raise it, never lower it (it may cover a peak the measurement has not seen).
+            configured = Claim(resolved.profile.ram_mib, resolved.profile.vram_mib)
+            used = Claim(max(used.ram_mib, configured.ram_mib), max(used.vram_mib, configured.vram_mib))
+        record.used = used
         if record.status == Status.READY:
             # Only a replica that loaded says what the profile needs; one still loading holds less.
             self.measured.record(record.key, node_kind(node.facts), record.used)

@@ -76,6 +76,11 @@ class ShardRecord:
     # What the node last measured it to use (its process tree's RSS and GPU memory), if it has.
     used: Claim | None = None
 
+    @property
+    def holding(self) -> Claim:
+        """What it takes from its node's memory: as measured once it runs, its claim until then."""
+        return self.used if self.used is not None else self.claim
+
     def as_assignment(self, last_used: float, *, busy: bool = False) -> Assignment:
         return Assignment(self.shard_id, self.key, self.node_id, self.port, self.claim, self.status,
                           self.detail, self.draining, last_used, self.used, busy, self.created_at)

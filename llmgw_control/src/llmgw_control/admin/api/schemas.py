@@ -101,17 +101,20 @@ class DrainAnswer:
 
 
 @attrs.frozen
+class ClaimView:
+    ram_mib: int
+    vram_mib: int
+
+
+@attrs.frozen
 class ReplicaOfModel:
     id: str
     node: str
     port: int
     state: str
-
-
-@attrs.frozen
-class ClaimView:
-    ram_mib: int
-    vram_mib: int
+    # What its node measured it to use (RSS of the engine's process tree, its GPU memory), as
+    # placement accounts it; null until the node has measured it.
+    used: ClaimView | None = None
 
 
 @attrs.frozen
