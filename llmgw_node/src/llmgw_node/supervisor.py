@@ -118,6 +118,9 @@ class Supervisor:
         self._state_file = StateFile(data_dir / "shards.json")
         self._shards: dict[str, _Shard] = {}
         self._nursery: trio.Nursery | None = None
+        # Set when an engine became ready: it is measured then, not only at the next interval,
+        # so control accounts what it really holds as soon as it serves.
+        self._measure_soon = trio.Event()
 
     # ------------------------------------------------------------------ public API
 
@@ -212,14 +215,18 @@ class Supervisor:
         if state == shard.state:
             return
         shard.state = state
+        if status == "ready":
+            self._measure_soon.set()
         log.info("shard %s: %s", shard.spec.shard_id, state.describe(), extra={"pid": shard.pid})
         if self._on_change is not None:
             self._on_change(state)
 
     async def _measure_loop(self) -> None:
         while True:
+            self._measure_soon = trio.Event()
             await self.measure_once()
-            await trio.sleep(self.timing.measure_interval)
+            with trio.move_on_after(self.timing.measure_interval):
+                await self._measure_soon.wait()
 
     async def measure_once(self, proc_root: str = "/proc") -> None:
         """Measure every running engine and report the shards whose use moved noticeably."""
