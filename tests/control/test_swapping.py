@@ -15,7 +15,7 @@ from llmgw_control.fleet.inventory import Inventory, Liveness, NodeRecord
 from llmgw_control.fleet.reconciler import Reconciler, ReconcilerConfig
 from llmgw_control.gateway.activator import Activator, Slot
 from llmgw_control.gateway.replicas import ReplicaSet
-from llmgw_shared.facts import HostFacts, unprobed
+from llmgw_shared.facts import GpuFacts, HostFacts, unprobed
 from llmgw_shared.wire import Command, DrainShard, EngineState, ShardState, StartShard
 
 A, B = "a:cpu", "b:cpu"
@@ -205,3 +205,23 @@ async def test_measured_use_lets_two_models_share_a_node_and_corrects_the_next_c
         (again,), _ = w.pass_()
         assert again.shard.shard_id != a and w.reconciler.shards[again.shard.shard_id].claim == Claim(1800)
         nursery.cancel_scope.cancel()
+
+
+async def test_the_start_names_the_gpus_placement_chose(autojump_clock: trio.testing.MockClock) -> None:
+    profile = ProfileConfig(name="gpu", weights=WeightsConfig("http://files/m.gguf", "a" * 64, 1000), context=512,
+                            parallel=1, vram_mib=30000, gpus=2, min_replicas=1)
+    catalog = Catalog([ModelConfig("g", [profile])], [EngineConfig()])
+    dispatcher = Dispatcher()
+    inventory = Inventory()
+    reconciler = Reconciler(catalog, inventory, Liveness(15, 60), dispatcher, ReplicaSet(), secret=b"s" * 32,
+                            claims={"g:gpu": Claim(1000, 30000)}, config=CONFIG, clock=trio.current_time)
+    gpus = [GpuFacts(index=i, name="NVIDIA L4", uuid=f"GPU-{i}", memory_total_mib=size, memory_free_mib=size)
+            for i, size in enumerate([24000, 8000, 24000])]
+    facts: HostFacts = attrs.evolve(unprobed(), probed=True, ram_total_mib=64000, arch="x86_64", gpus=gpus)
+    node = NodeRecord("n1", "10.0.0.1", facts, last_seen=trio.current_time())
+    node.update_engines([EngineState("llama.cpp", "b11312", "installed")])
+    inventory.put(node)
+    reconciler.reconcile_once()
+    (start,), _ = dispatcher.take()
+    assert start.shard.devices == [0, 2]  # 15 GB shares: GPU 1 (8 GB) cannot hold one
+    assert reconciler.shards[start.shard.shard_id].devices == (0, 2)

@@ -159,6 +159,9 @@ class NodeService:
             # The others are refused here, in the ack: a report naming them would not decode.
             return "; ".join(problem for spec in command.engines if (problem := bad_names(spec)))
         if isinstance(command, StartShard):
+            problem = device_problem(command.shard.devices, [g.index for g in self.facts.gpus])
+            if problem:
+                return f"shard {command.shard.shard_id}: {problem}"
             self.supervisor.start(command.shard)
             return ""
         if isinstance(command, StopShard):
@@ -174,6 +177,18 @@ class NodeService:
                 return f"kept {len(kept)} file(s) a running shard uses: {', '.join(k[:12] for k in kept)}"
             return ""
         return f"not a command: {type(command).__name__}"
+
+
+def device_problem(devices: list[int], gpus: list[int]) -> str:
+    """Why a shard may not run on ``devices`` here ("" when it may): each must be a GPU this node
+    reported, once."""
+    if len(set(devices)) != len(devices):
+        return f"GPU devices {devices} name a GPU twice"
+    missing = [d for d in devices if d not in gpus]
+    if missing:
+        have = ", ".join(map(str, gpus)) or "none"
+        return f"GPU device(s) {', '.join(map(str, missing))} are not on this node (it has: {have})"
+    return ""
 
 
 def _platform(facts: HostFacts) -> Platform:

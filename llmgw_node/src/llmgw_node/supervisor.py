@@ -371,7 +371,7 @@ class Supervisor:
     def _argv(self, binary: Path, spec: ShardSpec, weights: Path) -> list[str]:
         if spec.engine == "llama.cpp":
             return [str(binary), "-m", str(weights), "--host", self.host, "--port", str(spec.port),
-                    *spec.args]
+                    *gpu_args(spec.devices), *spec.args]
         # Other engines name their own layout; the spec's arguments say where the model goes.
         subst = {"{model}": str(weights), "{host}": self.host, "{port}": str(spec.port)}
         return [str(binary), *(subst.get(a, a) for a in spec.args)]
@@ -385,6 +385,9 @@ class Supervisor:
             raise ShardError(f"port {spec.port} on {self.host} {PORT_IN_USE}")
         env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "LD_PRELOAD")}
         env.update(spec.env)
+        if spec.devices:
+            # The engine sees only its GPUs, renumbered from 0 in this order (CUDA's own rule).
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, spec.devices))
         # The key goes by environment, not argv: /proc/<pid>/cmdline is world-readable.
         env["LLAMA_API_KEY" if spec.engine == "llama.cpp" else "LLMGW_API_KEY"] = spec.api_key
         if spec.engine != "llama.cpp":
@@ -537,6 +540,18 @@ class Supervisor:
             return
         while alive(pid, ticks):  # noqa: ASYNC110 -- not our child: polling /proc is all there is
             await trio.sleep(0.05)
+
+
+def gpu_args(devices: list[int]) -> list[str]:
+    """llama-server's flags for the GPUs of a shard (before the profile's own, which may override):
+    every layer offloaded, and with several GPUs the layers split evenly over them. Indices are
+    the visible devices' (CUDA_VISIBLE_DEVICES renumbers them from 0)."""
+    if not devices:
+        return []
+    args = ["--n-gpu-layers", "999", "--main-gpu", "0"]
+    if len(devices) > 1:
+        args += ["--split-mode", "layer", "--tensor-split", ",".join("1" for _ in devices)]
+    return args
 
 
 # A measurement is reported again only when it moved by this share (or from or to zero): every

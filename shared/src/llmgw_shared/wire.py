@@ -170,6 +170,10 @@ class ShardSpec:
     start_timeout_s: float = 120.0
     # Crash restarts before the shard is left failed.
     max_restarts: int = 5
+    # The GPUs (nvidia-smi indices, as the node's facts list them) the engine runs on: it is
+    # started with CUDA_VISIBLE_DEVICES set to them, and split over them when there are several.
+    # Empty: the node's default (no GPU, or whatever the engine finds).
+    devices: list[int] = attrs.field(factory=list)
 
 
 @attrs.frozen

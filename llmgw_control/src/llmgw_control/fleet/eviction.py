@@ -82,7 +82,9 @@ def _room_on(
     short_ram = claim.ram_mib - free_ram - sum(r.holding.ram_mib for r in draining)
     short_vram = claim.vram_mib - free_vram - sum(r.holding.vram_mib for r in draining)
     if short_ram <= 0 and short_vram <= 0:
-        return Room(node_id, (), draining, -max(short_ram, short_vram))
+        # Enough in total once what drains has stopped; with nothing draining, the totals fit
+        # and it is the node's GPUs one by one that do not: evicting by totals cannot help.
+        return Room(node_id, (), draining, -max(short_ram, short_vram)) if draining else None
     candidates = sorted((r for r in assignments if may_evict(r, for_key, starved=starved, now=now, min_age=min_age)),
                         key=lambda r: (r.last_used, r.shard_id))
     chosen: list[Assignment] = []

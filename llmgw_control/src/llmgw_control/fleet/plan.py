@@ -18,6 +18,7 @@ import attrs
 from llmgw_shared.wire import EngineState
 
 from ..catalog import Claim
+from . import gpus as gpu_fit
 from .eviction import Room, make_room
 from .lifecycle import TERMINAL, Status
 
@@ -41,6 +42,8 @@ class Demand:
     # What one replica was measured to use on nodes of a kind (``PlanNode.kind``), where one ran
     # there: it corrects ``claim`` for the next placement on that kind.
     claim_by_kind: dict[str, Claim] = attrs.Factory(dict)
+    # GPUs one replica's VRAM claim is split over (tensor split).
+    gpus: int = 1
     # Seconds requests have waited for it without a break: the longest waiting is placed first,
     # so the room evicted for a starved model is not taken by the model that yielded it.
     waited: float = 0.0
@@ -63,6 +66,8 @@ class PlanNode:
     busy_ports: frozenset[int] = frozenset()
     # Nodes of one kind run a profile alike (``fleet.measured.node_kind``).
     kind: str = ""
+    # Each GPU: (index, total MiB). A VRAM claim is fitted on specific GPUs of these.
+    gpus: tuple[tuple[int, int], ...] = ()
 
     @property
     def schedulable(self) -> bool:
@@ -87,6 +92,8 @@ class Assignment:
     busy: bool = False
     # When control placed (or adopted) it: eviction spares the young (``evict_min_age``).
     started_at: float = 0.0
+    # The GPUs its VRAM is on (empty: not known, or none).
+    devices: tuple[int, ...] = ()
 
     @property
     def live(self) -> bool:
@@ -104,6 +111,8 @@ class Start:
     key: str
     port: int
     claim: Claim
+    # The GPUs it is to run on (empty: no VRAM claim, or a node that lists no GPUs).
+    devices: tuple[int, ...] = ()
 
 
 @attrs.frozen
@@ -216,6 +225,8 @@ def plan(
             free_vram[assignment.node_id] -= assignment.holding.vram_mib
             ports[assignment.node_id].add(assignment.port)
             on_node[assignment.node_id].append(assignment)
+    gpu_free = {n.node_id: gpu_fit.free_per_gpu(n.gpus, ((a.devices, a.holding.vram_mib) for a in on_node[n.node_id]))
+                for n in node_map.values() if n.gpus}
 
     # Live replicas per profile and per (profile, node), kept current as the pass places more, so
     # choosing a node does not rescan every assignment (1,000 nodes x 500 models in one pass).
@@ -247,12 +258,15 @@ def plan(
             if not any_schedulable:
                 blocked[demand.key] = "no node is connected and schedulable"
                 break
-            choice, reason, short = _choose_node(demand, ordered_nodes, spread, free_ram, free_vram, backoff, now)
+            choice, reason, short = _choose_node(demand, ordered_nodes, spread, free_ram, free_vram, gpu_free, backoff,
+                                                 now)
             if choice is None:
                 live_count = {k: len(v) for k, v in live_by_key.items()}
                 room = make_room(demand.key, {n.node_id: demand.claim_on(n.kind) for n in short}, free_ram,
                                  free_vram, on_node, live_count, min_replicas, starved=demand.starved, now=now,
                                  min_age=limits.evict_min_age)
+                if room is not None and not _fits_gpus_after(room, demand, node_map[room.node_id], gpu_free):
+                    room = None  # the totals would suffice, the node's GPUs one by one would not
                 blocked[demand.key] = reason if room is None else _making_room(room)
                 if room is not None:
                     for victim in room.evict:
@@ -268,7 +282,12 @@ def plan(
             ports[choice].add(port)
             free_ram[choice] -= claim.ram_mib
             free_vram[choice] -= claim.vram_mib
-            actions.append(Start(choice, demand.key, port, claim))
+            devices: tuple[int, ...] = ()
+            if claim.vram_mib and choice in gpu_free:
+                devices = gpu_fit.fit(gpu_free[choice], claim.vram_mib, demand.gpus) or ()
+                for device in devices:
+                    gpu_free[choice][device] -= gpu_fit.share(claim.vram_mib, len(devices))
+            actions.append(Start(choice, demand.key, port, claim, devices))
             spread[(demand.key, choice)] = spread.get((demand.key, choice), 0) + 1
     return Plan(actions, blocked, limits.reschedule_budget - budget)
 
@@ -280,6 +299,20 @@ def _now_draining(assignment: Assignment, on_node: dict[str, list[Assignment]],
     live_by_key[assignment.key] = [a for a in live_by_key.get(assignment.key, []) if a is not assignment]
     held = on_node[assignment.node_id]
     held[held.index(assignment)] = attrs.evolve(assignment, draining=True)
+
+
+def _fits_gpus_after(room: Room, demand: Demand, node: PlanNode, gpu_free: dict[str, dict[int, int]]) -> bool:
+    """Whether the demand's VRAM fits on the node's GPUs once the room's replicas are gone."""
+    claim = demand.claim_on(node.kind)
+    free = gpu_free.get(node.node_id)
+    if not claim.vram_mib or free is None:
+        return True
+    after = dict(free)
+    for gone in (*room.evict, *room.draining):
+        on = [d for d in gone.devices if d in after] or sorted(after)
+        for device in on:
+            after[device] += gpu_fit.share(gone.holding.vram_mib, len(on))
+    return gpu_fit.fit(after, claim.vram_mib, demand.gpus) is not None
 
 
 def _making_room(room: Room) -> str:
@@ -296,6 +329,7 @@ def _choose_node(
     spread: dict[tuple[str, str], int],
     free_ram: dict[str, int],
     free_vram: dict[str, int],
+    gpu_free: dict[str, dict[int, int]],
     backoff: dict[tuple[str, str], tuple[float, str]],
     now: float,
 ) -> tuple[str | None, str, list[PlanNode]]:
@@ -326,6 +360,14 @@ def _choose_node(
                 + f", has {max(free_ram[node.node_id], 0)} MiB free"
                 + (f" and {max(free_vram[node.node_id], 0)} MiB VRAM" if claim.vram_mib else "")
             )
+            short.append(node)
+            continue
+        on_gpus = gpu_free.get(node.node_id)
+        if claim.vram_mib and on_gpus is not None and gpu_fit.fit(on_gpus, claim.vram_mib, demand.gpus) is None:
+            each = gpu_fit.share(claim.vram_mib, demand.gpus)
+            freest = max(on_gpus.values(), default=0)
+            reasons.append(f"node {node.node_id}: needs {each} MiB VRAM on each of {demand.gpus} GPU(s), "
+                           f"the freest has {max(freest, 0)} MiB")
             short.append(node)
             continue
         candidates.append(node)

@@ -499,8 +499,9 @@ class Reconciler:
             engine = (profile.engine, self.catalog.engine_version(profile))
             waited = now - self._waiting_since.get(key, now)
             demands.append(Demand(key, engine, self.claims.get(key, Claim(0)), wanted, dict(profile.labels),
-                                  profile.min_replicas, waiting > 0 and waited >= self.config.yield_after,
-                                  self.measured.by_kind(key), waited))
+                                  min_replicas=profile.min_replicas,
+                                  starved=waiting > 0 and waited >= self.config.yield_after,
+                                  claim_by_kind=self.measured.by_kind(key), gpus=profile.gpus, waited=waited))
         for key in set(self._load_marks) - marks_seen:
             del self._load_marks[key]
         self._demands_at = now
@@ -517,6 +518,7 @@ class Reconciler:
                 dict(node.engines),
                 max(0, facts.ram_total_mib - self.config.reserved_ram_mib),
                 sum(g.memory_total_mib for g in facts.gpus), busy_ports, node_kind(facts),
+                tuple((g.index, g.memory_total_mib) for g in facts.gpus),
             ))
         return views
 
@@ -554,17 +556,17 @@ class Reconciler:
         if node is None:
             return
         shard_id = self.new_shard_id(action.key, action.node_id)
-        spec = self.shard_spec(resolved, shard_id, action.port)
+        spec = self.shard_spec(resolved, shard_id, action.port, action.devices)
         # The record first: a dispatcher may report the command lost before send returns.
         self.shards[shard_id] = ShardRecord(shard_id, action.key, action.node_id, action.port, action.claim,
-                                            created_at=now, address=node.address)
+                                            created_at=now, address=node.address, devices=action.devices)
         if not self._send(action.node_id, StartShard(self._next_id(), self.fencing_token, spec)):
             self.shards.pop(shard_id, None)
             return
         log.info("starting replica %s of %s on node %s port %d", shard_id, action.key, action.node_id,
                  action.port)
 
-    def shard_spec(self, resolved: Resolved, shard_id: str, port: int) -> ShardSpec:
+    def shard_spec(self, resolved: Resolved, shard_id: str, port: int, devices: tuple[int, ...] = ()) -> ShardSpec:
         profile = resolved.profile
         args = list(profile.args)
         if profile.engine == "llama.cpp":
@@ -576,7 +578,7 @@ class Reconciler:
             shard_id=shard_id, engine=profile.engine, engine_version=self.catalog.engine_version(profile),
             weights=WeightsSpec(weights.url, weights.sha256, weights.size), port=port,
             api_key=self.shard_api_key(shard_id), args=args, env=dict(profile.env),
-            start_timeout_s=profile.start_timeout,
+            start_timeout_s=profile.start_timeout, devices=list(devices),
         )
 
     def _forget(self, action: Forget, now: float) -> None:

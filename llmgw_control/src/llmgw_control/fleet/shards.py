@@ -75,6 +75,8 @@ class ShardRecord:
     address: str = ""
     # What the node last measured it to use (its process tree's RSS and GPU memory), if it has.
     used: Claim | None = None
+    # The GPUs placement put its VRAM on (empty: none, or adopted without knowing).
+    devices: tuple[int, ...] = ()
 
     @property
     def holding(self) -> Claim:
@@ -83,7 +85,8 @@ class ShardRecord:
 
     def as_assignment(self, last_used: float, *, busy: bool = False) -> Assignment:
         return Assignment(self.shard_id, self.key, self.node_id, self.port, self.claim, self.status,
-                          self.detail, self.draining, last_used, self.used, busy, self.created_at)
+                          self.detail, self.draining, last_used, self.used, busy, self.created_at,
+                          self.devices)
 
     def move(self, status: Status, detail: str | None = None) -> None:
         """A transition control makes (or applies from a report it checked): the table decides."""
