@@ -196,6 +196,18 @@ class ShardState:
         return f"{self.status}: {self.detail}" if self.detail else self.status
 
 
+@attrs.frozen
+class WeightsHeld:
+    """A model file in a node's weights cache: what control's weights GC decides on."""
+
+    sha256: str
+    size: int
+    # Unix time a shard last started on it or stopped using it (the file's mtime on the node).
+    last_used: float
+    # A shard on the node uses it now (so it is used now, whatever last_used says): never removed.
+    in_use: bool = False
+
+
 # --------------------------------------------------------------------------- commands (control -> node)
 
 
@@ -276,6 +288,8 @@ class Hello:
     shards: list[ShardState]
     # Where engines on this node are reachable (host or IP), from the node's config.
     address: str = ""
+    # The model files in its weights cache (left out of the frame when empty).
+    weights: list[WeightsHeld] = attrs.field(factory=list)
 
 
 @attrs.frozen
@@ -300,6 +314,8 @@ class Heartbeat:
     facts: HostFacts | None = None
     engines: list[EngineState] = attrs.field(factory=list)
     shards: list[ShardState] = attrs.field(factory=list)
+    # The whole weights cache when it changed since the last report (null: unchanged).
+    weights: list[WeightsHeld] | None = None
 
 
 @attrs.frozen
@@ -360,6 +376,13 @@ def _make_converter() -> cattrs.Converter:
     # Before the union: its members' hooks are generated from what is registered at this point.
     conv.register_unstructure_hook(EngineState, make_dict_unstructure_fn(
         EngineState, conv, provenance=override(omit_if_default=True)))
+    # Fields added since protocol version 1 was published stay out of a frame at their default,
+    # so a peer that predates them still decodes everything that does not use them.
+    omit = override(omit_if_default=True)
+    conv.register_unstructure_hook(ShardState, make_dict_unstructure_fn(ShardState, conv, rss_mib=omit, vram_mib=omit))
+    conv.register_unstructure_hook(ShardSpec, make_dict_unstructure_fn(ShardSpec, conv, devices=omit))
+    conv.register_unstructure_hook(Hello, make_dict_unstructure_fn(Hello, conv, weights=omit))
+    conv.register_unstructure_hook(Heartbeat, make_dict_unstructure_fn(Heartbeat, conv, weights=omit))
     configure_tagged_union(Message, conv, tag_generator=TAGS.__getitem__, tag_name="type")
     return conv
 
@@ -401,6 +424,7 @@ _NAMES: dict[tuple[type, str], Callable[[Any], object]] = {
     (AssetProvenance, "name"): check_asset_name,
     (AssetProvenance, "sha256"): lambda value: value == "" or check_sha256(value),
     (EngineProvenance, "index_sha256"): lambda value: value == "" or check_sha256(value),
+    (WeightsHeld, "sha256"): check_sha256,
 }
 _PORTS = frozenset({(ShardState, "port")})
 # A measured memory figure above this is not a measurement: 2^30 MiB is an exbibyte, more than
@@ -523,6 +547,7 @@ __all__ = [
     "ShardStatus",
     "StartShard",
     "StopShard",
+    "WeightsHeld",
     "WeightsSpec",
     "Welcome",
     "WireError",
