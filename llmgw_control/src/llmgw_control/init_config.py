@@ -97,6 +97,8 @@ DOCS: dict[str, str] = {
     "ReconcilerConfig.yield_after": "Seconds requests wait for a model that needs room before a busy resident "
                                     "model is drained and evicted for it (fairness); keep it below "
                                     "activator.max_wait.",
+    "ReconcilerConfig.weights_keep_for": "Seconds a model file may stay unused on a node before control removes "
+                                         "it (0: only when a download needs the room).",
     "ActivatorConfig.queue_size": "Requests that may wait per model for a slot; more get a 429 at once.",
     "ActivatorConfig.max_wait": "Seconds a request waits for a slot (or a replica to start) before a 503 that "
                                 "says why.",

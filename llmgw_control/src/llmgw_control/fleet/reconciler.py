@@ -13,14 +13,17 @@ What a node reports is the truth about its shards: its hello lists every shard i
 shard control placed there that the hello does not list is forgotten at once (and replaced if
 it should run), whatever state control last saw it in.
 
-This module is the loop and its pass, about 600 lines: the steps of one pass (absorb reports,
-adopt, expire, demand, plan, apply, publish) read and change the same records in one order, and
-apart they would each need the whole reconciler passed in.
+This module is the loop and its pass, about 700 lines: the steps of one pass (absorb reports and
+measurements, adopt, expire, demand, plan, apply, publish, tidy the nodes' weights) read and
+change the same records in one order, and apart they would each need the whole reconciler passed
+in. The decisions themselves are pure and elsewhere: ``plan`` (with ``eviction`` and ``gpus``),
+``weights_gc``.
 """
 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 
 import trio
@@ -30,6 +33,7 @@ from llmgw_shared.wire import (
     PORT_IN_USE,
     Command,
     DrainShard,
+    RemoveWeights,
     ShardSpec,
     ShardState,
     StartShard,
@@ -47,12 +51,18 @@ from .plan import Action, Demand, Drain, Evict, Forget, PlanLimits, PlanNode, St
 from .shard_ids import ShardIds
 from .shards import Dispatcher, ReconcilerConfig, ShardRecord
 from .token_bucket import TokenBucket
+from .weights_gc import expired, room_for_download
 
 log = get_logger("llmgw.reconciler")
 
 # Seconds a forgotten replica must have been idle before its metric series are removed (see
 # ``_sweep_retired``); one or two passes.
 _SERIES_GRACE = 2.0
+# Seconds between looks for model files a node keeps for nothing (``weights_keep_for`` is days
+# long, and a removal sent is carried out by the node's next report: a minute is prompt enough).
+_WEIGHTS_CHECK_INTERVAL = 60.0
+# Bytes left free on a node's disk beyond a download, as the node keeps (llmgw_node.disk).
+_NODE_DISK_MARGIN = 256 << 20
 
 
 class Reconciler:
@@ -68,6 +78,7 @@ class Reconciler:
         claims: dict[str, Claim],
         config: ReconcilerConfig = ReconcilerConfig(),  # noqa: B008 -- frozen: one shared default is safe
         clock: Callable[[], float] = trio.current_time,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.catalog = catalog
         self.inventory = inventory
@@ -77,6 +88,9 @@ class Reconciler:
         self.config = config
         self.claims = claims
         self.clock = clock
+        # Nodes report when weights were last used in Unix time.
+        self.wall_clock = wall_clock
+        self._weights_checked_at = float("-inf")
         self.ids = ShardIds(secret)
         self.shards: dict[str, ShardRecord] = {}
         self.backoff: dict[tuple[str, str], tuple[float, str]] = {}
@@ -294,6 +308,52 @@ class Reconciler:
             self._log_blocked(key, reason, now)
         self.blocked = decided.blocked
         self._sync_router(now)
+        if now - self._weights_checked_at >= _WEIGHTS_CHECK_INTERVAL:
+            self._weights_checked_at = now
+            self._remove_unused_weights()
+
+    # ------------------------------------------------------------------ weights on nodes
+
+    def weights_in_use(self, node_id: str) -> dict[str, list[str]]:
+        """sha256 -> the profile keys of control's replicas on the node that use the file."""
+        out: dict[str, list[str]] = {}
+        for record in self.shards.values():
+            if record.node_id == node_id and record.status in HOLDING:
+                resolved = self.catalog.resolve(record.key)
+                if resolved is not None:
+                    out.setdefault(resolved.profile.weights.sha256.lower(), []).append(record.key)
+        return out
+
+    def _remove_unused_weights(self) -> None:
+        now = self.wall_clock()
+        for node in self.inventory:
+            if not node.connected or not node.weights:
+                continue
+            stale = expired(node.weights, set(self.weights_in_use(node.node_id)), now=now,
+                            keep_for=self.config.weights_keep_for)
+            if stale:
+                log.info("removing %d model file(s) unused for %.0f s from node %s: %s", len(stale),
+                         self.config.weights_keep_for, node.node_id, ", ".join(s[:12] for s in stale),
+                         extra={"node": node.node_id})
+                self._send(node.node_id, RemoveWeights(self._next_id(), self.fencing_token, stale))
+
+    def _room_for_weights(self, node: NodeRecord, resolved: Resolved) -> None:
+        """Before a start whose weights the node lacks: the least recently used unused files go
+        when the download would not fit (the removal is sent first; a node handles commands in order)."""
+        weights = resolved.profile.weights
+        if node.weights is None or weights.url.startswith(("/", "file://")):
+            return
+        if any(w.sha256 == weights.sha256.lower() for w in node.weights):
+            return
+        free = node.facts.disk_free_mib * (1 << 20) - _NODE_DISK_MARGIN
+        victims = room_for_download(node.weights, set(self.weights_in_use(node.node_id)), need=weights.size,
+                                    free=free)
+        if victims:
+            log.info("removing %d least recently used model file(s) from node %s to make room for %s",
+                     len(victims), node.node_id, resolved.key, extra={"node": node.node_id})
+            self._send(node.node_id, RemoveWeights(self._next_id(), self.fencing_token, victims))
+            gone = set(victims)
+            node.weights = [w for w in node.weights if w.sha256 not in gone]
 
     def _log_blocked(self, key: str, reason: str, now: float) -> None:
         """Say why a model waits, in the node's words, without a line for every percent of a download."""
@@ -557,6 +617,7 @@ class Reconciler:
             return
         shard_id = self.new_shard_id(action.key, action.node_id)
         spec = self.shard_spec(resolved, shard_id, action.port, action.devices)
+        self._room_for_weights(node, resolved)
         # The record first: a dispatcher may report the command lost before send returns.
         self.shards[shard_id] = ShardRecord(shard_id, action.key, action.node_id, action.port, action.claim,
                                             created_at=now, address=node.address, devices=action.devices)

@@ -56,6 +56,10 @@ class ReconcilerConfig:
     # resident model must not starve the other. Half the activator's default max_wait (60 s), so
     # the waiting requests are still there when their model has loaded.
     yield_after: float = 30.0
+    # Model files no replica on a node used for this long are removed from it (0: never by age;
+    # files are still removed, least recently used first, when a download would not fit). A
+    # week: a model used once a week stays, one dropped from the catalog goes within days.
+    weights_keep_for: float = 604800.0
 
 
 @attrs.define
