@@ -431,6 +431,10 @@ _PORTS = frozenset({(ShardState, "port")})
 # any host has; the bound keeps a hostile report from turning into negative free memory.
 MAX_MEMORY_MIB = 2**30
 _MEMORY = frozenset({(ShardState, "rss_mib"), (ShardState, "vram_mib")})
+# A Unix time after 2^33 s (the year 2242) is not a clock reading; bounded so that turning it into
+# a date for the admin API cannot overflow.
+MAX_UNIX_TIME = float(2**33)
+_TIMES = frozenset({(WeightsHeld, "last_used")})
 _FROM_NODES = (Hello, Heartbeat, Ack, EngineStateReport, ShardStateReport, Error)
 
 
@@ -448,6 +452,8 @@ def _check_report(value: Any, path: str) -> None:
                 raise WireError(f"{exc} @ {where}") from None
         if (kind, field.name) in _PORTS and not 0 <= item <= 65535:
             raise WireError(f"port {item} is not between 0 and 65535 @ {where}")
+        if (kind, field.name) in _TIMES and not 0 <= item <= MAX_UNIX_TIME:
+            raise WireError(f"{item} is not a Unix time between 0 and 2^33 @ {where}")
         if (kind, field.name) in _MEMORY and not 0 <= item <= MAX_MEMORY_MIB:
             raise WireError(f"{item if abs(item) < 10**20 else 'a number'} MiB is not between 0 and 2^30 @ {where}")
         _check_bounds(item, where)

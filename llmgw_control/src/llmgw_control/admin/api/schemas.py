@@ -134,6 +134,34 @@ class ModelView:
 
 
 @attrs.frozen
+class WeightsFileView:
+    """One model file in a node's weights cache."""
+
+    sha256: str
+    size: int
+    # When a replica last started on it or stopped using it (the node's record).
+    last_used: datetime
+    # A replica uses it now (the node says so, or control runs one there on it): never removed.
+    in_use: bool
+    # The profile keys of the replicas control runs there on it (none: kept, but unused).
+    models: list[str]
+
+
+@attrs.frozen
+class NodeWeightsView:
+    node: str
+    # False: the node has not reported its weights (it is not connected, or predates reporting).
+    reported: bool
+    disk_free_mib: int
+    weights: list[WeightsFileView]
+
+
+@attrs.frozen
+class WeightsList:
+    nodes: list[NodeWeightsView]
+
+
+@attrs.frozen
 class ModelList:
     models: list[ModelView]
 
