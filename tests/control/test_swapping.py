@@ -129,6 +129,7 @@ async def test_two_models_too_big_together_take_turns_and_every_request_is_answe
         w.pass_()
         await trio.sleep(2)
         assert answers == [A, B, A]
+        assert w.reconciler.evictions == {A: 1, B: 1}
 
 
 async def test_a_stream_for_the_resident_model_makes_it_yield_after_the_bounded_wait(

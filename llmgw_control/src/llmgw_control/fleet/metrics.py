@@ -18,7 +18,7 @@ from typing import Any
 
 import trio
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
 from .lifecycle import HOLDING, Status
@@ -121,7 +121,12 @@ class FleetCollector(Collector):
         queue = GaugeMetricFamily("llmgw_fleet_queue_depth", "All requests held by the activator.",
                                   value=fleet.activator.queue_depth())
 
-        yield from (nodes, node_state, cordoned, engines, ram, vram, shards, replicas, waiting, queue)
+        evictions = CounterMetricFamily("llmgw_fleet_evictions", "Replicas of the model profile evicted to make "
+                                        "room for another model.", labels=["model"])
+        for resolved in fleet.catalog.all_profiles():
+            evictions.add_metric([resolved.key], reconciler.evictions.get(resolved.key, 0))
+
+        yield from (nodes, node_state, cordoned, engines, ram, vram, shards, replicas, waiting, queue, evictions)
         yield from self._leadership()
 
     def _leadership(self) -> Iterator[Any]:

@@ -131,6 +131,8 @@ class Reconciler:
         self.measured = MeasuredUse()
         # Per profile key: since when requests have waited for it without a break (fairness).
         self._waiting_since: dict[str, float] = {}
+        # Replicas evicted per profile key, for ``llmgw_fleet_evictions_total``.
+        self.evictions: dict[str, int] = {}
 
     # ------------------------------------------------------------------ outside API
 
@@ -598,6 +600,7 @@ class Reconciler:
                     # Back to scale from zero: the load that kept it is forgotten, so only new
                     # requests (waiting for it) place it again.
                     self._load_marks.pop(record.key, None)
+                    self.evictions[record.key] = self.evictions.get(record.key, 0) + 1
                     log.info("evicting replica %s of %s on node %s to make room for %s", record.shard_id,
                              record.key, record.node_id, action.for_key, extra={"model": record.key})
                 else:
