@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx2
 import openai
 import pytest
 import trio
@@ -87,6 +88,16 @@ async def test_two_models_too_big_together_take_turns_on_one_node(
                     clients.start_soon(client, "right")
             nursery.cancel_scope.cancel()
         assert sorted(answered) == ["left"] * ROUNDS + ["right"] * ROUNDS
+        # The node reports its weights cache: the one file both models use, in use by the resident.
+        async with httpx2.AsyncClient(base_url=fleet.admin_url, timeout=10) as admin:
+            with trio.fail_after(30):
+                while True:
+                    (node,) = (await admin.get("/api/v1/weights")).json()["nodes"]
+                    if node["reported"] and node["weights"] and node["weights"][0]["in_use"]:
+                        break
+                    await trio.sleep(0.2)
+        (held,) = node["weights"]
+        assert held["size"] == (await trio.Path(tiny_model).stat()).st_size and len(held["models"]) == 1
         assert most_engines[0] == 1
         log = fleet.control.log()
         assert "evicting replica" in log and "to make room for right:cpu" in log and "to make room for left:cpu" in log
