@@ -182,6 +182,8 @@ def _validate_fleet(config: ControlConfig) -> None:
         raise ConfigError("reconciler: reschedule_burst must be at least 1 and reschedules_per_minute positive")
     if rec.assigned_timeout <= 0 or agents.ack_timeout <= 0:
         raise ConfigError("reconciler.assigned_timeout and agents.ack_timeout must be positive")
+    if rec.evict_min_age < 0 or rec.yield_after < 0 or rec.weights_keep_for < 0:
+        raise ConfigError("reconciler.evict_min_age, yield_after and weights_keep_for must not be negative")
     if rec.forget_nodes_after < agents.lost_after:
         raise ConfigError("reconciler.forget_nodes_after must be at least agents.lost_after: a node is lost "
                           "before it is forgotten")

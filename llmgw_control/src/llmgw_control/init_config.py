@@ -96,6 +96,13 @@ DOCS: dict[str, str] = {
                                            "the node list and the metrics.",
     "ReconcilerConfig.saturated_after": "Seconds every slot of a model stays busy (none queued) before another "
                                         "replica is started.",
+    "ReconcilerConfig.evict_min_age": "Seconds after its placement before a replica may be evicted to make "
+                                      "room for another model (no thrash).",
+    "ReconcilerConfig.yield_after": "Seconds requests wait for a model that needs room before a busy resident "
+                                    "model is drained and evicted for it (fairness); keep it below "
+                                    "activator.max_wait.",
+    "ReconcilerConfig.weights_keep_for": "Seconds a model file may stay unused on a node before control removes "
+                                         "it (0: only when a download needs the room).",
     "ActivatorConfig.queue_size": "Requests that may wait per model for a slot; more get a 429 at once.",
     "ActivatorConfig.max_wait": "Seconds a request waits for a slot (or a replica to start) before a 503 that "
                                 "says why.",
@@ -127,6 +134,7 @@ DOCS: dict[str, str] = {
     "ProfileConfig.env": "Extra environment variables for the engine.",
     "ProfileConfig.ram_mib": "RAM claim in MiB (0: estimated from the GGUF header).",
     "ProfileConfig.vram_mib": "VRAM claim in MiB on GPU nodes.",
+    "ProfileConfig.gpus": "GPUs one replica splits its VRAM claim over (tensor split); 1: one GPU.",
     "ProfileConfig.min_replicas": "Replicas kept running even without traffic.",
     "ProfileConfig.max_replicas": "Most replicas started for demand.",
     "ProfileConfig.idle_timeout": "Seconds without traffic before a replica is stopped (0: never).",

@@ -1,6 +1,7 @@
 """How each engine is started: its command line and where its key goes.
 
-- llama.cpp: ``llama-server -m FILE --host H --port P ...``, the key in ``LLAMA_API_KEY``;
+- llama.cpp: ``llama-server -m FILE --host H --port P [GPU offload and split] ...``, the key in
+  ``LLAMA_API_KEY``;
 - vLLM: ``vllm serve DIR --host H --port P ...``, the key in ``VLLM_API_KEY``;
 - SGLang: ``<python> -m sglang.launch_server --model-path DIR --host H --port P --api-key K ...``
   (the configured path is the Python that has sglang installed);
@@ -23,7 +24,7 @@ DIRECTORY_ENGINES = ("vllm", "sglang")
 def engine_argv(binary: Path, spec: ShardSpec, model: Path, host: str) -> list[str]:
     host_port = ["--host", host, "--port", str(spec.port)]
     if spec.engine == "llama.cpp":
-        return [str(binary), "-m", str(model), *host_port, *spec.args]
+        return [str(binary), "-m", str(model), *host_port, *gpu_args(spec.devices), *spec.args]
     if spec.engine == "vllm":
         return [str(binary), "serve", str(model), *host_port, *spec.args]
     if spec.engine == "sglang":
@@ -33,6 +34,18 @@ def engine_argv(binary: Path, spec: ShardSpec, model: Path, host: str) -> list[s
                 "--api-key", spec.api_key, *spec.args]
     subst = {"{model}": str(model), "{host}": host, "{port}": str(spec.port)}
     return [str(binary), *(subst.get(a, a) for a in spec.args)]
+
+
+def gpu_args(devices: list[int]) -> list[str]:
+    """llama-server's flags for the GPUs of a shard (before the profile's own, which may override):
+    every layer offloaded, and with several GPUs the layers split evenly over them. Indices are
+    the visible devices' (CUDA_VISIBLE_DEVICES renumbers them from 0)."""
+    if not devices:
+        return []
+    args = ["--n-gpu-layers", "999", "--main-gpu", "0"]
+    if len(devices) > 1:
+        args += ["--split-mode", "layer", "--tensor-split", ",".join("1" for _ in devices)]
+    return args
 
 
 def key_environment(spec: ShardSpec) -> dict[str, str]:

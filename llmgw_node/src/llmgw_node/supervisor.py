@@ -12,7 +12,8 @@ Engines started by an earlier daemon are found through the state file and adopte
 checked, then supervised by polling ``/proc``, since they are no longer our children).
 
 About 550 lines: one shard's task (start, health, exit, restart, drain, adopt) is one state
-machine over one process, read top to bottom.
+machine over one process, read top to bottom; the periodic memory measurement of every engine
+(``memory``) reports through the same shard states.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import attrs
 import httpx2
 import trio
 
-from llmgw_node import engine_http
+from llmgw_node import engine_http, memory
 from llmgw_node.engine_conventions import DIRECTORY_ENGINES, engine_argv, key_environment
 from llmgw_node.engines.manager import EngineManager
 from llmgw_node.model_dirs import ModelDirError, ModelRoots, check_model_dir
@@ -71,6 +72,10 @@ class Timing:
     # (a stopped process or a wedged engine exits nothing, so only polling notices it).
     ready_health_interval: float = 5.0
     unhealthy_limit: int = 6
+    # Each running engine's memory (RSS of its process tree, GPU memory) is measured this often:
+    # control accounts free memory from it, and an engine's use settles within seconds of its
+    # start (weights mapped, KV cache allocated), so a few measurements a minute are enough.
+    measure_interval: float = 15.0
 
 
 class _Shard:
@@ -91,6 +96,9 @@ class _Shard:
         # The real directory a model_dir resolved to: what the engine was started with, and what
         # the state file records, so a restart after adoption starts it with the same one.
         self.model_path: Path | None = None
+        # The last measurement of the engine's process tree (memory.measure), in MiB.
+        self.rss_mib = 0
+        self.vram_mib = 0
 
 
 class Supervisor:
@@ -118,6 +126,9 @@ class Supervisor:
         self._state_file = StateFile(data_dir / "shards.json")
         self._shards: dict[str, _Shard] = {}
         self._nursery: trio.Nursery | None = None
+        # Set when an engine became ready: it is measured then, not only at the next interval,
+        # so control accounts what it really holds as soon as it serves.
+        self._measure_soon = trio.Event()
 
     # ------------------------------------------------------------------ public API
 
@@ -129,7 +140,7 @@ class Supervisor:
             self._nursery = nursery
             await self._recover(adopt)
             task_status.started()
-            await trio.sleep_forever()
+            await self._measure_loop()
 
     def states(self) -> list[ShardState]:
         return [s.state for _, s in sorted(self._shards.items())]
@@ -228,13 +239,38 @@ class Supervisor:
             shard_id=shard.spec.shard_id, status=status, detail=detail, port=shard.spec.port, pid=shard.pid,
             restarts=shard.restarts,
             last_lines=self.output(shard.spec.shard_id, FAILURE_LINES) if lines else [],
+            rss_mib=shard.rss_mib if shard.pid else 0, vram_mib=shard.vram_mib if shard.pid else 0,
         )
         if state == shard.state:
             return
         shard.state = state
+        if status == "ready":
+            self._measure_soon.set()
         log.info("shard %s: %s", shard.spec.shard_id, state.describe(), extra={"pid": shard.pid})
         if self._on_change is not None:
             self._on_change(state)
+
+    async def _measure_loop(self) -> None:
+        while True:
+            self._measure_soon = trio.Event()
+            await self.measure_once()
+            with trio.move_on_after(self.timing.measure_interval):
+                await self._measure_soon.wait()
+
+    async def measure_once(self, proc_root: str = "/proc") -> None:
+        """Measure every running engine and report the shards whose use moved noticeably."""
+        running = {s.pid: s for s in self._shards.values() if s.pid and not s.done.is_set()}
+        measured = await memory.measure(running, proc_root)
+        for pid, (rss, vram) in measured.items():
+            shard = running[pid]
+            if shard.pid != pid or shard.done.is_set():
+                continue  # restarted or ended while it was measured
+            if _moved(shard.rss_mib, rss) or _moved(shard.vram_mib, vram):
+                shard.rss_mib, shard.vram_mib = rss, vram
+                state = attrs.evolve(shard.state, rss_mib=rss, vram_mib=vram)
+                shard.state = state
+                if self._on_change is not None:
+                    self._on_change(state)
 
     def _forget_old(self, keep: int = KEEP_ENDED) -> None:
         """Ended shards stay visible (control may not have seen the end yet), but not forever."""
@@ -357,6 +393,7 @@ class Supervisor:
             # A crash or a failed start. Report it with the output, then back off and restart.
             shard.restarts += 1
             shard.pid = 0
+            shard.rss_mib = shard.vram_mib = 0
             self._persist()
             if shard.restarts > spec.max_restarts:
                 self._set(shard, "failed", f"{outcome}; gave up after {spec.max_restarts} restarts",
@@ -381,6 +418,9 @@ class Supervisor:
             raise ShardError(f"port {spec.port} on {self.host} {PORT_IN_USE}")
         env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "LD_PRELOAD")}
         env.update(spec.env)
+        if spec.devices:
+            # The engine sees only its GPUs, renumbered from 0 in this order (CUDA's own rule).
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, spec.devices))
         env.update(key_environment(spec))
         fd = await trio.to_thread.run_sync(lambda: open_log(self.log_path(spec.shard_id), fresh=fresh))
         try:
@@ -533,6 +573,17 @@ class Supervisor:
             return
         while alive(pid, ticks):  # noqa: ASYNC110 -- not our child: polling /proc is all there is
             await trio.sleep(0.05)
+
+
+# A measurement is reported again only when it moved by this share (or from or to zero): every
+# heartbeat carries the shards that changed, and RSS wobbles by a few pages all the time.
+_MOVED_SHARE = 0.05
+
+
+def _moved(old: int, new: int) -> bool:
+    if (old == 0) != (new == 0):
+        return True
+    return abs(new - old) > old * _MOVED_SHARE
 
 
 async def _first(*events: trio.Event) -> None:

@@ -183,6 +183,10 @@ class ShardSpec:
     # "hub:ORG/NAME[@REVISION]" (a snapshot in the node's Hugging Face cache). The node checks it
     # against its model roots before anything is started.
     model_dir: str = ""
+    # The GPUs (nvidia-smi indices, as the node's facts list them) the engine runs on: it is
+    # started with CUDA_VISIBLE_DEVICES set to them, and split over them when there are several.
+    # Empty: the node's default (no GPU, or whatever the engine finds).
+    devices: list[int] = attrs.field(factory=list)
 
 
 @attrs.frozen
@@ -195,9 +199,26 @@ class ShardState:
     restarts: int = 0
     # The engine's last output lines, sent with a failure so the operator sees why.
     last_lines: list[str] = attrs.field(factory=list)
+    # Memory the engine's process tree uses, as measured on the node (0: not measured yet):
+    # resident set size from /proc, and GPU memory from nvidia-smi's per-process accounting.
+    # Control accounts a node's free memory from these once a replica runs.
+    rss_mib: int = 0
+    vram_mib: int = 0
 
     def describe(self) -> str:
         return f"{self.status}: {self.detail}" if self.detail else self.status
+
+
+@attrs.frozen
+class WeightsHeld:
+    """A model file in a node's weights cache: what control's weights GC decides on."""
+
+    sha256: str
+    size: int
+    # Unix time a shard last started on it or stopped using it (the file's mtime on the node).
+    last_used: float
+    # A shard on the node uses it now (so it is used now, whatever last_used says): never removed.
+    in_use: bool = False
 
 
 # --------------------------------------------------------------------------- commands (control -> node)
@@ -310,6 +331,8 @@ class Hello:
     shards: list[ShardState]
     # Where engines on this node are reachable (host or IP), from the node's config.
     address: str = ""
+    # The model files in its weights cache (left out of the frame when empty).
+    weights: list[WeightsHeld] = attrs.field(factory=list)
 
 
 @attrs.frozen
@@ -334,6 +357,8 @@ class Heartbeat:
     facts: HostFacts | None = None
     engines: list[EngineState] = attrs.field(factory=list)
     shards: list[ShardState] = attrs.field(factory=list)
+    # The whole weights cache when it changed since the last report (null: unchanged).
+    weights: list[WeightsHeld] | None = None
 
 
 @attrs.frozen
@@ -396,6 +421,13 @@ def _make_converter() -> cattrs.Converter:
     # Before the union: its members' hooks are generated from what is registered at this point.
     conv.register_unstructure_hook(EngineState, make_dict_unstructure_fn(
         EngineState, conv, provenance=override(omit_if_default=True)))
+    # Fields added since protocol version 1 was published stay out of a frame at their default,
+    # so a peer that predates them still decodes everything that does not use them.
+    omit = override(omit_if_default=True)
+    conv.register_unstructure_hook(ShardState, make_dict_unstructure_fn(ShardState, conv, rss_mib=omit, vram_mib=omit))
+    conv.register_unstructure_hook(ShardSpec, make_dict_unstructure_fn(ShardSpec, conv, devices=omit))
+    conv.register_unstructure_hook(Hello, make_dict_unstructure_fn(Hello, conv, weights=omit))
+    conv.register_unstructure_hook(Heartbeat, make_dict_unstructure_fn(Heartbeat, conv, weights=omit))
     configure_tagged_union(Message, conv, tag_generator=TAGS.__getitem__, tag_name="type")
     return conv
 
@@ -439,8 +471,17 @@ _NAMES: dict[tuple[type, str], Callable[[Any], object]] = {
     (AssetProvenance, "name"): check_asset_name,
     (AssetProvenance, "sha256"): lambda value: value == "" or check_sha256(value),
     (EngineProvenance, "index_sha256"): lambda value: value == "" or check_sha256(value),
+    (WeightsHeld, "sha256"): check_sha256,
 }
 _PORTS = frozenset({(ShardState, "port")})
+# A measured memory figure above this is not a measurement: 2^30 MiB is an exbibyte, more than
+# any host has; the bound keeps a hostile report from turning into negative free memory.
+MAX_MEMORY_MIB = 2**30
+_MEMORY = frozenset({(ShardState, "rss_mib"), (ShardState, "vram_mib")})
+# A Unix time after 2^33 s (the year 2242) is not a clock reading; bounded so that turning it into
+# a date for the admin API cannot overflow.
+MAX_UNIX_TIME = float(2**33)
+_TIMES = frozenset({(WeightsHeld, "last_used")})
 _FROM_NODES = (Hello, Heartbeat, Ack, EngineStateReport, ShardStateReport, ShardLogs, Error)
 
 
@@ -476,6 +517,10 @@ def _check_report(value: Any, path: str) -> None:
                 raise WireError(f"{exc} @ {where}") from None
         if (kind, field.name) in _PORTS and not 0 <= item <= 65535:
             raise WireError(f"port {item} is not between 0 and 65535 @ {where}")
+        if (kind, field.name) in _TIMES and not 0 <= item <= MAX_UNIX_TIME:
+            raise WireError(f"{item} is not a Unix time between 0 and 2^33 @ {where}")
+        if (kind, field.name) in _MEMORY and not 0 <= item <= MAX_MEMORY_MIB:
+            raise WireError(f"{item if abs(item) < 10**20 else 'a number'} MiB is not between 0 and 2^30 @ {where}")
         _check_bounds(item, where)
 
 
@@ -550,6 +595,7 @@ def decode(text: str | bytes) -> Message:
 __all__ = [
     "LLAMA_CPP_RELEASES",
     "MAX_LOG_LINES",
+    "MAX_MEMORY_MIB",
     "PROTOCOL_VERSION",
     "Ack",
     "AssetProvenance",
@@ -577,6 +623,7 @@ __all__ = [
     "ShardStatus",
     "StartShard",
     "StopShard",
+    "WeightsHeld",
     "WeightsSpec",
     "Welcome",
     "WireError",

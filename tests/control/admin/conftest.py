@@ -42,6 +42,7 @@ from llmgw_shared.wire import (
     ShardStateReport,
     StartShard,
     StopShard,
+    WeightsHeld,
     decode,
     encode,
 )
@@ -166,13 +167,14 @@ PROVENANCE = EngineProvenance(
 
 
 @asynccontextmanager
-async def fake_node(daemon: Daemon, node_id: str = "n1", *, warnings: list[str] | None = None, token: str = JOIN_TOKEN
-                    ) -> AsyncIterator[FakeNode]:
+async def fake_node(daemon: Daemon, node_id: str = "n1", *, warnings: list[str] | None = None, token: str = JOIN_TOKEN,
+                    weights: list[WeightsHeld] | None = None) -> AsyncIterator[FakeNode]:
     facts = attrs.evolve(unprobed(), probed=True, hostname=node_id, ram_total_mib=8192, os_name="Debian",
                          arch="x86_64", cpu_model="Test CPU", cores=4, cpu_features=["avx"],
                          warnings=warnings or [])
     hello = Hello(PROTOCOL_VERSION, node_id, token, facts,
-                  [EngineState("llama.cpp", "b11312", "installed", provenance=PROVENANCE)], [])
+                  [EngineState("llama.cpp", "b11312", "installed", provenance=PROVENANCE)], [],
+                  weights=weights or [])
     async with open_websocket_url(daemon.agent_url) as ws, trio.open_nursery() as nursery:
         await ws.send_message(encode(hello))
         assert json.loads(await ws.get_message())["type"] == "welcome"

@@ -25,6 +25,11 @@ class WeightsConfig:
     size: int
 
 
+# GPUs one replica may be split over: the most one host carries (an HGX board has 8, the
+# largest 16), so a larger number is a typo, not a machine.
+MAX_GPUS_PER_REPLICA = 16
+
+
 @attrs.frozen
 class ProfileConfig:
     name: str
@@ -45,6 +50,9 @@ class ProfileConfig:
     # The resource claim; 0 means estimate RAM from the GGUF header (weights + KV cache).
     ram_mib: int = 0
     vram_mib: int = 0
+    # GPUs one replica spreads its VRAM claim over (tensor split): each of them holds an equal
+    # share. 1: the whole claim on one GPU.
+    gpus: int = 1
     min_replicas: int = 0
     max_replicas: int = 1
     # Seconds without traffic after which a replica is drained and stopped; 0 = never.
@@ -136,6 +144,8 @@ def model_problems(model: ModelConfig, engines: list[EngineConfig]) -> list[tupl
             problems.append((f"{at}.parallel", "must be at least 1"))
         if profile.slots < 0:
             problems.append((f"{at}.slots", "must not be negative (0: the profile's parallel)"))
+        if not 1 <= profile.gpus <= MAX_GPUS_PER_REPLICA:
+            problems.append((f"{at}.gpus", f"must be between 1 and {MAX_GPUS_PER_REPLICA}"))
         if profile.max_replicas < 1:
             problems.append((f"{at}.max_replicas", "must be at least 1"))
         if not 0 <= profile.min_replicas <= profile.max_replicas:

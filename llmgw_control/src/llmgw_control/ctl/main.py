@@ -237,6 +237,25 @@ def engines_list(client: AdminClient, args: argparse.Namespace, out: TextIO) -> 
     _emit(out, args, answer, human)
 
 
+def weights_list(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
+    node = getattr(args, "node", None)
+    answer = client.get("/weights" + (f"?node={_q(node)}" if node else ""))
+
+    def human() -> str:
+        rows = []
+        for n in answer["nodes"]:
+            if not n["reported"]:
+                rows.append([n["node"], "-", "-", "-", "not reported"])
+            rows += [[n["node"], w["sha256"][:16], mib(w["size"] // (1 << 20)),
+                      "in use" if w["in_use"] else w["last_used"], ", ".join(w["models"]) or "-"]
+                     for w in n["weights"]]
+        if not rows:
+            return "no node holds model files"
+        return table(["NODE", "SHA256", "SIZE", "LAST USED", "USED BY"], rows)
+
+    _emit(out, args, answer, human)
+
+
 # --------------------------------------------------------------------------- groups, keys, quotas, usage
 
 
@@ -442,6 +461,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until interrupted")
     v = noun("engines", "engines: list (default)", engines_list)
     verb(v, "list", engines_list, "the engines and their state on each node")
+    weights = nouns.add_parser("weights", help="weights: list (default) [--node N]", parents=[common])
+    weights.add_argument("--node", default=argparse.SUPPRESS, help="only this node")
+    weights.set_defaults(action=weights_list)
+    v = weights.add_subparsers(dest="verb", metavar="VERB", required=False)
+    verb(v, "list", weights_list, "the model files each node holds, their size and when last used").add_argument(
+        "--node", default=argparse.SUPPRESS, help="only this node")
 
     v = noun("groups", "groups: list (default), create, priority, delete", groups_list)
     verb(v, "list", groups_list, "the group tree")

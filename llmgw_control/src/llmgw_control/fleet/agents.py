@@ -393,6 +393,7 @@ class AgentService:
         )
         node.update_engines(hello.engines)
         node.update_shards(hello.shards)
+        node.weights = list(hello.weights)
         self.inventory.put(node)
         return node
 
@@ -419,6 +420,8 @@ class AgentService:
         if isinstance(msg, Heartbeat):
             if msg.facts is not None:
                 node.facts = msg.facts
+            if msg.weights is not None:
+                node.weights = msg.weights
             if msg.engines:
                 node.update_engines(msg.engines)
                 changed = True

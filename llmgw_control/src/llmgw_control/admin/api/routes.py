@@ -14,7 +14,7 @@ from ...api_errors import AdminApiError, conflict, not_found
 from ...catalog import ModelConfig
 from ...catalog.service import ModelService
 from ...store import UNSET, ApiKey, Group, NotFound, Quota, StoreError, Unset
-from ..fleet_views import model_view, node_view, registered_node_view
+from ..fleet_views import model_view, node_view, node_weights_view, registered_node_view
 from .core import Api, Call, Param
 from .replica_logs import register_replica_logs
 from .schemas import (
@@ -48,6 +48,7 @@ from .schemas import (
     Totals,
     UsageAnswer,
     UsageRow,
+    WeightsList,
 )
 
 if TYPE_CHECKING:
@@ -235,6 +236,21 @@ def build_api(ctx: ApiContext) -> Api:
                                               state.provenance if state else None))
             out.append(EngineView(engine.name, engine.version, engine.release_api, states))
         return EngineList(out)
+
+    @api.route("GET", "/weights", summary="The model files each node holds: size, when last used, in use by what",
+               tag="nodes", response=WeightsList, errors=(404,),
+               query=(Param("node", doc="Only this node"),))
+    async def list_weights(call: Call) -> WeightsList:
+        if ctx.fleet is None:
+            return WeightsList([])
+        f = ctx.fleet
+        wanted = call.query.get("node")
+        nodes = sorted(f.inventory, key=lambda n: n.node_id)
+        if wanted is not None:
+            nodes = [n for n in nodes if n.node_id == wanted]
+            if not nodes:
+                raise not_found("node", wanted)
+        return WeightsList([node_weights_view(f, n) for n in nodes])
 
     # ------------------------------------------------------------------ groups
 
