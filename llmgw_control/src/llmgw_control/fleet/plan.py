@@ -378,7 +378,7 @@ def _choose_node(
         candidates.append(node)
     if not candidates:
         if not reasons and unconfigured:
-            return None, f"no node has {name} configured (a node names it by path in its [[engines]])"
+            return None, f"no node has {name} configured (a node names it by path in its [[engines]])", short
         if not reasons:
             wanted = ", ".join(f"{k}={v}" for k, v in demand.labels.items())
             return None, f"no node has the labels {wanted}", short

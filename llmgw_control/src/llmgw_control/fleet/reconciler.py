@@ -326,7 +326,8 @@ class Reconciler:
         for record in self.shards.values():
             if record.node_id == node_id and record.status in HOLDING:
                 resolved = self.catalog.resolve(record.key)
-                if resolved is not None:
+                # A vLLM or SGLang replica serves a model directory, not a file of the cache.
+                if resolved is not None and resolved.profile.weights is not None:
                     out.setdefault(resolved.profile.weights.sha256.lower(), []).append(record.key)
         return out
 
@@ -347,7 +348,7 @@ class Reconciler:
         """Before a start whose weights the node lacks: the least recently used unused files go
         when the download would not fit (the removal is sent first; a node handles commands in order)."""
         weights = resolved.profile.weights
-        if node.weights is None or weights.url.startswith(("/", "file://")):
+        if weights is None or node.weights is None or weights.url.startswith(("/", "file://")):
             return
         if any(w.sha256 == weights.sha256.lower() for w in node.weights):
             return
