@@ -105,6 +105,13 @@ def prepare(root: Path, model: Path, archive: Path, ports: dict[str, int]) -> tu
     return root / "control.toml", root / "node.toml"
 
 
+def start(command: list[str]) -> subprocess.Popen[bytes]:
+    """A daemon in a process group of its own: Ctrl-C in the terminal reaches only the demo, which
+    then hands each daemon one SIGTERM. In the terminal's group each would get the SIGINT too,
+    and the SIGTERM after it would be a second signal ("out now"), not a graceful stop."""
+    return subprocess.Popen(command, process_group=0)
+
+
 def stop(process: subprocess.Popen[bytes], timeout: float = 20) -> None:
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
@@ -112,26 +119,36 @@ def stop(process: subprocess.Popen[bytes], timeout: float = 20) -> None:
             process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             process.kill()
+            process.wait()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=8080, help="client API port (a free one if taken)")
+    parser.add_argument("--dir", type=Path, default=None,
+                        help="where the configs and the daemons' state go (default: the cache's demo/)")
     args = parser.parse_args(argv)
     archive = build_engine.ensure_engine()
     model = ensure_model()
     ports = {"api": port_or_free(args.port)}
     ports["admin"] = port_or_free(ports["api"] + 1)
     ports["agents"] = port_or_free(ports["api"] + 10)
-    root = build_engine.cache_dir() / "demo"
+    root = args.dir or build_engine.cache_dir() / "demo"
     shutil.rmtree(root / "node" / "state", ignore_errors=True)
     control_toml, node_toml = prepare(root, model, archive, ports)
     api = f"http://127.0.0.1:{ports['api']}"
-    control = subprocess.Popen([str(BIN / "llmgw-control"), "run", "--config", str(control_toml)])
+    # SIGTERM to the demo (its own kill, a CI job's timeout) stops the daemons as Ctrl-C does:
+    # they are in groups of their own, so nothing else would.
+    signal.signal(signal.SIGTERM, _interrupt)
+    control = start([str(BIN / "llmgw-control"), "run", "--config", str(control_toml)])
     node = None
     try:
         wait_healthy(api, control, "llmgw-control")
-        node = subprocess.Popen([str(BIN / "llmgw-node"), "run", "--config", str(node_toml), "--stop-engines"])
+        node = start([str(BIN / "llmgw-node"), "run", "--config", str(node_toml), "--stop-engines"])
         print("\n[demo] control and node are up; the first request starts the model on the node "
               "(install the engine, fetch the weights, start llama-server)...", flush=True)
         started = time.monotonic()
@@ -163,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\n[demo] stopping", flush=True)
     finally:
+        # A second Ctrl-C must not cut the stop short and leave a daemon behind: stop() bounds it.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         if node is not None:
             stop(node)
         stop(control)
