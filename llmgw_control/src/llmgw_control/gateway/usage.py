@@ -22,6 +22,8 @@ class TokenUsage:
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # Of prompt_tokens, those the engine took from its KV cache (prompt_tokens_details.cached_tokens).
+    cached_tokens: int = 0
 
 
 def find_usage(data: bytes | bytearray) -> TokenUsage | None:
@@ -44,7 +46,16 @@ def find_usage(data: bytes | bytearray) -> TokenUsage | None:
                 prompt = value.get("prompt_tokens")
                 completion = value.get("completion_tokens", 0)
                 if isinstance(prompt, int) and isinstance(completion, int):
-                    return TokenUsage(prompt, completion)
+                    return TokenUsage(prompt, completion, _cached_tokens(value, prompt))
+
+
+def _cached_tokens(usage: dict[str, object], prompt: int) -> int:
+    """``prompt_tokens_details.cached_tokens`` when the engine reports a sane one, else 0."""
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if isinstance(cached, int) and not isinstance(cached, bool) and 0 <= cached <= prompt:
+        return cached
+    return 0
 
 
 class StreamTail:
