@@ -153,6 +153,19 @@ MIGRATIONS: tuple[Migration, ...] = (
             "INSERT INTO fleet_holders (id, epoch, nodes, updated_at) VALUES (1, 0, '[]', 0)",
         ),
     ),
+    Migration(
+        5,
+        "the model mirror's pulls and the draft catalog entries they made",
+        (
+            # One JSON document per pull (mirror/pulls.py): what was asked, how it ended, and
+            # the draft model the operator publishes. Progress lives in memory, not here.
+            """CREATE TABLE model_pulls (
+                id TEXT PRIMARY KEY,
+                document TEXT NOT NULL,
+                created_at BIGINT NOT NULL,
+                updated_at BIGINT NOT NULL)""",
+        ),
+    ),
 )
 
 # An arbitrary constant: the key of the PostgreSQL advisory lock that serialises daemons
