@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
   admin API and metrics: http://127.0.0.1:{ports['admin']}/api/v1/nodes, /api/v1/models, /metrics
 
   curl {api}/v1/chat/completions -H 'content-type: application/json' \\
-       -d '{{"model": "smollm2", "messages": [{{"role": "user", "content": "{QUESTION}"}}]}}'
+       -d '{{"model": "smollm2", "temperature": 0, "messages": [{{"role": "user", "content": "{QUESTION}"}}]}}'
 
   from openai import OpenAI
   client = OpenAI(base_url="{api}/v1", api_key="none")
