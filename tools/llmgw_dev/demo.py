@@ -1,8 +1,10 @@
-"""The quick-start demo: llmgw-control and one llmgw-node on this machine, a real engine, a tiny model.
+"""The quick-start demo: llmgw-control and one llmgw-node on this machine, a real engine, a real model.
 
 Control serves the llama-server release archive and the model file to the node (as it would in
 an air-gapped cluster), the node installs and proves the engine, and the first chat completion
-starts the model (a cold start). Then it keeps serving until Ctrl-C, which stops the daemons
+starts the model (a cold start). The model is SmolLM2-135M-Instruct (``smollm2.py``: from PyPI's
+wheel, sha256 pinned), small enough for one CPU thread and real enough to answer a question; the
+tiny random model stays for the fast tests. Then it keeps serving until Ctrl-C, which stops the daemons
 and the engine with them.
 """
 
@@ -24,12 +26,13 @@ from pathlib import Path
 
 import tomli_w
 
-from llmgw_dev import build_engine
+from llmgw_dev import build_engine, smollm2
 from llmgw_dev.engine_proc import free_port
 from llmgw_dev.served_files import place
-from llmgw_dev.tiny_model import ensure_model
 
 BIN = Path(sys.executable).parent
+# The demo's first request and printed example: a question with one right answer.
+QUESTION = "What is the capital of France?"
 
 
 def port_or_free(port: int) -> int:
@@ -88,8 +91,9 @@ def prepare(root: Path, model: Path, archive: Path, ports: dict[str, int]) -> tu
         "data_dir": str(root / "control"), "log_format": "text",
         "agents": {"listen": f"127.0.0.1:{ports['agents']}", "files_dir": str(files),
                    "join_token_digests": [digest]},
-        "models": [{"name": "tiny", "profiles": [{
-            "name": "cpu", "context": 512, "parallel": 2, "args": ["-t", "1"],
+        # One thread: the demo shares the machine; SmolLM2 answers a short question in about a second.
+        "models": [{"name": smollm2.MODEL_NAME, "profiles": [{
+            "name": "cpu", "context": 2048, "parallel": 2, "args": ["-t", "1", *smollm2.ENGINE_ARGS],
             "weights": {"url": f"{agents}/files/models/{model.name}",
                         "sha256": hashlib.sha256(model.read_bytes()).hexdigest(), "size": model.stat().st_size},
         }]}],
@@ -133,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the configs and the daemons' state go (default: the cache's demo/)")
     args = parser.parse_args(argv)
     archive = build_engine.ensure_engine()
-    model = ensure_model()
+    model = smollm2.ensure_model()
     ports = {"api": port_or_free(args.port)}
     ports["admin"] = port_or_free(ports["api"] + 1)
     ports["agents"] = port_or_free(ports["api"] + 10)
@@ -153,27 +157,29 @@ def main(argv: list[str] | None = None) -> int:
               "(install the engine, fetch the weights, start llama-server)...", flush=True)
         started = time.monotonic()
         reply = post_json(api + "/v1/chat/completions", {
-            "model": "tiny", "messages": [{"role": "user", "content": "Hello, llmgw!"}], "max_tokens": 24})
+            "model": "smollm2", "messages": [{"role": "user", "content": QUESTION}], "max_tokens": 48,
+            "temperature": 0})
         took = time.monotonic() - started
         choices = reply["choices"]
         assert isinstance(choices, list)
         print(f"\n[demo] one chat completion through llmgw ({took:.1f} s, cold start included):")
-        print(f"  reply: {choices[0]['message']['content']!r}")
+        print(f"  question: {QUESTION!r}")
+        print(f"  answer:   {choices[0]['message']['content']!r}")
         print(f"  usage: {reply['usage']}")
         print(f"""
 [demo] llmgw is serving the OpenAI API on {api}/v1
   admin API and metrics: http://127.0.0.1:{ports['admin']}/api/v1/nodes, /api/v1/models, /metrics
 
   curl {api}/v1/chat/completions -H 'content-type: application/json' \\
-       -d '{{"model": "tiny", "messages": [{{"role": "user", "content": "hi"}}], "max_tokens": 16}}'
+       -d '{{"model": "smollm2", "temperature": 0, "messages": [{{"role": "user", "content": "{QUESTION}"}}]}}'
 
   from openai import OpenAI
   client = OpenAI(base_url="{api}/v1", api_key="none")
-  reply = client.chat.completions.create(model="tiny", max_tokens=16,
-                                         messages=[{{"role": "user", "content": "hi"}}])
-  print(reply.choices[0].message.content)
+  reply = client.chat.completions.create(model="smollm2", temperature=0,
+                                         messages=[{{"role": "user", "content": "{QUESTION}"}}])
+  print(reply.choices[0].message.content)   # {choices[0]['message']['content']}
 
-  (the tiny model has random weights: it answers in fluent gibberish)
+  (SmolLM2 has 135M parameters: right about simple facts, not much more)
   Press Ctrl-C to stop.
 """, flush=True)
         control.wait()
