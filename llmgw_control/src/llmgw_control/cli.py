@@ -11,7 +11,7 @@ import trio
 from llmgw_shared import sdnotify
 from llmgw_shared.config import ConfigError
 from llmgw_shared.gcpause import collect_young_generation_less_often, keep_gc_pauses_short
-from llmgw_shared.lifecycle import stop_on_signals
+from llmgw_shared.lifecycle import signals_outside_the_loop, stop_on_signals
 from llmgw_shared.logs import get_logger, setup_logging
 
 from .config import ControlConfig, load_config, parse_endpoint_flag
@@ -127,7 +127,8 @@ def main(argv: list[str] | None = None) -> None:
     from .store import StoreError
 
     try:
-        trio.run(_run, config)
+        with signals_outside_the_loop():
+            trio.run(_run, config)
     except* (OSError, StoreError, ConfigError) as group:
         # An address in use, an unreachable database, an admin listener no key could open: one
         # line that says so, not a traceback.

@@ -29,7 +29,7 @@ from llmgw_node.service import open_node_service
 from llmgw_node.tls import client_context
 from llmgw_shared import sdnotify
 from llmgw_shared.facts import HostFacts
-from llmgw_shared.lifecycle import stop_on_signals
+from llmgw_shared.lifecycle import signals_outside_the_loop, stop_on_signals
 from llmgw_shared.logs import get_logger, setup_logging
 from llmgw_shared.wire import EngineSpec, EngineState, converter
 
@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def _run_daemon(config: NodeConfig, stop_engines: bool, tls: ssl.SSLContext | None) -> int:
     try:
-        code: int = trio.run(_run, config, stop_engines, tls)
+        with signals_outside_the_loop():
+            code: int = trio.run(_run, config, stop_engines, tls)
         return code
     except* OSError as group:
         # An unwritable data_dir (ProtectSystem=strict and a data_dir outside StateDirectory, say):

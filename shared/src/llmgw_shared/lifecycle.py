@@ -7,7 +7,12 @@ asks for a graceful stop; a second one means the operator wants out now.
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
 
 import trio
 
@@ -28,3 +33,28 @@ async def stop_on_signals(
                 raise KeyboardInterrupt
             log.info("%s received: shutting down gracefully", name)
             shutdown.set()
+
+
+@contextmanager
+def signals_outside_the_loop() -> Iterator[None]:
+    """Around a daemon's ``trio.run``: what SIGTERM and SIGINT do when no receiver is open.
+
+    ``stop_on_signals`` owns both signals while the loop runs. Before it starts, and when it
+    closes (a signal still pending then is redelivered under the handler it restores), a signal
+    ends the daemon at once with 130, "out now". Once the loop has returned the daemon has
+    stopped and said so; the interpreter's own finalisation resets Python handlers to the default,
+    so a late signal would kill it by SIGTERM (exit -15, seen in tests/test_clean_stop.py): the
+    signals are ignored from then on (an ignored signal stays ignored through finalisation).
+    """
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _out_now)
+    try:
+        yield
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, signal.SIG_IGN)
+
+
+def _out_now(signum: int, frame: FrameType | None) -> None:
+    sys.stderr.flush()
+    os._exit(130)
