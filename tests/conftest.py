@@ -33,7 +33,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     building = not (build_engine.cache_dir() / "engines" / build_engine.archive_name()).exists()
     for item in items:
         # Whole daemons as processes: left out of the quick tier (README: -m "not system").
-        if _SYSTEM in Path(str(item.fspath)).parents:
+        # Tests marked slow (many seconds each) are left out with them.
+        if _SYSTEM in Path(str(item.fspath)).parents or item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.system)
         if REAL_ENGINE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.engine)

@@ -22,6 +22,9 @@ import pytest
 from llmgw_dev import build_engine, demo
 from llmgw_dev.engine_proc import free_port
 
+# Every test here starts the daemons as processes: the quick tier (-m "not system") leaves them out.
+pytestmark = pytest.mark.system
+
 # Long enough for two daemons to start on a busy 2-core machine; a bound, not a sleep.
 _START_SECONDS = 60
 _STOP_SECONDS = 30
@@ -93,7 +96,6 @@ def test_a_second_signal_while_stopping_is_out_now_without_a_traceback(tmp_path:
         assert "Traceback" not in err.read_text(), err.read_text()
 
 
-@pytest.mark.system
 @pytest.mark.engine
 def test_ctrl_c_on_the_demo_stops_both_daemons_with_one_line_each(tmp_path: Path) -> None:
     """The whole demo (real engine, tiny model, a cold start), then Ctrl-C as a terminal sends it:

@@ -164,6 +164,8 @@ async def test_heartbeats_keep_a_node_alive_and_carry_changes(tmp_path: Path) ->
             engines = [{"name": "llama.cpp", "version": "b11312", "status": "installing",
                         "detail": f"downloading ({seq * 10}%)"}] if seq == 5 else []
             await ws.send_message(json.dumps({"type": "heartbeat", "seq": seq, "engines": engines}))
+            # The scenario's heartbeat cadence (not a wait for control): ten beats span longer
+            # than unreachable_after, so the node stays ready only because they keep coming.
             await trio.sleep(0.2)
         (node,) = await ctl.nodes()
         assert node["state"] == "ready"

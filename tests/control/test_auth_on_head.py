@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
+import pytest
 import trio
 
 from llmgw_dev.fake_engine import FakeEngine
@@ -97,6 +98,7 @@ def _send_refused_upload(port: int, size: int, answers: list[bytes]) -> None:
         answers.append(received)
 
 
+@pytest.mark.system  # a control daemon as a process
 def test_eight_keyless_30_mb_requests_do_not_grow_the_daemon(tmp_path: Path) -> None:
     # The measurement: eight key-less 30 MB requests took the daemon from 108 to 616 MiB.
     with control_daemon(tmp_path, '[[endpoints]]\nid = "e"\nurl = "http://127.0.0.1:9"\nmodels = ["fake"]\n') as daemon:

@@ -23,6 +23,10 @@ from hypothesis import strategies as st
 
 from support.control_daemon import ControlDaemon, control_daemon
 
+# Starts llmgw daemons as processes (the quick tier, -m "not system", leaves these out).
+pytestmark = pytest.mark.system
+
+
 ENDPOINT = '[[endpoints]]\nid = "e"\nurl = "http://127.0.0.1:9"\nmodels = ["fake"]\n'
 
 

@@ -21,6 +21,10 @@ from hypothesis import strategies as st
 
 from support.control_daemon import ControlDaemon, control_daemon
 
+# Starts llmgw daemons as processes (the quick tier, -m "not system", leaves these out).
+pytestmark = pytest.mark.system
+
+
 LISTENERS = ("api", "admin", "metrics", "agents")
 PATHS = {
     "api": ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/v1/models/fake",

@@ -11,11 +11,16 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx2
+import pytest
 import trio
 
 from llmgw_dev.engine_proc import free_port
 from llmgw_dev.fake_engine import FakeEngine
 from support.gateway import chat_body, endpoint, running_gateway
+
+# Starts llmgw daemons as processes (the quick tier, -m "not system", leaves these out).
+pytestmark = pytest.mark.system
+
 
 LLMGW_CONTROL = str(Path(sys.executable).with_name("llmgw-control"))
 

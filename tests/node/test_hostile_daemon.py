@@ -21,6 +21,7 @@ from pathlib import Path
 
 import attrs
 import httpx2
+import pytest
 import trio
 from node import hostile
 from node.helpers import fake_control, receive, shard_spec, small_filesystem
@@ -46,6 +47,10 @@ from llmgw_shared.wire import (
     Welcome,
     encode,
 )
+
+# Starts llmgw daemons as processes (the quick tier, -m "not system", leaves these out).
+pytestmark = pytest.mark.system
+
 
 NODE = [sys.executable, "-m", "llmgw_node"]
 VERSION_RULE = "is not valid: use 1-64 letters, digits, '.', '_', '+' or '-', starting with a letter or digit"

@@ -26,6 +26,10 @@ import trio
 from llmgw_dev.engine_proc import free_port
 from llmgw_shared import sdnotify
 
+# Starts llmgw daemons as processes (the quick tier, -m "not system", leaves these out).
+pytestmark = pytest.mark.system
+
+
 BIN = Path(sys.executable).parent
 # The node joins as in production: with a token whose digest control's config lists.
 JOIN_TOKEN = "llmgw-join-sdnotify-test"

@@ -105,21 +105,3 @@ def open_log(path: Path, *, fresh: bool) -> int:
     if path.exists() and (fresh or path.stat().st_size > LOG_KEEP_BYTES):
         os.replace(path, path.with_name(path.name + ".1"))
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-
-
-def tail_lines(path: Path, n: int = 300, max_bytes: int = 256 << 10) -> list[str]:
-    """The last ``n`` lines of a log file (empty when there is none)."""
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            handle.seek(max(0, size - max_bytes))
-            data = handle.read()
-    except OSError:
-        return []
-    lines = data.decode(errors="replace").splitlines()
-    if size > max_bytes and lines:
-        lines = lines[1:]  # the first line was probably cut in the middle
-    return [line for line in lines if line.strip()][-n:]
-
-

@@ -8,7 +8,6 @@ from typing import Any
 
 import httpx2
 import pytest
-import trio
 
 from llmgw_control.fleet.agents import token_digest as join_digest
 from llmgw_control.store import Role
@@ -138,7 +137,10 @@ async def test_a_model_added_is_served_changed_and_removed_without_a_restart(dae
         # A change that leaves the engine's command line alone keeps the replica.
         scaled = model_doc(min_replicas=1, max_replicas=3, idle_timeout=60.0)
         assert (await daemon.admin.put("/models/tiny", json=scaled)).status_code == 200
-        await trio.sleep(0.3)
+        # "Kept" is an absence: wait for two whole reconcile passes after the change (the first may
+        # have been under way when it landed), not for a fixed time that a busy machine outruns.
+        seen = daemon.fleet.reconciler.passes
+        await wait_until(lambda: _true(daemon.fleet.reconciler.passes >= seen + 2))
         assert [r["id"] for r in (await models(daemon))["tiny:cpu"]["replicas"]] == [first["id"]]
 
         # A change to the command line replaces it: drained, and started again from the new definition.

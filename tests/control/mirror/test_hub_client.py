@@ -62,6 +62,7 @@ async def test_a_configured_token_is_sent(fake_hub_repos: FakeHub, tmp_path, mon
     assert fake.seen[0].headers["authorization"] == "Bearer hf_secret"
 
 
+@pytest.mark.slow  # ~23 s on the 2-core machine: the hub client retries before it gives up
 async def test_an_unreachable_hub_is_a_502_not_a_crash() -> None:
     hub = Hub(HubConfig(endpoint="http://127.0.0.1:9"))
     with pytest.raises(AdminApiError) as caught:

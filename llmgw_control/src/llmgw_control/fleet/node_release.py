@@ -22,6 +22,10 @@ rollback: nodes then "upgrade" to it). ``release list`` shows them.
 Targets are (CPython minor version, machine): a wheel set covers the Pythons and architectures
 its nodes run. Linux glibc (manylinux) wheels only, the oldest glibc each package offers, so a
 release runs on the widest range of machines.
+
+About 510 lines: reading the lock, choosing a wheel per target, fetching and checking, and the
+release folder's layout are one chain over the same few types; split, each part would import
+every other one.
 """
 
 from __future__ import annotations

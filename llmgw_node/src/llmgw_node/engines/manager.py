@@ -16,6 +16,10 @@ Every name in those paths came from the network and was checked first (``llmgw_s
 the engine name, the version, the asset name and its digest. An install that fails for any
 reason is reported ``failed`` with the reason and never raises: a hostile release cannot stop
 the daemon. A failed install is retried with backoff, however often control asks again.
+
+About 750 lines: one install is one sequence (index, download, verify, unpack, prove, rename into
+place) whose steps share the manager's state (the retry record, the reported engines, the
+layout above); the archive checks themselves live in ``unpack``.
 """
 
 from __future__ import annotations
