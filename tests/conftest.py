@@ -113,3 +113,9 @@ def pg_database(pg_server: PostgresServer) -> Iterator[str]:
 def pg_url(pg_server: PostgresServer, pg_database: str) -> str:
     """A postgresql:// URL for a fresh database."""
     return pg_server.url(pg_database)
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf() -> bytes:
+    """The tiny model's bytes: a real GGUF file for the model mirror's fake Hub."""
+    return Path(ensure_model()).read_bytes()

@@ -114,3 +114,15 @@ def test_a_string_where_a_list_belongs_is_refused(tmp_path: Path) -> None:
 def test_an_engine_name_or_version_a_node_would_refuse_is_refused_at_start(name: str, version: str) -> None:
     with pytest.raises(ConfigError, match="engines: "):
         validate(ControlConfig(engines=[EngineConfig(name=name, version=version)]))
+
+
+def test_stream_continuation_settings_are_checked(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, "[router]\nmax_continuations = 1\ncontinue_streams = { tiny = false }\n"))
+    assert config.router.max_continuations == 1 and config.router.continue_streams == {"tiny": False}
+    assert load_config(None).router.max_continuations == 2  # on by default
+    for text, named in (("max_continuations = -1", "router.max_continuations"),
+                        ("max_continuations = true", "max_continuations"),
+                        ('continue_streams = { tiny = "no" }', "continue_streams"),
+                        ('continue_streams = { " " = false }', "router.continue_streams")):
+        with pytest.raises(ConfigError, match=named):
+            load_config(write(tmp_path, f"[router]\n{text}\n"))

@@ -174,10 +174,11 @@ async def test_a_pool_failure_before_the_first_byte_is_retried_elsewhere_or_a_50
             assert "only" in error["message"] and "pool" in error["message"]
 
 
-async def test_nothing_is_retried_once_bytes_reached_the_client() -> None:
+async def test_nothing_is_retried_once_bytes_reached_the_client_without_continuations() -> None:
+    # With router.max_continuations (test_continuation.py) a broken stream is continued instead.
     behavior = FakeEngineBehavior(close_mid_stream_after=2)
     async with run_fake_engine(behavior) as a, run_fake_engine(behavior) as b:
-        async with running_gateway(endpoint("a", a.url), endpoint("b", b.url)) as gw:
+        async with running_gateway(endpoint("a", a.url), endpoint("b", b.url), max_continuations=0) as gw:
             response = await gw.client.post("/v1/chat/completions", json=chat_body(stream=True))
             assert response.status_code == 200
             events = sse_events(response.text)

@@ -139,3 +139,19 @@ def test_draining_and_stopped_replicas_do_not_count_as_live() -> None:
 def test_wanted_zero_places_nothing_and_explains_nothing() -> None:
     p = plan([demand(wanted=0)], [node("a")], [], backoff={}, now=0)
     assert p.actions == [] and p.blocked == {}
+
+
+def test_a_node_without_an_engine_named_by_path_is_skipped_silently() -> None:
+    vllm = ("vllm", "0.9.1")
+    has = {vllm: EngineState("vllm", "0.9.1", "configured")}
+    lacks = {vllm: EngineState("vllm", "0.9.1", "unconfigured", "vllm is not configured here")}
+    want = Demand("q:gpu", vllm, Claim(1000), 1)
+    # Too small, and one without vLLM: the reason names only the node that has it.
+    p = plan([want], [node("small", ram=500, engines=has), node("cpu-only", engines=lacks)], [], backoff={}, now=0)
+    assert not starts(p)
+    assert "small" in p.blocked["q:gpu"] and "cpu-only" not in p.blocked["q:gpu"]
+    p = plan([want], [node("gpu", engines=has), node("cpu-only", engines=lacks)], [], backoff={}, now=0)
+    assert [s.node_id for s in starts(p)] == ["gpu"]
+    # No node has it at all: said once, without a "failed" per node.
+    p = plan([want], [node("a", engines=lacks), node("b", engines=lacks)], [], backoff={}, now=0)
+    assert p.blocked["q:gpu"] == "no node has vllm configured (a node names it by path in its [[engines]])"

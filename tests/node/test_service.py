@@ -72,12 +72,24 @@ async def test_start_refusals_name_the_problem(tmp_path: Path, config: NodeConfi
     async with open_node_service(config, timing=fast_timing) as svc:
         bad_id = await svc.handle(StartShard(id="1", fencing_token=1, shard=shard_spec("../etc", w, 9000)))
         assert "shard id '../etc'" in bad_id.error
-        other = await svc.handle(StartShard(id="2", fencing_token=1,
-                                            shard=attrs.evolve(shard_spec("s", w, 9000), engine="vllm")))
+        other = await svc.handle(StartShard(id="2", fencing_token=1, shard=attrs.evolve(
+            shard_spec("s", w, 9000), engine="vllm", weights=None, model_dir="/srv/models/m")))
         assert other.error == "engine vllm b11312 is not available here: absent"
+        # vLLM and SGLang serve a directory: one file and no directory is refused, as are both.
+        file_only = await svc.handle(StartShard(id="2b", fencing_token=1,
+                                                shard=attrs.evolve(shard_spec("s", w, 9000), engine="vllm")))
+        assert file_only.error == "shard s: vllm serves a model directory (model_dir)"
+        both = await svc.handle(StartShard(id="2c", fencing_token=1,
+                                           shard=attrs.evolve(shard_spec("s", w, 9000), model_dir="/m")))
+        assert both.error == "shard s: names weights or a model_dir, not both or neither"
+        for bad in ("relative/dir", "/srv/../etc", "hub:no-slash", "hub:a/b@c d", "/x\n"):
+            refused = await svc.handle(StartShard(id="2d", fencing_token=1, shard=attrs.evolve(
+                shard_spec("s", w, 9000), engine="vllm", weights=None, model_dir=bad)))
+            assert not refused.ok and refused.error.startswith("shard s: "), refused.error
+        # An engine named by path that this node's config does not name: not configured here, not failed.
         await svc.handle(SetEngines(id="3", fencing_token=1, engines=[EngineSpec("sglang", "1")]))
         unknown = [e for e in svc.engine_states() if e.name == "sglang"]
-        assert unknown[0].describe() == "failed: unknown engine 'sglang': name it in the node's config by path"
+        assert unknown[0].status == "unconfigured" and unknown[0].describe() == "not configured here"
 
 
 async def test_port_in_use_and_port_conflicts(tmp_path: Path, config: NodeConfig, fast_timing: Timing) -> None:

@@ -22,7 +22,16 @@ from llmgw_node.config import NodeConfig
 from llmgw_node.procs import start_ticks
 from llmgw_node.service import NodeService, open_node_service
 from llmgw_node.supervisor import Timing
-from llmgw_shared.wire import DrainShard, EngineSpec, SetEngines, ShardState, StartShard, StopShard, WeightsSpec
+from llmgw_shared.wire import (
+    DrainShard,
+    EngineSpec,
+    GetShardLogs,
+    SetEngines,
+    ShardState,
+    StartShard,
+    StopShard,
+    WeightsSpec,
+)
 
 pytestmark = pytest.mark.engine
 
@@ -65,6 +74,9 @@ async def test_start_chat_and_stop(
         statuses = [s.status for s in seen]
         assert statuses[0] == "downloading" and "starting" in statuses
         assert any(s.detail.startswith("downloading tiny.gguf") for s in seen)
+        # Measured as it became ready: the engine's resident memory (no GPU here).
+        measured = await next_shard_state(svc, "tiny-0", lambda s: s.rss_mib > 0, limit_s=20)
+        assert measured.status == "ready" and 1 <= measured.rss_mib < 4096 and measured.vram_mib == 0
 
         client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=spec.api_key, max_retries=0)
         reply = await client.chat.completions.create(
@@ -75,6 +87,18 @@ async def test_start_chat_and_stop(
         with pytest.raises(openai.AuthenticationError):
             await wrong.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
                                                 max_tokens=1)
+        # Its output, as control asks for it (issue 19): llama-server's own lines, then, after the
+        # cursor, only what the next request made it write.
+        logs = await svc.shard_logs(GetShardLogs(id="l1", shard_id="tiny-0", lines=500))
+        assert logs.found and any("listening" in line for line in logs.lines), logs.lines
+        await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "again"}],
+                                             max_tokens=2)
+        with trio.fail_after(10):
+            while not (after := await svc.shard_logs(
+                    GetShardLogs(id="l2", shard_id="tiny-0", lines=500, cursor=logs.cursor))).lines:
+                await trio.sleep(0.05)
+        assert not any("listening" in line for line in after.lines), after.lines
+        assert not (await svc.shard_logs(GetShardLogs(id="l3", shard_id="nope", lines=5))).found
         # The key is not on the command line, where any local user could read it.
         cmdline = await trio.Path(f"/proc/{ready.pid}/cmdline").read_bytes()
         assert spec.api_key.encode() not in cmdline
@@ -122,7 +146,8 @@ async def test_killed_engine_is_restarted_and_ready_again(
         first = await next_shard_state(svc, "tiny-k", lambda s: s.status == "ready")
         os.killpg(first.pid, signal.SIGKILL)
         seen: list[ShardState] = []
-        again = await next_shard_state(svc, "tiny-k", lambda s: s.status == "ready", seen=seen)
+        again = await next_shard_state(svc, "tiny-k", lambda s: s.status == "ready" and s.pid != first.pid,
+                                       seen=seen)
         assert again.pid != first.pid
         crash = next(s for s in seen if "restart" in s.detail)
         assert crash.detail == "crashed: exited with signal 9; restart 1 of 3 in 0.05 s"
@@ -186,7 +211,9 @@ async def test_engines_survive_a_daemon_restart_and_are_adopted(
         assert reply.choices[0].message.content
         # An adopted engine that crashes is restarted like any other.
         os.killpg(first.pid, signal.SIGKILL)
-        again = await next_shard_state(svc, "tiny-a", lambda s: s.status == "ready")
+        # (A measurement of the adopted engine may be reported before the kill is seen: it is the
+        # restarted engine's ready that is awaited.)
+        again = await next_shard_state(svc, "tiny-a", lambda s: s.status == "ready" and s.pid != first.pid)
         assert again.pid != first.pid
         assert svc.supervisor.output("tiny-a")  # its output is kept for the operator
 
@@ -259,7 +286,8 @@ async def test_a_hung_engine_is_killed_and_restarted(
         # A stopped process exits nothing and closes nothing: only the health polling notices.
         os.kill(first.pid, signal.SIGSTOP)
         seen: list[ShardState] = []
-        again = await next_shard_state(svc, "tiny-h", lambda s: s.status == "ready", seen=seen)
+        again = await next_shard_state(svc, "tiny-h", lambda s: s.status == "ready" and s.pid != first.pid,
+                                       seen=seen)
         assert again.pid != first.pid
         assert start_ticks(first.pid) is None  # the hung one was killed, not left behind
         assert any(s.detail.startswith("hung: no answer on /health 3 times in a row; restart 1 of 3")

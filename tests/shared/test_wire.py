@@ -18,12 +18,14 @@ from llmgw_shared.wire import (
     EngineState,
     EngineStateReport,
     Error,
+    GetShardLogs,
     Heartbeat,
     Hello,
     Message,
     Refuse,
     RemoveWeights,
     SetEngines,
+    ShardLogs,
     ShardSpec,
     ShardState,
     ShardStateReport,
@@ -74,11 +76,15 @@ EXAMPLES: list[Message] = [
                                          reported_version="version: 1 (b11312)", binary="/x/llama-server",
                                          provenance=PROVENANCE)),
     ShardStateReport(shard=ShardState(shard_id="s", status="draining")),
+    ShardStateReport(shard=ShardState(shard_id="s", status="ready", port=20000, pid=7, rss_mib=812, vram_mib=4096)),
     SetEngines(id="c2", fencing_token=3, engines=[EngineSpec("llama.cpp", "b11312", "http://mirror/{version}")]),
     StartShard(id="c3", fencing_token=3, shard=SPEC),
     StopShard(id="c4", fencing_token=3, shard_id="tiny-0", grace_s=2.0),
     DrainShard(id="c5", fencing_token=3, shard_id="tiny-0", timeout_s=30.0),
     RemoveWeights(id="c6", fencing_token=3, sha256=["ab" * 32]),
+    GetShardLogs(id="logs1", shard_id="tiny-0", lines=50, cursor="1234:5678"),
+    ShardLogs(in_reply_to="logs1", shard_id="tiny-0", found=True, lines=["main: server is listening"],
+              cursor="1234:9000"),
 ]
 
 
@@ -192,3 +198,11 @@ def test_describe_uses_the_nodes_own_words() -> None:
 def test_secrets_stay_out_of_repr() -> None:
     assert "sk-shard-secret" not in repr(StartShard(id="c", fencing_token=1, shard=SPEC))
     assert "llmgw-join-x" not in repr(EXAMPLES[0])
+
+
+@pytest.mark.parametrize("field", ["rss_mib", "vram_mib"])
+@pytest.mark.parametrize("value", [-1, 2**30 + 1, 2**62, 10**30])
+def test_measured_memory_out_of_bounds_is_refused(field: str, value: int) -> None:
+    frame = json.dumps({"type": "shard_state", "shard": {"shard_id": "s", "status": "ready", field: value}})
+    with pytest.raises(WireError, match=f"shard.{field}"):
+        decode(frame)

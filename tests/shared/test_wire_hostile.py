@@ -12,6 +12,7 @@ import contextlib
 import json
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -101,3 +102,27 @@ def test_a_mutated_frame_decodes_or_is_one_wire_error(index: int, data: st.DataO
 def test_any_bytes_decode_or_are_one_wire_error(data: bytes | str) -> None:
     with contextlib.suppress(WireError):
         decode(data)
+
+
+# --------------------------------------------------------------------------- engine logs (issue 19)
+
+
+def test_log_requests_and_answers_are_bounded_and_named() -> None:
+    from llmgw_shared.wire import MAX_LOG_LINES, GetShardLogs, ShardLogs
+    ok = GetShardLogs(id="logs1", shard_id="tiny-0", lines=10, cursor="12:34")
+    assert decode(encode(ok)) == ok
+    answer = ShardLogs(in_reply_to="logs1", shard_id="tiny-0", found=True, lines=["a", "b"], cursor="1:2")
+    assert decode(encode(answer)) == answer
+    for bad in (
+        {"type": "get_shard_logs", "id": "x", "shard_id": "../etc", "lines": 1},
+        {"type": "get_shard_logs", "id": "x", "shard_id": "s", "lines": 0},
+        {"type": "get_shard_logs", "id": "x", "shard_id": "s", "lines": MAX_LOG_LINES + 1},
+        {"type": "get_shard_logs", "id": "x", "shard_id": "s", "lines": 1, "cursor": "1:2; rm"},
+        {"type": "get_shard_logs", "id": "x" * 65, "shard_id": "s", "lines": 1},
+        {"type": "shard_logs", "in_reply_to": "x", "shard_id": "a/b", "found": True},
+        {"type": "shard_logs", "in_reply_to": "x", "shard_id": "s", "found": True, "lines": ["x" * 9000]},
+        {"type": "shard_logs", "in_reply_to": "x", "shard_id": "s", "found": True, "lines": ["x"] * 1001},
+        {"type": "shard_logs", "in_reply_to": "x", "shard_id": "s", "found": True, "cursor": "c" * 50},
+    ):
+        with pytest.raises(WireError):
+            decode(json.dumps(bad))

@@ -51,6 +51,10 @@ async def test_cold_start_then_a_second_model_on_the_other_node(
         # Warm: served at once.
         raw = await trio.to_thread.run_sync(chat, fleet)
         assert "x-llmgw-queued-ms" not in raw.headers
+        # The real llama-server's own lines, asked of its node through the admin API (issue 19).
+        async with httpx2.AsyncClient(base_url=fleet.admin_url + "/api/v1", timeout=30) as admin:
+            logs = (await admin.get(f"/replicas/{first['id']}/logs", params={"lines": "400"})).json()
+        assert logs["source"] == "node" and any("listening" in line for line in logs["lines"]), logs
 
 
 async def test_a_killed_node_and_its_engine_come_back_on_the_other_node(

@@ -23,7 +23,7 @@ or as a process (benchmarks)::
 
     python -m llmgw_dev.fake_engine --port 0 --chunks 32   # prints the URL when ready
 
-About 600 lines: every fault a test or a bench can ask of an engine lives in this one fake, so each
+About 700 lines: every fault a test or a bench can ask of an engine lives in this one fake, so each
 behaves the same way wherever it is used.
 """
 
@@ -79,6 +79,11 @@ class FakeEngineBehavior:
     status_times: int | None = None
     #: drop the connection (no terminating chunk, no ``[DONE]``) after this many content chunks.
     close_mid_stream_after: int | None = None
+    #: drop the connection after this many bytes of a stream's body, mid-event if it falls there.
+    cut_after_bytes: int | None = None
+    #: the mid-stream faults (close, cut, hang) strike this many streams only (then streams run
+    #: whole); None: every stream. Shared by two fakes, the first stream dies wherever it went.
+    stream_fault_times: int | None = None
     #: never send the response headers.
     hang_before_first_byte: bool = False
     #: stop sending (but keep the connection open) after this many content chunks.
@@ -87,6 +92,9 @@ class FakeEngineBehavior:
     api_key: str | None = None
     #: send ``Connection: close`` after each streamed response, as llama-server effectively does.
     close_after_stream: bool = False
+    #: whose Prometheus series ``/metrics`` speaks: "llama.cpp", "vllm" or "sglang"
+    #: (``llmgw_dev.fake_served_engine`` runs the fake behind vLLM's and SGLang's command lines).
+    metrics_as: str = "llama.cpp"
 
 
 @attrs.frozen
@@ -327,26 +335,52 @@ class FakeEngineApp:
             headers.append((b"connection", b"close"))
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         progress["started"] = True
+        faulty = b.stream_fault_times is None or b.stream_fault_times > 0
+        if b.stream_fault_times and faulty:
+            b.stream_fault_times -= 1
+        if b.cut_after_bytes is not None and faulty:
+            send = _cutting(send, b.cut_after_bytes)
+        # Like llama-server, a trailing assistant message is continued (a prefill) and echoed in
+        # the first delta; the fake's "model" resumes its sequence after the tokens the prefill
+        # (or a completions prompt) already ends with, so a continued stream is the whole one.
+        prefill = _prefill(kind, req)
+        start = _resumed_at(prefill or (req.get("prompt") if kind != "chat" else None), b.token_text, b.chunks)
+        echo = prefill or ""
         obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
         head = f'{{"id":"{rid}","object":"{obj}","created":{created},"model":{_dumps(model)},"choices":'
+        if start:
+            # The prompt the engine read holds the resumed tokens; it generates the rest.
+            generated = max(0, n_completion - start)
+            usage = {"prompt_tokens": b.prompt_tokens + start, "completion_tokens": generated,
+                     "total_tokens": b.prompt_tokens + start + generated}
+        try:
+            await self._stream(kind, send, head, (start, echo, faulty), include_usage, usage, progress)
+        except _Cut:
+            return  # the connection drops mid-body: a truncated stream
+
+    async def _stream(self, kind: str, send: Send, head: str, resume: tuple[int, str, bool], include_usage: bool,
+                      usage: dict[str, Any], progress: dict[str, Any]) -> None:
+        b = self.behavior
+        start, echo, faulty = resume
         # Each event is one ASGI body message, as llama-server writes one event per token.
         if kind == "chat":
             await _event(send, head + '[{"index":0,"delta":{"role":"assistant","content":null},'
                          '"finish_reason":null}]}')
-        for i in range(b.chunks):
-            if b.close_mid_stream_after is not None and i >= b.close_mid_stream_after:
+        for i in range(start, b.chunks):
+            if faulty and b.close_mid_stream_after is not None and i - start >= b.close_mid_stream_after:
                 return  # returning mid-body makes the server drop the connection: a truncated stream
-            if b.hang_mid_stream_after is not None and i >= b.hang_mid_stream_after:
+            if faulty and b.hang_mid_stream_after is not None and i - start >= b.hang_mid_stream_after:
                 await trio.sleep_forever()
             if b.chunk_delay:
                 await trio.sleep(b.chunk_delay)
-            piece = _dumps(b.token_text.format(i=i))
+            piece = _dumps(echo + b.token_text.format(i=i))
+            echo = ""
             if kind == "chat":
                 event = f'{{"index":0,"delta":{{"content":{piece}}},"finish_reason":null}}'
             else:
                 event = f'{{"index":0,"text":{piece},"logprobs":null,"finish_reason":null}}'
             await _event(send, f"{head}[{event}]}}")
-            progress["chunks"] = i + 1
+            progress["chunks"] = i - start + 1
             self.observed.tokens_predicted_total += 1
         if kind == "chat":
             await _event(send, head + '[{"index":0,"delta":{},"finish_reason":"length"}]}')
@@ -363,6 +397,28 @@ class FakeEngineApp:
 
     def _metrics(self) -> bytes:
         o = self.observed
+        model = self.behavior.models[0] if self.behavior.models else ""
+        if self.behavior.metrics_as == "vllm":
+            # vLLM's gauges carry the served name (and, from 0.8, the engine core) as labels.
+            return (
+                "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+                "# TYPE vllm:num_requests_running gauge\n"
+                f'vllm:num_requests_running{{engine="0",model_name="{model}"}} {float(o.in_flight)}\n'
+                "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
+                "# TYPE vllm:num_requests_waiting gauge\n"
+                f'vllm:num_requests_waiting{{engine="0",model_name="{model}"}} 0.0\n'
+                "# TYPE vllm:prompt_tokens_total counter\n"
+                f'vllm:prompt_tokens_total{{engine="0",model_name="{model}"}} {float(o.prompt_tokens_total)}\n'
+            ).encode()
+        if self.behavior.metrics_as == "sglang":
+            return (
+                "# HELP sglang:num_running_reqs The number of running requests.\n"
+                "# TYPE sglang:num_running_reqs gauge\n"
+                f'sglang:num_running_reqs{{model_name="{model}"}} {float(o.in_flight)}\n'
+                "# HELP sglang:num_queue_reqs The number of requests in the waiting queue.\n"
+                "# TYPE sglang:num_queue_reqs gauge\n"
+                f'sglang:num_queue_reqs{{model_name="{model}"}} 0.0\n'
+            ).encode()
         return (
             "# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.\n"
             "# TYPE llamacpp:prompt_tokens_total counter\n"
@@ -384,6 +440,52 @@ async def _respond(send: Send, status: int, body: bytes, *,
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+class _Cut(Exception):
+    """The stream's byte budget (``cut_after_bytes``) is spent: the connection is to drop."""
+
+
+def _cutting(send: Send, budget: int) -> Send:
+    """``send`` that passes ``budget`` bytes of body, then raises _Cut (mid-event if it falls there)."""
+    left = budget
+
+    async def cut_send(message: Message) -> None:
+        nonlocal left
+        body = message.get("body", b"")
+        if len(body) >= left and (body or left == 0):
+            if left:
+                await send({**message, "body": body[:left], "more_body": True})
+            raise _Cut()
+        left -= len(body)
+        await send(message)
+
+    return cut_send
+
+
+def _prefill(kind: str, req: dict[str, Any]) -> str | None:
+    """The content of a trailing assistant message in a chat request, which llama-server continues."""
+    messages = req.get("messages")
+    if kind != "chat" or not isinstance(messages, list) or not messages:
+        return None
+    last = messages[-1]
+    if isinstance(last, dict) and last.get("role") == "assistant" and isinstance(last.get("content"), str):
+        return str(last["content"])
+    return None
+
+
+def _resumed_at(text: Any, token_text: str, chunks: int) -> int:
+    """How many of the fake's tokens (0, 1, ...) ``text`` already ends with, in order."""
+    if not isinstance(text, str):
+        return 0
+    best, joined = 0, ""
+    for k in range(1, chunks + 1):
+        joined += token_text.format(i=k - 1)
+        if len(joined) > len(text):
+            break
+        if text.endswith(joined):
+            best = k
+    return best
 
 
 async def _event(send: Send, data: str) -> None:

@@ -54,6 +54,10 @@ from .gateway.gateway import Gateway
 from .gateway.metrics import GatewayMetrics
 from .gateway.replicas import Replica, ReplicaSet
 from .gateway.upstream import Httpx2Upstream, UpstreamClient
+from .mirror.hub import Hub
+from .mirror.net_guard import NetGuard
+from .mirror.pulls import Pulls
+from .mirror.service import Mirror
 from .store import SHARD_KEY_SECRET, LeaseKeeper, Store, cluster_secret, is_postgres_url
 from .tenancy.tenancy import Tenancy, open_tenancy
 from .transport.asgi import Receive, Scope, Send, serve_lifespan
@@ -210,6 +214,16 @@ async def build_fleet(config: ControlConfig, replicas: ReplicaSet, agent_url: st
                  onboarding=onboarding, models=models)
 
 
+def build_mirror(config: ControlConfig, store: Store, fleet: Fleet | None) -> Mirror:
+    """The Hub client; pulls too when there is a files directory for nodes to fetch them from."""
+    hub = Hub(config.hub)
+    pulls = None
+    if fleet is not None and fleet.files is not None:
+        pulls = Pulls(hub, NetGuard(config.hub), fleet.files.root / "models", fleet.files.public_url, store,
+                      fleet.models, config.hub.max_concurrent_pulls)
+    return Mirror(hub, pulls)
+
+
 async def start_fleet(nursery: trio.Nursery, fleet: Fleet) -> None:
     """The model follower, then leadership (the reconciler runs inside it, only while leading)."""
     assert fleet.models is not None and fleet.leadership is not None
@@ -246,14 +260,15 @@ def build_gateway(config: ControlConfig, replicas: ReplicaSet, client: UpstreamC
 
 async def serve_client_and_admin(
     config: ControlConfig, nursery: trio.Nursery, serve: Serve, shutdown: trio.Event, registry: CollectorRegistry,
-    gateway: Gateway, fleet: Fleet | None, tenancy: Tenancy,
+    gateway: Gateway, fleet: Fleet | None, tenancy: Tenancy, mirror: Mirror | None = None,
 ) -> tuple[str, str, str | None]:
     """The client, admin and metrics listeners; their URLs."""
     # The dashboard: at / on the admin listener, and at /admin on the client port behind an
     # admin-key login, which is also the only way the client port reaches the admin API.
     dashboard = await open_dashboard(fleet=fleet, tenancy=tenancy, prometheus=config.monitoring.prometheus,
                                      data_dir=data_dir_of(config))
-    admin_app = make_admin_app(registry, fleet, tenancy=tenancy, models=fleet.models if fleet else None)
+    admin_app = make_admin_app(registry, fleet, tenancy=tenancy, models=fleet.models if fleet else None,
+                               mirror=mirror)
     register_admin_dashboard(admin_app, dashboard)
     client_app: Any = ClientApp(gateway, fallback=client_dashboard(dashboard, admin_app, otherwise=gateway))
     if fleet is not None and fleet.leadership is not None:
@@ -316,9 +331,12 @@ async def run_control(
                 # Read at scrape time from the live objects: nothing is counted on the hot path.
                 register_fleet_metrics(registry, fleet)
                 await start_fleet(nursery, fleet)
+            mirror = build_mirror(config, tenancy.store, fleet)
+            if mirror.pulls is not None:
+                await nursery.start(mirror.pulls.run)
             gateway = build_gateway(config, replicas, client, metrics, fleet, tenancy)
             api_url, admin_url, metrics_url = await serve_client_and_admin(
-                config, nursery, serve, shutdown, registry, gateway, fleet, tenancy)
+                config, nursery, serve, shutdown, registry, gateway, fleet, tenancy, mirror)
             log.info("llmgw-control ready", extra={"api": api_url, "admin": admin_url, "agents": agent_url,
                                                    "models": gateway.directory.names()})
             task_status.started(Listening(api_url, admin_url, metrics_url, agent_url, tenancy, fleet))

@@ -24,6 +24,7 @@ from .fleet.leadership import LeadershipConfig
 from .fleet.shards import ReconcilerConfig
 from .gateway.activator import ActivatorConfig
 from .gateway.config import EndpointConfig, RouterConfig
+from .mirror.config import HubConfig, validate_hub
 from .transport.config import ClientTlsConfig, ListenersConfig
 
 
@@ -69,6 +70,8 @@ class ControlConfig:
         "Limits and deadlines every listener applies to each connection (docs/security.md)."))
     client_tls: ClientTlsConfig = attrs.field(factory=ClientTlsConfig, metadata=doc(
         "TLS on the client listener, or the TLS proxies in front of it (docs/security.md)."))
+    hub: HubConfig = attrs.field(factory=HubConfig, metadata=doc(
+        "The model mirror: the Hugging Face Hub it searches and pulls from (docs/model-mirror.md)."))
 
 
 _converter = strict_converter()
@@ -118,6 +121,11 @@ def validate(config: ControlConfig) -> ControlConfig:
         raise ConfigError(f"router.max_attempts must be at least 1, got {router.max_attempts}")
     if router.cooldown < 0:
         raise ConfigError(f"router.cooldown must not be negative, got {router.cooldown}")
+    if router.max_continuations < 0:
+        raise ConfigError(f"router.max_continuations must not be negative (0: never), got {router.max_continuations}")
+    for name in router.continue_streams:
+        if not name.strip() or len(name) > 128:
+            raise ConfigError(f"router.continue_streams: {name[:40]!r} is not a model name (model or model:profile)")
     if router.max_body_bytes < 1024:
         raise ConfigError(f"router.max_body_bytes must be at least 1024, got {router.max_body_bytes}")
     _validate_fleet(config)
@@ -125,6 +133,7 @@ def validate(config: ControlConfig) -> ControlConfig:
     if config.monitoring.prometheus:
         url = validate_engine_url(config.monitoring.prometheus, what="monitoring.prometheus")
         config = attrs.evolve(config, monitoring=MonitoringConfig(prometheus=url))
+    config = attrs.evolve(config, hub=validate_hub(config.hub))
     seen: set[str] = set()
     endpoints = []
     for index, endpoint in enumerate(config.endpoints):
@@ -173,6 +182,8 @@ def _validate_fleet(config: ControlConfig) -> None:
         raise ConfigError("reconciler: reschedule_burst must be at least 1 and reschedules_per_minute positive")
     if rec.assigned_timeout <= 0 or agents.ack_timeout <= 0:
         raise ConfigError("reconciler.assigned_timeout and agents.ack_timeout must be positive")
+    if rec.evict_min_age < 0 or rec.yield_after < 0 or rec.weights_keep_for < 0:
+        raise ConfigError("reconciler.evict_min_age, yield_after and weights_keep_for must not be negative")
     if rec.forget_nodes_after < agents.lost_after:
         raise ConfigError("reconciler.forget_nodes_after must be at least agents.lost_after: a node is lost "
                           "before it is forgotten")

@@ -46,6 +46,10 @@ DOCS: dict[str, str] = {
     "RouterConfig.first_byte_timeout": "Seconds to wait for an engine's first byte (queueing and prompt included).",
     "RouterConfig.idle_timeout": "Seconds a stream may stay silent before it is cut.",
     "RouterConfig.max_attempts": "Replicas tried per request, counting the first (only before any byte is sent).",
+    "RouterConfig.max_continuations": "Times a chat or completions stream whose engine broke off after bytes "
+                                      "reached the client is continued on another replica (0: never).",
+    "RouterConfig.continue_streams": "Per model (name or model:profile): false stops its streams from being "
+                                     "continued; models not named are.",
     "RouterConfig.cooldown": "Seconds a replica that failed is avoided while others can serve.",
     "RouterConfig.max_body_bytes": "Largest request body accepted (413 above).",
     "RouterConfig.default_profile": "Profile used when a client names a model without one, for models that have it.",
@@ -92,6 +96,13 @@ DOCS: dict[str, str] = {
                                            "the node list and the metrics.",
     "ReconcilerConfig.saturated_after": "Seconds every slot of a model stays busy (none queued) before another "
                                         "replica is started.",
+    "ReconcilerConfig.evict_min_age": "Seconds after its placement before a replica may be evicted to make "
+                                      "room for another model (no thrash).",
+    "ReconcilerConfig.yield_after": "Seconds requests wait for a model that needs room before a busy resident "
+                                    "model is drained and evicted for it (fairness); keep it below "
+                                    "activator.max_wait.",
+    "ReconcilerConfig.weights_keep_for": "Seconds a model file may stay unused on a node before control removes "
+                                         "it (0: only when a download needs the room).",
     "ActivatorConfig.queue_size": "Requests that may wait per model for a slot; more get a 429 at once.",
     "ActivatorConfig.max_wait": "Seconds a request waits for a slot (or a replica to start) before a 503 that "
                                 "says why.",
@@ -112,7 +123,8 @@ DOCS: dict[str, str] = {
     "ModelConfig.profiles": "Ways to run the model (e.g. gpu, cpu); a client may ask for model:profile.",
     "ModelConfig.default_profile": "Profile used when a client names only the model (empty: the first).",
     "ProfileConfig.name": "The profile's name.",
-    "ProfileConfig.weights": "The model file.",
+    "ProfileConfig.weights": "The model file (llama.cpp); vLLM and SGLang use model_dir instead.",
+    "ProfileConfig.model_dir": "vLLM/SGLang: the model directory on the nodes (absolute, or hub:ORG/NAME[@REV]).",
     "ProfileConfig.engine": "Engine that runs it (one of [[engines]]).",
     "ProfileConfig.engine_version": "Engine version (empty: the one [[engines]] names).",
     "ProfileConfig.context": "Context size in tokens.",
@@ -122,6 +134,7 @@ DOCS: dict[str, str] = {
     "ProfileConfig.env": "Extra environment variables for the engine.",
     "ProfileConfig.ram_mib": "RAM claim in MiB (0: estimated from the GGUF header).",
     "ProfileConfig.vram_mib": "VRAM claim in MiB on GPU nodes.",
+    "ProfileConfig.gpus": "GPUs one replica splits its VRAM claim over (tensor split); 1: one GPU.",
     "ProfileConfig.min_replicas": "Replicas kept running even without traffic.",
     "ProfileConfig.max_replicas": "Most replicas started for demand.",
     "ProfileConfig.idle_timeout": "Seconds without traffic before a replica is stopped (0: never).",

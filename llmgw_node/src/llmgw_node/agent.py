@@ -32,6 +32,7 @@ from llmgw_shared.wire import (
     EngineState,
     EngineStateReport,
     Error,
+    GetShardLogs,
     Heartbeat,
     Message,
     Refuse,
@@ -41,6 +42,7 @@ from llmgw_shared.wire import (
     ShardStateReport,
     StartShard,
     StopShard,
+    WeightsHeld,
     Welcome,
     WireError,
     decode,
@@ -136,6 +138,7 @@ class Agent:
         self._sent_engines: dict[tuple[str, str], EngineState] = {}
         self._sent_shards: dict[str, ShardState] = {}
         self._sent_facts: HostFacts | None = None
+        self._sent_weights: list[WeightsHeld] = []
         self._seq = 0
         self._redirect = ""
         self._welcomed = False
@@ -293,6 +296,7 @@ class Agent:
         self._sent_engines = {(e.name, e.version): e for e in hello.engines}
         self._sent_shards = {s.shard_id: s for s in hello.shards}
         self._sent_facts = with_time_cleared(hello.facts)
+        self._sent_weights = hello.weights
         self._welcomed = True
         self.status.connected_to = url
         self.status.sessions += 1
@@ -340,6 +344,8 @@ class Agent:
             if isinstance(msg, COMMANDS):
                 ack: Ack = await self.svc.handle(msg)
                 await send.send(ack)
+            elif isinstance(msg, GetShardLogs):
+                await send.send(await self.svc.shard_logs(msg))
             elif isinstance(msg, Heartbeat):
                 pass  # liveness only; last_heard is already updated
             elif isinstance(msg, Error):
@@ -365,7 +371,10 @@ class Agent:
             self._sent_engines[(e.name, e.version)] = e
         for s in shards:
             self._sent_shards[s.shard_id] = s
-        return Heartbeat(seq=self._seq, facts=facts, engines=engines, shards=shards)
+        weights = None
+        if self.svc.weights_held != self._sent_weights:
+            weights = self._sent_weights = list(self.svc.weights_held)
+        return Heartbeat(seq=self._seq, facts=facts, engines=engines, shards=shards, weights=weights)
 
     async def _pump_reports(self) -> None:
         async for report in self.svc.reports:

@@ -13,6 +13,7 @@ from typing import Any
 import attrs
 
 from llmgw_node.engines.signature import PublicKey, SignatureError, parse_public_key
+from llmgw_node.model_dirs import ModelRoots
 from llmgw_shared.config import ConfigError, load_toml, strict_converter, structure
 from llmgw_shared.names import BadName, check_engine_name
 
@@ -60,6 +61,12 @@ class NodeConfig:
     tls_cert_file: str = ""
     tls_key_file: str = ""
     engines: list[ConfiguredEngine] = attrs.field(factory=list)
+    # Directories a vLLM or SGLang profile's model_dir may be in (after symlinks), besides
+    # <data_dir>/models and the Hub cache: a profile cannot point an engine anywhere else.
+    model_roots: list[str] = attrs.field(factory=list)
+    # The Hugging Face Hub cache ("hub:ORG/NAME@REV" model_dirs are snapshots there, in the Hub
+    # client's layout); empty: <data_dir>/hub.
+    hub_cache: str = ""
     # Seconds between re-checks of installed engines (ldd and --version).
     recheck_interval_s: float = 600.0
     # What one engine archive may unpack to. llama.cpp's CUDA 12 builds, the largest it
@@ -84,6 +91,11 @@ class NodeConfig:
     @property
     def data_path(self) -> Path:
         return Path(self.data_dir)
+
+    @property
+    def model_dir_roots(self) -> ModelRoots:
+        roots = (self.data_path / "models", *(Path(r) for r in self.model_roots))
+        return ModelRoots(roots, Path(self.hub_cache) if self.hub_cache else self.data_path / "hub")
 
     @property
     def signing_keys(self) -> list[PublicKey]:
@@ -113,6 +125,10 @@ def parse_config(data: dict[str, Any], *, source: str = "config") -> NodeConfig:
             parse_public_key(key)
         except SignatureError as exc:
             raise ConfigError(f"{source}: release_signing_keys[{i}]: {exc}") from None
+    for i, root in enumerate([*config.model_roots, *([config.hub_cache] if config.hub_cache else [])]):
+        if not root.startswith("/"):
+            raise ConfigError(f"{source}: {'hub_cache' if i == len(config.model_roots) else f'model_roots[{i}]'}: "
+                              f"{root!r} is not an absolute path")
     for key in ("unpack_max_bytes", "unpack_max_entries", "install_retry_min_s", "install_retry_max_s"):
         if getattr(config, key) <= 0:
             raise ConfigError(f"{source}: {key}: must be more than 0")

@@ -2,7 +2,10 @@
 
 llama-server answers ``/health`` without a key (200 once the model is loaded, 503 while
 loading) and ``/slots`` / ``/metrics`` with the shard's key. Engines without ``/slots`` fall back
-to the Prometheus text of ``/metrics``.
+to the Prometheus text of ``/metrics``. vLLM and SGLang answer ``/health`` (200 once serving) and
+publish their running and queued requests in ``/metrics``: vLLM as ``vllm:num_requests_running``
+and ``vllm:num_requests_waiting``, SGLang as ``sglang:num_running_reqs`` and
+``sglang:num_queue_reqs`` (one series per model or engine core; they are summed).
 """
 
 from __future__ import annotations
@@ -12,7 +15,12 @@ import socket
 
 import httpx2
 
-_BUSY_SERIES = ("llamacpp:requests_processing", "llamacpp:requests_deferred")
+# The series that count an engine's requests in flight: being processed, and queued for it.
+BUSY_SERIES: dict[str, frozenset[str]] = {
+    "llama.cpp": frozenset({"llamacpp:requests_processing", "llamacpp:requests_deferred"}),
+    "vllm": frozenset({"vllm:num_requests_running", "vllm:num_requests_waiting"}),
+    "sglang": frozenset({"sglang:num_running_reqs", "sglang:num_queue_reqs"}),
+}
 
 
 def base_url(host: str, port: int) -> str:
@@ -32,19 +40,37 @@ async def healthy(client: httpx2.AsyncClient, host: str, port: int, *, limit_s: 
     return resp.status_code == 200
 
 
-def busy_from_metrics(text: str) -> int:
-    """Requests processing plus waiting, from llama-server's Prometheus text."""
+def busy_from_metrics(text: str, engine: str = "llama.cpp") -> int | None:
+    """Requests processing plus waiting, from the engine's Prometheus text (None: no such series)."""
+    series = BUSY_SERIES.get(engine, BUSY_SERIES["llama.cpp"])
     total = 0.0
+    found = False
     for line in text.splitlines():
-        if line.startswith(_BUSY_SERIES):
-            total += float(line.rsplit(" ", 1)[1])
-    return int(total)
+        if line.startswith("#"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in series:
+            try:
+                value = float(line.rsplit(" ", 1)[1])
+            except (IndexError, ValueError):
+                continue
+            if value == value and value >= 0:  # not NaN
+                total += value
+                found = True
+    return int(total) if found else None
 
 
-async def in_flight(client: httpx2.AsyncClient, host: str, port: int, api_key: str) -> int | None:
+async def in_flight(client: httpx2.AsyncClient, host: str, port: int, api_key: str,
+                    engine: str = "llama.cpp") -> int | None:
     """Requests the engine is working on or holding, or None when it will not say."""
     base = base_url(host, port)
     headers = {"Authorization": f"Bearer {api_key}"}
+    if engine in ("vllm", "sglang"):
+        try:
+            resp = await client.get(f"{base}/metrics", headers=headers, timeout=2.0)
+        except httpx2.HTTPError:
+            return None
+        return busy_from_metrics(resp.text, engine) if resp.status_code == 200 else None
     slots_idle = False
     try:
         resp = await client.get(f"{base}/slots", headers=headers, timeout=2.0)
@@ -58,7 +84,7 @@ async def in_flight(client: httpx2.AsyncClient, host: str, port: int, api_key: s
         # Idle slots, yet requests may be queued for one: /metrics counts those too.
         resp = await client.get(f"{base}/metrics", headers=headers, timeout=2.0)
         if resp.status_code == 200:
-            return busy_from_metrics(resp.text)
+            return busy_from_metrics(resp.text) or 0
     except (httpx2.HTTPError, ValueError):
         return None
     # /metrics is off (llama-server answers 501 without --metrics): idle slots are the best answer.

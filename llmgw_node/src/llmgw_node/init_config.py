@@ -45,6 +45,8 @@ DOCS: dict[str, str] = {
     "NodeConfig.tls_cert_file": "For mutual TLS: this node's client certificate (PEM).",
     "NodeConfig.tls_key_file": "For mutual TLS: this node's client key (PEM).",
     "NodeConfig.engines": "Engines that are not release archives (vLLM, SGLang, a local build), named by path.",
+    "NodeConfig.model_roots": "Where vLLM/SGLang model directories may be, besides <data_dir>/models and hub_cache.",
+    "NodeConfig.hub_cache": "The Hugging Face Hub cache hub:ORG/NAME model_dirs are found in (empty: <data_dir>/hub).",
     "NodeConfig.recheck_interval_s": "Seconds between re-checks of installed engines (ldd and --version).",
     "NodeConfig.unpack_max_bytes": "Most bytes one engine archive may unpack to (default 8 GiB: 4x llama.cpp's "
                                    "CUDA builds).",

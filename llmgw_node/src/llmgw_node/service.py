@@ -30,13 +30,16 @@ from llmgw_shared.wire import (
     DrainShard,
     EngineState,
     EngineStateReport,
+    GetShardLogs,
     Hello,
     RemoveWeights,
     SetEngines,
+    ShardLogs,
     ShardState,
     ShardStateReport,
     StartShard,
     StopShard,
+    WeightsHeld,
 )
 
 log = get_logger("llmgw.node.service")
@@ -68,9 +71,14 @@ class NodeService:
                                                  on_change=self._engine_changed)
         self.weights = WeightsCache(data, client)
         self.supervisor = Supervisor(data, self.engines, self.weights, client, host=config.engine_host,
+                                     model_roots=config.model_dir_roots,
                                      timing=timing, on_change=self._shard_changed)
         self.fencing_token = 0
         self._nursery: trio.Nursery | None = None
+        # The weights cache as last listed (hello and heartbeats report it), and a wake-up for
+        # listing it again when a shard's state changed (a download finished, a shard ended).
+        self.weights_held: list[WeightsHeld] = []
+        self._weights_changed = trio.Event()
 
     # ------------------------------------------------------------------ reports
 
@@ -85,6 +93,7 @@ class NodeService:
 
     def _shard_changed(self, state: ShardState) -> None:
         self._emit(ShardStateReport(shard=state))
+        self._weights_changed.set()
 
     def engine_states(self) -> list[EngineState]:
         return self.engines.states()
@@ -95,7 +104,7 @@ class NodeService:
     def hello(self) -> Hello:
         return Hello(protocol_version=PROTOCOL_VERSION, node_id=self.config.node_id, join_token=self.config.token,
                      facts=self.facts, engines=self.engine_states(), shards=self.shard_states(),
-                     address=self.config.advertised_address)
+                     address=self.config.advertised_address, weights=list(self.weights_held))
 
     # ------------------------------------------------------------------ life
 
@@ -107,7 +116,9 @@ class NodeService:
             await self.engines.load()
             await nursery.start(lambda task_status: self.supervisor.run(adopt=adopt, task_status=task_status))
             nursery.start_soon(self.engines.run_rechecks, self.config.recheck_interval_s)
+            await self.refresh_weights()
             nursery.start_soon(self._facts_loop)
+            nursery.start_soon(self._weights_loop)
             task_status.started()
 
     async def refresh_facts(self) -> bool:
@@ -119,6 +130,16 @@ class NodeService:
         for warning in facts.warnings:
             log.warning(warning)
         return changed
+
+    async def refresh_weights(self) -> None:
+        self.weights_held = await trio.to_thread.run_sync(self.weights.held)
+
+    async def _weights_loop(self) -> None:
+        while True:
+            self._weights_changed = trio.Event()
+            with trio.move_on_after(FACTS_INTERVAL):
+                await self._weights_changed.wait()
+            await self.refresh_weights()
 
     async def _facts_loop(self) -> None:
         while True:
@@ -150,6 +171,18 @@ class NodeService:
             log.warning("command %s refused: %s", type(command).__name__, error, extra={"command_id": command.id})
         return Ack(command_id=command.id, ok=not error, error=error)
 
+    async def shard_logs(self, request: GetShardLogs) -> ShardLogs:
+        """A shard's last output lines for control (``get_shard_logs``); never raises."""
+        try:
+            output = await self.supervisor.output_since(request.shard_id, request.lines, request.cursor)
+        except Exception:
+            log.error("reading the output of shard %s crashed", request.shard_id, exc_info=True)
+            output = None
+        if output is None:
+            return ShardLogs(in_reply_to=request.id, shard_id=request.shard_id, found=False)
+        return ShardLogs(in_reply_to=request.id, shard_id=request.shard_id, found=True, lines=output.lines,
+                         cursor=output.cursor)
+
     def _dispatch(self, command: Command) -> str:
         assert self._nursery is not None, "NodeService.run() must be running"
         if isinstance(command, SetEngines):
@@ -159,6 +192,9 @@ class NodeService:
             # The others are refused here, in the ack: a report naming them would not decode.
             return "; ".join(problem for spec in command.engines if (problem := bad_names(spec)))
         if isinstance(command, StartShard):
+            problem = device_problem(command.shard.devices, [g.index for g in self.facts.gpus])
+            if problem:
+                return f"shard {command.shard.shard_id}: {problem}"
             self.supervisor.start(command.shard)
             return ""
         if isinstance(command, StopShard):
@@ -170,10 +206,23 @@ class NodeService:
             return ""
         if isinstance(command, RemoveWeights):
             _removed, kept = self.weights.remove(command.sha256)
+            self._weights_changed.set()
             if kept:
                 return f"kept {len(kept)} file(s) a running shard uses: {', '.join(k[:12] for k in kept)}"
             return ""
         return f"not a command: {type(command).__name__}"
+
+
+def device_problem(devices: list[int], gpus: list[int]) -> str:
+    """Why a shard may not run on ``devices`` here ("" when it may): each must be a GPU this node
+    reported, once."""
+    if len(set(devices)) != len(devices):
+        return f"GPU devices {devices} name a GPU twice"
+    missing = [d for d in devices if d not in gpus]
+    if missing:
+        have = ", ".join(map(str, gpus)) or "none"
+        return f"GPU device(s) {', '.join(map(str, missing))} are not on this node (it has: {have})"
+    return ""
 
 
 def _platform(facts: HostFacts) -> Platform:

@@ -11,8 +11,9 @@ the group, then SIGKILL after a grace period. Draining waits for the engine's in
 Engines started by an earlier daemon are found through the state file and adopted (health
 checked, then supervised by polling ``/proc``, since they are no longer our children).
 
-About 510 lines: one shard's task (start, health, exit, restart, drain, adopt) is one state
-machine over one process, read top to bottom.
+About 550 lines: one shard's task (start, health, exit, restart, drain, adopt) is one state
+machine over one process, read top to bottom; the periodic memory measurement of every engine
+(``memory``) reports through the same shard states.
 """
 
 from __future__ import annotations
@@ -27,9 +28,12 @@ import attrs
 import httpx2
 import trio
 
-from llmgw_node import engine_http
+from llmgw_node import engine_http, memory
+from llmgw_node.engine_conventions import DIRECTORY_ENGINES, engine_argv, key_environment
 from llmgw_node.engines.manager import EngineManager
-from llmgw_node.procs import ProcessRecord, StateFile, alive, open_log, signal_group, start_ticks, tail_lines
+from llmgw_node.model_dirs import ModelDirError, ModelRoots, check_model_dir
+from llmgw_node.procs import ProcessRecord, StateFile, alive, open_log, signal_group, start_ticks
+from llmgw_node.shard_logs import Output, read_output, rotate_if_large
 from llmgw_node.weights import WeightsCache, WeightsError
 from llmgw_shared.logs import get_logger
 from llmgw_shared.names import BadName, check_shard_id
@@ -68,6 +72,10 @@ class Timing:
     # (a stopped process or a wedged engine exits nothing, so only polling notices it).
     ready_health_interval: float = 5.0
     unhealthy_limit: int = 6
+    # Each running engine's memory (RSS of its process tree, GPU memory) is measured this often:
+    # control accounts free memory from it, and an engine's use settles within seconds of its
+    # start (weights mapped, KV cache allocated), so a few measurements a minute are enough.
+    measure_interval: float = 15.0
 
 
 class _Shard:
@@ -85,6 +93,12 @@ class _Shard:
         self.process: trio.Process | None = None
         self.restarts = 0
         self.cancel = trio.CancelScope()
+        # The real directory a model_dir resolved to: what the engine was started with, and what
+        # the state file records, so a restart after adoption starts it with the same one.
+        self.model_path: Path | None = None
+        # The last measurement of the engine's process tree (memory.measure), in MiB.
+        self.rss_mib = 0
+        self.vram_mib = 0
 
 
 class Supervisor:
@@ -98,6 +112,7 @@ class Supervisor:
         host: str = "127.0.0.1",
         timing: Timing | None = None,
         on_change: Callable[[ShardState], None] | None = None,
+        model_roots: ModelRoots | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.logs_dir = data_dir / "shards"
@@ -106,10 +121,14 @@ class Supervisor:
         self.client = client
         self.host = host
         self.timing = timing or Timing()
+        self.model_roots = model_roots or ModelRoots((data_dir / "models",), data_dir / "hub")
         self._on_change = on_change
         self._state_file = StateFile(data_dir / "shards.json")
         self._shards: dict[str, _Shard] = {}
         self._nursery: trio.Nursery | None = None
+        # Set when an engine became ready: it is measured then, not only at the next interval,
+        # so control accounts what it really holds as soon as it serves.
+        self._measure_soon = trio.Event()
 
     # ------------------------------------------------------------------ public API
 
@@ -121,7 +140,7 @@ class Supervisor:
             self._nursery = nursery
             await self._recover(adopt)
             task_status.started()
-            await trio.sleep_forever()
+            await self._measure_loop()
 
     def states(self) -> list[ShardState]:
         return [s.state for _, s in sorted(self._shards.items())]
@@ -135,7 +154,18 @@ class Supervisor:
 
     def output(self, shard_id: str, n: int = 300) -> list[str]:
         """The engine's last ``n`` output lines, for the operator."""
-        return tail_lines(self.log_path(shard_id), n)
+        return read_output(self.log_path(shard_id), n).lines
+
+    async def output_since(self, shard_id: str, n: int, cursor: str = "") -> Output | None:
+        """The last ``n`` lines after ``cursor`` (``shard_logs``); None when the shard has no output here."""
+        try:
+            check_shard_id(shard_id)  # it names a file
+        except BadName:
+            return None
+        path = self.log_path(shard_id)
+        if shard_id not in self._shards and not await trio.to_thread.run_sync(path.is_file):
+            return None
+        return await trio.to_thread.run_sync(read_output, path, n, cursor)
 
     def start(self, spec: ShardSpec) -> None:
         """Begin supervising ``spec``. Idempotent for the same spec; refuses conflicts."""
@@ -146,6 +176,15 @@ class Supervisor:
             raise ShardError(str(exc)) from None
         if not 1 <= spec.port <= 65535:
             raise ShardError(f"shard {spec.shard_id}: port {spec.port} is out of range")
+        if (spec.weights is None) == (not spec.model_dir):
+            raise ShardError(f"shard {spec.shard_id}: names weights or a model_dir, not both or neither")
+        if spec.engine in DIRECTORY_ENGINES and not spec.model_dir:
+            raise ShardError(f"shard {spec.shard_id}: {spec.engine} serves a model directory (model_dir)")
+        if spec.model_dir:
+            try:
+                check_model_dir(spec.model_dir)
+            except ModelDirError as exc:
+                raise ShardError(f"shard {spec.shard_id}: {exc}") from None
         existing = self._shards.get(spec.shard_id)
         if existing is not None and not existing.done.is_set():
             if existing.spec == spec:
@@ -191,7 +230,8 @@ class Supervisor:
 
     def _spawn(self, shard: _Shard, adopted: ProcessRecord | None) -> None:
         assert self._nursery is not None, "Supervisor.run() must be running"
-        self.weights.acquire(shard.spec.weights.sha256, shard.spec.shard_id)
+        if shard.spec.weights is not None:
+            self.weights.acquire(shard.spec.weights.sha256, shard.spec.shard_id)
         self._nursery.start_soon(self._supervise, shard, adopted, name=f"shard:{shard.spec.shard_id}")
 
     def _set(self, shard: _Shard, status: ShardStatus, detail: str = "", *, lines: bool = False) -> None:
@@ -199,13 +239,38 @@ class Supervisor:
             shard_id=shard.spec.shard_id, status=status, detail=detail, port=shard.spec.port, pid=shard.pid,
             restarts=shard.restarts,
             last_lines=self.output(shard.spec.shard_id, FAILURE_LINES) if lines else [],
+            rss_mib=shard.rss_mib if shard.pid else 0, vram_mib=shard.vram_mib if shard.pid else 0,
         )
         if state == shard.state:
             return
         shard.state = state
+        if status == "ready":
+            self._measure_soon.set()
         log.info("shard %s: %s", shard.spec.shard_id, state.describe(), extra={"pid": shard.pid})
         if self._on_change is not None:
             self._on_change(state)
+
+    async def _measure_loop(self) -> None:
+        while True:
+            self._measure_soon = trio.Event()
+            await self.measure_once()
+            with trio.move_on_after(self.timing.measure_interval):
+                await self._measure_soon.wait()
+
+    async def measure_once(self, proc_root: str = "/proc") -> None:
+        """Measure every running engine and report the shards whose use moved noticeably."""
+        running = {s.pid: s for s in self._shards.values() if s.pid and not s.done.is_set()}
+        measured = await memory.measure(running, proc_root)
+        for pid, (rss, vram) in measured.items():
+            shard = running[pid]
+            if shard.pid != pid or shard.done.is_set():
+                continue  # restarted or ended while it was measured
+            if _moved(shard.rss_mib, rss) or _moved(shard.vram_mib, vram):
+                shard.rss_mib, shard.vram_mib = rss, vram
+                state = attrs.evolve(shard.state, rss_mib=rss, vram_mib=vram)
+                shard.state = state
+                if self._on_change is not None:
+                    self._on_change(state)
 
     def _forget_old(self, keep: int = KEEP_ENDED) -> None:
         """Ended shards stay visible (control may not have seen the end yet), but not forever."""
@@ -220,7 +285,8 @@ class Supervisor:
                 records.append(ProcessRecord(
                     shard_id=shard.spec.shard_id, pid=shard.pid, ticks=shard.ticks,
                     binary=str(self.engines.binary(shard.spec.engine, shard.spec.engine_version) or ""),
-                    weights=str(self.weights.path_for(shard.spec.weights)),
+                    weights=str(self.weights.path_for(shard.spec.weights)) if shard.spec.weights is not None
+                    else str(shard.model_path or ""),
                     log=str(self.log_path(shard.spec.shard_id)), spec=shard.spec, restarts=shard.restarts,
                 ))
         self._state_file.save(records)
@@ -251,10 +317,13 @@ class Supervisor:
                     return
             else:
                 weights = Path(adopted.weights)
+                if spec.weights is None:
+                    shard.model_path = weights
             await self._loop(shard, weights, adopted)
         finally:
             shard.done.set()
-            self.weights.release(spec.weights.sha256, spec.shard_id)
+            if spec.weights is not None:
+                self.weights.release(spec.weights.sha256, spec.shard_id)
             # Cancelled means the daemon is going away and the engine keeps running for the next
             # one to adopt: its record must stay. Only a shard that really ended leaves the file.
             if shard.state.status in ("stopped", "failed"):
@@ -279,6 +348,14 @@ class Supervisor:
             state = self.engines.state(spec.engine, spec.engine_version)
             self._set(shard, "failed", f"engine {spec.engine} {spec.engine_version}: {state.describe()}")
             return None
+        if spec.weights is None:
+            try:
+                shard.model_path = await trio.to_thread.run_sync(self.model_roots.resolve, spec.model_dir)
+            except ModelDirError as exc:
+                self._set(shard, "failed", str(exc))
+                return None
+            return shard.model_path
+        weights_spec = spec.weights
         self._set(shard, "downloading", "checking weights")
         path: Path | None = None
         error = ""
@@ -286,7 +363,7 @@ class Supervisor:
             nursery.start_soon(_cancel_when, shard.stop_requested, nursery.cancel_scope)
             try:
                 path = await self.weights.ensure(
-                    spec.weights, lambda what: self._set(shard, "downloading", what)
+                    weights_spec, lambda what: self._set(shard, "downloading", what)
                 )
             except WeightsError as exc:
                 error = str(exc)
@@ -316,6 +393,7 @@ class Supervisor:
             # A crash or a failed start. Report it with the output, then back off and restart.
             shard.restarts += 1
             shard.pid = 0
+            shard.rss_mib = shard.vram_mib = 0
             self._persist()
             if shard.restarts > spec.max_restarts:
                 self._set(shard, "failed", f"{outcome}; gave up after {spec.max_restarts} restarts",
@@ -331,14 +409,6 @@ class Supervisor:
                 self._set(shard, "stopped", "stopped while waiting to restart")
                 return
 
-    def _argv(self, binary: Path, spec: ShardSpec, weights: Path) -> list[str]:
-        if spec.engine == "llama.cpp":
-            return [str(binary), "-m", str(weights), "--host", self.host, "--port", str(spec.port),
-                    *spec.args]
-        # Other engines name their own layout; the spec's arguments say where the model goes.
-        subst = {"{model}": str(weights), "{host}": self.host, "{port}": str(spec.port)}
-        return [str(binary), *(subst.get(a, a) for a in spec.args)]
-
     async def _launch(self, shard: _Shard, weights: Path, *, fresh: bool) -> None:
         spec = shard.spec
         binary = self.engines.binary(spec.engine, spec.engine_version)
@@ -348,14 +418,14 @@ class Supervisor:
             raise ShardError(f"port {spec.port} on {self.host} {PORT_IN_USE}")
         env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "LD_PRELOAD")}
         env.update(spec.env)
-        # The key goes by environment, not argv: /proc/<pid>/cmdline is world-readable.
-        env["LLAMA_API_KEY" if spec.engine == "llama.cpp" else "LLMGW_API_KEY"] = spec.api_key
-        if spec.engine != "llama.cpp":
-            env.setdefault("VLLM_API_KEY", spec.api_key)
+        if spec.devices:
+            # The engine sees only its GPUs, renumbered from 0 in this order (CUDA's own rule).
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, spec.devices))
+        env.update(key_environment(spec))
         fd = await trio.to_thread.run_sync(lambda: open_log(self.log_path(spec.shard_id), fresh=fresh))
         try:
             proc = await trio.lowlevel.open_process(
-                self._argv(binary, spec, weights), stdin=subprocess.DEVNULL,
+                engine_argv(binary, spec, weights, self.host), stdin=subprocess.DEVNULL,
                 stdout=fd, stderr=fd, env=env, start_new_session=True, cwd=str(binary.parent),
             )
         except OSError as exc:
@@ -449,6 +519,8 @@ class Supervisor:
                 break
             if trio.current_time() - ready_since >= t.stable_after:
                 shard.restarts = 0  # stable for a while: earlier crashes no longer count
+            # The log is the shard's output ring: bounded while it runs, not only at a restart.
+            await trio.to_thread.run_sync(rotate_if_large, self.log_path(shard.spec.shard_id))
             failures = 0 if await self._healthy(shard.spec) else failures + 1
             if failures >= t.unhealthy_limit:
                 return f"hung: no answer on /health {failures} times in a row"
@@ -460,7 +532,8 @@ class Supervisor:
     async def _drain(self, shard: _Shard, limit_s: float, exited: trio.Event) -> None:
         with trio.move_on_after(limit_s) as scope:
             while not exited.is_set():
-                busy = await engine_http.in_flight(self.client, self.host, shard.spec.port, shard.spec.api_key)
+                busy = await engine_http.in_flight(self.client, self.host, shard.spec.port, shard.spec.api_key,
+                                                   shard.spec.engine)
                 if busy == 0:
                     return
                 if busy is None:
@@ -500,6 +573,17 @@ class Supervisor:
             return
         while alive(pid, ticks):  # noqa: ASYNC110 -- not our child: polling /proc is all there is
             await trio.sleep(0.05)
+
+
+# A measurement is reported again only when it moved by this share (or from or to zero): every
+# heartbeat carries the shards that changed, and RSS wobbles by a few pages all the time.
+_MOVED_SHARE = 0.05
+
+
+def _moved(old: int, new: int) -> bool:
+    if (old == 0) != (new == 0):
+        return True
+    return abs(new - old) > old * _MOVED_SHARE
 
 
 async def _first(*events: trio.Event) -> None:

@@ -7,6 +7,8 @@ after its size and digest are checked: it is the operator's file, never deleted 
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,7 +19,7 @@ from llmgw_node.disk import DISK_MARGIN, NotEnoughDisk, check_room
 from llmgw_node.fetch import FetchError, fetch, human_size, sha256_file
 from llmgw_shared.logs import get_logger
 from llmgw_shared.names import BadName, check_sha256, check_weight_file_name
-from llmgw_shared.wire import WeightsSpec
+from llmgw_shared.wire import MAX_ITEMS, WeightsHeld, WeightsSpec
 
 log = get_logger("llmgw.node.weights")
 
@@ -45,6 +47,7 @@ class WeightsCache:
 
     def acquire(self, sha256: str, user: str) -> None:
         self._users.setdefault(sha256.lower(), set()).add(user)
+        self._touch(sha256)
 
     def release(self, sha256: str, user: str) -> None:
         users = self._users.get(sha256.lower())
@@ -52,6 +55,34 @@ class WeightsCache:
             users.discard(user)
             if not users:
                 del self._users[sha256.lower()]
+        self._touch(sha256)
+
+    def _touch(self, sha256: str) -> None:
+        """Record a use in the file's mtime: when it was last used survives a daemon restart, and
+        the content is its digest's to vouch for, not the time's."""
+        # Not there: not downloaded yet (it is new then), or a local file, which is the operator's.
+        # One utime call, cheap enough for the event loop.
+        with contextlib.suppress(OSError):
+            os.utime(self.root / sha256.lower())
+
+    def held(self) -> list[WeightsHeld]:
+        """The files in the cache, most recently used first (blocking: a directory listing)."""
+        out: list[WeightsHeld] = []
+        try:
+            entries = list(os.scandir(self.root))
+        except OSError:
+            return out
+        for entry in entries:
+            try:
+                sha = check_sha256(entry.name)
+                info = entry.stat(follow_symlinks=False)
+            except (BadName, OSError):
+                continue  # a .part download, or something that is not a cache file
+            # In use: used now, whatever the mtime says (control reads it so); the mtime is when a
+            # shard last started or ended on it, so a report does not change while nothing does.
+            out.append(WeightsHeld(sha, info.st_size, max(info.st_mtime, 0.0), self.in_use(sha)))
+        out.sort(key=lambda w: (-w.last_used, w.sha256))
+        return out[:MAX_ITEMS]
 
     def in_use(self, sha256: str) -> bool:
         return bool(self._users.get(sha256.lower()))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
@@ -36,6 +37,10 @@ def _hints(cls: type) -> dict[str, Any]:
 
 
 def _attrs_class(tp: Any) -> type | None:
+    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
+        # An optional section (``WeightsConfig | None``): its fields are options all the same.
+        members = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _attrs_class(members[0]) if len(members) == 1 else None
     return tp if isinstance(tp, type) and attrs.has(tp) else None
 
 

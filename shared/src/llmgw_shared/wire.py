@@ -8,9 +8,13 @@ receiver can send back as an ``error`` frame instead of crashing.
 
 Direction of each message:
 
-* node -> control: ``hello``, ``heartbeat``, ``ack``, ``engine_state``, ``shard_state``, ``error``
+* node -> control: ``hello``, ``heartbeat``, ``ack``, ``engine_state``, ``shard_state``,
+  ``shard_logs``, ``error``
 * control -> node: ``welcome``, ``refuse``, ``set_engines``, ``start_shard``, ``stop_shard``,
-  ``drain_shard``, ``remove_weights``, ``heartbeat``, ``error``
+  ``drain_shard``, ``remove_weights``, ``get_shard_logs``, ``heartbeat``, ``error``
+
+About 580 lines: every message, its converter and the checks at the edge are the protocol's one
+definition, kept together so that no message can be added without its bounds.
 """
 
 from __future__ import annotations
@@ -58,7 +62,9 @@ class WireError(ValueError):
 
 # --------------------------------------------------------------------------- engines
 
-EngineStatus: TypeAlias = Literal["absent", "installing", "installed", "failed", "configured"]
+# "unconfigured": an engine named by path (vLLM, SGLang) that this node's config does not name --
+# not a failure, only something this node does not have; placement skips it without a word.
+EngineStatus: TypeAlias = Literal["absent", "installing", "installed", "failed", "configured", "unconfigured"]
 
 
 @attrs.frozen
@@ -136,6 +142,8 @@ class EngineState:
             return f"{self.status}: {self.detail}" if self.detail else self.status
         if self.status in ("installed", "configured"):
             return f"{self.status} {self.version}"
+        if self.status == "unconfigured":
+            return "not configured here"
         return self.status
 
 
@@ -160,7 +168,8 @@ class ShardSpec:
     shard_id: str
     engine: str
     engine_version: str
-    weights: WeightsSpec
+    # One sha256-checked file (llama.cpp's GGUF), or None when ``model_dir`` names the model.
+    weights: WeightsSpec | None
     port: int
     # The engine must require this key; the router sends it. Never logged (kept out of repr).
     api_key: str = attrs.field(repr=False)
@@ -170,6 +179,14 @@ class ShardSpec:
     start_timeout_s: float = 120.0
     # Crash restarts before the shard is left failed.
     max_restarts: int = 5
+    # A model directory for vLLM and SGLang: an absolute path on the node, or
+    # "hub:ORG/NAME[@REVISION]" (a snapshot in the node's Hugging Face cache). The node checks it
+    # against its model roots before anything is started.
+    model_dir: str = ""
+    # The GPUs (nvidia-smi indices, as the node's facts list them) the engine runs on: it is
+    # started with CUDA_VISIBLE_DEVICES set to them, and split over them when there are several.
+    # Empty: the node's default (no GPU, or whatever the engine finds).
+    devices: list[int] = attrs.field(factory=list)
 
 
 @attrs.frozen
@@ -182,9 +199,26 @@ class ShardState:
     restarts: int = 0
     # The engine's last output lines, sent with a failure so the operator sees why.
     last_lines: list[str] = attrs.field(factory=list)
+    # Memory the engine's process tree uses, as measured on the node (0: not measured yet):
+    # resident set size from /proc, and GPU memory from nvidia-smi's per-process accounting.
+    # Control accounts a node's free memory from these once a replica runs.
+    rss_mib: int = 0
+    vram_mib: int = 0
 
     def describe(self) -> str:
         return f"{self.status}: {self.detail}" if self.detail else self.status
+
+
+@attrs.frozen
+class WeightsHeld:
+    """A model file in a node's weights cache: what control's weights GC decides on."""
+
+    sha256: str
+    size: int
+    # Unix time a shard last started on it or stopped using it (the file's mtime on the node).
+    last_used: float
+    # A shard on the node uses it now (so it is used now, whatever last_used says): never removed.
+    in_use: bool = False
 
 
 # --------------------------------------------------------------------------- commands (control -> node)
@@ -233,6 +267,36 @@ class RemoveWeights:
 
 Command: TypeAlias = SetEngines | StartShard | StopShard | DrainShard | RemoveWeights
 
+# Output lines one get_shard_logs may ask for (the node's ring answers at most this many, too).
+MAX_LOG_LINES = 1000
+# A cursor is "<inode>:<offset>", two numbers of at most 20 digits.
+MAX_CURSOR = 41
+
+
+@attrs.frozen
+class GetShardLogs:
+    """A request for a shard's last output lines; the node answers ``shard_logs``, never an ack.
+
+    Not a command: it changes nothing, so it carries no fencing token and a standby's or an old
+    leader's request is answered as well. ``cursor`` is the one a previous answer gave: only
+    lines written after it are sent (a follower's poll).
+    """
+
+    id: str
+    shard_id: str
+    lines: int = 100
+    cursor: str = ""
+
+
+@attrs.frozen
+class ShardLogs:
+    in_reply_to: str
+    shard_id: str
+    # False: the node has no output of that shard (never ran here, or forgotten).
+    found: bool
+    lines: list[str] = attrs.field(factory=list)
+    cursor: str = ""
+
 
 @attrs.frozen
 class Ack:
@@ -267,6 +331,8 @@ class Hello:
     shards: list[ShardState]
     # Where engines on this node are reachable (host or IP), from the node's config.
     address: str = ""
+    # The model files in its weights cache (left out of the frame when empty).
+    weights: list[WeightsHeld] = attrs.field(factory=list)
 
 
 @attrs.frozen
@@ -291,6 +357,8 @@ class Heartbeat:
     facts: HostFacts | None = None
     engines: list[EngineState] = attrs.field(factory=list)
     shards: list[ShardState] = attrs.field(factory=list)
+    # The whole weights cache when it changed since the last report (null: unchanged).
+    weights: list[WeightsHeld] | None = None
 
 
 @attrs.frozen
@@ -302,7 +370,7 @@ class Error:
 
 Message: TypeAlias = (
     Hello | Welcome | Refuse | Heartbeat | Error | Ack | EngineStateReport | ShardStateReport
-    | SetEngines | StartShard | StopShard | DrainShard | RemoveWeights
+    | SetEngines | StartShard | StopShard | DrainShard | RemoveWeights | GetShardLogs | ShardLogs
 )
 
 TAGS: dict[type, str] = {
@@ -319,6 +387,8 @@ TAGS: dict[type, str] = {
     StopShard: "stop_shard",
     DrainShard: "drain_shard",
     RemoveWeights: "remove_weights",
+    GetShardLogs: "get_shard_logs",
+    ShardLogs: "shard_logs",
 }
 _BY_TAG: dict[str, type] = {tag: cls for cls, tag in TAGS.items()}
 assert set(TAGS) == set(get_args(Message))
@@ -351,6 +421,13 @@ def _make_converter() -> cattrs.Converter:
     # Before the union: its members' hooks are generated from what is registered at this point.
     conv.register_unstructure_hook(EngineState, make_dict_unstructure_fn(
         EngineState, conv, provenance=override(omit_if_default=True)))
+    # Fields added since protocol version 1 was published stay out of a frame at their default,
+    # so a peer that predates them still decodes everything that does not use them.
+    omit = override(omit_if_default=True)
+    conv.register_unstructure_hook(ShardState, make_dict_unstructure_fn(ShardState, conv, rss_mib=omit, vram_mib=omit))
+    conv.register_unstructure_hook(ShardSpec, make_dict_unstructure_fn(ShardSpec, conv, devices=omit))
+    conv.register_unstructure_hook(Hello, make_dict_unstructure_fn(Hello, conv, weights=omit))
+    conv.register_unstructure_hook(Heartbeat, make_dict_unstructure_fn(Heartbeat, conv, weights=omit))
     configure_tagged_union(Message, conv, tag_generator=TAGS.__getitem__, tag_name="type")
     return conv
 
@@ -387,14 +464,43 @@ _NAMES: dict[tuple[type, str], Callable[[Any], object]] = {
     (EngineState, "name"): check_engine_name,
     (EngineState, "version"): lambda value: check_version(value, "engine version"),
     (ShardState, "shard_id"): check_shard_id,
+    (ShardLogs, "shard_id"): check_shard_id,
+    (ShardLogs, "cursor"): lambda value: _check_cursor(value),
     # Shown by `ctl engines` and the dashboard: an archive name and digests of their kinds ("" for
     # a digest a manifest from before provenance did not record).
     (AssetProvenance, "name"): check_asset_name,
     (AssetProvenance, "sha256"): lambda value: value == "" or check_sha256(value),
     (EngineProvenance, "index_sha256"): lambda value: value == "" or check_sha256(value),
+    (WeightsHeld, "sha256"): check_sha256,
 }
 _PORTS = frozenset({(ShardState, "port")})
-_FROM_NODES = (Hello, Heartbeat, Ack, EngineStateReport, ShardStateReport, Error)
+# A measured memory figure above this is not a measurement: 2^30 MiB is an exbibyte, more than
+# any host has; the bound keeps a hostile report from turning into negative free memory.
+MAX_MEMORY_MIB = 2**30
+_MEMORY = frozenset({(ShardState, "rss_mib"), (ShardState, "vram_mib")})
+# A Unix time after 2^33 s (the year 2242) is not a clock reading; bounded so that turning it into
+# a date for the admin API cannot overflow.
+MAX_UNIX_TIME = float(2**33)
+_TIMES = frozenset({(WeightsHeld, "last_used")})
+_FROM_NODES = (Hello, Heartbeat, Ack, EngineStateReport, ShardStateReport, ShardLogs, Error)
+
+
+def _check_cursor(value: str) -> None:
+    if len(value) > MAX_CURSOR or not all(c.isdigit() or c == ":" for c in value):
+        raise BadName(f"a log cursor is '<inode>:<offset>', not {value[:60]!r}")
+
+
+def _check_log_request(msg: GetShardLogs) -> None:
+    """Control's request names a log file and a count: both are checked before the node reads."""
+    try:
+        check_shard_id(msg.shard_id)
+        _check_cursor(msg.cursor)
+    except BadName as exc:
+        raise WireError(f"{exc} @ $(get_shard_logs)") from None
+    if not 1 <= msg.lines <= MAX_LOG_LINES:
+        raise WireError(f"lines {msg.lines} is not between 1 and {MAX_LOG_LINES} @ $(get_shard_logs).lines")
+    if len(msg.id) > 64:
+        raise WireError("an id of more than 64 characters @ $(get_shard_logs).id")
 
 
 def _check_report(value: Any, path: str) -> None:
@@ -411,6 +517,10 @@ def _check_report(value: Any, path: str) -> None:
                 raise WireError(f"{exc} @ {where}") from None
         if (kind, field.name) in _PORTS and not 0 <= item <= 65535:
             raise WireError(f"port {item} is not between 0 and 65535 @ {where}")
+        if (kind, field.name) in _TIMES and not 0 <= item <= MAX_UNIX_TIME:
+            raise WireError(f"{item} is not a Unix time between 0 and 2^33 @ {where}")
+        if (kind, field.name) in _MEMORY and not 0 <= item <= MAX_MEMORY_MIB:
+            raise WireError(f"{item if abs(item) < 10**20 else 'a number'} MiB is not between 0 and 2^30 @ {where}")
         _check_bounds(item, where)
 
 
@@ -477,11 +587,15 @@ def decode(text: str | bytes) -> Message:
         raise WireError("; ".join(problems)[:2000]) from None
     if isinstance(msg, _FROM_NODES):
         _check_report(msg, f"$({tag})")
+    elif isinstance(msg, GetShardLogs):
+        _check_log_request(msg)
     return msg
 
 
 __all__ = [
     "LLAMA_CPP_RELEASES",
+    "MAX_LOG_LINES",
+    "MAX_MEMORY_MIB",
     "PROTOCOL_VERSION",
     "Ack",
     "AssetProvenance",
@@ -493,6 +607,7 @@ __all__ = [
     "EngineStateReport",
     "EngineStatus",
     "Error",
+    "GetShardLogs",
     "GpuFacts",
     "Heartbeat",
     "Hello",
@@ -501,12 +616,14 @@ __all__ = [
     "Refuse",
     "RemoveWeights",
     "SetEngines",
+    "ShardLogs",
     "ShardSpec",
     "ShardState",
     "ShardStateReport",
     "ShardStatus",
     "StartShard",
     "StopShard",
+    "WeightsHeld",
     "WeightsSpec",
     "Welcome",
     "WireError",

@@ -34,12 +34,15 @@ from llmgw_shared.wire import (
     EngineProvenance,
     EngineState,
     Error,
+    GetShardLogs,
     Heartbeat,
     Hello,
+    ShardLogs,
     ShardState,
     ShardStateReport,
     StartShard,
     StopShard,
+    WeightsHeld,
     decode,
     encode,
 )
@@ -115,6 +118,10 @@ class FakeNode:
     commands: list[Any] = attrs.Factory(list)
     # The messages of the error frames control sent.
     errors: list[str] = attrs.Factory(list)
+    # Each shard's output, as get_shard_logs reads it (the cursor is "1:<lines read>").
+    logs: dict[str, list[str]] = attrs.Factory(dict)
+    # Starts fail with these last lines instead of becoming ready (None: they become ready).
+    fail_with: list[str] | None = None
 
     def drained(self, shard_id: str) -> bool:
         return any(isinstance(c, DrainShard) and c.shard_id == shard_id for c in self.commands)
@@ -129,10 +136,21 @@ class FakeNode:
             message = decode(await self.ws.get_message())
             if isinstance(message, Error):
                 self.errors.append(message.message)
+            if isinstance(message, GetShardLogs):
+                self.commands.append(message)
+                lines = self.logs.get(message.shard_id)
+                after = int(message.cursor.split(":")[1]) if message.cursor else 0
+                answer = ShardLogs(message.id, message.shard_id, lines is not None,
+                                   (lines or [])[after:][-message.lines:] if lines is not None else [],
+                                   f"1:{len(lines)}" if lines is not None else "")
+                await self.ws.send_message(encode(answer))
             if isinstance(message, StartShard | DrainShard | StopShard):
                 self.commands.append(message)
                 await self.ws.send_message(encode(Ack(message.id, True)))
-                if isinstance(message, StartShard):
+                if isinstance(message, StartShard) and self.fail_with is not None:
+                    state = ShardState(message.shard.shard_id, "failed", "crashed while starting: exited with "
+                                       "status 1", port=message.shard.port, last_lines=self.fail_with)
+                elif isinstance(message, StartShard):
                     state = ShardState(message.shard.shard_id, "ready", port=message.shard.port)
                 else:
                     state = ShardState(message.shard_id, "stopped")
@@ -149,13 +167,14 @@ PROVENANCE = EngineProvenance(
 
 
 @asynccontextmanager
-async def fake_node(daemon: Daemon, node_id: str = "n1", *, warnings: list[str] | None = None, token: str = JOIN_TOKEN
-                    ) -> AsyncIterator[FakeNode]:
+async def fake_node(daemon: Daemon, node_id: str = "n1", *, warnings: list[str] | None = None, token: str = JOIN_TOKEN,
+                    weights: list[WeightsHeld] | None = None) -> AsyncIterator[FakeNode]:
     facts = attrs.evolve(unprobed(), probed=True, hostname=node_id, ram_total_mib=8192, os_name="Debian",
                          arch="x86_64", cpu_model="Test CPU", cores=4, cpu_features=["avx"],
                          warnings=warnings or [])
     hello = Hello(PROTOCOL_VERSION, node_id, token, facts,
-                  [EngineState("llama.cpp", "b11312", "installed", provenance=PROVENANCE)], [])
+                  [EngineState("llama.cpp", "b11312", "installed", provenance=PROVENANCE)], [],
+                  weights=weights or [])
     async with open_websocket_url(daemon.agent_url) as ws, trio.open_nursery() as nursery:
         await ws.send_message(encode(hello))
         assert json.loads(await ws.get_message())["type"] == "welcome"

@@ -212,3 +212,37 @@ async def test_the_daemon_command_line_hands_ctl_over(daemon: Daemon) -> None:
          "--json", "nodes"], capture_stdout=True, capture_stderr=True, check=False)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {"nodes": []}
+
+
+async def test_replicas_logs_prints_the_engines_lines_and_follows(daemon: Daemon) -> None:
+    import argparse
+
+    from llmgw_control.ctl.client import AdminClient
+    from llmgw_control.ctl.main import replicas_logs
+
+    await daemon.admin.post("/models", json=model_doc(min_replicas=1))
+    async with fake_node(daemon, "n1") as node:
+        (replica,) = await ready_replicas(daemon, "tiny:cpu")
+        node.logs[replica["id"]] = ["main: loading model", "main: server is listening"]
+        ran = await ok(daemon, "replicas", "logs", replica["id"], "-n", "1")
+        assert ran.out == "main: server is listening\n"
+        assert (await ok(daemon, "--json", "replicas", "logs", replica["id"])).json()["lines"] == \
+            node.logs[replica["id"]]
+        bad = await run(daemon, "replicas", "logs", replica["id"], "--lines", "0")
+        assert bad.code == 1 and "between 1 and 1000" in bad.err
+        assert (await run(daemon, "replicas", "logs", "nope")).code == 1
+
+        out = io.StringIO()
+        args = argparse.Namespace(replica=replica["id"], lines=10, follow=True, json=False)
+
+        def follow() -> None:
+            with AdminClient(daemon.admin_url) as client:
+                replicas_logs(client, args, out, polls=1)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.to_thread.run_sync, follow)
+            with trio.fail_after(10):
+                while "server is listening" not in out.getvalue():
+                    await trio.sleep(0.05)
+            node.logs[replica["id"]].append("srv  update_slots: all slots are idle")
+        assert out.getvalue().splitlines()[-1] == "srv  update_slots: all slots are idle"

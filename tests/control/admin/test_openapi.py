@@ -4,8 +4,11 @@ documented, JSON where JSON is promised, body as the schema says)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode, openapi
@@ -16,7 +19,10 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from .conftest import Daemon, fake_node, model_doc
+from llmgw_control.mirror.config import HubConfig
+from llmgw_dev.fake_hub import FakeHub, FakeRepo, run_fake_hub
+
+from .conftest import Daemon, fake_node, model_doc, running_control
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 EXAMPLES = 15
@@ -46,6 +52,17 @@ def fuzz(document: dict[str, Any], base_url: str) -> list[str]:
             except Exception as exc:  # every operation's failure is collected, then reported
                 failures.append(f"{operation.label} ({mode.value}): {str(exc).splitlines()[:6]}")
     return failures
+
+
+@pytest.fixture
+async def daemon(tmp_path: Path, tiny_gguf: bytes) -> AsyncIterator[Daemon]:
+    """A daemon whose model mirror talks to a fake Hub (no test reaches the internet), with a files
+    directory so the pull routes run too."""
+    repos = {"acme/tiny-GGUF": FakeRepo(files={"tiny.Q8_0.gguf": tiny_gguf})}
+    async with run_fake_hub(FakeHub(repos=repos)) as hub, running_control(
+            tmp_path, files_dir=str(tmp_path / "files"),
+            control_settings={"hub": HubConfig(endpoint=hub.url, allow_networks=["127.0.0.0/8"])}) as d:
+        yield d
 
 
 async def test_the_document_matches_the_server(daemon: Daemon) -> None:

@@ -29,7 +29,7 @@ def fleet(now: float = 100.0) -> Any:
         "s2": ShardRecord("s2", "tiny:cpu", "n1", 20001, Claim(500), status="failed"),
     }
     reconciler = SimpleNamespace(shards=shards, waiting={"tiny:cpu": 3}, liveness=Liveness(2.0, 10.0),
-                                 config=ReconcilerConfig(reserved_ram_mib=192))
+                                 config=ReconcilerConfig(reserved_ram_mib=192), evictions={"tiny:cpu": 2})
     catalog = SimpleNamespace(all_profiles=lambda: [SimpleNamespace(key="tiny:cpu"), SimpleNamespace(key="big:gpu")])
     activator = SimpleNamespace(queue_depth=lambda: 3)
     role = SimpleNamespace(leader=False, leader_address="ws://10.0.0.7:8082/agent/v1", leader_holder="c7",
@@ -63,6 +63,8 @@ def test_the_collector_reports_the_live_state() -> None:
     assert get("llmgw_fleet_waiting_requests", {"model": "tiny:cpu"}) == 3
     assert get("llmgw_fleet_waiting_requests", {"model": "big:gpu"}) == 0
     assert get("llmgw_fleet_queue_depth") == 3
+    assert get("llmgw_fleet_evictions_total", {"model": "tiny:cpu"}) == 2
+    assert get("llmgw_fleet_evictions_total", {"model": "big:gpu"}) == 0
     # A standby: not the leader, and it names the leader it knows of.
     assert get("llmgw_control_leader") == 0
     assert get("llmgw_control_lease_info", {"holder": "c7", "address": "ws://10.0.0.7:8082/agent/v1"}) == 1
@@ -85,3 +87,13 @@ def test_registering_twice_on_one_registry_repoints_the_collector() -> None:
     assert register_fleet_metrics(registry, second_fleet) is first
     first.clock = lambda: 100.0
     assert registry.get_sample_value("llmgw_fleet_queue_depth") == 9
+
+
+def test_claimed_memory_is_what_a_running_replica_was_measured_to_use() -> None:
+    registry = CollectorRegistry()
+    f = fleet()
+    collector = register_fleet_metrics(registry, f)
+    collector.clock = lambda: 100.0
+    f.reconciler.shards["s1"].used = Claim(600, 1500)  # claimed 1000 RAM / 2000 VRAM, measured less
+    assert registry.get_sample_value("llmgw_fleet_node_ram_mib", {"node": "n1", "kind": "claimed"}) == 600
+    assert registry.get_sample_value("llmgw_fleet_node_vram_mib", {"node": "n1", "kind": "claimed"}) == 1500

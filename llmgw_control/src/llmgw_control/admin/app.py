@@ -10,8 +10,11 @@ from quart_trio import QuartTrio
 
 from ..byte_ranges import StrictRangeResponse
 from ..catalog.service import ModelService
+from ..mirror.service import Mirror
 from .api import ApiContext, build_api
 from .api.core import error_body
+from .api.mirror_routes import add_mirror_routes
+from .debug_views import register_debug_views
 from .onboarding_views import register_onboarding_views
 
 if TYPE_CHECKING:
@@ -41,7 +44,7 @@ def _json_errors(app: QuartTrio) -> None:
 
 def make_admin_app(
     registry: CollectorRegistry, fleet: Fleet | None = None, *, tenancy: Tenancy | None = None,
-    models: ModelService | None = None,
+    models: ModelService | None = None, mirror: Mirror | None = None,
 ) -> QuartTrio:
     app = QuartTrio("llmgw_control.admin")
     # Its files (the dashboard's static ones) answer Range requests through our strict parser.
@@ -52,11 +55,13 @@ def make_admin_app(
     _json_errors(app)
 
     api = build_api(ApiContext(fleet=fleet, tenancy=tenancy, models=models))
+    add_mirror_routes(api, mirror, fleet)
     api.install(app)
     # Other modules add their routes to the same table (``api.route(...)`` then ``api.install(app)``),
     # so they are served with the same validation and error shape and appear in the document.
     app.extensions["llmgw.api"] = api
     register_onboarding_views(app, fleet)
+    register_debug_views(app)
 
     @app.get("/api/v1/openapi.json")
     async def openapi() -> Any:

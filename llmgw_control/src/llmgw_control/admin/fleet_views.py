@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from ..catalog import Claim, Resolved
@@ -14,8 +15,10 @@ from .api.schemas import (
     GpuView,
     ModelView,
     NodeView,
+    NodeWeightsView,
     ReplicaOfModel,
     ShardOnNode,
+    WeightsFileView,
 )
 
 if TYPE_CHECKING:
@@ -64,9 +67,22 @@ def model_view(fleet: Fleet, resolved: Resolved) -> ModelView:
         key=key,
         source=fleet.catalog.source(resolved.model.name),
         replicas=[ReplicaOfModel(r.shard_id, r.node_id, r.port,
-                                 f"{r.status}: {r.detail}" if r.detail else r.status) for r in replicas],
+                                 f"{r.status}: {r.detail}" if r.detail else r.status,
+                                 ClaimView(r.used.ram_mib, r.used.vram_mib) if r.used else None)
+                  for r in replicas],
         ready=len(ready),
         waiting_requests=reconciler.waiting.get(key, 0),
         status="ready" if ready else reconciler.status(key),
         claim=ClaimView(claim.ram_mib, claim.vram_mib),
     )
+
+
+def node_weights_view(fleet: Fleet, node: NodeRecord) -> NodeWeightsView:
+    """What a node holds in its weights cache, and which of control's replicas there use each file."""
+    using = fleet.reconciler.weights_in_use(node.node_id)
+    files = []
+    for held in node.weights or []:
+        models = sorted(using.get(held.sha256, []))
+        files.append(WeightsFileView(held.sha256, held.size, datetime.fromtimestamp(held.last_used, UTC),
+                                     held.in_use or bool(models), models))
+    return NodeWeightsView(node.node_id, node.weights is not None, node.facts.disk_free_mib, files)

@@ -32,6 +32,8 @@ _HEADER_BYTES = 16 * 1024 * 1024
 
 
 async def _header_bytes(profile: ProfileConfig, files: ModelFiles | None) -> bytes | None:
+    if profile.weights is None:
+        return None
     url = profile.weights.url
     parts = urlsplit(url)
     local: Path | None = None
@@ -63,6 +65,9 @@ async def _header_bytes(profile: ProfileConfig, files: ModelFiles | None) -> byt
 
 
 async def estimate_profile(profile: ProfileConfig, files: ModelFiles | None) -> MemoryEstimate:
+    if profile.weights is None:
+        # A model directory (vLLM, SGLang): validation requires its claim to be given.
+        return MemoryEstimate(profile.ram_mib, "configured (a model directory has no GGUF header)")
     metadata = None
     try:
         with trio.move_on_after(15):
@@ -79,7 +84,7 @@ async def claims_of(profiles: Iterable[tuple[str, ProfileConfig]], files: ModelF
     claims: dict[str, Claim] = {}
 
     async def one(key: str, profile: ProfileConfig) -> None:
-        if profile.ram_mib:
+        if profile.ram_mib or profile.weights is None:
             claims[key] = Claim(profile.ram_mib, profile.vram_mib)
             return
         estimate = await estimate_profile(profile, files)

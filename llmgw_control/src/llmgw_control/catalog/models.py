@@ -26,10 +26,16 @@ class WeightsConfig:
     size: int
 
 
+# GPUs one replica may be split over: the most one host carries (an HGX board has 8, the
+# largest 16), so a larger number is a typo, not a machine.
+MAX_GPUS_PER_REPLICA = 16
+
+
 @attrs.frozen
 class ProfileConfig:
     name: str
-    weights: WeightsConfig
+    # llama.cpp's one model file; vLLM and SGLang name a model_dir instead.
+    weights: WeightsConfig | None = None
     engine: str = "llama.cpp"
     # Empty: the version [[engines]] names for this engine.
     engine_version: str = ""
@@ -45,6 +51,9 @@ class ProfileConfig:
     # The resource claim; 0 means estimate RAM from the GGUF header (weights + KV cache).
     ram_mib: int = 0
     vram_mib: int = 0
+    # GPUs one replica spreads its VRAM claim over (tensor split): each of them holds an equal
+    # share. 1: the whole claim on one GPU.
+    gpus: int = 1
     min_replicas: int = 0
     max_replicas: int = 1
     # Seconds without traffic after which a replica is drained and stopped; 0 = never.
@@ -52,6 +61,11 @@ class ProfileConfig:
     # Node labels the replica must run on.
     labels: dict[str, str] = attrs.Factory(dict)
     start_timeout: float = 120.0
+    # For vLLM and SGLang: the model directory on the nodes, an absolute path or
+    # "hub:ORG/NAME[@REVISION]" (a snapshot in each node's Hub cache); each node checks it is
+    # inside its model_roots. Such a profile states its claim (ram_mib and/or vram_mib): there is
+    # no GGUF header to estimate it from.
+    model_dir: str = ""
     # The latency objective a capacity run is judged by (seconds, p99; 0: none): the highest
     # measured concurrency meeting both becomes the slot count on nodes of the measured kind.
     ttft_target: float = 0.0
@@ -132,18 +146,15 @@ def model_problems(model: ModelConfig, engines: list[EngineConfig]) -> list[tupl
                 e.name == profile.engine and e.version == profile.engine_version for e in engines):
             problems.append((f"{at}.engine_version",
                              f"{profile.engine} {profile.engine_version!r} is not in [[engines]]"))
-        if not profile.weights.url.strip():
-            problems.append((f"{at}.weights.url", "must be an http(s) URL or a path on the nodes"))
-        if not SHA256.fullmatch(profile.weights.sha256):
-            problems.append((f"{at}.weights.sha256", "must be 64 lowercase hex digits"))
-        if profile.weights.size <= 0:
-            problems.append((f"{at}.weights.size", "must be the file size in bytes"))
+        problems.extend(_model_problems(profile, at))
         if profile.context < 64:
             problems.append((f"{at}.context", "must be at least 64"))
         if profile.parallel < 1:
             problems.append((f"{at}.parallel", "must be at least 1"))
         if profile.slots < 0:
             problems.append((f"{at}.slots", "must not be negative (0: the profile's parallel)"))
+        if not 1 <= profile.gpus <= MAX_GPUS_PER_REPLICA:
+            problems.append((f"{at}.gpus", f"must be between 1 and {MAX_GPUS_PER_REPLICA}"))
         if profile.max_replicas < 1:
             problems.append((f"{at}.max_replicas", "must be at least 1"))
         if not 0 <= profile.min_replicas <= profile.max_replicas:
@@ -155,6 +166,54 @@ def model_problems(model: ModelConfig, engines: list[EngineConfig]) -> list[tupl
             value = getattr(profile, field)
             if not math.isfinite(value) or not 0 <= value <= MAX_LATENCY_TARGET:
                 problems.append((f"{at}.{field}", f"must be 0 (no objective) to {MAX_LATENCY_TARGET:.0f} seconds"))
+    return problems
+
+
+# Engines that serve a model directory rather than one file, started by their own conventions.
+DIRECTORY_ENGINES = ("vllm", "sglang")
+_HUB_DIR = re.compile(r"^hub:[A-Za-z0-9][A-Za-z0-9._\-]{0,95}/[A-Za-z0-9][A-Za-z0-9._\-]{0,95}"
+                      r"(@[A-Za-z0-9][A-Za-z0-9._\-]{0,95})?$")
+
+
+def model_dir_problem(value: str) -> str:
+    """What is wrong with a model_dir's form ("" when nothing is); the node checks where it leads."""
+    if len(value) > 1024 or any(c < " " or c == "\x7f" for c in value):
+        return "must be a path of printable characters, at most 1024"
+    if value.startswith("hub:"):
+        return "" if _HUB_DIR.fullmatch(value) else "must be hub:ORG/NAME or hub:ORG/NAME@REVISION"
+    if not value.startswith("/"):
+        return "must be an absolute path on the nodes or hub:ORG/NAME[@REVISION]"
+    if ".." in value.split("/"):
+        return "must not have a '..' component"
+    return ""
+
+
+def _model_problems(profile: ProfileConfig, at: str) -> list[tuple[str, str]]:
+    """The model a profile serves: one file (weights) for llama.cpp, a directory for vLLM and SGLang."""
+    problems: list[tuple[str, str]] = []
+    if profile.engine in DIRECTORY_ENGINES:
+        if profile.weights is not None:
+            problems.append((f"{at}.weights", f"{profile.engine} serves a model directory: use model_dir"))
+        if not profile.model_dir:
+            problems.append((f"{at}.model_dir", f"{profile.engine} needs the model's directory on the nodes"))
+        elif problem := model_dir_problem(profile.model_dir):
+            problems.append((f"{at}.model_dir", problem))
+        if profile.ram_mib <= 0 and profile.vram_mib <= 0:
+            problems.append((f"{at}.ram_mib", "a model directory has no GGUF header to estimate from: "
+                                              "give ram_mib (and vram_mib on a GPU)"))
+        return problems
+    if profile.model_dir:
+        problems.append((f"{at}.model_dir", f"{profile.engine} serves one file: use weights"))
+    weights = profile.weights
+    if weights is None:
+        problems.append((f"{at}.weights", "required: the model file (url, sha256, size)"))
+        return problems
+    if not weights.url.strip():
+        problems.append((f"{at}.weights.url", "must be an http(s) URL or a path on the nodes"))
+    if not SHA256.fullmatch(weights.sha256):
+        problems.append((f"{at}.weights.sha256", "must be 64 lowercase hex digits"))
+    if weights.size <= 0:
+        problems.append((f"{at}.weights.size", "must be the file size in bytes"))
     return problems
 
 

@@ -26,14 +26,14 @@ from ..api_errors import bad_request, conflict, not_found
 from ..documents import CONVERTER
 from ..store import CatalogModel, NotFound, Store, StoreError
 from .claims import ModelFiles, model_claims
-from .models import Catalog, Claim, ModelConfig, ProfileConfig, model_problems, profile_key
+from .models import DIRECTORY_ENGINES, Catalog, Claim, ModelConfig, ProfileConfig, model_problems, profile_key
 
 log = get_logger("llmgw.catalog")
 
 # What goes into the engine's command line: a change here means the running replica no longer
 # matches its profile, so it is replaced. Other fields (replica counts, idle timeout, labels,
 # the claim) apply to what runs without restarting it.
-_RESTART_FIELDS = ("weights", "engine", "engine_version", "context", "parallel", "args", "env")
+_RESTART_FIELDS = ("weights", "model_dir", "engine", "engine_version", "context", "parallel", "args", "env")
 
 
 class Placement(Protocol):
@@ -251,5 +251,7 @@ def document_of_row(row: CatalogModel) -> dict[str, Any]:
 
 
 def _restart_needed(old: ProfileConfig, new: ProfileConfig) -> bool:
-    return any(getattr(old, f) != getattr(new, f) for f in _RESTART_FIELDS)
+    # vLLM and SGLang are told their batch size (slots) on their command line; llama.cpp is not.
+    directory_engine = new.engine in DIRECTORY_ENGINES and old.slots != new.slots
+    return directory_engine or any(getattr(old, f) != getattr(new, f) for f in _RESTART_FIELDS)
 

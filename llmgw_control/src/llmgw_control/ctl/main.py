@@ -3,6 +3,9 @@
 Talks only to the API (``--admin URL``, default the local admin listener), so whatever it can do
 a script or the dashboard can do too. Tables for people by default, the API's JSON with
 ``--json``; an error from the API is printed as the API said it, with a non-zero exit.
+
+About 500 lines: one small function per command over one client, plus the parser that names
+them all; split by noun it would only scatter the parser.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from llmgw_shared.wire import EngineProvenance
 from llmgw_shared.wire import converter as wire_converter
 
 from .client import DEFAULT_ADMIN, AdminClient, CtlError
+from .mirror_cmds import add_mirror_verbs
 from .tables import mib, table
 
 Action = Callable[[AdminClient, argparse.Namespace, TextIO], None]
@@ -187,6 +191,30 @@ def replicas_list(client: AdminClient, args: argparse.Namespace, out: TextIO) ->
     _emit(out, args, answer, human)
 
 
+def replicas_logs(client: AdminClient, args: argparse.Namespace, out: TextIO, *, polls: int | None = None) -> None:
+    """The engine's last lines; with ``--follow``, then what it writes, until interrupted.
+
+    Following is a long poll (``wait=true`` with the last answer's cursor): each request is held
+    by control until there are new lines or its wait ends, so an idle engine costs one request per
+    20 s. ``polls`` bounds the loop for tests.
+    """
+    path = f"/replicas/{_q(args.replica)}/logs"
+    answer = client.get(path, lines=args.lines)
+    _emit(out, args, answer, lambda: "\n".join(answer["lines"]))
+    if answer["source"] != "node" and not args.json:
+        out.write(f"(the lines node {answer['node']} sent with the failure: {answer['status']}: "
+                  f"{answer['detail']})\n")
+    done = 0
+    while args.follow and answer["cursor"] and (polls is None or done < polls):
+        done += 1
+        answer = client.get(path, lines=1000, cursor=answer["cursor"], wait="true")
+        for line in answer["lines"]:
+            out.write((json.dumps(line) if args.json else line) + "\n")
+        out.flush()
+    if args.follow and not answer["cursor"] and polls is None:
+        out.write(f"(not following: node {answer['node']} cannot be asked for more)\n")
+
+
 def _provenance_words(raw: Any) -> str:
     """The node's record of where its install came from, in the node's own words (``-``: none)."""
     if raw is None:
@@ -205,6 +233,25 @@ def engines_list(client: AdminClient, args: argparse.Namespace, out: TextIO) -> 
                 for e in answer["engines"] for n in e["nodes"]]
         rows += [[e["name"], e["version"], "-", "no node connected", "-"] for e in answer["engines"] if not e["nodes"]]
         return table(["ENGINE", "VERSION", "NODE", "STATE", "PROVENANCE"], rows)
+
+    _emit(out, args, answer, human)
+
+
+def weights_list(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
+    node = getattr(args, "node", None)
+    answer = client.get("/weights" + (f"?node={_q(node)}" if node else ""))
+
+    def human() -> str:
+        rows = []
+        for n in answer["nodes"]:
+            if not n["reported"]:
+                rows.append([n["node"], "-", "-", "-", "not reported"])
+            rows += [[n["node"], w["sha256"][:16], mib(w["size"] // (1 << 20)),
+                      "in use" if w["in_use"] else w["last_used"], ", ".join(w["models"]) or "-"]
+                     for w in n["weights"]]
+        if not rows:
+            return "no node holds model files"
+        return table(["NODE", "SHA256", "SIZE", "LAST USED", "USED BY"], rows)
 
     _emit(out, args, answer, human)
 
@@ -396,18 +443,30 @@ def build_parser() -> argparse.ArgumentParser:
                         ("uncordon", "allow new replicas on the node again")):
         verb(v, name, _node_action(name), words).add_argument("node")
 
-    v = noun("models", "models: list (default), show, add, change, remove", models_list)
+    v = noun("models", "models: list (default), show, add, change, remove, search, files, pull, pulls, publish",
+             models_list)
     verb(v, "list", models_list, "every model profile with its replicas and status")
     verb(v, "show", models_show, "a model's definition").add_argument("name")
     verb(v, "add", models_add, "add the model(s) in a TOML or JSON file").add_argument("--file", required=True)
     verb(v, "change", models_change, "replace a model with the definition in a file").add_argument(
         "--file", required=True)
     verb(v, "remove", models_remove, "remove a model (its replicas are drained)").add_argument("name")
+    add_mirror_verbs(v, verb)
 
-    v = noun("replicas", "replicas: list (default)", replicas_list)
+    v = noun("replicas", "replicas: list (default), logs", replicas_list)
     verb(v, "list", replicas_list, "every replica the control daemon manages")
+    p = verb(v, "logs", replicas_logs, "the engine's last output lines (--follow: then what it writes)")
+    p.add_argument("replica")
+    p.add_argument("--lines", "-n", type=int, default=100, help="how many of the last lines (1-1000, default 100)")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until interrupted")
     v = noun("engines", "engines: list (default)", engines_list)
     verb(v, "list", engines_list, "the engines and their state on each node")
+    weights = nouns.add_parser("weights", help="weights: list (default) [--node N]", parents=[common])
+    weights.add_argument("--node", default=argparse.SUPPRESS, help="only this node")
+    weights.set_defaults(action=weights_list)
+    v = weights.add_subparsers(dest="verb", metavar="VERB", required=False)
+    verb(v, "list", weights_list, "the model files each node holds, their size and when last used").add_argument(
+        "--node", default=argparse.SUPPRESS, help="only this node")
 
     v = noun("groups", "groups: list (default), create, priority, delete", groups_list)
     verb(v, "list", groups_list, "the group tree")
@@ -471,4 +530,6 @@ def main(argv: list[str] | None = None, *, stdout: TextIO | None = None, stderr:
     except CtlError as exc:
         err.write(f"error: {exc}\n")
         return 1
+    except KeyboardInterrupt:
+        return 130  # Ctrl-C ends a --follow: the shell's code for SIGINT, without a traceback
     return 0

@@ -10,6 +10,10 @@ network) sends no FIN, so only missing heartbeats reveal it.
 A malformed frame, an unknown type or a message out of place is answered with an ``error``
 frame and logged; it never ends other nodes' connections, and a node that keeps sending garbage
 is disconnected after a few in a row.
+
+About 540 lines: one connection's protocol (handshake, reader, writer, watchdog, the accounting
+of commands and the log requests that ride the same socket) is one state machine per node, read
+top to bottom.
 """
 
 from __future__ import annotations
@@ -33,11 +37,13 @@ from llmgw_shared.wire import (
     EngineSpec,
     EngineStateReport,
     Error,
+    GetShardLogs,
     Heartbeat,
     Hello,
     Message,
     Refuse,
     SetEngines,
+    ShardLogs,
     ShardStateReport,
     Welcome,
     WireError,
@@ -57,6 +63,15 @@ log = get_logger("llmgw.agents")
 # naming the field (a node of another version may send one), five in a row is a node that is not
 # speaking the protocol, and reading more from it only costs control.
 _MAX_BAD_FRAMES = 5
+# Log requests waiting for their node's answer at once, per node: an operator's terminal or two
+# following a replica, and the dashboard; more are refused rather than queued without bound.
+MAX_LOG_REQUESTS = 16
+# How long a node gets to answer a log request: it reads at most 256 KiB of a local file.
+LOG_ANSWER_TIMEOUT = 10.0
+
+
+class LogsUnavailable(Exception):
+    """A node cannot be asked for a shard's output now; the text says why."""
 
 
 class Socket(Protocol):
@@ -128,14 +143,16 @@ class Outcomes(Protocol):
 class _Session:
     def __init__(self, node_id: str, queue: int) -> None:
         self.node_id = node_id
-        self.send_channel, self.receive_channel = trio.open_memory_channel[Command](queue)
+        self.send_channel, self.receive_channel = trio.open_memory_channel[Command | GetShardLogs](queue)
         self.cancel_scope = trio.CancelScope()
         # Commands handed to the socket (or being handed to it) and not acknowledged yet, with
         # when; oldest first (dicts keep insertion order), so the watchdog reads one entry.
         self.pending: dict[str, tuple[Command, float]] = {}
         # The command being handed to the socket: if the connection ends during that send, the
         # command may not have left, and is reported with the ones still queued.
-        self.in_hand: Command | None = None
+        self.in_hand: Command | GetShardLogs | None = None
+        # Log requests sent and not answered yet: id -> where the answer goes.
+        self.log_requests: dict[str, trio.MemorySendChannel[ShardLogs]] = {}
 
 
 class AgentService:
@@ -171,6 +188,7 @@ class AgentService:
         self.role = role or Role(leader=True)
         self.clock = clock
         self.sessions: dict[str, _Session] = {}
+        self._log_seq = 0
         self._closed = trio.Event()
         if config.open_fleet:
             log.warning("agents.open_fleet is on: any node id joins with any token, is placed on and sent "
@@ -201,6 +219,33 @@ class AgentService:
             session.cancel_scope.cancel()
             return False
         return True
+
+    async def shard_logs(self, node_id: str, shard_id: str, lines: int, cursor: str = "") -> ShardLogs:
+        """Ask a connected node for a shard's last output lines (``LogsUnavailable`` if it cannot be)."""
+        session = self.sessions.get(node_id)
+        if session is None:
+            raise LogsUnavailable(f"node {node_id} is not connected")
+        if len(session.log_requests) >= MAX_LOG_REQUESTS:
+            raise LogsUnavailable(f"node {node_id} has {MAX_LOG_REQUESTS} log requests waiting already")
+        self._log_seq += 1
+        request = GetShardLogs(id=f"logs{self._log_seq}", shard_id=shard_id, lines=lines, cursor=cursor)
+        send, receive = trio.open_memory_channel[ShardLogs](1)
+        session.log_requests[request.id] = send
+        try:
+            try:
+                session.send_channel.send_nowait(request)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
+                raise LogsUnavailable(f"node {node_id} cannot take a request now") from None
+            with trio.move_on_after(LOG_ANSWER_TIMEOUT):
+                try:
+                    return await receive.receive()
+                except trio.EndOfChannel:
+                    raise LogsUnavailable(f"node {node_id} disconnected before it answered") from None
+            raise LogsUnavailable(f"node {node_id} did not answer within {LOG_ANSWER_TIMEOUT:g} s")
+        finally:
+            session.log_requests.pop(request.id, None)
+            send.close()
+            receive.close()
 
     async def wait_all_closed(self) -> None:
         while self.sessions:
@@ -348,6 +393,7 @@ class AgentService:
         )
         node.update_engines(hello.engines)
         node.update_shards(hello.shards)
+        node.weights = list(hello.weights)
         self.inventory.put(node)
         return node
 
@@ -374,6 +420,8 @@ class AgentService:
         if isinstance(msg, Heartbeat):
             if msg.facts is not None:
                 node.facts = msg.facts
+            if msg.weights is not None:
+                node.weights = msg.weights
             if msg.engines:
                 node.update_engines(msg.engines)
                 changed = True
@@ -396,6 +444,11 @@ class AgentService:
                     self.on_command_failed(node.node_id, command,
                                            f"node {node.node_id} refused {TAGS[type(command)]}: {msg.error}")
                     changed = True
+        elif isinstance(msg, ShardLogs):
+            waiter = session.log_requests.pop(msg.in_reply_to, None)
+            if waiter is not None:
+                with contextlib.suppress(trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+                    waiter.send_nowait(msg)
         elif isinstance(msg, Error):
             log.warning("node %s reported an error: %s", node.node_id, msg.message, extra={"node": node.node_id})
         else:
@@ -418,9 +471,13 @@ class AgentService:
         interval = self.config.heartbeat_interval
         next_beat = trio.current_time()
         while True:
-            command: Command | None = None
+            command: Command | GetShardLogs | None = None
             with trio.move_on_at(next_beat):
                 command = await session.receive_channel.receive()
+            if isinstance(command, GetShardLogs):
+                # A read, answered by shard_logs rather than an ack: nothing to account for.
+                await socket.send(encode(command))
+                continue
             if command is not None:
                 session.in_hand = command
                 # Pending before the send: the node's ack may be read while the send is on its way.
@@ -435,13 +492,19 @@ class AgentService:
     def _account_for(self, session: _Session) -> None:
         """The connection ended: report every command that did not leave (or may not have)."""
         session.send_channel.close()
-        unsent: list[Command] = [session.in_hand] if session.in_hand is not None else []
+        for waiter in session.log_requests.values():
+            waiter.close()  # its request ends with "disconnected before it answered"
+        session.log_requests.clear()
+        in_hand = session.in_hand
+        unsent: list[Command] = [in_hand] if in_hand is not None and not isinstance(in_hand, GetShardLogs) else []
         session.in_hand = None
         while True:
             try:
-                unsent.append(session.receive_channel.receive_nowait())
+                queued = session.receive_channel.receive_nowait()
             except (trio.WouldBlock, trio.EndOfChannel):
                 break
+            if not isinstance(queued, GetShardLogs):
+                unsent.append(queued)
         session.receive_channel.close()
         if unsent or session.pending:
             log.info("node %s: connection ended with %d command(s) unsent and %d unacknowledged",

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import attrs
 
 from llmgw_shared.facts import HostFacts
-from llmgw_shared.wire import EngineState, ShardState
+from llmgw_shared.wire import EngineState, ShardState, WeightsHeld
 
 
 @attrs.define
@@ -31,6 +31,8 @@ class NodeRecord:
     # with what it placed there (a record the list lacks is gone). Heartbeats and shard_state
     # reports only add to ``shards``: they carry what changed.
     full_report_pending: bool = True
+    # Its weights cache as it last reported it (None: not reported; a node from before reports).
+    weights: list[WeightsHeld] | None = None
 
     def engine(self, name: str, version: str) -> EngineState | None:
         return self.engines.get((name, version))

@@ -18,7 +18,7 @@ from typing import Any
 
 import trio
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
 from .lifecycle import HOLDING, Status
@@ -80,7 +80,8 @@ class FleetCollector(Collector):
             # Claims a replica still holds: a stopped or failed one has released its memory.
             if record.status in HOLDING:
                 ram_c, vram_c, count = claimed.get(record.node_id, (0, 0, 0))
-                claimed[record.node_id] = (ram_c + record.claim.ram_mib, vram_c + record.claim.vram_mib, count + 1)
+                held = record.holding
+                claimed[record.node_id] = (ram_c + held.ram_mib, vram_c + held.vram_mib, count + 1)
 
         by_state: Counter[str] = Counter()
         for node in fleet.inventory:
@@ -120,7 +121,12 @@ class FleetCollector(Collector):
         queue = GaugeMetricFamily("llmgw_fleet_queue_depth", "All requests held by the activator.",
                                   value=fleet.activator.queue_depth())
 
-        yield from (nodes, node_state, cordoned, engines, ram, vram, shards, replicas, waiting, queue)
+        evictions = CounterMetricFamily("llmgw_fleet_evictions", "Replicas of the model profile evicted to make "
+                                        "room for another model.", labels=["model"])
+        for resolved in fleet.catalog.all_profiles():
+            evictions.add_metric([resolved.key], reconciler.evictions.get(resolved.key, 0))
+
+        yield from (nodes, node_state, cordoned, engines, ram, vram, shards, replicas, waiting, queue, evictions)
         yield from self._leadership()
 
     def _leadership(self) -> Iterator[Any]:

@@ -13,14 +13,17 @@ What a node reports is the truth about its shards: its hello lists every shard i
 shard control placed there that the hello does not list is forgotten at once (and replaced if
 it should run), whatever state control last saw it in.
 
-This module is the loop and its pass, about 600 lines: the steps of one pass (absorb reports,
-adopt, expire, demand, plan, apply, publish) read and change the same records in one order, and
-apart they would each need the whole reconciler passed in.
+This module is the loop and its pass, about 700 lines: the steps of one pass (absorb reports and
+measurements, adopt, expire, demand, plan, apply, publish, tidy the nodes' weights) read and
+change the same records in one order, and apart they would each need the whole reconciler passed
+in. The decisions themselves are pure and elsewhere: ``plan`` (with ``eviction`` and ``gpus``),
+``weights_gc``.
 """
 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 
 import trio
@@ -30,6 +33,7 @@ from llmgw_shared.wire import (
     PORT_IN_USE,
     Command,
     DrainShard,
+    RemoveWeights,
     ShardSpec,
     ShardState,
     StartShard,
@@ -42,16 +46,23 @@ from ..gateway.replicas import Replica, ReplicaSet
 from . import lifecycle
 from .inventory import Inventory, Liveness, NodeRecord
 from .lifecycle import HOLDING, TERMINAL, Status
-from .plan import Demand, Drain, Forget, PlanLimits, PlanNode, Start, Stop, plan
+from .measured import MeasuredUse, node_kind
+from .plan import Action, Demand, Drain, Evict, Forget, PlanLimits, PlanNode, Start, Stop, plan
 from .shard_ids import ShardIds
-from .shards import Dispatcher, ReconcilerConfig, ShardRecord
+from .shards import KEEP_ENDED, Dispatcher, EndedReplica, ReconcilerConfig, ShardRecord
 from .token_bucket import TokenBucket
+from .weights_gc import expired, room_for_download
 
 log = get_logger("llmgw.reconciler")
 
 # Seconds a forgotten replica must have been idle before its metric series are removed (see
 # ``_sweep_retired``); one or two passes.
 _SERIES_GRACE = 2.0
+# Seconds between looks for model files a node keeps for nothing (``weights_keep_for`` is days
+# long, and a removal sent is carried out by the node's next report: a minute is prompt enough).
+_WEIGHTS_CHECK_INTERVAL = 60.0
+# Bytes left free on a node's disk beyond a download, as the node keeps (llmgw_node.disk).
+_NODE_DISK_MARGIN = 256 << 20
 
 
 class Reconciler:
@@ -67,6 +78,7 @@ class Reconciler:
         claims: dict[str, Claim],
         config: ReconcilerConfig = ReconcilerConfig(),  # noqa: B008 -- frozen: one shared default is safe
         clock: Callable[[], float] = trio.current_time,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.catalog = catalog
         self.inventory = inventory
@@ -76,8 +88,13 @@ class Reconciler:
         self.config = config
         self.claims = claims
         self.clock = clock
+        # Nodes report when weights were last used in Unix time.
+        self.wall_clock = wall_clock
+        self._weights_checked_at = float("-inf")
         self.ids = ShardIds(secret)
         self.shards: dict[str, ShardRecord] = {}
+        # Recently forgotten replicas, oldest first (bounded: shards.KEEP_ENDED).
+        self.ended: dict[str, EndedReplica] = {}
         self.backoff: dict[tuple[str, str], tuple[float, str]] = {}
         self.failures: dict[tuple[str, str], int] = {}
         self.waiting: dict[str, int] = {}
@@ -112,6 +129,12 @@ class Reconciler:
         # Forgotten replicas whose series are still to be removed: id -> (its Replica if it was
         # published, when it was first seen idle).
         self._retired: dict[str, tuple[Replica | None, float | None]] = {}
+        # What replicas were measured to use, per (profile, node kind): the next claim there.
+        self.measured = MeasuredUse()
+        # Per profile key: since when requests have waited for it without a break (fairness).
+        self._waiting_since: dict[str, float] = {}
+        # Replicas evicted per profile key, for ``llmgw_fleet_evictions_total``.
+        self.evictions: dict[str, int] = {}
 
     # ------------------------------------------------------------------ outside API
 
@@ -158,8 +181,10 @@ class Reconciler:
         self.failures[(record.key, record.node_id)] = attempts
         delay = min(self.config.backoff_cap, self.config.backoff_base * 2 ** (attempts - 1))
         self.backoff[(record.key, record.node_id)] = (self.clock() + delay, detail or "failed")
+        # With the engine's last words: "exited with status 1" alone sends the operator to the node.
         log.warning("replica %s of %s failed on node %s: %s (not retried there for %.0f s)", shard_id,
-                    record.key, record.node_id, detail, delay, extra={"model": record.key})
+                    record.key, record.node_id, detail, delay,
+                    extra={"model": record.key, "engine_output": record.last_lines[-5:]})
         self.wake()
 
     def is_cordoned(self, node_id: str) -> bool:
@@ -190,6 +215,7 @@ class Reconciler:
     def drain_key(self, key: str) -> list[str]:
         """Drain every replica of a profile key (its model was removed, or changed so that the
         running engines no longer match it)."""
+        self.measured.forget(key)
         return self._drain([r for r in self.shards.values() if r.key == key])
 
     def command_failed(self, node_id: str, command: Command, reason: str) -> None:
@@ -272,17 +298,83 @@ class Reconciler:
         self._drain([r for r in self.shards.values() if self.catalog.resolve(r.key) is None])
         demands = self._demands(now)
         views = self._node_views(now)
-        limits = PlanLimits(self.config.port_min, self.config.port_max, self._reschedules.available(now))
-        last_used = {r.id: r.last_used for r in self.replicas}
-        decided = plan(demands, views, [r.as_assignment(last_used.get(r.shard_id, r.created_at))
-                                        for r in self.shards.values()],
-                       backoff=self.backoff, now=now, limits=limits)
+        limits = PlanLimits(self.config.port_min, self.config.port_max, self._reschedules.available(now),
+                            self.config.evict_min_age)
+        published = {r.id: r for r in self.replicas}
+        assignments = []
+        for record in self.shards.values():
+            replica = published.get(record.shard_id)
+            busy = bool(self.waiting.get(record.key)) or (replica is not None and replica.in_flight > 0)
+            last_used = replica.last_used if replica is not None else record.created_at
+            assignments.append(record.as_assignment(last_used, busy=busy))
+        decided = plan(demands, views, assignments, backoff=self.backoff, now=now, limits=limits)
         self._reschedules.spend(decided.rescheduled, now)
         self._apply(decided.actions, now)
         for key, reason in decided.blocked.items():
             self._log_blocked(key, reason, now)
         self.blocked = decided.blocked
         self._sync_router(now)
+        if now - self._weights_checked_at >= _WEIGHTS_CHECK_INTERVAL:
+            self._weights_checked_at = now
+            self._remove_unused_weights()
+
+    # ------------------------------------------------------------------ weights on nodes
+
+    def weights_in_use(self, node_id: str) -> dict[str, list[str]]:
+        """sha256 -> the profile keys of control's replicas on the node that use the file."""
+        out: dict[str, list[str]] = {}
+        for record in self.shards.values():
+            if record.node_id == node_id and record.status in HOLDING:
+                resolved = self.catalog.resolve(record.key)
+                # A vLLM or SGLang replica serves a model directory, not a file of the cache.
+                if resolved is not None and resolved.profile.weights is not None:
+                    out.setdefault(resolved.profile.weights.sha256.lower(), []).append(record.key)
+        return out
+
+    def _remove_unused_weights(self) -> None:
+        now = self.wall_clock()
+        for node in self.inventory:
+            if not node.connected or not node.weights:
+                continue
+            stale = expired(node.weights, set(self.weights_in_use(node.node_id)), now=now,
+                            keep_for=self.config.weights_keep_for)
+            if stale:
+                log.info("removing %d model file(s) unused for %.0f s from node %s: %s", len(stale),
+                         self.config.weights_keep_for, node.node_id, ", ".join(s[:12] for s in stale),
+                         extra={"node": node.node_id})
+                self._send(node.node_id, RemoveWeights(self._next_id(), self.fencing_token, stale))
+
+    def _room_for_weights(self, node: NodeRecord, resolved: Resolved) -> None:
+        """Before a start whose weights the node lacks: the least recently used unused files go
+        when the download would not fit (the removal is sent first; a node handles commands in order)."""
+        weights = resolved.profile.weights
+        if weights is None or node.weights is None or weights.url.startswith(("/", "file://")):
+            return
+        if any(w.sha256 == weights.sha256.lower() for w in node.weights):
+            return
+        free = node.facts.disk_free_mib * (1 << 20) - _NODE_DISK_MARGIN
+        victims = room_for_download(node.weights, set(self.weights_in_use(node.node_id)), need=weights.size,
+                                    free=free)
+        if victims:
+            log.info("removing %d least recently used model file(s) from node %s to make room for %s",
+                     len(victims), node.node_id, resolved.key, extra={"node": node.node_id})
+            self._send(node.node_id, RemoveWeights(self._next_id(), self.fencing_token, victims))
+            gone = set(victims)
+            node.weights = [w for w in node.weights if w.sha256 not in gone]
+
+    def would_fit(self, claim: Claim, engine: tuple[str, str], labels: dict[str, str] | None = None) -> str:
+        """Whether one replica with ``claim`` would be placed on some node now, by the same plan
+        placement runs, beside what is assigned: "" when it fits, else plan's reason."""
+        now = self.clock()
+        probe = "\x00probe"  # a key no profile can have (names never hold NUL)
+        last_used = {r.id: r.last_used for r in self.replicas}
+        decided = plan([Demand(probe, engine, claim, 1, dict(labels or {}))], self._node_views(now),
+                       [r.as_assignment(last_used.get(r.shard_id, r.created_at)) for r in self.shards.values()],
+                       backoff={}, now=now,
+                       limits=PlanLimits(self.config.port_min, self.config.port_max, 0))
+        if any(isinstance(a, Start) and a.key == probe for a in decided.actions):
+            return ""
+        return decided.blocked.get(probe, "no node is ready")
 
     def _log_blocked(self, key: str, reason: str, now: float) -> None:
         """Say why a model waits, in the node's words, without a line for every percent of a download."""
@@ -341,10 +433,29 @@ class Reconciler:
             record.ready_since = now
             self.failures.pop((record.key, record.node_id), None)
             log.info("replica %s of %s ready on node %s", record.shard_id, record.key, node.node_id)
+        if state.last_lines:
+            record.last_lines = list(state.last_lines)
         if reported == Status.FAILED:
             self.mark_failed(record.shard_id, state.detail)
         else:
             record.move(reported, state.detail)
+            self._measured(node, record, state)
+
+    def _measured(self, node: NodeRecord, record: ShardRecord, state: ShardState) -> None:
+        """Take the node's measurement of a running replica: its accounting, and the next claim."""
+        if state.rss_mib == 0 and state.vram_mib == 0:
+            return  # not measured yet (or between restarts): the claim stands
+        used = Claim(state.rss_mib, state.vram_mib)
+        resolved = self.catalog.resolve(record.key)
+        if resolved is not None and resolved.profile.ram_mib:
+            # A claim the operator configured is a reservation, not a guess: what is measured
+            # may raise it, never lower it (it may cover a peak the measurement has not seen).
+            configured = Claim(resolved.profile.ram_mib, resolved.profile.vram_mib)
+            used = Claim(max(used.ram_mib, configured.ram_mib), max(used.vram_mib, configured.vram_mib))
+        record.used = used
+        if record.status == Status.READY:
+            # Only a replica that loaded says what the profile needs; one still loading holds less.
+            self.measured.record(record.key, node_kind(node.facts), record.used)
 
     def _adopt(self, node: NodeRecord, state: ShardState, now: float) -> None:
         """A shard a node runs that this control does not know: after a restart, take it over --
@@ -373,6 +484,7 @@ class Reconciler:
                              state.detail, created_at=now, ready_since=now if status == Status.READY else None,
                              address=node.address)
         self.shards[shard_id] = record
+        self._measured(node, record, state)
         log.info("adopted replica %s of %s on node %s (%s)", shard_id, key, node.node_id, status)
 
     def _expire_assigned(self, now: float) -> None:
@@ -433,6 +545,11 @@ class Reconciler:
             if not record.draining and record.status not in ("failed", "stopped"):
                 live_by_key.setdefault(record.key, []).append(record)
         marks_seen: set[str] = set()
+        for key in [k for k in self._waiting_since if not self.waiting.get(k)]:
+            del self._waiting_since[key]
+        for key, count in self.waiting.items():
+            if count:
+                self._waiting_since.setdefault(key, now)
         for resolved in self.catalog.all_profiles():
             key = resolved.key
             profile = resolved.profile
@@ -463,7 +580,11 @@ class Reconciler:
                     marks[wanted] = now
             wanted = min(wanted, profile.max_replicas)
             engine = (profile.engine, self.catalog.engine_version(profile))
-            demands.append(Demand(key, engine, self.claims.get(key, Claim(0)), wanted, dict(profile.labels)))
+            waited = now - self._waiting_since.get(key, now)
+            demands.append(Demand(key, engine, self.claims.get(key, Claim(0)), wanted, dict(profile.labels),
+                                  min_replicas=profile.min_replicas,
+                                  starved=waiting > 0 and waited >= self.config.yield_after,
+                                  claim_by_kind=self.measured.by_kind(key), gpus=profile.gpus, waited=waited))
         for key in set(self._load_marks) - marks_seen:
             del self._load_marks[key]
         self._demands_at = now
@@ -479,15 +600,16 @@ class Reconciler:
                 node.node_id, self.liveness.state(node, now), self.is_cordoned(node.node_id), node.labels,
                 dict(node.engines),
                 max(0, facts.ram_total_mib - self.config.reserved_ram_mib),
-                sum(g.memory_total_mib for g in facts.gpus), busy_ports,
+                sum(g.memory_total_mib for g in facts.gpus), busy_ports, node_kind(facts),
+                tuple((g.index, g.memory_total_mib) for g in facts.gpus),
             ))
         return views
 
-    def _apply(self, actions: list[Start | Drain | Stop | Forget], now: float) -> None:
+    def _apply(self, actions: list[Action], now: float) -> None:
         for action in actions:
             if isinstance(action, Start):
                 self._start(action, now)
-            elif isinstance(action, Drain):
+            elif isinstance(action, Drain | Evict):
                 record = self.shards.get(action.shard_id)
                 if record is None:
                     continue
@@ -495,7 +617,15 @@ class Reconciler:
                 self.replicas.withdraw(record.shard_id)
                 record.draining = True
                 record.move(Status.DRAINING)
-                log.info("draining replica %s of %s on node %s", record.shard_id, record.key, record.node_id)
+                if isinstance(action, Evict):
+                    # Back to scale from zero: the load that kept it is forgotten, so only new
+                    # requests (waiting for it) place it again.
+                    self._load_marks.pop(record.key, None)
+                    self.evictions[record.key] = self.evictions.get(record.key, 0) + 1
+                    log.info("evicting replica %s of %s on node %s to make room for %s", record.shard_id,
+                             record.key, record.node_id, action.for_key, extra={"model": record.key})
+                else:
+                    log.info("draining replica %s of %s on node %s", record.shard_id, record.key, record.node_id)
                 self._send(record.node_id, DrainShard(self._next_id(), self.fencing_token, record.shard_id))
             elif isinstance(action, Stop):
                 self._send(action.node_id, StopShard(self._next_id(), self.fencing_token, action.shard_id))
@@ -510,29 +640,37 @@ class Reconciler:
         if node is None:
             return
         shard_id = self.new_shard_id(action.key, action.node_id)
-        spec = self.shard_spec(resolved, shard_id, action.port)
+        spec = self.shard_spec(resolved, shard_id, action.port, action.devices)
+        self._room_for_weights(node, resolved)
         # The record first: a dispatcher may report the command lost before send returns.
         self.shards[shard_id] = ShardRecord(shard_id, action.key, action.node_id, action.port, action.claim,
-                                            created_at=now, address=node.address)
+                                            created_at=now, address=node.address, devices=action.devices)
         if not self._send(action.node_id, StartShard(self._next_id(), self.fencing_token, spec)):
             self.shards.pop(shard_id, None)
             return
         log.info("starting replica %s of %s on node %s port %d", shard_id, action.key, action.node_id,
                  action.port)
 
-    def shard_spec(self, resolved: Resolved, shard_id: str, port: int) -> ShardSpec:
+    def shard_spec(self, resolved: Resolved, shard_id: str, port: int, devices: tuple[int, ...] = ()) -> ShardSpec:
         profile = resolved.profile
         args = list(profile.args)
         if profile.engine == "llama.cpp":
             # llama-server splits -c across its -np slots; the profile's context is per request.
             args = ["-c", str(profile.context * profile.parallel), "-np", str(profile.parallel),
                     "--alias", resolved.model.name, "--metrics", *args]
+        elif profile.engine == "vllm":
+            # The name the gateway sends; the context per request; sequences batched at once.
+            args = ["--served-model-name", resolved.model.name, "--max-model-len", str(profile.context),
+                    "--max-num-seqs", str(replica_slots(profile)), *args]
+        elif profile.engine == "sglang":
+            args = ["--served-model-name", resolved.model.name, "--context-length", str(profile.context),
+                    "--max-running-requests", str(replica_slots(profile)), "--enable-metrics", *args]
         weights = profile.weights
         return ShardSpec(
             shard_id=shard_id, engine=profile.engine, engine_version=self.catalog.engine_version(profile),
-            weights=WeightsSpec(weights.url, weights.sha256, weights.size), port=port,
-            api_key=self.shard_api_key(shard_id), args=args, env=dict(profile.env),
-            start_timeout_s=profile.start_timeout,
+            weights=WeightsSpec(weights.url, weights.sha256, weights.size) if weights is not None else None,
+            port=port, api_key=self.shard_api_key(shard_id), args=args, env=dict(profile.env),
+            start_timeout_s=profile.start_timeout, model_dir=profile.model_dir, devices=list(devices),
         )
 
     def _forget(self, action: Forget, now: float) -> None:
@@ -541,6 +679,10 @@ class Reconciler:
         if record is None:
             return
         self._retired[record.shard_id] = (replica, None)
+        self.ended[record.shard_id] = EndedReplica(record.shard_id, record.key, record.node_id, record.status,
+                                                   record.detail, record.last_lines)
+        while len(self.ended) > KEEP_ENDED:
+            del self.ended[next(iter(self.ended))]
         node = self.inventory.get(record.node_id)
         if node is not None:
             node.shards.pop(record.shard_id, None)

@@ -14,6 +14,23 @@ from . import lifecycle
 from .lifecycle import Status
 from .plan import Assignment
 
+# Replicas forgotten recently, kept with their final words: a failed start is forgotten within a
+# pass (a replacement is placed), and the operator asking why must still get its lines. A hundred
+# is a day of one model failing every fifteen minutes; each holds at most 30 lines.
+KEEP_ENDED = 100
+
+
+@attrs.frozen
+class EndedReplica:
+    """A forgotten replica's record as it ended: enough to answer for its logs."""
+
+    shard_id: str
+    key: str
+    node_id: str
+    status: Status
+    detail: str
+    last_lines: list[str]
+
 
 class Dispatcher(Protocol):
     def send(self, node_id: str, command: Command) -> bool:
@@ -46,6 +63,20 @@ class ReconcilerConfig:
     # this long without a word: a day, as Nomad's node_gc_threshold (24h), so an operator and the
     # alerts see it lost first, and a fleet of short-lived nodes does not grow control's memory.
     forget_nodes_after: float = 86400.0
+    # A replica is never evicted to make room for another model within this many seconds of its
+    # placement: two models that do not fit together would otherwise swap on every pass, each
+    # paying its load (seconds to minutes) and neither serving. A minute lets a loaded model
+    # serve what it was loaded for.
+    evict_min_age: float = 60.0
+    # Requests queued this long for a model waiting for room make a busy resident model yield
+    # (drained, then evicted) instead of only idle ones: a steady stream of requests for the
+    # resident model must not starve the other. Half the activator's default max_wait (60 s), so
+    # the waiting requests are still there when their model has loaded.
+    yield_after: float = 30.0
+    # Model files no replica on a node used for this long are removed from it (0: never by age;
+    # files are still removed, least recently used first, when a download would not fit). A
+    # week: a model used once a week stays, one dropped from the catalog goes within days.
+    weights_keep_for: float = 604800.0
 
 
 @attrs.define
@@ -63,10 +94,23 @@ class ShardRecord:
     # Where the router reaches it: the node's address when control placed (or adopted) it. A
     # later hello cannot move a replica, and its bearer key, to another address.
     address: str = ""
+    # The engine's last output lines, as the node sent them with a crash or a failed start: the
+    # failure is shown with them (the API's replica and logs answers), not without.
+    last_lines: list[str] = attrs.Factory(list)
+    # What the node last measured it to use (its process tree's RSS and GPU memory), if it has.
+    used: Claim | None = None
+    # The GPUs placement put its VRAM on (empty: none, or adopted without knowing).
+    devices: tuple[int, ...] = ()
 
-    def as_assignment(self, last_used: float) -> Assignment:
+    @property
+    def holding(self) -> Claim:
+        """What it takes from its node's memory: as measured once it runs, its claim until then."""
+        return self.used if self.used is not None else self.claim
+
+    def as_assignment(self, last_used: float, *, busy: bool = False) -> Assignment:
         return Assignment(self.shard_id, self.key, self.node_id, self.port, self.claim, self.status,
-                          self.detail, self.draining, last_used)
+                          self.detail, self.draining, last_used, self.used, busy, self.created_at,
+                          self.devices)
 
     def move(self, status: Status, detail: str | None = None) -> None:
         """A transition control makes (or applies from a report it checked): the table decides."""

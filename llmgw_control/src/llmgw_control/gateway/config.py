@@ -18,6 +18,14 @@ class RouterConfig:
     # Attempts per request across replicas, counting the first; only before any byte reached
     # the client.
     max_attempts: int = 3
+    # A chat or completions stream whose engine breaks off after bytes reached the client is
+    # continued on another replica at most this many times (each try may meet another failing
+    # one; two covers a replica dying and the next being unwell, and bounds the extra work one
+    # request can cause); 0: never, the stream ends with an error event.
+    max_continuations: int = 2
+    # Per model (its name, or model:profile): false turns continuation off for it; models not
+    # named are continued.
+    continue_streams: dict[str, bool] = attrs.Factory(dict)
     # How long a replica that failed is avoided while others can serve.
     cooldown: float = 10.0
     # The largest request body (413 above): a long chat with images as base64 data URLs reaches a

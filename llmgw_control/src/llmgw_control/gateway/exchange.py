@@ -47,6 +47,8 @@ class Exchange:
         # Set as the last bytes are handed to the server (hypercorn reports the disconnect of a
         # finished request before our send returns): a disconnect after that is not an abort.
         self.complete = False
+        # Times the stream was continued on another replica after its engine broke off.
+        self.continuations = 0
 
     def overhead(self) -> float:
         if self.frozen_overhead is not None:
@@ -156,6 +158,8 @@ def record(scope: Scope, exchange: Exchange, metrics: GatewayMetrics) -> None:
     if exchange.usage is not None:
         fields.update(prompt_tokens=exchange.usage.prompt_tokens,
                       completion_tokens=exchange.usage.completion_tokens)
+    if exchange.continuations:
+        fields["continuations"] = exchange.continuations
     if exchange.client_gone:
         fields["client_gone"] = True
     # Health checks arrive every few seconds from load balancers: not worth a line each.

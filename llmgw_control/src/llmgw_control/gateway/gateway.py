@@ -24,6 +24,14 @@ from ..tenancy.admission import Admission, Ticket
 from ..transport.asgi import REQUEST_ID, Receive, Scope, Send
 from .activator import Activator, Refusal, Slot
 from .config import RouterConfig
+from .continuation import (
+    ContinuationRefused,
+    StreamBroken,
+    StreamRecord,
+    continuation_request,
+    ending,
+    may_continue,
+)
 from .directory import ModelDirectory, StaticDirectory
 from .exchange import Exchange, header, record, request_id
 from .metrics import GatewayMetrics
@@ -160,10 +168,20 @@ class Gateway:
         if failure is not None:
             raise failure
 
+    def _stream_record(self, request: ParsedRequest, key: str) -> StreamRecord | None:
+        """A record of the stream when it may be continued elsewhere should its engine break off."""
+        config = self.config
+        allowed = config.continue_streams.get(key, config.continue_streams.get(key.partition(":")[0], True))
+        if config.max_continuations < 1 or not allowed or not may_continue(request):
+            return None
+        return StreamRecord(request)
+
     async def _attempts(self, request: ParsedRequest, key: str, exchange: Exchange, priority: Priority) -> None:
         activator = self.activator
         tried: frozenset[str] = frozenset()
         failure: ClientApiError | None = None
+        record = self._stream_record(request, key)
+        broken: StreamBroken | None = None
         for attempt in range(self.config.max_attempts):
             slot = activator.try_acquire(key, tried)
             if slot is None:
@@ -180,16 +198,90 @@ class Gateway:
                 tried = tried | {replica.id}
                 exchange.replica = replica.id
                 try:
-                    await self._attempt(replica, request, exchange)
+                    await self._attempt(replica, request, exchange, record)
                     return
                 except Retryable as retry:
                     failure = retry.error
-                    replica.cooldown_until = trio.current_time() + self.config.cooldown
-                    self.metrics.cooldowns.labels(replica.id).inc()
-                    log.warning("replica %s failed (%s): %s", replica.id, retry.reason, retry.error.message,
-                                extra={"replica": replica.id, "model": key})
+                    self._failed(replica, key, retry.reason, retry.error)
+                except StreamBroken as exc:
+                    broken = exc
+                    self._failed(replica, key, exc.reason, exc.error)
+            if broken is not None and record is not None:
+                await self._continue(key, exchange, priority, tried, broken, record)
+                return
         raise failure or ClientApiError(
             503, f"No replica of model '{request.model}' is available.", code="no_replica_available")
+
+    def _failed(self, replica: Replica, key: str, reason: str, error: ClientApiError) -> None:
+        replica.cooldown_until = trio.current_time() + self.config.cooldown
+        self.metrics.cooldowns.labels(replica.id).inc()
+        log.warning("replica %s failed (%s): %s", replica.id, reason, error.message,
+                    extra={"replica": replica.id, "model": key})
+
+    async def _continue(
+        self, key: str, exchange: Exchange, priority: Priority, tried: frozenset[str], broken: StreamBroken,
+        record: StreamRecord,
+    ) -> None:
+        """Continue a broken stream on other replicas, at most ``max_continuations`` times.
+
+        Each try asks for another ready replica (not one tried already) with what the client has
+        received so far; when none can, the stream ends with the last failure as its error event,
+        as a stream that may not be continued does.
+        """
+        failure, outcome = broken.error, "gave_up"
+        for _ in range(self.config.max_continuations):
+            if exchange.client_gone:
+                return  # never for a client that hung up (its cancellation is on the way)
+            seen = record.seen()
+            end = ending(record.request, seen)
+            if end is not None:
+                # The answer was whole but for its last events: those need no engine.
+                self.metrics.continuations.labels(key, "finished").inc()
+                exchange.complete = True
+                await exchange.send_chunk(end, events=end.count(b"data:"))
+                await exchange.end_stream()
+                return
+            plan = None if record.overflow or seen.other else continuation_request(record.request, seen)
+            if plan is None:
+                outcome = "impossible"
+                break
+            slot = self.activator.try_acquire(key, tried)
+            if slot is None:
+                waited = await self._queue(key, exchange, priority, tried, retry=True)
+                if isinstance(waited, Refusal):
+                    break
+                slot = waited
+            with slot:
+                replica = slot.replica
+                tried = tried | {replica.id}
+                exchange.replica = replica.id
+                record.continue_after(seen)
+                exchange.continuations = record.continuations
+                try:
+                    await self._attempt(replica, plan, exchange, record)
+                    self.metrics.continuations.labels(key, "continued").inc()
+                    return
+                except Retryable as retry:
+                    # Nothing of it reached the client; the next try starts from the same place.
+                    record.broken_tokens.pop()
+                    failure = retry.error
+                    self._failed(replica, key, retry.reason, retry.error)
+                except StreamBroken as exc:
+                    failure = exc.error
+                    self._failed(replica, key, exc.reason, exc.error)
+                except ContinuationRefused as refused:
+                    failure, outcome = refused.error, "refused"
+                    break
+                except ClientApiError as error:
+                    # A first-byte timeout: that engine may still be working on the prompt, and
+                    # another would double its cost (as for a first attempt, not retried).
+                    failure = error
+                    break
+        self.metrics.continuations.labels(key, outcome).inc()
+        log.warning("stream ended early after %d continuation(s) (%s): %s", record.continuations, outcome,
+                    failure.message, extra={"model": key})
+        await exchange.send_error(failure)
+        await exchange.end_stream()
 
     async def _queue(
         self, key: str, exchange: Exchange, priority: Priority, tried: frozenset[str], *, retry: bool
@@ -209,7 +301,9 @@ class Gateway:
             self.metrics.queue_refusals.labels(key, outcome.value).inc()
         return outcome
 
-    async def _attempt(self, replica: Replica, request: ParsedRequest, exchange: Exchange) -> None:
+    async def _attempt(
+        self, replica: Replica, request: ParsedRequest, exchange: Exchange, record: StreamRecord | None = None,
+    ) -> None:
         headers = [("content-type", "application/json"), ("accept", "application/json, text/event-stream"),
                    ("x-request-id", exchange.request_id)]
         if replica.api_key:
@@ -222,7 +316,7 @@ class Gateway:
             # after its last stream fails before any response byte.
             for fresh_connection in (False, True):
                 try:
-                    await exchange_with(self.upstream, self.config, replica, url, headers, request, exchange)
+                    await exchange_with(self.upstream, self.config, replica, url, headers, request, exchange, record)
                     return
                 except UpstreamClosedEarly as exc:
                     if fresh_connection:

@@ -63,6 +63,15 @@ class GatewayMetrics:
             "Requests refused by a model's queue: overflow (429, the queue was full), timeout (503, "
             "waited max_wait), standby (503, this daemon stopped leading).", ["model", "reason"], registry=registry,
         )
+        self.continuations = Counter(
+            "llmgw_stream_continuations_total",
+            "Streams whose engine broke off after bytes reached the client, by model and outcome: continued "
+            "(another replica finished it), finished (the answer was whole but for its [DONE] or finish chunk), "
+            "gave_up (router.max_continuations tries, or no other replica), refused (the continuing engine "
+            "answered a 4xx), impossible (nothing to carry over: tool calls or reasoning, a stream too long to "
+            "record).",
+            ["model", "outcome"], registry=registry,
+        )
         self.cooldowns = Counter(
             "llmgw_replica_cooldowns_total", "Times a replica was put in cooldown after a failure.",
             ["replica"], registry=registry,

@@ -20,6 +20,7 @@ from llmgw_shared.logs import get_logger
 
 from ..api_errors import ClientApiError
 from .config import RouterConfig
+from .continuation import ContinuationRefused, StreamBroken, StreamRecord
 from .exchange import Exchange
 from .replicas import Replica
 from .requests import ParsedRequest
@@ -61,9 +62,14 @@ def _engine_message(body: bytes) -> str:
 
 async def exchange_with(
     upstream: UpstreamClient, config: RouterConfig, replica: Replica, url: str, headers: list[tuple[str, str]],
-    request: ParsedRequest, exchange: Exchange,
+    request: ParsedRequest, exchange: Exchange, record: StreamRecord | None = None,
 ) -> None:
-    """Send ``request`` to ``replica`` and relay its answer into ``exchange``."""
+    """Send ``request`` to ``replica`` and relay its answer into ``exchange``.
+
+    With a ``record``, a stream that breaks after bytes reached the client raises StreamBroken
+    (the gateway continues it elsewhere) instead of ending with an error event; when the record
+    holds a splice, this attempt continues a stream already under way.
+    """
     body = request.body
     if replica.served_name and replica.served_name != request.model:
         # Engines such as vLLM check the name; llama-server ignores it (then it is not set).
@@ -79,7 +85,7 @@ async def exchange_with(
                 head.deadline = math.inf
                 answered = True
                 exchange.upstream_seconds += time.perf_counter() - waited
-                await _relay(config, replica, response, exchange)
+                await _relay(config, replica, response, exchange, record)
     finally:
         if not answered:
             exchange.upstream_seconds += time.perf_counter() - waited
@@ -113,7 +119,10 @@ async def _read_all(
                        code="upstream_timeout")
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
-async def _relay(config: RouterConfig, replica: Replica, response: UpstreamResponse, exchange: Exchange) -> None:
+async def _relay(
+    config: RouterConfig, replica: Replica, response: UpstreamResponse, exchange: Exchange,
+    record: StreamRecord | None = None,
+) -> None:
     status = response.status_code
     if status >= 500:
         try:
@@ -124,6 +133,17 @@ async def _relay(config: RouterConfig, replica: Replica, response: UpstreamRespo
             502, f"Replica {replica.id} answered {status} (phase: first_byte): {detail}",
             code="upstream_error"), f"http_{status}")
     content_type = response.content_type()
+    splice = record.splice if record is not None else None
+    if splice is not None and (status >= 300 or not content_type.startswith("text/event-stream")):
+        # The client's stream is under way: this answer cannot be relayed, and it is the engine
+        # refusing the continuation (a 4xx), so no other replica is asked either.
+        try:
+            detail = _engine_message(await _read_all(config, replica, response, exchange, _ERROR_BODY_LIMIT))
+        except ClientApiError as error:
+            detail = error.message
+        raise ContinuationRefused(ClientApiError(
+            502, f"Replica {replica.id} would not continue the stream ({status}): {detail}",
+            code="upstream_error"))
     if not content_type.startswith("text/event-stream"):
         try:
             body = await _read_all(config, replica, response, exchange)
@@ -134,10 +154,12 @@ async def _relay(config: RouterConfig, replica: Replica, response: UpstreamRespo
             exchange.usage = find_usage(body)
         await exchange.respond(status, body, content_type.encode() or b"application/json")
         return
-    await exchange.start_stream(status, content_type.encode())
-    # From here the overhead figure is fixed: the relay's own time overlaps the engine's.
-    exchange.freeze_overhead()
+    if splice is None:
+        await exchange.start_stream(status, content_type.encode())
+        # From here the overhead figure is fixed: the relay's own time overlaps the engine's.
+        exchange.freeze_overhead()
     tail = StreamTail()
+    ended = False
     arrived, collected = trio.open_memory_channel[bytes | ClientApiError | None](_RELAY_QUEUE)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_read_stream, config, replica, response, arrived)
@@ -157,23 +179,44 @@ async def _relay(config: RouterConfig, replica: Replica, response: UpstreamRespo
                     item = collected.receive_nowait()
                 except trio.WouldBlock:
                     break
-            if parts:
+            if parts or (done and record is not None):
                 data = parts[0] if len(parts) == 1 else b"".join(parts)
+                if record is not None:
+                    # Only whole events leave, so a cut never leaves half of one at the client.
+                    clean = done and failure is None
+                    if splice is not None:
+                        data = splice.feed(data) + (splice.rest() if clean else b"")
+                    data = record.whole_events(data)
+                    ended = ended or b"data: [DONE]" in data
+                    if clean and ended:
+                        data += record.rest()
+                    elif clean:
+                        failure = ClientApiError(502, f"Replica {replica.id} ended its stream without [DONE] "
+                                                 "(phase: body).", code="upstream_broken")
+                    if not data:
+                        continue
                 tail.feed(data)
                 if b'"usage"' in data:
                     # Taken now: a client that closes right after [DONE] cancels what follows.
                     exchange.usage = tail.usage() or exchange.usage
+                    if splice is not None and splice.charged is not None:
+                        exchange.usage = splice.charged
                 if (done and failure is None) or b"data: [DONE]" in data:
                     # This write carries the end of the answer: a client that hangs up from
                     # here on (the openai client does, right after [DONE]) is done, not gone.
                     exchange.complete = True
                 await exchange.send_chunk(data, events=data.count(b"data:"))
+    if failure is not None and record is not None:
+        # Another replica may continue it: the gateway decides (and ends the stream).
+        raise StreamBroken(failure, failure.code or "broken")
     if failure is not None:
         # Bytes already reached the client: no retry, the error travels as the last event.
         log.warning("stream from replica %s ended early: %s", replica.id, failure.message,
                     extra={"replica": replica.id})
         await exchange.send_error(failure)
     exchange.usage = tail.usage() or exchange.usage
+    if splice is not None and splice.charged is not None:
+        exchange.usage = splice.charged
     await exchange.end_stream()
 
 

@@ -155,6 +155,19 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     Migration(
         5,
+        "the model mirror's pulls and the draft catalog entries they made",
+        (
+            # One JSON document per pull (mirror/pulls.py): what was asked, how it ended, and
+            # the draft model the operator publishes. Progress lives in memory, not here.
+            """CREATE TABLE model_pulls (
+                id TEXT PRIMARY KEY,
+                document TEXT NOT NULL,
+                created_at BIGINT NOT NULL,
+                updated_at BIGINT NOT NULL)""",
+        ),
+    ),
+    Migration(
+        6,
         "capacity runs: a benchmark sweep with its state, its levels and what makes it comparable",
         (
             # History, like ``capacity``: no foreign keys, a run outlives its node and model.

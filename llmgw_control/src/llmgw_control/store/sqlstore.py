@@ -25,6 +25,7 @@ from .ops_fleet import FleetOps
 from .ops_groups import GroupOps
 from .ops_keys import KeyOps
 from .ops_nodes import NodeOps
+from .ops_pulls import PullOps
 from .ops_quotas import QuotaOps
 from .ops_secrets import SecretOps
 from .ops_usage import UsageOps
@@ -33,7 +34,8 @@ from .records import Revisions
 from .sqlite import SqliteBackend
 
 
-class SqlStore(CatalogOps, NodeOps, GroupOps, KeyOps, QuotaOps, UsageOps, CapacityOps, SecretOps, FleetOps):
+class SqlStore(CatalogOps, NodeOps, GroupOps, KeyOps, QuotaOps, UsageOps, CapacityOps, SecretOps, FleetOps,
+               PullOps):
     def __init__(self, backend: Backend, lease_backend: Backend | None = None) -> None:
         self._backend = backend
         self._lease_backend = lease_backend

@@ -286,9 +286,10 @@ class EngineManager:
             if spec.name not in ARCHIVE_ENGINES and state.status == "absent":
                 configured = [e for e in self.configured if e.name == spec.name]
                 if not configured:
-                    self._set(EngineState(name=spec.name, version=spec.version, status="failed",
-                                          detail=f"unknown engine {spec.name!r}: name it in the node's "
-                                                 "config by path"))
+                    # Not a failure: this node simply has no such engine, and placement skips it.
+                    self._set(EngineState(name=spec.name, version=spec.version, status="unconfigured",
+                                          detail=f"{spec.name} is not configured here: name it by path in "
+                                                 "the node's [[engines]] to serve it on this node"))
         todo = [s for s in todo if s.name in ARCHIVE_ENGINES]
         for spec in todo:
             # Installing from this moment, so a start_shard right behind set_engines waits for it.

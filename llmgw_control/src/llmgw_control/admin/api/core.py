@@ -64,7 +64,7 @@ class Param:
     """A query parameter: its name, type and constraints (used for parsing and the document)."""
 
     name: str
-    kind: Literal["string", "boolean", "date-time"] = "string"
+    kind: Literal["string", "boolean", "integer", "date-time"] = "string"
     doc: str = ""
 
 
@@ -192,6 +192,11 @@ def _parse_query(params: tuple[Param, ...], args: Any) -> dict[str, Any]:
             if value not in ("true", "false"):
                 raise bad_request(name, "must be true or false")
             out[name] = value == "true"
+        elif param.kind == "integer":
+            # Digits only: int() would take " 7", "+7", "7_000" and 4,300 digits of work.
+            if not value.isascii() or not value.isdigit() or len(value) > 9:
+                raise bad_request(name, "must be a whole number of at most 9 digits")
+            out[name] = int(value)
         elif param.kind == "date-time":
             try:
                 out[name] = datetime_in(value, datetime)

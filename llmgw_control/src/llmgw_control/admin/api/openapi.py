@@ -106,7 +106,9 @@ _ERROR_WORDS = {
     404: "The object addressed does not exist.",
     409: "The change contradicts what exists (a duplicate, an object in use, a model from the config file).",
     413: "The body is larger than 1 MiB.",
+    502: "An upstream service (the Hugging Face Hub) answered an error or could not be reached.",
     503: "The store is unavailable, or this daemon is not ready.",
+    504: "An upstream service (the Hugging Face Hub) did not answer in time.",
 }
 
 
@@ -136,8 +138,11 @@ def openapi_document(routes: Sequence[Route], title: str, version: str) -> dict[
         parameters = [{"name": name, "in": "path", "required": True,
                        "schema": {"type": "string", "minLength": 1}} for name in PATH_PARAM.findall(route.path)]
         for param in route.query:
-            schema: dict[str, Any] = {"string": {"type": "string"}, "boolean": {"type": "boolean"},
-                                      "date-time": {"type": "string", "format": "date-time"}}[param.kind]
+            kinds: dict[str, dict[str, Any]] = {
+                "string": {"type": "string"}, "boolean": {"type": "boolean"},
+                "integer": {"type": "integer", "minimum": 0},
+                "date-time": {"type": "string", "format": "date-time"}}
+            schema = kinds[param.kind]
             parameters.append({"name": param.name, "in": "query", "required": False, "schema": schema,
                                "description": param.doc})
         if parameters:

@@ -14,8 +14,9 @@ from ...api_errors import AdminApiError, conflict, not_found
 from ...catalog import ModelConfig
 from ...catalog.service import ModelService
 from ...store import UNSET, ApiKey, Group, NotFound, Quota, StoreError, Unset
-from ..fleet_views import model_view, node_view, registered_node_view
+from ..fleet_views import model_view, node_view, node_weights_view, registered_node_view
 from .core import Api, Call, Param
+from .replica_logs import register_replica_logs
 from .schemas import (
     CapacityList,
     CapacityView,
@@ -47,6 +48,7 @@ from .schemas import (
     Totals,
     UsageAnswer,
     UsageRow,
+    WeightsList,
 )
 
 if TYPE_CHECKING:
@@ -213,8 +215,11 @@ def build_api(ctx: ApiContext) -> Api:
         for r in sorted(f.reconciler.shards.values(), key=lambda r: (r.key, r.shard_id)):
             published = f.reconciler.replicas.get(r.shard_id)
             out.append(ReplicaView(r.shard_id, r.key, r.node_id, r.port, r.status, r.detail, r.draining,
-                                   published is not None, published.in_flight if published else 0))
+                                   published is not None, published.in_flight if published else 0,
+                                   list(r.last_lines)))
         return ReplicaList(out)
+
+    register_replica_logs(api, fleet)
 
     @api.route("GET", "/engines", summary="The engines every node gets, and their state on each node",
                tag="engines", response=EngineList)
@@ -231,6 +236,21 @@ def build_api(ctx: ApiContext) -> Api:
                                               state.provenance if state else None))
             out.append(EngineView(engine.name, engine.version, engine.release_api, states))
         return EngineList(out)
+
+    @api.route("GET", "/weights", summary="The model files each node holds: size, when last used, in use by what",
+               tag="nodes", response=WeightsList, errors=(404,),
+               query=(Param("node", doc="Only this node"),))
+    async def list_weights(call: Call) -> WeightsList:
+        if ctx.fleet is None:
+            return WeightsList([])
+        f = ctx.fleet
+        wanted = call.query.get("node")
+        nodes = sorted(f.inventory, key=lambda n: n.node_id)
+        if wanted is not None:
+            nodes = [n for n in nodes if n.node_id == wanted]
+            if not nodes:
+                raise not_found("node", wanted)
+        return WeightsList([node_weights_view(f, n) for n in nodes])
 
     # ------------------------------------------------------------------ groups
 

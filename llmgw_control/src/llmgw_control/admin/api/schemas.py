@@ -101,17 +101,20 @@ class DrainAnswer:
 
 
 @attrs.frozen
+class ClaimView:
+    ram_mib: int
+    vram_mib: int
+
+
+@attrs.frozen
 class ReplicaOfModel:
     id: str
     node: str
     port: int
     state: str
-
-
-@attrs.frozen
-class ClaimView:
-    ram_mib: int
-    vram_mib: int
+    # What its node measured it to use (RSS of the engine's process tree, its GPU memory), as
+    # placement accounts it; null until the node has measured it.
+    used: ClaimView | None = None
 
 
 @attrs.frozen
@@ -128,6 +131,34 @@ class ModelView:
     waiting_requests: int
     status: str
     claim: ClaimView
+
+
+@attrs.frozen
+class WeightsFileView:
+    """One model file in a node's weights cache."""
+
+    sha256: str
+    size: int
+    # When a replica last started on it or stopped using it (the node's record).
+    last_used: datetime
+    # A replica uses it now (the node says so, or control runs one there on it): never removed.
+    in_use: bool
+    # The profile keys of the replicas control runs there on it (none: kept, but unused).
+    models: list[str]
+
+
+@attrs.frozen
+class NodeWeightsView:
+    node: str
+    # False: the node has not reported its weights (it is not connected, or predates reporting).
+    reported: bool
+    disk_free_mib: int
+    weights: list[WeightsFileView]
+
+
+@attrs.frozen
+class WeightsList:
+    nodes: list[NodeWeightsView]
 
 
 @attrs.frozen
@@ -160,6 +191,25 @@ class ReplicaView:
     # Published to the router (receiving requests) right now.
     routable: bool
     in_flight: int
+    # The engine's last output lines, as its node sent them with a crash or a failed start.
+    last_lines: list[str] = attrs.Factory(list)
+
+
+@attrs.frozen
+class ReplicaLogs:
+    """A replica's engine output: the last lines, or those after ``cursor`` (a follower's poll)."""
+
+    replica: str
+    model: str
+    node: str
+    status: str
+    detail: str
+    # "node": read from the engine's log on its node now; "failure report": the lines the node
+    # sent with the failure (the node is not connected, or no longer has the output).
+    source: str
+    lines: list[str]
+    # Give it back (``cursor=``) to get only what was written after these lines.
+    cursor: str
 
 
 @attrs.frozen

@@ -43,7 +43,8 @@ from .session import (
 
 log = get_logger("llmgw.dashboard")
 HERE = Path(__file__).parent
-PAGES = (("fleet", "", "Fleet"), ("models", "models", "Models"), ("usage", "usage", "Usage"),
+PAGES = (("fleet", "", "Fleet"), ("models", "models", "Models"), ("find", "find", "Find a model"),
+         ("usage", "usage", "Usage"),
          ("capacity", "capacity", "Capacity"), ("keys", "keys", "Keys"), ("history", "history", "History"))
 _CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
         "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")

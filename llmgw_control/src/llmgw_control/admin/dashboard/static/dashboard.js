@@ -154,9 +154,48 @@
       h("td", { class: "num" }, m.ready), h("td", { class: "num" }, m.waiting_requests || 0),
       h("td", { class: "replicas" }, (m.replicas || []).length
         ? h("ul", {}, m.replicas.map((r) => h("li", {}, h("span", { class: "mono" }, r.id), ` on ${r.node}:${r.port} `,
-            badge(r.state, stateKind(r.state)))))
+            badge(r.state, stateKind(r.state)), " ",
+            h("button", { type: "button", class: "small", "data-action": "replica-logs", "data-replica": r.id },
+              "Logs"))))
         : "none")));
     replaceRows($("#models"), rows, 6, "No models configured.");
+    await replicaLogs.refresh();
+  };
+
+  // The replica view's engine output: the last lines, then (each refresh) what came after the
+  // cursor. At most KEEP lines stay on the page.
+  const replicaLogs = {
+    KEEP: 1000, replica: "", cursor: "",
+    async show(replica) {
+      this.replica = replica;
+      this.cursor = "";
+      $("#replica-logs").hidden = false;
+      $("#logs-replica").textContent = replica;
+      $("#logs-lines").textContent = "";
+      $("#logs-note").textContent = "Loading…";
+      await this.refresh();
+    },
+    async refresh() {
+      if (!this.replica || !$("#replica-logs")) return;
+      const query = this.cursor ? `cursor=${encodeURIComponent(this.cursor)}` : "lines=200";
+      let answer;
+      try {
+        answer = await api(`/replicas/${encodeURIComponent(this.replica)}/logs?${query}`);
+      } catch (err) {
+        $("#logs-note").textContent = err.message;
+        return;
+      }
+      const pre = $("#logs-lines");
+      if (!this.cursor || answer.source !== "node") pre.textContent = "";
+      const text = answer.lines.join("\n");
+      if (text) pre.textContent = (pre.textContent ? pre.textContent + "\n" : "") + text;
+      const kept = pre.textContent.split("\n");
+      if (kept.length > this.KEEP) pre.textContent = kept.slice(-this.KEEP).join("\n");
+      this.cursor = answer.cursor;
+      $("#logs-note").textContent = answer.source === "node"
+        ? `Replica ${answer.status} on node ${answer.node}; new lines appear as the engine writes them.`
+        : `The lines node ${answer.node} sent with the failure (${answer.status}: ${answer.detail}).`;
+    },
   };
 
   async function groupsList() { return firstArray(await api("/groups"), "groups"); }
@@ -362,6 +401,11 @@
       if (!confirm(`Revoke key ${name}? Clients using it are refused at once.`)) return;
       button.disabled = true;
       act(async () => { await api(`/keys/${encodeURIComponent(key)}/revoke`, "POST"); return `Key ${name} revoked.`; });
+    } else if (action === "replica-logs") {
+      replicaLogs.show(button.dataset.replica);
+    } else if (action === "close-logs") {
+      replicaLogs.replica = "";
+      $("#replica-logs").hidden = true;
     } else if (action === "dismiss-secret") {
       $("#new-secret-value").textContent = "";
       $("#new-secret").hidden = true;

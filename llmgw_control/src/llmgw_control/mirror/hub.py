@@ -1,0 +1,118 @@
+"""Searching the Hub and listing a repository's GGUF files, through ``huggingface-hub``.
+
+The library is the Hub's own client: it knows the API's paths, pagination and error shapes.
+It is blocking (httpx2's sync client), so each call runs in ``trio.to_thread``, bounded by a
+trio timeout (``abandon_on_cancel``: a call that outlives its deadline finishes in its thread and
+is ignored). Its endpoint is the configured one and it never reads a token from the machine
+(``token=False`` unless ``hub.token_file``/the environment gives one), so what it sends is
+what ``[hub]`` says.
+
+Downloads do not use the library (see ``download.py``): they must pass the SSRF guard on
+every redirect, resume into control's files directory and report progress to a trio task,
+none of which ``hf_hub_download`` lets a caller do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import TypeVar
+from urllib.parse import quote
+
+import attrs
+import httpx2
+import trio
+from huggingface_hub import HfApi
+from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
+from huggingface_hub.hf_api import RepoFile
+
+from ..api_errors import AdminApiError
+from .config import HubConfig
+from .names import is_split, quantisation
+
+T = TypeVar("T")
+
+# A Hub call that takes longer has failed for the operator waiting on the page; the thread is
+# left to finish on its own (the library's own timeout, 10 s per request, ends it).
+_CALL_TIMEOUT = 30.0
+# A repository with more files than this is listed in part (GGUF repos hold tens).
+_MAX_TREE = 2000
+
+
+@attrs.frozen
+class HubRepo:
+    id: str
+    downloads: int
+    likes: int
+    updated: str
+
+
+@attrs.frozen
+class HubFile:
+    path: str
+    size: int
+    sha256: str
+    quantisation: str
+    split: bool
+
+
+class Hub:
+    def __init__(self, config: HubConfig) -> None:
+        self.config = config
+        self.endpoint = config.endpoint
+
+    def _api(self) -> HfApi:
+        return HfApi(endpoint=self.endpoint, token=self.config.token() or False,
+                     library_name="llmgw", library_version="0.1")
+
+    async def _call(self, fn: Callable[[], T]) -> T:
+        try:
+            with trio.fail_after(_CALL_TIMEOUT):
+                return await trio.to_thread.run_sync(fn, abandon_on_cancel=True)
+        except trio.TooSlowError:
+            raise AdminApiError(504, "hub_timeout", f"the Hub at {self.endpoint} did not answer in time") from None
+        except (RepositoryNotFoundError, RevisionNotFoundError) as exc:
+            raise AdminApiError(404, "not_found", f"not on the Hub: {_short(exc)}") from None
+        except HfHubHTTPError as exc:
+            raise AdminApiError(502, "hub_error", f"the Hub answered an error: {_short(exc)}") from None
+        except (httpx2.HTTPError, OSError, ValueError) as exc:
+            raise AdminApiError(502, "hub_unreachable", f"the Hub at {self.endpoint} is unreachable: "
+                                f"{type(exc).__name__}") from None
+
+    async def search(self, text: str, limit: int | None = None) -> list[HubRepo]:
+        """GGUF repositories matching ``text``, most downloaded first."""
+        count = min(limit or self.config.search_limit, self.config.search_limit)
+
+        def run() -> list[HubRepo]:
+            found = self._api().list_models(search=text or None, filter="gguf", sort="downloads", limit=count)
+            return [HubRepo(m.id, int(m.downloads or 0), int(m.likes or 0), _when(m.last_modified))
+                    for m in found]
+
+        return await self._call(run)
+
+    async def gguf_files(self, repo: str, revision: str = "main") -> list[HubFile]:
+        """The repository's GGUF files, with the LFS sha256 the Hub holds for each."""
+
+        def run() -> list[HubFile]:
+            files = []
+            for count, entry in enumerate(self._api().list_repo_tree(repo, recursive=True, revision=revision)):
+                if count >= _MAX_TREE:
+                    break
+                if isinstance(entry, RepoFile) and entry.path.lower().endswith(".gguf") and entry.lfs:
+                    files.append(HubFile(entry.path, int(entry.lfs.size), str(entry.lfs.sha256),
+                                         quantisation(entry.path), is_split(entry.path)))
+            return files
+
+        return await self._call(run)
+
+    def resolve_url(self, repo: str, revision: str, path: str) -> str:
+        return f"{self.endpoint}/{repo}/resolve/{quote(revision, safe='')}/{quote(path)}"
+
+
+def _when(value: datetime | None) -> str:
+    return value.isoformat() if value else ""
+
+
+def _short(exc: Exception) -> str:
+    # The library's messages hold the URL and a request id; the first line is the meaning.
+    return str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__

@@ -1,0 +1,59 @@
+"""How each engine is started: its command line and where its key goes.
+
+- llama.cpp: ``llama-server -m FILE --host H --port P [GPU offload and split] ...``, the key in
+  ``LLAMA_API_KEY``;
+- vLLM: ``vllm serve DIR --host H --port P ...``, the key in ``VLLM_API_KEY``;
+- SGLang: ``<python> -m sglang.launch_server --model-path DIR --host H --port P --api-key K ...``
+  (the configured path is the Python that has sglang installed);
+- any other engine named by path: its ``args`` with ``{model}``, ``{host}`` and ``{port}``
+  substituted, the key in ``LLMGW_API_KEY`` (and ``VLLM_API_KEY``, for vLLM-based builds).
+
+Control's arguments for the profile (context, slots, served name) follow ours.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from llmgw_shared.wire import ShardSpec
+
+# Engines that serve a model directory (ShardSpec.model_dir) rather than one file.
+DIRECTORY_ENGINES = ("vllm", "sglang")
+
+
+def engine_argv(binary: Path, spec: ShardSpec, model: Path, host: str) -> list[str]:
+    host_port = ["--host", host, "--port", str(spec.port)]
+    if spec.engine == "llama.cpp":
+        return [str(binary), "-m", str(model), *host_port, *gpu_args(spec.devices), *spec.args]
+    if spec.engine == "vllm":
+        return [str(binary), "serve", str(model), *host_port, *spec.args]
+    if spec.engine == "sglang":
+        # SGLang reads its key only from --api-key: on its command line, where local users can
+        # read it (docs/node.md says so; the key opens only this one engine).
+        return [str(binary), "-m", "sglang.launch_server", "--model-path", str(model), *host_port,
+                "--api-key", spec.api_key, *spec.args]
+    subst = {"{model}": str(model), "{host}": host, "{port}": str(spec.port)}
+    return [str(binary), *(subst.get(a, a) for a in spec.args)]
+
+
+def gpu_args(devices: list[int]) -> list[str]:
+    """llama-server's flags for the GPUs of a shard (before the profile's own, which may override):
+    every layer offloaded, and with several GPUs the layers split evenly over them. Indices are
+    the visible devices' (CUDA_VISIBLE_DEVICES renumbers them from 0)."""
+    if not devices:
+        return []
+    args = ["--n-gpu-layers", "999", "--main-gpu", "0"]
+    if len(devices) > 1:
+        args += ["--split-mode", "layer", "--tensor-split", ",".join("1" for _ in devices)]
+    return args
+
+
+def key_environment(spec: ShardSpec) -> dict[str, str]:
+    """The key by environment, not argv where the engine allows it: /proc/<pid>/cmdline is world-readable.
+
+    Applied after the profile's ``env``, so a profile cannot give the engine another key than
+    the one the router sends.
+    """
+    if spec.engine == "llama.cpp":
+        return {"LLAMA_API_KEY": spec.api_key}
+    return {"LLMGW_API_KEY": spec.api_key, "VLLM_API_KEY": spec.api_key}

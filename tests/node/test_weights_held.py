@@ -1,0 +1,54 @@
+"""The node reports its weights cache (what control's weights GC decides on): in hello, after use, after removal."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import attrs
+import trio
+from node.helpers import next_shard_state, shard_spec
+from node.release_server import FileServer
+
+from llmgw_dev.engine_proc import free_port
+from llmgw_node.config import ConfiguredEngine, NodeConfig
+from llmgw_node.service import NodeService, open_node_service
+from llmgw_node.supervisor import Timing
+from llmgw_shared.wire import RemoveWeights, StartShard, StopShard, WeightsHeld, WeightsSpec
+
+
+async def _held_until(svc: NodeService, pred: object) -> list[WeightsHeld]:
+    with trio.fail_after(10):
+        while not pred(svc.weights_held):  # type: ignore[operator]
+            await trio.sleep(0.05)
+    return svc.weights_held
+
+
+async def test_the_cache_is_reported_with_its_use_and_goes_when_removed(
+        tmp_path: Path, node_config: NodeConfig, files: FileServer, fast_timing: Timing) -> None:
+    script = tmp_path / "fake-llama-server"
+    script.write_text("#!/bin/sh\nif [ \"$1\" = \"--version\" ]; then echo 'version: 1 (build 1, commit x)' >&2; "
+                      "exit 0; fi\nexec sleep 30\n")
+    script.chmod(0o755)
+    config = attrs.evolve(node_config, engines=[ConfiguredEngine(name="llama.cpp", path=str(script),
+                                                                 version="b11312")])
+    data = b"model weights" * 1000
+    sha = hashlib.sha256(data).hexdigest()
+    weights = WeightsSpec(files.add_file("m.gguf", data), sha, len(data))
+    async with open_node_service(config, timing=fast_timing) as svc:
+        assert svc.hello().weights == []
+        spec = shard_spec("w1", weights, free_port(), args=[])
+        assert (await svc.handle(StartShard(id="1", fencing_token=1, shard=spec))).ok
+        await next_shard_state(svc, "w1", lambda s: s.status == "starting")
+        (held,) = await _held_until(svc, lambda h: len(h) == 1 and h[0].in_use)
+        assert held.sha256 == sha and held.size == len(data) and held.last_used > 0
+        assert svc.hello().weights == [held]
+        # In use: a removal keeps it (the node's own rule, whatever control asks).
+        ack = await svc.handle(RemoveWeights(id="2", fencing_token=1, sha256=[sha]))
+        assert not ack.ok and "kept 1 file(s)" in ack.error
+        assert (await svc.handle(StopShard(id="3", fencing_token=1, shard_id="w1", grace_s=0.5))).ok
+        await next_shard_state(svc, "w1", lambda s: s.status == "stopped")
+        (after,) = await _held_until(svc, lambda h: len(h) == 1 and not h[0].in_use)
+        assert after.last_used >= held.last_used  # the end of its use is its last use
+        assert (await svc.handle(RemoveWeights(id="4", fencing_token=1, sha256=[sha]))).ok
+        assert await _held_until(svc, lambda h: h == []) == []
