@@ -1,10 +1,11 @@
 """Measured capacity, and what admission and placement take from it: pure values, no I/O.
 
 A capacity run measures one profile on one node at a sweep of concurrency levels. Its numbers
-hold for every node of the same **kind**: the same CPU model, the same GPU models (in order of
-their index) and the same engine version. Two such nodes run the same engine binary on the same
-silicon, so a measurement on one predicts the other; anything else (another GPU, another engine
-build) is measured on its own.
+hold for every node of the same **capacity kind**: the same hardware (``measured.node_kind``: the
+CPU architecture and the GPUs; plus the CPU model, which decides a CPU-bound engine's speed) and
+the same engine version. Two such nodes run the same engine binary on the same silicon, so a
+measurement on one predicts the other; anything else (another GPU, another engine build) is
+measured on its own.
 
 From the newest finished run of a (profile, kind):
 
@@ -27,16 +28,18 @@ import attrs
 
 from llmgw_shared.facts import HostFacts
 
+from .measured import node_kind
+
 
 def hardware_of(facts: HostFacts) -> str:
-    """A node's CPU model and GPU models: the hardware half of its kind."""
-    gpus = ", ".join(g.name for g in sorted(facts.gpus, key=lambda g: g.index)) or "no GPU"
-    return f"{facts.cpu_model or 'unknown CPU'} / {gpus}"
+    """``x86_64+1xNVIDIA L4 (AMD EPYC 7B13)``: the node kind and the CPU model, the hardware half
+    of a capacity kind (placement compares nodes by it, for one engine version)."""
+    return f"{node_kind(facts)} ({facts.cpu_model or 'unknown CPU'})"
 
 
-def node_kind(facts: HostFacts, engine: str, version: str) -> str:
-    """CPU model + GPU models + engine version: where one run's numbers apply."""
-    return f"{hardware_of(facts)} / {engine} {version}"
+def capacity_kind(hardware: str, engine: str, version: str) -> str:
+    """Hardware + engine version: where one run's numbers apply."""
+    return f"{hardware} / {engine} {version}"
 
 
 def percentile(values: Sequence[float], fraction: float) -> float:
@@ -92,18 +95,33 @@ def best_throughput(levels: Iterable[LevelResult], ttft_target: float, itl_targe
 
 @attrs.frozen
 class Measured:
-    """The newest finished run of one profile on one kind of node."""
+    """The levels of one finished run of one profile on one capacity kind."""
 
     key: str
-    kind: str
     hardware: str
     engine: str
     engine_version: str
     levels: tuple[LevelResult, ...]
 
+    @property
+    def kind(self) -> str:
+        return capacity_kind(self.hardware, self.engine, self.engine_version)
+
+
+def measured_from(key: str, document: Mapping[str, Any]) -> Measured | None:
+    """A stored run's document (``capacity_runs``) as what the index learns; None when it is not
+    the shape a finished run writes (an older or damaged row is skipped, not fatal)."""
+    try:
+        comparable = document["comparable"]
+        levels = tuple(level_from(doc) for doc in document["results"])
+        return Measured(key, str(comparable["hardware"]), str(comparable["engine"]),
+                        str(comparable["engine_version"]), levels)
+    except (KeyError, TypeError, ValueError):
+        return None
+
 
 class CapacityIndex:
-    """The newest finished run per (profile key, kind), as admission and placement read it."""
+    """The newest finished run per (profile key, capacity kind), as admission and placement read it."""
 
     def __init__(self) -> None:
         self._runs: dict[tuple[str, str], Measured] = {}
@@ -113,6 +131,7 @@ class CapacityIndex:
         self._runs[(measured.key, measured.kind)] = measured
 
     def slots(self, key: str, kind: str, ttft_target: float, itl_target: float) -> int | None:
+        """The slot count measured for ``key`` on ``kind``; None: keep ``parallel``."""
         measured = self._runs.get((key, kind))
         return slots_for(measured.levels, ttft_target, itl_target) if measured else None
 
