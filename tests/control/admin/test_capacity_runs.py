@@ -37,6 +37,7 @@ from llmgw_shared.wire import (
 )
 
 from .conftest import JOIN_TOKEN, WEIGHTS_SHA, Daemon, model_doc, running_control, wait_until
+from .test_ctl import ok, run
 
 # The fake engine: at most SATURATE_AT responses generate at once, each CHUNKS tokens CHUNK_DELAY
 # apart (half a second); a request beyond SATURATE_AT waits for a whole response before its first
@@ -222,6 +223,31 @@ async def test_a_run_is_cancelled_by_delete_and_then_is_finished(tmp_path: Path)
         assert again.status_code == 409 and again.json()["error"]["code"] == "conflict"
         # Nothing left measuring: the replica is no longer held busy.
         await wait_until(lambda: _async(not daemon.fleet.reconciler.benchmarking))
+
+
+async def test_ctl_bench_prints_a_line_per_level_and_exits_0_when_done(tmp_path: Path) -> None:
+    model = model_doc(parallel=1, min_replicas=1, ttft_target=TTFT_TARGET)
+    async with running_control(tmp_path, models=[model], control_settings=settings()) as daemon, \
+            engine_node(daemon):
+        await wait_until(lambda: _async(bool(daemon.fleet.reconciler.replicas.for_model("tiny:cpu"))))
+        ran = await ok(daemon, "bench", "tiny:cpu", "--node", "n1", "--levels", "1,2,4", "--level-seconds", "1",
+                       "--prompt-tokens", "8", "--output-tokens", str(CHUNKS))
+        lines = ran.out.splitlines()
+        assert lines[0].startswith("capacity run ") and "tiny:cpu, levels 1,2,4, 1 s each" in lines[0], ran.out
+        assert lines[1].startswith("replica ") and "on node n1 (already running)" in lines[1]
+        levels = [line for line in lines if line.startswith("c=")]
+        assert [line.split()[0] for line in levels] == ["c=1", "c=2", "c=4"], ran.out
+        assert "meets the objective" in levels[0] and "misses the objective" in levels[2]
+        assert "tok/s" in levels[0] and "TTFT p50" in levels[0] and "ITL p50" in levels[0]
+        assert lines[-1] == f"done: {SATURATE_AT} slot(s) meet the profile's objective on this kind of node"
+        table = (await ok(daemon, "capacity", "runs")).out.splitlines()
+        assert table[0].split()[:3] == ["ID", "MODEL", "STATE"] and table[1].split()[1:3] == ["tiny:cpu", "done"]
+        # Refusals come back as the API said them, with a non-zero exit.
+        for argv, words in ((("bench", "nope"), "model 'nope' not found"),
+                            (("bench", "tiny", "--levels", "1,x"), "--levels"),
+                            (("bench", "tiny", "--levels", "0"), "levels[0]")):
+            failed = await run(daemon, *argv)
+            assert failed.code == 1 and words in failed.err, failed
 
 
 BAD_BODIES = [
