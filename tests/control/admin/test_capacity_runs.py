@@ -191,12 +191,13 @@ async def test_another_kind_of_node_keeps_parallel(tmp_path: Path) -> None:
         assert replica.slots == 1
 
 
-async def test_a_replica_started_for_a_run_is_released_after(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", [{"node": "n1"}, {}], ids=["on-the-node-named", "through-the-activator"])
+async def test_a_replica_started_for_a_run_is_released_after(tmp_path: Path, where: dict[str, str]) -> None:
     model = model_doc(parallel=1, ttft_target=TTFT_TARGET)
     async with running_control(tmp_path, models=[model], control_settings=settings()) as daemon, \
             engine_node(daemon) as node:
         assert daemon.fleet.reconciler.replicas.for_model("tiny:cpu") == []
-        answer = await daemon.admin.post("/capacity/runs", json={**SWEEP, "levels": [1], "node": "n1"})
+        answer = await daemon.admin.post("/capacity/runs", json={**SWEEP, "levels": [1], **where})
         assert answer.status_code == 202, answer.text
         run = await finished(daemon, answer.json()["run"]["id"])
         assert run["state"] == "done" and run["started_replica"] is True, run
@@ -223,6 +224,24 @@ async def test_a_run_is_cancelled_by_delete_and_then_is_finished(tmp_path: Path)
         assert again.status_code == 409 and again.json()["error"]["code"] == "conflict"
         # Nothing left measuring: the replica is no longer held busy.
         await wait_until(lambda: _async(not daemon.fleet.reconciler.benchmarking))
+
+
+async def test_a_replica_that_answers_errors_fails_the_run_with_the_engines_words(tmp_path: Path) -> None:
+    model = model_doc(parallel=1, min_replicas=1)
+    async with running_control(tmp_path, models=[model], control_settings=settings()) as daemon, \
+            engine_node(daemon) as node:
+        reconciler = daemon.fleet.reconciler
+        await wait_until(lambda: _async(bool(reconciler.replicas.for_model("tiny:cpu"))))
+        (engine,) = node.engines.values()
+        engine.behavior.status_before_body = 500
+        answer = await daemon.admin.post("/capacity/runs", json={**SWEEP, "levels": [1, 2]})
+        run = await finished(daemon, answer.json()["run"]["id"])
+        assert run["state"] == "failed" and run["levels_done"] == 1, run
+        assert run["error"].startswith("no request at concurrency 1 succeeded: HTTP 500") and "fake engine failure" \
+            in run["error"]
+        assert run["results"][0]["errors"] > 0 and run["slots"] is None
+        # Nothing learnt: the replica keeps parallel.
+        assert reconciler.replicas.for_model("tiny:cpu")[0].slots == 1 and not reconciler.benchmarking
 
 
 async def test_ctl_bench_prints_a_line_per_level_and_exits_0_when_done(tmp_path: Path) -> None:
