@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
 import pytest
 
+from llmgw_control.catalog import ProfileConfig, WeightsConfig
 from llmgw_control.config import load_config
 from llmgw_control.fleet.capacity import (
     CapacityIndex,
@@ -16,6 +18,7 @@ from llmgw_control.fleet.capacity import (
     best_throughput,
     measured_from,
     percentile,
+    profile_fingerprint,
     slots_for,
 )
 from llmgw_control.fleet.plan import Claim, Demand, PlanNode, Start, plan
@@ -62,13 +65,28 @@ def test_best_throughput_counts_only_levels_meeting_the_objective() -> None:
 
 def test_the_index_keeps_the_newest_run_per_kind_and_compares_hardware_per_engine_version() -> None:
     index = CapacityIndex()
-    index.learn(Measured("m:cpu", "x86_64 (A)", "llama.cpp", "b1", (level(4, 0.1),)))
-    index.learn(Measured("m:cpu", "x86_64 (A)", "llama.cpp", "b1", (level(2, 0.1), level(4, 0.9))))
-    index.learn(Measured("m:cpu", "x86_64 (B)", "llama.cpp", "b1", (level(8, 0.1, tps=99),)))
-    index.learn(Measured("m:cpu", "x86_64 (C)", "llama.cpp", "b2", (level(8, 0.1, tps=500),)))
-    assert index.slots("m:cpu", "x86_64 (A) / llama.cpp b1", 0.25, 0.0) == 2  # the newer run
-    assert index.slots("m:cpu", "x86_64 (Z) / llama.cpp b1", 0.25, 0.0) is None
-    assert index.throughput("m:cpu", "llama.cpp", "b1", 0.25, 0.0) == {"x86_64 (A)": 10.0, "x86_64 (B)": 99.0}
+    index.learn(Measured("m:cpu", "x86_64 (A)", "llama.cpp", "b1", (level(4, 0.1),), "p1"))
+    index.learn(Measured("m:cpu", "x86_64 (A)", "llama.cpp", "b1", (level(2, 0.1), level(4, 0.9)), "p1"))
+    index.learn(Measured("m:cpu", "x86_64 (B)", "llama.cpp", "b1", (level(8, 0.1, tps=99),), "p1"))
+    index.learn(Measured("m:cpu", "x86_64 (C)", "llama.cpp", "b2", (level(8, 0.1, tps=500),), "p1"))
+    assert index.slots("m:cpu", "x86_64 (A) / llama.cpp b1", "p1", 0.25, 0.0) == 2  # the newer run
+    assert index.slots("m:cpu", "x86_64 (Z) / llama.cpp b1", "p1", 0.25, 0.0) is None
+    assert index.throughput("m:cpu", "llama.cpp", "b1", "p1", 0.25, 0.0) == {"x86_64 (A)": 10.0,
+                                                                            "x86_64 (B)": 99.0}
+    # The profile changed since (another -np, another flag): its old numbers no longer apply.
+    assert index.slots("m:cpu", "x86_64 (A) / llama.cpp b1", "p2", 0.25, 0.0) is None
+    assert index.throughput("m:cpu", "llama.cpp", "b1", "p2", 0.25, 0.0) == {}
+
+
+def test_the_profile_fingerprint_changes_with_what_decides_speed_only() -> None:
+    base = ProfileConfig("cpu", weights=WeightsConfig("/m.gguf", "a" * 64, 1), parallel=4, args=["-t", "2"])
+    same = [attrs.evolve(base, min_replicas=2, max_replicas=5, idle_timeout=60.0, labels={"zone": "a"},
+                         ttft_target=1.0, start_timeout=5.0)]
+    other = [attrs.evolve(base, parallel=8), attrs.evolve(base, args=["-t", "4"]), attrs.evolve(base, context=8192),
+             attrs.evolve(base, weights=WeightsConfig("/m.gguf", "b" * 64, 1)), attrs.evolve(base, env={"X": "1"}),
+             attrs.evolve(base, slots=16), attrs.evolve(base, gpus=2)]
+    assert {profile_fingerprint(p) for p in same} == {profile_fingerprint(base)}
+    assert len({profile_fingerprint(p) for p in [base, *other]}) == 1 + len(other)
 
 
 def test_a_stored_document_that_is_not_a_finished_run_is_skipped() -> None:

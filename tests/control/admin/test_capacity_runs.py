@@ -16,7 +16,7 @@ import pytest
 import trio
 from trio_websocket import open_websocket_url
 
-from llmgw_control.fleet.capacity import LevelResult, Measured
+from llmgw_control.fleet.capacity import LevelResult, Measured, profile_fingerprint
 from llmgw_control.fleet.shards import ReconcilerConfig
 from llmgw_dev.engine_proc import free_port
 from llmgw_dev.fake_engine import FakeEngine, FakeEngineBehavior, run_fake_engine
@@ -175,7 +175,7 @@ async def test_a_run_on_an_existing_replica_sets_its_slots_to_the_level_meeting_
 
 
 async def test_another_kind_of_node_keeps_parallel(tmp_path: Path) -> None:
-    """A run's numbers hold for its capacity kind only: a node with another CPU is not measured."""
+    """A run's numbers hold for its capacity kind only: a node with another CPU keeps parallel."""
     model = model_doc(parallel=1, min_replicas=1, ttft_target=TTFT_TARGET)
     async with running_control(tmp_path, models=[model], control_settings=settings()) as daemon, \
             engine_node(daemon, cpu="Other CPU"):
@@ -184,11 +184,20 @@ async def test_another_kind_of_node_keeps_parallel(tmp_path: Path) -> None:
         replica = reconciler.replicas.for_model("tiny:cpu")[0]
         # A run measured on a "Test CPU" node, as stored by another daemon.
         level = LevelResult(4, 10, 0, 1.0, 10.0, 10.0, 0.01, 0.01, 0.01, 0.01)
-        reconciler.capacity.learn(Measured("tiny:cpu", "x86_64 (Test CPU)", "llama.cpp", "b11312", (level,)))
+        resolved = daemon.fleet.catalog.resolve("tiny:cpu")
+        assert resolved is not None
+        reconciler.capacity.learn(Measured("tiny:cpu", "x86_64 (Test CPU)", "llama.cpp", "b11312", (level,),
+                                           profile_fingerprint(resolved.profile)))
+        assert reconciler.replica_slots_on("tiny:cpu", resolved.profile, reconciler.inventory.get("n1")) == 1
         reconciler.wake()
         with trio.move_on_after(1.0):  # a few passes: the slots must not move
             await wait_until(lambda: _async(replica.slots != 1), timeout=1.0)
         assert replica.slots == 1
+        # The same numbers measured on this node's kind do apply (so the above was the kind's doing).
+        reconciler.capacity.learn(Measured("tiny:cpu", "x86_64 (Other CPU)", "llama.cpp", "b11312", (level,),
+                                           profile_fingerprint(resolved.profile)))
+        reconciler.wake()
+        await wait_until(lambda: _async(replica.slots == 4))
 
 
 @pytest.mark.parametrize("where", [{"node": "n1"}, {}], ids=["on-the-node-named", "through-the-activator"])

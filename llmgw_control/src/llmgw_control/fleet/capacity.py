@@ -5,7 +5,9 @@ hold for every node of the same **capacity kind**: the same hardware (``measured
 CPU architecture and the GPUs; plus the CPU model, which decides a CPU-bound engine's speed) and
 the same engine version. Two such nodes run the same engine binary on the same silicon, so a
 measurement on one predicts the other; anything else (another GPU, another engine build) is
-measured on its own.
+measured on its own. A run holds for the profile as it was measured, too: its fingerprint (the
+weights, context, parallel, slots, engine arguments and environment, GPUs) must match the
+profile's now, so changing ``-np`` or a flag retires the numbers until measured again.
 
 From the newest finished run of a (profile, kind):
 
@@ -20,6 +22,8 @@ From the newest finished run of a (profile, kind):
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -28,6 +32,7 @@ import attrs
 
 from llmgw_shared.facts import HostFacts
 
+from ..catalog import ProfileConfig
 from .measured import node_kind
 
 
@@ -35,6 +40,14 @@ def hardware_of(facts: HostFacts) -> str:
     """``x86_64+1xNVIDIA L4 (AMD EPYC 7B13)``: the node kind and the CPU model, the hardware half
     of a capacity kind (placement compares nodes by it, for one engine version)."""
     return f"{node_kind(facts)} ({facts.cpu_model or 'unknown CPU'})"
+
+
+def profile_fingerprint(profile: ProfileConfig) -> str:
+    """What of a profile decides how fast a replica of it runs, as a short digest."""
+    facts = {"weights": profile.weights.sha256 if profile.weights is not None else "",
+             "model_dir": profile.model_dir, "context": profile.context, "parallel": profile.parallel,
+             "slots": profile.slots, "args": list(profile.args), "env": dict(profile.env), "gpus": profile.gpus}
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def capacity_kind(hardware: str, engine: str, version: str) -> str:
@@ -102,6 +115,8 @@ class Measured:
     engine: str
     engine_version: str
     levels: tuple[LevelResult, ...]
+    # ``profile_fingerprint`` of the profile measured.
+    profile: str = ""
 
     @property
     def kind(self) -> str:
@@ -115,32 +130,33 @@ def measured_from(key: str, document: Mapping[str, Any]) -> Measured | None:
         comparable = document["comparable"]
         levels = tuple(level_from(doc) for doc in document["results"])
         return Measured(key, str(comparable["hardware"]), str(comparable["engine"]),
-                        str(comparable["engine_version"]), levels)
+                        str(comparable["engine_version"]), levels, str(comparable.get("profile_fingerprint", "")))
     except (KeyError, TypeError, ValueError):
         return None
 
 
 class CapacityIndex:
-    """The newest finished run per (profile key, capacity kind), as admission and placement read it."""
+    """The newest finished run per (profile key, capacity kind, profile fingerprint), as admission
+    and placement read it."""
 
     def __init__(self) -> None:
-        self._runs: dict[tuple[str, str], Measured] = {}
+        self._runs: dict[tuple[str, str, str], Measured] = {}
 
     def learn(self, measured: Measured) -> None:
         """Record a finished run; the caller feeds runs oldest first, so the newest wins."""
-        self._runs[(measured.key, measured.kind)] = measured
+        self._runs[(measured.key, measured.kind, measured.profile)] = measured
 
-    def slots(self, key: str, kind: str, ttft_target: float, itl_target: float) -> int | None:
-        """The slot count measured for ``key`` on ``kind``; None: keep ``parallel``."""
-        measured = self._runs.get((key, kind))
+    def slots(self, key: str, kind: str, fingerprint: str, ttft_target: float, itl_target: float) -> int | None:
+        """The slot count measured for ``key`` as it is now on ``kind``; None: keep ``parallel``."""
+        measured = self._runs.get((key, kind, fingerprint))
         return slots_for(measured.levels, ttft_target, itl_target) if measured else None
 
-    def throughput(self, key: str, engine: str, version: str, ttft_target: float,
+    def throughput(self, key: str, engine: str, version: str, fingerprint: str, ttft_target: float,
                    itl_target: float) -> dict[str, float]:
-        """Measured generation tokens/s of ``key`` per hardware, for this engine version."""
+        """Measured generation tokens/s of ``key`` as it is now, per hardware, for this engine version."""
         return {m.hardware: best_throughput(m.levels, ttft_target, itl_target)
-                for (k, _), m in self._runs.items()
-                if k == key and (m.engine, m.engine_version) == (engine, version)}
+                for (k, _, f), m in self._runs.items()
+                if k == key and f == fingerprint and (m.engine, m.engine_version) == (engine, version)}
 
     def __len__(self) -> int:
         return len(self._runs)

@@ -31,7 +31,7 @@ from ..api_errors import AdminApiError, bad_request, conflict, not_found
 from ..catalog import Catalog, Resolved
 from ..documents import CONVERTER
 from ..store import Store, StoreError
-from .capacity import CapacityIndex, Measured, capacity_kind, level_from, measured_from, slots_for
+from .capacity import CapacityIndex, Measured, capacity_kind, level_from, measured_from, profile_fingerprint, slots_for
 from .capacity_sweep import Target, Workload, measure_level, new_client
 
 log = get_logger("llmgw.capacity")
@@ -298,6 +298,7 @@ def comparable_facts(resolved: Resolved, engine_version: str, reported_version: 
         "weights_sha256": profile.weights.sha256 if profile.weights is not None else "",
         "model_dir": profile.model_dir,
         "profile": CONVERTER.unstructure(profile),
+        "profile_fingerprint": profile_fingerprint(profile),
         "node": {"cpu_model": facts.cpu_model, "cores": facts.cores, "arch": facts.arch,
                  "cpu_features": list(facts.cpu_features), "ram_total_mib": facts.ram_total_mib,
                  "nvidia_driver": facts.nvidia_driver, "os": f"{facts.os_name} {facts.os_version}".strip(),

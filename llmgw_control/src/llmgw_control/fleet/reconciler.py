@@ -44,7 +44,7 @@ from llmgw_shared.wire import (
 from ..catalog import Catalog, Claim, ProfileConfig, Resolved, replica_slots
 from ..gateway.replicas import Replica, ReplicaSet
 from . import lifecycle
-from .capacity import CapacityIndex, capacity_kind, hardware_of
+from .capacity import CapacityIndex, capacity_kind, hardware_of, profile_fingerprint
 from .inventory import Inventory, Liveness, NodeRecord
 from .lifecycle import HOLDING, TERMINAL, Status
 from .measured import MeasuredUse, node_kind
@@ -641,7 +641,9 @@ class Reconciler:
     def _demand(self, resolved: Resolved, wanted: int, *, starved: bool = False, waited: float = 0.0) -> Demand:
         profile = resolved.profile
         engine = (profile.engine, self.catalog.engine_version(profile))
-        throughput = self.capacity.throughput(resolved.key, *engine, profile.ttft_target, profile.itl_target)
+        # No run learnt (the usual case): nothing to look up, placement as without measurements.
+        throughput = self.capacity.throughput(resolved.key, *engine, profile_fingerprint(profile), profile.ttft_target,
+                                              profile.itl_target) if self.capacity else {}
         return Demand(resolved.key, engine, self.claims.get(resolved.key, Claim(0)), wanted, dict(profile.labels),
                       min_replicas=profile.min_replicas, starved=starved,
                       claim_by_kind=self.measured.by_kind(resolved.key), gpus=profile.gpus, waited=waited,
@@ -649,9 +651,10 @@ class Reconciler:
 
     def replica_slots_on(self, key: str, profile: ProfileConfig, node: NodeRecord | None) -> int:
         """A replica's slots: what a capacity run measured on its node's kind, else ``parallel``."""
-        if node is not None:
+        if node is not None and self.capacity:
             kind = capacity_kind(hardware_of(node.facts), profile.engine, self.catalog.engine_version(profile))
-            measured = self.capacity.slots(key, kind, profile.ttft_target, profile.itl_target)
+            measured = self.capacity.slots(key, kind, profile_fingerprint(profile), profile.ttft_target,
+                                           profile.itl_target)
             if measured is not None:
                 return measured
         return replica_slots(profile)
