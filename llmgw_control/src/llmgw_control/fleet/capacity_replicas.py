@@ -64,6 +64,9 @@ class FleetReplicas:
         if existing is not None:
             return self._acquired(existing, resolved, started=False)
         if node is None:
+            # One already starting (for requests, or min_replicas) is not the run's to stop after.
+            starting = any(r.key == key and not r.draining and r.status not in TERMINAL
+                           for r in self.reconciler.shards.values())
             result = await self.activator.wait(key)
             if isinstance(result, Refusal):
                 if result is Refusal.OVERFLOW:
@@ -71,7 +74,7 @@ class FleetReplicas:
                 raise RunFailed(self.activator.refusal_error(result, key).message)
             replica = result.replica
             result.release()
-            return self._acquired(replica, resolved, started=True)
+            return self._acquired(replica, resolved, started=not starting)
         try:
             shard_id = self.reconciler.start_on(key, node)
         except ValueError as exc:
