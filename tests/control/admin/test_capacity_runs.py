@@ -278,6 +278,18 @@ async def test_ctl_bench_prints_a_line_per_level_and_exits_0_when_done(tmp_path:
             assert failed.code == 1 and words in failed.err, failed
 
 
+async def test_a_run_cut_short_by_a_restart_is_failed_after_it(tmp_path: Path) -> None:
+    model = model_doc(parallel=1, min_replicas=1)
+    async with running_control(tmp_path, models=[model], control_settings=settings()) as daemon, \
+            engine_node(daemon):
+        run = (await daemon.admin.post("/capacity/runs", json={**SWEEP, "levels": [1], "level_seconds": 600}
+                                       )).json()["run"]
+        await wait_until(lambda: _state_is(daemon, run["id"], "running"))
+    async with running_control(tmp_path, models=[model], control_settings=settings()) as daemon:
+        stored = (await daemon.admin.get(f"/capacity/runs/{run['id']}")).json()["run"]
+        assert stored["state"] == "failed" and stored["error"] == "control stopped during the run", stored
+
+
 BAD_BODIES = [
     ({"model": "tiny", "levels": [0]}, "levels[0]"),
     ({"model": "tiny", "levels": [513]}, "levels[0]"),
