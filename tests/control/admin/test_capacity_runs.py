@@ -284,7 +284,8 @@ async def test_a_run_cut_short_by_a_restart_is_failed_after_it(tmp_path: Path) -
             engine_node(daemon):
         run = (await daemon.admin.post("/capacity/runs", json={**SWEEP, "levels": [1], "level_seconds": 600}
                                        )).json()["run"]
-        await wait_until(lambda: _state_is(daemon, run["id"], "running"))
+        # Measuring (its replica taken), not still waiting for one when the daemon stops.
+        await wait_until(lambda: _has_replica(daemon, run["id"]))
     async with running_control(tmp_path, models=[model], control_settings=settings()) as daemon:
         stored = (await daemon.admin.get(f"/capacity/runs/{run['id']}")).json()["run"]
         assert stored["state"] == "failed" and stored["error"] == "control stopped during the run", stored
@@ -339,6 +340,10 @@ async def test_unknown_model_node_and_run_are_404(tiny_daemon: Daemon) -> None:
 
 async def _async(value: bool) -> bool:
     return value
+
+
+async def _has_replica(daemon: Daemon, run_id: str) -> bool:
+    return bool((await daemon.admin.get(f"/capacity/runs/{run_id}")).json()["run"]["replica_id"])
 
 
 async def _state_is(daemon: Daemon, run_id: str, state: str) -> bool:

@@ -71,6 +71,10 @@ class FleetReplicas:
             if isinstance(result, Refusal):
                 if result is Refusal.OVERFLOW:
                     raise RunFailed(f"{key} has requests queued beyond its queue: try when it is less busy")
+                if result is Refusal.STANDBY:
+                    # Only the leader starts and measures replicas.
+                    raise RunFailed("this control daemon is not (or no longer) the leader: start the run on the "
+                                    "leader")
                 raise RunFailed(self.activator.refusal_error(result, key).message)
             replica = result.replica
             result.release()
