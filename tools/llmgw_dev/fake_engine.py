@@ -95,6 +95,10 @@ class FakeEngineBehavior:
     #: whose Prometheus series ``/metrics`` speaks: "llama.cpp", "vllm" or "sglang"
     #: (``llmgw_dev.fake_served_engine`` runs the fake behind vLLM's and SGLang's command lines).
     metrics_as: str = "llama.cpp"
+    #: generate at most this many responses at once, the rest wait their turn before any byte
+    #: (llama-server's ``-np`` slots): a fake that saturates at a known concurrency, where time
+    #: to first token jumps by a whole response's time. None: no limit.
+    saturate_at: int | None = None
 
 
 @attrs.frozen
@@ -172,6 +176,15 @@ class FakeEngineApp:
         self.observed = observed
         self.closing = False
         self._ids = 0
+        self._slots: tuple[int, trio.Semaphore] | None = None
+
+    def _generation_slots(self) -> trio.Semaphore | None:
+        limit = self.behavior.saturate_at
+        if limit is None:
+            return None
+        if self._slots is None or self._slots[0] != limit:
+            self._slots = (limit, trio.Semaphore(limit))
+        return self._slots[1]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -273,7 +286,12 @@ class FakeEngineApp:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch_disconnect, nursery.cancel_scope)
             try:
-                await self._respond_to(kind, req, tracking_send, progress)
+                slots = self._generation_slots()
+                if slots is None:
+                    await self._respond_to(kind, req, tracking_send, progress)
+                else:
+                    async with slots:
+                        await self._respond_to(kind, req, tracking_send, progress)
             finally:
                 nursery.cancel_scope.cancel()
         if disconnected and not progress["done"] and not self.closing:
@@ -683,6 +701,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--close-mid-stream-after", type=int, default=None, metavar="N")
     p.add_argument("--hang-mid-stream-after", type=int, default=None, metavar="N")
     p.add_argument("--hang-before-first-byte", action="store_true")
+    p.add_argument("--saturate-at", type=int, default=None, metavar="N", help="generate N responses at once at most")
     return p.parse_args(argv)
 
 
@@ -692,7 +711,7 @@ async def _main(args: argparse.Namespace) -> None:
         first_byte_delay=args.first_byte_delay, prompt_tokens=args.prompt_tokens, api_key=args.api_key,
         close_after_stream=args.close_after_stream, status_before_body=args.status_before_body,
         close_mid_stream_after=args.close_mid_stream_after, hang_mid_stream_after=args.hang_mid_stream_after,
-        hang_before_first_byte=args.hang_before_first_byte)
+        hang_before_first_byte=args.hang_before_first_byte, saturate_at=args.saturate_at)
     # Without a receiver SIGTERM would kill the process on the spot; this makes it a clean exit.
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with run_fake_engine(behavior, host=args.host, port=args.port) as engine:

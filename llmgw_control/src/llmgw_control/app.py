@@ -36,6 +36,8 @@ from .catalog.claims import profile_claims
 from .catalog.service import ModelService, stored_models
 from .config import ControlConfig
 from .fleet.agents import AgentService
+from .fleet.capacity_replicas import FleetReplicas
+from .fleet.capacity_runs import CapacityRuns
 from .fleet.files import FileServer
 from .fleet.fleet import Fleet
 from .fleet.inventory import Inventory, Liveness
@@ -210,8 +212,10 @@ async def build_fleet(config: ControlConfig, replicas: ReplicaSet, agent_url: st
     leadership = Leadership(keeper, agents, reconciler, inventory, settle=lead.settle, activator=activator,
                             memory=store)
     models = ModelService(catalog, reconciler, store, files, {m.name for m in config.models})
+    capacity = CapacityRuns(store, catalog, reconciler.capacity, FleetReplicas(reconciler, activator, inventory),
+                            on_learnt=reconciler.wake)
     return Fleet(catalog, inventory, reconciler, agents, activator, files, leadership=leadership,
-                 onboarding=onboarding, models=models)
+                 onboarding=onboarding, models=models, capacity=capacity)
 
 
 def build_mirror(config: ControlConfig, store: Store, fleet: Fleet | None) -> Mirror:
@@ -230,6 +234,9 @@ async def start_fleet(nursery: trio.Nursery, fleet: Fleet) -> None:
     # Before the reconciler can run: it restores stored cordons, so nothing is placed on a node an
     # operator cordoned before this restart.
     await nursery.start(fleet.models.run)
+    if fleet.capacity is not None:
+        # Before the reconciler: the stored runs' slot counts hold from its first pass.
+        await nursery.start(fleet.capacity.run)
     role = await nursery.start(fleet.leadership.run)
     log.info("leader" if role.leader else "standby",
              extra={"holder": fleet.leadership.keeper.holder, "leader": role.leader_address})

@@ -145,6 +145,10 @@ DOCS: dict[str, str] = {
     "ProfileConfig.idle_timeout": "Seconds without traffic before a replica is stopped (0: never).",
     "ProfileConfig.labels": "Node labels a replica must run on.",
     "ProfileConfig.start_timeout": "Seconds an engine has to become healthy before the start counts as failed.",
+    "ProfileConfig.ttft_target": "Latency objective: time to first token p99 in seconds (0: none). With an "
+                                 "objective, the highest concurrency a capacity run measured meeting it is a "
+                                 "replica's slot count on nodes of that kind (instead of parallel).",
+    "ProfileConfig.itl_target": "Latency objective: inter-token latency p99 in seconds (0: none); see ttft_target.",
     "WeightsConfig.url": "An http(s) URL the nodes can reach, or a path on the nodes.",
     "WeightsConfig.sha256": "The file's sha256 (64 hex digits), checked after download.",
     "WeightsConfig.size": "The file's size in bytes.",

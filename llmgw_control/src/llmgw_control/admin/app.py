@@ -12,6 +12,7 @@ from ..byte_ranges import StrictRangeResponse
 from ..catalog.service import ModelService
 from ..mirror.service import Mirror
 from .api import ApiContext, build_api
+from .api.capacity_routes import add_capacity_routes
 from .api.core import error_body
 from .api.mirror_routes import add_mirror_routes
 from .debug_views import register_debug_views
@@ -56,6 +57,7 @@ def make_admin_app(
 
     api = build_api(ApiContext(fleet=fleet, tenancy=tenancy, models=models))
     add_mirror_routes(api, mirror, fleet)
+    add_capacity_routes(api, fleet.capacity if fleet is not None else None)
     api.install(app)
     # Other modules add their routes to the same table (``api.route(...)`` then ``api.install(app)``),
     # so they are served with the same validation and error shape and appear in the document.

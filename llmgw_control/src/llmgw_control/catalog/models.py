@@ -7,6 +7,7 @@ balanced separately and a client can pin one.
 
 from __future__ import annotations
 
+import math
 import re
 
 import attrs
@@ -71,6 +72,14 @@ class ProfileConfig:
     # inside its model_roots. Such a profile states its claim (ram_mib and/or vram_mib): there is
     # no GGUF header to estimate it from.
     model_dir: str = ""
+    # The latency objective a capacity run is judged by (seconds, p99; 0: none): the highest
+    # measured concurrency meeting both becomes the slot count on nodes of the measured kind.
+    ttft_target: float = 0.0
+    itl_target: float = 0.0
+
+
+# A latency objective above ten minutes is a typo (a value in milliseconds), not an objective.
+MAX_LATENCY_TARGET = 600.0
 
 
 def replica_slots(profile: ProfileConfig) -> int:
@@ -162,6 +171,10 @@ def model_problems(model: ModelConfig, engines: list[EngineConfig]) -> list[tupl
         for field in ("idle_timeout", "ram_mib", "vram_mib", "start_timeout"):
             if getattr(profile, field) < 0:
                 problems.append((f"{at}.{field}", "must not be negative"))
+        for field in ("ttft_target", "itl_target"):
+            value = getattr(profile, field)
+            if not math.isfinite(value) or not 0 <= value <= MAX_LATENCY_TARGET:
+                problems.append((f"{at}.{field}", f"must be 0 (no objective) to {MAX_LATENCY_TARGET:.0f} seconds"))
     return problems
 
 

@@ -22,6 +22,7 @@ from urllib.parse import quote
 from llmgw_shared.wire import EngineProvenance
 from llmgw_shared.wire import converter as wire_converter
 
+from .bench_cmds import add_bench, add_capacity_verbs, capacity_runs
 from .client import DEFAULT_ADMIN, AdminClient, CtlError
 from .mirror_cmds import add_mirror_verbs
 from .tables import mib, table
@@ -467,6 +468,10 @@ def build_parser() -> argparse.ArgumentParser:
     v = weights.add_subparsers(dest="verb", metavar="VERB", required=False)
     verb(v, "list", weights_list, "the model files each node holds, their size and when last used").add_argument(
         "--node", default=argparse.SUPPRESS, help="only this node")
+
+    add_bench(nouns, common)
+    v = noun("capacity", "capacity: runs (default)", capacity_runs)
+    add_capacity_verbs(v, verb)
 
     v = noun("groups", "groups: list (default), create, priority, delete", groups_list)
     verb(v, "list", groups_list, "the group tree")

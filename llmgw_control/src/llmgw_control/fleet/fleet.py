@@ -9,6 +9,7 @@ from ..catalog import Catalog
 from ..catalog.service import ModelService
 from ..gateway.activator import Activator
 from .agents import AgentService
+from .capacity_runs import CapacityRuns
 from .files import FileServer
 from .inventory import Inventory
 from .leadership import Leadership
@@ -28,3 +29,5 @@ class Fleet:
     onboarding: Onboarding | None = None
     # The models added through the admin API, followed in the store (``catalog.service``).
     models: ModelService | None = None
+    # Capacity runs (``capacity_runs``): sweeps started from the admin API, learnt by the reconciler.
+    capacity: CapacityRuns | None = None

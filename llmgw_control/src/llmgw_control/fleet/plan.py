@@ -47,6 +47,9 @@ class Demand:
     # Seconds requests have waited for it without a break: the longest waiting is placed first,
     # so the room evicted for a starved model is not taken by the model that yielded it.
     waited: float = 0.0
+    # Generation tokens/s capacity runs measured per hardware (``PlanNode.hardware``) for this
+    # engine version: among nodes that fit, the faster hardware is chosen.
+    throughput_by_hardware: dict[str, float] = attrs.Factory(dict)
 
     def claim_on(self, kind: str) -> Claim:
         return self.claim_by_kind.get(kind, self.claim)
@@ -68,6 +71,8 @@ class PlanNode:
     kind: str = ""
     # Each GPU: (index, total MiB). A VRAM claim is fitted on specific GPUs of these.
     gpus: tuple[tuple[int, int], ...] = ()
+    # Its kind and CPU model (``fleet.capacity.hardware_of``): what capacity runs are compared by.
+    hardware: str = ""
 
     @property
     def schedulable(self) -> bool:
@@ -383,7 +388,10 @@ def _choose_node(
             wanted = ", ".join(f"{k}={v}" for k, v in demand.labels.items())
             return None, f"no node has the labels {wanted}", short
         return None, "no node fits: " + "; ".join(reasons), short
-    # Spread replicas of one profile across nodes, then prefer the node with the most room.
+    # Spread replicas of one profile across nodes, then prefer the hardware measured faster for
+    # it (none measured: all alike), then the node with the most room.
     key = demand.key
-    best = min(candidates, key=lambda n: (spread.get((key, n.node_id), 0), -free_ram[n.node_id]))
+    speed = demand.throughput_by_hardware
+    best = min(candidates, key=lambda n: (spread.get((key, n.node_id), 0), -speed.get(n.hardware, 0.0),
+                                          -free_ram[n.node_id]))
     return best.node_id, "", short

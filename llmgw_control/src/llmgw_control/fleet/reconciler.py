@@ -41,9 +41,10 @@ from llmgw_shared.wire import (
     WeightsSpec,
 )
 
-from ..catalog import Catalog, Claim, Resolved, replica_slots
+from ..catalog import Catalog, Claim, ProfileConfig, Resolved, replica_slots
 from ..gateway.replicas import Replica, ReplicaSet
 from . import lifecycle
+from .capacity import CapacityIndex, capacity_kind, hardware_of, profile_fingerprint
 from .inventory import Inventory, Liveness, NodeRecord
 from .lifecycle import HOLDING, TERMINAL, Status
 from .measured import MeasuredUse, node_kind
@@ -135,6 +136,10 @@ class Reconciler:
         self._waiting_since: dict[str, float] = {}
         # Replicas evicted per profile key, for ``llmgw_fleet_evictions_total``.
         self.evictions: dict[str, int] = {}
+        # Finished capacity runs (fleet/capacity.py): a replica's slots, placement's preference.
+        self.capacity = CapacityIndex()
+        # Replicas a capacity run is measuring: busy, so never evicted from under the run.
+        self.benchmarking: set[str] = set()
 
     # ------------------------------------------------------------------ outside API
 
@@ -217,6 +222,51 @@ class Reconciler:
         running engines no longer match it)."""
         self.measured.forget(key)
         return self._drain([r for r in self.shards.values() if r.key == key])
+
+    def start_on(self, key: str, node_id: str) -> str:
+        """Place one more replica of ``key`` on ``node_id`` now (a capacity run asked for that
+        node): the pure ``plan`` decides whether it fits there, as for any start. Returns the new
+        shard id; ValueError with the reason when it cannot start there."""
+        resolved = self.catalog.resolve(key)
+        if resolved is None:
+            raise ValueError(f"no model {key}")
+        live = [r for r in self.shards.values() if r.key == key and not r.draining and r.status not in TERMINAL]
+        if len(live) >= resolved.profile.max_replicas:
+            # One more would be drained again by the next pass as a surplus.
+            raise ValueError(f"{key} runs its max_replicas ({resolved.profile.max_replicas}) already, none on "
+                             f"node {node_id}: measure one of those (on its node)")
+        now = self.clock()
+        views = [v for v in self._node_views(now) if v.node_id == node_id]
+        if not views:
+            raise ValueError(f"node {node_id} is not connected")
+        here = [r.as_assignment(r.created_at) for r in self.shards.values() if r.node_id == node_id]
+        demand = self._demand(resolved, sum(1 for a in here if a.key == key and a.live) + 1)
+        decided = plan([demand], views, here, backoff=self.backoff, now=now,
+                       limits=PlanLimits(self.config.port_min, self.config.port_max))
+        starts: list[Action] = [a for a in decided.actions if isinstance(a, Start)]
+        if not starts:
+            raise ValueError(decided.blocked.get(key, f"{key} cannot start on node {node_id}"))
+        before = set(self.shards)
+        self._apply(starts[:1], now)
+        started = set(self.shards) - before
+        if not started:
+            raise ValueError(f"the start command could not be sent to node {node_id}")
+        return started.pop()
+
+    def release_started(self, shard_id: str) -> bool:
+        """A capacity run is done with the replica it had started: drain it, unless requests are
+        on it or the profile's ``min_replicas`` needs it (then it stays, to its idle timeout)."""
+        self.benchmarking.discard(shard_id)
+        record = self.shards.get(shard_id)
+        if record is None or record.draining:
+            return False
+        resolved = self.catalog.resolve(record.key)
+        replica = self.replicas.get(shard_id)
+        live = [r for r in self.shards.values() if r.key == record.key and not r.draining and r.status not in TERMINAL]
+        if (replica is not None and replica.in_flight) or self.waiting.get(record.key) or (
+                resolved is not None and len(live) <= resolved.profile.min_replicas):
+            return False
+        return bool(self._drain([record]))
 
     def command_failed(self, node_id: str, command: Command, reason: str) -> None:
         """The node refused a command, or did not acknowledge it in time (``reason`` says which)."""
@@ -304,7 +354,8 @@ class Reconciler:
         assignments = []
         for record in self.shards.values():
             replica = published.get(record.shard_id)
-            busy = bool(self.waiting.get(record.key)) or (replica is not None and replica.in_flight > 0)
+            busy = (bool(self.waiting.get(record.key)) or (replica is not None and replica.in_flight > 0)
+                    or record.shard_id in self.benchmarking)
             last_used = replica.last_used if replica is not None else record.created_at
             assignments.append(record.as_assignment(last_used, busy=busy))
         decided = plan(demands, views, assignments, backoff=self.backoff, now=now, limits=limits)
@@ -579,16 +630,34 @@ class Reconciler:
                     wanted = len(live) + 1
                     marks[wanted] = now
             wanted = min(wanted, profile.max_replicas)
-            engine = (profile.engine, self.catalog.engine_version(profile))
             waited = now - self._waiting_since.get(key, now)
-            demands.append(Demand(key, engine, self.claims.get(key, Claim(0)), wanted, dict(profile.labels),
-                                  min_replicas=profile.min_replicas,
-                                  starved=waiting > 0 and waited >= self.config.yield_after,
-                                  claim_by_kind=self.measured.by_kind(key), gpus=profile.gpus, waited=waited))
+            demands.append(self._demand(resolved, wanted, starved=waiting > 0 and waited >= self.config.yield_after,
+                                        waited=waited))
         for key in set(self._load_marks) - marks_seen:
             del self._load_marks[key]
         self._demands_at = now
         return demands
+
+    def _demand(self, resolved: Resolved, wanted: int, *, starved: bool = False, waited: float = 0.0) -> Demand:
+        profile = resolved.profile
+        engine = (profile.engine, self.catalog.engine_version(profile))
+        # No run learnt (the usual case): nothing to look up, placement as without measurements.
+        throughput = self.capacity.throughput(resolved.key, *engine, profile_fingerprint(profile), profile.ttft_target,
+                                              profile.itl_target) if self.capacity else {}
+        return Demand(resolved.key, engine, self.claims.get(resolved.key, Claim(0)), wanted, dict(profile.labels),
+                      min_replicas=profile.min_replicas, starved=starved,
+                      claim_by_kind=self.measured.by_kind(resolved.key), gpus=profile.gpus, waited=waited,
+                      throughput_by_hardware=throughput)
+
+    def replica_slots_on(self, key: str, profile: ProfileConfig, node: NodeRecord | None) -> int:
+        """A replica's slots: what a capacity run measured on its node's kind, else ``parallel``."""
+        if node is not None and self.capacity:
+            kind = capacity_kind(hardware_of(node.facts), profile.engine, self.catalog.engine_version(profile))
+            measured = self.capacity.slots(key, kind, profile_fingerprint(profile), profile.ttft_target,
+                                           profile.itl_target)
+            if measured is not None:
+                return measured
+        return replica_slots(profile)
 
     def _node_views(self, now: float) -> list[PlanNode]:
         views = []
@@ -601,7 +670,7 @@ class Reconciler:
                 dict(node.engines),
                 max(0, facts.ram_total_mib - self.config.reserved_ram_mib),
                 sum(g.memory_total_mib for g in facts.gpus), busy_ports, node_kind(facts),
-                tuple((g.index, g.memory_total_mib) for g in facts.gpus),
+                tuple((g.index, g.memory_total_mib) for g in facts.gpus), hardware_of(facts),
             ))
         return views
 
@@ -696,14 +765,21 @@ class Reconciler:
             current = self.replicas.get(record.shard_id)
             if routable and node is not None:
                 url = f"http://{_url_host(record.address or node.address)}:{record.port}"
+                resolved = self.catalog.resolve(record.key)
+                slots = self.replica_slots_on(record.key, resolved.profile, node) if resolved else 1
                 if current is None or current.url != url:
-                    resolved = self.catalog.resolve(record.key)
-                    slots = replica_slots(resolved.profile) if resolved else 1
                     served = resolved.model.name if resolved else ""
                     self.replicas.publish(Replica(
                         id=record.shard_id, url=url, models=frozenset({record.key}), slots=slots,
                         api_key=self.shard_api_key(record.shard_id), served_name=served,
                         last_used=now))
+                elif current.slots != slots:
+                    # A capacity run finished (or the profile changed): the replica's counters
+                    # stay, only its bound moves; requests waiting take slots that opened.
+                    log.info("replica %s of %s now has %d slots", record.shard_id, record.key, slots)
+                    current.slots = slots
+                    if self.replicas.on_publish is not None:
+                        self.replicas.on_publish(record.key)
             elif current is not None:
                 self.replicas.withdraw(record.shard_id)
                 log.info("withdrew replica %s of %s (%s, node %s)", record.shard_id, record.key,

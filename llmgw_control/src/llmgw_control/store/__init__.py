@@ -23,6 +23,7 @@ from .migrations import MIGRATIONS, Migration, latest_version
 from .records import (
     ApiKey,
     CapacityRecord,
+    CapacityRunRecord,
     CatalogModel,
     FleetHolders,
     Group,
@@ -46,6 +47,7 @@ __all__ = [
     "UNSET",
     "ApiKey",
     "CapacityRecord",
+    "CapacityRunRecord",
     "CatalogModel",
     "Conflict",
     "FleetHolders",

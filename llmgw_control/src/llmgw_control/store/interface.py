@@ -21,6 +21,7 @@ from .lease import Lease
 from .records import (
     ApiKey,
     CapacityRecord,
+    CapacityRunRecord,
     CatalogModel,
     FleetHolders,
     Group,
@@ -156,6 +157,18 @@ class Store(Protocol):
         engine: str | None = None,
     ) -> list[CapacityRecord]: ...
     async def delete_capacity(self, record_id: str) -> None: ...
+    # capacity runs (see ops_capacity): a sweep's state and document, updated as it goes
+    async def add_capacity_run(
+        self, *, model: str, profile: str, node_id: str, kind: str, state: str, document: Mapping[str, Any],
+    ) -> CapacityRunRecord: ...
+    async def update_capacity_run(
+        self, run_id: str, *, state: str, document: Mapping[str, Any], node_id: str | None = None,
+        kind: str | None = None,
+    ) -> CapacityRunRecord: ...
+    async def get_capacity_run(self, run_id: str) -> CapacityRunRecord: ...
+    async def list_capacity_runs(
+        self, *, model: str | None = None, profile: str | None = None, state: str | None = None, limit: int = 100,
+    ) -> list[CapacityRunRecord]: ...
 
     # cluster secrets (see ops_secrets): the first offer under a name wins
     async def shared_secret(self, name: str, offer: bytes) -> bytes: ...

@@ -166,6 +166,27 @@ MIGRATIONS: tuple[Migration, ...] = (
                 updated_at BIGINT NOT NULL)""",
         ),
     ),
+    Migration(
+        6,
+        "capacity runs: a benchmark sweep with its state, its levels and what makes it comparable",
+        (
+            # History, like ``capacity``: no foreign keys, a run outlives its node and model.
+            # ``kind`` (CPU model + GPU models + engine version) is a column because admission and
+            # placement look runs up by it; the sweep settings, node facts, weights digest and
+            # per-level results are one JSON document (read whole, never queried into).
+            """CREATE TABLE capacity_runs (
+                id TEXT PRIMARY KEY,
+                model TEXT NOT NULL,
+                profile TEXT NOT NULL,
+                node_id TEXT NOT NULL,
+                kind TEXT NOT NULL,
+                state TEXT NOT NULL,
+                created_at BIGINT NOT NULL,
+                updated_at BIGINT NOT NULL,
+                document TEXT NOT NULL)""",
+            "CREATE INDEX capacity_runs_model ON capacity_runs (model, profile, created_at)",
+        ),
+    ),
 )
 
 # An arbitrary constant: the key of the PostgreSQL advisory lock that serialises daemons

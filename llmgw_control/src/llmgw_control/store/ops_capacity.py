@@ -8,13 +8,30 @@ from typing import Any
 
 from . import convert as cv
 from .backend import Row, Tx
-from .errors import NotFound
-from .ops_base import OpsBase, new_id
-from .records import CapacityRecord
+from .errors import InvalidInput, NotFound
+from .ops_base import ONE_CLOCK, OpsBase, new_id
+from .records import CapacityRecord, CapacityRunRecord
 
 _COLUMNS = (
     "id, model, profile, node_id, engine, concurrency, tokens_per_s, ttft_p50_s, ttft_p99_s, measured_at, detail"
 )
+
+
+_RUN_COLUMNS = "id, model, profile, node_id, kind, state, created_at, updated_at, document"
+RUN_STATES = ("queued", "running", "done", "failed", "cancelled")
+
+
+def _state(value: object) -> str:
+    if value not in RUN_STATES:
+        raise InvalidInput("state", f"must be one of {', '.join(RUN_STATES)}")
+    return str(value)
+
+
+def _run(row: Row) -> CapacityRunRecord:
+    return CapacityRunRecord(
+        id=row[0], model=row[1], profile=row[2], node_id=row[3], kind=row[4], state=row[5],
+        created_at=cv.from_us(row[6]), updated_at=cv.from_us(row[7]), document=cv.load_json(row[8]),
+    )
 
 
 def _record(row: Row) -> CapacityRecord:
@@ -103,3 +120,86 @@ class CapacityOps(OpsBase):
                 raise NotFound("capacity record", record_id)
 
         await self._write(delete)
+
+    # ------------------------------------------------------------------ runs
+
+    async def add_capacity_run(
+        self, *, model: str, profile: str, node_id: str, kind: str, state: str, document: Mapping[str, Any],
+    ) -> CapacityRunRecord:
+        values = (
+            new_id(),
+            cv.name("model", model),
+            cv.name("profile", profile),
+            cv.text("node_id", node_id, max_len=cv.MAX_NAME),
+            cv.text("kind", kind),
+            _state(state),
+            cv.json_object("document", document),
+        )
+
+        def add(tx: Tx) -> CapacityRunRecord:
+            row = tx.one(
+                f"INSERT INTO capacity_runs ({_RUN_COLUMNS}) SELECT ?, ?, ?, ?, ?, ?, clock.t, clock.t, ? "
+                f"FROM {ONE_CLOCK} RETURNING {_RUN_COLUMNS}",
+                values,
+            )
+            assert row is not None
+            return _run(row)
+
+        return await self._write(add)
+
+    async def update_capacity_run(
+        self, run_id: str, *, state: str, document: Mapping[str, Any], node_id: str | None = None,
+        kind: str | None = None,
+    ) -> CapacityRunRecord:
+        run_id = cv.name("run_id", run_id)
+        sets = ["state = ?", "document = ?", "updated_at = now_us()"]
+        params: list[object] = [_state(state), cv.json_object("document", document)]
+        if node_id is not None:
+            sets.append("node_id = ?")
+            params.append(cv.text("node_id", node_id, max_len=cv.MAX_NAME))
+        if kind is not None:
+            sets.append("kind = ?")
+            params.append(cv.text("kind", kind))
+        params.append(run_id)
+
+        def update(tx: Tx) -> CapacityRunRecord:
+            row = tx.one(f"UPDATE capacity_runs SET {', '.join(sets)} WHERE id = ? RETURNING {_RUN_COLUMNS}", params)
+            if row is None:
+                raise NotFound("capacity run", run_id)
+            return _run(row)
+
+        return await self._write(update)
+
+    async def get_capacity_run(self, run_id: str) -> CapacityRunRecord:
+        run_id = cv.name("run_id", run_id)
+
+        def get(tx: Tx) -> CapacityRunRecord:
+            row = tx.one(f"SELECT {_RUN_COLUMNS} FROM capacity_runs WHERE id = ?", (run_id,))
+            if row is None:
+                raise NotFound("capacity run", run_id)
+            return _run(row)
+
+        return await self._read(get)
+
+    async def list_capacity_runs(
+        self, *, model: str | None = None, profile: str | None = None, state: str | None = None, limit: int = 100,
+    ) -> list[CapacityRunRecord]:
+        """Runs matching every filter given, newest first, at most ``limit``."""
+        where: list[str] = []
+        params: list[object] = []
+        for column, value in (("model", model), ("profile", profile)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(cv.name(column, value))
+        if state is not None:
+            where.append("state = ?")
+            params.append(_state(state))
+        clause = (" WHERE " + " AND ".join(where)) if where else ""
+        params.append(cv.count("limit", limit, minimum=1))
+
+        def list_all(tx: Tx) -> list[CapacityRunRecord]:
+            rows = tx.rows(f"SELECT {_RUN_COLUMNS} FROM capacity_runs{clause} ORDER BY created_at DESC, id LIMIT ?",
+                           params)
+            return [_run(r) for r in rows]
+
+        return await self._read(list_all)

@@ -155,6 +155,24 @@ class CapacityRecord:
 
 
 @attrs.frozen
+class CapacityRunRecord:
+    """One capacity run (a sweep of concurrency levels): ``document`` holds its settings, what
+    makes it comparable (engine, weights digest, profile arguments, node facts) and its levels."""
+
+    id: str
+    model: str
+    profile: str
+    node_id: str
+    # CPU model + GPU models + engine version: where the run's numbers apply (fleet/capacity.py).
+    kind: str
+    # queued | running | done | failed | cancelled
+    state: str
+    created_at: datetime
+    updated_at: datetime
+    document: Mapping[str, Any]
+
+
+@attrs.frozen
 class Revisions:
     """Change counters per kind of object: poll these (cheap) and reload what moved.
 

@@ -216,7 +216,7 @@ def build_api(ctx: ApiContext) -> Api:
             published = f.reconciler.replicas.get(r.shard_id)
             out.append(ReplicaView(r.shard_id, r.key, r.node_id, r.port, r.status, r.detail, r.draining,
                                    published is not None, published.in_flight if published else 0,
-                                   list(r.last_lines)))
+                                   list(r.last_lines), published.slots if published else 0))
         return ReplicaList(out)
 
     register_replica_logs(api, fleet)

@@ -193,6 +193,9 @@ class ReplicaView:
     in_flight: int
     # The engine's last output lines, as its node sent them with a crash or a failed start.
     last_lines: list[str] = attrs.Factory(list)
+    # Requests the gateway sends it at once (0 while not published): what a capacity run measured
+    # on its node's kind meeting the profile's objective, or else the profile's parallel.
+    slots: int = 0
 
 
 @attrs.frozen
