@@ -31,10 +31,12 @@ from .records import (
     LeaseInfo,
     NodeIdentity,
     Quota,
+    ReplicaView,
     Revisions,
     Usage,
     UsageQuery,
     UsageTotals,
+    ViewReplica,
 )
 from .sqlstore import PostgresStore, SqliteStore, SqlStore, connect_store, is_postgres_url, open_store
 
@@ -61,6 +63,7 @@ __all__ = [
     "NotFound",
     "PostgresStore",
     "Quota",
+    "ReplicaView",
     "Revisions",
     "Role",
     "SchemaTooNew",
@@ -76,6 +79,7 @@ __all__ = [
     "Usage",
     "UsageQuery",
     "UsageTotals",
+    "ViewReplica",
     "cluster_secret",
     "connect_store",
     "is_postgres_url",
