@@ -137,3 +137,25 @@ async def test_a_leader_cut_off_from_its_database_steps_down(
                 assert health.status_code == 200 and health.json()["role"] == "standby"
                 assert (await c2.role(client))[0] == "leader"
         nursery.cancel_scope.cancel()
+
+
+@pytest.mark.engine
+async def test_both_daemons_serve_and_the_standby_keeps_serving_when_the_leader_is_killed(
+    tmp_path: Path, pg_url: str, tiny_model: Path, engine_archive: Path
+) -> None:
+    async with control_pair(tmp_path, pg_url, tiny_model=tiny_model, engine_archive=engine_archive) as pair:
+        c1, c2 = pair.controls
+        await pair.add_node("n1", c1)
+        assert await served_through([c1]) is c1  # a cold start: only the leader places
+        # The standby learns the replica from the leader's published view and serves it too.
+        assert await served_through([c2], timeout=15) is c2
+        for control in [c1, c2] * 3:  # a client spreading requests over both: every one answered
+            answer = await trio.to_thread.run_sync(chat, control)
+            assert answer.usage.completion_tokens == 4
+
+        await c1.daemon.stop(signal.SIGKILL)
+        # At once (no retry, well inside the lease TTL): the standby serves the replicas that were ready.
+        answer = await trio.to_thread.run_sync(chat, c2)
+        assert answer.usage.completion_tokens == 4
+        await c2.wait_role("leader", timeout=TTL + 5)
+        assert await served_through([c2], timeout=30) is c2  # and placement is handed over as today
