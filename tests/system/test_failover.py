@@ -159,3 +159,19 @@ async def test_both_daemons_serve_and_the_standby_keeps_serving_when_the_leader_
         assert answer.usage.completion_tokens == 4
         await c2.wait_role("leader", timeout=TTL + 5)
         assert await served_through([c2], timeout=30) is c2  # and placement is handed over as today
+
+
+@pytest.mark.engine
+async def test_kill_9_the_standby_and_the_leader_keeps_serving(
+    tmp_path: Path, pg_url: str, tiny_model: Path, engine_archive: Path
+) -> None:
+    async with control_pair(tmp_path, pg_url, tiny_model=tiny_model, engine_archive=engine_archive) as pair:
+        c1, c2 = pair.controls
+        await pair.add_node("n1", c1)
+        assert await served_through([c1]) is c1
+        assert await served_through([c2], timeout=15) is c2
+        await c2.daemon.stop(signal.SIGKILL)
+        for _ in range(3):  # no retry needed: the leader never depended on the standby
+            answer = await trio.to_thread.run_sync(chat, c1)
+            assert answer.usage.completion_tokens == 4
+        assert await served_through([c1, c2], timeout=10) is c1  # a client that tries both: no error
