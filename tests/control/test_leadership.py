@@ -412,3 +412,32 @@ async def test_daemons_sharing_postgresql_agree_on_secrets(pg_server: PostgresSe
     finally:
         for store in stores:
             await store.aclose()
+
+
+async def test_a_serving_standby_lets_client_traffic_through_and_says_so_in_its_health(autojump_clock: Any) -> None:
+    row = LeaseRow()
+    a, b = make_daemon(row, "a"), make_daemon(row, "b")
+
+    async def inner(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"served"})
+
+    async def call(daemon: Daemon, path: str) -> tuple[int, bytes]:
+        sent: list[dict[str, Any]] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        gate = StandbyGate(inner, daemon.leadership, serves=True)
+        await gate({"type": "http", "path": path, "method": "GET"}, None, send)
+        return sent[0]["status"], sent[1]["body"]
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(a.leadership.run)
+        await nursery.start(b.leadership.run)
+        assert not b.leadership.role.leader
+        assert await call(b, "/v1/chat/completions") == (200, b"served")
+        status, body = await call(b, "/healthz")
+        assert status == 200
+        assert json.loads(body) == {"status": "ok", "role": "standby", "leader": "ws://a/agent/v1"}
+        nursery.cancel_scope.cancel()

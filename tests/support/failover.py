@@ -2,7 +2,8 @@
 
 Each control has its own ports, data directory and advertised agent address; nodes get both
 control URLs and follow refusals to the leader. Everything listens on 127.0.0.1. The role of a
-control is read from its client ``/healthz``: 200 is the leader, 503 ``standby`` a standby.
+control is read from its client ``/healthz``: 200 is the leader (or a serving standby:
+``role: standby``), 503 ``standby`` a standby that does not serve.
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ class Control:
             return "down", {}
         body: dict[str, Any] = response.json()
         if response.status_code == 200:
-            return "leader", body
+            # A standby that serves says so in a 200 (leadership.standby_serves).
+            return str(body.get("role", "leader")), body
         return str(body.get("status", response.status_code)), body
 
     async def wait_role(self, role: str, timeout: float = 30, poll: float = 0.02) -> float:

@@ -130,7 +130,48 @@ async def test_a_leader_cut_off_from_its_database_steps_down(
             took_over = await c2.wait_role("leader", timeout=TTL + 5)
             assert took_over >= stepped_down
             async with httpx2.AsyncClient() as client:
-                error = (await client.post(c1.api_url + "/v1/chat/completions", json={"model": "tiny"})).json()
-                assert error["error"]["code"] == "standby"
+                # A standby serves (leadership.standby_serves): its health says so in a 200 and
+                # it places nothing (test_leadership covers the standby 503). Cut off from the
+                # database, it cannot know who leads now.
+                health = await client.get(c1.api_url + "/healthz")
+                assert health.status_code == 200 and health.json()["role"] == "standby"
                 assert (await c2.role(client))[0] == "leader"
         nursery.cancel_scope.cancel()
+
+
+@pytest.mark.engine
+async def test_both_daemons_serve_and_the_standby_keeps_serving_when_the_leader_is_killed(
+    tmp_path: Path, pg_url: str, tiny_model: Path, engine_archive: Path
+) -> None:
+    async with control_pair(tmp_path, pg_url, tiny_model=tiny_model, engine_archive=engine_archive) as pair:
+        c1, c2 = pair.controls
+        await pair.add_node("n1", c1)
+        assert await served_through([c1]) is c1  # a cold start: only the leader places
+        # The standby learns the replica from the leader's published view and serves it too.
+        assert await served_through([c2], timeout=15) is c2
+        for control in [c1, c2] * 3:  # a client spreading requests over both: every one answered
+            answer = await trio.to_thread.run_sync(chat, control)
+            assert answer.usage.completion_tokens == 4
+
+        await c1.daemon.stop(signal.SIGKILL)
+        # At once (no retry, well inside the lease TTL): the standby serves the replicas that were ready.
+        answer = await trio.to_thread.run_sync(chat, c2)
+        assert answer.usage.completion_tokens == 4
+        await c2.wait_role("leader", timeout=TTL + 5)
+        assert await served_through([c2], timeout=30) is c2  # and placement is handed over as today
+
+
+@pytest.mark.engine
+async def test_kill_9_the_standby_and_the_leader_keeps_serving(
+    tmp_path: Path, pg_url: str, tiny_model: Path, engine_archive: Path
+) -> None:
+    async with control_pair(tmp_path, pg_url, tiny_model=tiny_model, engine_archive=engine_archive) as pair:
+        c1, c2 = pair.controls
+        await pair.add_node("n1", c1)
+        assert await served_through([c1]) is c1
+        assert await served_through([c2], timeout=15) is c2
+        await c2.daemon.stop(signal.SIGKILL)
+        for _ in range(3):  # no retry needed: the leader never depended on the standby
+            answer = await trio.to_thread.run_sync(chat, c1)
+            assert answer.usage.completion_tokens == 4
+        assert await served_through([c1, c2], timeout=10) is c1  # a client that tries both: no error

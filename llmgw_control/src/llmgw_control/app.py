@@ -210,7 +210,7 @@ async def build_fleet(config: ControlConfig, replicas: ReplicaSet, agent_url: st
     keeper = LeaseKeeper(store.lease, new_holder(), advertised_agent_url(config, agent_url),
                          ttl=lead.ttl, renew_interval=lead.renew_interval)
     leadership = Leadership(keeper, agents, reconciler, inventory, settle=lead.settle, activator=activator,
-                            memory=store)
+                            memory=store, view=store if lead.standby_serves else None)
     models = ModelService(catalog, reconciler, store, files, {m.name for m in config.models})
     capacity = CapacityRuns(store, catalog, reconciler.capacity, FleetReplicas(reconciler, activator, inventory),
                             on_learnt=reconciler.wake)
@@ -279,7 +279,7 @@ async def serve_client_and_admin(
     register_admin_dashboard(admin_app, dashboard)
     client_app: Any = ClientApp(gateway, fallback=client_dashboard(dashboard, admin_app, otherwise=gateway))
     if fleet is not None and fleet.leadership is not None:
-        client_app = StandbyGate(client_app, fleet.leadership)
+        client_app = StandbyGate(client_app, fleet.leadership, serves=config.leadership.standby_serves)
     if config.client_tls.trusted_proxies:
         client_app = TrustedProxies(client_app, config.client_tls.trusted_proxies)
     client_tls = None

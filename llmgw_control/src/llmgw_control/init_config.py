@@ -117,6 +117,8 @@ DOCS: dict[str, str] = {
     "LeadershipConfig.advertise": "Agent URL (ws://host:port/agent/v1) standbys send nodes to while this "
                                   "daemon leads (empty: derived).",
     "LeadershipConfig.settle": "Seconds after becoming leader before replicas are started or stopped.",
+    "LeadershipConfig.standby_serves": "A standby serves client traffic from the leader's published replicas "
+                                       "(false: it answers 503 standby naming the leader).",
     "MonitoringConfig.prometheus": "The Prometheus scraping this daemon (http://host:9090), for dashboard "
                                    "history (empty: none).",
     "EngineConfig.name": "Engine name (llama.cpp, or one a node's config names by path).",

@@ -14,8 +14,10 @@ change into action at once, in the keeper's own task (synchronously, before the 
 * **standby** (or stepping down) — the reconciler is cancelled, every agent connection is closed,
   new nodes are refused with ``standby, leader is <address>``, the replicas this daemon published
   are withdrawn, requests waiting in the activator for a model to start get the standby 503 at
-  once, and the client API answers 503 naming the leader (``StandbyGate``). A standby does not
-  serve client traffic: see docs/failover.md for why.
+  once. With ``standby_serves`` (the default) it serves client traffic from the leader's
+  published view of ready replicas (fleet/view.py) and places nothing: a model with no ready
+  replica gets the standby 503 naming the leader. Without it, the client API answers 503
+  naming the leader (``StandbyGate``). See docs/failover.md.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from ..transport.asgi import Receive, Scope, Send, send_json
 from .agents import AgentService
 from .inventory import Inventory
 from .reconciler import Reconciler
+from .view import ViewFollower, ViewPublisher, ViewStore
 
 log = get_logger("llmgw.leadership")
 
@@ -59,6 +62,9 @@ class LeadershipConfig:
     # are absorbed and ready replicas served meanwhile. Make it longer than the nodes' reconnect
     # delay after a takeover: a node's connect timeout (10 s) plus its backoff (docs/failover.md).
     settle: float = 15.0
+    # A standby serves the OpenAI API from the leader's published replica view (only the leader
+    # places); false: a standby answers every client with 503 ``standby`` naming the leader.
+    standby_serves: bool = True
 
 # How often the leader compares the nodes holding replicas with what it last wrote down: a
 # write happens only on a change, so this is the delay before the store knows of one.
@@ -105,6 +111,7 @@ class Leadership:
         settle: float = 3.0,
         activator: Activator | None = None,
         memory: HolderMemory | None = None,
+        view: ViewStore | None = None,
     ) -> None:
         self.keeper = keeper
         self.agents = agents
@@ -114,6 +121,13 @@ class Leadership:
         self.settle = settle
         self.memory = memory
         self._lead_scope: trio.CancelScope | None = None
+        # With a view store: the leader publishes its ready replicas, a standby serves them.
+        self.publisher = ViewPublisher(view, reconciler.replicas, lambda: set(reconciler.shards)) if view else None
+        self.follower = ViewFollower(view, reconciler.replicas, reconciler.shard_api_key) if view else None
+        self._follow_scope: trio.CancelScope | None = None
+        # Replicas the follower added before this daemon took over: kept routable through the
+        # hold, then withdrawn unless the reconciler adopted them.
+        self._inherited: set[str] = set()
         # Until the keeper has spoken, refuse nodes: two daemons starting together must not both
         # accept them.
         agents.role = Role(leader=False)
@@ -132,6 +146,10 @@ class Leadership:
             self.agents.role = role
             if self.activator is not None:
                 self.activator.lead()
+            if self._follow_scope is not None:
+                self._follow_scope.cancel()
+            if self.follower is not None:
+                self._inherited = self.follower.release()
             return
         was_leading = self.agents.role.leader
         self.agents.role = role
@@ -154,6 +172,8 @@ class Leadership:
         async with trio.open_nursery() as nursery:
             role = await nursery.start(self.keeper.run)
             task_status.started(role)
+            if self.follower is not None:
+                nursery.start_soon(self._follow, self.follower)
             while True:
                 role = await self.keeper.wait_leader()
                 await self._lead(role)
@@ -180,7 +200,25 @@ class Leadership:
                 if settle:
                     await trio.sleep(settle)
                     self.reconciler.wake()  # the first pass that may place, without waiting an interval
+                for replica_id in self._inherited - set(self.reconciler.shards):
+                    self.reconciler.replicas.withdraw(replica_id)  # the view had it; no node reported it
+                self._inherited = set()
+                if self.publisher is not None and role.epoch is not None:
+                    nursery.start_soon(self.publisher.run, role.epoch)
         self._lead_scope = None
+
+    async def _follow(self, follower: ViewFollower) -> None:
+        """While standing by, serve the leader's view (cancelled at once on taking over)."""
+        while True:
+            role = self.keeper.role
+            if not role.leader:
+                with trio.CancelScope() as scope:
+                    self._follow_scope = scope
+                    await follower.run()
+                self._follow_scope = None
+            role = self.keeper.role
+            if role.leader:
+                await self.keeper.wait_change(role)
 
     async def _await_holders(self, memory: HolderMemory, epoch: int) -> None:
         """Tell the reconciler whom to wait for: the nodes that held replicas before this term."""
@@ -231,13 +269,22 @@ class StandbyGate:
     ``Retry-After``, so a client that retries through the load balancer lands on the leader.
     """
 
-    def __init__(self, app: Any, leadership: Leadership) -> None:
+    def __init__(self, app: Any, leadership: Leadership, *, serves: bool = False) -> None:
         self.app = app
         self.leadership = leadership
+        # standby_serves: /v1 goes through (served from the leader's view); /healthz says 200.
+        self.serves = serves
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         role = self.leadership.role
         if scope["type"] != "http" or role.leader:
+            await self.app(scope, receive, send)
+            return
+        if self.serves:
+            if scope["path"] == "/healthz":
+                body = json.dumps({"status": "ok", "role": "standby", "leader": role.leader_address}).encode()
+                await send_json(send, 200, body, [])
+                return
             await self.app(scope, receive, send)
             return
         if scope["path"] == "/healthz":

@@ -32,10 +32,12 @@ from .records import (
     LeaseInfo,
     NodeIdentity,
     Quota,
+    ReplicaView,
     Revisions,
     Usage,
     UsageQuery,
     UsageTotals,
+    ViewReplica,
 )
 from .sqlstore import PostgresStore, SqliteStore, SqlStore, connect_store, is_postgres_url, open_store
 
@@ -63,6 +65,7 @@ __all__ = [
     "NotFound",
     "PostgresStore",
     "Quota",
+    "ReplicaView",
     "Revisions",
     "Role",
     "SchemaTooNew",
@@ -78,6 +81,7 @@ __all__ = [
     "Usage",
     "UsageQuery",
     "UsageTotals",
+    "ViewReplica",
     "cluster_secret",
     "connect_store",
     "is_postgres_url",

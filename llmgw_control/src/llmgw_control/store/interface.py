@@ -28,10 +28,12 @@ from .records import (
     KeyChanges,
     NodeIdentity,
     Quota,
+    ReplicaView,
     Revisions,
     Usage,
     UsageQuery,
     UsageTotals,
+    ViewReplica,
 )
 
 
@@ -176,6 +178,10 @@ class Store(Protocol):
     # the nodes that held replicas under a leader (see ops_fleet)
     async def fleet_holders(self) -> FleetHolders | None: ...
     async def remember_holders(self, epoch: int, nodes: Iterable[str]) -> bool: ...
+
+    # the leader's view of ready replicas, which standbys serve from (see ops_view)
+    async def replica_view(self) -> ReplicaView | None: ...
+    async def publish_view(self, epoch: int, replicas: Iterable[ViewReplica]) -> int | None: ...
 
     # the model mirror's pulls (see ops_pulls): one JSON document each
     async def put_pull(self, pull_id: str, document: Mapping[str, Any]) -> None: ...

@@ -187,6 +187,23 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX capacity_runs_model ON capacity_runs (model, profile, created_at)",
         ),
     ),
+    Migration(
+        7,
+        "the leader's view of ready replicas, which standbys serve from",
+        (
+            # One row (fleet/view.py): the ready replicas as a JSON list, the lease epoch of the
+            # leader that wrote it (a write with an older epoch than the lease's is refused, so a
+            # deposed leader cannot hide its successor's replicas) and a revision readers compare.
+            # No bearer keys: every daemon derives them from the shared cluster secret.
+            """CREATE TABLE replica_view (
+                id INTEGER PRIMARY KEY,
+                epoch BIGINT NOT NULL,
+                revision BIGINT NOT NULL,
+                replicas TEXT NOT NULL,
+                updated_at BIGINT NOT NULL)""",
+            "INSERT INTO replica_view (id, epoch, revision, replicas, updated_at) VALUES (1, 0, 0, '[]', 0)",
+        ),
+    ),
 )
 
 # An arbitrary constant: the key of the PostgreSQL advisory lock that serialises daemons

@@ -212,3 +212,24 @@ class FleetHolders:
     epoch: int
     nodes: frozenset[str]
     written_at: datetime
+
+
+@attrs.frozen
+class ViewReplica:
+    """One ready replica as the leader publishes it (never its bearer key: derived per daemon)."""
+
+    id: str
+    key: str  # the model profile key clients' requests resolve to
+    url: str
+    slots: int
+    served_name: str = ""
+
+
+@attrs.frozen
+class ReplicaView:
+    """The leader's published ready replicas: ``revision`` goes up on every write."""
+
+    epoch: int
+    revision: int
+    replicas: tuple[ViewReplica, ...]
+    written_at: datetime

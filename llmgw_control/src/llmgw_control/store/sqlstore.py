@@ -29,13 +29,14 @@ from .ops_pulls import PullOps
 from .ops_quotas import QuotaOps
 from .ops_secrets import SecretOps
 from .ops_usage import UsageOps
+from .ops_view import ViewOps
 from .postgres import PostgresBackend
 from .records import Revisions
 from .sqlite import SqliteBackend
 
 
 class SqlStore(CatalogOps, NodeOps, GroupOps, KeyOps, QuotaOps, UsageOps, CapacityOps, SecretOps, FleetOps,
-               PullOps):
+               PullOps, ViewOps):
     def __init__(self, backend: Backend, lease_backend: Backend | None = None) -> None:
         self._backend = backend
         self._lease_backend = lease_backend

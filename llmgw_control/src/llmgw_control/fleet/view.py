@@ -1,0 +1,121 @@
+"""The leader's view of ready replicas, shared through the store so standbys serve too.
+
+* ``ViewPublisher`` (leader, after its takeover hold): writes the replicas its reconciler
+  publishes to the router whenever that set changes, at most every ``PUBLISH_EVERY`` seconds,
+  fenced by its lease epoch.
+* ``ViewFollower`` (standby): reads the view every ``FOLLOW_EVERY`` seconds and makes its own
+  router's replica set match it: added, updated, withdrawn. The bearer keys are derived here
+  from the shared cluster secret, exactly as the reconciler derives them; the view holds none.
+
+Standbys poll on both databases (PostgreSQL ``LISTEN/NOTIFY`` would cut the delay further; the
+poll already keeps a standby within a second of the leader, which is the bound promised).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import trio
+
+from llmgw_shared.logs import get_logger
+
+from ..gateway.replicas import Replica, ReplicaSet
+from ..store import ReplicaView, StoreError, ViewReplica
+
+log = get_logger("llmgw.view")
+
+# The leader's bound on write rate: a burst of replica changes costs one write per quarter second.
+PUBLISH_EVERY = 0.25
+# A standby's poll: with the leader's PUBLISH_EVERY, a change reaches it well within a second.
+FOLLOW_EVERY = 0.5
+# A store that does not answer this fast is skipped for this round (the next one retries).
+_STORE_WAIT = 5.0
+
+
+class ViewStore(Protocol):
+    async def replica_view(self) -> ReplicaView | None: ...
+    async def publish_view(self, epoch: int, replicas: list[ViewReplica]) -> int | None: ...
+
+
+def view_of(replicas: ReplicaSet, ids: set[str]) -> list[ViewReplica]:
+    """The entries for the replicas in ``ids`` (the reconciler's), one model key each."""
+    entries = []
+    for replica in replicas:
+        if replica.id in ids and replica.models:
+            entries.append(ViewReplica(id=replica.id, key=min(replica.models), url=replica.url,
+                                       slots=replica.slots, served_name=replica.served_name))
+    return sorted(entries, key=lambda e: e.id)
+
+
+class ViewPublisher:
+    def __init__(self, store: ViewStore, replicas: ReplicaSet, published: Callable[[], set[str]]) -> None:
+        self.store = store
+        self.replicas = replicas
+        self.published = published
+
+    async def run(self, epoch: int) -> None:
+        """Publish on every change until cancelled or deposed (a refused write ends the term)."""
+        written: list[ViewReplica] | None = None
+        while True:
+            current = view_of(self.replicas, self.published())
+            if current != written:
+                with trio.move_on_after(_STORE_WAIT):
+                    try:
+                        if await self.store.publish_view(epoch, current) is None:
+                            log.info("a later leader publishes the replica view: stopping", extra={"epoch": epoch})
+                            return
+                        written = current
+                    except StoreError as exc:
+                        log.warning("cannot publish the replica view (%s): retrying", exc)
+            await trio.sleep(PUBLISH_EVERY)
+
+
+class ViewFollower:
+    """Keeps ``replicas`` equal to the leader's view; owns only the replicas it added."""
+
+    def __init__(self, store: ViewStore, replicas: ReplicaSet, api_key: Callable[[str], str]) -> None:
+        self.store = store
+        self.replicas = replicas
+        self.api_key = api_key
+        self.owned: set[str] = set()
+        self.revision: int | None = None
+
+    def apply(self, view: ReplicaView | None) -> None:
+        entries = {e.id: e for e in view.replicas} if view is not None else {}
+        for replica_id in self.owned - set(entries):
+            self.replicas.withdraw(replica_id)
+        for entry in entries.values():
+            current = self.replicas.get(entry.id)
+            if current is not None and current.url == entry.url and current.slots == entry.slots \
+                    and current.models == frozenset({entry.key}):
+                continue  # unchanged: keep its counters (in flight, cooldown)
+            self.replicas.publish(Replica(id=entry.id, url=entry.url, models=frozenset({entry.key}),
+                                          slots=entry.slots, served_name=entry.served_name,
+                                          api_key=self.api_key(entry.id), last_used=trio.current_time()))
+        self.owned = set(entries)
+        self.revision = view.revision if view is not None else None
+
+    def release(self) -> set[str]:
+        """Stop owning what was added (on becoming leader): the replicas stay routable; the new
+        leader's reconciler adopts them or withdraws them after its hold."""
+        owned, self.owned, self.revision = self.owned, set(), None
+        return owned
+
+    def withdraw_all(self) -> None:
+        for replica_id in self.owned:
+            self.replicas.withdraw(replica_id)
+        self.owned = set()
+        self.revision = None
+
+    async def run(self) -> None:
+        """Follow until cancelled: a full read every round (the row is small)."""
+        while True:
+            with trio.move_on_after(_STORE_WAIT):
+                try:
+                    view = await self.store.replica_view()
+                    if view is None or view.revision != self.revision:
+                        self.apply(view)
+                except StoreError as exc:
+                    log.warning("cannot read the replica view (%s): serving the last one", exc)
+            await trio.sleep(FOLLOW_EVERY)

@@ -1,0 +1,74 @@
+"""The leader's view of ready replicas, which every standby serves from (fleet/view.py).
+
+One row: the replicas as JSON, the lease epoch of the leader that wrote them and a revision.
+A write is fenced by the lease: it is refused when the lease already has a later epoch, so a
+deposed leader that has not noticed yet cannot replace its successor's view with its own.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+
+from . import convert as cv
+from .backend import Tx
+from .errors import InvalidInput
+from .ops_base import OpsBase
+from .records import ReplicaView, ViewReplica
+
+# A fleet this size publishes about 100 bytes a replica: far more than any fleet llmgw runs, and
+# a bound on what a damaged row can make a standby parse.
+MAX_VIEW_REPLICAS = 20_000
+
+
+def _replica(raw: object) -> ViewReplica | None:
+    """One stored entry, or None when it is not one (skipped: one bad entry must not hide the rest)."""
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return ViewReplica(
+            id=cv.name("id", raw.get("id")), key=cv.name("key", raw.get("key")),
+            url=cv.text("url", raw.get("url")), slots=cv.count("slots", raw.get("slots"), minimum=1),
+            served_name=cv.text("served_name", raw.get("served_name", "")))
+    except InvalidInput:
+        return None
+
+
+class ViewOps(OpsBase):
+    async def replica_view(self) -> ReplicaView | None:
+        """The last view written, or None when no leader ever wrote one."""
+
+        def read(tx: Tx) -> ReplicaView | None:
+            row = tx.one("SELECT epoch, revision, replicas, updated_at FROM replica_view WHERE id = 1")
+            if row is None or int(row[0]) == 0:
+                return None
+            raw = cv.load_json(row[2])
+            entries = raw[:MAX_VIEW_REPLICAS] if isinstance(raw, list) else []
+            replicas = tuple(r for r in map(_replica, entries) if r is not None)
+            return ReplicaView(int(row[0]), int(row[1]), replicas, cv.from_us(int(row[3])))
+
+        return await self._read(read)
+
+    async def publish_view(self, epoch: int, replicas: Iterable[ViewReplica]) -> int | None:
+        """Write the view of the leader of ``epoch``; its new revision, or None (nothing written)
+        when the lease or the view already belongs to a later epoch."""
+        epoch = cv.count("epoch", epoch, minimum=1)
+        entries = [
+            {"id": cv.name("id", r.id), "key": cv.name("key", r.key), "url": cv.text("url", r.url),
+             "slots": cv.count("slots", r.slots, minimum=1), "served_name": cv.text("served_name", r.served_name)}
+            for r in replicas
+        ]
+        if len(entries) > MAX_VIEW_REPLICAS:
+            raise InvalidInput("replicas", f"at most {MAX_VIEW_REPLICAS} replicas")
+        document = json.dumps(sorted(entries, key=lambda e: e["id"]))
+
+        def write(tx: Tx) -> int | None:
+            row = tx.one(
+                "UPDATE replica_view SET epoch = ?, revision = revision + 1, replicas = ?, updated_at = now_us() "
+                "WHERE id = 1 AND epoch <= ? AND (SELECT epoch FROM leader_lease WHERE id = 1) <= ? "
+                "RETURNING revision",
+                (epoch, document, epoch, epoch),
+            )
+            return None if row is None else int(row[0])
+
+        return await self._write(write)
