@@ -70,7 +70,8 @@ async def open_tenancy(location: str, data_dir: Path, *, shared: bool | None = N
         if state.open:
             log.warning("no API keys exist: the gateway is open to every request (create a key to close it)")
         try:
-            yield Tenancy(store, state, usage, TenancyService(store, state, usage), TenancyAdmission(state, usage, book))
+            admission = TenancyAdmission(state, usage, book)
+            yield Tenancy(store, state, usage, TenancyService(store, state, usage), admission)
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(_LAST_FLUSH_SECONDS):
                 await flusher.flush_once()
