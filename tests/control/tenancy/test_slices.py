@@ -149,8 +149,8 @@ async def _scenario(steps: list[tuple[object, ...]], path: Path) -> None:
         ids = {}
         ids["root"] = (await store.create_group("root")).id
         ids["mid"] = (await store.create_group("mid", ids["root"])).id
-        for leaf in LEAVES:
-            ids[leaf] = (await store.create_group(leaf, ids["mid"])).id
+        for name in LEAVES:
+            ids[name] = (await store.create_group(name, ids["mid"])).id
         for name, quota in LIMITS.items():
             await store.set_quota(ids[name], quota)
 
@@ -162,7 +162,7 @@ async def _scenario(steps: list[tuple[object, ...]], path: Path) -> None:
         for s in steps:
             kind = s[0]
             if kind == "admit":
-                _, who, leaf, estimated = s
+                who, leaf, estimated = s[1:]
                 d = daemons[int(str(who))]
                 try:
                     needs = d.book.check(d.chains[str(leaf)], clock(), int(str(estimated)))
@@ -170,7 +170,7 @@ async def _scenario(steps: list[tuple[object, ...]], path: Path) -> None:
                     continue
                 d.open.append(Request(str(leaf), clock(), int(str(estimated)), d.book.spend(needs)))
             elif kind == "finish":
-                _, who, index, tokens = s
+                who, index, tokens = s[1:]
                 d = daemons[int(str(who))]
                 if d.open:
                     r = d.open.pop(int(str(index)) % len(d.open))
