@@ -22,6 +22,7 @@ from llmgw_dev.fake_engine import FakeEngine, run_fake_engine
 from llmgw_dev.postgres import PostgresServer, PostgresUnavailable
 from llmgw_dev.tiny_model import ensure_model
 
+_SYSTEM = Path(__file__).resolve().parent / "system"
 REAL_ENGINE_FIXTURES = frozenset({"llama_server_binary", "real_engine", "real_embedding_engine"})
 
 
@@ -31,6 +32,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # give those tests room instead of letting the 300 s default kill the build half-way.
     building = not (build_engine.cache_dir() / "engines" / build_engine.archive_name()).exists()
     for item in items:
+        # Whole daemons as processes: left out of the quick tier (README: -m "not system").
+        if _SYSTEM in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.system)
         if REAL_ENGINE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.engine)
             if building:

@@ -116,6 +116,18 @@ def test_replica_set_publish_and_withdraw() -> None:
      b'"completion_tokens":9}}\n\ndata: [DONE]\n\n', TokenUsage(2, 9)),
     (b'data: {"usage":{"prompt_tokens":2,"completion_tok', None),  # cut off
     (b'{"content":"the word \\"usage\\" in text","usage":{"prompt_tokens":4,"completion_tokens":1}}', TokenUsage(4, 1)),
+    # Cached prompt tokens: llama-server b11312's usage and timings (as it sends them)...
+    (b'{"usage":{"completion_tokens":8,"prompt_tokens":164,"total_tokens":172,"prompt_tokens_details":'
+     b'{"cached_tokens":149}},"timings":{"cache_n":149,"prompt_n":15}}', TokenUsage(164, 8, 149)),
+    # ... an older build's timings alone, and counts no engine could mean (above the prompt, negative,
+    # not an integer), which count as none.
+    (b'{"usage":{"prompt_tokens":20,"completion_tokens":1},"timings":{"cache_n":12}}', TokenUsage(20, 1, 12)),
+    (b'{"usage":{"prompt_tokens":20,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":21}}}',
+     TokenUsage(20, 1, 0)),
+    (b'{"usage":{"prompt_tokens":20,"completion_tokens":1},"timings":{"cache_n":-1}}', TokenUsage(20, 1, 0)),
+    (b'{"usage":{"prompt_tokens":20,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":true}}}',
+     TokenUsage(20, 1, 0)),
+    (b'{"usage":{"prompt_tokens":20,"completion_tokens":1},"timings":[[[[', TokenUsage(20, 1, 0)),
 ])
 def test_find_usage(data: bytes, expected: TokenUsage | None) -> None:
     assert find_usage(data) == expected

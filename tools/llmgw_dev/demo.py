@@ -1,8 +1,10 @@
-"""The quick-start demo: llmgw-control and one llmgw-node on this machine, a real engine, a tiny model.
+"""The quick-start demo: llmgw-control and one llmgw-node on this machine, a real engine, a real model.
 
 Control serves the llama-server release archive and the model file to the node (as it would in
 an air-gapped cluster), the node installs and proves the engine, and the first chat completion
-starts the model (a cold start). Then it keeps serving until Ctrl-C, which stops the daemons
+starts the model (a cold start). The model is SmolLM2-135M-Instruct (``smollm2.py``: from PyPI's
+wheel, sha256 pinned), small enough for one CPU thread and real enough to answer a question; the
+tiny random model stays for the fast tests. Then it keeps serving until Ctrl-C, which stops the daemons
 and the engine with them.
 """
 
@@ -24,12 +26,13 @@ from pathlib import Path
 
 import tomli_w
 
-from llmgw_dev import build_engine
+from llmgw_dev import build_engine, smollm2
 from llmgw_dev.engine_proc import free_port
 from llmgw_dev.served_files import place
-from llmgw_dev.tiny_model import ensure_model
 
 BIN = Path(sys.executable).parent
+# The demo's first request and printed example: a question with one right answer.
+QUESTION = "What is the capital of France?"
 
 
 def port_or_free(port: int) -> int:
@@ -88,8 +91,9 @@ def prepare(root: Path, model: Path, archive: Path, ports: dict[str, int]) -> tu
         "data_dir": str(root / "control"), "log_format": "text",
         "agents": {"listen": f"127.0.0.1:{ports['agents']}", "files_dir": str(files),
                    "join_token_digests": [digest]},
-        "models": [{"name": "tiny", "profiles": [{
-            "name": "cpu", "context": 512, "parallel": 2, "args": ["-t", "1"],
+        # One thread: the demo shares the machine; SmolLM2 answers a short question in about a second.
+        "models": [{"name": smollm2.MODEL_NAME, "profiles": [{
+            "name": "cpu", "context": 2048, "parallel": 2, "args": ["-t", "1", *smollm2.ENGINE_ARGS],
             "weights": {"url": f"{agents}/files/models/{model.name}",
                         "sha256": hashlib.sha256(model.read_bytes()).hexdigest(), "size": model.stat().st_size},
         }]}],
@@ -105,6 +109,13 @@ def prepare(root: Path, model: Path, archive: Path, ports: dict[str, int]) -> tu
     return root / "control.toml", root / "node.toml"
 
 
+def start(command: list[str]) -> subprocess.Popen[bytes]:
+    """A daemon in a process group of its own: Ctrl-C in the terminal reaches only the demo, which
+    then hands each daemon one SIGTERM. In the terminal's group each would get the SIGINT too,
+    and the SIGTERM after it would be a second signal ("out now"), not a graceful stop."""
+    return subprocess.Popen(command, process_group=0)
+
+
 def stop(process: subprocess.Popen[bytes], timeout: float = 20) -> None:
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
@@ -112,57 +123,71 @@ def stop(process: subprocess.Popen[bytes], timeout: float = 20) -> None:
             process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             process.kill()
+            process.wait()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=8080, help="client API port (a free one if taken)")
+    parser.add_argument("--dir", type=Path, default=None,
+                        help="where the configs and the daemons' state go (default: the cache's demo/)")
     args = parser.parse_args(argv)
     archive = build_engine.ensure_engine()
-    model = ensure_model()
+    model = smollm2.ensure_model()
     ports = {"api": port_or_free(args.port)}
     ports["admin"] = port_or_free(ports["api"] + 1)
     ports["agents"] = port_or_free(ports["api"] + 10)
-    root = build_engine.cache_dir() / "demo"
+    root = args.dir or build_engine.cache_dir() / "demo"
     shutil.rmtree(root / "node" / "state", ignore_errors=True)
     control_toml, node_toml = prepare(root, model, archive, ports)
     api = f"http://127.0.0.1:{ports['api']}"
-    control = subprocess.Popen([str(BIN / "llmgw-control"), "run", "--config", str(control_toml)])
+    # SIGTERM to the demo (its own kill, a CI job's timeout) stops the daemons as Ctrl-C does:
+    # they are in groups of their own, so nothing else would.
+    signal.signal(signal.SIGTERM, _interrupt)
+    control = start([str(BIN / "llmgw-control"), "run", "--config", str(control_toml)])
     node = None
     try:
         wait_healthy(api, control, "llmgw-control")
-        node = subprocess.Popen([str(BIN / "llmgw-node"), "run", "--config", str(node_toml), "--stop-engines"])
+        node = start([str(BIN / "llmgw-node"), "run", "--config", str(node_toml), "--stop-engines"])
         print("\n[demo] control and node are up; the first request starts the model on the node "
               "(install the engine, fetch the weights, start llama-server)...", flush=True)
         started = time.monotonic()
         reply = post_json(api + "/v1/chat/completions", {
-            "model": "tiny", "messages": [{"role": "user", "content": "Hello, llmgw!"}], "max_tokens": 24})
+            "model": "smollm2", "messages": [{"role": "user", "content": QUESTION}], "max_tokens": 48,
+            "temperature": 0})
         took = time.monotonic() - started
         choices = reply["choices"]
         assert isinstance(choices, list)
         print(f"\n[demo] one chat completion through llmgw ({took:.1f} s, cold start included):")
-        print(f"  reply: {choices[0]['message']['content']!r}")
+        print(f"  question: {QUESTION!r}")
+        print(f"  answer:   {choices[0]['message']['content']!r}")
         print(f"  usage: {reply['usage']}")
         print(f"""
 [demo] llmgw is serving the OpenAI API on {api}/v1
   admin API and metrics: http://127.0.0.1:{ports['admin']}/api/v1/nodes, /api/v1/models, /metrics
 
   curl {api}/v1/chat/completions -H 'content-type: application/json' \\
-       -d '{{"model": "tiny", "messages": [{{"role": "user", "content": "hi"}}], "max_tokens": 16}}'
+       -d '{{"model": "smollm2", "temperature": 0, "messages": [{{"role": "user", "content": "{QUESTION}"}}]}}'
 
   from openai import OpenAI
   client = OpenAI(base_url="{api}/v1", api_key="none")
-  reply = client.chat.completions.create(model="tiny", max_tokens=16,
-                                         messages=[{{"role": "user", "content": "hi"}}])
-  print(reply.choices[0].message.content)
+  reply = client.chat.completions.create(model="smollm2", temperature=0,
+                                         messages=[{{"role": "user", "content": "{QUESTION}"}}])
+  print(reply.choices[0].message.content)   # {choices[0]['message']['content']}
 
-  (the tiny model has random weights: it answers in fluent gibberish)
+  (SmolLM2 has 135M parameters: right about simple facts, not much more)
   Press Ctrl-C to stop.
 """, flush=True)
         control.wait()
     except KeyboardInterrupt:
         print("\n[demo] stopping", flush=True)
     finally:
+        # A second Ctrl-C must not cut the stop short and leave a daemon behind: stop() bounds it.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         if node is not None:
             stop(node)
         stop(control)

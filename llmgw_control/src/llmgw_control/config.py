@@ -18,7 +18,7 @@ from llmgw_shared.config import ConfigError, load_toml, parse_host_port, strict_
 from llmgw_shared.config_doc import doc
 from llmgw_shared.names import BadName, check_engine_name, check_version
 
-from .catalog import EngineConfig, ModelConfig, validate_models
+from .catalog import ROUTING_POLICIES, EngineConfig, ModelConfig, validate_models
 from .fleet.agents import AgentsConfig
 from .fleet.leadership import LeadershipConfig
 from .fleet.shards import ReconcilerConfig
@@ -128,6 +128,11 @@ def validate(config: ControlConfig) -> ControlConfig:
             raise ConfigError(f"router.continue_streams: {name[:40]!r} is not a model name (model or model:profile)")
     if router.max_body_bytes < 1024:
         raise ConfigError(f"router.max_body_bytes must be at least 1024, got {router.max_body_bytes}")
+    if router.routing not in ROUTING_POLICIES:
+        raise ConfigError(f"router.routing must be one of {', '.join(ROUTING_POLICIES)}, got {router.routing!r}")
+    # Above 10 the bound no longer bounds anything a fleet of replicas would notice.
+    if not 0 <= router.affinity_load_factor <= 10:
+        raise ConfigError(f"router.affinity_load_factor must be between 0 and 10, got {router.affinity_load_factor}")
     _validate_fleet(config)
     _validate_listeners(config)
     if config.monitoring.prometheus:

@@ -53,6 +53,10 @@ DOCS: dict[str, str] = {
     "RouterConfig.cooldown": "Seconds a replica that failed is avoided while others can serve.",
     "RouterConfig.max_body_bytes": "Largest request body accepted (413 above).",
     "RouterConfig.default_profile": "Profile used when a client names a model without one, for models that have it.",
+    "RouterConfig.routing": "How a replica is chosen: prefix (a conversation or session stays on the replica "
+                            "caching it, within a load bound) or least-loaded; a profile's routing overrides it.",
+    "RouterConfig.affinity_load_factor": "ε of prefix routing's load bound: a replica keeps its conversations "
+                                         "while it holds at most (1 + ε) x the mean load + 1.",
     "EndpointConfig.id": "A name for this replica, used in logs, metrics and errors.",
     "EndpointConfig.url": "The engine's base URL, e.g. http://10.0.0.5:8001.",
     "EndpointConfig.models": "Model names this replica serves.",
@@ -130,6 +134,7 @@ DOCS: dict[str, str] = {
     "ProfileConfig.context": "Context size in tokens.",
     "ProfileConfig.parallel": "Requests one replica serves at once (engine slots).",
     "ProfileConfig.slots": "Requests the gateway sends one replica at once; more queue (0: parallel).",
+    "ProfileConfig.routing": "prefix or least-loaded for this profile's replicas (empty: [router] routing).",
     "ProfileConfig.args": "Extra engine flags, after the ones llmgw sets.",
     "ProfileConfig.env": "Extra environment variables for the engine.",
     "ProfileConfig.ram_mib": "RAM claim in MiB (0: estimated from the GGUF header).",

@@ -149,6 +149,10 @@ def _run_daemon(config: NodeConfig, stop_engines: bool, tls: ssl.SSLContext | No
         for error in _leaves(group):
             print(f"llmgw-node: stopped: {error}", file=sys.stderr)
         raise SystemExit(1) from None
+    except* KeyboardInterrupt:
+        # A second SIGTERM/SIGINT while stopping ("out now", logged by stop_on_signals) comes out
+        # of the nursery inside a group, which `except KeyboardInterrupt` in main would not catch.
+        raise SystemExit(130) from None
     except* Exception as group:
         # A bug: through the log handler, so the journal gets one structured line (traceback in
         # its "exc" field, secrets scrubbed) instead of raw multi-line stderr.
@@ -187,6 +191,8 @@ async def _run(config: NodeConfig, stop_engines: bool, tls: ssl.SSLContext | Non
             if not stop_engines and svc.shard_states():
                 log.info("leaving %d engine(s) running for the next daemon to adopt", len(svc.shard_states()))
         nursery.cancel_scope.cancel()
+    # The one line that says the stop is complete, as llmgw-control's "llmgw-control stopped".
+    log.info("llmgw-node stopped")
     return 0
 
 

@@ -3,6 +3,7 @@ through the admin API (``service.ModelService``)."""
 
 from .models import (
     NAME,
+    ROUTING_POLICIES,
     SHA256,
     Catalog,
     Claim,
@@ -18,6 +19,7 @@ from .models import (
 )
 
 __all__ = [
-    "NAME", "SHA256", "Catalog", "Claim", "EngineConfig", "ModelConfig", "ProfileConfig", "Resolved", "WeightsConfig",
+    "NAME", "ROUTING_POLICIES", "SHA256", "Catalog",
+    "Claim", "EngineConfig", "ModelConfig", "ProfileConfig", "Resolved", "WeightsConfig",
     "model_problems", "profile_key", "replica_slots", "validate_models",
 ]

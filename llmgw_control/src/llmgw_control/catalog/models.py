@@ -15,6 +15,10 @@ from llmgw_shared.config import ConfigError
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,95}$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# How the gateway chooses among a model's replicas (gateway/affinity.py): least-loaded, or by the
+# request's prefix (its conversation or session) within a load bound, so the engine's KV cache
+# of that prefix is reused.
+ROUTING_POLICIES = ("least-loaded", "prefix")
 
 
 @attrs.frozen
@@ -60,6 +64,8 @@ class ProfileConfig:
     # Node labels the replica must run on.
     labels: dict[str, str] = attrs.Factory(dict)
     start_timeout: float = 120.0
+    # "least-loaded" or "prefix" (gateway/affinity.py); empty: [router] routing.
+    routing: str = ""
     # For vLLM and SGLang: the model directory on the nodes, an absolute path or
     # "hub:ORG/NAME[@REVISION]" (a snapshot in each node's Hub cache); each node checks it is
     # inside its model_roots. Such a profile states its claim (ram_mib and/or vram_mib): there is
@@ -150,6 +156,9 @@ def model_problems(model: ModelConfig, engines: list[EngineConfig]) -> list[tupl
             problems.append((f"{at}.max_replicas", "must be at least 1"))
         if not 0 <= profile.min_replicas <= profile.max_replicas:
             problems.append((f"{at}.min_replicas", "need 0 <= min_replicas <= max_replicas"))
+        if profile.routing and profile.routing not in ROUTING_POLICIES:
+            problems.append((f"{at}.routing",
+                             f"must be one of {', '.join(ROUTING_POLICIES)} (empty: [router] routing)"))
         for field in ("idle_timeout", "ram_mib", "vram_mib", "start_timeout"):
             if getattr(profile, field) < 0:
                 problems.append((f"{at}.{field}", "must not be negative"))

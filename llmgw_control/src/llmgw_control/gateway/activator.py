@@ -32,6 +32,7 @@ from llmgw_shared.logs import get_logger
 
 from ..api_errors import ClientApiError, standby
 from ..priority import Priority
+from .affinity import Affinity, pick
 from .balancer import choose
 from .replicas import Replica, ReplicaSet
 
@@ -70,11 +71,13 @@ class Refusal(enum.Enum):
 class Slot:
     """One request's hold on one slot of ``replica``; released once, by ``release`` or the block's end."""
 
-    __slots__ = ("_activator", "replica")
+    __slots__ = ("_activator", "affinity_hit", "replica")
 
-    def __init__(self, activator: Activator, replica: Replica) -> None:
+    def __init__(self, activator: Activator, replica: Replica, affinity_hit: bool | None = None) -> None:
         self._activator: Activator | None = activator
         self.replica = replica
+        # With affinity: whether the replica is the request's first choice; None without.
+        self.affinity_hit = affinity_hit
 
     def release(self) -> None:
         activator, self._activator = self._activator, None
@@ -102,12 +105,13 @@ class Slot:
 
 
 class _Waiter:
-    __slots__ = ("event", "exclude", "priority", "refusal", "slot")
+    __slots__ = ("affinity", "event", "exclude", "priority", "refusal", "slot")
 
-    def __init__(self, priority: Priority, exclude: Collection[str]) -> None:
+    def __init__(self, priority: Priority, exclude: Collection[str], affinity: Affinity | None) -> None:
         self.event = trio.Event()
         self.priority = priority
         self.exclude = exclude
+        self.affinity = affinity
         self.slot: Slot | None = None
         self.refusal: Refusal | None = None
 
@@ -199,7 +203,7 @@ class Activator:
 
     # ------------------------------------------------------------------ taking a slot
 
-    def try_acquire(self, key: str, exclude: Collection[str] = ()) -> Slot | None:
+    def try_acquire(self, key: str, exclude: Collection[str] = (), affinity: Affinity | None = None) -> Slot | None:
         """A free slot of a replica of ``key`` now, or None. The hot path: synchronous, no allocation
         beyond the guard.
 
@@ -207,15 +211,15 @@ class Activator:
         frees, so a free slot found here is one no waiter can take.
         """
         now = trio.current_time()
-        replica = choose(self.replicas.for_model(key), now=now, exclude=exclude)
+        replica, hit = pick(self.replicas.for_model(key), affinity, now=now, exclude=exclude)
         if replica is None:
             return None
         self._take(replica, now)
-        return Slot(self, replica)
+        return Slot(self, replica, hit)
 
     async def wait(
         self, key: str, priority: Priority = Priority.INTERACTIVE, *, exclude: Collection[str] = (),
-        front: bool = False,
+        front: bool = False, affinity: Affinity | None = None,
     ) -> Slot | Refusal:
         """Wait in ``key``'s queue for a slot (after ``try_acquire`` found none).
 
@@ -224,7 +228,7 @@ class Activator:
         queue, and a slot granted to it as it was cancelled is released before the Cancelled
         propagates, so no cancellation can leak a slot.
         """
-        slot = self.try_acquire(key, exclude)
+        slot = self.try_acquire(key, exclude, affinity)
         if slot is not None:
             return slot
         if exclude:
@@ -238,7 +242,7 @@ class Activator:
             queue = self._queues[key] = _Queue()
         if queue.size >= self.config.queue_size:
             return Refusal.OVERFLOW
-        waiter = _Waiter(priority, exclude)
+        waiter = _Waiter(priority, exclude, affinity)
         queue.add(waiter, front=front)
         self.waiting[key] = queue.size
         self._wake()
@@ -300,7 +304,7 @@ class Activator:
         now = trio.current_time()
         while queue.size and choose(replicas, now=now) is not None:
             for waiter in queue.in_order(self.config.batch_after):
-                replica = choose(replicas, now=now, exclude=waiter.exclude)
+                replica, hit = pick(replicas, waiter.affinity, now=now, exclude=waiter.exclude)
                 if replica is not None:
                     break
             else:
@@ -308,7 +312,7 @@ class Activator:
             queue.remove(waiter)
             queue.served(waiter)
             self._take(replica, now)
-            waiter.slot = Slot(self, replica)
+            waiter.slot = Slot(self, replica, hit)
             waiter.event.set()
         self._counted(key, queue)
 

@@ -34,6 +34,17 @@ class RouterConfig:
     # The profile used when a client asks for a model without one, for every model that has it
     # (e.g. "gpu"); otherwise each model's own default_profile.
     default_profile: str = ""
+    # How a model's replica is chosen when its profile does not say (gateway/affinity.py):
+    # "prefix" keeps a conversation (or an x-session-id / user) on the replica whose KV cache
+    # holds its prefix, within a load bound; "least-loaded" ignores the prefix. least-loaded by
+    # default: bench/affinity.py did not bear prefix out on llama-server b11312, which reuses only
+    # the shared prefix of conversations interleaved on a replica (docs/performance.md).
+    routing: str = "least-loaded"
+    # ε of the load bound: a replica keeps its keys while it holds at most (1 + ε) times the mean
+    # load plus one. 0.25: no replica takes more than a quarter above its share under a burst,
+    # while the slack keeps keys home through ordinary imbalance (a smaller ε moves more keys on
+    # every fluctuation: the paper bounds the moves per change by O(1/ε²)).
+    affinity_load_factor: float = 0.25
 
 
 @attrs.frozen

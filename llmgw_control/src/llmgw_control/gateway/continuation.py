@@ -363,6 +363,11 @@ class Splice:
         usage["prompt_tokens"] = client_prompt
         usage["completion_tokens"] = sent_before + completion
         usage["total_tokens"] = client_prompt + sent_before + completion
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        if isinstance(details, dict) and isinstance(cached, int):
+            # Part of the prompt the client sent: never more than it (the rest was its own output).
+            details["cached_tokens"] = max(0, min(cached, client_prompt))
         # Each attempt read the client's prompt and what had been generated before it started.
         starts = [0, *self.record.broken_tokens[:-1]]
         self.charged = TokenUsage(sum(client_prompt + s for s in starts) + prompt, sent_before + completion)

@@ -22,6 +22,10 @@ class ModelDirectory(Protocol):
         """What clients may ask for, for /v1/models and not-found messages."""
         ...
 
+    def routing(self, key: str) -> str:
+        """The routing policy the model behind ``key`` names; empty: the router's default."""
+        ...
+
 
 class StaticDirectory:
     def __init__(self, replicas: ReplicaSet) -> None:
@@ -32,6 +36,9 @@ class StaticDirectory:
 
     def names(self) -> list[str]:
         return self.replicas.models()
+
+    def routing(self, key: str) -> str:
+        return ""
 
 
 class FleetDirectory:
@@ -51,3 +58,7 @@ class FleetDirectory:
         keys = {r.key for r in self.catalog.all_profiles()}
         static = [m for m in self.replicas.models() if m not in keys]
         return sorted({*self.catalog.names(), *static})
+
+    def routing(self, key: str) -> str:
+        resolved = self.catalog.resolve(key)
+        return resolved.profile.routing if resolved is not None else ""

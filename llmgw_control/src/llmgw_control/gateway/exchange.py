@@ -147,6 +147,8 @@ def record(scope: Scope, exchange: Exchange, metrics: GatewayMetrics) -> None:
         if exchange.usage is not None:
             metrics.tokens.labels(exchange.model, "prompt").inc(exchange.usage.prompt_tokens)
             metrics.tokens.labels(exchange.model, "completion").inc(exchange.usage.completion_tokens)
+            if exchange.usage.cached_tokens:
+                metrics.cached_prompt_tokens.labels(exchange.model).inc(exchange.usage.cached_tokens)
     fields: dict[str, Any] = {
         "method": scope["method"], "path": scope["path"], "status": status,
         "duration_ms": round(duration * 1000, 2), "overhead_ms": round(overhead * 1000, 3),
@@ -157,7 +159,8 @@ def record(scope: Scope, exchange: Exchange, metrics: GatewayMetrics) -> None:
         fields["ttft_ms"] = round(exchange.ttft * 1000, 2)
     if exchange.usage is not None:
         fields.update(prompt_tokens=exchange.usage.prompt_tokens,
-                      completion_tokens=exchange.usage.completion_tokens)
+                      completion_tokens=exchange.usage.completion_tokens,
+                      cached_tokens=exchange.usage.cached_tokens)
     if exchange.continuations:
         fields["continuations"] = exchange.continuations
     if exchange.client_gone:

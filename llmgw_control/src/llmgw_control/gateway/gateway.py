@@ -23,6 +23,7 @@ from ..priority import Priority
 from ..tenancy.admission import Admission, Ticket, admit_waiting
 from ..transport.asgi import REQUEST_ID, Receive, Scope, Send
 from .activator import Activator, Refusal, Slot
+from .affinity import Affinity, affinity_key
 from .config import RouterConfig
 from .continuation import (
     ContinuationRefused,
@@ -108,14 +109,15 @@ class Gateway:
                 raise model_not_found(request.model, self._visible(allowed), restricted=allowed is not None)
             exchange.model = key
             exchange.stream = request.stream
+            affinity = self._affinity(key, request, scope)
             if self.admission is None:
-                await self._forward(request, key, receive, exchange)
+                await self._forward(request, key, receive, exchange, affinity=affinity)
                 return
             estimate = _estimate_tokens(request)
             ticket = await admit_waiting(self.admission, authorization, key.partition(":")[0],
                                          estimated_tokens=sum(estimate))
             try:
-                await self._forward(request, key, receive, exchange, ticket.priority)
+                await self._forward(request, key, receive, exchange, ticket.priority, affinity=affinity)
             finally:
                 _settle(ticket, exchange, estimate)
         elif path.startswith("/v1/models") and method == "GET":
@@ -125,6 +127,13 @@ class Gateway:
             await exchange.respond_json(200, {"status": "ok", "replicas": len(self.replicas)})
         else:
             raise ClientApiError(404, f"Unknown request URL: {method} {path}.", code="unknown_url")
+
+    def _affinity(self, key: str, request: ParsedRequest, scope: Scope) -> Affinity | None:
+        """The request's replica preference under prefix routing; None under least-loaded."""
+        if (self.directory.routing(key) or self.config.routing) != "prefix":
+            return None
+        digest = affinity_key(request, header(scope, b"x-session-id"))
+        return None if digest is None else Affinity(digest, self.config.affinity_load_factor)
 
     async def _models(self, path: str, exchange: Exchange, allowed: frozenset[str] | None) -> None:
         visible = self._visible(allowed)
@@ -148,7 +157,7 @@ class Gateway:
 
     async def _forward(
         self, request: ParsedRequest, key: str, receive: Receive, exchange: Exchange,
-        priority: Priority = Priority.INTERACTIVE,
+        priority: Priority = Priority.INTERACTIVE, *, affinity: Affinity | None = None,
     ) -> None:
         in_flight = self.metrics.in_flight.labels(key)
         in_flight.inc()
@@ -158,7 +167,7 @@ class Gateway:
                 # Inside the nursery, so a client that gives up stops waiting for a slot too.
                 nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope, exchange)
                 try:
-                    await self._attempts(request, key, exchange, priority)
+                    await self._attempts(request, key, exchange, priority, affinity)
                 except Exception as exc:
                     # Re-raised below the nursery, so callers see the error itself rather than
                     # an exception group wrapping it.
@@ -177,16 +186,18 @@ class Gateway:
             return None
         return StreamRecord(request)
 
-    async def _attempts(self, request: ParsedRequest, key: str, exchange: Exchange, priority: Priority) -> None:
+    async def _attempts(
+        self, request: ParsedRequest, key: str, exchange: Exchange, priority: Priority, affinity: Affinity | None,
+    ) -> None:
         activator = self.activator
         tried: frozenset[str] = frozenset()
         failure: ClientApiError | None = None
         record = self._stream_record(request, key)
         broken: StreamBroken | None = None
         for attempt in range(self.config.max_attempts):
-            slot = activator.try_acquire(key, tried)
+            slot = activator.try_acquire(key, tried, affinity)
             if slot is None:
-                outcome = await self._queue(key, exchange, priority, tried, retry=bool(attempt))
+                outcome = await self._queue(key, exchange, priority, tried, affinity, retry=bool(attempt))
                 if outcome is Refusal.EXHAUSTED:
                     break
                 if isinstance(outcome, Refusal):
@@ -196,6 +207,9 @@ class Gateway:
                 replica = slot.replica
                 if attempt:
                     self.metrics.retries.labels(replica.id, "other_replica").inc()
+                elif slot.affinity_hit is not None:
+                    # The first choice only: a retry avoids the replica that failed on purpose.
+                    self.metrics.affinity.labels(key, "hit" if slot.affinity_hit else "miss").inc()
                 tried = tried | {replica.id}
                 exchange.replica = replica.id
                 try:
@@ -208,7 +222,7 @@ class Gateway:
                     broken = exc
                     self._failed(replica, key, exc.reason, exc.error)
             if broken is not None and record is not None:
-                await self._continue(key, exchange, priority, tried, broken, record)
+                await self._continue(key, exchange, priority, tried, broken, record, affinity)
                 return
         raise failure or ClientApiError(
             503, f"No replica of model '{request.model}' is available.", code="no_replica_available")
@@ -221,7 +235,7 @@ class Gateway:
 
     async def _continue(
         self, key: str, exchange: Exchange, priority: Priority, tried: frozenset[str], broken: StreamBroken,
-        record: StreamRecord,
+        record: StreamRecord, affinity: Affinity | None,
     ) -> None:
         """Continue a broken stream on other replicas, at most ``max_continuations`` times.
 
@@ -246,9 +260,11 @@ class Gateway:
             if plan is None:
                 outcome = "impossible"
                 break
-            slot = self.activator.try_acquire(key, tried)
+            # By the key's order too: the replica that continues is the one its next turns prefer
+            # while the broken one stays out, so it is worth warming.
+            slot = self.activator.try_acquire(key, tried, affinity)
             if slot is None:
-                waited = await self._queue(key, exchange, priority, tried, retry=True)
+                waited = await self._queue(key, exchange, priority, tried, affinity, retry=True)
                 if isinstance(waited, Refusal):
                     break
                 slot = waited
@@ -285,13 +301,14 @@ class Gateway:
         await exchange.end_stream()
 
     async def _queue(
-        self, key: str, exchange: Exchange, priority: Priority, tried: frozenset[str], *, retry: bool
+        self, key: str, exchange: Exchange, priority: Priority, tried: frozenset[str], affinity: Affinity | None,
+        *, retry: bool,
     ) -> Slot | Refusal:
         """Wait for a slot; the time waited is the queue's, neither llmgw's work nor the engine's."""
         held = time.perf_counter()
         outcome: Slot | Refusal | None = None
         try:
-            outcome = await self.activator.wait(key, priority, exclude=tried, front=retry)
+            outcome = await self.activator.wait(key, priority, exclude=tried, front=retry, affinity=affinity)
         finally:
             # Refused at once (queue full, nothing left to try): that request never waited.
             if outcome is not Refusal.OVERFLOW and outcome is not Refusal.EXHAUSTED:

@@ -49,6 +49,17 @@ class GatewayMetrics:
             "llmgw_tokens_total", "Tokens reported by engines in usage, by model and kind (prompt, completion).",
             ["model", "kind"], registry=registry,
         )
+        self.cached_prompt_tokens = Counter(
+            "llmgw_cached_prompt_tokens_total",
+            "Prompt tokens the engine served from its KV cache (usage.prompt_tokens_details.cached_tokens), "
+            "by model; a part of llmgw_tokens_total{kind=\"prompt\"}.", ["model"], registry=registry,
+        )
+        self.affinity = Counter(
+            "llmgw_affinity_requests_total",
+            "Requests routed by prefix affinity, by model and outcome: hit (the key's preferred replica) or "
+            "miss (it was full, cooling down or over the load bound, so another took it).",
+            ["model", "outcome"], registry=registry,
+        )
         self.retries = Counter(
             "llmgw_upstream_retries_total", "Attempts moved to another replica (or a fresh connection).",
             ["replica", "reason"], registry=registry,

@@ -22,6 +22,8 @@ class TokenUsage:
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # Of prompt_tokens, those the engine took from its KV cache (prompt_tokens_details.cached_tokens).
+    cached_tokens: int = 0
 
 
 def find_usage(data: bytes | bytearray) -> TokenUsage | None:
@@ -44,7 +46,38 @@ def find_usage(data: bytes | bytearray) -> TokenUsage | None:
                 prompt = value.get("prompt_tokens")
                 completion = value.get("completion_tokens", 0)
                 if isinstance(prompt, int) and isinstance(completion, int):
-                    return TokenUsage(prompt, completion)
+                    cached = _cached_tokens(value, prompt)
+                    if cached is None:
+                        cached = _timings_cache_n(data, prompt)
+                    return TokenUsage(prompt, completion, cached or 0)
+
+
+def _sane(value: object, prompt: int) -> int | None:
+    # An engine's count is trusted only within the prompt it describes: a hostile or broken one
+    # must not inflate the cached-token metric past the prompt tokens it is a part of.
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= prompt:
+        return value
+    return None
+
+
+def _cached_tokens(usage: dict[str, object], prompt: int) -> int | None:
+    """``prompt_tokens_details.cached_tokens`` (OpenAI, vLLM, SGLang, llama-server) when sane."""
+    details = usage.get("prompt_tokens_details")
+    return _sane(details.get("cached_tokens"), prompt) if isinstance(details, dict) else None
+
+
+def _timings_cache_n(data: bytes | bytearray, prompt: int) -> int | None:
+    """llama.cpp's own ``timings.cache_n`` (prompt tokens reused from the slot), for builds whose
+    ``usage`` has no ``prompt_tokens_details``: the last ``timings`` object in ``data``."""
+    position = data.rfind(b'"timings"')
+    start = data.find(b"{", position + 9, position + 64) if position >= 0 else -1
+    if start < 0:
+        return None
+    try:
+        value, _ = _decoder.raw_decode(bytes(data[start:start + 4096]).decode("utf-8", "replace"))
+    except (ValueError, RecursionError):
+        return None
+    return _sane(value.get("cache_n"), prompt) if isinstance(value, dict) else None
 
 
 class StreamTail:
