@@ -18,7 +18,7 @@ async def _tree(store: SqlStore) -> tuple[str, str, str]:
 
 
 async def test_grant_spend_and_give_back(store: SqlStore) -> None:
-    root, mid, leaf = await _tree(store)
+    _root, mid, _leaf = await _tree(store)
     await store.set_quota(mid, Quota(requests_per_minute=100, concurrent_requests=8))
     (first,) = await store.lease_slices("a", [SliceAsk(mid, RPM)])
     assert first.lease_id is not None and first.amount == 25 and first.limit == 100 and first.holders == 1
@@ -38,7 +38,7 @@ async def test_grant_spend_and_give_back(store: SqlStore) -> None:
 
 
 async def test_waiting_requests_and_limits_that_are_not_there(store: SqlStore) -> None:
-    root, mid, leaf = await _tree(store)
+    root, _mid, leaf = await _tree(store)
     await store.set_quota(root, Quota(tokens_per_day=1000))
     grants = await store.lease_slices("a", [SliceAsk(root, TPD, need=600), SliceAsk(leaf, RPM)])
     assert grants[0].amount == 600
@@ -50,7 +50,7 @@ async def test_waiting_requests_and_limits_that_are_not_there(store: SqlStore) -
 
 
 async def test_concurrent_slots_in_flight_are_kept(store: SqlStore) -> None:
-    root, mid, leaf = await _tree(store)
+    _root, mid, _leaf = await _tree(store)
     await store.set_quota(mid, Quota(concurrent_requests=4))
     (a,) = await store.lease_slices("a", [SliceAsk(mid, CONCURRENT, need=3)])
     (b,) = await store.lease_slices("b", [SliceAsk(mid, CONCURRENT, need=3)])
