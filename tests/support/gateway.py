@@ -54,13 +54,13 @@ def endpoint(id: str, url: str, *models: str, weight: float = 1.0, api_key: str 
 @asynccontextmanager
 async def running_gateway(
     *endpoints: EndpointConfig, grace: float = 5.0, metrics_listen: str = "", upstream: UpstreamClient | None = None,
-    activator: ActivatorConfig | None = None, **router: Any,
+    activator: ActivatorConfig | None = None, store: str = "", **router: Any,
 ) -> AsyncIterator[RunningGateway]:
     data_dir = tempfile.mkdtemp(prefix="llmgw-control-")
     config = validate(ControlConfig(
         listen="127.0.0.1:0", admin_listen="127.0.0.1:0", metrics_listen=metrics_listen, data_dir=data_dir,
         shutdown_grace=grace, router=RouterConfig(**router), endpoints=list(endpoints),
-        activator=activator or ActivatorConfig(),
+        activator=activator or ActivatorConfig(), store=store,
     ))
     shutdown = trio.Event()
     registry = CollectorRegistry()

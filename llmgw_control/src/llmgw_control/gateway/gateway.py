@@ -20,7 +20,7 @@ from llmgw_shared.logs import get_logger, request_context
 
 from ..api_errors import ClientApiError, model_not_found
 from ..priority import Priority
-from ..tenancy.admission import Admission, Ticket
+from ..tenancy.admission import Admission, Ticket, admit_waiting
 from ..transport.asgi import REQUEST_ID, Receive, Scope, Send
 from .activator import Activator, Refusal, Slot
 from .affinity import Affinity, affinity_key
@@ -114,7 +114,8 @@ class Gateway:
                 await self._forward(request, key, receive, exchange, affinity=affinity)
                 return
             estimate = _estimate_tokens(request)
-            ticket = self.admission.admit(authorization, key.partition(":")[0], estimated_tokens=sum(estimate))
+            ticket = await admit_waiting(self.admission, authorization, key.partition(":")[0],
+                                         estimated_tokens=sum(estimate))
             try:
                 await self._forward(request, key, receive, exchange, ticket.priority, affinity=affinity)
             finally:

@@ -20,6 +20,7 @@ from .interface import Store
 from .keeper import STANDBY, LeaseKeeper, Role
 from .lease import Lease, SqlLease
 from .migrations import MIGRATIONS, Migration, latest_version
+from .ops_quota_slices import SliceAsk, SliceGrant
 from .records import (
     ApiKey,
     CapacityRecord,
@@ -69,6 +70,8 @@ __all__ = [
     "Revisions",
     "Role",
     "SchemaTooNew",
+    "SliceAsk",
+    "SliceGrant",
     "SqlLease",
     "SqlStore",
     "SqliteStore",

@@ -204,6 +204,25 @@ MIGRATIONS: tuple[Migration, ...] = (
             "INSERT INTO replica_view (id, epoch, revision, replicas, updated_at) VALUES (1, 0, 0, '[]', 0)",
         ),
     ),
+    Migration(
+        8,
+        "quota slices leased by each daemon, so limits hold for the sum of all daemons",
+        (
+            # One row per grant (ops_quota_slices.py): ``amount`` counts against the group's limit of ``kind`` until ``counts_until`` (the
+            # window: a minute after the last spend can happen, the end of the UTC day, or the
+            # lease's end for concurrent slots); the holder may spend it until ``expires_at``.
+            """CREATE TABLE quota_slices (
+                id TEXT PRIMARY KEY,
+                group_id TEXT NOT NULL,
+                kind TEXT NOT NULL,
+                holder TEXT NOT NULL,
+                amount BIGINT NOT NULL,
+                granted_at BIGINT NOT NULL,
+                expires_at BIGINT NOT NULL,
+                counts_until BIGINT NOT NULL)""",
+            "CREATE INDEX quota_slices_by_group ON quota_slices (group_id, kind)",
+        ),
+    ),
 )
 
 # An arbitrary constant: the key of the PostgreSQL advisory lock that serialises daemons

@@ -26,6 +26,7 @@ from .ops_groups import GroupOps
 from .ops_keys import KeyOps
 from .ops_nodes import NodeOps
 from .ops_pulls import PullOps
+from .ops_quota_slices import QuotaSliceOps
 from .ops_quotas import QuotaOps
 from .ops_secrets import SecretOps
 from .ops_usage import UsageOps
@@ -35,8 +36,8 @@ from .records import Revisions
 from .sqlite import SqliteBackend
 
 
-class SqlStore(CatalogOps, NodeOps, GroupOps, KeyOps, QuotaOps, UsageOps, CapacityOps, SecretOps, FleetOps,
-               PullOps, ViewOps):
+class SqlStore(CatalogOps, NodeOps, GroupOps, KeyOps, QuotaOps, QuotaSliceOps, UsageOps, CapacityOps, SecretOps,
+               FleetOps, PullOps, ViewOps):
     def __init__(self, backend: Backend, lease_backend: Backend | None = None) -> None:
         self._backend = backend
         self._lease_backend = lease_backend

@@ -22,11 +22,14 @@ import time
 from types import TracebackType
 from typing import Protocol, Self
 
+import trio
+
 from llmgw_shared.logs import get_logger
 
 from ..api_errors import ClientApiError
 from ..priority import Priority
-from .budget import GroupBudget, release, reserve, settle
+from .budget import GroupBudget, release, reserve, settle, worst
+from .slices import LeaseShort, SliceBook, Take
 from .state import TenancyState
 from .usage import UsageAccumulator
 from .windows import Clock
@@ -112,19 +115,22 @@ class OpenTicket(_TicketBase):
 
 
 class TenancyTicket(_TicketBase):
-    """A request admitted with a key: holds its reservation in every group of its chain."""
+    """A request admitted with a key: holds its reservation in every group of its chain (and, when
+    the store is shared, what it spent from this daemon's slices: ``takes``)."""
 
-    __slots__ = ("_chain", "_estimated", "_seconds")
+    __slots__ = ("_book", "_chain", "_estimated", "_seconds", "_takes")
 
     def __init__(
         self, usage: UsageAccumulator, clock: Clock, model: str, key_id: str, group_id: str,
         chain: tuple[GroupBudget, ...], estimated: int, seconds: tuple[int, ...],
-        priority: Priority = Priority.INTERACTIVE,
+        priority: Priority = Priority.INTERACTIVE, book: SliceBook | None = None, takes: tuple[Take, ...] = (),
     ) -> None:
         super().__init__(usage, clock, model, key_id, group_id, priority)
         self._chain = chain
         self._estimated = estimated
         self._seconds = seconds
+        self._book = book
+        self._takes = takes
 
     def settle(self, prompt_tokens: int, completion_tokens: int) -> None:
         if self._done:
@@ -133,6 +139,8 @@ class TenancyTicket(_TicketBase):
         prompt, completion = _count(prompt_tokens), _count(completion_tokens)
         now = self._clock()
         settle(self._chain, now, self._estimated, prompt + completion)
+        if self._book is not None:
+            self._book.settle(self._takes, self._estimated, prompt + completion)
         assert self.key_id is not None and self.group_id is not None
         self._usage.record(now, self.key_id, self.group_id, self.model, prompt, completion)
 
@@ -141,6 +149,8 @@ class TenancyTicket(_TicketBase):
             return
         self._done = True
         release(self._chain, self._estimated, self._seconds)
+        if self._book is not None:
+            self._book.release(self._takes)
 
     def __del__(self) -> None:
         # A safety net, not the protocol: a ticket dropped unfinished (a bug in the caller)
@@ -175,10 +185,12 @@ class TenancyAdmission:
     changes); once one exists, every request needs a usable key.
     """
 
-    def __init__(self, state: TenancyState, usage: UsageAccumulator) -> None:
+    def __init__(self, state: TenancyState, usage: UsageAccumulator, book: SliceBook | None = None) -> None:
         self.state = state
         self.usage = usage
         self.clock = state.clock
+        # Set when the store is shared by several daemons: limits then hold for their sum.
+        self.book = book
 
     def authenticate(self, authorization: str | None) -> frozenset[str] | None:
         if self.state.loaded and not self.state.open:
@@ -199,6 +211,43 @@ class TenancyAdmission:
                            code="model_not_allowed", param="model")
         estimated = _count(estimated_tokens)
         chain = state.chain(key.group_id)
-        seconds = reserve(chain, self.clock(), estimated)
+        now = self.clock()
+        book = self.book
+        if book is None:
+            seconds = reserve(chain, now, estimated)
+            return TenancyTicket(self.usage, self.clock, model, key.id, key.group_id, chain, estimated, seconds,
+                                 state.priority(key.group_id))
+        # Shared store: this daemon's own windows first (their 429s say the most), then its slices
+        # of the limits; nothing is spent anywhere until both have room. No await in between.
+        for budget in chain:
+            if budget.quota is not None and (refused := budget.refusals(now, estimated)):
+                raise worst(refused).to_api_error()
+        needs = book.check(chain, now, estimated)
+        seconds = reserve(chain, now, estimated)
+        takes = book.spend(needs)
         return TenancyTicket(self.usage, self.clock, model, key.id, key.group_id, chain, estimated, seconds,
-                             state.priority(key.group_id))
+                             state.priority(key.group_id), book, takes)
+
+
+# A request that finds a slice short waits for at most this many renewals (each normally one
+# store round trip) before its 429 is final: the first lease of a group, then a retry in case
+# other requests took what the renewal brought.
+_LEASE_ROUNDS = 3
+# And never longer than this in all: a store that hangs must not hold requests beyond a few seconds.
+_LEASE_WAIT_SECONDS = 3.0
+
+
+async def admit_waiting(admission: Admission, authorization: str | None, model: str, *,
+                        estimated_tokens: int) -> Ticket:
+    """``admission.admit``, but a request that finds this daemon's slice of a shared limit short
+    waits for the slice's renewal instead of being refused while the group still has budget."""
+    with trio.move_on_after(_LEASE_WAIT_SECONDS):
+        for _ in range(_LEASE_ROUNDS):
+            try:
+                return admission.admit(authorization, model, estimated_tokens=estimated_tokens)
+            except LeaseShort as short:
+                if short.book is None:
+                    raise  # refused at once: the slice came back short a moment ago
+                await short.wait()
+    # Out of rounds or time: this answer is final, whatever it is (a LeaseShort is a 429 or 503).
+    return admission.admit(authorization, model, estimated_tokens=estimated_tokens)

@@ -16,6 +16,7 @@ from ..store import KEY_DIGEST_SECRET, Store, cluster_secret, is_postgres_url, o
 from .admission import TenancyAdmission
 from .keys import KeyDigester, load_or_create_server_secret
 from .service import TenancyService
+from .slices import SliceBook
 from .state import TenancyState
 from .usage import UsageAccumulator, UsageFlusher
 
@@ -38,9 +39,15 @@ class Tenancy:
 
 
 @asynccontextmanager
-async def open_tenancy(location: str, data_dir: Path) -> AsyncIterator[Tenancy]:
+async def open_tenancy(location: str, data_dir: Path, *, shared: bool | None = None) -> AsyncIterator[Tenancy]:
     """The store at ``location`` and, over it, the tenancy state: loaded before the first request
-    is admitted. Usage counted since the last batch is written before the store closes."""
+    is admitted. Usage counted since the last batch is written before the store closes.
+
+    ``shared``: whether other daemons (or worker processes) admit requests over the same store,
+    so quotas must hold for their sum (slices.py). By default: on PostgreSQL, where any daemon
+    may join at any time; not on SQLite, where one daemon alone keeps the exact, I/O-free
+    admission of budget.py (a SQLite file shared by workers on one host passes True).
+    """
     if not is_postgres_url(location):
         await trio.to_thread.run_sync(partial(data_dir.mkdir, parents=True, exist_ok=True))
     async with open_store(location) as store, trio.open_nursery() as nursery:
@@ -54,10 +61,17 @@ async def open_tenancy(location: str, data_dir: Path) -> AsyncIterator[Tenancy]:
         flusher = UsageFlusher(store, usage)
         await nursery.start(state.run)
         await nursery.start(flusher.run)
+        book = None
+        if is_postgres_url(location) if shared is None else shared:
+            book = SliceBook(store, clock=state.clock)
+            await nursery.start(book.run)
+            log.info("quotas are shared with the other daemons on this store (leased slices)",
+                     extra={"holder": book.holder})
         if state.open:
             log.warning("no API keys exist: the gateway is open to every request (create a key to close it)")
         try:
-            yield Tenancy(store, state, usage, TenancyService(store, state, usage), TenancyAdmission(state, usage))
+            admission = TenancyAdmission(state, usage, book)
+            yield Tenancy(store, state, usage, TenancyService(store, state, usage), admission)
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(_LAST_FLUSH_SECONDS):
                 await flusher.flush_once()
