@@ -171,7 +171,7 @@ async def serve_agents(config: ControlConfig, nursery: trio.Nursery, serve: Serv
 
 
 async def build_fleet(config: ControlConfig, replicas: ReplicaSet, agent_url: str, store: Store,
-                      metrics: GatewayMetrics) -> Fleet:
+                      metrics: GatewayMetrics, *, worker: int | None = None) -> Fleet:
     """The control plane's parts, wired to each other; nothing runs yet (``start_fleet``)."""
     catalog = Catalog(config.models, config.engines, config.router.default_profile)
     # Models added through the admin API; on a name in both, the config file wins (catalog/service.py).
@@ -204,7 +204,9 @@ async def build_fleet(config: ControlConfig, replicas: ReplicaSet, agent_url: st
                           status=reconciler.status)
     onboarding = Onboarding(store, public_url, advertised_agent_url(config, agent_url),
                             releases_dir_for(config.agents.files_dir, data_dir_of(config)))
-    if not is_postgres_url(config.store):
+    if not is_postgres_url(config.store) and worker is None:
+        # (Workers share the file: their supervisor cleared it once; a restarted worker must not
+        # clear the lease of the worker that leads.)
         await clear_single_daemon_lease(store.lease)
     lead = config.leadership
     keeper = LeaseKeeper(store.lease, new_holder(), advertised_agent_url(config, agent_url),
@@ -267,7 +269,8 @@ def build_gateway(config: ControlConfig, replicas: ReplicaSet, client: UpstreamC
 
 async def serve_client_and_admin(
     config: ControlConfig, nursery: trio.Nursery, serve: Serve, shutdown: trio.Event, registry: CollectorRegistry,
-    gateway: Gateway, fleet: Fleet | None, tenancy: Tenancy, mirror: Mirror | None = None,
+    gateway: Gateway, fleet: Fleet | None, tenancy: Tenancy, mirror: Mirror | None = None, *,
+    shared_port: bool = False,
 ) -> tuple[str, str, str | None]:
     """The client, admin and metrics listeners; their URLs."""
     # The dashboard: at / on the admin listener, and at /admin on the client port behind an
@@ -287,7 +290,9 @@ async def serve_client_and_admin(
         client_tls = ClientTls(config.client_tls.cert_file, config.client_tls.key_file)
     if threading.current_thread() is threading.main_thread():  # (signals reach the main thread only)
         await nursery.start(reload_on_sighup, client_tls, shutdown)
-    api_url = await nursery.start(partial(serve, client_app, config.listen, name="api", error_body=openai_error_body,
+    # A worker shares the client port with its siblings (SO_REUSEPORT, see workers.py).
+    client_address = bind(config.listen, reuse_port=True) if shared_port else config.listen
+    api_url = await nursery.start(partial(serve, client_app, client_address, name="api", error_body=openai_error_body,
                                           tls=client_tls.context if client_tls else None))
     admin_guarded = AdminKeyGuard(admin_app, tenancy.state,
                                   required=key_required(config.admin_listen, config.admin_require_key))
@@ -309,9 +314,13 @@ async def run_control(
     shutdown: trio.Event | None = None,
     registry: CollectorRegistry | None = None,
     upstream: UpstreamClient | None = None,
+    worker: int | None = None,
     task_status: trio.TaskStatus[Listening] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run the daemon until ``shutdown`` is set; ``started`` with ``Listening`` once it serves."""
+    """Run the daemon until ``shutdown`` is set; ``started`` with ``Listening`` once it serves.
+
+    ``worker``: this daemon is that worker of a ``workers = N`` supervisor (workers.py).
+    """
     shutdown = shutdown if shutdown is not None else trio.Event()
     registry = registry or CollectorRegistry()
     metrics = GatewayMetrics(registry)
@@ -333,7 +342,7 @@ async def run_control(
             if config.agents.listen:
                 agent_sockets = await bind_agents(config)
                 agent_url = agent_sockets.url
-                fleet = await build_fleet(config, replicas, agent_url, tenancy.store, metrics)
+                fleet = await build_fleet(config, replicas, agent_url, tenancy.store, metrics, worker=worker)
                 await serve_agents(config, nursery, serve, agent_sockets, fleet, shutdown)
                 # Read at scrape time from the live objects: nothing is counted on the hot path.
                 register_fleet_metrics(registry, fleet)
@@ -343,7 +352,8 @@ async def run_control(
                 await nursery.start(mirror.pulls.run)
             gateway = build_gateway(config, replicas, client, metrics, fleet, tenancy)
             api_url, admin_url, metrics_url = await serve_client_and_admin(
-                config, nursery, serve, shutdown, registry, gateway, fleet, tenancy, mirror)
+                config, nursery, serve, shutdown, registry, gateway, fleet, tenancy, mirror,
+                shared_port=worker is not None)
             log.info("llmgw-control ready", extra={"api": api_url, "admin": admin_url, "agents": agent_url,
                                                    "models": gateway.directory.names()})
             task_status.started(Listening(api_url, admin_url, metrics_url, agent_url, tenancy, fleet))

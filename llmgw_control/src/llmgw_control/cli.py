@@ -32,6 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--data-dir", help="control's state directory (secrets, the embedded store)")
     run.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     run.add_argument("--log-format", choices=["auto", "json", "text"])
+    # Set by the supervisor of ``workers = N`` on the processes it starts (workers.py), not by people.
+    run.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    run.add_argument("--worker-listen", help=argparse.SUPPRESS)
+    run.add_argument("--worker-ready-fd", type=int, help=argparse.SUPPRESS)
     init = commands.add_parser("init", help="write a commented config with every option, or --check one")
     init.add_argument("--output", "-o", help="file to write (default: standard output)")
     init.add_argument("--force", action="store_true", help="replace an existing file")
@@ -78,22 +82,40 @@ def config_from_args(args: argparse.Namespace) -> ControlConfig:
     })
 
 
-async def _run(config: ControlConfig) -> None:
+async def _supervise(config: ControlConfig, argv: list[str]) -> int:
+    """``workers`` > 1: this process starts and watches the workers, and serves nothing itself."""
+    from .app import data_dir_of
+    from .workers import Supervisor, address_of, prepare_shared_state, reserve_client_port
+
+    await prepare_shared_state(config, data_dir_of(config))
+    reserved = reserve_client_port(config.listen)
+    try:
+        return await Supervisor(config, argv, address_of(reserved)).run()
+    finally:
+        reserved.close()
+
+
+async def _run(config: ControlConfig, *, worker: int | None = None, ready_fd: int | None = None) -> None:
     # Imported here so that config errors and --help answer without loading the web stack.
     from .app import run_control
+    from .workers import announce_ready, watch_supervisor
 
     collect_young_generation_less_often()
     shutdown = trio.Event()
     async with trio.open_nursery() as nursery:
         await nursery.start(stop_on_signals, shutdown)
+        if worker is not None:
+            nursery.start_soon(watch_supervisor, shutdown)
         # systemd (Type=notify): the watchdog pings come from this event loop, so a wedged
         # loop gets the daemon restarted; READY=1 only once every listener is bound.
         nursery.start_soon(sdnotify.watchdog_loop)
         nursery.start_soon(sdnotify.stopping_on, shutdown)
         nursery.start_soon(keep_gc_pauses_short)
         async with trio.open_nursery() as daemon:
-            listening = await daemon.start(partial(run_control, config, shutdown=shutdown))
+            listening = await daemon.start(partial(run_control, config, shutdown=shutdown, worker=worker))
             await sdnotify.ready(f"serving on {listening.api_url}")
+            if ready_fd is not None:
+                announce_ready(ready_fd)
         nursery.cancel_scope.cancel()
     log.info("llmgw-control stopped")
 
@@ -119,6 +141,14 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(init_config.main(args.output, force=args.force, check_path=args.check))
     try:
         config = config_from_args(args)
+        if args.worker is not None:
+            from .workers import worker_config
+
+            config = worker_config(config, args.worker, args.worker_listen or config.listen)
+        elif config.workers > 1:
+            from .workers import check_worker_ports
+
+            check_worker_ports(config)
     except ConfigError as exc:
         print(f"llmgw-control: config error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -128,7 +158,9 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         with signals_outside_the_loop():
-            trio.run(_run, config)
+            if config.workers > 1:
+                raise SystemExit(trio.run(_supervise, config, argv))
+            trio.run(partial(_run, config, worker=args.worker, ready_fd=args.worker_ready_fd))
     except* (OSError, StoreError, ConfigError) as group:
         # An address in use, an unreachable database, an admin listener no key could open: one
         # line that says so, not a traceback.
@@ -149,3 +181,7 @@ def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
     for error in group.exceptions:
         out.extend(_leaves(error) if isinstance(error, BaseExceptionGroup) else [error])
     return out
+
+
+if __name__ == "__main__":  # how the supervisor starts its workers (python -m llmgw_control.cli run ...)
+    main()

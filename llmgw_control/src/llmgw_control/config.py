@@ -49,6 +49,9 @@ class ControlConfig:
     metrics_listen: str = ""
     # In-flight requests get this long to finish after SIGTERM before they are cut.
     shutdown_grace: float = 30.0
+    # Gateway processes on this machine sharing the client port (SO_REUSEPORT); 1: this process
+    # serves alone, as before workers existed (docs/operator-guide.md, "Workers").
+    workers: int = 1
     log_level: str = "info"
     log_format: str = "auto"
     # Where control keeps its own state: secrets, and the embedded SQLite store.
@@ -73,6 +76,10 @@ class ControlConfig:
     hub: HubConfig = attrs.field(factory=HubConfig, metadata=doc(
         "The model mirror: the Hugging Face Hub it searches and pulls from (docs/model-mirror.md)."))
 
+
+# More gateway processes than a large machine has cores only adds context switches and database
+# connections; the bound also keeps a typo (1000) from forking a thousand daemons.
+MAX_WORKERS = 64
 
 _converter = strict_converter()
 _ENDPOINT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}$")
@@ -114,6 +121,8 @@ def validate(config: ControlConfig) -> ControlConfig:
         raise ConfigError(f"log_format must be auto, json or text, got {config.log_format!r}")
     if config.shutdown_grace < 0:
         raise ConfigError(f"shutdown_grace must not be negative, got {config.shutdown_grace}")
+    if not 1 <= config.workers <= MAX_WORKERS:
+        raise ConfigError(f"workers must be between 1 and {MAX_WORKERS}, got {config.workers}")
     router = config.router
     for field in ("connect_timeout", "first_byte_timeout", "idle_timeout"):
         _check_positive(getattr(router, field), f"router.{field}")

@@ -26,6 +26,8 @@ DOCS: dict[str, str] = {
                                        "request but /healthz; always on when admin_listen is not loopback.",
     "ControlConfig.metrics_listen": "An extra listener serving only /metrics, host:port (empty: none).",
     "ControlConfig.shutdown_grace": "Seconds in-flight requests get to finish after SIGTERM before they are cut.",
+    "ControlConfig.workers": "Gateway processes on this machine sharing the client port (SO_REUSEPORT), "
+                             "supervised by this one; 1: one process (docs/operator-guide.md).",
     "ControlConfig.log_level": "debug, info, warning or error.",
     "ControlConfig.log_format": "auto (JSON unless stderr is a terminal), json or text.",
     "ControlConfig.data_dir": "Control's state directory: secrets and the embedded SQLite store "

@@ -11,6 +11,7 @@ pages, which are not hot, use Quart.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -124,7 +125,8 @@ class Gateway:
             allowed = self.admission.authenticate(header(scope, b"authorization")) if self.admission else None
             await self._models(path, exchange, allowed)
         elif path == "/healthz":
-            await exchange.respond_json(200, {"status": "ok", "replicas": len(self.replicas)})
+            # The pid says which worker answered, when several share the port (workers = N).
+            await exchange.respond_json(200, {"status": "ok", "replicas": len(self.replicas), "pid": os.getpid()})
         else:
             raise ClientApiError(404, f"Unknown request URL: {method} {path}.", code="unknown_url")
 

@@ -44,14 +44,18 @@ _REFUSAL_LOG_INTERVAL = 60.0
 TlsContext = Callable[[], ssl.SSLContext]
 
 
-def bind(address: str) -> list[socket.socket]:
+def bind(address: str, *, reuse_port: bool = False) -> list[socket.socket]:
     """The sockets for ``address`` (``host:port``), bound but not listening yet.
 
     A listener bound first has its address (port 0 gets one) before the app that serves it is
     built: the agent listener's URL goes into what the fleet hands nodes (``app.bind_agents``).
+    ``reuse_port``: other processes of the same user may bind the same port (``SO_REUSEPORT``),
+    and the kernel spreads new connections over them (the workers, see ``workers.py``).
     """
     config = HypercornConfig()
     config.bind = [address]
+    # hypercorn sets SO_REUSEPORT exactly when it runs more than one worker itself.
+    config.workers = 2 if reuse_port else 1
     return list(config.create_sockets().insecure_sockets)
 
 
