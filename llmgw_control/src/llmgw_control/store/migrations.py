@@ -208,9 +208,10 @@ MIGRATIONS: tuple[Migration, ...] = (
         8,
         "quota slices leased by each daemon, so limits hold for the sum of all daemons",
         (
-            # One row per grant (ops_quota_slices.py): ``amount`` counts against the group's limit of ``kind`` until ``counts_until`` (the
-            # window: a minute after the last spend can happen, the end of the UTC day, or the
-            # lease's end for concurrent slots); the holder may spend it until ``expires_at``.
+            # One row per grant (ops_quota_slices.py): ``amount`` counts against the group's
+            # limit of ``kind`` until ``counts_until`` (the window: a minute after the last spend
+            # can happen, the end of the UTC day, or the lease's end for concurrent slots); the
+            # holder may spend it until ``expires_at``.
             """CREATE TABLE quota_slices (
                 id TEXT PRIMARY KEY,
                 group_id TEXT NOT NULL,
