@@ -2,8 +2,9 @@
 
 llama-server keeps each slot's KV cache (and a RAM cache of recent prompts) and reuses the
 longest common prefix of the next prompt. (Measured on b11312: a replica serving several
-conversations interleaved reuses only their shared prefix, so this pays only where an engine keeps
-per-conversation caches; docs/performance.md.) Least-loaded routing scatters a
+conversations interleaved, left to choose slots itself, reuses only their shared prefix; so on
+llama-server the request also names its conversation's slot, gateway/engine_slots.py.)
+Least-loaded routing scatters a
 conversation's turns over the replicas, so each turn's history is computed again wherever it
 lands. Here a request gets an *affinity key* and the key a stable preference order over the
 model's replicas (rendezvous, or highest-random-weight, hashing); the request takes the first
