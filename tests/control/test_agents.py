@@ -157,6 +157,7 @@ async def test_a_hung_node_is_noticed_by_missing_heartbeats(tmp_path: Path) -> N
         assert node["state"] in ("unreachable", "disconnected")
 
 
+@pytest.mark.slow  # left out of the quick tier: ten heartbeats spanning unreachable_after
 async def test_heartbeats_keep_a_node_alive_and_carry_changes(tmp_path: Path) -> None:
     async with control(tmp_path) as ctl, open_websocket_url(ctl.agent_url) as ws:
         await joined(ws)

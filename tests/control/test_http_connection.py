@@ -492,6 +492,7 @@ async def test_a_body_that_stalls_gets_408_and_the_app_learns_the_client_is_gone
         assert seen == ["http.disconnect"]
 
 
+@pytest.mark.slow  # left out of the quick tier: the trickle itself takes seconds
 async def test_a_body_that_trickles_a_byte_at_a_time_gets_408() -> None:
     # Each byte comes well within body_timeout of the last, so only a minimum rate can end it.
     async with serving(limits=_limits(body_timeout=0.5, body_min_rate=1000)) as (port, _):

@@ -44,6 +44,7 @@ async def configured(svc: NodeService) -> None:
         assert state.status == "configured", state.describe()
 
 
+@pytest.mark.slow  # left out of the quick tier: engine processes started and drained
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 async def test_started_by_its_conventions_served_and_drained_with_a_request_in_flight(
     engine: str, served_config: NodeConfig, tmp_path: Path, fast_timing: Timing,

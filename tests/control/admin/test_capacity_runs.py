@@ -126,6 +126,7 @@ async def finished(daemon: Daemon, run_id: str, timeout: float = 90) -> dict[str
 SWEEP = {"model": "tiny", "levels": [4, 1, 2], "level_seconds": 1, "prompt_tokens": 8, "output_tokens": CHUNKS}
 
 
+@pytest.mark.slow  # left out of the quick tier: a whole capacity sweep
 async def test_a_run_on_an_existing_replica_sets_its_slots_to_the_level_meeting_the_objective(tmp_path: Path) -> None:
     model = model_doc(parallel=1, min_replicas=1, ttft_target=TTFT_TARGET)
     async with running_control(tmp_path, models=[model], control_settings=settings()) as daemon, \
@@ -254,6 +255,7 @@ async def test_a_replica_that_answers_errors_fails_the_run_with_the_engines_word
         assert reconciler.replicas.for_model("tiny:cpu")[0].slots == 1 and not reconciler.benchmarking
 
 
+@pytest.mark.slow  # left out of the quick tier: ctl as a process, a whole sweep
 async def test_ctl_bench_prints_a_line_per_level_and_exits_0_when_done(tmp_path: Path) -> None:
     model = model_doc(parallel=1, min_replicas=1, ttft_target=TTFT_TARGET)
     async with running_control(tmp_path, models=[model], control_settings=settings()) as daemon, \

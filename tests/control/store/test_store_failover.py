@@ -21,6 +21,11 @@ from llmgw_control.store import STANDBY, LeaseKeeper, PostgresStore, Role
 from llmgw_control.store.lease import Lease, LeaseGrant, LeaseInfo
 from llmgw_dev.postgres import PostgresServer
 
+# Left out of the quick tier (slow: real PostgreSQL failover over TTL-long waits);
+# test_store_lease and test_store_backends keep real-PostgreSQL tests in it.
+pytestmark = pytest.mark.slow
+
+
 TTL = 1.0
 RENEW = 0.25
 MARGIN = 0.2
