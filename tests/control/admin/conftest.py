@@ -47,6 +47,9 @@ from llmgw_shared.wire import (
     encode,
 )
 
+# Re-exported: the admin and dashboard tests import it from here.
+from support.waiting import wait_until as wait_until
+
 WEIGHTS_SHA = hashlib.sha256(b"weights").hexdigest()
 # The fleet is closed, as in production: fake nodes join with this shared token (its digest is in
 # the config); a node onboarded through the API uses its own.
@@ -191,12 +194,6 @@ async def first_answer(daemon: Daemon, frame: str) -> dict[str, Any]:
         await ws.send_message(frame)
         answer: dict[str, Any] = json.loads(await ws.get_message())
         return answer
-
-
-async def wait_until(predicate: Any, timeout: float = 10) -> None:
-    with trio.fail_after(timeout):
-        while not await predicate():
-            await trio.sleep(0.05)
 
 
 # --------------------------------------------------------------------------- PostgreSQL

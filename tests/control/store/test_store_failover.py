@@ -4,8 +4,8 @@ Short timings (TTL 1 s, renew every 0.25 s) keep this quick; the keeper's arithm
 depend on the scale. Network trouble is simulated with a small TCP proxy in front of the
 server that can freeze (hold bytes without closing: a hung connection) or cut connections.
 
-"Nothing changed" checks wait for a count of the keepers' own lease attempts (``_attempts``), not
-for a fixed time: on a loaded machine a sleep can end before a single renew ran and pass vacuously.
+"Nothing changed" checks wait for a count of the keepers' own lease attempts (``_attempts``, see
+tests/support/counted_lease.py), not for a fixed time.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import pytest
 import trio
 
 from llmgw_control.store import STANDBY, LeaseKeeper, PostgresStore, Role
-from llmgw_control.store.lease import Lease, LeaseGrant, LeaseInfo
 from llmgw_dev.postgres import PostgresServer
+from support.counted_lease import CountedLease
 
 # Left out of the quick tier (slow: real PostgreSQL failover over TTL-long waits);
 # test_store_lease and test_store_backends keep real-PostgreSQL tests in it.
@@ -30,7 +30,6 @@ TTL = 1.0
 RENEW = 0.25
 MARGIN = 0.2
 SLACK = 0.5  # scheduling noise on a busy 2-core machine
-PASS_WAIT = 60.0  # generous bound on waiting for a number of lease attempts; reached in seconds when idle
 
 
 class Proxy:
@@ -72,32 +71,6 @@ class Proxy:
         scope.cancel()
 
 
-class CountedLease:
-    """The store's lease, counting every acquire or renew attempt that ended (granted, refused or failed)."""
-
-    def __init__(self, lease: Lease) -> None:
-        self._lease = lease
-        self.attempts = 0
-
-    async def try_acquire(self, holder: str, address: str, ttl: float) -> LeaseGrant | None:
-        try:
-            return await self._lease.try_acquire(holder, address, ttl)
-        finally:
-            self.attempts += 1
-
-    async def renew(self, holder: str, ttl: float) -> LeaseGrant | None:
-        try:
-            return await self._lease.renew(holder, ttl)
-        finally:
-            self.attempts += 1
-
-    async def release(self, holder: str) -> bool:
-        return await self._lease.release(holder)
-
-    async def current(self) -> LeaseInfo:
-        return await self._lease.current()
-
-
 _COUNTED: weakref.WeakKeyDictionary[LeaseKeeper, CountedLease] = weakref.WeakKeyDictionary()
 
 
@@ -110,9 +83,7 @@ def _keeper(store: PostgresStore, name: str) -> LeaseKeeper:
 
 async def _attempts(keeper: LeaseKeeper, count: int) -> None:
     """Return once ``keeper`` has made ``count`` more lease attempts (renews as leader, polls as standby)."""
-    counted = _COUNTED[keeper]
-    target = counted.attempts + count
-    await _wait_for(lambda: counted.attempts >= target, within=PASS_WAIT)
+    await _COUNTED[keeper].more_attempts(count)
 
 
 # Attempts, each at least a poll/renew interval (RENEW here) after the last, that span one TTL:
