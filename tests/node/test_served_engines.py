@@ -20,6 +20,9 @@ from llmgw_node.supervisor import Timing
 from llmgw_shared.wire import DrainShard, EngineSpec, SetEngines, ShardSpec, ShardState, StartShard
 from support.served_engines import VERSIONS, engines_config, hub_snapshot, model_directory
 
+# Left out of the quick tier (slow: vLLM and SGLang stand-ins started as processes).
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def served_config(node_config: NodeConfig, tmp_path: Path) -> NodeConfig:

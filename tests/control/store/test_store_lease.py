@@ -89,6 +89,9 @@ async def test_bad_arguments(store: SqlStore) -> None:
     assert info.value.field == "holder"
 
 
+# Left out of the quick tier: eight renewals of two keepers (test_store_backends keeps a real-PostgreSQL
+# lease test in it).
+@pytest.mark.slow
 async def test_keepers_over_the_real_lease(store_url: str) -> None:
     """The LeaseKeeper over each backend's lease (SQLite is the single-daemon default)."""
     from llmgw_control.store import LeaseKeeper, connect_store
