@@ -33,7 +33,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     building = not (build_engine.cache_dir() / "engines" / build_engine.archive_name()).exists()
     for item in items:
         # Whole daemons as processes: left out of the quick tier (README: -m "not system").
-        # Tests marked slow (many seconds each) are left out with them.
+        # Tests marked slow (a second or more each: processes, Chromium, SmolLM2, the PostgreSQL
+        # variants of the store tests) are left out with them, so the quick tier stays under 2 minutes.
         if _SYSTEM in Path(str(item.fspath)).parents or item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.system)
         if REAL_ENGINE_FIXTURES.intersection(getattr(item, "fixturenames", ())):

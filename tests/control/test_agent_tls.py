@@ -102,6 +102,7 @@ async def test_a_certificate_for_another_node_is_refused(pki: Pki) -> None:
         assert fleet.agents.sessions == {}
 
 
+@pytest.mark.slow  # left out of the quick tier: waits out TLS handshakes refused
 async def test_no_client_certificate_no_connection(pki: Pki) -> None:
     async with tls_control(pki) as (listening, fleet):
         with pytest.raises((HandshakeError, trio.BrokenResourceError, ssl.SSLError, OSError)):

@@ -145,6 +145,7 @@ async def test_a_frame_over_the_size_limit_closes_that_connection(tmp_path: Path
         assert closed.value.reason.code == 1009  # message too big
 
 
+@pytest.mark.slow  # left out of the quick tier: waits out missed heartbeats
 async def test_a_hung_node_is_noticed_by_missing_heartbeats(tmp_path: Path) -> None:
     async with control(tmp_path) as ctl, open_websocket_url(ctl.agent_url) as ws:
         await joined(ws)
@@ -157,6 +158,7 @@ async def test_a_hung_node_is_noticed_by_missing_heartbeats(tmp_path: Path) -> N
         assert node["state"] in ("unreachable", "disconnected")
 
 
+@pytest.mark.slow  # left out of the quick tier: ten heartbeats spanning unreachable_after
 async def test_heartbeats_keep_a_node_alive_and_carry_changes(tmp_path: Path) -> None:
     async with control(tmp_path) as ctl, open_websocket_url(ctl.agent_url) as ws:
         await joined(ws)
@@ -172,6 +174,7 @@ async def test_heartbeats_keep_a_node_alive_and_carry_changes(tmp_path: Path) ->
         assert node["engines"][0]["state"] == "installing: downloading (50%)"
 
 
+@pytest.mark.slow  # left out of the quick tier: waits out the hello timeout
 async def test_no_hello_in_time_closes_the_connection(tmp_path: Path) -> None:
     async with control(tmp_path) as ctl, open_websocket_url(ctl.agent_url) as ws:
         with pytest.raises(ConnectionClosed), trio.fail_after(5):

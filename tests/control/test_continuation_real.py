@@ -27,7 +27,9 @@ from llmgw_dev.fake_engine import FakeEngineBehavior, run_fake_engine
 from support.gateway import RunningGateway, endpoint, running_gateway
 
 T = TypeVar("T")
-pytestmark = pytest.mark.engine
+# Left out of the quick tier (slow: replicas of the real engine killed mid-stream); test_real_engine keeps
+# a real-engine test in it.
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
 QUESTION = [{"role": "user", "content": "Write a short story about a cat who learns to fly."}]
 PROMPT = "Once upon a time, in a small village by the sea, there lived"
 # Long enough that the engine is still writing when it is killed, short enough to stay quick.

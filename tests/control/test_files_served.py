@@ -118,6 +118,7 @@ ANYTHING = (st.text(alphabet=st.sampled_from("bytes=0123456789-, ;BYTESitem\t"),
                 lambda specs: "bytes=" + ", ".join(specs))).map(lambda text: text.strip(" \t"))
 
 
+@pytest.mark.slow  # left out of the quick tier: hypothesis over range headers, seconds per file
 @pytest.mark.parametrize("path", ["/files/models/m.gguf", RELEASE_PAGE + WHEEL])
 async def test_every_range_header_gets_the_file_a_range_or_416(served: Served, path: str) -> None:
     def run(client: httpx2.Client) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import httpx2
+import pytest
 import trio
 
 from llmgw_dev.fake_engine import FakeEngine
@@ -91,6 +92,7 @@ async def test_a_failed_request_gives_its_concurrency_slot_back(fake_engine: Fak
             nursery.cancel_scope.cancel()
 
 
+@pytest.mark.slow  # left out of the quick tier: concurrent load
 async def test_three_levels_under_concurrent_load_hold_and_count_exactly(fake_engine: FakeEngine) -> None:
     """Org, team and project limits at once, 60 concurrent clients, some engine failures."""
     fake_engine.behavior.prompt_tokens = 10

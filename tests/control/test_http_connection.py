@@ -17,6 +17,7 @@ import h11
 import httpx2
 import pytest
 import trio
+import trio.testing
 
 from llmgw_control.transport.serving import serve_asgi
 
@@ -167,10 +168,22 @@ async def test_an_app_error_is_a_500_and_the_server_goes_on() -> None:
 
 
 async def test_an_answer_sent_before_the_body_arrived_keeps_the_connection_usable() -> None:
-    async with serving() as (port, _):
+    answered = trio.Event()
+
+    async def early(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        async def answering(message: Any) -> None:
+            if message["type"] == "http.response.body":
+                # The app has answered; its last send is held until the late body is read and dropped.
+                answered.set()
+            await send(message)
+
+        await _answer_json(scope, receive, answering if scope["type"] == "http" else send)
+
+    async with serving(early) as (port, _):
         sock = await _connect(port)
         await sock.send(b"POST /early HTTP/1.1\r\nhost: t\r\ncontent-length: 2\r\n\r\n")
-        await trio.sleep(0.1)  # the app has answered by now; the body comes late, as a client may send it
+        with trio.fail_after(5):
+            await answered.wait()  # the app has answered; the body comes late, as a client may send it
         await sock.send(b"{}" + REQUEST)
         conn = h11.Connection(h11.CLIENT)
         _encode(conn, "/early")
@@ -225,12 +238,20 @@ async def test_a_request_longer_than_the_keep_alive_timeout_is_not_cut() -> None
 
 
 async def test_stopping_closes_idle_connections_at_once_and_answers_busy_ones() -> None:
-    async with serving() as (port, shutdown):
+    busy_in_app = trio.Event()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/slow":
+            busy_in_app.set()
+        await _answer_json(scope, receive, send)
+
+    async with serving(app) as (port, shutdown):
         idle = await _connect(port)
         assert (await _request(idle, h11.Connection(h11.CLIENT)))[0] == 200
         busy = await _connect(port)
         await busy.send(REQUEST.replace(b"/v1/x", b"/slow?0.5"))
-        await trio.sleep(0.1)
+        with trio.fail_after(5):
+            await busy_in_app.wait()  # the busy one is being served when the stop comes
         stopped = trio.current_time()
         shutdown.set()
         with trio.fail_after(2):
@@ -302,7 +323,7 @@ async def test_the_apps_inbox_is_bounded_and_hands_messages_over_in_order() -> N
     async def reader() -> None:
         for _ in range(5):
             got.append((await inbox.get())["n"])
-            await trio.sleep(0.01)
+            await trio.sleep(0.01)  # a slow reader: the writer must wait for it (the behaviour under test)
 
     async with trio.open_nursery() as nursery:
         for i in range(2):
@@ -467,10 +488,11 @@ async def test_a_body_that_stalls_gets_408_and_the_app_learns_the_client_is_gone
         sock.close()
         with trio.fail_after(5):
             while not seen:
-                await trio.sleep(0.01)
+                await trio.sleep(0.01)  # polling the condition, bounded by the fail_after
         assert seen == ["http.disconnect"]
 
 
+@pytest.mark.slow  # left out of the quick tier: the trickle itself takes seconds
 async def test_a_body_that_trickles_a_byte_at_a_time_gets_408() -> None:
     # Each byte comes well within body_timeout of the last, so only a minimum rate can end it.
     async with serving(limits=_limits(body_timeout=0.5, body_min_rate=1000)) as (port, _):
@@ -499,7 +521,7 @@ async def test_a_body_that_arrives_at_a_fair_rate_is_not_cut() -> None:
         await sock.send(b"POST /v1/x HTTP/1.1\r\nhost: t\r\ncontent-length: %d\r\n\r\n" % len(body))
         for start in range(0, len(body), 10_000):  # 10 kB every 0.1 s: 100 kB/s, twice the minimum
             await sock.send(body[start:start + 10_000])
-            await trio.sleep(0.1)
+            await trio.sleep(0.1)  # the pace of the body is the behaviour under test, not a wait
         conn = h11.Connection(h11.CLIENT)
         conn.send(h11.Request(method="POST", target="/v1/x", headers=[("host", "t"), ("content-length", "60000")]))
         conn.send(h11.Data(data=body))
@@ -543,12 +565,22 @@ async def test_a_client_that_stops_reading_loses_its_connection_after_the_write_
         await sock.send(b"GET /v1/x HTTP/1.1\r\nhost: t\r\n\r\n")
         with trio.fail_after(10):  # and it never reads
             while not gone:
-                await trio.sleep(0.05)
+                await trio.sleep(0.05)  # polling the condition, bounded by the fail_after
         sock.close()
 
 
-async def test_a_write_to_a_client_that_stopped_reading_does_not_outlive_the_shutdown_grace() -> None:
+async def test_a_write_to_a_client_that_stopped_reading_does_not_outlive_the_shutdown_grace(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     gone: list[float] = []
+    writing: list[bytes] = []  # server writes begun and not yet finished
+    original = trio.SocketStream.send_all
+
+    async def tracked(self: trio.SocketStream, data: Any) -> None:
+        writing.append(bytes(data))
+        await original(self, data)
+        writing.pop()
+
+    monkeypatch.setattr(trio.SocketStream, "send_all", tracked)
     shutdown = trio.Event()
     sock = _small_receive_buffer()
     with trio.fail_after(10):
@@ -558,7 +590,11 @@ async def test_a_write_to_a_client_that_stopped_reading_does_not_outlive_the_shu
                 name="test", limits=_limits(write_timeout=3600)))
             await sock.connect(("127.0.0.1", int(url.rsplit(":", 1)[1])))
             await sock.send(b"GET /v1/x HTTP/1.1\r\nhost: t\r\n\r\n")
-            await trio.sleep(0.3)  # the server's writes are stuck by now
+            # Stuck: a write has begun and, with every other task idle, waits for room that never comes.
+            while True:
+                await trio.testing.wait_all_tasks_blocked(0.05)
+                if writing:
+                    break
             shutdown.set()
     sock.close()
 
@@ -588,7 +624,7 @@ async def test_connections_beyond_the_limit_are_answered_503_and_closed() -> Non
                 if first.startswith(b"HTTP/1.1 200 "):
                     break
                 sock.close()
-                await trio.sleep(0.05)
+                await trio.sleep(0.05)  # polling the condition, bounded by the fail_after
         sock.close()
         for sock in held:
             sock.close()

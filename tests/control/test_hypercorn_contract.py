@@ -15,6 +15,7 @@ from typing import Any
 import h11
 import pytest
 import trio
+import trio.testing
 from hypercorn.config import Config
 from hypercorn.events import Closed, RawData, Updated
 from hypercorn.protocol.h11 import H2CProtocolRequiredError, H11Protocol, H11WSConnection
@@ -85,7 +86,7 @@ async def _drive(data: bytes, protocol_class: type[H11Protocol] = Http11Protocol
         if connection is not None:
             protocol.connection = connection(h11.SERVER)
         await protocol.handle(RawData(data))
-        await trio.sleep(0.05)
+        await trio.testing.wait_all_tasks_blocked()  # what the data started has run as far as it can
     return events, tasks, protocol
 
 

@@ -88,6 +88,7 @@ def test_check_reports_the_daemons_own_error(tmp_path: Path, capsys: pytest.Capt
     assert "listen '8080': expected host:port" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # left out of the quick tier: the daemon as a process
 def test_an_address_in_use_is_one_line_not_a_traceback(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

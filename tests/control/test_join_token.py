@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from llmgw_control.config import ControlConfig, validate
 from llmgw_control.fleet.agents import AgentsConfig, token_digest
 from llmgw_control.fleet.onboarding import TOKEN_PREFIX
@@ -13,6 +15,7 @@ from llmgw_control.fleet.onboarding import TOKEN_PREFIX
 BIN = Path(sys.executable).parent
 
 
+@pytest.mark.slow  # left out of the quick tier: the CLI and the daemon as processes
 def test_it_makes_a_token_and_the_digest_the_config_takes() -> None:
     out = subprocess.run([str(BIN / "llmgw-control"), "join-token"], capture_output=True, text=True, check=True).stdout
     lines = [line.strip() for line in out.splitlines()]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import attrs
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -150,6 +151,7 @@ def worlds(draw: st.DrawFn) -> tuple[list[Demand], list[PlanNode], list[Assignme
     return demands, nodes, assignments
 
 
+@pytest.mark.slow  # left out of the quick tier: hypothesis over many plans
 @settings(max_examples=400, deadline=None)
 @given(worlds())
 def test_eviction_never_breaks_its_rules(world: tuple[list[Demand], list[PlanNode], list[Assignment]]) -> None:

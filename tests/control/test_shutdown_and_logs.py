@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx2
 import pytest
 import trio
+import trio.testing
 
 from llmgw_dev.engine_proc import free_port
 from llmgw_dev.fake_engine import FakeEngine
@@ -37,7 +38,9 @@ async def test_in_flight_stream_finishes_after_shutdown_and_new_connections_are_
                 async for chunk in response.aiter_bytes():
                     if not gw.shutdown.is_set():
                         gw.shutdown.set()
-                        await trio.sleep(0.1)
+                        with trio.fail_after(10):
+                            # What the stop set in motion (the listeners closing) has run.
+                            await trio.testing.wait_all_tasks_blocked(0.01)
                         async with httpx2.AsyncClient(base_url=gw.url) as late:
                             try:
                                 await late.get("/healthz")

@@ -24,7 +24,8 @@ from llmgw_dev.engine_proc import LlamaServer, llama_server_process
 from support.gateway import RunningGateway, endpoint, running_gateway
 
 T = TypeVar("T")
-pytestmark = pytest.mark.engine
+# Left out of the quick tier (slow: the real SmolLM2 model (test_real_engine keeps a real-engine test quick)).
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
 QUESTION = "What is the capital of France?"
 # A system prompt long enough (~150 tokens) that a cached prefix is plainly more than a template's
 # few tokens.

@@ -178,6 +178,7 @@ async def test_a_connection_the_engine_closed_while_idle_is_skipped() -> None:
         assert len(engine.requests) == 3
 
 
+@pytest.mark.slow  # left out of the quick tier: waits for the idle sweep
 async def test_idle_connections_the_engine_closed_are_swept_even_if_nobody_asks_for_it_again() -> None:
     async with running_engine(close_idle=True) as (gone, _), running_engine() as (other, _):
         upstream = Httpx2Upstream(sweep_every=2.0)
@@ -206,6 +207,7 @@ async def test_leaving_a_response_unread_closes_its_connection() -> None:
         assert engine.accepted == 2
 
 
+@pytest.mark.slow  # left out of the quick tier: waits for a slow engine's answer
 async def test_cancelled_while_waiting_for_the_answer_closes_the_connection() -> None:
     async with running_engine(delay=2.0) as (engine, upstream):
         with trio.move_on_after(0.2) as waited:

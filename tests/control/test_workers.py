@@ -19,6 +19,10 @@ from llmgw_control.config import ControlConfig, validate
 from llmgw_control.workers import offset_address, worker_config
 from llmgw_shared.config import ConfigError
 
+# Left out of the quick tier (slow: real worker processes, one killed and restarted).
+pytestmark = pytest.mark.slow
+
+
 _DEADLINE = 120.0  # seconds a bounded wait may take on a loaded machine before the test fails
 
 

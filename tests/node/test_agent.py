@@ -189,6 +189,7 @@ async def _run_until(node_config: NodeConfig, fast_timing: Timing, urls: list[st
         nursery.cancel_scope.cancel()
 
 
+@pytest.mark.slow  # left out of the quick tier: waits out reconnect backoffs
 async def test_standbys_naming_each_other_do_not_bounce_the_node_forever(
     node_config: NodeConfig, fast_timing: Timing
 ) -> None:
@@ -209,6 +210,7 @@ async def test_standbys_naming_each_other_do_not_bounce_the_node_forever(
     assert hellos[6] - hellos[0] >= 1.0
 
 
+@pytest.mark.slow  # left out of the quick tier: waits out reconnect backoffs
 async def test_a_control_that_drops_every_session_at_once_gets_backoff(
     node_config: NodeConfig, fast_timing: Timing
 ) -> None:

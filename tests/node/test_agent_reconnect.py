@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 
 import attrs
+import pytest
 import trio
 import trio_websocket
 from node.helpers import receive
@@ -21,6 +22,7 @@ from llmgw_node.supervisor import Timing
 from llmgw_shared.wire import PROTOCOL_VERSION, Hello, Welcome, encode
 
 
+@pytest.mark.slow  # left out of the quick tier: waits out a connect timeout
 async def test_after_losing_control_a_connect_into_a_dead_backlog_gives_up_quickly(
     node_config: NodeConfig, fast_timing: Timing
 ) -> None:

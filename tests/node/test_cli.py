@@ -35,6 +35,10 @@ from llmgw_shared.wire import (
     encode,
 )
 
+# Left out of the quick tier (slow: every test runs llmgw-node as a process (seconds each)).
+pytestmark = pytest.mark.slow
+
+
 NODE = [sys.executable, "-m", "llmgw_node"]
 
 

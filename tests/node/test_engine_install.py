@@ -331,6 +331,7 @@ def _binary_needing(tmp_path: Path, library: str) -> bytes:
     return out.getvalue()
 
 
+@pytest.mark.slow  # left out of the quick tier: builds a binary and runs the daemon under setpriv
 @pytest.mark.skipif(os.geteuid() != 0, reason="arranging a non-root daemon (setpriv to uid 65534) needs root")
 @pytest.mark.skipif(shutil.which("cc") is None or shutil.which("setpriv") is None,
                     reason="needs cc (to build a binary that lacks a library) and setpriv")
@@ -474,6 +475,7 @@ async def test_each_bad_archive_is_a_failed_state_with_its_reason(
     assert not any((data / "engines" / ".downloads").iterdir())
 
 
+@pytest.mark.slow  # left out of the quick tier: waits out the backoff
 async def test_a_failed_install_is_retried_only_after_a_backoff(
     tmp_path: Path, files: FileServer, engine_archive: tuple[str, bytes]
 ) -> None:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import httpx2
+import pytest
 import trio
 from node.conftest import TAG
 from node.helpers import next_engine_state
@@ -33,6 +34,10 @@ from llmgw_shared.wire import (
     decode,
     encode,
 )
+
+# Left out of the quick tier (slow: installs and re-checks real engine archives).
+pytestmark = pytest.mark.slow
+
 
 NODE = [sys.executable, "-m", "llmgw_node"]
 

@@ -20,6 +20,9 @@ from llmgw_node.supervisor import Timing
 from llmgw_shared.wire import DrainShard, EngineSpec, SetEngines, ShardSpec, ShardState, StartShard
 from support.served_engines import VERSIONS, engines_config, hub_snapshot, model_directory
 
+# Left out of the quick tier (slow: vLLM and SGLang stand-ins started as processes).
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def served_config(node_config: NodeConfig, tmp_path: Path) -> NodeConfig:
@@ -44,6 +47,7 @@ async def configured(svc: NodeService) -> None:
         assert state.status == "configured", state.describe()
 
 
+@pytest.mark.slow  # left out of the quick tier: engine processes started and drained
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 async def test_started_by_its_conventions_served_and_drained_with_a_request_in_flight(
     engine: str, served_config: NodeConfig, tmp_path: Path, fast_timing: Timing,

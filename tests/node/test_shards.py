@@ -155,6 +155,7 @@ async def test_killed_engine_is_restarted_and_ready_again(
         await svc.stop_engines()
 
 
+@pytest.mark.slow  # left out of the quick tier: a request in flight through a drain
 async def test_drain_waits_for_the_request_in_flight(
     node_config: NodeConfig, files: FileServer, engine_archive: tuple[str, bytes], tiny_model: Path,
     fast_timing: Timing,
@@ -275,6 +276,7 @@ async def test_shard_started_while_its_engine_installs_waits_then_runs(
         await svc.stop_engines()
 
 
+@pytest.mark.slow  # left out of the quick tier: waits out the hang watchdog
 async def test_a_hung_engine_is_killed_and_restarted(
     node_config: NodeConfig, files: FileServer, engine_archive: tuple[str, bytes], tiny_model: Path,
     fast_timing: Timing,

@@ -78,6 +78,7 @@ def test_what_json_writes_within_the_limit_reads_back(value: Any) -> None:
     assert loads(text.encode()) == value
 
 
+@pytest.mark.slow  # left out of the quick tier: hypothesis over deep documents
 @settings(max_examples=500, deadline=None)
 @given(VALUES, st.booleans(), st.booleans(), st.integers(min_value=0, max_value=12))
 def test_the_depth_read_from_the_text_is_the_depth_of_the_value(value: Any, ascii: bool, spaced: bool,

@@ -47,6 +47,9 @@ from llmgw_shared.wire import (
     encode,
 )
 
+# Re-exported: the admin and dashboard tests import it from here.
+from support.waiting import wait_until as wait_until
+
 WEIGHTS_SHA = hashlib.sha256(b"weights").hexdigest()
 # The fleet is closed, as in production: fake nodes join with this shared token (its digest is in
 # the config); a node onboarded through the API uses its own.
@@ -193,18 +196,14 @@ async def first_answer(daemon: Daemon, frame: str) -> dict[str, Any]:
         return answer
 
 
-async def wait_until(predicate: Any, timeout: float = 10) -> None:
-    with trio.fail_after(timeout):
-        while not await predicate():
-            await trio.sleep(0.05)
-
-
 # --------------------------------------------------------------------------- PostgreSQL
 
 # pg_server and pg_url come from tests/conftest.py.
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+# The PostgreSQL variant is left out of the quick tier (slow: a fresh database each); the SQLite one
+# stays, and so do the tests that take pg_url themselves (test_store_backends, test_leadership).
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """Where a store lives: a SQLite file or a fresh PostgreSQL database."""
     if request.param == "sqlite":

@@ -123,6 +123,7 @@ def only_leaf(error: BaseException) -> BaseException:
     return error
 
 
+@pytest.mark.slow  # left out of the quick tier: the daemon as a process
 def test_the_daemon_says_so_in_one_line(tmp_path: Path) -> None:
     config = tmp_path / "control.toml"
     config.write_text(tomli_w.dumps({"listen": "127.0.0.1:0", "admin_listen": "0.0.0.0:0",

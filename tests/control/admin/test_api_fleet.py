@@ -121,6 +121,7 @@ async def test_a_cordon_is_stored_with_the_node_identity_and_survives_a_restart(
         assert (await d.tenancy.store.get_node("n1")).cordoned is False
 
 
+@pytest.mark.slow  # left out of the quick tier: a model's whole life through the reconciler
 async def test_a_model_added_is_served_changed_and_removed_without_a_restart(daemon: Daemon) -> None:
     async with httpx2.AsyncClient(base_url=daemon.listening.api_url) as client, fake_node(daemon, "n1") as node:
         error(await daemon.admin.get("/models/tiny"), 404)

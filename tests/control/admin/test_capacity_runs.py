@@ -126,6 +126,7 @@ async def finished(daemon: Daemon, run_id: str, timeout: float = 90) -> dict[str
 SWEEP = {"model": "tiny", "levels": [4, 1, 2], "level_seconds": 1, "prompt_tokens": 8, "output_tokens": CHUNKS}
 
 
+@pytest.mark.slow  # left out of the quick tier: a whole capacity sweep
 async def test_a_run_on_an_existing_replica_sets_its_slots_to_the_level_meeting_the_objective(tmp_path: Path) -> None:
     model = model_doc(parallel=1, min_replicas=1, ttft_target=TTFT_TARGET)
     async with running_control(tmp_path, models=[model], control_settings=settings()) as daemon, \
@@ -175,6 +176,7 @@ async def test_a_run_on_an_existing_replica_sets_its_slots_to_the_level_meeting_
         assert stored["state"] == "done" and stored["results"] == run["results"]
 
 
+@pytest.mark.slow  # left out of the quick tier: a whole capacity run
 async def test_another_kind_of_node_keeps_parallel(tmp_path: Path) -> None:
     """A run's numbers hold for its capacity kind only: a node with another CPU keeps parallel."""
     model = model_doc(parallel=1, min_replicas=1, ttft_target=TTFT_TARGET)
@@ -201,6 +203,7 @@ async def test_another_kind_of_node_keeps_parallel(tmp_path: Path) -> None:
         await wait_until(lambda: _async(replica.slots == 4))
 
 
+@pytest.mark.slow  # left out of the quick tier: a whole capacity run
 @pytest.mark.parametrize("where", [{"node": "n1"}, {}], ids=["on-the-node-named", "through-the-activator"])
 async def test_a_replica_started_for_a_run_is_released_after(tmp_path: Path, where: dict[str, str]) -> None:
     model = model_doc(parallel=1, ttft_target=TTFT_TARGET)
@@ -236,6 +239,7 @@ async def test_a_run_is_cancelled_by_delete_and_then_is_finished(tmp_path: Path)
         await wait_until(lambda: _async(not daemon.fleet.reconciler.benchmarking))
 
 
+@pytest.mark.slow  # left out of the quick tier: a whole capacity run
 async def test_a_replica_that_answers_errors_fails_the_run_with_the_engines_words(tmp_path: Path) -> None:
     model = model_doc(parallel=1, min_replicas=1)
     async with running_control(tmp_path, models=[model], control_settings=settings()) as daemon, \
@@ -254,6 +258,7 @@ async def test_a_replica_that_answers_errors_fails_the_run_with_the_engines_word
         assert reconciler.replicas.for_model("tiny:cpu")[0].slots == 1 and not reconciler.benchmarking
 
 
+@pytest.mark.slow  # left out of the quick tier: ctl as a process, a whole sweep
 async def test_ctl_bench_prints_a_line_per_level_and_exits_0_when_done(tmp_path: Path) -> None:
     model = model_doc(parallel=1, min_replicas=1, ttft_target=TTFT_TARGET)
     async with running_control(tmp_path, models=[model], control_settings=settings()) as daemon, \

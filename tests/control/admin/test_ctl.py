@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import pytest
 import trio
 from system.releases import fake_release
 
@@ -205,6 +206,7 @@ async def test_an_unreachable_admin_api_is_said_plainly() -> None:
     assert code == 1 and "cannot reach the admin API at http://127.0.0.1:9" in err.getvalue()
 
 
+@pytest.mark.slow  # left out of the quick tier: the daemon's command line as a process
 async def test_the_daemon_command_line_hands_ctl_over(daemon: Daemon) -> None:
     # Through the real entry point, as an operator types it.
     result = await trio.run_process(

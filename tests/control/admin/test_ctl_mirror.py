@@ -25,6 +25,7 @@ async def daemon(tmp_path: Path, tiny_gguf: bytes) -> AsyncIterator[Daemon]:
         yield d
 
 
+@pytest.mark.slow  # left out of the quick tier: ctl as a process through a whole pull
 async def test_search_files_pull_with_a_progress_bar_and_publish(daemon: Daemon) -> None:
     found = (await ok(daemon, "models", "search", "tiny")).out.splitlines()
     assert found[0].split() == ["REPOSITORY", "DOWNLOADS", "LIKES", "UPDATED"]

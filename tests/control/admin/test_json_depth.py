@@ -12,7 +12,6 @@ from typing import Any
 
 import httpx2
 import pytest
-import trio
 from trio_websocket import open_websocket_url
 
 from llmgw_shared.jsonin import MAX_DEPTH
@@ -97,7 +96,15 @@ async def test_a_deep_frame_from_a_joined_node_is_an_error_frame_and_the_session
             return any("deeper than" in e for e in node.errors)
 
         await wait_until(told)
-        await trio.sleep(0.3)
+        # The session went on reading: two more of the node's heartbeats were taken after the error.
+        for _ in range(2):
+            seen = daemon.fleet.inventory.get("n-live").last_seen  # type: ignore[union-attr]
+
+            async def beat_taken(seen: float = seen) -> bool:
+                node_now = daemon.fleet.inventory.get("n-live")
+                return node_now is not None and node_now.last_seen > seen
+
+            await wait_until(beat_taken)
         assert "n-live" in daemon.fleet.agents.sessions
         listed = (await daemon.admin.get("/nodes/n-live")).json()["node"]
         assert listed["state"] == "ready", listed

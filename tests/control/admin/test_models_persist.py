@@ -52,6 +52,7 @@ async def test_a_stored_model_this_config_cannot_run_is_skipped_and_can_be_fixed
         assert await d.tenancy.store.list_models() == []
 
 
+@pytest.mark.slow  # left out of the quick tier: two daemons on one store
 async def test_another_daemon_on_the_same_store_follows_changes(tmp_path: Path, pg_url: str) -> None:
     store_url = pg_url
     (tmp_path / "a").mkdir()

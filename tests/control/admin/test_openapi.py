@@ -65,6 +65,7 @@ async def daemon(tmp_path: Path, tiny_gguf: bytes) -> AsyncIterator[Daemon]:
         yield d
 
 
+@pytest.mark.slow  # left out of the quick tier: every route of a running daemon, checked against the document
 async def test_the_document_matches_the_server(daemon: Daemon) -> None:
     document = (await daemon.admin.get("/openapi.json")).json()
     assert document["openapi"].startswith("3.1")

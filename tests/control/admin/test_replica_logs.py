@@ -34,9 +34,16 @@ async def test_a_replicas_logs_come_from_its_node_and_can_be_followed(daemon: Da
             response = await daemon.admin.get(f"/replicas/{rid}/logs", params={"cursor": cursor, "wait": "true"})
             got.append(response.json())
 
+        def polls() -> int:
+            return sum(isinstance(c, GetShardLogs) and c.cursor == cursor for c in node.commands)
+
+        async def asked_again() -> bool:
+            return polls() >= 2
+
         async with trio.open_nursery() as nursery:
             nursery.start_soon(follow)
-            await trio.sleep(1.0)
+            # The held poll asked the node, found nothing and asked again: it is held, not answered.
+            await wait_until(asked_again)
             assert not got  # nothing new yet: still held
             node.logs[rid].append("a new line")
         assert got[0]["lines"] == ["a new line"]

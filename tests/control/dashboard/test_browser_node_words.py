@@ -9,12 +9,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import trio
 from control.admin.conftest import fake_node, running_control
 
 from llmgw_shared.wire import EngineState, EngineStateReport, encode
 
 from .browser import artifacts, browser_context, require_chromium
+
+# Left out of the quick tier (slow: a real headless Chromium, seconds to start).
+pytestmark = pytest.mark.slow
+
 
 NO_AVX2 = "this CPU has no AVX2: engines run about five times slower; a VM CPU type is the usual cause"
 

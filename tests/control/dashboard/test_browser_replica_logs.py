@@ -5,11 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import trio
 from control.admin.conftest import fake_node, model_doc, running_control
 from control.admin.test_api_fleet import ready_replicas
 
 from .browser import artifacts, browser_context, require_chromium
+
+# Left out of the quick tier (slow: a real headless Chromium, seconds to start).
+pytestmark = pytest.mark.slow
 
 
 async def test_the_replica_view_shows_the_engines_lines_and_follows_them(tmp_path: Path) -> None:

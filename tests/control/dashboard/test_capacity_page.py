@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from ..admin.conftest import Daemon, model_doc, running_control, wait_until
@@ -15,6 +16,10 @@ from ..admin.test_capacity_runs import CHUNK_DELAY, SWEEP, _async, engine_node, 
 from .browser import artifacts, browser_context, require_chromium
 
 # The second run's engine is this many times slower per token: generation drops by about half.
+# Left out of the quick tier (slow: a real headless Chromium, seconds to start).
+pytestmark = pytest.mark.slow
+
+
 SLOWER = 2.0
 
 

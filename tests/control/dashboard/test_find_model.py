@@ -8,6 +8,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 import trio
 
 from llmgw_control.mirror.config import HubConfig
@@ -17,6 +18,10 @@ from ..admin.conftest import Daemon, fake_node, running_control
 from .browser import artifacts, browser_context, require_chromium
 
 REPO, FILE = "acme/tiny-chat-GGUF", "tiny-chat.Q8_0.gguf"
+
+
+# Left out of the quick tier (slow: a real headless Chromium, seconds to start).
+pytestmark = pytest.mark.slow
 
 
 def drive(admin_url: str) -> None:

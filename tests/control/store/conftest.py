@@ -17,7 +17,9 @@ from llmgw_control.store import SqlStore, connect_store
 # pg_server, pg_database and pg_url come from tests/conftest.py.
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+# The PostgreSQL variant is left out of the quick tier (slow: a fresh database each); the SQLite one
+# stays, and so do the tests that take pg_url themselves (test_store_backends, test_leadership).
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """Where a store lives: a SQLite file path or a postgresql:// URL."""
     if request.param == "sqlite":

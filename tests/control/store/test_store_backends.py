@@ -4,6 +4,7 @@ connection, or leave a half-written transaction behind."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -117,11 +118,19 @@ async def test_lease_does_not_queue_behind_slow_queries(pg_url: str) -> None:
     """The lease has its own connection: a full pool must not delay a renew into a step-down."""
     async with await PostgresStore.open(pg_url, pool_size=1) as store, trio.open_nursery() as nursery:
 
+        holding: list[bool] = []  # set in the worker thread once the pool's one connection is ours
+
+        def sleep_in_the_database(tx: Any) -> Any:
+            holding.append(True)
+            return tx.rows("SELECT pg_sleep(1.5)")
+
         async def slow() -> None:
-            await store.backend.run(lambda tx: tx.rows("SELECT pg_sleep(1.5)"), write=False)
+            await store.backend.run(sleep_in_the_database, write=False)
 
         nursery.start_soon(slow)
-        await trio.sleep(0.2)
+        with trio.fail_after(30):
+            while not holding:  # the pool is full from here on
+                await trio.sleep(0.01)
         start = trio.current_time()
         assert await store.lease.try_acquire("a", "addr", ttl=5) is not None
         assert await store.lease.renew("a", ttl=5) is not None

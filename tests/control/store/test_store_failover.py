@@ -3,10 +3,14 @@
 Short timings (TTL 1 s, renew every 0.25 s) keep this quick; the keeper's arithmetic does not
 depend on the scale. Network trouble is simulated with a small TCP proxy in front of the
 server that can freeze (hold bytes without closing: a hung connection) or cut connections.
+
+"Nothing changed" checks wait for a count of the keepers' own lease attempts (``_attempts``, see
+tests/support/counted_lease.py), not for a fixed time.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -15,6 +19,12 @@ import trio
 
 from llmgw_control.store import STANDBY, LeaseKeeper, PostgresStore, Role
 from llmgw_dev.postgres import PostgresServer
+from support.counted_lease import CountedLease
+
+# Left out of the quick tier (slow: real PostgreSQL failover over TTL-long waits);
+# test_store_lease and test_store_backends keep real-PostgreSQL tests in it.
+pytestmark = pytest.mark.slow
+
 
 TTL = 1.0
 RENEW = 0.25
@@ -61,8 +71,24 @@ class Proxy:
         scope.cancel()
 
 
+_COUNTED: weakref.WeakKeyDictionary[LeaseKeeper, CountedLease] = weakref.WeakKeyDictionary()
+
+
 def _keeper(store: PostgresStore, name: str) -> LeaseKeeper:
-    return LeaseKeeper(store.lease, name, f"http://{name}:8080", ttl=TTL, renew_interval=RENEW, margin=MARGIN)
+    counted = CountedLease(store.lease)
+    keeper = LeaseKeeper(counted, name, f"http://{name}:8080", ttl=TTL, renew_interval=RENEW, margin=MARGIN)
+    _COUNTED[keeper] = counted
+    return keeper
+
+
+async def _attempts(keeper: LeaseKeeper, count: int) -> None:
+    """Return once ``keeper`` has made ``count`` more lease attempts (renews as leader, polls as standby)."""
+    await _COUNTED[keeper].more_attempts(count)
+
+
+# Attempts, each at least a poll/renew interval (RENEW here) after the last, that span one TTL:
+# long enough for a lease nobody renews to lapse and be taken.
+ATTEMPTS_PER_TTL = round(TTL / RENEW) + 1
 
 
 async def _wait_for(predicate: Callable[[], bool], within: float) -> float:
@@ -103,7 +129,8 @@ async def test_one_leads_the_other_stands_by(pg_url: str) -> None:
     async with _daemons(pg_url, pg_url) as ([a, b], _):
         assert a.role == Role(leader=True, epoch=1, leader_address="http://d0:8080", leader_holder="d0")
         assert b.role == Role(leader=False, leader_address="http://d0:8080", leader_holder="d0")
-        await trio.sleep(3 * TTL)
+        await _attempts(a, 3 * ATTEMPTS_PER_TTL)  # renewing keeps the lead well past one TTL
+        await _attempts(b, 1)  # and the standby, polling since, found it held
         assert a.role.leader and a.role.epoch == 1 and b.role.leader_holder == "d0"
 
 
@@ -121,7 +148,8 @@ async def test_released_lease_is_taken_within_one_poll(pg_url: str) -> None:
         took = await _wait_for(lambda: b.role.leader, within=RENEW + SLACK + 1)
         assert took <= RENEW + SLACK
         assert b.role.epoch == 2
-        await trio.sleep(2 * TTL)
+        # a stopped trying (released): b's renews over two TTLs are the passes a could have used.
+        await _attempts(b, 2 * ATTEMPTS_PER_TTL)
         assert not a.role.leader
 
 
@@ -152,7 +180,8 @@ async def test_leader_that_cannot_reconnect_steps_down(pg_server: PostgresServer
         pg_server.terminate_connections(pg_database)
         stepped = await _wait_for(lambda: not a.role.leader, within=TTL)
         assert stepped <= RENEW + SLACK  # the first failed renew, not the deadline
-        await trio.sleep(TTL)
+        await _attempts(a, ATTEMPTS_PER_TTL)  # past the lease's lapse, both have tried and failed
+        await _attempts(b, ATTEMPTS_PER_TTL)
         assert not a.role.leader and not b.role.leader
         pg_server.execute(f"ALTER DATABASE {pg_database} ALLOW_CONNECTIONS true")
         await _wait_for(lambda: a.role.leader or b.role.leader, within=TTL + RENEW + SLACK + 1)
@@ -167,7 +196,7 @@ async def test_dropped_connection_that_reconnects_keeps_the_lead(pg_server: Post
         a.on_change(changes.append)
         for _ in range(3):
             pg_server.terminate_connections(pg_database)
-            await trio.sleep(2 * RENEW)
+            await _attempts(a, 2)  # the retried renew, and one more on the fresh connection
         assert a.role.leader and a.role.epoch == 1 and changes == []
 
 
@@ -182,7 +211,8 @@ async def test_server_outage_steps_the_leader_down(tmp_path_factory: pytest.Temp
             await trio.to_thread.run_sync(server.pause)
             stepped = await _wait_for(lambda: not a.role.leader, within=TTL + SLACK)
             assert stepped <= TTL
-            await trio.sleep(TTL)
+            await _attempts(a, ATTEMPTS_PER_TTL)
+            await _attempts(b, ATTEMPTS_PER_TTL)
             assert not a.role.leader and not b.role.leader
             await trio.to_thread.run_sync(server.resume)
             await _wait_for(lambda: a.role.leader or b.role.leader, within=TTL + RENEW + 10)

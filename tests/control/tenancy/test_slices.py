@@ -206,6 +206,7 @@ _TURNS = [s for i in range(12) for s in (("admit", i % 2, "leaf_a", 1), ("renew"
                                           ("admit", i % 2, "leaf_a", 1), ("finish", i % 2, 0, 1))]
 
 
+@pytest.mark.slow  # left out of the quick tier: hypothesis over many interleavings
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(step, min_size=1, max_size=100))
 @example(_TURNS)
