@@ -109,9 +109,14 @@ async def test_a_standby_lists_the_leaders_replicas_and_a_drain_there_changes_no
         (on_leader,) = (await replicas_of(c1))["replicas"]
         assert on_leader["status"] == "ready" and on_leader["node"] == "n1"
 
-        # The standby follows the view within a poll or two; wait on what it says, not on time.
+        # The standby follows the view within a poll or two, and learns the replica's node once the
+        # leader has written down the nodes holding replicas (within a second of a change): wait on
+        # what it says, not on time.
         with trio.fail_after(15):
-            while not (seen := await replicas_of(c2))["replicas"]:
+            while True:
+                seen = await replicas_of(c2)
+                if [r["node"] for r in seen["replicas"]] == ["n1"]:
+                    break
                 await trio.sleep(0.1)
         assert (seen["role"], seen["leader"]) == ("standby", c1.agent_ws)
         (on_standby,) = seen["replicas"]
