@@ -5,6 +5,7 @@ leader, store-only writes working. Two control daemons on a real PostgreSQL, as 
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import openai
 import pytest
 import trio
 
+from llmgw_control.ctl import main as ctl
 from llmgw_control.store import open_store
 from llmgw_dev.build_engine import ensure_engine
 from support.failover import Control, control_pair
@@ -72,6 +74,18 @@ async def test_a_standby_refuses_fleet_writes_naming_the_leader_and_store_writes
             assert_standby_refusal(await standby.get("/api/v1/weights"), c1)
             node = (await leader.get("/api/v1/nodes/n1")).json()["node"]
             assert node["cordoned"] is False
+
+            # ctl says it in one line that names the leader, and exits non-zero.
+            out, err = io.StringIO(), io.StringIO()
+            code = await trio.to_thread.run_sync(
+                lambda: ctl(["--admin", c2.admin_url, "nodes", "drain", "n1"], stdout=out, stderr=err))
+            assert code != 0 and out.getvalue() == ""
+            (line,) = err.getvalue().splitlines()
+            assert "standby" in line and c1.agent_ws in line
+            listing = io.StringIO()
+            assert await trio.to_thread.run_sync(
+                lambda: ctl(["--admin", c2.admin_url, "nodes", "list"], stdout=listing, stderr=err)) == 0
+            assert f"leader: {c1.agent_ws}" in listing.getvalue().splitlines()[0]
 
             # The leader does them.
             cordoned = await leader.post("/api/v1/nodes/n1/cordon")
