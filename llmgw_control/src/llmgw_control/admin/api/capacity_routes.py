@@ -52,6 +52,8 @@ def add_capacity_routes(api: Api, runs: CapacityRuns | None, fleet: Fleet | None
                response=CapacityRunList, errors=(503,),
                query=(Param("model", doc="Only this model's runs"), Param("state")))
     async def list_runs(call: Call) -> CapacityRunList:
+        # Runs live in the leader's manager; a standby's copy is what it loaded at its start.
+        refuse_on_standby(fleet, "list capacity runs")
         model, state = call.query.get("model"), call.query.get("state")
         found = sorted(the_runs().runs.values(), key=lambda r: r.created_at, reverse=True)
         return CapacityRunList([view(r) for r in found
@@ -60,6 +62,7 @@ def add_capacity_routes(api: Api, runs: CapacityRuns | None, fleet: Fleet | None
     @api.route("GET", "/capacity/runs/{run_id}", summary="One capacity run: state, levels done, results",
                tag="capacity", response=CapacityRunAnswer, errors=(404, 503))
     async def get_run(call: Call) -> CapacityRunAnswer:
+        refuse_on_standby(fleet, "read capacity runs")
         return CapacityRunAnswer(view(the_runs().get(call.path["run_id"])))
 
     @api.route("DELETE", "/capacity/runs/{run_id}", summary="Cancel a queued or running capacity run",
