@@ -97,12 +97,37 @@ async def test_drain_withdraws_then_drains_and_replaces_elsewhere(daemon: Daemon
             assert (await daemon.admin.get("/nodes/n1")).json()["node"]["cordoned"] is True
 
 
+def standby_error(response: httpx2.Response, status: int) -> dict[str, Any]:
+    """The admin error shape with the leader's address (null: none known) beside the usual fields."""
+    assert response.status_code == status, response.text
+    body: dict[str, Any] = response.json()["error"]
+    assert set(body) == {"message", "code", "field", "leader"} and body["message"] and body["field"] is None
+    return body
+
+
 async def test_drain_is_refused_on_a_standby(daemon: Daemon) -> None:
     async with fake_node(daemon, "n1"):
         daemon.fleet.agents.role = Role(leader=False, leader_address="ws://10.0.0.2:8090/agent/v1")
-        body = error(await daemon.admin.post("/nodes/n1/drain"), 409)
-        assert body["code"] == "not_leader" and "10.0.0.2" in body["message"]
+        answer = await daemon.admin.post("/nodes/n1/drain")
+        body = standby_error(answer, 409)
+        assert body["code"] == "standby" and "10.0.0.2" in body["message"]
+        assert body["leader"] == "ws://10.0.0.2:8090/agent/v1"
+        assert answer.headers["x-llmgw-leader"] == "ws://10.0.0.2:8090/agent/v1"
         assert daemon.fleet.reconciler.is_cordoned("n1") is False
+
+
+async def test_a_standby_that_knows_no_leader_answers_503_with_retry_after(daemon: Daemon) -> None:
+    async with fake_node(daemon, "n1"):
+        daemon.fleet.agents.role = Role(leader=False)
+        for path in ("/nodes/n1/cordon", "/nodes/n1/drain"):
+            answer = await daemon.admin.post(path)
+            body = standby_error(answer, 503)
+            assert body["code"] == "standby" and body["leader"] is None
+            assert answer.headers["retry-after"] == "1" and answer.headers["x-llmgw-leader"] == "unknown"
+        assert daemon.fleet.reconciler.is_cordoned("n1") is False
+        # Reads answer from the store, marked: never this daemon's own (stale) fleet state.
+        listed = (await daemon.admin.get("/nodes")).json()
+        assert (listed["role"], listed["leader"]) == ("standby", None)
 
 
 async def test_a_cordon_is_stored_with_the_node_identity_and_survives_a_restart(tmp_path: Path) -> None:

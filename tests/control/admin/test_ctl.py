@@ -213,7 +213,7 @@ async def test_the_daemon_command_line_hands_ctl_over(daemon: Daemon) -> None:
         [str(Path(sys.executable).parent / "llmgw-control"), "ctl", "--admin", daemon.admin_url,
          "--json", "nodes"], capture_stdout=True, capture_stderr=True, check=False)
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == {"nodes": []}
+    assert json.loads(result.stdout) == {"nodes": [], "role": "leader", "leader": None}
 
 
 async def test_replicas_logs_prints_the_engines_lines_and_follows(daemon: Daemon) -> None:

@@ -17,6 +17,7 @@ from .api.core import error_body
 from .api.mirror_routes import add_mirror_routes
 from .debug_views import register_debug_views
 from .onboarding_views import register_onboarding_views
+from .standby_refusal import LEADER_HEADER, standby_leader
 
 if TYPE_CHECKING:
     from ..fleet.fleet import Fleet
@@ -57,13 +58,22 @@ def make_admin_app(
 
     api = build_api(ApiContext(fleet=fleet, tenancy=tenancy, models=models))
     add_mirror_routes(api, mirror, fleet)
-    add_capacity_routes(api, fleet.capacity if fleet is not None else None)
+    add_capacity_routes(api, fleet.capacity if fleet is not None else None, fleet)
     api.install(app)
     # Other modules add their routes to the same table (``api.route(...)`` then ``api.install(app)``),
     # so they are served with the same validation and error shape and appear in the document.
     app.extensions["llmgw.api"] = api
     register_onboarding_views(app, fleet)
     register_debug_views(app)
+
+    @app.after_request
+    async def name_the_leader(response: Response) -> Response:
+        # Every admin answer of a standby says so: fleet reads come from the leader's view in the
+        # store, and a caller (ctl, the dashboard, a script) can tell, and find the leader.
+        standby, leader = standby_leader(fleet)
+        if standby:
+            response.headers.setdefault(LEADER_HEADER, leader or "unknown")
+        return response
 
     @app.get("/api/v1/openapi.json")
     async def openapi() -> Any:

@@ -55,6 +55,12 @@ class AdminClient:
             error = body.get("error") if isinstance(body, dict) else None
             if response.status_code == 401 and isinstance(error, dict) and error.get("code") == "admin_key_required":
                 raise CtlError(f"{error.get('message')} (set {ADMIN_KEY_ENV} to an admin key for ctl)")
+            if isinstance(error, dict) and error.get("code") == "standby":
+                # One line naming the leader, so the operator re-runs the command there (ctl does
+                # not retry on its own: which daemon acts stays the operator's choice).
+                leader = error.get("leader") or "not known yet: retry in a moment"
+                raise CtlError(f"{self.base_url} is a standby control daemon; run this on the leader "
+                               f"(its advertised address: {leader})")
             if isinstance(error, dict) and error.get("message"):
                 raise CtlError(f"{error['message']} (HTTP {response.status_code})")
             raise CtlError(f"{method} {path}: HTTP {response.status_code}: {response.text[:200]}")

@@ -55,20 +55,27 @@ def _engine_words(node: dict[str, Any]) -> str:
     return "; ".join(f"{e['name']} {e['version']}: {e['state']}" for e in node["engines"]) or "-"
 
 
+def _standby_note(answer: dict[str, Any]) -> list[str]:
+    """The line that says a listing is the leader's fleet as a standby reads it from the store."""
+    if answer.get("role") != "standby":
+        return []
+    return [f"(a standby: the leader's fleet from the store; leader: {answer.get('leader') or 'unknown'})"]
+
+
 def nodes_list(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
     answer = client.get("/nodes")
 
     def human() -> str:
         nodes = answer["nodes"]
         if not nodes:
-            return "no nodes (add one with: llmgw-control ctl nodes add NAME)"
+            return "\n".join([*_standby_note(answer), "no nodes (add one with: llmgw-control ctl nodes add NAME)"])
         rows = [[n["id"], n["state"], n["cordoned"], n["address"] or "-",
                  f"{n['facts']['cpu'] or '-'} ({n['facts']['cores']} cores)" if n["facts"]["cores"] else "-",
                  mib(n["facts"]["ram_total_mib"]) if n["facts"]["ram_total_mib"] else "-",
                  len(n["shards"]), _engine_words(n)] for n in nodes]
         text = table(["NODE", "STATE", "CORDONED", "ADDRESS", "CPU", "RAM", "SHARDS", "ENGINES"], rows)
         warnings = [f"warning: node {n['id']}: {w}" for n in nodes for w in n["warnings"]]
-        return "\n".join([text, *warnings])
+        return "\n".join([*_standby_note(answer), text, *warnings])
 
     _emit(out, args, answer, human)
 
@@ -184,10 +191,11 @@ def replicas_list(client: AdminClient, args: argparse.Namespace, out: TextIO) ->
 
     def human() -> str:
         if not answer["replicas"]:
-            return "no replicas"
-        rows = [[r["id"], r["model"], r["node"], r["port"], r["routable"], r["in_flight"],
+            return "\n".join([*_standby_note(answer), "no replicas"])
+        rows = [[r["id"], r["model"], r["node"] or "-", r["port"], r["routable"], r["in_flight"],
                  f"{r['status']}: {r['detail']}" if r["detail"] else r["status"]] for r in answer["replicas"]]
-        return table(["REPLICA", "MODEL", "NODE", "PORT", "ROUTABLE", "IN FLIGHT", "STATE"], rows)
+        return "\n".join([*_standby_note(answer),
+                          table(["REPLICA", "MODEL", "NODE", "PORT", "ROUTABLE", "IN FLIGHT", "STATE"], rows)])
 
     _emit(out, args, answer, human)
 

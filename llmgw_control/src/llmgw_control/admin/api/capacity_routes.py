@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ...api_errors import AdminApiError
 from ...fleet.capacity import level_from
 from ...fleet.capacity_runs import CapacityRuns, Run
+from ..standby_refusal import refuse_on_standby
 from .capacity_schemas import CapacityLevelView, CapacityRunAnswer, CapacityRunList, CapacityRunRequest, CapacityRunView
 from .core import Api, Call, Param
+
+if TYPE_CHECKING:
+    from ...fleet.fleet import Fleet
 
 
 def run_view(run: Run, objective: tuple[float, float] | None) -> CapacityRunView:
@@ -23,7 +29,7 @@ def run_view(run: Run, objective: tuple[float, float] | None) -> CapacityRunView
                            dict(run.comparable))
 
 
-def add_capacity_routes(api: Api, runs: CapacityRuns | None) -> None:
+def add_capacity_routes(api: Api, runs: CapacityRuns | None, fleet: Fleet | None = None) -> None:
     def the_runs() -> CapacityRuns:
         if runs is None:
             raise AdminApiError(503, "not_ready", "capacity runs need the control plane on this daemon")
@@ -38,12 +44,16 @@ def add_capacity_routes(api: Api, runs: CapacityRuns | None) -> None:
                "replica of a profile", tag="capacity", body=CapacityRunRequest, response=CapacityRunAnswer,
                status=202, errors=(404, 409, 503))
     async def start_run(call: Call) -> CapacityRunAnswer:
+        # A run takes (or starts) a replica through the reconciler, which only the leader runs.
+        refuse_on_standby(fleet, "start capacity runs")
         return CapacityRunAnswer(view(await the_runs().start(call.body)))
 
     @api.route("GET", "/capacity/runs", summary="Capacity runs, newest first", tag="capacity",
                response=CapacityRunList, errors=(503,),
                query=(Param("model", doc="Only this model's runs"), Param("state")))
     async def list_runs(call: Call) -> CapacityRunList:
+        # Runs live in the leader's manager; a standby's copy is what it loaded at its start.
+        refuse_on_standby(fleet, "list capacity runs")
         model, state = call.query.get("model"), call.query.get("state")
         found = sorted(the_runs().runs.values(), key=lambda r: r.created_at, reverse=True)
         return CapacityRunList([view(r) for r in found
@@ -52,14 +62,17 @@ def add_capacity_routes(api: Api, runs: CapacityRuns | None) -> None:
     @api.route("GET", "/capacity/runs/{run_id}", summary="One capacity run: state, levels done, results",
                tag="capacity", response=CapacityRunAnswer, errors=(404, 503))
     async def get_run(call: Call) -> CapacityRunAnswer:
+        refuse_on_standby(fleet, "read capacity runs")
         return CapacityRunAnswer(view(the_runs().get(call.path["run_id"])))
 
     @api.route("DELETE", "/capacity/runs/{run_id}", summary="Cancel a queued or running capacity run",
                tag="capacity", response=CapacityRunAnswer, errors=(404, 409, 503))
     async def delete_run(call: Call) -> CapacityRunAnswer:
+        refuse_on_standby(fleet, "cancel capacity runs")
         return CapacityRunAnswer(view(await the_runs().cancel(call.path["run_id"])))
 
     @api.route("POST", "/capacity/runs/{run_id}/cancel", summary="Cancel a queued or running capacity run",
                tag="capacity", response=CapacityRunAnswer, errors=(404, 409, 503))
     async def cancel_run(call: Call) -> CapacityRunAnswer:
+        refuse_on_standby(fleet, "cancel capacity runs")
         return CapacityRunAnswer(view(await the_runs().cancel(call.path["run_id"])))

@@ -30,6 +30,7 @@ from ...api_errors import AdminApiError, admin_error_json, bad_request
 from ...documents import CONVERTER, clean_str, datetime_in
 from ...store import Conflict, InvalidInput, NotFound, StoreError, StoreUnavailable
 from ...transport.asgi import Send, send_json
+from ..standby_refusal import StandbyRefusal
 from .openapi import PATH_PARAM, openapi_document
 from .validate import structure_body
 
@@ -40,6 +41,18 @@ PREFIX = "/api/v1"
 
 def error_body(status: int, code: str, message: str, field: str | None = None) -> Response:
     return Response(admin_error_json(code, message, field), status=status, content_type="application/json")
+
+
+def refusal_body(exc: AdminApiError) -> Response:
+    """An ``AdminApiError`` as the answer; a standby's refusal also names the leader, in the body
+    (``error.leader``) and in its headers, so a caller can retry there without parsing the message."""
+    if not isinstance(exc, StandbyRefusal):
+        return error_body(exc.status, exc.code, exc.message, exc.field)
+    body = {"error": {"message": exc.message, "code": exc.code, "field": exc.field, "leader": exc.leader}}
+    response = Response(json.dumps(body), status=exc.status, content_type="application/json")
+    for name, value in exc.headers:
+        response.headers[name] = value
+    return response
 
 
 async def send_error(send: Send, status: int, code: str, message: str) -> None:
@@ -129,7 +142,7 @@ class Api:
                 call = await self._read(route, path)
                 result = await route.handler(call)
             except AdminApiError as exc:
-                return error_body(exc.status, exc.code, exc.message, exc.field)
+                return refusal_body(exc)
             except StoreError as exc:
                 err = from_store_error(exc)
                 return error_body(err.status, err.code, err.message, err.field)

@@ -17,6 +17,7 @@ import trio
 
 from ...api_errors import AdminApiError, not_found
 from ...fleet.agents import LogsUnavailable
+from ..standby_refusal import refuse_on_standby
 from .core import Api, Call, Param
 from .schemas import ReplicaLogs
 
@@ -48,6 +49,8 @@ def register_replica_logs(api: Api, fleet: Callable[[], Fleet]) -> None:
                             doc=f"With cursor: hold the answer until there are new lines (at most {LOG_WAIT_S:g} s)")))
     async def replica_logs(call: Call) -> ReplicaLogs:
         f = fleet()
+        # The engine's output comes from its node, which talks only to the leader.
+        refuse_on_standby(f, "read replica logs")
         replica_id = call.path["replica_id"]
         lines = call.query.get("lines", DEFAULT_LINES)
         if not 1 <= lines <= MAX_LINES:

@@ -15,6 +15,8 @@ from ...catalog import ModelConfig
 from ...catalog.service import ModelService
 from ...store import UNSET, ApiKey, Group, NotFound, Quota, StoreError, Unset
 from ..fleet_views import model_view, node_view, node_weights_view, registered_node_view
+from ..standby_refusal import refuse_on_standby, standby_leader
+from ..standby_views import read_leader_fleet, standby_model_view, standby_node_view, standby_replica_views
 from .core import Api, Call, Param
 from .replica_logs import register_replica_logs
 from .schemas import (
@@ -111,6 +113,11 @@ def build_api(ctx: ApiContext) -> Api:
         if ctx.fleet is None:
             return NodeList([])
         f = ctx.fleet
+        standby, leader = standby_leader(f)
+        if standby:
+            fleet_of_leader = await read_leader_fleet(tenancy().store, f)
+            return NodeList([standby_node_view(fleet_of_leader, n) for n in fleet_of_leader.node_ids],
+                            "standby", leader)
         now = trio.current_time()
         views = [node_view(f, n, now) for n in f.inventory]
         seen = {v.id for v in views}
@@ -126,7 +133,14 @@ def build_api(ctx: ApiContext) -> Api:
 
     @api.route("GET", "/nodes/{node_id}", summary="One node", tag="nodes", response=NodeAnswer, errors=(404, 409))
     async def get_node(call: Call) -> NodeAnswer:
-        f, _ = await find_node(call.path["node_id"])
+        node_id = call.path["node_id"]
+        standby, _ = standby_leader(ctx.fleet)
+        if standby:
+            fleet_of_leader = await read_leader_fleet(tenancy().store, fleet())
+            if node_id not in fleet_of_leader.node_ids:
+                raise not_found("node", node_id)
+            return NodeAnswer(standby_node_view(fleet_of_leader, node_id))
+        f, _ = await find_node(node_id)
         return NodeAnswer(await one_node(f, call.path["node_id"]))
 
     async def set_cordon(node_id: str, cordoned: bool) -> Fleet:
@@ -144,6 +158,7 @@ def build_api(ctx: ApiContext) -> Api:
                tag="nodes", response=NodeAnswer, errors=(404, 409, 503))
     async def cordon_node(call: Call) -> NodeAnswer:
         node_id = call.path["node_id"]
+        refuse_on_standby(ctx.fleet, "cordon")
         f = await set_cordon(node_id, True)
         log.info("node %s cordoned through the admin API", node_id)
         return NodeAnswer(await one_node(f, node_id))
@@ -152,6 +167,7 @@ def build_api(ctx: ApiContext) -> Api:
                tag="nodes", response=NodeAnswer, errors=(404, 409, 503))
     async def uncordon_node(call: Call) -> NodeAnswer:
         node_id = call.path["node_id"]
+        refuse_on_standby(ctx.fleet, "uncordon")
         f = await set_cordon(node_id, False)
         log.info("node %s uncordoned through the admin API", node_id)
         return NodeAnswer(await one_node(f, node_id))
@@ -161,12 +177,9 @@ def build_api(ctx: ApiContext) -> Api:
                tag="nodes", response=DrainAnswer, errors=(404, 409, 503))
     async def drain_node(call: Call) -> DrainAnswer:
         node_id = call.path["node_id"]
+        # A standby runs no replicas and talks to no node: the leader does the draining.
+        refuse_on_standby(ctx.fleet, "drain")
         f, _ = await find_node(node_id)
-        role = f.agents.role
-        if not role.leader:
-            # A standby runs no replicas; the leader does the draining.
-            raise conflict(f"this control daemon is a standby: drain on the leader ({role.leader_address or '?'})",
-                           code="not_leader")
         await set_cordon(node_id, True)
         drained = f.reconciler.drain_node(node_id)
         log.info("node %s drained through the admin API (%d replicas)", node_id, len(drained))
@@ -180,6 +193,11 @@ def build_api(ctx: ApiContext) -> Api:
         if ctx.fleet is None:
             return ModelList([])
         f = ctx.fleet
+        standby, leader = standby_leader(f)
+        if standby:
+            fleet_of_leader = await read_leader_fleet(tenancy().store, f)
+            return ModelList([standby_model_view(f, fleet_of_leader, r) for r in f.catalog.all_profiles()],
+                             "standby", leader)
         return ModelList([model_view(f, r) for r in f.catalog.all_profiles()])
 
     @api.route("GET", "/models/{name}", summary="A model's definition and where it came from", tag="models",
@@ -211,6 +229,9 @@ def build_api(ctx: ApiContext) -> Api:
         if ctx.fleet is None:
             return ReplicaList([])
         f = ctx.fleet
+        standby, leader = standby_leader(f)
+        if standby:
+            return ReplicaList(standby_replica_views(f, await read_leader_fleet(tenancy().store, f)), "standby", leader)
         out = []
         for r in sorted(f.reconciler.shards.values(), key=lambda r: (r.key, r.shard_id)):
             published = f.reconciler.replicas.get(r.shard_id)
@@ -235,7 +256,9 @@ def build_api(ctx: ApiContext) -> Api:
                 states.append(EngineNodeState(node.node_id, state.describe() if state else "not reported",
                                               state.provenance if state else None))
             out.append(EngineView(engine.name, engine.version, engine.release_api, states))
-        return EngineList(out)
+        # A standby has no node reports: the engines are the catalog's, their states the leader's to say.
+        standby, leader = standby_leader(f)
+        return EngineList(out, "standby", leader) if standby else EngineList(out)
 
     @api.route("GET", "/weights", summary="The model files each node holds: size, when last used, in use by what",
                tag="nodes", response=WeightsList, errors=(404,),
@@ -244,6 +267,8 @@ def build_api(ctx: ApiContext) -> Api:
         if ctx.fleet is None:
             return WeightsList([])
         f = ctx.fleet
+        # What nodes hold is in their reports, which only the leader receives: an empty list would lie.
+        refuse_on_standby(f, "list the nodes' weights")
         wanted = call.query.get("node")
         nodes = sorted(f.inventory, key=lambda n: n.node_id)
         if wanted is not None:

@@ -83,6 +83,10 @@ class NodeView:
 @attrs.frozen
 class NodeList:
     nodes: list[NodeView]
+    # leader: this daemon's own fleet; standby: the leader's, as the store holds it (docs/failover.md).
+    role: str = "leader"
+    # The leader's address a standby knows of (null on the leader, or while no leader is known).
+    leader: str | None = None
 
 
 @attrs.frozen
@@ -159,11 +163,19 @@ class NodeWeightsView:
 @attrs.frozen
 class WeightsList:
     nodes: list[NodeWeightsView]
+    # leader: this daemon's own fleet; standby: the leader's, as the store holds it (docs/failover.md).
+    role: str = "leader"
+    # The leader's address a standby knows of (null on the leader, or while no leader is known).
+    leader: str | None = None
 
 
 @attrs.frozen
 class ModelList:
     models: list[ModelView]
+    # leader: this daemon's own fleet; standby: the leader's, as the store holds it (docs/failover.md).
+    role: str = "leader"
+    # The leader's address a standby knows of (null on the leader, or while no leader is known).
+    leader: str | None = None
 
 
 @attrs.frozen
@@ -218,6 +230,10 @@ class ReplicaLogs:
 @attrs.frozen
 class ReplicaList:
     replicas: list[ReplicaView]
+    # leader: this daemon's own fleet; standby: the leader's, as the store holds it (docs/failover.md).
+    role: str = "leader"
+    # The leader's address a standby knows of (null on the leader, or while no leader is known).
+    leader: str | None = None
 
 
 @attrs.frozen
@@ -238,6 +254,10 @@ class EngineView:
 @attrs.frozen
 class EngineList:
     engines: list[EngineView]
+    # leader: this daemon's own fleet; standby: the leader's, as the store holds it (docs/failover.md).
+    role: str = "leader"
+    # The leader's address a standby knows of (null on the leader, or while no leader is known).
+    leader: str | None = None
 
 
 # --------------------------------------------------------------------------- groups

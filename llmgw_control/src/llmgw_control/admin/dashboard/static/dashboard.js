@@ -99,13 +99,22 @@
     return `from ${p.source || "?"} (${signed}): ${assets}; installed ${when}, ${asked}${p.archives_kept ? "; archives kept" : ""}`;
   };
 
+  // On a standby the fleet pages show the leader's fleet as the store holds it (role "standby");
+  // say so, and where the leader is, since drain and cordon must be done there.
+  function standbyWords(answer) {
+    if (!answer || answer.role !== "standby") return "";
+    return `This daemon is a standby: showing the leader's fleet from the store (leader: ${answer.leader || "unknown"}). ` +
+      "Drain, cordon and capacity runs are done on the leader.";
+  }
+
   pages.fleet = async () => {
-    const nodes = firstArray(await api("/nodes"), "nodes");
+    const answer = await api("/nodes");
+    const nodes = firstArray(answer, "nodes");
     const counts = {};
     for (const n of nodes) counts[n.state] = (counts[n.state] || 0) + 1;
-    $("#fleet-summary").textContent = nodes.length
+    $("#fleet-summary").textContent = [standbyWords(answer), nodes.length
       ? `${nodes.length} node(s): ` + Object.entries(counts).map(([s, c]) => `${c} ${s}`).join(", ")
-      : "";
+      : ""].filter(Boolean).join(" ");
     const cards = nodes.map((n) => {
       const f = n.facts || {};
       const gpus = (f.gpus || []).map((g) => `${g.name} (${mib(g.memory_total_mib)})`);
@@ -146,7 +155,9 @@
   };
 
   pages.models = async () => {
-    const models = firstArray(await api("/models"), "models");
+    const answer = await api("/models");
+    const models = firstArray(answer, "models");
+    $("#models-standby").textContent = standbyWords(answer);
     const rows = models.map((m) => h("tr", { "data-model": m.key || m.model },
       h("td", {}, m.model), h("td", {}, m.profile),
       h("td", { class: "status" }, badge(m.ready ? "ready" : "not running", m.ready ? "ok" : "warn"), " ",
