@@ -1,7 +1,7 @@
 """On PostgreSQL a standby hears the leader's view through LISTEN/NOTIFY, not the poll.
 
-Every follower here has its safety poll set to an hour: a change that arrives did so by
-notification (or by the full read after a reconnect), never by polling.
+Every follower here has both its polls (the safety poll, and the one while not listening) set to
+an hour: a change that arrives did so by notification or by the full read after a reconnect.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ async def _until(condition: Callable[[], bool]) -> None:
 
 def _follower(store: SqlStore, listener: ViewListener | None = None) -> tuple[ViewFollower, ReplicaSet]:
     standby = ReplicaSet()
-    follower = ViewFollower(store, standby, lambda rid: f"key-of-{rid}", listener=listener, safety_poll=HOUR)
+    follower = ViewFollower(store, standby, lambda rid: f"key-of-{rid}", listener=listener,
+                            safety_poll=HOUR, poll=HOUR)
     return follower, standby
 
 
@@ -185,3 +186,30 @@ async def test_publishing_notifies_the_revision_and_only_it(pg_store: SqlStore, 
         assert heard == ["marker"]
     finally:
         await trio.to_thread.run_sync(conn.close)
+
+
+async def test_while_the_listen_connection_is_down_the_follower_polls(pg_store: SqlStore) -> None:
+    backend = pg_store.backend
+    assert isinstance(backend, PostgresBackend)
+    gate = threading.Event()
+    gate.set()
+
+    def connect() -> psycopg.Connection[Any]:
+        if not gate.wait(LIMIT):
+            raise psycopg.OperationalError("the test never opened the gate")
+        return backend.listen_connection()
+
+    listener = ViewListener(connect)
+    standby = ReplicaSet()
+    follower = ViewFollower(pg_store, standby, lambda rid: "k", listener=listener, safety_poll=HOUR, poll=0.05)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(follower.run)
+        await _listening(follower)
+        gate.clear()
+        assert await _cut_listen_connections(pg_store) == 1
+        await _until(lambda: listener.losses == 1)
+        await pg_store.publish_view(1, [A])
+        await _until(lambda: standby.get("s-a") is not None)  # by the poll: nobody listens
+        assert listener.connects == 1
+        nursery.cancel_scope.cancel()
+        gate.set()

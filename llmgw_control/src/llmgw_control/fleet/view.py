@@ -10,7 +10,8 @@
 When it reads: on PostgreSQL the leader's write NOTIFIES its revision and the follower holds
 one LISTEN connection (store/view_notify.py): it reads when notified, fully at start and after
 every (re)connect of that connection, and every ``SAFETY_POLL`` seconds in case a notification
-was lost. On SQLite (no notifications) it reads every ``FOLLOW_EVERY`` seconds. Either way a
+was lost; while that connection is down it polls every ``FOLLOW_EVERY`` seconds, as on SQLite
+(no notifications). Either way a
 standby stays within a second of the leader, the bound promised; with notifications the delay
 is the leader's ``PUBLISH_EVERY`` plus a round trip (docs/performance.md has the figures).
 """
@@ -85,14 +86,16 @@ class ViewFollower:
     """Keeps ``replicas`` equal to the leader's view; owns only the replicas it added."""
 
     def __init__(self, store: ViewStore, replicas: ReplicaSet, api_key: Callable[[str], str], *,
-                 listener: ViewListener | None = None, safety_poll: float = SAFETY_POLL) -> None:
-        """``listener`` defaults to the store's (None on SQLite); tests pass their own, and a long
-        ``safety_poll`` to show a change arrives by notification."""
+                 listener: ViewListener | None = None, safety_poll: float = SAFETY_POLL,
+                 poll: float = FOLLOW_EVERY) -> None:
+        """``listener`` defaults to the store's (None on SQLite); tests pass their own, and long
+        polls to show a change arrives by notification or by the read after a reconnect."""
         self.store = store
         self.replicas = replicas
         self.api_key = api_key
         self.listener = listener if listener is not None else store.view_listener()
-        self.poll_every = safety_poll if self.listener is not None else FOLLOW_EVERY
+        self.safety_poll = safety_poll
+        self.poll = poll
         self.owned: set[str] = set()
         self.revision: int | None = None
         self.reads = 0  # reads of the view that completed (for tests)
@@ -140,8 +143,20 @@ class ViewFollower:
                 # A fresh event before the read: a notification during the read means another.
                 self._wake = trio.Event()
                 await self._read()
-                with trio.move_on_after(self.poll_every):
-                    await self._wake.wait()
+                await self._until_next_read()
+
+    def _interval(self) -> float:
+        listening = self.listener is not None and self.listener.listening
+        return self.safety_poll if listening else self.poll
+
+    async def _until_next_read(self) -> None:
+        """Until notified, or the poll is due. Checked in short slices: a LISTEN connection lost
+        during a long safety wait must turn this back into the short poll at once."""
+        start = trio.current_time()
+        while (remaining := start + self._interval() - trio.current_time()) > 0:
+            with trio.move_on_after(min(remaining, FOLLOW_EVERY)):
+                await self._wake.wait()
+                return
 
     async def _read(self) -> None:
         with trio.move_on_after(_STORE_WAIT):

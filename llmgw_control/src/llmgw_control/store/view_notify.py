@@ -83,6 +83,7 @@ class ViewListener:
         self.connects = 0  # connections that reached LISTEN (for tests and logs)
         self.losses = 0  # connections lost after LISTEN
         self.ignored = 0  # notifications whose payload was not a revision
+        self.listening = False  # LISTEN in place now: while not, the follower polls as on SQLite
 
     def _open(self) -> psycopg.Connection[Any]:
         conn = self._connect()
@@ -115,13 +116,17 @@ class ViewListener:
                 continue
             delay = _RETRY_FIRST
             self.connects += 1
+            self.listening = True
             on_change(None)  # LISTEN is in place: one full read covers whatever came before
             try:
                 await self._listen(conn, on_change)
-            except psycopg.Error as exc:
-                self.losses += 1
-                log.warning("the LISTEN connection for replica view changes broke (%s): reconnecting", exc)
-                await trio.sleep(_RETRY_FIRST)
+            except Exception as exc:  # psycopg's, or anything odd: a standby must keep following
+                log.warning("the LISTEN connection for replica view changes broke (%s): reconnecting", exc,
+                            exc_info=not isinstance(exc, psycopg.Error))
+            finally:
+                self.listening = False
+            self.losses += 1
+            await trio.sleep(_RETRY_FIRST)
 
     async def _listen(self, conn: psycopg.Connection[Any], on_change: Callable[[int | None], None]) -> None:
         owned = True
