@@ -3,12 +3,17 @@
 * ``ViewPublisher`` (leader, after its takeover hold): writes the replicas its reconciler
   publishes to the router whenever that set changes, at most every ``PUBLISH_EVERY`` seconds,
   fenced by its lease epoch.
-* ``ViewFollower`` (standby): reads the view every ``FOLLOW_EVERY`` seconds and makes its own
-  router's replica set match it: added, updated, withdrawn. The bearer keys are derived here
-  from the shared cluster secret, exactly as the reconciler derives them; the view holds none.
+* ``ViewFollower`` (standby): reads the view and makes its own router's replica set match it:
+  added, updated, withdrawn. The bearer keys are derived here from the shared cluster secret,
+  exactly as the reconciler derives them; the view holds none.
 
-Standbys poll on both databases (PostgreSQL ``LISTEN/NOTIFY`` would cut the delay further; the
-poll already keeps a standby within a second of the leader, which is the bound promised).
+When it reads: on PostgreSQL the leader's write NOTIFIES its revision and the follower holds
+one LISTEN connection (store/view_notify.py): it reads when notified, fully at start and after
+every (re)connect of that connection, and every ``SAFETY_POLL`` seconds in case a notification
+was lost; while that connection is down it polls every ``FOLLOW_EVERY`` seconds, as on SQLite
+(no notifications). Either way a
+standby stays within a second of the leader, the bound promised; with notifications the delay
+is the leader's ``PUBLISH_EVERY`` plus a round trip (docs/performance.md has the figures).
 """
 
 from __future__ import annotations
@@ -21,20 +26,26 @@ import trio
 from llmgw_shared.logs import get_logger
 
 from ..gateway.replicas import Replica, ReplicaSet
-from ..store import ReplicaView, StoreError, ViewReplica
+from ..store import ReplicaView, StoreError, ViewListener, ViewReplica
 
 log = get_logger("llmgw.view")
 
 # The leader's bound on write rate: a burst of replica changes costs one write per quarter second.
 PUBLISH_EVERY = 0.25
-# A standby's poll: with the leader's PUBLISH_EVERY, a change reaches it well within a second.
+# A standby's poll without notifications (SQLite): with the leader's PUBLISH_EVERY, a change
+# reaches it well within a second.
 FOLLOW_EVERY = 0.5
+# With notifications (PostgreSQL), the read that heals a lost one (a NOTIFY that the server
+# dropped, a wait that missed it): rare enough to cost nothing, soon enough that a standby is
+# not wrong for long even then.
+SAFETY_POLL = 5.0
 # A store that does not answer this fast is skipped for this round (the next one retries).
 _STORE_WAIT = 5.0
 
 
 class ViewStore(Protocol):
     async def replica_view(self) -> ReplicaView | None: ...
+    def view_listener(self) -> ViewListener | None: ...
     async def publish_view(self, epoch: int, replicas: list[ViewReplica]) -> int | None: ...
 
 
@@ -74,12 +85,21 @@ class ViewPublisher:
 class ViewFollower:
     """Keeps ``replicas`` equal to the leader's view; owns only the replicas it added."""
 
-    def __init__(self, store: ViewStore, replicas: ReplicaSet, api_key: Callable[[str], str]) -> None:
+    def __init__(self, store: ViewStore, replicas: ReplicaSet, api_key: Callable[[str], str], *,
+                 listener: ViewListener | None = None, safety_poll: float = SAFETY_POLL,
+                 poll: float = FOLLOW_EVERY) -> None:
+        """``listener`` defaults to the store's (None on SQLite); tests pass their own, and long
+        polls to show a change arrives by notification or by the read after a reconnect."""
         self.store = store
         self.replicas = replicas
         self.api_key = api_key
+        self.listener = listener if listener is not None else store.view_listener()
+        self.safety_poll = safety_poll
+        self.poll = poll
         self.owned: set[str] = set()
         self.revision: int | None = None
+        self.reads = 0  # reads of the view that completed (for tests)
+        self._wake = trio.Event()
 
     def apply(self, view: ReplicaView | None) -> None:
         entries = {e.id: e for e in view.replicas} if view is not None else {}
@@ -108,14 +128,42 @@ class ViewFollower:
         self.owned = set()
         self.revision = None
 
+    def _notified(self, revision: int | None) -> None:
+        """From the listener: read now (``None``: after a (re)connect; a revision: one was
+        published; the one we have already is skipped, a read would find nothing new)."""
+        if revision is None or revision != self.revision:
+            self._wake.set()
+
     async def run(self) -> None:
-        """Follow until cancelled: a full read every round (the row is small)."""
-        while True:
-            with trio.move_on_after(_STORE_WAIT):
-                try:
-                    view = await self.store.replica_view()
-                    if view is None or view.revision != self.revision:
-                        self.apply(view)
-                except StoreError as exc:
-                    log.warning("cannot read the replica view (%s): serving the last one", exc)
-            await trio.sleep(FOLLOW_EVERY)
+        """Follow until cancelled: a full read each time (the row is small)."""
+        async with trio.open_nursery() as nursery:
+            if self.listener is not None:
+                nursery.start_soon(self.listener.run, self._notified)
+            while True:
+                # A fresh event before the read: a notification during the read means another.
+                self._wake = trio.Event()
+                await self._read()
+                await self._until_next_read()
+
+    def _interval(self) -> float:
+        listening = self.listener is not None and self.listener.listening
+        return self.safety_poll if listening else self.poll
+
+    async def _until_next_read(self) -> None:
+        """Until notified, or the poll is due. Checked in short slices: a LISTEN connection lost
+        during a long safety wait must turn this back into the short poll at once."""
+        start = trio.current_time()
+        while (remaining := start + self._interval() - trio.current_time()) > 0:
+            with trio.move_on_after(min(remaining, FOLLOW_EVERY)):
+                await self._wake.wait()
+                return
+
+    async def _read(self) -> None:
+        with trio.move_on_after(_STORE_WAIT):
+            try:
+                view = await self.store.replica_view()
+                if view is None or view.revision != self.revision:
+                    self.apply(view)
+                self.reads += 1
+            except StoreError as exc:
+                log.warning("cannot read the replica view (%s): serving the last one", exc)

@@ -41,6 +41,7 @@ from .records import (
     ViewReplica,
 )
 from .sqlstore import PostgresStore, SqliteStore, SqlStore, connect_store, is_postgres_url, open_store
+from .view_notify import VIEW_CHANNEL, ViewListener
 
 __all__ = [
     "KEY_DIGEST_SECRET",
@@ -48,6 +49,7 @@ __all__ = [
     "SHARD_KEY_SECRET",
     "STANDBY",
     "UNSET",
+    "VIEW_CHANNEL",
     "ApiKey",
     "CapacityRecord",
     "CapacityRunRecord",
@@ -84,6 +86,7 @@ __all__ = [
     "Usage",
     "UsageQuery",
     "UsageTotals",
+    "ViewListener",
     "ViewReplica",
     "cluster_secret",
     "connect_store",

@@ -36,6 +36,7 @@ from .records import (
     UsageTotals,
     ViewReplica,
 )
+from .view_notify import ViewListener
 
 
 class Store(Protocol):
@@ -187,6 +188,7 @@ class Store(Protocol):
     # the leader's view of ready replicas, which standbys serve from (see ops_view)
     async def replica_view(self) -> ReplicaView | None: ...
     async def publish_view(self, epoch: int, replicas: Iterable[ViewReplica]) -> int | None: ...
+    def view_listener(self) -> ViewListener | None: ...  # PostgreSQL's NOTIFY; None: poll
 
     # the model mirror's pulls (see ops_pulls): one JSON document each
     async def put_pull(self, pull_id: str, document: Mapping[str, Any]) -> None: ...

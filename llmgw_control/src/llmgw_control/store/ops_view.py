@@ -3,6 +3,7 @@
 One row: the replicas as JSON, the lease epoch of the leader that wrote them and a revision.
 A write is fenced by the lease: it is refused when the lease already has a later epoch, so a
 deposed leader that has not noticed yet cannot replace its successor's view with its own.
+On PostgreSQL a write also NOTIFIES the new revision (store/view_notify.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from .backend import Tx
 from .errors import InvalidInput
 from .ops_base import OpsBase
 from .records import ReplicaView, ViewReplica
+from .view_notify import VIEW_CHANNEL
 
 # A fleet this size publishes about 100 bytes a replica: far more than any fleet llmgw runs, and
 # a bound on what a damaged row can make a standby parse.
@@ -69,6 +71,12 @@ class ViewOps(OpsBase):
                 "RETURNING revision",
                 (epoch, document, epoch, epoch),
             )
-            return None if row is None else int(row[0])
+            if row is None:
+                return None
+            if tx.dialect == "postgresql":
+                # Same transaction: delivered at COMMIT, so a standby that hears it reads the new
+                # row, and a rolled-back write notifies nobody. The revision only, never the keys.
+                tx.one("SELECT pg_notify(?, ?)", (VIEW_CHANNEL, str(int(row[0]))))
+            return int(row[0])
 
         return await self._write(write)

@@ -27,6 +27,9 @@ from .errors import Conflict, StoreClosed, StoreError, StoreTimeout, StoreUnavai
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
+# The dedicated LISTEN connections, told apart in pg_stat_activity (and by the tests that cut them).
+LISTEN_APPLICATION_NAME = "llmgw-control-listen"
+
 # The database's clock, in the integer microseconds the schema uses. clock_timestamp(), not
 # now(): now() is frozen at the start of the transaction.
 _PG_NOW = "(extract(epoch from clock_timestamp()) * 1000000)::bigint"
@@ -92,13 +95,15 @@ class PostgresBackend:
         self._idle: list[psycopg.Connection[Any]] = []
         self._closed = False
 
-    def _connect(self) -> psycopg.Connection[Any]:
+    def _connect(self, *, listen: bool = False) -> psycopg.Connection[Any]:
         try:
             conn = psycopg.connect(
                 self._conninfo,
-                autocommit=False,
+                # A LISTEN connection must not sit in a transaction: notifications are delivered
+                # only between transactions, and an idle one would be ended by the server.
+                autocommit=listen,
                 connect_timeout=self._connect_timeout,
-                application_name="llmgw-control",
+                application_name=LISTEN_APPLICATION_NAME if listen else "llmgw-control",
                 keepalives=1,
                 keepalives_idle=5,
                 keepalives_interval=2,
@@ -115,11 +120,16 @@ class PostgresBackend:
             conn.execute(f"SET lock_timeout = {self._statement_timeout_ms}")
             conn.execute(f"SET idle_in_transaction_session_timeout = {self._statement_timeout_ms * 3}")
             conn.execute("SET TIME ZONE 'UTC'")
-            conn.commit()
+            if not listen:
+                conn.commit()
         except psycopg.Error as exc:
             _close_quietly(conn)
             raise StoreUnavailable(f"cannot set up a PostgreSQL session: {exc}") from None
         return conn
+
+    def listen_connection(self) -> psycopg.Connection[Any]:
+        """A new autocommit connection outside the pool, for LISTEN (store/view_notify.py); blocking."""
+        return self._connect(listen=True)
 
     def _work(self, loan: Loan[psycopg.Connection[Any]], fn: Callable[[Tx], T]) -> T:
         for attempt in (1, 2):

@@ -34,6 +34,7 @@ from .ops_view import ViewOps
 from .postgres import PostgresBackend
 from .records import Revisions
 from .sqlite import SqliteBackend
+from .view_notify import ViewListener
 
 
 class SqlStore(CatalogOps, NodeOps, GroupOps, KeyOps, QuotaOps, QuotaSliceOps, UsageOps, CapacityOps, SecretOps,
@@ -68,6 +69,10 @@ class SqlStore(CatalogOps, NodeOps, GroupOps, KeyOps, QuotaOps, QuotaSliceOps, U
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.aclose()
+
+    def view_listener(self) -> ViewListener | None:
+        """What tells a standby the view changed, or None: SQLite has no notifications (poll)."""
+        return None
 
     async def schema_version(self) -> int:
         return await migrations.schema_version(self._backend)
@@ -129,6 +134,11 @@ class PostgresStore(SqlStore):
             url, pool_size=1, statement_timeout=min(statement_timeout, 5.0), connect_timeout=connect_timeout
         )
         return await cls._opened(backend, migration_steps, lease_backend)
+
+    def view_listener(self) -> ViewListener:
+        backend = self._backend
+        assert isinstance(backend, PostgresBackend)
+        return ViewListener(backend.listen_connection)
 
 
 def is_postgres_url(url_or_path: str | Path) -> bool:
