@@ -115,7 +115,7 @@ def gateway(routing: str, engines: list[str], log_path: Path) -> Iterator[tuple[
              f'data_dir = "{config.parent}"', "[router]", f'routing = "{routing}"']
     for number, url in enumerate(engines):
         lines += ["[[endpoints]]", f'id = "r{number + 1}"', f'url = "{url}"', f'models = ["{MODEL}"]',
-                  f"slots = {SLOTS}"]
+                  f"slots = {SLOTS}", f"engine_slots = {SLOTS}"]
     config.write_text("\n".join(lines) + "\n")
     command = [str(ROOT / ".venv" / "bin" / "llmgw-control"), "run", "--config", str(config)]
     with open(log_path, "ab") as log:

@@ -124,3 +124,34 @@ async def test_prefix_routing_keeps_each_conversation_on_the_replica_that_caches
             client, [{"role": "user", "content": f"Say {n}."}], extra_headers={"x-session-id": "s-42"})))[2]
             for n in range(3)}
         assert len(served) == 1
+
+
+# Conversations taking turns on one replica with four slots: more than one, fewer than its slots.
+INTERLEAVED = 3
+
+
+async def test_conversations_taking_turns_on_one_replica_keep_their_whole_history_cached(
+    llama_server_binary: Path,
+) -> None:
+    # Red before gateway/engine_slots.py (and with engine_slots = 0): llama-server b11312, choosing
+    # slots itself, gave every later turn only the shared system prompt from its cache (58 tokens
+    # recomputed on turn two, against ~20 for the new question).
+    with llama_server_process(llama_server_binary, smollm2.ensure_model(), alias="smollm2",
+                              extra_args=(*smollm2.ENGINE_ARGS, "-c", "8192", "-np", "4")) as server:
+        replica = endpoint("r1", server.url, "smollm2", slots=4, engine_slots=4)
+        async with running_gateway(replica, routing="prefix") as gw:
+            client = client_for(gw)
+            conversations: list[list[dict[str, Any]]] = [[{"role": "system", "content": SYSTEM}]
+                                                         for _ in range(INTERLEAVED)]
+            for turn in range(3):
+                for number, messages in enumerate(conversations):
+                    messages.append({"role": "user", "content": f"Conversation {number}, question {turn}: "
+                                                                f"what is {number} plus {turn}?"})
+                    answer, usage, _ = await in_thread(functools.partial(ask, client, messages))
+                    messages.append({"role": "assistant", "content": answer})
+                    if turn:
+                        # Everything but the newest question (and its template tokens) came from
+                        # the cache: the earlier turns of this conversation, not only the system
+                        # prompt the three share.
+                        recomputed = usage.prompt_tokens - usage.prompt_tokens_details.cached_tokens
+                        assert recomputed < 40, (turn, number, usage)

@@ -45,9 +45,10 @@ class RunningGateway:
         return self.metric(name, labels)
 
 
-def endpoint(id: str, url: str, *models: str, weight: float = 1.0, api_key: str = "", slots: int | None = None
-             ) -> EndpointConfig:
-    config = EndpointConfig(id=id, url=url, models=list(models) or ["fake-model"], weight=weight, api_key=api_key)
+def endpoint(id: str, url: str, *models: str, weight: float = 1.0, api_key: str = "", slots: int | None = None,
+             engine_slots: int = 0) -> EndpointConfig:
+    config = EndpointConfig(id=id, url=url, models=list(models) or ["fake-model"], weight=weight, api_key=api_key,
+                            engine_slots=engine_slots)
     return config if slots is None else attrs.evolve(config, slots=slots)
 
 

@@ -88,7 +88,8 @@ class Listening:
 
 def static_replicas(config: ControlConfig) -> ReplicaSet:
     return ReplicaSet(
-        Replica(id=e.id, url=e.url, models=frozenset(e.models), weight=e.weight, api_key=e.api_key, slots=e.slots)
+        Replica(id=e.id, url=e.url, models=frozenset(e.models), weight=e.weight, api_key=e.api_key, slots=e.slots,
+                engine_slots=e.engine_slots)
         for e in config.endpoints
     )
 

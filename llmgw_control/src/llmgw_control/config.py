@@ -84,6 +84,9 @@ MAX_WORKERS = 64
 _converter = strict_converter()
 _ENDPOINT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}$")
 _LOG_LEVELS = ("debug", "info", "warning", "error")
+# An endpoint's engine_slots is a loop bound on the request path (gateway/engine_slots.py walks
+# them): llama-server's -np is a few dozen at most in practice; 4096 stops a typo, not a setup.
+_MAX_ENGINE_SLOTS = 4096
 _HOST_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9\-]{0,62})(\.[A-Za-z0-9]([A-Za-z0-9\-]{0,62}))*\.?$")
 
 
@@ -162,6 +165,9 @@ def validate(config: ControlConfig) -> ControlConfig:
         _check_positive(endpoint.weight, f"{where}.weight")
         if endpoint.slots < 1:
             raise ConfigError(f"{where}.slots ({endpoint.id}) must be at least 1, got {endpoint.slots}")
+        if not 0 <= endpoint.engine_slots <= _MAX_ENGINE_SLOTS:
+            raise ConfigError(f"{where}.engine_slots ({endpoint.id}) must be 0 (the engine chooses) to "
+                              f"{_MAX_ENGINE_SLOTS}, got {endpoint.engine_slots}")
         url = validate_engine_url(endpoint.url, what=f"{where}.url ({endpoint.id})")
         endpoints.append(attrs.evolve(endpoint, url=url))
     return attrs.evolve(config, endpoints=endpoints)

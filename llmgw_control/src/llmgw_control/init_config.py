@@ -65,6 +65,8 @@ DOCS: dict[str, str] = {
     "EndpointConfig.weight": "Relative share of traffic against other replicas of the same model.",
     "EndpointConfig.api_key": "Bearer token sent to the engine (llama-server --api-key); never a client's key.",
     "EndpointConfig.slots": "Requests sent to it at once, more wait in the gateway's queue (llama-server: its -np).",
+    "EndpointConfig.engine_slots": "llama-server only: its -np, so prefix routing keeps each conversation on its "
+                                   "own slot (id_slot); 0: the engine chooses.",
     "AgentsConfig.listen": "Where nodes connect, host:port (empty: no nodes, router-only mode).",
     "AgentsConfig.public_url": "How nodes reach the agent listener, for files and install commands "
                                "(empty: http://<listen>).",

@@ -769,10 +769,13 @@ class Reconciler:
                 slots = self.replica_slots_on(record.key, resolved.profile, node) if resolved else 1
                 if current is None or current.url != url:
                     served = resolved.model.name if resolved else ""
+                    # llama-server started with -np parallel (_engine_args): its slots can be named.
+                    engine_slots = resolved.profile.parallel \
+                        if resolved is not None and resolved.profile.engine == "llama.cpp" else 0
                     self.replicas.publish(Replica(
                         id=record.shard_id, url=url, models=frozenset({record.key}), slots=slots,
                         api_key=self.shard_api_key(record.shard_id), served_name=served,
-                        last_used=now))
+                        last_used=now, engine_slots=engine_slots))
                 elif current.slots != slots:
                     # A capacity run finished (or the profile changed): the replica's counters
                     # stay, only its bound moves; requests waiting take slots that opened.

@@ -61,3 +61,7 @@ class EndpointConfig:
     # so the queue (and its priorities) is the gateway's; the default only stops a runaway
     # (vLLM's default max_num_seqs).
     slots: int = DEFAULT_ENDPOINT_SLOTS
+    # llama-server's -np when it is one: prefix routing then names each conversation's slot
+    # (gateway/engine_slots.py), without which b11312 reuses only a shared prefix. 0: the engine
+    # chooses (any other engine, or llama-server when in doubt).
+    engine_slots: int = 0

@@ -35,6 +35,7 @@ from .continuation import (
     may_continue,
 )
 from .directory import ModelDirectory, StaticDirectory
+from .engine_slots import claim_engine_slot, release_engine_slot
 from .exchange import Exchange, header, record, request_id
 from .metrics import GatewayMetrics
 from .relay import Retryable, exchange_with
@@ -215,7 +216,7 @@ class Gateway:
                 tried = tried | {replica.id}
                 exchange.replica = replica.id
                 try:
-                    await self._attempt(replica, request, exchange, record)
+                    await self._attempt(replica, request, exchange, record, affinity)
                     return
                 except Retryable as retry:
                     failure = retry.error
@@ -277,7 +278,7 @@ class Gateway:
                 record.continue_after(seen)
                 exchange.continuations = record.continuations
                 try:
-                    await self._attempt(replica, plan, exchange, record)
+                    await self._attempt(replica, plan, exchange, record, affinity)
                     self.metrics.continuations.labels(key, "continued").inc()
                     return
                 except Retryable as retry:
@@ -323,6 +324,7 @@ class Gateway:
 
     async def _attempt(
         self, replica: Replica, request: ParsedRequest, exchange: Exchange, record: StreamRecord | None = None,
+        affinity: Affinity | None = None,
     ) -> None:
         headers = [("content-type", "application/json"), ("accept", "application/json, text/event-stream"),
                    ("x-request-id", exchange.request_id)]
@@ -331,12 +333,14 @@ class Gateway:
         url = replica.url + request.endpoint.path
         gauge = self.metrics.replica_in_flight.labels(replica.id)
         gauge.inc()
+        engine_slot = claim_engine_slot(replica, affinity.key) if affinity is not None else None
         try:
             # One silent retry on a fresh connection: a pooled connection the engine closed
             # after its last stream fails before any response byte.
             for fresh_connection in (False, True):
                 try:
-                    await exchange_with(self.upstream, self.config, replica, url, headers, request, exchange, record)
+                    await exchange_with(self.upstream, self.config, replica, url, headers, request, exchange, record,
+                                        engine_slot)
                     return
                 except UpstreamClosedEarly as exc:
                     if fresh_connection:
@@ -350,6 +354,7 @@ class Gateway:
                         502, f"Replica {replica.id} could not be reached (phase: connect): {exc}",
                         code="upstream_connect_error"), "connect") from None
         finally:
+            release_engine_slot(replica, engine_slot)
             gauge.dec()
 
 

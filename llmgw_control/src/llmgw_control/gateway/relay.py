@@ -62,18 +62,27 @@ def _engine_message(body: bytes) -> str:
 
 async def exchange_with(
     upstream: UpstreamClient, config: RouterConfig, replica: Replica, url: str, headers: list[tuple[str, str]],
-    request: ParsedRequest, exchange: Exchange, record: StreamRecord | None = None,
+    request: ParsedRequest, exchange: Exchange, record: StreamRecord | None = None, engine_slot: int | None = None,
 ) -> None:
     """Send ``request`` to ``replica`` and relay its answer into ``exchange``.
+
+    With an ``engine_slot`` the request names that llama-server slot (gateway/engine_slots.py),
+    in place of any ``id_slot`` the client sent.
 
     With a ``record``, a stream that breaks after bytes reached the client raises StreamBroken
     (the gateway continues it elsewhere) instead of ending with an error event; when the record
     holds a splice, this attempt continues a stream already under way.
     """
     body = request.body
-    if replica.served_name and replica.served_name != request.model:
-        # Engines such as vLLM check the name; llama-server ignores it (then it is not set).
-        body = json.dumps({**request.payload, "model": replica.served_name}).encode()
+    renamed = bool(replica.served_name) and replica.served_name != request.model
+    if renamed or engine_slot is not None:
+        payload = dict(request.payload)
+        if renamed:
+            # Engines such as vLLM check the name; llama-server ignores it (then it is not set).
+            payload["model"] = replica.served_name
+        if engine_slot is not None:
+            payload["id_slot"] = engine_slot
+        body = json.dumps(payload).encode()
     waited = time.perf_counter()
     answered = False
     try:

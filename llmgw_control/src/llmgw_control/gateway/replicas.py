@@ -39,6 +39,11 @@ class Replica:
     # Since when every slot has been busy (trio clock), None while one is free: the reconciler
     # counts a model whose replicas stay full as demand for another replica.
     full_since: float | None = None
+    # llama-server's slots (its -np) when requests may name one (``id_slot``,
+    # gateway/engine_slots.py); 0: the engine cannot be told, it chooses.
+    engine_slots: int = 0
+    # The engine slots this gateway's requests hold now, claimed and released per attempt.
+    held_engine_slots: set[int] = attrs.field(factory=set)
 
 
 class ReplicaSet:
