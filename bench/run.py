@@ -189,14 +189,7 @@ class _Connection:
                 await self.close()
 
 
-async def run_load(url: str, *, stream: bool, concurrency: int, requests: int, seconds: float,
-                   api_key: str | None = None, on_start: Callable[[], None] | None = None) -> LoadResult:
-    """Warm up (2 requests per connection, not counted), call ``on_start``, then run the bounded load.
-
-    The connections opened in the warm-up are the ones measured, so connection setup stays out of
-    the numbers except where a server closes connections (llama-server does, after each stream).
-    """
-    host, port = url.removeprefix("http://").rsplit(":", 1)
+def _request_bytes(host: str, port: str, *, stream: bool, api_key: str | None) -> bytes:
     payload: dict[str, Any] = {"model": MODEL, "max_tokens": STREAM_CHUNKS,
                                "messages": [{"role": "user", "content": "Say something."}]}
     if stream:
@@ -205,7 +198,22 @@ async def run_load(url: str, *, stream: bool, concurrency: int, requests: int, s
     head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
     if api_key:
         head += f"Authorization: Bearer {api_key}\r\n"
-    request = (head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    return (head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+async def run_load(url: str | Sequence[str], *, stream: bool, concurrency: int, requests: int, seconds: float,
+                   api_key: str | None = None, on_start: Callable[[], None] | None = None) -> LoadResult:
+    """Warm up (2 requests per connection, not counted), call ``on_start``, then run the bounded load.
+
+    The connections opened in the warm-up are the ones measured, so connection setup stays out of
+    the numbers except where a server closes connections (llama-server does, after each stream).
+    Several URLs (several daemons): connection ``i`` goes to ``url[i % len(url)]``.
+    """
+    urls = [url] if isinstance(url, str) else list(url)
+    targets = []
+    for one in urls:
+        host, port = one.removeprefix("http://").rsplit(":", 1)
+        targets.append((host, int(port), _request_bytes(host, port, stream=stream, api_key=api_key)))
 
     warm = LoadResult(0, 0, 0.0, [], [])
     result = LoadResult(0, 0, 0.0, [], [])
@@ -213,9 +221,9 @@ async def run_load(url: str, *, stream: bool, concurrency: int, requests: int, s
     go = trio.Event()
     waiting = concurrency
 
-    async def worker() -> None:
+    async def worker(index: int) -> None:
         nonlocal waiting
-        conn = _Connection(host, int(port), request)
+        conn = _Connection(*targets[index % len(targets)])
         try:
             await conn.run(Budget(2, time.monotonic() + 30), warm)
             waiting -= 1
@@ -231,8 +239,8 @@ async def run_load(url: str, *, stream: bool, concurrency: int, requests: int, s
             await conn.close()
 
     async with trio.open_nursery() as nursery:
-        for _ in range(concurrency):
-            nursery.start_soon(worker)
+        for index in range(concurrency):
+            nursery.start_soon(worker, index)
     result.seconds = time.monotonic() - result.seconds
     return result
 
@@ -406,7 +414,15 @@ def main(argv: list[str] | None = None) -> int:
                              "shared machine -10 keeps other work from taking the measured cores")
     parser.add_argument("--no-realtime", action="store_true",
                         help="leave the load generator at normal scheduling at c=1 too (see _scheduling)")
+    parser.add_argument("--workers", type=int, default=0, metavar="N",
+                        help="instead: the gateway with workers=1 against workers=N in one run (bench/scale.py)")
+    parser.add_argument("--daemons", type=int, default=0, metavar="N",
+                        help="instead: one control daemon against N on one PostgreSQL, in one run (bench/scale.py)")
     args = parser.parse_args(argv)
+    if args.workers or args.daemons:
+        from scale import run_scale  # bench/ is on sys.path: this script's directory
+
+        return run_scale(args)
 
     levels: list[int] = args.concurrency or [1, 32, 128]
     if args.nice:

@@ -314,3 +314,45 @@ async def test_bench_load_generator_counts_only_complete_answers(fake_engine: Fa
     fake_engine.behavior.close_after_stream = True
     reconnecting = await bench.run_load(fake_engine.url, stream=True, concurrency=2, requests=10, seconds=10)
     assert (reconnecting.requests, reconnecting.errors) == (10, 0)
+
+
+async def test_bench_load_generator_spreads_over_several_urls(fake_engine: FakeEngine) -> None:
+    bench = _bench_module()
+    done = await bench.run_load([fake_engine.url, fake_engine.url], stream=False, concurrency=4, requests=20,
+                                seconds=10)
+    assert (done.requests, done.errors) == (20, 0)
+
+
+def _scale_module() -> Any:
+    import importlib.util
+    import sys
+
+    bench_dir = Path(__file__).parent.parent / "bench"
+    if str(bench_dir) not in sys.path:
+        sys.path.insert(0, str(bench_dir))  # scale.py imports the load generator from run.py
+    spec = importlib.util.spec_from_file_location("llmgw_bench_scale", bench_dir / "scale.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _stat_line(pid: int, name: str, ppid: int, utime: int, stime: int) -> str:
+    # Fields 3.. of /proc/<pid>/stat: state, ppid, then 9 more before utime (14) and stime (15).
+    return f"{pid} ({name}) S {ppid} " + "0 " * 9 + f"{utime} {stime} 0 0 20 0 1 0"
+
+
+def test_bench_parses_proc_stat_with_a_hostile_process_name() -> None:
+    scale = _scale_module()
+    assert scale.parse_stat(_stat_line(7, "a) S 99 (b", 3, 120, 30)) == (3, 150)
+
+
+def test_bench_sums_cpu_over_a_process_tree(tmp_path: Path) -> None:
+    scale = _scale_module()
+    tree = {10: (1, 100, 0), 11: (10, 40, 10), 12: (10, 5, 5), 13: (11, 1, 1), 20: (1, 999, 999)}
+    for pid, (ppid, utime, stime) in tree.items():
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "stat").write_text(_stat_line(pid, "llmgw-control", ppid, utime, stime))
+    (tmp_path / "self").mkdir()  # not a pid: skipped
+    expected = (100 + 50 + 10 + 2) / scale.CLK_TCK  # 10 and its descendants; 20 is not one
+    assert scale.tree_cpu_seconds(10, proc=tmp_path) == expected

@@ -61,6 +61,7 @@ from .mirror.net_guard import NetGuard
 from .mirror.pulls import Pulls
 from .mirror.service import Mirror
 from .store import SHARD_KEY_SECRET, LeaseKeeper, Store, cluster_secret, is_postgres_url
+from .store.transactions import register_transaction_metrics
 from .tenancy.tenancy import Tenancy, open_tenancy
 from .transport.asgi import Receive, Scope, Send, serve_lifespan
 from .transport.serving import bind, bound_url, serve_asgi
@@ -338,6 +339,7 @@ async def run_control(
                 _for_the_block(client.run), trio.open_nursery() as nursery:
             # Before any listener binds: an admin listener off loopback with no admin key to open it.
             refuse_without_admin_keys(config.admin_listen, config.admin_require_key, tenancy.state)
+            register_transaction_metrics(registry, tenancy.store)
             fleet = None
             agent_url = None
             if config.agents.listen:

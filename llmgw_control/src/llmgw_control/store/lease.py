@@ -24,6 +24,7 @@ from .backend import Backend, Tx
 from .errors import InvalidInput
 from .ops_base import ONE_CLOCK
 from .records import LeaseGrant, LeaseInfo
+from .transactions import TransactionCounts, run_transaction
 
 
 class Lease(Protocol):
@@ -46,8 +47,9 @@ def _ttl_us(ttl: float) -> int:
 
 
 class SqlLease:
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, counts: TransactionCounts | None = None) -> None:
         self._backend = backend
+        self._counts = counts if counts is not None else TransactionCounts()
 
     async def try_acquire(self, holder: str, address: str, ttl: float) -> LeaseGrant | None:
         """Take the lease for ``ttl`` seconds if it is free (expired/released) or ours."""
@@ -67,7 +69,7 @@ class SqlLease:
             )
             return None if row is None else LeaseGrant(epoch=int(row[0]), expires_at=cv.from_us(row[1]))
 
-        return await self._backend.run(acquire, write=True)
+        return await run_transaction(self._backend, self._counts, acquire, write=True)
 
     async def renew(self, holder: str, ttl: float) -> LeaseGrant | None:
         """Extend our live lease to now + ``ttl``; None if it lapsed or someone else holds it."""
@@ -83,7 +85,7 @@ class SqlLease:
             )
             return None if row is None else LeaseGrant(epoch=int(row[0]), expires_at=cv.from_us(row[1]))
 
-        return await self._backend.run(renew, write=True)
+        return await run_transaction(self._backend, self._counts, renew, write=True)
 
     async def release(self, holder: str) -> bool:
         """Give the lease up if ``holder`` has it; True if it did. The epoch is kept."""
@@ -96,7 +98,7 @@ class SqlLease:
             )
             return changed > 0
 
-        return await self._backend.run(release, write=True)
+        return await run_transaction(self._backend, self._counts, release, write=True)
 
     async def current(self) -> LeaseInfo:
         """Who leads now: holder and address are None when the lease is free or has lapsed."""
@@ -111,4 +113,4 @@ class SqlLease:
                 return LeaseInfo(holder=None, address=None, epoch=int(epoch), expires_at=None)
             return LeaseInfo(holder=holder, address=address, epoch=int(epoch), expires_at=cv.from_us(expires_at))
 
-        return await self._backend.run(current, write=False)
+        return await run_transaction(self._backend, self._counts, current, write=False)

@@ -9,6 +9,7 @@ from typing import TypeVar
 from .backend import Backend, Tx
 from .errors import StoreError
 from .migrations import REVISION_KINDS
+from .transactions import TransactionCounts, run_transaction
 
 T = TypeVar("T")
 
@@ -37,9 +38,10 @@ def new_id() -> str:
 
 class OpsBase:
     _backend: Backend
+    transactions: TransactionCounts
 
     async def _write(self, fn: Callable[[Tx], T]) -> T:
-        return await self._backend.run(fn, write=True)
+        return await run_transaction(self._backend, self.transactions, fn, write=True)
 
     async def _read(self, fn: Callable[[Tx], T]) -> T:
-        return await self._backend.run(fn, write=False)
+        return await run_transaction(self._backend, self.transactions, fn, write=False)

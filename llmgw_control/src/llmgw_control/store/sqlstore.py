@@ -34,6 +34,7 @@ from .ops_view import ViewOps
 from .postgres import PostgresBackend
 from .records import Revisions
 from .sqlite import SqliteBackend
+from .transactions import TransactionCounts
 from .view_notify import ViewListener
 
 
@@ -42,7 +43,9 @@ class SqlStore(CatalogOps, NodeOps, GroupOps, KeyOps, QuotaOps, QuotaSliceOps, U
     def __init__(self, backend: Backend, lease_backend: Backend | None = None) -> None:
         self._backend = backend
         self._lease_backend = lease_backend
-        self._lease = SqlLease(lease_backend or backend)
+        # One count for the store and its lease: both are this process's coordination cost.
+        self.transactions = TransactionCounts()
+        self._lease = SqlLease(lease_backend or backend, self.transactions)
 
     @property
     def lease(self) -> SqlLease:
