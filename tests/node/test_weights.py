@@ -141,3 +141,20 @@ async def test_a_url_httpx_cannot_use_is_a_refusal(tmp_path: Path, url: str) -> 
         cache = WeightsCache(tmp_path, client, margin=0)
         with pytest.raises(WeightsError):
             await cache.ensure(WeightsSpec(url=url, sha256=SHA, size=len(DATA)))
+
+
+async def test_a_file_gaining_or_losing_its_last_user_is_announced(tmp_path: Path) -> None:
+    # The node lists the cache again on this call: a shard's "stopped" report goes out before its
+    # file is released, and a listing made then said "in use" until the next minute's listing.
+    calls: list[bool] = []
+    async with httpx2.AsyncClient() as client:
+        cache = WeightsCache(tmp_path, client, margin=0, on_use_change=lambda: calls.append(cache.in_use(SHA)))
+        cache.acquire(SHA, "a")
+        cache.acquire(SHA, "b")
+        assert calls == [True]
+        cache.release(SHA, "a")
+        assert calls == [True]
+        cache.release(SHA, "b")
+        assert calls == [True, False]
+        cache.release(SHA, "b")  # released twice (a stop racing a crash): nothing new to say
+        assert calls == [True, False]

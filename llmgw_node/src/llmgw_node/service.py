@@ -69,7 +69,7 @@ class NodeService:
         self._send, self.reports = trio.open_memory_channel[Report](REPORT_BUFFER)
         self.engines = EngineManager.from_config(config, client, _platform(self.facts),
                                                  on_change=self._engine_changed)
-        self.weights = WeightsCache(data, client)
+        self.weights = WeightsCache(data, client, on_use_change=self._weights_use_changed)
         self.supervisor = Supervisor(data, self.engines, self.weights, client, host=config.engine_host,
                                      model_roots=config.model_dir_roots,
                                      timing=timing, on_change=self._shard_changed)
@@ -93,6 +93,9 @@ class NodeService:
 
     def _shard_changed(self, state: ShardState) -> None:
         self._emit(ShardStateReport(shard=state))
+        self._weights_changed.set()
+
+    def _weights_use_changed(self) -> None:
         self._weights_changed.set()
 
     def engine_states(self) -> list[EngineState]:
@@ -136,9 +139,11 @@ class NodeService:
 
     async def _weights_loop(self) -> None:
         while True:
-            self._weights_changed = trio.Event()
             with trio.move_on_after(FACTS_INTERVAL):
                 await self._weights_changed.wait()
+            # A fresh event before the listing, not after: a change during the listing (a file
+            # released while the thread reads the directory) must wake the next one, not be lost.
+            self._weights_changed = trio.Event()
             await self.refresh_weights()
 
     async def _facts_loop(self) -> None:

@@ -29,10 +29,16 @@ class WeightsError(Exception):
 
 
 class WeightsCache:
-    def __init__(self, data_dir: Path, client: httpx2.AsyncClient, *, margin: int = DISK_MARGIN) -> None:
+    def __init__(self, data_dir: Path, client: httpx2.AsyncClient, *, margin: int = DISK_MARGIN,
+                 on_use_change: Callable[[], None] | None = None) -> None:
         self.root = data_dir / "weights"
         self.client = client
         self.margin = margin
+        # Called when a file gains or loses its last user. A shard's "stopped" report goes out
+        # before its file is released, so a listing made on that report still says "in use";
+        # without this second wake-up the node reported a stale in_use for a whole
+        # FACTS_INTERVAL and control's weights GC would not collect the file (seen in CI).
+        self._on_use_change = on_use_change
         self._locks: dict[str, trio.Lock] = {}
         # sha256 -> ids of the shards using the file.
         self._users: dict[str, set[str]] = {}
@@ -46,8 +52,12 @@ class WeightsCache:
         return self.root / spec.sha256.lower()
 
     def acquire(self, sha256: str, user: str) -> None:
-        self._users.setdefault(sha256.lower(), set()).add(user)
+        users = self._users.setdefault(sha256.lower(), set())
+        first = not users
+        users.add(user)
         self._touch(sha256)
+        if first:
+            self._use_changed()
 
     def release(self, sha256: str, user: str) -> None:
         users = self._users.get(sha256.lower())
@@ -55,7 +65,12 @@ class WeightsCache:
             users.discard(user)
             if not users:
                 del self._users[sha256.lower()]
+                self._use_changed()
         self._touch(sha256)
+
+    def _use_changed(self) -> None:
+        if self._on_use_change is not None:
+            self._on_use_change()
 
     def _touch(self, sha256: str) -> None:
         """Record a use in the file's mtime: when it was last used survives a daemon restart, and
