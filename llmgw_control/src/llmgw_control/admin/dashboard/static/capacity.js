@@ -10,31 +10,11 @@
   const API = body.dataset.apiBase;
   const REFRESH_MS = Number(body.dataset.refreshMs) || 3000;
   const $ = (sel) => document.querySelector(sel);
-  const SVG = "http://www.w3.org/2000/svg";
   const COLORS = ["#2456c7", "#d9480f", "#1b7f3b", "#7048e8"];
   let runs = [];
   let optionsKey = "";
 
-  function h(tag, attrs, ...children) {
-    const el = document.createElement(tag);
-    for (const [k, v] of Object.entries(attrs || {})) {
-      if (v === null || v === undefined || v === false) continue;
-      if (k === "class") el.className = v;
-      else if (k.startsWith("data-")) el.setAttribute(k, v);
-      else el[k] = v;
-    }
-    for (const c of children.flat()) {
-      if (c === null || c === undefined || c === false) continue;
-      el.append(c instanceof Node ? c : document.createTextNode(String(c)));
-    }
-    return el;
-  }
-  function s(tag, attrs, text) {
-    const el = document.createElementNS(SVG, tag);
-    for (const [k, v] of Object.entries(attrs || {})) el.setAttribute(k, v);
-    if (text !== undefined) el.textContent = text;
-    return el;
-  }
+  const { h, s } = window.llmgwDom;
   function fmt(v) {
     if (!(v > 0)) return "0";
     if (v >= 1000) return (v / 1000).toFixed(1) + "k";

@@ -11,20 +11,7 @@
   const CSRF = (document.querySelector('meta[name="csrf-token"]') || {}).content || "";
   const $ = (sel) => document.querySelector(sel);
 
-  function h(tag, attrs, ...children) {
-    const el = document.createElement(tag);
-    for (const [k, v] of Object.entries(attrs || {})) {
-      if (v === null || v === undefined || v === false) continue;
-      if (k === "class") el.className = v;
-      else if (k.startsWith("data-")) el.setAttribute(k, v);
-      else el[k] = v;
-    }
-    for (const c of children.flat()) {
-      if (c === null || c === undefined || c === false) continue;
-      el.append(c instanceof Node ? c : document.createTextNode(String(c)));
-    }
-    return el;
-  }
+  const { h, s } = window.llmgwDom;
 
   class ApiFailure extends Error {
     constructor(status, message) { super(message); this.status = status; }
@@ -302,13 +289,6 @@
   // ---------------------------------------------------------------- charts (inline SVG)
 
   const COLORS = ["#2456c7", "#d9480f", "#1b7f3b", "#7048e8", "#c2255c", "#0b7285", "#e67700", "#495057"];
-  const SVG = "http://www.w3.org/2000/svg";
-  function s(tag, attrs, text) {
-    const el = document.createElementNS(SVG, tag);
-    for (const [k, v] of Object.entries(attrs || {})) el.setAttribute(k, v);
-    if (text !== undefined) el.textContent = text;
-    return el;
-  }
   function niceMax(v) {
     if (!(v > 0)) return 1;
     const p = Math.pow(10, Math.floor(Math.log10(v)));

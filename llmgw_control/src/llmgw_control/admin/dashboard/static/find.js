@@ -12,20 +12,7 @@
   const autoPublish = new Set();
   let openDraft = null;
 
-  function h(tag, attrs, ...children) {
-    const el = document.createElement(tag);
-    for (const [k, v] of Object.entries(attrs || {})) {
-      if (v === null || v === undefined || v === false) continue;
-      if (k === "class") el.className = v;
-      else if (k.startsWith("data-")) el.setAttribute(k, v);
-      else el[k] = v;
-    }
-    for (const c of children.flat()) {
-      if (c === null || c === undefined || c === false) continue;
-      el.append(c instanceof Node ? c : document.createTextNode(String(c)));
-    }
-    return el;
-  }
+  const { h } = window.llmgwDom;
   async function api(path, method = "GET", payload = undefined) {
     const headers = { Accept: "application/json" };
     if (CSRF) headers["X-CSRF-Token"] = CSRF;
