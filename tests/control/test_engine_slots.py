@@ -1,7 +1,9 @@
 """Naming llama-server's slot per conversation (gateway/engine_slots.py).
 
-Pure: a key keeps its slot while the slot is free, no two requests in flight hold one slot, no slot
-outside the engine's, nothing when the engine cannot be told; through the gateway on a fake engine:
+Pure: a key keeps its slot while the slot is free, conversations taking turns (no more of them than
+slots) each get back the slot that holds their history, a new one takes the least recently used,
+no two requests in flight hold one slot, no slot outside the engine's, nothing when the engine
+cannot be told; through the gateway on a fake engine:
 the body carries the key's ``id_slot`` (in place of a client's), and nothing without prefix routing
 or without ``engine_slots``.
 """
@@ -43,6 +45,46 @@ def test_keys_spread_over_the_slots() -> None:
     assert chosen == {0, 1, 2, 3}
 
 
+@settings(max_examples=200, deadline=None)
+@given(engine_slots=st.integers(1, 8), data=st.data())
+def test_conversations_taking_turns_each_get_back_the_slot_holding_their_history(
+    engine_slots: int, data: st.DataObject,
+) -> None:
+    # Red on the rendezvous choice this replaced: two keys whose hashes preferred one slot took it
+    # from each other on every turn (four conversations on four slots: 91% of the time).
+    r = replica(engine_slots)
+    keys = [f"conversation-{n}".encode() for n in range(data.draw(st.integers(1, engine_slots)))]
+    turns = data.draw(st.lists(st.sampled_from(keys), min_size=1, max_size=40))
+    home: dict[bytes, int] = {}
+    for key in turns:
+        slot = claim_engine_slot(r, key)
+        assert slot is not None
+        assert home.setdefault(key, slot) == slot
+        assert slot not in {s for k, s in home.items() if k != key}
+        release_engine_slot(r, slot)
+
+
+def test_a_new_conversation_takes_the_slot_used_least_recently() -> None:
+    r = replica(3)
+    for key in (b"a", b"b", b"c"):
+        release_engine_slot(r, claim_engine_slot(r, key))
+    slot_of_a = claim_engine_slot(r, b"a")  # a is now the most recent; b waited longest
+    release_engine_slot(r, slot_of_a)
+    [slot_of_b] = [slot for slot, owner in r.engine_slot_owners.items() if owner == b"b"]
+    assert claim_engine_slot(r, b"newcomer") == slot_of_b
+
+
+def test_a_conversation_whose_slot_is_busy_takes_another_and_never_waits() -> None:
+    r = replica(2)
+    own = claim_engine_slot(r, b"a")
+    release_engine_slot(r, own)
+    busy = claim_engine_slot(r, b"a")
+    assert busy == own
+    other = claim_engine_slot(r, b"a")
+    assert other is not None and other != own
+    assert claim_engine_slot(r, b"a") is None  # every slot held: the engine chooses
+
+
 def test_an_engine_that_cannot_be_told_gets_no_slot() -> None:
     r = replica(0)
     assert claim_engine_slot(r, b"k") is None
@@ -82,15 +124,16 @@ async def test_prefix_routing_names_the_conversations_slot_in_the_body() -> None
     async with run_fake_engine() as engine:
         async with running_gateway(endpoint("a", engine.url, engine_slots=4), routing="prefix") as gw:
             for _turn in range(2):
-                for number in range(6):
+                for number in range(4):
                     # A client's own id_slot is replaced: the gateway knows which slots it holds.
                     extra = {"id_slot": 99} if number == 0 else {}
                     response = await gw.client.post("/v1/chat/completions", json=_chat(number, **extra))
                     assert response.status_code == 200
             slots = [r.json["id_slot"] for r in engine.observed.requests if r.path == "/v1/chat/completions"]
             assert all(0 <= s < 4 for s in slots)
-            # One slot per conversation, the same on both turns.
-            assert slots[:6] == slots[6:]
+            # One slot per conversation (four conversations, four slots), the same on both turns.
+            assert sorted(slots[:4]) == [0, 1, 2, 3]
+            assert slots[:4] == slots[4:]
 
 
 async def test_concurrent_requests_hold_different_slots() -> None:

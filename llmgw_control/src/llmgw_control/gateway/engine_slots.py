@@ -1,18 +1,30 @@
 """Keeping a conversation on one engine slot of its replica (llama-server's ``id_slot``).
 
-Routing a conversation to its replica is only half of keeping its cache: llama-server b11312,
-left to choose a slot itself, serves conversations that interleave on one replica from whichever
-slot it picks and reuses only the prefix they share (the system prompt); each turn's history is
-computed again. Measured directly on one replica with ``-np 4`` and three conversations taking
-turns (docs/performance.md, "4 December, morning"): turn four reused 673 of 848 prompt tokens
-without a slot named, 819 of 848 with each conversation's own ``id_slot``.
+Routing a conversation to its replica is only half of keeping its cache: llama-server b11312
+keeps a conversation's history in the KV cache of the slot that served it, and when a request
+lands on a slot that holds *another* conversation sharing its system prompt, the engine keeps
+that shared prefix and computes the whole history again. Its host-memory prompt cache
+(``--cache-ram``) holds the history too, but b11312 consults it only when the slot it chose would
+keep less than half of its context (``get_available_slot``: ``f_keep < 0.5``), which a shared
+system prompt of several hundred tokens never allows. Measured directly on one replica with
+``-np 4`` and three conversations taking turns (docs/performance.md, "4 December, morning"): turn
+four reused 673 of 848 prompt tokens without a slot named, 819 of 848 with each conversation's
+own slot.
 
-So a request with an affinity key that goes to a llama-server replica names a slot: the key's
-rendezvous choice among the replica's engine slots that no request of this gateway holds at the
-moment. Naming a slot another request is using would make llama-server hold the request until
-that slot is free while others sit idle; so a conversation whose slot is taken gets the next one
-in its order (it loses its cache once, never waits for it). When every engine slot is held (the
-gateway's slot bound above the engine's ``-np``), the request names none and the engine chooses.
+So a request with an affinity key that goes to a llama-server replica names a slot, and the slot
+is *the one that holds its conversation*: each slot remembers the key that used it last. A key
+takes its own slot back when it is free; a key without one takes the free slot used least
+recently (an unused one first), whose conversation has waited longest and is the likeliest to be
+over. An earlier version chose by rendezvous hashing over the free slots: stable for one key, but
+two conversations whose hashes picked the same slot took it from each other on every turn (four
+conversations on four slots collide with probability 91%), and the bench with think time between
+turns showed prefix routing recomputing as much history as least-loaded (docs/performance.md,
+"4 December, evening").
+
+Naming a slot another request is using would make llama-server hold the request until that slot
+is free while others sit idle; so a conversation whose slot is taken gets another (it loses its
+cache once, never waits for it). When every engine slot is held (the gateway's slot bound above
+the engine's ``-np``), the request names none and the engine chooses.
 
 A slot is claimed for one attempt and released when the attempt ends, however it ends (the
 caller's ``finally``). Only this daemon's requests are counted: another daemon serving the same
@@ -22,21 +34,40 @@ engine places itself may occupy a slot claimed next, which then waits for one re
 
 from __future__ import annotations
 
-from .affinity import rendezvous_score
 from .replicas import Replica
 
 __all__ = ["claim_engine_slot", "release_engine_slot"]
 
 
 def claim_engine_slot(replica: Replica, key: bytes) -> int | None:
-    """The engine slot ``key`` should use on ``replica``, now held; None to let the engine choose."""
+    """The engine slot ``key`` should use on ``replica``, now held; None to let the engine choose.
+
+    Its own slot (the one it used last) when that is free, else the free slot used least
+    recently; the slot then belongs to ``key`` and becomes the most recently used.
+    """
     if replica.engine_slots <= 0:
         return None
+    owners = replica.engine_slot_owners
+    if len(owners) != replica.engine_slots:
+        # First use, or the engine's -np changed: every slot unowned, in number order.
+        owners.clear()
+        owners.update(dict.fromkeys(range(replica.engine_slots)))
     held = replica.held_engine_slots
-    free = [slot for slot in range(replica.engine_slots) if slot not in held]
-    if not free:
+    chosen: int | None = None
+    # One pass over at most _MAX_ENGINE_SLOTS entries, in least-recently-used order.
+    for slot, owner in owners.items():
+        if slot in held:
+            continue
+        if owner == key:
+            chosen = slot
+            break
+        if chosen is None:
+            chosen = slot
+    if chosen is None:
         return None
-    chosen = max(free, key=lambda slot: rendezvous_score(key, str(slot), 1.0))
+    # Re-inserting moves the slot to the end: the most recently used.
+    del owners[chosen]
+    owners[chosen] = key
     held.add(chosen)
     return chosen
 

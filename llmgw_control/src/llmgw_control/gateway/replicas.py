@@ -44,6 +44,10 @@ class Replica:
     engine_slots: int = 0
     # The engine slots this gateway's requests hold now, claimed and released per attempt.
     held_engine_slots: set[int] = attrs.field(factory=set)
+    # Whose conversation each engine slot's KV cache holds (the affinity key that last used it),
+    # least recently used first: gateway/engine_slots.py gives a key its own slot back, and a new
+    # key the slot whose conversation has waited longest. Bounded by engine_slots.
+    engine_slot_owners: dict[int, bytes | None] = attrs.field(factory=dict)
 
 
 class ReplicaSet:
