@@ -12,7 +12,12 @@ routing modes alternate within a round, and ``--rounds`` repeats the pair.
 - **multi-turn**: ``--conversations`` conversations of ``--turns`` turns, all sharing one system
   prompt of several hundred tokens, each opening with its own question; ``--concurrency``
   conversations at a time, each turn sent after the previous answer arrived (with that answer in
-  the history), as a chat client does.
+  the history) and a think time (``--think``, uniform in 0.5 to 1.5 times its mean: a person reading the
+  answer and typing), as a chat user does. Without think time the run is a closed loop that makes
+  least-loaded routing accidentally sticky: the replica that has just answered a conversation is,
+  at that instant, the least loaded one, so the same client's next turn goes back to it (measured:
+  every later turn of every conversation found its whole history cached under least-loaded with
+  ``--think 0``, and turns switched replicas half the time with ``--think 1``).
 - **unique**: ``--unique`` requests, each with its own random system prompt of ~150 tokens: nothing
   to share, so affinity can only cost (an uneven spread of keys) and never help.
 
@@ -81,6 +86,13 @@ class Sample:
     ttft: float
     prompt_tokens: int
     cached_tokens: int
+    # Where the time went, for --samples: the turn (0 for a unique prompt), the replica that
+    # served (x-llmgw-replica), the gateway's queueing and the engine's own prompt time.
+    turn: int = 0
+    conversation: int = -1
+    replica: str = ""
+    queued_ms: float = 0.0
+    prompt_ms: float | None = None
 
 
 @attrs.define
@@ -155,8 +167,8 @@ def affinity_counts(admin_url: str) -> tuple[float, float]:
     return counts["hit"], counts["miss"]
 
 
-async def stream_chat(client: httpx2.AsyncClient, messages: list[dict[str, str]], max_tokens: int
-                      ) -> tuple[str, Sample]:
+async def stream_chat(client: httpx2.AsyncClient, messages: list[dict[str, str]], max_tokens: int,
+                      turn: int = 0) -> tuple[str, Sample]:
     """One streamed turn: the answer and its sample (TTFT to the first content delta)."""
     body = {"model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
@@ -164,10 +176,13 @@ async def stream_chat(client: httpx2.AsyncClient, messages: list[dict[str, str]]
     ttft: float | None = None
     pieces: list[str] = []
     usage: dict[str, Any] = {}
+    timings: dict[str, Any] = {}
     async with client.stream("POST", "/v1/chat/completions", json=body) as response:
         if response.status_code != 200:
             await response.aread()
             raise RuntimeError(f"HTTP {response.status_code}: {response.text[:200]}")
+        replica = response.headers.get("x-llmgw-replica", "")
+        queued_ms = float(response.headers.get("x-llmgw-queued-ms", "0") or 0)
         async for line in response.aiter_lines():
             if not line.startswith("data: {"):
                 continue
@@ -180,14 +195,18 @@ async def stream_chat(client: httpx2.AsyncClient, messages: list[dict[str, str]]
                     pieces.append(text)
             if event.get("usage"):
                 usage = event["usage"]
+            if isinstance(event.get("timings"), dict):
+                timings = event["timings"]
     details = usage.get("prompt_tokens_details") or {}
+    prompt_ms = timings.get("prompt_ms")
     sample = Sample(ttft if ttft is not None else time.perf_counter() - started, int(usage.get("prompt_tokens", 0)),
-                    int(details.get("cached_tokens", 0)))
+                    int(details.get("cached_tokens", 0)), turn=turn, replica=replica, queued_ms=queued_ms,
+                    prompt_ms=float(prompt_ms) if isinstance(prompt_ms, (int, float)) else None)
     return "".join(pieces), sample
 
 
-async def multi_turn(url: str, conversations: int, turns: int, concurrency: int, max_tokens: int
-                     ) -> tuple[list[Sample], int]:
+async def multi_turn(url: str, conversations: int, turns: int, concurrency: int, max_tokens: int,
+                     think: float, seed: int) -> tuple[list[Sample], int]:
     samples: list[Sample] = []
     errors = 0
     send, receive = trio.open_memory_channel[int](conversations)
@@ -201,12 +220,18 @@ async def multi_turn(url: str, conversations: int, turns: int, concurrency: int,
             topic = TOPICS[number % len(TOPICS)]
             messages = [{"role": "system", "content": SYSTEM_PROMPT},
                         {"role": "user", "content": f"Customer {number}: I have a question about {topic}."}]
+            rng = random.Random(f"{seed}/{number}")
             for turn in range(turns):
+                if turn and think > 0:
+                    # The person reads the answer and types the next question; meanwhile other
+                    # conversations' turns reach the replicas (see the module docstring).
+                    await trio.sleep(rng.uniform(0.5, 1.5) * think)
                 try:
-                    answer, sample = await stream_chat(client, messages, max_tokens)
+                    answer, sample = await stream_chat(client, messages, max_tokens, turn + 1)
                 except (httpx2.HTTPError, RuntimeError, ValueError):
                     errors += 1
                     break
+                sample.conversation = number
                 samples.append(sample)
                 messages += [{"role": "assistant", "content": answer},
                              {"role": "user", "content": FOLLOW_UPS[turn % len(FOLLOW_UPS)]}]
@@ -248,12 +273,12 @@ def run_phase(workload: str, routing: str, args: argparse.Namespace, log_path: P
     binary, model = build_engine.server_binary(), smollm2.ensure_model()
     with ExitStack() as stack:
         engines = [stack.enter_context(llama_server_process(binary, model, alias=MODEL, extra_args=ENGINE_ARGS))
-                   for _ in range(2)]
+                   for _ in range(args.replicas)]
         url, admin_url = stack.enter_context(gateway(routing, [e.url for e in engines], log_path))
         started = time.perf_counter()
         if workload == "multi-turn":
             samples, errors = trio.run(multi_turn, url, args.conversations, args.turns, args.concurrency,
-                                       args.max_tokens)
+                                       args.max_tokens, args.think, seed)
         else:
             samples, errors = trio.run(unique, url, args.unique, args.concurrency, args.max_tokens, seed)
         seconds = time.perf_counter() - started
@@ -268,9 +293,13 @@ def main() -> int:
     parser.add_argument("--conversations", type=int, default=None)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--unique", type=int, default=None, help="requests in the unique-prompt workload")
-    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--concurrency", type=int, default=4, help="conversations (or unique prompts) at a time")
+    parser.add_argument("--think", type=float, default=1.0,
+                        help="mean seconds a person takes between an answer and their next turn")
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--replicas", type=int, default=2, choices=(2, 3), help="llama-server replicas")
     parser.add_argument("--json", type=Path, default=None, help="write every phase's summary here")
+    parser.add_argument("--samples", type=Path, default=None, help="write every request's sample here (JSON lines)")
     args = parser.parse_args()
     args.rounds = args.rounds or 1
     args.conversations = args.conversations or (8 if args.quick else 24)
@@ -285,6 +314,11 @@ def main() -> int:
                 phase = run_phase(workload, routing, args, log_path, seed=round_number)
                 print(json.dumps(phase.summary()), flush=True)
                 phases.append(phase)
+                if args.samples is not None:
+                    with args.samples.open("a") as out:
+                        for sample in phase.samples:
+                            out.write(json.dumps({"workload": workload, "routing": routing, "round": round_number,
+                                                  **attrs.asdict(sample)}) + "\n")
     print()
     print(f"{'workload':<11} {'routing':<13} {'reqs':>5} {'err':>4} {'TTFT p50':>9} {'TTFT p90':>9} "
           f"{'cached':>7} {'req/s':>7} {'hit/miss':>9}")
