@@ -37,8 +37,9 @@ class RouterConfig:
     # How a model's replica is chosen when its profile does not say (gateway/affinity.py):
     # "prefix" keeps a conversation (or an x-session-id / user) on the replica whose KV cache
     # holds its prefix, within a load bound; "least-loaded" ignores the prefix. least-loaded by
-    # default: bench/affinity.py did not bear prefix out on llama-server b11312, which reuses only
-    # the shared prefix of conversations interleaved on a replica (docs/performance.md).
+    # default: bench/affinity.py measured prefix 1.84x lower median TTFT multi-turn at two
+    # replicas (the target is 2x) with a longer tail, and 5.4% less throughput on prompts that
+    # never repeat (the allowance is 5%) (docs/performance.md, "4 December, evening").
     routing: str = "least-loaded"
     # ε of the load bound: a replica keeps its keys while it holds at most (1 + ε) times the mean
     # load plus one. 0.25: no replica takes more than a quarter above its share under a burst,
