@@ -48,10 +48,6 @@ def claim_engine_slot(replica: Replica, key: bytes) -> int | None:
     if replica.engine_slots <= 0:
         return None
     owners = replica.engine_slot_owners
-    if len(owners) != replica.engine_slots:
-        # First use, or the engine's -np changed: every slot unowned, in number order.
-        owners.clear()
-        owners.update(dict.fromkeys(range(replica.engine_slots)))
     held = replica.held_engine_slots
     chosen: int | None = None
     # One pass over at most _MAX_ENGINE_SLOTS entries, in least-recently-used order.

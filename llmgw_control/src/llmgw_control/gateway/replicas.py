@@ -46,8 +46,13 @@ class Replica:
     held_engine_slots: set[int] = attrs.field(factory=set)
     # Whose conversation each engine slot's KV cache holds (the affinity key that last used it),
     # least recently used first: gateway/engine_slots.py gives a key its own slot back, and a new
-    # key the slot whose conversation has waited longest. Bounded by engine_slots.
-    engine_slot_owners: dict[int, bytes | None] = attrs.field(factory=dict)
+    # key the slot whose conversation has waited longest. One entry per engine slot, all unowned
+    # at first, in number order.
+    engine_slot_owners: dict[int, bytes | None] = attrs.field(init=False)
+
+    @engine_slot_owners.default
+    def _unowned_engine_slots(self) -> dict[int, bytes | None]:
+        return dict.fromkeys(range(self.engine_slots))
 
 
 class ReplicaSet:
