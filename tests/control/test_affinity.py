@@ -12,6 +12,7 @@ from llmgw_control.gateway.affinity import (
     Affinity,
     affinity_key,
     choose_affine,
+    continues_conversation,
     load_bound,
     preference,
 )
@@ -85,14 +86,32 @@ json_values = st.recursive(
 def test_odd_input_never_raises(messages: list[dict[str, Any]], user: Any, header: str | None) -> None:
     key = affinity_key(chat(messages, user=user), header)
     assert key is None or len(key) == 16
+    assert continues_conversation(chat(messages, user=user)) in (True, False)
     prompt = ParsedRequest(COMPLETIONS, "m", False, b"", {"model": "m", "prompt": user})
     assert affinity_key(prompt) in (None, affinity_key(prompt))
+
+
+def test_a_conversation_continues_when_anything_follows_its_first_question() -> None:
+    opening = [SYSTEM, {"role": "user", "content": "Name a planet."}]
+    assert not continues_conversation(chat(opening))
+    assert not continues_conversation(chat(opening[1:]))
+    assert continues_conversation(chat([*opening, {"role": "assistant", "content": "Mars."},
+                                        {"role": "user", "content": "Another."}]))
+    # A tool round trip after the first question carries earlier work too.
+    assert continues_conversation(chat([*opening, {"role": "tool", "content": "42"}]))
+    # No user message, or not chat: nothing to continue.
+    assert not continues_conversation(chat([SYSTEM]))
+    assert not continues_conversation(chat("not a list"))
+    prompt = ParsedRequest(COMPLETIONS, "m", False, b"", {"model": "m", "prompt": "Once upon"})
+    assert not continues_conversation(prompt)
 
 
 def test_huge_input_is_bounded() -> None:
     # A million system messages and a 10 MB message cost no more than their bounded heads.
     messages = [{"role": "system", "content": "x" * 10_000_000}] + [{"role": "system", "content": "y"}] * 1_000_000
     assert affinity_key(chat(messages)) is not None
+    # The first user message is past the messages that count: read as an opening, not continued.
+    assert not continues_conversation(chat([*messages, {"role": "user", "content": "hi"}, SYSTEM]))
 
 
 # ---------------------------------------------------------------------- the choice

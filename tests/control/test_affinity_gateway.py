@@ -68,12 +68,57 @@ async def test_a_hot_session_is_spread_once_its_replica_passes_the_load_bound() 
                 with trio.fail_after(10):
                     while a.observed.in_flight + b.observed.in_flight < 6:
                         await trio.sleep(0.01)
-                # The preferred replica holds at most (1 + 0.25) x 3 + 1 = 4.75, so 4; the rest go on.
+                # A replica holds at most (1 + 0.25) x 3 + 1 = 4.75, so 4; the rest go to the other.
                 assert sorted([a.observed.in_flight, b.observed.in_flight]) == [2, 4]
                 labels = {"model": "fake-model"}
-                assert gw.metric("llmgw_affinity_requests_total", {**labels, "outcome": "hit"}) == 4
-                assert gw.metric("llmgw_affinity_requests_total", {**labels, "outcome": "miss"}) == 2
+                # The first opens the session (new, on the least loaded); the one that passes the
+                # bound moves it (a miss), and the session follows to where it moved.
+                assert gw.metric("llmgw_affinity_requests_total", {**labels, "outcome": "hit"}) == 5
+                assert gw.metric("llmgw_affinity_requests_total", {**labels, "outcome": "miss"}) == 1
+                assert gw.metric("llmgw_affinity_new_conversations_total", labels) == 1
                 nursery.cancel_scope.cancel()
+
+
+async def _open_conversation(url: str, question: str, opened: dict[str, str]) -> None:
+    async with httpx2.AsyncClient(base_url=url) as client:
+        body = {"model": "fake-model", "messages": [SYSTEM, {"role": "user", "content": question}], "stream": True}
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            opened[question] = response.headers["x-llmgw-replica"]
+            async for _ in response.aiter_bytes():
+                pass
+
+
+async def test_new_conversations_are_spread_evenly_and_their_next_turns_follow() -> None:
+    """Twelve conversations open one after another and stay in flight: each goes to the least
+    loaded replica (6 and 6), not where its hash points within the load bound (which allows 8 and
+    4 at twelve). Their next turns then go back to where they opened."""
+    behavior = FakeEngineBehavior(hang_mid_stream_after=1)
+    async with run_fake_engine(behavior) as a, run_fake_engine(behavior) as b:
+        async with running_gateway(endpoint("a", a.url), endpoint("b", b.url), routing="prefix") as gw:
+            opened: dict[str, str] = {}
+            async with trio.open_nursery() as nursery:
+                for number in range(12):
+                    nursery.start_soon(_open_conversation, gw.url, f"Question {number}", opened)
+                    with trio.fail_after(10):
+                        while a.observed.in_flight + b.observed.in_flight < number + 1:
+                            await trio.sleep(0.005)
+                with trio.fail_after(10):
+                    while len(opened) < 12:
+                        await trio.sleep(0.005)
+                assert [a.observed.in_flight, b.observed.in_flight] == [6, 6]
+                labels = {"model": "fake-model"}
+                assert gw.metric("llmgw_affinity_new_conversations_total", labels) == 12
+                nursery.cancel_scope.cancel()
+            homes: dict[str, str] = {}
+            for number in range(12):
+                messages = [SYSTEM, {"role": "user", "content": f"Question {number}"},
+                            {"role": "assistant", "content": "Yes."}, {"role": "user", "content": "Go on."}]
+                response = await gw.client.post("/v1/chat/completions",
+                                                json={"model": "fake-model", "messages": messages})
+                assert response.status_code == 200
+                homes[f"Question {number}"] = response.headers["x-llmgw-replica"]
+            assert homes == opened
+            assert gw.metric("llmgw_affinity_requests_total", {**labels, "outcome": "hit"}) == 24
 
 
 @pytest.mark.parametrize("body", [

@@ -32,8 +32,9 @@ from llmgw_shared.logs import get_logger
 
 from ..api_errors import ClientApiError, standby
 from ..priority import Priority
-from .affinity import Affinity, pick
+from .affinity import Affinity, Outcome, pick
 from .balancer import choose
+from .placements import Placements
 from .replicas import Replica, ReplicaSet
 
 log = get_logger("llmgw.router")
@@ -71,13 +72,13 @@ class Refusal(enum.Enum):
 class Slot:
     """One request's hold on one slot of ``replica``; released once, by ``release`` or the block's end."""
 
-    __slots__ = ("_activator", "affinity_hit", "replica")
+    __slots__ = ("_activator", "affinity", "replica")
 
-    def __init__(self, activator: Activator, replica: Replica, affinity_hit: bool | None = None) -> None:
+    def __init__(self, activator: Activator, replica: Replica, affinity: Outcome | None = None) -> None:
         self._activator: Activator | None = activator
         self.replica = replica
-        # With affinity: whether the replica is the request's first choice; None without.
-        self.affinity_hit = affinity_hit
+        # With affinity: how it placed the request (gateway/affinity.py, ``Outcome``); None without.
+        self.affinity = affinity
 
     def release(self) -> None:
         activator, self._activator = self._activator, None
@@ -176,6 +177,8 @@ class Activator:
         self._standby: str | None = None
         # Slots released by the safety net rather than their holder: a bug, counted for the tests.
         self.dropped = 0
+        # Where each affinity key went last: its conversation's cache (gateway/placements.py).
+        self.placements = Placements()
         replicas.on_publish = self._grant
 
     # ------------------------------------------------------------------ leadership
@@ -211,11 +214,11 @@ class Activator:
         frees, so a free slot found here is one no waiter can take.
         """
         now = trio.current_time()
-        replica, hit = pick(self.replicas.for_model(key), affinity, now=now, exclude=exclude)
+        replica, outcome = self._pick(self.replicas.for_model(key), affinity, now, exclude)
         if replica is None:
             return None
         self._take(replica, now)
-        return Slot(self, replica, hit)
+        return Slot(self, replica, outcome)
 
     async def wait(
         self, key: str, priority: Priority = Priority.INTERACTIVE, *, exclude: Collection[str] = (),
@@ -280,6 +283,18 @@ class Activator:
 
     # ------------------------------------------------------------------ handing slots on
 
+    def _pick(
+        self, replicas: list[Replica], affinity: Affinity | None, now: float, exclude: Collection[str],
+    ) -> tuple[Replica | None, Outcome | None]:
+        """``affinity.pick`` with this daemon's placement memory: read before, written after."""
+        if affinity is None:
+            return pick(replicas, None, now=now, exclude=exclude)
+        replica, outcome = pick(replicas, affinity, now=now, exclude=exclude,
+                                placed=self.placements.get(affinity.key))
+        if replica is not None:
+            self.placements.record(affinity.key, replica.id)
+        return replica, outcome
+
     def _take(self, replica: Replica, now: float) -> None:
         replica.in_flight += 1
         if replica.in_flight >= replica.slots and replica.full_since is None:
@@ -304,7 +319,7 @@ class Activator:
         now = trio.current_time()
         while queue.size and choose(replicas, now=now) is not None:
             for waiter in queue.in_order(self.config.batch_after):
-                replica, hit = pick(replicas, waiter.affinity, now=now, exclude=waiter.exclude)
+                replica, outcome = self._pick(replicas, waiter.affinity, now, waiter.exclude)
                 if replica is not None:
                     break
             else:
@@ -312,7 +327,7 @@ class Activator:
             queue.remove(waiter)
             queue.served(waiter)
             self._take(replica, now)
-            waiter.slot = Slot(self, replica, hit)
+            waiter.slot = Slot(self, replica, outcome)
             waiter.event.set()
         self._counted(key, queue)
 

@@ -24,6 +24,14 @@ each of which soon holds the shared system prompt anyway), and is where the engi
 prefix starts. For completions it is the prompt's first ``COMPLETION_PREFIX_CHARS`` characters.
 Embeddings have no cache worth keeping: no key, least-loaded.
 
+**New conversations.** A key this daemon has not placed before, on a request that carries no
+earlier turns (a chat request with nothing after its first user message, or a completions
+prompt), has nothing cached anywhere but what every replica shares: it goes to the least loaded
+replica, and gateway/placements.py remembers where. A key it has placed goes back there first.
+A key it has not placed on a request that *does* carry earlier turns (another daemon served
+them, or this one restarted) takes its rendezvous order, which every daemon agrees on. Each
+choice is bounded by load the same way.
+
 Everything here reads hostile input: odd types give no key (least-loaded), never an error, and
 what is hashed is bounded per message and in the number of messages.
 """
@@ -34,7 +42,7 @@ import hashlib
 import math
 import random
 from collections.abc import Collection, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
@@ -42,7 +50,10 @@ from ..catalog import ROUTING_POLICIES
 from .balancer import C, choose
 from .requests import ParsedRequest
 
-__all__ = ["ROUTING_POLICIES", "Affinity", "affinity_key", "choose_affine", "pick", "preference"]
+__all__ = [
+    "ROUTING_POLICIES", "Affinity", "Outcome", "affinity_key", "choose_affine", "continues_conversation", "pick",
+    "preference",
+]
 
 # A session id or `user` beyond this is truncated before hashing: OpenAI documents `user` as a
 # short end-user id, and 256 characters distinguish any real session while bounding the work.
@@ -67,10 +78,22 @@ COMPLETION_PREFIX_TOKENS = 1024
 
 @attrs.frozen
 class Affinity:
-    """A request's preference: its key, and the load factor ε of the bound."""
+    """A request's preference: its key, the load factor ε of the bound, and whether it carries
+    earlier turns of its conversation (``continues_conversation``).
+
+    ``continues`` defaults to True, the cautious reading: an unseen key then takes its rendezvous
+    order, where another daemon would have sent its earlier turns.
+    """
 
     key: bytes
     load_factor: float
+    continues: bool = True
+
+
+# How a request with affinity was placed: on the replica its key prefers ("hit"), on another
+# because that one was full, cooling down or over the load bound ("miss"), or, a key this daemon
+# had not placed and with no earlier turns, on the least loaded replica ("new").
+Outcome = Literal["hit", "miss", "new"]
 
 
 def session_key(header: str | None, payload: dict[str, Any]) -> bytes | None:
@@ -94,6 +117,24 @@ def affinity_key(request: ParsedRequest, session_header: str | None = None) -> b
     if kind == "completions":
         return _prompt_key(request.payload.get("prompt"))
     return None
+
+
+def continues_conversation(request: ParsedRequest) -> bool:
+    """Whether the request carries earlier turns of its conversation, which a replica may hold.
+
+    Chat: a message after the first user message (an answer, a tool result, the next question).
+    Completions carry no turns: a prompt is its own opening. Bounded like the key: at most
+    ``OPENING_MESSAGES`` messages are looked at.
+    """
+    if request.endpoint.kind != "chat":
+        return False
+    messages = request.payload.get("messages")
+    if not isinstance(messages, list):
+        return False
+    for index, message in enumerate(messages[:OPENING_MESSAGES + 1]):
+        if isinstance(message, dict) and message.get("role") == "user":
+            return index + 1 < len(messages)
+    return False
 
 
 def _opening_key(messages: Any) -> bytes | None:
@@ -194,19 +235,25 @@ def load_bound(replica: C, candidates: Sequence[C], load_factor: float) -> float
 
 def choose_affine(
     candidates: Sequence[C], affinity: Affinity, *, now: float, exclude: Collection[str] = (),
-    rng: random.Random | None = None,
+    rng: random.Random | None = None, first: str | None = None,
 ) -> tuple[C | None, bool]:
-    """The replica for a request with ``affinity``, and whether it is the key's first choice.
+    """The replica for a request with ``affinity``, and whether it is the head of its order.
 
-    Walk the key's preference order over the replicas not excluded; take the first that is not
-    cooling down, has a free slot and stays within its load bound. When none does, the
-    least-loaded rule (``balancer.choose``) decides, so affinity never makes a request wait
-    while another replica has room.
+    The order is the key's rendezvous preference over the replicas not excluded, with ``first``
+    (the replica this daemon last placed the key on) moved to its head when it is one of them.
+    Walk it; take the first replica that is not cooling down, has a free slot and stays within
+    its load bound. When none does, the least-loaded rule (``balancer.choose``) decides, so
+    affinity never makes a request wait while another replica has room.
     """
     usable = [c for c in candidates if not (exclude and c.id in exclude)]
     if not usable:
         return None, False
     ordered = preference(usable, affinity.key)
+    if first is not None:
+        for index, c in enumerate(ordered):
+            if c.id == first:
+                ordered.insert(0, ordered.pop(index))
+                break
     for c in ordered:
         if c.in_flight >= c.slots or c.cooldown_until > now:
             continue
@@ -218,11 +265,20 @@ def choose_affine(
 
 def pick(
     candidates: Sequence[C], affinity: Affinity | None, *, now: float, exclude: Collection[str] = (),
-) -> tuple[C | None, bool | None]:
-    """The replica for a request: by affinity when it has one, else least-loaded.
+    placed: str | None = None,
+) -> tuple[C | None, Outcome | None]:
+    """The replica for a request, and how affinity placed it (None without affinity).
 
-    The second value is None without affinity, else whether the key's first choice was taken.
+    ``placed``: the replica this daemon last sent the key to (gateway/placements.py), or None.
+    Without affinity, or for a new conversation (no ``placed`` among the candidates and no
+    earlier turns), least-loaded; otherwise ``choose_affine`` with ``placed`` first.
     """
     if affinity is None:
         return choose(candidates, now=now, exclude=exclude), None
-    return choose_affine(candidates, affinity, now=now, exclude=exclude)
+    if placed is not None and not any(c.id == placed for c in candidates):
+        placed = None  # its replica is gone: nothing of the conversation is cached anywhere we know
+    if placed is None and not affinity.continues:
+        chosen = choose(candidates, now=now, exclude=exclude)
+        return chosen, None if chosen is None else "new"
+    chosen, head = choose_affine(candidates, affinity, now=now, exclude=exclude, first=placed)
+    return chosen, None if chosen is None else ("hit" if head else "miss")

@@ -24,7 +24,7 @@ from ..priority import Priority
 from ..tenancy.admission import Admission, Ticket, admit_waiting
 from ..transport.asgi import REQUEST_ID, Receive, Scope, Send
 from .activator import Activator, Refusal, Slot
-from .affinity import Affinity, affinity_key
+from .affinity import Affinity, affinity_key, continues_conversation
 from .config import RouterConfig
 from .continuation import (
     ContinuationRefused,
@@ -136,7 +136,9 @@ class Gateway:
         if (self.directory.routing(key) or self.config.routing) != "prefix":
             return None
         digest = affinity_key(request, header(scope, b"x-session-id"))
-        return None if digest is None else Affinity(digest, self.config.affinity_load_factor)
+        if digest is None:
+            return None
+        return Affinity(digest, self.config.affinity_load_factor, continues_conversation(request))
 
     async def _models(self, path: str, exchange: Exchange, allowed: frozenset[str] | None) -> None:
         visible = self._visible(allowed)
@@ -210,9 +212,13 @@ class Gateway:
                 replica = slot.replica
                 if attempt:
                     self.metrics.retries.labels(replica.id, "other_replica").inc()
-                elif slot.affinity_hit is not None:
+                elif slot.affinity is not None:
                     # The first choice only: a retry avoids the replica that failed on purpose.
-                    self.metrics.affinity.labels(key, "hit" if slot.affinity_hit else "miss").inc()
+                    # A new conversation went where its policy sends it (the least loaded
+                    # replica): a hit, and counted apart as well.
+                    self.metrics.affinity.labels(key, "miss" if slot.affinity == "miss" else "hit").inc()
+                    if slot.affinity == "new":
+                        self.metrics.affinity_new.labels(key).inc()
                 tried = tried | {replica.id}
                 exchange.replica = replica.id
                 try:

@@ -56,9 +56,16 @@ class GatewayMetrics:
         )
         self.affinity = Counter(
             "llmgw_affinity_requests_total",
-            "Requests routed by prefix affinity, by model and outcome: hit (the key's preferred replica) or "
-            "miss (it was full, cooling down or over the load bound, so another took it).",
+            "Requests routed by prefix affinity, by model and outcome: hit (the replica the key's conversation "
+            "was last placed on, its rendezvous choice, or for a new conversation the least loaded) or miss (it "
+            "was full, cooling down or over the load bound, so another took it).",
             ["model", "outcome"], registry=registry,
+        )
+        self.affinity_new = Counter(
+            "llmgw_affinity_new_conversations_total",
+            "Of llmgw_affinity_requests_total{outcome=\"hit\"}, the conversations this daemon had not "
+            "placed, with no earlier turns: sent to the least loaded replica and remembered there.",
+            ["model"], registry=registry,
         )
         self.retries = Counter(
             "llmgw_upstream_retries_total", "Attempts moved to another replica (or a fresh connection).",
