@@ -41,7 +41,7 @@ async def test_every_turn_of_a_conversation_lands_on_one_replica() -> None:
 
 async def test_least_loaded_routing_counts_no_affinity() -> None:
     async with run_fake_engine() as a, run_fake_engine() as b:
-        async with running_gateway(endpoint("a", a.url), endpoint("b", b.url)) as gw:
+        async with running_gateway(endpoint("a", a.url), endpoint("b", b.url), routing="least-loaded") as gw:
             response = await gw.client.post("/v1/chat/completions", json={
                 "model": "fake-model", "messages": [SYSTEM, {"role": "user", "content": "hi"}]})
             assert response.status_code == 200
@@ -119,6 +119,25 @@ async def test_new_conversations_are_spread_evenly_and_their_next_turns_follow()
                 homes[f"Question {number}"] = response.headers["x-llmgw-replica"]
             assert homes == opened
             assert gw.metric("llmgw_affinity_requests_total", {**labels, "outcome": "hit"}) == 24
+
+
+async def test_the_default_is_prefix_and_identical_first_turns_still_spread_by_load() -> None:
+    """Six identical first turns at once (no session): they share nothing in flight, so they are
+    spread 3 and 3 as least-loaded would, not piled within the bound (4 and 2) as one hot key."""
+    assert RouterConfig().routing == "prefix"
+    behavior = FakeEngineBehavior(hang_mid_stream_after=1)
+    async with run_fake_engine(behavior) as a, run_fake_engine(behavior) as b:
+        async with running_gateway(endpoint("a", a.url), endpoint("b", b.url)) as gw:
+            opened: dict[str, str] = {}
+            async with trio.open_nursery() as nursery:
+                for _ in range(6):
+                    nursery.start_soon(_open_conversation, gw.url, "The same question", {})
+                with trio.fail_after(10):
+                    while a.observed.in_flight + b.observed.in_flight < 6:
+                        await trio.sleep(0.005)
+                assert [a.observed.in_flight, b.observed.in_flight] == [3, 3]
+                nursery.cancel_scope.cancel()
+            del opened
 
 
 @pytest.mark.parametrize("body", [

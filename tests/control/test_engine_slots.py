@@ -152,7 +152,7 @@ async def test_concurrent_requests_hold_different_slots() -> None:
 
 async def test_no_slot_is_named_without_prefix_routing_or_engine_slots() -> None:
     async with run_fake_engine() as a, run_fake_engine() as b:
-        async with running_gateway(endpoint("a", a.url, engine_slots=4)) as gw:
+        async with running_gateway(endpoint("a", a.url, engine_slots=4), routing="least-loaded") as gw:
             assert (await gw.client.post("/v1/chat/completions", json=_chat(1))).status_code == 200
         async with running_gateway(endpoint("b", b.url), routing="prefix") as gw:
             assert (await gw.client.post("/v1/chat/completions", json=_chat(1))).status_code == 200

@@ -1,10 +1,11 @@
 """New conversations go least-loaded and are remembered (gateway/placements.py, affinity.pick).
 
 Pure: the memory is a bounded LRU that keeps the latest replica of the most recent keys; a new
-conversation is always placed on a least loaded replica (so keys that never come back cost no
-balance: red on the rendezvous-only choice), a remembered one goes back to its replica over its
-rendezvous order, a forgotten replica or a request carrying earlier turns falls back to the
-rendezvous order every daemon agrees on, and the load bound still holds for all of it.
+conversation (a first turn keyed by its content, an unplaced session) is always placed on a
+least loaded replica (so keys that never come back cost no balance: red on the rendezvous-only
+choice), a remembered one goes back to its replica over its rendezvous order, a forgotten
+replica or an unplaced request carrying earlier turns falls back to the rendezvous order every
+daemon agrees on, and the load bound still holds for all of it.
 """
 
 from __future__ import annotations
@@ -60,10 +61,11 @@ def test_a_memory_holds_at_least_one_key() -> None:
 
 # ---------------------------------------------------------------------- the choice
 
-def place(replicas: list[R], memory: Placements, key: bytes, *, continues: bool,
+def place(replicas: list[R], memory: Placements, key: bytes, *, continues: bool, session: bool = False,
           epsilon: float = 0.25) -> tuple[R, str]:
     """What the activator does: read the memory, pick, write the memory."""
-    chosen, outcome = pick(replicas, Affinity(key, epsilon, continues), now=0.0, placed=memory.get(key))
+    affinity = Affinity(key, epsilon, continues, session=session)
+    chosen, outcome = pick(replicas, affinity, now=0.0, placed=memory.get(key))
     assert chosen is not None and outcome is not None
     memory.record(key, chosen.id)
     return chosen, outcome
@@ -108,6 +110,32 @@ def test_a_conversation_goes_back_where_it_was_placed_not_where_its_hash_points(
     for _ in range(5):
         again, outcome = place(replicas, memory, key, continues=True)
         assert again is first and outcome == "hit"
+
+
+@settings(max_examples=200)
+@given(n=st.integers(2, 5), repeats=st.integers(1, 30), key=keys)
+def test_identical_first_turns_are_spread_by_load_a_session_is_kept(n: int, repeats: int, key: bytes) -> None:
+    """The same first turn keyed by its content, sent again and again while the others are in
+    flight: each goes to a least loaded replica (they share nothing in flight). The same under an
+    explicit session stays on its replica while the bound allows."""
+    replicas = [R(f"r{i}") for i in range(n)]
+    memory = Placements()
+    for _ in range(repeats):
+        fewest = min(r.in_flight for r in replicas)
+        chosen, outcome = place(replicas, memory, key, continues=False)
+        assert outcome == "new" and chosen.in_flight == fewest
+        chosen.in_flight += 1
+    replicas = [R(f"r{i}") for i in range(n)]
+    memory = Placements()
+    for replica in replicas[1:]:
+        replica.in_flight = 1  # others busy, so the session's first request is placed by load
+    home, outcome = place(replicas, memory, key, continues=False, session=True)
+    assert home is replicas[0] and outcome == "new"
+    for replica in replicas:
+        replica.in_flight = 0
+    for _ in range(repeats):
+        again, outcome = place(replicas, memory, key, continues=False, session=True)
+        assert again is home and outcome == "hit"
 
 
 def test_a_placed_conversation_over_the_bound_moves_and_is_remembered_where_it_moved() -> None:

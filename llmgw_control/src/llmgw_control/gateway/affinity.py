@@ -24,13 +24,13 @@ each of which soon holds the shared system prompt anyway), and is where the engi
 prefix starts. For completions it is the prompt's first ``COMPLETION_PREFIX_CHARS`` characters.
 Embeddings have no cache worth keeping: no key, least-loaded.
 
-**New conversations.** A key this daemon has not placed before, on a request that carries no
-earlier turns (a chat request with nothing after its first user message, or a completions
-prompt), has nothing cached anywhere but what every replica shares: it goes to the least loaded
-replica, and gateway/placements.py remembers where. A key it has placed goes back there first.
-A key it has not placed on a request that *does* carry earlier turns (another daemon served
-them, or this one restarted) takes its rendezvous order, which every daemon agrees on. Each
-choice is bounded by load the same way.
+**New conversations.** A request that carries no earlier turns (a chat request with nothing
+after its first user message, or a completions prompt) and is keyed by its content, or an
+explicit session this daemon has not placed, has nothing cached anywhere but what every replica
+shares: it goes to the least loaded replica, and gateway/placements.py remembers where. A later
+turn (or a placed session) goes back there first. A request with earlier turns whose key this
+daemon has not placed (another daemon served them, or this one restarted) takes its rendezvous
+order, which every daemon agrees on. Each choice is bounded by load the same way.
 
 Everything here reads hostile input: odd types give no key (least-loaded), never an error, and
 what is hashed is bounded per message and in the number of messages.
@@ -52,7 +52,7 @@ from .requests import ParsedRequest
 
 __all__ = [
     "ROUTING_POLICIES", "Affinity", "Outcome", "affinity_key", "choose_affine", "continues_conversation", "pick",
-    "preference",
+    "preference", "request_affinity",
 ]
 
 # A session id or `user` beyond this is truncated before hashing: OpenAI documents `user` as a
@@ -78,8 +78,9 @@ COMPLETION_PREFIX_TOKENS = 1024
 
 @attrs.frozen
 class Affinity:
-    """A request's preference: its key, the load factor ε of the bound, and whether it carries
-    earlier turns of its conversation (``continues_conversation``).
+    """A request's preference: its key, the load factor ε of the bound, whether it carries
+    earlier turns of its conversation (``continues_conversation``), and whether its key is an
+    explicit session (``x-session-id`` or ``user``) rather than its content.
 
     ``continues`` defaults to True, the cautious reading: an unseen key then takes its rendezvous
     order, where another daemon would have sent its earlier turns.
@@ -88,6 +89,7 @@ class Affinity:
     key: bytes
     load_factor: float
     continues: bool = True
+    session: bool = False
 
 
 # How a request with affinity was placed: on the replica its key prefers ("hit"), on another
@@ -106,11 +108,24 @@ def session_key(header: str | None, payload: dict[str, Any]) -> bytes | None:
     return None
 
 
+def request_affinity(request: ParsedRequest, session_header: str | None, load_factor: float) -> Affinity | None:
+    """The request's ``Affinity`` under prefix routing, or None when it has no key (least-loaded)."""
+    explicit = session_key(session_header, request.payload)
+    key = explicit if explicit is not None else _content_key(request)
+    if key is None:
+        return None
+    return Affinity(key, load_factor, continues_conversation(request), session=explicit is not None)
+
+
 def affinity_key(request: ParsedRequest, session_header: str | None = None) -> bytes | None:
     """The request's affinity key (16 bytes), or None when it has none (least-loaded then)."""
     explicit = session_key(session_header, request.payload)
     if explicit is not None:
         return explicit
+    return _content_key(request)
+
+
+def _content_key(request: ParsedRequest) -> bytes | None:
     kind = request.endpoint.kind
     if kind == "chat":
         return _opening_key(request.payload.get("messages"))
@@ -270,13 +285,17 @@ def pick(
     """The replica for a request, and how affinity placed it (None without affinity).
 
     ``placed``: the replica this daemon last sent the key to (gateway/placements.py), or None.
-    Without affinity, or for a new conversation (no ``placed`` among the candidates and no
-    earlier turns), least-loaded; otherwise ``choose_affine`` with ``placed`` first.
+    Least-loaded without affinity and for a new conversation: a request keyed by its content with
+    no earlier turns (whatever ``placed`` says: identical first turns sent at once share nothing
+    in flight, and piling them onto one replica within the bound only slows them), or a session
+    this daemon has not placed. Otherwise ``choose_affine`` with ``placed`` first.
     """
     if affinity is None:
         return choose(candidates, now=now, exclude=exclude), None
-    if placed is not None and not any(c.id == placed for c in candidates):
-        placed = None  # its replica is gone: nothing of the conversation is cached anywhere we know
+    if placed is not None and (not (affinity.continues or affinity.session)
+                               or not any(c.id == placed for c in candidates)):
+        # A first turn keyed by its content starts afresh; a replica that is gone holds nothing.
+        placed = None
     if placed is None and not affinity.continues:
         chosen = choose(candidates, now=now, exclude=exclude)
         return chosen, None if chosen is None else "new"

@@ -36,11 +36,12 @@ class RouterConfig:
     default_profile: str = ""
     # How a model's replica is chosen when its profile does not say (gateway/affinity.py):
     # "prefix" keeps a conversation (or an x-session-id / user) on the replica whose KV cache
-    # holds its prefix, within a load bound; "least-loaded" ignores the prefix. least-loaded by
-    # default: bench/affinity.py measured prefix 1.84x lower median TTFT multi-turn at two
-    # replicas (the target is 2x) with a longer tail, and 5.4% less throughput on prompts that
-    # never repeat (the allowance is 5%) (docs/performance.md, "4 December, evening").
-    routing: str = "least-loaded"
+    # holds its prefix, within a load bound; "least-loaded" ignores the prefix. prefix by default:
+    # bench/affinity.py measured a 2.14x lower median TTFT on multi-turn chat at two replicas (the
+    # target was 2x), a shorter tail and 7% more throughput, and the same throughput on prompts
+    # that never repeat, which it places exactly as least-loaded does (docs/performance.md,
+    # "4 December, late evening").
+    routing: str = "prefix"
     # ε of the load bound: a replica keeps its keys while it holds at most (1 + ε) times the mean
     # load plus one. 0.25: no replica takes more than a quarter above its share under a burst,
     # while the slack keeps keys home through ordinary imbalance (a smaller ε moves more keys on

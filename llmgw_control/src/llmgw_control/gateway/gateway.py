@@ -24,7 +24,7 @@ from ..priority import Priority
 from ..tenancy.admission import Admission, Ticket, admit_waiting
 from ..transport.asgi import REQUEST_ID, Receive, Scope, Send
 from .activator import Activator, Refusal, Slot
-from .affinity import Affinity, affinity_key, continues_conversation
+from .affinity import Affinity, request_affinity
 from .config import RouterConfig
 from .continuation import (
     ContinuationRefused,
@@ -135,10 +135,7 @@ class Gateway:
         """The request's replica preference under prefix routing; None under least-loaded."""
         if (self.directory.routing(key) or self.config.routing) != "prefix":
             return None
-        digest = affinity_key(request, header(scope, b"x-session-id"))
-        if digest is None:
-            return None
-        return Affinity(digest, self.config.affinity_load_factor, continues_conversation(request))
+        return request_affinity(request, header(scope, b"x-session-id"), self.config.affinity_load_factor)
 
     async def _models(self, path: str, exchange: Exchange, allowed: frozenset[str] | None) -> None:
         visible = self._visible(allowed)

@@ -63,8 +63,9 @@ class GatewayMetrics:
         )
         self.affinity_new = Counter(
             "llmgw_affinity_new_conversations_total",
-            "Of llmgw_affinity_requests_total{outcome=\"hit\"}, the conversations this daemon had not "
-            "placed, with no earlier turns: sent to the least loaded replica and remembered there.",
+            "Of llmgw_affinity_requests_total{outcome=\"hit\"}, new conversations (first turns keyed by "
+            "their content, sessions this daemon had not placed): sent to the least loaded replica and "
+            "remembered there.",
             ["model"], registry=registry,
         )
         self.retries = Counter(

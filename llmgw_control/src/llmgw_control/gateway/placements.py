@@ -12,7 +12,10 @@ where its cache is.
 
 The memory is this daemon's own. Several daemons serving one fleet do not share it: a daemon
 that never saw a conversation's earlier turns routes them by the key's rendezvous order, which
-every daemon agrees on, and remembers that (gateway/affinity.py, ``choose_affine``).
+every daemon agrees on, and remembers that (gateway/affinity.py, ``pick``). A conversation whose
+turns alternate between daemons after one of them placed its first turn by load goes to each
+daemon's remembered replica in turn (docs/operator-guide.md says what to do about it); sharing
+the memory would put a store round trip on every request.
 
 Bounded, least recently used first out: each entry is a 16-byte key and a replica id (~200
 bytes with Python's overhead), so the bound is a few MiB. A replica keeps a conversation's
