@@ -39,7 +39,7 @@ def test_the_memory_keeps_the_latest_replica_of_the_most_recent_keys(
         capacity: int, records: list[tuple[bytes, str]]) -> None:
     memory = Placements(capacity)
     for key, replica in records:
-        memory.record(key, replica)
+        memory.record("m", key, replica)
         assert len(memory) <= capacity
     latest: dict[bytes, str] = {}
     recent: list[bytes] = []
@@ -49,9 +49,17 @@ def test_the_memory_keeps_the_latest_replica_of_the_most_recent_keys(
             recent.remove(key)
         recent.append(key)
     for key in recent[-capacity:]:
-        assert memory.get(key) == latest[key]
+        assert memory.get("m", key) == latest[key]
     for key in recent[:-capacity]:
-        assert memory.get(key) is None
+        assert memory.get("m", key) is None
+
+
+def test_the_memory_is_per_model() -> None:
+    memory = Placements()
+    memory.record("chat", b"alice", "r1")
+    memory.record("code", b"alice", "r7")
+    assert memory.get("chat", b"alice") == "r1" and memory.get("code", b"alice") == "r7"
+    assert memory.get("other", b"alice") is None
 
 
 def test_a_memory_holds_at_least_one_key() -> None:
@@ -65,9 +73,9 @@ def place(replicas: list[R], memory: Placements, key: bytes, *, continues: bool,
           epsilon: float = 0.25) -> tuple[R, str]:
     """What the activator does: read the memory, pick, write the memory."""
     affinity = Affinity(key, epsilon, continues, session=session)
-    chosen, outcome = pick(replicas, affinity, now=0.0, placed=memory.get(key))
+    chosen, outcome = pick(replicas, affinity, now=0.0, placed=memory.get("m", key))
     assert chosen is not None and outcome is not None
-    memory.record(key, chosen.id)
+    memory.record("m", key, chosen.id)
     return chosen, outcome
 
 
@@ -142,7 +150,7 @@ def test_a_placed_conversation_over_the_bound_moves_and_is_remembered_where_it_m
     replicas = [R("a"), R("b")]
     memory = Placements()
     key = b"m" * 16
-    memory.record(key, "a")
+    memory.record("m", key, "a")
     replicas[0].in_flight = 5  # far over (1 + 0.25) * 6 / 2 + 1
     moved, outcome = place(replicas, memory, key, continues=True)
     assert moved.id == "b" and outcome == "miss"
@@ -167,14 +175,14 @@ def test_a_conversation_whose_replica_left_is_placed_as_if_unseen() -> None:
     replicas = [R("a"), R("b"), R("c")]
     key = b"g" * 16
     memory = Placements()
-    memory.record(key, "gone")
+    memory.record("m", key, "gone")
     favourite = preference(replicas, key)[0]
     favourite.in_flight = 1
     # With earlier turns: the rendezvous order (within the bound: 2 <= (1 + 1) * 2 / 3 + 1).
     chosen, _ = place(replicas, memory, key, continues=True, epsilon=1.0)
     assert chosen is favourite
     # Without: the least loaded.
-    memory.record(key, "gone")
+    memory.record("m", key, "gone")
     chosen, outcome = place(replicas, memory, key, continues=False, epsilon=1.0)
     assert chosen.in_flight == 0 and outcome == "new"
 
@@ -199,7 +207,7 @@ def test_the_load_bound_holds_for_remembered_conversations(
     for arrive, continues, conversation in events:
         if arrive or not held:
             key = bytes([conversation]) * 16
-            placed = memory.get(key)
+            placed = memory.get("m", key)
             chosen, outcome = place(replicas, memory, key, continues=continues, epsilon=epsilon)
             if outcome == "hit" and placed is not None:
                 total_after = sum(r.in_flight for r in replicas) + 1

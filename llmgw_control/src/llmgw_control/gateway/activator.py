@@ -214,7 +214,7 @@ class Activator:
         frees, so a free slot found here is one no waiter can take.
         """
         now = trio.current_time()
-        replica, outcome = self._pick(self.replicas.for_model(key), affinity, now, exclude)
+        replica, outcome = self._pick(key, self.replicas.for_model(key), affinity, now, exclude)
         if replica is None:
             return None
         self._take(replica, now)
@@ -284,15 +284,16 @@ class Activator:
     # ------------------------------------------------------------------ handing slots on
 
     def _pick(
-        self, replicas: list[Replica], affinity: Affinity | None, now: float, exclude: Collection[str],
+        self, key: str, replicas: list[Replica], affinity: Affinity | None, now: float, exclude: Collection[str],
     ) -> tuple[Replica | None, Outcome | None]:
-        """``affinity.pick`` with this daemon's placement memory: read before, written after."""
+        """``affinity.pick`` for model ``key`` with this daemon's placement memory: read before,
+        written after."""
         if affinity is None:
             return pick(replicas, None, now=now, exclude=exclude)
         replica, outcome = pick(replicas, affinity, now=now, exclude=exclude,
-                                placed=self.placements.get(affinity.key))
+                                placed=self.placements.get(key, affinity.key))
         if replica is not None:
-            self.placements.record(affinity.key, replica.id)
+            self.placements.record(key, affinity.key, replica.id)
         return replica, outcome
 
     def _take(self, replica: Replica, now: float) -> None:
@@ -319,7 +320,7 @@ class Activator:
         now = trio.current_time()
         while queue.size and choose(replicas, now=now) is not None:
             for waiter in queue.in_order(self.config.batch_after):
-                replica, outcome = self._pick(replicas, waiter.affinity, now, waiter.exclude)
+                replica, outcome = self._pick(key, replicas, waiter.affinity, now, waiter.exclude)
                 if replica is not None:
                     break
             else:

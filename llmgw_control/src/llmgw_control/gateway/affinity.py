@@ -93,8 +93,9 @@ class Affinity:
 
 
 # How a request with affinity was placed: on the replica its key prefers ("hit"), on another
-# because that one was full, cooling down or over the load bound ("miss"), or, a key this daemon
-# had not placed and with no earlier turns, on the least loaded replica ("new").
+# because that one was full, cooling down or over the load bound ("miss"), or, a new conversation
+# (a first turn keyed by its content, a session this daemon had not placed), on the least loaded
+# replica ("new").
 Outcome = Literal["hit", "miss", "new"]
 
 

@@ -37,7 +37,11 @@ PLACEMENTS = 65_536
 
 
 class Placements:
-    """Key → the replica id this daemon last placed it on; the least recently used goes first."""
+    """(Model, key) → the replica id this daemon last placed it on; least recently used out first.
+
+    Per model: one ``user`` talking to two models is two conversations, on two sets of replicas,
+    and one entry for both would make each request look new to the other model.
+    """
 
     __slots__ = ("_capacity", "_where")
 
@@ -45,19 +49,21 @@ class Placements:
         if capacity < 1:
             raise ValueError("a placement memory holds at least one key")
         self._capacity = capacity
-        self._where: OrderedDict[bytes, str] = OrderedDict()
+        self._where: OrderedDict[tuple[str, bytes], str] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._where)
 
-    def get(self, key: bytes) -> str | None:
-        """The replica ``key`` was last placed on, or None when this daemon has not seen it."""
-        return self._where.get(key)
+    def get(self, model: str, key: bytes) -> str | None:
+        """The replica of ``model`` that ``key`` was last placed on, or None when this daemon has not
+        placed it."""
+        return self._where.get((model, key))
 
-    def record(self, key: bytes, replica_id: str) -> None:
+    def record(self, model: str, key: bytes, replica_id: str) -> None:
         """``key`` now runs on ``replica_id``: its cache is there, so its next turn should be too."""
         where = self._where
-        where[key] = replica_id
-        where.move_to_end(key)
+        entry = (model, key)
+        where[entry] = replica_id
+        where.move_to_end(entry)
         if len(where) > self._capacity:
             where.popitem(last=False)
