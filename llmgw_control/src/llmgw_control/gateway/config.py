@@ -37,9 +37,9 @@ class RouterConfig:
     # How a model's replica is chosen when its profile does not say (gateway/affinity.py):
     # "prefix" keeps a conversation (or an x-session-id / user) on the replica whose KV cache
     # holds its prefix, within a load bound; "least-loaded" ignores the prefix. prefix by default:
-    # bench/affinity.py measured a 2.14x lower median TTFT on multi-turn chat at two replicas (the
-    # target was 2x), a shorter tail and 7% more throughput, and the same throughput on prompts
-    # that never repeat, which it places exactly as least-loaded does (docs/performance.md,
+    # bench/affinity.py measured a 2.16x lower median TTFT on multi-turn chat at two replicas (2.14x
+    # in a second run; the target was 2x) and 8% more throughput, and the same throughput on
+    # prompts that never repeat, which it places exactly as least-loaded does (docs/performance.md,
     # "4 December, late evening").
     routing: str = "prefix"
     # ε of the load bound: a replica keeps its keys while it holds at most (1 + ε) times the mean
