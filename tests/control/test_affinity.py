@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import attrs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,19 +16,11 @@ from llmgw_control.gateway.affinity import (
     preference,
 )
 from llmgw_control.gateway.requests import ENDPOINTS, ParsedRequest
+from support.candidates import FakeCandidate as R
 
 CHAT = ENDPOINTS["/v1/chat/completions"]
 COMPLETIONS = ENDPOINTS["/v1/completions"]
 EMBEDDINGS = ENDPOINTS["/v1/embeddings"]
-
-
-@attrs.define
-class R:
-    id: str
-    in_flight: int = 0
-    slots: int = 1000
-    weight: float = 1.0
-    cooldown_until: float = 0.0
 
 
 def chat(messages: Any, **extra: Any) -> ParsedRequest:

@@ -128,7 +128,6 @@ async def test_the_default_is_prefix_and_identical_first_turns_still_spread_by_l
     behavior = FakeEngineBehavior(hang_mid_stream_after=1)
     async with run_fake_engine(behavior) as a, run_fake_engine(behavior) as b:
         async with running_gateway(endpoint("a", a.url), endpoint("b", b.url)) as gw:
-            opened: dict[str, str] = {}
             async with trio.open_nursery() as nursery:
                 for _ in range(6):
                     nursery.start_soon(_open_conversation, gw.url, "The same question", {})
@@ -137,7 +136,6 @@ async def test_the_default_is_prefix_and_identical_first_turns_still_spread_by_l
                         await trio.sleep(0.005)
                 assert [a.observed.in_flight, b.observed.in_flight] == [3, 3]
                 nursery.cancel_scope.cancel()
-            del opened
 
 
 @pytest.mark.parametrize("body", [

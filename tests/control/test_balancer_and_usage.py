@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 
-import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -12,15 +11,7 @@ from hypothesis import strategies as st
 from llmgw_control.gateway.balancer import choose
 from llmgw_control.gateway.replicas import Replica, ReplicaSet
 from llmgw_control.gateway.usage import TAIL_BYTES, StreamTail, TokenUsage, find_usage
-
-
-@attrs.define
-class R:
-    id: str
-    weight: float = 1.0
-    in_flight: int = 0
-    cooldown_until: float = 0.0
-    slots: int = 1000
+from support.candidates import FakeCandidate as R
 
 
 def test_least_in_flight_wins() -> None:

@@ -10,23 +10,13 @@ daemon agrees on, and the load bound still holds for all of it.
 
 from __future__ import annotations
 
-import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmgw_control.gateway.affinity import Affinity, pick, preference
 from llmgw_control.gateway.placements import Placements
-
-
-@attrs.define
-class R:
-    id: str
-    in_flight: int = 0
-    slots: int = 1000
-    weight: float = 1.0
-    cooldown_until: float = 0.0
-
+from support.candidates import FakeCandidate as R
 
 keys = st.binary(min_size=16, max_size=16)
 
