@@ -254,6 +254,34 @@ async def test_stale_pooled_connection_is_retried_on_a_fresh_one() -> None:
                 assert sse_events(response.text)[-1] == "[DONE]"
 
 
+@pytest.mark.slow  # 600 requests through the gateway: a few seconds
+async def test_engines_closing_keep_alive_connections_at_random_cost_no_request_and_no_replica() -> None:
+    # Issue 28: the keep-alive race (an engine closing a pooled connection as it is taken or as a
+    # request arrives on it) is the transport's to absorb: no client error, no retry on another
+    # replica, no cooldown, whatever httpcore2 version checks idle sockets where.
+    behavior = FakeEngineBehavior(chunks=4, keepalive_close_rate=0.15, keepalive_close_seed=28)
+    async with run_fake_engine(behavior) as a, run_fake_engine(behavior) as b:
+        async with running_gateway(endpoint("a", a.url), endpoint("b", b.url)) as gw:
+            statuses: list[int] = []
+
+            async def client(n: int, stream: bool) -> None:
+                for _ in range(n):
+                    response = await gw.client.post("/v1/chat/completions", json=chat_body(stream=stream))
+                    statuses.append(response.status_code)
+                    if stream:
+                        assert sse_events(response.text)[-1] == "[DONE]"
+
+            async with trio.open_nursery() as nursery:
+                for i in range(6):
+                    nursery.start_soon(client, 100, i % 2 == 0)
+            assert statuses == [200] * 600
+            assert a.observed.keepalive_closes + b.observed.keepalive_closes > 50
+            assert gw.metric("llmgw_upstream_stale_resends_total") > 0
+            for replica in ("a", "b"):
+                assert gw.metric("llmgw_replica_cooldowns_total", {"replica": replica}) == 0
+                assert gw.metric("llmgw_upstream_retries_total", {"replica": replica, "reason": "other_replica"}) == 0
+
+
 async def test_models_lists_the_union_of_replicas() -> None:
     async with run_fake_engine() as a, run_fake_engine() as b:
         async with running_gateway(endpoint("a", a.url, "m1", "m2"), endpoint("b", b.url, "m2", "m3")) as gw:

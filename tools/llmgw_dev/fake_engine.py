@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
 import signal
 import socket
 import sys
@@ -99,6 +100,13 @@ class FakeEngineBehavior:
     #: (llama-server's ``-np`` slots): a fake that saturates at a known concurrency, where time
     #: to first token jumps by a whole response's time. None: no limit.
     saturate_at: int | None = None
+    #: close keep-alive connections at random, as engines do when their idle timeout fires: after
+    #: an answer (at once, or a moment later while the client may be taking the connection), or
+    #: as the next request arrives on a connection that has served before, unanswered. Each with
+    #: this probability; a connection's first request is always answered.
+    keepalive_close_rate: float = 0.0
+    #: the seed of those draws, so a failing run can be run again.
+    keepalive_close_seed: int = 0
 
 
 @attrs.frozen
@@ -128,6 +136,8 @@ class FakeEngineObservations:
     requests: list[ObservedRequest] = attrs.field(factory=list)
     disconnects: list[ObservedDisconnect] = attrs.field(factory=list)
     completed_streams: int = 0
+    #: keep-alive connections closed by ``keepalive_close_rate``.
+    keepalive_closes: int = 0
     in_flight: int = 0
     max_in_flight: int = 0
     #: TCP connections accepted so far: shows whether a client (a gateway's pool) reuses them.
@@ -538,11 +548,17 @@ async def _serve_connection(app: FakeEngineApp, stream: trio.SocketStream) -> No
     stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     app.observed.connections += 1
     conn = h11.Connection(h11.SERVER)
+    rate = app.behavior.keepalive_close_rate
+    draws = random.Random(app.behavior.keepalive_close_seed * 1_000_003 + app.observed.connections)
+    served = 0
     async with stream:
         while True:
             event = await _next_event(conn, stream)
             if not isinstance(event, h11.Request):
                 return  # closed by the client, or garbage
+            if served and rate and draws.random() < rate:
+                app.observed.keepalive_closes += 1
+                return  # the idle timeout fired as this request arrived: closed, unanswered
             if conn.they_are_waiting_for_100_continue:
                 # curl asks this for bodies over 1 KB and would otherwise wait a second.
                 await stream.send_all(conn.send(h11.InformationalResponse(status_code=100, headers=[])) or b"")
@@ -556,6 +572,11 @@ async def _serve_connection(app: FakeEngineApp, stream: trio.SocketStream) -> No
                 else:
                     return
             if not await _run_app(app, conn, stream, event, body):
+                return
+            served += 1
+            if rate and draws.random() < rate:
+                app.observed.keepalive_closes += 1
+                await trio.sleep(draws.choice((0.0, draws.uniform(0, 0.003))))
                 return
             # The response bypassed h11 (see _run_app): start a fresh parser on what is buffered.
             leftover, closed = conn.trailing_data

@@ -327,7 +327,7 @@ async def run_control(
     registry = registry or CollectorRegistry()
     metrics = GatewayMetrics(registry)
     replicas = static_replicas(config)
-    client = upstream or Httpx2Upstream()
+    client = upstream or Httpx2Upstream(on_resend=metrics.stale_resends.inc)
     grace = config.shutdown_grace
     # Every listener but the client's answers its own refusals (408, 503) in the admin API's shape.
     serve = partial(serve_asgi, shutdown=shutdown, grace=grace, limits=config.listeners,

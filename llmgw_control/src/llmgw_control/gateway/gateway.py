@@ -338,24 +338,19 @@ class Gateway:
         gauge.inc()
         engine_slot = claim_engine_slot(replica, affinity.key) if affinity is not None else None
         try:
-            # One silent retry on a fresh connection: a pooled connection the engine closed
-            # after its last stream fails before any response byte.
-            for fresh_connection in (False, True):
-                try:
-                    await exchange_with(self.upstream, self.config, replica, url, headers, request, exchange, record,
-                                        engine_slot)
-                    return
-                except UpstreamClosedEarly as exc:
-                    if fresh_connection:
-                        raise Retryable(ClientApiError(
-                            502, f"Replica {replica.id} closed the connection before answering (phase: "
-                                 f"first_byte): {exc}", code="upstream_closed"), "closed") from None
-                    self.metrics.retries.labels(replica.id, "stale_connection").inc()
-                except UpstreamError as exc:
-                    # A connect error, or anything else the upstream client could not send.
-                    raise Retryable(ClientApiError(
-                        502, f"Replica {replica.id} could not be reached (phase: connect): {exc}",
-                        code="upstream_connect_error"), "connect") from None
+            await exchange_with(self.upstream, self.config, replica, url, headers, request, exchange, record,
+                                engine_slot)
+        except UpstreamClosedEarly as exc:
+            # A fresh connection (the upstream client re-sends once when a pooled one was closed
+            # under the request) closed before answering: the engine is in trouble.
+            raise Retryable(ClientApiError(
+                502, f"Replica {replica.id} closed the connection before answering (phase: "
+                     f"first_byte): {exc}", code="upstream_closed"), "closed") from None
+        except UpstreamError as exc:
+            # A connect error, or anything else the upstream client could not send.
+            raise Retryable(ClientApiError(
+                502, f"Replica {replica.id} could not be reached (phase: connect): {exc}",
+                code="upstream_connect_error"), "connect") from None
         finally:
             release_engine_slot(replica, engine_slot)
             gauge.dec()

@@ -69,8 +69,14 @@ class GatewayMetrics:
             ["model"], registry=registry,
         )
         self.retries = Counter(
-            "llmgw_upstream_retries_total", "Attempts moved to another replica (or a fresh connection).",
+            "llmgw_upstream_retries_total", "Attempts moved to another replica.",
             ["replica", "reason"], registry=registry,
+        )
+        self.stale_resends = Counter(
+            "llmgw_upstream_stale_resends_total",
+            "Requests re-sent once on a fresh connection because the engine had closed the pooled "
+            "connection they went out on (the keep-alive race); never a replica failure.",
+            registry=registry,
         )
         self.queue_wait = Histogram(
             "llmgw_queue_wait_seconds",

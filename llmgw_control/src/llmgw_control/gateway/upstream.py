@@ -5,11 +5,18 @@ httpx2's own protocol layer (``httpcore2.AsyncHTTP11Connection``, the maintained
 connection class) and pools those connections itself. Keeping httpx2's types out of the router
 means the client can be swapped without touching the retry and relay logic.
 
+The keep-alive race is settled here, below every caller: engines (llama-server, uvicorn) close
+idle keep-alive connections whenever they like, so a pooled connection may be closed as it is
+taken or as a request goes out on it. A connection found closed at checkout is skipped; a request
+that fails on a *reused* connection before any response byte is re-sent once on a fresh one to the
+same engine. Neither reaches the router as a failure (issue 28: httpcore2 2.17 moved its check for
+a server-closed idle connection out of ``has_expired()``, which our checkout consulted, and 0.8% of
+requests under load became 502s).
+
 Errors are translated into three kinds the router acts on differently:
 ``UpstreamConnectError`` (nothing was sent: safe to try another replica),
-``UpstreamClosedEarly`` (the connection died before any response byte: llama-server closes
-connections after every stream while advertising keep-alive, so a pooled connection may be dead;
-safe to retry once on a fresh connection), and ``UpstreamBodyError`` (the response broke off).
+``UpstreamClosedEarly`` (a *fresh* connection died before any response byte: the engine itself is
+in trouble), and ``UpstreamBodyError`` (the response broke off).
 Nothing else leaves ``open`` before the response head: any other failure of the connection layer
 is an ``UpstreamConnectError``, so the router retries it or answers 502, never 500.
 """
@@ -48,6 +55,10 @@ class UpstreamBodyError(UpstreamError):
 class UpstreamResponse(Protocol):
     @property
     def status_code(self) -> int: ...
+    @property
+    def resent(self) -> bool:
+        """The request went out twice: its pooled connection was closed under it, a fresh one answered."""
+        ...
     def content_type(self) -> str: ...
     async def next_chunk(self) -> bytes | None:
         """The next piece of the body as it arrived, None at its end; UpstreamBodyError if it broke off."""
@@ -69,8 +80,9 @@ class UpstreamClient(Protocol):
 
 
 # Errors of a request whose response never started: the connection was dead or died under us.
-# ConnectionNotAvailable: httpcore2 found the connection busy and sent nothing (the pool handing
-# one connection to two requests did this, issue 15); a fresh connection serves the request.
+# ConnectionNotAvailable: httpcore2 found the connection closed (2.17 checks an idle connection's
+# socket as the request starts, closes it if the engine has, and sends nothing) or busy (the pool
+# handing one connection to two requests did this, issue 15); a fresh connection serves the request.
 _CLOSED_EARLY = (httpcore2.RemoteProtocolError, httpcore2.ReadError, httpcore2.WriteError,
                  httpcore2.ConnectionNotAvailable)
 _BODY_ERRORS = (httpcore2.NetworkError, httpcore2.ProtocolError, httpcore2.TimeoutException)
@@ -82,11 +94,13 @@ def _describe(exc: BaseException) -> str:
 
 
 class _Response:
-    def __init__(self, response: httpcore2.Response, release: Callable[[], Awaitable[None]]) -> None:
+    def __init__(self, response: httpcore2.Response, release: Callable[[], Awaitable[None]], *,
+                 resent: bool) -> None:
         self._response = response
         self._release = release
         self._closed = False
         self.status_code = response.status
+        self.resent = resent
         stream = response.stream
         assert isinstance(stream, AsyncIterable)
         self._chunks = aiter(stream)
@@ -175,6 +189,23 @@ class _HeldWritesStream(httpcore2.AsyncNetworkStream):
         return None
 
 
+class _Connection(httpcore2.AsyncHTTP11Connection):
+    """httpcore2's HTTP/1.1 connection, with the socket it was built on at hand.
+
+    Whether the engine has closed an idle connection is our pool's question, asked of the socket
+    itself: httpcore2 asked it in ``has_expired()`` up to 2.16 and only when a request starts from
+    2.17 on, and a pool that relied on either version's placement broke on the other.
+    """
+
+    def __init__(self, origin: httpcore2.Origin, stream: _HeldWritesStream, *, keepalive_expiry: float) -> None:
+        super().__init__(origin, stream, keepalive_expiry=keepalive_expiry)
+        self.held_writes = stream
+
+    def unusable(self) -> bool:
+        """Expired, or readable while idle (the engine closed it: llama-server does after a stream)."""
+        return self.has_expired() or (self.is_idle() and bool(self.held_writes.get_extra_info("is_readable")))
+
+
 @attrs.frozen
 class _Target:
     url: httpcore2.URL
@@ -199,11 +230,14 @@ class Httpx2Upstream:
     # (llama-server and uvicorn do after 5 s) is skipped by the poll at checkout, so the expiry
     # only bounds the sockets held toward an engine gone quiet.
     def __init__(self, *, max_idle_per_origin: int = 256, keepalive_expiry: float = 30.0,
-                 sweep_every: float = 10.0) -> None:
+                 sweep_every: float = 10.0, on_resend: Callable[[], None] | None = None) -> None:
         self._max_idle = max_idle_per_origin
+        # Told each time a request is re-sent on a fresh connection (a metric): the keep-alive
+        # race is expected and harmless, but a rate of it says an engine closes connections early.
+        self._on_resend = on_resend
         self._sweep_every = sweep_every
         self._keepalive_expiry = keepalive_expiry
-        self._idle: dict[tuple[bytes, bytes, int], list[httpcore2.AsyncHTTP11Connection]] = {}
+        self._idle: dict[tuple[bytes, bytes, int], list[_Connection]] = {}
         self._targets: dict[str, _Target] = {}
         self._ssl_context: ssl.SSLContext | None = None
         self._extensions = {"timeout": {"connect": None, "read": None, "write": None, "pool": None}}
@@ -235,9 +269,32 @@ class Httpx2Upstream:
             headers=[(b"host", target.host_header), (b"content-length", str(len(body)).encode()),
                      *((k.encode("latin-1"), v.encode("latin-1")) for k, v in headers)],
             content=body, extensions=self._extensions)
-        connection = await self._checkout(target, connect_timeout)
+        connection, reused = await self._checkout(target, connect_timeout)
+        resent = False
         try:
-            response = await connection.handle_async_request(request)
+            response = await self._send(connection, request)
+        except UpstreamClosedEarly:
+            if not reused:
+                raise
+            # The engine closed this pooled connection as the request went out (the keep-alive
+            # race): nothing was answered, so the request goes once more, on a connection of its
+            # own. Were the fresh one to fail too, that is the engine's doing, and the router's.
+            resent = True
+            if self._on_resend is not None:
+                self._on_resend()
+            connection = await self._open_connection(target, connect_timeout)
+            response = await self._send(connection, request)
+        relayed = _Response(response, partial(self._checkin, target, connection), resent=resent)
+        try:
+            yield relayed
+        finally:
+            await relayed.aclose()
+
+    @staticmethod
+    async def _send(connection: _Connection, request: httpcore2.Request) -> httpcore2.Response:
+        """The response head from ``connection``, every failure before it one of our three errors."""
+        try:
+            return await connection.handle_async_request(request)
         except _CLOSED_EARLY as exc:
             raise UpstreamClosedEarly(_describe(exc)) from exc
         except (httpcore2.ProtocolError, httpcore2.NetworkError, httpcore2.TimeoutException) as exc:
@@ -247,26 +304,23 @@ class Httpx2Upstream:
             # closed the connection by then), the request was not answered: the router may try
             # elsewhere. Uncaught, it would be a 500 for a fault on the engine's side.
             raise UpstreamConnectError(f"{type(exc).__name__}: {_describe(exc)}") from exc
-        relayed = _Response(response, partial(self._checkin, target, connection))
-        try:
-            yield relayed
-        finally:
-            await relayed.aclose()
 
-    async def _checkout(self, target: _Target, connect_timeout: float) -> httpcore2.AsyncHTTP11Connection:
+    async def _checkout(self, target: _Target, connect_timeout: float) -> tuple[_Connection, bool]:
+        """A connection for one request, and whether it was reused from the pool."""
         # The idle list is looked up again after every await: closing a dead connection yields,
         # and a reference kept across it may be to a list the sweep has emptied meanwhile.
         while idle := self._idle.get(target.origin):
             connection = idle.pop()
-            # Expired, or readable while idle (the engine closed it: llama-server does after a stream).
-            if not connection.has_expired():
-                return connection
+            if not connection.unusable():
+                return connection, True
             await connection.aclose()
+        return await self._open_connection(target, connect_timeout), False
+
+    async def _open_connection(self, target: _Target, connect_timeout: float) -> _Connection:
         if self._closed:
             raise UpstreamConnectError("the gateway is shutting down")
-        return httpcore2.AsyncHTTP11Connection(
-            httpcore2.Origin(*target.origin), await self._connect(target, connect_timeout),
-            keepalive_expiry=self._keepalive_expiry)
+        return _Connection(httpcore2.Origin(*target.origin), await self._connect(target, connect_timeout),
+                           keepalive_expiry=self._keepalive_expiry)
 
     async def _connect(self, target: _Target, within: float) -> _HeldWritesStream:
         scheme, host, port = target.origin
@@ -291,7 +345,7 @@ class Httpx2Upstream:
         # trio turns Nagle off on its TCP streams: an SSE event is never held back for an ACK.
         return _HeldWritesStream(stream, socket_stream.socket)
 
-    async def _checkin(self, target: _Target, connection: httpcore2.AsyncHTTP11Connection) -> None:
+    async def _checkin(self, target: _Target, connection: _Connection) -> None:
         if not connection.is_idle():
             return  # closed: the response was cut short, or the engine ended the connection
         idle = self._idle.setdefault(target.origin, [])
@@ -318,11 +372,11 @@ class Httpx2Upstream:
         # see the sweep's removals. A replacement list left it popping connections still listed
         # in the new one, so one connection went to two requests (issue 15: a 500 about once in
         # 10,000 requests, on the sweep's beat).
-        expired: list[httpcore2.AsyncHTTP11Connection] = []
+        expired: list[_Connection] = []
         for origin, idle in list(self._idle.items()):
-            keep: list[httpcore2.AsyncHTTP11Connection] = []
+            keep: list[_Connection] = []
             for connection in idle:
-                (expired if connection.has_expired() else keep).append(connection)
+                (expired if connection.unusable() else keep).append(connection)
             idle[:] = keep
             if not keep:
                 del self._idle[origin]
