@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import socket
 
-from llmgw_node.engine_http import base_url, busy_from_metrics, port_free
+import httpx2
+
+from llmgw_dev.fake_engine import FakeEngineBehavior, run_fake_engine
+from llmgw_node.engine_http import base_url, busy_from_metrics, healthy, in_flight, port_free
 
 # Shaped like llama-server b11312's /metrics output.
 METRICS = """\
@@ -37,3 +40,16 @@ def test_port_free() -> None:
         sock.listen()
         assert not port_free("127.0.0.1", sock.getsockname()[1])
     assert port_free("127.0.0.1", 0)
+
+
+async def test_health_and_load_probes_survive_an_engine_closing_keep_alive_connections() -> None:
+    # Issue 28: an engine closes pooled connections at random moments, some as a probe arrives;
+    # a probe that met that race is sent again rather than counted as the engine's failure.
+    behavior = FakeEngineBehavior(keepalive_close_rate=0.3, keepalive_close_seed=28)
+    async with run_fake_engine(behavior) as engine, httpx2.AsyncClient() as client:
+        host, port = engine.url.removeprefix("http://").rsplit(":", 1)
+        results = [await healthy(client, host, int(port), limit_s=5) for _ in range(300)]
+        loads = [await in_flight(client, host, int(port), "key") for _ in range(100)]
+        assert engine.observed.keepalive_closes > 50
+    assert results == [True] * 300
+    assert None not in loads

@@ -32,9 +32,24 @@ def base_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+# The keep-alive race (docs/reliability.md): an engine may close a pooled connection as a probe
+# goes out on it, and httpx2's pool re-sends only what it knows was never written. A probe is a
+# GET, safe to send again, so one that fails before any answer goes once more (on a fresh
+# connection: the pool has dropped the broken one) before it counts as the engine's failure.
+_RACE_ERRORS = (httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.WriteError)
+
+
+async def _get(client: httpx2.AsyncClient, url: str, *, headers: dict[str, str] | None = None,
+               limit_s: float) -> httpx2.Response:
+    try:
+        return await client.get(url, headers=headers, timeout=limit_s)
+    except _RACE_ERRORS:
+        return await client.get(url, headers=headers, timeout=limit_s)
+
+
 async def healthy(client: httpx2.AsyncClient, host: str, port: int, *, limit_s: float) -> bool:
     try:
-        resp = await client.get(f"{base_url(host, port)}/health", timeout=limit_s)
+        resp = await _get(client, f"{base_url(host, port)}/health", limit_s=limit_s)
     except httpx2.HTTPError:
         return False
     return resp.status_code == 200
@@ -67,13 +82,13 @@ async def in_flight(client: httpx2.AsyncClient, host: str, port: int, api_key: s
     headers = {"Authorization": f"Bearer {api_key}"}
     if engine in ("vllm", "sglang"):
         try:
-            resp = await client.get(f"{base}/metrics", headers=headers, timeout=2.0)
+            resp = await _get(client, f"{base}/metrics", headers=headers, limit_s=2.0)
         except httpx2.HTTPError:
             return None
         return busy_from_metrics(resp.text, engine) if resp.status_code == 200 else None
     slots_idle = False
     try:
-        resp = await client.get(f"{base}/slots", headers=headers, timeout=2.0)
+        resp = await _get(client, f"{base}/slots", headers=headers, limit_s=2.0)
         if resp.status_code == 200:
             slots = resp.json()
             if isinstance(slots, list):
@@ -82,7 +97,7 @@ async def in_flight(client: httpx2.AsyncClient, host: str, port: int, api_key: s
                     return busy
                 slots_idle = True
         # Idle slots, yet requests may be queued for one: /metrics counts those too.
-        resp = await client.get(f"{base}/metrics", headers=headers, timeout=2.0)
+        resp = await _get(client, f"{base}/metrics", headers=headers, limit_s=2.0)
         if resp.status_code == 200:
             return busy_from_metrics(resp.text) or 0
     except (httpx2.HTTPError, ValueError):
