@@ -76,6 +76,8 @@ class Fleet:
     agent_port: int
     control: Daemon
     nodes: dict[str, Daemon] = attrs.Factory(dict)
+    # Where llmgw-control and llmgw-node are: this environment's, or a venv made with plain pip.
+    bin_dir: Path = BIN
 
     @property
     def api_url(self) -> str:
@@ -105,7 +107,8 @@ class Fleet:
         await self.wait_healthy(self.api_url)
 
     async def add_node(self, node_id: str) -> Daemon:
-        daemon = await start_node(self.root, node_id, [f"ws://127.0.0.1:{self.agent_port}/agent/v1"], self.nodes)
+        daemon = await start_node(self.root, node_id, [f"ws://127.0.0.1:{self.agent_port}/agent/v1"], self.nodes,
+                                  bin_dir=self.bin_dir)
         # Ready, with its engine installed and proven (the archive comes from control's file server).
         await self.wait_for(node_ready(node_id))
         return daemon
@@ -145,7 +148,8 @@ async def wait_for_state(admin_url: str, predicate: Any, timeout: float = 60,
             await trio.sleep(poll)
 
 
-async def start_node(root: Path, node_id: str, controls: list[str], nodes: dict[str, Daemon]) -> Daemon:
+async def start_node(root: Path, node_id: str, controls: list[str], nodes: dict[str, Daemon], *,
+                     bin_dir: Path = BIN) -> Daemon:
     """A node daemon connecting to ``controls``, started and added to ``nodes``."""
     data = root / node_id
     data.mkdir(exist_ok=True)
@@ -155,7 +159,7 @@ async def start_node(root: Path, node_id: str, controls: list[str], nodes: dict[
               "reconnect_min_s": 0.2, "reconnect_max_s": 1.0, "engine_host": f"127.0.0.{len(nodes) + 1}"}
     path = root / f"{node_id}.toml"
     path.write_text(tomli_w.dumps(config))
-    daemon = Daemon(node_id, [str(BIN / "llmgw-node"), "run", "--config", str(path)], root / f"{node_id}.log")
+    daemon = Daemon(node_id, [str(bin_dir / "llmgw-node"), "run", "--config", str(path)], root / f"{node_id}.log")
     nodes[node_id] = daemon
     await daemon.start()
     return daemon
@@ -233,14 +237,14 @@ def write_control_config(root: Path, fleet: Fleet, models: list[dict[str, Any]],
 @asynccontextmanager
 async def running_fleet(root: Path, tiny_model: Path, engine_archive: Path, *,
                         models: list[tuple[str, dict[str, Any]]] | None = None,
-                        **extra: Any) -> AsyncIterator[Fleet]:
+                        control_bin: Path = BIN, node_bin: Path = BIN, **extra: Any) -> AsyncIterator[Fleet]:
     place_files(root, engine_archive, tiny_model)
     fleet = Fleet(root, free_port(), free_port(), free_port(),
-                  Daemon("control", [], root / "control.log"))
+                  Daemon("control", [], root / "control.log"), bin_dir=node_bin)
     public = fleet.agent_url
     entries = [model_entry(name, tiny_model, public, **profile) for name, profile in (models or [("tiny", {})])]
     config = write_control_config(root, fleet, entries, **extra)
-    fleet.control.argv = [str(BIN / "llmgw-control"), "run", "--config", str(config)]
+    fleet.control.argv = [str(control_bin / "llmgw-control"), "run", "--config", str(config)]
     try:
         await fleet.start_control()
         yield fleet
