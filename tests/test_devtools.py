@@ -356,3 +356,18 @@ def test_bench_sums_cpu_over_a_process_tree(tmp_path: Path) -> None:
     (tmp_path / "self").mkdir()  # not a pid: skipped
     expected = (100 + 50 + 10 + 2) / scale.CLK_TCK  # 10 and its descendants; 20 is not one
     assert scale.tree_cpu_seconds(10, proc=tmp_path) == expected
+
+
+# --- the dependency tiers ---------------------------------------------------------------------
+
+
+def test_the_tiers_resolve_every_direct_range_but_our_own_packages() -> None:
+    from llmgw_dev import deps
+
+    wanted = deps.requirements()
+    names = {deps._name(r) for r in wanted}
+    assert not names & deps.OUR_DISTRIBUTIONS
+    # The ranges as written, upper bounds included: the newest tier must honour them.
+    assert any(r.startswith("httpcore2[trio]>=") and "<" in r for r in wanted)
+    assert {"trio", "hypercorn", "pytest", "hypothesis", "huggingface-hub"} <= names
+    assert deps.venv_for("lock").name == ".venv" and deps.venv_for("newest").name == ".venv-newest"
