@@ -146,3 +146,49 @@ async def test_client_disconnect_stops_generation_in_the_real_engine(long_contex
                 await trio.sleep(0.02)
     generated = await _predicted_tokens(engine.url) - before
     assert generated < 1900, f"the engine generated {generated} tokens: it was not told the client left"
+
+
+async def test_requests_after_a_client_aborted_its_stream_are_all_answered(
+    real_engine: LlamaServer, long_context_engine: LlamaServer
+) -> None:
+    # Issue 28: in front of two llama-servers, a request after a client aborted its stream failed
+    # on httpcore2 2.17 (a pooled connection llama-server had closed). Every request is answered,
+    # and nothing is counted against a replica.
+    async with running_gateway(endpoint("a", real_engine.url, "tiny"), endpoint("b", long_context_engine.url, "tiny")
+                               ) as gw, httpx2.AsyncClient(base_url=gw.url, timeout=60) as client:
+        statuses = []
+        for round_ in range(6):
+            body = {"model": "tiny", "messages": [{"role": "user", "content": "go"}], "max_tokens": 200,
+                    "stream": True}
+            async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+                async for _ in response.aiter_bytes():
+                    break  # the client aborts mid-stream
+            for stream in (False, True, False, True):
+                body = {"model": "tiny", "messages": [{"role": "user", "content": f"hi {round_}"}], "max_tokens": 3,
+                        "stream": stream}
+                statuses.append((await client.post("/v1/chat/completions", json=body)).status_code)
+        assert statuses == [200] * 24
+        for replica in ("a", "b"):
+            assert gw.metric("llmgw_replica_cooldowns_total", {"replica": replica}) == 0
+
+
+@pytest.mark.slow  # waits out llama-server's keep-alive timeout (5 s)
+async def test_connections_llama_server_closed_while_idle_cost_no_request(real_engine: LlamaServer) -> None:
+    # Issue 28, the mechanism: llama-server closes idle keep-alive connections after 5 s. With
+    # httpcore2 2.17 the pool took those for live ones, and the gateway's second try took the next
+    # dead one: a 502 with nothing wrong. Several pooled connections, an idle pause, then traffic.
+    async with running_gateway(endpoint("a", real_engine.url, "tiny")) as gw, \
+            httpx2.AsyncClient(base_url=gw.url, timeout=60) as client:
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        for pause in (0.0, 6.0):
+            await trio.sleep(pause)
+            statuses: list[int] = []
+
+            async def one() -> None:
+                statuses.append((await client.post("/v1/chat/completions", json=body)).status_code)  # noqa: B023
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(4):
+                    nursery.start_soon(one)
+            assert statuses == [200] * 4, pause
+        assert gw.metric("llmgw_replica_cooldowns_total", {"replica": "a"}) == 0
