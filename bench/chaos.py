@@ -270,6 +270,13 @@ async def stop_node(fleet: Fleet, result: Result) -> float:
     return await converge(fleet, result, t0)
 
 
+async def steady(fleet: Fleet, result: Result) -> float:
+    """No fault at all: what clients see of a whole fleet (the keep-alive race showed here, issue 28)."""
+    t0 = time.monotonic()
+    await trio.sleep(30)
+    return t0
+
+
 async def saturate(fleet: Fleet, result: Result) -> float:
     t0 = time.monotonic()
     before = len(await ready_replicas(fleet))
@@ -315,6 +322,8 @@ async def bring_back(fleet: Fleet) -> None:
 
 
 SCENARIOS: dict[str, tuple[str, Callable[[Fleet, Result], Awaitable[float]], dict[str, Any]]] = {
+    "steady": ("no fault, 30 s", steady, {}),
+    "steady-stream": ("no fault, 30 s of streams", steady, {"stream": True}),
     "engine": ("kill -9 an engine", kill_engine, {}),
     "node": ("kill -9 a node daemon (engines live on)", kill_node_daemon, {}),
     "node+engines": ("kill -9 a node and its engines, restarted", kill_node_and_engines, {}),
