@@ -371,3 +371,28 @@ def test_the_tiers_resolve_every_direct_range_but_our_own_packages() -> None:
     assert any(r.startswith("httpcore2[trio]>=") and "<" in r for r in wanted)
     assert {"trio", "hypercorn", "pytest", "hypothesis", "huggingface-hub"} <= names
     assert deps.venv_for("lock").name == ".venv" and deps.venv_for("newest").name == ".venv-newest"
+
+
+# --- the demo, as a newcomer uses it ------------------------------------------------------------
+
+
+async def test_the_demo_makes_its_own_key_once_the_gateway_has_keys(fake_engine: FakeEngine) -> None:
+    # Issue 33: a key created through the admin API between two runs closed the gateway to the
+    # demo's own first request, and the demo died with a traceback (HTTP Error 401).
+    from llmgw_dev import demo
+    from support.gateway import endpoint, running_gateway
+
+    async with running_gateway(endpoint("e1", fake_engine.url)) as gw:
+        api, admin = gw.listening.api_url, gw.listening.admin_url
+        assert await trio.to_thread.run_sync(demo.demo_key, api, admin) == {}  # open: no key needed
+        async with httpx2.AsyncClient(base_url=admin + "/api/v1") as client:
+            group = (await client.post("/groups", json={"name": "team"})).json()["group"]
+            assert (await client.post("/keys", json={"name": "mine", "group_id": group["id"]})).status_code == 201
+        for _ in range(2):  # and again on the next run: the demo's group is found, not made twice
+            headers = await trio.to_thread.run_sync(demo.demo_key, api, admin)
+            body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
+            reply = await trio.to_thread.run_sync(
+                lambda: demo.post_json(api + "/v1/chat/completions", body, headers=headers))  # noqa: B023
+            assert reply["choices"]
+        with pytest.raises(demo.DemoError, match="answered 401"):  # one line, never a traceback
+            await trio.to_thread.run_sync(lambda: demo.post_json(api + "/v1/chat/completions", body))

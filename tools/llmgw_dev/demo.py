@@ -58,11 +58,57 @@ def wait_healthy(url: str, process: subprocess.Popen[bytes], what: str, deadline
     raise SystemExit(f"[demo] {what} did not become healthy")
 
 
-def post_json(url: str, body: dict[str, object], timeout: float = 300) -> dict[str, object]:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"content-type": "application/json"})
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        result: dict[str, object] = json.load(response)
-        return result
+class DemoError(Exception):
+    """Something the demo cannot get past, said in one line (never a traceback)."""
+
+
+def post_json(url: str, body: dict[str, object] | None, timeout: float = 300,
+              headers: dict[str, str] | None = None) -> dict[str, object]:
+    """POST ``body`` (GET when None); the JSON answer, or DemoError with the server's own message."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"content-type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            result: dict[str, object] = json.load(response)
+            return result
+    except urllib.error.HTTPError as exc:
+        raise DemoError(f"{request.get_method()} {url} answered {exc.code}: {_message(exc)}") from None
+    except (urllib.error.URLError, TimeoutError, OSError, ValueError) as exc:
+        raise DemoError(f"{request.get_method()} {url} failed: {exc}") from None
+
+
+def _message(error: urllib.error.HTTPError) -> str:
+    try:
+        body = json.load(error)
+        found = body.get("error", body) if isinstance(body, dict) else body
+        return str(found.get("message", found) if isinstance(found, dict) else found)[:300]
+    except (ValueError, OSError):
+        return error.reason or ""
+
+
+def demo_key(api: str, admin: str) -> dict[str, str]:
+    """The headers for the demo's own requests: none while the gateway is open, else a key of its own.
+
+    Keys created between two runs (docs/admin-api.md shows how) close the gateway to requests
+    without one; the demo then makes itself a key through the admin API (on loopback, open by
+    default) rather than failing on its own first request.
+    """
+    try:
+        post_json(api + "/v1/models", None, timeout=10)
+        return {}
+    except DemoError as exc:
+        if " answered 401" not in str(exc):
+            raise
+    groups = post_json(admin + "/api/v1/groups", None, timeout=10)["groups"]
+    assert isinstance(groups, list)
+    group = next((g for g in groups if isinstance(g, dict) and g.get("name") == "demo" and not g.get("parent_id")),
+                 None) or post_json(admin + "/api/v1/groups", {"name": "demo"}, timeout=10)["group"]
+    assert isinstance(group, dict)
+    name = f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
+    created = post_json(admin + "/api/v1/keys", {"name": name, "group_id": group["id"]}, timeout=10)
+    print(f"[demo] this gateway has API keys now (made since the last run), so the demo made one of its own: "
+          f"{name} in group 'demo'", flush=True)
+    return {"authorization": f"Bearer {created['secret']}"}
 
 
 def join_token(root: Path) -> str:
@@ -146,19 +192,23 @@ def main(argv: list[str] | None = None) -> int:
     control_toml, node_toml = prepare(root, model, archive, ports)
     api = f"http://127.0.0.1:{ports['api']}"
     # SIGTERM to the demo (its own kill, a CI job's timeout) stops the daemons as Ctrl-C does:
-    # they are in groups of their own, so nothing else would.
+    # they are in groups of their own, so nothing else would. SIGINT too, explicitly: a program a
+    # script starts in the background inherits SIGINT ignored, and Python then leaves it ignored.
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     control = start([str(BIN / "llmgw-control"), "run", "--config", str(control_toml)])
     node = None
+    failed = False
     try:
         wait_healthy(api, control, "llmgw-control")
         node = start([str(BIN / "llmgw-node"), "run", "--config", str(node_toml), "--stop-engines"])
         print("\n[demo] control and node are up; the first request starts the model on the node "
               "(install the engine, fetch the weights, start llama-server)...", flush=True)
         started = time.monotonic()
+        key = demo_key(api, f"http://127.0.0.1:{ports['admin']}")
         reply = post_json(api + "/v1/chat/completions", {
             "model": "smollm2", "messages": [{"role": "user", "content": QUESTION}], "max_tokens": 48,
-            "temperature": 0})
+            "temperature": 0}, headers=key)
         took = time.monotonic() - started
         choices = reply["choices"]
         assert isinstance(choices, list)
@@ -168,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  usage: {reply['usage']}")
         print(f"""
 [demo] llmgw is serving the OpenAI API on {api}/v1
+  dashboard: http://127.0.0.1:{ports['admin']}/  (nodes, models, replicas, keys; open on loopback)
   admin API and metrics: http://127.0.0.1:{ports['admin']}/api/v1/nodes, /api/v1/models, /metrics
 
   curl {api}/v1/chat/completions -H 'content-type: application/json' \\
@@ -185,13 +236,16 @@ def main(argv: list[str] | None = None) -> int:
         control.wait()
     except KeyboardInterrupt:
         print("\n[demo] stopping", flush=True)
+    except DemoError as exc:
+        print(f"\n[demo] {exc}; stopping", file=sys.stderr, flush=True)
+        failed = True
     finally:
         # A second Ctrl-C must not cut the stop short and leave a daemon behind: stop() bounds it.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         if node is not None:
             stop(node)
         stop(control)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
