@@ -9,10 +9,12 @@ from urllib.parse import urlsplit
 
 import httpx2
 import trio
+from trio.lowlevel import RunVar
 
 from llmgw_shared.logs import get_logger
 
-from .gguf import MemoryEstimate, NotGguf, Truncated, estimate_ram, read_metadata
+from ..api_errors import bad_request
+from .gguf import HeaderRefused, MemoryEstimate, NotGguf, Truncated, estimate_ram, read_metadata
 from .models import Catalog, Claim, ModelConfig, ProfileConfig, profile_key
 
 log = get_logger("llmgw.claims")
@@ -29,6 +31,28 @@ class ModelFiles(Protocol):
 
 # The GGUF metadata (and tensor index) of every model we have seen fits in a few MiB.
 _HEADER_BYTES = 16 * 1024 * 1024
+# Reading a header is CPU work (up to half a second for one that fills the 16 MiB): off the
+# event loop, and two at a time, so a burst of model changes cannot take every thread.
+_HEADER_PARSERS = 2
+_parsers: RunVar[trio.CapacityLimiter] = RunVar("gguf_header_parsers")
+
+
+def _parser_limiter() -> trio.CapacityLimiter:
+    try:
+        return _parsers.get()
+    except LookupError:
+        limiter = trio.CapacityLimiter(_HEADER_PARSERS)
+        _parsers.set(limiter)
+        return limiter
+
+
+class HostileHeader(Exception):
+    """The GGUF header of a profile's weights is past a bound of the reader (catalog/gguf.py)."""
+
+    def __init__(self, key: str, refused: HeaderRefused) -> None:
+        super().__init__(str(refused))
+        self.key = key
+        self.refused = refused
 
 
 async def _header_bytes(profile: ProfileConfig, files: ModelFiles | None) -> bytes | None:
@@ -64,7 +88,11 @@ async def _header_bytes(profile: ProfileConfig, files: ModelFiles | None) -> byt
         return b"".join(chunks)[:_HEADER_BYTES]
 
 
-async def estimate_profile(profile: ProfileConfig, files: ModelFiles | None) -> MemoryEstimate:
+async def estimate_profile(profile: ProfileConfig, files: ModelFiles | None, *, refuse_hostile: bool = False,
+                           ) -> MemoryEstimate:
+    """The profile's RAM estimate. A header the reader refuses raises HeaderRefused with
+    ``refuse_hostile`` (a model being added), else is logged and estimated without, like a file
+    that is no GGUF (a model already stored must still load)."""
     if profile.weights is None:
         # A model directory (vLLM, SGLang): validation requires its claim to be given.
         return MemoryEstimate(profile.ram_mib, "configured (a model directory has no GGUF header)")
@@ -73,27 +101,42 @@ async def estimate_profile(profile: ProfileConfig, files: ModelFiles | None) -> 
         with trio.move_on_after(15):
             data = await _header_bytes(profile, files)
             if data is not None:
-                metadata = read_metadata(data)
+                metadata = await trio.to_thread.run_sync(read_metadata, data, limiter=_parser_limiter())
+    except HeaderRefused as exc:
+        if refuse_hostile:
+            raise
+        log.warning("GGUF header of %s refused (%s): estimating from the file size", profile.weights.url, exc)
     except (Truncated, NotGguf, OSError, httpx2.HTTPError) as exc:
         log.info("no GGUF metadata for %s (%s): estimating from the file size", profile.weights.url, exc)
     return estimate_ram(metadata, weights_bytes=profile.weights.size, context=profile.context * profile.parallel)
 
 
-async def claims_of(profiles: Iterable[tuple[str, ProfileConfig]], files: ModelFiles | None) -> dict[str, Claim]:
-    """The claim of each (key, profile), the estimates made side by side."""
+async def claims_of(profiles: Iterable[tuple[str, ProfileConfig]], files: ModelFiles | None, *,
+                    refuse_hostile: bool = False) -> dict[str, Claim]:
+    """The claim of each (key, profile), the estimates made side by side; with ``refuse_hostile``
+    a header past the reader's bounds raises HostileHeader (for the first such profile given)."""
     claims: dict[str, Claim] = {}
+    hostile: dict[str, HeaderRefused] = {}
 
     async def one(key: str, profile: ProfileConfig) -> None:
         if profile.ram_mib or profile.weights is None:
             claims[key] = Claim(profile.ram_mib, profile.vram_mib)
             return
-        estimate = await estimate_profile(profile, files)
+        try:
+            estimate = await estimate_profile(profile, files, refuse_hostile=refuse_hostile)
+        except HeaderRefused as exc:
+            hostile[key] = exc  # raised below the nursery: one error, not a group of them
+            return
         claims[key] = Claim(estimate.ram_mib, profile.vram_mib)
         log.info("model %s claims %d MiB RAM (%s)", key, estimate.ram_mib, estimate.how)
 
+    given = list(profiles)
     async with trio.open_nursery() as nursery:
-        for key, profile in profiles:
+        for key, profile in given:
             nursery.start_soon(one, key, profile)
+    for key, _ in given:
+        if key in hostile:
+            raise HostileHeader(key, hostile[key])
     return claims
 
 
@@ -102,6 +145,16 @@ async def profile_claims(catalog: Catalog, files: ModelFiles | None) -> dict[str
     return await claims_of(((r.key, r.profile) for r in catalog.all_profiles()), files)
 
 
-async def model_claims(model: ModelConfig, files: ModelFiles | None) -> dict[str, Claim]:
-    """The claim of each profile of ``model``."""
-    return await claims_of(((profile_key(model.name, p.name), p) for p in model.profiles), files)
+async def model_claims(model: ModelConfig, files: ModelFiles | None, *, refuse_hostile: bool = False,
+                       ) -> dict[str, Claim]:
+    """The claim of each profile of ``model``. With ``refuse_hostile`` (the admin API adding or
+    changing it) a weights file whose GGUF header is past the reader's bounds is a 400 naming
+    the profile's weights and the header field."""
+    keys = [profile_key(model.name, p.name) for p in model.profiles]
+    try:
+        return await claims_of(zip(keys, model.profiles, strict=True), files, refuse_hostile=refuse_hostile)
+    except HostileHeader as exc:
+        index = keys.index(exc.key)
+        raise bad_request(f"profiles[{index}].weights.url",
+                          f"the GGUF header is refused ({exc.refused}): not a model llmgw will read",
+                          code="invalid_gguf_header") from None

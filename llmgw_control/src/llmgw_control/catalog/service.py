@@ -123,7 +123,7 @@ class ModelService:
         if model.name in self.catalog.models:
             raise conflict(f"model {model.name!r} already exists", field="name")
         check_model(model, self.catalog)
-        claims = await model_claims(model, self.files)
+        claims = await model_claims(model, self.files, refuse_hostile=True)
         async with self._lock:
             await self.store.add_model(model.name, document_of(model))
             self._apply(model, claims)
@@ -139,7 +139,7 @@ class ModelService:
             # it. Otherwise the store's NotFound is the 404, before any estimate is made.
             await self.store.get_model(name)
         check_model(model, self.catalog)
-        claims = await model_claims(model, self.files)
+        claims = await model_claims(model, self.files, refuse_hostile=True)
         async with self._lock:
             await self.store.update_model(name, document_of(model))
             self._apply(model, claims)

@@ -26,6 +26,7 @@ from .bench_cmds import add_bench, add_capacity_verbs, capacity_runs
 from .client import DEFAULT_ADMIN, AdminClient, CtlError
 from .mirror_cmds import add_mirror_verbs
 from .tables import mib, table
+from .terminal import TerminalOut
 
 Action = Callable[[AdminClient, argparse.Namespace, TextIO], None]
 
@@ -532,8 +533,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
-    out = stdout or sys.stdout
-    err = stderr or sys.stderr
+    # Everything a command writes passes here, escaped for the terminal (ctl/terminal.py).
+    out = TerminalOut(stdout or sys.stdout)
+    err = TerminalOut(stderr or sys.stderr)
     args = build_parser().parse_args(argv)
     args.admin = getattr(args, "admin", DEFAULT_ADMIN)
     args.json = getattr(args, "json", False)

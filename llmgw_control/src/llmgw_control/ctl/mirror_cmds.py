@@ -10,6 +10,7 @@ from urllib.parse import quote
 
 from .client import AdminClient, CtlError
 from .tables import table
+from .terminal import control
 
 Action = Callable[[AdminClient, argparse.Namespace, TextIO], None]
 Verb = Callable[[Any, str, Action, str], argparse.ArgumentParser]
@@ -18,6 +19,8 @@ Verb = Callable[[Any, str, Action, str], argparse.ArgumentParser]
 POLL_SECONDS = 0.5
 BAR_WIDTH = 30
 RUNNING = ("queued", "downloading", "verifying")
+# The bar is redrawn in place: back to the line's start, then erase what a longer bar left.
+_ERASE_LINE_END = "\x1b[K"
 
 
 def size_words(size: float) -> str:
@@ -82,13 +85,18 @@ def models_pull(client: AdminClient, args: argparse.Namespace, out: TextIO) -> N
     shown = False
     while pull["state"] in RUNNING:
         if not args.json:
-            out.write("\r" + progress_bar(pull) + "\x1b[K")
+            control(out, "\r")
+            out.write(progress_bar(pull))
+            control(out, _ERASE_LINE_END)
             out.flush()
             shown = True
         time.sleep(POLL_SECONDS)
         pull = client.get(f"/models/pulls/{quote(pull['id'], safe='')}")["pull"]
     if shown:
-        out.write("\r" + progress_bar(pull) + "\x1b[K\n")
+        control(out, "\r")
+        out.write(progress_bar(pull))
+        control(out, _ERASE_LINE_END)
+        out.write("\n")
     if pull["state"] != "ready":
         raise CtlError(f"pull {pull['id']} {pull['state']}: {pull['error']}")
     _emit(out, args, {"pull": pull}, lambda: _draft_words(pull))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .terminal import escape
+
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """Columns padded to their widest cell; the last column is not padded (it may be long)."""
@@ -24,7 +26,8 @@ def _cell(value: object) -> str:
         return "-"
     if isinstance(value, bool):
         return "yes" if value else "no"
-    return str(value)
+    # A cell is one line: a line break in a name from a node or the Hub would fake a row.
+    return escape(str(value), keep="")
 
 
 def mib(value: int) -> str:

@@ -24,7 +24,7 @@ from llmgw_shared.jsonin import loads as json_loads
 
 from ..api_errors import ClientApiError
 from .requests import ParsedRequest
-from .usage import TokenUsage
+from .usage import TokenUsage, read_usage, usage_bounds
 
 # What a stream may send before it can no longer be continued (the record of it is the memory a
 # continuation costs): llama-server's chat events are ~250 bytes a token, so 4 MiB is ~16,000
@@ -264,6 +264,8 @@ class Splice:
         self._buffer = b""
         # What the engines did over every attempt, once the last one reported its usage.
         self.charged: TokenUsage | None = None
+        # What this attempt could produce: its prompt is the client's plus the text so far.
+        self._bounds = usage_bounds(record.request, prefill_bytes=len(seen.text.encode()))
 
     def feed(self, data: bytes) -> bytes:
         """Rewritten whole events of ``data``; an unfinished event waits for the rest."""
@@ -352,9 +354,10 @@ class Splice:
         return text
 
     def _usage(self, usage: dict[str, Any]) -> None:
-        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-        if not isinstance(prompt, int) or not isinstance(completion, int):
+        counts = read_usage(usage, self._bounds)
+        if counts is None:
             return
+        prompt, completion = counts.prompt_tokens, counts.completion_tokens
         sent_before = self.seen.tokens
         # The continuation's prompt is the client's plus the tokens it had received (counted as
         # content events, one a token): exact when the text re-tokenizes as it was generated, as an
@@ -370,4 +373,5 @@ class Splice:
             details["cached_tokens"] = max(0, min(cached, client_prompt))
         # Each attempt read the client's prompt and what had been generated before it started.
         starts = [0, *self.record.broken_tokens[:-1]]
-        self.charged = TokenUsage(sum(client_prompt + s for s in starts) + prompt, sent_before + completion)
+        self.charged = TokenUsage(sum(client_prompt + s for s in starts) + prompt, sent_before + completion,
+                                  clamped=counts.clamped)

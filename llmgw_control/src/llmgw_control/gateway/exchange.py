@@ -18,6 +18,7 @@ from .metrics import GatewayMetrics
 from .usage import TokenUsage
 
 access_log = get_logger("llmgw.access")
+log = get_logger("llmgw.router")
 
 # A client's own request id is kept when it is this sane (it lands in logs and headers): at most
 # 128 characters a log line or a header can carry as they are.
@@ -133,6 +134,20 @@ def request_id(scope: Scope) -> str:
 
 
 
+def _clamped(exchange: Exchange, metrics: GatewayMetrics) -> None:
+    """Counts the engine reported out of bounds (gateway/usage.py clamped them): named, with the
+    replica that reported them, once a request."""
+    assert exchange.usage is not None
+    clamped = exchange.usage.clamped
+    if not clamped:
+        return
+    for clamp in clamped:
+        metrics.usage_clamped.labels(exchange.replica, clamp.field).inc()
+    log.warning("replica %s reported implausible usage, clamped: %s", exchange.replica,
+                ", ".join(clamp.describe() for clamp in clamped),
+                extra={"replica": exchange.replica, "model": exchange.model})
+
+
 def record(scope: Scope, exchange: Exchange, metrics: GatewayMetrics) -> None:
     """The request's metrics and its one access line."""
     status = 499 if exchange.client_gone else exchange.status
@@ -145,6 +160,7 @@ def record(scope: Scope, exchange: Exchange, metrics: GatewayMetrics) -> None:
         if exchange.stream and exchange.ttft is not None:
             metrics.ttft.labels(exchange.model).observe(exchange.ttft)
         if exchange.usage is not None:
+            _clamped(exchange, metrics)
             metrics.tokens.labels(exchange.model, "prompt").inc(exchange.usage.prompt_tokens)
             metrics.tokens.labels(exchange.model, "completion").inc(exchange.usage.completion_tokens)
             if exchange.usage.cached_tokens:

@@ -101,9 +101,15 @@ class GatewayMetrics:
             "llmgw_replica_cooldowns_total", "Times a replica was put in cooldown after a failure.",
             ["replica"], registry=registry,
         )
+        self.usage_clamped = Counter(
+            "llmgw_usage_clamped_total",
+            "Token counts an engine reported outside what the request could have produced (negative, past "
+            "max_tokens or the prompt's size, past 2**24), clamped before quotas and the store saw them; by "
+            "replica and field (prompt_tokens, completion_tokens).", ["replica", "field"], registry=registry,
+        )
 
     def forget_replica(self, replica_id: str) -> None:
         """Drop every series labelled with ``replica_id``: the replica is gone for good, and a
         fleet that starts and stops replicas all day must not grow /metrics with each one."""
-        for metric in (self.requests, self.replica_in_flight, self.retries, self.cooldowns):
+        for metric in (self.requests, self.replica_in_flight, self.retries, self.cooldowns, self.usage_clamped):
             metric.remove_by_labels({"replica": replica_id})

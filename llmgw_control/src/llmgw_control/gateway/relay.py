@@ -25,7 +25,7 @@ from .exchange import Exchange
 from .replicas import Replica
 from .requests import ParsedRequest
 from .upstream import UpstreamBodyError, UpstreamClient, UpstreamResponse
-from .usage import StreamTail, find_usage
+from .usage import StreamTail, UsageBounds, find_usage, usage_bounds
 
 log = get_logger("llmgw.router")
 
@@ -94,7 +94,7 @@ async def exchange_with(
                 head.deadline = math.inf
                 answered = True
                 exchange.upstream_seconds += time.perf_counter() - waited
-                await _relay(config, replica, response, exchange, record)
+                await _relay(config, replica, response, exchange, record, usage_bounds(request))
     finally:
         if not answered:
             exchange.upstream_seconds += time.perf_counter() - waited
@@ -130,7 +130,7 @@ async def _read_all(
 
 async def _relay(
     config: RouterConfig, replica: Replica, response: UpstreamResponse, exchange: Exchange,
-    record: StreamRecord | None = None,
+    record: StreamRecord | None, bounds: UsageBounds,
 ) -> None:
     status = response.status_code
     if status >= 500:
@@ -160,14 +160,14 @@ async def _relay(
             # Nothing has reached the client yet, so another replica may still serve it.
             raise Retryable(error, "body") from None
         if status < 300:
-            exchange.usage = find_usage(body)
+            exchange.usage = find_usage(body, bounds)
         await exchange.respond(status, body, content_type.encode() or b"application/json")
         return
     if splice is None:
         await exchange.start_stream(status, content_type.encode())
         # From here the overhead figure is fixed: the relay's own time overlaps the engine's.
         exchange.freeze_overhead()
-    tail = StreamTail()
+    tail = StreamTail(bounds)
     ended = False
     arrived, collected = trio.open_memory_channel[bytes | ClientApiError | None](_RELAY_QUEUE)
     async with trio.open_nursery() as nursery:

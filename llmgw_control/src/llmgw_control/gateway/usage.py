@@ -1,19 +1,70 @@
-"""Token counts from the engine's own ``usage`` fields, found cheaply.
+"""Token counts from the engine's own ``usage`` fields, found cheaply and read within bounds.
 
 Parsing every streamed chunk as JSON would cost more CPU than relaying it. TokenUsage only ever
 appears in the last events of a stream (the usage chunk before ``[DONE]``, or llama.cpp's finish
 chunk in completions streams) and once in a non-streamed body, so the router keeps only a tail
 of the stream and decodes the last ``"usage"`` object it finds there.
+
+An engine's counts are charged to quotas and written to the store, so they are read here, in
+one place (``read_usage``), as what they must be: integers, at least 0 and at most what the
+request could have produced (``usage_bounds``). A count outside those bounds is clamped to them
+and the clamp travels with the usage (``TokenUsage.clamped``) for the access log's warning and
+the ``llmgw_usage_clamped_total`` metric; a count of the wrong type is no usage at all, and the
+gateway charges its estimate as it does for an engine that reports none.
 """
 
 from __future__ import annotations
 
 import json
+from typing import Any, TypeGuard
 
 import attrs
 
+from .requests import ParsedRequest
+
 TAIL_BYTES = 16 * 1024
 _decoder = json.JSONDecoder()
+
+# No request produces more tokens than this, of either kind: 2**24 (16.8 million) is above the
+# longest context of any model (10 million, Llama 4 Scout), so no real count is clamped by it,
+# and a day of such requests still sums far below the store's 2**62 per row. It is the bound
+# where the request says nothing better (no max_tokens; images or audio in the prompt).
+TOKEN_CAP = 2**24
+# Prompt tokens per byte of a text-only request body. Byte-level BPE (the GGUF models llama.cpp
+# serves, most HF tokenizers) makes at most one token of each byte of text, and JSON spends at
+# least a byte on each; a tokenizer that normalises (NFKC) can turn one 3-byte character into
+# 18 (U+FDFA), 33 bytes that byte fallback makes 33 tokens: 11 a byte is that worst case.
+_PROMPT_TOKENS_PER_BYTE = 11
+# What a chat template adds of its own besides the messages' text (role markers, a default
+# system prompt, the date, tool instructions): a few hundred tokens in the templates we know.
+_TEMPLATE_TOKENS = 4096
+# How much of a clamped count a log line shows: a hostile integer may have thousands of digits.
+_SHOWN_DIGITS = 24
+
+
+@attrs.frozen
+class UsageBounds:
+    """The most tokens of each kind one request could have produced."""
+
+    prompt: int = TOKEN_CAP
+    completion: int = TOKEN_CAP
+
+
+# For a caller that knows nothing of the request: the absolute cap alone.
+ABSOLUTE = UsageBounds()
+
+
+@attrs.frozen
+class Clamp:
+    """A count an engine reported outside its bounds, and what was taken instead."""
+
+    field: str
+    reported: int
+    taken: int
+
+    def describe(self) -> str:
+        shown = str(self.reported) if abs(self.reported) < 10**_SHOWN_DIGITS else f"~2**{self.reported.bit_length()}"
+        return f"{self.field}={shown} taken as {self.taken}"
 
 
 @attrs.frozen
@@ -24,10 +75,88 @@ class TokenUsage:
     completion_tokens: int = 0
     # Of prompt_tokens, those the engine took from its KV cache (prompt_tokens_details.cached_tokens).
     cached_tokens: int = 0
+    # The counts that were out of bounds and clamped (empty for a sane engine).
+    clamped: tuple[Clamp, ...] = ()
 
 
-def find_usage(data: bytes | bytearray) -> TokenUsage | None:
-    """The last well-formed usage object in ``data``, or None."""
+def usage_bounds(request: ParsedRequest, prefill_bytes: int = 0) -> UsageBounds:
+    """What ``request`` could have produced: its text's tokens, and ``max_tokens`` for each choice.
+
+    ``prefill_bytes``: text added to the prompt beyond the request body (a continued stream's
+    text so far, gateway/continuation.py).
+    """
+    payload = request.payload
+    kind = request.endpoint.kind
+    prompt = TOKEN_CAP
+    if _text_only(kind, payload):
+        prompt = min(TOKEN_CAP, (len(request.body) + prefill_bytes) * _PROMPT_TOKENS_PER_BYTE + _TEMPLATE_TOKENS)
+    if kind == "embeddings":
+        return UsageBounds(prompt, 0)
+    limits = [v for v in (payload.get("max_tokens"), payload.get("max_completion_tokens")) if _count(v) and v > 0]
+    if not limits or kind not in ("chat", "completions"):
+        return UsageBounds(prompt, TOKEN_CAP)
+    # Each choice may use all of max_tokens; vLLM's best_of generates more than it returns.
+    choices = max([1] + [v for v in (payload.get("n"), payload.get("best_of")) if _count(v)])
+    return UsageBounds(prompt, min(TOKEN_CAP, max(limits) * choices))
+
+
+def _count(value: object) -> TypeGuard[int]:
+    # bool is an int in Python, but true is no count.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _text_only(kind: str, payload: dict[str, Any]) -> bool:
+    """Whether the prompt is text (strings, token ids, text parts): no image, audio or file whose
+    tokens its bytes say nothing about."""
+    if kind == "chat":
+        for message in payload["messages"]:
+            content = message.get("content")
+            if isinstance(content, list):
+                if not all(isinstance(part, dict) and part.get("type") == "text" for part in content):
+                    return False
+            elif not (content is None or isinstance(content, str)):
+                return False
+        return True
+    if kind in ("completions", "embeddings"):
+        value = payload.get("prompt" if kind == "completions" else "input")
+        items = value if isinstance(value, list) else [value]
+        return all(isinstance(item, str | int) or (isinstance(item, list) and all(isinstance(i, int) for i in item))
+                   for item in items)
+    return False
+
+
+def read_usage(value: object, bounds: UsageBounds = ABSOLUTE) -> TokenUsage | None:
+    """The counts of a decoded ``usage`` object within ``bounds``; None when it holds none."""
+    counts = _counts(value, bounds)
+    if counts is None:
+        return None
+    assert isinstance(value, dict)
+    prompt, completion, clamped = counts
+    return TokenUsage(prompt, completion, _cached_tokens(value, prompt) or 0, clamped)
+
+
+def _counts(value: object, bounds: UsageBounds) -> tuple[int, int, tuple[Clamp, ...]] | None:
+    if not isinstance(value, dict):
+        return None
+    prompt = value.get("prompt_tokens")
+    completion = value.get("completion_tokens", 0)  # embeddings report none
+    if not _count(prompt) or not _count(completion):
+        return None
+    clamped: list[Clamp] = []
+    prompt = _clamp("prompt_tokens", prompt, bounds.prompt, clamped)
+    completion = _clamp("completion_tokens", completion, bounds.completion, clamped)
+    return prompt, completion, tuple(clamped)
+
+
+def _clamp(field: str, value: int, bound: int, clamped: list[Clamp]) -> int:
+    taken = min(max(value, 0), bound)
+    if taken != value:
+        clamped.append(Clamp(field, value, taken))
+    return taken
+
+
+def find_usage(data: bytes | bytearray, bounds: UsageBounds = ABSOLUTE) -> TokenUsage | None:
+    """The last well-formed usage object in ``data``, read within ``bounds``, or None."""
     position = len(data)
     while True:
         position = data.rfind(b'"usage"', 0, position)
@@ -41,21 +170,22 @@ def find_usage(data: bytes | bytearray) -> TokenUsage | None:
             except (ValueError, RecursionError):
                 # RecursionError: 4 KiB of brackets from an engine nests 2,048 deep, past the C
                 # scanner's limit (llmgw_shared.jsonin explains); such a tail simply has no usage.
+                # ValueError: also an integer of more than 4,300 digits (Python's own limit).
                 value = None
-            if isinstance(value, dict):
-                prompt = value.get("prompt_tokens")
-                completion = value.get("completion_tokens", 0)
-                if isinstance(prompt, int) and isinstance(completion, int):
-                    cached = _cached_tokens(value, prompt)
-                    if cached is None:
-                        cached = _timings_cache_n(data, prompt)
-                    return TokenUsage(prompt, completion, cached or 0)
+            counts = _counts(value, bounds)
+            if counts is not None:
+                assert isinstance(value, dict)
+                prompt, completion, clamped = counts
+                cached = _cached_tokens(value, prompt)
+                if cached is None:
+                    cached = _timings_cache_n(data, prompt)
+                return TokenUsage(prompt, completion, cached or 0, clamped)
 
 
 def _sane(value: object, prompt: int) -> int | None:
     # An engine's count is trusted only within the prompt it describes: a hostile or broken one
     # must not inflate the cached-token metric past the prompt tokens it is a part of.
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= prompt:
+    if _count(value) and 0 <= value <= prompt:
         return value
     return None
 
@@ -83,8 +213,9 @@ def _timings_cache_n(data: bytes | bytearray, prompt: int) -> int | None:
 class StreamTail:
     """The last TAIL_BYTES of a relayed stream."""
 
-    def __init__(self) -> None:
+    def __init__(self, bounds: UsageBounds = ABSOLUTE) -> None:
         self._buffer = bytearray()
+        self._bounds = bounds
 
     def feed(self, chunk: bytes) -> None:
         self._buffer += chunk
@@ -93,4 +224,4 @@ class StreamTail:
             del self._buffer[:excess]
 
     def usage(self) -> TokenUsage | None:
-        return find_usage(self._buffer)
+        return find_usage(self._buffer, self._bounds)

@@ -5,7 +5,9 @@ Nothing on the data path waits for the database: ``UsageAccumulator.record`` add
 one ``add_usage`` call every few seconds and once more at shutdown.
 
 Never lost, never counted twice: a flush *takes* the pending deltas, and puts them back only if
-the write failed. The write runs shielded from cancellation, so its outcome is always known: a
+the write failed because the store was away. A batch the store refuses for what is in it is
+written again one row at a time, so one row out of range never holds back the others; that row
+alone is logged and dropped. The write runs shielded from cancellation, so its outcome is always known: a
 cancelled ``to_thread`` call could otherwise have committed while we were told it failed, and
 the retry would count the batch twice. The store's own statement/busy timeout bounds how long
 a shielded write can hold up shutdown. (One case stays ambiguous and is the store's to report:
@@ -21,7 +23,7 @@ import trio
 
 from llmgw_shared.logs import get_logger
 
-from ..store import Store, StoreError, Usage
+from ..store import Store, StoreClosed, StoreError, StoreUnavailable, Usage
 
 log = get_logger("llmgw.tenancy.usage")
 
@@ -79,10 +81,44 @@ class UsageAccumulator:
         try:
             with trio.CancelScope(shield=True):
                 await store.add_usage(batch)
+        except StoreError as exc:
+            if isinstance(exc, StoreUnavailable | StoreClosed):
+                self._put_back(taken)
+                raise
+            # The store refused the batch for what is in it (a count out of range, say), not
+            # because it is away: one bad row must not hold back every other row, on this flush
+            # and on every later one. Each row is tried on its own.
+            return await self._flush_each(store, taken)
         except BaseException:
             self._put_back(taken)
             raise
         return len(batch)
+
+    async def _flush_each(self, store: Store, taken: dict[_Row, list[int]]) -> int:
+        """Write ``taken`` one row a transaction: rows the store refuses are dropped (logged), and
+        should it go away meanwhile, the rows not yet written are pending again."""
+        written = 0
+        rows = list(taken.items())
+        for index, (row, counts) in enumerate(rows):
+            try:
+                with trio.CancelScope(shield=True):
+                    await store.add_usage([_usage(row, counts)])
+            except StoreError as exc:
+                if isinstance(exc, StoreUnavailable | StoreClosed):
+                    self._put_back(dict(rows[index:]))
+                    raise
+                # Retrying it would fail the same way on every flush: it is logged whole, so
+                # an operator can still account for it, and dropped.
+                log.error("usage of key %r (group %r, model %r) refused by the store, dropped: %s",
+                          row[1], row[2], row[3], exc,
+                          extra={"hour": hour_start(row[0]).isoformat(), "requests": counts[0],
+                                 "prompt_tokens": counts[1], "completion_tokens": counts[2]})
+            except BaseException:
+                self._put_back(dict(rows[index:]))
+                raise
+            else:
+                written += 1
+        return written
 
 
 def _usage(row: _Row, counts: list[int]) -> Usage:
