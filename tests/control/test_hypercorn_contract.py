@@ -1,4 +1,4 @@
-"""The hypercorn internals our connection loop (http_connection.py) relies on, pinned.
+"""The hypercorn internals our connection loop (transport/connection.py) relies on, pinned.
 
 The loop drives hypercorn's HTTP/1.1 protocol class directly, not through hypercorn's own
 server, so it depends on names and behaviour hypercorn does not promise to keep. Each test

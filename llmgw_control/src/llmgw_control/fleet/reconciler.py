@@ -13,7 +13,7 @@ What a node reports is the truth about its shards: its hello lists every shard i
 shard control placed there that the hello does not list is forgotten at once (and replaced if
 it should run), whatever state control last saw it in.
 
-This module is the loop and its pass, about 700 lines: the steps of one pass (absorb reports and
+This module is the loop and its pass, about 820 lines: the steps of one pass (absorb reports and
 measurements, adopt, expire, demand, plan, apply, publish, tidy the nodes' weights) read and
 change the same records in one order, and apart they would each need the whole reconciler passed
 in. The decisions themselves are pure and elsewhere: ``plan`` (with ``eviction`` and ``gpus``),

@@ -31,7 +31,7 @@ class Replica:
     served_name: str = ""
     # Requests it serves at once (llama-server's -np); more wait in the gateway's queue.
     slots: int = DEFAULT_ENDPOINT_SLOTS
-    # Slots taken, by the activator's slot guards only (router/activator.py).
+    # Slots taken, by the activator's slot guards only (gateway/activator.py).
     in_flight: int = 0
     cooldown_until: float = 0.0
     # When the last request finished here; the idle unloader reads it.
