@@ -1,0 +1,182 @@
+"""The HTTP client huggingface-hub sends through: every request passes the guard, within a deadline.
+
+huggingface-hub makes its own requests (``list_models``, ``list_repo_tree``), follows redirects
+and ``Link: rel=next`` pages, and retries with sleeps; none of that may leave the rules the
+downloads keep. The library takes its client from a factory (``set_client_factory``); ours
+sends through ``GuardedTransport``, which sees each request the client sends, so the first
+request, every redirect hop and every next page alike:
+
+- refuses it unless ``NetGuard.check_blocking`` allows the URL (the same rules as a download:
+  the endpoint or ``allow_hosts``, every address public or in ``allow_networks``),
+- sends the ``Authorization`` header (and cookies) only to the endpoint's own origin,
+- refuses once the call's deadline (``hub.timeout``) has passed, and gives each connect and read
+  at most what is left of it: a Hub that accepts and never answers costs one call its deadline,
+  never a thread for ever,
+- turns what the library would retry (timeouts, network errors, 408/429/5xx) into an error that
+  it does not retry: a retry's sleep (a hostile ``Retry-After`` included) would outlive the
+  deadline, and the operator on the page can ask again,
+- bounds a call to ``MAX_REQUESTS`` requests and each body to ``MAX_BODY`` bytes, uncompressed
+  (``Accept-Encoding: identity``; a compressed answer is refused, a gzip bomb among them).
+
+The rules come from the call (``HubCall``, set in a context variable by the thread that runs
+it): a request outside a call is refused, so nothing else in the process can use the client
+to bypass them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextvars import ContextVar
+
+import attrs
+import httpx2
+from huggingface_hub import set_client_factory
+from huggingface_hub.utils._http import hf_request_event_hook
+
+from .net_guard import NetGuard, Refused
+
+# One connect, and one wait for bytes: a Hub answers a search in well under a second; what waits
+# longer is stalled. Each is cut to what is left of the call's deadline.
+CONNECT_TIMEOUT = 5.0
+READ_TIMEOUT = 10.0
+# Requests one call may send, redirects and pages together: a search is one, a tree of 2000
+# files a few pages; a Hub that pages for ever is stopped here (and by the deadline).
+MAX_REQUESTS = 50
+# One answer's body: a search of 100 repositories is ~100 KiB, a tree page ~1 MiB.
+MAX_BODY = 16 * 1024 * 1024
+# Redirects one request may take (the Hub redirects a renamed repository once).
+MAX_REDIRECTS = 5
+# What huggingface-hub retries (with sleeps): answered as an error at once instead.
+RETRIED_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+
+
+class HubRefused(Exception):
+    """The guard refused a URL the Hub client was about to fetch (the message is safe to show)."""
+
+
+class HubStalled(Exception):
+    """The call's deadline passed, or a connect or read timed out."""
+
+
+class HubUnreachable(Exception):
+    """A connection to the Hub failed (refused, reset, not resolvable)."""
+
+
+class HubAnswered(Exception):
+    """The Hub answered a status the library would retry (rate limited, overloaded)."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"the Hub answered HTTP {status}")
+        self.status = status
+
+
+@attrs.define
+class HubCall:
+    """The rules for one Hub call's requests, and what it has used of them."""
+
+    guard: NetGuard
+    deadline: float  # time.monotonic()
+    requests: int = 0
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+
+CURRENT_CALL: ContextVar[HubCall | None] = ContextVar("llmgw_hub_call", default=None)
+
+
+class _BoundedBody(httpx2.SyncByteStream):
+    """A response body that stops at the deadline or ``MAX_BODY`` bytes (a trickling or endless body)."""
+
+    def __init__(self, inner: httpx2.SyncByteStream, call: HubCall) -> None:
+        self.inner = inner
+        self.call = call
+
+    def __iter__(self) -> Iterator[bytes]:
+        received = 0
+        for chunk in self.inner:
+            received += len(chunk)
+            if received > MAX_BODY:
+                raise HubRefused(f"the Hub's answer is larger than {MAX_BODY} bytes")
+            if self.call.remaining() <= 0:
+                raise HubStalled("the Hub's answer did not arrive in time")
+            yield chunk
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class GuardedTransport(httpx2.BaseTransport):
+    """A transport that applies the current ``HubCall``'s rules to every request (see the module)."""
+
+    def __init__(self, inner: httpx2.BaseTransport) -> None:
+        self.inner = inner
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        call = CURRENT_CALL.get()
+        if call is None:
+            raise HubRefused("a Hub request outside a Hub call")
+        url = str(request.url)
+        call.requests += 1
+        if call.requests > MAX_REQUESTS:
+            raise HubRefused(f"the Hub took more than {MAX_REQUESTS} requests (redirects and pages) for one call")
+        left = call.remaining()
+        if left <= 0:
+            raise HubStalled("the call's deadline passed")
+        try:
+            call.guard.check_blocking(url)
+        except Refused as exc:
+            raise HubRefused(f"refused {safe_url(url)}: {exc}") from None
+        if not call.guard.same_origin(url):
+            for name in ("authorization", "cookie"):
+                request.headers.pop(name, None)
+        request.headers["accept-encoding"] = "identity"
+        request.extensions["timeout"] = {"connect": min(CONNECT_TIMEOUT, left), "read": min(READ_TIMEOUT, left),
+                                         "write": min(READ_TIMEOUT, left), "pool": min(CONNECT_TIMEOUT, left)}
+        try:
+            response = self.inner.handle_request(request)
+        except httpx2.TimeoutException:
+            raise HubStalled(f"{safe_url(url)} did not answer in time") from None
+        except httpx2.TransportError as exc:
+            raise HubUnreachable(f"{type(exc).__name__} from {request.url.host}") from None
+        if response.status_code in RETRIED_STATUSES:
+            response.close()
+            raise HubAnswered(response.status_code)
+        if response.headers.get("content-encoding", "identity").lower() != "identity":
+            response.close()
+            raise HubRefused("the Hub sent a compressed answer it was not asked for")
+        assert isinstance(response.stream, httpx2.SyncByteStream)
+        response.stream = _BoundedBody(response.stream, call)
+        return response
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def guarded_client() -> httpx2.Client:
+    """The client huggingface-hub shares between its calls (its factory)."""
+    return httpx2.Client(
+        transport=GuardedTransport(httpx2.HTTPTransport(trust_env=False)),
+        # The library's own hook: a request id on each request, its offline mode, its debug log.
+        event_hooks={"request": [hf_request_event_hook]},
+        follow_redirects=True, max_redirects=MAX_REDIRECTS, trust_env=False,
+        timeout=httpx2.Timeout(READ_TIMEOUT, connect=CONNECT_TIMEOUT),
+    )
+
+
+_installed = False
+
+
+def install() -> None:
+    """Make huggingface-hub send through ``guarded_client`` (once per process)."""
+    global _installed
+    if not _installed:
+        set_client_factory(guarded_client)
+        _installed = True
+
+
+def safe_url(url: str) -> str:
+    """A URL for messages: no query (signed URLs carry credentials there), bounded."""
+    head = url.split("?", 1)[0].split("#", 1)[0]
+    return head[:300]
