@@ -25,6 +25,7 @@ from typing import TypeVar
 from urllib.parse import quote
 
 import attrs
+import httpx2
 import trio
 from huggingface_hub import HfApi
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
@@ -94,15 +95,21 @@ class Hub:
                                 f"hub.timeout ({self.config.timeout:g} s)") from None
         except HubRefused as exc:
             raise AdminApiError(502, "hub_refused", f"the Hub client was refused: {str(exc)[:300]}") from None
+        except httpx2.InvalidURL as exc:  # a next page or redirect the client cannot even parse
+            raise AdminApiError(502, "hub_refused", f"the Hub sent a URL that is not valid: {_short(exc)}") from None
         except HubAnswered as exc:
             raise AdminApiError(502, "hub_error", str(exc)) from None
         except (RepositoryNotFoundError, RevisionNotFoundError) as exc:
             raise AdminApiError(404, "not_found", f"not on the Hub: {_short(exc)}") from None
         except HfHubHTTPError as exc:
             raise AdminApiError(502, "hub_error", f"the Hub answered an error: {_short(exc)}") from None
-        except (HubUnreachable, OSError, ValueError) as exc:
+        except (HubUnreachable, OSError) as exc:
             raise AdminApiError(502, "hub_unreachable", f"the Hub at {self.endpoint} is unreachable: "
                                 f"{_short(exc)}") from None
+        except (httpx2.HTTPError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            # Too many redirects, a body that is not JSON or not the shape the library reads.
+            raise AdminApiError(502, "hub_error", f"the Hub's answer could not be read: "
+                                f"{type(exc).__name__}") from None
 
     async def search(self, text: str, limit: int | None = None) -> list[HubRepo]:
         """GGUF repositories matching ``text``, most downloaded first."""

@@ -8,6 +8,7 @@ request, every redirect hop and every next page alike:
 
 - refuses it unless ``NetGuard.check_blocking`` allows the URL (the same rules as a download:
   the endpoint or ``allow_hosts``, every address public or in ``allow_networks``),
+- judges a redirect's ``Location`` before the client follows it (and the hop again when sent),
 - sends the ``Authorization`` header (and cookies) only to the endpoint's own origin,
 - refuses once the call's deadline (``hub.timeout``) has passed, and gives each connect and read
   at most what is left of it: a Hub that accepts and never answers costs one call its deadline,
@@ -146,6 +147,15 @@ class GuardedTransport(httpx2.BaseTransport):
         if response.headers.get("content-encoding", "identity").lower() != "identity":
             response.close()
             raise HubRefused("the Hub sent a compressed answer it was not asked for")
+        if response.has_redirect_location:
+            # Judged here, before the client follows it: a Location the client cannot even parse
+            # is otherwise an error the library retries, with sleeps.
+            try:
+                target = str(request.url.join(response.headers["location"]))
+                call.guard.check_blocking(target, redirect=False)
+            except (httpx2.InvalidURL, ValueError) as exc:  # Refused is a ValueError
+                response.close()
+                raise HubRefused(f"the Hub redirected to a URL it may not: {exc}") from None
         assert isinstance(response.stream, httpx2.SyncByteStream)
         response.stream = _BoundedBody(response.stream, call)
         return response
