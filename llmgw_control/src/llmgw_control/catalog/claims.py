@@ -11,6 +11,7 @@ import httpx2
 import trio
 
 from llmgw_shared.logs import get_logger
+from llmgw_shared.threads import FILES
 
 from .gguf import MemoryEstimate, NotGguf, Truncated, estimate_ram, read_metadata
 from .models import Catalog, Claim, ModelConfig, ProfileConfig, profile_key
@@ -47,7 +48,7 @@ async def _header_bytes(profile: ProfileConfig, files: ModelFiles | None) -> byt
         def read() -> bytes:
             with open(local, "rb") as handle:
                 return handle.read(_HEADER_BYTES)
-        return await trio.to_thread.run_sync(read)
+        return await FILES.run(read, abandon=True)
     async with httpx2.AsyncClient(timeout=10, follow_redirects=True) as client, \
             client.stream("GET", url, headers={"range": f"bytes=0-{_HEADER_BYTES - 1}"}) as response:
         if response.status_code not in (200, 206):
