@@ -29,7 +29,7 @@ class HubConfig:
                                                             "cas-bridge.xethub.hf.co"], metadata=doc(
         "Hosts the endpoint may redirect a download to (the Hub's LFS storage)."))
     allow_networks: list[str] = attrs.field(factory=list, metadata=doc(
-        "Loopback, private or link-local networks a pull may reach anyway (a Hub mirror on the LAN)."))
+        "Loopback, private or link-local networks searches and pulls may reach anyway (a Hub mirror on the LAN)."))
     max_concurrent_pulls: int = attrs.field(default=2, metadata=doc(
         "Pulls downloading at once; more wait their turn (each can fill a link on its own)."))
     search_limit: int = attrs.field(default=30, metadata=doc(
