@@ -5,6 +5,7 @@ is stopped, not followed."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import httpx2
@@ -19,6 +20,7 @@ from llmgw_control.mirror.hub import Hub
 from llmgw_control.mirror.hub_http import CURRENT_CALL, MAX_REQUESTS, GuardedTransport, HubCall, HubRefused
 from llmgw_control.mirror.net_guard import NetGuard
 from llmgw_dev.fake_hub import FakeHub, FakeRepo, run_fake_hub
+from llmgw_shared.threads import HUB
 
 LOOPBACK = ["127.0.0.0/8"]
 REPOS = {"acme/tiny-GGUF": FakeRepo(files={"tiny.Q8_0.gguf": b"GGUF" + b"\0" * 60}, downloads=3)}
@@ -141,3 +143,44 @@ def test_a_request_outside_a_hub_call_is_refused() -> None:
     with httpx2.Client(transport=GuardedTransport(httpx2.MockTransport(lambda r: httpx2.Response(200)))) as client, \
             pytest.raises(HubRefused, match="outside"):
         client.get("https://hub.example/")
+
+
+# ------------------------------------------------------------------ deadlines and addresses
+
+async def _trickle(stream: trio.SocketStream) -> None:
+    """Answer a head one byte at a time, each well inside any read timeout, for ever."""
+    with trio.move_on_after(30):
+        await stream.receive_some(65536)
+        await stream.send_all(b"HTTP/1.1 200 OK\r\n")
+        try:
+            while True:
+                await stream.send_all(b"x")
+                await trio.sleep(0.2)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return
+
+
+async def test_a_trickled_head_ends_at_the_calls_deadline_and_frees_its_thread() -> None:
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, _trickle, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        hub = Hub(HubConfig(endpoint=f"http://127.0.0.1:{port}", allow_networks=LOOPBACK, timeout=1.5))
+        start = trio.current_time()
+        with pytest.raises(AdminApiError) as caught:
+            await hub.search("x")
+        assert caught.value.status == 504 and trio.current_time() - start < 3
+        # The thread itself ended (not only its caller): its token is back within the deadline's slack.
+        with trio.fail_after(2):
+            while HUB.limiter().available_tokens < HUB.size:
+                await trio.sleep(0.05)
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_connection_goes_to_the_address_the_guard_checked() -> None:
+    # hub.test resolves nowhere but in the guard: the connection uses the checked address, it does
+    # not look the name up again (a DNS answer that changed in between is not followed).
+    async with run_fake_hub(FakeHub(repos=dict(REPOS))) as fake:
+        config = HubConfig(endpoint=fake.url.replace("127.0.0.1", "hub.test"), allow_networks=LOOPBACK)
+        guard = NetGuard(config, resolve_blocking=lambda host, port: ["127.0.0.1"] if host == "hub.test" else [])
+        assert [r.id for r in await Hub(config, guard).search("tiny")] == ["acme/tiny-GGUF"]
+    assert fake.seen[0].headers["host"].startswith("hub.test:")

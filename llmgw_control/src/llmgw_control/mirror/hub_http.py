@@ -10,9 +10,13 @@ request, every redirect hop and every next page alike:
   the endpoint or ``allow_hosts``, every address public or in ``allow_networks``),
 - judges a redirect's ``Location`` before the client follows it (and the hop again when sent),
 - sends the ``Authorization`` header (and cookies) only to the endpoint's own origin,
-- refuses once the call's deadline (``hub.timeout``) has passed, and gives each connect and read
-  at most what is left of it: a Hub that accepts and never answers costs one call its deadline,
-  never a thread for ever,
+- refuses once the call's deadline (``hub.timeout``) has passed, and gives each connect, read and
+  write at most what is left of it (``_DeadlineStream``: a head or body trickled a byte at a
+  time too): a Hub that accepts and never answers costs one call its deadline, never a thread
+  for ever,
+- connects to the address the guard checked (``_PinnedBackend``), never resolving the name a
+  second time: a DNS answer that changes between the check and the connect (rebinding) is not
+  followed,
 - turns what the library would retry (timeouts, network errors, 408/429/5xx) into an error that
   it does not retry: a retry's sleep (a hostile ``Retry-After`` included) would outlive the
   deadline, and the operator on the page can ask again,
@@ -26,16 +30,20 @@ to bypass them.
 
 from __future__ import annotations
 
+import ssl
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
+from typing import Any
 
 import attrs
+import httpcore2
 import httpx2
+from httpcore2._types import SOCKET_OPTION
 from huggingface_hub import set_client_factory
 from huggingface_hub.utils._http import hf_request_event_hook
 
-from .net_guard import NetGuard, Refused
+from .net_guard import NetGuard, Refused, Target
 
 # One connect, and one wait for bytes: a Hub answers a search in well under a second; what waits
 # longer is stalled. Each is cut to what is left of the call's deadline.
@@ -79,6 +87,8 @@ class HubCall:
     guard: NetGuard
     deadline: float  # time.monotonic()
     requests: int = 0
+    # The request being sent's checked target: the one address set a new connection may use.
+    target: Target | None = None
 
     def remaining(self) -> float:
         return self.deadline - time.monotonic()
@@ -88,7 +98,10 @@ CURRENT_CALL: ContextVar[HubCall | None] = ContextVar("llmgw_hub_call", default=
 
 
 class _BoundedBody(httpx2.SyncByteStream):
-    """A response body that stops at the deadline or ``MAX_BODY`` bytes (a trickling or endless body)."""
+    """A response body that stops at the deadline or ``MAX_BODY`` bytes (a trickling or endless body).
+
+    Read after the transport has returned, so its errors are turned into ours here too: the
+    library would retry an httpx timeout, after a sleep."""
 
     def __init__(self, inner: httpx2.SyncByteStream, call: HubCall) -> None:
         self.inner = inner
@@ -96,16 +109,80 @@ class _BoundedBody(httpx2.SyncByteStream):
 
     def __iter__(self) -> Iterator[bytes]:
         received = 0
-        for chunk in self.inner:
-            received += len(chunk)
-            if received > MAX_BODY:
-                raise HubRefused(f"the Hub's answer is larger than {MAX_BODY} bytes")
-            if self.call.remaining() <= 0:
-                raise HubStalled("the Hub's answer did not arrive in time")
-            yield chunk
+        try:
+            for chunk in self.inner:
+                received += len(chunk)
+                if received > MAX_BODY:
+                    raise HubRefused(f"the Hub's answer is larger than {MAX_BODY} bytes")
+                if self.call.remaining() <= 0:
+                    raise HubStalled("the Hub's answer did not arrive in time")
+                yield chunk
+        except httpx2.TimeoutException:
+            raise HubStalled("the Hub's answer did not arrive in time") from None
+        except httpx2.TransportError as exc:
+            raise HubUnreachable(f"{type(exc).__name__} while reading the Hub's answer") from None
 
     def close(self) -> None:
         self.inner.close()
+
+
+def _within_deadline(timeout: float | None, timed_out: type[Exception]) -> float | None:
+    """``timeout`` cut to what is left of the current call; ``timed_out`` once nothing is."""
+    call = CURRENT_CALL.get()
+    if call is None:  # a pooled connection closed outside a call
+        return timeout
+    left = call.remaining()
+    if left <= 0:
+        raise timed_out("the Hub call's deadline passed")
+    return left if timeout is None else min(timeout, left)
+
+
+class _DeadlineStream(httpcore2.NetworkStream):
+    """A connection whose every read and write ends by the current call's deadline (httpcore's
+    timeouts are per read: a head trickled a byte per read timeout would outlive any deadline)."""
+
+    def __init__(self, inner: httpcore2.NetworkStream) -> None:
+        self.inner = inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self.inner.read(max_bytes, _within_deadline(timeout, httpcore2.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self.inner.write(buffer, _within_deadline(timeout, httpcore2.WriteTimeout))
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def start_tls(self, ssl_context: ssl.SSLContext, server_hostname: str | None = None,
+                  timeout: float | None = None) -> httpcore2.NetworkStream:
+        return _DeadlineStream(self.inner.start_tls(ssl_context, server_hostname,
+                                                    _within_deadline(timeout, httpcore2.ConnectTimeout)))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self.inner.get_extra_info(info)
+
+
+class _PinnedBackend(httpcore2.SyncBackend):
+    """Connects to the addresses ``NetGuard`` checked for the request being sent, not to a fresh
+    lookup of its name (TLS still verifies the name: httpcore passes it to ``start_tls``)."""
+
+    def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
+                    socket_options: Iterable[SOCKET_OPTION] | None = None) -> httpcore2.NetworkStream:
+        call = CURRENT_CALL.get()
+        target = call.target if call is not None else None
+        if target is None or target.port != port:
+            raise httpcore2.ConnectError(f"no checked address for {host}:{port}")
+        failed: Exception = httpcore2.ConnectError(f"{host} has no address")
+        for address in target.addresses:
+            try:
+                stream = super().connect_tcp(address.split("%", 1)[0], port,
+                                             _within_deadline(timeout, httpcore2.ConnectTimeout),
+                                             local_address, socket_options)
+            except httpcore2.ConnectError as exc:
+                failed = exc
+                continue
+            return _DeadlineStream(stream)
+        raise failed
 
 
 class GuardedTransport(httpx2.BaseTransport):
@@ -126,7 +203,7 @@ class GuardedTransport(httpx2.BaseTransport):
         if left <= 0:
             raise HubStalled("the call's deadline passed")
         try:
-            call.guard.check_blocking(url)
+            call.target = call.guard.check_blocking(url)
         except Refused as exc:
             raise HubRefused(f"refused {safe_url(url)}: {exc}") from None
         if not call.guard.same_origin(url):
@@ -166,8 +243,13 @@ class GuardedTransport(httpx2.BaseTransport):
 
 def guarded_client() -> httpx2.Client:
     """The client huggingface-hub shares between its calls (its factory)."""
+    inner = httpx2.HTTPTransport(trust_env=False)
+    # HTTPTransport takes no network backend: its pool is replaced by the same pool with ours
+    # (tests/control/mirror/test_hub_stalled.py and test_hub_redirects.py fail if this stops working).
+    inner._pool = httpcore2.ConnectionPool(ssl_context=httpx2.create_ssl_context(trust_env=False),
+                                          network_backend=_PinnedBackend())
     return httpx2.Client(
-        transport=GuardedTransport(httpx2.HTTPTransport(trust_env=False)),
+        transport=GuardedTransport(inner),
         # The library's own hook: a request id on each request, its offline mode, its debug log.
         event_hooks={"request": [hf_request_event_hook]},
         follow_redirects=True, max_redirects=MAX_REDIRECTS, trust_env=False,
