@@ -9,7 +9,10 @@ can assert that the client library asks for exactly what this fake serves.
 
 Faults a test can ask for: ``cut_after`` drops the connection after that many body bytes of
 the next download (then resets), ``redirect_to`` answers a download with a 302 to that URL,
-``ignore_range`` answers 200 with the whole file whatever the Range.
+``ignore_range`` answers 200 with the whole file whatever the Range; ``api_redirect_to``
+answers every ``/api/`` request with ``api_redirect_status`` to that URL, ``next_page`` adds a
+``Link: <next_page>; rel="next"`` to a search or tree answer (once, or on every page with
+``endless_pages``).
 
 A deliberately small trio + h11 server, one request per connection (``Connection: close``).
 """
@@ -64,22 +67,35 @@ class FakeHub:
     claimed_sizes: dict[str, int] = attrs.Factory(dict)
     # Seconds between 64 KiB chunks of a download body, for tests that watch a pull in progress.
     chunk_delay: float = 0.0
+    api_redirect_to: str | None = None
+    api_redirect_status: int = 302
+    next_page: str | None = None
+    endless_pages: bool = False
 
     def answer(self, method: str, target: str, headers: dict[str, str]) -> tuple[int, list[tuple[str, str]], bytes]:
         parts = urlsplit(target)
         path = unquote(parts.path)
         seen = Seen(method, path, parse_qs(parts.query), headers)
         self.seen.append(seen)
+        if self.api_redirect_to is not None and path.startswith("/api/"):
+            return self.api_redirect_status, [("location", self.api_redirect_to)], b""
         if method == "GET" and path == "/api/models":
-            return self._search(seen.query)
+            return self._paged(seen.query, self._search(seen.query))
         match = _TREE.fullmatch(path)
         if method == "GET" and match:
-            return self._tree(match[1], match[2])
+            return self._paged(seen.query, self._tree(match[1], match[2]))
         match = _RESOLVE.fullmatch(path)
         if method in ("GET", "HEAD") and match:
             return self._resolve(match[1], match[3], headers, method)
         self.unserved.append(seen)
         return _json(404, {"error": "not served by the fake hub"})
+
+    def _paged(self, query: dict[str, list[str]], answer: tuple[int, list[tuple[str, str]], bytes]) -> tuple[
+            int, list[tuple[str, str]], bytes]:
+        status, headers, body = answer
+        if self.next_page is not None and status == 200 and (self.endless_pages or "cursor" not in query):
+            headers = [*headers, ("link", f'<{self.next_page}>; rel="next"')]
+        return status, headers, body
 
     def _search(self, query: dict[str, list[str]]) -> tuple[int, list[tuple[str, str]], bytes]:
         text = (query.get("search") or [""])[0].lower()

@@ -24,6 +24,7 @@ import trio
 from prometheus_client import CollectorRegistry
 
 from llmgw_shared.logs import get_logger
+from llmgw_shared.threads import DISK
 from llmgw_shared.wire import EngineSpec
 
 from .admin.admin_auth import AdminKeyGuard, key_required, refuse_without_admin_keys
@@ -188,7 +189,7 @@ async def build_fleet(config: ControlConfig, replicas: ReplicaSet, agent_url: st
         # engines it adopts.
         secret = await cluster_secret(store, SHARD_KEY_SECRET, data_dir_of(config) / "control.secret")
     else:
-        secret = await trio.to_thread.run_sync(load_or_create_secret, data_dir_of(config))
+        secret = await DISK.run(load_or_create_secret, data_dir_of(config))
     claims = await profile_claims(catalog, files)
 
     def engine_specs() -> list[EngineSpec]:

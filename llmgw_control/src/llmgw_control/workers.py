@@ -34,6 +34,7 @@ import trio
 from llmgw_shared import sdnotify
 from llmgw_shared.config import ConfigError, parse_host_port
 from llmgw_shared.logs import get_logger
+from llmgw_shared.threads import DISK
 
 from .config import ControlConfig
 
@@ -112,10 +113,10 @@ async def prepare_shared_state(config: ControlConfig, data_dir: Path) -> None:
     location = config.store or str(data_dir / "llmgw.db")
     if is_postgres_url(location):
         return  # several daemons share it already: nothing of it belongs to this machine alone
-    await trio.to_thread.run_sync(partial(data_dir.mkdir, parents=True, exist_ok=True))
-    await trio.to_thread.run_sync(load_or_create_server_secret, data_dir / "key-secret")
+    await DISK.run(partial(data_dir.mkdir, parents=True, exist_ok=True))
+    await DISK.run(load_or_create_server_secret, data_dir / "key-secret")
     if config.agents.listen:
-        await trio.to_thread.run_sync(load_or_create_secret, data_dir)
+        await DISK.run(load_or_create_secret, data_dir)
     async with open_store(location) as store:
         await clear_single_daemon_lease(store.lease)
 

@@ -13,10 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx2
-import trio
 
 from llmgw_shared.hashing import update_from_file
 from llmgw_shared.logs import get_logger
+from llmgw_shared.threads import DISK, FILES
 
 log = get_logger("llmgw.node.fetch")
 
@@ -45,7 +45,7 @@ def human_size(n: int | None) -> str:
 
 async def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
-    await trio.to_thread.run_sync(update_from_file, digest, path)
+    await FILES.run(update_from_file, digest, path, abandon=True)
     return digest.hexdigest()
 
 
@@ -67,12 +67,12 @@ async def fetch(
     """Make ``dest`` hold the verified file at ``url``; return ``dest``."""
     sha256 = sha256.lower()
     part = dest.with_name(dest.name + ".part")
-    done, have = await trio.to_thread.run_sync(_prepare, dest, part, size)
+    done, have = await DISK.run(_prepare, dest, part, size)
     if done:
         return dest
     digest = hashlib.sha256()
     if have:
-        await trio.to_thread.run_sync(update_from_file, digest, part)
+        await FILES.run(update_from_file, digest, part, abandon=True)
     headers = {"Range": f"bytes={have}-"} if have else {}
     if have and size is not None and have == size:
         pass  # everything arrived last time; only the check and the rename are left
@@ -98,11 +98,11 @@ async def fetch(
                         length = resp.headers.get("content-length")
                         total = have + int(length) if length and length.isdigit() else None
                     mode = "ab" if have else "wb"
-                    handle = await trio.to_thread.run_sync(open, part, mode)
+                    handle = await DISK.run(open, part, mode)
                     try:
                         got = have
                         async for chunk in resp.aiter_bytes(CHUNK):
-                            await trio.to_thread.run_sync(_write, handle, chunk)
+                            await DISK.run(_write, handle, chunk)
                             digest.update(chunk)
                             got += len(chunk)
                             if size is not None and got > size:
@@ -111,10 +111,10 @@ async def fetch(
                             if progress is not None:
                                 progress(got, total)
                     finally:
-                        await trio.to_thread.run_sync(handle.close)
+                        await DISK.run(handle.close)
         except URL_ERRORS as exc:
             raise FetchError(f"{_short(url)}: {type(exc).__name__}: {exc}") from None
-    await trio.to_thread.run_sync(_finish, label or dest.name, url, dest, part, size, sha256, digest.hexdigest())
+    await DISK.run(_finish, label or dest.name, url, dest, part, size, sha256, digest.hexdigest())
     return dest
 
 

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 
 import trio
 
+from llmgw_shared.threads import PROC
 from llmgw_shared.wire import MAX_MEMORY_MIB
 
 # Per-process GPU memory; the pid ties it to a shard's process tree.
@@ -125,11 +126,11 @@ async def measure(engine_pids: Iterable[int], proc_root: str = "/proc") -> dict[
     wanted = [pid for pid in engine_pids if pid > 0]
     if not wanted:
         return {}
-    by_session = await trio.to_thread.run_sync(sessions, proc_root)
+    by_session = await PROC.run(sessions, proc_root, abandon=True)
     gpu = await gpu_use_by_pid()
     out: dict[int, tuple[int, int]] = {}
     for pid in wanted:
         tree = by_session.get(pid) or [pid]
-        rss = await trio.to_thread.run_sync(tree_rss_mib, tree, proc_root)
+        rss = await PROC.run(tree_rss_mib, tree, proc_root, abandon=True)
         out[pid] = (rss, min(MAX_MEMORY_MIB, sum(gpu.get(p, 0) for p in tree)))
     return out

@@ -23,6 +23,7 @@ from llmgw_node.supervisor import ShardError, Supervisor, Timing
 from llmgw_node.weights import WeightsCache, WeightsError
 from llmgw_shared.facts import HostFacts, unprobed
 from llmgw_shared.logs import get_logger
+from llmgw_shared.threads import DISK
 from llmgw_shared.wire import (
     PROTOCOL_VERSION,
     Ack,
@@ -135,7 +136,7 @@ class NodeService:
         return changed
 
     async def refresh_weights(self) -> None:
-        self.weights_held = await trio.to_thread.run_sync(self.weights.held)
+        self.weights_held = await DISK.run(self.weights.held, abandon=True)
 
     async def _weights_loop(self) -> None:
         while True:

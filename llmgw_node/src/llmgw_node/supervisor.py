@@ -37,6 +37,7 @@ from llmgw_node.shard_logs import Output, read_output, rotate_if_large
 from llmgw_node.weights import WeightsCache, WeightsError
 from llmgw_shared.logs import get_logger
 from llmgw_shared.names import BadName, check_shard_id
+from llmgw_shared.threads import DISK
 from llmgw_shared.wire import PORT_IN_USE, ShardSpec, ShardState, ShardStatus
 
 log = get_logger("llmgw.node.supervisor")
@@ -163,9 +164,9 @@ class Supervisor:
         except BadName:
             return None
         path = self.log_path(shard_id)
-        if shard_id not in self._shards and not await trio.to_thread.run_sync(path.is_file):
+        if shard_id not in self._shards and not await DISK.run(path.is_file, abandon=True):
             return None
-        return await trio.to_thread.run_sync(read_output, path, n, cursor)
+        return await DISK.run(read_output, path, n, cursor, abandon=True)
 
     def start(self, spec: ShardSpec) -> None:
         """Begin supervising ``spec``. Idempotent for the same spec; refuses conflicts."""
@@ -350,7 +351,7 @@ class Supervisor:
             return None
         if spec.weights is None:
             try:
-                shard.model_path = await trio.to_thread.run_sync(self.model_roots.resolve, spec.model_dir)
+                shard.model_path = await DISK.run(self.model_roots.resolve, spec.model_dir, abandon=True)
             except ModelDirError as exc:
                 self._set(shard, "failed", str(exc))
                 return None
@@ -414,7 +415,7 @@ class Supervisor:
         binary = self.engines.binary(spec.engine, spec.engine_version)
         if binary is None:
             raise ShardError(f"engine {spec.engine} {spec.engine_version} is no longer installed")
-        if not await trio.to_thread.run_sync(engine_http.port_free, self.host, spec.port):
+        if not await DISK.run(engine_http.port_free, self.host, spec.port):
             raise ShardError(f"port {spec.port} on {self.host} {PORT_IN_USE}")
         env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "LD_PRELOAD")}
         env.update(spec.env)
@@ -422,7 +423,7 @@ class Supervisor:
             # The engine sees only its GPUs, renumbered from 0 in this order (CUDA's own rule).
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, spec.devices))
         env.update(key_environment(spec))
-        fd = await trio.to_thread.run_sync(lambda: open_log(self.log_path(spec.shard_id), fresh=fresh))
+        fd = await DISK.run(lambda: open_log(self.log_path(spec.shard_id), fresh=fresh))
         try:
             proc = await trio.lowlevel.open_process(
                 engine_argv(binary, spec, weights, self.host), stdin=subprocess.DEVNULL,
@@ -520,7 +521,7 @@ class Supervisor:
             if trio.current_time() - ready_since >= t.stable_after:
                 shard.restarts = 0  # stable for a while: earlier crashes no longer count
             # The log is the shard's output ring: bounded while it runs, not only at a restart.
-            await trio.to_thread.run_sync(rotate_if_large, self.log_path(shard.spec.shard_id))
+            await DISK.run(rotate_if_large, self.log_path(shard.spec.shard_id))
             failures = 0 if await self._healthy(shard.spec) else failures + 1
             if failures >= t.unhealthy_limit:
                 return f"hung: no answer on /health {failures} times in a row"

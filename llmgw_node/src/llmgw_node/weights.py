@@ -19,6 +19,7 @@ from llmgw_node.disk import DISK_MARGIN, NotEnoughDisk, check_room
 from llmgw_node.fetch import FetchError, fetch, human_size, sha256_file
 from llmgw_shared.logs import get_logger
 from llmgw_shared.names import BadName, check_sha256, check_weight_file_name
+from llmgw_shared.threads import DISK
 from llmgw_shared.wire import MAX_ITEMS, WeightsHeld, WeightsSpec
 
 log = get_logger("llmgw.node.weights")
@@ -115,7 +116,7 @@ class WeightsCache:
                 await self._verify_local(target, spec)
                 return target
             name = _display_name(spec.url, sha)
-            await trio.to_thread.run_sync(self._check_space, target, spec.size, name)
+            await DISK.run(self._check_space, target, spec.size, name, abandon=True)
             last = [-1]
 
             def on_progress(done: int, total: int | None) -> None:

@@ -1,6 +1,6 @@
 """SHA-256 of files: the one reader both daemons hash engine archives, model files and wheels with.
 
-Blocking: call it through ``trio.to_thread.run_sync``.
+Blocking: call it in a thread of the ``FILES`` pool (``llmgw_shared.threads``).
 """
 
 from __future__ import annotations

@@ -145,7 +145,7 @@ async def test_a_file_too_big_for_any_node_does_not_fit(rig: Rig) -> None:
 
 async def test_without_a_files_directory_pulls_are_refused_but_search_works(tmp_path: Path, tiny_gguf: bytes) -> None:
     async with run_fake_hub(FakeHub(repos={REPO: FakeRepo(files={FILE: tiny_gguf})})) as hub, running_control(
-            tmp_path, control_settings={"hub": HubConfig(endpoint=hub.url)}) as daemon:
+            tmp_path, control_settings={"hub": HubConfig(endpoint=hub.url, allow_networks=["127.0.0.0/8"])}) as daemon:
         assert (await daemon.admin.get("/hub/search", params={"q": ""})).status_code == 200
         answer = await daemon.admin.post("/models/pulls", json={"repo": REPO, "file": FILE})
         assert answer.status_code == 409 and answer.json()["error"]["code"] == "no_files_dir"

@@ -114,6 +114,18 @@ async def test_a_redirect_to_a_private_or_unknown_host_is_refused(rig: Rig, loca
     assert pull.state == "failed" and "refused redirect" in pull.error
 
 
+async def test_a_download_redirect_to_another_loopback_host_is_refused_without_the_token(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMGW_HUB_TOKEN", "hf_secret")
+    async with run_fake_hub(FakeHub(), host="127.0.0.2") as other:
+        rig.hub.redirect_to = f"{other.url}/blob"
+        pull = await finished(await rig.pulls.start({"repo": REPO, "file": FILE}))
+    assert pull.state == "failed" and "refused redirect" in pull.error
+    assert other.seen == []
+    resolves = [s for s in rig.hub.seen if "/resolve/" in s.path]
+    assert resolves and all(s.headers.get("authorization") == "Bearer hf_secret" for s in resolves)
+
+
 async def test_too_little_free_space_fails_before_downloading(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shutil, "disk_usage", lambda _path: shutil._ntuple_diskusage(10**9, 10**9, 1000))  # type: ignore[attr-defined]
     pull = await finished(await rig.pulls.start({"repo": REPO, "file": FILE}))

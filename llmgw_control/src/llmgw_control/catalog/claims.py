@@ -12,6 +12,7 @@ import trio
 from trio.lowlevel import RunVar
 
 from llmgw_shared.logs import get_logger
+from llmgw_shared.threads import FILES
 
 from ..api_errors import bad_request
 from .gguf import HeaderRefused, MemoryEstimate, NotGguf, Truncated, estimate_ram, read_metadata
@@ -71,7 +72,7 @@ async def _header_bytes(profile: ProfileConfig, files: ModelFiles | None) -> byt
         def read() -> bytes:
             with open(local, "rb") as handle:
                 return handle.read(_HEADER_BYTES)
-        return await trio.to_thread.run_sync(read)
+        return await FILES.run(read, abandon=True)
     async with httpx2.AsyncClient(timeout=10, follow_redirects=True) as client, \
             client.stream("GET", url, headers={"range": f"bytes=0-{_HEADER_BYTES - 1}"}) as response:
         if response.status_code not in (200, 206):

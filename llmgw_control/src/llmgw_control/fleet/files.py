@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import trio
 
 from llmgw_shared.hashing import file_sha256
 from llmgw_shared.names import BadName, check_engine_name, check_version
+from llmgw_shared.threads import DISK, FILES
 
 from ..catalog import EngineConfig
 
@@ -50,11 +50,11 @@ class FileServer:
         return contained_file(self.root / kind, name)
 
     async def sha256(self, path: Path) -> str:
-        stat = await trio.to_thread.run_sync(path.stat)
+        stat = await DISK.run(path.stat, abandon=True)
         cached = self._digests.get(path)
         if cached and cached.size == stat.st_size and cached.mtime_ns == stat.st_mtime_ns:
             return cached.sha256
-        digest = await trio.to_thread.run_sync(file_sha256, path)
+        digest = await FILES.run(file_sha256, path, abandon=True)
         self._digests[path] = _Digest(stat.st_size, stat.st_mtime_ns, digest)
         return digest
 

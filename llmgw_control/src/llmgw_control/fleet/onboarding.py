@@ -27,12 +27,12 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 import attrs
-import trio
 from quart import Response, abort, send_file
 from quart_trio import QuartTrio
 
 from llmgw_shared.logs import get_logger
 from llmgw_shared.names import NODE_ID, NODE_ID_RULE
+from llmgw_shared.threads import DISK, FILES
 
 from ..store import InvalidInput, NodeIdentity, NotFound, Store
 from .agents import token_digest
@@ -85,7 +85,7 @@ class Onboarding:
     async def release(self, release_id: str | None = None) -> Release:
         """The release ``release_id`` (default: the current one); ``OnboardingError`` says what to do."""
         if release_id is None:
-            release_id = await trio.to_thread.run_sync(current_id, self.releases_dir)
+            release_id = await DISK.run(current_id, self.releases_dir)
             if release_id is None:
                 raise OnboardingError(
                     f"no node release in {self.releases_dir}: build the wheels and pin their dependencies with "
@@ -93,7 +93,7 @@ class Onboarding:
                     "tree (docs/operator-guide.md)")
         if release_id not in self._releases:
             try:
-                self._releases[release_id] = await trio.to_thread.run_sync(load_release, self.releases_dir, release_id)
+                self._releases[release_id] = await FILES.run(load_release, self.releases_dir, release_id, abandon=True)
             except ReleaseError as exc:
                 raise OnboardingError(str(exc)) from None
         return self._releases[release_id]
@@ -120,8 +120,8 @@ class Onboarding:
         except OnboardingError:
             return None
         # Only what release_file serves: a page must not list a file that is then refused.
-        served = await trio.to_thread.run_sync(
-            lambda: {name for name in release.files if contained_file(release.path, name) is not None})
+        served = await DISK.run(
+            lambda: {name for name in release.files if contained_file(release.path, name) is not None}, abandon=True)
         rows = []
         for name, digest in sorted(release.files.items()):
             if name not in served:

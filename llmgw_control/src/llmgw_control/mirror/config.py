@@ -29,11 +29,13 @@ class HubConfig:
                                                             "cas-bridge.xethub.hf.co"], metadata=doc(
         "Hosts the endpoint may redirect a download to (the Hub's LFS storage)."))
     allow_networks: list[str] = attrs.field(factory=list, metadata=doc(
-        "Loopback, private or link-local networks a pull may reach anyway (a Hub mirror on the LAN)."))
+        "Loopback, private or link-local networks searches and pulls may reach anyway (a Hub mirror on the LAN)."))
     max_concurrent_pulls: int = attrs.field(default=2, metadata=doc(
         "Pulls downloading at once; more wait their turn (each can fill a link on its own)."))
     search_limit: int = attrs.field(default=30, metadata=doc(
         "Repositories one search lists at most."))
+    timeout: float = attrs.field(default=20.0, metadata=doc(
+        "Seconds one Hub search or file listing may take, every request in it together (1..120)."))
 
     def token(self) -> str | None:
         """The token, read when needed (never kept in the config's repr or logged)."""
@@ -71,6 +73,8 @@ def validate_hub(hub: HubConfig) -> HubConfig:
         raise ConfigError(f"hub.max_concurrent_pulls must be 1..16, got {hub.max_concurrent_pulls}")
     if not 1 <= hub.search_limit <= 100:
         raise ConfigError(f"hub.search_limit must be 1..100, got {hub.search_limit}")
+    if not 1 <= hub.timeout <= 120:
+        raise ConfigError(f"hub.timeout must be 1..120 seconds, got {hub.timeout}")
     if hub.token_file and not Path(hub.token_file).is_file():
         raise ConfigError(f"hub.token_file: {hub.token_file!r} is not a file")
     return attrs.evolve(hub, endpoint=hub.endpoint.rstrip("/"),

@@ -2,7 +2,8 @@
 
 Redirects are followed here, one hop at a time, each target passing ``NetGuard.check`` again
 (the HTTP client never follows one by itself). The Hub token goes only to the Hub endpoint's
-own host, never to a host it redirects to. A ``.partial`` file left by an earlier attempt is
+own origin (scheme, host and port: ``NetGuard.same_origin``, the rule the Hub client's transport
+keeps too), never to a host it redirects to. A ``.partial`` file left by an earlier attempt is
 continued with ``Range`` (its bytes hashed first, so the digest covers the whole file); a server
 that ignores the Range and answers 200 restarts the file. More bytes than the expected size
 stop the download: a hostile server cannot fill the disk.
@@ -18,6 +19,8 @@ from urllib.parse import urljoin, urlsplit
 import attrs
 import httpx2
 import trio
+
+from llmgw_shared.threads import DISK, FILES
 
 from .net_guard import NetGuard, Refused
 
@@ -85,9 +88,9 @@ async def download(guard: NetGuard, url: str, partial: Path, *, size: int | None
                    progress: Progress, on_total: Callable[[int], None] | None = None) -> str:
     """Fetch ``url`` into ``partial`` until it is complete; its sha256. ``size`` bounds the file
     (None: the server's Content-Length, then checked with ``on_total`` before any byte lands)."""
-    have, digest = await trio.to_thread.run_sync(_hash_file, partial)
+    have, digest = await FILES.run(_hash_file, partial, abandon=True)
     if size is not None and have > size:
-        await trio.to_thread.run_sync(partial.unlink)
+        await DISK.run(partial.unlink)
         have, digest = 0, hashlib.sha256()
     progress.at(have)
     if size is not None and have == size:
@@ -102,7 +105,7 @@ async def download(guard: NetGuard, url: str, partial: Path, *, size: int | None
             headers = {"accept-encoding": "identity"}
             if have:
                 headers["range"] = f"bytes={have}-"
-            if token and target.host == guard.endpoint_host and hop == 0:
+            if token and guard.same_origin(target.url):
                 headers["authorization"] = f"Bearer {token}"
             try:
                 async with client.stream("GET", url, headers=headers) as response:

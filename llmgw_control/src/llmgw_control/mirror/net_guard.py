@@ -11,7 +11,8 @@ address or a machine on the LAN. A URL is allowed when
 - and **every** address the host resolves to is public, or inside ``allow_networks``.
 
 The host is resolved here, by the same resolver the connection uses, and checked on each hop
-(redirects are followed one at a time by the downloader, never by the HTTP client). Literal
+(redirects are followed one at a time by the downloader; the Hub client's transport checks
+each request it sends, every redirect and next page among them, with ``check_blocking``). Literal
 addresses in any spelling the resolver accepts (decimal ``2130706433``, octal, IPv6, IPv4-mapped
 IPv6) resolve to what they mean, and are judged by that.
 """
@@ -30,6 +31,7 @@ from .config import HubConfig
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolver = Callable[[str, int], Awaitable[list[str]]]
+BlockingResolver = Callable[[str, int], list[str]]
 
 # A host name in a URL is at most 253 characters in DNS; longer is refused before resolving.
 _MAX_HOST = 253
@@ -52,6 +54,11 @@ async def system_resolve(host: str, port: int) -> list[str]:
     return sorted({str(info[4][0]) for info in infos})
 
 
+def blocking_resolve(host: str, port: int) -> list[str]:
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return sorted({str(info[4][0]) for info in infos})
+
+
 def _public(address: IPAddress) -> bool:
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped
@@ -67,9 +74,11 @@ def _normal_host(host: str) -> str:
 
 
 class NetGuard:
-    def __init__(self, hub: HubConfig, resolve: Resolver = system_resolve) -> None:
+    def __init__(self, hub: HubConfig, resolve: Resolver = system_resolve,
+                 resolve_blocking: BlockingResolver = blocking_resolve) -> None:
         self.hub = hub
         self._resolve = resolve
+        self._resolve_blocking = resolve_blocking
         endpoint = urlsplit(hub.endpoint)
         self.endpoint_host = _normal_host(endpoint.hostname or "")
         self.endpoint_scheme = endpoint.scheme
@@ -89,6 +98,37 @@ class NetGuard:
 
     async def check(self, url: str, *, redirect: bool = False) -> Target:
         """The URL's target when a pull may fetch it; ``Refused`` otherwise."""
+        host, port = self._judge_url(url, redirect)
+        try:
+            addresses = await self._resolve(host, port)
+        except OSError as exc:
+            raise Refused(f"host {host!r} does not resolve ({exc.strerror or exc})") from None
+        return self._judge_addresses(url, host, port, addresses)
+
+    def check_blocking(self, url: str, *, redirect: bool = False) -> Target:
+        """``check`` from a worker thread (the Hub client's transport): the same rules, resolved
+        by the blocking resolver the thread's own connection then uses."""
+        host, port = self._judge_url(url, redirect)
+        try:
+            addresses = self._resolve_blocking(host, port)
+        except OSError as exc:
+            raise Refused(f"host {host!r} does not resolve ({exc.strerror or exc})") from None
+        return self._judge_addresses(url, host, port, addresses)
+
+    def same_origin(self, url: str) -> bool:
+        """Whether ``url`` is the Hub endpoint's own origin (scheme, host, port): the one place
+        a Hub token may be sent."""
+        try:
+            parts = urlsplit(url)
+            port = parts.port
+            host = _normal_host(parts.hostname or "")
+        except (ValueError, Refused):
+            return False
+        default = {"https": 443, "http": 80}
+        return (parts.scheme == self.endpoint_scheme and host == self.endpoint_host
+                and (port or default.get(parts.scheme)) == (self.endpoint_port or default.get(self.endpoint_scheme)))
+
+    def _judge_url(self, url: str, redirect: bool) -> tuple[str, int]:
         if len(url) > 4096 or any(ord(c) < 0x21 or c == "\x7f" for c in url):
             raise Refused("the URL is too long or holds spaces or control characters")
         try:
@@ -109,11 +149,9 @@ class NetGuard:
             redirect and host in self.hub.redirect_hosts)
         if not allowed:
             raise Refused(f"host {host!r} is not the Hub endpoint or in hub.allow_hosts")
-        port = port or (443 if parts.scheme == "https" else 80)
-        try:
-            addresses = await self._resolve(host, port)
-        except OSError as exc:
-            raise Refused(f"host {host!r} does not resolve ({exc.strerror or exc})") from None
+        return host, port or (443 if parts.scheme == "https" else 80)
+
+    def _judge_addresses(self, url: str, host: str, port: int, addresses: list[str]) -> Target:
         if not addresses:
             raise Refused(f"host {host!r} does not resolve")
         for address in addresses:

@@ -33,6 +33,7 @@ import cattrs
 import trio
 
 from llmgw_shared.logs import get_logger
+from llmgw_shared.threads import DISK, FILES
 
 from ..api_errors import AdminApiError, bad_request, conflict, not_found
 from ..catalog import ModelConfig, ProfileConfig, WeightsConfig
@@ -226,7 +227,7 @@ class Pulls:
         self.pulls.pop(pull_id, None)
         partial = self.models_dir / f"{pull.name}.partial"
         if was not in ("ready", "published"):
-            await trio.to_thread.run_sync(lambda: partial.unlink(missing_ok=True))
+            await DISK.run(lambda: partial.unlink(missing_ok=True))
         try:
             await self.store.delete_pull(pull_id)
         except StoreError as exc:
@@ -299,9 +300,9 @@ class Pulls:
         pull.state = "downloading"
         await self._save(pull)
         partial = self.models_dir / f"{pull.name}.partial"
-        have = await trio.to_thread.run_sync(lambda: partial.stat().st_size if partial.exists() else 0)
+        have = await DISK.run(lambda: partial.stat().st_size if partial.exists() else 0, abandon=True)
         if pull.size:
-            await trio.to_thread.run_sync(self._check_space, max(0, pull.size - have))
+            await DISK.run(self._check_space, max(0, pull.size - have))
         token = self.hub.config.token() if pull.repo else None
         for attempt in range(1, MAX_ATTEMPTS + 1):
             try:
@@ -316,9 +317,9 @@ class Pulls:
         pull.size = pull.progress.total or pull.size
         pull.state = "verifying"
         if digest != pull.sha256:
-            await trio.to_thread.run_sync(lambda: partial.unlink(missing_ok=True))
+            await DISK.run(lambda: partial.unlink(missing_ok=True))
             raise DownloadFailed(f"sha256 mismatch: expected {pull.sha256}, the file has {digest} (removed)")
-        await trio.to_thread.run_sync(partial.replace, self.models_dir / pull.name)
+        await DISK.run(partial.replace, self.models_dir / pull.name)
 
     def _space_for(self, pull: Pull) -> Any:
         def check(remaining: int) -> None:
@@ -335,7 +336,7 @@ class Pulls:
 
         metadata: dict[str, Any] | None = None
         try:
-            metadata = read_metadata(await trio.to_thread.run_sync(header))
+            metadata = read_metadata(await FILES.run(header, abandon=True))
         except (NotGguf, Truncated) as exc:
             raise DownloadFailed(f"the file is not a readable GGUF model: {exc}") from None
         arch = metadata.get("general.architecture")

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-import trio
+from llmgw_shared.threads import STORE
 
 C = TypeVar("C")
 T = TypeVar("T")
@@ -60,7 +60,7 @@ async def run_abandonable(loan: Loan[C], work: Callable[[Loan[C]], T]) -> T:
             loan.thread_finished()
 
     try:
-        return await trio.to_thread.run_sync(in_thread, abandon_on_cancel=True)
+        return await STORE.run(in_thread, abandon=True)
     except BaseException:
         loan.abandon()
         raise

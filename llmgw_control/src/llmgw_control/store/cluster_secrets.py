@@ -10,9 +10,8 @@ from __future__ import annotations
 import secrets
 from pathlib import Path
 
-import trio
-
 from llmgw_shared.logs import get_logger
+from llmgw_shared.threads import DISK
 
 from .interface import Store
 
@@ -38,7 +37,7 @@ async def cluster_secret(store: Store, name: str, local_file: Path) -> bytes:
     moves from one daemon to several keeps its key digests and adopted engines valid), else a
     fresh random one. A local file that disagrees with the database is reported, not used.
     """
-    local = await trio.to_thread.run_sync(_read_hex, local_file)
+    local = await DISK.run(_read_hex, local_file)
     offer = local if local is not None and len(local) >= 16 else secrets.token_bytes(32)
     value = await store.shared_secret(name, offer)
     if local is not None and value != local:

@@ -20,6 +20,8 @@ import psycopg
 import psycopg.errors
 import trio
 
+from llmgw_shared.threads import STORE
+
 from ._abandon import Loan, run_abandonable
 from .backend import Row, Tx
 from .errors import Conflict, StoreClosed, StoreError, StoreTimeout, StoreUnavailable
@@ -194,7 +196,7 @@ class PostgresBackend:
                 _close_quietly(conn)
 
         if idle:
-            await trio.to_thread.run_sync(close_all)
+            await STORE.run(close_all)
 
 
 def _translate(exc: BaseException) -> BaseException:

@@ -16,6 +16,8 @@ from typing import TypeVar
 
 import trio
 
+from llmgw_shared.threads import STORE
+
 from .backend import Row, Tx
 from .errors import Conflict, StoreClosed, StoreError, StoreTimeout, StoreUnavailable
 
@@ -103,7 +105,7 @@ class SqliteBackend:
             conn.create_function("now_us", 0, lambda: int(clock() * 1_000_000))
             return conn
 
-        return cls(await trio.to_thread.run_sync(open_db))
+        return cls(await STORE.run(open_db))
 
     async def run(self, fn: Callable[[Tx], T], *, write: bool) -> T:
         token = object()
@@ -124,7 +126,7 @@ class SqliteBackend:
         try:
             # Abandoning is safe: the thread keeps the lock until it has committed or rolled
             # back, so the shared connection is never reused mid-transaction.
-            return await trio.to_thread.run_sync(work, abandon_on_cancel=True)
+            return await STORE.run(work, abandon=True)
         except trio.Cancelled:
             # Do not let an abandoned statement hold the only connection: stop it (SQLite
             # rolls the transaction back), so the next caller does not wait for it.
@@ -155,4 +157,4 @@ class SqliteBackend:
                     self._conn.close()
                     self._conn = None
 
-        await trio.to_thread.run_sync(close)
+        await STORE.run(close)

@@ -27,6 +27,8 @@ from typing import Any
 import psycopg
 import trio
 
+from llmgw_shared.threads import STORE
+
 from ._abandon import Loan, run_abandonable
 from .errors import StoreError
 
@@ -151,4 +153,4 @@ class ViewListener:
         finally:
             if owned:
                 with trio.CancelScope(shield=True):  # closing is quick, and must happen
-                    await trio.to_thread.run_sync(_close_quietly, conn)
+                    await STORE.run(_close_quietly, conn)

@@ -11,6 +11,7 @@ import attrs
 import trio
 
 from llmgw_shared.logs import get_logger
+from llmgw_shared.threads import DISK
 
 from ..store import KEY_DIGEST_SECRET, Store, cluster_secret, is_postgres_url, open_store
 from .admission import TenancyAdmission
@@ -49,13 +50,13 @@ async def open_tenancy(location: str, data_dir: Path, *, shared: bool | None = N
     admission of budget.py (a SQLite file shared by workers on one host passes True).
     """
     if not is_postgres_url(location):
-        await trio.to_thread.run_sync(partial(data_dir.mkdir, parents=True, exist_ok=True))
+        await DISK.run(partial(data_dir.mkdir, parents=True, exist_ok=True))
     async with open_store(location) as store, trio.open_nursery() as nursery:
         if is_postgres_url(location):
             # Every daemon on this database must check the same digests: the secret lives there.
             secret = await cluster_secret(store, KEY_DIGEST_SECRET, data_dir / "key-secret")
         else:
-            secret = await trio.to_thread.run_sync(load_or_create_server_secret, data_dir / "key-secret")
+            secret = await DISK.run(load_or_create_server_secret, data_dir / "key-secret")
         state = TenancyState(store, KeyDigester(secret))
         usage = UsageAccumulator()
         flusher = UsageFlusher(store, usage)

@@ -14,6 +14,7 @@ import trio
 from hypercorn.config import Config
 
 from llmgw_shared.logs import get_logger
+from llmgw_shared.threads import APP
 
 from .asgi import REQUEST_ID
 
@@ -31,7 +32,7 @@ async def run_app(app: Any, config: Config, scope: Any, receive: AppReceive, sen
     """The app's task: an error it raises is logged and answered (a 500 if nothing was sent yet)."""
     try:
         try:
-            await app(scope, receive, send, trio.to_thread.run_sync, trio.from_thread.run)
+            await app(scope, receive, send, APP.run, trio.from_thread.run)
         except trio.Cancelled:
             raise
         except BaseExceptionGroup as error:

@@ -56,6 +56,7 @@ from llmgw_shared.jsonin import loads as json_loads
 from llmgw_shared.logs import get_logger
 from llmgw_shared.names import BadName, check_asset_name, check_engine_name, check_version
 from llmgw_shared.names import shown as shown_name
+from llmgw_shared.threads import DISK, FILES, INSTALL
 from llmgw_shared.wire import (
     LLAMA_CPP_RELEASES,
     AssetProvenance,
@@ -255,7 +256,7 @@ class EngineManager:
         version = eng.version or "configured"
         binary = Path(eng.path)
         try:
-            if not await trio.to_thread.run_sync(_is_executable, binary):
+            if not await DISK.run(_is_executable, binary, abandon=True):
                 raise proof.ProofError(f"{eng.path} is not an executable file")
             line = await proof.engine_version(binary, eng.version_args, time_limit=self.version_timeout)
         except proof.ProofError as exc:
@@ -372,7 +373,7 @@ class EngineManager:
             for asset, archive in zip(chosen, archives, strict=True):
                 self._progress(spec, f"unpacking {asset.name}")
                 try:
-                    await trio.to_thread.run_sync(
+                    await INSTALL.run(
                         functools.partial(safe_unpack, archive, staging, self.limits, shown_as=asset.name))
                 except UnsafeArchive:
                     # Verified against its digest and refused: the same bytes would be refused
@@ -380,7 +381,7 @@ class EngineManager:
                     for path in archives:
                         path.unlink(missing_ok=True)
                     raise
-            binary = await trio.to_thread.run_sync(_find_and_gather, staging, binary_name)
+            binary = await INSTALL.run(_find_and_gather, staging, binary_name)
             if binary is None:
                 raise InstallError(f"{chosen[0].name} has no {binary_name}")
             line = await self._prove(spec, binary)
@@ -501,7 +502,7 @@ class EngineManager:
         if asset.size > self.limits.max_bytes:
             raise InstallError(f"{asset.name}: {human_size(asset.size)} is more than an archive may unpack to "
                                f"({human_size(self.limits.max_bytes)}, unpack_max_bytes)")
-        await trio.to_thread.run_sync(_make_room, downloads, asset.size, asset.name)
+        await INSTALL.run(_make_room, downloads, asset.size, asset.name)
         size_text = human_size(asset.size or None)
         last = [-1, 0.0]
 
@@ -583,8 +584,8 @@ class EngineManager:
                     raise proof.ProofError(self._missing_text(missing))
                 line = await proof.engine_version(inst.binary, time_limit=self.version_timeout)
                 if verify_archives and inst.provenance is not None and inst.provenance.archives_kept:
-                    await trio.to_thread.run_sync(
-                        _verify_kept, self.root / name / version, inst.provenance, self.signing_keys)
+                    await FILES.run(
+                        _verify_kept, self.root / name / version, inst.provenance, self.signing_keys, abandon=True)
             except proof.ProofError as exc:
                 del self._installed[key]
                 return self._set(EngineState(name=name, version=version, status="failed",
