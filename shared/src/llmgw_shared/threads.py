@@ -83,5 +83,7 @@ DISK = ThreadPool("disk", 8, "small filesystem work: secrets, mkdir, stat, unlin
 PROC = ThreadPool("proc", 2, "node: reading /proc for memory accounting, one sweep at a time")
 INSTALL = ThreadPool("install", 2, "node: unpacking engine archives and making room for downloads")
 APP = ThreadPool("app", 8, "synchronous functions the web framework runs off the event loop")
+GGUF = ThreadPool("gguf", 2, "parsing GGUF headers of models being added: CPU work of up to half a second "
+                  "each, two at a time, so a burst of model changes cannot take every core")
 
-POOLS = (HUB, STORE, FILES, DISK, PROC, INSTALL, APP)
+POOLS = (HUB, STORE, FILES, DISK, PROC, INSTALL, APP, GGUF)

@@ -9,10 +9,9 @@ from urllib.parse import urlsplit
 
 import httpx2
 import trio
-from trio.lowlevel import RunVar
 
 from llmgw_shared.logs import get_logger
-from llmgw_shared.threads import FILES
+from llmgw_shared.threads import FILES, GGUF
 
 from ..api_errors import bad_request
 from .gguf import HeaderRefused, MemoryEstimate, NotGguf, Truncated, estimate_ram, read_metadata
@@ -33,18 +32,7 @@ class ModelFiles(Protocol):
 # The GGUF metadata (and tensor index) of every model we have seen fits in a few MiB.
 _HEADER_BYTES = 16 * 1024 * 1024
 # Reading a header is CPU work (up to half a second for one that fills the 16 MiB): off the
-# event loop, and two at a time, so a burst of model changes cannot take every thread.
-_HEADER_PARSERS = 2
-_parsers: RunVar[trio.CapacityLimiter] = RunVar("gguf_header_parsers")
-
-
-def _parser_limiter() -> trio.CapacityLimiter:
-    try:
-        return _parsers.get()
-    except LookupError:
-        limiter = trio.CapacityLimiter(_HEADER_PARSERS)
-        _parsers.set(limiter)
-        return limiter
+# event loop, on the gguf thread pool (llmgw_shared/threads.py: two at a time).
 
 
 class HostileHeader(Exception):
@@ -102,7 +90,7 @@ async def estimate_profile(profile: ProfileConfig, files: ModelFiles | None, *, 
         with trio.move_on_after(15):
             data = await _header_bytes(profile, files)
             if data is not None:
-                metadata = await trio.to_thread.run_sync(read_metadata, data, limiter=_parser_limiter())
+                metadata = await GGUF.run(read_metadata, data, abandon=True)
     except HeaderRefused as exc:
         if refuse_hostile:
             raise
