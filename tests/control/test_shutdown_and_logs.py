@@ -136,7 +136,7 @@ async def test_logs_carry_request_ids_and_never_secrets(fake_engine: FakeEngine,
     lines = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
     request_lines = [line for line in lines if line.get("request_id") == "req-42"]
     # The retry warning and the access line both carry the request id.
-    assert any(line["logger"] == "llmgw.router" and "dead" in line["msg"] for line in request_lines)
+    assert any(line["logger"].startswith("llmgw_control.gateway.") and "dead" in line["msg"] for line in request_lines)
     assert sum(line["logger"] == "llmgw.access" for line in request_lines) == 3
     assert all(line["level"] for line in lines)
 

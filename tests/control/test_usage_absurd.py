@@ -62,7 +62,7 @@ async def test_a_row_the_store_refuses_never_holds_back_the_others(tmp_path: Pat
     usage.record(T, "k2", "g1", "m", 2**70, 5)  # no count reaches here since the gateway clamps
     usage.record(T, "k3", "g2", "m", 7, 1)
     async with open_store(tmp_path / "store.db") as store:
-        with caplog.at_level(logging.ERROR, "llmgw.tenancy.usage"):
+        with caplog.at_level(logging.ERROR, "llmgw_control.tenancy.usage"):
             assert await usage.flush(store) == 2
         assert len(usage) == 0  # the refused row is dropped, not retried on every flush
         rows = {u.key_id: (u.prompt_tokens, u.completion_tokens) for u in await store.query_usage()}

@@ -47,3 +47,20 @@ def test_text_lines_for_people() -> None:
         get_logger("llmgw.x").warning("careful", extra={"n": 3})
     line = stream.getvalue().strip()
     assert "warning" in line and "careful" in line and "n=3" in line and "request_id=rid-2" in line
+
+
+def test_every_module_logs_under_its_own_name() -> None:
+    # Hand-typed logger names drift from the modules (one module logged under another's name,
+    # the gateway as "llmgw.router"): each module's logger is its __name__ (issue 33). The access
+    # log alone is a named channel, as hypercorn's and uvicorn's are: a stream, not a module.
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    typed = re.compile(r"get_logger\((?!__name__\))")
+    found = [f"{path.relative_to(root)}:{n}: {line.strip()}"
+             for package in ("llmgw_control", "llmgw_node", "shared")
+             for path in (root / package / "src").rglob("*.py")
+             for n, line in enumerate(path.read_text().splitlines(), 1)
+             if typed.search(line) and "def get_logger" not in line and 'get_logger("llmgw.access")' not in line]
+    assert found == []

@@ -68,7 +68,7 @@ from .transport.asgi import Receive, Scope, Send, serve_lifespan
 from .transport.serving import bind, bound_url, serve_asgi
 from .transport.tls import ClientTls, TrustedProxies, reload_on_sighup, server_context
 
-log = get_logger("llmgw.control")
+log = get_logger(__name__)
 
 # Serve one listener until shutdown (``serve_asgi`` with the daemon's shutdown, grace and limits).
 Serve = Callable[..., Awaitable[None]]

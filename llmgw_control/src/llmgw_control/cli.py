@@ -16,7 +16,7 @@ from llmgw_shared.logs import get_logger, setup_logging
 
 from .config import ControlConfig, load_config, parse_endpoint_flag
 
-log = get_logger("llmgw.control")
+log = get_logger(__name__)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -38,7 +38,7 @@ from llmgw_shared.threads import DISK
 
 from .config import ControlConfig
 
-log = get_logger("llmgw.workers")
+log = get_logger(__name__)
 
 # A worker that dies is restarted after this long, doubling up to the cap: a crash loop (a
 # database down) costs a few processes a minute, not a fork storm; one that had served this long

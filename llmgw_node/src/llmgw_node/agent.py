@@ -49,7 +49,7 @@ from llmgw_shared.wire import (
     encode,
 )
 
-log = get_logger("llmgw.node.agent")
+log = get_logger(__name__)
 
 # The largest frame a node accepts from control: a set_engines or start_shard is a few KiB; 16 MiB
 # (trio-websocket's default is 1 MiB) leaves room without letting a frame exhaust memory.

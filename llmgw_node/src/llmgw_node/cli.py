@@ -33,7 +33,7 @@ from llmgw_shared.lifecycle import signals_outside_the_loop, stop_on_signals
 from llmgw_shared.logs import get_logger, setup_logging
 from llmgw_shared.wire import EngineSpec, EngineState, converter
 
-log = get_logger("llmgw.node.cli")
+log = get_logger(__name__)
 DEFAULT_CONFIG = "/etc/llmgw/node.toml"
 
 

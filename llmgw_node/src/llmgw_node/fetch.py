@@ -18,7 +18,7 @@ from llmgw_shared.hashing import update_from_file
 from llmgw_shared.logs import get_logger
 from llmgw_shared.threads import DISK, FILES
 
-log = get_logger("llmgw.node.fetch")
+log = get_logger(__name__)
 
 # (bytes so far, total or None when the server does not say)
 Progress = Callable[[int, int | None], None]

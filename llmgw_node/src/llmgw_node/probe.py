@@ -19,7 +19,7 @@ import trio
 from llmgw_shared.facts import GpuFacts, HostFacts
 from llmgw_shared.logs import get_logger
 
-log = get_logger("llmgw.node.probe")
+log = get_logger(__name__)
 
 NO_AVX2_WARNING = (
     "this CPU has no AVX2: engines run about five times slower; a VM CPU type is the usual cause"

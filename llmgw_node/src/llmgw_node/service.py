@@ -43,7 +43,7 @@ from llmgw_shared.wire import (
     WeightsHeld,
 )
 
-log = get_logger("llmgw.node.service")
+log = get_logger(__name__)
 
 Report = EngineStateReport | ShardStateReport
 # Reports wait here while the agent is between connections; past this, the oldest are dropped,

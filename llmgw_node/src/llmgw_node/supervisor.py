@@ -40,7 +40,7 @@ from llmgw_shared.names import BadName, check_shard_id
 from llmgw_shared.threads import DISK
 from llmgw_shared.wire import PORT_IN_USE, ShardSpec, ShardState, ShardStatus
 
-log = get_logger("llmgw.node.supervisor")
+log = get_logger(__name__)
 
 # A failed start is reported with the engine's last 30 lines: enough for llama-server's reason
 # (a model it cannot load, a port in use) and its context, small enough for one frame.

@@ -22,7 +22,7 @@ from llmgw_shared.names import BadName, check_sha256, check_weight_file_name
 from llmgw_shared.threads import DISK
 from llmgw_shared.wire import MAX_ITEMS, WeightsHeld, WeightsSpec
 
-log = get_logger("llmgw.node.weights")
+log = get_logger(__name__)
 
 
 class WeightsError(Exception):

@@ -19,7 +19,7 @@ import trio
 
 from .logs import get_logger
 
-log = get_logger("llmgw.gc")
+log = get_logger(__name__)
 
 # Python collects its youngest generation whenever tracked allocations outrun deallocations by
 # 700. A proxy's requests allocate a few thousand objects each and free nearly all of them by

@@ -18,7 +18,7 @@ import trio
 
 from .logs import get_logger
 
-log = get_logger("llmgw.lifecycle")
+log = get_logger(__name__)
 
 
 async def stop_on_signals(

@@ -20,7 +20,7 @@ import trio
 
 from .logs import get_logger
 
-log = get_logger("llmgw.sdnotify")
+log = get_logger(__name__)
 
 
 def notify_address(environ: Mapping[str, str] | None = None) -> str | bytes | None:

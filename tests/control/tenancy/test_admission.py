@@ -105,7 +105,7 @@ async def test_deleting_the_last_key_opens_the_gateway_and_says_so(
     tree = await make_tree(tenancy.service)
     key = await tenancy.service.create_key(name="k", group_id=tree.org)
     assert _refused(tenancy, None).status == 401
-    with caplog.at_level(logging.WARNING, logger="llmgw.tenancy"):
+    with caplog.at_level(logging.WARNING, logger="llmgw_control.tenancy"):
         await tenancy.service.delete_key(key.key.id)
     assert tenancy.state.open
     assert "open" in caplog.text
@@ -246,7 +246,7 @@ async def test_foreign_key_secret_is_reported(
         key = await a.service.create_key(name="k", group_id=tree.org)
     finally:
         await a.store.aclose()
-    with caplog.at_level(logging.ERROR, logger="llmgw.tenancy"):
+    with caplog.at_level(logging.ERROR, logger="llmgw_control.tenancy"):
         b = await make_tenancy(db_path, clock, secret=b"another secret, another daemon!!")
     try:
         assert "different key secret" in caplog.text
@@ -272,7 +272,7 @@ async def test_a_dropped_ticket_gives_its_slot_back(tenancy: Tenancy, caplog: py
     tree = await make_tree(tenancy.service)
     await tenancy.service.set_quota(tree.team, Quota(concurrent_requests=1))
     key = await tenancy.service.create_key(name="k", group_id=tree.project)
-    with caplog.at_level(logging.WARNING, logger="llmgw.tenancy"):
+    with caplog.at_level(logging.WARNING, logger="llmgw_control.tenancy"):
         tenancy.admission.admit(bearer(key.secret), "m", estimated_tokens=10)  # a caller bug: never finished
     assert "dropped without settle or release" in caplog.text
     assert tenancy.state.budget(tree.team).in_flight == 0

@@ -45,7 +45,7 @@ async def test_outage_keeps_serving_and_logs_once(
         async with trio.open_nursery() as nursery:
             await nursery.start(state.run)
             admission.admit(bearer(key.secret), "m", estimated_tokens=1).release()
-            with caplog.at_level(logging.WARNING, logger="llmgw.tenancy"):
+            with caplog.at_level(logging.WARNING, logger="llmgw_control.tenancy"):
                 flaky.down = True
                 await trio.sleep(0.1)  # about ten failed polls
             assert caplog.text.count("cannot refresh") == 1
@@ -105,7 +105,7 @@ async def test_a_committed_write_is_not_reported_as_failed_when_the_reload_fails
     try:
         await state.load()
         flaky.down = True
-        with caplog.at_level(logging.WARNING, logger="llmgw.tenancy"):
+        with caplog.at_level(logging.WARNING, logger="llmgw_control.tenancy"):
             group = await service.create_group("org")
         assert "next poll" in caplog.text
         assert [g.id for g in await inner.list_groups()] == [group.id]

@@ -106,7 +106,7 @@ async def test_shutdown_flush_failure_is_logged_not_raised(
 ) -> None:
     acc = UsageAccumulator()
     fake = FakeUsageStore(failures=5)
-    with caplog.at_level(logging.WARNING, logger="llmgw.tenancy.usage"):
+    with caplog.at_level(logging.WARNING, logger="llmgw_control.tenancy.usage"):
         async with trio.open_nursery() as nursery:
             await nursery.start(UsageFlusher(_store(fake), acc, interval=5).run)
             acc.record(T, "k", "g", "m", 1, 1)

@@ -17,7 +17,7 @@ from ..api_errors import bad_request
 from .gguf import HeaderRefused, MemoryEstimate, NotGguf, Truncated, estimate_ram, read_metadata
 from .models import Catalog, Claim, ModelConfig, ProfileConfig, profile_key
 
-log = get_logger("llmgw.claims")
+log = get_logger(__name__)
 
 
 class ModelFiles(Protocol):

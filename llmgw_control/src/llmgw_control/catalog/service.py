@@ -28,7 +28,7 @@ from ..store import CatalogModel, NotFound, Store, StoreError
 from .claims import ModelFiles, model_claims
 from .models import DIRECTORY_ENGINES, Catalog, Claim, ModelConfig, ProfileConfig, model_problems, profile_key
 
-log = get_logger("llmgw.catalog")
+log = get_logger(__name__)
 
 # What goes into the engine's command line: a change here means the running replica no longer
 # matches its profile, so it is replaced. Other fields (replica counts, idle timeout, labels,

@@ -57,7 +57,7 @@ from .inventory import Inventory, NodeRecord
 if TYPE_CHECKING:
     from ..store.records import NodeIdentity
 
-log = get_logger("llmgw.agents")
+log = get_logger(__name__)
 
 # Malformed frames in a row that end a connection: one bad frame is answered with an error frame
 # naming the field (a node of another version may send one), five in a row is a node that is not

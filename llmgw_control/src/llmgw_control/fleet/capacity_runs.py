@@ -34,7 +34,7 @@ from ..store import Store, StoreError
 from .capacity import CapacityIndex, Measured, capacity_kind, level_from, measured_from, profile_fingerprint, slots_for
 from .capacity_sweep import Target, Workload, measure_level, new_client
 
-log = get_logger("llmgw.capacity")
+log = get_logger(__name__)
 
 STATES = ("queued", "running", "done", "failed", "cancelled")
 FINISHED = ("done", "failed", "cancelled")

@@ -43,7 +43,7 @@ from .inventory import Inventory
 from .reconciler import Reconciler
 from .view import ViewFollower, ViewPublisher, ViewStore
 
-log = get_logger("llmgw.leadership")
+log = get_logger(__name__)
 
 
 @attrs.frozen

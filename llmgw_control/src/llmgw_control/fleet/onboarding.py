@@ -39,7 +39,7 @@ from .agents import token_digest
 from .files import contained_file
 from .node_release import RELEASE_ID, Release, ReleaseError, current_id, load_release
 
-log = get_logger("llmgw.onboarding")
+log = get_logger(__name__)
 
 TOKEN_PREFIX = "llmgw-join-"
 SCRIPT_PATH = "/install/node.sh"

@@ -54,7 +54,7 @@ from .shards import KEEP_ENDED, Dispatcher, EndedReplica, ReconcilerConfig, Shar
 from .token_bucket import TokenBucket
 from .weights_gc import expired, room_for_download
 
-log = get_logger("llmgw.reconciler")
+log = get_logger(__name__)
 
 # Seconds a forgotten replica must have been idle before its metric series are removed (see
 # ``_sweep_retired``); one or two passes.

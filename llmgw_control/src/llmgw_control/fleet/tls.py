@@ -26,7 +26,7 @@ from ..transport.config import ListenersConfig
 from ..transport.listener import PEER_GONE, ErrorBody, Listener, log_connection_failure
 from ..transport.serving import refuse_connection
 
-log = get_logger("llmgw.agents.tls")
+log = get_logger(__name__)
 
 # A node's TLS handshake must finish this long after its connect: a node's own connect timeout is
 # 10 s, and a peer that never finishes one holds no connection longer.

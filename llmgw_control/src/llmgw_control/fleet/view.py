@@ -28,7 +28,7 @@ from llmgw_shared.logs import get_logger
 from ..gateway.replicas import Replica, ReplicaSet
 from ..store import ReplicaView, StoreError, ViewListener, ViewReplica
 
-log = get_logger("llmgw.view")
+log = get_logger(__name__)
 
 # The leader's bound on write rate: a burst of replica changes costs one write per quarter second.
 PUBLISH_EVERY = 0.25

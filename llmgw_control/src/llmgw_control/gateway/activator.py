@@ -37,7 +37,7 @@ from .balancer import choose
 from .placements import Placements
 from .replicas import Replica, ReplicaSet
 
-log = get_logger("llmgw.router")
+log = get_logger(__name__)
 
 
 @attrs.frozen

@@ -18,7 +18,7 @@ from .metrics import GatewayMetrics
 from .usage import TokenUsage
 
 access_log = get_logger("llmgw.access")
-log = get_logger("llmgw.router")
+log = get_logger(__name__)
 
 # A client's own request id is kept when it is this sane (it lands in logs and headers): at most
 # 128 characters a log line or a header can carry as they are.

@@ -43,7 +43,7 @@ from .replicas import Replica, ReplicaSet
 from .requests import ENDPOINTS, ClientGone, ParsedRequest, parse_request, read_body
 from .upstream import UpstreamClient, UpstreamClosedEarly, UpstreamError
 
-log = get_logger("llmgw.router")
+log = get_logger(__name__)
 
 
 class Gateway:

@@ -27,7 +27,7 @@ from .requests import ParsedRequest
 from .upstream import UpstreamBodyError, UpstreamClient, UpstreamResponse
 from .usage import StreamTail, UsageBounds, find_usage, usage_bounds
 
-log = get_logger("llmgw.router")
+log = get_logger(__name__)
 
 # An engine's error answer (a 5xx) is read up to this much for the message the client gets: the
 # message is cut to 300 characters anyway, and a broken engine may send anything.

@@ -47,7 +47,7 @@ from .hub import Hub
 from .names import gguf_path, repo_id, revision
 from .net_guard import NetGuard, Refused
 
-log = get_logger("llmgw.mirror")
+log = get_logger(__name__)
 
 # Retries of one pull after a dropped connection, each continuing where the last stopped.
 MAX_ATTEMPTS = 5

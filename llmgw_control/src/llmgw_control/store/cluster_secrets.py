@@ -15,7 +15,7 @@ from llmgw_shared.threads import DISK
 
 from .interface import Store
 
-log = get_logger("llmgw.leadership")
+log = get_logger(__name__)
 
 KEY_DIGEST_SECRET = "key-digest"
 SHARD_KEY_SECRET = "shard-api-keys"

@@ -34,7 +34,7 @@ from .state import TenancyState
 from .usage import UsageAccumulator
 from .windows import Clock
 
-log = get_logger("llmgw.tenancy")
+log = get_logger(__name__)
 
 
 class Ticket(Protocol):

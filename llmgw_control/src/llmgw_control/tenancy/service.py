@@ -33,7 +33,7 @@ from .keys import new_key_secret
 from .state import TenancyState
 from .usage import UsageAccumulator, merge
 
-log = get_logger("llmgw.tenancy")
+log = get_logger(__name__)
 
 QUOTA_FIELDS = tuple(f.name for f in attrs.fields(Quota))
 

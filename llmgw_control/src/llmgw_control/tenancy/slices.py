@@ -36,7 +36,7 @@ from ..store.slice_math import CONCURRENT, RPM, TPD, TPM
 from .budget import GroupBudget
 from .windows import Clock
 
-log = get_logger("llmgw.tenancy")
+log = get_logger(__name__)
 
 # How long a grant may be spent for. Bounds how long a daemon that lost the store keeps admitting
 # on what it holds, and how long a dead daemon's concurrent slots stay taken.

@@ -35,7 +35,7 @@ from .keytable import KeyEntry, KeyTable
 from .tree import GroupTree
 from .windows import DAY, MINUTE, Clock, SlidingWindow
 
-log = get_logger("llmgw.tenancy")
+log = get_logger(__name__)
 
 _HOUR = 3600
 # How many slices a restored minute estimate is spread over (ages out in steps of 10 s).

@@ -21,7 +21,7 @@ from .slices import SliceBook
 from .state import TenancyState
 from .usage import UsageAccumulator, UsageFlusher
 
-log = get_logger("llmgw.control")
+log = get_logger(__name__)
 
 # How long a stop waits for the last usage batch to be written before the store closes: the
 # store's own statement timeout bounds one write, and a store that is down must not hold the stop.

@@ -25,7 +25,7 @@ from llmgw_shared.logs import get_logger
 
 from ..store import Store, StoreClosed, StoreError, StoreUnavailable, Usage
 
-log = get_logger("llmgw.tenancy.usage")
+log = get_logger(__name__)
 
 _HOUR = 3600
 _Row = tuple[int, str, str, str]  # (hour index, key id, group id, model)

@@ -21,7 +21,7 @@ from .asgi import REQUEST_ID
 if TYPE_CHECKING:
     from .connection import Connection
 
-log = get_logger("llmgw.serving")
+log = get_logger(__name__)
 
 AppSend = Callable[[Any], Awaitable[None]]
 AppReceive = Callable[[], Awaitable[Any]]

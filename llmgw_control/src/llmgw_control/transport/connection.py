@@ -53,7 +53,7 @@ from .asgi import REQUEST_ID
 from .listener import PEER_GONE, Listener, log_connection_failure, refusal
 from .protocol import HTTP2_REFUSAL, Http2Refused, Http11Connection, Http11Protocol
 
-log = get_logger("llmgw.serving")
+log = get_logger(__name__)
 
 # The most one read takes from the socket: hypercorn's own loop reads 64 KiB (its MAX_RECV), so a
 # request arrives in the reads hypercorn's protocol was tuned for.

@@ -17,7 +17,7 @@ from .config import ListenersConfig
 if TYPE_CHECKING:
     from .connection import Connection
 
-log = get_logger("llmgw.serving")
+log = get_logger(__name__)
 
 # Peers that vanish (a reset, a closed socket) end their connection quietly: not an error of ours.
 PEER_GONE = (OSError, trio.BrokenResourceError, trio.ClosedResourceError)

@@ -16,7 +16,7 @@ from hypercorn.protocol.h11 import H11Protocol, H11WSConnection
 
 from llmgw_shared.logs import get_logger
 
-log = get_logger("llmgw.serving")
+log = get_logger(__name__)
 
 # The server preface (an empty SETTINGS frame) and a GOAWAY with HTTP_1_1_REQUIRED (RFC 9113
 # 9.2.1, error code 0xd), for a client that starts with the HTTP/2 preface: it learns why.

@@ -28,7 +28,7 @@ from .config import ListenersConfig
 from .connection import Connection
 from .listener import PEER_GONE, ErrorBody, Listener, log_connection_failure, refusal
 
-log = get_logger("llmgw.serving")
+log = get_logger(__name__)
 
 # Refusals over max_connections in progress at once; beyond, a connection is closed unanswered.
 # Each lasts at most _REFUSAL_SECONDS, so a flood of connections costs a bounded amount of work.

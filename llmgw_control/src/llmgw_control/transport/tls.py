@@ -30,7 +30,7 @@ from llmgw_shared.logs import get_logger
 
 from .asgi import Receive, Scope, Send
 
-log = get_logger("llmgw.tls")
+log = get_logger(__name__)
 
 
 def server_context(cert_file: str, key_file: str, client_ca_file: str, *, what: str = "agents TLS") -> ssl.SSLContext:

@@ -68,7 +68,7 @@ from llmgw_shared.wire import (
     converter,
 )
 
-log = get_logger("llmgw.node.engines")
+log = get_logger(__name__)
 
 MARKER = ".llmgw-engine.json"
 # Beside the marker: the index bytes the install was chosen from, its signature, the archives.

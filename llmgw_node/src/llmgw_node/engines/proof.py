@@ -17,7 +17,7 @@ import trio
 
 from llmgw_shared.logs import get_logger
 
-log = get_logger("llmgw.node.engines.proof")
+log = get_logger(__name__)
 
 
 class ProofError(Exception):

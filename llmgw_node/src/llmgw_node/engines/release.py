@@ -24,7 +24,7 @@ import attrs
 from llmgw_shared.logs import get_logger
 from llmgw_shared.names import BadName, check_asset_name, check_digest, shown
 
-log = get_logger("llmgw.node.engines.release")
+log = get_logger(__name__)
 
 _LINUX_NAMES = ("linux", "ubuntu")
 _ARCH_NAMES = {"x86_64": ("x64", "x86_64", "amd64"), "aarch64": ("arm64", "aarch64")}

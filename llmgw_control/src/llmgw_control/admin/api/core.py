@@ -34,7 +34,7 @@ from ..standby_refusal import StandbyRefusal
 from .openapi import PATH_PARAM, openapi_document
 from .validate import structure_body
 
-log = get_logger("llmgw.admin")
+log = get_logger(__name__)
 
 PREFIX = "/api/v1"
 

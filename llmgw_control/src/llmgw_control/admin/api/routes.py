@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from ...fleet.fleet import Fleet
     from ...tenancy.tenancy import Tenancy
 
-log = get_logger("llmgw.admin")
+log = get_logger(__name__)
 
 
 @attrs.define

@@ -17,7 +17,7 @@ import trio
 from llmgw_shared.jsonin import loads as json_loads
 from llmgw_shared.logs import get_logger
 
-log = get_logger("llmgw.dashboard")
+log = get_logger(__name__)
 
 
 @attrs.frozen

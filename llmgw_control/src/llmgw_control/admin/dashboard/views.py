@@ -41,7 +41,7 @@ from .session import (
     set_cookie_header,
 )
 
-log = get_logger("llmgw.dashboard")
+log = get_logger(__name__)
 HERE = Path(__file__).parent
 PAGES = (("fleet", "", "Fleet"), ("models", "models", "Models"), ("find", "find", "Find a model"),
          ("usage", "usage", "Usage"),
