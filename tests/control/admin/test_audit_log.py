@@ -14,7 +14,6 @@ import pytest
 import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from system.releases import fake_release
 
 from llmgw_control.mirror.config import HubConfig

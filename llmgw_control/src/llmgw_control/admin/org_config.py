@@ -34,7 +34,7 @@ class OidcConfig:
     client_secret_file: str = attrs.field(default="", metadata=doc(
         "A file holding the client secret (confidential client); empty: a public client (PKCE alone)."))
     redirect_url: str = attrs.field(default="", metadata=doc(
-        "The callback URL registered at the issuer: https://<client address>/admin/oidc/callback."))
+        "The callback URL registered at the issuer: https://<client address>/admin/login."))
     scopes: list[str] = attrs.field(factory=lambda: ["openid", "email", "profile"], metadata=doc(
         "Scopes asked for (openid always; add groups or roles if the issuer wants them asked)."))
     claim: str = attrs.field(default="groups", metadata=doc(
@@ -83,8 +83,8 @@ def validate_oidc(config: OidcConfig) -> OidcConfig:
         return config
     secure_url(config.issuer, "oidc.issuer")
     secure_url(config.redirect_url, "oidc.redirect_url")
-    if not urlsplit(config.redirect_url).path.endswith("/admin/oidc/callback"):
-        raise ConfigError("oidc.redirect_url must end in /admin/oidc/callback (the dashboard's callback)")
+    if not urlsplit(config.redirect_url).path.endswith("/admin/login"):
+        raise ConfigError("oidc.redirect_url must end in /admin/login (the dashboard login page receives the answer)")
     if not config.client_id:
         raise ConfigError("oidc.client_id is required with oidc.issuer")
     if not config.claim:
