@@ -188,3 +188,15 @@ def test_no_secret_in_any_row(tmp_path_factory: pytest.TempPathFactory, name: st
                 assert secret not in text
                 assert secret[-12:] not in text
     trio.run(scenario)
+
+
+async def test_ctl_lists_and_exports_json_lines(tmp_path: Path) -> None:
+    from .test_ctl import ok as ctl_ok
+
+    async with running_control(tmp_path) as daemon:
+        for n in range(3):
+            ok(await daemon.admin.post("/groups", json={"name": f"g{n}"}))
+        listed = (await ctl_ok(daemon, "audit", "--resource", "group", "--limit", "2")).out
+        assert listed.splitlines()[0].split()[:3] == ["AT", "ACTOR", "FROM"] and "--cursor" in listed
+        exported = (await ctl_ok(daemon, "audit", "export", "--resource", "group")).out.splitlines()
+        assert [json.loads(line)["action"] for line in exported] == ["POST /api/v1/groups"] * 3
