@@ -29,8 +29,10 @@ from llmgw_shared.wire import EngineSpec
 
 from .admin.admin_auth import AdminKeyGuard, key_required, refuse_without_admin_keys
 from .admin.app import make_admin_app, make_metrics_app
+from .admin.audit_log import AuditLog
 from .admin.dashboard import client_dashboard, open_dashboard, register_admin_dashboard
 from .admin.host_guard import AdminHostGuard
+from .admin.sso import open_sso
 from .api_errors import admin_error_body, openai_error_body
 from .catalog import Catalog
 from .catalog.claims import profile_claims
@@ -111,6 +113,14 @@ async def _for_the_block(task: Callable[[], Awaitable[None]]) -> AsyncIterator[N
     async with trio.open_nursery() as nursery:
         nursery.start_soon(task)
         yield
+        nursery.cancel_scope.cancel()
+
+
+async def _until_shutdown(task: Callable[[], Awaitable[None]], shutdown: trio.Event) -> None:
+    """Run ``task`` until ``shutdown`` is set."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(task)
+        await shutdown.wait()
         nursery.cancel_scope.cancel()
 
 
@@ -278,10 +288,13 @@ async def serve_client_and_admin(
     """The client, admin and metrics listeners; their URLs."""
     # The dashboard: at / on the admin listener, and at /admin on the client port behind an
     # admin-key login, which is also the only way the client port reaches the admin API.
+    audit = AuditLog(tenancy.store, config.audit)
+    # Upkeep, not a listener: it ends with the shutdown (without a fleet nothing cancels the nursery).
+    nursery.start_soon(_until_shutdown, audit.run, shutdown)
     dashboard = await open_dashboard(fleet=fleet, tenancy=tenancy, prometheus=config.monitoring.prometheus,
-                                     data_dir=data_dir_of(config))
+                                     data_dir=data_dir_of(config), audit=audit, sso=open_sso(config.oidc))
     admin_app = make_admin_app(registry, fleet, tenancy=tenancy, models=fleet.models if fleet else None,
-                               mirror=mirror)
+                               mirror=mirror, audit=audit)
     register_admin_dashboard(admin_app, dashboard)
     client_app: Any = ClientApp(gateway, fallback=client_dashboard(dashboard, admin_app, otherwise=gateway))
     if fleet is not None and fleet.leadership is not None:
@@ -298,7 +311,7 @@ async def serve_client_and_admin(
     api_url = await nursery.start(partial(serve, client_app, client_address, name="api", error_body=openai_error_body,
                                           tls=client_tls.context if client_tls else None))
     admin_guarded = AdminKeyGuard(admin_app, tenancy.state,
-                                  required=key_required(config.admin_listen, config.admin_require_key))
+                                  required=key_required(config.admin_listen, config.admin_require_key), audit=audit)
     admin_url = await nursery.start(partial(serve, AdminHostGuard(admin_guarded, config.admin_hosts),
                                             config.admin_listen, name="admin"))
     metrics_url = None

@@ -18,6 +18,7 @@ from llmgw_shared.config import ConfigError, load_toml, parse_host_port, strict_
 from llmgw_shared.config_doc import doc
 from llmgw_shared.names import BadName, check_engine_name, check_version
 
+from .admin.org_config import AuditConfig, OidcConfig, validate_audit, validate_oidc
 from .catalog import ROUTING_POLICIES, EngineConfig, ModelConfig, validate_models
 from .fleet.agents import AgentsConfig
 from .fleet.leadership import LeadershipConfig
@@ -75,6 +76,10 @@ class ControlConfig:
         "TLS on the client listener, or the TLS proxies in front of it (docs/security.md)."))
     hub: HubConfig = attrs.field(factory=HubConfig, metadata=doc(
         "The model mirror: the Hugging Face Hub it searches and pulls from (docs/model-mirror.md)."))
+    audit: AuditConfig = attrs.field(factory=AuditConfig, metadata=doc(
+        "The audit log of admin changes and refusals (docs/security.md)."))
+    oidc: OidcConfig = attrs.field(factory=OidcConfig, metadata=doc(
+        "Single sign-on for the dashboard with an OpenID Connect provider (docs/security.md)."))
 
 
 # More gateway processes than a large machine has cores only adds context switches and database
@@ -150,7 +155,8 @@ def validate(config: ControlConfig) -> ControlConfig:
     if config.monitoring.prometheus:
         url = validate_engine_url(config.monitoring.prometheus, what="monitoring.prometheus")
         config = attrs.evolve(config, monitoring=MonitoringConfig(prometheus=url))
-    config = attrs.evolve(config, hub=validate_hub(config.hub))
+    config = attrs.evolve(config, hub=validate_hub(config.hub), audit=validate_audit(config.audit),
+                          oidc=validate_oidc(config.oidc))
     seen: set[str] = set()
     endpoints = []
     for index, endpoint in enumerate(config.endpoints):

@@ -23,13 +23,12 @@ from llmgw_shared.config import ConfigError, parse_host_port
 
 from ..api_errors import ClientApiError, admin_error_json
 from ..transport.asgi import Receive, Scope, Send
+from .audit_log import ACTOR_HEADER, AuditLog, peer_of
 
 if TYPE_CHECKING:
     from ..tenancy.state import TenancyState
 
 OPEN_PATHS = frozenset({"/healthz"})
-# Who acted, for the admin API: set here from the checked key, never taken from the client.
-ACTOR_HEADER = b"x-llmgw-admin-key-id"
 
 
 def is_loopback(listen: str) -> bool:
@@ -68,10 +67,11 @@ def refuse_without_admin_keys(listen: str, require_key: bool, state: TenancyStat
 class AdminKeyGuard:
     """ASGI middleware: a live admin key in the head of every request (``required``), else 401."""
 
-    def __init__(self, app: Any, state: TenancyState, *, required: bool) -> None:
+    def __init__(self, app: Any, state: TenancyState, *, required: bool, audit: AuditLog | None = None) -> None:
         self.app = app
         self.state = state
         self.required = required
+        self.audit = audit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -82,9 +82,13 @@ class AdminKeyGuard:
             authorization = next((v.decode("latin-1") for k, v in headers if k.lower() == b"authorization"), None)
             problem, key_id = self._check(authorization)
             if problem is not None:
+                if self.audit is not None:
+                    await self.audit.refused(actor=f"key:{key_id}" if key_id else "anonymous", peer=peer_of(scope),
+                                             action=f"{scope.get('method', 'WS')} {scope['path'][:150]}",
+                                             reason="admin key missing, unknown or not an admin key")
                 await _refuse(scope, send, problem)
                 return
-            headers.append((ACTOR_HEADER, key_id.encode()))
+            headers.append((ACTOR_HEADER, f"key:{key_id}".encode()))
         await self.app(dict(scope, headers=headers), receive, send)
 
     def _check(self, authorization: str | None) -> tuple[str | None, str]:
@@ -93,7 +97,7 @@ class AdminKeyGuard:
         except ClientApiError as exc:
             return exc.message, ""
         if not key.admin:
-            return "This key is not an admin key: the admin API needs one created with --admin-key.", ""
+            return "This key is not an admin key: the admin API needs one created with --admin-key.", key.id
         return None, key.id
 
 

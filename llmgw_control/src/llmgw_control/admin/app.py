@@ -12,9 +12,11 @@ from ..byte_ranges import StrictRangeResponse
 from ..catalog.service import ModelService
 from ..mirror.service import Mirror
 from .api import ApiContext, build_api
+from .api.audit_routes import add_audit_routes
 from .api.capacity_routes import add_capacity_routes
 from .api.core import error_body
 from .api.mirror_routes import add_mirror_routes
+from .audit_log import AuditLog
 from .debug_views import register_debug_views
 from .onboarding_views import register_onboarding_views
 from .standby_refusal import LEADER_HEADER, standby_leader
@@ -46,7 +48,7 @@ def _json_errors(app: QuartTrio) -> None:
 
 def make_admin_app(
     registry: CollectorRegistry, fleet: Fleet | None = None, *, tenancy: Tenancy | None = None,
-    models: ModelService | None = None, mirror: Mirror | None = None,
+    models: ModelService | None = None, mirror: Mirror | None = None, audit: AuditLog | None = None,
 ) -> QuartTrio:
     app = QuartTrio("llmgw_control.admin")
     # Its files (the dashboard's static ones) answer Range requests through our strict parser.
@@ -57,6 +59,8 @@ def make_admin_app(
     _json_errors(app)
 
     api = build_api(ApiContext(fleet=fleet, tenancy=tenancy, models=models))
+    api.audit = audit
+    add_audit_routes(api, tenancy.store if tenancy is not None else None)
     add_mirror_routes(api, mirror, fleet)
     add_capacity_routes(api, fleet.capacity if fleet is not None else None, fleet)
     api.install(app)

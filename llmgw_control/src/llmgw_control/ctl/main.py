@@ -4,7 +4,7 @@ Talks only to the API (``--admin URL``, default the local admin listener), so wh
 a script or the dashboard can do too. Tables for people by default, the API's JSON with
 ``--json``; an error from the API is printed as the API said it, with a non-zero exit.
 
-About 500 lines: one small function per command over one client, plus the parser that names
+About 600 lines: one small function per command over one client, plus the parser that names
 them all; split by noun it would only scatter the parser.
 """
 
@@ -418,6 +418,36 @@ def usage_show(client: AdminClient, args: argparse.Namespace, out: TextIO) -> No
     _emit(out, args, answer, human)
 
 
+def _audit_query(args: argparse.Namespace) -> dict[str, Any]:
+    opt = vars(args)
+    return {"since": opt.get("since"), "until": opt.get("until"), "actor": opt.get("actor"),
+            "resource": opt.get("resource"), "resource_id": opt.get("id"), "outcome": opt.get("outcome")}
+
+
+def audit_list(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
+    answer = client.get("/audit", limit=args.limit, cursor=args.cursor, **_audit_query(args))
+
+    def human() -> str:
+        rows = [[e["at"], e["actor"], e["peer"] or "-", e["outcome"], e["action"],
+                 f"{e['resource']} {e['resource_id']}".strip()] for e in answer["entries"]]
+        more = f"\n(more: --cursor {answer['next_cursor']})" if answer.get("next_cursor") else ""
+        return table(["AT", "ACTOR", "FROM", "OUTCOME", "ACTION", "WHAT"], rows) + more
+
+    _emit(out, args, answer, human)
+
+
+def audit_export(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
+    """Every matching row, one JSON object a line (for a SIEM), following the pages to the end."""
+    cursor = None
+    while True:
+        answer = client.get("/audit", limit=500, cursor=cursor, **_audit_query(args))
+        for entry in answer["entries"]:
+            out.write(json.dumps(entry, sort_keys=True) + "\n")
+        cursor = answer.get("next_cursor")
+        if not cursor:
+            return
+
+
 # --------------------------------------------------------------------------- the parser
 
 
@@ -516,6 +546,20 @@ def build_parser() -> argparse.ArgumentParser:
     for name, label in _LIMITS:
         p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, metavar="N", help=f"{label} (0 pauses)")
     verb(v, "clear", quotas_clear, "remove a group's quota").add_argument("group", help="id or path")
+
+    v = noun("audit", "audit: list (default), export (JSON lines, for a SIEM)", audit_list)
+    for target, limit in ((verb(v, "list", audit_list, "the newest audit rows"), True),
+                          (verb(v, "export", audit_export, "every matching row as JSON lines"), False),
+                          (nouns.choices["audit"], True)):
+        target.add_argument("--since", help="from this time on (ISO 8601)")
+        target.add_argument("--until", help="before this time (ISO 8601)")
+        target.add_argument("--actor", help="key:<id>, user:<name>, loopback or daemon:<id>")
+        target.add_argument("--resource", help="key, group, quota, model, node, pull, capacity_run, leadership...")
+        target.add_argument("--id", help="the resource's id")
+        target.add_argument("--outcome", choices=("ok", "refused"))
+        if limit:
+            target.add_argument("--limit", type=int, default=50, help="rows (1-500, default 50)")
+            target.add_argument("--cursor", default=None, help="the next page, as a previous list printed it")
 
     v = noun("usage", "usage: show (default) with filters", usage_show)
     for target in (v.add_parser("show", help="hourly usage and totals", parents=[common]),

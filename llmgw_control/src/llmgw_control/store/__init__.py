@@ -4,6 +4,7 @@ Use ``open_store(url_or_path)`` (or ``connect_store``) to get a ``Store``; run a
 ``LeaseKeeper`` over ``store.lease`` to learn whether this daemon leads. See docs/store.md.
 """
 
+from .audit_scope import AuditScope, audit_scope, note_change
 from .cluster_secrets import KEY_DIGEST_SECRET, SHARD_KEY_SECRET, cluster_secret
 from .convert import UNSET, Unset
 from .errors import (
@@ -23,6 +24,8 @@ from .migrations import MIGRATIONS, Migration, latest_version
 from .ops_quota_slices import SliceAsk, SliceGrant
 from .records import (
     ApiKey,
+    AuditEntry,
+    AuditPage,
     CapacityRecord,
     CapacityRunRecord,
     CatalogModel,
@@ -51,6 +54,9 @@ __all__ = [
     "UNSET",
     "VIEW_CHANNEL",
     "ApiKey",
+    "AuditEntry",
+    "AuditPage",
+    "AuditScope",
     "CapacityRecord",
     "CapacityRunRecord",
     "CatalogModel",
@@ -88,9 +94,11 @@ __all__ = [
     "UsageTotals",
     "ViewListener",
     "ViewReplica",
+    "audit_scope",
     "cluster_secret",
     "connect_store",
     "is_postgres_url",
     "latest_version",
+    "note_change",
     "open_store",
 ]

@@ -21,6 +21,7 @@ from .lease import Lease
 from .ops_quota_slices import SliceAsk, SliceGrant
 from .records import (
     ApiKey,
+    AuditPage,
     CapacityRecord,
     CapacityRunRecord,
     CatalogModel,
@@ -194,3 +195,13 @@ class Store(Protocol):
     async def put_pull(self, pull_id: str, document: Mapping[str, Any]) -> None: ...
     async def list_pulls(self) -> list[dict[str, Any]]: ...
     async def delete_pull(self, pull_id: str) -> None: ...
+
+    # the audit log (see ops_audit, audit_scope): admin changes write their rows themselves
+    async def record_audit(self, *, actor: str, peer: str, action: str, outcome: str, resource: str,
+                           resource_id: str, changes: list[dict[str, Any]] | None = None) -> str: ...
+    async def list_audit(
+        self, *, since: datetime | None = None, until: datetime | None = None, actor: str | None = None,
+        resource: str | None = None, resource_id: str | None = None, outcome: str | None = None,
+        cursor: str | None = None, limit: int = 100,
+    ) -> AuditPage: ...
+    async def prune_audit(self, older_than: datetime) -> int: ...

@@ -22,6 +22,7 @@ from typing import Protocol
 from . import convert as cv
 from .backend import Backend, Tx
 from .errors import InvalidInput
+from .ops_audit import leadership_row
 from .ops_base import ONE_CLOCK
 from .records import LeaseGrant, LeaseInfo
 from .transactions import TransactionCounts, run_transaction
@@ -58,6 +59,7 @@ class SqlLease:
         ttl_us = _ttl_us(ttl)
 
         def acquire(tx: Tx) -> LeaseGrant | None:
+            before = tx.one("SELECT holder, epoch FROM leader_lease WHERE id = 1")
             row = tx.one(
                 "UPDATE leader_lease SET "
                 "epoch = CASE WHEN holder = ? AND expires_at > clock.t THEN epoch ELSE epoch + 1 END, "
@@ -67,7 +69,13 @@ class SqlLease:
                 "RETURNING epoch, expires_at",
                 (holder, holder, address, ttl_us, holder),
             )
-            return None if row is None else LeaseGrant(epoch=int(row[0]), expires_at=cv.from_us(row[1]))
+            if row is None:
+                return None
+            if before is not None and int(row[0]) != int(before[1]):
+                # A new epoch is a change of leadership: recorded in the transaction that made it.
+                leadership_row(tx, holder, "leadership.acquire", {"holder": before[0], "epoch": int(before[1])},
+                               {"holder": holder, "address": address, "epoch": int(row[0])})
+            return LeaseGrant(epoch=int(row[0]), expires_at=cv.from_us(row[1]))
 
         return await run_transaction(self._backend, self._counts, acquire, write=True)
 
@@ -96,6 +104,8 @@ class SqlLease:
                 "UPDATE leader_lease SET holder = NULL, address = NULL, expires_at = 0 WHERE id = 1 AND holder = ?",
                 (holder,),
             )
+            if changed:
+                leadership_row(tx, holder, "leadership.release", {"holder": holder}, {"holder": None})
             return changed > 0
 
         return await run_transaction(self._backend, self._counts, release, write=True)

@@ -224,6 +224,28 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX quota_slices_by_group ON quota_slices (group_id, kind)",
         ),
     ),
+    Migration(
+        9,
+        "the audit log: who changed what through the admin API, and refused admin actions",
+        (
+            # One row per admin action (ops_audit.py), written in the transaction of the change it
+            # describes; ``changes`` is a JSON list of {resource, id, op, before, after}, secrets
+            # redacted. Ids are random (several daemons write), pages are ordered by (at, id).
+            """CREATE TABLE audit_log (
+                id TEXT PRIMARY KEY,
+                at BIGINT NOT NULL,
+                actor TEXT NOT NULL,
+                peer TEXT NOT NULL,
+                action TEXT NOT NULL,
+                outcome TEXT NOT NULL,
+                resource TEXT NOT NULL,
+                resource_id TEXT NOT NULL,
+                changes TEXT NOT NULL)""",
+            "CREATE INDEX audit_log_at ON audit_log (at, id)",
+            "CREATE INDEX audit_log_actor ON audit_log (actor, at)",
+            "CREATE INDEX audit_log_resource ON audit_log (resource, resource_id, at)",
+        ),
+    ),
 )
 
 # An arbitrary constant: the key of the PostgreSQL advisory lock that serialises daemons

@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from . import convert as cv
+from .audit_scope import note_change, record_fields
 from .backend import Row, Tx
 from .errors import InvalidInput, NotFound
 from .ops_base import ONE_CLOCK, OpsBase, new_id
@@ -85,7 +86,9 @@ class CapacityOps(OpsBase):
                 values,
             )
             assert row is not None
-            return _record(row)
+            record = _record(row)
+            note_change("capacity", record.id, None, record_fields(record))
+            return record
 
         return await self._write(add)
 
@@ -118,6 +121,7 @@ class CapacityOps(OpsBase):
         def delete(tx: Tx) -> None:
             if tx.run("DELETE FROM capacity WHERE id = ?", (record_id,)) == 0:
                 raise NotFound("capacity record", record_id)
+            note_change("capacity", record_id, {"id": record_id}, None)
 
         await self._write(delete)
 
@@ -143,7 +147,9 @@ class CapacityOps(OpsBase):
                 values,
             )
             assert row is not None
-            return _run(row)
+            run = _run(row)
+            note_change("capacity_run", run.id, None, record_fields(run, leave_out=("created_at", "updated_at")))
+            return run
 
         return await self._write(add)
 
@@ -163,10 +169,15 @@ class CapacityOps(OpsBase):
         params.append(run_id)
 
         def update(tx: Tx) -> CapacityRunRecord:
+            old = tx.one(f"SELECT {_RUN_COLUMNS} FROM capacity_runs WHERE id = ?", (run_id,))
             row = tx.one(f"UPDATE capacity_runs SET {', '.join(sets)} WHERE id = ? RETURNING {_RUN_COLUMNS}", params)
-            if row is None:
+            if row is None or old is None:
                 raise NotFound("capacity run", run_id)
-            return _run(row)
+            run = _run(row)
+            skip = ("created_at", "updated_at")
+            note_change("capacity_run", run_id, record_fields(_run(old), leave_out=skip),
+                        record_fields(run, leave_out=skip))
+            return run
 
         return await self._write(update)
 

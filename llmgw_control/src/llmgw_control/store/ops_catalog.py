@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import convert as cv
+from .audit_scope import note_change
 from .backend import Row, Tx
 from .errors import Conflict, NotFound
 from .ops_base import ONE_CLOCK, OpsBase, bump_revision
@@ -36,7 +37,9 @@ class CatalogOps(OpsBase):
                 (name, doc),
             )
             assert row is not None
-            return _model(row)
+            model = _model(row)
+            note_change("model", name, None, model.document)
+            return model
 
         return await self._write(add)
 
@@ -47,13 +50,16 @@ class CatalogOps(OpsBase):
 
         def update(tx: Tx) -> CatalogModel:
             bump_revision(tx, "models")
+            old = tx.one(f"SELECT {_COLUMNS} FROM catalog_models WHERE name = ?", (name,))
             row = tx.one(
                 f"UPDATE catalog_models SET document = ?, updated_at = now_us() WHERE name = ? RETURNING {_COLUMNS}",
                 (doc, name),
             )
-            if row is None:
+            if row is None or old is None:
                 raise NotFound("model", name)
-            return _model(row)
+            model = _model(row)
+            note_change("model", name, _model(old).document, model.document)
+            return model
 
         return await self._write(update)
 
@@ -62,8 +68,11 @@ class CatalogOps(OpsBase):
 
         def delete(tx: Tx) -> None:
             bump_revision(tx, "models")
-            if tx.run("DELETE FROM catalog_models WHERE name = ?", (name,)) == 0:
+            old = tx.one(f"SELECT {_COLUMNS} FROM catalog_models WHERE name = ?", (name,))
+            if old is None:
                 raise NotFound("model", name)
+            tx.run("DELETE FROM catalog_models WHERE name = ?", (name,))
+            note_change("model", name, _model(old).document, None)
 
         await self._write(delete)
 

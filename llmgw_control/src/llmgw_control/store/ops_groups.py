@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from . import convert as cv
+from .audit_scope import note_change, record_fields
 from .backend import Row, Tx
 from .convert import UNSET, Unset
 from .errors import Conflict, InvalidInput, NotFound
@@ -66,7 +67,9 @@ class GroupOps(OpsBase):
                 (gid, name, parent, klass),
             )
             assert row is not None
-            return _group(row)
+            group = _group(row)
+            note_change("group", group.id, None, record_fields(group))
+            return group
 
         return await self._write(create)
 
@@ -107,7 +110,9 @@ class GroupOps(OpsBase):
                 (target_name, target_parent, target_priority, group_id),
             )
             assert row is not None
-            return _group(row)
+            group = _group(row)
+            note_change("group", group_id, record_fields(current), record_fields(group))
+            return group
 
         return await self._write(update)
 
@@ -122,14 +127,17 @@ class GroupOps(OpsBase):
             # clearly).
             bump_revision(tx, "keys")
             bump_revision(tx, "quotas")
-            if tx.one("SELECT 1 FROM tenant_groups WHERE id = ?", (group_id,)) is None:
+            row = tx.one(f"SELECT {_COLUMNS} FROM tenant_groups WHERE id = ?", (group_id,))
+            if row is None:
                 raise NotFound("group", group_id)
             if tx.one("SELECT 1 FROM tenant_groups WHERE parent_id = ?", (group_id,)) is not None:
                 raise Conflict(f"group {group_id!r} still has child groups; delete or move them first")
             if tx.one("SELECT 1 FROM api_keys WHERE group_id = ?", (group_id,)) is not None:
                 raise Conflict(f"group {group_id!r} still has API keys; delete or move them first")
-            tx.run("DELETE FROM quotas WHERE group_id = ?", (group_id,))
+            if tx.run("DELETE FROM quotas WHERE group_id = ?", (group_id,)):
+                note_change("quota", group_id, {"group_id": group_id}, None)
             tx.run("DELETE FROM tenant_groups WHERE id = ?", (group_id,))
+            note_change("group", group_id, record_fields(_group(row)), None)
 
         await self._write(delete)
 

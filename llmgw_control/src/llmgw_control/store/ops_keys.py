@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from . import convert as cv
+from .audit_scope import note_change, record_fields
 from .backend import Row, Tx
 from .convert import UNSET, Unset
 from .errors import Conflict, NotFound
@@ -36,6 +37,11 @@ def _key(row: Row) -> ApiKey:
         revoked_at=cv.opt_from_us(row[8]),
         revision=int(row[9]),
     )
+
+
+def _fields(key: ApiKey) -> dict[str, object]:
+    # The digest is withheld (see audit_scope.SECRET_FIELD); the revision is bookkeeping.
+    return record_fields(key, leave_out=("digest", "revision"))
 
 
 def _get(tx: Tx, key_id: str) -> ApiKey:
@@ -81,7 +87,9 @@ class KeyOps(OpsBase):
                 (kid, name, group_id, digest, models_json, admin, expires, revision),
             )
             assert row is not None
-            return _key(row)
+            key = _key(row)
+            note_change("key", key.id, None, _fields(key))
+            return key
 
         return await self._write(create)
 
@@ -119,7 +127,7 @@ class KeyOps(OpsBase):
 
         def update(tx: Tx) -> ApiKey:
             revision = bump_revision(tx, "keys")
-            _get(tx, key_id)
+            before = _get(tx, key_id)
             if new_group is not None:
                 require_group(tx, new_group, "group_id")
             row = tx.one(
@@ -127,7 +135,9 @@ class KeyOps(OpsBase):
                 (*params, revision, key_id),
             )
             assert row is not None
-            return _key(row)
+            key = _key(row)
+            note_change("key", key.id, _fields(before), _fields(key))
+            return key
 
         return await self._write(update)
 
@@ -145,7 +155,9 @@ class KeyOps(OpsBase):
                 (revision, key_id),
             )
             assert row is not None
-            return _key(row)
+            revoked = _key(row)
+            note_change("key", key_id, _fields(key), _fields(revoked))
+            return revoked
 
         return await self._write(revoke)
 
@@ -155,8 +167,9 @@ class KeyOps(OpsBase):
 
         def delete(tx: Tx) -> None:
             revision = bump_revision(tx, "keys")
-            if tx.run("DELETE FROM api_keys WHERE id = ?", (key_id,)) == 0:
-                raise NotFound("key", key_id)
+            before = _get(tx, key_id)
+            tx.run("DELETE FROM api_keys WHERE id = ?", (key_id,))
+            note_change("key", key_id, _fields(before), None)
             tx.run(
                 "INSERT INTO deleted_keys (id, revision) VALUES (?, ?) "
                 "ON CONFLICT (id) DO UPDATE SET revision = excluded.revision",

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from datetime import datetime
 
 from . import convert as cv
+from .audit_scope import note_change, record_fields
 from .backend import Row, Tx
 from .convert import UNSET, Unset
 from .errors import Conflict, NotFound
@@ -13,6 +14,11 @@ from .ops_base import OpsBase, bump_revision
 from .records import NodeIdentity
 
 _COLUMNS = "id, token_digest, labels, cordoned, created_at, last_seen_at"
+
+
+def _fields(node: NodeIdentity) -> dict[str, object]:
+    # The join token's digest is withheld (audit_scope.SECRET_FIELD); last_seen_at is bookkeeping.
+    return record_fields(node, leave_out=("last_seen_at",))
 
 
 def _node(row: Row) -> NodeIdentity:
@@ -44,7 +50,9 @@ class NodeOps(OpsBase):
                 (node_id, digest, labels_json, False),
             )
             assert row is not None
-            return _node(row)
+            node = _node(row)
+            note_change("node", node_id, None, _fields(node))
+            return node
 
         return await self._write(add)
 
@@ -72,6 +80,9 @@ class NodeOps(OpsBase):
 
         def update(tx: Tx) -> NodeIdentity:
             bump_revision(tx, "nodes")
+            old = tx.one(f"SELECT {_COLUMNS} FROM nodes WHERE id = ?", (node_id,))
+            if old is None:
+                raise NotFound("node", node_id)
             if sets:
                 row = tx.one(
                     f"UPDATE nodes SET {', '.join(sets)} WHERE id = ? RETURNING {_COLUMNS}", (*params, node_id)
@@ -80,7 +91,9 @@ class NodeOps(OpsBase):
                 row = tx.one(f"SELECT {_COLUMNS} FROM nodes WHERE id = ?", (node_id,))
             if row is None:
                 raise NotFound("node", node_id)
-            return _node(row)
+            node = _node(row)
+            note_change("node", node_id, _fields(_node(old)), _fields(node))
+            return node
 
         return await self._write(update)
 
@@ -107,8 +120,11 @@ class NodeOps(OpsBase):
 
         def delete(tx: Tx) -> None:
             bump_revision(tx, "nodes")
-            if tx.run("DELETE FROM nodes WHERE id = ?", (node_id,)) == 0:
+            old = tx.one(f"SELECT {_COLUMNS} FROM nodes WHERE id = ?", (node_id,))
+            if old is None:
                 raise NotFound("node", node_id)
+            tx.run("DELETE FROM nodes WHERE id = ?", (node_id,))
+            note_change("node", node_id, _fields(_node(old)), None)
 
         await self._write(delete)
 

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import convert as cv
+from .audit_scope import note_change
 from .backend import Tx
 from .errors import NotFound
 from .ops_base import OpsBase
@@ -22,11 +23,13 @@ class PullOps(OpsBase):
         doc = cv.json_object("document", document)
 
         def put(tx: Tx) -> None:
+            old = tx.one("SELECT document FROM model_pulls WHERE id = ?", (pull_id,))
             tx.run(
                 "INSERT INTO model_pulls (id, document, created_at, updated_at) VALUES (?, ?, now_us(), now_us()) "
                 "ON CONFLICT (id) DO UPDATE SET document = excluded.document, updated_at = excluded.updated_at",
                 (pull_id, doc),
             )
+            note_change("pull", pull_id, None if old is None else cv.load_json(old[0]), dict(document))
 
         await self._write(put)
 
@@ -42,5 +45,6 @@ class PullOps(OpsBase):
         def delete(tx: Tx) -> None:
             if tx.run("DELETE FROM model_pulls WHERE id = ?", (pull_id,)) == 0:
                 raise NotFound("pull", pull_id)
+            note_change("pull", pull_id, {"id": pull_id}, None)
 
         await self._write(delete)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from . import convert as cv
+from .audit_scope import note_change, record_fields
 from .backend import Row, Tx
 from .errors import InvalidInput, NotFound
 from .ops_base import OpsBase, bump_revision
@@ -34,6 +35,7 @@ class QuotaOps(OpsBase):
             bump_revision(tx, "quotas")
             if tx.one("SELECT 1 FROM tenant_groups WHERE id = ?", (group_id,)) is None:
                 raise NotFound("group", group_id)
+            old = tx.one(f"SELECT {_LIMITS} FROM quotas WHERE group_id = ?", (group_id,))
             row = tx.one(
                 f"INSERT INTO quotas (group_id, {_LIMITS}, updated_at) VALUES (?, ?, ?, ?, ?, now_us()) "
                 "ON CONFLICT (group_id) DO UPDATE SET requests_per_minute = excluded.requests_per_minute, "
@@ -43,7 +45,9 @@ class QuotaOps(OpsBase):
                 (group_id, *limits),
             )
             assert row is not None
-            return _quota(row)
+            quota = _quota(row)
+            note_change("quota", group_id, None if old is None else record_fields(_quota(old)), record_fields(quota))
+            return quota
 
         return await self._write(set_)
 
@@ -63,8 +67,11 @@ class QuotaOps(OpsBase):
 
         def delete(tx: Tx) -> None:
             bump_revision(tx, "quotas")
-            if tx.run("DELETE FROM quotas WHERE group_id = ?", (group_id,)) == 0:
+            old = tx.one(f"SELECT {_LIMITS} FROM quotas WHERE group_id = ?", (group_id,))
+            if old is None:
                 raise NotFound("quota", group_id)
+            tx.run("DELETE FROM quotas WHERE group_id = ?", (group_id,))
+            note_change("quota", group_id, record_fields(_quota(old)), None)
 
         await self._write(delete)
 

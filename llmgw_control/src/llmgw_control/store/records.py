@@ -233,3 +233,29 @@ class ReplicaView:
     revision: int
     replicas: tuple[ViewReplica, ...]
     written_at: datetime
+
+
+@attrs.frozen
+class AuditEntry:
+    """One row of the audit log: when, who, from where, what, and the fields it changed.
+
+    ``actor`` is ``key:<admin key id>``, ``user:<dashboard user>``, ``loopback`` (the admin
+    listener without keys) or ``daemon:<holder>`` (leadership); ``outcome`` is ``ok`` or
+    ``refused``; ``changes`` lists ``{resource, id, op, before, after}``, secrets redacted.
+    """
+
+    id: str
+    at: datetime
+    actor: str
+    peer: str
+    action: str
+    outcome: str
+    resource: str
+    resource_id: str
+    changes: list[dict[str, Any]]
+
+
+@attrs.frozen
+class AuditPage:
+    entries: list[AuditEntry]
+    next_cursor: str | None

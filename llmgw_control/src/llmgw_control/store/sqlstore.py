@@ -19,6 +19,7 @@ from .backend import Backend, Tx
 from .interface import Store
 from .lease import SqlLease
 from .migrations import MIGRATIONS, REVISION_KINDS, Migration
+from .ops_audit import AuditOps
 from .ops_capacity import CapacityOps
 from .ops_catalog import CatalogOps
 from .ops_fleet import FleetOps
@@ -39,7 +40,7 @@ from .view_notify import ViewListener
 
 
 class SqlStore(CatalogOps, NodeOps, GroupOps, KeyOps, QuotaOps, QuotaSliceOps, UsageOps, CapacityOps, SecretOps,
-               FleetOps, PullOps, ViewOps):
+               FleetOps, PullOps, ViewOps, AuditOps):
     def __init__(self, backend: Backend, lease_backend: Backend | None = None) -> None:
         self._backend = backend
         self._lease_backend = lease_backend

@@ -28,8 +28,9 @@ from llmgw_shared.logs import get_logger
 
 from ...api_errors import AdminApiError, admin_error_json, bad_request
 from ...documents import CONVERTER, clean_str, datetime_in
-from ...store import Conflict, InvalidInput, NotFound, StoreError, StoreUnavailable
+from ...store import Conflict, InvalidInput, NotFound, StoreError, StoreUnavailable, audit_scope
 from ...transport.asgi import Send, send_json
+from ..audit_log import ACTOR_HEADER, LOOPBACK, AuditLog, peer_of
 from ..standby_refusal import StandbyRefusal
 from .openapi import PATH_PARAM, openapi_document
 from .validate import structure_body
@@ -114,6 +115,8 @@ class Api:
     def __init__(self) -> None:
         self.routes: list[Route] = []
         self._installed = 0
+        # Every route that is not a GET changes state: each is one audited action (set by the app).
+        self.audit: AuditLog | None = None
 
     def route(
         self, method: str, path: str, *, summary: str, tag: str, body: type | None = None,
@@ -138,25 +141,44 @@ class Api:
 
     def _view(self, route: Route) -> Callable[..., Awaitable[Response]]:
         async def view(**path: str) -> Response:
-            try:
-                call = await self._read(route, path)
-                result = await route.handler(call)
-            except AdminApiError as exc:
-                return refusal_body(exc)
-            except StoreError as exc:
-                err = from_store_error(exc)
-                return error_body(err.status, err.code, err.message, err.field)
-            except HTTPException:
-                raise  # Quart's own (a body over the limit: 413): its handlers answer in our shape
-            except Exception:
-                # A bug: logged with its traceback, answered in the one error shape without it.
-                log.exception("admin API %s %s failed", route.method, route.path)
-                return error_body(500, "internal_error", "internal error (see the control daemon's log)")
-            if route.status == 204 or result is None:
-                return Response("", status=204)
-            return Response(json.dumps(CONVERTER.unstructure(result)), status=route.status,
-                            content_type="application/json")
+            if route.method == "GET" or self.audit is None:
+                return (await self._answer(route, path))[0]
+            audit = self.audit
+            actor = request.headers.get(ACTOR_HEADER.decode()) or LOOPBACK
+            peer = peer_of(request.scope)
+            action = f"{route.method} {route.path}"
+            scope = audit.begin(actor=actor, peer=peer, action=action, resource=route.tag,
+                                resource_id=next(iter(path.values()), ""))
+            # Every store write the handler makes (however deep) records itself under this scope.
+            with audit_scope(scope):
+                response, refusal = await self._answer(route, path)
+            if response.status_code < 400:
+                await audit.finish(scope)
+            elif isinstance(refusal, StandbyRefusal):
+                await audit.refused(actor=actor, peer=peer, action=action, reason="standby")
+            return response
         return view
+
+    async def _answer(self, route: Route, path: dict[str, str]) -> tuple[Response, AdminApiError | None]:
+        """The route's answer, and the refusal it raised, if it did."""
+        try:
+            call = await self._read(route, path)
+            result = await route.handler(call)
+        except AdminApiError as exc:
+            return refusal_body(exc), exc
+        except StoreError as exc:
+            err = from_store_error(exc)
+            return error_body(err.status, err.code, err.message, err.field), err
+        except HTTPException:
+            raise  # Quart's own (a body over the limit: 413): its handlers answer in our shape
+        except Exception:
+            # A bug: logged with its traceback, answered in the one error shape without it.
+            log.exception("admin API %s %s failed", route.method, route.path)
+            return error_body(500, "internal_error", "internal error (see the control daemon's log)"), None
+        if route.status == 204 or result is None:
+            return Response("", status=204), None
+        return Response(json.dumps(CONVERTER.unstructure(result)), status=route.status,
+                        content_type="application/json"), None
 
     async def _read(self, route: Route, path: dict[str, str]) -> Call:
         for name, value in path.items():

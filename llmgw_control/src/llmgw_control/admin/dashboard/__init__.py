@@ -15,6 +15,7 @@ from quart_trio import QuartTrio
 
 from ...byte_ranges import StrictRangeResponse
 from ...store import cluster_secret
+from ..audit_log import AuditLog
 from .client import PREFIX, ClientDashboard
 from .session import SessionSigner
 from .views import Dashboard, Mount, admin_origin_guard, make_blueprint
@@ -22,17 +23,19 @@ from .views import Dashboard, Mount, admin_origin_guard, make_blueprint
 __all__ = ["Dashboard", "client_dashboard", "open_dashboard", "register_admin_dashboard"]
 
 
-async def open_dashboard(*, fleet: Any, tenancy: Any, prometheus: str, data_dir: Path) -> Dashboard:
+async def open_dashboard(*, fleet: Any, tenancy: Any, prometheus: str, data_dir: Path, audit: AuditLog | None = None,
+                         sso: Any = None) -> Dashboard:
     """The shared parts. The session secret is a cluster secret in the store, so every control
     daemon on one database accepts the others' sessions (a failover does not log operators out);
     ``data_dir/dashboard-secret`` seeds it when present."""
     secret = await cluster_secret(tenancy.store, "dashboard-session", data_dir / "dashboard-secret")
-    return Dashboard(fleet=fleet, tenancy=tenancy, prometheus=prometheus, signer=SessionSigner(secret))
+    return Dashboard(fleet=fleet, tenancy=tenancy, prometheus=prometheus, signer=SessionSigner(secret), audit=audit,
+                     sso=sso)
 
 
 def register_admin_dashboard(app: QuartTrio, dash: Dashboard) -> None:
     """The pages at ``/`` on the admin listener, and the origin guard for its state-changing requests."""
-    admin_origin_guard(app)
+    admin_origin_guard(app, dash.audit)
     app.register_blueprint(make_blueprint(dash, Mount(prefix="", api_base="/api/v1", login=False)))
 
 

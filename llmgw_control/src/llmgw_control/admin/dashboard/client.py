@@ -12,13 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 from ..api.core import send_error
+from ..audit_log import ACTOR_HEADER
 from .session import UNSAFE_METHODS, csrf_ok, same_origin
 from .views import Dashboard
 
 PREFIX = "/admin"
 API_PREFIX = "/admin/api/"
 LOGIN = "/admin/login"
-_ACTOR = b"x-llmgw-admin-key-id"
 
 
 class _Headers:
@@ -71,18 +71,23 @@ class ClientDashboard:
         if found is None:
             await send_error(send, 401, "login_required", "Log in to the dashboard with an admin key first.")
             return
-        session, key = found
+        session, operator = found
         if self.admin_api is None:
             await send_error(send, 503, "starting", "The admin API is starting; retry in a moment.")
             return
         if scope["method"] in UNSAFE_METHODS and not (
                 same_origin(headers, scope.get("scheme", "http")) and csrf_ok(session, headers)):
+            await self.dash.refused(scope, "csrf")
             await send_error(send, 403, "csrf_failed", "Missing or wrong CSRF token, or a request from another site.")
+            return
+        if scope["method"] in UNSAFE_METHODS and not operator.admin:
+            await self.dash.refused(scope, "read_only")
+            await send_error(send, 403, "read_only", "Your sign-in grants read-only access: changes are refused.")
             return
         inner = scope["path"][len(PREFIX):]
         forwarded = dict(scope, path=inner, raw_path=inner.encode("latin-1"), root_path="")
         # The admin API may record who acted; the session's key is the operator.
         # (Any copy the browser sent is dropped: only this code may say who the operator is.)
-        forwarded["headers"] = [*(h for h in scope.get("headers", ()) if h[0].lower() != _ACTOR),
-                                (_ACTOR, key.id.encode())]
+        forwarded["headers"] = [*(h for h in scope.get("headers", ()) if h[0].lower() != ACTOR_HEADER),
+                                (ACTOR_HEADER, operator.actor.encode())]
         await self.admin_api(forwarded, receive, send)

@@ -36,11 +36,21 @@ UNSAFE_METHODS = frozenset(("POST", "PUT", "PATCH", "DELETE"))
 DEFAULT_LIFETIME = 8 * 3600.0
 
 
+# An OpenID Connect user's session carries the claim values that granted access (re-mapped on
+# every request, so changing the mapping takes access away): at most this many, this long each,
+# which keeps the cookie far below browsers' 4 KiB.
+MAX_GRANTS = 16
+MAX_GRANT_LEN = 100
+
+
 @attrs.frozen
 class Session:
     key_id: str
     csrf: str
     expires_at: float
+    # A user signed in through OpenID Connect (key_id is then empty) and their granting claim values.
+    user: str = ""
+    grants: tuple[str, ...] = ()
 
 
 class SessionSigner:
@@ -52,14 +62,19 @@ class SessionSigner:
             raise ValueError("the dashboard session secret must be at least 16 bytes")
         # Derived, so this key signs sessions and nothing else, whatever else the file is used for.
         self._key = hmac.new(secret, b"llmgw dashboard session v1", hashlib.sha256).digest()
+        # A second derived key for the sign-in's pending state: neither cookie can pass for the other.
+        self._other = hmac.new(secret, b"llmgw dashboard oidc pending v1", hashlib.sha256).digest()
         self.lifetime = lifetime
         self.clock = clock
 
-    def new(self, key_id: str) -> tuple[Session, str]:
-        """A fresh session for ``key_id`` and the cookie value that carries it."""
-        session = Session(key_id, secrets.token_urlsafe(32), self.clock() + self.lifetime)
-        payload = json.dumps({"k": session.key_id, "c": session.csrf, "e": int(session.expires_at)},
-                             separators=(",", ":")).encode()
+    def new(self, key_id: str, *, user: str = "", grants: tuple[str, ...] = ()) -> tuple[Session, str]:
+        """A fresh session for ``key_id`` (or an OpenID Connect ``user``) and the cookie value that carries it."""
+        grants = tuple(g[:MAX_GRANT_LEN] for g in grants[:MAX_GRANTS])
+        session = Session(key_id, secrets.token_urlsafe(32), self.clock() + self.lifetime, user[:200], grants)
+        data: dict[str, Any] = {"k": session.key_id, "c": session.csrf, "e": int(session.expires_at)}
+        if session.user:
+            data |= {"u": session.user, "g": list(session.grants)}
+        payload = json.dumps(data, separators=(",", ":")).encode()
         body = base64.urlsafe_b64encode(payload).rstrip(b"=").decode()
         return session, f"{body}.{self._sign(body)}"
 
@@ -72,16 +87,36 @@ class SessionSigner:
             return None
         try:
             data = json_loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
-            session = Session(str(data["k"]), str(data["c"]), float(data["e"]))
-        except (ValueError, KeyError, TypeError, binascii.Error):
+            grants = data.get("g", [])
+            if not isinstance(grants, list) or len(grants) > MAX_GRANTS:
+                return None
+            session = Session(str(data["k"]), str(data["c"]), float(data["e"]), str(data.get("u", "")),
+                              tuple(str(g) for g in grants))
+        except (ValueError, KeyError, TypeError, AttributeError, binascii.Error):
             return None
         if session.expires_at <= self.clock():
             return None
         return session
 
-    def _sign(self, body: str) -> str:
-        mac = hmac.new(self._key, body.encode(), hashlib.sha256).digest()
+    def _sign(self, body: str, key: bytes | None = None) -> str:
+        mac = hmac.new(key or self._key, body.encode(), hashlib.sha256).digest()
         return base64.urlsafe_b64encode(mac).rstrip(b"=").decode()
+
+    def seal(self, text: str) -> str:
+        """``text`` signed (not encrypted) for a cookie of another purpose than the session."""
+        body = base64.urlsafe_b64encode(text.encode()).rstrip(b"=").decode()
+        return f"{body}.{self._sign(body, self._other)}"
+
+    def unseal(self, value: str | None) -> str | None:
+        if not value or len(value) > 4096:
+            return None
+        body, dot, signature = value.rpartition(".")
+        if not dot or not hmac.compare_digest(signature, self._sign(body, self._other)):
+            return None
+        try:
+            return base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)).decode()
+        except (ValueError, binascii.Error):
+            return None
 
 
 def cookie_value(headers: Mapping[str, str] | Any, name: str = COOKIE_NAME) -> str | None:
@@ -98,6 +133,15 @@ def set_cookie_header(value: str, *, path: str, max_age: int, secure: bool) -> s
     # SameSite=Strict: the dashboard is never entered from another site's link carrying intent,
     # and Strict keeps the cookie off every cross-site request, including top-level navigations.
     parts = [f"{COOKIE_NAME}={value}", f"Path={path}", f"Max-Age={max_age}", "HttpOnly", "SameSite=Strict"]
+    if secure:
+        parts.append("Secure")
+    return "; ".join(parts)
+
+
+def pending_cookie(value: str, *, path: str, max_age: int, secure: bool) -> str:
+    """The sign-in's pending state: SameSite=Lax, since the provider's redirect back is a
+    cross-site navigation that a Strict cookie would not come back on; it grants nothing alone."""
+    parts = [f"llmgw_oidc={value}", f"Path={path}", f"Max-Age={max_age}", "HttpOnly", "SameSite=Lax"]
     if secure:
         parts.append("Secure")
     return "; ".join(parts)

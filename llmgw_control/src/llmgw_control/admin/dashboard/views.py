@@ -22,12 +22,14 @@ from typing import Any
 
 import attrs
 import httpx2
-from quart import Blueprint, Response, jsonify, redirect, render_template, request
+from quart import Blueprint, Response, jsonify, make_response, redirect, render_template, request
 from quart_trio import QuartTrio
 
 from llmgw_shared.logs import get_logger
 
 from ...api_errors import ClientApiError
+from ..audit_log import AuditLog, peer_of
+from ..sso.login import PENDING_COOKIE, LoginRefused, pending_from_json, pending_to_json
 from .history import CHARTS, CHARTS_BY_ID, RANGES, HistoryError, query_chart
 from .session import (
     CSRF_HEADER,
@@ -37,6 +39,7 @@ from .session import (
     clear_cookie_header,
     cookie_value,
     csrf_ok,
+    pending_cookie,
     same_origin,
     set_cookie_header,
 )
@@ -52,6 +55,15 @@ _CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'
 REFRESH_MS = 3000
 
 
+@attrs.frozen
+class Operator:
+    """Who a dashboard session belongs to: a name to show, the audit log's actor, and whether they may write."""
+
+    name: str
+    actor: str
+    admin: bool
+
+
 @attrs.define
 class Dashboard:
     """What the pages read: the fleet (None in router-only mode), tenancy, the Prometheus URL."""
@@ -60,19 +72,44 @@ class Dashboard:
     tenancy: Any
     prometheus: str = ""
     signer: SessionSigner | None = None
+    audit: AuditLog | None = None
+    # Single sign-on (admin/sso): maps a session's claim values to access; None: admin keys only.
+    sso: Any = None
 
-    def session_of(self, headers: Any) -> tuple[Session, Any] | None:
-        """The valid session in the request's cookie and its admin key, or None."""
+    def session_of(self, headers: Any) -> tuple[Session, Operator] | None:
+        """The valid session in the request's cookie and who it is, or None."""
         if self.signer is None:
             return None
         session = self.signer.load(cookie_value(headers))
         if session is None:
             return None
+        if session.user:
+            # Mapped again on every request: a mapping changed (or single sign-on turned off) ends
+            # the access it no longer grants.
+            role = self.sso.role_of(session.grants) if self.sso is not None else None
+            if role is None:
+                return None
+            return session, Operator(session.user, f"user:{session.user}", role == "admin")
         key = self.tenancy.state.keys.by_id(session.key_id)
         # Re-checked on every request: a revoked or demoted key ends its sessions at once.
         if key is None or not key.admin or key.revoked or key.expired(time.time()):
             return None
-        return session, key
+        return session, Operator(key.name, f"key:{key.id}", True)
+
+    async def refused(self, scope: Any, reason: str) -> None:
+        if self.audit is not None:
+            found = self.session_of(_ScopeHeaders(scope)) if isinstance(scope, dict) else None
+            await self.audit.refused(actor=found[1].actor if found else "anonymous", peer=peer_of(scope),
+                                     action=f"{scope.get('method', '')} {str(scope.get('path', ''))[:150]}",
+                                     reason=reason)
+
+
+class _ScopeHeaders:
+    def __init__(self, scope: dict[str, Any]) -> None:
+        self._items = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        return self._items.get(name, default)
 
 
 @attrs.frozen
@@ -123,12 +160,58 @@ def make_blueprint(dash: Dashboard, mount: Mount) -> Blueprint:
             session, _ = found
             if request.method in UNSAFE_METHODS and not (
                     same_origin(request.headers, request.scheme) and await _csrf_in_request(session)):
+                await dash.refused(request.scope, "csrf")
                 return _error(403, "Missing or wrong CSRF token, or a request from another site.", "csrf_failed")
             return None
 
+        async def login_page(message: str = "", status: int = 200) -> Any:
+            html = await render_template("login.html", url=url, static=url("dashboard-static/"), message=message,
+                                         sso=dash.sso is not None)
+            return html, status
+
         @bp.get("/login")
         async def login_form() -> Any:
-            return await render_template("login.html", url=url, static=url("dashboard-static/"), message="")
+            # Single sign-on shares the login page's path: ``?sso=start`` sends the browser to the
+            # provider, which sends it back here with ``code`` and ``state`` (or ``error``).
+            args = request.args
+            if dash.sso is None or not ({"sso", "code", "state", "error"} & set(args)):
+                return await login_page()
+            assert dash.signer is not None
+            secure = request.scheme == "https"
+            pending_path = url("login")
+            if args.get("sso") == "start":
+                try:
+                    target, pending = await dash.sso.begin()
+                except LoginRefused as exc:
+                    return await login_page(str(exc), 502)
+                response = redirect(target)
+                response.headers["set-cookie"] = pending_cookie(
+                    dash.signer.seal(pending_to_json(pending)), path=pending_path, max_age=600, secure=secure)
+                return response
+            pending_text = dash.signer.unseal(cookie_value(request.headers, PENDING_COOKIE))
+            pending = pending_from_json(pending_text) if pending_text else None
+            try:
+                if "error" in args:
+                    raise LoginRefused(f"The provider refused the sign-in: {args.get('error', '')[:100]}.")
+                identity = await dash.sso.finish(code=args.get("code", ""), state=args.get("state", "")[:200],
+                                                 pending=pending)
+            except LoginRefused as exc:
+                log.info("dashboard single sign-on refused", extra={"reason": str(exc)})
+                await dash.refused(request.scope, "sso: " + str(exc)[:150])
+                refused: Any = await make_response(*(await login_page(str(exc), 403)))
+                refused.headers["set-cookie"] = pending_cookie("", path=pending_path, max_age=0, secure=secure)
+                return refused
+            _, value = dash.signer.new("", user=identity.user, grants=identity.grants)
+            log.info("dashboard login", extra={"user": identity.user, "role": identity.role})
+            # A page that moves on by itself, rather than a redirect: the session cookie is
+            # SameSite=Strict and would not be sent on a redirect chain the provider's site began.
+            signed_in: Any = await make_response(
+                f'<!doctype html><meta http-equiv="refresh" content="0;url={url()}">'
+                f'<p>Signed in. <a href="{url()}">Continue to the dashboard</a>.</p>', 200)
+            signed_in.headers.add("set-cookie", set_cookie_header(
+                value, path=prefix or "/", max_age=int(dash.signer.lifetime), secure=secure))
+            signed_in.headers.add("set-cookie", pending_cookie("", path=pending_path, max_age=0, secure=secure))
+            return signed_in
 
         @bp.post("/login")
         async def login() -> Any:
@@ -147,9 +230,7 @@ def make_blueprint(dash: Dashboard, mount: Mount) -> Blueprint:
             if message:
                 # The key itself is never logged or echoed back into the page.
                 log.info("dashboard login refused", extra={"status": status})
-                html = await render_template("login.html", url=url, static=url("dashboard-static/"),
-                                             message=message)
-                return html, status
+                return await login_page(message, status)
             assert dash.signer is not None
             _, value = dash.signer.new(key.id)
             log.info("dashboard login", extra={"key_id": key.id})
@@ -220,7 +301,7 @@ def _error(status: int, message: str, code: str, field: str | None = None) -> Re
     return response
 
 
-def admin_origin_guard(app: QuartTrio) -> None:
+def admin_origin_guard(app: QuartTrio, audit: AuditLog | None = None) -> None:
     """Refuse state-changing browser requests from other origins on the (credential-less) admin listener.
 
     The admin API there trusts whoever can connect. Without this, any web page the operator
@@ -230,5 +311,8 @@ def admin_origin_guard(app: QuartTrio) -> None:
     @app.before_request
     async def guard() -> Any:
         if request.method in UNSAFE_METHODS and not same_origin(request.headers, request.scheme):
+            if audit is not None:
+                await audit.refused(actor="anonymous", peer=peer_of(request.scope),
+                                    action=f"{request.method} {request.path[:150]}", reason="cross_origin")
             return _error(403, "A state-changing request from another site is refused.", "cross_origin")
         return None

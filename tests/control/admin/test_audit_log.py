@@ -1,0 +1,202 @@
+"""The audit log through the admin API (issue 34): every state-changing route, enumerated from the
+app itself, leaves exactly one row naming who, from where and what; refusals are recorded; no
+secret (a key's, a join token's) ever appears in a row."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from system.releases import fake_release
+
+from llmgw_control.mirror.config import HubConfig
+from llmgw_dev.fake_hub import FakeHub, FakeRepo, run_fake_hub
+
+from .conftest import Daemon, fake_node, model_doc, running_control
+
+REPO, FILE = "acme/tiny-GGUF", "tiny.Q8_0.gguf"
+WHEELS = {f"{dist}-0.1.0-py3-none-any.whl": b"not really a wheel" for dist in ("llmgw_shared", "llmgw_node")}
+
+
+@attrs.define
+class World:
+    """What the recipes share: ids made by earlier steps."""
+
+    daemon: Daemon
+    ids: dict[str, str] = attrs.Factory(dict)
+
+
+Recipe = Callable[[World], Awaitable[Any]]
+
+
+async def rows(daemon: Daemon, **query: str) -> list[dict[str, Any]]:
+    answer = await daemon.admin.get("/audit", params={"limit": "500", **query})
+    assert answer.status_code == 200, answer.text
+    entries: list[dict[str, Any]] = answer.json()["entries"]
+    return [e for e in entries if e["resource"] != "leadership"]
+
+
+async def pull_ready(w: World) -> None:
+    with trio.fail_after(30):
+        while (await w.daemon.admin.get(f"/models/pulls/{w.ids['pull']}")).json()["pull"]["state"] != "ready":
+            await trio.sleep(0.05)
+
+
+def ok(answer: Any) -> Any:
+    assert answer.status_code < 300, answer.text
+    return answer.json() if answer.status_code != 204 else None
+
+
+# One recipe per write route, in an order where each finds what it needs. A route the app serves
+# that has no recipe here fails the test: a new route must show that it is audited.
+async def _groups_create(w: World) -> None:
+    w.ids["group"] = ok(await w.daemon.admin.post("/groups", json={"name": "org"}))["group"]["id"]
+
+
+async def _keys_create(w: World) -> None:
+    w.ids["key"] = ok(await w.daemon.admin.post("/keys", json={"name": "k", "group_id": w.ids["group"]}))["key"]["id"]
+
+
+async def _pull_start(w: World) -> None:
+    w.ids["pull"] = ok(await w.daemon.admin.post("/models/pulls", json={"repo": REPO, "file": FILE}))["pull"]["id"]
+
+
+async def _pull_draft(w: World) -> None:
+    await pull_ready(w)
+    draft = (await w.daemon.admin.get(f"/models/pulls/{w.ids['pull']}")).json()["pull"]["draft"]
+    ok(await w.daemon.admin.put(f"/models/pulls/{w.ids['pull']}/draft", json=draft))
+
+
+async def _capacity_start(w: World) -> None:
+    answer = ok(await w.daemon.admin.post("/capacity/runs", json={"model": "tiny", "levels": [1]}))
+    w.ids["run"] = answer["run"]["id"]
+
+
+async def _capacity_start_again(w: World) -> None:
+    answer = ok(await w.daemon.admin.post("/capacity/runs", json={"model": "tiny", "levels": [1]}))
+    w.ids["run2"] = answer["run"]["id"]
+
+
+RECIPES: list[tuple[str, Recipe]] = [
+    ("POST /api/v1/groups", _groups_create),
+    ("PATCH /api/v1/groups/{group_id}", lambda w: w.daemon.admin.patch(f"/groups/{w.ids['group']}",
+                                                                        json={"name": "org2"})),
+    ("POST /api/v1/keys", _keys_create),
+    ("POST /api/v1/keys/{key_id}/revoke", lambda w: w.daemon.admin.post(f"/keys/{w.ids['key']}/revoke")),
+    ("DELETE /api/v1/keys/{key_id}", lambda w: w.daemon.admin.delete(f"/keys/{w.ids['key']}")),
+    ("PUT /api/v1/groups/{group_id}/quota", lambda w: w.daemon.admin.put(f"/groups/{w.ids['group']}/quota",
+                                                                         json={"tokens_per_minute": 10})),
+    ("DELETE /api/v1/groups/{group_id}/quota", lambda w: w.daemon.admin.delete(f"/groups/{w.ids['group']}/quota")),
+    ("DELETE /api/v1/groups/{group_id}", lambda w: w.daemon.admin.delete(f"/groups/{w.ids['group']}")),
+    ("POST /api/v1/models", lambda w: w.daemon.admin.post("/models", json=model_doc())),
+    ("PUT /api/v1/models/{name}", lambda w: w.daemon.admin.put("/models/tiny", json=model_doc(context=512))),
+    ("POST /api/v1/nodes", lambda w: w.daemon.admin.post("/nodes", json={"name": "n2"})),
+    ("POST /api/v1/nodes/{node_id}/token", lambda w: w.daemon.admin.post("/nodes/n2/token")),
+    ("POST /api/v1/nodes/{node_id}/cordon", lambda w: w.daemon.admin.post("/nodes/n1/cordon")),
+    ("POST /api/v1/nodes/{node_id}/uncordon", lambda w: w.daemon.admin.post("/nodes/n1/uncordon")),
+    ("POST /api/v1/nodes/{node_id}/drain", lambda w: w.daemon.admin.post("/nodes/n1/drain")),
+    ("POST /api/v1/capacity/runs", _capacity_start),
+    ("POST /api/v1/capacity/runs/{run_id}/cancel", lambda w: w.daemon.admin.post(
+        f"/capacity/runs/{w.ids['run']}/cancel")),
+    ("DELETE /api/v1/capacity/runs/{run_id}", lambda w: w.daemon.admin.delete(f"/capacity/runs/{w.ids['run2']}")),
+    ("DELETE /api/v1/models/{name}", lambda w: w.daemon.admin.delete("/models/tiny")),
+    ("POST /api/v1/models/pulls", _pull_start),
+    ("PUT /api/v1/models/pulls/{pull_id}/draft", _pull_draft),
+    ("POST /api/v1/models/pulls/{pull_id}/publish", lambda w: w.daemon.admin.post(
+        f"/models/pulls/{w.ids['pull']}/publish")),
+    ("DELETE /api/v1/models/pulls/{pull_id}", lambda w: w.daemon.admin.delete(f"/models/pulls/{w.ids['pull']}")),
+]
+
+
+# What a recipe needs done first, by other routes (their rows are not the recipe's).
+SETUP: dict[str, Recipe] = {"DELETE /api/v1/capacity/runs/{run_id}": _capacity_start_again}
+
+
+@pytest.fixture
+async def daemon(tmp_path: Path, tiny_gguf: bytes) -> AsyncIterator[Daemon]:
+    repos = {REPO: FakeRepo(files={FILE: tiny_gguf})}
+    fake_release(tmp_path / "files" / "node-releases", WHEELS)  # so that onboarding can add nodes
+    async with run_fake_hub(FakeHub(repos=repos)) as hub, running_control(
+            tmp_path, files_dir=str(tmp_path / "files"),
+            control_settings={"hub": HubConfig(endpoint=hub.url, allow_networks=["127.0.0.0/8"])}) as d:
+        yield d
+
+
+async def test_every_write_route_leaves_exactly_one_row(daemon: Daemon) -> None:
+    # The routes the app serves, from its OpenAPI document (generated from the one route table).
+    document = (await daemon.admin.get("/openapi.json")).json()
+    served = {f"{method.upper()} {path}" for path, ops in document["paths"].items() for method in ops
+              if method != "get"}
+    assert served - {name for name, _ in RECIPES} == set(), "write routes without an audit recipe"
+    world = World(daemon)
+    async with fake_node(daemon, "n1"):
+        for name, recipe in RECIPES:
+            if name in SETUP:
+                await SETUP[name](world)
+            before = len(await rows(daemon))
+            answer = await recipe(world)
+            if answer is not None and hasattr(answer, "status_code"):
+                ok(answer)
+            after = await rows(daemon)
+            new = after[: len(after) - before]
+            # (a pull's own later writes run after its request ended: the daemon's, not rows)
+            assert len(new) == 1, (name, new)
+            row = new[0]
+            assert (row["action"], row["actor"], row["outcome"]) == (name, "loopback", "ok"), row
+            assert row["peer"] == "127.0.0.1"
+    # What a revocation changed: revoked_at, before and after.
+    [revoked] = [r for r in await rows(daemon, resource="key") if r["action"].endswith("/revoke")]
+    change = revoked["changes"][0]
+    assert change["before"] == {"revoked_at": None} and change["after"]["revoked_at"] is not None
+
+
+async def test_refusals_are_recorded_and_rate_limited(tmp_path: Path) -> None:
+    async with running_control(tmp_path) as daemon:
+        # A state-changing request from another site to the key-less loopback listener.
+        refused = await daemon.admin.post("/groups", json={"name": "x"}, headers={"origin": "http://evil.example"})
+        assert refused.status_code == 403
+        [row] = await rows(daemon, outcome="refused")
+        assert row["actor"] == "anonymous" and row["changes"][0]["after"]["reason"] == "cross_origin"
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+@given(name=st.text(min_size=1, max_size=60).filter(lambda s: s.strip() and "\x00" not in s),
+       models=st.lists(st.text(alphabet="abcdefghijklmnop-_:", min_size=1, max_size=20), max_size=3))
+def test_no_secret_in_any_row(tmp_path_factory: pytest.TempPathFactory, name: str, models: list[str]) -> None:
+    """Keys with any names and model lists, join tokens for nodes: their secrets never reach the log."""
+    async def scenario() -> None:
+        data = tmp_path_factory.mktemp("d")
+        fake_release(data / "node-releases", WHEELS)
+        async with running_control(data) as daemon:
+            group = ok(await daemon.admin.post("/groups", json={"name": "g"}))["group"]["id"]
+            created = await daemon.admin.post("/keys", json={"name": name, "group_id": group, "models": models})
+            secrets = []
+            if created.status_code == 201:
+                secrets.append(created.json()["secret"])
+            node = ok(await daemon.admin.post("/nodes", json={"name": "nx"}))
+            secrets += [v for k, v in node.items() if "token" in k and isinstance(v, str)]
+            assert secrets
+            text = json.dumps(await rows(daemon))
+            for secret in secrets:
+                assert secret not in text
+                assert secret[-12:] not in text
+    trio.run(scenario)
+
+
+async def test_ctl_lists_and_exports_json_lines(tmp_path: Path) -> None:
+    from .test_ctl import ok as ctl_ok
+
+    async with running_control(tmp_path) as daemon:
+        for n in range(3):
+            ok(await daemon.admin.post("/groups", json={"name": f"g{n}"}))
+        listed = (await ctl_ok(daemon, "audit", "--resource", "group", "--limit", "2")).out
+        assert listed.splitlines()[0].split()[:3] == ["AT", "ACTOR", "FROM"] and "--cursor" in listed
+        exported = (await ctl_ok(daemon, "audit", "export", "--resource", "group")).out.splitlines()
+        assert [json.loads(line)["action"] for line in exported] == ["POST /api/v1/groups"] * 3
