@@ -40,7 +40,7 @@ from .exchange import Exchange, header, record, request_id
 from .metrics import GatewayMetrics
 from .relay import Retryable, exchange_with
 from .replicas import Replica, ReplicaSet
-from .requests import ENDPOINTS, ClientGone, ParsedRequest, parse_request, read_body
+from .requests import ENDPOINTS, ClientGone, Endpoint, ParsedRequest, parse_request, read_body
 from .upstream import UpstreamClient, UpstreamClosedEarly, UpstreamError
 
 log = get_logger("llmgw.router")
@@ -93,10 +93,11 @@ class Gateway:
         method: str = scope["method"]
         endpoint = ENDPOINTS.get(path)
         if endpoint is not None:
+            exchange.api, exchange.kind = endpoint.api, endpoint.kind
             if method != "POST":
                 raise ClientApiError(405, f"Method {method} is not allowed on {path}; use POST.",
                                      code="method_not_allowed")
-            authorization = header(scope, b"authorization")
+            authorization = _authorization(scope, endpoint)
             # Who is asking comes first, on the head: a client without a key gets its 401 before
             # its body is invited (no 100 Continue) or read, and learns no model names.
             allowed = self.admission.authenticate(authorization) if self.admission is not None else None
@@ -111,6 +112,8 @@ class Gateway:
                 raise model_not_found(request.model, self._visible(allowed), restricted=allowed is not None)
             exchange.model = key
             exchange.stream = request.stream
+            if request.stream:
+                exchange.stream_format = endpoint.stream_format
             affinity = self._affinity(key, request, scope)
             if self.admission is None:
                 await self._forward(request, key, receive, exchange, affinity=affinity)
@@ -121,7 +124,7 @@ class Gateway:
             try:
                 await self._forward(request, key, receive, exchange, ticket.priority, affinity=affinity)
             finally:
-                _settle(ticket, exchange, estimate)
+                _settle(ticket, exchange, estimate, request.endpoint.metered)
         elif path.startswith("/v1/models") and method == "GET":
             allowed = self.admission.authenticate(header(scope, b"authorization")) if self.admission else None
             await self._models(path, exchange, allowed)
@@ -378,21 +381,37 @@ async def _watch_disconnect(receive: Receive, scope: trio.CancelScope, exchange:
 _DEFAULT_COMPLETION_ESTIMATE = 512
 
 
+def _authorization(scope: Scope, endpoint: Endpoint) -> str | None:
+    """The client's key as an Authorization value: ``Authorization: Bearer``, or on the Anthropic
+    routes ``x-api-key`` (the anthropic SDK's default; Claude Code sends either)."""
+    authorization = header(scope, b"authorization")
+    if authorization is None and endpoint.api == "anthropic":
+        api_key = header(scope, b"x-api-key")
+        if api_key is not None:
+            return f"Bearer {api_key}"
+    return authorization
+
+
 def _estimate_tokens(request: ParsedRequest) -> tuple[int, int]:
-    """(prompt, completion) tokens to reserve before the engine says: ~4 bytes a token, max_tokens."""
-    payload = request.payload
-    completion = payload.get("max_completion_tokens") or payload.get("max_tokens")
-    if request.endpoint.kind == "embeddings":
-        completion = 0
-    elif not isinstance(completion, int):
-        completion = _DEFAULT_COMPLETION_ESTIMATE
+    """(prompt, completion) tokens to reserve before the engine says: ~4 bytes a token, the
+    request's output budget (max_tokens, max_output_tokens...), none for routes that generate none."""
+    fields = request.endpoint.max_output
+    if not request.endpoint.metered:
+        return 0, 0
+    if not fields:
+        return len(request.body) // 4, 0
+    budgets = (request.payload.get(name) for name in fields)
+    completion = next((b for b in budgets if isinstance(b, int) and not isinstance(b, bool) and b > 0),
+                      _DEFAULT_COMPLETION_ESTIMATE)
     return len(request.body) // 4, completion
 
 
-def _settle(ticket: Ticket, exchange: Exchange, estimate: tuple[int, int]) -> None:
+def _settle(ticket: Ticket, exchange: Exchange, estimate: tuple[int, int], metered: bool = True) -> None:
     """Count what was served: the engine's usage, else an estimate; nothing for a failure."""
     if exchange.usage is not None:
         ticket.settle(exchange.usage.prompt_tokens, exchange.usage.completion_tokens)
+    elif not metered and 200 <= exchange.status < 300:
+        ticket.settle(0, 0)
     elif exchange.response_started and 200 <= exchange.status < 300:
         # Served, but the engine reported no usage (a stream without include_usage, or one cut
         # off): a release would let those tokens escape every quota.

@@ -26,8 +26,51 @@ class TokenUsage:
     cached_tokens: int = 0
 
 
-def find_usage(data: bytes | bytearray) -> TokenUsage | None:
-    """The last well-formed usage object in ``data``, or None."""
+@attrs.frozen
+class _Counts:
+    """What one ``usage`` object says; None where it says nothing (a Messages ``message_delta``
+    carries only ``output_tokens``)."""
+
+    prompt: int | None
+    completion: int | None
+    cached: int | None
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _counts(value: dict[str, object]) -> _Counts | None:
+    """The counts of a usage object in any of the shapes the engines answer in, or None.
+
+    OpenAI chat, completions, embeddings and rerank: ``prompt_tokens``/``completion_tokens``
+    (``prompt_tokens_details.cached_tokens`` of the prompt). OpenAI Responses:
+    ``input_tokens``/``output_tokens`` (``input_tokens_details.cached_tokens`` of the input).
+    Anthropic Messages: ``input_tokens``/``output_tokens``, where the input excludes
+    ``cache_read_input_tokens`` and ``cache_creation_input_tokens``, so the prompt is their sum.
+    """
+    if "prompt_tokens" in value:
+        prompt, completion = _int(value["prompt_tokens"]), _int(value.get("completion_tokens", 0))
+        if prompt is None or completion is None:
+            return None
+        return _Counts(prompt, completion, _cached_tokens(value, prompt))
+    if "input_tokens" not in value and "output_tokens" not in value:
+        return None
+    given, completion = _int(value.get("input_tokens")), _int(value.get("output_tokens"))
+    if given is None and completion is None:
+        return None
+    read, created = _int(value.get("cache_read_input_tokens")), _int(value.get("cache_creation_input_tokens"))
+    if given is None or (read is None and created is None):
+        # Responses (or a partial Messages usage): the input holds its cached tokens.
+        details = value.get("input_tokens_details")
+        cached = _sane(details.get("cached_tokens"), given) if isinstance(details, dict) and given else None
+        return _Counts(given, completion, cached)
+    prompt = given + max(read or 0, 0) + max(created or 0, 0)
+    return _Counts(prompt, completion, _sane(read, prompt))
+
+
+def _last_counts(data: bytes | bytearray, *, whole: bool) -> _Counts | None:
+    """The last usage object in ``data`` that parses (with a prompt count when ``whole``)."""
     position = len(data)
     while True:
         position = data.rfind(b'"usage"', 0, position)
@@ -43,13 +86,24 @@ def find_usage(data: bytes | bytearray) -> TokenUsage | None:
                 # scanner's limit (llmgw_shared.jsonin explains); such a tail simply has no usage.
                 value = None
             if isinstance(value, dict):
-                prompt = value.get("prompt_tokens")
-                completion = value.get("completion_tokens", 0)
-                if isinstance(prompt, int) and isinstance(completion, int):
-                    cached = _cached_tokens(value, prompt)
-                    if cached is None:
-                        cached = _timings_cache_n(data, prompt)
-                    return TokenUsage(prompt, completion, cached or 0)
+                counts = _counts(value)
+                if counts is not None and (counts.prompt is not None or not whole):
+                    return counts
+
+
+def _usage(counts: _Counts, data: bytes | bytearray) -> TokenUsage | None:
+    if counts.prompt is None:
+        return None
+    cached = counts.cached
+    if cached is None:
+        cached = _timings_cache_n(data, counts.prompt)
+    return TokenUsage(counts.prompt, counts.completion or 0, cached or 0)
+
+
+def find_usage(data: bytes | bytearray) -> TokenUsage | None:
+    """The last well-formed usage object in ``data``, in any API's shape, or None."""
+    counts = _last_counts(data, whole=True)
+    return None if counts is None else _usage(counts, data)
 
 
 def _sane(value: object, prompt: int) -> int | None:
@@ -81,16 +135,33 @@ def _timings_cache_n(data: bytes | bytearray, prompt: int) -> int | None:
 
 
 class StreamTail:
-    """The last TAIL_BYTES of a relayed stream."""
+    """The last TAIL_BYTES of a relayed stream; with ``head``, also the usage in its first
+    TAIL_BYTES (a Messages stream gives its input tokens in ``message_start``, its output tokens
+    in the last ``message_delta``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, head: bool = False) -> None:
         self._buffer = bytearray()
+        self._head: bytearray | None = bytearray() if head else None
+        self._start: _Counts | None = None
 
     def feed(self, chunk: bytes) -> None:
+        if self._head is not None:
+            self._head += chunk[:TAIL_BYTES]
+            if b'"usage"' in self._head:
+                self._start = _last_counts(self._head, whole=False)
+            if self._start is not None or len(self._head) >= TAIL_BYTES:
+                self._head = None
         self._buffer += chunk
         excess = len(self._buffer) - TAIL_BYTES
         if excess > TAIL_BYTES:
             del self._buffer[:excess]
 
     def usage(self) -> TokenUsage | None:
-        return find_usage(self._buffer)
+        if self._start is None:
+            return find_usage(self._buffer)
+        last = _last_counts(self._buffer, whole=False) or self._start
+        start = self._start
+        merged = _Counts(last.prompt if last.prompt is not None else start.prompt,
+                         last.completion if last.completion is not None else start.completion,
+                         last.cached if last.cached is not None else start.cached)
+        return _usage(merged, self._buffer)

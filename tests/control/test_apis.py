@@ -1,0 +1,278 @@
+"""The dispatch table's APIs at the edge, without an engine: bodies, error shapes, usage, refusals.
+
+Property tests over each API's body shapes (a hostile body is a 400 in that API's shape, never
+anything else), over the usage shapes the engines answer in, and over arbitrary engine refusals;
+then the gateway with the fake engine for what is the same on every route (keys, x-api-key,
+Anthropic's errors, an engine's 501 passed on as a 400 once).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from llmgw_control.api_errors import ClientApiError, sse_error_event
+from llmgw_control.gateway.relay import is_refusal, refusal_answer
+from llmgw_control.gateway.requests import ENDPOINTS, parse_request
+from llmgw_control.gateway.usage import StreamTail, TokenUsage, find_usage
+from llmgw_dev.fake_engine import FakeEngine
+from support.gateway import chat_body, endpoint, running_gateway
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=20,
+)
+FIELDS = sorted({f.name for e in ENDPOINTS.values() for f in e.fields} | {"content", "role"})
+
+
+def assert_in_shape(body: bytes, api: str) -> dict[str, Any]:
+    value = json.loads(body)
+    if api == "anthropic":
+        assert value["type"] == "error" and set(value["error"]) == {"type", "message"}
+        assert value["error"]["type"] in {"invalid_request_error", "authentication_error", "permission_error",
+                                          "not_found_error", "request_too_large", "rate_limit_error", "api_error",
+                                          "timeout_error", "overloaded_error"}
+    else:
+        assert set(value["error"]) == {"message", "type", "param", "code"}
+    assert isinstance(value["error"]["message"], str)
+    return value  # type: ignore[no-any-return]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(path=st.sampled_from(sorted(ENDPOINTS)),
+       body=st.dictionaries(st.sampled_from(FIELDS), JSON, max_size=6),
+       messages=st.lists(st.dictionaries(st.sampled_from(["role", "content", "type"]), JSON, max_size=3) | JSON,
+                         max_size=3))
+def test_any_body_is_parsed_or_a_400_in_the_apis_shape(path: str, body: dict[str, Any], messages: Any) -> None:
+    endpoint_ = ENDPOINTS[path]
+    body["model"] = "m"
+    if endpoint_.messages:
+        body.setdefault(endpoint_.messages, messages)
+    try:
+        parsed = parse_request(endpoint_, json.dumps(body).encode())
+    except ClientApiError as error:
+        assert error.status == 400
+        assert_in_shape(error.in_shape(endpoint_.api), endpoint_.api)
+        return
+    assert parsed.model == "m"
+    for spec in endpoint_.fields:
+        assert not spec.required or parsed.payload.get(spec.name) is not None
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/messages", {"messages": [{"role": "user", "content": 5}]}),
+    ("/v1/messages", {"messages": [{"role": "user", "content": [1, 2]}]}),
+    ("/v1/messages", {"messages": [{"role": "user", "content": "hi"}], "tools": [[]]}),
+    ("/v1/messages", {"messages": [{"role": "user", "content": "hi"}], "system": 7}),
+    ("/v1/messages", {"messages": "hi"}),
+    ("/v1/messages", {"messages": []}),
+    ("/v1/messages/count_tokens", {"messages": [{"role": "user", "content": "hi"}], "tools": {"a": 1}}),
+    ("/v1/responses", {"input": 3}),
+    ("/v1/responses", {"input": [1]}),
+    ("/v1/responses", {"input": [{"role": "user", "content": {"text": "x"}}]}),
+    ("/v1/responses", {"input": "hi", "tools": "all"}),
+    ("/v1/responses", {"input": "hi", "max_output_tokens": -1}),
+    ("/v1/responses", {"input": "hi", "max_output_tokens": True}),
+    ("/v1/rerank", {"query": "q", "documents": "d"}),
+    ("/tokenize", {"content": {"x": 1}}),
+    ("/detokenize", {"tokens": 1}),
+    ("/apply-template", {"messages": [None]}),
+    ("/infill", {"input_prefix": ["x"]}),
+])
+def test_wrong_types_in_each_api_are_a_400_naming_the_field(path: str, body: dict[str, Any]) -> None:
+    endpoint_ = ENDPOINTS[path]
+    with pytest.raises(ClientApiError) as caught:
+        parse_request(endpoint_, json.dumps({"model": "m", **body}).encode())
+    assert caught.value.status == 400 and caught.value.param
+    assert_in_shape(caught.value.in_shape(endpoint_.api), endpoint_.api)
+
+
+@pytest.mark.parametrize("path", sorted(ENDPOINTS))
+def test_deep_and_huge_bodies_are_a_400(path: str) -> None:
+    deep = b'{"model": "m", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    with pytest.raises(ClientApiError) as caught:
+        parse_request(ENDPOINTS[path], deep)
+    assert caught.value.status == 400
+
+
+# -- usage in every API's shape
+
+counts = st.integers(0, 10**7)
+
+
+@given(prompt=counts, completion=counts, cached=counts)
+def test_openai_usage(prompt: int, completion: int, cached: int) -> None:
+    body = {"usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                      "prompt_tokens_details": {"cached_tokens": cached}}}
+    assert find_usage(json.dumps(body).encode()) == TokenUsage(prompt, completion, cached if cached <= prompt else 0)
+
+
+@given(given_=counts, output=counts, cached=counts)
+def test_responses_usage_plain_and_streamed(given_: int, output: int, cached: int) -> None:
+    usage = {"input_tokens": given_, "output_tokens": output, "total_tokens": given_ + output,
+             "input_tokens_details": {"cached_tokens": cached}}
+    expected = TokenUsage(given_, output, cached if cached <= given_ else 0)
+    assert find_usage(json.dumps({"object": "response", "usage": usage}).encode()) == expected
+    created = {"type": "response.created", "response": {"usage": None}}
+    completed = {"type": "response.completed", "response": {"output": [{"text": "x" * 300}], "usage": usage}}
+    stream = (f"event: response.created\ndata: {json.dumps(created)}\n\n"
+              f"event: response.completed\ndata: {json.dumps(completed)}\n\n").encode()
+    tail = StreamTail()
+    tail.feed(stream)
+    assert tail.usage() == expected
+
+
+@given(given_=counts, output=counts, read=counts, created=counts, cut=st.integers(1, 200), filler=st.integers(0, 3000))
+def test_anthropic_usage_plain_and_streamed(given_: int, output: int, read: int, created: int, cut: int,
+                                            filler: int) -> None:
+    usage = {"input_tokens": given_, "output_tokens": output, "cache_read_input_tokens": read,
+             "cache_creation_input_tokens": created}
+    expected = TokenUsage(given_ + read + created, output, read)
+    assert find_usage(json.dumps({"type": "message", "usage": usage}).encode()) == expected
+    # Streamed: the input in message_start, the output in the last message_delta, many deltas
+    # between (more than the tail keeps), and chunks cut anywhere.
+    start = {"type": "message_start", "message": {"usage": {**usage, "output_tokens": 1}}}
+    delta = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "word "}}
+    end = {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": output}}
+    stream = (f"event: message_start\ndata: {json.dumps(start)}\n\n"
+              + f"event: content_block_delta\ndata: {json.dumps(delta)}\n\n" * filler
+              + f"event: message_delta\ndata: {json.dumps(end)}\n\n"
+              + 'event: message_stop\ndata: {"type": "message_stop"}\n\n').encode()
+    tail = StreamTail(head=True)
+    for offset in range(0, len(stream), cut):
+        tail.feed(stream[offset:offset + cut])
+    assert tail.usage() == expected
+
+
+@given(st.binary(max_size=300) | JSON.map(lambda v: json.dumps({"usage": v}).encode()))
+def test_usage_of_arbitrary_bytes_is_none_or_sane(data: bytes) -> None:
+    found = find_usage(data)
+    assert found is None or isinstance(found, TokenUsage)
+    tail = StreamTail(head=True)
+    tail.feed(data)
+    assert tail.usage() is None or isinstance(tail.usage(), TokenUsage)
+
+
+# -- an engine's refusals and the gateway's errors, in every shape
+
+@given(status=st.sampled_from([400, 404, 405, 408, 409, 413, 415, 422, 429, 451, 501]),
+       body=st.binary(max_size=200) | JSON.map(lambda v: json.dumps(v).encode()),
+       api=st.sampled_from(["openai", "anthropic"]))
+def test_an_engine_refusal_is_a_4xx_in_the_apis_shape(status: int, body: bytes, api: str) -> None:
+    assert is_refusal(status)
+    answer, encoded = refusal_answer(status, body, api)
+    assert 400 <= answer < 500 and answer == (400 if status == 501 else status)
+    assert_in_shape(encoded, api)
+
+
+@given(status=st.sampled_from([400, 401, 403, 404, 405, 413, 429, 500, 502, 503, 504]),
+       message=st.text(max_size=50), stream_format=st.sampled_from([None, "openai", "anthropic", "responses"]))
+def test_error_shapes(status: int, message: str, stream_format: str | None) -> None:
+    error = ClientApiError(status, message, code="c")
+    assert_in_shape(error.in_shape("anthropic"), "anthropic")
+    assert_in_shape(error.in_shape("openai"), "openai")
+    event = sse_error_event(error, stream_format)
+    assert event.endswith(b"\n\n")
+    data = json.loads(event.split(b"data: ", 1)[1])
+    if stream_format == "anthropic":
+        assert event.startswith(b"event: error\n") and data["type"] == "error"
+    elif stream_format == "responses":
+        assert data["type"] == "error" and data["message"] == message and data["error"]["message"] == message
+    else:
+        assert data["error"]["message"] == message
+
+
+def test_engine_5xx_and_key_refusals_are_not_refusals() -> None:
+    assert not any(is_refusal(s) for s in (200, 301, 401, 403, 500, 502, 503, 504))
+
+
+# -- through the gateway, with the fake engine
+
+MESSAGES = {"model": "fake-model", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+
+
+async def test_an_engines_501_is_a_400_once_without_cooldown(fake_engine: FakeEngine) -> None:
+    # llama-server answers /v1/embeddings on a chat model with 501: the caller's mistake, which
+    # was a 502 after three tries, each cooling a replica down.
+    fake_engine.behavior.status_before_body = 501
+    async with running_gateway(endpoint("e1", fake_engine.url), endpoint("e2", fake_engine.url)) as gw:
+        response = await gw.client.post("/v1/embeddings", json={"model": "fake-model", "input": "x"})
+        assert response.status_code == 400, response.text
+        assert response.headers["x-should-retry"] == "false"
+        assert response.json()["error"]["message"]
+        assert len(fake_engine.observed.requests) == 1
+        assert gw.metric("llmgw_replica_cooldowns_total", {"replica": "e1"}) == 0
+        assert gw.metric("llmgw_replica_cooldowns_total", {"replica": "e2"}) == 0
+        fake_engine.behavior.status_before_body = None
+        ok = await gw.client.post("/v1/chat/completions", json=chat_body())
+        assert ok.status_code == 200
+
+
+async def test_an_engines_4xx_on_messages_comes_in_anthropics_shape(fake_engine: FakeEngine) -> None:
+    async with running_gateway(endpoint("e1", fake_engine.url)) as gw:
+        # The fake engine has no /v1/messages: its 404 (OpenAI-shaped) is the route's refusal.
+        response = await gw.client.post("/v1/messages", json=MESSAGES)
+        assert response.status_code == 404 and response.headers["x-should-retry"] == "false"
+        assert assert_in_shape(response.content, "anthropic")["error"]["type"] == "not_found_error"
+        assert len(fake_engine.observed.requests) == 1
+
+
+async def test_anthropic_keys_and_errors_at_the_edge(fake_engine: FakeEngine) -> None:
+    async with running_gateway(endpoint("e1", fake_engine.url)) as gw:
+        service = gw.tenancy.service
+        group = await service.create_group("acme")
+        created = await service.create_key(name="k", group_id=group.id, models=["fake-model"])
+        missing = await gw.client.post("/v1/messages", json=MESSAGES, headers={"anthropic-version": "2023-06-01"})
+        assert missing.status_code == 401
+        assert assert_in_shape(missing.content, "anthropic")["error"]["type"] == "authentication_error"
+        bad = await gw.client.post("/v1/messages", json={**MESSAGES, "messages": "hi"},
+                                   headers={"x-api-key": created.secret})
+        assert bad.status_code == 400
+        assert assert_in_shape(bad.content, "anthropic")["error"]["type"] == "invalid_request_error"
+        unknown = await gw.client.post("/v1/messages", json={**MESSAGES, "model": "nope"},
+                                       headers={"x-api-key": created.secret, "anthropic-beta": "x"})
+        assert unknown.status_code == 404
+        assert assert_in_shape(unknown.content, "anthropic")["error"]["type"] == "not_found_error"
+        # x-api-key is the Messages convention only; the OpenAI routes keep their Bearer.
+        openai_route = await gw.client.post("/v1/responses", json={"model": "fake-model", "input": "x"},
+                                            headers={"x-api-key": created.secret})
+        assert openai_route.status_code == 401 and assert_in_shape(openai_route.content, "openai")
+
+
+async def test_every_route_answers_its_405_and_401_in_its_shape(fake_engine: FakeEngine) -> None:
+    async with running_gateway(endpoint("e1", fake_engine.url)) as gw:
+        await gw.tenancy.service.create_key(name="k", group_id=(await gw.tenancy.service.create_group("g")).id)
+        for path, endpoint_ in ENDPOINTS.items():
+            wrong = await gw.client.get(path)
+            assert wrong.status_code == 405
+            assert_in_shape(wrong.content, endpoint_.api)
+            unauth = await gw.client.post(path, json={"model": "fake-model"})
+            assert unauth.status_code == 401
+            assert_in_shape(unauth.content, endpoint_.api)
+        assert gw.metric("llmgw_api_requests_total", {"api": "messages", "status": "401"}) == 1
+
+
+async def test_every_429_says_when_to_come_back(fake_engine: FakeEngine) -> None:
+    async with running_gateway(endpoint("e1", fake_engine.url)) as gw:
+        service = gw.tenancy.service
+        group = await service.create_group("g")
+        await service.set_quota(group.id, {"requests_per_minute": 1})
+        created = await service.create_key(name="k", group_id=group.id)
+        headers = {"x-api-key": created.secret}
+        served = await gw.client.post("/v1/chat/completions", json=chat_body(),
+                                      headers={"authorization": f"Bearer {created.secret}"})
+        assert served.status_code == 200
+        limited = await gw.client.post("/v1/messages", json=MESSAGES, headers=headers)
+        assert limited.status_code == 429 and int(limited.headers["retry-after"]) >= 1
+        assert assert_in_shape(limited.content, "anthropic")["error"]["type"] == "rate_limit_error"
+
+
+def test_routes_are_one_table() -> None:
+    assert {"/v1/responses", "/v1/messages", "/v1/messages/count_tokens", "/v1/rerank", "/rerank", "/tokenize",
+            "/detokenize", "/apply-template", "/infill"} <= set(ENDPOINTS)
+    assert ENDPOINTS["/rerank"] is ENDPOINTS["/v1/rerank"]
