@@ -127,7 +127,7 @@ def test_responses_usage_plain_and_streamed(given_: int, output: int, cached: in
     assert tail.usage() == expected
 
 
-@given(given_=counts, output=counts, read=counts, created=counts, cut=st.integers(1, 200), filler=st.integers(0, 3000))
+@given(given_=counts, output=counts, read=counts, created=counts, cut=st.integers(1, 5000), filler=st.integers(0, 3000))
 def test_anthropic_usage_plain_and_streamed(given_: int, output: int, read: int, created: int, cut: int,
                                             filler: int) -> None:
     usage = {"input_tokens": given_, "output_tokens": output, "cache_read_input_tokens": read,

@@ -69,6 +69,21 @@ def _counts(value: dict[str, object]) -> _Counts | None:
     return _Counts(prompt, completion, _sane(read, prompt))
 
 
+def _counts_at(data: bytes | bytearray, position: int) -> _Counts | None:
+    """The counts of the usage object named at ``position`` (where ``"usage"`` is), if it parses."""
+    start = data.find(b"{", position + 7, position + 64)
+    if start < 0:
+        return None
+    try:
+        text = bytes(data[start:start + 4096]).decode("utf-8", "replace")
+        value, _ = _decoder.raw_decode(text)
+    except (ValueError, RecursionError):
+        # RecursionError: 4 KiB of brackets from an engine nests 2,048 deep, past the C
+        # scanner's limit (llmgw_shared.jsonin explains); such a tail simply has no usage.
+        return None
+    return _counts(value) if isinstance(value, dict) else None
+
+
 def _last_counts(data: bytes | bytearray, *, whole: bool) -> _Counts | None:
     """The last usage object in ``data`` that parses (with a prompt count when ``whole``)."""
     position = len(data)
@@ -76,19 +91,21 @@ def _last_counts(data: bytes | bytearray, *, whole: bool) -> _Counts | None:
         position = data.rfind(b'"usage"', 0, position)
         if position < 0:
             return None
-        start = data.find(b"{", position + 7, position + 64)
-        if start >= 0:
-            try:
-                text = bytes(data[start:start + 4096]).decode("utf-8", "replace")
-                value, _ = _decoder.raw_decode(text)
-            except (ValueError, RecursionError):
-                # RecursionError: 4 KiB of brackets from an engine nests 2,048 deep, past the C
-                # scanner's limit (llmgw_shared.jsonin explains); such a tail simply has no usage.
-                value = None
-            if isinstance(value, dict):
-                counts = _counts(value)
-                if counts is not None and (counts.prompt is not None or not whole):
-                    return counts
+        counts = _counts_at(data, position)
+        if counts is not None and (counts.prompt is not None or not whole):
+            return counts
+
+
+def _first_counts(data: bytes | bytearray) -> _Counts | None:
+    """The first usage object in ``data`` with a prompt count (a Messages stream's message_start)."""
+    position = -1
+    while True:
+        position = data.find(b'"usage"', position + 1)
+        if position < 0:
+            return None
+        counts = _counts_at(data, position)
+        if counts is not None and counts.prompt is not None:
+            return counts
 
 
 def _usage(counts: _Counts, data: bytes | bytearray) -> TokenUsage | None:
@@ -148,7 +165,7 @@ class StreamTail:
         if self._head is not None:
             self._head += chunk[:TAIL_BYTES]
             if b'"usage"' in self._head:
-                self._start = _last_counts(self._head, whole=False)
+                self._start = _first_counts(self._head)
             if self._start is not None or len(self._head) >= TAIL_BYTES:
                 self._head = None
         self._buffer += chunk
