@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 import pytest
+import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -276,3 +277,68 @@ def test_routes_are_one_table() -> None:
     assert {"/v1/responses", "/v1/messages", "/v1/messages/count_tokens", "/v1/rerank", "/rerank", "/tokenize",
             "/detokenize", "/apply-template", "/infill"} <= set(ENDPOINTS)
     assert ENDPOINTS["/rerank"] is ENDPOINTS["/v1/rerank"]
+
+
+# -- a Messages or Responses stream whose engine dies midway: refused continuation, tested
+
+BROKEN_STREAMS = {
+    "/v1/messages": (b'event: message_start\ndata: {"type":"message_start","message":{"id":"m","usage":'
+                     b'{"input_tokens":9,"output_tokens":0}}}\n\n'
+                     b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+                     b'"delta":{"type":"text_delta","text":"Hel"}}\n\n'),
+    "/v1/responses": (b'event: response.created\ndata: {"type":"response.created","response":{"usage":null}}\n\n'
+                      b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta",'
+                      b'"delta":"Hel"}\n\n'),
+}
+
+
+async def dying_engine(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    """An engine that sends the head of a stream, then drops the connection (no last chunk)."""
+    requests: list[bytes] = []
+
+    async def serve(stream: trio.SocketStream) -> None:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += await stream.receive_some(65536)
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length"))
+        while len(body) < length:
+            body += await stream.receive_some(65536)
+        path = head.split(b" ")[1].decode()
+        requests.append(head)
+        events = BROKEN_STREAMS[path]
+        await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                              b"transfer-encoding: chunked\r\n\r\n" + f"{len(events):x}\r\n".encode() + events
+                              + b"\r\n")
+        await stream.aclose()
+
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    async with trio.open_nursery() as nursery:
+        task_status.started((listeners[0].socket.getsockname()[1], requests))
+        await trio.serve_listeners(serve, listeners, handler_nursery=nursery)
+
+
+@pytest.mark.parametrize("path, body, shape", [
+    ("/v1/messages", {**MESSAGES, "stream": True}, "anthropic"),
+    ("/v1/responses", {"model": "fake-model", "input": "hi", "stream": True}, "responses"),
+])
+async def test_a_broken_messages_or_responses_stream_ends_with_its_error_event(
+    path: str, body: dict[str, Any], shape: str, nursery: trio.Nursery,
+) -> None:
+    port, requests = await nursery.start(dying_engine)
+    url = f"http://127.0.0.1:{port}"
+    # Two replicas: a chat stream would be continued on the other; these are not.
+    async with running_gateway(endpoint("e1", url), endpoint("e2", url)) as gw:
+        response = await gw.client.post(path, json=body)
+        assert response.status_code == 200
+        assert response.content.startswith(BROKEN_STREAMS[path])
+        last = response.content[len(BROKEN_STREAMS[path]):]
+        assert last.startswith(b"event: error\ndata: ") and last.endswith(b"\n\n")
+        error = json.loads(last.split(b"data: ", 1)[1])
+        assert error["type"] == "error"
+        if shape == "anthropic":
+            assert error["error"]["type"] == "api_error" and "broke off" in error["error"]["message"]
+        else:
+            assert error["code"] == "upstream_broken" and error["error"]["code"] == "upstream_broken"
+        assert len(requests) == 1  # no continuation asked of any replica
