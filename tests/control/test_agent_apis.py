@@ -186,3 +186,31 @@ async def test_openai_agents_default_model_through_the_gateway(gateway: RunningG
     with trio.fail_after(10):
         while (await gateway.tenancy.service.usage_totals(group_id=group)).completion_tokens != 8:
             await trio.sleep(0.05)
+
+
+async def test_capabilities_learned_from_the_engines(gateway: RunningGateway) -> None:
+    # llama-server answers an image to a model without vision with a 500, which was a 502 after
+    # a try on each replica, each cooled down. The engines said they have no vision: a 400 here.
+    image = [{"type": "text", "text": "what is this"},
+             {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]
+    refused = await gateway.client.post("/v1/chat/completions", json={
+        "model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": image}]})
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["code"] == "unsupported_by_model"
+    assert gateway.metric("llmgw_replica_cooldowns_total", {"replica": "a"}) == 0
+    assert gateway.metric("llmgw_replica_cooldowns_total", {"replica": "b"}) == 0
+    claude = anthropic.Anthropic(base_url=gateway.url, api_key="unused", max_retries=0, timeout=60)
+    with pytest.raises(anthropic.BadRequestError):
+        picture = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+        await in_thread(lambda: claude.messages.create(
+            model="tiny", max_tokens=2, messages=[{"role": "user", "content": [picture]}]))  # type: ignore[list-item]
+    listing = (await gateway.client.get("/v1/models")).json()["data"]
+    tiny = next(card for card in listing if card["id"] == "tiny")
+    # -c 1024 with 4 slots: 256 tokens a request.
+    assert tiny["context_length"] == tiny["max_model_len"] == 256
+    assert "vision" not in tiny["capabilities"] and "chat" in tiny["capabilities"]
+    assert tiny["owned_by"] == "llmgw" and tiny["created"] > 1_600_000_000
+    alone = (await gateway.client.get("/v1/models/tiny")).json()
+    assert alone == tiny
+    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0)
+    assert (await in_thread(lambda: client.models.retrieve("tiny"))).id == "tiny"

@@ -17,6 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llmgw_control.api_errors import ClientApiError, sse_error_event
+from llmgw_control.catalog.models import ProfileConfig
+from llmgw_control.gateway.capabilities import combine, declared, needs, refusal
+from llmgw_control.gateway.engine_facts import EngineFacts, facts_from
 from llmgw_control.gateway.relay import is_refusal, refusal_answer
 from llmgw_control.gateway.requests import ENDPOINTS, parse_request
 from llmgw_control.gateway.usage import StreamTail, TokenUsage, find_usage
@@ -342,3 +345,77 @@ async def test_a_broken_messages_or_responses_stream_ends_with_its_error_event(
         else:
             assert error["code"] == "upstream_broken" and error["error"]["code"] == "upstream_broken"
         assert len(requests) == 1  # no continuation asked of any replica
+
+
+# -- capabilities per model
+
+# Trimmed from llama-server b11312's /props and /v1/models on the tiny model (-c 1024 -np 4).
+PROPS = {"default_generation_settings": {"n_ctx": 256}, "total_slots": 4, "modalities": {"vision": False,
+         "video": False, "audio": False}, "chat_template_caps": {"supports_tools": False,
+         "supports_tool_calls": False}, "build_info": "b11312-0c1e57098"}
+MODELS = {"object": "list", "data": [{"id": "tiny", "object": "model", "created": 1796424576, "owned_by": "llamacpp",
+                                      "meta": {"n_ctx": 256, "n_ctx_train": 2048}}]}
+
+
+def test_facts_from_llama_server() -> None:
+    assert facts_from(PROPS, MODELS) == EngineFacts(vision=False, audio=False, tools=False, context_length=256,
+                                                    created=1796424576)
+    vllm = {"data": [{"id": "m", "created": 5, "max_model_len": 32768}]}
+    assert facts_from(None, vllm) == EngineFacts(context_length=32768, created=5)
+
+
+@given(props=JSON, models=JSON)
+def test_facts_from_anything_never_fail(props: Any, models: Any) -> None:
+    facts = facts_from(props, models)
+    assert facts.context_length is None or facts.context_length > 0
+
+
+def request_for(path: str, body: dict[str, Any]) -> Any:
+    return parse_request(ENDPOINTS[path], json.dumps({"model": "m", **body}).encode())
+
+
+IMAGE_CHAT = {"messages": [{"role": "user", "content": [{"type": "text", "text": "what"},
+                                                          {"type": "image_url", "image_url": {"url": "data:,"}}]}]}
+IMAGE_MESSAGES = {"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64"}}]}]}
+
+
+def test_what_a_request_needs() -> None:
+    assert needs(request_for("/v1/chat/completions", IMAGE_CHAT)) == ["chat", "vision"]
+    assert needs(request_for("/v1/messages", IMAGE_MESSAGES)) == ["messages", "vision"]
+    assert needs(request_for("/v1/responses", {"input": [{"role": "user", "content": [
+        {"type": "input_audio"}]}]})) == ["responses", "audio"]
+    assert needs(request_for("/v1/embeddings", {"input": "x"})) == ["embeddings"]
+
+
+def test_capabilities_declared_learned_and_overridden() -> None:
+    chat = ProfileConfig(name="p")
+    embed = ProfileConfig(name="e", args=["--embeddings", "--pooling", "mean"])
+    assert declared(chat) == {"chat", "completions", "responses", "messages", "tokenize", "infill"}
+    assert declared(embed) is not None and "embeddings" in declared(embed)  # type: ignore[operator]
+    assert declared(ProfileConfig(name="v", engine="vllm")) is None
+    assert declared(None) is None
+    text_only = facts_from(PROPS, MODELS)
+    learned = combine(False, declared(chat), [text_only])
+    assert learned is not None and learned.context_length == 256 and "vision" not in learned.serves
+    assert refusal("m", learned, ["embeddings"]) is not None
+    refused = refusal("m", learned, ["chat", "vision"])
+    assert refused is not None and refused.status == 400 and "image input" in refused.message
+    assert refusal("m", learned, ["chat"]) is None
+    # No engine has said: its features are not refused.
+    unknown = combine(False, declared(chat), [])
+    assert unknown is not None and refusal("m", unknown, ["chat", "vision"]) is None
+    # One replica with vision is enough.
+    mixed = combine(False, None, [text_only, EngineFacts(vision=True)])
+    assert mixed is not None and refusal("m", mixed, ["chat", "vision"]) is None
+    # The catalog's list is the operator's word, whatever the engines say.
+    override = combine(True, declared(ProfileConfig(name="o", capabilities=["embeddings", "vision"])), [text_only])
+    assert override is not None and override.listed() == ["embeddings", "vision"]
+    assert refusal("m", override, ["chat"]) is not None and refusal("m", override, ["embeddings"]) is None
+    assert combine(False, None, []) is None
+
+
+def test_a_profile_lists_only_known_capabilities() -> None:
+    from llmgw_control.catalog.models import CAPABILITIES
+
+    assert ENDPOINTS["/v1/messages"].capability in CAPABILITIES
+    assert {e.capability for e in ENDPOINTS.values()} <= set(CAPABILITIES)

@@ -155,6 +155,9 @@ DOCS: dict[str, str] = {
                                  "objective, the highest concurrency a capacity run measured meeting it is a "
                                  "replica's slot count on nodes of that kind (instead of parallel).",
     "ProfileConfig.itl_target": "Latency objective: inter-token latency p99 in seconds (0: none); see ttft_target.",
+    "ProfileConfig.capabilities": "What it serves: routes (chat, completions, embeddings, responses, messages, "
+                                  "rerank, tokenize, infill) and features (tools, vision, audio); a request for "
+                                  "anything else is a 400. Empty: learned from the engine's flags and answers.",
     "WeightsConfig.url": "An http(s) URL the nodes can reach, or a path on the nodes.",
     "WeightsConfig.sha256": "The file's sha256 (64 hex digits), checked after download.",
     "WeightsConfig.size": "The file's size in bytes.",

@@ -25,6 +25,7 @@ from ..tenancy.admission import Admission, Ticket, admit_waiting
 from ..transport.asgi import REQUEST_ID, Receive, Scope, Send
 from .activator import Activator, Refusal, Slot
 from .affinity import Affinity, request_affinity
+from .capabilities import PROBE_CONCURRENCY, ModelCapabilities, combine, declared, learn, needs, refusal
 from .config import RouterConfig
 from .continuation import (
     ContinuationRefused,
@@ -67,6 +68,10 @@ class Gateway:
         # admitted the same way.
         self.activator = activator or Activator(replicas)
         self.admission = admission
+        # The ``created`` of a model no engine has dated: when this daemon started serving it.
+        self.started = int(time.time())
+        # Engines asked what they serve at once (gateway/capabilities.py), by this gateway.
+        self.probes = trio.CapacityLimiter(PROBE_CONCURRENCY)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         exchange = Exchange(send, request_id(scope))
@@ -115,13 +120,21 @@ class Gateway:
             if request.stream:
                 exchange.stream_format = endpoint.stream_format
             affinity = self._affinity(key, request, scope)
+            wanted = needs(request)
+            if len(wanted) > 1:
+                # A feature (vision, audio) only the engines can say they have.
+                await learn(self.upstream, self.replicas.for_model(key), self.probes)
             if self.admission is None:
+                self._check_capabilities(key, request, wanted)
                 await self._forward(request, key, receive, exchange, affinity=affinity)
                 return
             estimate = _estimate_tokens(request)
             ticket = await admit_waiting(self.admission, authorization, key.partition(":")[0],
                                          estimated_tokens=sum(estimate))
             try:
+                # After the allow-list (a key learns nothing of a model it may not use), before
+                # any replica: a request the model cannot serve is the caller's 400.
+                self._check_capabilities(key, request, wanted)
                 await self._forward(request, key, receive, exchange, ticket.priority, affinity=affinity)
             finally:
                 _settle(ticket, exchange, estimate, request.endpoint.metered)
@@ -134,6 +147,20 @@ class Gateway:
         else:
             raise ClientApiError(404, f"Unknown request URL: {method} {path}.", code="unknown_url")
 
+    def capabilities(self, key: str) -> ModelCapabilities | None:
+        """What the model behind ``key`` serves, as far as is known (gateway/capabilities.py)."""
+        profile = self.directory.profile(key)
+        facts = [r.facts for r in self.replicas.for_model(key) if r.facts is not None]
+        if profile is None and not facts:
+            return None
+        return combine(bool(profile and profile.capabilities), declared(profile), facts,
+                       profile.context if profile else None)
+
+    def _check_capabilities(self, key: str, request: ParsedRequest, wanted: list[str]) -> None:
+        refused = refusal(request.model, self.capabilities(key), wanted)
+        if refused is not None:
+            raise refused
+
     def _affinity(self, key: str, request: ParsedRequest, scope: Scope) -> Affinity | None:
         """The request's replica preference under prefix routing; None under least-loaded."""
         if (self.directory.routing(key) or self.config.routing) != "prefix":
@@ -142,13 +169,30 @@ class Gateway:
 
     async def _models(self, path: str, exchange: Exchange, allowed: frozenset[str] | None) -> None:
         visible = self._visible(allowed)
+        keys = {self.directory.resolve(name) for name in visible}
+        await learn(self.upstream, [r for key in keys if key is not None for r in self.replicas.for_model(key)],
+                    self.probes)
         if path == "/v1/models":
-            await exchange.respond_json(200, {"object": "list", "data": [_model_card(m) for m in visible]})
+            await exchange.respond_json(200, {"object": "list", "data": [self._model_card(m) for m in visible]})
             return
         name = path.removeprefix("/v1/models/")
         if not self._may_see(name, allowed):
             raise model_not_found(name, visible, restricted=allowed is not None)
-        await exchange.respond_json(200, _model_card(name))
+        await exchange.respond_json(200, self._model_card(name))
+
+    def _model_card(self, name: str) -> dict[str, Any]:
+        """A model as /v1/models lists it, with what clients read to size and route requests:
+        ``context_length`` (OpenRouter, LiteLLM) and ``max_model_len`` (vLLM's name), the
+        capabilities, and ``created`` (its engine's, else this daemon's start)."""
+        key = self.directory.resolve(name)
+        capabilities = self.capabilities(key) if key is not None else None
+        card: dict[str, Any] = {"id": name, "object": "model", "owned_by": "llmgw",
+                                "created": (capabilities.created if capabilities else None) or self.started}
+        if capabilities is not None:
+            card["capabilities"] = capabilities.listed()
+            if capabilities.context_length:
+                card["context_length"] = card["max_model_len"] = capabilities.context_length
+        return card
 
     def _may_see(self, name: str, allowed: frozenset[str] | None) -> bool:
         key = self.directory.resolve(name)
@@ -421,5 +465,3 @@ def _settle(ticket: Ticket, exchange: Exchange, estimate: tuple[int, int], meter
         ticket.release()
 
 
-def _model_card(name: str) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": 0, "owned_by": "llmgw"}
