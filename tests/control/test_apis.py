@@ -419,3 +419,64 @@ def test_a_profile_lists_only_known_capabilities() -> None:
 
     assert ENDPOINTS["/v1/messages"].capability in CAPABILITIES
     assert {e.capability for e in ENDPOINTS.values()} <= set(CAPABILITIES)
+
+
+# -- CORS on the client listener
+
+async def test_no_cors_by_default(fake_engine: FakeEngine) -> None:
+    async with running_gateway(endpoint("e1", fake_engine.url)) as gw:
+        origin = {"origin": "https://app.example"}
+        served = await gw.client.post("/v1/chat/completions", json=chat_body(), headers=origin)
+        assert served.status_code == 200 and "access-control-allow-origin" not in served.headers
+        preflight = await gw.client.options("/v1/messages", headers={
+            **origin, "access-control-request-method": "POST"})
+        assert preflight.status_code == 403 and "access-control-allow-origin" not in preflight.headers
+        plain = await gw.client.options("/v1/chat/completions")
+        assert plain.status_code == 204 and "POST" in plain.headers["allow"]
+
+
+async def test_cors_for_allowed_origins(fake_engine: FakeEngine) -> None:
+    async with running_gateway(endpoint("e1", fake_engine.url), allowed_origins=["https://app.example"]) as gw:
+        allowed = {"origin": "https://app.example"}
+        preflight = await gw.client.options("/v1/messages", headers={
+            **allowed, "access-control-request-method": "POST",
+            "access-control-request-headers": "x-api-key, anthropic-version, content-type, bad header"})
+        assert preflight.status_code == 204, preflight.text
+        assert preflight.headers["access-control-allow-origin"] == "https://app.example"
+        assert preflight.headers["access-control-allow-headers"] == "x-api-key, anthropic-version, content-type"
+        assert "POST" in preflight.headers["access-control-allow-methods"]
+        assert "access-control-allow-credentials" not in preflight.headers
+        served = await gw.client.post("/v1/chat/completions", json=chat_body(), headers=allowed)
+        assert served.headers["access-control-allow-origin"] == "https://app.example"
+        assert served.headers["vary"] == "Origin" and "x-request-id" in served.headers["access-control-expose-headers"]
+        # An error must be readable by the page too.
+        missing = await gw.client.post("/v1/chat/completions", json={"model": "fake-model"}, headers=allowed)
+        assert missing.status_code == 400 and missing.headers["access-control-allow-origin"] == "https://app.example"
+        other = {"origin": "https://evil.example"}
+        refused = await gw.client.options("/v1/chat/completions", headers={
+            **other, "access-control-request-method": "POST"})
+        assert refused.status_code == 403 and "access-control-allow-origin" not in refused.headers
+        stranger = await gw.client.post("/v1/chat/completions", json=chat_body(), headers=other)
+        assert "access-control-allow-origin" not in stranger.headers
+
+
+async def test_cors_for_any_origin_never_allows_credentials(fake_engine: FakeEngine) -> None:
+    async with running_gateway(endpoint("e1", fake_engine.url), allowed_origins=["*"]) as gw:
+        origin = {"origin": "https://anywhere.example"}
+        asking = {**origin, "access-control-request-method": "POST"}
+        preflight = await gw.client.options("/v1/responses", headers=asking)
+        assert preflight.status_code == 204 and preflight.headers["access-control-allow-origin"] == "*"
+        served = await gw.client.post("/v1/chat/completions", json=chat_body(), headers=origin)
+        assert served.headers["access-control-allow-origin"] == "*"
+        for answer in (preflight, served):
+            assert "access-control-allow-credentials" not in answer.headers
+
+
+@pytest.mark.parametrize("origin", ["https://app.example/path", "app.example", "ftp://x", "", "https://a b"])
+def test_an_allowed_origin_is_an_origin(origin: str) -> None:
+    from llmgw_control.config import ControlConfig, validate
+    from llmgw_control.gateway.config import RouterConfig
+    from llmgw_shared.config import ConfigError
+
+    with pytest.raises(ConfigError, match="allowed_origins"):
+        validate(ControlConfig(router=RouterConfig(allowed_origins=[origin])))

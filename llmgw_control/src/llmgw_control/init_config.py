@@ -59,6 +59,9 @@ DOCS: dict[str, str] = {
                             "caching it, within a load bound) or least-loaded; a profile's routing overrides it.",
     "RouterConfig.affinity_load_factor": "ε of prefix routing's load bound: a replica keeps its conversations "
                                          "while it holds at most (1 + ε) x the mean load + 1.",
+    "RouterConfig.allowed_origins": "Browser origins whose pages may call the client API (CORS), e.g. "
+                                    "\"https://chat.example.com\", or \"*\"; empty: none. Credentials are never "
+                                    "allowed (keys travel in headers).",
     "EndpointConfig.id": "A name for this replica, used in logs, metrics and errors.",
     "EndpointConfig.url": "The engine's base URL, e.g. http://10.0.0.5:8001.",
     "EndpointConfig.models": "Model names this replica serves.",

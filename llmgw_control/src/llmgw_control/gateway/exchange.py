@@ -87,6 +87,14 @@ class Exchange:
         self.complete = True
         await self._send({"type": "http.response.body", "body": body})
 
+    async def respond_empty(self, status: int, extra: list[tuple[bytes, bytes]]) -> None:
+        """An answer without a body (a preflight's 204: no content-length, no content-type)."""
+        self.status = status
+        self.response_started = True
+        await self._send({"type": "http.response.start", "status": status, "headers": self._headers(extra)})
+        self.complete = True
+        await self._send({"type": "http.response.body", "body": b""})
+
     async def respond_json(self, status: int, value: Any) -> None:
         await self.respond(status, json.dumps(value).encode())
 

@@ -35,6 +35,7 @@ from .continuation import (
     ending,
     may_continue,
 )
+from .cors import CorsPolicy
 from .directory import ModelDirectory, StaticDirectory
 from .engine_slots import claim_engine_slot, release_engine_slot
 from .exchange import Exchange, header, record, request_id
@@ -68,6 +69,7 @@ class Gateway:
         # admitted the same way.
         self.activator = activator or Activator(replicas)
         self.admission = admission
+        self.cors = CorsPolicy.of(config.allowed_origins)
         # The ``created`` of a model no engine has dated: when this daemon started serving it.
         self.started = int(time.time())
         # Engines asked what they serve at once (gateway/capabilities.py), by this gateway.
@@ -96,6 +98,11 @@ class Gateway:
         scope[REQUEST_ID] = exchange.request_id
         path: str = scope["path"]
         method: str = scope["method"]
+        if self.cors.origins:
+            exchange.cors = self.cors.headers(header(scope, b"origin"))
+        if method == "OPTIONS":
+            await self._options(scope, exchange)
+            return
         endpoint = ENDPOINTS.get(path)
         if endpoint is not None:
             exchange.api, exchange.kind = endpoint.api, endpoint.kind
@@ -146,6 +153,20 @@ class Gateway:
             await exchange.respond_json(200, {"status": "ok", "replicas": len(self.replicas), "pid": os.getpid()})
         else:
             raise ClientApiError(404, f"Unknown request URL: {method} {path}.", code="unknown_url")
+
+    async def _options(self, scope: Scope, exchange: Exchange) -> None:
+        """A CORS preflight (gateway/cors.py): 204 for an allowed origin, 403 for another; a plain
+        OPTIONS (no Origin) learns the methods."""
+        origin = header(scope, b"origin")
+        if origin is None:
+            await exchange.respond_empty(204, [(b"allow", b"GET, POST, OPTIONS")])
+        elif self.cors.allows(origin):
+            exchange.cors = []
+            asked = header(scope, b"access-control-request-headers")
+            await exchange.respond_empty(204, self.cors.preflight(origin, asked))
+        else:
+            raise ClientApiError(403, f"Origin {origin[:200]!r} may not call this API from a browser "
+                                 "(router.allowed_origins).", code="origin_not_allowed")
 
     def capabilities(self, key: str) -> ModelCapabilities | None:
         """What the model behind ``key`` serves, as far as is known (gateway/capabilities.py)."""
