@@ -480,3 +480,15 @@ def test_an_allowed_origin_is_an_origin(origin: str) -> None:
 
     with pytest.raises(ConfigError, match="allowed_origins"):
         validate(ControlConfig(router=RouterConfig(allowed_origins=[origin])))
+
+
+async def test_an_engine_refusing_the_gateways_key_is_the_replicas_fault() -> None:
+    from llmgw_dev.fake_engine import FakeEngineBehavior, run_fake_engine
+
+    async with run_fake_engine(FakeEngineBehavior(api_key="right")) as engine:
+        async with running_gateway(endpoint("wrong", engine.url, api_key="stale", weight=100),
+                                   endpoint("good", engine.url, api_key="right")) as gw:
+            # The client's key was fine: it must not get a 401 it would blame on itself.
+            response = await gw.client.post("/v1/chat/completions", json=chat_body())
+            assert response.status_code == 200 and response.headers["x-llmgw-replica"] == "good"
+            assert gw.metric("llmgw_replica_cooldowns_total", {"replica": "wrong"}) == 1

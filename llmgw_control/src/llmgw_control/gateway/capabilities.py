@@ -86,7 +86,7 @@ def combine(explicit: bool, routes: frozenset[str] | None, facts: Iterable[Engin
     """
     known = list(facts)
     if explicit and routes is not None:
-        return ModelCapabilities(routes, context or _least_context(known), _created(known))
+        return ModelCapabilities(routes, _least_context(known) or context, _created(known))
     if routes is None and not known:
         return None
     serves = set(routes if routes is not None else ROUTES)

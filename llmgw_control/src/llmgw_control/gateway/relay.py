@@ -183,7 +183,9 @@ async def _relay(
         # Not retried, no cooldown: another replica would refuse the same request.
         await _refuse(config, replica, response, exchange)
         return
-    if status >= 500:
+    if status >= 500 or status in (401, 403):
+        # A 401 or 403 is the engine refusing the gateway's own key: that replica is misconfigured,
+        # as unwell as a 5xx for the client, whose own key was fine.
         try:
             detail = _engine_message(await _read_all(config, replica, response, exchange, _ERROR_BODY_LIMIT))
         except ClientApiError as error:
