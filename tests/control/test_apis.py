@@ -242,6 +242,9 @@ async def test_anthropic_keys_and_errors_at_the_edge(fake_engine: FakeEngine) ->
                                        headers={"x-api-key": created.secret, "anthropic-beta": "x"})
         assert unknown.status_code == 404
         assert assert_in_shape(unknown.content, "anthropic")["error"]["type"] == "not_found_error"
+        # The anthropic SDK lists models with its x-api-key.
+        models = await gw.client.get("/v1/models", headers={"x-api-key": created.secret})
+        assert models.status_code == 200 and [m["id"] for m in models.json()["data"]] == ["fake-model"]
         # x-api-key is the Messages convention only; the OpenAI routes keep their Bearer.
         openai_route = await gw.client.post("/v1/responses", json={"model": "fake-model", "input": "x"},
                                             headers={"x-api-key": created.secret})

@@ -42,7 +42,7 @@ from .exchange import Exchange, header, record, request_id
 from .metrics import GatewayMetrics
 from .relay import Retryable, exchange_with
 from .replicas import Replica, ReplicaSet
-from .requests import ENDPOINTS, ClientGone, Endpoint, ParsedRequest, parse_request, read_body
+from .requests import ENDPOINTS, ClientGone, ParsedRequest, parse_request, read_body
 from .upstream import UpstreamClient, UpstreamClosedEarly, UpstreamError
 
 log = get_logger("llmgw.router")
@@ -109,7 +109,7 @@ class Gateway:
             if method != "POST":
                 raise ClientApiError(405, f"Method {method} is not allowed on {path}; use POST.",
                                      code="method_not_allowed")
-            authorization = _authorization(scope, endpoint)
+            authorization = _authorization(scope, endpoint.api)
             # Who is asking comes first, on the head: a client without a key gets its 401 before
             # its body is invited (no 100 Continue) or read, and learns no model names.
             allowed = self.admission.authenticate(authorization) if self.admission is not None else None
@@ -146,7 +146,8 @@ class Gateway:
             finally:
                 _settle(ticket, exchange, estimate, request.endpoint.metered)
         elif path.startswith("/v1/models") and method == "GET":
-            allowed = self.admission.authenticate(header(scope, b"authorization")) if self.admission else None
+            # x-api-key too: the anthropic SDK lists models with it.
+            allowed = self.admission.authenticate(_authorization(scope, "anthropic")) if self.admission else None
             await self._models(path, exchange, allowed)
         elif path == "/healthz":
             # The pid says which worker answered, when several share the port (workers = N).
@@ -446,11 +447,11 @@ async def _watch_disconnect(receive: Receive, scope: trio.CancelScope, exchange:
 _DEFAULT_COMPLETION_ESTIMATE = 512
 
 
-def _authorization(scope: Scope, endpoint: Endpoint) -> str | None:
+def _authorization(scope: Scope, api: str) -> str | None:
     """The client's key as an Authorization value: ``Authorization: Bearer``, or on the Anthropic
     routes ``x-api-key`` (the anthropic SDK's default; Claude Code sends either)."""
     authorization = header(scope, b"authorization")
-    if authorization is None and endpoint.api == "anthropic":
+    if authorization is None and api == "anthropic":
         api_key = header(scope, b"x-api-key")
         if api_key is not None:
             return f"Bearer {api_key}"
