@@ -214,3 +214,32 @@ async def test_capabilities_learned_from_the_engines(gateway: RunningGateway) ->
     assert alone == tiny
     client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0)
     assert (await in_thread(lambda: client.models.retrieve("tiny"))).id == "tiny"
+
+
+async def test_a_conversation_keeps_its_replica_on_messages_and_responses(gateway: RunningGateway) -> None:
+    # Prefix affinity keyed by the system prompt and the opening messages, as for chat.
+    system = "You are a careful assistant for conversation number seven."
+    bodies = [
+        ("/v1/messages", {"model": "tiny", "max_tokens": 2, "system": system,
+                          "messages": [{"role": "user", "content": "First question"}]}),
+        ("/v1/messages", {"model": "tiny", "max_tokens": 2, "system": system,
+                          "messages": [{"role": "user", "content": "First question"},
+                                       {"role": "assistant", "content": "An answer"},
+                                       {"role": "user", "content": "Second question"}]}),
+        # llama-server b11312 wants each input item's type (the OpenAI API assumes "message").
+        ("/v1/responses", {"model": "tiny", "max_output_tokens": 2, "instructions": system,
+                           "input": [{"type": "message", "role": "user", "content": "First question"}]}),
+        ("/v1/responses", {"model": "tiny", "max_output_tokens": 2, "instructions": system,
+                           "input": [{"type": "message", "role": "user", "content": "First question"},
+                                     {"type": "message", "role": "assistant", "content": "An answer"},
+                                     {"type": "message", "role": "user", "content": "Second question"}]}),
+    ]
+    for path in ("/v1/messages", "/v1/responses"):
+        served = set()
+        for route, body in bodies:
+            if route == path:
+                answer = await gateway.client.post(route, json=body)
+                assert answer.status_code == 200, answer.text
+                served.add(answer.headers["x-llmgw-replica"])
+        assert len(served) == 1
+    assert gateway.metric("llmgw_affinity_requests_total", {"model": "tiny", "outcome": "hit"}) >= 4

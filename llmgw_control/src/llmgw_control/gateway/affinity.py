@@ -110,7 +110,13 @@ def session_key(header: str | None, payload: dict[str, Any]) -> bytes | None:
 
 
 def request_affinity(request: ParsedRequest, session_header: str | None, load_factor: float) -> Affinity | None:
-    """The request's ``Affinity`` under prefix routing, or None when it has no key (least-loaded)."""
+    """The request's ``Affinity`` under prefix routing, or None when it has no key (least-loaded).
+
+    None for the routes that hold no conversation (embeddings, rerank, the tokenizer routes):
+    there is no KV cache to go back to, and pinning them would only claim an engine slot.
+    """
+    if request.endpoint.affinity == "none":
+        return None
     explicit = session_key(session_header, request.payload)
     key = explicit if explicit is not None else _content_key(request)
     if key is None:

@@ -44,9 +44,9 @@ _LLAMA_ROUTES = frozenset({"chat", "completions", "responses", "messages", "toke
 _LLAMA_FLAGS = {"--embeddings": "embeddings", "--embedding": "embeddings", "--reranking": "rerank",
                 "--rerank": "rerank"}
 
-# How long an engine has to answer /props and /v1/models: it answers from memory in
-# milliseconds; a busy one may take longer, and the next round asks again.
-PROBE_TIMEOUT = 5.0
+# How long an engine has to answer /props and /v1/models: llama-server answers them from memory
+# in milliseconds, busy or not, and the caller waits (once per replica per PROBE_RETRY).
+PROBE_TIMEOUT = 2.0
 # Engines asked at once, by the whole process: probing is not the data path.
 PROBE_CONCURRENCY = 4
 # Seconds before an engine that did not answer is asked again.
