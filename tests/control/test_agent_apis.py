@@ -59,6 +59,7 @@ async def key(gw: RunningGateway, name: str, quota: dict[str, int] | None = None
     return created.secret, group.id
 
 
+@pytest.mark.slow  # about 1.5 s: a dozen real generations through three engines
 async def test_messages_responses_and_engine_routes_with_usage_per_key(gateway: RunningGateway) -> None:
     secret, group = await key(gateway, "agents")
     claude = anthropic.Anthropic(base_url=gateway.url, api_key=secret, max_retries=0, timeout=60)
@@ -161,6 +162,7 @@ async def test_anthropic_exceptions_and_token_quotas(gateway: RunningGateway) ->
     assert int(limited_responses.value.response.headers["retry-after"]) >= 1
 
 
+@pytest.mark.slow  # about 3.5 s: openai-agents' import and its asyncio loop in a thread
 async def test_openai_agents_default_model_through_the_gateway(gateway: RunningGateway) -> None:
     import agents
 

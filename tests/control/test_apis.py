@@ -47,6 +47,7 @@ def assert_in_shape(body: bytes, api: str) -> dict[str, Any]:
     return value  # type: ignore[no-any-return]
 
 
+@pytest.mark.slow  # a hypothesis run of about two seconds
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(path=st.sampled_from(sorted(ENDPOINTS)),
        body=st.dictionaries(st.sampled_from(FIELDS), JSON, max_size=6),
