@@ -496,3 +496,39 @@ async def test_an_engine_refusing_the_gateways_key_is_the_replicas_fault() -> No
             response = await gw.client.post("/v1/chat/completions", json=chat_body())
             assert response.status_code == 200 and response.headers["x-llmgw-replica"] == "good"
             assert gw.metric("llmgw_replica_cooldowns_total", {"replica": "wrong"}) == 1
+
+
+async def silent_engine(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    """Accepts connections and never answers."""
+    async def serve(stream: trio.SocketStream) -> None:
+        await trio.sleep_forever()
+
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    async with trio.open_nursery() as nursery:
+        task_status.started(listeners[0].socket.getsockname()[1])
+        await trio.serve_listeners(serve, listeners, handler_nursery=nursery)
+
+
+@pytest.mark.slow  # waits out one probe deadline (2 s)
+async def test_models_listing_waits_at_most_one_probe_for_dead_or_hung_engines(
+    fake_engine: FakeEngine, nursery: trio.Nursery,
+) -> None:
+    from llmgw_dev.engine_proc import free_port
+
+    hung = f"http://127.0.0.1:{await nursery.start(silent_engine)}"
+    dead = f"http://127.0.0.1:{free_port()}"
+    async with running_gateway(endpoint("hung", hung, "hung-model"), endpoint("dead", dead, "dead-model"),
+                               endpoint("fake", fake_engine.url, "fake-model")) as gw:
+        started = trio.current_time()
+        listing = await gw.client.get("/v1/models")
+        assert listing.status_code == 200 and trio.current_time() - started < 4
+        cards = {card["id"]: card for card in listing.json()["data"]}
+        assert set(cards) == {"hung-model", "dead-model", "fake-model"}
+        assert "capabilities" not in cards["hung-model"] and "capabilities" not in cards["dead-model"]
+        # The fake engine has no /props but answered: known, with nothing refused.
+        assert "chat" in cards["fake-model"]["capabilities"] and "vision" in cards["fake-model"]["capabilities"]
+        assert all(card["created"] > 0 and card["owned_by"] == "llmgw" for card in cards.values())
+        # Not asked again within the retry interval: the next listing does not wait.
+        started = trio.current_time()
+        assert (await gw.client.get("/v1/models/hung-model")).status_code == 200
+        assert trio.current_time() - started < 1

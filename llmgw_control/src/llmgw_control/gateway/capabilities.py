@@ -177,11 +177,10 @@ async def probe(upstream: UpstreamClient, replica: Replica) -> EngineFacts | Non
             props = await _get_json(upstream, replica, "/props")
             models = await _get_json(upstream, replica, "/v1/models")
         except UpstreamError as exc:
+            # Connect, early close, broken body: asked again after PROBE_RETRY.
             log.debug("replica %s did not say what it serves: %s", replica.id, exc)
             return None
-        except Exception as exc:  # an engine's answer is hostile input: never the loop's end
-            log.warning("replica %s answered its /props unreadably: %r", replica.id, exc)
-            return EngineFacts()
+        # Any answer at all gives facts (unknown where it says nothing): facts_from reads any JSON.
         return facts_from(props, models)
     return None
 
@@ -206,6 +205,9 @@ async def learn(upstream: UpstreamClient, replicas: Iterable[Replica], limiter: 
         if facts is not None:
             replica.facts = facts
 
-    async with trio.open_nursery() as nursery:
-        for replica in asked:
-            nursery.start_soon(one, replica)
+    # One deadline for all of them: a /v1/models over many replicas, some dead, waits no longer
+    # than one probe; those not asked in time are asked after PROBE_RETRY.
+    with trio.move_on_after(PROBE_TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            for replica in asked:
+                nursery.start_soon(one, replica)
