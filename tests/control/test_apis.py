@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx2
 import pytest
 import trio
 from hypothesis import HealthCheck, given, settings
@@ -532,3 +533,40 @@ async def test_models_listing_waits_at_most_one_probe_for_dead_or_hung_engines(
         started = trio.current_time()
         assert (await gw.client.get("/v1/models/hung-model")).status_code == 200
         assert trio.current_time() - started < 1
+
+
+async def test_a_catalog_profile_refuses_what_it_cannot_serve_before_any_replica_starts() -> None:
+    # No replica runs and none is asked to start: the activator would hold each of these requests
+    # until one did, and then the engine would refuse it.
+    from prometheus_client import CollectorRegistry
+
+    from llmgw_control.catalog.models import Catalog, EngineConfig, ModelConfig
+    from llmgw_control.gateway.config import RouterConfig
+    from llmgw_control.gateway.directory import FleetDirectory
+    from llmgw_control.gateway.gateway import Gateway
+    from llmgw_control.gateway.metrics import GatewayMetrics
+    from llmgw_control.gateway.replicas import ReplicaSet
+    from llmgw_control.gateway.upstream import Httpx2Upstream
+
+    catalog = Catalog([ModelConfig("chat", [ProfileConfig(name="cpu")]),
+                       ModelConfig("embed", [ProfileConfig(name="cpu", args=["--embeddings"])]),
+                       ModelConfig("only", [ProfileConfig(name="cpu", capabilities=["embeddings"])])],
+                      [EngineConfig(name="llama.cpp", version="b11312")])
+    replicas = ReplicaSet()
+    gateway = Gateway(replicas, Httpx2Upstream(), GatewayMetrics(CollectorRegistry()), RouterConfig(),
+                      directory=FleetDirectory(catalog, replicas))
+    transport = httpx2.ASGITransport(app=gateway)  # type: ignore[arg-type]
+    async with httpx2.AsyncClient(transport=transport, base_url="http://gw") as client:
+        for model, path, body in (("chat", "/v1/embeddings", {"input": "x"}),
+                                  ("chat", "/v1/rerank", {"query": "q", "documents": ["d"]}),
+                                  ("only", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}),
+                                  ("only", "/v1/messages", {"messages": [{"role": "user", "content": "x"}]})):
+            with trio.fail_after(5):
+                refused = await client.post(path, json={"model": model, **body})
+            assert refused.status_code == 400, (model, path, refused.text)
+            assert refused.headers["x-should-retry"] == "false"
+            shape = assert_in_shape(refused.content, ENDPOINTS[path].api)
+            assert "does not serve" in shape["error"]["message"]
+        cards = {c["id"]: c for c in (await client.get("/v1/models")).json()["data"]}
+    assert "embeddings" in cards["embed"]["capabilities"] and "embeddings" not in cards["chat"]["capabilities"]
+    assert cards["only"]["capabilities"] == ["embeddings"] and cards["chat"]["context_length"] == 4096
