@@ -38,6 +38,27 @@ _TYPES = {
 }
 
 
+# Status -> Anthropic error type (docs.anthropic.com, "Errors"); the anthropic SDK maps the status
+# itself to BadRequestError, AuthenticationError, PermissionDeniedError, NotFoundError,
+# RateLimitError and InternalServerError.
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "api_error",
+    502: "api_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+
 @attrs.frozen
 class ClientApiError(Exception):
     """An error to send to a client of the OpenAI API as is."""
@@ -61,6 +82,16 @@ class ClientApiError(Exception):
 
     def encoded(self) -> bytes:
         return json.dumps(self.body()).encode()
+
+    def anthropic_body(self) -> dict[str, Any]:
+        """Anthropic's shape, for the Messages routes: the anthropic SDK (and Claude Code) read
+        ``error.type``, and pick the exception class by the status, which is kept as it is."""
+        return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(self.status, "api_error"),
+                                           "message": self.message}}
+
+    def in_shape(self, api: str) -> bytes:
+        """The body in the shape of the API the request came in on (``openai`` or ``anthropic``)."""
+        return json.dumps(self.anthropic_body() if api == "anthropic" else self.body()).encode()
 
 
 def invalid_request(message: str, *, param: str | None = None, code: str | None = None) -> ClientApiError:
@@ -86,8 +117,21 @@ def model_not_found(model: str, available: list[str], *, restricted: bool = Fals
     )
 
 
-def sse_error_event(error: ClientApiError) -> bytes:
-    """An error after the stream began: the status is gone, so it travels as a final event."""
+def sse_error_event(error: ClientApiError, stream_format: str | None = None) -> bytes:
+    """An error after the stream began: the status is gone, so it travels as a final event.
+
+    Chat and completions streams carry it as a ``data:`` event in the OpenAI shape. A Messages
+    stream carries Anthropic's ``event: error``; a Responses stream an ``event: error`` whose data
+    has both the Responses fields (``code``, ``message``) and an ``error`` object, which is what
+    the openai SDK raises on.
+    """
+    if stream_format == "anthropic":
+        return b"event: error\ndata: " + error.in_shape("anthropic") + b"\n\n"
+    if stream_format == "responses":
+        inner = error.body()["error"]
+        event = {"type": "error", "code": inner["code"], "message": error.message, "param": error.param,
+                 "error": inner}
+        return b"event: error\ndata: " + json.dumps(event).encode() + b"\n\n"
     return b"data: " + error.encoded() + b"\n\n"
 
 

@@ -25,6 +25,7 @@ from .fleet.leadership import LeadershipConfig
 from .fleet.shards import ReconcilerConfig
 from .gateway.activator import ActivatorConfig
 from .gateway.config import EndpointConfig, RouterConfig
+from .gateway.cors import origin_problem
 from .mirror.config import HubConfig, validate_hub
 from .transport.config import ClientTlsConfig, ListenersConfig
 
@@ -148,6 +149,9 @@ def validate(config: ControlConfig) -> ControlConfig:
     if router.routing not in ROUTING_POLICIES:
         raise ConfigError(f"router.routing must be one of {', '.join(ROUTING_POLICIES)}, got {router.routing!r}")
     # Above 10 the bound no longer bounds anything a fleet of replicas would notice.
+    for origin in router.allowed_origins:
+        if problem := origin_problem(origin):
+            raise ConfigError(f"router.allowed_origins: {origin!r} {problem}")
     if not 0 <= router.affinity_load_factor <= 10:
         raise ConfigError(f"router.affinity_load_factor must be between 0 and 10, got {router.affinity_load_factor}")
     _validate_fleet(config)

@@ -59,6 +59,9 @@ DOCS: dict[str, str] = {
                             "caching it, within a load bound) or least-loaded; a profile's routing overrides it.",
     "RouterConfig.affinity_load_factor": "ε of prefix routing's load bound: a replica keeps its conversations "
                                          "while it holds at most (1 + ε) x the mean load + 1.",
+    "RouterConfig.allowed_origins": "Browser origins whose pages may call the client API (CORS), e.g. "
+                                    "\"https://chat.example.com\", or \"*\"; empty: none. Credentials are never "
+                                    "allowed (keys travel in headers).",
     "EndpointConfig.id": "A name for this replica, used in logs, metrics and errors.",
     "EndpointConfig.url": "The engine's base URL, e.g. http://10.0.0.5:8001.",
     "EndpointConfig.models": "Model names this replica serves.",
@@ -155,6 +158,9 @@ DOCS: dict[str, str] = {
                                  "objective, the highest concurrency a capacity run measured meeting it is a "
                                  "replica's slot count on nodes of that kind (instead of parallel).",
     "ProfileConfig.itl_target": "Latency objective: inter-token latency p99 in seconds (0: none); see ttft_target.",
+    "ProfileConfig.capabilities": "What it serves: routes (chat, completions, embeddings, responses, messages, "
+                                  "rerank, tokenize, infill) and features (tools, vision, audio); a request for "
+                                  "anything else is a 400. Empty: learned from the engine's flags and answers.",
     "WeightsConfig.url": "An http(s) URL the nodes can reach, or a path on the nodes.",
     "WeightsConfig.sha256": "The file's sha256 (64 hex digits), checked after download.",
     "WeightsConfig.size": "The file's size in bytes.",

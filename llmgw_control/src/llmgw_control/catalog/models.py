@@ -76,7 +76,15 @@ class ProfileConfig:
     # measured concurrency meeting both becomes the slot count on nodes of the measured kind.
     ttft_target: float = 0.0
     itl_target: float = 0.0
+    # What the profile serves (gateway/capabilities.py): routes (chat, completions, embeddings,
+    # responses, messages, rerank, tokenize, infill) and features (tools, vision, audio). Empty:
+    # learned, from the engine's flags and what its replicas report.
+    capabilities: list[str] = attrs.Factory(list)
 
+
+# What a profile may list in ``capabilities`` (gateway/capabilities.py reads them).
+CAPABILITIES = ("chat", "completions", "embeddings", "responses", "messages", "rerank", "tokenize", "infill",
+                "tools", "vision", "audio")
 
 # A latency objective above ten minutes is a typo (a value in milliseconds), not an objective.
 MAX_LATENCY_TARGET = 600.0
@@ -171,6 +179,9 @@ def model_problems(model: ModelConfig, engines: list[EngineConfig]) -> list[tupl
         for field in ("idle_timeout", "ram_mib", "vram_mib", "start_timeout"):
             if getattr(profile, field) < 0:
                 problems.append((f"{at}.{field}", "must not be negative"))
+        unknown = [c for c in profile.capabilities if c not in CAPABILITIES]
+        if unknown or len(set(profile.capabilities)) != len(profile.capabilities):
+            problems.append((f"{at}.capabilities", f"each of {', '.join(CAPABILITIES)}, at most once"))
         for field in ("ttft_target", "itl_target"):
             value = getattr(profile, field)
             if not math.isfinite(value) or not 0 <= value <= MAX_LATENCY_TARGET:

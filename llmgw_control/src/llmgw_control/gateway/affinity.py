@@ -110,7 +110,13 @@ def session_key(header: str | None, payload: dict[str, Any]) -> bytes | None:
 
 
 def request_affinity(request: ParsedRequest, session_header: str | None, load_factor: float) -> Affinity | None:
-    """The request's ``Affinity`` under prefix routing, or None when it has no key (least-loaded)."""
+    """The request's ``Affinity`` under prefix routing, or None when it has no key (least-loaded).
+
+    None for the routes that hold no conversation (embeddings, rerank, the tokenizer routes):
+    there is no KV cache to go back to, and pinning them would only claim an engine slot.
+    """
+    if request.endpoint.affinity == "none":
+        return None
     explicit = session_key(session_header, request.payload)
     key = explicit if explicit is not None else _content_key(request)
     if key is None:
@@ -127,24 +133,38 @@ def affinity_key(request: ParsedRequest, session_header: str | None = None) -> b
 
 
 def _content_key(request: ParsedRequest) -> bytes | None:
-    kind = request.endpoint.kind
-    if kind == "chat":
-        return _opening_key(request.payload.get("messages"))
-    if kind == "completions":
-        return _prompt_key(request.payload.get("prompt"))
+    shape = request.endpoint.affinity
+    if shape == "messages":
+        return _opening_key(_conversation(request))
+    if shape == "prompt":
+        payload = request.payload
+        return _prompt_key(payload.get("prompt") if "prompt" in payload else payload.get("input_prefix"))
     return None
+
+
+def _conversation(request: ParsedRequest) -> Any:
+    """The request's messages in chat's shape: Anthropic's ``system`` and the Responses API's
+    ``instructions`` as a first system message, a Responses ``input`` string as one user message."""
+    payload = request.payload
+    messages = payload.get(request.endpoint.messages)
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    system = payload.get("system", payload.get("instructions"))
+    if system is not None and request.endpoint.kind != "chat" and isinstance(messages, list):
+        messages = [{"role": "system", "content": system}, *messages[:OPENING_MESSAGES]]
+    return messages
 
 
 def continues_conversation(request: ParsedRequest) -> bool:
     """Whether the request carries earlier turns of its conversation, which a replica may hold.
 
-    Chat: a message after the first user message (an answer, a tool result, the next question).
-    Completions carry no turns: a prompt is its own opening. Bounded like the key: at most
-    ``OPENING_MESSAGES`` messages are looked at.
+    Chat (and Messages, Responses): a message after the first user message (an answer, a tool
+    result, the next question). Completions carry no turns: a prompt is its own opening. Bounded
+    like the key: at most ``OPENING_MESSAGES`` messages are looked at.
     """
-    if request.endpoint.kind != "chat":
+    if request.endpoint.affinity != "messages":
         return False
-    messages = request.payload.get("messages")
+    messages = _conversation(request)
     if not isinstance(messages, list):
         return False
     for index, message in enumerate(messages[:OPENING_MESSAGES + 1]):

@@ -1,4 +1,4 @@
-"""The client listener's ASGI entry: the OpenAI paths go to the gateway, the rest to Quart."""
+"""The client listener's ASGI entry: the model APIs' paths go to the gateway, the rest to Quart."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from typing import Any
 
 from ..transport.asgi import Receive, Scope, Send, serve_lifespan
 from .gateway import Gateway
+from .requests import ENDPOINTS
 
 
 class ClientApp:
@@ -17,7 +18,8 @@ class ClientApp:
         kind = scope["type"]
         if kind == "http":
             path: str = scope["path"]
-            if self.fallback is None or path.startswith("/v1/") or path in ("/v1", "/healthz"):
+            # The engine routes outside /v1 (/tokenize, /infill, /rerank...) are the gateway's too.
+            if self.fallback is None or path.startswith("/v1/") or path in ("/v1", "/healthz") or path in ENDPOINTS:
                 await self.gateway(scope, receive, send)
             else:
                 await self.fallback(scope, receive, send)

@@ -47,6 +47,9 @@ class RouterConfig:
     # while the slack keeps keys home through ordinary imbalance (a smaller ε moves more keys on
     # every fluctuation: the paper bounds the moves per change by O(1/ε²)).
     affinity_load_factor: float = 0.25
+    # Browser origins whose pages may call the client API (CORS, gateway/cors.py), e.g.
+    # "https://chat.example.com", or "*" for any; empty: none (no CORS headers, preflights refused).
+    allowed_origins: list[str] = attrs.Factory(list)
 
 
 @attrs.frozen

@@ -69,6 +69,11 @@ def may_continue(request: ParsedRequest) -> bool:
     Only one plain choice (``n`` of 1, no logprobs) whose text can be carried over: for chat, a
     conversation that does not already end in an assistant prefill of the client's own; for
     completions, a prompt that is one string, without ``echo`` or ``suffix``.
+
+    Messages and Responses streams are never continued: their events number what they carry
+    (content block indexes, item ids, sequence numbers) and their ends hold the usage and the
+    whole output again, all of which a splice would have to rewrite. When their engine breaks
+    off, the stream ends with an ``event: error`` in the API's shape (the refusal, tested).
     """
     payload = request.payload
     if not request.stream or payload.get("n") not in (None, 1) or payload.get("logprobs"):

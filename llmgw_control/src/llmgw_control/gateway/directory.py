@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from ..catalog import Catalog
+from ..catalog.models import ProfileConfig
 from .replicas import ReplicaSet
 
 
@@ -26,6 +27,10 @@ class ModelDirectory(Protocol):
         """The routing policy the model behind ``key`` names; empty: the router's default."""
         ...
 
+    def profile(self, key: str) -> ProfileConfig | None:
+        """The catalog profile behind ``key``; None for a static endpoint's model."""
+        ...
+
 
 class StaticDirectory:
     def __init__(self, replicas: ReplicaSet) -> None:
@@ -39,6 +44,9 @@ class StaticDirectory:
 
     def routing(self, key: str) -> str:
         return ""
+
+    def profile(self, key: str) -> ProfileConfig | None:
+        return None
 
 
 class FleetDirectory:
@@ -62,3 +70,7 @@ class FleetDirectory:
     def routing(self, key: str) -> str:
         resolved = self.catalog.resolve(key)
         return resolved.profile.routing if resolved is not None else ""
+
+    def profile(self, key: str) -> ProfileConfig | None:
+        resolved = self.catalog.resolve(key)
+        return resolved.profile if resolved is not None else None

@@ -50,6 +50,12 @@ class Exchange:
         self.complete = False
         # Times the stream was continued on another replica after its engine broke off.
         self.continuations = 0
+        # The route's API (its error shape), its kind (metrics, access log) and stream framing.
+        self.api = "openai"
+        self.kind = ""
+        self.stream_format: str | None = None
+        # CORS headers for a browser's request from an allowed origin (gateway/cors.py).
+        self.cors: list[tuple[bytes, bytes]] = []
 
     def overhead(self) -> float:
         if self.frozen_overhead is not None:
@@ -66,32 +72,46 @@ class Exchange:
         if self.queued_seconds:
             headers.append((b"x-llmgw-queued-ms", f"{self.queued_seconds * 1000:.1f}".encode()))
         headers.append((b"x-llmgw-overhead-ms", f"{self.overhead() * 1000:.3f}".encode()))
+        if self.cors:
+            headers += self.cors
         return extra + headers
 
-    async def respond(self, status: int, body: bytes, content_type: bytes = b"application/json") -> None:
+    async def respond(self, status: int, body: bytes, content_type: bytes = b"application/json",
+                      extra: list[tuple[bytes, bytes]] | None = None) -> None:
         self.status = status
         self.response_started = True
         await self._send({
             "type": "http.response.start", "status": status,
             "headers": self._headers([(b"content-type", content_type),
-                                      (b"content-length", str(len(body)).encode())]),
+                                      (b"content-length", str(len(body)).encode()), *(extra or ())]),
         })
         self.complete = True
         await self._send({"type": "http.response.body", "body": body})
+
+    async def respond_empty(self, status: int, extra: list[tuple[bytes, bytes]]) -> None:
+        """An answer without a body (a preflight's 204: no content-length, no content-type)."""
+        self.status = status
+        self.response_started = True
+        await self._send({"type": "http.response.start", "status": status, "headers": self._headers(extra)})
+        self.complete = True
+        await self._send({"type": "http.response.body", "body": b""})
 
     async def respond_json(self, status: int, value: Any) -> None:
         await self.respond(status, json.dumps(value).encode())
 
     async def send_error(self, error: ClientApiError) -> None:
         if self.response_started:
-            await self.send_chunk(sse_error_event(error))
+            await self.send_chunk(sse_error_event(error, self.stream_format))
             self.status = error.status
             return
         self.status = error.status
         self.response_started = True
-        body = error.encoded()
+        body = error.in_shape(self.api)
         extra = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         extra += [(k.encode(), v.encode()) for k, v in error.headers]
+        if error.status == 429 and not any(k.lower() == "retry-after" for k, _ in error.headers):
+            # Every 429 says when to come back: the SDKs wait that long before their retry.
+            extra.append((b"retry-after", b"1"))
         await self._send({"type": "http.response.start", "status": error.status, "headers": self._headers(extra)})
         self.complete = True
         await self._send({"type": "http.response.body", "body": body})
@@ -154,6 +174,8 @@ def record(scope: Scope, exchange: Exchange, metrics: GatewayMetrics) -> None:
     duration = time.perf_counter() - exchange.started
     overhead = exchange.overhead()
     metrics.requests.labels(exchange.model, exchange.replica, str(status)).inc()
+    if exchange.kind:
+        metrics.api_requests.labels(exchange.kind, str(status)).inc()
     if exchange.model:
         metrics.duration.labels(exchange.model).observe(duration)
         metrics.overhead.observe(overhead)
@@ -169,6 +191,8 @@ def record(scope: Scope, exchange: Exchange, metrics: GatewayMetrics) -> None:
         "method": scope["method"], "path": scope["path"], "status": status,
         "duration_ms": round(duration * 1000, 2), "overhead_ms": round(overhead * 1000, 3),
     }
+    if exchange.kind:
+        fields["api"] = exchange.kind
     if exchange.model:
         fields.update(model=exchange.model, replica=exchange.replica, stream=exchange.stream)
     if exchange.ttft is not None:

@@ -25,6 +25,7 @@ from ..tenancy.admission import Admission, Ticket, admit_waiting
 from ..transport.asgi import REQUEST_ID, Receive, Scope, Send
 from .activator import Activator, Refusal, Slot
 from .affinity import Affinity, request_affinity
+from .capabilities import PROBE_CONCURRENCY, ModelCapabilities, combine, declared, learn, needs, refusal
 from .config import RouterConfig
 from .continuation import (
     ContinuationRefused,
@@ -34,6 +35,7 @@ from .continuation import (
     ending,
     may_continue,
 )
+from .cors import CorsPolicy
 from .directory import ModelDirectory, StaticDirectory
 from .engine_slots import claim_engine_slot, release_engine_slot
 from .exchange import Exchange, header, record, request_id
@@ -67,6 +69,11 @@ class Gateway:
         # admitted the same way.
         self.activator = activator or Activator(replicas)
         self.admission = admission
+        self.cors = CorsPolicy.of(config.allowed_origins)
+        # The ``created`` of a model no engine has dated: when this daemon started serving it.
+        self.started = int(time.time())
+        # Engines asked what they serve at once (gateway/capabilities.py), by this gateway.
+        self.probes = trio.CapacityLimiter(PROBE_CONCURRENCY)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         exchange = Exchange(send, request_id(scope))
@@ -91,12 +98,18 @@ class Gateway:
         scope[REQUEST_ID] = exchange.request_id
         path: str = scope["path"]
         method: str = scope["method"]
+        if self.cors.origins:
+            exchange.cors = self.cors.headers(header(scope, b"origin"))
+        if method == "OPTIONS":
+            await self._options(scope, exchange)
+            return
         endpoint = ENDPOINTS.get(path)
         if endpoint is not None:
+            exchange.api, exchange.kind = endpoint.api, endpoint.kind
             if method != "POST":
                 raise ClientApiError(405, f"Method {method} is not allowed on {path}; use POST.",
                                      code="method_not_allowed")
-            authorization = header(scope, b"authorization")
+            authorization = _authorization(scope, endpoint.api)
             # Who is asking comes first, on the head: a client without a key gets its 401 before
             # its body is invited (no 100 Continue) or read, and learns no model names.
             allowed = self.admission.authenticate(authorization) if self.admission is not None else None
@@ -111,25 +124,64 @@ class Gateway:
                 raise model_not_found(request.model, self._visible(allowed), restricted=allowed is not None)
             exchange.model = key
             exchange.stream = request.stream
+            if request.stream:
+                exchange.stream_format = endpoint.stream_format
             affinity = self._affinity(key, request, scope)
+            wanted = needs(request)
+            if len(wanted) > 1:
+                # A feature (vision, audio) only the engines can say they have.
+                await learn(self.upstream, self.replicas.for_model(key), self.probes)
             if self.admission is None:
+                self._check_capabilities(key, request, wanted)
                 await self._forward(request, key, receive, exchange, affinity=affinity)
                 return
             estimate = _estimate_tokens(request)
             ticket = await admit_waiting(self.admission, authorization, key.partition(":")[0],
                                          estimated_tokens=sum(estimate))
             try:
+                # After the allow-list (a key learns nothing of a model it may not use), before
+                # any replica: a request the model cannot serve is the caller's 400.
+                self._check_capabilities(key, request, wanted)
                 await self._forward(request, key, receive, exchange, ticket.priority, affinity=affinity)
             finally:
-                _settle(ticket, exchange, estimate)
+                _settle(ticket, exchange, estimate, request.endpoint.metered)
         elif path.startswith("/v1/models") and method == "GET":
-            allowed = self.admission.authenticate(header(scope, b"authorization")) if self.admission else None
+            # x-api-key too: the anthropic SDK lists models with it.
+            allowed = self.admission.authenticate(_authorization(scope, "anthropic")) if self.admission else None
             await self._models(path, exchange, allowed)
         elif path == "/healthz":
             # The pid says which worker answered, when several share the port (workers = N).
             await exchange.respond_json(200, {"status": "ok", "replicas": len(self.replicas), "pid": os.getpid()})
         else:
             raise ClientApiError(404, f"Unknown request URL: {method} {path}.", code="unknown_url")
+
+    async def _options(self, scope: Scope, exchange: Exchange) -> None:
+        """A CORS preflight (gateway/cors.py): 204 for an allowed origin, 403 for another; a plain
+        OPTIONS (no Origin) learns the methods."""
+        origin = header(scope, b"origin")
+        if origin is None:
+            await exchange.respond_empty(204, [(b"allow", b"GET, POST, OPTIONS")])
+        elif self.cors.allows(origin):
+            exchange.cors = []
+            asked = header(scope, b"access-control-request-headers")
+            await exchange.respond_empty(204, self.cors.preflight(origin, asked))
+        else:
+            raise ClientApiError(403, f"Origin {origin[:200]!r} may not call this API from a browser "
+                                 "(router.allowed_origins).", code="origin_not_allowed")
+
+    def capabilities(self, key: str) -> ModelCapabilities | None:
+        """What the model behind ``key`` serves, as far as is known (gateway/capabilities.py)."""
+        profile = self.directory.profile(key)
+        facts = [r.facts for r in self.replicas.for_model(key) if r.facts is not None]
+        if profile is None and not facts:
+            return None
+        return combine(bool(profile and profile.capabilities), declared(profile), facts,
+                       profile.context if profile else None)
+
+    def _check_capabilities(self, key: str, request: ParsedRequest, wanted: list[str]) -> None:
+        refused = refusal(request.model, self.capabilities(key), wanted)
+        if refused is not None:
+            raise refused
 
     def _affinity(self, key: str, request: ParsedRequest, scope: Scope) -> Affinity | None:
         """The request's replica preference under prefix routing; None under least-loaded."""
@@ -139,13 +191,30 @@ class Gateway:
 
     async def _models(self, path: str, exchange: Exchange, allowed: frozenset[str] | None) -> None:
         visible = self._visible(allowed)
+        keys = {self.directory.resolve(name) for name in visible}
+        await learn(self.upstream, [r for key in keys if key is not None for r in self.replicas.for_model(key)],
+                    self.probes)
         if path == "/v1/models":
-            await exchange.respond_json(200, {"object": "list", "data": [_model_card(m) for m in visible]})
+            await exchange.respond_json(200, {"object": "list", "data": [self._model_card(m) for m in visible]})
             return
         name = path.removeprefix("/v1/models/")
         if not self._may_see(name, allowed):
             raise model_not_found(name, visible, restricted=allowed is not None)
-        await exchange.respond_json(200, _model_card(name))
+        await exchange.respond_json(200, self._model_card(name))
+
+    def _model_card(self, name: str) -> dict[str, Any]:
+        """A model as /v1/models lists it, with what clients read to size and route requests:
+        ``context_length`` (OpenRouter, LiteLLM) and ``max_model_len`` (vLLM's name), the
+        capabilities, and ``created`` (its engine's, else this daemon's start)."""
+        key = self.directory.resolve(name)
+        capabilities = self.capabilities(key) if key is not None else None
+        card: dict[str, Any] = {"id": name, "object": "model", "owned_by": "llmgw",
+                                "created": (capabilities.created if capabilities else None) or self.started}
+        if capabilities is not None:
+            card["capabilities"] = capabilities.listed()
+            if capabilities.context_length:
+                card["context_length"] = card["max_model_len"] = capabilities.context_length
+        return card
 
     def _may_see(self, name: str, allowed: frozenset[str] | None) -> bool:
         key = self.directory.resolve(name)
@@ -373,21 +442,37 @@ async def _watch_disconnect(receive: Receive, scope: trio.CancelScope, exchange:
 _DEFAULT_COMPLETION_ESTIMATE = 512
 
 
+def _authorization(scope: Scope, api: str) -> str | None:
+    """The client's key as an Authorization value: ``Authorization: Bearer``, or on the Anthropic
+    routes ``x-api-key`` (the anthropic SDK's default; Claude Code sends either)."""
+    authorization = header(scope, b"authorization")
+    if authorization is None and api == "anthropic":
+        api_key = header(scope, b"x-api-key")
+        if api_key is not None:
+            return f"Bearer {api_key}"
+    return authorization
+
+
 def _estimate_tokens(request: ParsedRequest) -> tuple[int, int]:
-    """(prompt, completion) tokens to reserve before the engine says: ~4 bytes a token, max_tokens."""
-    payload = request.payload
-    completion = payload.get("max_completion_tokens") or payload.get("max_tokens")
-    if request.endpoint.kind == "embeddings":
-        completion = 0
-    elif not isinstance(completion, int):
-        completion = _DEFAULT_COMPLETION_ESTIMATE
+    """(prompt, completion) tokens to reserve before the engine says: ~4 bytes a token, the
+    request's output budget (max_tokens, max_output_tokens...), none for routes that generate none."""
+    fields = request.endpoint.max_output
+    if not request.endpoint.metered:
+        return 0, 0
+    if not fields:
+        return len(request.body) // 4, 0
+    budgets = (request.payload.get(name) for name in fields)
+    completion = next((b for b in budgets if isinstance(b, int) and not isinstance(b, bool) and b > 0),
+                      _DEFAULT_COMPLETION_ESTIMATE)
     return len(request.body) // 4, completion
 
 
-def _settle(ticket: Ticket, exchange: Exchange, estimate: tuple[int, int]) -> None:
+def _settle(ticket: Ticket, exchange: Exchange, estimate: tuple[int, int], metered: bool = True) -> None:
     """Count what was served: the engine's usage, else an estimate; nothing for a failure."""
     if exchange.usage is not None:
         ticket.settle(exchange.usage.prompt_tokens, exchange.usage.completion_tokens)
+    elif not metered and 200 <= exchange.status < 300:
+        ticket.settle(0, 0)
     elif exchange.response_started and 200 <= exchange.status < 300:
         # Served, but the engine reported no usage (a stream without include_usage, or one cut
         # off): a release would let those tokens escape every quota.
@@ -397,5 +482,3 @@ def _settle(ticket: Ticket, exchange: Exchange, estimate: tuple[int, int]) -> No
         ticket.release()
 
 
-def _model_card(name: str) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": 0, "owned_by": "llmgw"}

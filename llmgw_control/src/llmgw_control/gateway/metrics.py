@@ -26,6 +26,12 @@ class GatewayMetrics:
             "llmgw_requests_total", "Requests answered, by model, replica and HTTP status (499: client gone).",
             ["model", "replica", "status"], registry=registry,
         )
+        # By the route's API apart from the series above, whose labels dashboards already read.
+        self.api_requests = Counter(
+            "llmgw_api_requests_total", "Requests answered on the model routes, by API (the route's kind: chat, "
+            "completions, embeddings, responses, messages, count_tokens, rerank, tokenize, detokenize, "
+            "apply_template, infill) and HTTP status.", ["api", "status"], registry=registry,
+        )
         self.duration = Histogram(
             "llmgw_request_duration_seconds", "Time from request to last byte sent to the client.",
             ["model"], buckets=_LATENCY_BUCKETS, registry=registry,

@@ -102,6 +102,52 @@ async def exchange_with(
         raise ClientApiError(504, f"Replica {replica.id} did not answer within {config.first_byte_timeout:g} s "
                             "(phase: first_byte).", code="upstream_timeout")
 
+def is_refusal(status: int) -> bool:
+    """An engine's answer that the request, not the engine, is at fault: a 4xx, or 501 (llama-server
+    answers a route its model does not serve, /v1/embeddings on a chat model, with 501). The 401
+    and 403 are not among them: those say the engine refused the gateway's own key, a replica
+    that is misconfigured, and no client's mistake (they are retried on another replica)."""
+    return (400 <= status < 500 and status not in (401, 403)) or status == 501
+
+
+def refusal_answer(status: int, body: bytes, api: str) -> tuple[int, bytes]:
+    """The client's answer (status, body) for an engine's refusal, whatever the engine sent: a 4xx
+    (501 becomes 400). The engine's body goes as it is when it is already an error in the route's
+    API shape; anything else is answered in that shape with the engine's message."""
+    answer = 400 if status == 501 else status
+    try:
+        value = json_loads(body)
+    except ValueError:
+        value = None
+    if isinstance(value, dict) and _in_shape(value, api):
+        return answer, body
+    code = "unsupported_by_model" if status == 501 else "engine_rejected"
+    error = ClientApiError(answer, f"The model's engine refused the request ({status}): {_engine_message(body)}",
+                           code=code)
+    return answer, error.in_shape(api)
+
+
+def _in_shape(value: dict[str, object], api: str) -> bool:
+    error = value.get("error")
+    if not isinstance(error, dict) or not isinstance(error.get("message"), str):
+        return False
+    if api == "anthropic":
+        return value.get("type") == "error" and isinstance(error.get("type"), str)
+    return True
+
+
+async def _refuse(
+    config: RouterConfig, replica: Replica, response: UpstreamResponse, exchange: Exchange,
+) -> None:
+    try:
+        body = await _read_all(config, replica, response, exchange, _ERROR_BODY_LIMIT)
+    except ClientApiError as error:
+        body = error.message.encode()
+    status, answer = refusal_answer(response.status_code, body[:_ERROR_BODY_LIMIT], exchange.api)
+    # x-should-retry: the SDKs would otherwise retry some 4xx (408, 409, 429) with the same mistake.
+    await exchange.respond(status, answer, extra=[(b"x-should-retry", b"false")])
+
+
 async def _read_all(
     config: RouterConfig, replica: Replica, response: UpstreamResponse, exchange: Exchange, limit: int | None = None
 ) -> bytes:
@@ -133,7 +179,13 @@ async def _relay(
     record: StreamRecord | None, bounds: UsageBounds,
 ) -> None:
     status = response.status_code
-    if status >= 500:
+    if is_refusal(status) and (record is None or record.splice is None):
+        # Not retried, no cooldown: another replica would refuse the same request.
+        await _refuse(config, replica, response, exchange)
+        return
+    if status >= 500 or status in (401, 403):
+        # A 401 or 403 is the engine refusing the gateway's own key: that replica is misconfigured,
+        # as unwell as a 5xx for the client, whose own key was fine.
         try:
             detail = _engine_message(await _read_all(config, replica, response, exchange, _ERROR_BODY_LIMIT))
         except ClientApiError as error:
@@ -167,7 +219,7 @@ async def _relay(
         await exchange.start_stream(status, content_type.encode())
         # From here the overhead figure is fixed: the relay's own time overlaps the engine's.
         exchange.freeze_overhead()
-    tail = StreamTail(bounds)
+    tail = StreamTail(bounds, head=exchange.stream_format == "anthropic")
     ended = False
     arrived, collected = trio.open_memory_channel[bytes | ClientApiError | None](_RELAY_QUEUE)
     async with trio.open_nursery() as nursery:

@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterable, Iterator
 
 import attrs
 
+from .engine_facts import EngineFacts
+
 # Slots of a static endpoint whose config does not say: llmgw knows nothing of that engine, so the
 # bound should only stop a runaway, not queue requests the engine could serve. vLLM's default
 # max_num_seqs is 256; for llama-server set it to its -np so the gateway queues (and orders by
@@ -42,6 +44,10 @@ class Replica:
     # llama-server's slots (its -np) when requests may name one (``id_slot``,
     # gateway/engine_slots.py); 0: the engine cannot be told, it chooses.
     engine_slots: int = 0
+    # What its engine said it serves (gateway/capabilities.py), once asked; None: not yet.
+    facts: EngineFacts | None = None
+    # When its engine may be asked again after it did not answer (trio clock).
+    probe_after: float = 0.0
     # The engine slots this gateway's requests hold now, claimed and released per attempt.
     held_engine_slots: set[int] = attrs.field(factory=set)
     # Whose conversation each engine slot's KV cache holds (the affinity key that last used it),

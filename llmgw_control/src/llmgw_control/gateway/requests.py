@@ -9,7 +9,7 @@ the retry and cooldown logic relies on.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
@@ -22,19 +22,115 @@ class ClientGone(Exception):
     """The client disconnected before its request was complete."""
 
 
+# Which API an endpoint belongs to: its error shape, and how its clients send their key.
+Api = Literal["openai", "anthropic"]
+# How an engine's streamed answer is framed: OpenAI's ``data:`` events ending in ``[DONE]``, or
+# named ``event:`` lines (Anthropic Messages, OpenAI Responses), or llama.cpp's own ``data:``
+# events without ``[DONE]`` (/infill).
+StreamFormat = Literal["openai", "anthropic", "responses", "llama"]
+# What a request's affinity key is made of (gateway/affinity.py): its opening messages, its
+# prompt, or nothing (least loaded).
+AffinityShape = Literal["messages", "prompt", "none"]
+
+
+@attrs.frozen
+class Field:
+    """One top-level field of a request body and the JSON types it may hold."""
+
+    name: str
+    # string, array, object, objects (an array of objects), integer, number, boolean, and
+    # alternatives joined with "|" ("string|objects")
+    types: str
+    required: bool = False
+    # ``types`` split, once: this runs for every field of every request.
+    kinds: tuple[str, ...] = attrs.field(init=False)
+
+    @kinds.default
+    def _split(self) -> tuple[str, ...]:
+        return tuple(self.types.split("|"))
+
+
 @attrs.frozen
 class Endpoint:
-    path: str
-    kind: str  # chat | completions | embeddings
-    required: str  # the field holding the input
-    streams: bool
+    """One route of the client API: everything the gateway does differently per API is here."""
+
+    path: str  # the engine's path the request is forwarded to
+    kind: str  # chat | completions | embeddings | responses | messages | count_tokens | rerank | ...
+    api: Api
+    # The capability a model needs to serve it (gateway/capabilities.py).
+    capability: str
+    fields: tuple[Field, ...]
+    # The stream's framing when ``stream: true`` is honoured; None: never streamed.
+    stream_format: StreamFormat | None = None
+    affinity: AffinityShape = "none"
+    # Where the request names its output budget, for the quota's reservation; () generates none.
+    max_output: tuple[str, ...] = ()
+    # The field whose items are messages (each an object, with ``content`` a string or blocks).
+    messages: str = ""
+    # Whether the model runs: the tokenizer routes (tokenize, count_tokens...) cost no tokens of
+    # any quota, and are counted as requests only.
+    metered: bool = True
+
+    @property
+    def streams(self) -> bool:
+        return self.stream_format is not None
+
+    @property
+    def required(self) -> str:
+        """The field holding the input (the first required one), for messages and tests."""
+        return next((f.name for f in self.fields if f.required), "")
 
 
+_SAMPLING = (Field("temperature", "number"), Field("top_p", "number"), Field("stream", "boolean"))
+_OPENAI_SAMPLING = (*_SAMPLING, Field("presence_penalty", "number"), Field("frequency_penalty", "number"),
+                    Field("max_tokens", "integer"), Field("max_completion_tokens", "integer"), Field("n", "integer"),
+                    Field("stream_options", "object"), Field("stop", "string|array"), Field("tools", "objects"))
+_ANTHROPIC_BODY = (Field("messages", "objects", True), Field("system", "string|objects"), Field("tools", "objects"),
+                   Field("tool_choice", "object"), Field("metadata", "object"), Field("stop_sequences", "array"))
+
+# The one dispatch table: every route the client listener serves by model. Adding an engine API
+# is a row here, not a copy of the handler.
 ENDPOINTS = {
-    "/v1/chat/completions": Endpoint("/v1/chat/completions", "chat", "messages", True),
-    "/v1/completions": Endpoint("/v1/completions", "completions", "prompt", True),
-    "/v1/embeddings": Endpoint("/v1/embeddings", "embeddings", "input", False),
+    "/v1/chat/completions": Endpoint(
+        "/v1/chat/completions", "chat", "openai", "chat", (Field("messages", "objects", True), *_OPENAI_SAMPLING),
+        "openai", "messages", ("max_completion_tokens", "max_tokens"), "messages"),
+    "/v1/completions": Endpoint(
+        "/v1/completions", "completions", "openai", "completions",
+        (Field("prompt", "string|array", True), *_OPENAI_SAMPLING), "openai", "prompt", ("max_tokens",)),
+    "/v1/embeddings": Endpoint(
+        "/v1/embeddings", "embeddings", "openai", "embeddings", (Field("input", "string|array", True),)),
+    "/v1/responses": Endpoint(
+        "/v1/responses", "responses", "openai", "responses",
+        (Field("input", "string|objects", True), Field("instructions", "string"), Field("tools", "objects"),
+         Field("max_output_tokens", "integer"), Field("text", "object"), Field("reasoning", "object"), *_SAMPLING),
+        "responses", "messages", ("max_output_tokens",), "input"),
+    "/v1/messages": Endpoint(
+        "/v1/messages", "messages", "anthropic", "messages",
+        (*_ANTHROPIC_BODY, Field("max_tokens", "integer"), Field("top_k", "integer"), *_SAMPLING),
+        "anthropic", "messages", ("max_tokens",), "messages"),
+    "/v1/messages/count_tokens": Endpoint(
+        "/v1/messages/count_tokens", "count_tokens", "anthropic", "messages", _ANTHROPIC_BODY,
+        messages="messages", metered=False),
+    "/v1/rerank": Endpoint(
+        "/v1/rerank", "rerank", "openai", "rerank",
+        (Field("query", "string", True), Field("documents", "array", True), Field("top_n", "integer"))),
+    "/tokenize": Endpoint(
+        "/tokenize", "tokenize", "openai", "tokenize",
+        (Field("content", "string|array", True), Field("add_special", "boolean"), Field("with_pieces", "boolean")),
+        metered=False),
+    "/detokenize": Endpoint("/detokenize", "detokenize", "openai", "tokenize", (Field("tokens", "array", True),),
+                            metered=False),
+    "/apply-template": Endpoint(
+        "/apply-template", "apply_template", "openai", "chat", (Field("messages", "objects", True),),
+        messages="messages", metered=False),
+    "/infill": Endpoint(
+        "/infill", "infill", "openai", "infill",
+        (Field("input_prefix", "string"), Field("input_suffix", "string"), Field("input_extra", "objects"),
+         Field("prompt", "string"), Field("n_predict", "integer"), Field("max_tokens", "integer"), *_SAMPLING),
+        "llama", "prompt", ("n_predict", "max_tokens")),
 }
+# Other names clients use for the same routes (Cohere/Jina-style rerank clients call /rerank).
+ENDPOINTS["/rerank"] = ENDPOINTS["/v1/rerank"]
 
 
 @attrs.frozen
@@ -77,25 +173,65 @@ def _type_name(value: Any) -> str:
             dict: "object"}.get(type(value), type(value).__name__)
 
 
-def _expect(payload: dict[str, Any], name: str, kinds: tuple[type, ...], label: str) -> None:
-    if name not in payload or payload[name] is None:
-        return
-    value = payload[name]
+_KINDS: dict[str, tuple[type, ...]] = {
+    "string": (str,), "array": (list,), "objects": (list,), "object": (dict,), "integer": (int,),
+    "number": (int, float), "boolean": (bool,),
+}
+_LABELS = {"string": "a string", "array": "an array", "objects": "an array of objects", "object": "an object",
+           "integer": "an integer", "number": "a number", "boolean": "a boolean"}
+
+
+def _fits(value: Any, kind: str) -> bool:
     # bool is an int in Python, but true is not a valid max_tokens.
-    ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
-    if not ok:
+    if isinstance(value, bool) and kind != "boolean":
+        return False
+    if not isinstance(value, _KINDS[kind]):
+        return False
+    return kind != "objects" or (isinstance(value, list) and all(isinstance(item, dict) for item in value))
+
+
+def _check(payload: dict[str, Any], spec: Field) -> None:
+    value = payload.get(spec.name)
+    if value is None:
+        if spec.required:
+            raise invalid_request(f"Missing required parameter: '{spec.name}'.", param=spec.name,
+                                  code="missing_required_parameter")
+        return
+    kinds = spec.kinds
+    # No generator for the common one-type field: this runs for every field of every request.
+    if _fits(value, kinds[0]) if len(kinds) == 1 else any(_fits(value, kind) for kind in kinds):
+        if kinds == ("integer",) and value < 0:
+            raise invalid_request(f"Invalid '{spec.name}': must be 0 or greater, got {value}.", param=spec.name,
+                                  code="invalid_value")
+        return
+    label = " or ".join(_LABELS[kind] for kind in kinds)
+    if isinstance(value, list) and "objects" in kinds:
+        index = next(i for i, item in enumerate(value) if not isinstance(item, dict))
         raise invalid_request(
-            f"Invalid type for '{name}': expected {label}, but got {_type_name(value)} instead.",
-            param=name, code="invalid_type",
-        )
+            f"Invalid type for '{spec.name}[{index}]': expected an object, but got {_type_name(value[index])} "
+            "instead.", param=f"{spec.name}[{index}]", code="invalid_type")
+    raise invalid_request(f"Invalid type for '{spec.name}': expected {label}, but got {_type_name(value)} instead.",
+                          param=spec.name, code="invalid_type")
 
 
-def _non_negative_int(payload: dict[str, Any], name: str) -> None:
-    _expect(payload, name, (int,), "an integer")
-    value = payload.get(name)
-    if isinstance(value, int) and value < 0:
-        raise invalid_request(f"Invalid '{name}': must be 0 or greater, got {value}.", param=name,
-                              code="invalid_value")
+_MODEL = Field("model", "string")
+
+
+def _check_messages(payload: dict[str, Any], name: str) -> None:
+    """Each message's ``content``: a string or an array of blocks (objects), in every API."""
+    messages = payload[name]
+    if not isinstance(messages, list):
+        return  # a plain string input (Responses)
+    if not messages:
+        raise invalid_request(f"'{name}' must not be empty.", param=name, code="invalid_value")
+    for index, message in enumerate(messages):
+        content = message.get("content")
+        if content is None or isinstance(content, str):
+            continue
+        if not isinstance(content, list) or not all(isinstance(block, dict) for block in content):
+            raise invalid_request(
+                f"Invalid type for '{name}[{index}].content': expected a string or an array of objects.",
+                param=f"{name}[{index}].content", code="invalid_type")
 
 
 def parse_request(endpoint: Endpoint, body: bytes) -> ParsedRequest:
@@ -115,30 +251,10 @@ def parse_request(endpoint: Endpoint, body: bytes) -> ParsedRequest:
     model = payload.get("model")
     if model is None or model == "":
         raise invalid_request("You must provide a model parameter.", param="model", code="missing_model")
-    _expect(payload, "model", (str,), "a string")
-    if endpoint.required not in payload or payload[endpoint.required] is None:
-        raise invalid_request(
-            f"Missing required parameter: '{endpoint.required}'.", param=endpoint.required,
-            code="missing_required_parameter",
-        )
-    if endpoint.kind == "chat":
-        _expect(payload, "messages", (list,), "an array")
-        if not payload["messages"]:
-            raise invalid_request("'messages' must not be empty.", param="messages", code="invalid_value")
-        for index, message in enumerate(payload["messages"]):
-            if not isinstance(message, dict):
-                raise invalid_request(
-                    f"Invalid type for 'messages[{index}]': expected an object, but got "
-                    f"{_type_name(message)} instead.", param=f"messages[{index}]", code="invalid_type",
-                )
-    else:
-        _expect(payload, endpoint.required, (str, list), "a string or an array")
-    for name in ("max_tokens", "max_completion_tokens", "n"):
-        _non_negative_int(payload, name)
-    for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
-        _expect(payload, name, (int, float), "a number")
-    _expect(payload, "stream", (bool,), "a boolean")
-    _expect(payload, "stream_options", (dict,), "an object")
-    _expect(payload, "stop", (str, list), "a string or an array")
+    _check(payload, _MODEL)
+    for spec in endpoint.fields:
+        _check(payload, spec)
+    if endpoint.messages:
+        _check_messages(payload, endpoint.messages)
     stream = bool(payload.get("stream")) and endpoint.streams
     return ParsedRequest(endpoint=endpoint, model=model, stream=stream, body=body, payload=payload)

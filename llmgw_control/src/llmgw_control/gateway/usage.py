@@ -92,8 +92,11 @@ def usage_bounds(request: ParsedRequest, prefill_bytes: int = 0) -> UsageBounds:
         prompt = min(TOKEN_CAP, (len(request.body) + prefill_bytes) * _PROMPT_TOKENS_PER_BYTE + _TEMPLATE_TOKENS)
     if kind == "embeddings":
         return UsageBounds(prompt, 0)
-    limits = [v for v in (payload.get("max_tokens"), payload.get("max_completion_tokens")) if _count(v) and v > 0]
-    if not limits or kind not in ("chat", "completions"):
+    if not request.endpoint.metered:
+        return UsageBounds(prompt, 0)
+    # The endpoint names where its request gives an output budget (max_tokens, max_output_tokens...).
+    limits = [v for v in (payload.get(name) for name in request.endpoint.max_output) if _count(v) and v > 0]
+    if not limits:
         return UsageBounds(prompt, TOKEN_CAP)
     # Each choice may use all of max_tokens; vLLM's best_of generates more than it returns.
     choices = max([1] + [v for v in (payload.get("n"), payload.get("best_of")) if _count(v)])
@@ -108,11 +111,13 @@ def _count(value: object) -> TypeGuard[int]:
 def _text_only(kind: str, payload: dict[str, Any]) -> bool:
     """Whether the prompt is text (strings, token ids, text parts): no image, audio or file whose
     tokens its bytes say nothing about."""
-    if kind == "chat":
-        for message in payload["messages"]:
+    if kind in ("chat", "messages"):
+        for message in payload.get("messages") or ():
+            if not isinstance(message, dict):
+                return False
             content = message.get("content")
             if isinstance(content, list):
-                if not all(isinstance(part, dict) and part.get("type") == "text" for part in content):
+                if not all(isinstance(part, dict) and part.get("type") in ("text", "input_text") for part in content):
                     return False
             elif not (content is None or isinstance(content, str)):
                 return False
@@ -125,29 +130,6 @@ def _text_only(kind: str, payload: dict[str, Any]) -> bool:
     return False
 
 
-def read_usage(value: object, bounds: UsageBounds = ABSOLUTE) -> TokenUsage | None:
-    """The counts of a decoded ``usage`` object within ``bounds``; None when it holds none."""
-    counts = _counts(value, bounds)
-    if counts is None:
-        return None
-    assert isinstance(value, dict)
-    prompt, completion, clamped = counts
-    return TokenUsage(prompt, completion, _cached_tokens(value, prompt) or 0, clamped)
-
-
-def _counts(value: object, bounds: UsageBounds) -> tuple[int, int, tuple[Clamp, ...]] | None:
-    if not isinstance(value, dict):
-        return None
-    prompt = value.get("prompt_tokens")
-    completion = value.get("completion_tokens", 0)  # embeddings report none
-    if not _count(prompt) or not _count(completion):
-        return None
-    clamped: list[Clamp] = []
-    prompt = _clamp("prompt_tokens", prompt, bounds.prompt, clamped)
-    completion = _clamp("completion_tokens", completion, bounds.completion, clamped)
-    return prompt, completion, tuple(clamped)
-
-
 def _clamp(field: str, value: int, bound: int, clamped: list[Clamp]) -> int:
     taken = min(max(value, 0), bound)
     if taken != value:
@@ -155,31 +137,114 @@ def _clamp(field: str, value: int, bound: int, clamped: list[Clamp]) -> int:
     return taken
 
 
-def find_usage(data: bytes | bytearray, bounds: UsageBounds = ABSOLUTE) -> TokenUsage | None:
-    """The last well-formed usage object in ``data``, read within ``bounds``, or None."""
+@attrs.frozen
+class _Counts:
+    """What one ``usage`` object says; None where it says nothing (a Messages ``message_delta``
+    carries only ``output_tokens``). Raw: bounds are applied once, in ``_usage``."""
+
+    prompt: int | None
+    completion: int | None
+    cached: int | None
+
+
+def _int(value: object) -> int | None:
+    return value if _count(value) else None
+
+
+def _counts(value: dict[str, object]) -> _Counts | None:
+    """The counts of a usage object in any of the shapes the engines answer in, or None.
+
+    OpenAI chat, completions, embeddings and rerank: ``prompt_tokens``/``completion_tokens``
+    (``prompt_tokens_details.cached_tokens`` of the prompt). OpenAI Responses:
+    ``input_tokens``/``output_tokens`` (``input_tokens_details.cached_tokens`` of the input).
+    Anthropic Messages: ``input_tokens``/``output_tokens``, where the input excludes
+    ``cache_read_input_tokens`` and ``cache_creation_input_tokens``, so the prompt is their sum.
+    A count of the wrong type is no usage at all.
+    """
+    if "prompt_tokens" in value:
+        prompt, completion = _int(value["prompt_tokens"]), _int(value.get("completion_tokens", 0))
+        if prompt is None or completion is None:
+            return None
+        return _Counts(prompt, completion, _cached_tokens(value, prompt))
+    if "input_tokens" not in value and "output_tokens" not in value:
+        return None
+    given, completion = _int(value.get("input_tokens")), _int(value.get("output_tokens"))
+    if given is None and completion is None:
+        return None
+    read, created = _int(value.get("cache_read_input_tokens")), _int(value.get("cache_creation_input_tokens"))
+    if given is None or (read is None and created is None):
+        # Responses (or a partial Messages usage): the input holds its cached tokens.
+        details = value.get("input_tokens_details")
+        cached = _sane(details.get("cached_tokens"), given) if isinstance(details, dict) and given else None
+        return _Counts(given, completion, cached)
+    prompt = given + max(read or 0, 0) + max(created or 0, 0)
+    return _Counts(prompt, completion, _sane(read, prompt))
+
+
+def _counts_at(data: bytes | bytearray, position: int) -> _Counts | None:
+    """The counts of the usage object named at ``position`` (where ``"usage"`` is), if it parses."""
+    start = data.find(b"{", position + 7, position + 64)
+    if start < 0:
+        return None
+    try:
+        text = bytes(data[start:start + 4096]).decode("utf-8", "replace")
+        value, _ = _decoder.raw_decode(text)
+    except (ValueError, RecursionError):
+        # RecursionError: 4 KiB of brackets from an engine nests 2,048 deep, past the C
+        # scanner's limit (llmgw_shared.jsonin explains); such a tail simply has no usage.
+        # ValueError: also an integer of more than 4,300 digits (Python's own limit).
+        return None
+    return _counts(value) if isinstance(value, dict) else None
+
+
+def _last_counts(data: bytes | bytearray, *, whole: bool) -> _Counts | None:
+    """The last usage object in ``data`` that parses (with a prompt count when ``whole``)."""
     position = len(data)
     while True:
         position = data.rfind(b'"usage"', 0, position)
         if position < 0:
             return None
-        start = data.find(b"{", position + 7, position + 64)
-        if start >= 0:
-            try:
-                text = bytes(data[start:start + 4096]).decode("utf-8", "replace")
-                value, _ = _decoder.raw_decode(text)
-            except (ValueError, RecursionError):
-                # RecursionError: 4 KiB of brackets from an engine nests 2,048 deep, past the C
-                # scanner's limit (llmgw_shared.jsonin explains); such a tail simply has no usage.
-                # ValueError: also an integer of more than 4,300 digits (Python's own limit).
-                value = None
-            counts = _counts(value, bounds)
-            if counts is not None:
-                assert isinstance(value, dict)
-                prompt, completion, clamped = counts
-                cached = _cached_tokens(value, prompt)
-                if cached is None:
-                    cached = _timings_cache_n(data, prompt)
-                return TokenUsage(prompt, completion, cached or 0, clamped)
+        counts = _counts_at(data, position)
+        if counts is not None and (counts.prompt is not None or not whole):
+            return counts
+
+
+def _first_counts(data: bytes | bytearray) -> _Counts | None:
+    """The first usage object in ``data`` with a prompt count (a Messages stream's message_start)."""
+    position = -1
+    while True:
+        position = data.find(b'"usage"', position + 1)
+        if position < 0:
+            return None
+        counts = _counts_at(data, position)
+        if counts is not None and counts.prompt is not None:
+            return counts
+
+
+def _usage(counts: _Counts, data: bytes | bytearray | None, bounds: UsageBounds) -> TokenUsage | None:
+    """The usage ``counts`` say, each count clamped into ``bounds`` (the one place bounds apply)."""
+    if counts.prompt is None:
+        return None
+    clamped: list[Clamp] = []
+    prompt = _clamp("prompt_tokens", counts.prompt, bounds.prompt, clamped)
+    completion = _clamp("completion_tokens", counts.completion or 0, bounds.completion, clamped)
+    cached = counts.cached if counts.cached is not None and counts.cached <= prompt else None
+    if cached is None and data is not None:
+        cached = _timings_cache_n(data, prompt)
+    return TokenUsage(prompt, completion, cached or 0, tuple(clamped))
+
+
+def read_usage(value: object, bounds: UsageBounds = ABSOLUTE) -> TokenUsage | None:
+    """The counts of a decoded ``usage`` object (any API's shape) within ``bounds``; None when it
+    holds none."""
+    counts = _counts(value) if isinstance(value, dict) else None
+    return None if counts is None else _usage(counts, None, bounds)
+
+
+def find_usage(data: bytes | bytearray, bounds: UsageBounds = ABSOLUTE) -> TokenUsage | None:
+    """The last well-formed usage object in ``data``, in any API's shape, read within ``bounds``."""
+    counts = _last_counts(data, whole=True)
+    return None if counts is None else _usage(counts, data, bounds)
 
 
 def _sane(value: object, prompt: int) -> int | None:
@@ -211,17 +276,34 @@ def _timings_cache_n(data: bytes | bytearray, prompt: int) -> int | None:
 
 
 class StreamTail:
-    """The last TAIL_BYTES of a relayed stream."""
+    """The last TAIL_BYTES of a relayed stream; with ``head``, also the usage in its first
+    TAIL_BYTES (a Messages stream gives its input tokens in ``message_start``, its output tokens
+    in the last ``message_delta``). Its usage is read within ``bounds``."""
 
-    def __init__(self, bounds: UsageBounds = ABSOLUTE) -> None:
-        self._buffer = bytearray()
+    def __init__(self, bounds: UsageBounds = ABSOLUTE, *, head: bool = False) -> None:
         self._bounds = bounds
+        self._buffer = bytearray()
+        self._head: bytearray | None = bytearray() if head else None
+        self._start: _Counts | None = None
 
     def feed(self, chunk: bytes) -> None:
+        if self._head is not None:
+            self._head += chunk[:TAIL_BYTES]
+            if b'"usage"' in self._head:
+                self._start = _first_counts(self._head)
+            if self._start is not None or len(self._head) >= TAIL_BYTES:
+                self._head = None
         self._buffer += chunk
         excess = len(self._buffer) - TAIL_BYTES
         if excess > TAIL_BYTES:
             del self._buffer[:excess]
 
     def usage(self) -> TokenUsage | None:
-        return find_usage(self._buffer, self._bounds)
+        if self._start is None:
+            return find_usage(self._buffer, self._bounds)
+        last = _last_counts(self._buffer, whole=False) or self._start
+        start = self._start
+        merged = _Counts(last.prompt if last.prompt is not None else start.prompt,
+                         last.completion if last.completion is not None else start.completion,
+                         last.cached if last.cached is not None else start.cached)
+        return _usage(merged, self._buffer, self._bounds)
