@@ -12,21 +12,25 @@ with an empty window.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import attrs
 import httpx2
 import pytest
 import trio
 
 from llmgw_control.tenancy.slices import BACKOFF_SECONDS, LEASE_TTL
+from llmgw_dev.engine_proc import free_port
 from llmgw_dev.fake_engine import FakeEngine
-from support.control_daemon import ControlDaemon, control_daemon
+from support.control_daemon import LLMGW_CONTROL
 from support.gateway import chat_body
 
 # Whole daemons as processes, a worker killed and restarted: left out of the quick tier.
@@ -35,21 +39,44 @@ pytestmark = pytest.mark.slow
 _DEADLINE = 60.0  # seconds a bounded wait may take on a loaded machine before the test fails
 
 
+@attrs.frozen
+class _Daemon:
+    api: str
+    admin: str  # worker 0's or worker 1's: any worker's admin API writes the one store
+
+
 @asynccontextmanager
-async def _daemon(tmp_path: Path, engine_url: str, store: str = "") -> AsyncIterator[ControlDaemon]:
-    config = (f"workers = 2\nshutdown_grace = 2.0\n{f'store = {store!r}' if store else ''}\n"
-              f'[[endpoints]]\nid = "e1"\nurl = "{engine_url}"\nmodels = ["fake-model"]\n')
-    manager = control_daemon(tmp_path, config)
-    # Started and stopped in a thread: the fake engine shares this test's trio loop.
-    daemon = await trio.to_thread.run_sync(manager.__enter__)
+async def _daemon(tmp_path: Path, engine_url: str, store: str = "") -> AsyncIterator[_Daemon]:
+    """``llmgw-control run`` with ``workers = 2`` until the block ends, stopped by its pid.
+
+    Admin on port 0: each worker then gets its own free port (a fixed one needs port + 1 free as
+    well, which another test's listener took once).
+    """
+    config = tmp_path / "control.toml"
+    config.write_text(f'listen = "127.0.0.1:{free_port()}"\nadmin_listen = "127.0.0.1:0"\nworkers = 2\n'
+                      f'data_dir = "{tmp_path / "data"}"\nshutdown_grace = 2.0\nlog_format = "json"\n'
+                      + (f"store = {store!r}\n" if store else "")
+                      + f'[[endpoints]]\nid = "e1"\nurl = "{engine_url}"\nmodels = ["fake-model"]\n')
+    log = tmp_path / "control.log"
+    with log.open("wb") as out:
+        supervisor = await trio.lowlevel.open_process([LLMGW_CONTROL, "run", "--config", str(config)], stdout=out,
+                                                      stderr=subprocess.STDOUT)
     try:
         with trio.fail_after(_DEADLINE):
-            while "workers serving" not in daemon.log():  # every worker listens, not only the first
-                await trio.sleep(0.05)
-        yield daemon
+            while "workers serving" not in (text := log.read_text(errors="replace")):
+                assert supervisor.poll() is None, f"llmgw-control exited:\n{text[-3000:]}"
+                await trio.sleep(0.05)  # polling the log, bounded by _DEADLINE
+        urls = {(line["listener"], line["url"]) for line in map(json.loads, text.splitlines())
+                if line.get("msg", "").endswith(" listening on " + line.get("url", ""))}
+        yield _Daemon(next(u for n, u in urls if n == "api"), next(u for n, u in urls if n == "admin"))
     finally:
         with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(manager.__exit__, None, None, None)
+            supervisor.terminate()  # the supervisor drains its workers (shutdown_grace) and exits
+            with trio.move_on_after(_DEADLINE):
+                await supervisor.wait()
+            if supervisor.returncode is None:
+                supervisor.kill()
+                await supervisor.wait()
 
 
 def _one_connection_client(url: str) -> httpx2.AsyncClient:
@@ -182,8 +209,8 @@ async def test_two_workers_enforce_one_set_of_limits_at_every_level(
     url = request.getfixturevalue("pg_url") if store == "postgresql" else ""
     rpm, tpm, concurrent = 8, 150, 2
     async with _daemon(tmp_path, fake_engine.url, url) as daemon, AsyncExitStack() as stack:
-        admin = await stack.enter_async_context(httpx2.AsyncClient(base_url=daemon.url("admin"), timeout=30))
-        workers = _Workers(stack, daemon.url("api"))
+        admin = await stack.enter_async_context(httpx2.AsyncClient(base_url=daemon.admin, timeout=30))
+        workers = _Workers(stack, daemon.api)
         await workers.pin(2)
         first, second = workers.pids()
         # A limit at each level of a three-level tree: requests/minute on the top group, tokens
@@ -227,8 +254,8 @@ async def test_two_workers_enforce_one_set_of_limits_at_every_level(
 async def test_a_worker_killed_and_restarted_keeps_the_window(tmp_path: Path, fake_engine: FakeEngine) -> None:
     rpm = 6
     async with _daemon(tmp_path, fake_engine.url) as daemon, AsyncExitStack() as stack:
-        admin = await stack.enter_async_context(httpx2.AsyncClient(base_url=daemon.url("admin"), timeout=30))
-        workers = _Workers(stack, daemon.url("api"))
+        admin = await stack.enter_async_context(httpx2.AsyncClient(base_url=daemon.admin, timeout=30))
+        workers = _Workers(stack, daemon.api)
         await workers.pin(1)
         victim, survivor = workers.pids()
         secret = await _chain(admin, "k", 1, {"requests_per_minute": rpm})
@@ -260,8 +287,8 @@ async def test_a_dead_workers_concurrency_slots_come_back_within_the_lease(
 ) -> None:
     concurrent = 2
     async with _daemon(tmp_path, fake_engine.url) as daemon, AsyncExitStack() as stack:
-        admin = await stack.enter_async_context(httpx2.AsyncClient(base_url=daemon.url("admin"), timeout=30))
-        workers = _Workers(stack, daemon.url("api"))
+        admin = await stack.enter_async_context(httpx2.AsyncClient(base_url=daemon.admin, timeout=30))
+        workers = _Workers(stack, daemon.api)
         await workers.pin(2)
         victim, survivor = workers.pids()
         secret = await _chain(admin, "c", 0, {"concurrent_requests": concurrent})
