@@ -65,7 +65,7 @@ from .mirror.pulls import Pulls
 from .mirror.service import Mirror
 from .store import SHARD_KEY_SECRET, LeaseKeeper, Store, cluster_secret, is_postgres_url
 from .store.transactions import register_transaction_metrics
-from .tenancy.tenancy import Tenancy, open_tenancy
+from .tenancy.tenancy import Tenancy, open_tenancy, quotas_shared
 from .transport.asgi import Receive, Scope, Send, serve_lifespan
 from .transport.serving import bind, bound_url, serve_asgi
 from .transport.tls import ClientTls, TrustedProxies, reload_on_sighup, server_context
@@ -347,9 +347,12 @@ async def run_control(
     serve = partial(serve_asgi, shutdown=shutdown, grace=grace, limits=config.listeners,
                     error_body=admin_error_body)
     data_dir = data_dir_of(config)
+    location = config.store or str(data_dir / "llmgw.db")
+    # Workers are several daemons on one store: each one's quotas count what all of them admit.
+    shared = quotas_shared(location, worker=worker is not None)
     try:
         # The upstream's upkeep outlives the listeners' drain (its nursery is left after theirs).
-        async with open_tenancy(config.store or str(data_dir / "llmgw.db"), data_dir) as tenancy, \
+        async with open_tenancy(location, data_dir, shared=shared) as tenancy, \
                 _for_the_block(client.run), trio.open_nursery() as nursery:
             # Before any listener binds: an admin listener off loopback with no admin key to open it.
             refuse_without_admin_keys(config.admin_listen, config.admin_require_key, tenancy.state)

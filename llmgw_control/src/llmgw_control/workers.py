@@ -6,7 +6,9 @@ several daemons. They share the client port through ``SO_REUSEPORT`` (the kernel
 connections over their listening sockets); the admin, metrics and agent listeners are per
 worker, at the configured port plus the worker's index, because each of those must reach one
 exact process: Prometheus scrapes every worker's own counters, and the lease advertises the
-leader's agent URL, which nodes redirected by a standby must reach.
+leader's agent URL, which nodes redirected by a standby must reach. Quotas hold for all the
+workers together, as for several daemons: each worker leases its parts of every limit from the
+store (tenancy/slices.py; ``tenancy.quotas_shared`` counts a worker as one of several daemons).
 
 The supervisor holds no request state. It prepares what the workers would race for (a SQLite
 store's migrations and the stale lease of a previous run, the secrets files), keeps the client

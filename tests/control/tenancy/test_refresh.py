@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 import trio
-from control.tenancy.support import SECRET, FakeClock, bearer, make_tenancy, make_tree
+from control.tenancy.support import SECRET, FakeClock, Tenancy, bearer, make_tenancy, make_tree
 
 from llmgw_control.api_errors import ClientApiError
 from llmgw_control.store import Revisions, SqliteStore, Store, StoreUnavailable
@@ -114,3 +116,88 @@ async def test_a_committed_write_is_not_reported_as_failed_when_the_reload_fails
         assert group.id in state.tree
     finally:
         await inner.aclose()
+
+
+
+class RacingStore:
+    """A real store on which something happens right after one of a refresh's reads returns
+    (``after[name]``, once): another daemon's writes, or a request arriving meanwhile."""
+
+    def __init__(self, inner: SqliteStore) -> None:
+        self.inner = inner
+        self.after: dict[str, Callable[[], Awaitable[None]]] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.inner, name)
+        if name not in self.after:
+            return method
+
+        async def read(*args: Any) -> Any:
+            answer = await method(*args)
+            await self.after.pop(name)()
+            return answer
+
+        return read
+
+
+async def _racing_reader(db_path: Path, clock: FakeClock) -> tuple[Tenancy, SqliteStore, RacingStore,
+                                                                   TenancyState, TenancyAdmission]:
+    writer = await make_tenancy(db_path, clock)
+    reader_store = await SqliteStore.open(db_path, clock=clock)
+    racing = RacingStore(reader_store)
+    state = TenancyState(cast(Store, racing), KeyDigester(SECRET), clock=clock)
+    return writer, reader_store, racing, state, TenancyAdmission(state, UsageAccumulator())
+
+
+async def test_a_key_made_after_the_counters_were_read_waits_for_its_quota(db_path: Path, clock: FakeClock) -> None:
+    # Issue 29: a poll that read the change counters, then the keys, could see a key committed in
+    # between but not the quota set just before it: the key was unlimited until the next poll.
+    writer, reader_store, racing, state, admission = await _racing_reader(db_path, clock)
+    try:
+        tree = await make_tree(writer.service)
+        await writer.service.create_key(name="first", group_id=tree.other_team)
+        await state.load()
+        await writer.service.create_key(name="second", group_id=tree.other_team)  # keys changed: read them
+        made: list[str] = []
+
+        async def quota_then_key() -> None:
+            await writer.service.set_quota(tree.team, {"requests_per_minute": 1})
+            made.append((await writer.service.create_key(name="k", group_id=tree.project)).secret)
+
+        racing.after["revisions"] = quota_then_key
+        await state.refresh()
+        admission.admit(bearer(made[0]), "m", estimated_tokens=1).settle(1, 1)
+        with pytest.raises(ClientApiError) as refused:
+            admission.admit(bearer(made[0]), "m", estimated_tokens=1)
+        assert refused.value.status == 429
+    finally:
+        await reader_store.aclose()
+        await writer.store.aclose()
+
+
+async def test_no_request_sees_a_new_key_before_its_quotas(db_path: Path, clock: FakeClock) -> None:
+    # Issue 29: keys were applied, then groups and quotas read (an await): requests admitted in
+    # between had the new key and no limit (8 passed a limit of 6 in a few milliseconds).
+    writer, reader_store, racing, state, admission = await _racing_reader(db_path, clock)
+    try:
+        tree = await make_tree(writer.service)
+        await writer.service.create_key(name="first", group_id=tree.other_team)
+        await state.load()
+        await writer.service.set_quota(tree.team, {"requests_per_minute": 1})
+        key = await writer.service.create_key(name="k", group_id=tree.project)
+        admitted = 0
+
+        async def a_request_meanwhile() -> None:
+            nonlocal admitted
+            for _ in range(3):
+                with contextlib.suppress(ClientApiError):
+                    admission.admit(bearer(key.secret), "m", estimated_tokens=1).settle(1, 1)
+                    admitted += 1
+
+        racing.after["list_quotas"] = a_request_meanwhile
+        await state.refresh()
+        await a_request_meanwhile()
+        assert admitted == 1
+    finally:
+        await reader_store.aclose()
+        await writer.store.aclose()

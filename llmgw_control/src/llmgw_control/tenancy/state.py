@@ -154,16 +154,25 @@ class TenancyState:
             return True
         async with self._lock:
             revisions = await self.store.revisions()
-            changed = False
+            keys = None
             if revisions.keys != self._key_marker:
-                self._apply_keys(await self.store.keys_changed_since(self._key_marker))
-                changed = True
+                keys = await self.store.keys_changed_since(self._key_marker)
+                # Those keys may have been committed after the counters were read, and so may a
+                # quota written just before one of them (set a quota, then make its key): read
+                # the counters again, so that the quota is loaded no later than the key.
+                revisions = await self.store.revisions()
             seen = self._revisions
+            groups = None
             if seen is None or (revisions.groups, revisions.quotas) != (seen.groups, seen.quotas):
-                self._apply_groups(await self.store.list_groups(), await self.store.list_quotas())
-                changed = True
+                groups = (await self.store.list_groups(), await self.store.list_quotas())
+            # Applied together, with no await in between: no request is admitted with a new key
+            # and the quotas of before (seen: 8 of a 6-per-minute limit, one poll's worth).
+            if groups is not None:
+                self._apply_groups(*groups)
+            if keys is not None:
+                self._apply_keys(keys)
             self._revisions = revisions
-            return changed
+            return keys is not None or groups is not None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Load (retrying until the store answers), report started, then poll for changes forever.

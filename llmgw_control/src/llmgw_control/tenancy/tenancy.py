@@ -39,15 +39,26 @@ class Tenancy:
     admission: TenancyAdmission
 
 
+def quotas_shared(location: str, *, worker: bool) -> bool:
+    """Whether other processes admit requests over the store at ``location``, so that every limit
+    must hold for their sum (leased slices, slices.py) rather than for each process.
+
+    On PostgreSQL any daemon may join at any time. A worker of ``workers = N`` (``worker``) is
+    one of N daemons on the same store, whichever it is: its siblings share its SQLite file, and
+    a restarted worker must see what its dead predecessor spent. Only a daemon alone on its
+    SQLite file keeps the exact, I/O-free admission of budget.py. The one place this is decided.
+    """
+    return worker or is_postgres_url(location)
+
+
 @asynccontextmanager
-async def open_tenancy(location: str, data_dir: Path, *, shared: bool | None = None) -> AsyncIterator[Tenancy]:
+async def open_tenancy(location: str, data_dir: Path, *, shared: bool) -> AsyncIterator[Tenancy]:
     """The store at ``location`` and, over it, the tenancy state: loaded before the first request
     is admitted. Usage counted since the last batch is written before the store closes.
 
-    ``shared``: whether other daemons (or worker processes) admit requests over the same store,
-    so quotas must hold for their sum (slices.py). By default: on PostgreSQL, where any daemon
-    may join at any time; not on SQLite, where one daemon alone keeps the exact, I/O-free
-    admission of budget.py (a SQLite file shared by workers on one host passes True).
+    ``shared``: whether other daemons (or worker processes) admit requests over the same store
+    (``quotas_shared``). No default: a caller that forgot would let each process enforce every
+    limit on its own.
     """
     if not is_postgres_url(location):
         await DISK.run(partial(data_dir.mkdir, parents=True, exist_ok=True))
@@ -63,7 +74,7 @@ async def open_tenancy(location: str, data_dir: Path, *, shared: bool | None = N
         await nursery.start(state.run)
         await nursery.start(flusher.run)
         book = None
-        if is_postgres_url(location) if shared is None else shared:
+        if shared:
             book = SliceBook(store, clock=state.clock)
             await nursery.start(book.run)
             log.info("quotas are shared with the other daemons on this store (leased slices)",
