@@ -23,7 +23,7 @@ from llmgw_node.agent import Agent
 from llmgw_node.config import ConfigError, NodeConfig, load_config
 from llmgw_node.control_auth import control_client
 from llmgw_node.engines.manager import EngineManager
-from llmgw_node.engines.release import Platform
+from llmgw_node.engines.release import platform_for
 from llmgw_node.probe import probe
 from llmgw_node.service import open_node_service
 from llmgw_node.tls import client_context
@@ -215,7 +215,7 @@ async def _manager(
             print(f"{state.name} {state.version}: {state.describe()}", file=sys.stderr, flush=True)
 
     return EngineManager.from_config(config, client,
-                                     Platform(os="linux", arch=facts.arch, cuda=facts.nvidia_driver is not None),
+                                     platform_for(facts, config.engine_backend),
                                      on_change=report)
 
 

@@ -1,4 +1,4 @@
-"""Host facts: OS, kernel, CPU and its vector extensions, RAM, disk, NVIDIA GPUs.
+"""Host facts: OS, kernel, CPU and its vector extensions, RAM, disk, GPUs (NVIDIA, AMD, Vulkan).
 
 Parsing is separated from reading so that recorded ``/proc/cpuinfo`` samples and a fake
 ``nvidia-smi`` exercise the same code the daemon runs.
@@ -16,6 +16,7 @@ from pathlib import Path
 import attrs
 import trio
 
+from llmgw_node import gpu_probe
 from llmgw_shared.facts import GpuFacts, HostFacts
 from llmgw_shared.logs import get_logger
 
@@ -167,13 +168,32 @@ async def probe(
     warnings = warnings_for(arch, features)
     if gpu_problem:
         warnings.append(gpu_problem)
+    backends, gpu_backend, unusable = [], "", ""
+    if gpus:
+        backends.append("cuda")
+        gpu_backend = "cuda"
+    amd = await trio.to_thread.run_sync(gpu_probe.probe_amd)
+    if amd:
+        backends.append("rocm")
+        if not gpus:
+            gpus, gpu_backend = amd, "rocm"
+    vulkan = await gpu_probe.probe_vulkan()
+    if vulkan.gpus:
+        backends.append("vulkan")
+        if not gpus:
+            gpus, gpu_backend = vulkan.gpus, "vulkan"
+    elif vulkan.problem and gpu_probe.lists_a_gpu(vulkan.drivers):
+        warnings.append(vulkan.problem)
+        if not gpus:
+            unusable = vulkan.problem
     return HostFacts(
         probed=True, probed_at=time.time(), hostname=socket.gethostname(),
         os_id=osr.get("ID", platform.system().lower()), os_name=osr.get("NAME", platform.system()),
         os_version=osr.get("VERSION_ID", ""), kernel=platform.release(), arch=arch,
         cpu_model=model, cores=cores or (os.cpu_count() or 0), cpu_features=features,
         ram_total_mib=total, ram_available_mib=available, data_dir=str(data), disk_free_mib=disk_free,
-        nvidia_driver=driver, gpus=gpus, warnings=warnings,
+        nvidia_driver=driver, gpus=gpus, warnings=warnings, gpu_backend=gpu_backend, gpu_backends=backends,
+        gpus_unusable=unusable,
     )
 
 
