@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -89,3 +90,31 @@ def test_eviction_frees_a_gpu_and_never_evicts_for_a_claim_no_gpu_can_hold() -> 
     # 30 GB on one 24 GB GPU: the node's total would do after evicting both, no GPU ever would.
     p = plan([demand("c:gpu", 30000)], [gpu_node()], residents, backoff={}, now=1000)
     assert p.actions == [] and p.blocked["c:gpu"].startswith("no node fits: node g: needs 1000 MiB RAM and 30000")
+
+
+DEGRADED = "this node has NVIDIA GPUs but its llama.cpp engine is a CPU build"
+
+
+def test_a_gpu_profile_is_not_placed_on_a_degraded_node() -> None:
+    # GPUs and only a CPU build: its VRAM is there, and a GPU profile placed on it would run at
+    # CPU speed. The healthy GPU node gets it; with only the degraded one, nothing does, and why.
+    degraded = attrs.evolve(gpu_node("a-degraded"), degraded=DEGRADED)
+    p = plan([demand("m:gpu", 16000)], [degraded, gpu_node("b-ok")], [], backoff={}, now=0)
+    assert [(s.node_id, s.devices) for s in starts(p.actions)] == [("b-ok", (0,))]
+    p = plan([demand("m:gpu", 16000)], [degraded], [], backoff={}, now=0)
+    assert starts(p.actions) == []
+    assert p.blocked["m:gpu"] == (f"no node fits: node a-degraded: degraded, CPU only ({DEGRADED}); this GPU "
+                                  "profile does not say cpu_ok")
+
+
+def test_a_cpu_ok_profile_runs_on_a_degraded_node_on_ram_without_gpus() -> None:
+    degraded = attrs.evolve(gpu_node("a-degraded"), degraded=DEGRADED)
+    ok = Demand("m:gpu", ENGINE, Claim(1000, 16000), 1, cpu_ok=True)
+    p = plan([ok], [degraded], [], backoff={}, now=0)
+    assert starts(p.actions) == [Start("a-degraded", "m:gpu", 20000, Claim(17000, 0), ())]
+
+
+def test_a_cpu_profile_is_placed_on_a_degraded_node_as_on_any_other() -> None:
+    degraded = attrs.evolve(gpu_node("a-degraded"), degraded=DEGRADED)
+    p = plan([demand("small:cpu", 0)], [degraded], [], backoff={}, now=0)
+    assert [s.node_id for s in starts(p.actions)] == ["a-degraded"]

@@ -58,6 +58,10 @@ class ProfileConfig:
     # GPUs one replica spreads its VRAM claim over (tensor split): each of them holds an equal
     # share. 1: the whole claim on one GPU.
     gpus: int = 1
+    # A profile with a VRAM claim is a GPU profile: it is not placed on a degraded node (one with
+    # GPUs that can only run the CPU build) unless this says the CPU is acceptable; there it runs
+    # without its GPUs, on RAM.
+    cpu_ok: bool = False
     min_replicas: int = 0
     max_replicas: int = 1
     # Seconds without traffic after which a replica is drained and stopped; 0 = never.
