@@ -180,3 +180,18 @@ def test_the_load_log_says_how_many_layers_went_to_the_gpu() -> None:
         LOAD_LOG + b"load_tensors: offloaded 0/3 layers to GPU\n", [0])
     # A CPU build (or a GPU build whose plugin did not load) logs no offload at all.
     assert "no 'offloaded N/M layers to GPU' line" in offload_problem(b"load_tensors: CPU_Mapped model buffer\n", [1])
+
+
+@pytest.mark.parametrize(("plat", "backend", "env"), [
+    (CUDA_NODE, "cuda", {"CUDA_VISIBLE_DEVICES": "1,0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}),
+    (Platform("linux", "x86_64", rocm=True, gpu_backend="rocm", gpus=(0, 1)), "rocm", {"HIP_VISIBLE_DEVICES": "1,0"}),
+    (Platform("linux", "x86_64", vulkan=True, gpu_backend="vulkan", gpus=(0, 1)), "vulkan",
+     {"GGML_VK_VISIBLE_DEVICES": "1,0"}),
+    # A Vulkan build pinned on an NVIDIA node: nvidia-smi's indices are not Vulkan's; nothing is set.
+    (CUDA_NODE, "vulkan", {}),
+    (CUDA_NODE, "cpu", {}),
+])
+def test_each_backend_gets_the_placed_gpus_through_its_own_variable(plat: Platform, backend: str,
+                                                                    env: dict[str, str]) -> None:
+    mgr = EngineManager(Path("/nonexistent"), httpx2.AsyncClient(), plat)
+    assert mgr.device_environment(backend, [1, 0]) == env
