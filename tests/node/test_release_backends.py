@@ -117,3 +117,41 @@ def test_variant_names(variant: str, backend: str | None, version: tuple[int, in
                                               ("99999999", None)])
 def test_driver_major(text: str, major: int | None) -> None:
     assert driver_major(text) == major
+
+
+def _wheel(name: str) -> dict[str, object]:
+    return {"name": name, "size": 10, "browser_download_url": f"https://example.invalid/{name}",
+            "digest": f"sha256:{'b' * 64}"}
+
+
+WHEELS = [
+    "nvidia_cuda_runtime_cu12-12.8.90-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+    "nvidia_cuda_runtime_cu12-12.4.127-py3-none-manylinux2014_x86_64.whl",
+    "nvidia_cublas_cu12-12.6.4.1-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+    "nvidia_cublas_cu12-12.6.4.1-py3-none-manylinux2014_aarch64.whl",
+    "nvidia_cuda_runtime-13.4.92-py3-none-manylinux_2_27_x86_64.whl",
+    "nvidia_cublas-13.10.0.20-py3-none-manylinux_2_27_x86_64.whl",
+    "nvidia_cuda_runtime_cu12-12.8.90-py3-none-win_amd64.whl",
+]
+
+
+@pytest.mark.parametrize(("driver", "runtime"), [
+    ("550.54.15", [WHEELS[0], WHEELS[2]]),  # CUDA 12.8 build: the newest 12.x of each, for x86-64 Linux
+    ("580.65.06", [WHEELS[4], WHEELS[5]]),  # CUDA 13.4 build: the unsuffixed 13.x wheels
+])
+def test_without_a_cudart_archive_the_runtime_comes_from_the_wheels_the_index_lists(
+        driver: str, runtime: list[str]) -> None:
+    index = {"assets": [a for a in RELEASE["assets"] if not str(a["name"]).startswith("cudart-")]  # type: ignore[attr-defined]
+             + [_wheel(n) for n in WHEELS]}
+    choice = choose_build(parse_release(index), Platform(**X64, cuda=True, nvidia_driver=driver))
+    assert [a.name for a in choice.assets][1:] == runtime
+
+
+def test_a_cudart_archive_wins_over_wheels_and_half_a_runtime_is_none() -> None:
+    index = {"assets": [*RELEASE["assets"], *(_wheel(n) for n in WHEELS)]}  # type: ignore[misc]
+    choice = choose_build(parse_release(index), Platform(**X64, cuda=True, nvidia_driver="580.1"))
+    assert [a.name for a in choice.assets] == CUDA13
+    no_cublas = {"assets": [a for a in RELEASE["assets"] if not str(a["name"]).startswith("cudart-")]  # type: ignore[attr-defined]
+                 + [_wheel(WHEELS[0])]}
+    choice = choose_build(parse_release(no_cublas), Platform(**X64, cuda=True, nvidia_driver="550.1"))
+    assert [a.name for a in choice.assets] == CUDA12[:1]

@@ -48,6 +48,7 @@ from llmgw_node.engines.release import (
     ReleaseError,
     backend_of_assets,
     choose_build,
+    is_runtime_wheel,
     parse_release,
 )
 from llmgw_node.engines.signature import (
@@ -82,6 +83,8 @@ MARKER = ".llmgw-engine.json"
 INDEX_COPY = ".llmgw-index.json"
 SIGNATURE_COPY = ".llmgw-index.json.minisig"
 ARCHIVES_DIR = ".llmgw-archives"
+# Where NVIDIA runtime wheels unpack in staging before their libraries join the engine.
+RUNTIME_DIR = ".llmgw-runtime"
 # Archive engines this node knows how to install, and the server binary inside each.
 ARCHIVE_ENGINES: dict[str, tuple[str, str]] = {
     "llama.cpp": ("llama-server", LLAMA_CPP_RELEASES),
@@ -392,11 +395,15 @@ class EngineManager:
         staging_root.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f"{spec.name}-{spec.version}-", dir=staging_root))
         try:
-            for asset, archive in zip(chosen, archives, strict=True):
+            wheels = staging / RUNTIME_DIR
+            for i, (asset, archive) in enumerate(zip(chosen, archives, strict=True)):
                 self._progress(spec, f"unpacking {asset.name}")
+                # A runtime wheel unpacks apart (its libraries are gathered beside the binary below).
+                into = wheels / str(i) if is_runtime_wheel(asset.name) else staging
+                into.mkdir(parents=True, exist_ok=True)
                 try:
                     await trio.to_thread.run_sync(
-                        functools.partial(safe_unpack, archive, staging, self.limits, shown_as=asset.name))
+                        functools.partial(safe_unpack, archive, into, self.limits, shown_as=asset.name))
                 except UnsafeArchive:
                     # Verified against its digest and refused: the same bytes would be refused
                     # again, so they do not stay on the disk (up to unpack_max_bytes each).
@@ -406,6 +413,8 @@ class EngineManager:
             binary = await trio.to_thread.run_sync(_find_and_gather, staging, binary_name)
             if binary is None:
                 raise InstallError(f"{chosen[0].name} has no {binary_name}")
+            if wheels.exists():
+                await trio.to_thread.run_sync(_gather_wheel_libraries, wheels, binary.parent)
             line = await self._prove(spec, binary, choice.backend)
             # What the install came from is kept with it: the index as fetched (which lists every
             # archive's digest) and its signature, so `engines check` can verify both again.
@@ -834,7 +843,19 @@ def _backend_plugins(folder: Path) -> list[Path]:
 
 def _runtime_words(chosen: list[ReleaseAsset]) -> str:
     runtime = [a.name for a in chosen if a.name.startswith("cudart-")]
-    return f"cudart archive {runtime[0]}" if runtime else ""
+    if runtime:
+        return f"cudart archive {runtime[0]}"
+    wheels = [a.name.split("-py3-", 1)[0].replace("-", "==", 1) for a in chosen if is_runtime_wheel(a.name)]
+    return f"wheels {', '.join(wheels)}" if wheels else ""
+
+
+def _gather_wheel_libraries(wheels: Path, beside: Path) -> None:
+    """The shared libraries of unpacked NVIDIA wheels (``nvidia/<lib>/lib/*.so*``) beside the
+    engine, where its ``$ORIGIN`` rpath finds them; the rest of the wheels goes."""
+    for lib in sorted(wheels.glob("*/nvidia/*/lib/*.so*")):
+        if lib.is_file() and not lib.is_symlink() and not (beside / lib.name).exists():
+            os.replace(lib, beside / lib.name)
+    shutil.rmtree(wheels)
 
 
 def _is_executable(path: Path) -> bool:

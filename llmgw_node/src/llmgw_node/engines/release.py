@@ -46,6 +46,15 @@ _ARCH_NAMES = {"x86_64": ("x64", "x86_64", "amd64"), "aarch64": ("arm64", "aarch
 _NAME = re.compile(
     r"(?P<prefix>llama-[^-]+|cudart-llama(?:-[^-]+)?)-bin-(?P<rest>.+?)(?P<suffix>\.tar\.gz|\.tgz|\.zip)"
 )
+# NVIDIA's runtime wheels on PyPI, when a release index lists them (control adds them to the
+# index it serves, pinned by sha256 like every asset): ``nvidia_cuda_runtime_cu12-12.8.90-py3-none-
+# manylinux2014_x86_64.manylinux_2_17_x86_64.whl`` and ``nvidia_cublas_cu12-...`` for CUDA 12;
+# ``nvidia_cuda_runtime-13.x-...`` and ``nvidia_cublas-13.x-...`` (no suffix) for CUDA 13. The
+# version's major number is the CUDA major version. Their libraries are in nvidia/<lib>/lib/.
+_WHEEL = re.compile(r"nvidia_(?P<lib>cuda_runtime|cublas)(?:_cu\d{1,3})?-(?P<version>\d{1,4}(?:\.\d{1,6}){0,4})"
+                    r"-py3-none-(?P<platform>[A-Za-z0-9_.]+)\.whl")
+# What a CUDA build of llama.cpp loads: libcudart and libcublas (with libcublasLt, in the cublas wheel).
+RUNTIME_WHEELS = ("cuda_runtime", "cublas")
 # GitHub allows 1000 assets per release; llama.cpp publishes about 40.
 MAX_ASSETS = 1000
 # GitHub's download URLs are about 120 characters; browsers and servers cap URLs near 2-8 KB.
@@ -226,6 +235,29 @@ def _prefer_tar(builds: list[_Parsed]) -> list[_Parsed]:
                                          not p.asset.name.endswith((".tar.gz", ".tgz"))))
 
 
+def runtime_wheels(assets: list[ReleaseAsset], cuda_major: int, arch: str) -> list[ReleaseAsset]:
+    """The newest wheel of each runtime library at ``cuda_major`` for ``arch``; [] unless all are there."""
+    arch_words = _ARCH_NAMES.get(arch, (arch,))
+    chosen: list[ReleaseAsset] = []
+    for lib in RUNTIME_WHEELS:
+        found = []
+        for asset in assets:
+            m = _WHEEL.fullmatch(asset.name)
+            if asset.refused or not m or m["lib"] != lib or not any(a in m["platform"] for a in arch_words):
+                continue
+            version = tuple(int(x) for x in m["version"].split("."))
+            if version[0] == cuda_major and "linux" in m["platform"]:
+                found.append((version, asset))
+        if not found:
+            return []
+        chosen.append(max(found, key=lambda f: f[0])[1])
+    return chosen
+
+
+def is_runtime_wheel(name: str) -> bool:
+    return _WHEEL.fullmatch(name) is not None
+
+
 def backend_of_assets(names: list[str]) -> str:
     """The backend an install's archives carry, read from their names ("" when none is a build)."""
     for name in names:
@@ -265,7 +297,13 @@ def choose_build(assets: list[ReleaseAsset], plat: Platform) -> Choice:
                 raise ReleaseError(_driver_refusal(builds, plat))
             build = usable[0]
             runtime = [r for r in parsed if r.cudart and r.variant == build.variant and not _why_not(r, plat)]
-            return Choice([build.asset, *(r.asset for r in _prefer_tar(runtime)[:1])], "cuda")
+            if runtime:
+                return Choice([build.asset, _prefer_tar(runtime)[0].asset], "cuda")
+            # No cudart archive (the first Linux CUDA tags had none): NVIDIA's runtime wheels, when
+            # the index lists them, at the build's CUDA major version.
+            version = cuda_version(build.variant)
+            wheels = runtime_wheels(assets, version[0], plat.arch) if version else []
+            return Choice([build.asset, *wheels], "cuda")
         if builds:
             degraded = ""
             if backend == "cpu" and plat.has_gpus:
