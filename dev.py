@@ -135,8 +135,15 @@ def main(argv: list[str]) -> int:
     if command in ("help", "-h", "--help"):
         print(__doc__)
         print("commands: demo (run the gateway on a real engine), test (lint + the whole test suite),\n"
-              "          lint, bench (the gateway benchmark), shell (print how to use .venv)")
+              "          lint, bench (the gateway benchmark), shell (print how to use .venv),\n"
+              "          gpu-check (llmgw on this machine's NVIDIA GPU, measured: docs/performance.md)")
         return 0
+    if command == "gpu-check":
+        # On a GPU machine without network: the environment must already be there (made where
+        # PyPI is reachable); only a missing one is synced. See tools/llmgw_dev/gpu_check.py.
+        if not (VENV / "bin" / "python").exists():
+            sync_environment()
+        return venv_run("python", "-m", "llmgw_dev.gpu_check", *rest, check=False)
     sync_environment()
     if command == "demo":
         prepare_engine()
