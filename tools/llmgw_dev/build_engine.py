@@ -307,7 +307,9 @@ def ensure_engine(backend: str = "cpu", extra_flags: list[str] | None = None) ->
         if not is_built(backend):
             with tempfile.TemporaryDirectory(prefix=f"llmgw-build-{backend}-", dir=cache_dir()) as tmp:
                 work = Path(tmp)
-                sources = unpack_sources(fetch_sdist(), work)
+                # A GPU machine without network builds from the sources `dev.py gpu-check --pack` packed.
+                packed = os.environ.get("LLMGW_LLAMA_SOURCES")
+                sources = unpack_sources(Path(packed) if packed else fetch_sdist(), work)
                 flags = [*BACKEND_FLAGS[backend], *(vulkan_flags() if backend == "vulkan" else []),
                          *(extra_flags or [])]
                 pack_release(compile_server(sources, work, flags), work, backend)

@@ -37,7 +37,7 @@ import tomli_w
 
 if not __package__:  # run as a script: make the llmgw_dev package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from llmgw_dev import build_engine, tiny_model
+from llmgw_dev import build_engine
 from llmgw_dev.demo import stop, wait_healthy
 from llmgw_dev.engine_proc import free_port
 from llmgw_dev.served_files import place
@@ -162,17 +162,17 @@ def run_check(args: argparse.Namespace, root: Path) -> list[tuple[str, str]]:
                   ("driver", gpu["driver"])]
     archive = gpu_archive(args.backend, args.archive or os.environ.get("LLMGW_CUDA_ARCHIVE", ""))
     facts.append(("engine build", archive.name))
-    model = tiny_model.ensure_model()
+    model = Path(os.environ["LLMGW_TINY_MODEL"]) if os.environ.get("LLMGW_TINY_MODEL") else _tiny_model()
     ports = {"api": free_port(), "admin": free_port(), "agents": free_port()}
     control_toml, node_toml = write_configs(root, archive, model, ports)
     api, admin = f"http://127.0.0.1:{ports['api']}", f"http://127.0.0.1:{ports['admin']}/api/v1"
     logs = {name: open(root / f"{name}.log", "ab") for name in ("control", "node")}  # noqa: SIM115
-    control = subprocess.Popen([str(BIN / "llmgw-control"), "run", "--config", str(control_toml)],
+    control = subprocess.Popen([*daemon("llmgw-control"), "run", "--config", str(control_toml)],
                                stdout=logs["control"], stderr=subprocess.STDOUT, process_group=0)
     node = None
     try:
         wait_healthy(api, control, "llmgw-control")
-        node = subprocess.Popen([str(BIN / "llmgw-node"), "run", "--config", str(node_toml), "--stop-engines"],
+        node = subprocess.Popen([*daemon("llmgw-node"), "run", "--config", str(node_toml), "--stop-engines"],
                                 stdout=logs["node"], stderr=subprocess.STDOUT, process_group=0)
         say("control and node are up; placing the tiny model on the GPU (install, prove, offload)")
         started = time.monotonic()
@@ -229,6 +229,21 @@ def run_check(args: argparse.Namespace, root: Path) -> list[tuple[str, str]]:
         stop(control)
         for handle in logs.values():
             handle.close()
+
+
+def _tiny_model() -> Path:
+    from llmgw_dev import tiny_model  # numpy and gguf: dev tools, absent from an offline pack
+
+    return tiny_model.ensure_model()
+
+
+def daemon(name: str) -> list[str]:
+    """The daemon's command: its script in the environment, or its module where the environment was
+    made offline from wheels (``gpu_pack``: the project's sources on the path, no scripts)."""
+    if (BIN / name).exists():
+        return [str(BIN / name)]
+    module = name.replace("-", "_")
+    return [sys.executable, "-c", f"import sys; from {module}.cli import main; sys.exit(main())"]
 
 
 def visible(backend: str) -> dict[str, str]:
