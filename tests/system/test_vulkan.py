@@ -106,3 +106,21 @@ async def test_without_the_vulkan_loader_the_node_runs_the_cpu_build_degraded(
             m for m in models if m["model"] == "tiny")["status"])
         tiny = next(m for m in models_now if m["model"] == "tiny")
         assert tiny["replicas"] == [] and "does not say cpu_ok" in tiny["status"]
+
+
+def test_the_gpu_check_runs_end_to_end_on_lavapipe(
+    vulkan_archive: Path, engine_archive: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `dev.py gpu-check` is for NVIDIA GPUs; --backend vulkan runs the same code here, so the
+    # check is known to work before a GPU machine is at hand.
+    from llmgw_dev import gpu_check
+
+    monkeypatch.setenv("LLMGW_TEST_SOFTWARE_GPUS", "1")
+    for name in ("LLMGW_TEST_VULKAN_LOADER", "LLMGW_TINY_MODEL", "LLMGW_LLAMA_SOURCES"):
+        monkeypatch.delenv(name, raising=False)
+    assert gpu_check.main(["--backend", "vulkan", "--tokens", "16", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "offload (load log)      offloaded 3/3 layers to GPU" in out
+    assert "vulkan build, proven with --list-devices" in out
+    for row in ("GPU, through the gateway", "GPU, engine directly", "CPU, engine directly (--device none)"):
+        assert f"| {row}" in out

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,9 @@ TOKEN = "llmgw-join-gpu-check"
 # The whole check must finish in 8 minutes on 16 cores; each wait is bounded well inside that.
 START_DEADLINE = 240.0
 HTTP_TIMEOUT = 120.0
+# Engine threads: llama.cpp's threads spin at their barriers, so more threads than free cores makes
+# CPU generation crawl (4 on 2 loaded cores: 2 tokens/s instead of thousands). Half the cores, 1-8.
+THREADS = str(max(1, min(8, (os.cpu_count() or 2) // 2)))
 
 
 class CheckFailed(Exception):
@@ -89,14 +93,20 @@ def gpu_archive(backend: str, given: str) -> Path:
 def post(url: str, body: dict[str, Any], key: str = "") -> dict[str, Any]:
     headers = {"content-type": "application/json", **({"authorization": f"Bearer {key}"} if key else {})}
     request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
-    with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT) as response:
-        result: dict[str, Any] = json.load(response)
-        return result
+    try:
+        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT) as response:
+            result: dict[str, Any] = json.load(response)
+            return result
+    except urllib.error.HTTPError as exc:
+        raise CheckFailed(f"{url}: HTTP {exc.code}: {exc.read()[:500].decode(errors='replace')}") from None
 
 
 def get(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT) as response:
-        return json.load(response)
+    try:
+        with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT) as response:
+            return json.load(response)
+    except urllib.error.HTTPError as exc:
+        raise CheckFailed(f"{url}: HTTP {exc.code}: {exc.read()[:500].decode(errors='replace')}") from None
 
 
 def tokens_per_second(url: str, model: str, tokens: int, rounds: int) -> tuple[float, float]:
@@ -124,8 +134,18 @@ def start_direct(binary: Path, model: Path, args: list[str], log: Path,
                                  "--alias", "tiny", *args], stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, **env}, cwd=str(binary.parent), process_group=0)
     url = f"http://127.0.0.1:{port}"
-    wait_healthy(url, proc, "llama-server", deadline=START_DEADLINE)
-    return proc, url
+    end = time.monotonic() + START_DEADLINE
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise CheckFailed(f"llama-server exited with {proc.returncode} (see {log})")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=1) as response:
+                if response.status == 200:
+                    return proc, url
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.1)
+    stop(proc, 5)
+    raise CheckFailed(f"llama-server was not healthy within {START_DEADLINE:g} s (see {log})")
 
 
 def write_configs(root: Path, archive: Path, model: Path, ports: dict[str, int]) -> tuple[Path, Path]:
@@ -143,7 +163,7 @@ def write_configs(root: Path, archive: Path, model: Path, ports: dict[str, int])
         # A VRAM claim makes it a GPU profile: placed on GPU 0 with every layer offloaded.
         "models": [{"name": "tiny", "profiles": [{"name": "gpu", "weights": weights, "context": 1024, "parallel": 1,
                                                   "vram_mib": 256, "start_timeout": START_DEADLINE,
-                                                  "args": ["-t", "4"]}]}],
+                                                  "args": ["-t", THREADS]}]}],
     }
     node = {"control": [f"ws://127.0.0.1:{ports['agents']}/agent/v1"], "node_id": "gpu-check", "token": TOKEN,
             "data_dir": str(root / "node")}
@@ -190,7 +210,7 @@ def run_check(args: argparse.Namespace, root: Path) -> list[tuple[str, str]]:
                                     "--list-devices"))
         (model_view,) = get(admin + "/models")["models"]
         (replica,) = model_view["replicas"]
-        lines = get(f"{admin}/replicas/{replica['id']}/logs?lines=2000")["lines"]
+        lines = get(f"{admin}/replicas/{replica['id']}/logs?lines=1000")["lines"]
         offloaded = [line for line in lines if "offloaded" in line and "layers to GPU" in line]
         if not offloaded:
             raise CheckFailed("the replica's log has no 'offloaded N/M layers to GPU' line")
@@ -209,7 +229,7 @@ def run_check(args: argparse.Namespace, root: Path) -> list[tuple[str, str]]:
         say(f"measuring: {args.rounds} x {args.tokens} tokens through the gateway, the engine directly, the CPU")
         gateway, gateway_engine = tokens_per_second(api, "tiny", args.tokens, args.rounds)
         rows = [("GPU, through the gateway", gateway, gateway_engine)]
-        common = ["-c", "1024", "-np", "1", "-t", "4"]
+        common = ["-c", "1024", "-np", "1", "-t", THREADS]
         for label, extra, env in (
             ("GPU, engine directly", ["--n-gpu-layers", "999"], visible(args.backend)),
             ("CPU, engine directly (--device none)", ["--device", "none", "--n-gpu-layers", "0"], {}),
@@ -276,7 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="llmgw-gpu-check-"))
     try:
         run_check(args, root)
-    except (CheckFailed, OSError, subprocess.SubprocessError, ValueError, KeyError, StopIteration) as exc:
+    except (CheckFailed, OSError, subprocess.SubprocessError, ValueError, KeyError, StopIteration,
+            SystemExit) as exc:
         # The logs stay for the reader of the failure.
         print(f"[gpu-check] FAILED: {type(exc).__name__}: {exc} (logs in {root})", file=sys.stderr)
         return 1
