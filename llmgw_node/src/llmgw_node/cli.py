@@ -241,7 +241,11 @@ async def _probe(config: NodeConfig, as_json: bool) -> int:
     ]
     rows += [(f"gpu {g.index}", f"{g.name} {g.uuid} ({g.memory_free_mib}/{g.memory_total_mib} MiB free)")
              for g in facts.gpus]
+    rows.append(("gpus", f"through {', '.join(facts.gpu_backends)}" if facts.gpu_backends else "none")
+                if not facts.gpus_unusable else ("gpus", f"none usable: {facts.gpus_unusable}"))
     rows += [("engine", f"{e.name}: {e.describe()}") for e in engines] or [("engine", "none")]
+    if degraded := mgr.degraded():
+        rows.append(("DEGRADED", f"{degraded}; GPU profiles are not placed here"))
     rows += [("warning", w) for w in facts.warnings]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
