@@ -8,6 +8,7 @@ stands in for ``libggml-cuda.so``, and the load-log check reads logs in llama.cp
 from __future__ import annotations
 
 import io
+import json
 import shutil
 import subprocess
 import tarfile
@@ -16,10 +17,14 @@ from pathlib import Path
 import httpx2
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from node.conftest import TAG
 from node.release_server import FileServer
 
+from llmgw_node import gpu_probe
 from llmgw_node.engines.manager import EngineManager
+from llmgw_node.engines.proof import parse_list_devices
 from llmgw_node.engines.release import Platform
 from llmgw_node.offload import offload_problem, offloaded_layers
 from llmgw_shared.wire import EngineSpec
@@ -195,3 +200,25 @@ def test_each_backend_gets_the_placed_gpus_through_its_own_variable(plat: Platfo
                                                                     env: dict[str, str]) -> None:
     mgr = EngineManager(Path("/nonexistent"), httpx2.AsyncClient(), plat)
     assert mgr.device_environment(backend, [1, 0]) == env
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=2000), st.lists(st.integers(0, 7), min_size=1, max_size=4))
+def test_hostile_engine_output_never_breaks_the_parsers(text: str, devices: list[int]) -> None:
+    # What an engine prints is its own: any bytes give a list, a count or a reason, never an exception.
+    listed = parse_list_devices(text)
+    assert all(name and description is not None for name, description in listed)
+    layers = offloaded_layers(text.encode(errors="replace"))
+    assert layers is None or all(0 <= n < 10**6 for n in layers)
+    assert isinstance(offload_problem(text.encode(errors="replace"), devices), str)
+    gpus, problem = gpu_probe.parse_vulkan_devices(text, software=True)
+    assert isinstance(gpus, list) and isinstance(problem, str)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+                    max_leaves=20))
+def test_hostile_vulkan_probe_json_never_breaks_the_probe(data: object) -> None:
+    gpus, _ = gpu_probe.parse_vulkan_devices(json.dumps({"devices": data}), software=True)
+    assert all(type(g.index) is int and type(g.memory_total_mib) is int for g in gpus)

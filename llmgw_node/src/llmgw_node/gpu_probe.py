@@ -83,7 +83,8 @@ def parse_vulkan_devices(text: str, *, software: bool) -> tuple[list[GpuFacts], 
         if not isinstance(dev, dict):
             continue
         index, name, kind, mib = dev.get("index"), dev.get("name"), dev.get("type"), dev.get("memory_mib")
-        if not (isinstance(index, int) and isinstance(name, str) and isinstance(mib, int)):
+        # type(), not isinstance(): JSON's true is no index (and control refuses a boolean there).
+        if not (type(index) is int and isinstance(name, str) and type(mib) is int) or not 0 <= index < 1024:
             continue
         if kind == "cpu" and not software:
             continue
