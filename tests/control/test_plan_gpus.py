@@ -118,3 +118,31 @@ def test_a_cpu_profile_is_placed_on_a_degraded_node_as_on_any_other() -> None:
     degraded = attrs.evolve(gpu_node("a-degraded"), degraded=DEGRADED)
     p = plan([demand("small:cpu", 0)], [degraded], [], backoff={}, now=0)
     assert [s.node_id for s in starts(p.actions)] == ["a-degraded"]
+
+
+def test_a_profile_pinned_to_a_backend_goes_only_to_nodes_whose_build_carries_it() -> None:
+    from llmgw_shared.wire import EngineProvenance
+
+    def built(node_id: str, backend: str) -> PlanNode:
+        provenance = EngineProvenance("http://control/releases", "", [], 0.0, backend=backend)
+        return attrs.evolve(gpu_node(node_id), engines={ENGINE: EngineState("llama.cpp", "b11312", "installed",
+                                                                            provenance=provenance)})
+
+    pinned = Demand("m:vk", ENGINE, Claim(1000, 8000), 1, backend="vulkan")
+    p = plan([pinned], [built("a-cuda", "cuda"), built("b-vulkan", "vulkan")], [], backoff={}, now=0)
+    assert [s.node_id for s in starts(p.actions)] == ["b-vulkan"]
+    p = plan([pinned], [built("a-cuda", "cuda")], [], backoff={}, now=0)
+    assert p.blocked["m:vk"] == ("no node fits: node a-cuda: llama.cpp b11312 is a cuda build; the profile pins "
+                                 "backend vulkan")
+
+
+def test_a_backend_pin_must_name_a_backend() -> None:
+    from llmgw_control.catalog.models import EngineConfig, ModelConfig, ProfileConfig, model_problems
+
+    def problems(backend: str) -> list[tuple[str, str]]:
+        model = ModelConfig(name="m", profiles=[ProfileConfig(name="gpu", backend=backend, model_dir="/models/m",
+                                                              ram_mib=100)])
+        return model_problems(model, [EngineConfig(name="llama.cpp", version="b11312")])
+
+    assert not [p for p in problems("vulkan") if p[0].endswith(".backend")]
+    assert ("profiles[0].backend", "must be one of '', 'cuda', 'rocm', 'vulkan', 'cpu'") in problems("gpu")

@@ -52,6 +52,8 @@ class Demand:
     throughput_by_hardware: dict[str, float] = attrs.Factory(dict)
     # A GPU profile (one with a VRAM claim) that may run on the CPU of a degraded node.
     cpu_ok: bool = False
+    # Only nodes whose engine build carries this backend (its provenance's); "": any.
+    backend: str = ""
 
     def claim_on(self, kind: str) -> Claim:
         return self.claim_by_kind.get(kind, self.claim)
@@ -371,6 +373,11 @@ def _choose_node(
         if engine is None or engine.status not in READY_ENGINE:
             words = engine.describe() if engine is not None else "engine not reported yet"
             reasons.append(f"node {node.node_id}: {name} {version}: {words}")
+            continue
+        built = engine.provenance.backend if engine.provenance is not None else ""
+        if demand.backend and built != demand.backend:
+            reasons.append(f"node {node.node_id}: {name} {version} is a {built or 'unknown'} build; the profile pins "
+                           f"backend {demand.backend}")
             continue
         until = backoff.get((demand.key, node.node_id))
         if until is not None and until[0] > now:

@@ -647,7 +647,7 @@ class Reconciler:
         return Demand(resolved.key, engine, self.claims.get(resolved.key, Claim(0)), wanted, dict(profile.labels),
                       min_replicas=profile.min_replicas, starved=starved,
                       claim_by_kind=self.measured.by_kind(resolved.key), gpus=profile.gpus, waited=waited,
-                      throughput_by_hardware=throughput, cpu_ok=profile.cpu_ok)
+                      throughput_by_hardware=throughput, cpu_ok=profile.cpu_ok, backend=profile.backend)
 
     def replica_slots_on(self, key: str, profile: ProfileConfig, node: NodeRecord | None) -> int:
         """A replica's slots: what a capacity run measured on its node's kind, else ``parallel``."""
