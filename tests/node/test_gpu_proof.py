@@ -222,3 +222,31 @@ def test_hostile_engine_output_never_breaks_the_parsers(text: str, devices: list
 def test_hostile_vulkan_probe_json_never_breaks_the_probe(data: object) -> None:
     gpus, _ = gpu_probe.parse_vulkan_devices(json.dumps({"devices": data}), software=True)
     assert all(type(g.index) is int and type(g.memory_total_mib) is int for g in gpus)
+
+
+async def test_the_service_says_a_gpu_node_on_the_cpu_build_is_degraded(
+    tmp_path: Path, files: FileServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    import attrs
+
+    from llmgw_node.config import NodeConfig
+    from llmgw_node.service import open_node_service
+    from llmgw_shared.facts import GpuFacts, unprobed
+    from llmgw_shared.wire import SetEngines
+
+    files.publish(TAG, {f"llama-{TAG}-bin-ubuntu-x64.tar.gz": _script_archive(tmp_path, "  (none)\\n")})
+    l4 = GpuFacts(index=0, name="NVIDIA L4", uuid="GPU-0", memory_total_mib=23034, memory_free_mib=22700)
+    facts = attrs.evolve(unprobed(), probed=True, arch="x86_64", nvidia_driver="550.54.15", gpus=[l4],
+                         gpu_backend="cuda", gpu_backends=["cuda"])
+    config = NodeConfig(data_dir=str(tmp_path / "node"), node_id="n", token="t")
+    async with open_node_service(config, facts=facts) as svc:
+        assert svc.facts.degraded == ""
+        ack = await svc.handle(SetEngines(id="1", fencing_token=1,
+                                          engines=[EngineSpec("llama.cpp", TAG, files.release_api())]))
+        assert ack.ok
+        with trio.fail_after(30):
+            while svc.engines.state("llama.cpp", TAG).status != "installed":
+                await trio.sleep(0.02)
+        assert svc.facts.degraded == "this node has NVIDIA GPUs but its llama.cpp engine is a CPU build"
+    assert any("degraded: this node has NVIDIA GPUs" in r.getMessage() and r.levelname == "WARNING"
+               for r in caplog.records)
