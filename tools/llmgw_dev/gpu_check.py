@@ -135,17 +135,20 @@ def start_direct(binary: Path, model: Path, args: list[str], log: Path,
                                 env={**os.environ, **env}, cwd=str(binary.parent), process_group=0)
     url = f"http://127.0.0.1:{port}"
     end = time.monotonic() + START_DEADLINE
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise CheckFailed(f"llama-server exited with {proc.returncode} (see {log})")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=1) as response:
-                if response.status == 200:
-                    return proc, url
-        except (urllib.error.URLError, OSError):
-            time.sleep(0.1)
-    stop(proc, 5)
-    raise CheckFailed(f"llama-server was not healthy within {START_DEADLINE:g} s (see {log})")
+    try:
+        while time.monotonic() < end:
+            if proc.poll() is not None:
+                raise CheckFailed(f"llama-server exited with {proc.returncode} (see {log})")
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=1) as response:
+                    if response.status == 200:
+                        return proc, url
+            except (urllib.error.URLError, OSError):
+                time.sleep(0.1)
+        raise CheckFailed(f"llama-server was not healthy within {START_DEADLINE:g} s (see {log})")
+    except BaseException:
+        stop(proc, 5)  # whatever ends the wait (a failure, Ctrl-C), the engine does not outlive it
+        raise
 
 
 def write_configs(root: Path, archive: Path, model: Path, ports: dict[str, int]) -> tuple[Path, Path]:
