@@ -102,3 +102,16 @@ async def test_a_node_whose_only_gpu_is_lavapipe_reports_it_with_the_switch(monk
     assert "the Vulkan loader (libvulkan-removed.so.1) is not: install it" in facts.gpus_unusable
     plat = platform_for(facts)
     assert plat.has_gpus and not plat.vulkan
+
+
+def test_nvidia_hardware_on_the_pci_bus_is_seen_whatever_the_driver_says(tmp_path: Path) -> None:
+    devices = tmp_path / "bus" / "pci" / "devices"
+    for slot, vendor, klass in (("0000:00:01.0", "0x8086", "0x060000"), ("0000:3b:00.0", "0x10de", "0x068000")):
+        (devices / slot).mkdir(parents=True)
+        (devices / slot / "vendor").write_text(vendor + "\n")
+        (devices / slot / "class").write_text(klass + "\n")
+    assert not gpu_probe.nvidia_on_pci(str(tmp_path))  # an NVIDIA bridge is no GPU
+    (devices / "0000:65:00.0").mkdir()
+    (devices / "0000:65:00.0" / "vendor").write_text("0x10de\n")
+    (devices / "0000:65:00.0" / "class").write_text("0x030200\n")  # 3D controller: an H100, an L4
+    assert gpu_probe.nvidia_on_pci(str(tmp_path))

@@ -130,6 +130,18 @@ def lists_a_gpu(drivers: list[str], dev_root: str = "/dev") -> bool:
     return bool(drivers) and any(Path(dev_root, "dri").glob("renderD*"))
 
 
+NVIDIA_VENDOR = "0x10de"
+
+
+def nvidia_on_pci(sys_root: str = "/sys") -> bool:
+    """An NVIDIA display or 3D controller on the PCI bus (class 0x03xxxx), whatever the driver says:
+    the evidence that a node whose nvidia-smi fails (or is missing) has a GPU it cannot reach."""
+    for device in Path(sys_root, "bus", "pci", "devices").glob("*"):
+        if _read(device / "vendor") == NVIDIA_VENDOR and _read(device / "class").startswith("0x03"):
+            return True
+    return False
+
+
 def probe_amd(dev_root: str = "/dev", sys_root: str = "/sys") -> list[GpuFacts]:
     """AMD GPUs the ROCm runtime can use: ``/dev/kfd`` and each amdgpu DRM card with its VRAM."""
     if not Path(dev_root, "kfd").exists():

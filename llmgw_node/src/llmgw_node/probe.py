@@ -186,6 +186,9 @@ async def probe(
         warnings.append(vulkan.problem)
         if not gpus:
             unusable = vulkan.problem
+    if not gpus and not unusable and await trio.to_thread.run_sync(gpu_probe.nvidia_on_pci):
+        # NVIDIA hardware that nothing reaches: a driver that is not loaded (or no nvidia-smi).
+        unusable = f"an NVIDIA GPU is on the PCI bus but {gpu_problem or 'there is no nvidia-smi (no NVIDIA driver)'}"
     return HostFacts(
         probed=True, probed_at=time.time(), hostname=socket.gethostname(),
         os_id=osr.get("ID", platform.system().lower()), os_name=osr.get("NAME", platform.system()),
