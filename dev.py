@@ -150,8 +150,25 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         print("commands: demo (run the gateway on a real engine), test (lint + the whole test suite;\n"
               "          --deps newest|lowest runs it on the newest or lowest versions our ranges allow),\n"
-              "          lint, bench (the gateway benchmark), shell (print how to use .venv)")
+              "          lint, bench (the gateway benchmark), shell (print how to use .venv),\n"
+              "          gpu-check (llmgw on this machine's NVIDIA GPU, measured: docs/performance.md)")
         return 0
+    if command == "gpu-check":
+        # On a GPU machine without network: `gpu-check --pack` (run where PyPI is reachable) packs
+        # what it needs into .gpu-check/; see tools/llmgw_dev/gpu_pack.py and gpu_check.py.
+        from llmgw_dev import gpu_pack
+
+        if rest[:1] == ["--pack"]:  # --pack [PYTHON_VERSION of the GPU machine, e.g. 3.12]
+            sync_environment()
+            gpu_pack.pack(uv_binary(), *rest[1:2])
+            return 0
+        env = {}
+        if (gpu_pack.PACK / "wheels").is_dir():
+            env = gpu_pack.offline_environment(VENV)
+        elif not (VENV / "bin" / "python").exists():
+            sync_environment()
+        os.environ.update(env)
+        return venv_run("python", "-m", "llmgw_dev.gpu_check", *rest, check=False)
     sync_environment()
     if command == "demo":
         prepare_engine()

@@ -7,6 +7,7 @@ other), llmgw_shared imports neither daemon, and the node never imports control.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from importlinter.cli import lint_imports
@@ -15,8 +16,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_import_layers_hold() -> None:
-    # The report (which import breaks which contract) is printed, and shown when this fails.
-    assert lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True, no_logo=True) == 0
+    # import-linter configures logging as a program would, which disables every logger that
+    # exists by then: a later test reading caplog would see nothing (they are enabled again).
+    loggers = [logger for logger in logging.root.manager.loggerDict.values()
+               if isinstance(logger, logging.Logger) and not logger.disabled]
+    try:
+        # The report (which import breaks which contract) is printed, and shown when this fails.
+        assert lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True, no_logo=True) == 0
+    finally:
+        for logger in loggers:
+            logger.disabled = False
 
 
 def test_every_part_of_control_is_in_a_layer() -> None:

@@ -304,3 +304,20 @@ async def test_the_node_sends_its_credentials_to_control_and_to_nothing_else(ser
             assert (await svc.client.get(other)).text == "ok"
         nursery.cancel_scope.cancel()
     assert seen and b"authorization" not in seen[0].lower()
+
+
+async def test_a_generated_index_lists_the_cuda_runtimes_beside_the_builds(tmp_path: Path) -> None:
+    from llmgw_control.fleet.files import FileServer
+
+    engines = tmp_path / "engines"
+    engines.mkdir()
+    names = ["llama-b11312-bin-ubuntu-cuda-12.8-x64.tar.gz", "cudart-llama-b11312-bin-ubuntu-cuda-12.8-x64.tar.gz",
+             "cudart-llama-b9999-bin-ubuntu-cuda-12.4-x64.tar.gz", "cudart-llama-bin-win-cuda-12.4-x64.zip",
+             "nvidia_cuda_runtime_cu12-12.8.90-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+             "nvidia_cublas-13.10.0.20-py3-none-manylinux_2_27_x86_64.whl", "numpy-2.0.0-py3-none-any.whl"]
+    for name in names:
+        (engines / name).write_bytes(b"x")
+    index = await FileServer(tmp_path, "http://control:8082").release("b11312")
+    assert index is not None
+    listed = {a["name"] for a in index["assets"]}
+    assert listed == set(names) - {"cudart-llama-b9999-bin-ubuntu-cuda-12.4-x64.tar.gz", "numpy-2.0.0-py3-none-any.whl"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -89,3 +90,59 @@ def test_eviction_frees_a_gpu_and_never_evicts_for_a_claim_no_gpu_can_hold() -> 
     # 30 GB on one 24 GB GPU: the node's total would do after evicting both, no GPU ever would.
     p = plan([demand("c:gpu", 30000)], [gpu_node()], residents, backoff={}, now=1000)
     assert p.actions == [] and p.blocked["c:gpu"].startswith("no node fits: node g: needs 1000 MiB RAM and 30000")
+
+
+DEGRADED = "this node has NVIDIA GPUs but its llama.cpp engine is a CPU build"
+
+
+def test_a_gpu_profile_is_not_placed_on_a_degraded_node() -> None:
+    # GPUs and only a CPU build: its VRAM is there, and a GPU profile placed on it would run at
+    # CPU speed. The healthy GPU node gets it; with only the degraded one, nothing does, and why.
+    degraded = attrs.evolve(gpu_node("a-degraded"), degraded=DEGRADED)
+    p = plan([demand("m:gpu", 16000)], [degraded, gpu_node("b-ok")], [], backoff={}, now=0)
+    assert [(s.node_id, s.devices) for s in starts(p.actions)] == [("b-ok", (0,))]
+    p = plan([demand("m:gpu", 16000)], [degraded], [], backoff={}, now=0)
+    assert starts(p.actions) == []
+    assert p.blocked["m:gpu"] == (f"no node fits: node a-degraded: degraded, CPU only ({DEGRADED}); this GPU "
+                                  "profile does not say cpu_ok")
+
+
+def test_a_cpu_ok_profile_runs_on_a_degraded_node_on_ram_without_gpus() -> None:
+    degraded = attrs.evolve(gpu_node("a-degraded"), degraded=DEGRADED)
+    ok = Demand("m:gpu", ENGINE, Claim(1000, 16000), 1, cpu_ok=True)
+    p = plan([ok], [degraded], [], backoff={}, now=0)
+    assert starts(p.actions) == [Start("a-degraded", "m:gpu", 20000, Claim(17000, 0), ())]
+
+
+def test_a_cpu_profile_is_placed_on_a_degraded_node_as_on_any_other() -> None:
+    degraded = attrs.evolve(gpu_node("a-degraded"), degraded=DEGRADED)
+    p = plan([demand("small:cpu", 0)], [degraded], [], backoff={}, now=0)
+    assert [s.node_id for s in starts(p.actions)] == ["a-degraded"]
+
+
+def test_a_profile_pinned_to_a_backend_goes_only_to_nodes_whose_build_carries_it() -> None:
+    from llmgw_shared.wire import EngineProvenance
+
+    def built(node_id: str, backend: str) -> PlanNode:
+        provenance = EngineProvenance("http://control/releases", "", [], 0.0, backend=backend)
+        return attrs.evolve(gpu_node(node_id), engines={ENGINE: EngineState("llama.cpp", "b11312", "installed",
+                                                                            provenance=provenance)})
+
+    pinned = Demand("m:vk", ENGINE, Claim(1000, 8000), 1, backend="vulkan")
+    p = plan([pinned], [built("a-cuda", "cuda"), built("b-vulkan", "vulkan")], [], backoff={}, now=0)
+    assert [s.node_id for s in starts(p.actions)] == ["b-vulkan"]
+    p = plan([pinned], [built("a-cuda", "cuda")], [], backoff={}, now=0)
+    assert p.blocked["m:vk"] == ("no node fits: node a-cuda: llama.cpp b11312 is a cuda build; the profile pins "
+                                 "backend vulkan")
+
+
+def test_a_backend_pin_must_name_a_backend() -> None:
+    from llmgw_control.catalog.models import EngineConfig, ModelConfig, ProfileConfig, model_problems
+
+    def problems(backend: str) -> list[tuple[str, str]]:
+        model = ModelConfig(name="m", profiles=[ProfileConfig(name="gpu", backend=backend, model_dir="/models/m",
+                                                              ram_mib=100)])
+        return model_problems(model, [EngineConfig(name="llama.cpp", version="b11312")])
+
+    assert not [p for p in problems("vulkan") if p[0].endswith(".backend")]
+    assert ("profiles[0].backend", "must be one of '', 'cuda', 'rocm', 'vulkan', 'cpu'") in problems("gpu")

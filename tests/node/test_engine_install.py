@@ -88,7 +88,8 @@ async def test_no_fitting_asset_names_what_was_offered(tmp_path: Path, files: Fi
     assert state.status == "failed"
     assert "no asset fits linux/x86_64" in state.detail
     assert "llama-b11312-bin-macos-arm64.zip (built for macos)" in state.detail
-    assert "llama-b11312-bin-ubuntu-vulkan-x64.zip (a vulkan build, which this node does not use)" in state.detail
+    assert ("llama-b11312-bin-ubuntu-vulkan-x64.zip (a Vulkan build and this node has no Vulkan driver that "
+            "lists a GPU)") in state.detail
 
 
 async def test_missing_release_is_reported(tmp_path: Path, files: FileServer) -> None:
@@ -367,33 +368,27 @@ async def test_a_daemon_that_is_not_root_names_the_package_and_the_command_and_n
     assert not (owned / "apt.log").exists()
 
 
-async def test_cuda_node_installs_the_cuda_build_with_its_runtime(
+async def test_a_cuda_build_that_lists_no_gpu_is_refused_in_the_engines_own_words(
     tmp_path: Path, files: FileServer, engine_archive: tuple[str, bytes]
 ) -> None:
+    # The real build stands in for the CUDA one: no CUDA plugin loads (as when the runtime is
+    # missing or the driver too old), so it would start on the CPU. It used to be installed as
+    # the node's CUDA engine; now --list-devices must show the GPU the node reported.
     _name, data = engine_archive
-    # The real build stands in for the CUDA one (no GPU here); the runtime archive is flat, as
-    # upstream's cudart archives are, and its library must land next to the binary ($ORIGIN).
-    runtime = io.BytesIO()
-    with tarfile.open(fileobj=runtime, mode="w:gz") as tar:
-        lib = tarfile.TarInfo("libcudart.so.12")
-        lib.size = 4
-        tar.addfile(lib, io.BytesIO(b"\x7fELF"))
     files.publish(TAG, {
         f"llama-{TAG}-bin-ubuntu-x64.tar.gz": data,
         f"llama-{TAG}-bin-ubuntu-cuda-12.4-x64.tar.gz": data,
-        "cudart-llama-bin-ubuntu-cuda-12.4-x64.tar.gz": runtime.getvalue(),
     })
     seen: list[EngineState] = []
     async with httpx2.AsyncClient() as client:
-        mgr = EngineManager(tmp_path, client, Platform(os="linux", arch="x86_64", cuda=True), on_change=seen.append)
+        plat = Platform(os="linux", arch="x86_64", cuda=True, nvidia_driver="550.54.15", gpu_backend="cuda", gpus=(0,))
+        mgr = EngineManager(tmp_path, client, plat, on_change=seen.append)
         state = await mgr.install(EngineSpec("llama.cpp", TAG, files.release_api()))
-    assert state.status == "installed", state.describe()
-    assert (Path(state.binary).parent / "libcudart.so.12").read_bytes() == b"\x7fELF"
-    downloads = [s.detail.split(" (")[0] for s in seen if s.detail.startswith("downloading ")]
-    assert list(dict.fromkeys(downloads)) == [
-        f"downloading llama-{TAG}-bin-ubuntu-cuda-12.4-x64.tar.gz",
-        "downloading cudart-llama-bin-ubuntu-cuda-12.4-x64.tar.gz",
-    ]
+    assert state.status == "failed"
+    assert state.detail.startswith("llama-server --list-devices (CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=0) "
+                                   "lists 0 CUDA device(s), and the node reported 1 GPU(s); the engine said: ")
+    assert "Available devices: | (none)" in state.detail
+    assert not (tmp_path / "engines" / "llama.cpp" / TAG).exists()
 
 
 # --------------------------------------------------------------------------- issue 14: hostile releases

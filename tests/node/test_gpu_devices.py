@@ -12,13 +12,13 @@ from pathlib import Path
 import attrs
 import pytest
 import trio
-from node.helpers import next_shard_state, shard_spec
+from node.helpers import local_weights, next_shard_state, shard_spec
 
 from llmgw_dev.engine_proc import free_port
 from llmgw_node.config import ConfiguredEngine, NodeConfig
 from llmgw_node.service import open_node_service
 from llmgw_node.supervisor import Timing
-from llmgw_shared.wire import StartShard, WeightsSpec
+from llmgw_shared.wire import ShardState, StartShard, WeightsSpec
 
 NVIDIA_SMI = """#!/bin/sh
 case "$*" in
@@ -121,3 +121,23 @@ async def test_devices_the_node_does_not_have_are_refused(tmp_path: Path, record
             ack = await svc.handle(StartShard(id="1", fencing_token=1, shard=spec))
             assert not ack.ok and words in ack.error
         assert svc.shard_states() == [] and not record.exists()
+
+
+@pytest.mark.usefixtures("gpu_host")
+async def test_a_gpu_replica_that_offloads_nothing_is_failed_not_published(
+    tmp_path: Path, node_config: NodeConfig, llama_server_binary: Path, tiny_model: Path, fast_timing: Timing
+) -> None:
+    # The real CPU build on a node that reports GPUs: placed on GPU 0 it answers /health like any
+    # engine, but its log has no "offloaded N/M layers to GPU" line. It used to be published
+    # ready (a GPU profile at CPU speed); now it is failed, with the engine's output, and not restarted.
+    config = attrs.evolve(node_config, engines=[ConfiguredEngine(name="llama.cpp", path=str(llama_server_binary),
+                                                                 version="b11312")])
+    spec = attrs.evolve(shard_spec("cpu-as-gpu", local_weights(tiny_model), free_port()), devices=[0])
+    async with open_node_service(config, timing=fast_timing) as svc:
+        assert (await svc.handle(StartShard(id="1", fencing_token=1, shard=spec))).ok
+        seen: list[ShardState] = []
+        state = await next_shard_state(svc, "cpu-as-gpu", lambda s: s.status in ("ready", "failed"), seen=seen)
+        assert state.status == "failed", state
+        assert state.detail.startswith("placed on GPU(s) 0 but the engine offloaded nothing")
+        assert state.restarts == 0 and all(s.status != "ready" for s in seen)
+        await svc.stop_engines(0.5)

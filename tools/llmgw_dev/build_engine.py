@@ -79,8 +79,62 @@ def arch_name() -> str:
     return {"x86_64": "x64", "amd64": "x64", "aarch64": "arm64", "arm64": "arm64"}.get(machine, machine)
 
 
-def archive_name() -> str:
-    return f"llama-{RELEASE_TAG}-bin-linux-{arch_name()}.tar.gz"
+# Extra cmake flags per backend. "cpu" is the default build every test tier uses; the others are
+# built only where a tier asks for them (the Vulkan one for the lavapipe system test, the CUDA one
+# by ``dev.py gpu-check``). Each is cached under its own archive name, like upstream's
+# ``llama-bN-bin-ubuntu-<backend>-x64.tar.gz`` (we say "linux": these are not upstream's Ubuntu
+# builds, and the node accepts both words).
+BACKEND_FLAGS: dict[str, list[str]] = {
+    "cpu": [],
+    # Needs libvulkan-dev and glslc (Debian: apt-get install libvulkan-dev glslc spirv-headers).
+    "vulkan": ["-DGGML_VULKAN=ON"],
+    # Needs the CUDA toolkit (nvcc); CMAKE_CUDA_ARCHITECTURES comes from the caller
+    # (``native`` builds for the GPUs present, which is what gpu-check wants: minutes, not hours).
+    "cuda": ["-DGGML_CUDA=ON"],
+}
+
+
+# ggml-vulkan at b11312 uses VK_EXT_layer_settings (vk::LayerSettingEXT), first in Vulkan-Headers
+# 1.3.261; Debian 12's libvulkan-dev is 1.3.239. Debian 13's libvulkan-dev (1.4.309, the .deb's
+# sha256 8d329d465e16168afff58b1bd0dd6db46aac2cc3f56054a481b25a04e90b345a) has them: unpacked
+# with `dpkg-deb -x` into <cache>/vulkan-headers, or named by LLMGW_VULKAN_INCLUDE. Headers only:
+# the build still links the system's loader (libvulkan.so.1), which exports what ggml calls.
+MIN_VULKAN_HEADER = 261
+
+
+def vulkan_flags() -> list[str]:
+    """cmake flags naming Vulkan headers new enough for ggml-vulkan, or SystemExit saying how to get them."""
+    candidates = [os.environ.get("LLMGW_VULKAN_INCLUDE", ""), str(cache_dir() / "vulkan-headers" / "usr" / "include"),
+                  "/usr/include"]
+    for include in filter(None, candidates):
+        core = Path(include) / "vulkan" / "vulkan_core.h"
+        version = _header_version(core)
+        if version >= MIN_VULKAN_HEADER:
+            return [f"-DVulkan_INCLUDE_DIR={include}"]
+    raise SystemExit(
+        f"the Vulkan build needs Vulkan headers 1.3.{MIN_VULKAN_HEADER} or newer (Debian 12 has 1.3.239): download "
+        "Debian 13's libvulkan-dev .deb (apt-get download with a trixie source) and unpack it with "
+        f"`dpkg-deb -x <deb> {cache_dir() / 'vulkan-headers'}`, or set LLMGW_VULKAN_INCLUDE; it also needs "
+        "glslc and the system's libvulkan1")
+
+
+def _header_version(core: Path) -> int:
+    try:
+        for line in core.read_text(errors="replace").splitlines():
+            if line.startswith("#define VK_HEADER_VERSION "):
+                return int(line.split()[2])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def archive_name(backend: str = "cpu") -> str:
+    variant = "" if backend == "cpu" else f"{backend}-"
+    return f"llama-{RELEASE_TAG}-bin-linux-{variant}{arch_name()}.tar.gz"
+
+
+def _unpacked_name(backend: str) -> str:
+    return f"llama-{RELEASE_TAG}" if backend == "cpu" else f"llama-{RELEASE_TAG}-{backend}"
 
 
 def say(message: str) -> None:
@@ -141,7 +195,7 @@ def build_tool(name: str) -> str | None:
     return shutil.which(name)
 
 
-def compile_server(sources: Path, work: Path) -> Path:
+def compile_server(sources: Path, work: Path, extra_flags: list[str] | None = None) -> Path:
     if not (shutil.which("c++") or shutil.which("g++")):
         raise SystemExit("no C++ compiler found: install one (Debian/Ubuntu: apt-get install g++)")
     cmake = build_tool("cmake")
@@ -151,7 +205,7 @@ def compile_server(sources: Path, work: Path) -> Path:
     generator = ["-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={ninja}"] if ninja else []
     build = work / "build"
     say("configuring (cmake)")
-    subprocess.run([cmake, "-S", str(sources), "-B", str(build), *generator, *CMAKE_FLAGS],
+    subprocess.run([cmake, "-S", str(sources), "-B", str(build), *generator, *CMAKE_FLAGS, *(extra_flags or [])],
                    check=True, stdout=subprocess.DEVNULL)
     jobs = str(os.cpu_count() or 2)
     say(f"compiling llama-server with {jobs} jobs; about 10 minutes on 2 cores the first time")
@@ -195,7 +249,7 @@ def soname(path: Path) -> str:
     return path.name
 
 
-def pack_release(bin_dir: Path, work: Path) -> Path:
+def pack_release(bin_dir: Path, work: Path, backend: str = "cpu") -> Path:
     say("packing the release archive")
     top = f"llama-{RELEASE_TAG}"
     stage = work / "stage" / top
@@ -216,7 +270,7 @@ def pack_release(bin_dir: Path, work: Path) -> Path:
             return info
         for path in [stage, *sorted(stage.iterdir())]:
             tar.add(path, arcname=str(path.relative_to(stage.parent)), recursive=False, filter=normalise)
-    out = cache_dir() / "engines" / archive_name()
+    out = cache_dir() / "engines" / archive_name(backend)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_suffix(".partial")
     with open(partial, "wb") as handle, gzip.GzipFile(fileobj=handle, mode="wb", mtime=0, filename="") as gz:
@@ -226,9 +280,9 @@ def pack_release(bin_dir: Path, work: Path) -> Path:
     return out
 
 
-def unpack_for_local_use(archive: Path) -> Path:
+def unpack_for_local_use(archive: Path, backend: str = "cpu") -> Path:
     """An unpacked copy for tests and the demo that run llama-server directly."""
-    dest = archive.parent / f"llama-{RELEASE_TAG}"
+    dest = archive.parent / _unpacked_name(backend)
     if (dest / "llama-server").exists():
         return dest
     tmp = Path(tempfile.mkdtemp(dir=archive.parent))
@@ -239,38 +293,49 @@ def unpack_for_local_use(archive: Path) -> Path:
     return dest
 
 
-def ensure_engine() -> Path:
-    """Return the release archive, building it when the cache lacks it."""
-    out = cache_dir() / "engines" / archive_name()
+def is_built(backend: str = "cpu") -> bool:
+    out = cache_dir() / "engines" / archive_name(backend)
     checksum = out.parent / (out.name + ".sha256")
-    with cache_lock("engine"):
-        if not (out.exists() and checksum.exists()
-                and checksum.read_text().split()[0] == sha256_of(out)):
-            with tempfile.TemporaryDirectory(prefix="llmgw-build-", dir=cache_dir()) as tmp:
+    return out.exists() and checksum.exists() and checksum.read_text().split()[0] == sha256_of(out)
+
+
+def ensure_engine(backend: str = "cpu", extra_flags: list[str] | None = None) -> Path:
+    """Return the release archive for ``backend``, building it when the cache lacks it."""
+    out = cache_dir() / "engines" / archive_name(backend)
+    # The CPU build keeps its historical lock name so a builder of an older checkout still waits.
+    with cache_lock("engine" if backend == "cpu" else f"engine-{backend}"):
+        if not is_built(backend):
+            with tempfile.TemporaryDirectory(prefix=f"llmgw-build-{backend}-", dir=cache_dir()) as tmp:
                 work = Path(tmp)
-                sources = unpack_sources(fetch_sdist(), work)
-                pack_release(compile_server(sources, work), work)
-        unpack_for_local_use(out)
+                # A GPU machine without network builds from the sources `dev.py gpu-check --pack` packed.
+                packed = os.environ.get("LLMGW_LLAMA_SOURCES")
+                sources = unpack_sources(Path(packed) if packed else fetch_sdist(), work)
+                flags = [*BACKEND_FLAGS[backend], *(vulkan_flags() if backend == "vulkan" else []),
+                         *(extra_flags or [])]
+                pack_release(compile_server(sources, work, flags), work, backend)
+        unpack_for_local_use(out, backend)
     return out
 
 
-def server_binary() -> Path:
-    archive = ensure_engine()
-    return archive.parent / f"llama-{RELEASE_TAG}" / "llama-server"
+def server_binary(backend: str = "cpu") -> Path:
+    archive = ensure_engine(backend)
+    return archive.parent / _unpacked_name(backend) / "llama-server"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--print", choices=["archive", "binary", "sha256"], default="binary",
                         help="what to print on stdout once the engine is ready")
+    parser.add_argument("--backend", choices=sorted(BACKEND_FLAGS), default="cpu",
+                        help="which ggml backend to build in (default: cpu)")
     args = parser.parse_args(argv)
-    archive = ensure_engine()
+    archive = ensure_engine(args.backend)
     if args.print == "archive":
         print(archive)
     elif args.print == "sha256":
         print(sha256_of(archive))
     else:
-        print(server_binary())
+        print(server_binary(args.backend))
     return 0
 
 

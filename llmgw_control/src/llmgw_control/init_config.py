@@ -149,6 +149,8 @@ DOCS: dict[str, str] = {
     "ProfileConfig.ram_mib": "RAM claim in MiB (0: estimated from the GGUF header).",
     "ProfileConfig.vram_mib": "VRAM claim in MiB on GPU nodes.",
     "ProfileConfig.gpus": "GPUs one replica splits its VRAM claim over (tensor split); 1: one GPU.",
+    "ProfileConfig.backend": "Only nodes whose engine build carries this backend (cuda, rocm, vulkan, cpu); \"\": any.",
+    "ProfileConfig.cpu_ok": "A GPU profile may run on the CPU of a degraded node (GPUs, CPU build only).",
     "ProfileConfig.min_replicas": "Replicas kept running even without traffic.",
     "ProfileConfig.max_replicas": "Most replicas started for demand.",
     "ProfileConfig.idle_timeout": "Seconds without traffic before a replica is stopped (0: never).",

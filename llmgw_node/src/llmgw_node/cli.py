@@ -23,7 +23,7 @@ from llmgw_node.agent import Agent
 from llmgw_node.config import ConfigError, NodeConfig, load_config
 from llmgw_node.control_auth import control_client
 from llmgw_node.engines.manager import EngineManager
-from llmgw_node.engines.release import Platform
+from llmgw_node.engines.release import platform_for
 from llmgw_node.probe import probe
 from llmgw_node.service import open_node_service
 from llmgw_node.tls import client_context
@@ -215,7 +215,7 @@ async def _manager(
             print(f"{state.name} {state.version}: {state.describe()}", file=sys.stderr, flush=True)
 
     return EngineManager.from_config(config, client,
-                                     Platform(os="linux", arch=facts.arch, cuda=facts.nvidia_driver is not None),
+                                     platform_for(facts, config.engine_backend),
                                      on_change=report)
 
 
@@ -241,7 +241,11 @@ async def _probe(config: NodeConfig, as_json: bool) -> int:
     ]
     rows += [(f"gpu {g.index}", f"{g.name} {g.uuid} ({g.memory_free_mib}/{g.memory_total_mib} MiB free)")
              for g in facts.gpus]
+    rows.append(("gpus", f"through {', '.join(facts.gpu_backends)}" if facts.gpu_backends else "none")
+                if not facts.gpus_unusable else ("gpus", f"none usable: {facts.gpus_unusable}"))
     rows += [("engine", f"{e.name}: {e.describe()}") for e in engines] or [("engine", "none")]
+    if degraded := mgr.degraded():
+        rows.append(("DEGRADED", f"{degraded}; GPU profiles are not placed here"))
     rows += [("warning", w) for w in facts.warnings]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:

@@ -12,6 +12,7 @@ from typing import Any
 
 import attrs
 
+from llmgw_node.engines.backends import BACKENDS, parse_backend
 from llmgw_node.engines.signature import PublicKey, SignatureError, parse_public_key
 from llmgw_node.model_dirs import ModelRoots
 from llmgw_shared.config import ConfigError, load_toml, strict_converter, structure
@@ -55,6 +56,9 @@ class NodeConfig:
     # folder, so `llmgw-node engines check` can verify them against their digests again. Off by
     # default: it doubles the disk an engine takes (llama.cpp's CUDA builds are 0.5-1 GB packed).
     keep_engine_archives: bool = False
+    # Which llama.cpp build this node installs: "" chooses by its devices (NVIDIA -> CUDA, AMD ->
+    # ROCm, any other GPU -> Vulkan, CPU last); "cuda", "rocm", "vulkan" or "cpu" pins that one.
+    engine_backend: str = ""
     # wss:// to control: the CA that signed control's certificate (empty: the system's CAs), and
     # this node's client certificate and key for mutual TLS (control may take the node id from it).
     tls_ca_file: str = ""
@@ -132,6 +136,9 @@ def parse_config(data: dict[str, Any], *, source: str = "config") -> NodeConfig:
     for key in ("unpack_max_bytes", "unpack_max_entries", "install_retry_min_s", "install_retry_max_s"):
         if getattr(config, key) <= 0:
             raise ConfigError(f"{source}: {key}: must be more than 0")
+    if config.engine_backend and parse_backend(config.engine_backend) is None:
+        raise ConfigError(f"{source}: engine_backend: {config.engine_backend!r} is not one of "
+                          f"{', '.join(BACKENDS)} (or empty, to choose by the node's devices)")
     if config.install_retry_min_s > config.install_retry_max_s:
         raise ConfigError(f"{source}: install_retry_min_s is more than install_retry_max_s")
     return config

@@ -42,7 +42,11 @@ def gpu_args(devices: list[int]) -> list[str]:
     the visible devices' (CUDA_VISIBLE_DEVICES renumbers them from 0)."""
     if not devices:
         return []
-    args = ["--n-gpu-layers", "999", "--main-gpu", "0"]
+    # Log verbosity 4: since about b7000 llama-server logs the model load ("load_tensors: offloaded
+    # N/M layers to GPU", the devices used) only from verbosity 4 up, and the node reads that line
+    # to prove a GPU replica is on its GPUs (llmgw_node.offload). The cost: about 35 more log lines
+    # per request, bounded by the log's rotation.
+    args = ["--n-gpu-layers", "999", "--main-gpu", "0", "--log-verbosity", "4"]
     if len(devices) > 1:
         args += ["--split-mode", "layer", "--tensor-split", ",".join("1" for _ in devices)]
     return args

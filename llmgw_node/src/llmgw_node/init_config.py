@@ -41,6 +41,8 @@ DOCS: dict[str, str] = {
                                        "signed by one (<index URL>.minisig).",
     "NodeConfig.keep_engine_archives": "Keep engine archives beside each install so `engines check` verifies "
                                        "their digests again.",
+    "NodeConfig.engine_backend": "llama.cpp build to install: \"\" chooses by the devices (NVIDIA: cuda, AMD: rocm, "
+                                 "other GPUs: vulkan, else cpu); \"cuda\", \"rocm\", \"vulkan\" or \"cpu\" pins it.",
     "NodeConfig.tls_ca_file": "For wss://: the CA that signed control's certificate (empty: the system's CAs).",
     "NodeConfig.tls_cert_file": "For mutual TLS: this node's client certificate (PEM).",
     "NodeConfig.tls_key_file": "For mutual TLS: this node's client key (PEM).",

@@ -1,4 +1,4 @@
-"""Host facts: OS, kernel, CPU and its vector extensions, RAM, disk, NVIDIA GPUs.
+"""Host facts: OS, kernel, CPU and its vector extensions, RAM, disk, GPUs (NVIDIA, AMD, Vulkan).
 
 Parsing is separated from reading so that recorded ``/proc/cpuinfo`` samples and a fake
 ``nvidia-smi`` exercise the same code the daemon runs.
@@ -16,8 +16,10 @@ from pathlib import Path
 import attrs
 import trio
 
+from llmgw_node import gpu_probe
 from llmgw_shared.facts import GpuFacts, HostFacts
 from llmgw_shared.logs import get_logger
+from llmgw_shared.threads import PROC
 
 log = get_logger(__name__)
 
@@ -167,13 +169,35 @@ async def probe(
     warnings = warnings_for(arch, features)
     if gpu_problem:
         warnings.append(gpu_problem)
+    backends, gpu_backend, unusable = [], "", ""
+    if gpus:
+        backends.append("cuda")
+        gpu_backend = "cuda"
+    amd = await PROC.run(gpu_probe.probe_amd, abandon=True)
+    if amd:
+        backends.append("rocm")
+        if not gpus:
+            gpus, gpu_backend = amd, "rocm"
+    vulkan = await gpu_probe.probe_vulkan()
+    if vulkan.gpus:
+        backends.append("vulkan")
+        if not gpus:
+            gpus, gpu_backend = vulkan.gpus, "vulkan"
+    elif vulkan.problem and gpu_probe.lists_a_gpu(vulkan.drivers):
+        warnings.append(vulkan.problem)
+        if not gpus:
+            unusable = vulkan.problem
+    if not gpus and not unusable and await PROC.run(gpu_probe.nvidia_on_pci, abandon=True):
+        # NVIDIA hardware that nothing reaches: a driver that is not loaded (or no nvidia-smi).
+        unusable = f"an NVIDIA GPU is on the PCI bus but {gpu_problem or 'there is no nvidia-smi (no NVIDIA driver)'}"
     return HostFacts(
         probed=True, probed_at=time.time(), hostname=socket.gethostname(),
         os_id=osr.get("ID", platform.system().lower()), os_name=osr.get("NAME", platform.system()),
         os_version=osr.get("VERSION_ID", ""), kernel=platform.release(), arch=arch,
         cpu_model=model, cores=cores or (os.cpu_count() or 0), cpu_features=features,
         ram_total_mib=total, ram_available_mib=available, data_dir=str(data), disk_free_mib=disk_free,
-        nvidia_driver=driver, gpus=gpus, warnings=warnings,
+        nvidia_driver=driver, gpus=gpus, warnings=warnings, gpu_backend=gpu_backend, gpu_backends=backends,
+        gpus_unusable=unusable,
     )
 
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import attrs
 import httpx2
 import trio
 
 from llmgw_node.config import NodeConfig
 from llmgw_node.control_auth import control_client
 from llmgw_node.engines.manager import EngineManager, bad_names
-from llmgw_node.engines.release import Platform
+from llmgw_node.engines.release import Platform, platform_for
 from llmgw_node.probe import probe, with_time_cleared
 from llmgw_node.supervisor import ShardError, Supervisor, Timing
 from llmgw_node.weights import WeightsCache, WeightsError
@@ -68,7 +69,7 @@ class NodeService:
         self.facts = facts or unprobed()
         data = config.data_path
         self._send, self.reports = trio.open_memory_channel[Report](REPORT_BUFFER)
-        self.engines = EngineManager.from_config(config, client, _platform(self.facts),
+        self.engines = EngineManager.from_config(config, client, _platform(self.facts, config.engine_backend),
                                                  on_change=self._engine_changed)
         self.weights = WeightsCache(data, client, on_use_change=self._weights_use_changed)
         self.supervisor = Supervisor(data, self.engines, self.weights, client, host=config.engine_host,
@@ -91,6 +92,18 @@ class NodeService:
 
     def _engine_changed(self, state: EngineState) -> None:
         self._emit(EngineStateReport(engine=state))
+        self._mark_degraded()
+
+    def _mark_degraded(self) -> None:
+        """GPUs, and only a CPU build to serve with: said in the facts (the next heartbeat carries
+        them to control, ``ctl nodes`` and the dashboard) and in the log, once per change."""
+        degraded = self.engines.degraded() if self.facts.probed else ""
+        if degraded != self.facts.degraded:
+            self.facts = attrs.evolve(self.facts, degraded=degraded)
+            if degraded:
+                log.warning("degraded: %s; GPU profiles are not placed here", degraded)
+            else:
+                log.info("no longer degraded: a GPU build serves this node's GPUs")
 
     def _shard_changed(self, state: ShardState) -> None:
         self._emit(ShardStateReport(shard=state))
@@ -128,9 +141,11 @@ class NodeService:
     async def refresh_facts(self) -> bool:
         """Probe again; True when something placement cares about changed."""
         facts = await probe(self.config.data_path)
+        facts = attrs.evolve(facts, degraded=self.facts.degraded)
         changed = with_time_cleared(facts) != with_time_cleared(self.facts)
         self.facts = facts
-        self.engines.platform = _platform(facts)
+        self.engines.platform = _platform(facts, self.config.engine_backend)
+        self._mark_degraded()
         for warning in facts.warnings:
             log.warning(warning)
         return changed
@@ -231,9 +246,9 @@ def device_problem(devices: list[int], gpus: list[int]) -> str:
     return ""
 
 
-def _platform(facts: HostFacts) -> Platform:
+def _platform(facts: HostFacts, pin: str = "") -> Platform:
     # Until the first probe, assume the common case; run() probes before any install can start.
-    return Platform(os="linux", arch=facts.arch or "x86_64", cuda=facts.nvidia_driver is not None)
+    return platform_for(facts, pin)
 
 
 @asynccontextmanager

@@ -11,7 +11,7 @@ the group, then SIGKILL after a grace period. Draining waits for the engine's in
 Engines started by an earlier daemon are found through the state file and adopted (health
 checked, then supervised by polling ``/proc``, since they are no longer our children).
 
-About 550 lines: one shard's task (start, health, exit, restart, drain, adopt) is one state
+About 630 lines: one shard's task (start, health, exit, restart, drain, adopt) is one state
 machine over one process, read top to bottom; the periodic memory measurement of every engine
 (``memory``) reports through the same shard states.
 """
@@ -32,6 +32,7 @@ from llmgw_node import engine_http, memory
 from llmgw_node.engine_conventions import DIRECTORY_ENGINES, engine_argv, key_environment
 from llmgw_node.engines.manager import EngineManager
 from llmgw_node.model_dirs import ModelDirError, ModelRoots, check_model_dir
+from llmgw_node.offload import offload_problem, read_tail
 from llmgw_node.procs import ProcessRecord, StateFile, alive, open_log, signal_group, start_ticks
 from llmgw_node.shard_logs import Output, read_output, rotate_if_large
 from llmgw_node.weights import WeightsCache, WeightsError
@@ -100,6 +101,9 @@ class _Shard:
         # The last measurement of the engine's process tree (memory.measure), in MiB.
         self.rss_mib = 0
         self.vram_mib = 0
+        # Why the shard must not run again (a GPU replica that offloaded nothing): restarts
+        # would only repeat it. "" while it may.
+        self.fatal = ""
 
 
 class Supervisor:
@@ -391,6 +395,9 @@ class Supervisor:
                 outcome = await self._watch(shard, adopted=False)
             if outcome == "stopped":
                 return
+            if shard.fatal:
+                self._set(shard, "failed", shard.fatal, lines=True)
+                return
             # A crash or a failed start. Report it with the output, then back off and restart.
             shard.restarts += 1
             shard.pid = 0
@@ -420,8 +427,12 @@ class Supervisor:
         env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "LD_PRELOAD")}
         env.update(spec.env)
         if spec.devices:
-            # The engine sees only its GPUs, renumbered from 0 in this order (CUDA's own rule).
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, spec.devices))
+            # The engine sees only its GPUs, renumbered from 0 in this order (CUDA's own rule),
+            # through its backend's variable: CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES or
+            # GGML_VK_VISIBLE_DEVICES (an engine named by path: the node's GPUs' own).
+            backend = self.engines.engine_backend(spec.engine, spec.engine_version) or self.engines.platform.gpu_backend
+            env.update(self.engines.device_environment(backend or "cuda", spec.devices)
+                       or {"CUDA_VISIBLE_DEVICES": ",".join(map(str, spec.devices))})
         env.update(key_environment(spec))
         fd = await DISK.run(lambda: open_log(self.log_path(spec.shard_id), fresh=fresh))
         try:
@@ -483,6 +494,12 @@ class Supervisor:
                     await self._terminate(shard.pid, shard.ticks, shard.process, self.timing.stop_grace)
                 nursery.cancel_scope.cancel()
                 return result
+            if ready and (problem := await self._offload_problem(spec)):
+                # Healthy, but not on the GPUs it was placed on: failed, never published.
+                shard.fatal = problem
+                await self._terminate(shard.pid, shard.ticks, shard.process, self.timing.stop_grace)
+                nursery.cancel_scope.cancel()
+                return problem
             if ready:
                 self._set(shard, "ready", "")
                 hung = await self._while_ready(shard, exited)
@@ -526,6 +543,13 @@ class Supervisor:
             if failures >= t.unhealthy_limit:
                 return f"hung: no answer on /health {failures} times in a row"
         return ""
+
+    async def _offload_problem(self, spec: ShardSpec) -> str:
+        """For a llama.cpp shard placed on GPUs: why its layers are not on them ("" when they are)."""
+        if not spec.devices or spec.engine != "llama.cpp":
+            return ""
+        log_bytes = await DISK.run(read_tail, self.log_path(spec.shard_id), abandon=True)
+        return offload_problem(log_bytes, spec.devices)
 
     async def _healthy(self, spec: ShardSpec) -> bool:
         return await engine_http.healthy(self.client, self.host, spec.port, limit_s=self.timing.health_timeout)

@@ -41,6 +41,17 @@ class HostFacts:
     nvidia_driver: str | None
     gpus: list[GpuFacts]
     warnings: list[str] = attrs.field(factory=list)
+    # What ``gpus`` are reached through: "cuda" (nvidia-smi indices), "rocm" (HIP order) or
+    # "vulkan" (the Vulkan loader's order); "" with no GPUs.
+    gpu_backend: str = ""
+    # Every GPU backend this node's devices can use ("cuda", "rocm", "vulkan"): what its engine
+    # build is chosen for.
+    gpu_backends: list[str] = attrs.field(factory=list)
+    # GPUs seen that no backend can reach here, and why (a Vulkan driver with no loader): "" if none.
+    gpus_unusable: str = ""
+    # Why this node, which has GPUs, serves on the CPU only ("" when it is not degraded): set by
+    # the node once its engine is chosen and proven. GPU profiles are not placed on it.
+    degraded: str = ""
 
 
 def unprobed() -> HostFacts:

@@ -13,7 +13,7 @@ Direction of each message:
 * control -> node: ``welcome``, ``refuse``, ``set_engines``, ``start_shard``, ``stop_shard``,
   ``drain_shard``, ``remove_weights``, ``get_shard_logs``, ``heartbeat``, ``error``
 
-About 580 lines: every message, its converter and the checks at the edge are the protocol's one
+About 650 lines: every message, its converter and the checks at the edge are the protocol's one
 definition, kept together so that no message can be added without its bounds.
 """
 
@@ -108,6 +108,12 @@ class EngineProvenance:
     control_epoch: int = 0
     # Whether the archives are kept beside the install, so ``engines check`` can hash them again.
     archives_kept: bool = False
+    # The GPU backend the build carries and its proof saw ("cuda", "rocm", "vulkan", "cpu"); ""
+    # from installs that predate it. Left out of the frame at "" like every field added later.
+    backend: str = ""
+    # Where its GPU runtime libraries came from: "cudart archive <name>", "wheels <name>==<ver>,
+    # ...", "OS packages"; "" when the build needs none.
+    runtime: str = ""
 
     def describe(self) -> str:
         """One line for people: the source, who signed, each archive's digest, when, who asked."""
@@ -117,7 +123,9 @@ class EngineProvenance:
         asked = f"control epoch {self.control_epoch}" if self.control_epoch else "by hand"
         signed = f"signed by {self.signed_by}" if self.signed_by else "unsigned index"
         kept = "; archives kept" if self.archives_kept else ""
-        return f"from {self.source or '?'} ({signed}): {assets}; installed {when}, {asked}{kept}"
+        backend = f"{self.backend} build; " if self.backend else ""
+        runtime = f"; runtime from {self.runtime}" if self.runtime else ""
+        return f"{backend}from {self.source or '?'} ({signed}): {assets}{runtime}; installed {when}, {asked}{kept}"
 
 
 @attrs.frozen
@@ -419,6 +427,8 @@ def _make_converter() -> cattrs.Converter:
     conv.register_structure_hook(bool, _strict(bool, "a boolean"))
     strict_collections(conv)
     # Before the union: its members' hooks are generated from what is registered at this point.
+    conv.register_unstructure_hook(EngineProvenance, make_dict_unstructure_fn(
+        EngineProvenance, conv, backend=override(omit_if_default=True), runtime=override(omit_if_default=True)))
     conv.register_unstructure_hook(EngineState, make_dict_unstructure_fn(
         EngineState, conv, provenance=override(omit_if_default=True)))
     # Fields added since protocol version 1 was published stay out of a frame at their default,
@@ -426,6 +436,8 @@ def _make_converter() -> cattrs.Converter:
     omit = override(omit_if_default=True)
     conv.register_unstructure_hook(ShardState, make_dict_unstructure_fn(ShardState, conv, rss_mib=omit, vram_mib=omit))
     conv.register_unstructure_hook(ShardSpec, make_dict_unstructure_fn(ShardSpec, conv, devices=omit))
+    conv.register_unstructure_hook(HostFacts, make_dict_unstructure_fn(
+        HostFacts, conv, gpu_backend=omit, gpu_backends=omit, gpus_unusable=omit, degraded=omit))
     conv.register_unstructure_hook(Hello, make_dict_unstructure_fn(Hello, conv, weights=omit))
     conv.register_unstructure_hook(Heartbeat, make_dict_unstructure_fn(Heartbeat, conv, weights=omit))
     configure_tagged_union(Message, conv, tag_generator=TAGS.__getitem__, tag_name="type")

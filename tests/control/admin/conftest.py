@@ -25,7 +25,7 @@ from llmgw_control.fleet.fleet import Fleet
 from llmgw_control.fleet.leadership import LeadershipConfig
 from llmgw_control.tenancy.tenancy import Tenancy
 from llmgw_shared.config import strict_converter
-from llmgw_shared.facts import unprobed
+from llmgw_shared.facts import GpuFacts, unprobed
 from llmgw_shared.wire import (
     PROTOCOL_VERSION,
     Ack,
@@ -171,10 +171,13 @@ PROVENANCE = EngineProvenance(
 
 @asynccontextmanager
 async def fake_node(daemon: Daemon, node_id: str = "n1", *, warnings: list[str] | None = None, token: str = JOIN_TOKEN,
-                    weights: list[WeightsHeld] | None = None) -> AsyncIterator[FakeNode]:
+                    weights: list[WeightsHeld] | None = None, gpus: list[GpuFacts] | None = None,
+                    degraded: str = "") -> AsyncIterator[FakeNode]:
     facts = attrs.evolve(unprobed(), probed=True, hostname=node_id, ram_total_mib=8192, os_name="Debian",
                          arch="x86_64", cpu_model="Test CPU", cores=4, cpu_features=["avx"],
-                         warnings=warnings or [])
+                         warnings=warnings or [], gpus=gpus or [], gpu_backend="cuda" if gpus else "",
+                         gpu_backends=["cuda"] if gpus else [], nvidia_driver="550.54.15" if gpus else None,
+                         degraded=degraded)
     hello = Hello(PROTOCOL_VERSION, node_id, token, facts,
                   [EngineState("llama.cpp", "b11312", "installed", provenance=PROVENANCE)], [],
                   weights=weights or [])

@@ -17,6 +17,7 @@ from system.releases import fake_release
 
 from llmgw_control.ctl import main as ctl
 from llmgw_control.store import Usage
+from llmgw_shared.facts import GpuFacts
 
 from .conftest import PROVENANCE, Daemon, fake_node, model_doc
 from .test_api_fleet import AVX2, ready_replicas
@@ -67,6 +68,23 @@ async def test_nodes_show_engine_states_and_warnings_and_cordon_drain_uncordon(d
         missing = await run(daemon, "nodes", "cordon", "n9")
         assert missing.code == 1 and missing.out == ""
         assert missing.err == "error: node 'n9' not found (HTTP 404)\n"
+
+
+async def test_a_degraded_node_says_so_in_its_row_a_warning_and_its_json(daemon: Daemon) -> None:
+    why = "this node has NVIDIA GPUs but its llama.cpp engine is a CPU build"
+    l4 = GpuFacts(index=0, name="NVIDIA L4", uuid="GPU-0", memory_total_mib=23034, memory_free_mib=22700)
+    async with fake_node(daemon, "n1", gpus=[l4], degraded=why), fake_node(daemon, "n2", gpus=[l4]):
+        with trio.fail_after(10):
+            while len(daemon.fleet.inventory) < 2:
+                await trio.sleep(0.02)
+        header, row1, row2, warning = (await ok(daemon, "nodes", "list")).out.splitlines()
+        assert "GPUS" in header.split()
+        assert "1 (cuda) DEGRADED: CPU only" in row1 and "DEGRADED" not in row2 and "1 (cuda)" in row2
+        assert warning == (f"warning: node n1 is DEGRADED: {why}; GPU profiles are not placed there unless they "
+                           "say cpu_ok")
+        facts = {n["id"]: n["facts"] for n in (await ok(daemon, "--json", "nodes")).json()["nodes"]}
+        assert (facts["n1"]["degraded"], facts["n1"]["gpu_backend"]) == (why, "cuda")
+        assert facts["n2"]["degraded"] == ""
 
 
 async def test_nodes_add_prints_the_token_once_and_the_install_command(daemon: Daemon, tmp_path: Path) -> None:

@@ -23,7 +23,9 @@ def fleet(now: float = 100.0) -> Any:
     up = NodeRecord("n1", "10.0.0.1", facts, last_seen=now)
     up.update_engines([EngineState("llama.cpp", "b1", "failed", detail="glibc too old")])
     inventory.put(up)
-    inventory.put(NodeRecord("n2", "10.0.0.2", facts, last_seen=now - 50, cordoned=True))
+    inventory.put(NodeRecord("n2", "10.0.0.2", attrs.evolve(facts, degraded="this node has NVIDIA GPUs but its "
+                                                          "llama.cpp engine is a CPU build"),
+                             last_seen=now - 50, cordoned=True))
     shards = {
         "s1": ShardRecord("s1", "tiny:cpu", "n1", 20000, Claim(1000, 2000), status="ready"),
         "s2": ShardRecord("s2", "tiny:cpu", "n1", 20001, Claim(500), status="failed"),
@@ -49,6 +51,8 @@ def test_the_collector_reports_the_live_state() -> None:
     assert get("llmgw_fleet_nodes", {"state": "lost"}) == 1  # silent for 50 s > lost_after
     assert get("llmgw_fleet_nodes", {"state": "unreachable"}) == 0  # every state, even when empty
     assert get("llmgw_fleet_node_cordoned", {"node": "n2"}) == 1
+    assert get("llmgw_fleet_node_degraded", {"node": "n2"}) == 1
+    assert get("llmgw_fleet_node_degraded", {"node": "n1"}) == 0
     assert get("llmgw_fleet_engine_state", {"node": "n1", "engine": "llama.cpp", "version": "b1",
                                             "status": "failed"}) == 1
     # The failed replica released its claim; the ready one holds 1000 MiB RAM and 2000 MiB VRAM.

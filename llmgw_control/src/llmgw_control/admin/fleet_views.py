@@ -37,6 +37,7 @@ def node_view(fleet: Fleet, node: NodeRecord, now: float) -> NodeView:
             os=facts.os_name, arch=facts.arch, cpu=facts.cpu_model, cores=facts.cores,
             cpu_features=list(facts.cpu_features), ram_total_mib=facts.ram_total_mib,
             gpus=[GpuView(g.name, g.memory_total_mib) for g in facts.gpus], nvidia_driver=facts.nvidia_driver,
+            gpu_backend=facts.gpu_backend, degraded=facts.degraded,
         ),
         warnings=list(facts.warnings),
         engines=[EngineOnNode(e.name, e.version, e.describe(), e.provenance) for e in node.engines.values()],

@@ -58,6 +58,13 @@ class ProfileConfig:
     # GPUs one replica spreads its VRAM claim over (tensor split): each of them holds an equal
     # share. 1: the whole claim on one GPU.
     gpus: int = 1
+    # A profile with a VRAM claim is a GPU profile: it is not placed on a degraded node (one with
+    # GPUs that can only run the CPU build) unless this says the CPU is acceptable; there it runs
+    # without its GPUs, on RAM.
+    cpu_ok: bool = False
+    # Only nodes whose engine build carries this GPU backend ("cuda", "rocm", "vulkan", "cpu"; as
+    # the node proved it): "" takes whatever build the node chose for its devices.
+    backend: str = ""
     min_replicas: int = 0
     max_replicas: int = 1
     # Seconds without traffic after which a replica is drained and stopped; 0 = never.
@@ -110,6 +117,10 @@ class EngineConfig:
     # A GitHub-shaped release JSON URL with {version}; empty: control's own file server when it
     # has the archives, else GitHub.
     release_api: str = ""
+
+
+# A profile's backend pin: a node's llama.cpp build carries one of these (its provenance says which).
+BACKENDS = ("", "cuda", "rocm", "vulkan", "cpu")
 
 
 @attrs.frozen
@@ -167,6 +178,8 @@ def model_problems(model: ModelConfig, engines: list[EngineConfig]) -> list[tupl
             problems.append((f"{at}.parallel", "must be at least 1"))
         if profile.slots < 0:
             problems.append((f"{at}.slots", "must not be negative (0: the profile's parallel)"))
+        if profile.backend not in BACKENDS:
+            problems.append((f"{at}.backend", f"must be one of {', '.join(repr(b) for b in BACKENDS)}"))
         if not 1 <= profile.gpus <= MAX_GPUS_PER_REPLICA:
             problems.append((f"{at}.gpus", f"must be between 1 and {MAX_GPUS_PER_REPLICA}"))
         if profile.max_replicas < 1:

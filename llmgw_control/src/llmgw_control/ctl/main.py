@@ -56,6 +56,15 @@ def _engine_words(node: dict[str, Any]) -> str:
     return "; ".join(f"{e['name']} {e['version']}: {e['state']}" for e in node["engines"]) or "-"
 
 
+def _gpu_words(facts: dict[str, Any]) -> str:
+    """``2 (cuda)``, ``1 (vulkan)``, ``2 (cuda) DEGRADED: CPU only``, or ``-``."""
+    gpus = facts.get("gpus") or []
+    words = f"{len(gpus)} ({facts.get('gpu_backend') or '?'})" if gpus else ""
+    if facts.get("degraded"):
+        words = f"{words} DEGRADED: CPU only".strip()
+    return words or "-"
+
+
 def _standby_note(answer: dict[str, Any]) -> list[str]:
     """The line that says a listing is the leader's fleet as a standby reads it from the store."""
     if answer.get("role") != "standby":
@@ -73,9 +82,11 @@ def nodes_list(client: AdminClient, args: argparse.Namespace, out: TextIO) -> No
         rows = [[n["id"], n["state"], n["cordoned"], n["address"] or "-",
                  f"{n['facts']['cpu'] or '-'} ({n['facts']['cores']} cores)" if n["facts"]["cores"] else "-",
                  mib(n["facts"]["ram_total_mib"]) if n["facts"]["ram_total_mib"] else "-",
-                 len(n["shards"]), _engine_words(n)] for n in nodes]
-        text = table(["NODE", "STATE", "CORDONED", "ADDRESS", "CPU", "RAM", "SHARDS", "ENGINES"], rows)
+                 _gpu_words(n["facts"]), len(n["shards"]), _engine_words(n)] for n in nodes]
+        text = table(["NODE", "STATE", "CORDONED", "ADDRESS", "CPU", "RAM", "GPUS", "SHARDS", "ENGINES"], rows)
         warnings = [f"warning: node {n['id']}: {w}" for n in nodes for w in n["warnings"]]
+        warnings += [f"warning: node {n['id']} is DEGRADED: {n['facts']['degraded']}; GPU profiles are not placed "
+                     "there unless they say cpu_ok" for n in nodes if n["facts"].get("degraded")]
         return "\n".join([*_standby_note(answer), text, *warnings])
 
     _emit(out, args, answer, human)

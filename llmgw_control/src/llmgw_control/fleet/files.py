@@ -27,7 +27,13 @@ from llmgw_shared.threads import DISK, FILES
 
 from ..catalog import EngineConfig
 
-_ARCHIVE = re.compile(r"^(llama-(?P<tag>[^-]+)-bin-.+|cudart-llama-bin-.+)\.(tar\.gz|tgz|zip)$")
+# What a generated release index lists from <files>/engines: llama.cpp builds of the version, CUDA
+# runtime archives (``cudart-llama-bin-...`` untagged, or ``cudart-llama-<tag>-bin-...``), and
+# NVIDIA's CUDA runtime wheels (``nvidia_cuda_runtime[_cu12]-<ver>-...whl``, ``nvidia_cublas...``),
+# which a node unpacks beside a CUDA build when the release has no cudart archive: put there by
+# the operator, listed with the sha256 control computes, served like every engine file.
+_ARCHIVE = re.compile(r"^(llama-(?P<tag>[^-]+)-bin-.+|cudart-llama-(?:(?P<rtag>[^-]+)-)?bin-.+)\.(tar\.gz|tgz|zip)$"
+                      r"|^nvidia_(?:cuda_runtime|cublas)(?:_cu\d+)?-[0-9.]+-py3-none-[A-Za-z0-9_.]+\.whl$")
 
 
 @attrs.frozen
@@ -69,7 +75,8 @@ class FileServer:
         for entry in sorted(directory.iterdir()):
             match = _ARCHIVE.fullmatch(entry.name)
             # Only what path() would serve: a release must not list a file that is then refused.
-            if match and (match["tag"] in (None, version)) and contained_file(directory, entry.name) is not None:
+            if (match and match["tag"] in (None, version) and match["rtag"] in (None, version)
+                    and contained_file(directory, entry.name) is not None):
                 found.append(entry)
         return found
 

@@ -60,6 +60,9 @@ class FleetCollector(Collector):
 
         nodes = GaugeMetricFamily("llmgw_fleet_nodes", "Nodes known to control, by liveness state.",
                                   labels=["state"])
+        degraded = GaugeMetricFamily("llmgw_fleet_node_degraded", "1 when the node has GPUs but serves on its CPU "
+                                     "only (no GPU build runs there); GPU profiles are not placed on it.",
+                                     labels=["node"])
         cordoned = GaugeMetricFamily("llmgw_fleet_node_cordoned", "1 when the node takes no new replicas.",
                                      labels=["node"])
         node_state = GaugeMetricFamily("llmgw_fleet_node_state", "1 for the node's current liveness state.",
@@ -89,6 +92,7 @@ class FleetCollector(Collector):
             by_state[state] += 1
             node_state.add_metric([node.node_id, state], 1)
             cordoned.add_metric([node.node_id], 1 if node.cordoned else 0)
+            degraded.add_metric([node.node_id], 1 if node.facts.degraded else 0)
             for engine in node.engines.values():
                 engines.add_metric([node.node_id, engine.name, engine.version, engine.status], 1)
             facts = node.facts
@@ -126,7 +130,8 @@ class FleetCollector(Collector):
         for resolved in fleet.catalog.all_profiles():
             evictions.add_metric([resolved.key], reconciler.evictions.get(resolved.key, 0))
 
-        yield from (nodes, node_state, cordoned, engines, ram, vram, shards, replicas, waiting, queue, evictions)
+        yield from (nodes, node_state, cordoned, degraded, engines, ram, vram, shards, replicas, waiting, queue,
+                    evictions)
         yield from self._leadership()
 
     def _leadership(self) -> Iterator[Any]:

@@ -50,6 +50,10 @@ class Demand:
     # Generation tokens/s capacity runs measured per hardware (``PlanNode.hardware``) for this
     # engine version: among nodes that fit, the faster hardware is chosen.
     throughput_by_hardware: dict[str, float] = attrs.Factory(dict)
+    # A GPU profile (one with a VRAM claim) that may run on the CPU of a degraded node.
+    cpu_ok: bool = False
+    # Only nodes whose engine build carries this backend (its provenance's); "": any.
+    backend: str = ""
 
     def claim_on(self, kind: str) -> Claim:
         return self.claim_by_kind.get(kind, self.claim)
@@ -73,6 +77,9 @@ class PlanNode:
     gpus: tuple[tuple[int, int], ...] = ()
     # Its kind and CPU model (``fleet.capacity.hardware_of``): what capacity runs are compared by.
     hardware: str = ""
+    # Why the node, which has GPUs, can only serve on its CPU ("" when it is not degraded): GPU
+    # profiles are not placed there unless they say ``cpu_ok``, and those that are get no GPUs.
+    degraded: str = ""
 
     @property
     def schedulable(self) -> bool:
@@ -279,7 +286,7 @@ def plan(
                         evicted_keys.add(victim.key)
                         _now_draining(victim, on_node, live_by_key)
                 break
-            claim = demand.claim_on(node_map[choice].kind)
+            claim = _claim_for(demand, node_map[choice])
             port = _free_port(node_map[choice], ports[choice], limits)
             if port is None:
                 blocked[demand.key] = f"node {choice}: no free port in {limits.port_min}-{limits.port_max}"
@@ -288,13 +295,22 @@ def plan(
             free_ram[choice] -= claim.ram_mib
             free_vram[choice] -= claim.vram_mib
             devices: tuple[int, ...] = ()
-            if claim.vram_mib and choice in gpu_free:
+            if claim.vram_mib and choice in gpu_free and not node_map[choice].degraded:
                 devices = gpu_fit.fit(gpu_free[choice], claim.vram_mib, demand.gpus) or ()
                 for device in devices:
                     gpu_free[choice][device] -= gpu_fit.share(claim.vram_mib, len(devices))
             actions.append(Start(choice, demand.key, port, claim, devices))
             spread[(demand.key, choice)] = spread.get((demand.key, choice), 0) + 1
     return Plan(actions, blocked, limits.reschedule_budget - budget)
+
+
+def _claim_for(demand: Demand, node: PlanNode) -> Claim:
+    """One replica's claim on ``node``; on a degraded node its VRAM claim is RAM (cpu_ok profiles
+    only get there): the weights and the KV cache land in RAM instead."""
+    claim = demand.claim_on(node.kind)
+    if node.degraded and claim.vram_mib:
+        return Claim(claim.ram_mib + claim.vram_mib, 0)
+    return claim
 
 
 def _now_draining(assignment: Assignment, on_node: dict[str, list[Assignment]],
@@ -358,11 +374,20 @@ def _choose_node(
             words = engine.describe() if engine is not None else "engine not reported yet"
             reasons.append(f"node {node.node_id}: {name} {version}: {words}")
             continue
+        built = engine.provenance.backend if engine.provenance is not None else ""
+        if demand.backend and built != demand.backend:
+            reasons.append(f"node {node.node_id}: {name} {version} is a {built or 'unknown'} build; the profile pins "
+                           f"backend {demand.backend}")
+            continue
         until = backoff.get((demand.key, node.node_id))
         if until is not None and until[0] > now:
             reasons.append(f"start failed on node {node.node_id}: {until[1]} (retrying in {until[0] - now:.0f} s)")
             continue
-        claim = demand.claim_on(node.kind)
+        if node.degraded and demand.claim_on(node.kind).vram_mib and not demand.cpu_ok:
+            reasons.append(f"node {node.node_id}: degraded, CPU only ({node.degraded}); this GPU profile does "
+                           "not say cpu_ok")
+            continue
+        claim = _claim_for(demand, node)
         if free_ram[node.node_id] < claim.ram_mib or free_vram[node.node_id] < claim.vram_mib:
             reasons.append(
                 f"node {node.node_id}: needs {claim.ram_mib} MiB RAM"

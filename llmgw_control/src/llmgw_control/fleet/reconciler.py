@@ -647,7 +647,7 @@ class Reconciler:
         return Demand(resolved.key, engine, self.claims.get(resolved.key, Claim(0)), wanted, dict(profile.labels),
                       min_replicas=profile.min_replicas, starved=starved,
                       claim_by_kind=self.measured.by_kind(resolved.key), gpus=profile.gpus, waited=waited,
-                      throughput_by_hardware=throughput)
+                      throughput_by_hardware=throughput, cpu_ok=profile.cpu_ok, backend=profile.backend)
 
     def replica_slots_on(self, key: str, profile: ProfileConfig, node: NodeRecord | None) -> int:
         """A replica's slots: what a capacity run measured on its node's kind, else ``parallel``."""
@@ -670,7 +670,7 @@ class Reconciler:
                 dict(node.engines),
                 max(0, facts.ram_total_mib - self.config.reserved_ram_mib),
                 sum(g.memory_total_mib for g in facts.gpus), busy_ports, node_kind(facts),
-                tuple((g.index, g.memory_total_mib) for g in facts.gpus), hardware_of(facts),
+                tuple((g.index, g.memory_total_mib) for g in facts.gpus), hardware_of(facts), facts.degraded,
             ))
         return views
 

@@ -17,7 +17,7 @@ the engine name, the version, the asset name and its digest. An install that fai
 reason is reported ``failed`` with the reason and never raises: a hostile release cannot stop
 the daemon. A failed install is retried with backoff, however often control asks again.
 
-About 750 lines: one install is one sequence (index, download, verify, unpack, prove, rename into
+About 880 lines: one install is one sequence (index, download, verify, unpack, prove, rename into
 place) whose steps share the manager's state (the retry record, the reported engines, the
 layout above); the archive checks themselves live in ``unpack``.
 """
@@ -41,7 +41,16 @@ import trio
 from llmgw_node.config import ConfiguredEngine, NodeConfig
 from llmgw_node.disk import NotEnoughDisk, check_room
 from llmgw_node.engines import proof
-from llmgw_node.engines.release import Platform, ReleaseAsset, ReleaseError, choose_assets, parse_release
+from llmgw_node.engines.backends import DEVICE_PREFIX, GPU_BACKENDS, VISIBLE_DEVICES_ENV, Backend, parse_backend
+from llmgw_node.engines.release import (
+    Platform,
+    ReleaseAsset,
+    ReleaseError,
+    backend_of_assets,
+    choose_build,
+    is_runtime_wheel,
+    parse_release,
+)
 from llmgw_node.engines.signature import (
     MAX_SIGNATURE_BYTES,
     PublicKey,
@@ -75,6 +84,8 @@ MARKER = ".llmgw-engine.json"
 INDEX_COPY = ".llmgw-index.json"
 SIGNATURE_COPY = ".llmgw-index.json.minisig"
 ARCHIVES_DIR = ".llmgw-archives"
+# Where NVIDIA runtime wheels unpack in staging before their libraries join the engine.
+RUNTIME_DIR = ".llmgw-runtime"
 # Archive engines this node knows how to install, and the server binary inside each.
 ARCHIVE_ENGINES: dict[str, tuple[str, str]] = {
     "llama.cpp": ("llama-server", LLAMA_CPP_RELEASES),
@@ -100,6 +111,13 @@ class Installed:
     binary: Path
     reported_version: str
     provenance: EngineProvenance | None = None
+
+    @property
+    def backend(self) -> str:
+        """The GPU backend the build carries: recorded at install, or read from its archive names."""
+        if self.provenance is None:
+            return ""
+        return self.provenance.backend or backend_of_assets([a.name for a in self.provenance.assets])
 
 
 @attrs.frozen
@@ -202,6 +220,11 @@ class EngineManager:
             if key[0] == name and self._states[key].status == "configured":
                 return inst.binary
         return None
+
+    def engine_backend(self, name: str, version: str) -> str:
+        """The GPU backend of the install serving ``(name, version)``; "" when unknown (configured)."""
+        found = self._installed.get((name, version))
+        return found.backend if found is not None else ""
 
     def _set(self, state: EngineState) -> EngineState:
         key = (state.name, state.version)
@@ -361,7 +384,10 @@ class EngineManager:
         source = (spec.release_api or default_source).replace("{version}", spec.version)
         self._progress(spec, f"fetching the release index for {spec.version}")
         index = await self._release_index(source, spec.version)
-        chosen = choose_assets(index.assets, self.platform)
+        choice = choose_build(index.assets, self.platform)
+        chosen = choice.assets
+        if choice.degraded:
+            log.warning("engine %s %s: %s", spec.name, spec.version, choice.degraded)
         downloads = self.root / ".downloads"
         archives = []
         for asset in chosen:
@@ -370,11 +396,15 @@ class EngineManager:
         staging_root.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f"{spec.name}-{spec.version}-", dir=staging_root))
         try:
-            for asset, archive in zip(chosen, archives, strict=True):
+            wheels = staging / RUNTIME_DIR
+            for i, (asset, archive) in enumerate(zip(chosen, archives, strict=True)):
                 self._progress(spec, f"unpacking {asset.name}")
+                # A runtime wheel unpacks apart (its libraries are gathered beside the binary below).
+                into = wheels / str(i) if is_runtime_wheel(asset.name) else staging
+                into.mkdir(parents=True, exist_ok=True)
                 try:
                     await INSTALL.run(
-                        functools.partial(safe_unpack, archive, staging, self.limits, shown_as=asset.name))
+                        functools.partial(safe_unpack, archive, into, self.limits, shown_as=asset.name))
                 except UnsafeArchive:
                     # Verified against its digest and refused: the same bytes would be refused
                     # again, so they do not stay on the disk (up to unpack_max_bytes each).
@@ -384,7 +414,9 @@ class EngineManager:
             binary = await INSTALL.run(_find_and_gather, staging, binary_name)
             if binary is None:
                 raise InstallError(f"{chosen[0].name} has no {binary_name}")
-            line = await self._prove(spec, binary)
+            if wheels.exists():
+                await INSTALL.run(_gather_wheel_libraries, wheels, binary.parent)
+            line = await self._prove(spec, binary, choice.backend)
             # What the install came from is kept with it: the index as fetched (which lists every
             # archive's digest) and its signature, so `engines check` can verify both again.
             _write_new(staging, INDEX_COPY, index.body)
@@ -406,6 +438,8 @@ class EngineManager:
                 signed_by=index.verified.key_id if index.verified else "",
                 control_epoch=epoch,
                 archives_kept=self.keep_archives,
+                backend=choice.backend,
+                runtime=_runtime_words(chosen),
             )
             _write_marker(staging, {
                 "name": spec.name, "version": spec.version, "source": index.source,
@@ -520,15 +554,73 @@ class EngineManager:
         return await fetch(self.client, asset.url, downloads / f"{asset.sha256[:16]}-{asset.name}",
                            sha256=asset.sha256, size=asset.size or None, progress=progress, label=asset.name)
 
-    async def _prove(self, spec: EngineSpec, binary: Path) -> str:
+    async def _prove(self, spec: EngineSpec, binary: Path, backend: str) -> str:
         self._progress(spec, "checking libraries (ldd)")
-        missing = await proof.missing_libraries(binary)
+        missing = await self._missing(binary)
         if missing:
             missing = await self._try_os_packages(spec, missing, binary)
         if missing:
             raise proof.ProofError(self._missing_text(missing))
         self._progress(spec, f"running {binary.name} --version")
-        return await proof.engine_version(binary, time_limit=self.version_timeout)
+        line = await proof.engine_version(binary, time_limit=self.version_timeout)
+        if backend in GPU_BACKENDS:
+            self._progress(spec, f"running {binary.name} --list-devices")
+            await self._prove_devices(binary, backend)
+        return line
+
+    async def _missing(self, binary: Path) -> list[str]:
+        """What ``ldd`` finds missing for the binary and each ggml backend plugin beside it.
+
+        The GPU backends are plugins (``libggml-cuda.so``, ``libggml-vulkan.so``,
+        ``libggml-hip.so``) that llama-server loads at run time: ``ldd llama-server`` never
+        names the CUDA runtime or the Vulkan loader they need; ``ldd`` on the plugin does.
+        """
+        missing = await proof.missing_libraries(binary)
+        plugins = await INSTALL.run(_backend_plugins, binary.parent)
+        for plugin in plugins:
+            missing += [lib for lib in await proof.missing_libraries(plugin) if lib not in missing]
+        return missing
+
+    def device_environment(self, backend: str, devices: list[int] | None = None) -> dict[str, str]:
+        """The variables that give an engine of ``backend`` these GPUs (default: all the node's).
+
+        Only for the backend the node's GPU indices are for (HostFacts.gpu_backend); another
+        backend (a pinned Vulkan build on an NVIDIA node) sees whatever it finds.
+        """
+        parsed = parse_backend(backend)
+        if parsed is None or parsed not in GPU_BACKENDS or parsed != self.platform.gpu_backend:
+            return {}
+        chosen = list(self.platform.gpus) if devices is None else devices
+        if not chosen:
+            return {}
+        env = {VISIBLE_DEVICES_ENV[parsed]: ",".join(map(str, chosen))}
+        if parsed == "cuda":
+            # CUDA numbers GPUs fastest-first by default; nvidia-smi (whose indices placement
+            # uses) numbers them by PCI bus. This makes the two agree.
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        return env
+
+    async def _prove_devices(self, binary: Path, backend: Backend) -> None:
+        ours = backend == self.platform.gpu_backend
+        await proof.listed_devices(binary, prefix=DEVICE_PREFIX[backend],
+                                   expected=len(self.platform.gpus) if ours and self.platform.gpus else 1,
+                                   env=self.device_environment(backend), time_limit=max(self.version_timeout, 60.0))
+
+    def degraded(self) -> str:
+        """Why this node, which has GPUs, runs its llama.cpp engines on the CPU ("" when it does not).
+
+        Degraded when every proven llama.cpp install is a CPU build (and there is at least one).
+        """
+        if not self.platform.has_gpus:
+            return ""
+        backends = {inst.backend or "cpu" for (name, version), inst in self._installed.items()
+                    if name == "llama.cpp" and self._states.get((name, version), EngineState(name, version, "absent"))
+                    .status == "installed"}
+        if not backends or backends != {"cpu"}:
+            return ""
+        if self.platform.backend == "cpu":
+            return f"this node has {self.platform.gpu_words()} and runs the CPU build: pinned to cpu by engine_backend"
+        return f"this node has {self.platform.gpu_words()} but its llama.cpp engine is a CPU build"
 
     async def _try_os_packages(self, spec: EngineSpec | None, missing: list[str], binary: Path) -> list[str]:
         """With ``allow_os_packages`` and root: update the package index once, install, look again."""
@@ -575,7 +667,7 @@ class EngineManager:
             if inst is None:
                 return self.state(name, version)
             try:
-                missing = await proof.missing_libraries(inst.binary) if inst.binary.exists() else []
+                missing = await self._missing(inst.binary) if inst.binary.exists() else []
                 if not inst.binary.exists():
                     raise proof.ProofError(f"{inst.binary} is gone")
                 if missing:
@@ -583,6 +675,10 @@ class EngineManager:
                 if missing:
                     raise proof.ProofError(self._missing_text(missing))
                 line = await proof.engine_version(inst.binary, time_limit=self.version_timeout)
+                backend = parse_backend(inst.backend)
+                if backend in GPU_BACKENDS and name in ARCHIVE_ENGINES:
+                    assert backend is not None
+                    await self._prove_devices(inst.binary, backend)
                 if verify_archives and inst.provenance is not None and inst.provenance.archives_kept:
                     await FILES.run(
                         _verify_kept, self.root / name / version, inst.provenance, self.signing_keys, abandon=True)
@@ -735,6 +831,32 @@ def _write_marker(staging: Path, info: dict[str, object]) -> None:
         raise InstallError(f"the archive has its own {MARKER}; refusing it") from None
     with os.fdopen(fd, "w") as handle:
         json.dump(info, handle, indent=2)
+
+
+def _backend_plugins(folder: Path) -> list[Path]:
+    """The ggml backend plugins beside an engine (``libggml-<backend>.so``), each once."""
+    try:
+        return sorted(p for p in folder.glob("libggml-*.so*") if p.is_file() and not p.is_symlink()
+                      and not p.name.startswith(("libggml-base", "libggml-cpu")))
+    except OSError:
+        return []
+
+
+def _runtime_words(chosen: list[ReleaseAsset]) -> str:
+    runtime = [a.name for a in chosen if a.name.startswith("cudart-")]
+    if runtime:
+        return f"cudart archive {runtime[0]}"
+    wheels = [a.name.split("-py3-", 1)[0].replace("-", "==", 1) for a in chosen if is_runtime_wheel(a.name)]
+    return f"wheels {', '.join(wheels)}" if wheels else ""
+
+
+def _gather_wheel_libraries(wheels: Path, beside: Path) -> None:
+    """The shared libraries of unpacked NVIDIA wheels (``nvidia/<lib>/lib/*.so*``) beside the
+    engine, where its ``$ORIGIN`` rpath finds them; the rest of the wheels goes."""
+    for lib in sorted(wheels.glob("*/nvidia/*/lib/*.so*")):
+        if lib.is_file() and not lib.is_symlink() and not (beside / lib.name).exists():
+            os.replace(lib, beside / lib.name)
+    shutil.rmtree(wheels)
 
 
 def _is_executable(path: Path) -> bool:

@@ -1,4 +1,5 @@
-"""Prove an installed engine runs here: ``ldd`` names missing libraries, ``--version`` answers.
+"""Prove an installed engine runs here: ``ldd`` names missing libraries, ``--version`` answers,
+and a GPU build's ``--list-devices`` lists the node's GPUs through its backend.
 
 Also knows which OS packages provide the libraries engines commonly miss, for nodes whose
 config allows installing them.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -57,12 +59,13 @@ def parse_ldd(text: str) -> list[str]:
     return missing
 
 
-def _clean_env() -> dict[str, str]:
+def _clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     # LD_LIBRARY_PATH would override the engine's $ORIGIN rpath with whatever the daemon's own
     # environment has on it, so the proof and the run must both go without it.
     env = dict(os.environ)
     env.pop("LD_LIBRARY_PATH", None)
     env.pop("LD_PRELOAD", None)
+    env.update(extra or {})
     return env
 
 
@@ -113,7 +116,8 @@ async def engine_version(binary: Path, args: list[str] | None = None, time_limit
     raise ProofError(f"{binary.name} --version printed nothing")
 
 
-async def run_probe(cmd: list[str], *, time_limit: float) -> tuple[int, bytes, bytes]:
+async def run_probe(cmd: list[str], *, time_limit: float,
+                    env: dict[str, str] | None = None) -> tuple[int, bytes, bytes]:
     """Run ``cmd`` to the end of its output and its exit: (exit code, stdout, stderr).
 
     It runs in its own session, and when the probe ends -- done, timed out or cancelled -- its
@@ -124,7 +128,7 @@ async def run_probe(cmd: list[str], *, time_limit: float) -> tuple[int, bytes, b
     that calls setsid() itself leaves the group and is out of reach (see docs/node.md).
     """
     proc = await trio.lowlevel.open_process(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                            stderr=subprocess.PIPE, env=_clean_env(), start_new_session=True)
+                                            stderr=subprocess.PIPE, env=_clean_env(env), start_new_session=True)
     out, err = bytearray(), bytearray()
     try:
         with trio.fail_after(time_limit):
@@ -157,6 +161,55 @@ async def _collect(stream: trio.abc.ReceiveStream, into: bytearray) -> None:
 def _kill_group(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
+
+
+# ``  Vulkan0: llvmpipe (LLVM 15.0.6, 256 bits) (2048 MiB, 2048 MiB free)`` (common/arg.cpp).
+_DEVICE_LINE = re.compile(r"\s+(?P<name>[A-Za-z][A-Za-z_]*)(?P<index>\d+): (?P<description>.*)")
+# The engine's own words kept in a refusal: enough lines for "ggml_cuda_init: failed to
+# initialize CUDA: ..." and the list, not a whole log.
+_REFUSAL_LINES = 8
+
+
+def parse_list_devices(text: str) -> list[tuple[str, str]]:
+    """(device name, description) for each device ``llama-server --list-devices`` prints."""
+    devices: list[tuple[str, str]] = []
+    listing = False
+    for line in text.splitlines():
+        if line.startswith("Available devices:"):
+            listing = True
+            continue
+        m = _DEVICE_LINE.fullmatch(line.rstrip()) if listing else None
+        if m:
+            devices.append((f"{m['name']}{m['index']}", m["description"]))
+    return devices
+
+
+async def listed_devices(binary: Path, *, prefix: str, expected: int, env: dict[str, str],
+                         time_limit: float = 60.0) -> list[str]:
+    """Run ``--list-devices``; the devices named ``<prefix><i>``, at least ``expected`` of them.
+
+    Otherwise ``ProofError`` with the engine's own words: a GPU build whose backend plugin cannot
+    load (no runtime, a driver too old) still starts, on the CPU, and this is where it shows.
+    ``env`` restricts the backend to the node's GPUs (CUDA_VISIBLE_DEVICES and its kin).
+    """
+    try:
+        code, stdout, stderr = await run_probe([str(binary), "--list-devices"], time_limit=time_limit, env=env)
+    except trio.TooSlowError:
+        raise ProofError(f"{binary.name} --list-devices did not finish within {time_limit:g} s") from None
+    except OSError as exc:
+        raise ProofError(f"{binary.name} could not run: {exc.strerror or exc}") from None
+    text = (stdout + b"\n" + stderr).decode(errors="replace")
+    found = [name for name, _ in parse_list_devices(text) if name.startswith(prefix)
+             and name[len(prefix):].isdigit()]
+    if code == 0 and len(found) >= expected:
+        return found
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    said = " | ".join(lines[-_REFUSAL_LINES:]) if lines else "no output"
+    shown_env = " ".join(f"{k}={v}" for k, v in sorted(env.items()))
+    what = (f"exited with {_exit_text(code)}" if code != 0 else
+            f"lists {len(found)} {prefix} device(s), and the node reported {expected} GPU(s)")
+    raise ProofError(f"{binary.name} --list-devices{f' ({shown_env})' if shown_env else ''} {what}; "
+                     f"the engine said: {said}")
 
 
 def _exit_text(code: int) -> str:

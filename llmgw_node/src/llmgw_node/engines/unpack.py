@@ -99,13 +99,15 @@ Lookup = Callable[[tuple[str, ...]], tuple[str, str]]
 
 
 def safe_unpack(archive: Path, dest: Path, limits: UnpackLimits | None = None, *, shown_as: str = "") -> None:
-    """Unpack ``archive`` (by its name: .tar.gz/.tgz/.tar or .zip) into the existing directory ``dest``.
+    """Unpack ``archive`` (by its name: .tar.gz/.tgz/.tar, or .zip/.whl) into the existing directory ``dest``.
 
     Messages name the archive ``shown_as`` (default: its file name).
     """
     limits = limits or UnpackLimits()
     shown_as = shown_as or archive.name
-    reader = _ZipReader(archive, shown_as) if archive.name.endswith(".zip") else _TarReader(archive, shown_as)
+    # A wheel (NVIDIA's CUDA runtime libraries) is a zip archive.
+    is_zip = archive.name.endswith((".zip", ".whl"))
+    reader = _ZipReader(archive, shown_as) if is_zip else _TarReader(archive, shown_as)
     root_fd = _open_root(dest)
     try:
         with reader:

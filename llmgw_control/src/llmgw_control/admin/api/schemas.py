@@ -43,6 +43,11 @@ class FactsView:
     ram_total_mib: int
     gpus: list[GpuView]
     nvidia_driver: str | None
+    # What the GPUs are reached through ("cuda", "rocm", "vulkan"; "" with none).
+    gpu_backend: str = ""
+    # Why the node, which has GPUs, serves on the CPU only ("" when it is not degraded): GPU
+    # profiles are not placed there unless they say cpu_ok.
+    degraded: str = ""
 
 
 @attrs.frozen

@@ -109,18 +109,22 @@
         h("div", { class: "head" },
           h("h2", {}, n.id), badge(n.state, stateKind(n.state)),
           n.cordoned ? badge("cordoned", "warn") : null,
+          f.degraded ? badge("degraded: CPU only", "bad") : null,
           h("span", { class: "actions" },
             n.cordoned
               ? h("button", { type: "button", "data-action": "uncordon", "data-node": n.id }, "Uncordon")
               : h("button", { type: "button", "data-action": "cordon", "data-node": n.id }, "Cordon"),
             h("button", { type: "button", class: "danger", "data-action": "drain", "data-node": n.id }, "Drain"))),
+        f.degraded ? h("div", { class: "warning degraded" },
+          `⚠ Degraded: ${f.degraded}. GPU profiles are not placed here unless they say cpu_ok.`) : null,
         (n.warnings || []).map((w) => h("div", { class: "warning" }, "⚠ " + w)),
         h("dl", {},
           h("dt", {}, "OS"), h("dd", { class: "os" }, f.os || "—"),
           h("dt", {}, "CPU"), h("dd", { class: "cpu" }, `${f.cpu || "—"} · ${f.cores || 0} cores · ${f.arch || ""}`),
           h("dt", {}, "CPU features"), h("dd", { class: "mono" }, (f.cpu_features || []).join(" ") || "—"),
           h("dt", {}, "RAM"), h("dd", {}, f.ram_total_mib ? mib(f.ram_total_mib) : "—"),
-          h("dt", {}, "GPUs"), h("dd", { class: "gpus" }, gpus.length ? gpus.join(", ") : "none"),
+          h("dt", {}, "GPUs"), h("dd", { class: "gpus" }, gpus.length
+            ? gpus.join(", ") + (f.gpu_backend ? ` · ${f.gpu_backend}` : "") : "none"),
           f.nvidia_driver ? [h("dt", {}, "NVIDIA driver"), h("dd", {}, f.nvidia_driver)] : null,
           h("dt", {}, "Address"), h("dd", { class: "mono" }, n.address || "—"),
           Object.keys(n.labels || {}).length
