@@ -147,8 +147,10 @@ async def measure_level(client: httpx2.AsyncClient, target: Target, workload: Wo
         concurrency=concurrency, requests=tally.requests, errors=tally.errors, duration_s=round(duration, 3),
         prompt_tokens_per_s=round(tally.prompt_tokens / duration, 2),
         generation_tokens_per_s=round(tally.completion_tokens / duration, 2),
-        ttft_p50_s=round(percentile(tally.ttft, 0.5), 4), ttft_p99_s=round(percentile(tally.ttft, 0.99), 4),
-        itl_p50_s=round(percentile(tally.itl, 0.5), 4), itl_p99_s=round(percentile(tally.itl, 0.99), 4),
+        # Microseconds: events that arrive in one read are a few µs apart, and a fast engine's gaps
+        # rounded to 0.1 ms read as 0 (a tiny model under load did, and looked like no measurement).
+        ttft_p50_s=round(percentile(tally.ttft, 0.5), 6), ttft_p99_s=round(percentile(tally.ttft, 0.99), 6),
+        itl_p50_s=round(percentile(tally.itl, 0.5), 6), itl_p99_s=round(percentile(tally.itl, 0.99), 6),
     )
     return result, tally.first_error
 
