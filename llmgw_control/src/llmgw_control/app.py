@@ -371,6 +371,8 @@ async def run_control(
             if mirror.pulls is not None:
                 await nursery.start(mirror.pulls.run)
             gateway = build_gateway(config, replicas, client, metrics, fleet, tenancy)
+            # The gateway's hang watch (gateway/hang_watch.py) ends with the shutdown, as the listeners do.
+            nursery.start_soon(_until_shutdown, gateway.hangs.run, shutdown)
             api_url, admin_url, metrics_url = await serve_client_and_admin(
                 config, nursery, serve, shutdown, registry, gateway, fleet, tenancy, mirror,
                 shared_port=worker is not None)

@@ -133,7 +133,8 @@ def validate(config: ControlConfig) -> ControlConfig:
     if not 1 <= config.workers <= MAX_WORKERS:
         raise ConfigError(f"workers must be between 1 and {MAX_WORKERS}, got {config.workers}")
     router = config.router
-    for field in ("connect_timeout", "first_byte_timeout", "idle_timeout"):
+    for field in ("connect_timeout", "first_byte_timeout", "idle_timeout", "hang_suspect_after",
+                  "hang_probe_timeout", "hang_check_every", "hung_probe_every"):
         _check_positive(getattr(router, field), f"router.{field}")
     if router.max_attempts < 1:
         raise ConfigError(f"router.max_attempts must be at least 1, got {router.max_attempts}")

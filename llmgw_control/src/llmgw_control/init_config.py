@@ -53,6 +53,12 @@ DOCS: dict[str, str] = {
     "RouterConfig.continue_streams": "Per model (name or model:profile): false stops its streams from being "
                                      "continued; models not named are.",
     "RouterConfig.cooldown": "Seconds a replica that failed is avoided while others can serve.",
+    "RouterConfig.hang_suspect_after": "Seconds requests wait without a byte from an engine before its /health "
+                                       "is asked (a hang is that silence and no /health answer).",
+    "RouterConfig.hang_probe_timeout": "Seconds a suspect engine's /health has to answer before its replica is "
+                                       "withdrawn as hung and its waiting requests moved.",
+    "RouterConfig.hang_check_every": "Seconds between the hang watch's looks at every replica's progress.",
+    "RouterConfig.hung_probe_every": "Seconds between /health probes of a hung replica; a 200 re-admits it.",
     "RouterConfig.max_body_bytes": "Largest request body accepted (413 above).",
     "RouterConfig.default_profile": "Profile used when a client names a model without one, for models that have it.",
     "RouterConfig.routing": "How a replica is chosen: prefix (a conversation or session stays on the replica "

@@ -28,6 +28,21 @@ class RouterConfig:
     continue_streams: dict[str, bool] = attrs.Factory(dict)
     # How long a replica that failed is avoided while others can serve.
     cooldown: float = 10.0
+    # Hang detection (gateway/hang_watch.py). A replica whose waiting requests got no byte of any
+    # answer for hang_suspect_after seconds has its /health asked, with hang_probe_timeout as the
+    # deadline; no answer and it is withdrawn as hung, its waiting requests moved. 3 s of silence
+    # is long for an engine that streams (a token every few tens of ms) and short against the
+    # 10 s within which a hung replica must be out; the silence alone never withdraws one (a long
+    # prompt is silent for minutes), the unanswered /health does, and llama-server answers /health
+    # from its HTTP threads however busy its slots are. 3 s for /health, which answers in
+    # milliseconds, tolerates a loaded host: suspected at 3-3.5 s, withdrawn by 6.5 s.
+    hang_suspect_after: float = 3.0
+    hang_probe_timeout: float = 3.0
+    # How often the watch looks at every replica's progress: half a second puts a hang's detection
+    # within half a second of its bound, for a pass over the replicas that costs microseconds.
+    hang_check_every: float = 0.5
+    # How often a hung replica's /health is asked again; a 200 puts it back in rotation.
+    hung_probe_every: float = 1.0
     # The largest request body (413 above): a long chat with images as base64 data URLs reaches a
     # few MiB; 32 MiB is vLLM-sized headroom that still bounds what one request can make us hold.
     max_body_bytes: int = 32 * 1024 * 1024

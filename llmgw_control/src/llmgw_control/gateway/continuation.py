@@ -22,7 +22,6 @@ import attrs
 
 from llmgw_shared.jsonin import loads as json_loads
 
-from ..api_errors import ClientApiError
 from .requests import ParsedRequest
 from .usage import TokenUsage, read_usage, usage_bounds
 
@@ -44,23 +43,6 @@ def _events_end(data: bytes) -> int:
     return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
 _DONE = b"data: [DONE]"
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
-
-
-class StreamBroken(Exception):
-    """A stream that may be continued broke off after bytes reached the client."""
-
-    def __init__(self, error: ClientApiError, reason: str) -> None:
-        super().__init__(error.message)
-        self.error = error
-        self.reason = reason
-
-
-class ContinuationRefused(Exception):
-    """The replica asked to continue answered with something other than a stream (a 4xx, say)."""
-
-    def __init__(self, error: ClientApiError) -> None:
-        super().__init__(error.message)
-        self.error = error
 
 
 def may_continue(request: ParsedRequest) -> bool:

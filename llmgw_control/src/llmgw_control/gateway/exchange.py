@@ -3,6 +3,7 @@ log and the metrics take from it (``record``)."""
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
 import re
@@ -25,6 +26,38 @@ log = get_logger(__name__)
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 
+class State(enum.Enum):
+    """Where an exchange's answer is (h11-style: the legal moves are ``TRANSITIONS``, nowhere else)."""
+
+    # Nothing sent to the client yet.
+    IDLE = "idle"
+    # The response head went out (a stream's, or a whole answer's about to follow).
+    HEAD_SENT = "head_sent"
+    # Body chunks of a stream went out.
+    STREAMING = "streaming"
+    # The write that carries the end of the answer is under way or done: a disconnect from here on
+    # is a client that is done (the openai client hangs up right after [DONE]), not one gone.
+    COMPLETE = "complete"
+    # The client went away before its answer was complete.
+    CLIENT_GONE = "client_gone"
+
+
+TRANSITIONS: dict[State, frozenset[State]] = {
+    State.IDLE: frozenset({State.HEAD_SENT, State.CLIENT_GONE}),
+    State.HEAD_SENT: frozenset({State.STREAMING, State.COMPLETE, State.CLIENT_GONE}),
+    State.STREAMING: frozenset({State.COMPLETE, State.CLIENT_GONE}),
+    # Writes of the answer's end may follow (the last chunk, the stream's close), changing nothing.
+    State.COMPLETE: frozenset(),
+    # Terminal: nothing reaches the client any more, and what the relay was already doing as the
+    # disconnect came in (its cancellation is on the way) changes nothing either.
+    State.CLIENT_GONE: frozenset(),
+}
+
+
+class IllegalTransition(RuntimeError):
+    """A move the table does not have: a bug in the gateway (a second response head, say)."""
+
+
 class Exchange:
     """One client request: what was sent back, and the figures the access log and metrics need."""
 
@@ -32,7 +65,7 @@ class Exchange:
         self._send = send
         self.request_id = request_id
         self.started = time.perf_counter()
-        self.response_started = False
+        self.state = State.IDLE
         self.status = 0
         self.model = ""
         self.replica = ""
@@ -44,10 +77,6 @@ class Exchange:
         self.queued_seconds = 0.0
         self.ttft: float | None = None
         self.usage: TokenUsage | None = None
-        self.client_gone = False
-        # Set as the last bytes are handed to the server (hypercorn reports the disconnect of a
-        # finished request before our send returns): a disconnect after that is not an abort.
-        self.complete = False
         # Times the stream was continued on another replica after its engine broke off.
         self.continuations = 0
         # The route's API (its error shape), its kind (metrics, access log) and stream framing.
@@ -56,6 +85,40 @@ class Exchange:
         self.stream_format: str | None = None
         # CORS headers for a browser's request from an allowed origin (gateway/cors.py).
         self.cors: list[tuple[bytes, bytes]] = []
+
+    def move(self, to: State) -> None:
+        """Move to ``to``; staying put is no move, and a gone client's exchange stays gone."""
+        state = self.state
+        if to is state or state is State.CLIENT_GONE:
+            return
+        if to not in TRANSITIONS[state]:
+            raise IllegalTransition(f"exchange {self.request_id}: {state.value} -> {to.value}")
+        self.state = to
+
+    @property
+    def response_started(self) -> bool:
+        # Every head carries a status: a status set is a head sent, whatever came after it.
+        return self.state is not State.IDLE and (self.state is not State.CLIENT_GONE or self.status != 0)
+
+    @property
+    def complete(self) -> bool:
+        """Set as the last bytes are handed to the server (hypercorn reports the disconnect of a
+        finished request before our send returns): a disconnect after that is not an abort."""
+        return self.state is State.COMPLETE
+
+    @complete.setter
+    def complete(self, value: bool) -> None:
+        assert value, "an exchange is never made incomplete"
+        self.move(State.COMPLETE)
+
+    @property
+    def client_gone(self) -> bool:
+        return self.state is State.CLIENT_GONE
+
+    @client_gone.setter
+    def client_gone(self, value: bool) -> None:
+        assert value, "a client that went away does not come back"
+        self.move(State.CLIENT_GONE)
 
     def overhead(self) -> float:
         if self.frozen_overhead is not None:
@@ -78,22 +141,22 @@ class Exchange:
 
     async def respond(self, status: int, body: bytes, content_type: bytes = b"application/json",
                       extra: list[tuple[bytes, bytes]] | None = None) -> None:
+        self.move(State.HEAD_SENT)
         self.status = status
-        self.response_started = True
         await self._send({
             "type": "http.response.start", "status": status,
             "headers": self._headers([(b"content-type", content_type),
                                       (b"content-length", str(len(body)).encode()), *(extra or ())]),
         })
-        self.complete = True
+        self.move(State.COMPLETE)
         await self._send({"type": "http.response.body", "body": body})
 
     async def respond_empty(self, status: int, extra: list[tuple[bytes, bytes]]) -> None:
         """An answer without a body (a preflight's 204: no content-length, no content-type)."""
+        self.move(State.HEAD_SENT)
         self.status = status
-        self.response_started = True
         await self._send({"type": "http.response.start", "status": status, "headers": self._headers(extra)})
-        self.complete = True
+        self.move(State.COMPLETE)
         await self._send({"type": "http.response.body", "body": b""})
 
     async def respond_json(self, status: int, value: Any) -> None:
@@ -104,8 +167,8 @@ class Exchange:
             await self.send_chunk(sse_error_event(error, self.stream_format))
             self.status = error.status
             return
+        self.move(State.HEAD_SENT)
         self.status = error.status
-        self.response_started = True
         body = error.in_shape(self.api)
         extra = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         extra += [(k.encode(), v.encode()) for k, v in error.headers]
@@ -113,12 +176,12 @@ class Exchange:
             # Every 429 says when to come back: the SDKs wait that long before their retry.
             extra.append((b"retry-after", b"1"))
         await self._send({"type": "http.response.start", "status": error.status, "headers": self._headers(extra)})
-        self.complete = True
+        self.move(State.COMPLETE)
         await self._send({"type": "http.response.body", "body": body})
 
     async def start_stream(self, status: int, content_type: bytes) -> None:
+        self.move(State.HEAD_SENT)
         self.status = status
-        self.response_started = True
         await self._send({
             "type": "http.response.start", "status": status,
             "headers": self._headers([(b"content-type", content_type), (b"cache-control", b"no-cache"),
@@ -129,12 +192,14 @@ class Exchange:
     async def send_chunk(self, chunk: bytes, events: int = 1) -> None:
         # Events relayed: with no usage from the engine, about one token each.
         self.chunks_sent += events
+        if self.state is State.HEAD_SENT:
+            self.state = State.STREAMING  # in the table; the one check that runs per chunk
         if self.ttft is None:
             self.ttft = time.perf_counter() - self.started
         await self._send({"type": "http.response.body", "body": chunk, "more_body": True})
 
     async def end_stream(self) -> None:
-        self.complete = True
+        self.move(State.COMPLETE)
         await self._send({"type": "http.response.body", "body": b"", "more_body": False})
 
 

@@ -25,22 +25,17 @@ from ..tenancy.admission import Admission, Ticket, admit_waiting
 from ..transport.asgi import REQUEST_ID, Receive, Scope, Send
 from .activator import Activator, Refusal, Slot
 from .affinity import Affinity, request_affinity
+from .attempts import Broken, Outcome, Phase, Refused, Retry, Stalled, Step, policy
 from .capabilities import PROBE_CONCURRENCY, ModelCapabilities, combine, declared, learn, needs, refusal
 from .config import RouterConfig
-from .continuation import (
-    ContinuationRefused,
-    StreamBroken,
-    StreamRecord,
-    continuation_request,
-    ending,
-    may_continue,
-)
+from .continuation import StreamRecord, continuation_request, ending, may_continue
 from .cors import CorsPolicy
 from .directory import ModelDirectory, StaticDirectory
 from .engine_slots import claim_engine_slot, release_engine_slot
 from .exchange import Exchange, header, record, request_id
+from .hang_watch import HangWatch
 from .metrics import GatewayMetrics
-from .relay import Retryable, exchange_with
+from .relay import engine_message, exchange_with, refusal_answer
 from .replicas import Replica, ReplicaSet
 from .requests import ENDPOINTS, ClientGone, ParsedRequest, parse_request, read_body
 from .upstream import UpstreamClient, UpstreamClosedEarly, UpstreamError
@@ -74,6 +69,8 @@ class Gateway:
         self.started = int(time.time())
         # Engines asked what they serve at once (gateway/capabilities.py), by this gateway.
         self.probes = trio.CapacityLimiter(PROBE_CONCURRENCY)
+        # Finds hung engines and moves their requests; its ``run`` is the daemon's task (app.py).
+        self.hangs = HangWatch(replicas, upstream, config, metrics)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         exchange = Exchange(send, request_id(scope))
@@ -260,20 +257,21 @@ class Gateway:
     async def _attempts(
         self, request: ParsedRequest, key: str, exchange: Exchange, priority: Priority, affinity: Affinity | None,
     ) -> None:
+        """Up to ``max_attempts`` attempts on replicas not tried yet, each outcome stepped through
+        the policy table (gateway/attempts.py)."""
         activator = self.activator
         tried: frozenset[str] = frozenset()
         failure: ClientApiError | None = None
         record = self._stream_record(request, key)
-        broken: StreamBroken | None = None
         for attempt in range(self.config.max_attempts):
             slot = activator.try_acquire(key, tried, affinity)
             if slot is None:
-                outcome = await self._queue(key, exchange, priority, tried, affinity, retry=bool(attempt))
-                if outcome is Refusal.EXHAUSTED:
+                waited = await self._queue(key, exchange, priority, tried, affinity, retry=bool(attempt))
+                if waited is Refusal.EXHAUSTED:
                     break
-                if isinstance(outcome, Refusal):
-                    raise activator.refusal_error(outcome, key)
-                slot = outcome
+                if isinstance(waited, Refusal):
+                    raise activator.refusal_error(waited, key)
+                slot = waited
             with slot:
                 replica = slot.replica
                 if attempt:
@@ -287,38 +285,65 @@ class Gateway:
                         self.metrics.affinity_new.labels(key).inc()
                 tried = tried | {replica.id}
                 exchange.replica = replica.id
-                try:
-                    await self._attempt(replica, request, exchange, record, affinity)
-                    return
-                except Retryable as retry:
-                    failure = retry.error
-                    self._failed(replica, key, retry.reason, retry.error)
-                except StreamBroken as exc:
-                    broken = exc
-                    self._failed(replica, key, exc.reason, exc.error)
-            if broken is not None and record is not None:
-                await self._continue(key, exchange, priority, tried, broken, record, affinity)
+                outcome = await self._attempt(replica, request, exchange, record, affinity)
+            step = self._step(replica, key, outcome, Phase.ATTEMPT)
+            if step is Step.DONE:
                 return
+            if step is Step.ANSWER:
+                await self._answer(outcome, exchange)
+                return
+            if step is Step.CONTINUE:
+                assert isinstance(outcome, Broken)
+                await self._continue(key, exchange, priority, tried, outcome, record, affinity)
+                return
+            assert isinstance(outcome, Retry)  # Step.NEXT
+            failure = outcome.error
         raise failure or ClientApiError(
             503, f"No replica of model '{request.model}' is available.", code="no_replica_available")
 
+    def _step(self, replica: Replica, key: str, outcome: Outcome, phase: Phase) -> Step:
+        """The policy's step for ``outcome``, with the replica cooled down when the policy says so."""
+        rule = policy(outcome, phase)
+        if rule.cool_down:
+            assert isinstance(outcome, (Retry, Broken))
+            self._failed(replica, key, outcome.reason, outcome.error)
+        return rule.step
+
+    async def _answer(self, outcome: Outcome, exchange: Exchange) -> None:
+        """Step.ANSWER: the client's answer from the outcome itself."""
+        if isinstance(outcome, Refused):
+            status, answer = refusal_answer(outcome.status, outcome.body, exchange.api)
+            # x-should-retry: the SDKs would otherwise retry some 4xx (408, 409, 429) with the same mistake.
+            await exchange.respond(status, answer, extra=[(b"x-should-retry", b"false")])
+            return
+        assert isinstance(outcome, Stalled)
+        raise outcome.error
+
     def _failed(self, replica: Replica, key: str, reason: str, error: ClientApiError) -> None:
-        replica.cooldown_until = trio.current_time() + self.config.cooldown
-        self.metrics.cooldowns.labels(replica.id).inc()
+        if replica.progress.hung_since is None:
+            # A hung replica is out of rotation already, until its /health answers (gateway/hang_watch.py).
+            replica.cooldown_until = max(replica.cooldown_until, trio.current_time() + self.config.cooldown)
+            self.metrics.cooldowns.labels(replica.id).inc()
         log.warning("replica %s failed (%s): %s", replica.id, reason, error.message,
                     extra={"replica": replica.id, "model": key})
 
     async def _continue(
-        self, key: str, exchange: Exchange, priority: Priority, tried: frozenset[str], broken: StreamBroken,
-        record: StreamRecord, affinity: Affinity | None,
+        self, key: str, exchange: Exchange, priority: Priority, tried: frozenset[str], broken: Broken,
+        record: StreamRecord | None, affinity: Affinity | None,
     ) -> None:
         """Continue a broken stream on other replicas, at most ``max_continuations`` times.
 
         Each try asks for another ready replica (not one tried already) with what the client has
         received so far; when none can, the stream ends with the last failure as its error event,
-        as a stream that may not be continued does.
+        as a stream that may not be continued (no ``record``) does at once.
         """
-        failure, outcome = broken.error, "gave_up"
+        if record is None:
+            log.warning("stream from replica %s ended early: %s", exchange.replica, broken.error.message,
+                        extra={"replica": exchange.replica, "model": key})
+            await exchange.send_error(broken.error)
+            await exchange.end_stream()
+            return
+        failure, ended = broken.error, "gave_up"
         for _ in range(self.config.max_continuations):
             if exchange.client_gone:
                 return  # never for a client that hung up (its cancellation is on the way)
@@ -333,7 +358,7 @@ class Gateway:
                 return
             plan = None if record.overflow or seen.other else continuation_request(record.request, seen)
             if plan is None:
-                outcome = "impossible"
+                ended = "impossible"
                 break
             # By the key's order too: the replica that continues is the one its next turns prefer
             # while the broken one stays out, so it is worth warming.
@@ -349,28 +374,27 @@ class Gateway:
                 exchange.replica = replica.id
                 record.continue_after(seen)
                 exchange.continuations = record.continuations
-                try:
-                    await self._attempt(replica, plan, exchange, record, affinity)
-                    self.metrics.continuations.labels(key, "continued").inc()
-                    return
-                except Retryable as retry:
-                    # Nothing of it reached the client; the next try starts from the same place.
-                    record.broken_tokens.pop()
-                    failure = retry.error
-                    self._failed(replica, key, retry.reason, retry.error)
-                except StreamBroken as exc:
-                    failure = exc.error
-                    self._failed(replica, key, exc.reason, exc.error)
-                except ContinuationRefused as refused:
-                    failure, outcome = refused.error, "refused"
-                    break
-                except ClientApiError as error:
-                    # A first-byte timeout: that engine may still be working on the prompt, and
-                    # another would double its cost (as for a first attempt, not retried).
-                    failure = error
-                    break
-        self.metrics.continuations.labels(key, outcome).inc()
-        log.warning("stream ended early after %d continuation(s) (%s): %s", record.continuations, outcome,
+                outcome = await self._attempt(replica, plan, exchange, record, affinity)
+            step = self._step(replica, key, outcome, Phase.CONTINUATION)
+            if step is Step.DONE:
+                self.metrics.continuations.labels(key, "continued").inc()
+                return
+            if isinstance(outcome, Retry):
+                # Nothing of it reached the client; the next try starts from the same place.
+                record.broken_tokens.pop()
+            if step is Step.END_STREAM:
+                if isinstance(outcome, Refused):
+                    failure, ended = ClientApiError(
+                        502, f"Replica {replica.id} would not continue the stream ({outcome.status}): "
+                             f"{engine_message(outcome.body)}", code="upstream_error"), "refused"
+                else:
+                    assert isinstance(outcome, Stalled)
+                    failure = outcome.error
+                break
+            assert isinstance(outcome, (Retry, Broken))  # Step.NEXT, Step.CONTINUE: another try
+            failure = outcome.error
+        self.metrics.continuations.labels(key, ended).inc()
+        log.warning("stream ended early after %d continuation(s) (%s): %s", record.continuations, ended,
                     failure.message, extra={"model": key})
         await exchange.send_error(failure)
         await exchange.end_stream()
@@ -397,7 +421,7 @@ class Gateway:
     async def _attempt(
         self, replica: Replica, request: ParsedRequest, exchange: Exchange, record: StreamRecord | None = None,
         affinity: Affinity | None = None,
-    ) -> None:
+    ) -> Outcome:
         headers = [("content-type", "application/json"), ("accept", "application/json, text/event-stream"),
                    ("x-request-id", exchange.request_id)]
         if replica.api_key:
@@ -407,19 +431,19 @@ class Gateway:
         gauge.inc()
         engine_slot = claim_engine_slot(replica, affinity.key) if affinity is not None else None
         try:
-            await exchange_with(self.upstream, self.config, replica, url, headers, request, exchange, record,
-                                engine_slot)
+            return await exchange_with(self.upstream, self.config, replica, url, headers, request, exchange, record,
+                                       engine_slot)
         except UpstreamClosedEarly as exc:
             # A fresh connection (the upstream client re-sends once when a pooled one was closed
             # under the request) closed before answering: the engine is in trouble.
-            raise Retryable(ClientApiError(
+            return Retry(ClientApiError(
                 502, f"Replica {replica.id} closed the connection before answering (phase: "
-                     f"first_byte): {exc}", code="upstream_closed"), "closed") from None
+                     f"first_byte): {exc}", code="upstream_closed"), "closed")
         except UpstreamError as exc:
             # A connect error, or anything else the upstream client could not send.
-            raise Retryable(ClientApiError(
+            return Retry(ClientApiError(
                 502, f"Replica {replica.id} could not be reached (phase: connect): {exc}",
-                code="upstream_connect_error"), "connect") from None
+                code="upstream_connect_error"), "connect")
         finally:
             release_engine_slot(replica, engine_slot)
             gauge.dec()

@@ -107,6 +107,16 @@ class GatewayMetrics:
             "llmgw_replica_cooldowns_total", "Times a replica was put in cooldown after a failure.",
             ["replica"], registry=registry,
         )
+        self.hangs = Counter(
+            "llmgw_replica_hangs_total",
+            "Times a replica was found hung: requests waited router.hang_suspect_after without a byte from "
+            "its engine and its /health did not answer within router.hang_probe_timeout; withdrawn from "
+            "routing until its /health answers 200 (gateway/hang_watch.py).",
+            ["replica"], registry=registry,
+        )
+        self.hung_replicas = Gauge(
+            "llmgw_replicas_hung", "Replicas withdrawn from routing as hung now.", registry=registry,
+        )
         self.usage_clamped = Counter(
             "llmgw_usage_clamped_total",
             "Token counts an engine reported outside what the request could have produced (negative, past "
@@ -117,5 +127,6 @@ class GatewayMetrics:
     def forget_replica(self, replica_id: str) -> None:
         """Drop every series labelled with ``replica_id``: the replica is gone for good, and a
         fleet that starts and stops replicas all day must not grow /metrics with each one."""
-        for metric in (self.requests, self.replica_in_flight, self.retries, self.cooldowns, self.usage_clamped):
+        for metric in (self.requests, self.replica_in_flight, self.retries, self.cooldowns, self.hangs,
+                       self.usage_clamped):
             metric.remove_by_labels({"replica": replica_id})

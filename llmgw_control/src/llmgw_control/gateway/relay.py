@@ -1,10 +1,15 @@
 """One attempt's exchange with an engine: the request sent, the answer relayed to the client.
 
 Deadlines are trio scopes per phase (the response head, then the idle gap between chunks), so an
-error names the replica and the phase. A failure before anything reached the client is
-``Retryable``: the gateway tries another replica. Once bytes reached it, a failure ends the stream
-with a last ``data: {"error": ...}`` event. A streamed answer is read by a task of its own into a
-bounded queue, and everything queued leaves as one write (docs/performance.md).
+error names the replica and the phase. The attempt ends with an outcome (gateway/attempts.py), a
+value the gateway's policy table turns into the next step: a failure before anything reached the
+client is a ``Retry`` (another replica), one after is ``Broken`` (continued elsewhere, or the stream
+ends with a last ``data: {"error": ...}`` event). A streamed answer is read by a task of its own
+into a bounded queue, and everything queued leaves as one write (docs/performance.md).
+
+Every scope that waits on the engine is registered with the replica's ``Progress``
+(gateway/hang_watch.py), and every byte from it counts as progress: a replica found hung has
+those scopes cancelled, and the attempt's outcome says so (reason ``hung``).
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ from llmgw_shared.jsonin import loads as json_loads
 from llmgw_shared.logs import get_logger
 
 from ..api_errors import ClientApiError
+from .attempts import ANSWERED, Broken, Outcome, Refused, Retry, Stalled
 from .config import RouterConfig
-from .continuation import ContinuationRefused, StreamBroken, StreamRecord
+from .continuation import StreamRecord
 from .exchange import Exchange
 from .replicas import Replica
 from .requests import ParsedRequest
@@ -37,16 +43,8 @@ _ERROR_BODY_LIMIT = 64 * 1024
 _RELAY_QUEUE = 64
 
 
-class Retryable(Exception):
-    """This attempt failed before anything reached the client: another replica may serve it."""
-
-    def __init__(self, error: ClientApiError, reason: str) -> None:
-        super().__init__(error.message)
-        self.error = error
-        self.reason = reason
-
-
-def _engine_message(body: bytes) -> str:
+def engine_message(body: bytes) -> str:
+    """The engine's error message in ``body`` (its JSON error, else the text), at most 300 characters."""
     try:
         value = json_loads(body)
         error = value.get("error") if isinstance(value, dict) else None
@@ -59,19 +57,31 @@ def _engine_message(body: bytes) -> str:
     return body.decode("utf-8", "replace").strip()[:300] or "(empty body)"
 
 
+def _hung(replica: Replica, phase: str) -> ClientApiError:
+    return ClientApiError(502, f"Replica {replica.id} stopped answering and was withdrawn as hung (phase: {phase}).",
+                          code=HUNG)
+
+
+# The error code (and the outcome's reason) of an attempt cut short because its replica was found hung.
+HUNG = "upstream_hung"
+
+
+def _reason(error: ClientApiError, otherwise: str) -> str:
+    return "hung" if error.code == HUNG else otherwise
+
 
 async def exchange_with(
     upstream: UpstreamClient, config: RouterConfig, replica: Replica, url: str, headers: list[tuple[str, str]],
     request: ParsedRequest, exchange: Exchange, record: StreamRecord | None = None, engine_slot: int | None = None,
-) -> None:
-    """Send ``request`` to ``replica`` and relay its answer into ``exchange``.
+) -> Outcome:
+    """Send ``request`` to ``replica``, relay its answer into ``exchange``, and say how it went.
 
     With an ``engine_slot`` the request names that llama-server slot (gateway/engine_slots.py),
     in place of any ``id_slot`` the client sent.
 
-    With a ``record``, a stream that breaks after bytes reached the client raises StreamBroken
-    (the gateway continues it elsewhere) instead of ending with an error event; when the record
-    holds a splice, this attempt continues a stream already under way.
+    When the record holds a splice, this attempt continues a stream already under way. A stream
+    that breaks after bytes reached the client is ``Broken`` whether or not it may be continued:
+    the gateway either continues it or ends it with the error.
     """
     body = request.body
     renamed = bool(replica.served_name) and replica.served_name != request.model
@@ -85,22 +95,34 @@ async def exchange_with(
         body = json.dumps(payload).encode()
     waited = time.perf_counter()
     answered = False
+    progress = replica.progress
+    outcome: Outcome = ANSWERED
     try:
         # One scope for the wait for the response head, lifted once it is in: a second
         # scope (or an exit stack to nest one) per request is measurable on this path.
         with trio.CancelScope(deadline=trio.current_time() + config.first_byte_timeout) as head:
+            progress.wait(head)
             async with upstream.open("POST", url, headers=headers, body=body,
                                           connect_timeout=config.connect_timeout) as response:
+                # No longer cancellable as a wait on a hung engine: the relay's own scopes are.
+                progress.answered(head)
                 head.deadline = math.inf
                 answered = True
                 exchange.upstream_seconds += time.perf_counter() - waited
-                await _relay(config, replica, response, exchange, record, usage_bounds(request))
+                outcome = await _relay(config, replica, response, exchange, record, usage_bounds(request))
     finally:
+        progress.done(head)
         if not answered:
             exchange.upstream_seconds += time.perf_counter() - waited
     if head.cancelled_caught:
-        raise ClientApiError(504, f"Replica {replica.id} did not answer within {config.first_byte_timeout:g} s "
-                            "(phase: first_byte).", code="upstream_timeout")
+        if progress.hung_since is not None:
+            # Nothing reached the client: another replica serves it at once.
+            return Retry(_hung(replica, "first_byte"), "hung")
+        return Stalled(ClientApiError(504, f"Replica {replica.id} did not answer within "
+                                      f"{config.first_byte_timeout:g} s (phase: first_byte).",
+                                      code="upstream_timeout"))
+    return outcome
+
 
 def is_refusal(status: int) -> bool:
     """An engine's answer that the request, not the engine, is at fault: a 4xx, or 501 (llama-server
@@ -122,7 +144,7 @@ def refusal_answer(status: int, body: bytes, api: str) -> tuple[int, bytes]:
     if isinstance(value, dict) and _in_shape(value, api):
         return answer, body
     code = "unsupported_by_model" if status == 501 else "engine_rejected"
-    error = ClientApiError(answer, f"The model's engine refused the request ({status}): {_engine_message(body)}",
+    error = ClientApiError(answer, f"The model's engine refused the request ({status}): {engine_message(body)}",
                            code=code)
     return answer, error.in_shape(api)
 
@@ -136,16 +158,12 @@ def _in_shape(value: dict[str, object], api: str) -> bool:
     return True
 
 
-async def _refuse(
-    config: RouterConfig, replica: Replica, response: UpstreamResponse, exchange: Exchange,
-) -> None:
+async def _error_body(config: RouterConfig, replica: Replica, response: UpstreamResponse, exchange: Exchange) -> bytes:
+    """An engine's error answer, bounded; the read's own failure, as text, when it broke off."""
     try:
-        body = await _read_all(config, replica, response, exchange, _ERROR_BODY_LIMIT)
+        return (await _read_all(config, replica, response, exchange, _ERROR_BODY_LIMIT))[:_ERROR_BODY_LIMIT]
     except ClientApiError as error:
-        body = error.message.encode()
-    status, answer = refusal_answer(response.status_code, body[:_ERROR_BODY_LIMIT], exchange.api)
-    # x-should-retry: the SDKs would otherwise retry some 4xx (408, 409, 429) with the same mistake.
-    await exchange.respond(status, answer, extra=[(b"x-should-retry", b"false")])
+        return error.message.encode()
 
 
 async def _read_all(
@@ -156,20 +174,26 @@ async def _read_all(
     parts = []
     size = 0
     waited = time.perf_counter()
+    progress = replica.progress
     try:
         with trio.CancelScope(deadline=trio.current_time() + idle) as stalled:
+            progress.wait(stalled)
             while (chunk := await response.next_chunk()) is not None:
                 parts.append(chunk)
                 size += len(chunk)
                 if limit is not None and size >= limit:
                     break
-                stalled.deadline = trio.current_time() + idle
+                progress.last = now = trio.current_time()
+                stalled.deadline = now + idle
     except UpstreamBodyError as exc:
         raise ClientApiError(502, f"Replica {replica.id} broke off its response (phase: body): {exc}",
                        code="upstream_broken") from None
     finally:
+        progress.done(stalled)
         exchange.upstream_seconds += time.perf_counter() - waited
     if stalled.cancelled_caught:
+        if replica.progress.hung_since is not None:
+            raise _hung(replica, "body")
         raise ClientApiError(504, f"Replica {replica.id} sent nothing for {idle:g} s (phase: body).",
                        code="upstream_timeout")
     return parts[0] if len(parts) == 1 else b"".join(parts)
@@ -177,44 +201,31 @@ async def _read_all(
 async def _relay(
     config: RouterConfig, replica: Replica, response: UpstreamResponse, exchange: Exchange,
     record: StreamRecord | None, bounds: UsageBounds,
-) -> None:
+) -> Outcome:
     status = response.status_code
-    if is_refusal(status) and (record is None or record.splice is None):
-        # Not retried, no cooldown: another replica would refuse the same request.
-        await _refuse(config, replica, response, exchange)
-        return
-    if status >= 500 or status in (401, 403):
+    if (status >= 500 or status in (401, 403)) and not is_refusal(status):
         # A 401 or 403 is the engine refusing the gateway's own key: that replica is misconfigured,
         # as unwell as a 5xx for the client, whose own key was fine.
-        try:
-            detail = _engine_message(await _read_all(config, replica, response, exchange, _ERROR_BODY_LIMIT))
-        except ClientApiError as error:
-            detail = error.message
-        raise Retryable(ClientApiError(
-            502, f"Replica {replica.id} answered {status} (phase: first_byte): {detail}",
-            code="upstream_error"), f"http_{status}")
+        detail = engine_message(await _error_body(config, replica, response, exchange))
+        return Retry(ClientApiError(502, f"Replica {replica.id} answered {status} (phase: first_byte): {detail}",
+                                    code="upstream_error"), f"http_{status}")
     content_type = response.content_type()
+    if is_refusal(status) or (record is not None and record.splice is not None
+                              and (status >= 300 or not content_type.startswith("text/event-stream"))):
+        # The request's own fault (or, continuing a stream, an answer that cannot be spliced in):
+        # another replica would answer the same.
+        return Refused(status, await _error_body(config, replica, response, exchange))
     splice = record.splice if record is not None else None
-    if splice is not None and (status >= 300 or not content_type.startswith("text/event-stream")):
-        # The client's stream is under way: this answer cannot be relayed, and it is the engine
-        # refusing the continuation (a 4xx), so no other replica is asked either.
-        try:
-            detail = _engine_message(await _read_all(config, replica, response, exchange, _ERROR_BODY_LIMIT))
-        except ClientApiError as error:
-            detail = error.message
-        raise ContinuationRefused(ClientApiError(
-            502, f"Replica {replica.id} would not continue the stream ({status}): {detail}",
-            code="upstream_error"))
     if not content_type.startswith("text/event-stream"):
         try:
             body = await _read_all(config, replica, response, exchange)
         except ClientApiError as error:
             # Nothing has reached the client yet, so another replica may still serve it.
-            raise Retryable(error, "body") from None
+            return Retry(error, _reason(error, "body"))
         if status < 300:
             exchange.usage = find_usage(body, bounds)
         await exchange.respond(status, body, content_type.encode() or b"application/json")
-        return
+        return ANSWERED
     if splice is None:
         await exchange.start_stream(status, content_type.encode())
         # From here the overhead figure is fixed: the relay's own time overlaps the engine's.
@@ -267,18 +278,15 @@ async def _relay(
                     # here on (the openai client does, right after [DONE]) is done, not gone.
                     exchange.complete = True
                 await exchange.send_chunk(data, events=data.count(b"data:"))
-    if failure is not None and record is not None:
-        # Another replica may continue it: the gateway decides (and ends the stream).
-        raise StreamBroken(failure, failure.code or "broken")
-    if failure is not None:
-        # Bytes already reached the client: no retry, the error travels as the last event.
-        log.warning("stream from replica %s ended early: %s", replica.id, failure.message,
-                    extra={"replica": replica.id})
-        await exchange.send_error(failure)
     exchange.usage = tail.usage() or exchange.usage
     if splice is not None and splice.charged is not None:
         exchange.usage = splice.charged
+    if failure is not None:
+        # Bytes already reached the client: another replica may continue it, or the error travels
+        # as the last event. The gateway decides, and ends the stream.
+        return Broken(failure, _reason(failure, failure.code or "broken"))
     await exchange.end_stream()
+    return ANSWERED
 
 
 async def _read_stream(
@@ -292,9 +300,11 @@ async def _read_stream(
     # seconds instead, and set ``slack`` later than due, so it fires between ``idle`` and
     # ``idle + slack`` after the last chunk: never early.
     slack = min(1.0, idle / 10)
+    progress = replica.progress
     async with arrived:
         # Waiting on a full queue (a slow client) is not idleness: the deadline is lifted then.
         with trio.CancelScope(deadline=trio.current_time() + idle + slack) as waiting:
+            progress.wait(waiting)
             refresh_at = trio.current_time() + slack
             try:
                 while (chunk := await response.next_chunk()) is not None:
@@ -304,7 +314,8 @@ async def _read_stream(
                         waiting.deadline = math.inf
                         await arrived.send(chunk)
                         refresh_at = 0.0
-                    now = trio.current_time()
+                    # Every chunk is the engine's sign of life (gateway/hang_watch.py).
+                    progress.last = now = trio.current_time()
                     if now >= refresh_at:
                         waiting.deadline = now + idle + slack
                         refresh_at = now + slack
@@ -312,6 +323,11 @@ async def _read_stream(
                 await arrived.send(ClientApiError(502, f"Replica {replica.id} broke off its response (phase: body): "
                                                   f"{exc}", code="upstream_broken"))
                 return
+            finally:
+                progress.done(waiting)
+        if waiting.cancelled_caught and progress.hung_since is not None:
+            await arrived.send(_hung(replica, "body"))
+            return
         if waiting.cancelled_caught:
             await arrived.send(ClientApiError(504, f"Replica {replica.id} sent nothing for {idle:g} s (phase: body).",
                                               code="upstream_timeout"))

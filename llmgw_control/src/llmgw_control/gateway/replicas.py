@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 import attrs
 
 from .engine_facts import EngineFacts
+from .progress import Progress
 
 # Slots of a static endpoint whose config does not say: llmgw knows nothing of that engine, so the
 # bound should only stop a runaway, not queue requests the engine could serve. vLLM's default
@@ -35,6 +36,8 @@ class Replica:
     slots: int = DEFAULT_ENDPOINT_SLOTS
     # Slots taken, by the activator's slot guards only (gateway/activator.py).
     in_flight: int = 0
+    # Avoided until then after a failure (trio clock); infinity while it is withdrawn as hung
+    # (gateway/hang_watch.py), when it is not chosen even as a last resort.
     cooldown_until: float = 0.0
     # When the last request finished here; the idle unloader reads it.
     last_used: float = 0.0
@@ -55,6 +58,8 @@ class Replica:
     # key the slot whose conversation has waited longest. One entry per engine slot, all unowned
     # at first, in number order.
     engine_slot_owners: dict[int, bytes | None] = attrs.field(init=False)
+    # Its engine's last byte and the requests waiting on it, for the hang watch (gateway/hang_watch.py).
+    progress: Progress = attrs.field(factory=Progress, init=False)
 
     @engine_slot_owners.default
     def _unowned_engine_slots(self) -> dict[int, bytes | None]:

@@ -235,8 +235,12 @@ def build_api(ctx: ApiContext) -> Api:
         out = []
         for r in sorted(f.reconciler.shards.values(), key=lambda r: (r.key, r.shard_id)):
             published = f.reconciler.replicas.get(r.shard_id)
-            out.append(ReplicaView(r.shard_id, r.key, r.node_id, r.port, r.status, r.detail, r.draining,
-                                   published is not None, published.in_flight if published else 0,
+            hung = published is not None and published.progress.hung_since is not None
+            # Withdrawn by the gateway's hang watch (gateway/hang_watch.py) while its node still
+            # reports it ready: not routable, and the detail says why.
+            detail = "hung: its engine stopped answering; withdrawn until its /health answers" if hung else r.detail
+            out.append(ReplicaView(r.shard_id, r.key, r.node_id, r.port, r.status, detail, r.draining,
+                                   published is not None and not hung, published.in_flight if published else 0,
                                    list(r.last_lines), published.slots if published else 0))
         return ReplicaList(out)
 
