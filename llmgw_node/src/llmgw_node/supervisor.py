@@ -19,6 +19,7 @@ machine over one process, read top to bottom; the periodic memory measurement of
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 from collections.abc import Callable
@@ -38,7 +39,7 @@ from llmgw_node.weights import WeightsCache, WeightsError
 from llmgw_shared.logs import get_logger
 from llmgw_shared.names import BadName, check_shard_id
 from llmgw_shared.threads import DISK
-from llmgw_shared.wire import PORT_IN_USE, ShardSpec, ShardState, ShardStatus
+from llmgw_shared.wire import PORT_IN_USE, ShardSpec, ShardState, ShardStatus, WeightsSpec
 
 log = get_logger(__name__)
 
@@ -186,6 +187,7 @@ class Supervisor:
                 check_model_dir(spec.model_dir)
             except ModelDirError as exc:
                 raise ShardError(f"shard {spec.shard_id}: {exc}") from None
+        _check_adapters(spec)
         existing = self._shards.get(spec.shard_id)
         if existing is not None and not existing.done.is_set():
             if existing.spec == spec:
@@ -231,8 +233,8 @@ class Supervisor:
 
     def _spawn(self, shard: _Shard, adopted: ProcessRecord | None) -> None:
         assert self._nursery is not None, "Supervisor.run() must be running"
-        if shard.spec.weights is not None:
-            self.weights.acquire(shard.spec.weights.sha256, shard.spec.shard_id)
+        for file in _files(shard.spec):
+            self.weights.acquire(file.sha256, shard.spec.shard_id)
         self._nursery.start_soon(self._supervise, shard, adopted, name=f"shard:{shard.spec.shard_id}")
 
     def _set(self, shard: _Shard, status: ShardStatus, detail: str = "", *, lines: bool = False) -> None:
@@ -323,8 +325,8 @@ class Supervisor:
             await self._loop(shard, weights, adopted)
         finally:
             shard.done.set()
-            if spec.weights is not None:
-                self.weights.release(spec.weights.sha256, spec.shard_id)
+            for file in _files(spec):
+                self.weights.release(file.sha256, spec.shard_id)
             # Cancelled means the daemon is going away and the engine keeps running for the next
             # one to adopt: its record must stay. Only a shard that really ended leaves the file.
             if shard.state.status in ("stopped", "failed"):
@@ -363,6 +365,12 @@ class Supervisor:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_cancel_when, shard.stop_requested, nursery.cancel_scope)
             try:
+                # The adapters first, exactly as the weights (sha256, size): a wrong one fails the
+                # shard before the engine is started with it.
+                for adapter in spec.adapters:
+                    self._set(shard, "downloading", f"checking adapter {adapter.name}")
+                    await self.weights.ensure(
+                        adapter.weights, lambda what: self._set(shard, "downloading", f"adapter: {what}"))
                 path = await self.weights.ensure(
                     weights_spec, lambda what: self._set(shard, "downloading", what)
                 )
@@ -426,7 +434,8 @@ class Supervisor:
         fd = await DISK.run(lambda: open_log(self.log_path(spec.shard_id), fresh=fresh))
         try:
             proc = await trio.lowlevel.open_process(
-                engine_argv(binary, spec, weights, self.host), stdin=subprocess.DEVNULL,
+                engine_argv(binary, spec, weights, self.host,
+                            [self.weights.path_for(a.weights) for a in spec.adapters]), stdin=subprocess.DEVNULL,
                 stdout=fd, stderr=fd, env=env, start_new_session=True, cwd=str(binary.parent),
             )
         except OSError as exc:
@@ -579,6 +588,39 @@ class Supervisor:
 # A measurement is reported again only when it moved by this share (or from or to zero): every
 # heartbeat carries the shards that changed, and RSS wobbles by a few pages all the time.
 _MOVED_SHARE = 0.05
+
+
+# Adapters one shard may load: control's catalog allows this many a profile (MAX_ADAPTERS).
+MAX_ADAPTERS = 64
+_ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,95}$")
+
+
+def _check_adapters(spec: ShardSpec) -> None:
+    """A spec's adapters, checked before anything is fetched: their names reach the command line
+    (vLLM's --lora-modules NAME=PATH) and logs, their files the cache (by digest)."""
+    if not spec.adapters:
+        return
+    if spec.engine not in ("llama.cpp", "vllm"):
+        raise ShardError(f"shard {spec.shard_id}: {spec.engine} does not load LoRA adapters here")
+    if len(spec.adapters) > MAX_ADAPTERS:
+        raise ShardError(f"shard {spec.shard_id}: at most {MAX_ADAPTERS} adapters")
+    for adapter in spec.adapters:
+        if not _ADAPTER_NAME.fullmatch(adapter.name):
+            raise ShardError(f"shard {spec.shard_id}: adapter name {adapter.name[:100]!r} is not a plain name")
+        if spec.engine == "vllm":
+            try:
+                check_model_dir(adapter.weights.url.removeprefix("file://"))
+            except ModelDirError as exc:
+                raise ShardError(f"shard {spec.shard_id}: adapter {adapter.name}: {exc}") from None
+
+
+def _files(spec: ShardSpec) -> list[WeightsSpec]:
+    """The cached files a shard uses: its weights and its adapters' (a vLLM adapter's directory
+    is the operator's, named by path, and held in the cache no more than a model_dir is)."""
+    files = [spec.weights] if spec.weights is not None else []
+    if spec.engine == "llama.cpp":
+        files += [a.weights for a in spec.adapters]
+    return files
 
 
 def _moved(old: int, new: int) -> bool:

@@ -24,6 +24,7 @@ from ..priority import Priority
 from ..tenancy.admission import Admission, Ticket, admit_waiting
 from ..transport.asgi import REQUEST_ID, Receive, Scope, Send
 from .activator import Activator, Refusal, Slot
+from .adapters import adapter_affinity
 from .affinity import Affinity, request_affinity
 from .capabilities import PROBE_CONCURRENCY, ModelCapabilities, combine, declared, learn, needs, refusal
 from .config import RouterConfig
@@ -122,11 +123,13 @@ class Gateway:
             key = self.directory.resolve(request.model)
             if key is None:
                 raise model_not_found(request.model, self._visible(allowed), restricted=allowed is not None)
-            exchange.model = key
+            # An adapter is counted under its own name (metrics, usage, quotas), served by its base.
+            adapter = self.directory.adapter(request.model)
+            exchange.model = adapter or key
             exchange.stream = request.stream
             if request.stream:
                 exchange.stream_format = endpoint.stream_format
-            affinity = self._affinity(key, request, scope)
+            affinity = adapter_affinity(self._affinity(key, request, scope), adapter)
             wanted = needs(request)
             if len(wanted) > 1:
                 # A feature (vision, audio) only the engines can say they have.
@@ -136,7 +139,7 @@ class Gateway:
                 await self._forward(request, key, receive, exchange, affinity=affinity)
                 return
             estimate = _estimate_tokens(request)
-            ticket = await admit_waiting(self.admission, authorization, key.partition(":")[0],
+            ticket = await admit_waiting(self.admission, authorization, adapter or key.partition(":")[0],
                                          estimated_tokens=sum(estimate))
             try:
                 # After the allow-list (a key learns nothing of a model it may not use), before
@@ -218,8 +221,9 @@ class Gateway:
 
     def _may_see(self, name: str, allowed: frozenset[str] | None) -> bool:
         key = self.directory.resolve(name)
-        # As ``admit`` checks an allow-list: by the model, whatever the profile.
-        return key is not None and (allowed is None or key.partition(":")[0] in allowed)
+        # As ``admit`` checks an allow-list: by the model, whatever the profile; an adapter by its own name.
+        return key is not None and (allowed is None or (self.directory.adapter(name) or key.partition(":")[0])
+                                    in allowed)
 
     def _visible(self, allowed: frozenset[str] | None) -> list[str]:
         """The model names a key may see: all of them, or those its allow-list names."""
