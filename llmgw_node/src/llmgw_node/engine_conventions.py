@@ -1,7 +1,7 @@
 """How each engine is started: its command line and where its key goes.
 
-- llama.cpp: ``llama-server -m FILE --host H --port P [GPU offload and split] [--lora ADAPTER]...
-  ...``, the key in ``LLAMA_API_KEY``;
+- llama.cpp: ``llama-server -m FILE --host H --port P [GPU offload and split] [--lora-scaled
+  A:0,B:0...] ...``, the key in ``LLAMA_API_KEY``;
 - vLLM: ``vllm serve DIR --host H --port P [--lora-modules NAME=DIR...] ...``, the key in
   ``VLLM_API_KEY``;
 - SGLang: ``<python> -m sglang.launch_server --model-path DIR --host H --port P --api-key K ...``
@@ -27,8 +27,7 @@ def engine_argv(binary: Path, spec: ShardSpec, model: Path, host: str, adapters:
     """``adapters``: the verified files of ``spec.adapters``, in their order."""
     host_port = ["--host", host, "--port", str(spec.port)]
     if spec.engine == "llama.cpp":
-        # One --lora each, in the spec's order: a request selects an adapter by this position.
-        loras = [arg for path in adapters for arg in ("--lora", str(path))]
+        loras = ["--lora-scaled", lora_list(adapters)] if adapters else []
         return [str(binary), "-m", str(model), *host_port, *gpu_args(spec.devices), *loras, *spec.args]
     if spec.engine == "vllm":
         # vLLM names each adapter: a request selects one by its model name.
@@ -42,6 +41,17 @@ def engine_argv(binary: Path, spec: ShardSpec, model: Path, host: str, adapters:
                 "--api-key", spec.api_key, *spec.args]
     subst = {"{model}": str(model), "{host}": host, "{port}": str(spec.port)}
     return [str(binary), *(subst.get(a, a) for a in spec.args)]
+
+
+def lora_list(adapters: Sequence[Path]) -> str:
+    """llama-server's ``--lora-scaled`` value: every adapter, in the spec's order (a request
+    selects one by this position), at scale 0, so a request that names none gets the base model.
+    (b11312 keeps a plain ``--lora`` at scale 1 even with ``--lora-init-without-apply``, and takes
+    one ``--lora`` flag given twice as its last only; one comma-separated list is its form.)"""
+    for path in adapters:
+        if "," in str(path) or ":" in str(path):
+            raise ValueError(f"adapter path {str(path)[:200]!r} has a ',' or ':' (llama-server's separators)")
+    return ",".join(f"{path}:0" for path in adapters)
 
 
 def gpu_args(devices: list[int]) -> list[str]:

@@ -11,7 +11,7 @@ the group, then SIGKILL after a grace period. Draining waits for the engine's in
 Engines started by an earlier daemon are found through the state file and adopted (health
 checked, then supervised by polling ``/proc``, since they are no longer our children).
 
-About 550 lines: one shard's task (start, health, exit, restart, drain, adopt) is one state
+About 600 lines: one shard's task (start, health, exit, restart, drain, adopt) is one state
 machine over one process, read top to bottom; the periodic memory measurement of every engine
 (``memory``) reports through the same shard states.
 """
@@ -19,7 +19,6 @@ machine over one process, read top to bottom; the periodic memory measurement of
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 from collections.abc import Callable
@@ -30,6 +29,7 @@ import httpx2
 import trio
 
 from llmgw_node import engine_http, memory
+from llmgw_node.adapters import AdapterError, check_adapters, shard_files
 from llmgw_node.engine_conventions import DIRECTORY_ENGINES, engine_argv, key_environment
 from llmgw_node.engines.manager import EngineManager
 from llmgw_node.model_dirs import ModelDirError, ModelRoots, check_model_dir
@@ -39,7 +39,7 @@ from llmgw_node.weights import WeightsCache, WeightsError
 from llmgw_shared.logs import get_logger
 from llmgw_shared.names import BadName, check_shard_id
 from llmgw_shared.threads import DISK
-from llmgw_shared.wire import PORT_IN_USE, ShardSpec, ShardState, ShardStatus, WeightsSpec
+from llmgw_shared.wire import PORT_IN_USE, ShardSpec, ShardState, ShardStatus
 
 log = get_logger(__name__)
 
@@ -187,7 +187,10 @@ class Supervisor:
                 check_model_dir(spec.model_dir)
             except ModelDirError as exc:
                 raise ShardError(f"shard {spec.shard_id}: {exc}") from None
-        _check_adapters(spec)
+        try:
+            check_adapters(spec)
+        except AdapterError as exc:
+            raise ShardError(str(exc)) from None
         existing = self._shards.get(spec.shard_id)
         if existing is not None and not existing.done.is_set():
             if existing.spec == spec:
@@ -233,7 +236,7 @@ class Supervisor:
 
     def _spawn(self, shard: _Shard, adopted: ProcessRecord | None) -> None:
         assert self._nursery is not None, "Supervisor.run() must be running"
-        for file in _files(shard.spec):
+        for file in shard_files(shard.spec):
             self.weights.acquire(file.sha256, shard.spec.shard_id)
         self._nursery.start_soon(self._supervise, shard, adopted, name=f"shard:{shard.spec.shard_id}")
 
@@ -325,7 +328,7 @@ class Supervisor:
             await self._loop(shard, weights, adopted)
         finally:
             shard.done.set()
-            for file in _files(spec):
+            for file in shard_files(spec):
                 self.weights.release(file.sha256, spec.shard_id)
             # Cancelled means the daemon is going away and the engine keeps running for the next
             # one to adopt: its record must stay. Only a shard that really ended leaves the file.
@@ -588,39 +591,6 @@ class Supervisor:
 # A measurement is reported again only when it moved by this share (or from or to zero): every
 # heartbeat carries the shards that changed, and RSS wobbles by a few pages all the time.
 _MOVED_SHARE = 0.05
-
-
-# Adapters one shard may load: control's catalog allows this many a profile (MAX_ADAPTERS).
-MAX_ADAPTERS = 64
-_ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,95}$")
-
-
-def _check_adapters(spec: ShardSpec) -> None:
-    """A spec's adapters, checked before anything is fetched: their names reach the command line
-    (vLLM's --lora-modules NAME=PATH) and logs, their files the cache (by digest)."""
-    if not spec.adapters:
-        return
-    if spec.engine not in ("llama.cpp", "vllm"):
-        raise ShardError(f"shard {spec.shard_id}: {spec.engine} does not load LoRA adapters here")
-    if len(spec.adapters) > MAX_ADAPTERS:
-        raise ShardError(f"shard {spec.shard_id}: at most {MAX_ADAPTERS} adapters")
-    for adapter in spec.adapters:
-        if not _ADAPTER_NAME.fullmatch(adapter.name):
-            raise ShardError(f"shard {spec.shard_id}: adapter name {adapter.name[:100]!r} is not a plain name")
-        if spec.engine == "vllm":
-            try:
-                check_model_dir(adapter.weights.url.removeprefix("file://"))
-            except ModelDirError as exc:
-                raise ShardError(f"shard {spec.shard_id}: adapter {adapter.name}: {exc}") from None
-
-
-def _files(spec: ShardSpec) -> list[WeightsSpec]:
-    """The cached files a shard uses: its weights and its adapters' (a vLLM adapter's directory
-    is the operator's, named by path, and held in the cache no more than a model_dir is)."""
-    files = [spec.weights] if spec.weights is not None else []
-    if spec.engine == "llama.cpp":
-        files += [a.weights for a in spec.adapters]
-    return files
 
 
 def _moved(old: int, new: int) -> bool:

@@ -13,7 +13,7 @@ Direction of each message:
 * control -> node: ``welcome``, ``refuse``, ``set_engines``, ``start_shard``, ``stop_shard``,
   ``drain_shard``, ``remove_weights``, ``get_shard_logs``, ``heartbeat``, ``error``
 
-About 580 lines: every message, its converter and the checks at the edge are the protocol's one
+About 640 lines: every message, its converter and the checks at the edge are the protocol's one
 definition, kept together so that no message can be added without its bounds.
 """
 

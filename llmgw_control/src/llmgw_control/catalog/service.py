@@ -267,7 +267,7 @@ def _restart_needed(old: ProfileConfig, new: ProfileConfig) -> bool:
     directory_engine = new.engine in DIRECTORY_ENGINES and old.slots != new.slots
     # llama-server loads its adapters only at start (--lora), and a request names one by its
     # position there: any change of the list restarts its replicas. vLLM loads and unloads them
-    # live (fleet/live_adapters.py), so its replicas keep running.
+    # live (its runtime load and unload endpoints), so its replicas keep running.
     adapters = new.engine == "llama.cpp" and [a.weights for a in old.adapters] != [a.weights for a in new.adapters]
     return directory_engine or adapters or any(getattr(old, f) != getattr(new, f) for f in _RESTART_FIELDS)
 

@@ -739,10 +739,7 @@ class Reconciler:
         elif profile.engine == "sglang":
             args = ["--served-model-name", resolved.model.name, "--context-length", str(profile.context),
                     "--max-running-requests", str(replica_slots(profile)), "--enable-metrics", *args]
-        if profile.adapters and profile.engine == "llama.cpp":
-            # Every adapter loaded at scale 0: each request selects its own (gateway/adapters.py).
-            args = [*args, "--lora-init-without-apply"]
-        elif profile.adapters and profile.engine == "vllm":
+        if profile.adapters and profile.engine == "vllm":
             args = [*args, "--enable-lora", "--max-loras", str(len(profile.adapters))]
         weights = profile.weights
         return ShardSpec(
