@@ -37,8 +37,8 @@ class AdapterConfig:
 
     name: str
     # A GGUF LoRA file for llama.cpp (fetched and verified like the base weights); for vLLM a
-    # directory on the nodes in ``url`` (a PEFT adapter), sha256 and size then those of its
-    # adapter_model.safetensors.
+    # directory on the nodes in ``url`` (a PEFT adapter), which the node checks like a model_dir
+    # and does not hash (sha256 and size are then the operator's record only).
     weights: WeightsConfig
     # The adapter's strength when applied (llama.cpp's per-request scale; 1.0: as trained).
     scale: float = 1.0
