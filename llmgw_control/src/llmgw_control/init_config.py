@@ -14,6 +14,7 @@ from llmgw_shared.config import ConfigError
 from llmgw_shared.config_doc import render, write_output
 
 from .catalog import ModelConfig, ProfileConfig, WeightsConfig
+from .catalog.models import AdapterConfig
 from .config import ControlConfig, load_config
 from .gateway.config import EndpointConfig
 
@@ -169,6 +170,10 @@ DOCS: dict[str, str] = {
     "ProfileConfig.capabilities": "What it serves: routes (chat, completions, embeddings, responses, messages, "
                                   "rerank, tokenize, infill) and features (tools, vision, audio); a request for "
                                   "anything else is a 400. Empty: learned from the engine's flags and answers.",
+    "ProfileConfig.adapters": "LoRA adapters on this profile's base model, each served as a model name of its own.",
+    "AdapterConfig.name": "The model name clients ask for; it must differ from every model's and adapter's.",
+    "AdapterConfig.weights": "The adapter: a GGUF LoRA for llama.cpp (verified like weights), a directory for vLLM.",
+    "AdapterConfig.scale": "The adapter's strength when applied (1.0: as trained).",
     "WeightsConfig.url": "An http(s) URL the nodes can reach, or a path on the nodes.",
     "WeightsConfig.sha256": "The file's sha256 (64 hex digits), checked after download.",
     "WeightsConfig.size": "The file's size in bytes.",
@@ -189,6 +194,8 @@ EXAMPLE_MODEL = ModelConfig(
         weights=WeightsConfig(url="http://files.example/qwen2.5-0.5b-instruct-q4_k_m.gguf", sha256="0" * 64,
                               size=491400032),
         args=["--threads", "4"], env={"LLAMA_ARG_FLASH_ATTN": "0"}, labels={"pool": "cpu"},
+        adapters=[AdapterConfig(name="support-bot", weights=WeightsConfig(
+            url="http://files.example/support-bot-lora.gguf", sha256="1" * 64, size=13631488))],
     )],
 )
 EXAMPLE_ENDPOINT = EndpointConfig(id="gpu1", url="http://10.0.0.11:8001", models=["llama-3.1-8b"])

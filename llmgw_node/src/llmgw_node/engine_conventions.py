@@ -1,8 +1,9 @@
 """How each engine is started: its command line and where its key goes.
 
-- llama.cpp: ``llama-server -m FILE --host H --port P [GPU offload and split] ...``, the key in
-  ``LLAMA_API_KEY``;
-- vLLM: ``vllm serve DIR --host H --port P ...``, the key in ``VLLM_API_KEY``;
+- llama.cpp: ``llama-server -m FILE --host H --port P [GPU offload and split] [--lora-scaled
+  A:0,B:0...] ...``, the key in ``LLAMA_API_KEY``;
+- vLLM: ``vllm serve DIR --host H --port P [--lora-modules NAME=DIR...] ...``, the key in
+  ``VLLM_API_KEY``;
 - SGLang: ``<python> -m sglang.launch_server --model-path DIR --host H --port P --api-key K ...``
   (the configured path is the Python that has sglang installed);
 - any other engine named by path: its ``args`` with ``{model}``, ``{host}`` and ``{port}``
@@ -13,6 +14,7 @@ Control's arguments for the profile (context, slots, served name) follow ours.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from llmgw_shared.wire import ShardSpec
@@ -21,12 +23,17 @@ from llmgw_shared.wire import ShardSpec
 DIRECTORY_ENGINES = ("vllm", "sglang")
 
 
-def engine_argv(binary: Path, spec: ShardSpec, model: Path, host: str) -> list[str]:
+def engine_argv(binary: Path, spec: ShardSpec, model: Path, host: str, adapters: Sequence[Path] = ()) -> list[str]:
+    """``adapters``: the verified files of ``spec.adapters``, in their order."""
     host_port = ["--host", host, "--port", str(spec.port)]
     if spec.engine == "llama.cpp":
-        return [str(binary), "-m", str(model), *host_port, *gpu_args(spec.devices), *spec.args]
+        loras = ["--lora-scaled", lora_list(adapters)] if adapters else []
+        return [str(binary), "-m", str(model), *host_port, *gpu_args(spec.devices), *loras, *spec.args]
     if spec.engine == "vllm":
-        return [str(binary), "serve", str(model), *host_port, *spec.args]
+        # vLLM names each adapter: a request selects one by its model name.
+        modules = [f"{a.name}={a.weights.url.removeprefix('file://')}" for a in spec.adapters]
+        return [str(binary), "serve", str(model), *host_port,
+                *(["--lora-modules", *modules] if modules else []), *spec.args]
     if spec.engine == "sglang":
         # SGLang reads its key only from --api-key: on its command line, where local users can
         # read it (docs/node.md says so; the key opens only this one engine).
@@ -34,6 +41,17 @@ def engine_argv(binary: Path, spec: ShardSpec, model: Path, host: str) -> list[s
                 "--api-key", spec.api_key, *spec.args]
     subst = {"{model}": str(model), "{host}": host, "{port}": str(spec.port)}
     return [str(binary), *(subst.get(a, a) for a in spec.args)]
+
+
+def lora_list(adapters: Sequence[Path]) -> str:
+    """llama-server's ``--lora-scaled`` value: every adapter, in the spec's order (a request
+    selects one by this position), at scale 0, so a request that names none gets the base model.
+    (b11312 keeps a plain ``--lora`` at scale 1 even with ``--lora-init-without-apply``, and takes
+    one ``--lora`` flag given twice as its last only; one comma-separated list is its form.)"""
+    for path in adapters:
+        if "," in str(path) or ":" in str(path):
+            raise ValueError(f"adapter path {str(path)[:200]!r} has a ',' or ':' (llama-server's separators)")
+    return ",".join(f"{path}:0" for path in adapters)
 
 
 def gpu_args(devices: list[int]) -> list[str]:

@@ -29,6 +29,7 @@ import httpx2
 import trio
 
 from llmgw_node import engine_http, memory
+from llmgw_node.adapters import AdapterError, check_adapters, shard_files
 from llmgw_node.engine_conventions import DIRECTORY_ENGINES, engine_argv, key_environment
 from llmgw_node.engines.manager import EngineManager
 from llmgw_node.model_dirs import ModelDirError, ModelRoots, check_model_dir
@@ -190,6 +191,10 @@ class Supervisor:
                 check_model_dir(spec.model_dir)
             except ModelDirError as exc:
                 raise ShardError(f"shard {spec.shard_id}: {exc}") from None
+        try:
+            check_adapters(spec)
+        except AdapterError as exc:
+            raise ShardError(str(exc)) from None
         existing = self._shards.get(spec.shard_id)
         if existing is not None and not existing.done.is_set():
             if existing.spec == spec:
@@ -235,8 +240,8 @@ class Supervisor:
 
     def _spawn(self, shard: _Shard, adopted: ProcessRecord | None) -> None:
         assert self._nursery is not None, "Supervisor.run() must be running"
-        if shard.spec.weights is not None:
-            self.weights.acquire(shard.spec.weights.sha256, shard.spec.shard_id)
+        for file in shard_files(shard.spec):
+            self.weights.acquire(file.sha256, shard.spec.shard_id)
         self._nursery.start_soon(self._supervise, shard, adopted, name=f"shard:{shard.spec.shard_id}")
 
     def _set(self, shard: _Shard, status: ShardStatus, detail: str = "", *, lines: bool = False) -> None:
@@ -327,8 +332,8 @@ class Supervisor:
             await self._loop(shard, weights, adopted)
         finally:
             shard.done.set()
-            if spec.weights is not None:
-                self.weights.release(spec.weights.sha256, spec.shard_id)
+            for file in shard_files(spec):
+                self.weights.release(file.sha256, spec.shard_id)
             # Cancelled means the daemon is going away and the engine keeps running for the next
             # one to adopt: its record must stay. Only a shard that really ended leaves the file.
             if shard.state.status in ("stopped", "failed"):
@@ -367,6 +372,12 @@ class Supervisor:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_cancel_when, shard.stop_requested, nursery.cancel_scope)
             try:
+                # The adapters first, exactly as the weights (sha256, size): a wrong one fails the
+                # shard before the engine is started with it.
+                for adapter in spec.adapters:
+                    self._set(shard, "downloading", f"checking adapter {adapter.name}")
+                    await self.weights.ensure(
+                        adapter.weights, lambda what: self._set(shard, "downloading", f"adapter: {what}"))
                 path = await self.weights.ensure(
                     weights_spec, lambda what: self._set(shard, "downloading", what)
                 )
@@ -437,7 +448,8 @@ class Supervisor:
         fd = await DISK.run(lambda: open_log(self.log_path(spec.shard_id), fresh=fresh))
         try:
             proc = await trio.lowlevel.open_process(
-                engine_argv(binary, spec, weights, self.host), stdin=subprocess.DEVNULL,
+                engine_argv(binary, spec, weights, self.host,
+                            [self.weights.path_for(a.weights) for a in spec.adapters]), stdin=subprocess.DEVNULL,
                 stdout=fd, stderr=fd, env=env, start_new_session=True, cwd=str(binary.parent),
             )
         except OSError as exc:

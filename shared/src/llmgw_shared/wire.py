@@ -172,6 +172,15 @@ class WeightsSpec:
 
 
 @attrs.frozen
+class AdapterSpec:
+    """A LoRA adapter the engine loads beside its model: its file is fetched and verified exactly
+    as the weights are (for vLLM, ``weights.url`` is the adapter's directory on the node)."""
+
+    name: str
+    weights: WeightsSpec
+
+
+@attrs.frozen
 class ShardSpec:
     shard_id: str
     engine: str
@@ -195,6 +204,9 @@ class ShardSpec:
     # started with CUDA_VISIBLE_DEVICES set to them, and split over them when there are several.
     # Empty: the node's default (no GPU, or whatever the engine finds).
     devices: list[int] = attrs.field(factory=list)
+    # LoRA adapters, in the order the engine loads them (llama-server's requests name them by
+    # this position; the gateway's ``lora`` field follows the same order).
+    adapters: list[AdapterSpec] = attrs.field(factory=list)
 
 
 @attrs.frozen
@@ -435,7 +447,8 @@ def _make_converter() -> cattrs.Converter:
     # so a peer that predates them still decodes everything that does not use them.
     omit = override(omit_if_default=True)
     conv.register_unstructure_hook(ShardState, make_dict_unstructure_fn(ShardState, conv, rss_mib=omit, vram_mib=omit))
-    conv.register_unstructure_hook(ShardSpec, make_dict_unstructure_fn(ShardSpec, conv, devices=omit))
+    conv.register_unstructure_hook(ShardSpec, make_dict_unstructure_fn(ShardSpec, conv, devices=omit,
+                                                                      adapters=omit))
     conv.register_unstructure_hook(HostFacts, make_dict_unstructure_fn(
         HostFacts, conv, gpu_backend=omit, gpu_backends=omit, gpus_unusable=omit, degraded=omit))
     conv.register_unstructure_hook(Hello, make_dict_unstructure_fn(Hello, conv, weights=omit))
@@ -610,6 +623,7 @@ __all__ = [
     "MAX_MEMORY_MIB",
     "PROTOCOL_VERSION",
     "Ack",
+    "AdapterSpec",
     "AssetProvenance",
     "Command",
     "DrainShard",

@@ -30,6 +30,29 @@ class WeightsConfig:
     size: int
 
 
+@attrs.frozen
+class AdapterConfig:
+    """A LoRA adapter on a profile's base model, served as a model name of its own: a request for
+    ``name`` goes to a replica of the base with this adapter applied and no other."""
+
+    name: str
+    # A GGUF LoRA file for llama.cpp (fetched and verified like the base weights); for vLLM a
+    # directory on the nodes in ``url`` (a PEFT adapter), which the node checks like a model_dir
+    # and does not hash (sha256 and size are then the operator's record only).
+    weights: WeightsConfig
+    # The adapter's strength when applied (llama.cpp's per-request scale; 1.0: as trained).
+    scale: float = 1.0
+
+
+# Adapters one profile may carry: each is loaded into every replica of the profile (llama-server
+# holds them all from its start), so the bound keeps a replica's memory and start time sane.
+MAX_ADAPTERS = 64
+# A scale beyond this is a typo: LoRA scales are used between 0 and a few.
+MAX_ADAPTER_SCALE = 16.0
+# The engines that can apply one adapter per request.
+ADAPTER_ENGINES = ("llama.cpp", "vllm")
+
+
 # GPUs one replica may be split over: the most one host carries (an HGX board has 8, the
 # largest 16), so a larger number is a typo, not a machine.
 MAX_GPUS_PER_REPLICA = 16
@@ -87,6 +110,8 @@ class ProfileConfig:
     # responses, messages, rerank, tokenize, infill) and features (tools, vision, audio). Empty:
     # learned, from the engine's flags and what its replicas report.
     capabilities: list[str] = attrs.Factory(list)
+    # LoRA adapters on this profile's model, each its own model name (AdapterConfig).
+    adapters: list[AdapterConfig] = attrs.Factory(list)
 
 
 # What a profile may list in ``capabilities`` (gateway/capabilities.py reads them).
@@ -136,10 +161,19 @@ class Claim:
 class Resolved:
     model: ModelConfig
     profile: ProfileConfig
+    # The adapter a request for an adapter's name means; None: the base model.
+    adapter: AdapterConfig | None = None
 
     @property
     def key(self) -> str:
+        """The replicas' key: an adapter's requests go to its base profile's replicas."""
         return profile_key(self.model.name, self.profile.name)
+
+    @property
+    def name(self) -> str:
+        """The model name allow-lists, quotas, usage and metrics count under: the adapter's own
+        name for an adapter, else the model's."""
+        return self.adapter.name if self.adapter is not None else self.model.name
 
 
 def profile_key(model: str, profile: str) -> str:
@@ -172,6 +206,7 @@ def model_problems(model: ModelConfig, engines: list[EngineConfig]) -> list[tupl
             problems.append((f"{at}.engine_version",
                              f"{profile.engine} {profile.engine_version!r} is not in [[engines]]"))
         problems.extend(_model_problems(profile, at))
+        problems.extend(_adapter_problems(profile, at))
         if profile.context < 64:
             problems.append((f"{at}.context", "must be at least 64"))
         if profile.parallel < 1:
@@ -241,13 +276,67 @@ def _model_problems(profile: ProfileConfig, at: str) -> list[tuple[str, str]]:
     if weights is None:
         problems.append((f"{at}.weights", "required: the model file (url, sha256, size)"))
         return problems
+    return problems + _weights_problems(weights, f"{at}.weights")
+
+
+def _weights_problems(weights: WeightsConfig, at: str) -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
     if not weights.url.strip():
-        problems.append((f"{at}.weights.url", "must be an http(s) URL or a path on the nodes"))
+        problems.append((f"{at}.url", "must be an http(s) URL or a path on the nodes"))
     if not SHA256.fullmatch(weights.sha256):
-        problems.append((f"{at}.weights.sha256", "must be 64 lowercase hex digits"))
+        problems.append((f"{at}.sha256", "must be 64 lowercase hex digits"))
     if weights.size <= 0:
-        problems.append((f"{at}.weights.size", "must be the file size in bytes"))
+        problems.append((f"{at}.size", "must be the file size in bytes"))
     return problems
+
+
+def _adapter_problems(profile: ProfileConfig, at: str) -> list[tuple[str, str]]:
+    if not profile.adapters:
+        return []
+    problems: list[tuple[str, str]] = []
+    if profile.engine not in ADAPTER_ENGINES:
+        problems.append((f"{at}.adapters", f"{profile.engine} cannot apply LoRA adapters per request "
+                                           f"(only {', '.join(ADAPTER_ENGINES)})"))
+    if len(profile.adapters) > MAX_ADAPTERS:
+        problems.append((f"{at}.adapters", f"at most {MAX_ADAPTERS} adapters a profile"))
+    names = [a.name for a in profile.adapters]
+    if len(set(names)) != len(names):
+        problems.append((f"{at}.adapters", "two adapters share a name"))
+    for index, adapter in enumerate(profile.adapters[:MAX_ADAPTERS]):
+        where = f"{at}.adapters[{index}]"
+        if not NAME.fullmatch(adapter.name):
+            problems.append((f"{where}.name", "an adapter name uses letters, digits, '.', '_' and '-' (no ':'), "
+                                              "at most 96"))
+        problems.extend(_weights_problems(adapter.weights, f"{where}.weights"))
+        if not math.isfinite(adapter.scale) or not 0 < adapter.scale <= MAX_ADAPTER_SCALE:
+            problems.append((f"{where}.scale", f"must be above 0 and at most {MAX_ADAPTER_SCALE:g}"))
+    return problems
+
+
+def adapter_names(model: ModelConfig) -> list[str]:
+    """The model names a model's adapters are served under."""
+    return [a.name for p in model.profiles for a in p.adapters]
+
+
+def name_clash(model: ModelConfig, others: list[ModelConfig]) -> str:
+    """Why ``model``'s names (its own and its adapters') clash with ``others``' ("" when they do
+    not): a client's model name must mean one thing."""
+    mine = adapter_names(model)
+    if len(set(mine)) != len(mine):
+        return "two of its profiles' adapters share a name"
+    taken: dict[str, str] = {}
+    for other in others:
+        if other.name == model.name:
+            continue
+        taken[other.name] = f"the model {other.name!r}"
+        for name in adapter_names(other):
+            taken[name] = f"an adapter of {other.name!r}"
+    if model.name in taken:
+        return f"its name is {taken[model.name]}"
+    for name in mine:
+        if name == model.name or name in taken:
+            return f"adapter {name!r} is named like {taken.get(name, 'its model')}"
+    return ""
 
 
 def validate_models(models: list[ModelConfig], engines: list[EngineConfig]) -> None:
@@ -261,6 +350,9 @@ def validate_models(models: list[ModelConfig], engines: list[EngineConfig]) -> N
         if problems:
             field, message = problems[0]
             raise ConfigError(f"{where}.{field}: {message}")
+        clash = name_clash(model, models)
+        if clash:
+            raise ConfigError(f"{where}: {clash}")
 
 
 class Catalog:
@@ -295,7 +387,7 @@ class Catalog:
         name, _, profile_name = requested.partition(":")
         model = self.models.get(name)
         if model is None:
-            return None
+            return self._adapter(requested)
         if not profile_name:
             names = [p.name for p in model.profiles]
             use_global = self.default_profile in names
@@ -303,6 +395,15 @@ class Catalog:
         for profile in model.profiles:
             if profile.name == profile_name:
                 return Resolved(model, profile)
+        return None
+
+    def _adapter(self, requested: str) -> Resolved | None:
+        """An adapter's name (never with a profile: the adapter belongs to one)."""
+        for model in self.models.values():
+            for profile in model.profiles:
+                for adapter in profile.adapters:
+                    if adapter.name == requested:
+                        return Resolved(model, profile, adapter)
         return None
 
     def all_profiles(self) -> list[Resolved]:
@@ -314,4 +415,5 @@ class Catalog:
         for model in self.models.values():
             out.append(model.name)
             out.extend(profile_key(model.name, p.name) for p in model.profiles)
+            out.extend(adapter_names(model))
         return sorted(out)

@@ -26,7 +26,16 @@ from ..api_errors import bad_request, conflict, not_found
 from ..documents import CONVERTER
 from ..store import CatalogModel, NotFound, Store, StoreError
 from .claims import ModelFiles, model_claims
-from .models import DIRECTORY_ENGINES, Catalog, Claim, ModelConfig, ProfileConfig, model_problems, profile_key
+from .models import (
+    DIRECTORY_ENGINES,
+    Catalog,
+    Claim,
+    ModelConfig,
+    ProfileConfig,
+    model_problems,
+    name_clash,
+    profile_key,
+)
 
 log = get_logger(__name__)
 
@@ -64,6 +73,9 @@ def check_model(model: ModelConfig, catalog: Catalog) -> None:
     if problems:
         field, message = problems[0]
         raise bad_request(field, message)
+    clash = name_clash(model, list(catalog.models.values()))
+    if clash:
+        raise conflict(f"model {model.name!r}: {clash}", field="profiles", code="name_taken")
 
 
 def stored_models(stored: list[CatalogModel], config_names: set[str], catalog: Catalog) -> list[ModelConfig]:
@@ -253,5 +265,9 @@ def document_of_row(row: CatalogModel) -> dict[str, Any]:
 def _restart_needed(old: ProfileConfig, new: ProfileConfig) -> bool:
     # vLLM and SGLang are told their batch size (slots) on their command line; llama.cpp is not.
     directory_engine = new.engine in DIRECTORY_ENGINES and old.slots != new.slots
-    return directory_engine or any(getattr(old, f) != getattr(new, f) for f in _RESTART_FIELDS)
+    # llama-server loads its adapters only at start (--lora), and a request names one by its
+    # position there: any change of the list restarts its replicas. vLLM loads and unloads them
+    # live (its runtime load and unload endpoints), so its replicas keep running.
+    adapters = new.engine == "llama.cpp" and [a.weights for a in old.adapters] != [a.weights for a in new.adapters]
+    return directory_engine or adapters or any(getattr(old, f) != getattr(new, f) for f in _RESTART_FIELDS)
 

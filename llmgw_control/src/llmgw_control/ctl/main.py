@@ -22,6 +22,7 @@ from urllib.parse import quote
 from llmgw_shared.wire import EngineProvenance
 from llmgw_shared.wire import converter as wire_converter
 
+from .adapter_cmds import add_adapter_verbs
 from .bench_cmds import add_bench, add_capacity_verbs, capacity_runs
 from .client import DEFAULT_ADMIN, AdminClient, CtlError
 from .mirror_cmds import add_mirror_verbs
@@ -494,7 +495,8 @@ def build_parser() -> argparse.ArgumentParser:
                         ("uncordon", "allow new replicas on the node again")):
         verb(v, name, _node_action(name), words).add_argument("node")
 
-    v = noun("models", "models: list (default), show, add, change, remove, search, files, pull, pulls, publish",
+    v = noun("models", "models: list (default), show, add, change, remove, adapters, search, files, pull, pulls, "
+             "publish",
              models_list)
     verb(v, "list", models_list, "every model profile with its replicas and status")
     verb(v, "show", models_show, "a model's definition").add_argument("name")
@@ -503,6 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--file", required=True)
     verb(v, "remove", models_remove, "remove a model (its replicas are drained)").add_argument("name")
     add_mirror_verbs(v, verb)
+    add_adapter_verbs(v, verb, common)
 
     v = noun("replicas", "replicas: list (default), logs", replicas_list)
     verb(v, "list", replicas_list, "every replica the control daemon manages")

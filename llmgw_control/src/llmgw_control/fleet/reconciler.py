@@ -31,6 +31,7 @@ import trio
 from llmgw_shared.logs import get_logger
 from llmgw_shared.wire import (
     PORT_IN_USE,
+    AdapterSpec,
     Command,
     DrainShard,
     RemoveWeights,
@@ -42,6 +43,7 @@ from llmgw_shared.wire import (
 )
 
 from ..catalog import Catalog, Claim, ProfileConfig, Resolved, replica_slots
+from ..gateway.adapters import replica_adapters
 from ..gateway.replicas import Replica, ReplicaSet
 from . import lifecycle
 from .capacity import CapacityIndex, capacity_kind, hardware_of, profile_fingerprint
@@ -380,6 +382,9 @@ class Reconciler:
                 # A vLLM or SGLang replica serves a model directory, not a file of the cache.
                 if resolved is not None and resolved.profile.weights is not None:
                     out.setdefault(resolved.profile.weights.sha256.lower(), []).append(record.key)
+                    # Its LoRA adapters are files of the cache too, kept and collected alike.
+                    for adapter in resolved.profile.adapters:
+                        out.setdefault(adapter.weights.sha256.lower(), []).append(record.key)
         return out
 
     def _remove_unused_weights(self) -> None:
@@ -734,12 +739,16 @@ class Reconciler:
         elif profile.engine == "sglang":
             args = ["--served-model-name", resolved.model.name, "--context-length", str(profile.context),
                     "--max-running-requests", str(replica_slots(profile)), "--enable-metrics", *args]
+        if profile.adapters and profile.engine == "vllm":
+            args = [*args, "--enable-lora", "--max-loras", str(len(profile.adapters))]
         weights = profile.weights
         return ShardSpec(
             shard_id=shard_id, engine=profile.engine, engine_version=self.catalog.engine_version(profile),
             weights=WeightsSpec(weights.url, weights.sha256, weights.size) if weights is not None else None,
             port=port, api_key=self.shard_api_key(shard_id), args=args, env=dict(profile.env),
             start_timeout_s=profile.start_timeout, model_dir=profile.model_dir, devices=list(devices),
+            adapters=[AdapterSpec(a.name, WeightsSpec(a.weights.url, a.weights.sha256, a.weights.size))
+                      for a in profile.adapters],
         )
 
     def _forget(self, action: Forget, now: float) -> None:
@@ -767,6 +776,7 @@ class Reconciler:
                 url = f"http://{_url_host(record.address or node.address)}:{record.port}"
                 resolved = self.catalog.resolve(record.key)
                 slots = self.replica_slots_on(record.key, resolved.profile, node) if resolved else 1
+                adapters, adapter_mode = replica_adapters(resolved.profile) if resolved else ((), "")
                 if current is None or current.url != url:
                     served = resolved.model.name if resolved else ""
                     # llama-server started with -np parallel (_engine_args): its slots can be named.
@@ -775,7 +785,11 @@ class Reconciler:
                     self.replicas.publish(Replica(
                         id=record.shard_id, url=url, models=frozenset({record.key}), slots=slots,
                         api_key=self.shard_api_key(record.shard_id), served_name=served,
-                        last_used=now, engine_slots=engine_slots))
+                        last_used=now, engine_slots=engine_slots, adapters=adapters, adapter_mode=adapter_mode))
+                elif current.adapters != adapters:
+                    # Renamed or rescaled (a changed llama.cpp list drains the replica instead), or
+                    # loaded into or out of a live vLLM: requests name them as the catalog now does.
+                    current.adapters = adapters
                 elif current.slots != slots:
                     # A capacity run finished (or the profile changed): the replica's counters
                     # stay, only its bound moves; requests waiting take slots that opened.

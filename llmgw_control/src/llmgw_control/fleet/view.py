@@ -55,7 +55,8 @@ def view_of(replicas: ReplicaSet, ids: set[str]) -> list[ViewReplica]:
     for replica in replicas:
         if replica.id in ids and replica.models:
             entries.append(ViewReplica(id=replica.id, key=min(replica.models), url=replica.url,
-                                       slots=replica.slots, served_name=replica.served_name))
+                                       slots=replica.slots, served_name=replica.served_name,
+                                       adapters=replica.adapters, adapter_mode=replica.adapter_mode))
     return sorted(entries, key=lambda e: e.id)
 
 
@@ -108,10 +109,11 @@ class ViewFollower:
         for entry in entries.values():
             current = self.replicas.get(entry.id)
             if current is not None and current.url == entry.url and current.slots == entry.slots \
-                    and current.models == frozenset({entry.key}):
+                    and current.models == frozenset({entry.key}) and current.adapters == entry.adapters:
                 continue  # unchanged: keep its counters (in flight, cooldown)
             self.replicas.publish(Replica(id=entry.id, url=entry.url, models=frozenset({entry.key}),
                                           slots=entry.slots, served_name=entry.served_name,
+                                          adapters=entry.adapters, adapter_mode=entry.adapter_mode,
                                           api_key=self.api_key(entry.id), last_used=trio.current_time()))
         self.owned = set(entries)
         self.revision = view.revision if view is not None else None

@@ -3,6 +3,8 @@
 In router-only mode the names are the static endpoints' models. With a catalog, a client asks for
 ``model`` or ``model:profile`` and the directory answers with the profile's key, under which the
 reconciler publishes replicas -- whether or not any is running yet (the activator then waits).
+A LoRA adapter's name resolves to its base profile's key (its replicas hold the adapter), while
+allow-lists, quotas, usage and metrics count it under its own name (``adapter``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ class ModelDirectory(Protocol):
         """The catalog profile behind ``key``; None for a static endpoint's model."""
         ...
 
+    def adapter(self, requested: str) -> str | None:
+        """The adapter a requested name means (its own name), None for a model."""
+        ...
+
 
 class StaticDirectory:
     def __init__(self, replicas: ReplicaSet) -> None:
@@ -46,6 +52,9 @@ class StaticDirectory:
         return ""
 
     def profile(self, key: str) -> ProfileConfig | None:
+        return None
+
+    def adapter(self, requested: str) -> str | None:
         return None
 
 
@@ -74,3 +83,7 @@ class FleetDirectory:
     def profile(self, key: str) -> ProfileConfig | None:
         resolved = self.catalog.resolve(key)
         return resolved.profile if resolved is not None else None
+
+    def adapter(self, requested: str) -> str | None:
+        resolved = self.catalog.resolve(requested)
+        return resolved.adapter.name if resolved is not None and resolved.adapter is not None else None

@@ -7,6 +7,10 @@ upstream request open. Here one function owns the whole exchange -- read, pick, 
 inside one nursery, and the upstream response is an ``async with`` that closes the moment the
 client goes away. It also saves Quart's own cost per request (docs/performance.md). The admin API and
 pages, which are not hot, use Quart.
+
+About 510 lines: the dispatch of every route and the two attempt loops (first attempts and
+continuations) that follow the one policy table in ``attempts.py``; the parsing, relay, usage and
+hang watch are modules of their own.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from ..priority import Priority
 from ..tenancy.admission import Admission, Ticket, admit_waiting
 from ..transport.asgi import REQUEST_ID, Receive, Scope, Send
 from .activator import Activator, Refusal, Slot
+from .adapters import adapter_affinity
 from .affinity import Affinity, request_affinity
 from .attempts import Broken, Outcome, Phase, Refused, Retry, Stalled, Step, policy
 from .capabilities import PROBE_CONCURRENCY, ModelCapabilities, combine, declared, learn, needs, refusal
@@ -119,11 +124,13 @@ class Gateway:
             key = self.directory.resolve(request.model)
             if key is None:
                 raise model_not_found(request.model, self._visible(allowed), restricted=allowed is not None)
-            exchange.model = key
+            # An adapter is counted under its own name (metrics, usage, quotas), served by its base.
+            adapter = self.directory.adapter(request.model)
+            exchange.model = adapter or key
             exchange.stream = request.stream
             if request.stream:
                 exchange.stream_format = endpoint.stream_format
-            affinity = self._affinity(key, request, scope)
+            affinity = adapter_affinity(self._affinity(key, request, scope), adapter)
             wanted = needs(request)
             if len(wanted) > 1:
                 # A feature (vision, audio) only the engines can say they have.
@@ -133,7 +140,7 @@ class Gateway:
                 await self._forward(request, key, receive, exchange, affinity=affinity)
                 return
             estimate = _estimate_tokens(request)
-            ticket = await admit_waiting(self.admission, authorization, key.partition(":")[0],
+            ticket = await admit_waiting(self.admission, authorization, adapter or key.partition(":")[0],
                                          estimated_tokens=sum(estimate))
             try:
                 # After the allow-list (a key learns nothing of a model it may not use), before
@@ -215,8 +222,9 @@ class Gateway:
 
     def _may_see(self, name: str, allowed: frozenset[str] | None) -> bool:
         key = self.directory.resolve(name)
-        # As ``admit`` checks an allow-list: by the model, whatever the profile.
-        return key is not None and (allowed is None or key.partition(":")[0] in allowed)
+        # As ``admit`` checks an allow-list: by the model, whatever the profile; an adapter by its own name.
+        return key is not None and (allowed is None or (self.directory.adapter(name) or key.partition(":")[0])
+                                    in allowed)
 
     def _visible(self, allowed: frozenset[str] | None) -> list[str]:
         """The model names a key may see: all of them, or those its allow-list names."""

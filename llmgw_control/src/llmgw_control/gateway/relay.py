@@ -24,6 +24,7 @@ from llmgw_shared.jsonin import loads as json_loads
 from llmgw_shared.logs import get_logger
 
 from ..api_errors import ClientApiError
+from .adapters import adapter_fields
 from .attempts import ANSWERED, Broken, Outcome, Refused, Retry, Stalled
 from .config import RouterConfig
 from .continuation import StreamRecord
@@ -85,11 +86,16 @@ async def exchange_with(
     """
     body = request.body
     renamed = bool(replica.served_name) and replica.served_name != request.model
-    if renamed or engine_slot is not None:
+    # The LoRA adapter the client's model name means, and no other (gateway/adapters.py).
+    adapter = adapter_fields(replica, request.model, request.payload)
+    if renamed or engine_slot is not None or adapter is not None:
         payload = dict(request.payload)
         if renamed:
             # Engines such as vLLM check the name; llama-server ignores it (then it is not set).
             payload["model"] = replica.served_name
+        if adapter is not None:
+            payload.pop("lora", None)
+            payload.update(adapter)
         if engine_slot is not None:
             payload["id_slot"] = engine_slot
         body = json.dumps(payload).encode()

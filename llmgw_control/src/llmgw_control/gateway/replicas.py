@@ -32,6 +32,10 @@ class Replica:
     # The model name the engine expects in requests, when it differs from what clients ask for
     # (a client asks for "llama:gpu", vLLM serves "llama"); empty: send the request unchanged.
     served_name: str = ""
+    # The LoRA adapters its engine holds, (model name, scale) in the engine's order, and how a
+    # request selects one (gateway/adapters.py: "lora-field" or "model-name"; "": none).
+    adapters: tuple[tuple[str, float], ...] = ()
+    adapter_mode: str = ""
     # Requests it serves at once (llama-server's -np); more wait in the gateway's queue.
     slots: int = DEFAULT_ENDPOINT_SLOTS
     # Slots taken, by the activator's slot guards only (gateway/activator.py).

@@ -31,9 +31,27 @@ def _replica(raw: object) -> ViewReplica | None:
         return ViewReplica(
             id=cv.name("id", raw.get("id")), key=cv.name("key", raw.get("key")),
             url=cv.text("url", raw.get("url")), slots=cv.count("slots", raw.get("slots"), minimum=1),
-            served_name=cv.text("served_name", raw.get("served_name", "")))
+            served_name=cv.text("served_name", raw.get("served_name", "")),
+            adapters=_adapters(raw.get("adapters", [])),
+            adapter_mode=cv.text("adapter_mode", raw.get("adapter_mode", ""), max_len=16))
     except InvalidInput:
         return None
+
+
+# A profile's adapters are bounded by the catalog (catalog/models.py MAX_ADAPTERS); a stored list
+# longer than this is damaged, not a profile.
+_MAX_ADAPTERS = 64
+
+
+def _adapters(raw: object) -> tuple[tuple[str, float], ...]:
+    if not isinstance(raw, list) or len(raw) > _MAX_ADAPTERS:
+        raise InvalidInput("adapters", f"a list of at most {_MAX_ADAPTERS} [name, scale] pairs")
+    out = []
+    for entry in raw:
+        if not isinstance(entry, list) or len(entry) != 2:
+            raise InvalidInput("adapters", "each entry is [name, scale]")
+        out.append((cv.name("adapters", entry[0]), cv.number("adapters", entry[1])))
+    return tuple(out)
 
 
 class ViewOps(OpsBase):
@@ -57,7 +75,9 @@ class ViewOps(OpsBase):
         epoch = cv.count("epoch", epoch, minimum=1)
         entries = [
             {"id": cv.name("id", r.id), "key": cv.name("key", r.key), "url": cv.text("url", r.url),
-             "slots": cv.count("slots", r.slots, minimum=1), "served_name": cv.text("served_name", r.served_name)}
+             "slots": cv.count("slots", r.slots, minimum=1), "served_name": cv.text("served_name", r.served_name),
+             "adapters": [[cv.name("adapters", n), cv.number("adapters", v)] for n, v in r.adapters],
+             "adapter_mode": r.adapter_mode}
             for r in replicas
         ]
         if len(entries) > MAX_VIEW_REPLICAS:

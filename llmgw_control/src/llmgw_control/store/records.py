@@ -223,6 +223,10 @@ class ViewReplica:
     url: str
     slots: int
     served_name: str = ""
+    # Its LoRA adapters, (model name, scale) in the engine's order, and how a request selects one
+    # (gateway/adapters.py).
+    adapters: tuple[tuple[str, float], ...] = ()
+    adapter_mode: str = ""
 
 
 @attrs.frozen

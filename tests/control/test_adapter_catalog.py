@@ -1,0 +1,121 @@
+"""LoRA adapters in the catalog and ctl (issue 35): validated at the edge, one meaning per name."""
+
+from __future__ import annotations
+
+import argparse
+import io
+from typing import Any
+
+import attrs
+import pytest
+
+from llmgw_control.catalog.models import (
+    AdapterConfig,
+    Catalog,
+    EngineConfig,
+    ModelConfig,
+    ProfileConfig,
+    WeightsConfig,
+    model_problems,
+    name_clash,
+)
+from llmgw_control.catalog.service import _restart_needed
+from llmgw_control.ctl.adapter_cmds import adapters_add, adapters_remove
+from llmgw_control.gateway.adapters import adapter_fields, replica_adapters
+from llmgw_control.gateway.replicas import Replica
+
+ENGINES = [EngineConfig(name="llama.cpp", version="b11312"), EngineConfig(name="vllm", version="0.9")]
+W = WeightsConfig("http://files/m.gguf", "a" * 64, 100)
+
+
+def _model(name: str = "qwen", *adapters: AdapterConfig, engine: str = "llama.cpp") -> ModelConfig:
+    profile = ProfileConfig(name="gpu", weights=W, engine=engine, adapters=list(adapters))
+    if engine == "vllm":
+        profile = attrs.evolve(profile, weights=None, model_dir="/models/qwen", ram_mib=100)
+    return ModelConfig(name, [profile])
+
+
+def test_adapters_are_validated_like_weights() -> None:
+    good = AdapterConfig("bot", WeightsConfig("http://files/bot.gguf", "b" * 64, 10))
+    assert model_problems(_model("qwen", good), ENGINES) == []
+    fields = {f for f, _ in model_problems(_model("qwen", attrs.evolve(
+        good, name="a:b", weights=WeightsConfig("", "B" * 64, 0), scale=float("nan"))), ENGINES)}
+    assert fields == {"profiles[0].adapters[0].name", "profiles[0].adapters[0].weights.url",
+                      "profiles[0].adapters[0].weights.sha256", "profiles[0].adapters[0].weights.size",
+                      "profiles[0].adapters[0].scale"}
+    assert model_problems(_model("qwen", good, good), ENGINES)[0][1] == "two adapters share a name"
+    sglang = ModelConfig("s", [ProfileConfig(name="p", engine="sglang", model_dir="/m", ram_mib=1,
+                                             adapters=[good])])
+    assert any(f == "profiles[0].adapters" for f, _ in model_problems(sglang, [*ENGINES, EngineConfig("sglang")]))
+
+
+def test_an_adapter_name_means_one_thing() -> None:
+    bot = AdapterConfig("bot", W)
+    assert "named like the model 'bot'" in name_clash(_model("qwen", bot), [ModelConfig("bot", [])])
+    assert name_clash(_model("llama", bot), [_model("qwen", bot)])
+    assert name_clash(_model("qwen", AdapterConfig("qwen", W)), [])
+    assert name_clash(_model("qwen", bot), [_model("qwen", bot)]) == ""  # itself, replaced
+
+
+def test_the_catalog_resolves_an_adapter_to_its_base_key() -> None:
+    catalog = Catalog([_model("qwen", AdapterConfig("bot", W, scale=0.5))], ENGINES)
+    resolved = catalog.resolve("bot")
+    assert resolved is not None and resolved.key == "qwen:gpu" and resolved.name == "bot"
+    assert catalog.resolve("qwen") is not None and catalog.resolve("qwen").name == "qwen"  # type: ignore[union-attr]
+    assert catalog.resolve("bot:gpu") is None
+    assert "bot" in catalog.names()
+
+
+def test_the_engine_body_selects_exactly_the_asked_adapter() -> None:
+    profile = _model("qwen", AdapterConfig("a", W), AdapterConfig("b", W, scale=0.5)).profiles[0]
+    adapters, mode = replica_adapters(profile)
+    replica = Replica(id="r", url="http://e", models=frozenset({"qwen:gpu"}), adapters=adapters, adapter_mode=mode)
+    hostile = {"lora": [{"id": 0, "scale": 9}]}
+    assert adapter_fields(replica, "b", hostile) == {"lora": [{"id": 0, "scale": 0.0}, {"id": 1, "scale": 0.5}]}
+    assert adapter_fields(replica, "qwen", {}) == {"lora": [{"id": 0, "scale": 0.0}, {"id": 1, "scale": 0.0}]}
+    vllm = Replica(id="v", url="http://e", models=frozenset({"qwen:gpu"}),
+                   **dict(zip(("adapters", "adapter_mode"), replica_adapters(
+                       _model("qwen", AdapterConfig("a", W), engine="vllm").profiles[0]), strict=True)))
+    assert adapter_fields(vllm, "a", hostile) == {"model": "a"}
+    assert adapter_fields(vllm, "qwen", hostile) == {}  # the client's lora is dropped
+    plain = Replica(id="p", url="http://e", models=frozenset({"m"}))
+    assert adapter_fields(plain, "m", {}) is None and adapter_fields(plain, "m", hostile) == {}
+
+
+def test_llama_cpp_replicas_restart_for_a_new_adapter_vllm_ones_do_not() -> None:
+    bot = AdapterConfig("bot", W)
+    assert _restart_needed(_model("q").profiles[0], _model("q", bot).profiles[0])
+    assert not _restart_needed(_model("q", bot).profiles[0],
+                               _model("q", attrs.evolve(bot, name="renamed", scale=2.0)).profiles[0])
+    assert not _restart_needed(_model("q", engine="vllm").profiles[0], _model("q", bot, engine="vllm").profiles[0])
+
+
+@attrs.define
+class _Client:
+    definition: dict[str, Any]
+    put_body: dict[str, Any] | None = None
+
+    def get(self, path: str) -> dict[str, Any]:
+        assert path == "/models/qwen"
+        return {"model": self.definition, "source": "api"}
+
+    def put(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.put_body = body
+        return {"model": body, "source": "api"}
+
+
+def test_ctl_adds_and_removes_an_adapter_by_changing_the_definition() -> None:
+    client = _Client({"name": "qwen", "profiles": [{"name": "gpu", "adapters": []}]})
+    args = argparse.Namespace(model="qwen", name="bot", url="http://f/bot.gguf", sha256="c" * 64, size=5,
+                              scale=1.0, profile="", json=False)
+    out = io.StringIO()
+    adapters_add(client, args, out)  # type: ignore[arg-type]
+    assert client.put_body is not None
+    assert client.put_body["profiles"][0]["adapters"] == [
+        {"name": "bot", "weights": {"url": "http://f/bot.gguf", "sha256": "c" * 64, "size": 5}, "scale": 1.0}]
+    assert "restart" in out.getvalue()
+    adapters_remove(client, args, out)  # type: ignore[arg-type]
+    assert client.put_body["profiles"][0]["adapters"] == []
+    from llmgw_control.ctl.client import CtlError
+    with pytest.raises(CtlError):
+        adapters_remove(client, args, out)  # type: ignore[arg-type]
