@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import tracemalloc
+from functools import partial
 
 import attrs
 import httpx2
+import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -131,3 +133,20 @@ async def test_every_answered_request_lands_in_the_window_of_its_model_and_repli
 
 def test_the_answer_is_plain_attrs() -> None:
     assert attrs.has(type(LiveWindow("x").read()))
+
+
+async def test_requests_waiting_in_the_models_queue_show_as_its_queue_depth(fake_engine: FakeEngine) -> None:
+    """The window reads the activator's own count of waiting requests (wired in app.py)."""
+    fake_engine.behavior.first_byte_delay = 1.5
+    async with running_gateway(endpoint("e1", fake_engine.url, slots=1)) as gw:
+        async with httpx2.AsyncClient(base_url=gw.listening.admin_url + "/api/v1", timeout=10) as admin:
+            depth = 0
+            async with trio.open_nursery() as nursery:
+                for _ in range(3):
+                    nursery.start_soon(partial(gw.client.post, "/v1/chat/completions", json=chat_body()))
+                with trio.move_on_after(5):
+                    while depth < 2:
+                        await trio.sleep(0.05)
+                        models = (await admin.get("/traffic")).json()["models"]
+                        depth = models[0]["recent"]["queue_depth"] if models else 0
+            assert depth == 2
