@@ -70,19 +70,6 @@ class _Series:
 
 
 @attrs.frozen
-class LivePoint:
-    """One bucket: its start (epoch seconds) and what was answered in it."""
-
-    at: int
-    requests: int
-    errors: int = attrs.field(metadata={"doc": "Answers with a status of 500 or more (499 not included)."})
-    completion_tokens: int
-    ttft_p50: float | None = attrs.field(metadata={"doc": "Seconds, from the bucket's streamed answers."})
-    ttft_p95: float | None
-    queue_depth: int = attrs.field(metadata={"doc": "The most requests seen waiting in the model's queue."})
-
-
-@attrs.frozen
 class LiveSummary:
     """The last minute: rates per second, first-token quantiles over its streamed answers."""
 
@@ -96,10 +83,19 @@ class LiveSummary:
 
 @attrs.frozen
 class LiveSeries:
+    """One model or replica. The lists hold one value per bucket of the window, oldest first (the
+    first bucket starts at ``LiveTraffic.start``): plain arrays, so the whole window serialises
+    in a few milliseconds on the daemon's one thread."""
+
     name: str = attrs.field(metadata={"doc": "The model key, or the replica id."})
     model: str
     recent: LiveSummary
-    points: list[LivePoint] = attrs.field(metadata={"doc": "Buckets with traffic, oldest first."})
+    requests: list[int]
+    errors: list[int] = attrs.field(metadata={"doc": "Answers with a status of 500 or more (499 not included)."})
+    completion_tokens: list[int]
+    ttft_p50: list[float | None] = attrs.field(metadata={"doc": "Seconds, over the bucket's streamed answers."})
+    ttft_p95: list[float | None]
+    queue_depth: list[int] = attrs.field(metadata={"doc": "The most requests seen waiting in the model's queue."})
 
 
 @attrs.frozen
@@ -109,26 +105,30 @@ class LiveTraffic:
     daemon: str = attrs.field(metadata={"doc": "host:pid of the daemon that counted this."})
     started: int = attrs.field(metadata={"doc": "When it started counting (epoch seconds)."})
     now: int
+    start: int = attrs.field(metadata={"doc": "Where the series' first bucket starts (epoch seconds)."})
     bucket_seconds: int
     window_seconds: int
     models: list[LiveSeries]
     replicas: list[LiveSeries]
 
 
-def _quantile(bins: list[int], q: float) -> float | None:
-    """Linear within the bin, as Prometheus' histogram_quantile; None over no samples."""
-    total = sum(bins)
-    if not total:
-        return None
-    rank = q * total
+def _quantiles(bins: list[int] | None) -> tuple[float | None, float | None]:
+    """p50 and p95, linear within the bin as Prometheus' histogram_quantile; None over no samples."""
+    total = sum(bins) if bins else 0
+    if not bins or not total:
+        return None, None
+    found: list[float] = []
     seen = 0
+    wanted = [0.5 * total, 0.95 * total]
     for i, count in enumerate(bins):
-        if count and seen + count >= rank:
+        while count and wanted and seen + count >= wanted[0]:
             low = TTFT_BOUNDS[i - 1] if i else 0.0
             high = TTFT_BOUNDS[i] if i < len(TTFT_BOUNDS) else TTFT_BOUNDS[-1]
-            return round(low + (high - low) * (rank - seen) / count, 4)
+            found.append(round(low + (high - low) * (wanted.pop(0) - seen) / count, 4))
+        if not wanted:
+            break
         seen += count
-    return TTFT_BOUNDS[-1]
+    return found[0], found[1]
 
 
 def _merged(buckets: list[_Bucket]) -> list[int]:
@@ -210,20 +210,26 @@ class LiveWindow:
                 del table[name]  # idle for the whole window
             views.append([self._view(name, series, first, tick) for name, series in sorted(table.items())
                           if model is None or series.model == model])
-        return LiveTraffic(self.daemon, self.started, int(moment), BUCKET_SECONDS, WINDOW_SECONDS, *views)
+        return LiveTraffic(self.daemon, self.started, int(moment), first * BUCKET_SECONDS, BUCKET_SECONDS,
+                           WINDOW_SECONDS, *views)
 
     def _view(self, name: str, series: _Series, first: int, tick: int) -> LiveSeries:
-        buckets = sorted((b for b in series.ring if b is not None and b.tick >= first), key=lambda b: b.tick)
-        points = []
-        for b in buckets:
-            bins = b.ttft or []
-            points.append(LivePoint(b.tick * BUCKET_SECONDS, b.requests, b.errors, b.tokens,
-                                    _quantile(bins, 0.5), _quantile(bins, 0.95), b.queue))
-        recent = [b for b in buckets if b.tick > tick - RECENT_BUCKETS]
+        slots: list[_Bucket | None] = [None] * BUCKETS
+        for b in series.ring:
+            if b is not None and b.tick >= first:
+                slots[b.tick - first] = b
+        requests = [b.requests if b else 0 for b in slots]
+        p50: list[float | None] = []
+        p95: list[float | None] = []
+        for b in slots:
+            median, high = _quantiles(b.ttft if b is not None else None)
+            p50.append(median)
+            p95.append(high)
+        recent = [b for b in slots[-RECENT_BUCKETS:] if b is not None]
         span = RECENT_BUCKETS * BUCKET_SECONDS
-        bins = _merged(recent)
-        current = next((b.queue for b in recent if b.tick == tick), 0)
+        median, high = _quantiles(_merged(recent))
+        current = slots[-1].queue if slots[-1] is not None else 0
         summary = LiveSummary(round(sum(b.requests for b in recent) / span, 3), sum(b.errors for b in recent),
-                              round(sum(b.tokens for b in recent) / span, 2), _quantile(bins, 0.5),
-                              _quantile(bins, 0.95), current)
-        return LiveSeries(name, series.model, summary, points)
+                              round(sum(b.tokens for b in recent) / span, 2), median, high, current)
+        return LiveSeries(name, series.model, summary, requests, [b.errors if b else 0 for b in slots],
+                          [b.tokens if b else 0 for b in slots], p50, p95, [b.queue if b else 0 for b in slots])

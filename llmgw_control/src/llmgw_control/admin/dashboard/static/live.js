@@ -15,31 +15,27 @@
   function ms(v) { return v === null || v === undefined ? "—" : v >= 1 ? `${v.toFixed(2)} s` : `${Math.round(v * 1000)} ms`; }
   function hhmm(t) { return new Date(t * 1000).toISOString().slice(11, 16); }
 
-  // Requests per second over the window, one bar per bucket; errors drawn over them in red.
+  // Requests per bucket over the window, one bar each (oldest left); errors drawn over them in red.
   function spark(series, answer) {
-    const W = 180, H = 28, n = answer.window_seconds / answer.bucket_seconds;
-    const first = answer.now - answer.window_seconds;
-    let max = 0;
-    for (const p of series.points) max = Math.max(max, p.requests);
+    const W = 180, H = 28, n = series.requests.length || 1, bw = W / n;
+    const max = Math.max(0, ...series.requests);
     const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, class: "spark", role: "img",
       "aria-label": `requests per ${answer.bucket_seconds} s, last ${answer.window_seconds / 60} min` });
     svg.append(s("line", { x1: 0, x2: W, y1: H - 0.5, y2: H - 0.5, class: "base" }));
-    const bw = W / n;
-    for (const p of series.points) {
-      const x = ((p.at - first) / answer.window_seconds) * W;
-      if (x < 0 || !max) continue;
-      const bh = Math.max(1, (p.requests / max) * (H - 2));
-      const bar = s("rect", { x: x.toFixed(1), y: (H - bh).toFixed(1), width: Math.max(1, bw - 0.5).toFixed(1),
-        height: bh.toFixed(1), class: "req" });
-      bar.append(s("title", {}, `${hhmm(p.at)} UTC: ${p.requests} requests, ${p.errors} errors, ` +
-        `${p.completion_tokens} tokens, TTFT p50 ${ms(p.ttft_p50)}, queue ${p.queue_depth}`));
+    series.requests.forEach((count, i) => {
+      if (!count || !max) return;
+      const x = (i * bw).toFixed(1), width = Math.max(1, bw - 0.5).toFixed(1);
+      const bh = Math.max(1, (count / max) * (H - 2));
+      const bar = s("rect", { x, y: (H - bh).toFixed(1), width, height: bh.toFixed(1), class: "req" });
+      const at = answer.start + i * answer.bucket_seconds;
+      bar.append(s("title", {}, `${hhmm(at)} UTC: ${count} requests, ${series.errors[i]} errors, ` +
+        `${series.completion_tokens[i]} tokens, TTFT p50 ${ms(series.ttft_p50[i])}, queue ${series.queue_depth[i]}`));
       svg.append(bar);
-      if (p.errors) {
-        const eh = Math.max(1, (p.errors / max) * (H - 2));
-        svg.append(s("rect", { x: x.toFixed(1), y: (H - eh).toFixed(1), width: Math.max(1, bw - 0.5).toFixed(1),
-          height: eh.toFixed(1), class: "err" }));
+      if (series.errors[i]) {
+        const eh = Math.max(1, (series.errors[i] / max) * (H - 2));
+        svg.append(s("rect", { x, y: (H - eh).toFixed(1), width, height: eh.toFixed(1), class: "err" }));
       }
-    }
+    });
     return svg;
   }
 
