@@ -184,10 +184,15 @@ def drive(fleet: Fleet, facts: dict[str, Any]) -> None:
         assert _node(fleet)["cordoned"] is True
         card.get_by_role("button", name="Uncordon").click()
         expect(card.get_by_role("button", name="Cordon")).to_be_visible()
-        for path in ("models", "usage", "capacity", "keys", "history"):
+        for path in ("models", "usage", "capacity", "keys", "history", "audit"):
             page.goto(f"{fleet.api_url}/admin/{path}")
             expect(page.locator("body")).to_have_attribute("data-loaded", "true")
             expect(page.locator("#status")).not_to_contain_text("failed")
+            # Through the session: the live traffic and the audit log read from /admin/api/v1.
+            if path == "models":
+                expect(page.locator("body")).to_have_attribute("data-live-loaded", "true")
+            elif path == "audit":
+                expect(page.locator("#audit tbody tr[data-audit-id]").first).to_be_visible()
         assert problems == []
         page.get_by_role("button", name="Log out").click()
         expect(page).to_have_url(fleet.api_url + "/admin/login")

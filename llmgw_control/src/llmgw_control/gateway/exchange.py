@@ -252,6 +252,8 @@ def record(scope: Scope, exchange: Exchange, metrics: GatewayMetrics) -> None:
             metrics.tokens.labels(exchange.model, "completion").inc(exchange.usage.completion_tokens)
             if exchange.usage.cached_tokens:
                 metrics.cached_prompt_tokens.labels(exchange.model).inc(exchange.usage.cached_tokens)
+        metrics.live.note(exchange.model, exchange.replica, status, exchange.ttft if exchange.stream else None,
+                          exchange.usage.completion_tokens if exchange.usage is not None else 0)
     fields: dict[str, Any] = {
         "method": scope["method"], "path": scope["path"], "status": status,
         "duration_ms": round(duration * 1000, 2), "overhead_ms": round(overhead * 1000, 3),

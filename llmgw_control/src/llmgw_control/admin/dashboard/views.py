@@ -48,7 +48,8 @@ log = get_logger(__name__)
 HERE = Path(__file__).parent
 PAGES = (("fleet", "", "Fleet"), ("models", "models", "Models"), ("find", "find", "Find a model"),
          ("usage", "usage", "Usage"),
-         ("capacity", "capacity", "Capacity"), ("keys", "keys", "Keys"), ("history", "history", "History"))
+         ("capacity", "capacity", "Capacity"), ("keys", "keys", "Keys"), ("history", "history", "History"),
+         ("audit", "audit", "Audit"))
 _CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
         "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
 # How often the pages poll the API, in milliseconds.
