@@ -23,7 +23,7 @@ CUDA13 = ["llama-b11312-bin-ubuntu-cuda-13.4-x64.tar.gz", "cudart-llama-b11312-b
 CUDA12 = ["llama-b11312-bin-ubuntu-cuda-12.8-x64.tar.gz", "cudart-llama-b11312-bin-ubuntu-cuda-12.8-x64.tar.gz"]
 CPU = ["llama-b11312-bin-ubuntu-x64.tar.gz"]
 VULKAN = ["llama-b11312-bin-ubuntu-vulkan-x64.tar.gz"]
-ROCM = ["llama-b11312-bin-ubuntu-rocm-7.0-x64.tar.gz"]
+ROCM = ["llama-b11312-bin-ubuntu-rocm-7.2-x64.tar.gz"]
 
 ROWS = [
     # (what the node is, Platform, archives, backend, degraded)
