@@ -122,6 +122,17 @@ def test_bounds_come_from_the_request() -> None:
     assert usage_bounds(completions) == UsageBounds(len(completions.body) * 11 + 4096, 4)
 
 
+def test_a_prompt_is_never_longer_than_the_replicas_context() -> None:
+    # The engine said how many tokens one request may hold (llama-server's per-slot n_ctx): an
+    # image's prompt, unbounded by its bytes, is bounded by that (issue 29: the context size).
+    image = [{"type": "text", "text": "what is it"}, {"type": "image_url", "image_url": {"url": "data:,"}}]
+    request = _chat(messages=[{"role": "user", "content": image}], max_tokens=5)
+    assert usage_bounds(request, context=8192) == UsageBounds(8192, 5)
+    assert usage_bounds(_chat(), context=4).prompt == 4
+    # An engine that said nothing, or nonsense, leaves the request's own bounds.
+    assert usage_bounds(_chat(), context=None) == usage_bounds(_chat()) == usage_bounds(_chat(), context=0)
+
+
 @settings(max_examples=200, deadline=None)
 @given(text=st.text(max_size=200), max_tokens=st.integers(1, 10**6), n=st.integers(1, 8))
 def test_what_an_honest_engine_reports_is_never_clamped(text: str, max_tokens: int, n: int) -> None:

@@ -115,7 +115,8 @@ async def exchange_with(
                 head.deadline = math.inf
                 answered = True
                 exchange.upstream_seconds += time.perf_counter() - waited
-                outcome = await _relay(config, replica, response, exchange, record, usage_bounds(request))
+                outcome = await _relay(config, replica, response, exchange, record, usage_bounds(
+                    request, context=replica.facts.context_length if replica.facts is not None else None))
     finally:
         progress.done(head)
         if not answered:

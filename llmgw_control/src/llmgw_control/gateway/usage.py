@@ -79,17 +79,20 @@ class TokenUsage:
     clamped: tuple[Clamp, ...] = ()
 
 
-def usage_bounds(request: ParsedRequest, prefill_bytes: int = 0) -> UsageBounds:
+def usage_bounds(request: ParsedRequest, prefill_bytes: int = 0, context: int | None = None) -> UsageBounds:
     """What ``request`` could have produced: its text's tokens, and ``max_tokens`` for each choice.
 
     ``prefill_bytes``: text added to the prompt beyond the request body (a continued stream's
-    text so far, gateway/continuation.py).
+    text so far, gateway/continuation.py). ``context``: the tokens one request may hold on the
+    replica, when its engine said (llama-server's per-slot ``n_ctx``): no prompt is longer.
     """
     payload = request.payload
     kind = request.endpoint.kind
     prompt = TOKEN_CAP
     if _text_only(kind, payload):
         prompt = min(TOKEN_CAP, (len(request.body) + prefill_bytes) * _PROMPT_TOKENS_PER_BYTE + _TEMPLATE_TOKENS)
+    if context is not None and context > 0:
+        prompt = min(prompt, context)
     if kind == "embeddings":
         return UsageBounds(prompt, 0)
     if not request.endpoint.metered:
