@@ -18,6 +18,7 @@ import pytest
 
 from llmgw_control.cli import build_parser as control_parser
 from llmgw_control.ctl.main import build_parser as ctl_parser
+from llmgw_control.engines_cli import build_parser as engines_parser
 from llmgw_control.release_cli import build_parser as release_parser
 from llmgw_node.cli import _parser as node_parser
 
@@ -41,7 +42,7 @@ PROSE = frozenset({"and", "configuration", "connects", "crashed", "does", "from"
                    "as", "or", "the", "itself", "daemon", "process"})
 _WORD = re.compile(r"[a-z][a-z0-9-]*")
 # llmgw-control's commands that hand the rest of the line to a parser of their own.
-_DELEGATED = {"ctl": ctl_parser, "release": release_parser}
+_DELEGATED = {"ctl": ctl_parser, "release": release_parser, "engines": engines_parser}
 _TRAILING = ")].,;:'\"`*|"
 
 

@@ -44,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(llmgw-control ctl --help)", add_help=False)
     commands.add_parser("release", help="prepare the exact wheel set nodes install, from uv.lock "
                         "(llmgw-control release --help)", add_help=False)
+    commands.add_parser("engines", help="fetch files nodes need for their engines, e.g. the CUDA runtime wheels "
+                        "(llmgw-control engines --help)", add_help=False)
     token = commands.add_parser(
         "join-token", help="make a shared join token for nodes, and its digest for agents.join_token_digests")
     token.add_argument("--digest", action="store_true",
@@ -132,6 +134,10 @@ def main(argv: list[str] | None = None) -> None:
         from .release_cli import main as release_main
 
         raise SystemExit(release_main(argv[1:]))
+    if argv[:1] == ["engines"]:
+        from .engines_cli import main as engines_main
+
+        raise SystemExit(engines_main(argv[1:]))
     args = build_parser().parse_args(argv)
     if args.command == "join-token":
         raise SystemExit(join_token(digest_only=args.digest))

@@ -22,16 +22,21 @@ from typing import Any
 import attrs
 
 from llmgw_shared.hashing import file_sha256
+from llmgw_shared.logs import get_logger
 from llmgw_shared.names import BadName, check_engine_name, check_version
 from llmgw_shared.threads import DISK, FILES
 
 from ..catalog import EngineConfig
+from .runtime_wheels import PINS_FILE, read_pins
+
+log = get_logger(__name__)
 
 # What a generated release index lists from <files>/engines: llama.cpp builds of the version, CUDA
 # runtime archives (``cudart-llama-bin-...`` untagged, or ``cudart-llama-<tag>-bin-...``), and
 # NVIDIA's CUDA runtime wheels (``nvidia_cuda_runtime[_cu12]-<ver>-...whl``, ``nvidia_cublas...``),
 # which a node unpacks beside a CUDA build when the release has no cudart archive: put there by
-# the operator, listed with the sha256 control computes, served like every engine file.
+# ``llmgw-control engines runtime`` (pinned in engines/cuda-runtime.lock, fleet/runtime_wheels.py)
+# or by the operator, listed with the sha256 control computes, served like every engine file.
 _ARCHIVE = re.compile(r"^(llama-(?P<tag>[^-]+)-bin-.+|cudart-llama-(?:(?P<rtag>[^-]+)-)?bin-.+)\.(tar\.gz|tgz|zip)$"
                       r"|^nvidia_(?:cuda_runtime|cublas)(?:_cu\d+)?-[0-9.]+-py3-none-[A-Za-z0-9_.]+\.whl$")
 
@@ -84,14 +89,30 @@ class FileServer:
         archives = self._archives(version)
         if not any(_tag(a) == version for a in archives):
             return None
+        pins = await DISK.run(self._pins, abandon=True)
         assets = []
         for archive in archives:
+            digest = await self.sha256(archive)
+            pinned = pins.get(archive.name)
+            if pinned is not None and pinned != digest:
+                # Replaced or damaged since it was pinned: nodes must not be offered other bytes.
+                log.warning("not listing %s in the %s release: its sha256 %s is not the %s pinned in %s",
+                            archive.name, version, digest, pinned, PINS_FILE)
+                continue
             assets.append({
                 "name": archive.name, "size": archive.stat().st_size,
                 "browser_download_url": f"{self.public_url}/files/engines/{archive.name}",
-                "digest": f"sha256:{await self.sha256(archive)}",
+                "digest": f"sha256:{digest}",
             })
         return {"tag_name": version, "name": version, "assets": assets}
+
+    def _pins(self) -> dict[str, str]:
+        """The runtime wheels' pins (file -> sha256); none when the pins file is missing or unreadable."""
+        try:
+            return read_pins(self.root / "engines")
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring %s: %s", self.root / "engines" / PINS_FILE, exc)
+            return {}
 
     def static_release(self, name: str, version: str) -> tuple[Path, Path | None] | None:
         """An index the operator wrote (and signed) for ``name`` ``version``: served as it is.

@@ -308,8 +308,13 @@ def _check_requires(wheel: Path, closure: dict[str, Locked], target: Target) -> 
                                "`uv lock` and rebuild the wheels")
 
 
-def _fetch(client: httpx2.Client, wheel: LockedWheel, source: str | None, dest: Path) -> None:
-    """Copy or download ``wheel`` to ``dest``, refusing anything that is not the lock's bytes."""
+def fetch_file(client: httpx2.Client, wheel: LockedWheel, source: str | None, dest: Path, *,
+               pinned_by: str = "uv.lock") -> None:
+    """Copy or download ``wheel`` to ``dest``, refusing anything that is not the locked bytes.
+
+    Written beside ``dest`` as ``<name>.part`` and renamed when checked: a refused or cut download
+    leaves nothing, and a file already at ``dest`` stays as it was.
+    """
     digest = hashlib.sha256()
     written = 0
     limit = wheel.size or None
@@ -343,9 +348,9 @@ def _fetch(client: httpx2.Client, wheel: LockedWheel, source: str | None, dest: 
                     raise ReleaseError(f"{wheel.filename}: {type(exc).__name__} from {url}: {exc}") from None
         if limit is not None and written != limit:
             raise ReleaseError(f"{wheel.filename}: {written if written <= limit else 'more than ' + str(limit)} bytes, "
-                               f"not the {limit} uv.lock records: not the locked file")
+                               f"not the {limit} {pinned_by} records: not the locked file")
         if digest.hexdigest() != wheel.sha256:
-            raise ReleaseError(f"{wheel.filename}: sha256 {digest.hexdigest()} is not the {wheel.sha256} uv.lock "
+            raise ReleaseError(f"{wheel.filename}: sha256 {digest.hexdigest()} is not the {wheel.sha256} {pinned_by} "
                                "records: not the locked file, refusing it")
         os.replace(tmp, dest)
     finally:
@@ -414,7 +419,7 @@ def fetch_wheels(wheels: list[LockedWheel], dest: Path, *, wheels_from: str | No
     with httpx2.Client() as client:
         for i, wheel in enumerate(wheels, 1):
             say(f"[{i}/{len(wheels)}] {wheel.filename}")
-            _fetch(client, wheel, wheels_from, dest / wheel.filename)
+            fetch_file(client, wheel, wheels_from, dest / wheel.filename)
 
 
 def prepare(lock_path: Path, dist_dir: Path, releases: Path, targets: list[Target], *,
