@@ -95,27 +95,83 @@ BACKEND_FLAGS: dict[str, list[str]] = {
 
 
 # ggml-vulkan at b11312 uses VK_EXT_layer_settings (vk::LayerSettingEXT), first in Vulkan-Headers
-# 1.3.261; Debian 12's libvulkan-dev is 1.3.239. Debian 13's libvulkan-dev (1.4.309, the .deb's
-# sha256 8d329d465e16168afff58b1bd0dd6db46aac2cc3f56054a481b25a04e90b345a) has them: unpacked
-# with `dpkg-deb -x` into <cache>/vulkan-headers, or named by LLMGW_VULKAN_INCLUDE. Headers only:
-# the build still links the system's loader (libvulkan.so.1), which exports what ggml calls.
+# 1.3.261; Debian 12's libvulkan-dev is 1.3.239. Debian 13's libvulkan-dev has them: fetched with
+# apt-get from a trixie source of our own (never the system's apt configuration), checked against
+# the sha256 pinned here and unpacked with `dpkg-deb -x` into <cache>/vulkan-headers, or named by
+# LLMGW_VULKAN_INCLUDE. Headers only: the build still links the system's loader (libvulkan.so.1),
+# which exports what ggml calls.
 MIN_VULKAN_HEADER = 261
+# Debian architecture -> (libvulkan-dev version in trixie, sha256 of its .deb).
+VULKAN_DEV: dict[str, tuple[str, str]] = {
+    "amd64": ("1.4.309.0-1", "8d329d465e16168afff58b1bd0dd6db46aac2cc3f56054a481b25a04e90b345a"),
+}
+DEBIAN_MIRROR = os.environ.get("LLMGW_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+# apt-get update reads trixie's main index (about 10 MB); a download slower than this is stuck.
+APT_TIMEOUT = 600
 
 
 def vulkan_flags() -> list[str]:
-    """cmake flags naming Vulkan headers new enough for ggml-vulkan, or SystemExit saying how to get them."""
+    """cmake flags naming Vulkan headers new enough for ggml-vulkan, fetching them when none are; or SystemExit."""
     candidates = [os.environ.get("LLMGW_VULKAN_INCLUDE", ""), str(cache_dir() / "vulkan-headers" / "usr" / "include"),
                   "/usr/include"]
     for include in filter(None, candidates):
-        core = Path(include) / "vulkan" / "vulkan_core.h"
-        version = _header_version(core)
-        if version >= MIN_VULKAN_HEADER:
+        if _header_version(Path(include) / "vulkan" / "vulkan_core.h") >= MIN_VULKAN_HEADER:
             return [f"-DVulkan_INCLUDE_DIR={include}"]
-    raise SystemExit(
-        f"the Vulkan build needs Vulkan headers 1.3.{MIN_VULKAN_HEADER} or newer (Debian 12 has 1.3.239): download "
-        "Debian 13's libvulkan-dev .deb (apt-get download with a trixie source) and unpack it with "
-        f"`dpkg-deb -x <deb> {cache_dir() / 'vulkan-headers'}`, or set LLMGW_VULKAN_INCLUDE; it also needs "
-        "glslc and the system's libvulkan1")
+    return [f"-DVulkan_INCLUDE_DIR={fetch_vulkan_headers() / 'usr' / 'include'}"]
+
+
+def _vulkan_help() -> str:
+    return (f"the Vulkan build needs Vulkan headers 1.3.{MIN_VULKAN_HEADER} or newer (Debian 12 has 1.3.239): "
+            "download Debian 13's libvulkan-dev .deb (apt-get download with a trixie source) and unpack it with "
+            f"`dpkg-deb -x <deb> {cache_dir() / 'vulkan-headers'}`, or set LLMGW_VULKAN_INCLUDE; it also needs "
+            "glslc and the system's libvulkan1")
+
+
+def fetch_vulkan_headers() -> Path:
+    """Debian 13's libvulkan-dev, its .deb checked against VULKAN_DEV, unpacked into <cache>/vulkan-headers.
+
+    apt-get runs with a source list, list directory and cache of its own in a temporary directory,
+    so the system's apt configuration and state are neither used nor changed.
+    """
+    target = cache_dir() / "vulkan-headers"
+    with cache_lock("vulkan-headers"):
+        if _header_version(target / "usr" / "include" / "vulkan" / "vulkan_core.h") >= MIN_VULKAN_HEADER:
+            return target
+        if not (shutil.which("apt-get") and shutil.which("dpkg-deb") and shutil.which("dpkg")):
+            raise SystemExit(_vulkan_help() + " (no apt-get/dpkg here to fetch them)")
+        arch = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True, check=True,
+                              timeout=60).stdout.strip()
+        if arch not in VULKAN_DEV:
+            raise SystemExit(_vulkan_help() + f" (no libvulkan-dev .deb is pinned for {arch})")
+        version, sha256 = VULKAN_DEV[arch]
+        with tempfile.TemporaryDirectory(prefix="llmgw-vulkan-", dir=cache_dir()) as tmp:
+            work = Path(tmp)
+            (work / "sources.list").write_text(f"deb [arch={arch}] {DEBIAN_MIRROR} trixie main\n")
+            for sub in ("lists/partial", "cache/archives/partial"):
+                (work / sub).mkdir(parents=True)
+            options = ["-o", f"Dir::Etc::sourcelist={work / 'sources.list'}", "-o", "Dir::Etc::sourceparts=-",
+                       "-o", f"Dir::State::Lists={work / 'lists'}", "-o", f"Dir::Cache={work / 'cache'}",
+                       "-o", "APT::Get::List-Cleanup=0", "-o", "Debug::NoLocking=1"]
+            say(f"fetching Debian 13's libvulkan-dev {version} for its Vulkan headers")
+            for command in (["update"], ["download", f"libvulkan-dev={version}"]):
+                done = subprocess.run(["apt-get", "-q", *options, *command], cwd=work, capture_output=True, text=True,
+                                      timeout=APT_TIMEOUT)
+                if done.returncode != 0:
+                    raise SystemExit(f"apt-get {command[0]} failed ({done.returncode}): {done.stderr.strip()[-2000:]}"
+                                     f"\n{_vulkan_help()}")
+            debs = sorted(work.glob(f"libvulkan-dev_*_{arch}.deb"))
+            if len(debs) != 1:
+                raise SystemExit(f"apt-get download left {[d.name for d in debs]}, not one libvulkan-dev .deb")
+            got = sha256_of(debs[0])
+            if got != sha256:
+                raise SystemExit(f"{debs[0].name}: sha256 {got} is not the pinned {sha256}: refusing it")
+            unpacked = work / "unpacked"
+            subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(unpacked)], check=True, timeout=APT_TIMEOUT)
+            if _header_version(unpacked / "usr" / "include" / "vulkan" / "vulkan_core.h") < MIN_VULKAN_HEADER:
+                raise SystemExit(f"{debs[0].name} holds no Vulkan headers 1.3.{MIN_VULKAN_HEADER} or newer")
+            shutil.rmtree(target, ignore_errors=True)
+            os.replace(unpacked, target)
+    return target
 
 
 def _header_version(core: Path) -> int:
