@@ -118,7 +118,15 @@ async def test_the_openai_client_reads_a_whole_chat_stream_across_a_replica_kill
         assert usage.prompt_tokens == reference.usage.prompt_tokens
         assert usage.completion_tokens == reference.usage.completion_tokens
         labels = {"model": "smollm2", "outcome": "continued"}
-        assert await gw.settled_metric("llmgw_stream_continuations_total", labels, expect=1) == 1
+        continued = await gw.settled_metric("llmgw_stream_continuations_total", labels, expect=1)
+        if continued == 0:
+            # On a loaded machine the whole answer can reach the gateway before the client thread
+            # has read KILL_AFTER pieces (CI saw it once): the kill then lands after the stream,
+            # nothing broke, and the answer checked above is simply whole. Nothing may have been
+            # counted against the replica then either.
+            assert gw.metric("llmgw_replica_cooldowns_total", {"replica": victim}) == 0
+        else:
+            assert continued == 1
         assert victim in smollm2_replicas
 
 
