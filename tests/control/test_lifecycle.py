@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from llmgw_control.catalog import Catalog, Claim, EngineConfig, ModelConfig, ProfileConfig, WeightsConfig
 from llmgw_control.fleet import lifecycle
 from llmgw_control.fleet.inventory import Inventory, Liveness, NodeRecord
-from llmgw_control.fleet.lifecycle import TERMINAL, ImpossibleTransition, Status
+from llmgw_control.fleet.lifecycle import TERMINAL, ImpossibleTransition, ReplicaStatus
 from llmgw_control.fleet.reconciler import Reconciler, ReconcilerConfig
 from llmgw_control.fleet.token_bucket import TokenBucket
 from llmgw_control.gateway.replicas import ReplicaSet
@@ -22,19 +22,20 @@ from llmgw_shared.wire import Command, EngineState, ShardState, ShardStatus, Sta
 
 
 def test_the_statuses_are_the_wire_statuses_plus_assigned() -> None:
-    assert set(get_args(ShardStatus)) == {s.value for s in Status} - {"assigned"}
+    assert set(get_args(ShardStatus)) == {s.value for s in ReplicaStatus} - {"assigned"}
 
 
 def test_terminal_statuses_have_no_way_out_and_nothing_returns_to_assigned() -> None:
-    for status in Status:
-        assert not lifecycle.allowed(status, Status.ASSIGNED) or status == Status.ASSIGNED
+    for status in ReplicaStatus:
+        assert not lifecycle.allowed(status, ReplicaStatus.ASSIGNED) or status == ReplicaStatus.ASSIGNED
         for end in TERMINAL:
             assert not lifecycle.allowed(end, status)
     with pytest.raises(ImpossibleTransition, match="ready -> downloading"):
-        lifecycle.check("s1", Status.READY, Status.DOWNLOADING)
+        lifecycle.check("s1", ReplicaStatus.READY, ReplicaStatus.DOWNLOADING)
     with pytest.raises(ImpossibleTransition):
-        lifecycle.check("s1", Status.DRAINING, Status.READY)
-    assert lifecycle.check("s1", Status.READY, Status.STARTING) == Status.STARTING  # a crash restart
+        lifecycle.check("s1", ReplicaStatus.DRAINING, ReplicaStatus.READY)
+    # a crash restart
+    assert lifecycle.check("s1", ReplicaStatus.READY, ReplicaStatus.STARTING) == ReplicaStatus.STARTING
 
 
 def test_the_token_bucket_grants_a_burst_then_its_rate_and_spends_what_it_grants() -> None:
@@ -102,7 +103,7 @@ def test_no_sequence_of_reports_crashes_the_reconciler_or_breaks_the_table(scrip
                             clock=lambda: now[0])
     for node_id in NODES:
         inventory.put(node_record(node_id, now[0]))
-    seen: dict[str, Status] = {}
+    seen: dict[str, ReplicaStatus] = {}
 
     def started() -> list[StartShard]:
         return [c for _, c in dispatcher.sent if isinstance(c, StartShard)]
@@ -122,7 +123,7 @@ def test_no_sequence_of_reports_crashes_the_reconciler_or_breaks_the_table(scrip
             seen[sid] = record.status
             published = replicas.get(sid)
             if published is not None:
-                assert record.status == Status.READY and not record.draining
+                assert record.status == ReplicaStatus.READY and not record.draining
                 assert published.url.startswith(f"http://{record.address}:")
 
     check_pass()

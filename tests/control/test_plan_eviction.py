@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmgw_control.fleet.lifecycle import TERMINAL, Status
+from llmgw_control.fleet.lifecycle import TERMINAL, ReplicaStatus
 from llmgw_control.fleet.plan import Assignment, Claim, Demand, Drain, Evict, Plan, PlanLimits, PlanNode, Start, plan
 from llmgw_shared.wire import EngineState
 
@@ -27,8 +27,8 @@ def demand(key: str, ram: int, *, wanted: int = 1, min_replicas: int = 0, starve
 
 
 def resident(shard: str, key: str, ram: int, *, node_id: str = "a", port: int = 20000, last_used: float = 0.0,
-             busy: bool = False, started_at: float = 0.0, status: Status = Status.READY, draining: bool = False,
-             used: Claim | None = None) -> Assignment:
+             busy: bool = False, started_at: float = 0.0, status: ReplicaStatus = ReplicaStatus.READY,
+             draining: bool = False, used: Claim | None = None) -> Assignment:
     return Assignment(shard, key, node_id, port, Claim(ram), status, "", draining, last_used, used, busy, started_at)
 
 
@@ -47,7 +47,7 @@ def test_an_idle_model_is_evicted_for_one_that_fits_nowhere_and_the_start_waits_
     assert p.actions == [Evict("s-b", "a", "b:cpu", "a:cpu")]
     assert p.blocked["a:cpu"] == "making room on node a: evicting idle s-b (b:cpu)"
     # Next pass: the evicted replica drains; its memory is on its way, so nothing more is evicted.
-    draining = attrs.evolve(resident_b, draining=True, status=Status.DRAINING)
+    draining = attrs.evolve(resident_b, draining=True, status=ReplicaStatus.DRAINING)
     p = plan([demand("a:cpu", 6000), demand("b:cpu", 0, wanted=0)], [node()], [draining], backoff={}, now=NOW,
              limits=LIMITS)
     assert p.actions == [] and p.blocked["a:cpu"] == "making room on node a: waiting for s-b to stop"
@@ -62,7 +62,7 @@ def test_busy_young_and_minimum_replicas_are_never_evicted() -> None:
         (resident("s-b", "b:cpu", 6000, busy=True), [demand("b:cpu", 6000)]),
         (resident("s-b", "b:cpu", 6000, started_at=NOW - 59), [demand("b:cpu", 6000)]),
         (resident("s-b", "b:cpu", 6000), [demand("b:cpu", 6000, min_replicas=1)]),
-        (resident("s-b", "b:cpu", 6000, status=Status.STARTING), [demand("b:cpu", 6000)]),
+        (resident("s-b", "b:cpu", 6000, status=ReplicaStatus.STARTING), [demand("b:cpu", 6000)]),
     ]:
         p = plan([demand("a:cpu", 6000), *demands], [node()], [protected], backoff={}, now=NOW, limits=LIMITS)
         assert evicts(p) == [], protected
@@ -141,13 +141,14 @@ def worlds(draw: st.DrawFn) -> tuple[list[Demand], list[PlanNode], list[Assignme
                       min_replicas=draw(st.integers(0, 2)), starved=draw(st.booleans())) for k in KEYS]
     assignments = []
     for i in range(draw(st.integers(0, 8))):
-        status = draw(st.sampled_from([Status.READY, Status.READY, Status.STARTING, Status.DRAINING]))
+        status = draw(st.sampled_from([ReplicaStatus.READY, ReplicaStatus.READY, ReplicaStatus.STARTING,
+                                       ReplicaStatus.DRAINING]))
         used = draw(st.none() | st.builds(Claim, st.integers(0, 6000), st.integers(0, 4000)))
         on = draw(st.sampled_from(nodes)).node_id
         assignments.append(resident(
             f"s{i}", draw(st.sampled_from(KEYS)), draw(st.integers(0, 6000)), node_id=on,
             port=20000 + i, last_used=draw(st.floats(0, NOW)), busy=draw(st.booleans()),
-            started_at=draw(st.floats(0, NOW)), status=status, draining=status == Status.DRAINING, used=used))
+            started_at=draw(st.floats(0, NOW)), status=status, draining=status == ReplicaStatus.DRAINING, used=used))
     return demands, nodes, assignments
 
 
@@ -162,7 +163,7 @@ def test_eviction_never_breaks_its_rules(world: tuple[list[Demand], list[PlanNod
     evicted = [a for a in p.actions if isinstance(a, Evict)]
     for action in evicted:
         victim = by_id[action.shard_id]
-        assert victim.status == Status.READY and not victim.draining
+        assert victim.status == ReplicaStatus.READY and not victim.draining
         assert victim.key != action.for_key
         assert NOW - victim.started_at >= LIMITS.evict_min_age
         assert not victim.busy or by_key[action.for_key].starved

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmgw_control.fleet.gpus import share
-from llmgw_control.fleet.lifecycle import Status
+from llmgw_control.fleet.lifecycle import ReplicaStatus
 from llmgw_control.fleet.plan import Assignment, Claim, Demand, PlanNode, Start, plan
 from llmgw_shared.wire import EngineState
 
@@ -26,7 +26,7 @@ def demand(key: str, vram: int, *, wanted: int = 1, gpus: int = 1) -> Demand:
 
 
 def on_gpu(shard: str, key: str, vram: int, devices: tuple[int, ...], port: int = 20000) -> Assignment:
-    return Assignment(shard, key, "g", port, Claim(1000, vram), Status.READY, devices=devices)
+    return Assignment(shard, key, "g", port, Claim(1000, vram), ReplicaStatus.READY, devices=devices)
 
 
 def starts(actions: list[object]) -> list[Start]:
@@ -83,8 +83,10 @@ def test_no_gpu_is_ever_over_committed(totals: list[int], wants: list[tuple[int,
 
 
 def test_eviction_frees_a_gpu_and_never_evicts_for_a_claim_no_gpu_can_hold() -> None:
-    residents = [Assignment("s0", "a:gpu", "g", 20000, Claim(1000, 16000), Status.READY, last_used=5, devices=(0,)),
-                 Assignment("s1", "b:gpu", "g", 20001, Claim(1000, 16000), Status.READY, last_used=9, devices=(1,))]
+    residents = [
+        Assignment("s0", "a:gpu", "g", 20000, Claim(1000, 16000), ReplicaStatus.READY, last_used=5, devices=(0,)),
+        Assignment("s1", "b:gpu", "g", 20001, Claim(1000, 16000), ReplicaStatus.READY, last_used=9, devices=(1,)),
+    ]
     p = plan([demand("c:gpu", 20000)], [gpu_node()], residents, backoff={}, now=1000)
     assert [a.shard_id for a in p.actions] == ["s0"]  # the least recently used; its GPU then holds 20 GB
     # 30 GB on one 24 GB GPU: the node's total would do after evicting both, no GPU ever would.

@@ -39,8 +39,9 @@ from llmgw_node.shard_logs import Output, read_output, rotate_if_large
 from llmgw_node.weights import WeightsCache, WeightsError
 from llmgw_shared.logs import get_logger
 from llmgw_shared.names import BadName, check_shard_id
+from llmgw_shared.replica_lifecycle import NODE_START, TERMINAL, ReplicaStatus, allowed, on_wire
 from llmgw_shared.threads import DISK
-from llmgw_shared.wire import PORT_IN_USE, ShardSpec, ShardState, ShardStatus
+from llmgw_shared.wire import PORT_IN_USE, ShardSpec, ShardState
 
 log = get_logger(__name__)
 
@@ -86,7 +87,7 @@ class _Shard:
 
     def __init__(self, spec: ShardSpec) -> None:
         self.spec = spec
-        self.state = ShardState(shard_id=spec.shard_id, status="pending", port=spec.port)
+        self.state = ShardState(shard_id=spec.shard_id, status=on_wire(NODE_START), port=spec.port)
         self.stop_requested = trio.Event()
         self.stop_grace: float | None = None
         self.drain_timeout: float | None = None
@@ -244,9 +245,20 @@ class Supervisor:
             self.weights.acquire(file.sha256, shard.spec.shard_id)
         self._nursery.start_soon(self._supervise, shard, adopted, name=f"shard:{shard.spec.shard_id}")
 
-    def _set(self, shard: _Shard, status: ShardStatus, detail: str = "", *, lines: bool = False) -> None:
+    def _set(self, shard: _Shard, status: ReplicaStatus, detail: str = "", *, lines: bool = False) -> None:
+        """Record and report a change, if ``llmgw_shared.replica_lifecycle``'s table allows it.
+
+        One the table forbids is a bug here, not in the engine: it is logged as an error and
+        refused (the replica keeps its status, nothing is sent), since control would ignore it
+        anyway and the daemon must not die for it.
+        """
+        current = ReplicaStatus(shard.state.status)
+        if not allowed(current, status):
+            log.error("shard %s: %s -> %s is not in the replica lifecycle's table (a bug in the node): "
+                      "not recorded, not reported (%s)", shard.spec.shard_id, current, status, detail)
+            return
         state = ShardState(
-            shard_id=shard.spec.shard_id, status=status, detail=detail, port=shard.spec.port, pid=shard.pid,
+            shard_id=shard.spec.shard_id, status=on_wire(status), detail=detail, port=shard.spec.port, pid=shard.pid,
             restarts=shard.restarts,
             last_lines=self.output(shard.spec.shard_id, FAILURE_LINES) if lines else [],
             rss_mib=shard.rss_mib if shard.pid else 0, vram_mib=shard.vram_mib if shard.pid else 0,
@@ -254,7 +266,7 @@ class Supervisor:
         if state == shard.state:
             return
         shard.state = state
-        if status == "ready":
+        if status == ReplicaStatus.READY:
             self._measure_soon.set()
         log.info("shard %s: %s", shard.spec.shard_id, state.describe(), extra={"pid": shard.pid})
         if self._on_change is not None:
@@ -336,7 +348,7 @@ class Supervisor:
                 self.weights.release(file.sha256, spec.shard_id)
             # Cancelled means the daemon is going away and the engine keeps running for the next
             # one to adopt: its record must stay. Only a shard that really ended leaves the file.
-            if shard.state.status in ("stopped", "failed"):
+            if shard.state.status in TERMINAL:
                 self._persist()
                 self._forget_old()
 
@@ -349,24 +361,24 @@ class Supervisor:
                 if state.status != "installing":
                     break
                 if shard.stop_requested.is_set():
-                    self._set(shard, "stopped", "stopped before it started")
+                    self._set(shard, ReplicaStatus.STOPPED, "stopped before it started")
                     return None
-                self._set(shard, "pending", f"waiting for engine: {state.describe()}")
+                self._set(shard, ReplicaStatus.PENDING, f"waiting for engine: {state.describe()}")
                 with trio.move_on_after(0.5):
                     await shard.stop_requested.wait()
         if self.engines.binary(spec.engine, spec.engine_version) is None:
             state = self.engines.state(spec.engine, spec.engine_version)
-            self._set(shard, "failed", f"engine {spec.engine} {spec.engine_version}: {state.describe()}")
+            self._set(shard, ReplicaStatus.FAILED, f"engine {spec.engine} {spec.engine_version}: {state.describe()}")
             return None
         if spec.weights is None:
             try:
                 shard.model_path = await DISK.run(self.model_roots.resolve, spec.model_dir, abandon=True)
             except ModelDirError as exc:
-                self._set(shard, "failed", str(exc))
+                self._set(shard, ReplicaStatus.FAILED, str(exc))
                 return None
             return shard.model_path
         weights_spec = spec.weights
-        self._set(shard, "downloading", "checking weights")
+        self._set(shard, ReplicaStatus.DOWNLOADING, "checking weights")
         path: Path | None = None
         error = ""
         async with trio.open_nursery() as nursery:
@@ -375,19 +387,19 @@ class Supervisor:
                 # The adapters first, exactly as the weights (sha256, size): a wrong one fails the
                 # shard before the engine is started with it.
                 for adapter in spec.adapters:
-                    self._set(shard, "downloading", f"checking adapter {adapter.name}")
+                    self._set(shard, ReplicaStatus.DOWNLOADING, f"checking adapter {adapter.name}")
                     await self.weights.ensure(
-                        adapter.weights, lambda what: self._set(shard, "downloading", f"adapter: {what}"))
+                        adapter.weights, lambda what: self._set(shard, ReplicaStatus.DOWNLOADING, f"adapter: {what}"))
                 path = await self.weights.ensure(
-                    weights_spec, lambda what: self._set(shard, "downloading", what)
+                    weights_spec, lambda what: self._set(shard, ReplicaStatus.DOWNLOADING, what)
                 )
             except WeightsError as exc:
                 error = str(exc)
             nursery.cancel_scope.cancel()
         if error:
-            self._set(shard, "failed", error)
+            self._set(shard, ReplicaStatus.FAILED, error)
         elif path is None:
-            self._set(shard, "stopped", "stopped before it started")
+            self._set(shard, ReplicaStatus.STOPPED, "stopped before it started")
         return path
 
     async def _loop(self, shard: _Shard, weights: Path, adopted: ProcessRecord | None) -> None:
@@ -401,13 +413,13 @@ class Supervisor:
                 try:
                     await self._launch(shard, weights, fresh=shard.restarts == 0)
                 except ShardError as exc:
-                    self._set(shard, "failed", str(exc), lines=True)
+                    self._set(shard, ReplicaStatus.FAILED, str(exc), lines=True)
                     return
                 outcome = await self._watch(shard, adopted=False)
             if outcome == "stopped":
                 return
             if shard.fatal:
-                self._set(shard, "failed", shard.fatal, lines=True)
+                self._set(shard, ReplicaStatus.FAILED, shard.fatal, lines=True)
                 return
             # A crash or a failed start. Report it with the output, then back off and restart.
             shard.restarts += 1
@@ -415,17 +427,17 @@ class Supervisor:
             shard.rss_mib = shard.vram_mib = 0
             self._persist()
             if shard.restarts > spec.max_restarts:
-                self._set(shard, "failed", f"{outcome}; gave up after {spec.max_restarts} restarts",
+                self._set(shard, ReplicaStatus.FAILED, f"{outcome}; gave up after {spec.max_restarts} restarts",
                           lines=True)
                 return
             delay = min(t.backoff_cap, t.backoff_base * 2 ** (shard.restarts - 1))
-            self._set(shard, "starting",
+            self._set(shard, ReplicaStatus.STARTING,
                       f"{outcome}; restart {shard.restarts} of {spec.max_restarts} in {delay:g} s",
                       lines=True)
             with trio.move_on_after(delay):
                 await shard.stop_requested.wait()
             if shard.stop_requested.is_set():
-                self._set(shard, "stopped", "stopped while waiting to restart")
+                self._set(shard, ReplicaStatus.STOPPED, "stopped while waiting to restart")
                 return
 
     async def _launch(self, shard: _Shard, weights: Path, *, fresh: bool) -> None:
@@ -460,7 +472,7 @@ class Supervisor:
         shard.pid = proc.pid
         shard.ticks = start_ticks(proc.pid) or 0
         self._persist()
-        self._set(shard, "starting", f"{binary.name} started")
+        self._set(shard, ReplicaStatus.STARTING, f"{binary.name} started")
 
     async def _watch(self, shard: _Shard, *, adopted: bool) -> str:
         """Run until the process exits or a stop is handled; return "stopped" or what went wrong."""
@@ -513,7 +525,7 @@ class Supervisor:
                 nursery.cancel_scope.cancel()
                 return problem
             if ready:
-                self._set(shard, "ready", "")
+                self._set(shard, ReplicaStatus.READY, "")
                 hung = await self._while_ready(shard, exited)
                 if hung:
                     await self._terminate(shard.pid, shard.ticks, shard.process, self.timing.stop_grace)
@@ -521,17 +533,17 @@ class Supervisor:
                     return hung
             if shard.stop_requested.is_set() and not exited.is_set():
                 if shard.drain_timeout is not None:
-                    self._set(shard, "draining", "waiting for requests in flight")
+                    self._set(shard, ReplicaStatus.DRAINING, "waiting for requests in flight")
                     await self._drain(shard, shard.drain_timeout, exited)
                 grace = shard.stop_grace if shard.stop_grace is not None else self.timing.stop_grace
                 # "draining" while it stops, so nothing treats a stopping engine as ready.
-                self._set(shard, "draining", "stopping")
+                self._set(shard, ReplicaStatus.DRAINING, "stopping")
                 await self._terminate(shard.pid, shard.ticks, shard.process, grace)
                 nursery.cancel_scope.cancel()
-                self._set(shard, "stopped", "")
+                self._set(shard, ReplicaStatus.STOPPED, "")
                 return "stopped"
             if shard.stop_requested.is_set():
-                self._set(shard, "stopped", "")
+                self._set(shard, ReplicaStatus.STOPPED, "")
                 nursery.cancel_scope.cancel()
                 return "stopped"
             nursery.cancel_scope.cancel()
@@ -577,7 +589,7 @@ class Supervisor:
                     log.warning("shard %s: cannot see its in-flight requests (/slots and /metrics both "
                                 "unavailable); stopping without waiting", shard.spec.shard_id)
                     return
-                self._set(shard, "draining", f"waiting for {busy} request(s) in flight")
+                self._set(shard, ReplicaStatus.DRAINING, f"waiting for {busy} request(s) in flight")
                 with trio.move_on_after(self.timing.drain_poll):
                     await exited.wait()
         if scope.cancelled_caught:

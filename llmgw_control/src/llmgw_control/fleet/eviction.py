@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from ..catalog import Claim
-from .lifecycle import TERMINAL, Status
+from .lifecycle import TERMINAL, ReplicaStatus
 
 if TYPE_CHECKING:  # plan imports this module; the types only are needed here
     from .plan import Assignment
@@ -70,7 +70,7 @@ def make_room(
 
 def may_evict(assignment: Assignment, for_key: str, *, starved: bool, now: float, min_age: float) -> bool:
     """Whether ``assignment`` may be evicted for ``for_key`` at all (``min_replicas`` aside)."""
-    return (assignment.key != for_key and not assignment.draining and assignment.status == Status.READY
+    return (assignment.key != for_key and not assignment.draining and assignment.status == ReplicaStatus.READY
             and (starved or not assignment.busy) and now - assignment.started_at >= min_age)
 
 

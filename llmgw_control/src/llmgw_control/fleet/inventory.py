@@ -3,15 +3,22 @@
 Kept in memory on the leader. A node's liveness is derived from when it was last heard from,
 not from whether its socket is open: a hung node (stopped process, cut network) keeps its
 socket open and sends nothing, and only the missing heartbeats reveal it.
+
+Liveness is derived, never stored, so nothing moves it: its table (``NODE_LIVENESS``) is what one
+event can change it to -- a message heard (a hello makes a new record, connected), the connection
+closed, time passing without a word -- and tests/test_lifecycles.py drives ``Liveness.state``
+through random events and checks every change it shows against the table.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from enum import StrEnum
 
 import attrs
 
 from llmgw_shared.facts import HostFacts
+from llmgw_shared.transitions import Lifecycle
 from llmgw_shared.wire import EngineState, ShardState, WeightsHeld
 
 
@@ -46,18 +53,39 @@ class NodeRecord:
             self.shards[state.shard_id] = state
 
 
+class NodeLiveness(StrEnum):
+    READY = "ready"
+    # The connection closed; heard from recently enough that it may be back at once.
+    DISCONNECTED = "disconnected"
+    UNREACHABLE = "unreachable"
+    LOST = "lost"
+
+
+_SILENCE = {NodeLiveness.UNREACHABLE, NodeLiveness.LOST}
+NODE_LIVENESS = Lifecycle("node", NodeLiveness, start={NodeLiveness.READY}, transitions={
+    # Closed, or silent long enough (one look may come after both thresholds have passed).
+    NodeLiveness.READY: {NodeLiveness.DISCONNECTED, *_SILENCE},
+    # Back (a hello), or still away.
+    NodeLiveness.DISCONNECTED: {NodeLiveness.READY, *_SILENCE},
+    # A silent node stays silent until it is heard again: only more time or a message moves it,
+    # and a message makes it ready (a close alone changes nothing while the silence lasts).
+    NodeLiveness.UNREACHABLE: {NodeLiveness.READY, NodeLiveness.LOST},
+    NodeLiveness.LOST: {NodeLiveness.READY},
+})
+
+
 @attrs.frozen
 class Liveness:
     unreachable_after: float
     lost_after: float
 
-    def state(self, node: NodeRecord, now: float) -> str:
+    def state(self, node: NodeRecord, now: float) -> NodeLiveness:
         silent = now - node.last_seen
         if silent > self.lost_after:
-            return "lost"
+            return NodeLiveness.LOST
         if silent > self.unreachable_after:
-            return "unreachable"
-        return "ready" if node.connected else "disconnected"
+            return NodeLiveness.UNREACHABLE
+        return NodeLiveness.READY if node.connected else NodeLiveness.DISCONNECTED
 
 
 class Inventory:

@@ -21,11 +21,12 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
-from .lifecycle import HOLDING, Status
+from .inventory import NodeLiveness
+from .lifecycle import HOLDING, ReplicaStatus
 
 # Every state is exported, with 0 when none is in it, so an alert on e.g. lost > 0 sees a series.
-NODE_STATES = ("ready", "disconnected", "unreachable", "lost")
-REPLICA_STATES = tuple(str(s) for s in Status)
+NODE_STATES = tuple(str(s) for s in NodeLiveness)
+REPLICA_STATES = tuple(str(s) for s in ReplicaStatus)
 
 
 def _lease_view(fleet: Any) -> tuple[bool, str, str, int | None] | None:

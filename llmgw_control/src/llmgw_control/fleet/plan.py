@@ -20,7 +20,8 @@ from llmgw_shared.wire import EngineState
 from ..catalog import Claim
 from . import gpus as gpu_fit
 from .eviction import Room, make_room
-from .lifecycle import TERMINAL, Status
+from .inventory import NodeLiveness
+from .lifecycle import TERMINAL, ReplicaStatus
 
 READY_ENGINE = ("installed", "configured")
 
@@ -62,8 +63,7 @@ class Demand:
 @attrs.frozen
 class PlanNode:
     node_id: str
-    # ready | disconnected | unreachable | lost
-    state: str
+    state: NodeLiveness
     cordoned: bool
     labels: dict[str, str]
     engines: dict[tuple[str, str], EngineState]
@@ -83,7 +83,7 @@ class PlanNode:
 
     @property
     def schedulable(self) -> bool:
-        return self.state == "ready" and not self.cordoned
+        return self.state == NodeLiveness.READY and not self.cordoned
 
 
 @attrs.frozen
@@ -93,7 +93,7 @@ class Assignment:
     node_id: str
     port: int
     claim: Claim
-    status: Status
+    status: ReplicaStatus
     detail: str = ""
     draining: bool = False
     # For choosing which replica to drain when there are too many.
@@ -210,7 +210,7 @@ def plan(
     kept: list[Assignment] = []
     for assignment in assignments:
         node = node_map.get(assignment.node_id)
-        if node is None or node.state == "lost":
+        if node is None or node.state == NodeLiveness.LOST:
             if assignment.live:
                 # Only a live replica is moved (its replacement placed below), so only it costs.
                 if budget <= 0:
@@ -218,10 +218,10 @@ def plan(
                     continue
                 budget -= 1
             actions.append(Forget(assignment.shard_id, f"node {assignment.node_id} is lost"))
-        elif assignment.status == Status.FAILED:
+        elif assignment.status == ReplicaStatus.FAILED:
             actions.append(Stop(assignment.shard_id, assignment.node_id, assignment.detail or "failed"))
             actions.append(Forget(assignment.shard_id, f"failed on {assignment.node_id}: {assignment.detail}"))
-        elif assignment.status == Status.STOPPED:
+        elif assignment.status == ReplicaStatus.STOPPED:
             actions.append(Forget(assignment.shard_id, "drained and stopped" if assignment.draining else "stopped"))
         else:
             kept.append(assignment)
@@ -232,7 +232,7 @@ def plan(
     ports: dict[str, set[int]] = {n.node_id: set() for n in node_map.values()}
     on_node: dict[str, list[Assignment]] = {n.node_id: [] for n in node_map.values()}
     for assignment in kept:
-        if assignment.node_id in free_ram and assignment.status != Status.STOPPED:
+        if assignment.node_id in free_ram and assignment.status != ReplicaStatus.STOPPED:
             free_ram[assignment.node_id] -= assignment.holding.ram_mib
             free_vram[assignment.node_id] -= assignment.holding.vram_mib
             ports[assignment.node_id].add(assignment.port)
@@ -261,7 +261,7 @@ def plan(
         missing = demand.wanted - len(live)
         if missing < 0:
             # Drain the surplus: replicas not yet serving first, then the least recently used.
-            surplus = sorted(live, key=lambda a: (a.status == Status.READY, a.last_used))[:-missing]
+            surplus = sorted(live, key=lambda a: (a.status == ReplicaStatus.READY, a.last_used))[:-missing]
             actions.extend(Drain(a.shard_id, a.node_id) for a in surplus)
             for assignment in surplus:
                 _now_draining(assignment, on_node, live_by_key)

@@ -47,8 +47,8 @@ from ..gateway.adapters import replica_adapters
 from ..gateway.replicas import Replica, ReplicaSet
 from . import lifecycle
 from .capacity import CapacityIndex, capacity_kind, hardware_of, profile_fingerprint
-from .inventory import Inventory, Liveness, NodeRecord
-from .lifecycle import HOLDING, TERMINAL, Status
+from .inventory import Inventory, Liveness, NodeLiveness, NodeRecord
+from .lifecycle import HOLDING, TERMINAL, ReplicaStatus
 from .measured import MeasuredUse, node_kind
 from .plan import Action, Demand, Drain, Evict, Forget, PlanLimits, PlanNode, Start, Stop, plan
 from .shard_ids import ShardIds
@@ -175,7 +175,7 @@ class Reconciler:
         record = self.shards.get(shard_id)
         if record is None or record.status in TERMINAL:
             return
-        record.move(Status.FAILED, detail)
+        record.move(ReplicaStatus.FAILED, detail)
         if PORT_IN_USE in detail:
             # Something else on that node holds the port: not the model's fault. Avoid the port
             # there and place again at once, instead of backing the model off the whole node.
@@ -288,7 +288,7 @@ class Reconciler:
         """
         if isinstance(command, StartShard):
             record = self.shards.get(command.shard.shard_id)
-            if record is not None and record.node_id == node_id and record.status == Status.ASSIGNED:
+            if record is not None and record.node_id == node_id and record.status == ReplicaStatus.ASSIGNED:
                 self._forget(Forget(record.shard_id, f"its start never reached node {node_id}"), self.clock())
                 self.wake()
 
@@ -473,25 +473,25 @@ class Reconciler:
 
     def _absorb(self, node: NodeRecord, record: ShardRecord, state: ShardState, now: float) -> None:
         """Apply what the node says about a replica control knows, if it can be true."""
-        reported = Status(state.status)
+        reported = ReplicaStatus(state.status)
         if record.status in TERMINAL:
             return  # control has decided: the plan stops and forgets it
         if record.draining and reported not in TERMINAL:
             # The drain is on its way (or being carried out): an older "ready" must not undo it.
-            if reported == Status.DRAINING:
+            if reported == ReplicaStatus.DRAINING:
                 record.detail = state.detail
             return
         if not lifecycle.allowed(record.status, reported):
             log.warning("node %s reported replica %s going from %s to %s, which cannot happen: ignored",
                         node.node_id, record.shard_id, record.status, reported, extra={"node": node.node_id})
             return
-        if reported == Status.READY and record.status != Status.READY:
+        if reported == ReplicaStatus.READY and record.status != ReplicaStatus.READY:
             record.ready_since = now
             self.failures.pop((record.key, record.node_id), None)
             log.info("replica %s of %s ready on node %s", record.shard_id, record.key, node.node_id)
         if state.last_lines:
             record.last_lines = list(state.last_lines)
-        if reported == Status.FAILED:
+        if reported == ReplicaStatus.FAILED:
             self.mark_failed(record.shard_id, state.detail)
         else:
             record.move(reported, state.detail)
@@ -509,7 +509,7 @@ class Reconciler:
             configured = Claim(resolved.profile.ram_mib, resolved.profile.vram_mib)
             used = Claim(max(used.ram_mib, configured.ram_mib), max(used.vram_mib, configured.vram_mib))
         record.used = used
-        if record.status == Status.READY:
+        if record.status == ReplicaStatus.READY:
             # Only a replica that loaded says what the profile needs; one still loading holds less.
             self.measured.record(record.key, node_kind(node.facts), record.used)
 
@@ -517,8 +517,8 @@ class Reconciler:
         """A shard a node runs that this control does not know: after a restart, take it over --
         but only one control minted for this node, at the node's own address, on a port control
         could have given it. Anything else the node is told to stop."""
-        status = Status(state.status)
-        if status in TERMINAL or status == Status.DRAINING:
+        status = ReplicaStatus(state.status)
+        if status in TERMINAL or status == ReplicaStatus.DRAINING:
             return  # ended, or on its way out: nothing to take over
         shard_id = state.shard_id
         key = self.adoption_key(shard_id, node.node_id)
@@ -537,7 +537,7 @@ class Reconciler:
             node.shards.pop(shard_id, None)
             return
         record = ShardRecord(shard_id, key, node.node_id, state.port, self.claims.get(key, Claim(0)), status,
-                             state.detail, created_at=now, ready_since=now if status == Status.READY else None,
+                             state.detail, created_at=now, ready_since=now if status == ReplicaStatus.READY else None,
                              address=node.address)
         self.shards[shard_id] = record
         self._measured(node, record, state)
@@ -547,10 +547,10 @@ class Reconciler:
         """A start the node acknowledged (or never answered) and then never reported: failed."""
         limit = self.config.assigned_timeout
         for record in list(self.shards.values()):
-            if record.status == Status.ASSIGNED and now - record.created_at > limit:
+            if record.status == ReplicaStatus.ASSIGNED and now - record.created_at > limit:
                 node = self.inventory.get(record.node_id)
                 # A node that went quiet is the liveness rules' business, not this deadline's.
-                if node is not None and self.liveness.state(node, now) == "ready":
+                if node is not None and self.liveness.state(node, now) == NodeLiveness.READY:
                     self.mark_failed(record.shard_id, f"node {record.node_id} did not report it within {limit:g} s "
                                                       "of start_shard")
 
@@ -690,7 +690,7 @@ class Reconciler:
                 # Withdraw before draining so no new request is sent to a replica going away.
                 self.replicas.withdraw(record.shard_id)
                 record.draining = True
-                record.move(Status.DRAINING)
+                record.move(ReplicaStatus.DRAINING)
                 if isinstance(action, Evict):
                     # Back to scale from zero: the load that kept it is forgotten, so only new
                     # requests (waiting for it) place it again.
@@ -769,8 +769,9 @@ class Reconciler:
     def _sync_router(self, now: float) -> None:
         for record in self.shards.values():
             node = self.inventory.get(record.node_id)
-            state = self.liveness.state(node, now) if node is not None else "lost"
-            routable = record.status == Status.READY and not record.draining and state in ("ready", "disconnected")
+            state = self.liveness.state(node, now) if node is not None else NodeLiveness.LOST
+            routable = (record.status == ReplicaStatus.READY and not record.draining
+                        and state in (NodeLiveness.READY, NodeLiveness.DISCONNECTED))
             current = self.replicas.get(record.shard_id)
             if routable and node is not None:
                 url = f"http://{_url_host(record.address or node.address)}:{record.port}"

@@ -11,7 +11,7 @@ from llmgw_shared.wire import Command
 
 from ..catalog import Claim
 from . import lifecycle
-from .lifecycle import Status
+from .lifecycle import ReplicaStatus
 from .plan import Assignment
 
 # Replicas forgotten recently, kept with their final words: a failed start is forgotten within a
@@ -27,7 +27,7 @@ class EndedReplica:
     shard_id: str
     key: str
     node_id: str
-    status: Status
+    status: ReplicaStatus
     detail: str
     last_lines: list[str]
 
@@ -86,7 +86,7 @@ class ShardRecord:
     node_id: str
     port: int
     claim: Claim
-    status: Status = Status.ASSIGNED
+    status: ReplicaStatus = ReplicaStatus.ASSIGNED
     detail: str = ""
     draining: bool = False
     ready_since: float | None = None
@@ -112,7 +112,7 @@ class ShardRecord:
                           self.detail, self.draining, last_used, self.used, busy, self.created_at,
                           self.devices)
 
-    def move(self, status: Status, detail: str | None = None) -> None:
+    def move(self, status: ReplicaStatus, detail: str | None = None) -> None:
         """A transition control makes (or applies from a report it checked): the table decides."""
         self.status = lifecycle.check(self.shard_id, self.status, status)
         if detail is not None:
