@@ -12,7 +12,8 @@ A finished run is learnt by the reconciler's ``CapacityIndex``: from then on, re
 profile on nodes of that capacity kind get the slot count the run measured (see ``capacity``).
 Runs stored before a restart are learnt again at start; one cut short by the restart is
 ``failed``. Every run's task lives in the manager's nursery (``run``), each in its own cancel
-scope so ``cancel`` stops one.
+scope so ``cancel`` stops one. ``RUN_LIFECYCLE`` is the table; every change goes through its
+``move``.
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable
+from enum import StrEnum
 from typing import Any, Protocol
 
 import attrs
 import trio
 
 from llmgw_shared.logs import get_logger
+from llmgw_shared.transitions import Lifecycle
 
 from ..api_errors import AdminApiError, bad_request, conflict, not_found
 from ..catalog import Catalog, Resolved
@@ -36,8 +39,27 @@ from .capacity_sweep import Target, Workload, measure_level, new_client
 
 log = get_logger(__name__)
 
-STATES = ("queued", "running", "done", "failed", "cancelled")
-FINISHED = ("done", "failed", "cancelled")
+
+
+class RunState(StrEnum):
+    """A capacity run's state (the store keeps the same strings: ``store.ops_capacity.RUN_STATES``)."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+RUN_LIFECYCLE = Lifecycle("capacity run", RunState, start={RunState.QUEUED}, transitions={
+    # FAILED while queued: control stopped before the run's turn came (found when runs are read).
+    RunState.QUEUED: {RunState.RUNNING, RunState.FAILED, RunState.CANCELLED},
+    RunState.RUNNING: {RunState.DONE, RunState.FAILED, RunState.CANCELLED},
+    RunState.DONE: set(),
+    RunState.FAILED: set(),
+    RunState.CANCELLED: set(),
+})
+FINISHED = RUN_LIFECYCLE.terminal
 # The sweep when a request names none: powers of two, enough to find where a small replica saturates.
 DEFAULT_LEVELS = (1, 2, 4, 8)
 # A run longer than an hour is a mistake (levels x level_seconds): refused before it starts.
@@ -82,7 +104,8 @@ class Run:
     prompt_tokens: int
     output_tokens: int
     level_seconds: float
-    state: str = "queued"
+    # Stored as its string; a document read back names one of RunState's values or is refused.
+    state: RunState = attrs.field(default=RunState.QUEUED, converter=RunState)
     error: str = ""
     created_at: float = 0.0
     finished_at: float | None = None
@@ -143,9 +166,10 @@ class CapacityRuns:
                 log.warning("stored capacity run %s could not be read; it is ignored", record.id)
                 continue
             if run.state not in FINISHED:
-                run.state, run.error = "failed", "control stopped during the run"
+                run.state = RUN_LIFECYCLE.move(run.id, run.state, RunState.FAILED)
+                run.error = "control stopped during the run"
                 await self._save(run)
-            if run.state == "done":
+            if run.state == RunState.DONE:
                 self._learn(run)
             self.runs[run.id] = run
         self._forget_old()
@@ -205,7 +229,7 @@ class CapacityRuns:
         run = self.get(run_id)
         if run.state in FINISHED:
             raise conflict(f"capacity run {run_id} is {run.state} already")
-        run.state, run.finished_at = "cancelled", time.time()
+        run.state, run.finished_at = RUN_LIFECYCLE.move(run.id, run.state, RunState.CANCELLED), time.time()
         if run.scope is not None:
             run.scope.cancel()
         await self._save(run)
@@ -219,26 +243,26 @@ class CapacityRuns:
         with trio.CancelScope() as scope:
             run.scope = scope
             async with self._one_at_a_time:
-                if run.state != "queued":
+                if run.state != RunState.QUEUED:
                     return  # cancelled while it waited
-                run.state = "running"
+                run.state = RUN_LIFECYCLE.move(run.id, run.state, RunState.RUNNING)
                 await self._save(run)
                 try:
                     await self._sweep(run, resolved, self.source)
                 except RunFailed as exc:
-                    run.state, run.error = "failed", str(exc)
+                    _end(run, RunState.FAILED, str(exc))
                 except Exception as exc:
                     # A bug must end this run, not the manager and every other run with it.
                     log.exception("capacity run %s failed", run.id)
-                    run.state, run.error = "failed", f"internal error: {type(exc).__name__}"
+                    _end(run, RunState.FAILED, f"internal error: {type(exc).__name__}")
                 else:
-                    run.state = "done"
+                    _end(run, RunState.DONE)
                     run.slots = slots_for([level_from(r) for r in run.results], resolved.profile.ttft_target,
                                           resolved.profile.itl_target)
                     self._learn(run)
                     self.on_learnt()
-        if scope.cancelled_caught or run.state == "cancelled":
-            run.state = "cancelled"
+        if scope.cancelled_caught:
+            _end(run, RunState.CANCELLED)
         run.finished_at = run.finished_at or time.time()
         with trio.CancelScope(shield=True), trio.move_on_after(_SAVE_GRACE):
             await self._save(run)
@@ -287,6 +311,14 @@ class CapacityRuns:
         finished = [r for r in self.runs.values() if r.state in FINISHED]
         for run in sorted(finished, key=lambda r: r.created_at)[:max(0, len(self.runs) - MAX_RUNS)]:
             del self.runs[run.id]
+
+
+def _end(run: Run, state: RunState, error: str = "") -> None:
+    """End a running run, unless ``cancel`` ended it first (its word stands)."""
+    if run.state == RunState.CANCELLED:
+        return
+    run.state = RUN_LIFECYCLE.move(run.id, run.state, state)
+    run.error = error or run.error
 
 
 def comparable_facts(resolved: Resolved, engine_version: str, reported_version: str, facts: Any,

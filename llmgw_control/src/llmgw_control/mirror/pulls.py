@@ -12,7 +12,8 @@ The draft is not in the catalog: the operator changes it if they want and publis
 
 ``queued -> downloading -> verifying -> ready`` (a draft waits) ``-> published``; or ``failed``
 (with the reason) or ``cancelled``; ``interrupted`` when control stopped mid-download (asking
-for the same pull again continues from the ``.partial`` file).
+for the same pull again continues from the ``.partial`` file). ``PULL_LIFECYCLE`` is the table;
+every change goes through its ``move``.
 
 Every pull's task runs in the manager's nursery (``run``), each in a cancel scope of its own so
 ``DELETE`` can stop one. Progress is in memory; the store holds each pull's document on every
@@ -25,6 +26,7 @@ import re
 import secrets
 import shutil
 import time
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,7 @@ import trio
 
 from llmgw_shared.logs import get_logger
 from llmgw_shared.threads import DISK, FILES
+from llmgw_shared.transitions import Lifecycle
 
 from ..api_errors import AdminApiError, bad_request, conflict, not_found
 from ..catalog import ModelConfig, ProfileConfig, WeightsConfig
@@ -60,7 +63,38 @@ HEADER_BYTES = 16 * 1024 * 1024
 DRAFT_CONTEXT_CAP = 8192
 # Pulls remembered at most (finished ones beyond this are forgotten, oldest first).
 MAX_PULLS = 200
-FINISHED = ("ready", "published", "failed", "cancelled", "interrupted")
+
+
+class PullState(StrEnum):
+    QUEUED = "queued"
+    DOWNLOADING = "downloading"
+    VERIFYING = "verifying"
+    READY = "ready"
+    PUBLISHED = "published"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    INTERRUPTED = "interrupted"
+
+
+# Cancelling forgets a pull in any state (its document is deleted): the one end.
+_CUT_SHORT = {PullState.FAILED, PullState.CANCELLED, PullState.INTERRUPTED}
+PULL_LIFECYCLE = Lifecycle("pull", PullState, start={PullState.QUEUED}, transitions={
+    # INTERRUPTED: control stopped before the pull ended (found so when the stored pulls are read).
+    PullState.QUEUED: {PullState.DOWNLOADING, PullState.CANCELLED, PullState.INTERRUPTED},
+    PullState.DOWNLOADING: {PullState.VERIFYING, *_CUT_SHORT},
+    # FAILED from VERIFYING: a digest that does not match, or a file that is no GGUF model.
+    PullState.VERIFYING: {PullState.READY, *_CUT_SHORT},
+    PullState.READY: {PullState.PUBLISHED, PullState.CANCELLED},
+    PullState.PUBLISHED: {PullState.CANCELLED},
+    PullState.FAILED: {PullState.CANCELLED},
+    PullState.INTERRUPTED: {PullState.CANCELLED},
+    PullState.CANCELLED: set(),
+})
+# No task works on these: they are kept (and stored) as they are, and forgotten oldest first.
+FINISHED = frozenset({PullState.READY, PullState.PUBLISHED, PullState.FAILED, PullState.CANCELLED,
+                      PullState.INTERRUPTED})
+# A pull of the same file in one of these states is refused: one download per file at a time.
+IN_PROGRESS = frozenset(PullState) - FINISHED
 
 
 @attrs.define
@@ -74,7 +108,8 @@ class Pull:
     sha256: str
     size: int
     model: str
-    state: str = "queued"
+    # Stored as its string; a document read back names one of PullState's values or is refused.
+    state: PullState = attrs.field(default=PullState.QUEUED, converter=PullState)
     error: str = ""
     created_at: float = 0.0
     draft: ModelConfig | None = None
@@ -92,7 +127,7 @@ class Pull:
     def eta(self) -> float | None:
         rate = self.progress.rate()
         total = self.size or self.progress.total
-        if self.state != "downloading" or rate <= 0 or not total:
+        if self.state != PullState.DOWNLOADING or rate <= 0 or not total:
             return None
         return max(0.0, (total - self.progress.done) / rate)
 
@@ -106,6 +141,8 @@ def pull_from_document(doc: dict[str, Any]) -> Pull:
     return pull
 
 
+# A pull in one of these has its file in models/ (a cancel leaves it there).
+_DRAFTED = frozenset({PullState.READY, PullState.PUBLISHED})
 _SAFE_FILE = re.compile(r"[^A-Za-z0-9._\-]")
 
 
@@ -141,7 +178,8 @@ class Pulls:
                     log.warning("a stored pull could not be read; it is ignored")
                     continue
                 if pull.state not in FINISHED:
-                    pull.state, pull.error = "interrupted", "control stopped during the pull; ask again to continue"
+                    pull.state = PULL_LIFECYCLE.move(pull.id, pull.state, PullState.INTERRUPTED)
+                    pull.error = "control stopped during the pull; ask again to continue"
                 self.pulls[pull.id] = pull
         except StoreError as exc:
             log.warning("the stored pulls could not be read (%s): starting with none", exc)
@@ -194,7 +232,7 @@ class Pulls:
         if not isinstance(model_name, str) or not NAME.fullmatch(model_name):
             raise bad_request("model", "a model name uses letters, digits, '.', '_' and '-' (no ':'), at most 96")
         for other in self.pulls.values():
-            if other.name == name and other.state in ("queued", "downloading", "verifying"):
+            if other.name == name and other.state in IN_PROGRESS:
                 raise conflict(f"{name} is being pulled already (pull {other.id})", field="file")
         done = self.models_dir / name
         if done.exists() and not self._same_pull_again(name, sha):
@@ -208,7 +246,7 @@ class Pulls:
         return pull
 
     def _same_pull_again(self, name: str, sha: str) -> bool:
-        return any(p.name == name and p.sha256 == sha and p.state in ("ready", "published") for p in
+        return any(p.name == name and p.sha256 == sha and p.state in _DRAFTED for p in
                    self.pulls.values())
 
     def get(self, pull_id: str) -> Pull:
@@ -223,10 +261,10 @@ class Pulls:
         if pull.scope is not None:
             pull.scope.cancel()
         was = pull.state
-        pull.state = "cancelled"
+        pull.state = PULL_LIFECYCLE.move(pull.id, pull.state, PullState.CANCELLED)
         self.pulls.pop(pull_id, None)
         partial = self.models_dir / f"{pull.name}.partial"
-        if was not in ("ready", "published"):
+        if was not in _DRAFTED:
             await DISK.run(lambda: partial.unlink(missing_ok=True))
         try:
             await self.store.delete_pull(pull_id)
@@ -235,7 +273,7 @@ class Pulls:
 
     async def update_draft(self, pull_id: str, draft: ModelConfig) -> Pull:
         pull = self.get(pull_id)
-        if pull.state != "ready" or pull.draft is None:
+        if pull.state != PullState.READY or pull.draft is None:
             raise conflict(f"pull {pull_id} has no draft to change (state {pull.state})")
         if {p.weights for p in draft.profiles} != {p.weights for p in pull.draft.profiles}:
             raise bad_request("profiles", "a draft's weights are the pulled file: change anything else")
@@ -250,10 +288,10 @@ class Pulls:
         pull = self.get(pull_id)
         if self.models is None:
             raise conflict("this control daemon runs without a fleet (agents.listen is not set)", code="no_fleet")
-        if pull.state != "ready" or pull.draft is None:
+        if pull.state != PullState.READY or pull.draft is None:
             raise conflict(f"pull {pull_id} is {pull.state}: only a ready pull's draft is published")
         model = await self.models.add(pull.draft)
-        pull.state = "published"
+        pull.state = PULL_LIFECYCLE.move(pull.id, pull.state, PullState.PUBLISHED)
         await self._save(pull)
         return model
 
@@ -278,16 +316,22 @@ class Pulls:
                     await self._download(pull)
                     await self._draft(pull)
             except (DownloadFailed, OSError) as exc:
-                pull.state, pull.error = "failed", str(exc)[:500]
+                self._fail(pull, str(exc)[:500])
                 log.warning("pull %s (%s) failed: %s", pull.id, pull.name, pull.error)
             except Exception as exc:  # a daemon must not stop for one pull; the reason is kept
-                pull.state, pull.error = "failed", f"{type(exc).__name__}: {exc}"[:500]
+                self._fail(pull, f"{type(exc).__name__}: {exc}"[:500])
                 log.exception("pull %s failed unexpectedly", pull.id)
             finally:
                 pull.scope = None
         if scope.cancelled_caught:
             return  # cancelled: forgotten by cancel()
         await self._save(pull)
+
+    @staticmethod
+    def _fail(pull: Pull, error: str) -> None:
+        if pull.state == PullState.CANCELLED:
+            return  # cancel() came first and has forgotten it: nothing to record
+        pull.state, pull.error = PULL_LIFECYCLE.move(pull.id, pull.state, PullState.FAILED), error
 
     def _check_space(self, needed: int) -> None:
         self.models_dir.mkdir(parents=True, exist_ok=True)
@@ -297,7 +341,7 @@ class Pulls:
                                  f"(+{FREE_MARGIN // 2**20} MiB margin), {free} are free")
 
     async def _download(self, pull: Pull) -> None:
-        pull.state = "downloading"
+        pull.state = PULL_LIFECYCLE.move(pull.id, pull.state, PullState.DOWNLOADING)
         await self._save(pull)
         partial = self.models_dir / f"{pull.name}.partial"
         have = await DISK.run(lambda: partial.stat().st_size if partial.exists() else 0, abandon=True)
@@ -315,7 +359,7 @@ class Pulls:
                 log.info("pull %s: %s; continuing (attempt %d)", pull.id, exc, attempt + 1)
                 await trio.sleep(min(2.0 ** attempt / 4, 10.0))
         pull.size = pull.progress.total or pull.size
-        pull.state = "verifying"
+        pull.state = PULL_LIFECYCLE.move(pull.id, pull.state, PullState.VERIFYING)
         if digest != pull.sha256:
             await DISK.run(lambda: partial.unlink(missing_ok=True))
             raise DownloadFailed(f"sha256 mismatch: expected {pull.sha256}, the file has {digest} (removed)")
@@ -348,5 +392,5 @@ class Pulls:
         estimate = estimate_ram(metadata, weights_bytes=pull.size, context=context * profile.parallel)
         pull.draft = ModelConfig(name=pull.model, profiles=[profile])
         pull.estimate_ram_mib, pull.estimate_how = estimate.ram_mib, estimate.how
-        pull.state = "ready"
+        pull.state = PULL_LIFECYCLE.move(pull.id, pull.state, PullState.READY)
         log.info("pull %s: %s is ready as a draft model %s (%s)", pull.id, pull.name, pull.model, estimate.how)
