@@ -598,7 +598,7 @@ class Reconciler:
         demands = []
         live_by_key: dict[str, list[ShardRecord]] = {}
         for record in self.shards.values():
-            if not record.draining and record.status not in ("failed", "stopped"):
+            if not record.draining and record.status not in TERMINAL:
                 live_by_key.setdefault(record.key, []).append(record)
         marks_seen: set[str] = set()
         for key in [k for k in self._waiting_since if not self.waiting.get(k)]:
@@ -668,7 +668,7 @@ class Reconciler:
         views = []
         for node in self.inventory:
             facts = node.facts
-            busy_ports = frozenset({s.port for s in node.shards.values() if s.status not in ("stopped", "failed")}
+            busy_ports = frozenset({s.port for s in node.shards.values() if s.status not in TERMINAL}
                                    | self.busy_ports.get(node.node_id, set()))
             views.append(PlanNode(
                 node.node_id, self.liveness.state(node, now), self.is_cordoned(node.node_id), node.labels,
