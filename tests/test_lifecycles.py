@@ -78,6 +78,17 @@ def test_the_wire_and_the_store_spell_the_states_as_the_enums_do() -> None:
     assert set(RUN_STATES) == {str(s) for s in RunState}
 
 
+def test_the_admin_cli_reads_the_api_states_as_the_tables_say() -> None:
+    """``llmgw-control ctl`` is a client of the admin API: it spells states as the API does, without
+    importing the daemon's modules, so its sets are checked here."""
+    from llmgw_control.ctl.bench_cmds import FINISHED as RUN_FINISHED
+    from llmgw_control.ctl.mirror_cmds import RUNNING as PULL_RUNNING
+    from llmgw_control.mirror.pulls import IN_PROGRESS
+
+    assert set(RUN_FINISHED) == RUN_LIFECYCLE.terminal
+    assert set(PULL_RUNNING) == IN_PROGRESS
+
+
 def test_a_table_must_cover_its_enum() -> None:
     class Two(StrEnum):
         A = "a"
