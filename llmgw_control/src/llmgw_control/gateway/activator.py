@@ -179,7 +179,7 @@ class Activator:
         self.dropped = 0
         # Where each affinity key went last: its conversation's cache (gateway/placements.py).
         self.placements = Placements()
-        replicas.on_publish = self._grant
+        replicas.listen(self._grant)
 
     # ------------------------------------------------------------------ leadership
 
