@@ -294,8 +294,6 @@ async def serve_client_and_admin(
     nursery.start_soon(_until_shutdown, audit.run, shutdown)
     dashboard = await open_dashboard(fleet=fleet, tenancy=tenancy, prometheus=config.monitoring.prometheus,
                                      data_dir=data_dir_of(config), audit=audit, sso=open_sso(config.oidc))
-    # The live window's queue depths are the activator's own count of waiting requests per model.
-    gateway.metrics.live.queues = gateway.activator.waiting
     admin_app = make_admin_app(registry, fleet, tenancy=tenancy, models=fleet.models if fleet else None,
                                mirror=mirror, audit=audit, live=gateway.metrics.live)
     register_admin_dashboard(admin_app, dashboard)
