@@ -14,6 +14,7 @@ import attrs
 import trio
 
 from llmgw_control.fleet.agents import AgentsConfig, AgentService, token_digest
+from llmgw_control.fleet.events import NodeEvents
 from llmgw_control.fleet.inventory import Inventory
 from llmgw_shared.facts import unprobed
 from llmgw_shared.wire import (
@@ -93,16 +94,34 @@ class Run:
     sends: int
 
 
+class Told:
+    """Listens as the reconciler does: the ids of the commands that failed (with why) or never left."""
+
+    fencing_token = 1
+
+    def __init__(self, failed: list[tuple[str, str]], unsent: list[str]) -> None:
+        self.failed, self.unsent = failed, unsent
+
+    def wake(self) -> None:
+        pass
+
+    def command_failed(self, node_id: str, command: Command, reason: str) -> None:
+        self.failed.append((command.id, reason))
+
+    def command_unsent(self, node_id: str, command: Command) -> None:
+        self.unsent.append(command.id)
+
+
 async def run(*, cut_at: int = 0, when: str = "", send_time: float = 0.01, ack: bool = True,
               ack_timeout: float = 30.0, until: float = 5.0) -> Run:
     unsent: list[str] = []
     failed: list[tuple[str, str]] = []
     config = AgentsConfig(listen="x:1", heartbeat_interval=HEARTBEAT, unreachable_after=1000, lost_after=2000,
                           ack_timeout=ack_timeout)
+    events = NodeEvents()
+    events.listen(Told(failed, unsent))
     service = AgentService(Inventory(), config=config, token_digests={token_digest(TOKEN)}, engines=list,
-                           on_change=lambda: None,
-                           on_command_failed=lambda node, command, reason: failed.append((command.id, reason)),
-                           on_command_unsent=lambda node, command: unsent.append(command.id))
+                           events=events)
     socket = ScriptedSocket(service, send_time=send_time, cut_at=cut_at, when=when)
     accepted: list[Command] = []
 

@@ -21,6 +21,7 @@ import trio
 from llmgw_control.catalog import Catalog, Claim, EngineConfig, ModelConfig, ProfileConfig, WeightsConfig
 from llmgw_control.config import ControlConfig, validate
 from llmgw_control.fleet.agents import AgentsConfig, AgentService, token_digest
+from llmgw_control.fleet.events import NodeEvents
 from llmgw_control.fleet.inventory import Inventory, Liveness
 from llmgw_control.fleet.leadership import (
     Leadership,
@@ -85,13 +86,11 @@ def make_daemon(row: LeaseRow, name: str, *, settle: float = SETTLE, memory: Mem
     inventory, replicas = Inventory(), ReplicaSet()
     # Heartbeats far apart: the scripted nodes stay quiet, and fake time must not call them dead.
     config = AgentsConfig(listen="x:1", heartbeat_interval=100, unreachable_after=1000, lost_after=2000)
-    box: list[Reconciler] = []
+    events = NodeEvents()
     agents = AgentService(inventory, config=config, token_digests={token_digest(JOIN_TOKEN)}, engines=list,
-                          on_change=lambda: box[0].wake() if box else None,
-                          fencing_token=lambda: box[0].fencing_token)
+                          events=events)
     reconciler = Reconciler(catalog, inventory, Liveness(1000, 2000), agents, replicas, secret=b"s" * 32,
-                            claims={"m:cpu": Claim(1000)}, config=ReconcilerConfig(interval=0.2))
-    box.append(reconciler)
+                            claims={"m:cpu": Claim(1000)}, config=ReconcilerConfig(interval=0.2), events=events)
     lease = MemoryLease(row)
     keeper = LeaseKeeper(lease, holder=f"{name}:1:abcd", address=f"ws://{name}/agent/v1", ttl=TTL,
                          renew_interval=RENEW)

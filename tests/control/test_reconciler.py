@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
 
 from llmgw_control.catalog import Catalog, Claim, EngineConfig, ModelConfig, ProfileConfig, WeightsConfig
@@ -42,13 +44,15 @@ def facts(ram: int = 16000) -> HostFacts:
     return attrs.evolve(unprobed(), probed=True, ram_total_mib=ram)
 
 
-def make(idle: float = 0.0, min_replicas: int = 0) -> tuple[Reconciler, FakeDispatcher, Inventory, ReplicaSet, Clock]:
+def make(idle: float = 0.0, min_replicas: int = 0, on_replica_forgotten: Callable[[str], None] | None = None,
+         ) -> tuple[Reconciler, FakeDispatcher, Inventory, ReplicaSet, Clock]:
     profile = ProfileConfig(name="cpu", weights=WeightsConfig("http://files/m.gguf", SHA, 1000),
                             idle_timeout=idle, min_replicas=min_replicas, context=512, parallel=2)
     catalog = Catalog([ModelConfig("m", [profile])], [EngineConfig()])
     inventory, replicas, dispatcher, clock = Inventory(), ReplicaSet(), FakeDispatcher(), Clock()
     reconciler = Reconciler(catalog, inventory, Liveness(15, 60), dispatcher, replicas, secret=b"s" * 32,
-                            claims={"m:cpu": Claim(1000)}, config=ReconcilerConfig(), clock=clock)
+                            claims={"m:cpu": Claim(1000)}, config=ReconcilerConfig(), clock=clock,
+                            on_replica_forgotten=on_replica_forgotten)
     return reconciler, dispatcher, inventory, replicas, clock
 
 
@@ -435,9 +439,8 @@ def test_a_lost_node_is_forgotten_after_the_retention() -> None:
 
 
 def test_the_metric_series_of_a_forgotten_replica_go_once_nothing_is_in_flight_on_it() -> None:
-    reconciler, dispatcher, inventory, replicas, clock = make()
     forgotten: list[str] = []
-    reconciler.on_replica_forgotten = forgotten.append
+    reconciler, dispatcher, inventory, replicas, clock = make(on_replica_forgotten=forgotten.append)
     node = add_node(inventory, dispatcher, clock, "n1")
     reconciler.waiting["m:cpu"] = 1
     reconciler.reconcile_once()

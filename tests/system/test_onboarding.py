@@ -81,7 +81,7 @@ async def test_a_token_is_bound_to_its_node_id() -> None:
 
     def service(digests: set[str], *, open_fleet: bool = False) -> AgentService:
         return AgentService(Inventory(), config=AgentsConfig(open_fleet=open_fleet), token_digests=digests,
-                            engines=list, on_change=lambda: None, stored_identity=lookup)
+                            engines=list, stored_identity=lookup)
 
     closed = service({token_digest(SHARED_TOKEN)})
     assert await closed._token_ok("gpu-3", token)
@@ -104,7 +104,7 @@ async def test_a_token_is_bound_to_its_node_id() -> None:
         raise OSError("store down")
 
     failing = AgentService(Inventory(), config=AgentsConfig(), token_digests=set(), engines=list,
-                           on_change=lambda: None, stored_identity=broken)
+                           stored_identity=broken)
     # When the store cannot say, the hello is refused (the node retries), never waved through.
     assert not await failing._token_ok("gpu-3", token)
 

@@ -41,6 +41,7 @@ from .config import ControlConfig
 from .fleet.agents import AgentService
 from .fleet.capacity_replicas import FleetReplicas
 from .fleet.capacity_runs import CapacityRuns
+from .fleet.events import NodeEvents
 from .fleet.files import FileServer
 from .fleet.fleet import Fleet
 from .fleet.inventory import Inventory, Liveness
@@ -206,13 +207,13 @@ async def build_fleet(config: ControlConfig, replicas: ReplicaSet, agent_url: st
         return [EngineSpec(e.name, e.version, files.release_api(e) if files else e.release_api)
                 for e in config.engines]
 
+    # The agent service reports to the reconciler, which sends through it: both get this first.
+    events = NodeEvents()
     agents = AgentService(inventory, config=config.agents, token_digests=set(config.agents.join_token_digests),
-                          engines=engine_specs, stored_identity=stored_identity(store))
-    reconciler = Reconciler(catalog, inventory, liveness, agents, replicas, secret=secret, claims=claims,
-                            config=config.reconciler)
-    agents.report_to(reconciler)
+                          engines=engine_specs, events=events, stored_identity=stored_identity(store))
     # A forgotten replica's per-replica series go with it (bounded /metrics).
-    reconciler.on_replica_forgotten = metrics.forget_replica
+    reconciler = Reconciler(catalog, inventory, liveness, agents, replicas, secret=secret, claims=claims,
+                            config=config.reconciler, events=events, on_replica_forgotten=metrics.forget_replica)
     activator = Activator(replicas, config.activator, waiting=reconciler.waiting, wake=reconciler.wake,
                           status=reconciler.status)
     onboarding = Onboarding(store, public_url, advertised_agent_url(config, agent_url),
@@ -293,8 +294,6 @@ async def serve_client_and_admin(
     nursery.start_soon(_until_shutdown, audit.run, shutdown)
     dashboard = await open_dashboard(fleet=fleet, tenancy=tenancy, prometheus=config.monitoring.prometheus,
                                      data_dir=data_dir_of(config), audit=audit, sso=open_sso(config.oidc))
-    # The live window's queue depths are the activator's own count of waiting requests per model.
-    gateway.metrics.live.queues = gateway.activator.waiting
     admin_app = make_admin_app(registry, fleet, tenancy=tenancy, models=fleet.models if fleet else None,
                                mirror=mirror, audit=audit, live=gateway.metrics.live)
     register_admin_dashboard(admin_app, dashboard)

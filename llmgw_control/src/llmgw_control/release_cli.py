@@ -10,9 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from llmgw_shared.config import ConfigError
-
 from .app import data_dir_of
+from .cli_exits import FAILURES, stopped
 from .config import load_config
 from .fleet.node_release import (
     DEFAULT_ARCHS,
@@ -90,11 +89,6 @@ def main(argv: list[str]) -> int:
                 except ReleaseError as exc:
                     words = f"unusable: {exc}"
                 print(f"{'*' if release_id == current else ' '} {release_id}  {words}")
-    except (ReleaseError, ConfigError) as exc:
-        print(f"llmgw-control release: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, ConfigError) else 1
-    except OSError as exc:
-        print(f"llmgw-control release: {exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}",
-              file=sys.stderr)
-        return 1
+    except FAILURES as exc:
+        return stopped("release", exc)
     return 0

@@ -52,6 +52,7 @@ from llmgw_shared.wire import (
 )
 
 from ..store.keeper import Role
+from .events import NodeEvents
 from .inventory import Inventory, NodeRecord
 
 if TYPE_CHECKING:
@@ -130,16 +131,6 @@ def token_digest(token: str) -> str:
     return "sha256:" + hashlib.sha256(token.encode()).hexdigest()
 
 
-class Outcomes(Protocol):
-    """What the service reports to (``reconciler.Reconciler``): changes, and commands' fates."""
-
-    fencing_token: int
-
-    def wake(self) -> None: ...
-    def command_failed(self, node_id: str, command: Command, reason: str) -> None: ...
-    def command_unsent(self, node_id: str, command: Command) -> None: ...
-
-
 class _Session:
     def __init__(self, node_id: str, queue: int) -> None:
         self.node_id = node_id
@@ -163,15 +154,11 @@ class AgentService:
         config: AgentsConfig,
         token_digests: set[str],
         engines: Callable[[], list[EngineSpec]],
-        on_change: Callable[[], None] = lambda: None,
-        on_command_failed: Callable[[str, Command, str], None] | None = None,
-        on_command_unsent: Callable[[str, Command], None] | None = None,
+        events: NodeEvents | None = None,
         role: Role | None = None,
-        fencing_token: Callable[[], int] = lambda: 1,
         clock: Callable[[], float] = trio.current_time,
         stored_identity: Callable[[str], Awaitable[NodeIdentity | None]] | None = None,
     ) -> None:
-        self.fencing_token = fencing_token
         # The identity the store holds for a node id (onboarded nodes: token digest, labels), or None.
         self.stored_identity = stored_identity
         self._stored_labels: dict[str, dict[str, str]] = {}
@@ -179,11 +166,9 @@ class AgentService:
         self.config = config
         self.token_digests = set(token_digests)
         self.engines = engines
-        self.on_change = on_change
-        self.on_command_failed = on_command_failed
-        # Told of every command that never left control because its node's connection ended
-        # first (the node cannot have it); see Reconciler.command_unsent.
-        self.on_command_unsent = on_command_unsent
+        # Told of every change and every command's fate; the fencing token comes from it
+        # (fleet/events.py: the reconciler listens).
+        self.events = events or NodeEvents()
         # Whether this daemon may accept nodes (the leader) or must send them on (``leadership``).
         self.role = role or Role(leader=True)
         self.clock = clock
@@ -193,14 +178,6 @@ class AgentService:
         if config.open_fleet:
             log.warning("agents.open_fleet is on: any node id joins with any token, is placed on and sent "
                         "prompts; only for a network where everyone who can reach the agent listener is trusted")
-
-    def report_to(self, reconciler: Outcomes) -> None:
-        """Tell ``reconciler`` of every change and of every command's fate, and fence commands with
-        its lease epoch. It is built over this service (its dispatcher), so it is named here after."""
-        self.on_change = reconciler.wake
-        self.on_command_failed = reconciler.command_failed
-        self.on_command_unsent = reconciler.command_unsent
-        self.fencing_token = lambda: reconciler.fencing_token
 
     # ------------------------------------------------------------------ the Dispatcher
 
@@ -272,8 +249,8 @@ class AgentService:
         try:
             with session.cancel_scope:
                 await socket.send(encode(Welcome(PROTOCOL_VERSION, self.config.heartbeat_interval)))
-                await socket.send(encode(SetEngines("engines-0", self.fencing_token(), self.engines())))
-                self.on_change()
+                await socket.send(encode(SetEngines("engines-0", self.events.fencing_token(), self.engines())))
+                self.events.changed()
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._reader, socket, session, node)
                     nursery.start_soon(self._writer, socket, session)
@@ -284,7 +261,7 @@ class AgentService:
                 self._closed.set()
                 node.connected = False
                 log.info("node %s disconnected", hello.node_id, extra={"node": hello.node_id})
-                self.on_change()
+                self.events.changed()
             self._account_for(session)
             with trio.move_on_after(1) as cleanup:
                 cleanup.shield = True
@@ -440,9 +417,9 @@ class AgentService:
             if not msg.ok:
                 log.warning("node %s refused command %s: %s", node.node_id, msg.command_id, msg.error,
                             extra={"node": node.node_id})
-                if command is not None and self.on_command_failed is not None:
-                    self.on_command_failed(node.node_id, command,
-                                           f"node {node.node_id} refused {TAGS[type(command)]}: {msg.error}")
+                if command is not None:
+                    self.events.command_failed(node.node_id, command,
+                                               f"node {node.node_id} refused {TAGS[type(command)]}: {msg.error}")
                     changed = True
         elif isinstance(msg, ShardLogs):
             waiter = session.log_requests.pop(msg.in_reply_to, None)
@@ -454,7 +431,7 @@ class AgentService:
         else:
             await socket.send(encode(Error(f"unexpected {type(msg).__name__} from a node")))
         if changed:
-            self.on_change()
+            self.events.changed()
 
     async def _writer(self, socket: Socket, session: _Session) -> None:
         """The only sender: queued commands, and a heartbeat whenever none was due to go out.
@@ -509,9 +486,8 @@ class AgentService:
         if unsent or session.pending:
             log.info("node %s: connection ended with %d command(s) unsent and %d unacknowledged",
                      session.node_id, len(unsent), len(session.pending), extra={"node": session.node_id})
-        if self.on_command_unsent is not None:
-            for command in unsent:
-                self.on_command_unsent(session.node_id, command)
+        for command in unsent:
+            self.events.command_unsent(session.node_id, command)
 
     async def _watchdog(self, session: _Session, node: NodeRecord) -> None:
         """Close a node that went silent, or that leaves a command unacknowledged too long."""
@@ -539,11 +515,10 @@ class AgentService:
         reason = f"node {node.node_id} did not acknowledge {TAGS[type(command)]} within {limit:g} s"
         log.warning("%s: closing its connection (its hello will say what it has)", reason,
                     extra={"node": node.node_id})
-        if self.on_command_failed is not None:
-            now = self.clock()
-            for late, sent_at in list(session.pending.values()):
-                if now - sent_at > limit:
-                    self.on_command_failed(node.node_id, late, reason)
+        now = self.clock()
+        for late, sent_at in list(session.pending.values()):
+            if now - sent_at > limit:
+                self.events.command_failed(node.node_id, late, reason)
         session.pending.clear()
         session.cancel_scope.cancel()
-        self.on_change()
+        self.events.changed()

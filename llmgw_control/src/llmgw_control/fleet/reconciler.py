@@ -47,6 +47,7 @@ from ..gateway.adapters import replica_adapters
 from ..gateway.replicas import Replica, ReplicaSet
 from . import lifecycle
 from .capacity import CapacityIndex, capacity_kind, hardware_of, profile_fingerprint
+from .events import NodeEvents
 from .inventory import Inventory, Liveness, NodeLiveness, NodeRecord
 from .lifecycle import HOLDING, TERMINAL, ReplicaStatus
 from .measured import MeasuredUse, node_kind
@@ -82,7 +83,11 @@ class Reconciler:
         config: ReconcilerConfig = ReconcilerConfig(),  # noqa: B008 -- frozen: one shared default is safe
         clock: Callable[[], float] = trio.current_time,
         wall_clock: Callable[[], float] = time.time,
+        events: NodeEvents | None = None,
+        on_replica_forgotten: Callable[[str], None] | None = None,
     ) -> None:
+        """``events``: what the agent service (the dispatcher) tells of the nodes, listened to from
+        here on; ``on_replica_forgotten``: see ``_sweep_retired``."""
         self.catalog = catalog
         self.inventory = inventory
         self.liveness = liveness
@@ -128,7 +133,7 @@ class Reconciler:
         self.cordons: set[str] = set()
         # Told the id of each replica forgotten for good, once no request is in flight on it any
         # more, so per-replica metric series go with it (app.py: GatewayMetrics.forget_replica).
-        self.on_replica_forgotten: Callable[[str], None] | None = None
+        self.on_replica_forgotten = on_replica_forgotten
         # Forgotten replicas whose series are still to be removed: id -> (its Replica if it was
         # published, when it was first seen idle).
         self._retired: dict[str, tuple[Replica | None, float | None]] = {}
@@ -142,6 +147,8 @@ class Reconciler:
         self.capacity = CapacityIndex()
         # Replicas a capacity run is measuring: busy, so never evicted from under the run.
         self.benchmarking: set[str] = set()
+        if events is not None:
+            events.listen(self)
 
     # ------------------------------------------------------------------ outside API
 
@@ -795,9 +802,7 @@ class Reconciler:
                     # A capacity run finished (or the profile changed): the replica's counters
                     # stay, only its bound moves; requests waiting take slots that opened.
                     log.info("replica %s of %s now has %d slots", record.shard_id, record.key, slots)
-                    current.slots = slots
-                    if self.replicas.on_publish is not None:
-                        self.replicas.on_publish(record.key)
+                    self.replicas.resize(record.shard_id, slots)
             elif current is not None:
                 self.replicas.withdraw(record.shard_id)
                 log.info("withdrew replica %s of %s (%s, node %s)", record.shard_id, record.key,

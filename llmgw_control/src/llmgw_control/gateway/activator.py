@@ -22,8 +22,8 @@ from __future__ import annotations
 import contextlib
 import enum
 from collections import deque
-from collections.abc import Callable, Collection, Iterator
-from types import TracebackType
+from collections.abc import Callable, Collection, Iterator, Mapping
+from types import MappingProxyType, TracebackType
 
 import attrs
 import trio
@@ -168,8 +168,10 @@ class Activator:
     ) -> None:
         self.replicas = replicas
         self.config = config
-        # Shared with the reconciler: how many requests wait per profile key is demand.
-        self.waiting: dict[str, int] = waiting if waiting is not None else {}
+        # How many requests wait per profile key: demand. ``waiting`` is the reconciler's, which
+        # it reads as the demand for replicas; anyone else reads ``demand()``.
+        self._waiting: dict[str, int] = waiting if waiting is not None else {}
+        self._demand: Mapping[str, int] = MappingProxyType(self._waiting)
         self._wake = wake or (lambda: None)
         self._status = status or (lambda key: "no replica is published")
         self._queues: dict[str, _Queue] = {}
@@ -179,7 +181,7 @@ class Activator:
         self.dropped = 0
         # Where each affinity key went last: its conversation's cache (gateway/placements.py).
         self.placements = Placements()
-        replicas.on_publish = self._grant
+        replicas.listen(self._grant)
 
     # ------------------------------------------------------------------ leadership
 
@@ -196,10 +198,14 @@ class Activator:
                 for waiter in waiters:
                     waiter.refusal = Refusal.STANDBY
                     waiter.event.set()
-            self.waiting.pop(key, None)
+            self._waiting.pop(key, None)
 
     def lead(self) -> None:
         self._standby = None
+
+    def demand(self) -> Mapping[str, int]:
+        """Requests waiting per profile key now (a live, read-only view: no copy per read)."""
+        return self._demand
 
     def queue_depth(self) -> int:
         return sum(q.size for q in self._queues.values())
@@ -247,7 +253,7 @@ class Activator:
             return Refusal.OVERFLOW
         waiter = _Waiter(priority, exclude, affinity)
         queue.add(waiter, front=front)
-        self.waiting[key] = queue.size
+        self._waiting[key] = queue.size
         self._wake()
         try:
             with trio.move_on_after(self.config.max_wait):
@@ -334,8 +340,8 @@ class Activator:
 
     def _counted(self, key: str, queue: _Queue) -> None:
         if queue.size:
-            self.waiting[key] = queue.size
+            self._waiting[key] = queue.size
         else:
-            self.waiting.pop(key, None)
+            self._waiting.pop(key, None)
             if self._queues.get(key) is queue:
                 del self._queues[key]

@@ -68,6 +68,8 @@ class Gateway:
         # Router-only mode has no reconciler to start replicas, but its endpoints' slots are
         # admitted the same way.
         self.activator = activator or Activator(replicas)
+        # The live window's queue depths are the activator's own count of waiting requests per model.
+        metrics.live.show_queues(self.activator.demand())
         self.admission = admission
         self.cors = CorsPolicy.of(config.allowed_origins)
         # The ``created`` of a model no engine has dated: when this daemon started serving it.

@@ -122,10 +122,8 @@ class HangWatch:
         replica.cooldown_until = 0.0
         log.warning("replica %s answers /health again after %.1f s hung; back in rotation", replica.id, hung_for,
                     extra={"replica": replica.id})
-        if self.replicas.on_publish is not None:
-            # Requests queued for a slot may take its slots now.
-            for model in replica.models:
-                self.replicas.on_publish(model)
+        # Requests queued for a slot may take its slots now.
+        self.replicas.slots_opened(replica)
 
     async def probe(self, replica: Replica) -> int | None:
         """The status its engine's /health answers within the deadline; None: no answer."""

@@ -147,8 +147,12 @@ class LiveWindow:
         self.max_series = max_series
         self.models: dict[str, _Series] = {}
         self.replicas: dict[str, _Series] = {}
-        # The activator's waiting requests per model key (``Activator.waiting``), once wired.
+        # The activator's waiting requests per model key (``Activator.demand``), once shown.
         self.queues: Mapping[str, int] = {}
+
+    def show_queues(self, depths: Mapping[str, int]) -> None:
+        """Show ``depths`` (a live view, read as requests are noted) as the models' queue depths."""
+        self.queues = depths
 
     def note(self, model: str, replica: str, status: int, ttft: float | None, tokens: int,
              now: float | None = None) -> None:

@@ -70,22 +70,44 @@ class Replica:
         return dict.fromkeys(range(self.engine_slots))
 
 
+# Told a model key whose replicas have slots requests may take now (published, resized, back
+# from hung): the activator hands them to its waiters.
+SlotsOpened = Callable[[str], None]
+
+
 class ReplicaSet:
     def __init__(self, replicas: Iterable[Replica] = ()) -> None:
         self._by_id: dict[str, Replica] = {}
         self._by_model: dict[str, list[Replica]] = {}
-        # Told each model key a replica was published for (the activator's wake-up).
-        self.on_publish: Callable[[str], None] | None = None
+        # Added by each listener as it is built (the activator); never replaced.
+        self._listeners: list[SlotsOpened] = []
         for replica in replicas:
             self.publish(replica)
+
+    def listen(self, listener: SlotsOpened) -> None:
+        """Tell ``listener`` of every model whose replicas opened slots from now on."""
+        self._listeners.append(listener)
 
     def publish(self, replica: Replica) -> None:
         self.withdraw(replica.id)
         self._by_id[replica.id] = replica
         for model in replica.models:
             self._by_model.setdefault(model, []).append(replica)
-            if self.on_publish is not None:
-                self.on_publish(model)
+        self.slots_opened(replica)
+
+    def resize(self, replica_id: str, slots: int) -> None:
+        """A published replica's bound on requests at once changed; its counters stay."""
+        replica = self._by_id.get(replica_id)
+        if replica is None or replica.slots == slots:
+            return
+        replica.slots = slots
+        self.slots_opened(replica)
+
+    def slots_opened(self, replica: Replica) -> None:
+        """``replica`` may take requests it could not (it was published, resized or readmitted)."""
+        for model in replica.models:
+            for listener in self._listeners:
+                listener(model)
 
     def withdraw(self, replica_id: str) -> Replica | None:
         replica = self._by_id.pop(replica_id, None)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
+from .context import ApiContext
 from .core import Api
-from .routes import ApiContext, build_api
+from .routes import build_api
 
 __all__ = ["Api", "ApiContext", "build_api"]
