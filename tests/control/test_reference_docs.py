@@ -33,3 +33,35 @@ def test_wire_protocol_md_describes_every_message_type() -> None:
     text = (DOCS / "wire-protocol.md").read_text()
     missing = sorted(tag for tag in TAGS.values() if f"`{tag}`" not in text and f'"type":"{tag}"' not in text)
     assert missing == []
+
+
+# Both sides send these: each keeps the other's session alive, and either names a bad frame.
+_BOTH_WAYS = {"heartbeat", "error"}
+
+
+def _wire_table(text: str) -> dict[str, tuple[str, str]]:
+    """docs/node.md's message table: tag -> (class, direction)."""
+    start = text.index("| type | class | fields | direction |")
+    rows: dict[str, tuple[str, str]] = {}
+    for line in text[start:].splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        tag, cls, direction = cells[0].strip("`"), cells[1].strip("`"), cells[-1]
+        assert tag not in rows, f"{tag} listed twice"
+        rows[tag] = (cls, direction)
+    return rows
+
+
+def test_node_md_wire_table_lists_every_message_with_its_class_and_direction() -> None:
+    from llmgw_shared import wire
+
+    rows = _wire_table((DOCS / "node.md").read_text())
+    assert sorted(rows) == sorted(TAGS.values())
+    from_nodes = {TAGS[cls] for cls in wire._FROM_NODES}
+    for cls, tag in TAGS.items():
+        documented_class, direction = rows[tag]
+        assert documented_class == cls.__name__, tag
+        expected = ("both" if tag in _BOTH_WAYS else "node → control" if tag in from_nodes
+                    else "control → node")
+        assert direction.startswith(expected), f"{tag}: {direction!r}, the code says {expected}"

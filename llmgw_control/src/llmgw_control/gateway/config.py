@@ -55,7 +55,7 @@ class RouterConfig:
     # bench/affinity.py measured a 2.16x lower median TTFT on multi-turn chat at two replicas (2.14x
     # in a second run; the target was 2x) and 8% more throughput, and the same throughput on
     # prompts that never repeat, which it places exactly as least-loaded does (docs/performance.md,
-    # "4 December, late evening").
+    # "Cache-aware routing").
     routing: str = "prefix"
     # ε of the load bound: a replica keeps its keys while it holds at most (1 + ε) times the mean
     # load plus one. 0.25: no replica takes more than a quarter above its share under a burst,

@@ -7,7 +7,7 @@ that shared prefix and computes the whole history again. Its host-memory prompt 
 (``--cache-ram``) holds the history too, but b11312 consults it only when the slot it chose would
 keep less than half of its context (``get_available_slot``: ``f_keep < 0.5``), which a shared
 system prompt of several hundred tokens never allows. Measured directly on one replica with
-``-np 4`` and three conversations taking turns (docs/performance.md, "4 December, morning"): turn
+``-np 4`` and three conversations taking turns (docs/performance.md, the figures the code cites): turn
 four reused 673 of 848 prompt tokens without a slot named, 819 of 848 with each conversation's
 own slot.
 
@@ -19,7 +19,7 @@ over. An earlier version chose by rendezvous hashing over the free slots: stable
 two conversations whose hashes picked the same slot took it from each other on every turn (four
 conversations on four slots collide with probability 91%), and the bench with think time between
 turns showed prefix routing recomputing as much history as least-loaded (docs/performance.md,
-"4 December, evening").
+the figures the code cites).
 
 Naming a slot another request is using would make llama-server hold the request until that slot
 is free while others sit idle; so a conversation whose slot is taken gets another (it loses its

@@ -6,7 +6,7 @@ four in flight on two replicas). For a key seen for the first time that is a pur
 replica holds anything of its conversation yet (the shared system prompt is on every replica
 that has served one), so the preference buys nothing and the imbalance costs throughput
 (measured: 5.4% fewer unique prompts per second than least-loaded, docs/performance.md,
-"4 December, evening"). So a new conversation goes to the least loaded replica and is
+the figures the code cites). So a new conversation goes to the least loaded replica and is
 remembered here; its later turns go back to where it went (within the load bound), which is
 where its cache is.
 
