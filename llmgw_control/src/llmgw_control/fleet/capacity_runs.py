@@ -28,7 +28,7 @@ import trio
 from llmgw_shared.logs import get_logger
 
 from ..api_errors import AdminApiError, bad_request, conflict, not_found
-from ..catalog import Catalog, Resolved
+from ..catalog import Catalog, ProfileKey, Resolved
 from ..documents import CONVERTER
 from ..store import Store, StoreError
 from .capacity import CapacityIndex, Measured, capacity_kind, level_from, measured_from, profile_fingerprint, slots_for
@@ -97,7 +97,7 @@ class Run:
 
     @property
     def key(self) -> str:
-        return f"{self.model}:{self.profile}"
+        return str(ProfileKey(self.model, self.profile))
 
     def document(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in attrs.fields(Run) if not f.metadata.get("memory")}
@@ -186,10 +186,11 @@ class CapacityRuns:
         return run
 
     def _resolve(self, model: str, profile: str | None) -> Resolved:
-        name, _, named = model.partition(":")
+        key = ProfileKey.parse(model)
+        name, named = (key.model, key.profile) if key is not None else (model, "")
         if named and profile is not None and named != profile:
             raise bad_request("profile", f"the model names profile {named!r}, the body {profile!r}")
-        requested = f"{name}:{profile or named}" if (profile or named) else name
+        requested = str(ProfileKey(name, profile or named)) if (profile or named) else name
         resolved = self.catalog.resolve(requested)
         if resolved is None:
             raise not_found("model", requested, field="model")

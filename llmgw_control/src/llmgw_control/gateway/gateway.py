@@ -24,6 +24,7 @@ import trio
 from llmgw_shared.logs import get_logger, request_context
 
 from ..api_errors import ClientApiError, model_not_found
+from ..catalog.profile_key import ProfileKey
 from ..priority import Priority
 from ..tenancy.admission import Admission, Ticket, admit_waiting
 from ..transport.asgi import REQUEST_ID, Receive, Scope, Send
@@ -140,7 +141,7 @@ class Gateway:
                 await self._forward(request, key, receive, exchange, affinity=affinity)
                 return
             estimate = _estimate_tokens(request)
-            ticket = await admit_waiting(self.admission, authorization, adapter or key.partition(":")[0],
+            ticket = await admit_waiting(self.admission, authorization, adapter or ProfileKey.model_of(key),
                                          estimated_tokens=sum(estimate))
             try:
                 # After the allow-list (a key learns nothing of a model it may not use), before
@@ -223,7 +224,7 @@ class Gateway:
     def _may_see(self, name: str, allowed: frozenset[str] | None) -> bool:
         key = self.directory.resolve(name)
         # As ``admit`` checks an allow-list: by the model, whatever the profile; an adapter by its own name.
-        return key is not None and (allowed is None or (self.directory.adapter(name) or key.partition(":")[0])
+        return key is not None and (allowed is None or (self.directory.adapter(name) or ProfileKey.model_of(key))
                                     in allowed)
 
     def _visible(self, allowed: frozenset[str] | None) -> list[str]:
@@ -257,7 +258,7 @@ class Gateway:
     def _stream_record(self, request: ParsedRequest, key: str) -> StreamRecord | None:
         """A record of the stream when it may be continued elsewhere should its engine break off."""
         config = self.config
-        allowed = config.continue_streams.get(key, config.continue_streams.get(key.partition(":")[0], True))
+        allowed = config.continue_streams.get(key, config.continue_streams.get(ProfileKey.model_of(key), True))
         if config.max_continuations < 1 or not allowed or not may_continue(request):
             return None
         return StreamRecord(request)

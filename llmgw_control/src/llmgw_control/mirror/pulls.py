@@ -38,7 +38,8 @@ from llmgw_shared.threads import DISK, FILES
 from ..api_errors import AdminApiError, bad_request, conflict, not_found
 from ..catalog import ModelConfig, ProfileConfig, WeightsConfig
 from ..catalog.gguf import NotGguf, Truncated, estimate_ram, read_metadata
-from ..catalog.models import NAME, SHA256
+from ..catalog.models import SHA256
+from ..catalog.profile_key import NAME
 from ..catalog.service import ModelService, check_model
 from ..documents import CONVERTER
 from ..store import Store, StoreError
