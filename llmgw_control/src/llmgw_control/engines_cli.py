@@ -15,7 +15,7 @@ from pathlib import Path
 from llmgw_shared.config import ConfigError
 
 from .config import load_config
-from .fleet.node_release import ReleaseError
+from .fleet.node_release import NodeReleaseError
 from .fleet.runtime_wheels import ARCHS, ENGINES_DIR, PINS_FILE, fetch_runtime
 
 
@@ -59,7 +59,7 @@ def main(argv: list[str]) -> int:
             print(f"CUDA {args.cuda} runtime for {arch} in {files_dir / ENGINES_DIR}: "
                   + ", ".join(f"{w.project}=={w.version}" for w in wheels))
         print(f"pinned in {files_dir / ENGINES_DIR / PINS_FILE}; control lists them in the release index it serves")
-    except (ReleaseError, ConfigError) as exc:
+    except (NodeReleaseError, ConfigError) as exc:
         print(f"llmgw-control engines: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ConfigError) else 1
     except OSError as exc:

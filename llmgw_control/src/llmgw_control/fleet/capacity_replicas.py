@@ -25,7 +25,7 @@ from ..gateway.activator import Activator, Refusal
 from ..gateway.replicas import Replica
 from .capacity import hardware_of
 from .capacity_runs import Acquired, RunFailed, comparable_facts
-from .capacity_sweep import Target
+from .capacity_sweep import SweepTarget
 from .inventory import Inventory
 from .lifecycle import TERMINAL
 from .reconciler import Reconciler
@@ -49,7 +49,7 @@ class FleetReplicas:
     def _acquired(self, replica: Replica, resolved: Resolved, started: bool) -> Acquired:
         record = self.reconciler.shards.get(replica.id)
         self.reconciler.benchmarking.add(replica.id)
-        target = Target(replica.url, replica.api_key, replica.served_name or resolved.model.name)
+        target = SweepTarget(replica.url, replica.api_key, replica.served_name or resolved.model.name)
         return Acquired(target, replica.id, record.node_id if record is not None else "", started)
 
     def _ready(self, key: str, node: str | None) -> Replica | None:

@@ -32,7 +32,7 @@ from ..catalog import Catalog, ProfileKey, Resolved
 from ..documents import CONVERTER
 from ..store import Store, StoreError
 from .capacity import CapacityIndex, Measured, capacity_kind, level_from, measured_from, profile_fingerprint, slots_for
-from .capacity_sweep import Target, Workload, measure_level, new_client
+from .capacity_sweep import SweepTarget, Workload, measure_level, new_client
 
 log = get_logger(__name__)
 
@@ -56,7 +56,7 @@ class RunFailed(Exception):
 class Acquired:
     """A replica lent to a run: where to send, on which node, whether the run started it."""
 
-    target: Target
+    target: SweepTarget
     replica_id: str
     node_id: str
     started: bool
