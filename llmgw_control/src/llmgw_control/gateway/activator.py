@@ -177,7 +177,7 @@ class Activator:
         self._standby: str | None = None
         # Slots released by the safety net rather than their holder: a bug, counted for the tests.
         self.dropped = 0
-        # Where each affinity key went last: its conversation's cache (gateway/placements.py).
+        # Where each affinity id went last: its conversation's cache (gateway/placements.py).
         self.placements = Placements()
         replicas.on_publish = self._grant
 
@@ -291,9 +291,9 @@ class Activator:
         if affinity is None:
             return pick(replicas, None, now=now, exclude=exclude)
         replica, outcome = pick(replicas, affinity, now=now, exclude=exclude,
-                                placed=self.placements.get(key, affinity.key))
+                                placed=self.placements.get(key, affinity.id))
         if replica is not None:
-            self.placements.record(key, affinity.key, replica.id)
+            self.placements.record(key, affinity.id, replica.id)
         return replica, outcome
 
     def _take(self, replica: Replica, now: float) -> None:

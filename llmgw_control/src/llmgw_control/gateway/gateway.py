@@ -438,7 +438,7 @@ class Gateway:
         url = replica.url + request.endpoint.path
         gauge = self.metrics.replica_in_flight.labels(replica.id)
         gauge.inc()
-        engine_slot = claim_engine_slot(replica, affinity.key) if affinity is not None else None
+        engine_slot = claim_engine_slot(replica, affinity.id) if affinity is not None else None
         try:
             return await exchange_with(self.upstream, self.config, replica, url, headers, request, exchange, record,
                                        engine_slot)
