@@ -26,7 +26,7 @@ async def test_a_write_older_than_the_lease_or_the_view_is_refused(store: SqlSto
     for holder in ("one", "two"):  # two terms: the lease's epoch is now the second one's
         grant = await store.lease.try_acquire(holder, "ws://x/agent/v1", 30)
         if holder == "one":
-            await store.lease.release("one")
+            await store.lease.give_up("one")
     assert grant is not None
     assert await store.publish_view(grant.epoch - 1, [A]) is None  # the deposed leader
     assert await store.replica_view() is None

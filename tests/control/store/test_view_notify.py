@@ -177,7 +177,7 @@ async def test_publishing_notifies_the_revision_and_only_it(pg_store: SqlStore, 
             lambda: [n.payload for n in conn.notifies(timeout=LIMIT, stop_after=1)])
         assert heard == [str(revision)]  # no replica, no key: the revision alone
         await pg_store.lease.try_acquire("two", "ws://x", 30)
-        await pg_store.lease.release("two")
+        await pg_store.lease.give_up("two")
         await pg_store.lease.try_acquire("three", "ws://x", 30)
         assert await pg_store.publish_view(1, [A]) is None  # refused: nothing to hear
         await _notify(pg_store, "marker")

@@ -9,7 +9,7 @@
   (``Reconciler.start_on``: the pure ``plan`` decides whether it fits), and the run waits for it
   to be published, bounded by the profile's ``start_timeout``.
 
-A replica the run started is drained after it (``Reconciler.release_started``) unless requests
+A replica the run started is drained after it (``Reconciler.give_back_started``) unless requests
 came to it meanwhile or ``min_replicas`` needs it. While a run measures a replica, the replica
 counts as busy (never evicted), and each finished request marks it used (no idle stop).
 """
@@ -77,7 +77,7 @@ class FleetReplicas:
                                     "leader")
                 raise RunFailed(self.activator.refusal_error(result, key).message)
             replica = result.replica
-            result.release()
+            result.give_back()
             return self._acquired(replica, resolved, started=not starting)
         try:
             shard_id = self.reconciler.start_on(key, node)
@@ -96,12 +96,12 @@ class FleetReplicas:
                     raise RunFailed(f"the replica started for the run on node {node} did not start{detail}")
                 await trio.sleep(POLL_INTERVAL)
         self.reconciler.benchmarking.discard(shard_id)
-        self.reconciler.release_started(shard_id)
+        self.reconciler.give_back_started(shard_id)
         raise RunFailed(f"the replica started for the run on node {node} was not ready in time")
 
-    def release(self, acquired: Acquired) -> None:
+    def give_back(self, acquired: Acquired) -> None:
         if acquired.started:
-            self.reconciler.release_started(acquired.replica_id)
+            self.reconciler.give_back_started(acquired.replica_id)
         self.reconciler.benchmarking.discard(acquired.replica_id)
 
     def touch(self, acquired: Acquired) -> None:

@@ -3,7 +3,7 @@
 ``POST /api/v1/capacity/runs`` asks for one (``CapacityRuns.start``, the edge that validates it);
 the run waits its turn (``queued``: one run measures at a time, since two at once on one fleet
 would measure each other), takes a ready replica of the profile (``ReplicaSource``: an existing
-one, or one started for the run and released after), measures each level
+one, or one started for the run and given back after), measures each level
 (``capacity_sweep.measure_level``) and ends ``done``, ``failed`` (with the reason) or
 ``cancelled``. Each run's document is stored on every change, with what makes it comparable:
 engine and version, weights digest, profile arguments, the node's facts.
@@ -64,7 +64,7 @@ class Acquired:
 
 class ReplicaSource(Protocol):
     async def acquire(self, resolved: Resolved, node: str | None) -> Acquired: ...
-    def release(self, acquired: Acquired) -> None: ...
+    def give_back(self, acquired: Acquired) -> None: ...
     def touch(self, acquired: Acquired) -> None: ...
     def has_node(self, node_id: str) -> bool: ...
     def comparable(self, resolved: Resolved, node_id: str) -> dict[str, Any]:
@@ -261,7 +261,7 @@ class CapacityRuns:
                     if result.requests == 0:
                         raise RunFailed(f"no request at concurrency {concurrency} succeeded: {error}")
         finally:
-            source.release(acquired)
+            source.give_back(acquired)
 
     # ------------------------------------------------------------------ the store
 

@@ -118,7 +118,7 @@ class ViewFollower:
         self.owned = set(entries)
         self.revision = view.revision if view is not None else None
 
-    def release(self) -> set[str]:
+    def hand_over(self) -> set[str]:
         """Stop owning what was added (on becoming leader): the replicas stay routable; the new
         leader's reconciler adopts them or withdraws them after its hold."""
         owned, self.owned, self.revision = self.owned, set(), None

@@ -26,7 +26,7 @@ is free while others sit idle; so a conversation whose slot is taken gets anothe
 cache once, never waits for it). When every engine slot is held (the gateway's slot bound above
 the engine's ``-np``), the request names none and the engine chooses.
 
-A slot is claimed for one attempt and released when the attempt ends, however it ends (the
+A slot is claimed for one attempt and given back when the attempt ends, however it ends (the
 caller's ``finally``). Only this daemon's requests are counted: another daemon serving the same
 replica from the leader's view does not pin (its view carries no engine slots), and a request the
 engine places itself may occupy a slot claimed next, which then waits for one request at most.
@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from .replicas import Replica
 
-__all__ = ["claim_engine_slot", "release_engine_slot"]
+__all__ = ["claim_engine_slot", "give_back_engine_slot"]
 
 
 def claim_engine_slot(replica: Replica, affinity_id: bytes) -> int | None:
@@ -68,7 +68,7 @@ def claim_engine_slot(replica: Replica, affinity_id: bytes) -> int | None:
     return chosen
 
 
-def release_engine_slot(replica: Replica, slot: int | None) -> None:
+def give_back_engine_slot(replica: Replica, slot: int | None) -> None:
     """Give ``slot`` back (None: nothing was claimed)."""
     if slot is not None:
         replica.held_engine_slots.discard(slot)

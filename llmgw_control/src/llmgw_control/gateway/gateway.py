@@ -37,7 +37,7 @@ from .config import RouterConfig
 from .continuation import StreamRecord, continuation_request, ending, may_continue
 from .cors import CorsPolicy
 from .directory import ModelDirectory, StaticDirectory
-from .engine_slots import claim_engine_slot, release_engine_slot
+from .engine_slots import claim_engine_slot, give_back_engine_slot
 from .exchange import Exchange, header, record, request_id
 from .hang_watch import HangWatch
 from .metrics import GatewayMetrics
@@ -454,7 +454,7 @@ class Gateway:
                 502, f"Replica {replica.id} could not be reached (phase: connect): {exc}",
                 code="upstream_connect_error"), "connect")
         finally:
-            release_engine_slot(replica, engine_slot)
+            give_back_engine_slot(replica, engine_slot)
             gauge.dec()
 
 
@@ -508,10 +508,10 @@ def _settle(ticket: Ticket, exchange: Exchange, estimate: tuple[int, int], meter
         ticket.settle(0, 0)
     elif exchange.response_started and 200 <= exchange.status < 300:
         # Served, but the engine reported no usage (a stream without include_usage, or one cut
-        # off): a release would let those tokens escape every quota.
+        # off): giving it back would let those tokens escape every quota.
         completion = exchange.chunks_sent if exchange.stream else estimate[1]
         ticket.settle(estimate[0], completion)
     else:
-        ticket.release()
+        ticket.give_back()
 
 
