@@ -59,8 +59,8 @@ async def test_a_free_slot_is_taken_at_once_and_given_back_by_the_guard() -> Non
     with first:
         pass
     assert r1.in_flight == 1 and r1.full_since is None
-    second.release()
-    second.release()  # a second release gives nothing back twice
+    second.give_back()
+    second.give_back()  # a second release gives nothing back twice
     assert r1.in_flight == 0
 
 
@@ -93,7 +93,7 @@ async def test_the_wait_is_bounded_and_says_what_blocked(autojump_clock: trio.te
     busy = act.refusal_error(Refusal.TIMEOUT, KEY)
     assert busy.status == 503 and busy.code == "model_overloaded" and "1 slot(s)" in busy.message
     assert held is not None
-    held.release()
+    held.give_back()
 
 
 async def test_a_full_queue_overflows_with_429_and_retry_after(autojump_clock: trio.testing.MockClock) -> None:
@@ -110,7 +110,7 @@ async def test_a_full_queue_overflows_with_429_and_retry_after(autojump_clock: t
         assert error.status == 429 and error.code == "model_queue_full" and dict(error.headers)["retry-after"]
         assert error.body()["error"]["type"] == "rate_limit_error"
         assert held is not None
-        held.release()
+        held.give_back()
     assert results[1:] == ["r1", "r1"]
 
 
@@ -125,7 +125,7 @@ async def test_freed_slots_go_to_waiters_first_come_first_served(autojump_clock:
         for tag in range(5):
             nursery.start_soon(_wait, act, order, tag)
             await trio.testing.wait_all_tasks_blocked()
-        held.release()
+        held.give_back()
         # Handed on, not freed: a request arriving now finds the slot taken.
         assert r1.in_flight == 1 and act.try_acquire(KEY) is None
     assert order == [0, 1, 2, 3, 4]
@@ -145,7 +145,7 @@ async def test_interactive_goes_first_and_batch_is_never_starved(autojump_clock:
         for i in range(6):
             nursery.start_soon(_wait, act, order, f"i{i}", Priority.INTERACTIVE)
             await trio.testing.wait_all_tasks_blocked()
-        held.release()
+        held.give_back()
     # Interactive first, FIFO within a class, and a batch request after at most two interactive.
     assert order == ["i0", "i1", "b0", "i2", "i3", "b1", "i4", "i5", "b2"]
 
@@ -160,7 +160,7 @@ async def test_a_cancelled_waiter_leaves_the_queue(autojump_clock: trio.testing.
     with trio.move_on_after(3):
         await _wait(act, results)
     assert results == [] and act.queue_depth() == 0 and act.demand() == {}
-    held.release()
+    held.give_back()
     assert r1.in_flight == 0
 
 
@@ -185,7 +185,7 @@ async def test_a_slot_granted_as_its_waiter_is_cancelled_is_passed_on(autojump_c
         # In one step, before either task runs: the first waiter is cancelled, and the slot freed
         # next is handed to it (it is still first in the queue) -- it must pass the slot on.
         doomed.cancel()
-        held.release()
+        held.give_back()
     assert results == ["next"]
     assert r1.in_flight == 0 and act.queue_depth() == 0 and act.dropped == 0
 
@@ -201,10 +201,10 @@ async def test_a_retry_waits_only_for_replicas_it_has_not_tried(autojump_clock: 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_wait, act, results, None, Priority.INTERACTIVE, None, frozenset({"r1"}))
         await trio.testing.wait_all_tasks_blocked()
-        on_r1.release()  # free, but this waiter failed there already
+        on_r1.give_back()  # free, but this waiter failed there already
         await trio.testing.wait_all_tasks_blocked()
         assert results == [] and r1.in_flight == 0
-        on_r2.release()
+        on_r2.give_back()
     assert results == ["r2"]
     # Every replica tried: nothing to wait for.
     assert await act.wait(KEY, exclude={"r1", "r2"}) is Refusal.EXHAUSTED
@@ -220,7 +220,7 @@ async def test_a_slot_freed_on_a_replica_of_two_models_serves_either(autojump_cl
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_wait, act, results)
         await trio.testing.wait_all_tasks_blocked()
-        held.release()
+        held.give_back()
     assert results == ["shared"] and shared.in_flight == 0
 
 
@@ -345,6 +345,6 @@ def test_a_slot_is_given_back_however_its_holder_ends(how: str) -> None:
         assert slot is not None and r1.in_flight == 1
         end(slot)
 
-    trio.run(hold, (lambda s: s.release()) if how == "released" else (lambda s: None))
+    trio.run(hold, (lambda s: s.give_back()) if how == "released" else (lambda s: None))
     assert r1.in_flight == 0
     assert act.dropped == (how == "dropped")  # the safety net, not the protocol

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from llmgw_control.gateway.affinity import (
     Affinity,
-    affinity_key,
+    affinity_id,
     choose_affine,
     continues_conversation,
     load_bound,
@@ -35,33 +35,33 @@ def test_every_turn_of_a_conversation_has_the_same_key() -> None:
     turn1 = [SYSTEM, {"role": "user", "content": "Name a planet."}]
     turn2 = [*turn1, {"role": "assistant", "content": "Mars."}, {"role": "user", "content": "Another."}]
     turn3 = [*turn2, {"role": "assistant", "content": "Venus."}, {"role": "user", "content": "One more."}]
-    keys = {affinity_key(chat(t)) for t in (turn1, turn2, turn3)}
+    keys = {affinity_id(chat(t)) for t in (turn1, turn2, turn3)}
     assert len(keys) == 1 and None not in keys
 
 
 def test_conversations_sharing_a_system_prompt_have_different_keys() -> None:
-    a = affinity_key(chat([SYSTEM, {"role": "user", "content": "Question A"}]))
-    b = affinity_key(chat([SYSTEM, {"role": "user", "content": "Question B"}]))
+    a = affinity_id(chat([SYSTEM, {"role": "user", "content": "Question A"}]))
+    b = affinity_id(chat([SYSTEM, {"role": "user", "content": "Question B"}]))
     assert a != b
 
 
-def test_a_session_key_wins_over_the_content() -> None:
+def test_a_session_id_wins_over_the_content() -> None:
     one = chat([{"role": "user", "content": "x"}], user="alice")
     two = chat([{"role": "user", "content": "something else"}], user="alice")
-    assert affinity_key(one) == affinity_key(two)
+    assert affinity_id(one) == affinity_id(two)
     # The header wins over `user`.
-    assert affinity_key(one, "s-1") == affinity_key(chat([{"role": "user", "content": "y"}]), "s-1")
-    assert affinity_key(one, "s-1") != affinity_key(one)
+    assert affinity_id(one, "s-1") == affinity_id(chat([{"role": "user", "content": "y"}]), "s-1")
+    assert affinity_id(one, "s-1") != affinity_id(one)
 
 
 def test_completions_key_on_the_prompt_head() -> None:
     head = "Once upon a time " * 400  # longer than the prefix that counts
     one = ParsedRequest(COMPLETIONS, "m", False, b"", {"model": "m", "prompt": head + "A"})
     two = ParsedRequest(COMPLETIONS, "m", False, b"", {"model": "m", "prompt": head + "B"})
-    assert affinity_key(one) == affinity_key(two) is not None
+    assert affinity_id(one) == affinity_id(two) is not None
     tokens = ParsedRequest(COMPLETIONS, "m", False, b"", {"model": "m", "prompt": [1, 2, 3]})
-    assert affinity_key(tokens) is not None
-    assert affinity_key(ParsedRequest(EMBEDDINGS, "m", False, b"", {"model": "m", "input": "x"})) is None
+    assert affinity_id(tokens) is not None
+    assert affinity_id(ParsedRequest(EMBEDDINGS, "m", False, b"", {"model": "m", "input": "x"})) is None
 
 
 json_values = st.recursive(
@@ -75,11 +75,11 @@ json_values = st.recursive(
                          min_size=1, max_size=20),
        user=json_values, header=st.none() | st.text(max_size=300))
 def test_odd_input_never_raises(messages: list[dict[str, Any]], user: Any, header: str | None) -> None:
-    key = affinity_key(chat(messages, user=user), header)
+    key = affinity_id(chat(messages, user=user), header)
     assert key is None or len(key) == 16
     assert continues_conversation(chat(messages, user=user)) in (True, False)
     prompt = ParsedRequest(COMPLETIONS, "m", False, b"", {"model": "m", "prompt": user})
-    assert affinity_key(prompt) in (None, affinity_key(prompt))
+    assert affinity_id(prompt) in (None, affinity_id(prompt))
 
 
 def test_a_conversation_continues_when_anything_follows_its_first_question() -> None:
@@ -100,7 +100,7 @@ def test_a_conversation_continues_when_anything_follows_its_first_question() -> 
 def test_huge_input_is_bounded() -> None:
     # A million system messages and a 10 MB message cost no more than their bounded heads.
     messages = [{"role": "system", "content": "x" * 10_000_000}] + [{"role": "system", "content": "y"}] * 1_000_000
-    assert affinity_key(chat(messages)) is not None
+    assert affinity_id(chat(messages)) is not None
     # The first user message is past the messages that count: read as an opening, not continued.
     assert not continues_conversation(chat([*messages, {"role": "user", "content": "hi"}, SYSTEM]))
 

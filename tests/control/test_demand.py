@@ -63,9 +63,9 @@ class World:
         while (slot := self.activator.try_acquire(KEY)) is not None:
             self.held.append(slot)
 
-    def release(self, count: int) -> None:
+    def give_back(self, count: int) -> None:
         for _ in range(count):
-            self.held.pop().release()
+            self.held.pop().give_back()
 
 
 def world(*, max_replicas: int = 3, idle_timeout: float = 0.0, saturated_after: float = 10.0, nodes: int = 3) -> World:
@@ -140,7 +140,7 @@ async def test_slots_busy_past_saturated_after_count_as_demand_without_a_queue(
         await trio.sleep(5)
         w.pass_()
         assert w.dispatcher.starts() == []
-        w.release(1)  # a slot freed: the clock starts again
+        w.give_back(1)  # a slot freed: the clock starts again
         w.take_all_slots()
         await trio.sleep(9)
         w.pass_()
@@ -174,7 +174,7 @@ async def test_surplus_replicas_go_after_idle_timeout_although_traffic_reaches_e
         assert slot is not None
         used.add(slot.replica.id)
         w.pass_()
-        slot.release()
+        slot.give_back()
         await trio.sleep(5)
         w.pass_()
         drains = w.dispatcher.drains()

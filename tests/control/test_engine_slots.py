@@ -17,7 +17,7 @@ import hypothesis.strategies as st
 import trio
 from hypothesis import given, settings
 
-from llmgw_control.gateway.engine_slots import claim_engine_slot, release_engine_slot
+from llmgw_control.gateway.engine_slots import claim_engine_slot, give_back_engine_slot
 from llmgw_control.gateway.replicas import Replica
 from llmgw_dev.fake_engine import FakeEngineBehavior, run_fake_engine
 from support.gateway import endpoint, running_gateway
@@ -30,8 +30,8 @@ def replica(engine_slots: int) -> Replica:
 def test_a_key_keeps_its_slot_while_it_is_free() -> None:
     r = replica(4)
     first = claim_engine_slot(r, b"conversation-1")
-    release_engine_slot(r, first)
-    assert all(claim_engine_slot(r, b"conversation-1") == first and release_engine_slot(r, first) is None
+    give_back_engine_slot(r, first)
+    assert all(claim_engine_slot(r, b"conversation-1") == first and give_back_engine_slot(r, first) is None
                for _ in range(5))
 
 
@@ -40,7 +40,7 @@ def test_keys_spread_over_the_slots() -> None:
     chosen = set()
     for number in range(64):
         slot = claim_engine_slot(r, f"conversation-{number}".encode())
-        release_engine_slot(r, slot)
+        give_back_engine_slot(r, slot)
         chosen.add(slot)
     assert chosen == {0, 1, 2, 3}
 
@@ -61,15 +61,15 @@ def test_conversations_taking_turns_each_get_back_the_slot_holding_their_history
         assert slot is not None
         assert home.setdefault(key, slot) == slot
         assert slot not in {s for k, s in home.items() if k != key}
-        release_engine_slot(r, slot)
+        give_back_engine_slot(r, slot)
 
 
 def test_a_new_conversation_takes_the_slot_used_least_recently() -> None:
     r = replica(3)
     for key in (b"a", b"b", b"c"):
-        release_engine_slot(r, claim_engine_slot(r, key))
+        give_back_engine_slot(r, claim_engine_slot(r, key))
     slot_of_a = claim_engine_slot(r, b"a")  # a is now the most recent; b waited longest
-    release_engine_slot(r, slot_of_a)
+    give_back_engine_slot(r, slot_of_a)
     [slot_of_b] = [slot for slot, owner in r.engine_slot_owners.items() if owner == b"b"]
     assert claim_engine_slot(r, b"newcomer") == slot_of_b
 
@@ -77,7 +77,7 @@ def test_a_new_conversation_takes_the_slot_used_least_recently() -> None:
 def test_a_conversation_whose_slot_is_busy_takes_another_and_never_waits() -> None:
     r = replica(2)
     own = claim_engine_slot(r, b"a")
-    release_engine_slot(r, own)
+    give_back_engine_slot(r, own)
     busy = claim_engine_slot(r, b"a")
     assert busy == own
     other = claim_engine_slot(r, b"a")
@@ -88,7 +88,7 @@ def test_a_conversation_whose_slot_is_busy_takes_another_and_never_waits() -> No
 def test_an_engine_that_cannot_be_told_gets_no_slot() -> None:
     r = replica(0)
     assert claim_engine_slot(r, b"k") is None
-    release_engine_slot(r, None)
+    give_back_engine_slot(r, None)
     assert r.held_engine_slots == set()
 
 
@@ -108,10 +108,10 @@ def test_no_two_requests_in_flight_hold_one_slot(engine_slots: int, steps: list[
                 assert slot is not None and 0 <= slot < engine_slots and slot not in held
             holding.append(slot)
         else:
-            release_engine_slot(r, holding.pop(len(key) % len(holding)))
+            give_back_engine_slot(r, holding.pop(len(key) % len(holding)))
         assert r.held_engine_slots == {s for s in holding if s is not None}
     for slot in holding:
-        release_engine_slot(r, slot)
+        give_back_engine_slot(r, slot)
     assert r.held_engine_slots == set()
 
 

@@ -248,7 +248,7 @@ async def test_a_new_leader_places_as_soon_as_every_node_that_held_replicas_has_
         await node.frame("start_shard")
         await trio.sleep(3)  # the leader writes down who holds replicas
         assert memory.held is not None and memory.held.nodes == {"n1"} and memory.held.epoch == 1
-        await a.leadership.release()
+        await a.leadership.give_up()
         await node.closed.wait()
         nursery.cancel_scope.cancel()
     b = make_daemon(row, "b", settle=15.0, memory=memory)
@@ -281,7 +281,7 @@ async def test_cancelling_the_daemon_steps_down_without_releasing(autojump_clock
         await nursery.start(a.leadership.run)
         node = await connect(nursery, a, "n1")
         await node.frame("start_shard")
-        await a.leadership.release()
+        await a.leadership.give_up()
         assert not a.agents.role.leader and row.holder is None  # released: a standby may take it now
         await node.closed.wait()
         nursery.cancel_scope.cancel()
@@ -334,7 +334,7 @@ async def test_with_default_intervals_a_standby_polls_often_enough_for_prompt_ta
         await nursery.start(run_b)
         assert a.role.leader and not b.role.leader
         await trio.sleep(7)  # a few renews in
-        await a.release()  # SIGTERM on the leader
+        await a.give_up()  # SIGTERM on the leader
         released = trio.current_time()
         await b.wait_leader()
         assert trio.current_time() - released < 1.0

@@ -50,7 +50,7 @@ class _Ticket:
     def settle(self, prompt_tokens: int, completion_tokens: int) -> None:
         self.book.append((self.model, prompt_tokens, completion_tokens))
 
-    def release(self) -> None:
+    def give_back(self) -> None:
         self.book.append((self.model, 0, 0))
 
 

@@ -32,8 +32,8 @@ class CountedLease:
         finally:
             self.attempts += 1
 
-    async def release(self, holder: str) -> bool:
-        return await self._lease.release(holder)
+    async def give_up(self, holder: str) -> bool:
+        return await self._lease.give_up(holder)
 
     async def current(self) -> LeaseInfo:
         return await self._lease.current()

@@ -28,7 +28,7 @@ import trio
 from node.release_server import FileServer, run_file_server
 
 from llmgw_control.fleet.agents import token_digest
-from llmgw_control.fleet.node_release import Target, fetch_wheels, plan_release, use
+from llmgw_control.fleet.node_release import WheelTarget, fetch_wheels, plan_release, use
 from llmgw_dev.build_engine import cache_dir
 from llmgw_dev.engine_proc import free_port
 
@@ -37,7 +37,7 @@ BIN = Path(sys.executable).parent
 LOCK = ROOT / "uv.lock"
 # The Python the install script builds node environments with, and this machine as a target.
 NODE_PYTHON = Path(sys.base_prefix) / "bin" / "python3"
-HERE = Target((sys.version_info[0], sys.version_info[1]), platform.machine())
+HERE = WheelTarget((sys.version_info[0], sys.version_info[1]), platform.machine())
 PYTHON_FLAG = f"{HERE.python[0]}.{HERE.python[1]}"
 SHARED_TOKEN = "llmgw-join-shared-fleet-token"
 

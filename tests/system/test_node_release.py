@@ -18,7 +18,14 @@ import pytest
 import trio
 from system.releases import BIN, HERE, LOCK, NODE_PYTHON, node_dist, prepare, repacked, wheel_mirror, wheelhouse
 
-from llmgw_control.fleet.node_release import Lock, ReleaseError, Target, choose_wheel, load_release, parse_target
+from llmgw_control.fleet.node_release import (
+    Lock,
+    NodeReleaseError,
+    WheelTarget,
+    choose_wheel,
+    load_release,
+    parse_target,
+)
 
 __all__ = ["node_dist", "wheelhouse"]  # fixtures, used by name
 
@@ -138,14 +145,14 @@ def test_a_target_without_wheels_is_named(tmp_path: Path, node_dist: Path) -> No
 
 def test_the_oldest_glibc_wheel_is_chosen_for_each_target() -> None:
     lock = Lock(LOCK.read_text())
-    crypto = lock.closure("llmgw-node", Target((3, 12), "aarch64"))["cryptography"]
-    chosen = choose_wheel(crypto, Target((3, 12), "aarch64"))
+    crypto = lock.closure("llmgw-node", WheelTarget((3, 12), "aarch64"))["cryptography"]
+    chosen = choose_wheel(crypto, WheelTarget((3, 12), "aarch64"))
     # abi3 built for 3.11 serves 3.12; manylinux2014 (glibc 2.17) runs on more machines than 2_28.
     assert chosen.filename.startswith("cryptography-") and "cp311-abi3-manylinux2014_aarch64" in chosen.filename
-    cffi = lock.closure("llmgw-node", Target((3, 13), "x86_64"))["cffi"]
-    assert "-cp313-cp313-" in choose_wheel(cffi, Target((3, 13), "x86_64")).filename
+    cffi = lock.closure("llmgw-node", WheelTarget((3, 13), "x86_64"))["cffi"]
+    assert "-cp313-cp313-" in choose_wheel(cffi, WheelTarget((3, 13), "x86_64")).filename
     for bad in ("3.10", "2.7", "3", "3.x"):
-        with pytest.raises(ReleaseError, match="CPython version"):
+        with pytest.raises(NodeReleaseError, match="CPython version"):
             parse_target(bad, "x86_64")
 
 
@@ -166,11 +173,11 @@ def test_release_use_switches_back_and_refuses_what_is_not_a_release(tmp_path: P
 
 @pytest.mark.parametrize("manifest", ["[]", '"x"', "null", "{"])
 def test_a_release_json_that_is_not_an_object_is_an_unreadable_release(tmp_path: Path, manifest: str) -> None:
-    # Onboarding reads release.json for every script it serves: a damaged one is a ReleaseError
+    # Onboarding reads release.json for every script it serves: a damaged one is a NodeReleaseError
     # (a 503 that says so from /install/node.sh), never an AttributeError (a 500).
     folder = tmp_path / "0.1.0-0123456789ab"
     folder.mkdir()
     (folder / "release.json").write_text(manifest)
     (folder / "requirements.txt").write_text("")
-    with pytest.raises(ReleaseError, match=r"0\.1\.0-0123456789ab"):
+    with pytest.raises(NodeReleaseError, match=r"0\.1\.0-0123456789ab"):
         load_release(tmp_path, "0.1.0-0123456789ab")

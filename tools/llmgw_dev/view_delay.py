@@ -28,7 +28,7 @@ import trio
 
 from llmgw_control.fleet.view import ViewFollower
 from llmgw_control.gateway.replicas import ReplicaSet
-from llmgw_control.store import ReplicaView, SqlStore, ViewListener, ViewReplica, connect_store
+from llmgw_control.store import PublishedReplica, PublishedReplicas, SqlStore, ViewListener, connect_store
 from llmgw_dev.postgres import PostgresServer
 
 # A sample that takes longer than this is lost (reported, not waited for).
@@ -41,10 +41,10 @@ class _PollOnly:
     def __init__(self, store: SqlStore) -> None:
         self._store = store
 
-    async def replica_view(self) -> ReplicaView | None:
+    async def replica_view(self) -> PublishedReplicas | None:
         return await self._store.replica_view()
 
-    async def publish_view(self, epoch: int, replicas: list[ViewReplica]) -> int | None:
+    async def publish_view(self, epoch: int, replicas: list[PublishedReplica]) -> int | None:
         return await self._store.publish_view(epoch, replicas)
 
     def view_listener(self) -> ViewListener | None:
@@ -76,7 +76,7 @@ async def measure(url: str, samples: int) -> dict[str, list[float]]:
                 await trio.sleep(random.uniform(0.0, 0.5))
                 replica_id = f"r{i}"
                 start = trio.current_time()
-                await store.publish_view(1, [ViewReplica(id=replica_id, key="m", url="http://h:1", slots=1)])
+                await store.publish_view(1, [PublishedReplica(id=replica_id, key="m", url="http://h:1", slots=1)])
                 async with trio.open_nursery() as waits:
                     for name, replicas in followers.items():
                         async def one(name: str = name, replicas: ReplicaSet = replicas,

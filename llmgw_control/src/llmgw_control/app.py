@@ -262,7 +262,7 @@ async def stop_fleet(fleet: Fleet, grace: float) -> None:
     """After the listeners drained: give the lease up, then close the nodes' connections."""
     if fleet.leadership is not None:
         # First, so a standby takes over on its next poll while requests here drain.
-        await fleet.leadership.release()
+        await fleet.leadership.give_up()
     fleet.agents.close_all("control is shutting down")
     with trio.move_on_after(grace + 1):
         await fleet.agents.wait_all_closed()

@@ -87,12 +87,12 @@ def config_from_args(args: argparse.Namespace) -> ControlConfig:
 async def _supervise(config: ControlConfig, argv: list[str]) -> int:
     """``workers`` > 1: this process starts and watches the workers, and serves nothing itself."""
     from .app import data_dir_of
-    from .workers import Supervisor, address_of, prepare_shared_state, reserve_client_port
+    from .workers import WorkerSupervisor, address_of, prepare_shared_state, reserve_client_port
 
     await prepare_shared_state(config, data_dir_of(config))
     reserved = reserve_client_port(config.listen)
     try:
-        return await Supervisor(config, argv, address_of(reserved)).run()
+        return await WorkerSupervisor(config, argv, address_of(reserved)).run()
     finally:
         reserved.close()
 

@@ -18,7 +18,7 @@ from .fleet.node_release import (
     DEFAULT_PYTHONS,
     RELEASE_ID,
     RELEASES_DIR,
-    ReleaseError,
+    NodeReleaseError,
     current_id,
     load_release,
     parse_target,
@@ -86,7 +86,7 @@ def main(argv: list[str]) -> int:
                     release = load_release(releases, release_id)
                     words = f"llmgw-node {release.node_version}, {len(release.files)} wheels, " \
                             f"{' '.join(release.targets)}, prepared {release.created_at}"
-                except ReleaseError as exc:
+                except NodeReleaseError as exc:
                     words = f"unusable: {exc}"
                 print(f"{'*' if release_id == current else ' '} {release_id}  {words}")
     except FAILURES as exc:

@@ -130,7 +130,7 @@ class _Worker:
     ever_ready: bool = False
 
 
-class Supervisor:
+class WorkerSupervisor:
     """Runs ``config.workers`` workers until a signal (relayed to them) and their exit."""
 
     def __init__(self, config: ControlConfig, argv: Sequence[str], listen: str) -> None:

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llmgw_control.mirror.config import HubConfig
-from llmgw_control.mirror.net_guard import NetGuard, Refused, system_resolve
+from llmgw_control.mirror.net_guard import NetGuard, UrlRefused, system_resolve
 
 PUBLIC = "93.184.216.34"
 NOT_PUBLIC = [
@@ -53,7 +53,7 @@ def test_public_endpoint_and_allowed_hosts_pass() -> None:
 
 def test_redirect_hosts_only_for_redirects() -> None:
     guard = guard_for({"cdn.example": [PUBLIC]})
-    with pytest.raises(Refused, match="not the Hub endpoint"):
+    with pytest.raises(UrlRefused, match="not the Hub endpoint"):
         run(guard, "https://cdn.example/blob")
 
 
@@ -68,16 +68,16 @@ def test_redirect_hosts_only_for_redirects() -> None:
 ])
 def test_hostile_urls_refused(url: str) -> None:
     guard = guard_for({"hub.example": [PUBLIC], "files.example": [PUBLIC]})
-    with pytest.raises(Refused):
+    with pytest.raises(UrlRefused):
         run(guard, url)
 
 
 def test_idna_host_is_normalised_before_matching() -> None:
     # A full-width spelling of an allowed host is that host, and is judged by its addresses.
     guard = guard_for({"files.example": ["10.0.0.8"]})
-    with pytest.raises(Refused, match="private"):
+    with pytest.raises(UrlRefused, match="private"):
         run(guard, "https://\uff46\uff49\uff4c\uff45\uff53.example/m.gguf")
-    with pytest.raises(Refused):
+    with pytest.raises(UrlRefused):
         run(guard, "https://xn--invalid-\udcff.example/m")
 
 
@@ -87,7 +87,7 @@ def test_idna_host_is_normalised_before_matching() -> None:
 def test_any_non_public_address_among_a_hosts_addresses_refuses_it(
         bad: str, extra: list[str], host: str, redirect: bool) -> None:
     guard = guard_for({host: [*extra, bad]})
-    with pytest.raises(Refused, match="loopback, private or link-local"):
+    with pytest.raises(UrlRefused, match="loopback, private or link-local"):
         run(guard, f"https://{host}/m.gguf", redirect)
 
 
@@ -95,11 +95,11 @@ def test_allow_networks_lets_a_lan_mirror_through() -> None:
     hub = HubConfig(endpoint="http://127.0.0.1:9000", allow_networks=["127.0.0.0/8"])
     guard = guard_for({}, hub)
     assert run(guard, "http://127.0.0.1:9000/api/models")
-    with pytest.raises(Refused):  # plain http only to the endpoint itself
+    with pytest.raises(UrlRefused):  # plain http only to the endpoint itself
         run(guard, "http://127.0.0.1:9001/api/models")
     # The allowed network does not open the others.
     guard = guard_for({"127.0.0.1": ["127.0.0.1", "10.0.0.1"]}, hub)
-    with pytest.raises(Refused, match=r"10\.0\.0\.1"):
+    with pytest.raises(UrlRefused, match=r"10\.0\.0\.1"):
         run(guard, "http://127.0.0.1:9000/m")
 
 
@@ -123,7 +123,7 @@ def test_hostile_urls_are_refused_or_land_only_on_public_addresses(
     url = f"{scheme}://{userinfo}{host}{port}/{path}"
     try:
         target = run(guard, url, redirect)
-    except Refused:
+    except UrlRefused:
         return
     assert not userinfo
     assert target.host in ("hub.example", "files.example", "cdn.example")  # type: ignore[attr-defined]

@@ -85,7 +85,7 @@ async def test_pages_filters_and_prune(store: SqlStore) -> None:
 async def test_leadership_changes_are_recorded(store: SqlStore) -> None:
     assert await store.lease.try_acquire("d1", "ws://a", 5) is not None
     assert await store.lease.try_acquire("d1", "ws://a", 5) is not None  # still ours: no change
-    assert await store.lease.release("d1")
+    assert await store.lease.give_up("d1")
     rows = (await store.list_audit(resource="leadership")).entries
     assert sorted(r.action for r in rows) == ["leadership.acquire", "leadership.release"]
     assert {r.actor for r in rows} == {"daemon:d1"}

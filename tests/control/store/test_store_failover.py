@@ -144,7 +144,7 @@ async def test_killed_leader_is_replaced_after_the_ttl(pg_url: str) -> None:
 
 async def test_released_lease_is_taken_within_one_poll(pg_url: str) -> None:
     async with _daemons(pg_url, pg_url) as ([a, b], _):
-        assert await a.release()
+        assert await a.give_up()
         took = await _wait_for(lambda: b.role.leader, within=RENEW + SLACK + 1)
         assert took <= RENEW + SLACK
         assert b.role.epoch == 2

@@ -99,7 +99,7 @@ async def test_release_hands_over_within_one_poll(autojump_clock: trio.abc.Clock
     async with running(db, a, b):
         await trio.sleep(5)
         released_at = trio.current_time()
-        assert await a.release() is True
+        assert await a.give_up() is True
         assert a.role == STANDBY
         await _wait_for(lambda: b.role.leader)
         assert trio.current_time() - released_at <= RENEW + 0.1

@@ -57,8 +57,8 @@ async def test_a_lapsed_holder_starts_a_new_term(store: SqlStore) -> None:
 async def test_release_hands_over_at_once(store: SqlStore) -> None:
     lease = store.lease
     assert (await lease.try_acquire("a", "addr-a", ttl=30)) is not None
-    assert await lease.release("b") is False
-    assert await lease.release("a") is True
+    assert await lease.give_up("b") is False
+    assert await lease.give_up("a") is True
     info = await lease.current()
     assert (info.holder, info.address, info.epoch) == (None, None, 1)
     taken = await lease.try_acquire("b", "addr-b", ttl=30)
@@ -108,7 +108,7 @@ async def test_keepers_over_the_real_lease(store_url: str) -> None:
             await counted_a.more_attempts(8)  # several renewals (0.2 s apart), longer than the TTL
             await counted_b.more_attempts(1)  # and the standby polled since, finding it held
             assert a.role.leader and a.role.epoch == 1 and not b.role.leader
-            assert await a.release()
+            assert await a.give_up()
             with trio.fail_after(2):
                 role = await b.wait_leader()
             assert role.epoch == 2

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from llmgw_control.store import InvalidInput, SqlStore, ViewReplica
+from llmgw_control.store import InvalidInput, PublishedReplica, SqlStore
 
-A = ViewReplica(id="s-a", key="llama:small", url="http://10.0.0.1:8001", slots=4, served_name="llama")
-B = ViewReplica(id="s-b", key="qwen:gpu", url="http://10.0.0.2:8002", slots=1)
+A = PublishedReplica(id="s-a", key="llama:small", url="http://10.0.0.1:8001", slots=4, served_name="llama")
+B = PublishedReplica(id="s-b", key="qwen:gpu", url="http://10.0.0.2:8002", slots=1)
 
 
 async def test_the_view_round_trips_and_each_write_gets_a_new_revision(store: SqlStore) -> None:
@@ -26,7 +26,7 @@ async def test_a_write_older_than_the_lease_or_the_view_is_refused(store: SqlSto
     for holder in ("one", "two"):  # two terms: the lease's epoch is now the second one's
         grant = await store.lease.try_acquire(holder, "ws://x/agent/v1", 30)
         if holder == "one":
-            await store.lease.release("one")
+            await store.lease.give_up("one")
     assert grant is not None
     assert await store.publish_view(grant.epoch - 1, [A]) is None  # the deposed leader
     assert await store.replica_view() is None
@@ -38,4 +38,4 @@ async def test_the_view_refuses_bad_input(store: SqlStore) -> None:
     with pytest.raises(InvalidInput):
         await store.publish_view(0, [A])
     with pytest.raises(InvalidInput):
-        await store.publish_view(1, [ViewReplica(id="s", key="k", url="u", slots=0)])
+        await store.publish_view(1, [PublishedReplica(id="s", key="k", url="u", slots=0)])

@@ -41,7 +41,7 @@ async def test_a_standby_adds_updates_and_withdraws_what_the_leader_publishes(st
 
 async def test_a_deposed_leader_stops_publishing(store: SqlStore) -> None:
     await store.lease.try_acquire("a", "ws://a", 30)
-    await store.lease.release("a")
+    await store.lease.give_up("a")
     grant = await store.lease.try_acquire("b", "ws://b", 30)
     assert grant is not None
     replicas = ReplicaSet([Replica(id="s1", url="http://h:1", models=frozenset({"m"}), slots=1)])

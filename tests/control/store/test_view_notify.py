@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from llmgw_control.fleet.view import ViewFollower
 from llmgw_control.gateway.replicas import ReplicaSet
-from llmgw_control.store import VIEW_CHANNEL, PostgresStore, SqlStore, ViewListener, ViewReplica, connect_store
+from llmgw_control.store import VIEW_CHANNEL, PostgresStore, PublishedReplica, SqlStore, ViewListener, connect_store
 from llmgw_control.store.backend import Tx
 from llmgw_control.store.postgres import LISTEN_APPLICATION_NAME, PostgresBackend
 from llmgw_control.store.view_notify import parse_revision
@@ -26,8 +26,8 @@ from llmgw_control.store.view_notify import parse_revision
 HOUR = 3600.0
 # Generous: a loaded 2-core machine; a pass takes a fraction of a second.
 LIMIT = 30.0
-A = ViewReplica(id="s-a", key="llama:small", url="http://10.0.0.1:8001", slots=2)
-B = ViewReplica(id="s-b", key="qwen:gpu", url="http://10.0.0.2:8002", slots=1)
+A = PublishedReplica(id="s-a", key="llama:small", url="http://10.0.0.1:8001", slots=2)
+B = PublishedReplica(id="s-b", key="qwen:gpu", url="http://10.0.0.2:8002", slots=1)
 
 
 @pytest.fixture
@@ -177,7 +177,7 @@ async def test_publishing_notifies_the_revision_and_only_it(pg_store: SqlStore, 
             lambda: [n.payload for n in conn.notifies(timeout=LIMIT, stop_after=1)])
         assert heard == [str(revision)]  # no replica, no key: the revision alone
         await pg_store.lease.try_acquire("two", "ws://x", 30)
-        await pg_store.lease.release("two")
+        await pg_store.lease.give_up("two")
         await pg_store.lease.try_acquire("three", "ws://x", 30)
         assert await pg_store.publish_view(1, [A]) is None  # refused: nothing to hear
         await _notify(pg_store, "marker")

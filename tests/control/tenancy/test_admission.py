@@ -35,7 +35,7 @@ async def test_open_without_keys_records_usage_by_model_only(tenancy: Tenancy, c
 async def test_open_admission_without_a_store(clock: FakeClock) -> None:
     usage = UsageAccumulator()
     ticket = OpenAdmission(usage, clock=clock).admit("Bearer whatever", "m", estimated_tokens=1)
-    ticket.release()
+    ticket.give_back()
     ticket.settle(1, 1)  # after release: ignored
     assert usage.pending() == []
 
@@ -59,7 +59,7 @@ async def test_unknown_missing_revoked_expired_keys_get_401(tenancy: Tenancy, cl
 
     ticket = tenancy.admission.admit(bearer(good.secret), "m", estimated_tokens=1)
     assert (ticket.key_id, ticket.group_id) == (good.key.id, tree.project)
-    ticket.release()
+    ticket.give_back()
 
     cases = {
         None: "missing_api_key",
@@ -74,7 +74,7 @@ async def test_unknown_missing_revoked_expired_keys_get_401(tenancy: Tenancy, cl
         assert ("www-authenticate", "Bearer") in error.headers
         assert "sk-llmgw-" not in error.message  # never echo a key back
 
-    tenancy.admission.admit(bearer(expiring.secret), "m", estimated_tokens=1).release()
+    tenancy.admission.admit(bearer(expiring.secret), "m", estimated_tokens=1).give_back()
     clock.advance(60)
     error = _refused(tenancy, bearer(expiring.secret))
     assert (error.status, error.code) == (401, "api_key_expired")
@@ -83,7 +83,7 @@ async def test_unknown_missing_revoked_expired_keys_get_401(tenancy: Tenancy, cl
 async def test_model_allow_list_gives_403(tenancy: Tenancy) -> None:
     tree = await make_tree(tenancy.service)
     key = await tenancy.service.create_key(name="narrow", group_id=tree.team, models=["small", "medium"])
-    tenancy.admission.admit(bearer(key.secret), "small", estimated_tokens=1).release()
+    tenancy.admission.admit(bearer(key.secret), "small", estimated_tokens=1).give_back()
     error = _refused(tenancy, bearer(key.secret), model="large")
     assert (error.status, error.code, error.param) == (403, "model_not_allowed", "model")
     assert "narrow" in error.message and "large" in error.message
@@ -109,7 +109,7 @@ async def test_deleting_the_last_key_opens_the_gateway_and_says_so(
         await tenancy.service.delete_key(key.key.id)
     assert tenancy.state.open
     assert "open" in caplog.text
-    tenancy.admission.admit(None, "m", estimated_tokens=1).release()
+    tenancy.admission.admit(None, "m", estimated_tokens=1).give_back()
 
 
 async def test_429_names_group_and_limit_with_retry_after(tenancy: Tenancy, clock: FakeClock) -> None:
@@ -127,7 +127,7 @@ async def test_429_names_group_and_limit_with_retry_after(tenancy: Tenancy, cloc
     assert dict(error.headers)["retry-after"] == "41"
     assert error.body()["error"]["type"] == "rate_limit_error"
     clock.advance(41)
-    tenancy.admission.admit(auth, "m", estimated_tokens=1).release()
+    tenancy.admission.admit(auth, "m", estimated_tokens=1).give_back()
 
 
 async def test_refusal_reports_the_longest_wait_across_levels(tenancy: Tenancy, clock: FakeClock) -> None:
@@ -161,7 +161,7 @@ async def test_concurrency_limit_and_release(tenancy: Tenancy) -> None:
     second = tenancy.admission.admit(bearer(b.secret), "m", estimated_tokens=1)
     error = _refused(tenancy, bearer(a.secret))
     assert "concurrent requests" in error.message and dict(error.headers)["retry-after"] == "1"
-    first.release()
+    first.give_back()
     third = tenancy.admission.admit(bearer(b.secret), "m", estimated_tokens=1)
     second.settle(1, 1)
     third.settle(1, 1)
@@ -197,7 +197,7 @@ async def test_revocation_reaches_another_daemon_within_a_poll(db_path: Path, cl
             with trio.fail_after(2):
                 while b.state.open:
                     await trio.sleep(0.01)
-            b.admission.admit(bearer(key.secret), "m", estimated_tokens=1).release()
+            b.admission.admit(bearer(key.secret), "m", estimated_tokens=1).give_back()
             await a.service.revoke_key(key.key.id)
             # The daemon that revoked refuses at once...
             with pytest.raises(ClientApiError):
@@ -207,7 +207,7 @@ async def test_revocation_reaches_another_daemon_within_a_poll(db_path: Path, cl
             with trio.fail_after(1):
                 while True:
                     try:
-                        b.admission.admit(bearer(key.secret), "m", estimated_tokens=1).release()
+                        b.admission.admit(bearer(key.secret), "m", estimated_tokens=1).give_back()
                     except ClientApiError as error:
                         assert error.code == "api_key_revoked"
                         break
@@ -230,11 +230,11 @@ async def test_quota_changes_apply_without_losing_counts(tenancy: Tenancy) -> No
     # ...so a quota set now sees them at once.
     await tenancy.service.set_quota(tree.team, Quota(requests_per_minute=4))
     assert _refused(tenancy, auth).status == 429
-    held.release()
-    tenancy.admission.admit(auth, "m", estimated_tokens=10).release()
+    held.give_back()
+    tenancy.admission.admit(auth, "m", estimated_tokens=10).give_back()
     await tenancy.service.delete_quota(tree.team)
     for _ in range(5):
-        tenancy.admission.admit(auth, "m", estimated_tokens=10).release()
+        tenancy.admission.admit(auth, "m", estimated_tokens=10).give_back()
 
 
 async def test_foreign_key_secret_is_reported(
@@ -265,7 +265,7 @@ async def test_a_zero_limit_pauses_a_group(tenancy: Tenancy) -> None:
         assert "org/team" in error.message and "limit is 0" in error.message
         assert not any(name == "retry-after" for name, _ in error.headers)
     await tenancy.service.delete_quota(tree.team)
-    tenancy.admission.admit(bearer(key.secret), "m", estimated_tokens=10).release()
+    tenancy.admission.admit(bearer(key.secret), "m", estimated_tokens=10).give_back()
 
 
 async def test_a_dropped_ticket_gives_its_slot_back(tenancy: Tenancy, caplog: pytest.LogCaptureFixture) -> None:
@@ -274,6 +274,6 @@ async def test_a_dropped_ticket_gives_its_slot_back(tenancy: Tenancy, caplog: py
     key = await tenancy.service.create_key(name="k", group_id=tree.project)
     with caplog.at_level(logging.WARNING, logger="llmgw_control.tenancy"):
         tenancy.admission.admit(bearer(key.secret), "m", estimated_tokens=10)  # a caller bug: never finished
-    assert "dropped without settle or release" in caplog.text
+    assert "dropped without settle or give_back" in caplog.text
     assert tenancy.state.budget(tree.team).in_flight == 0
-    tenancy.admission.admit(bearer(key.secret), "m", estimated_tokens=10).release()
+    tenancy.admission.admit(bearer(key.secret), "m", estimated_tokens=10).give_back()

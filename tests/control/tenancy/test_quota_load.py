@@ -101,7 +101,7 @@ async def _worker(
                     row[1] += prompt
                     row[2] += actual - prompt
         finally:
-            ticket.release()  # after settle: does nothing
+            ticket.give_back()  # after settle: does nothing
             for g in chain:
                 truth.in_flight[g] -= 1
                 if not released:

@@ -46,18 +46,18 @@ async def test_outage_keeps_serving_and_logs_once(
         key = await writer.service.create_key(name="k", group_id=tree.org)
         async with trio.open_nursery() as nursery:
             await nursery.start(state.run)
-            admission.admit(bearer(key.secret), "m", estimated_tokens=1).release()
+            admission.admit(bearer(key.secret), "m", estimated_tokens=1).give_back()
             with caplog.at_level(logging.WARNING, logger="llmgw_control.tenancy"):
                 flaky.down = True
                 await trio.sleep(0.1)  # about ten failed polls
             assert caplog.text.count("cannot refresh") == 1
-            admission.admit(bearer(key.secret), "m", estimated_tokens=1).release()  # still served
+            admission.admit(bearer(key.secret), "m", estimated_tokens=1).give_back()  # still served
             await writer.service.revoke_key(key.key.id)
             flaky.down = False
             with trio.fail_after(1):
                 while True:
                     try:
-                        admission.admit(bearer(key.secret), "m", estimated_tokens=1).release()
+                        admission.admit(bearer(key.secret), "m", estimated_tokens=1).give_back()
                     except ClientApiError:
                         break
                     await trio.sleep(0.01)
@@ -91,7 +91,7 @@ async def test_run_returns_only_once_loaded(db_path: Path, clock: FakeClock, aut
             # No deadline here: the fake clock jumps whenever the store's thread is busy.
             await started.wait()
             assert state.loaded
-            admission.admit(None, "m", estimated_tokens=1).release()  # no keys: open, and known to be
+            admission.admit(None, "m", estimated_tokens=1).give_back()  # no keys: open, and known to be
             nursery.cancel_scope.cancel()
     finally:
         await inner.aclose()

@@ -36,7 +36,7 @@ async def _first_life(db_path: Path, clock: FakeClock, quotas: dict[str, Quota],
             nursery.cancel_scope.cancel()  # shutdown: the flusher writes what is pending
     finally:
         await t.store.aclose()
-    held.release()  # the process is "gone": its reservation must not reach the next life anyway
+    held.give_back()  # the process is "gone": its reservation must not reach the next life anyway
     return key.key.id, tree.org
 
 
@@ -64,7 +64,7 @@ async def test_tokens_per_day_hold_after_a_restart(db_path: Path, clock: FakeClo
         assert dict(info.value.headers)["retry-after"] == str(int(10.5 * 3600))
         t.admission.admit(auth, "m", estimated_tokens=100).settle(50, 50)
         clock.advance(10.5 * 3600)  # midnight: a new day, a new budget
-        t.admission.admit(auth, "m", estimated_tokens=1000).release()
+        t.admission.admit(auth, "m", estimated_tokens=1000).give_back()
     finally:
         await t.store.aclose()
 
@@ -80,11 +80,11 @@ async def test_minute_windows_get_an_estimate_that_ages_out(db_path: Path) -> No
             t.admission.admit(auth, "m", estimated_tokens=200)
         assert "tokens per minute" in info.value.message
         # The estimate is spread over the past minute, so room comes back bit by bit.
-        t.admission.admit(auth, "m", estimated_tokens=100).release()
+        t.admission.admit(auth, "m", estimated_tokens=100).give_back()
         clock.advance(10)
-        t.admission.admit(auth, "m", estimated_tokens=200).release()
+        t.admission.admit(auth, "m", estimated_tokens=200).give_back()
         clock.advance(60)
-        t.admission.admit(auth, "m", estimated_tokens=1000).release()
+        t.admission.admit(auth, "m", estimated_tokens=1000).give_back()
     finally:
         await t.store.aclose()
 

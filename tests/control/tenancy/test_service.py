@@ -68,13 +68,13 @@ async def test_update_key_changes_what_admission_checks(tenancy: Tenancy, clock:
     tree = await make_tree(tenancy.service)
     created = await tenancy.service.create_key(name="k", group_id=tree.team)
     auth = bearer(created.secret)
-    tenancy.admission.admit(auth, "big", estimated_tokens=1).release()
+    tenancy.admission.admit(auth, "big", estimated_tokens=1).give_back()
     await tenancy.service.update_key(created.key.id, models=["small"])
     with pytest.raises(ClientApiError) as info:
         tenancy.admission.admit(auth, "big", estimated_tokens=1)
     assert info.value.status == 403
     await tenancy.service.update_key(created.key.id, expires_at=datetime.fromtimestamp(clock() + 5, UTC))
-    tenancy.admission.admit(auth, "small", estimated_tokens=1).release()
+    tenancy.admission.admit(auth, "small", estimated_tokens=1).give_back()
     clock.advance(5)
     with pytest.raises(ClientApiError) as info:
         tenancy.admission.admit(auth, "small", estimated_tokens=1)

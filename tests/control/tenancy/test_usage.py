@@ -124,7 +124,7 @@ async def test_usage_by_group_including_descendants(tenancy: Tenancy, clock: Fak
     for key, prompt, completion in ((pkey, 10, 1), (pkey, 20, 2), (tkey, 100, 10), (okey, 1000, 100)):
         tenancy.admission.admit(bearer(key.secret), "m", estimated_tokens=0).settle(prompt, completion)
     tenancy.admission.admit(bearer(pkey.secret), "other-model", estimated_tokens=0).settle(5, 5)
-    tenancy.admission.admit(bearer(pkey.secret), "m", estimated_tokens=0).release()  # failed: not usage
+    tenancy.admission.admit(bearer(pkey.secret), "m", estimated_tokens=0).give_back()  # failed: not usage
 
     expected = {
         tree.project: UsageTotals(3, 35, 8),

@@ -23,17 +23,15 @@ from urllib.parse import urlsplit
 import attrs
 
 from ..catalog import Resolved
-from ..store import NodeIdentity, ReplicaView, ViewReplica
+from ..store import NodeIdentity, PublishedReplica, PublishedReplicas
 from .api.schemas import (
     ClaimView,
     FactsView,
     ModelView,
     NodeView,
     ReplicaOfModel,
+    ReplicaView,
     ShardOnNode,
-)
-from .api.schemas import (
-    ReplicaView as ReplicaAnswer,
 )
 
 if TYPE_CHECKING:
@@ -49,7 +47,7 @@ VIEW_DETAIL = "in the leader's replica view"
 class LeaderFleet:
     """What the store holds of the leader's fleet, read once per answer."""
 
-    view: ReplicaView | None
+    view: PublishedReplicas | None
     identities: dict[str, NodeIdentity]
     # Replica id -> the node it was minted for ("" when none of the known nodes matches).
     node_of: dict[str, str]
@@ -57,7 +55,7 @@ class LeaderFleet:
     node_ids: list[str]
 
     @property
-    def replicas(self) -> tuple[ViewReplica, ...]:
+    def replicas(self) -> tuple[PublishedReplica, ...]:
         return self.view.replicas if self.view is not None else ()
 
 
@@ -103,14 +101,14 @@ def standby_node_view(leader: LeaderFleet, node_id: str) -> NodeView:
     )
 
 
-def standby_replica_views(fleet: Fleet, leader: LeaderFleet) -> list[ReplicaAnswer]:
+def standby_replica_views(fleet: Fleet, leader: LeaderFleet) -> list[ReplicaView]:
     """The leader's ready replicas; ``routable`` and ``in_flight`` are this daemon's (its router
     follows the view, and counts only its own requests)."""
     out = []
     for r in sorted(leader.replicas, key=lambda r: (r.key, r.id)):
         here = fleet.reconciler.replicas.get(r.id)
-        out.append(ReplicaAnswer(r.id, r.key, leader.node_of.get(r.id, ""), port_of(r.url), VIEW_STATE,
-                                 VIEW_DETAIL, False, here is not None, here.in_flight if here else 0, [], r.slots))
+        out.append(ReplicaView(r.id, r.key, leader.node_of.get(r.id, ""), port_of(r.url), VIEW_STATE,
+                               VIEW_DETAIL, False, here is not None, here.in_flight if here else 0, [], r.slots))
     return out
 
 

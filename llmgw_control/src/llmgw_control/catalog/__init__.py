@@ -2,7 +2,6 @@
 through the admin API (``service.ModelService``)."""
 
 from .models import (
-    NAME,
     ROUTING_POLICIES,
     SHA256,
     Catalog,
@@ -13,13 +12,13 @@ from .models import (
     Resolved,
     WeightsConfig,
     model_problems,
-    profile_key,
     replica_slots,
     validate_models,
 )
+from .profile_key import NAME, ProfileKey
 
 __all__ = [
     "NAME", "ROUTING_POLICIES", "SHA256", "Catalog",
-    "Claim", "EngineConfig", "ModelConfig", "ProfileConfig", "Resolved", "WeightsConfig",
-    "model_problems", "profile_key", "replica_slots", "validate_models",
+    "Claim", "EngineConfig", "ModelConfig", "ProfileConfig", "ProfileKey", "Resolved", "WeightsConfig",
+    "model_problems", "replica_slots", "validate_models",
 ]

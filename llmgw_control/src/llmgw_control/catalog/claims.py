@@ -15,7 +15,8 @@ from llmgw_shared.threads import FILES, GGUF
 
 from ..api_errors import bad_request
 from .gguf import HeaderRefused, MemoryEstimate, NotGguf, Truncated, estimate_ram, read_metadata
-from .models import Catalog, Claim, ModelConfig, ProfileConfig, profile_key
+from .models import Catalog, Claim, ModelConfig, ProfileConfig
+from .profile_key import ProfileKey
 
 log = get_logger(__name__)
 
@@ -139,7 +140,7 @@ async def model_claims(model: ModelConfig, files: ModelFiles | None, *, refuse_h
     """The claim of each profile of ``model``. With ``refuse_hostile`` (the admin API adding or
     changing it) a weights file whose GGUF header is past the reader's bounds is a 400 naming
     the profile's weights and the header field."""
-    keys = [profile_key(model.name, p.name) for p in model.profiles]
+    keys = [str(ProfileKey(model.name, p.name)) for p in model.profiles]
     try:
         return await claims_of(zip(keys, model.profiles, strict=True), files, refuse_hostile=refuse_hostile)
     except HostileHeader as exc:

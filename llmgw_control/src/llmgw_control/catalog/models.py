@@ -14,7 +14,8 @@ import attrs
 
 from llmgw_shared.config import ConfigError
 
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,95}$")
+from .profile_key import NAME, ProfileKey
+
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 # How the gateway chooses among a model's replicas (gateway/affinity.py): least-loaded, or by the
 # request's prefix (its conversation or session) within a load bound, so the engine's KV cache
@@ -163,21 +164,25 @@ class Resolved:
     profile: ProfileConfig
     # The adapter a request for an adapter's name means; None: the base model.
     adapter: AdapterConfig | None = None
+    # The replicas' key: an adapter's requests go to its base profile's replicas. Made once, when
+    # the catalog indexes its profiles, so a request's lookup builds nothing.
+    profile_key: ProfileKey = attrs.field(init=False)
+    # ``profile_key`` written out, as the gateway's replica set, metrics and the store key it.
+    key: str = attrs.field(init=False)
 
-    @property
-    def key(self) -> str:
-        """The replicas' key: an adapter's requests go to its base profile's replicas."""
-        return profile_key(self.model.name, self.profile.name)
+    @profile_key.default
+    def _profile_key(self) -> ProfileKey:
+        return ProfileKey(self.model.name, self.profile.name)
+
+    @key.default
+    def _key(self) -> str:
+        return str(self.profile_key)
 
     @property
     def name(self) -> str:
         """The model name allow-lists, quotas, usage and metrics count under: the adapter's own
         name for an adapter, else the model's."""
         return self.adapter.name if self.adapter is not None else self.model.name
-
-
-def profile_key(model: str, profile: str) -> str:
-    return f"{model}:{profile}"
 
 
 def model_problems(model: ModelConfig, engines: list[EngineConfig]) -> list[tuple[str, str]]:
@@ -365,15 +370,39 @@ class Catalog:
         self.default_profile = default_profile
         # Where each model came from: the config file (changed only by editing it) or the API.
         self.sources: dict[str, str] = {m.name: "config" for m in models}
+        self._index()
 
     def put(self, model: ModelConfig, source: str = "api") -> None:
         """Add or replace a model (the caller validated it)."""
         self.models[model.name] = model
         self.sources[model.name] = source
+        self._index()
 
     def remove(self, name: str) -> ModelConfig | None:
         self.sources.pop(name, None)
-        return self.models.pop(name, None)
+        model = self.models.pop(name, None)
+        self._index()
+        return model
+
+    def _index(self) -> None:
+        """What each name a client may send means, made when the models change so that resolving
+        a request's name is one dict lookup: a model (its default profile), ``model:profile``
+        (keyed by the string, so nothing is parsed per request), or an adapter."""
+        self._by_key: dict[str, Resolved] = {}
+        self._by_model: dict[str, Resolved] = {}
+        self._by_adapter: dict[str, Resolved] = {}
+        for model in self.models.values():
+            names = [p.name for p in model.profiles]
+            use_global = self.default_profile in names
+            default = self.default_profile if use_global else (model.default_profile or names[0] if names else "")
+            for profile in model.profiles:
+                resolved = Resolved(model, profile)
+                self._by_key[resolved.key] = resolved
+                if profile.name == default:
+                    self._by_model[model.name] = resolved
+                for adapter in profile.adapters:
+                    # The first wins, as a scan in the models' order would find it.
+                    self._by_adapter.setdefault(adapter.name, Resolved(model, profile, adapter))
 
     def source(self, name: str) -> str:
         return self.sources.get(name, "config")
@@ -384,36 +413,18 @@ class Catalog:
         return next(e.version for e in self.engines if e.name == profile.engine)
 
     def resolve(self, requested: str) -> Resolved | None:
-        name, _, profile_name = requested.partition(":")
-        model = self.models.get(name)
-        if model is None:
-            return self._adapter(requested)
-        if not profile_name:
-            names = [p.name for p in model.profiles]
-            use_global = self.default_profile in names
-            profile_name = self.default_profile if use_global else (model.default_profile or names[0])
-        for profile in model.profiles:
-            if profile.name == profile_name:
-                return Resolved(model, profile)
-        return None
-
-    def _adapter(self, requested: str) -> Resolved | None:
-        """An adapter's name (never with a profile: the adapter belongs to one)."""
-        for model in self.models.values():
-            for profile in model.profiles:
-                for adapter in profile.adapters:
-                    if adapter.name == requested:
-                        return Resolved(model, profile, adapter)
-        return None
+        """What a client's model name means: a model (its default profile), a ``model:profile``
+        key, or an adapter's name; None for anything else (nothing is parsed: each is a lookup)."""
+        return self._by_model.get(requested) or self._by_key.get(requested) or self._by_adapter.get(requested)
 
     def all_profiles(self) -> list[Resolved]:
-        return [Resolved(m, p) for m in self.models.values() for p in m.profiles]
+        return list(self._by_key.values())
 
     def names(self) -> list[str]:
         """What a client may ask for: each model, and each model:profile."""
         out = []
         for model in self.models.values():
             out.append(model.name)
-            out.extend(profile_key(model.name, p.name) for p in model.profiles)
+            out.extend(str(ProfileKey(model.name, p.name)) for p in model.profiles)
             out.extend(adapter_names(model))
         return sorted(out)

@@ -34,8 +34,8 @@ from .models import (
     ProfileConfig,
     model_problems,
     name_clash,
-    profile_key,
 )
+from .profile_key import ProfileKey
 
 log = get_logger(__name__)
 
@@ -181,7 +181,7 @@ class ModelService:
         if old is not None:
             new_profiles = {p.name: p for p in model.profiles}
             for profile in old.profiles:
-                key = profile_key(model.name, profile.name)
+                key = str(ProfileKey(model.name, profile.name))
                 new = new_profiles.get(profile.name)
                 if new is None:
                     self.reconciler.claims.pop(key, None)
@@ -198,7 +198,7 @@ class ModelService:
         if model is None:
             return
         for profile in model.profiles:
-            key = profile_key(name, profile.name)
+            key = str(ProfileKey(name, profile.name))
             self.reconciler.drain_key(key)
             self.reconciler.claims.pop(key, None)
         self.reconciler.wake()

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 from urllib.parse import quote
 
+from ..catalog.profile_key import ProfileKey
 from .client import AdminClient, CtlError
 from .tables import table
 
@@ -58,7 +59,7 @@ def bench(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
         return
     path = f"/capacity/runs/{quote(run['id'], safe='')}"
     if not args.json:
-        out.write(f"capacity run {run['id']}: {run['model']}:{run['profile']}, levels "
+        out.write(f"capacity run {run['id']}: {ProfileKey(run['model'], run['profile'])}, levels "
                   f"{','.join(map(str, run['levels']))}, {run['level_seconds']:g} s each\n")
         out.flush()
     shown, placed = 0, False
@@ -107,7 +108,7 @@ def capacity_runs(client: AdminClient, args: argparse.Namespace, out: TextIO) ->
         return f"{top:.1f}" if run["results"] else "-"
     _emit(out, args, answer, lambda: table(["ID", "MODEL", "STATE", "NODE", "LEVELS", "BEST GEN TOK/S", "SLOTS",
                                             "ENGINE"], [
-        [r["id"], f"{r['model']}:{r['profile']}", r["state"] + (f" ({r['error']})" if r["error"] else ""),
+        [r["id"], str(ProfileKey(r["model"], r["profile"])), r["state"] + (f" ({r['error']})" if r["error"] else ""),
          r["node_id"] or r["node"] or "-", f"{r['levels_done']}/{len(r['levels'])}", best(r),
          "-" if r["slots"] is None else r["slots"],
          f"{r['comparable'].get('engine', '')} {r['comparable'].get('engine_version', '')}".strip() or "-"]

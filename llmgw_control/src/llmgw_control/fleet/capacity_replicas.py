@@ -9,7 +9,7 @@
   (``Reconciler.start_on``: the pure ``plan`` decides whether it fits), and the run waits for it
   to be published, bounded by the profile's ``start_timeout``.
 
-A replica the run started is drained after it (``Reconciler.release_started``) unless requests
+A replica the run started is drained after it (``Reconciler.give_back_started``) unless requests
 came to it meanwhile or ``min_replicas`` needs it. While a run measures a replica, the replica
 counts as busy (never evicted), and each finished request marks it used (no idle stop).
 """
@@ -25,7 +25,7 @@ from ..gateway.activator import Activator, Refusal
 from ..gateway.replicas import Replica
 from .capacity import hardware_of
 from .capacity_runs import Acquired, RunFailed, comparable_facts
-from .capacity_sweep import Target
+from .capacity_sweep import SweepTarget
 from .inventory import Inventory
 from .lifecycle import TERMINAL
 from .reconciler import Reconciler
@@ -49,7 +49,7 @@ class FleetReplicas:
     def _acquired(self, replica: Replica, resolved: Resolved, started: bool) -> Acquired:
         record = self.reconciler.shards.get(replica.id)
         self.reconciler.benchmarking.add(replica.id)
-        target = Target(replica.url, replica.api_key, replica.served_name or resolved.model.name)
+        target = SweepTarget(replica.url, replica.api_key, replica.served_name or resolved.model.name)
         return Acquired(target, replica.id, record.node_id if record is not None else "", started)
 
     def _ready(self, key: str, node: str | None) -> Replica | None:
@@ -77,7 +77,7 @@ class FleetReplicas:
                                     "leader")
                 raise RunFailed(self.activator.refusal_error(result, key).message)
             replica = result.replica
-            result.release()
+            result.give_back()
             return self._acquired(replica, resolved, started=not starting)
         try:
             shard_id = self.reconciler.start_on(key, node)
@@ -96,12 +96,12 @@ class FleetReplicas:
                     raise RunFailed(f"the replica started for the run on node {node} did not start{detail}")
                 await trio.sleep(POLL_INTERVAL)
         self.reconciler.benchmarking.discard(shard_id)
-        self.reconciler.release_started(shard_id)
+        self.reconciler.give_back_started(shard_id)
         raise RunFailed(f"the replica started for the run on node {node} was not ready in time")
 
-    def release(self, acquired: Acquired) -> None:
+    def give_back(self, acquired: Acquired) -> None:
         if acquired.started:
-            self.reconciler.release_started(acquired.replica_id)
+            self.reconciler.give_back_started(acquired.replica_id)
         self.reconciler.benchmarking.discard(acquired.replica_id)
 
     def touch(self, acquired: Acquired) -> None:

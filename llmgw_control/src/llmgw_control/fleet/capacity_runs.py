@@ -3,7 +3,7 @@
 ``POST /api/v1/capacity/runs`` asks for one (``CapacityRuns.start``, the edge that validates it);
 the run waits its turn (``queued``: one run measures at a time, since two at once on one fleet
 would measure each other), takes a ready replica of the profile (``ReplicaSource``: an existing
-one, or one started for the run and released after), measures each level
+one, or one started for the run and given back after), measures each level
 (``capacity_sweep.measure_level``) and ends ``done``, ``failed`` (with the reason) or
 ``cancelled``. Each run's document is stored on every change, with what makes it comparable:
 engine and version, weights digest, profile arguments, the node's facts.
@@ -31,11 +31,11 @@ from llmgw_shared.logs import get_logger
 from llmgw_shared.transitions import Lifecycle
 
 from ..api_errors import AdminApiError, bad_request, conflict, not_found
-from ..catalog import Catalog, Resolved
+from ..catalog import Catalog, ProfileKey, Resolved
 from ..documents import CONVERTER
 from ..store import Store, StoreError
 from .capacity import CapacityIndex, Measured, capacity_kind, level_from, measured_from, profile_fingerprint, slots_for
-from .capacity_sweep import Target, Workload, measure_level, new_client
+from .capacity_sweep import SweepTarget, Workload, measure_level, new_client
 
 log = get_logger(__name__)
 
@@ -78,7 +78,7 @@ class RunFailed(Exception):
 class Acquired:
     """A replica lent to a run: where to send, on which node, whether the run started it."""
 
-    target: Target
+    target: SweepTarget
     replica_id: str
     node_id: str
     started: bool
@@ -86,7 +86,7 @@ class Acquired:
 
 class ReplicaSource(Protocol):
     async def acquire(self, resolved: Resolved, node: str | None) -> Acquired: ...
-    def release(self, acquired: Acquired) -> None: ...
+    def give_back(self, acquired: Acquired) -> None: ...
     def touch(self, acquired: Acquired) -> None: ...
     def has_node(self, node_id: str) -> bool: ...
     def comparable(self, resolved: Resolved, node_id: str) -> dict[str, Any]:
@@ -120,7 +120,7 @@ class Run:
 
     @property
     def key(self) -> str:
-        return f"{self.model}:{self.profile}"
+        return str(ProfileKey(self.model, self.profile))
 
     def document(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in attrs.fields(Run) if not f.metadata.get("memory")}
@@ -210,10 +210,11 @@ class CapacityRuns:
         return run
 
     def _resolve(self, model: str, profile: str | None) -> Resolved:
-        name, _, named = model.partition(":")
+        key = ProfileKey.parse(model)
+        name, named = (key.model, key.profile) if key is not None else (model, "")
         if named and profile is not None and named != profile:
             raise bad_request("profile", f"the model names profile {named!r}, the body {profile!r}")
-        requested = f"{name}:{profile or named}" if (profile or named) else name
+        requested = str(ProfileKey(name, profile or named)) if (profile or named) else name
         resolved = self.catalog.resolve(requested)
         if resolved is None:
             raise not_found("model", requested, field="model")
@@ -284,7 +285,7 @@ class CapacityRuns:
                     if result.requests == 0:
                         raise RunFailed(f"no request at concurrency {concurrency} succeeded: {error}")
         finally:
-            source.release(acquired)
+            source.give_back(acquired)
 
     # ------------------------------------------------------------------ the store
 

@@ -36,7 +36,7 @@ MAX_ERROR_TEXT = 300
 
 
 @attrs.frozen
-class Target:
+class SweepTarget:
     """Where a level's requests go: a replica's URL, its bearer key, the model name it serves."""
 
     url: str
@@ -70,12 +70,12 @@ def prompt_of(tokens: int) -> str:
     return " ".join(["hello"] * tokens)
 
 
-def request_body(target: Target, workload: Workload) -> dict[str, object]:
+def request_body(target: SweepTarget, workload: Workload) -> dict[str, object]:
     return {"model": target.model, "prompt": prompt_of(workload.prompt_tokens), "max_tokens": workload.output_tokens,
             "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True, "temperature": 0}
 
 
-async def _one_request(client: httpx2.AsyncClient, target: Target, body: dict[str, object], tally: _Tally,
+async def _one_request(client: httpx2.AsyncClient, target: SweepTarget, body: dict[str, object], tally: _Tally,
                        clock: Callable[[], float], on_done: Callable[[], None]) -> None:
     headers = {"authorization": f"Bearer {target.api_key}"} if target.api_key else {}
     sent = clock()
@@ -119,7 +119,7 @@ async def _one_request(client: httpx2.AsyncClient, target: Target, body: dict[st
     tally.completion_tokens += completion if isinstance(completion, int) else len(events)
 
 
-async def measure_level(client: httpx2.AsyncClient, target: Target, workload: Workload, concurrency: int, *,
+async def measure_level(client: httpx2.AsyncClient, target: SweepTarget, workload: Workload, concurrency: int, *,
                         clock: Callable[[], float] = trio.current_time,
                         on_done: Callable[[], None] = lambda: None) -> tuple[LevelResult, str]:
     """Run one level; its result and the first failure's reason ("" when none failed).

@@ -96,8 +96,8 @@ async def clear_single_daemon_lease(lease: Lease) -> None:
     """
     info = await lease.current()
     if info.holder is not None:
-        log.info("releasing the lease of a previous run (%s): a SQLite store has one daemon", info.holder)
-        await lease.release(info.holder)
+        log.info("giving up the lease of a previous run (%s): a SQLite store has one daemon", info.holder)
+        await lease.give_up(info.holder)
 
 
 class Leadership:
@@ -149,7 +149,7 @@ class Leadership:
             if self._follow_scope is not None:
                 self._follow_scope.cancel()
             if self.follower is not None:
-                self._inherited = self.follower.release()
+                self._inherited = self.follower.hand_over()
             return
         was_leading = self.agents.role.leader
         self.agents.role = role
@@ -254,10 +254,10 @@ class Leadership:
                 except StoreError as exc:
                     log.warning("cannot write which nodes hold replicas (%s): retrying", exc)
 
-    async def release(self) -> None:
+    async def give_up(self) -> None:
         """On SIGTERM: step down and give the lease up, so a standby takes over on its next poll."""
-        released = await self.keeper.release()
-        log.info("leader lease released" if released else "leader lease not released (not held, or the "
+        given_up = await self.keeper.give_up()
+        log.info("leader lease given up" if given_up else "leader lease not given up (not held, or the "
                  "database did not answer): a standby takes over after the TTL")
 
 

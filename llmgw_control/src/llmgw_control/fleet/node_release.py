@@ -76,12 +76,12 @@ _LEGACY_GLIBC = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014"
 _MANYLINUX = re.compile(r"manylinux_(\d+)_(\d+)_(.+)")
 
 
-class ReleaseError(Exception):
+class NodeReleaseError(Exception):
     """A release cannot be made or used; the text says what to do."""
 
 
 @attrs.frozen(order=True)
-class Target:
+class WheelTarget:
     python: tuple[int, int]
     arch: str
 
@@ -109,13 +109,13 @@ class Target:
                 *compatible_tags(self.python, interpreter, platforms)]
 
 
-def parse_target(python: str, arch: str) -> Target:
+def parse_target(python: str, arch: str) -> WheelTarget:
     match = re.fullmatch(r"3\.(\d{1,2})", python)
     if match is None or int(match[1]) < 11:
-        raise ReleaseError(f"--python {python!r}: use a CPython version such as 3.11 (3.11 or newer)")
+        raise NodeReleaseError(f"--python {python!r}: use a CPython version such as 3.11 (3.11 or newer)")
     if not re.fullmatch(r"[a-z0-9_]{1,16}", arch):
-        raise ReleaseError(f"--arch {arch!r}: use a machine name as `uname -m` prints it, e.g. x86_64 or aarch64")
-    return Target((3, int(match[1])), arch)
+        raise NodeReleaseError(f"--arch {arch!r}: use a machine name as `uname -m` prints it, e.g. x86_64 or aarch64")
+    return WheelTarget((3, int(match[1])), arch)
 
 
 # --------------------------------------------------------------------------- the lock
@@ -145,9 +145,9 @@ class Lock:
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
-            raise ReleaseError(f"{source}: not a uv lock file: {exc}") from None
+            raise NodeReleaseError(f"{source}: not a uv lock file: {exc}") from None
         if not isinstance(data.get("package"), list):
-            raise ReleaseError(f"{source}: not a uv lock file (no [[package]] tables)")
+            raise NodeReleaseError(f"{source}: not a uv lock file (no [[package]] tables)")
         self.source = source
         self.sha256 = hashlib.sha256(text.encode()).hexdigest()
         self._packages: dict[str, list[dict[str, Any]]] = {}
@@ -161,11 +161,11 @@ class Lock:
         if "source" in dep:
             candidates = [p for p in candidates if p.get("source") == dep["source"]]
         if len(candidates) != 1:
-            raise ReleaseError(f"{self.source}: cannot tell which {dep['name']} is meant ({len(candidates)} "
-                               "match); is the lock current? (uv lock)")
+            raise NodeReleaseError(f"{self.source}: cannot tell which {dep['name']} is meant ({len(candidates)} "
+                                   "match); is the lock current? (uv lock)")
         return candidates[0]
 
-    def closure(self, root: str, target: Target) -> dict[str, Locked]:
+    def closure(self, root: str, target: WheelTarget) -> dict[str, Locked]:
         """Every package ``root`` needs on ``target``, by canonical name, ``root`` included."""
         env = target.environment()
         out: dict[str, Locked] = {}
@@ -186,7 +186,7 @@ class Lock:
                     if marker and not Marker(marker).evaluate(env):
                         continue
                 except InvalidMarker as exc:
-                    raise ReleaseError(f"{self.source}: {dep['name']}: bad marker {marker!r}: {exc}") from None
+                    raise NodeReleaseError(f"{self.source}: {dep['name']}: bad marker {marker!r}: {exc}") from None
                 todo.append(self._find(dep))
         return out
 
@@ -224,15 +224,15 @@ def _glibc(tags: Iterable[Tag]) -> tuple[int, int]:
     return min(found) if found else (99, 99)
 
 
-def choose_wheel(package: Locked, target: Target) -> LockedWheel:
+def choose_wheel(package: Locked, target: WheelTarget) -> LockedWheel:
     """The wheel pip on ``target`` would accept that asks least of the machine (the oldest glibc)."""
     order = {tag: i for i, tag in enumerate(target.tags())}
     fitting = [(w, min(order[t] for t in w.tags if t in order)) for w in package.wheels
                if any(t in order for t in w.tags)]
     if not fitting:
-        raise ReleaseError(f"{package.name} {package.version} has no wheel for CPython "
-                           f"{target.python[0]}.{target.python[1]} on {target.arch} in the lock: nodes build "
-                           "nothing, so leave that target out (--python, --arch)")
+        raise NodeReleaseError(f"{package.name} {package.version} has no wheel for CPython "
+                               f"{target.python[0]}.{target.python[1]} on {target.arch} in the lock: nodes build "
+                               "nothing, so leave that target out (--python, --arch)")
     return min(fitting, key=lambda pair: (_glibc(pair[0].tags), pair[1]))[0]
 
 
@@ -245,10 +245,10 @@ class Pinned:
     version: str
     # (file, sha256, size) of each wheel chosen for it, over every target.
     files: tuple[tuple[str, str, int], ...]
-    targets: frozenset[Target]
+    targets: frozenset[WheelTarget]
 
 
-def requirements_text(pinned: list[Pinned], targets: list[Target], node_version: str, lock_sha256: str) -> str:
+def requirements_text(pinned: list[Pinned], targets: list[WheelTarget], node_version: str, lock_sha256: str) -> str:
     """``name==version --hash=...`` per distribution; a marker when only some targets need it."""
     lines = [f"# llmgw-node {node_version}: every distribution pinned to the sha256 of its wheels "
              f"(uv.lock sha256 {lock_sha256[:16]}). Install with pip --require-hashes --no-index.",
@@ -268,11 +268,11 @@ def _workspace_wheel(dist_dir: Path, name: str, version: str) -> Path:
     prefix = f"{name.replace('-', '_')}-{version}-"
     found = sorted(p for p in dist_dir.glob(f"{prefix}*.whl") if p.is_file()) if dist_dir.is_dir() else []
     if not found:
-        raise ReleaseError(f"no {name} {version} wheel in {dist_dir}: build them with `uv build --wheel "
-                           f"--all-packages --out-dir {dist_dir}` in the tree uv.lock is in")
+        raise NodeReleaseError(f"no {name} {version} wheel in {dist_dir}: build them with `uv build --wheel "
+                               f"--all-packages --out-dir {dist_dir}` in the tree uv.lock is in")
     if len(found) > 1:
-        raise ReleaseError(f"{dist_dir} has more than one {name} {version} wheel ({', '.join(p.name for p in found)})"
-                           ": keep the one built from this tree")
+        raise NodeReleaseError(f"{dist_dir} has more than one {name} {version} wheel "
+                               f"({', '.join(p.name for p in found)}): keep the one built from this tree")
     return found[0]
 
 
@@ -280,7 +280,7 @@ def _requires(wheel: Path) -> list[Requirement]:
     with zipfile.ZipFile(wheel) as archive:
         metadata = next((n for n in archive.namelist() if n.endswith(".dist-info/METADATA")), None)
         if metadata is None:
-            raise ReleaseError(f"{wheel.name} has no METADATA: not a wheel")
+            raise NodeReleaseError(f"{wheel.name} has no METADATA: not a wheel")
         text = archive.read(metadata).decode("utf-8", errors="replace")
     out = []
     for line in text.splitlines():
@@ -288,11 +288,11 @@ def _requires(wheel: Path) -> list[Requirement]:
             try:
                 out.append(Requirement(line.partition(":")[2].strip()))
             except InvalidRequirement as exc:
-                raise ReleaseError(f"{wheel.name}: {exc}") from None
+                raise NodeReleaseError(f"{wheel.name}: {exc}") from None
     return out
 
 
-def _check_requires(wheel: Path, closure: dict[str, Locked], target: Target) -> None:
+def _check_requires(wheel: Path, closure: dict[str, Locked], target: WheelTarget) -> None:
     """The wheel's own dependencies are what the lock pins: a lock older than pyproject.toml
     would otherwise make every node's install fail on a missing or different package."""
     env = target.environment()
@@ -301,11 +301,11 @@ def _check_requires(wheel: Path, closure: dict[str, Locked], target: Target) -> 
             continue
         locked = closure.get(canonicalize_name(req.name))
         if locked is None:
-            raise ReleaseError(f"{wheel.name} needs {req} on {target.name}, which uv.lock does not pin: run `uv lock` "
-                               "and rebuild the wheels")
+            raise NodeReleaseError(f"{wheel.name} needs {req} on {target.name}, which uv.lock does not pin: "
+                                   "run `uv lock` and rebuild the wheels")
         if req.specifier and Version(locked.version) not in req.specifier:
-            raise ReleaseError(f"{wheel.name} needs {req}, but uv.lock pins {locked.name} {locked.version}: run "
-                               "`uv lock` and rebuild the wheels")
+            raise NodeReleaseError(f"{wheel.name} needs {req}, but uv.lock pins {locked.name} {locked.version}: run "
+                                   "`uv lock` and rebuild the wheels")
 
 
 def fetch_file(client: httpx2.Client, wheel: LockedWheel, source: str | None, dest: Path, *,
@@ -324,7 +324,7 @@ def fetch_file(client: httpx2.Client, wheel: LockedWheel, source: str | None, de
             if source is not None and not source.startswith(("http://", "https://")):
                 path = Path(source) / wheel.filename
                 if not path.is_file():
-                    raise ReleaseError(f"{wheel.filename} is not in {source}")
+                    raise NodeReleaseError(f"{wheel.filename} is not in {source}")
                 with open(path, "rb") as handle:
                     while block := handle.read(1 << 20):
                         written += len(block)
@@ -337,7 +337,7 @@ def fetch_file(client: httpx2.Client, wheel: LockedWheel, source: str | None, de
                 try:
                     with client.stream("GET", url, follow_redirects=True, timeout=DOWNLOAD_TIMEOUT) as resp:
                         if resp.status_code != 200:
-                            raise ReleaseError(f"{wheel.filename}: HTTP {resp.status_code} from {url}")
+                            raise NodeReleaseError(f"{wheel.filename}: HTTP {resp.status_code} from {url}")
                         for block in resp.iter_bytes():
                             written += len(block)
                             if limit is not None and written > limit:
@@ -345,54 +345,54 @@ def fetch_file(client: httpx2.Client, wheel: LockedWheel, source: str | None, de
                             digest.update(block)
                             out.write(block)
                 except httpx2.HTTPError as exc:
-                    raise ReleaseError(f"{wheel.filename}: {type(exc).__name__} from {url}: {exc}") from None
+                    raise NodeReleaseError(f"{wheel.filename}: {type(exc).__name__} from {url}: {exc}") from None
         if limit is not None and written != limit:
-            raise ReleaseError(f"{wheel.filename}: {written if written <= limit else 'more than ' + str(limit)} bytes, "
-                               f"not the {limit} {pinned_by} records: not the locked file")
+            raise NodeReleaseError(f"{wheel.filename}: {written if written <= limit else 'more than ' + str(limit)} "
+                                   f"bytes, not the {limit} {pinned_by} records: not the locked file")
         if digest.hexdigest() != wheel.sha256:
-            raise ReleaseError(f"{wheel.filename}: sha256 {digest.hexdigest()} is not the {wheel.sha256} {pinned_by} "
-                               "records: not the locked file, refusing it")
+            raise NodeReleaseError(f"{wheel.filename}: sha256 {digest.hexdigest()} is not the {wheel.sha256} "
+                                   f"{pinned_by} records: not the locked file, refusing it")
         os.replace(tmp, dest)
     finally:
         tmp.unlink(missing_ok=True)
 
 
 @attrs.frozen
-class Plan:
+class NodeReleasePlan:
     """What a release will hold, before anything is fetched."""
 
     id: str
     node_version: str
     shared_version: str
     lock_sha256: str
-    targets: list[Target]
+    targets: list[WheelTarget]
     # Dependency wheels to fetch (each checked against the lock), and the two built llmgw wheels.
     wheels: list[LockedWheel]
     workspace: list[Path]
     requirements: str
 
 
-def plan_release(lock_path: Path, dist_dir: Path, targets: list[Target]) -> Plan:
+def plan_release(lock_path: Path, dist_dir: Path, targets: list[WheelTarget]) -> NodeReleasePlan:
     """The release for the lock at ``lock_path``, the llmgw wheels in ``dist_dir`` and ``targets``."""
     try:
         lock = Lock(lock_path.read_text(), source=str(lock_path))
     except OSError as exc:
-        raise ReleaseError(f"cannot read {lock_path}: {exc.strerror or exc} (run this in the llmgw source tree, or "
-                           "pass --lock)") from None
+        raise NodeReleaseError(f"cannot read {lock_path}: {exc.strerror or exc} (run this in the llmgw source tree, or "
+                               "pass --lock)") from None
     if not targets:
-        raise ReleaseError("no targets: name at least one --python and --arch")
+        raise NodeReleaseError("no targets: name at least one --python and --arch")
     closures = {t: lock.closure(NODE, t) for t in targets}
     node = closures[targets[0]][NODE]
     shared = closures[targets[0]].get(SHARED)
     if shared is None:
-        raise ReleaseError(f"{lock_path}: llmgw-node does not depend on llmgw-shared: not llmgw's lock")
+        raise NodeReleaseError(f"{lock_path}: llmgw-node does not depend on llmgw-shared: not llmgw's lock")
     node_wheel = _workspace_wheel(dist_dir, NODE, node.version)
     shared_wheel = _workspace_wheel(dist_dir, SHARED, shared.version)
     for target, closure in closures.items():
         _check_requires(node_wheel, closure, target)
         _check_requires(shared_wheel, closure, target)
     # By (name, version): a lock may pin different versions for different Pythons.
-    chosen: dict[tuple[str, str], dict[str, tuple[LockedWheel, set[Target]]]] = {}
+    chosen: dict[tuple[str, str], dict[str, tuple[LockedWheel, set[WheelTarget]]]] = {}
     for target, closure in closures.items():
         for name, package in closure.items():
             if package.workspace:
@@ -407,10 +407,10 @@ def plan_release(lock_path: Path, dist_dir: Path, targets: list[Target]) -> Plan
     requirements = requirements_text(pinned, targets, node.version, lock.sha256)
     wheels = sorted({w.filename: w for files in chosen.values() for w, _ in files.values()}.values(),
                     key=lambda w: w.filename)
-    return Plan(id=f"{node.version}-{hashlib.sha256(requirements.encode()).hexdigest()[:12]}",
-                node_version=node.version, shared_version=shared.version, lock_sha256=lock.sha256,
-                targets=list(targets), wheels=wheels, workspace=[node_wheel, shared_wheel],
-                requirements=requirements)
+    return NodeReleasePlan(id=f"{node.version}-{hashlib.sha256(requirements.encode()).hexdigest()[:12]}",
+                           node_version=node.version, shared_version=shared.version, lock_sha256=lock.sha256,
+                           targets=list(targets), wheels=wheels, workspace=[node_wheel, shared_wheel],
+                           requirements=requirements)
 
 
 def fetch_wheels(wheels: list[LockedWheel], dest: Path, *, wheels_from: str | None = None,
@@ -422,7 +422,7 @@ def fetch_wheels(wheels: list[LockedWheel], dest: Path, *, wheels_from: str | No
             fetch_file(client, wheel, wheels_from, dest / wheel.filename)
 
 
-def prepare(lock_path: Path, dist_dir: Path, releases: Path, targets: list[Target], *,
+def prepare(lock_path: Path, dist_dir: Path, releases: Path, targets: list[WheelTarget], *,
             wheels_from: str | None = None, say: Any = print) -> str:
     """Write the release for ``lock_path`` and the wheels in ``dist_dir``; make it current; return its id."""
     plan = plan_release(lock_path, dist_dir, targets)
@@ -471,24 +471,24 @@ class Release:
 def load_release(releases: Path, release_id: str) -> Release:
     """A prepared release, checked: its id, its file names, its requirements' digest."""
     if not RELEASE_ID.fullmatch(release_id):
-        raise ReleaseError(f"{release_id!r} is not a release id (use `llmgw-control release list`)")
+        raise NodeReleaseError(f"{release_id!r} is not a release id (use `llmgw-control release list`)")
     path = releases / release_id
     try:
         manifest = json.loads((path / MANIFEST).read_text())
         requirements = (path / REQUIREMENTS).read_text()
     except FileNotFoundError:
-        raise ReleaseError(f"no release {release_id} in {releases}") from None
+        raise NodeReleaseError(f"no release {release_id} in {releases}") from None
     except (OSError, ValueError) as exc:
-        raise ReleaseError(f"release {release_id} is unreadable: {exc}") from None
+        raise NodeReleaseError(f"release {release_id} is unreadable: {exc}") from None
     if not isinstance(manifest, dict):
-        raise ReleaseError(f"release {release_id}: {MANIFEST} is not a JSON object; prepare it again")
+        raise NodeReleaseError(f"release {release_id}: {MANIFEST} is not a JSON object; prepare it again")
     if hashlib.sha256(requirements.encode()).hexdigest() != manifest.get("requirements_sha256"):
-        raise ReleaseError(f"release {release_id}: {REQUIREMENTS} does not match its {MANIFEST}; prepare it again")
+        raise NodeReleaseError(f"release {release_id}: {REQUIREMENTS} does not match its {MANIFEST}; prepare it again")
     files = {}
     for entry in manifest.get("files", []):
         name = entry.get("name") if isinstance(entry, dict) else None
         if not isinstance(name, str) or not WHEEL_FILE.fullmatch(name):
-            raise ReleaseError(f"release {release_id}: {MANIFEST} names a file {name!r} that is not a wheel")
+            raise NodeReleaseError(f"release {release_id}: {MANIFEST} names a file {name!r} that is not a wheel")
         files[name] = str(entry.get("sha256", ""))
     return Release(release_id, path, str(manifest.get("node_version", "")), list(manifest.get("targets", [])),
                    requirements, files, str(manifest.get("created_at", "")))

@@ -37,7 +37,7 @@ from llmgw_shared.threads import DISK, FILES
 from ..store import InvalidInput, NodeIdentity, NotFound, Store
 from .agents import token_digest
 from .files import contained_file
-from .node_release import RELEASE_ID, Release, ReleaseError, current_id, load_release
+from .node_release import RELEASE_ID, NodeReleaseError, Release, current_id, load_release
 
 log = get_logger(__name__)
 
@@ -94,7 +94,7 @@ class Onboarding:
         if release_id not in self._releases:
             try:
                 self._releases[release_id] = await FILES.run(load_release, self.releases_dir, release_id, abandon=True)
-            except ReleaseError as exc:
+            except NodeReleaseError as exc:
                 raise OnboardingError(str(exc)) from None
         return self._releases[release_id]
 

@@ -262,7 +262,7 @@ class Reconciler:
             raise ValueError(f"the start command could not be sent to node {node_id}")
         return started.pop()
 
-    def release_started(self, shard_id: str) -> bool:
+    def give_back_started(self, shard_id: str) -> bool:
         """A capacity run is done with the replica it had started: drain it, unless requests are
         on it or the profile's ``min_replicas`` needs it (then it stays, to its idle timeout)."""
         self.benchmarking.discard(shard_id)

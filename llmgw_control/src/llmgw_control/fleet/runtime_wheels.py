@@ -25,7 +25,7 @@ import httpx2
 
 from llmgw_shared.hashing import file_sha256
 
-from .node_release import LockedWheel, ReleaseError, fetch_file
+from .node_release import LockedWheel, NodeReleaseError, fetch_file
 
 ENGINES_DIR = "engines"
 # Not ``<name>-<version>.json``, which is the shape of a signed static index (files.py).
@@ -114,7 +114,7 @@ def fetch_runtime(files_dir: Path, cuda: int, arch: str, *, wheels_from: str | N
     wheels = table.get((cuda, arch))
     if wheels is None:
         known = ", ".join(f"--cuda {c} --arch {a}" for c, a in sorted(table))
-        raise ReleaseError(f"no runtime wheels are pinned for CUDA {cuda} on {arch} (pinned: {known})")
+        raise NodeReleaseError(f"no runtime wheels are pinned for CUDA {cuda} on {arch} (pinned: {known})")
     engines = files_dir / ENGINES_DIR
     engines.mkdir(parents=True, exist_ok=True)
     with httpx2.Client() as client:

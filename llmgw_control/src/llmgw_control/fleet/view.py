@@ -26,7 +26,7 @@ import trio
 from llmgw_shared.logs import get_logger
 
 from ..gateway.replicas import Replica, ReplicaSet
-from ..store import ReplicaView, StoreError, ViewListener, ViewReplica
+from ..store import PublishedReplica, PublishedReplicas, StoreError, ViewListener
 
 log = get_logger(__name__)
 
@@ -44,19 +44,19 @@ _STORE_WAIT = 5.0
 
 
 class ViewStore(Protocol):
-    async def replica_view(self) -> ReplicaView | None: ...
+    async def replica_view(self) -> PublishedReplicas | None: ...
     def view_listener(self) -> ViewListener | None: ...
-    async def publish_view(self, epoch: int, replicas: list[ViewReplica]) -> int | None: ...
+    async def publish_view(self, epoch: int, replicas: list[PublishedReplica]) -> int | None: ...
 
 
-def view_of(replicas: ReplicaSet, ids: set[str]) -> list[ViewReplica]:
+def view_of(replicas: ReplicaSet, ids: set[str]) -> list[PublishedReplica]:
     """The entries for the replicas in ``ids`` (the reconciler's), one model key each."""
     entries = []
     for replica in replicas:
         if replica.id in ids and replica.models:
-            entries.append(ViewReplica(id=replica.id, key=min(replica.models), url=replica.url,
-                                       slots=replica.slots, served_name=replica.served_name,
-                                       adapters=replica.adapters, adapter_mode=replica.adapter_mode))
+            entries.append(PublishedReplica(id=replica.id, key=min(replica.models), url=replica.url,
+                                            slots=replica.slots, served_name=replica.served_name,
+                                            adapters=replica.adapters, adapter_mode=replica.adapter_mode))
     return sorted(entries, key=lambda e: e.id)
 
 
@@ -68,7 +68,7 @@ class ViewPublisher:
 
     async def run(self, epoch: int) -> None:
         """Publish on every change until cancelled or deposed (a refused write ends the term)."""
-        written: list[ViewReplica] | None = None
+        written: list[PublishedReplica] | None = None
         while True:
             current = view_of(self.replicas, self.published())
             if current != written:
@@ -102,7 +102,7 @@ class ViewFollower:
         self.reads = 0  # reads of the view that completed (for tests)
         self._wake = trio.Event()
 
-    def apply(self, view: ReplicaView | None) -> None:
+    def apply(self, view: PublishedReplicas | None) -> None:
         entries = {e.id: e for e in view.replicas} if view is not None else {}
         for replica_id in self.owned - set(entries):
             self.replicas.withdraw(replica_id)
@@ -118,7 +118,7 @@ class ViewFollower:
         self.owned = set(entries)
         self.revision = view.revision if view is not None else None
 
-    def release(self) -> set[str]:
+    def hand_over(self) -> set[str]:
         """Stop owning what was added (on becoming leader): the replicas stay routable; the new
         leader's reconciler adopts them or withdraws them after its hold."""
         owned, self.owned, self.revision = self.owned, set(), None

@@ -9,7 +9,7 @@ can never take a slot ahead of one that waits. The order is interactive before b
 first served within a class, and a waiting batch request is let in after at most
 ``batch_after`` interactive ones, so the lower class is slowed, never starved.
 
-A slot is a guard (``Slot``, a context manager): released exactly once, when the block that
+A slot is a guard (``Slot``, a context manager): given back exactly once, when the block that
 holds it ends, whatever ends it. A slot handed to a waiter that is cancelled before it resumes
 is passed on at once. The wait ends with a typed result, the slot or a ``Refusal`` (overflow,
 timeout, standby, exhausted), which the gateway turns into the client's answer; the queued
@@ -70,7 +70,7 @@ class Refusal(enum.Enum):
 
 
 class Slot:
-    """One request's hold on one slot of ``replica``; released once, by ``release`` or the block's end."""
+    """One request's hold on one slot of ``replica``; given back once, by ``give_back`` or the block's end."""
 
     __slots__ = ("_activator", "affinity", "replica")
 
@@ -80,10 +80,10 @@ class Slot:
         # With affinity: how it placed the request (gateway/affinity.py, ``Outcome``); None without.
         self.affinity = affinity
 
-    def release(self) -> None:
+    def give_back(self) -> None:
         activator, self._activator = self._activator, None
         if activator is not None:
-            activator._release(self.replica)
+            activator._give_back(self.replica)
 
     def __enter__(self) -> Slot:
         return self
@@ -91,17 +91,17 @@ class Slot:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.release()
+        self.give_back()
 
     def __del__(self) -> None:
-        # A safety net, not the protocol: a slot dropped unreleased (a bug in the caller) would
+        # A safety net, not the protocol: a slot dropped and never given back (a bug in the caller) would
         # hold the replica's capacity for the life of the daemon.
         activator = self._activator
         if activator is not None:
             activator.dropped += 1
             with contextlib.suppress(Exception):
-                self.release()
-                log.warning("a replica slot was dropped without release; released it",
+                self.give_back()
+                log.warning("a replica slot was dropped without being given back; gave it back",
                             extra={"replica": self.replica.id})
 
 
@@ -177,9 +177,9 @@ class Activator:
         self._queues: dict[str, _Queue] = {}
         # Set while this daemon is a standby (the leader's agent address, or ""); None: leading.
         self._standby: str | None = None
-        # Slots released by the safety net rather than their holder: a bug, counted for the tests.
+        # Slots given back by the safety net rather than their holder: a bug, counted for the tests.
         self.dropped = 0
-        # Where each affinity key went last: its conversation's cache (gateway/placements.py).
+        # Where each affinity id went last: its conversation's cache (gateway/placements.py).
         self.placements = Placements()
         replicas.listen(self._grant)
 
@@ -234,7 +234,7 @@ class Activator:
 
         ``exclude``: replicas this request already failed on; ``front``: it waited before (a
         retry), so it goes ahead of its class. Cancellation contract: a cancelled wait leaves the
-        queue, and a slot granted to it as it was cancelled is released before the Cancelled
+        queue, and a slot granted to it as it was cancelled is given back before the Cancelled
         propagates, so no cancellation can leak a slot.
         """
         slot = self.try_acquire(key, exclude, affinity)
@@ -260,7 +260,7 @@ class Activator:
                 await waiter.event.wait()
         except BaseException:
             if waiter.slot is not None:
-                waiter.slot.release()
+                waiter.slot.give_back()
             raise
         finally:
             if waiter.slot is None and waiter.refusal is None:
@@ -297,9 +297,9 @@ class Activator:
         if affinity is None:
             return pick(replicas, None, now=now, exclude=exclude)
         replica, outcome = pick(replicas, affinity, now=now, exclude=exclude,
-                                placed=self.placements.get(key, affinity.key))
+                                placed=self.placements.get(key, affinity.id))
         if replica is not None:
-            self.placements.record(key, affinity.key, replica.id)
+            self.placements.record(key, affinity.id, replica.id)
         return replica, outcome
 
     def _take(self, replica: Replica, now: float) -> None:
@@ -307,7 +307,7 @@ class Activator:
         if replica.in_flight >= replica.slots and replica.full_since is None:
             replica.full_since = now
 
-    def _release(self, replica: Replica) -> None:
+    def _give_back(self, replica: Replica) -> None:
         replica.in_flight -= 1
         replica.last_used = trio.current_time()
         if self._queues:

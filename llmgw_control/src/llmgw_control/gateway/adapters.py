@@ -1,4 +1,4 @@
-"""LoRA adapters on the data path: which adapter the engine applies, and the affinity key.
+"""LoRA adapters on the data path: which adapter the engine applies, and the affinity id.
 
 A replica of a profile with adapters holds all of them (catalog/models.py ``AdapterConfig``). The
 engine must apply exactly the one the client's model name means, and none for the base model,
@@ -52,8 +52,8 @@ def adapter_fields(replica: Replica, requested: str, payload: dict[str, Any]) ->
 
 def adapter_affinity(affinity: Affinity | None, adapter: str | None) -> Affinity | None:
     """An adapter's requests are kept apart from the base's and other adapters' in prefix routing:
-    the same prompt under another adapter has another KV cache, so the key includes the adapter."""
+    the same prompt under another adapter has another KV cache, so the affinity id includes the adapter."""
     if affinity is None or adapter is None:
         return affinity
-    key = hashlib.blake2b(affinity.key, digest_size=len(affinity.key), key=adapter.encode()[:64]).digest()
-    return attrs.evolve(affinity, key=key)
+    affinity_id = hashlib.blake2b(affinity.id, digest_size=len(affinity.id), key=adapter.encode()[:64]).digest()
+    return attrs.evolve(affinity, id=affinity_id)

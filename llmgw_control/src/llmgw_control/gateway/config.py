@@ -57,9 +57,9 @@ class RouterConfig:
     # prompts that never repeat, which it places exactly as least-loaded does (docs/performance.md,
     # "Cache-aware routing").
     routing: str = "prefix"
-    # ε of the load bound: a replica keeps its keys while it holds at most (1 + ε) times the mean
+    # ε of the load bound: a replica keeps its affinity ids while it holds at most (1 + ε) times the mean
     # load plus one. 0.25: no replica takes more than a quarter above its share under a burst,
-    # while the slack keeps keys home through ordinary imbalance (a smaller ε moves more keys on
+    # while the slack keeps ids home through ordinary imbalance (a smaller ε moves more ids on
     # every fluctuation: the paper bounds the moves per change by O(1/ε²)).
     affinity_load_factor: float = 0.25
     # Browser origins whose pages may call the client API (CORS, gateway/cors.py), e.g.

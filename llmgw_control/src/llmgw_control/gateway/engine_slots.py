@@ -11,11 +11,11 @@ system prompt of several hundred tokens never allows. Measured directly on one r
 four reused 673 of 848 prompt tokens without a slot named, 819 of 848 with each conversation's
 own slot.
 
-So a request with an affinity key that goes to a llama-server replica names a slot, and the slot
-is *the one that holds its conversation*: each slot remembers the key that used it last. A key
-takes its own slot back when it is free; a key without one takes the free slot used least
+So a request with an affinity id that goes to a llama-server replica names a slot, and the slot
+is *the one that holds its conversation*: each slot remembers the id that used it last. An id
+takes its own slot back when it is free; an id without one takes the free slot used least
 recently (an unused one first), whose conversation has waited longest and is the likeliest to be
-over. An earlier version chose by rendezvous hashing over the free slots: stable for one key, but
+over. An earlier version chose by rendezvous hashing over the free slots: stable for one id, but
 two conversations whose hashes picked the same slot took it from each other on every turn (four
 conversations on four slots collide with probability 91%), and the bench with think time between
 turns showed prefix routing recomputing as much history as least-loaded (docs/performance.md,
@@ -26,7 +26,7 @@ is free while others sit idle; so a conversation whose slot is taken gets anothe
 cache once, never waits for it). When every engine slot is held (the gateway's slot bound above
 the engine's ``-np``), the request names none and the engine chooses.
 
-A slot is claimed for one attempt and released when the attempt ends, however it ends (the
+A slot is claimed for one attempt and given back when the attempt ends, however it ends (the
 caller's ``finally``). Only this daemon's requests are counted: another daemon serving the same
 replica from the leader's view does not pin (its view carries no engine slots), and a request the
 engine places itself may occupy a slot claimed next, which then waits for one request at most.
@@ -36,14 +36,14 @@ from __future__ import annotations
 
 from .replicas import Replica
 
-__all__ = ["claim_engine_slot", "release_engine_slot"]
+__all__ = ["claim_engine_slot", "give_back_engine_slot"]
 
 
-def claim_engine_slot(replica: Replica, key: bytes) -> int | None:
-    """The engine slot ``key`` should use on ``replica``, now held; None to let the engine choose.
+def claim_engine_slot(replica: Replica, affinity_id: bytes) -> int | None:
+    """The engine slot ``affinity_id`` should use on ``replica``, now held; None to let the engine choose.
 
     Its own slot (the one it used last) when that is free, else the free slot used least
-    recently; the slot then belongs to ``key`` and becomes the most recently used.
+    recently; the slot then belongs to ``affinity_id`` and becomes the most recently used.
     """
     if replica.engine_slots <= 0:
         return None
@@ -54,7 +54,7 @@ def claim_engine_slot(replica: Replica, key: bytes) -> int | None:
     for slot, owner in owners.items():
         if slot in held:
             continue
-        if owner == key:
+        if owner == affinity_id:
             chosen = slot
             break
         if chosen is None:
@@ -63,12 +63,12 @@ def claim_engine_slot(replica: Replica, key: bytes) -> int | None:
         return None
     # Re-inserting moves the slot to the end: the most recently used.
     del owners[chosen]
-    owners[chosen] = key
+    owners[chosen] = affinity_id
     held.add(chosen)
     return chosen
 
 
-def release_engine_slot(replica: Replica, slot: int | None) -> None:
+def give_back_engine_slot(replica: Replica, slot: int | None) -> None:
     """Give ``slot`` back (None: nothing was claimed)."""
     if slot is not None:
         replica.held_engine_slots.discard(slot)

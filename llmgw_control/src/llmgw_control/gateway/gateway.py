@@ -24,6 +24,7 @@ import trio
 from llmgw_shared.logs import get_logger, request_context
 
 from ..api_errors import ClientApiError, model_not_found
+from ..catalog.profile_key import ProfileKey
 from ..priority import Priority
 from ..tenancy.admission import Admission, Ticket, admit_waiting
 from ..transport.asgi import REQUEST_ID, Receive, Scope, Send
@@ -36,7 +37,7 @@ from .config import RouterConfig
 from .continuation import StreamRecord, continuation_request, ending, may_continue
 from .cors import CorsPolicy
 from .directory import ModelDirectory, StaticDirectory
-from .engine_slots import claim_engine_slot, release_engine_slot
+from .engine_slots import claim_engine_slot, give_back_engine_slot
 from .exchange import Exchange, header, record, request_id
 from .hang_watch import HangWatch
 from .metrics import GatewayMetrics
@@ -142,7 +143,7 @@ class Gateway:
                 await self._forward(request, key, receive, exchange, affinity=affinity)
                 return
             estimate = _estimate_tokens(request)
-            ticket = await admit_waiting(self.admission, authorization, adapter or key.partition(":")[0],
+            ticket = await admit_waiting(self.admission, authorization, adapter or ProfileKey.model_of(key),
                                          estimated_tokens=sum(estimate))
             try:
                 # After the allow-list (a key learns nothing of a model it may not use), before
@@ -225,7 +226,7 @@ class Gateway:
     def _may_see(self, name: str, allowed: frozenset[str] | None) -> bool:
         key = self.directory.resolve(name)
         # As ``admit`` checks an allow-list: by the model, whatever the profile; an adapter by its own name.
-        return key is not None and (allowed is None or (self.directory.adapter(name) or key.partition(":")[0])
+        return key is not None and (allowed is None or (self.directory.adapter(name) or ProfileKey.model_of(key))
                                     in allowed)
 
     def _visible(self, allowed: frozenset[str] | None) -> list[str]:
@@ -259,7 +260,7 @@ class Gateway:
     def _stream_record(self, request: ParsedRequest, key: str) -> StreamRecord | None:
         """A record of the stream when it may be continued elsewhere should its engine break off."""
         config = self.config
-        allowed = config.continue_streams.get(key, config.continue_streams.get(key.partition(":")[0], True))
+        allowed = config.continue_streams.get(key, config.continue_streams.get(ProfileKey.model_of(key), True))
         if config.max_continuations < 1 or not allowed or not may_continue(request):
             return None
         return StreamRecord(request)
@@ -439,7 +440,7 @@ class Gateway:
         url = replica.url + request.endpoint.path
         gauge = self.metrics.replica_in_flight.labels(replica.id)
         gauge.inc()
-        engine_slot = claim_engine_slot(replica, affinity.key) if affinity is not None else None
+        engine_slot = claim_engine_slot(replica, affinity.id) if affinity is not None else None
         try:
             return await exchange_with(self.upstream, self.config, replica, url, headers, request, exchange, record,
                                        engine_slot)
@@ -455,7 +456,7 @@ class Gateway:
                 502, f"Replica {replica.id} could not be reached (phase: connect): {exc}",
                 code="upstream_connect_error"), "connect")
         finally:
-            release_engine_slot(replica, engine_slot)
+            give_back_engine_slot(replica, engine_slot)
             gauge.dec()
 
 
@@ -509,10 +510,10 @@ def _settle(ticket: Ticket, exchange: Exchange, estimate: tuple[int, int], meter
         ticket.settle(0, 0)
     elif exchange.response_started and 200 <= exchange.status < 300:
         # Served, but the engine reported no usage (a stream without include_usage, or one cut
-        # off): a release would let those tokens escape every quota.
+        # off): giving it back would let those tokens escape every quota.
         completion = exchange.chunks_sent if exchange.stream else estimate[1]
         ticket.settle(estimate[0], completion)
     else:
-        ticket.release()
+        ticket.give_back()
 
 

@@ -66,14 +66,14 @@ class GatewayMetrics:
         )
         self.affinity = Counter(
             "llmgw_affinity_requests_total",
-            "Requests routed by prefix affinity, by model and outcome: hit (the replica the key's conversation "
+            "Requests routed by prefix affinity, by model and outcome: hit (the replica the affinity id's conversation "
             "was last placed on, its rendezvous choice, or for a new conversation the least loaded) or miss (it "
             "was full, cooling down or over the load bound, so another took it).",
             ["model", "outcome"], registry=registry,
         )
         self.affinity_new = Counter(
             "llmgw_affinity_new_conversations_total",
-            "Of llmgw_affinity_requests_total{outcome=\"hit\"}, new conversations (first turns keyed by "
+            "Of llmgw_affinity_requests_total{outcome=\"hit\"}, new conversations (first turns identified by "
             "their content, sessions this daemon had not placed): sent to the least loaded replica and "
             "remembered there.",
             ["model"], registry=registry,

@@ -57,9 +57,9 @@ class Replica:
     probe_after: float = 0.0
     # The engine slots this gateway's requests hold now, claimed and released per attempt.
     held_engine_slots: set[int] = attrs.field(factory=set)
-    # Whose conversation each engine slot's KV cache holds (the affinity key that last used it),
-    # least recently used first: gateway/engine_slots.py gives a key its own slot back, and a new
-    # key the slot whose conversation has waited longest. One entry per engine slot, all unowned
+    # Whose conversation each engine slot's KV cache holds (the affinity id that last used it),
+    # least recently used first: gateway/engine_slots.py gives an id its own slot back, and a new
+    # id the slot whose conversation has waited longest. One entry per engine slot, all unowned
     # at first, in number order.
     engine_slot_owners: dict[int, bytes | None] = attrs.field(init=False)
     # Its engine's last byte and the requests waiting on it, for the hang watch (gateway/hang_watch.py).

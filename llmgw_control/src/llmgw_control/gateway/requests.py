@@ -28,7 +28,7 @@ Api = Literal["openai", "anthropic"]
 # named ``event:`` lines (Anthropic Messages, OpenAI Responses), or llama.cpp's own ``data:``
 # events without ``[DONE]`` (/infill).
 StreamFormat = Literal["openai", "anthropic", "responses", "llama"]
-# What a request's affinity key is made of (gateway/affinity.py): its opening messages, its
+# What a request's affinity id is made of (gateway/affinity.py): its opening messages, its
 # prompt, or nothing (least loaded).
 AffinityShape = Literal["messages", "prompt", "none"]
 

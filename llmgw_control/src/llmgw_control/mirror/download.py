@@ -22,7 +22,7 @@ import trio
 
 from llmgw_shared.threads import DISK, FILES
 
-from .net_guard import NetGuard, Refused
+from .net_guard import NetGuard, UrlRefused
 
 # Redirects one download may take (the Hub takes one, to its LFS storage).
 MAX_REDIRECTS = 5
@@ -46,7 +46,7 @@ RATE_WINDOW = 5.0
 
 
 @attrs.define
-class Progress:
+class DownloadProgress:
     """Bytes on disk, the expected total, and the recent rate (sampled as bytes arrive)."""
 
     done: int = 0
@@ -85,7 +85,7 @@ def _hash_file(path: Path) -> tuple[int, hashlib._Hash]:
 
 
 async def download(guard: NetGuard, url: str, partial: Path, *, size: int | None, token: str | None,
-                   progress: Progress, on_total: Callable[[int], None] | None = None) -> str:
+                   progress: DownloadProgress, on_total: Callable[[int], None] | None = None) -> str:
     """Fetch ``url`` into ``partial`` until it is complete; its sha256. ``size`` bounds the file
     (None: the server's Content-Length, then checked with ``on_total`` before any byte lands)."""
     have, digest = await FILES.run(_hash_file, partial, abandon=True)
@@ -100,7 +100,7 @@ async def download(guard: NetGuard, url: str, partial: Path, *, size: int | None
         for hop in range(MAX_REDIRECTS + 1):
             try:
                 target = await guard.check(url, redirect=hop > 0)
-            except Refused as exc:
+            except UrlRefused as exc:
                 raise DownloadFailed(f"refused {'redirect to ' if hop else ''}{_safe(url)}: {exc}") from None
             headers = {"accept-encoding": "identity"}
             if have:
@@ -139,7 +139,7 @@ async def download(guard: NetGuard, url: str, partial: Path, *, size: int | None
 
 
 async def _receive(response: httpx2.Response, partial: Path, have: int, digest: hashlib._Hash, size: int,
-                   progress: Progress) -> str:
+                   progress: DownloadProgress) -> str:
     mode = "ab" if have else "wb"
     async with await trio.open_file(partial, mode) as out:
         async for chunk in response.aiter_bytes():  # as it arrives: a cut connection keeps what came

@@ -43,7 +43,7 @@ from httpcore2._types import SOCKET_OPTION
 from huggingface_hub import set_client_factory
 from huggingface_hub.utils._http import hf_request_event_hook
 
-from .net_guard import NetGuard, Refused, Target
+from .net_guard import CheckedUrl, NetGuard, UrlRefused
 
 # One connect, and one wait for bytes: a Hub answers a search in well under a second; what waits
 # longer is stalled. Each is cut to what is left of the call's deadline.
@@ -88,7 +88,7 @@ class HubCall:
     deadline: float  # time.monotonic()
     requests: int = 0
     # The request being sent's checked target: the one address set a new connection may use.
-    target: Target | None = None
+    target: CheckedUrl | None = None
 
     def remaining(self) -> float:
         return self.deadline - time.monotonic()
@@ -204,7 +204,7 @@ class GuardedTransport(httpx2.BaseTransport):
             raise HubStalled("the call's deadline passed")
         try:
             call.target = call.guard.check_blocking(url)
-        except Refused as exc:
+        except UrlRefused as exc:
             raise HubRefused(f"refused {safe_url(url)}: {exc}") from None
         if not call.guard.same_origin(url):
             for name in ("authorization", "cookie"):
@@ -230,7 +230,7 @@ class GuardedTransport(httpx2.BaseTransport):
             try:
                 target = str(request.url.join(response.headers["location"]))
                 call.guard.check_blocking(target, redirect=False)
-            except (httpx2.InvalidURL, ValueError) as exc:  # Refused is a ValueError
+            except (httpx2.InvalidURL, ValueError) as exc:  # UrlRefused is a ValueError
                 response.close()
                 raise HubRefused(f"the Hub redirected to a URL it may not: {exc}") from None
         assert isinstance(response.stream, httpx2.SyncByteStream)

@@ -37,12 +37,12 @@ BlockingResolver = Callable[[str, int], list[str]]
 _MAX_HOST = 253
 
 
-class Refused(ValueError):
+class UrlRefused(ValueError):
     """A URL a pull may not fetch, with the reason (safe to show the operator)."""
 
 
 @attrs.frozen
-class Target:
+class CheckedUrl:
     url: str
     host: str
     port: int
@@ -70,7 +70,7 @@ def _normal_host(host: str) -> str:
     try:
         return host.encode("idna").decode("ascii").lower().rstrip(".")
     except (UnicodeError, ValueError):
-        raise Refused(f"host {host!r} is not a valid host name") from None
+        raise UrlRefused(f"host {host!r} is not a valid host name") from None
 
 
 class NetGuard:
@@ -96,23 +96,23 @@ class NetGuard:
                 return True
         return _public(address) or any(address in net for net in self.networks)
 
-    async def check(self, url: str, *, redirect: bool = False) -> Target:
-        """The URL's target when a pull may fetch it; ``Refused`` otherwise."""
+    async def check(self, url: str, *, redirect: bool = False) -> CheckedUrl:
+        """The URL's target when a pull may fetch it; ``UrlRefused`` otherwise."""
         host, port = self._judge_url(url, redirect)
         try:
             addresses = await self._resolve(host, port)
         except OSError as exc:
-            raise Refused(f"host {host!r} does not resolve ({exc.strerror or exc})") from None
+            raise UrlRefused(f"host {host!r} does not resolve ({exc.strerror or exc})") from None
         return self._judge_addresses(url, host, port, addresses)
 
-    def check_blocking(self, url: str, *, redirect: bool = False) -> Target:
+    def check_blocking(self, url: str, *, redirect: bool = False) -> CheckedUrl:
         """``check`` from a worker thread (the Hub client's transport): the same rules, resolved
         by the blocking resolver the thread's own connection then uses."""
         host, port = self._judge_url(url, redirect)
         try:
             addresses = self._resolve_blocking(host, port)
         except OSError as exc:
-            raise Refused(f"host {host!r} does not resolve ({exc.strerror or exc})") from None
+            raise UrlRefused(f"host {host!r} does not resolve ({exc.strerror or exc})") from None
         return self._judge_addresses(url, host, port, addresses)
 
     def same_origin(self, url: str) -> bool:
@@ -122,7 +122,7 @@ class NetGuard:
             parts = urlsplit(url)
             port = parts.port
             host = _normal_host(parts.hostname or "")
-        except (ValueError, Refused):
+        except (ValueError, UrlRefused):
             return False
         default = {"https": 443, "http": 80}
         return (parts.scheme == self.endpoint_scheme and host == self.endpoint_host
@@ -130,32 +130,32 @@ class NetGuard:
 
     def _judge_url(self, url: str, redirect: bool) -> tuple[str, int]:
         if len(url) > 4096 or any(ord(c) < 0x21 or c == "\x7f" for c in url):
-            raise Refused("the URL is too long or holds spaces or control characters")
+            raise UrlRefused("the URL is too long or holds spaces or control characters")
         try:
             parts = urlsplit(url)
             raw_host = parts.hostname
             port = parts.port
         except ValueError:  # an unbalanced [ ], a port that is not a number or out of range
-            raise Refused("the URL is malformed (its host or port)") from None
+            raise UrlRefused("the URL is malformed (its host or port)") from None
         if parts.username is not None or parts.password is not None or "@" in parts.netloc:
-            raise Refused("the URL carries user information (user@host): not allowed")
+            raise UrlRefused("the URL carries user information (user@host): not allowed")
         if not raw_host or len(raw_host) > _MAX_HOST:
-            raise Refused("the URL names no host")
+            raise UrlRefused("the URL names no host")
         host = _normal_host(raw_host)
         is_endpoint = host == self.endpoint_host and port == self.endpoint_port
         if parts.scheme != "https" and not (is_endpoint and parts.scheme == self.endpoint_scheme):
-            raise Refused(f"only https URLs may be pulled, not {parts.scheme or 'no scheme'}")
+            raise UrlRefused(f"only https URLs may be pulled, not {parts.scheme or 'no scheme'}")
         allowed = host == self.endpoint_host or host in self.hub.allow_hosts or (
             redirect and host in self.hub.redirect_hosts)
         if not allowed:
-            raise Refused(f"host {host!r} is not the Hub endpoint or in hub.allow_hosts")
+            raise UrlRefused(f"host {host!r} is not the Hub endpoint or in hub.allow_hosts")
         return host, port or (443 if parts.scheme == "https" else 80)
 
-    def _judge_addresses(self, url: str, host: str, port: int, addresses: list[str]) -> Target:
+    def _judge_addresses(self, url: str, host: str, port: int, addresses: list[str]) -> CheckedUrl:
         if not addresses:
-            raise Refused(f"host {host!r} does not resolve")
+            raise UrlRefused(f"host {host!r} does not resolve")
         for address in addresses:
             if not self._address_allowed(address):
-                raise Refused(f"host {host!r} resolves to {address}, a loopback, private or link-local "
-                              "address (allow it in hub.allow_networks if it is meant)")
-        return Target(url, host, port, tuple(addresses))
+                raise UrlRefused(f"host {host!r} resolves to {address}, a loopback, private or link-local "
+                                 "address (allow it in hub.allow_networks if it is meant)")
+        return CheckedUrl(url, host, port, tuple(addresses))

@@ -41,14 +41,15 @@ from llmgw_shared.transitions import Lifecycle
 from ..api_errors import AdminApiError, bad_request, conflict, not_found
 from ..catalog import ModelConfig, ProfileConfig, WeightsConfig
 from ..catalog.gguf import NotGguf, Truncated, estimate_ram, read_metadata
-from ..catalog.models import NAME, SHA256
+from ..catalog.models import SHA256
+from ..catalog.profile_key import NAME
 from ..catalog.service import ModelService, check_model
 from ..documents import CONVERTER
 from ..store import Store, StoreError
-from .download import DownloadFailed, Interrupted, Progress, download
+from .download import DownloadFailed, DownloadProgress, Interrupted, download
 from .hub import Hub
 from .names import gguf_path, repo_id, revision
-from .net_guard import NetGuard, Refused
+from .net_guard import NetGuard, UrlRefused
 
 log = get_logger(__name__)
 
@@ -116,7 +117,7 @@ class Pull:
     estimate_ram_mib: int = 0
     estimate_how: str = ""
     # In memory only:
-    progress: Progress = attrs.field(factory=Progress, metadata={"memory": True})
+    progress: DownloadProgress = attrs.field(factory=DownloadProgress, metadata={"memory": True})
     scope: trio.CancelScope | None = attrs.field(default=None, metadata={"memory": True})
 
     def document(self) -> dict[str, Any]:
@@ -213,7 +214,7 @@ class Pulls:
             file = gguf_path(url.split("?", 1)[0].rsplit("/", 1)[-1], "url")
             try:
                 await self.guard.check(url)
-            except Refused as exc:
+            except UrlRefused as exc:
                 raise bad_request("url", str(exc), code="url_refused") from None
             repo, rev = "", ""
         else:

@@ -29,13 +29,13 @@ from .records import (
     Group,
     KeyChanges,
     NodeIdentity,
+    PublishedReplica,
+    PublishedReplicas,
     Quota,
-    ReplicaView,
     Revisions,
     Usage,
     UsageQuery,
     UsageTotals,
-    ViewReplica,
 )
 from .view_notify import ViewListener
 
@@ -187,8 +187,8 @@ class Store(Protocol):
     async def remember_holders(self, epoch: int, nodes: Iterable[str]) -> bool: ...
 
     # the leader's view of ready replicas, which standbys serve from (see ops_view)
-    async def replica_view(self) -> ReplicaView | None: ...
-    async def publish_view(self, epoch: int, replicas: Iterable[ViewReplica]) -> int | None: ...
+    async def replica_view(self) -> PublishedReplicas | None: ...
+    async def publish_view(self, epoch: int, replicas: Iterable[PublishedReplica]) -> int | None: ...
     def view_listener(self) -> ViewListener | None: ...  # PostgreSQL's NOTIFY; None: poll
 
     # the model mirror's pulls (see ops_pulls): one JSON document each

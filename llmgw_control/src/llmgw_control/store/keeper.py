@@ -63,7 +63,7 @@ class LeaseKeeper:
                 f"need 0 < renew_interval ({renew_interval}) < ttl ({ttl}) - margin ({margin}) and margin > 0"
             )
         # How often a standby tries to acquire (default: every 0.5 s, or renew_interval if
-        # shorter). Separate from renew_interval so a released lease is taken over promptly
+        # shorter). Separate from renew_interval so a lease given up is taken over promptly
         # (SIGTERM hand-over within a second) and a lapsed one within TTL + 0.5 s, while the
         # leader renews at a relaxed pace; an attempt that finds the lease held changes nothing.
         poll_interval = min(renew_interval, 0.5) if poll_interval is None else poll_interval
@@ -83,7 +83,7 @@ class LeaseKeeper:
         self._granted_at = 0.0
         self._stopping = False
         self._wake = trio.Event()
-        # Held around every lease statement, so release() runs after any in-flight acquire and
+        # Held around every lease statement, so give_up() runs after any in-flight acquire and
         # cannot be overtaken by it (which would leave an orphan lease until its TTL).
         self._op_lock = trio.Lock()
 
@@ -133,10 +133,10 @@ class LeaseKeeper:
     # -- the task -----------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[Role] = trio.TASK_STATUS_IGNORED) -> None:
-        """Keep the lease until cancelled or released; ``started`` after the first attempt.
+        """Keep the lease until cancelled or given up; ``started`` after the first attempt.
 
-        Cancelling steps down (callbacks run) but does *not* release the lease: a killed leader
-        is replaced after the TTL. Call ``release()`` for a prompt hand-over.
+        Cancelling steps down (callbacks run) but does *not* give up the lease: a killed leader
+        is replaced after the TTL. Call ``give_up()`` for a prompt hand-over.
         """
         started = False
         try:
@@ -183,7 +183,7 @@ class LeaseKeeper:
             return
         if grant is not None:
             if self._stopping:
-                # release() began while this acquire was in flight; it releases the row once
+                # give_up() began while this acquire was in flight; it gives up the row once
                 # we drop the lock, so do not claim a lead that is about to be given up.
                 return
             if trio.current_time() >= self._trusted_until(sent):
@@ -218,7 +218,7 @@ class LeaseKeeper:
             return
         self._granted_at = sent
 
-    async def release(self) -> bool:
+    async def give_up(self) -> bool:
         """Step down and give the lease up so a standby takes over on its next poll.
 
         For SIGTERM: the keeper stops trying to lead. Bounded by one renew interval, so a
@@ -226,11 +226,11 @@ class LeaseKeeper:
         """
         self._stopping = True
         self._wake.set()
-        self._step_down("releasing the lease")
+        self._step_down("giving up the lease")
         with trio.move_on_after(self.renew_interval):
             async with self._op_lock:
                 try:
-                    return await self._lease.release(self.holder)
+                    return await self._lease.give_up(self.holder)
                 except StoreError as exc:
-                    log.warning("leader lease: release failed (a standby takes over after the TTL): %s", exc)
+                    log.warning("leader lease: giving it up failed (a standby takes over after the TTL): %s", exc)
         return False

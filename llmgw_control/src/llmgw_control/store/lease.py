@@ -6,10 +6,10 @@ once per statement through ``UPDATE … FROM``, which both databases accept:
 
 * ``try_acquire`` takes the lease if it has expired or is already ours. The epoch goes up
   unless this is the holder extending a lease that is still live, so every new term (another
-  holder, or us again after our lease lapsed or was released) gets a new, larger epoch.
+  holder, or us again after our lease lapsed or was given up) gets a new, larger epoch.
 * ``renew`` extends the lease only if it is ours *and still live*: a holder whose lease lapsed
   must step down and acquire again, which gives it a new epoch.
-* ``release`` gives it up at once, so a standby can take over on its next poll.
+* ``give_up`` gives it up at once, so a standby can take over on its next poll.
 
 Holders must be unique per process start (e.g. ``host:pid:random``), or a restarted daemon
 would inherit its predecessor's live term.
@@ -35,7 +35,7 @@ class Lease(Protocol):
 
     async def renew(self, holder: str, ttl: float) -> LeaseGrant | None: ...
 
-    async def release(self, holder: str) -> bool: ...
+    async def give_up(self, holder: str) -> bool: ...
 
     async def current(self) -> LeaseInfo: ...
 
@@ -53,7 +53,7 @@ class SqlLease:
         self._counts = counts if counts is not None else TransactionCounts()
 
     async def try_acquire(self, holder: str, address: str, ttl: float) -> LeaseGrant | None:
-        """Take the lease for ``ttl`` seconds if it is free (expired/released) or ours."""
+        """Take the lease for ``ttl`` seconds if it is free (expired/given up) or ours."""
         holder = cv.name("holder", holder)
         address = cv.text("address", address)
         ttl_us = _ttl_us(ttl)
@@ -95,11 +95,11 @@ class SqlLease:
 
         return await run_transaction(self._backend, self._counts, renew, write=True)
 
-    async def release(self, holder: str) -> bool:
+    async def give_up(self, holder: str) -> bool:
         """Give the lease up if ``holder`` has it; True if it did. The epoch is kept."""
         holder = cv.name("holder", holder)
 
-        def release(tx: Tx) -> bool:
+        def give_up(tx: Tx) -> bool:
             changed = tx.run(
                 "UPDATE leader_lease SET holder = NULL, address = NULL, expires_at = 0 WHERE id = 1 AND holder = ?",
                 (holder,),
@@ -108,7 +108,7 @@ class SqlLease:
                 leadership_row(tx, holder, "leadership.release", {"holder": holder}, {"holder": None})
             return changed > 0
 
-        return await run_transaction(self._backend, self._counts, release, write=True)
+        return await run_transaction(self._backend, self._counts, give_up, write=True)
 
     async def current(self) -> LeaseInfo:
         """Who leads now: holder and address are None when the lease is free or has lapsed."""

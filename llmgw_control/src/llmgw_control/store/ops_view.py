@@ -15,7 +15,7 @@ from . import convert as cv
 from .backend import Tx
 from .errors import InvalidInput
 from .ops_base import OpsBase
-from .records import ReplicaView, ViewReplica
+from .records import PublishedReplica, PublishedReplicas
 from .view_notify import VIEW_CHANNEL
 
 # A fleet this size publishes about 100 bytes a replica: far more than any fleet llmgw runs, and
@@ -23,12 +23,12 @@ from .view_notify import VIEW_CHANNEL
 MAX_VIEW_REPLICAS = 20_000
 
 
-def _replica(raw: object) -> ViewReplica | None:
+def _replica(raw: object) -> PublishedReplica | None:
     """One stored entry, or None when it is not one (skipped: one bad entry must not hide the rest)."""
     if not isinstance(raw, dict):
         return None
     try:
-        return ViewReplica(
+        return PublishedReplica(
             id=cv.name("id", raw.get("id")), key=cv.name("key", raw.get("key")),
             url=cv.text("url", raw.get("url")), slots=cv.count("slots", raw.get("slots"), minimum=1),
             served_name=cv.text("served_name", raw.get("served_name", "")),
@@ -55,21 +55,21 @@ def _adapters(raw: object) -> tuple[tuple[str, float], ...]:
 
 
 class ViewOps(OpsBase):
-    async def replica_view(self) -> ReplicaView | None:
+    async def replica_view(self) -> PublishedReplicas | None:
         """The last view written, or None when no leader ever wrote one."""
 
-        def read(tx: Tx) -> ReplicaView | None:
+        def read(tx: Tx) -> PublishedReplicas | None:
             row = tx.one("SELECT epoch, revision, replicas, updated_at FROM replica_view WHERE id = 1")
             if row is None or int(row[0]) == 0:
                 return None
             raw = cv.load_json(row[2])
             entries = raw[:MAX_VIEW_REPLICAS] if isinstance(raw, list) else []
             replicas = tuple(r for r in map(_replica, entries) if r is not None)
-            return ReplicaView(int(row[0]), int(row[1]), replicas, cv.from_us(int(row[3])))
+            return PublishedReplicas(int(row[0]), int(row[1]), replicas, cv.from_us(int(row[3])))
 
         return await self._read(read)
 
-    async def publish_view(self, epoch: int, replicas: Iterable[ViewReplica]) -> int | None:
+    async def publish_view(self, epoch: int, replicas: Iterable[PublishedReplica]) -> int | None:
         """Write the view of the leader of ``epoch``; its new revision, or None (nothing written)
         when the lease or the view already belongs to a later epoch."""
         epoch = cv.count("epoch", epoch, minimum=1)

@@ -215,7 +215,7 @@ class FleetHolders:
 
 
 @attrs.frozen
-class ViewReplica:
+class PublishedReplica:
     """One ready replica as the leader publishes it (never its bearer key: derived per daemon)."""
 
     id: str
@@ -230,12 +230,12 @@ class ViewReplica:
 
 
 @attrs.frozen
-class ReplicaView:
+class PublishedReplicas:
     """The leader's published ready replicas: ``revision`` goes up on every write."""
 
     epoch: int
     revision: int
-    replicas: tuple[ViewReplica, ...]
+    replicas: tuple[PublishedReplica, ...]
     written_at: datetime
 
 

@@ -69,7 +69,7 @@ class MemoryLease:
         self.row.expires = trio.current_time() + ttl
         return self.row.grant()
 
-    async def release(self, holder: str) -> bool:
+    async def give_up(self, holder: str) -> bool:
         await self._gate()
         if self.row.holder != holder:
             return False

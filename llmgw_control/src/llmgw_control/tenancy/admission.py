@@ -1,4 +1,4 @@
-"""What the gateway calls on every request: ``admit`` before forwarding, then ``settle`` or ``release``.
+"""What the gateway calls on every request: ``admit`` before forwarding, then ``settle`` or ``give_back``.
 
 Everything here is synchronous and in memory (a few microseconds): no I/O, no ``await``, so
 there is no point where another request could run between checking the quotas and reserving
@@ -9,9 +9,9 @@ them. Use::
         ...forward...
         ticket.settle(usage.prompt_tokens, usage.completion_tokens)
     finally:
-        ticket.release()  # a no-op after settle; gives everything back after a failure
+        ticket.give_back()  # a no-op after settle; gives everything back after a failure
 
-A ticket is finished by its first ``settle`` or ``release``; later calls do nothing, so the
+A ticket is finished by its first ``settle`` or ``give_back``; later calls do nothing, so the
 pattern above can never count a request twice or give back more than it took.
 """
 
@@ -28,7 +28,7 @@ from llmgw_shared.logs import get_logger
 
 from ..api_errors import ClientApiError
 from ..priority import Priority
-from .budget import GroupBudget, release, reserve, settle, worst
+from .budget import GroupBudget, give_back, reserve, settle, worst
 from .slices import LeaseShort, SliceBook, Take
 from .state import TenancyState
 from .usage import UsageAccumulator
@@ -47,7 +47,7 @@ class Ticket(Protocol):
         """The engine's real usage: replaces the reservation, and is recorded as usage."""
         ...
 
-    def release(self) -> None:
+    def give_back(self) -> None:
         """The request failed or was cancelled: give back what was reserved."""
         ...
 
@@ -96,9 +96,9 @@ class _TicketBase:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.release()
+        self.give_back()
 
-    def release(self) -> None:
+    def give_back(self) -> None:
         self._done = True
 
 
@@ -144,23 +144,23 @@ class TenancyTicket(_TicketBase):
         assert self.key_id is not None and self.group_id is not None
         self._usage.record(now, self.key_id, self.group_id, self.model, prompt, completion)
 
-    def release(self) -> None:
+    def give_back(self) -> None:
         if self._done:
             return
         self._done = True
-        release(self._chain, self._estimated, self._seconds)
+        give_back(self._chain, self._estimated, self._seconds)
         if self._book is not None:
-            self._book.release(self._takes)
+            self._book.give_back(self._takes)
 
     def __del__(self) -> None:
         # A safety net, not the protocol: a ticket dropped unfinished (a bug in the caller)
         # would otherwise hold its concurrency slot and reservation for the life of the daemon,
         # the classic "limit stuck at full" bug. CPython frees it as the last reference goes.
         if not self._done:
-            self.release()
-            # At interpreter exit logging may be gone; the release is what matters.
+            self.give_back()
+            # At interpreter exit logging may be gone; giving back is what matters.
             with contextlib.suppress(Exception):
-                log.warning("an admission ticket was dropped without settle or release; released it",
+                log.warning("an admission ticket was dropped without settle or give_back; gave it back",
                             extra={"key_id": self.key_id, "group_id": self.group_id, "model": self.model})
 
 

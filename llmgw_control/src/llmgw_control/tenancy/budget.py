@@ -7,11 +7,11 @@ key's group *and every ancestor*, whether or not a level has a quota, so a quota
 starts from the real history of this daemon rather than from zero.
 
 What counts where:
-- requests/minute: +1 at admission, at the admission time; ``release`` takes it back.
+- requests/minute: +1 at admission, at the admission time; ``give_back`` takes it back.
 - tokens/minute and tokens/day: an admitted request *reserves* its estimate, held outside the
   time windows while it runs (so a long generation never "expires" its reservation); ``settle``
   drops the reservation and adds the real tokens (prompt + completion) at the settle time.
-- concurrent requests: +1 at admission, -1 at settle or release.
+- concurrent requests: +1 at admission, -1 at settle or give_back.
 
 Admission is one synchronous call with no ``await`` between the check and the reservation, so
 under trio (one thread) no other request can slip in between: limits are exact under any
@@ -147,7 +147,7 @@ def worst(refusals: Sequence[QuotaRefusal]) -> QuotaRefusal:
 def reserve(chain: Sequence[GroupBudget], now: float, estimated: int) -> tuple[int, ...]:
     """Admit one request against every budget in ``chain`` or raise ``ClientApiError(429)``.
 
-    Returns the bucket each level counted the request in (what ``release`` needs; they differ
+    Returns the bucket each level counted the request in (what ``give_back`` needs; they differ
     only if the clock stepped back). Check everything first, reserve second: a refusal at the
     root must not leave reservations at the leaf.
     """
@@ -174,7 +174,7 @@ def settle(chain: Sequence[GroupBudget], now: float, estimated: int, tokens: int
         budget.day_tokens.add(now, tokens)
 
 
-def release(chain: Sequence[GroupBudget], estimated: int, seconds: Sequence[int]) -> None:
+def give_back(chain: Sequence[GroupBudget], estimated: int, seconds: Sequence[int]) -> None:
     """Give back everything a failed request reserved, its request count included."""
     for budget, second in zip(chain, seconds, strict=True):
         budget.in_flight -= 1

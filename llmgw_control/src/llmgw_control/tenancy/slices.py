@@ -182,7 +182,7 @@ class SliceBook:
             self._wake.set()
         return tuple(takes)
 
-    def release(self, takes: Sequence[Take]) -> None:
+    def give_back(self, takes: Sequence[Take]) -> None:
         """A request failed: give back what it took, if the grant it took from is still current."""
         for piece, generation, amount in takes:
             if piece.kind == CONCURRENT or piece.generation == generation:
