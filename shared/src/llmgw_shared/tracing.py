@@ -273,3 +273,9 @@ def span(name: str, attributes: Mapping[str, str | int | float | bool] | None = 
         return
     with tracing.tracer.start_as_current_span(name, attributes=attributes) as current_span:
         yield current_span
+
+
+def event(name: str, attributes: Mapping[str, str | int | float | bool]) -> None:
+    """An event on the current span of the daemon's own work (nothing when tracing is off)."""
+    if _CURRENT.get().enabled:
+        trace.get_current_span().add_event(name, attributes)
