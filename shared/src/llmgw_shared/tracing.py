@@ -13,7 +13,7 @@ checks, and ``span`` yields a non-recording span without building anything. The 
 ``Tracing`` lives in a context variable set by ``open_tracing``, so every task the daemon starts
 under it sees the same one (a test process runs a control and a node side by side, each its own).
 
-About 250 lines: the config and its checks, the processor, the export loop and the helpers.
+About 270 lines: the config and its checks, the processor, the export loop and the helpers.
 """
 
 from __future__ import annotations
