@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING
 
 from opentelemetry import trace
@@ -69,8 +69,11 @@ class RequestTrace:
             text = json.dumps(payload.get(field), ensure_ascii=False)[:_MAX_CAPTURED]
             span.set_attribute("gen_ai.prompt", text)
 
+    def phase(self, name: str) -> AbstractContextManager[Span]:
+        return self._phase(name)
+
     @contextmanager
-    def phase(self, name: str) -> Iterator[Span]:
+    def _phase(self, name: str) -> Iterator[Span]:
         """A child span for a wait (``llmgw.admission``, ``llmgw.queue``) around the block."""
         span = self.tracer.start_span(name, context=self.context)
         try:
@@ -133,9 +136,9 @@ class Untraced(RequestTrace):
     def requested(self, request: ParsedRequest, key: str) -> None:
         return None
 
-    @contextmanager
-    def phase(self, name: str) -> Iterator[Span]:
-        yield trace.INVALID_SPAN
+    def phase(self, name: str) -> AbstractContextManager[Span]:
+        # One shared context manager: no generator made per request.
+        return _NO_PHASE
 
     def attempt(self, replica: str, continuation: int, headers: list[tuple[str, str]]) -> Span:
         return trace.INVALID_SPAN
@@ -147,6 +150,7 @@ class Untraced(RequestTrace):
         return None
 
 
+_NO_PHASE = nullcontext(trace.INVALID_SPAN)
 UNTRACED = Untraced()
 
 
