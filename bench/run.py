@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/run.py            # full run, about 2-3 minutes
     .venv/bin/python bench/run.py --quick    # a short run, about 30 s
+    .venv/bin/python bench/run.py --tracing  # the gateway traces every request (see below)
 
 Method (docs/performance.md has the reasoning and the results):
 - a fake engine (``llmgw_dev.fake_engine``, no model, answers at once) runs as a subprocess pinned
@@ -16,13 +17,18 @@ The load generator is trio with a minimal HTTP/1.1 reader on persistent connecti
 connection per concurrent worker, no pool. A heavier client (httpx2, even h11) would spend the
 core that the fake engine needs, and the direct numbers would measure the client.
 
-About 550 lines: one benchmark run end to end (the stack under test, the load, the figures), kept in
+``--tracing`` gives the gateway a ``[tracing]`` section with ``sample_ratio = 1``: every request
+makes its spans, and the SDK's OTLP/HTTP exporter sends them to a sink in this process that
+answers each export with 200 (its count is printed at the end).
+
+About 600 lines: one benchmark run end to end (the stack under test, the load, the figures), kept in
 one file so a run can be read as it happens.
 """
 
 from __future__ import annotations
 
 import argparse
+import http.server
 import json
 import os
 import shutil
@@ -30,6 +36,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -41,6 +48,7 @@ from typing import Any
 
 import attrs
 import trio
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "fake-model"
@@ -315,6 +323,43 @@ def gateway_process(command: Sequence[str], engine_url: str, core: int | None, l
         _stop(proc)
 
 
+class _OtlpSink:
+    """An OTLP/HTTP endpoint that takes every export and answers 200 (an empty
+    ExportTraceServiceResponse), counting them: a collector that costs the gateway nothing."""
+
+    def __init__(self) -> None:
+        sink = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                body = self.rfile.read(length)
+                request = ExportTraceServiceRequest()
+                request.ParseFromString(body)
+                sink.spans += sum(len(s.spans) for r in request.resource_spans for s in r.scope_spans)
+                sink.bytes += len(body)
+                sink.exports += 1
+                self.send_response(200)
+                self.send_header("content-type", "application/x-protobuf")
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return None
+
+        self.exports = 0
+        self.spans = 0
+        self.bytes = 0
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 def _stop(proc: subprocess.Popen[Any]) -> None:
     if proc.poll() is None:
         proc.terminate()
@@ -408,6 +453,8 @@ def main(argv: list[str] | None = None) -> int:
                              "floor of this stack, to tell llmgw's own cost from its framework's")
     parser.add_argument("--api-key", default=None, help="client key to send to the gateway, if it needs one")
     parser.add_argument("--concurrency", type=int, action="append", help="default: 1, 32, 128")
+    parser.add_argument("--tracing", action="store_true",
+                        help="trace every request, exported over OTLP/HTTP to a sink in this process")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--nice", type=int, default=0, metavar="N",
                         help="run bench, fake engine and gateway at this nice value (negative needs root): on a "
@@ -462,6 +509,11 @@ def main(argv: list[str] | None = None) -> int:
         # A data directory of its own: the default one is shared by every run on the machine, and
         # a run of a newer llmgw migrates its store past what an older one (a "before" run) opens.
         own_state = [] if args.bare else ["--data-dir", str(Path(tmp) / "control")]
+        sink = _OtlpSink() if args.tracing else None
+        if sink is not None:
+            config = Path(tmp) / "control.toml"
+            config.write_text(f'[tracing]\nendpoint = "{sink.url}"\nsample_ratio = 1.0\n')
+            own_state += ["--config", str(config)]
         with (gateway_process(gateway, engine_url, gw_core, log_path, [*own_state, *args.gateway_arg])
               if have_gateway else _nothing()) as gw:
             if not args.no_realtime:
@@ -492,6 +544,9 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append(row)
                     print(fmt_row(row), flush=True)
     print(f"\nload average after the run {os.getloadavg()[0]:.2f}")
+    if sink is not None:
+        sink.close()
+        print(f"tracing: {sink.spans} spans in {sink.exports} OTLP exports received ({sink.bytes / 1e6:.1f} MB)")
     print("targets:")
     for line in check_targets(rows) or ["(pending: no gateway measured)"]:
         print("  " + line)

@@ -12,7 +12,7 @@ import pytest
 from llmgw_node.cli import main
 from llmgw_node.config import NodeConfig, load_config
 from llmgw_node.init_config import DOCS, EXAMPLES, TOKEN_ENV, render_config
-from llmgw_shared.config_doc import missing_docs, uncomment_examples, walk
+from llmgw_shared.config_doc import doc_of, missing_docs, uncomment_examples, walk
 
 URL = "ws://10.0.0.1:8443/agent/v1"
 
@@ -34,10 +34,12 @@ def test_every_option_has_its_one_line_help() -> None:
 def test_every_option_appears_right_under_its_help() -> None:
     lines = render_config().splitlines()
     for cls, name, path in walk(NodeConfig):
-        doc = DOCS[f"{cls.__name__}.{name}"]
+        doc = doc_of(cls, name, DOCS)
+        assert doc is not None, path
         at = [i for i, line in enumerate(lines) if line.lstrip("# ").startswith(doc)]
         assert at, f"no help line for {path}"
-        assert lines[at[0] + 1].lstrip("# ").startswith((f"{name} =", ">>> example")), path
+        # A section ([tracing]) is a table of its own, its options' help lines under it.
+        assert lines[at[0] + 1].lstrip("# ").startswith((f"{name} =", ">>> example", f"[{path}]")), path
 
 
 def test_init_writes_a_config_that_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,6 +19,7 @@ from llmgw_control.gateway.activator import ActivatorConfig
 from llmgw_control.gateway.config import EndpointConfig, RouterConfig
 from llmgw_control.gateway.upstream import UpstreamClient
 from llmgw_control.tenancy.tenancy import Tenancy
+from llmgw_shared.tracing import TracingConfig
 
 
 @attrs.define
@@ -55,13 +56,13 @@ def endpoint(id: str, url: str, *models: str, weight: float = 1.0, api_key: str 
 @asynccontextmanager
 async def running_gateway(
     *endpoints: EndpointConfig, grace: float = 5.0, metrics_listen: str = "", upstream: UpstreamClient | None = None,
-    activator: ActivatorConfig | None = None, store: str = "", **router: Any,
+    activator: ActivatorConfig | None = None, store: str = "", tracing: TracingConfig | None = None, **router: Any,
 ) -> AsyncIterator[RunningGateway]:
     data_dir = tempfile.mkdtemp(prefix="llmgw-control-")
     config = validate(ControlConfig(
         listen="127.0.0.1:0", admin_listen="127.0.0.1:0", metrics_listen=metrics_listen, data_dir=data_dir,
         shutdown_grace=grace, router=RouterConfig(**router), endpoints=list(endpoints),
-        activator=activator or ActivatorConfig(), store=store,
+        activator=activator or ActivatorConfig(), store=store, tracing=tracing or TracingConfig(),
     ))
     shutdown = trio.Event()
     registry = CollectorRegistry()

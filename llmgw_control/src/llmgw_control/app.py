@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -22,9 +22,12 @@ from typing import Any
 import attrs
 import trio
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from llmgw_shared.logs import get_logger
 from llmgw_shared.threads import DISK
+from llmgw_shared.tracing import Tracing, open_tracing
 from llmgw_shared.wire import EngineSpec
 
 from .admin.admin_auth import AdminKeyGuard, key_required, refuse_without_admin_keys
@@ -322,6 +325,17 @@ async def serve_client_and_admin(
     return str(api_url), str(admin_url), str(metrics_url) if metrics_url else None
 
 
+class _TracingCollector(Collector):
+    """Spans the export queue had no room for, read at scrape time (llmgw_shared/tracing.py)."""
+
+    def __init__(self, tracing: Tracing) -> None:
+        self.tracing = tracing
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily("llmgw_trace_spans_dropped", "Finished spans dropped because the export queue "
+                                  "was full (the collector slow or down)", value=self.tracing.processor.dropped)
+
+
 # --------------------------------------------------------------------------- the daemon
 
 
@@ -353,8 +367,11 @@ async def run_control(
     shared = quotas_shared(location, worker=worker is not None)
     try:
         # The upstream's upkeep outlives the listeners' drain (its nursery is left after theirs).
-        async with open_tenancy(location, data_dir, shared=shared) as tenancy, \
+        # Tracing is current for everything below (its last spans are flushed after the drain).
+        async with open_tracing(config.tracing, "llmgw-control") as tracing, \
+                open_tenancy(location, data_dir, shared=shared) as tenancy, \
                 _for_the_block(client.run), trio.open_nursery() as nursery:
+            registry.register(_TracingCollector(tracing))
             # Before any listener binds: an admin listener off loopback with no admin key to open it.
             refuse_without_admin_keys(config.admin_listen, config.admin_require_key, tenancy.state)
             register_transaction_metrics(registry, tenancy.store)

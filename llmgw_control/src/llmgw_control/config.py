@@ -17,6 +17,7 @@ import attrs
 from llmgw_shared.config import ConfigError, load_toml, parse_host_port, strict_converter, structure
 from llmgw_shared.config_doc import doc
 from llmgw_shared.names import BadName, check_engine_name, check_version
+from llmgw_shared.tracing import TracingConfig, validate_tracing
 
 from .admin.org_config import AuditConfig, OidcConfig, validate_audit, validate_oidc
 from .catalog import ROUTING_POLICIES, EngineConfig, ModelConfig, validate_models
@@ -81,6 +82,9 @@ class ControlConfig:
         "The audit log of admin changes and refusals (docs/security.md)."))
     oidc: OidcConfig = attrs.field(factory=OidcConfig, metadata=doc(
         "Single sign-on for the dashboard with an OpenID Connect provider (docs/security.md)."))
+    tracing: TracingConfig = attrs.field(factory=TracingConfig, metadata=doc(
+        "OpenTelemetry traces of client requests and fleet work, sent to an OTLP collector "
+        "(docs/operator-guide.md, \"Traces\")."))
 
 
 # More gateway processes than a large machine has cores only adds context switches and database
@@ -161,7 +165,7 @@ def validate(config: ControlConfig) -> ControlConfig:
         url = validate_engine_url(config.monitoring.prometheus, what="monitoring.prometheus")
         config = attrs.evolve(config, monitoring=MonitoringConfig(prometheus=url))
     config = attrs.evolve(config, hub=validate_hub(config.hub), audit=validate_audit(config.audit),
-                          oidc=validate_oidc(config.oidc))
+                          oidc=validate_oidc(config.oidc), tracing=validate_tracing(config.tracing))
     seen: set[str] = set()
     endpoints = []
     for index, endpoint in enumerate(config.endpoints):

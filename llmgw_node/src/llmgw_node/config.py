@@ -17,6 +17,7 @@ from llmgw_node.engines.signature import PublicKey, SignatureError, parse_public
 from llmgw_node.model_dirs import ModelRoots
 from llmgw_shared.config import ConfigError, load_toml, strict_converter, structure
 from llmgw_shared.names import BadName, check_engine_name
+from llmgw_shared.tracing import TracingConfig, validate_tracing
 
 __all__ = ["ConfigError", "ConfiguredEngine", "NodeConfig", "load_config", "parse_config"]
 
@@ -87,6 +88,8 @@ class NodeConfig:
     reconnect_min_s: float = 0.5
     reconnect_max_s: float = 30.0
     log_level: str = "info"
+    # OpenTelemetry traces of engine installs and replica starts (llmgw_shared/tracing.py).
+    tracing: TracingConfig = attrs.field(factory=TracingConfig)
 
     @property
     def advertised_address(self) -> str:
@@ -141,6 +144,10 @@ def parse_config(data: dict[str, Any], *, source: str = "config") -> NodeConfig:
                           f"{', '.join(BACKENDS)} (or empty, to choose by the node's devices)")
     if config.install_retry_min_s > config.install_retry_max_s:
         raise ConfigError(f"{source}: install_retry_min_s is more than install_retry_max_s")
+    try:
+        validate_tracing(config.tracing)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
     return config
 
 

@@ -59,6 +59,8 @@ DOCS: dict[str, str] = {
     "NodeConfig.reconnect_min_s": "First delay before reconnecting to control (doubles, with jitter).",
     "NodeConfig.reconnect_max_s": "Longest delay between reconnect attempts.",
     "NodeConfig.log_level": "debug, info, warning or error.",
+    "NodeConfig.tracing": "OpenTelemetry traces of engine installs and replica starts, sent to an OTLP collector "
+                          "(docs/operator-guide.md, \"Traces\").",
     "ConfiguredEngine.name": "Engine name, as control's profiles name it (e.g. vllm).",
     "ConfiguredEngine.path": "The engine's executable.",
     "ConfiguredEngine.version": "Version reported to control (empty: the line --version prints).",

@@ -25,6 +25,7 @@ from llmgw_node.weights import WeightsCache, WeightsError
 from llmgw_shared.facts import HostFacts, unprobed
 from llmgw_shared.logs import get_logger
 from llmgw_shared.threads import DISK
+from llmgw_shared.tracing import open_tracing
 from llmgw_shared.wire import (
     PROTOCOL_VERSION,
     Ack,
@@ -264,7 +265,8 @@ async def open_node_service(
     # Engines and weights may come from control's own file server, behind the same TLS (and the
     # same client certificate) as the agent socket, and for enrolled nodes only: the node's
     # credentials go with every request to control (control_auth), and to nothing else.
-    async with control_client(config) as client, trio.open_nursery() as nursery:
+    async with open_tracing(config.tracing, "llmgw-node"), control_client(config) as client, \
+            trio.open_nursery() as nursery:
         svc = NodeService(config, client, timing=timing, facts=facts)
         await nursery.start(lambda task_status: svc.run(adopt=adopt, task_status=task_status))
         try:

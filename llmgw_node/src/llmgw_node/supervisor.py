@@ -37,6 +37,7 @@ from llmgw_node.offload import offload_problem, read_tail
 from llmgw_node.procs import ProcessRecord, StateFile, alive, open_log, signal_group, start_ticks
 from llmgw_node.shard_logs import Output, read_output, rotate_if_large
 from llmgw_node.weights import WeightsCache, WeightsError
+from llmgw_shared import tracing
 from llmgw_shared.logs import get_logger
 from llmgw_shared.names import BadName, check_shard_id
 from llmgw_shared.replica_lifecycle import NODE_START, TERMINAL, ReplicaStatus, allowed, on_wire
@@ -458,16 +459,20 @@ class Supervisor:
                        or {"CUDA_VISIBLE_DEVICES": ",".join(map(str, spec.devices))})
         env.update(key_environment(spec))
         fd = await DISK.run(lambda: open_log(self.log_path(spec.shard_id), fresh=fresh))
-        try:
-            proc = await trio.lowlevel.open_process(
-                engine_argv(binary, spec, weights, self.host,
-                            [self.weights.path_for(a.weights) for a in spec.adapters]), stdin=subprocess.DEVNULL,
-                stdout=fd, stderr=fd, env=env, start_new_session=True, cwd=str(binary.parent),
-            )
-        except OSError as exc:
-            raise ShardError(f"could not start {binary.name}: {exc.strerror or exc}") from None
-        finally:
-            os.close(fd)
+        # A span per engine process started (llmgw_shared/tracing.py); a failure is its status.
+        with tracing.span("llmgw.replica_start", {"llmgw.replica": spec.shard_id, "llmgw.engine": spec.engine,
+                                                  "llmgw.engine_version": spec.engine_version,
+                                                  "llmgw.port": spec.port}):
+            try:
+                proc = await trio.lowlevel.open_process(
+                    engine_argv(binary, spec, weights, self.host,
+                                [self.weights.path_for(a.weights) for a in spec.adapters]), stdin=subprocess.DEVNULL,
+                    stdout=fd, stderr=fd, env=env, start_new_session=True, cwd=str(binary.parent),
+                )
+            except OSError as exc:
+                raise ShardError(f"could not start {binary.name}: {exc.strerror or exc}") from None
+            finally:
+                os.close(fd)
         shard.process = proc
         shard.pid = proc.pid
         shard.ticks = start_ticks(proc.pid) or 0

@@ -86,4 +86,7 @@ APP = ThreadPool("app", 8, "synchronous functions the web framework runs off the
 GGUF = ThreadPool("gguf", 2, "parsing GGUF headers of models being added: CPU work of up to half a second "
                   "each, two at a time, so a burst of model changes cannot take every core")
 
-POOLS = (HUB, STORE, FILES, DISK, PROC, INSTALL, APP, GGUF)
+EXPORT = ThreadPool("export", 1, "trace batches sent to the OTLP collector (llmgw_shared/tracing.py), one at a time; "
+                    "each ends by its own deadline (tracing.export_timeout), so a hung collector holds one thread")
+
+POOLS = (HUB, STORE, FILES, DISK, PROC, INSTALL, APP, GGUF, EXPORT)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Protocol
 import attrs
 import trio
 
+from llmgw_shared import tracing
 from llmgw_shared.logs import get_logger
 from llmgw_shared.names import BadName, check_node_id
 from llmgw_shared.wire import (
@@ -182,6 +183,14 @@ class AgentService:
     # ------------------------------------------------------------------ the Dispatcher
 
     def send(self, node_id: str, command: Command) -> bool:
+        # A span per command (llmgw_shared/tracing.py), the child of the reconcile pass that sent it.
+        with tracing.span("llmgw.node_command", {"llmgw.node": node_id, "llmgw.command": type(command).__name__,
+                                                 "llmgw.command_id": command.id}) as span:
+            sent = self._queue_command(node_id, command)
+            span.set_attribute("llmgw.sent", sent)
+            return sent
+
+    def _queue_command(self, node_id: str, command: Command) -> bool:
         session = self.sessions.get(node_id)
         if session is None:
             return False

@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 import trio
 
+from llmgw_shared import tracing
 from llmgw_shared.logs import get_logger
 from llmgw_shared.wire import (
     PORT_IN_USE,
@@ -330,7 +331,10 @@ class Reconciler:
         while True:
             self._wake = trio.Event()
             try:
-                self.reconcile_once()
+                # A span per pass (llmgw_shared/tracing.py): its placements are events, the node
+                # commands it sends its children (fleet/agents.py).
+                with tracing.span("llmgw.reconcile", {"llmgw.pass": self.passes + 1}):
+                    self.reconcile_once()
             except Exception:
                 # A bug in one pass must not stop the fleet from being managed.
                 log.exception("reconcile pass failed")
@@ -688,6 +692,9 @@ class Reconciler:
 
     def _apply(self, actions: list[Action], now: float) -> None:
         for action in actions:
+            tracing.event("llmgw.placement", {
+                "llmgw.action": type(action).__name__.lower(), "llmgw.node": getattr(action, "node_id", ""),
+                "llmgw.profile": getattr(action, "key", ""), "llmgw.replica": getattr(action, "shard_id", "")})
             if isinstance(action, Start):
                 self._start(action, now)
             elif isinstance(action, Drain | Evict):

@@ -16,6 +16,7 @@ from llmgw_shared.logs import get_logger
 from ..api_errors import ClientApiError, sse_error_event
 from ..transport.asgi import Scope, Send
 from .metrics import GatewayMetrics
+from .tracing import UNTRACED, RequestTrace
 from .usage import TokenUsage
 
 access_log = get_logger("llmgw.access")
@@ -85,6 +86,8 @@ class Exchange:
         self.stream_format: str | None = None
         # CORS headers for a browser's request from an allowed origin (gateway/cors.py).
         self.cors: list[tuple[bytes, bytes]] = []
+        # The request's spans (gateway/tracing.py); UNTRACED when tracing is off or not sampled.
+        self.trace: RequestTrace = UNTRACED
 
     def move(self, to: State) -> None:
         """Move to ``to``; staying put is no move, and a gone client's exchange stays gone."""

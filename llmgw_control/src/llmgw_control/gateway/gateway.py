@@ -21,6 +21,7 @@ from typing import Any
 
 import trio
 
+from llmgw_shared import tracing
 from llmgw_shared.logs import get_logger, request_context
 
 from ..api_errors import ClientApiError, model_not_found
@@ -44,6 +45,7 @@ from .metrics import GatewayMetrics
 from .relay import engine_message, exchange_with, refusal_answer
 from .replicas import Replica, ReplicaSet
 from .requests import ENDPOINTS, ClientGone, ParsedRequest, parse_request, read_body
+from .tracing import begin
 from .upstream import UpstreamClient, UpstreamClosedEarly, UpstreamError
 
 log = get_logger(__name__)
@@ -79,6 +81,8 @@ class Gateway:
         self.probes = trio.CapacityLimiter(PROBE_CONCURRENCY)
         # Finds hung engines and moves their requests; its ``run`` is the daemon's task (app.py).
         self.hangs = HangWatch(replicas, upstream, config, metrics)
+        # The daemon's tracing (llmgw_shared/tracing.py): OFF, a boolean per request, without a collector.
+        self.tracing = tracing.current()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         exchange = Exchange(send, request_id(scope))
@@ -97,6 +101,7 @@ class Gateway:
                         code="internal_error"))
             finally:
                 record(scope, exchange, self.metrics)
+                exchange.trace.end(exchange)
 
     async def _dispatch(self, scope: Scope, receive: Receive, exchange: Exchange) -> None:
         # For the server's own log line should the connection fail while this request is served.
@@ -111,6 +116,9 @@ class Gateway:
         endpoint = ENDPOINTS.get(path)
         if endpoint is not None:
             exchange.api, exchange.kind = endpoint.api, endpoint.kind
+            if self.tracing.enabled:
+                exchange.trace = begin(self.tracing, header(scope, b"traceparent"), header(scope, b"tracestate"),
+                                       path, endpoint.kind, endpoint.api, exchange.request_id)
             if method != "POST":
                 raise ClientApiError(405, f"Method {method} is not allowed on {path}; use POST.",
                                      code="method_not_allowed")
@@ -130,6 +138,7 @@ class Gateway:
             # An adapter is counted under its own name (metrics, usage, quotas), served by its base.
             adapter = self.directory.adapter(request.model)
             exchange.model = adapter or key
+            exchange.trace.requested(request, key)
             exchange.stream = request.stream
             if request.stream:
                 exchange.stream_format = endpoint.stream_format
@@ -143,8 +152,9 @@ class Gateway:
                 await self._forward(request, key, receive, exchange, affinity=affinity)
                 return
             estimate = _estimate_tokens(request)
-            ticket = await admit_waiting(self.admission, authorization, adapter or ProfileKey.model_of(key),
-                                         estimated_tokens=sum(estimate))
+            with exchange.trace.phase("llmgw.admission"):
+                ticket = await admit_waiting(self.admission, authorization, adapter or ProfileKey.model_of(key),
+                                             estimated_tokens=sum(estimate))
             try:
                 # After the allow-list (a key learns nothing of a model it may not use), before
                 # any replica: a request the model cannot serve is the caller's 400.
@@ -418,7 +428,9 @@ class Gateway:
         held = time.perf_counter()
         outcome: Slot | Refusal | None = None
         try:
-            outcome = await self.activator.wait(key, priority, exclude=tried, front=retry, affinity=affinity)
+            with exchange.trace.phase("llmgw.queue") as span:
+                outcome = await self.activator.wait(key, priority, exclude=tried, front=retry, affinity=affinity)
+                span.set_attribute("llmgw.queue_outcome", "slot" if isinstance(outcome, Slot) else outcome.value)
         finally:
             # Refused at once (queue full, nothing left to try): that request never waited.
             if outcome is not Refusal.OVERFLOW and outcome is not Refusal.EXHAUSTED:
@@ -435,29 +447,34 @@ class Gateway:
     ) -> Outcome:
         headers = [("content-type", "application/json"), ("accept", "application/json, text/event-stream"),
                    ("x-request-id", exchange.request_id)]
+        # Before the engine's key is added: the span's traceparent is all the trace adds.
+        span = exchange.trace.attempt(replica.id, exchange.continuations, headers)
         if replica.api_key:
             headers.append(("authorization", f"Bearer {replica.api_key}"))
         url = replica.url + request.endpoint.path
         gauge = self.metrics.replica_in_flight.labels(replica.id)
         gauge.inc()
         engine_slot = claim_engine_slot(replica, affinity.id) if affinity is not None else None
+        outcome: Outcome | None = None
         try:
-            return await exchange_with(self.upstream, self.config, replica, url, headers, request, exchange, record,
-                                       engine_slot)
+            outcome = await exchange_with(self.upstream, self.config, replica, url, headers, request, exchange,
+                                          record, engine_slot)
         except UpstreamClosedEarly as exc:
             # A fresh connection (the upstream client re-sends once when a pooled one was closed
             # under the request) closed before answering: the engine is in trouble.
-            return Retry(ClientApiError(
+            outcome = Retry(ClientApiError(
                 502, f"Replica {replica.id} closed the connection before answering (phase: "
                      f"first_byte): {exc}", code="upstream_closed"), "closed")
         except UpstreamError as exc:
             # A connect error, or anything else the upstream client could not send.
-            return Retry(ClientApiError(
+            outcome = Retry(ClientApiError(
                 502, f"Replica {replica.id} could not be reached (phase: connect): {exc}",
                 code="upstream_connect_error"), "connect")
         finally:
             give_back_engine_slot(replica, engine_slot)
             gauge.dec()
+            exchange.trace.attempted(span, outcome)
+        return outcome
 
 
 async def _watch_disconnect(receive: Receive, scope: trio.CancelScope, exchange: Exchange) -> None:

@@ -61,6 +61,7 @@ from llmgw_node.engines.signature import (
 )
 from llmgw_node.engines.unpack import UnpackLimits, UnsafeArchive, safe_unpack
 from llmgw_node.fetch import URL_ERRORS, FetchError, fetch, human_size
+from llmgw_shared import tracing
 from llmgw_shared.jsonin import loads as json_loads
 from llmgw_shared.logs import get_logger
 from llmgw_shared.names import BadName, check_asset_name, check_engine_name, check_version
@@ -337,7 +338,10 @@ class EngineManager:
             if current.status in ("installed", "configured") and key in self._installed:
                 return current
             try:
-                binary, line, provenance = await self._install(spec)
+                # A span per install (llmgw_shared/tracing.py); a failure is its status.
+                with tracing.span("llmgw.engine_install", {"llmgw.engine": spec.name, "llmgw.engine_version":
+                                                           spec.version}):
+                    binary, line, provenance = await self._install(spec)
             except (InstallError, *REFUSALS) as exc:
                 return self._failed(spec, str(exc))
             except OSError as exc:

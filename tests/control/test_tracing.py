@@ -1,0 +1,213 @@
+"""OpenTelemetry traces of client requests, exported by the SDK's OTLP exporters to real receivers
+on loopback (tests/support/otlp.py): the spans and their attributes, the client's traceparent and
+the engine's, retries, sampling, secrets kept out, and a collector that is down or stuck."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmgw_dev.engine_proc import free_port
+from llmgw_dev.fake_engine import FakeEngine, FakeEngineBehavior, run_fake_engine
+from llmgw_shared import tracing as shared_tracing
+from llmgw_shared.tracing import TracingConfig
+from support.gateway import chat_body, endpoint, running_gateway
+from support.otlp import GrpcReceiver, Received, grpc_receiver, http_receiver
+
+SERVER, CLIENT = 2, 3  # OTLP's SpanKind numbers
+
+
+@pytest.fixture(autouse=True)
+def export_often(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Spans reach the receiver within 50 ms rather than the daemon's second.
+    monkeypatch.setattr(shared_tracing, "_EXPORT_EVERY", 0.05)
+
+
+def tracing(url: str, **fields: object) -> TracingConfig:
+    return TracingConfig(endpoint=url, **fields)  # type: ignore[arg-type]
+
+
+def one_request(spans: list[Received]) -> bool:
+    names = {s.name for s in spans}
+    return "llmgw.request" in names and "llmgw.attempt" in names
+
+
+def attributes_of(spans: list[Received]) -> list[str]:
+    out = []
+    for span in spans:
+        out.extend(str(v) for v in span.attributes.values())
+        for _, attributes in span.events:
+            out.extend(str(v) for v in attributes.values())
+    return out
+
+
+async def test_a_request_is_a_server_span_with_an_attempt_and_the_engine_gets_its_context(
+        fake_engine: FakeEngine) -> None:
+    fake_engine.behavior.prompt_tokens = 11
+    fake_engine.behavior.chunks = 5
+    async with http_receiver() as receiver, \
+            running_gateway(endpoint("e1", fake_engine.url), tracing=tracing(receiver.url)) as gw:
+        response = await gw.client.post("/v1/chat/completions", json=chat_body())
+        assert response.status_code == 200
+        spans = await receiver.wait_for(one_request)
+    (request,) = [s for s in spans if s.name == "llmgw.request"]
+    (attempt,) = [s for s in spans if s.name == "llmgw.attempt"]
+    assert request.kind == SERVER and attempt.kind == CLIENT
+    assert request.service == "llmgw-control"
+    assert request.parent_span_id == ""
+    assert request.attributes["gen_ai.request.model"] == "fake-model"
+    assert request.attributes["gen_ai.operation.name"] == "chat"
+    assert request.attributes["llmgw.profile"] == "fake-model"
+    assert request.attributes["llmgw.replica"] == "e1"
+    assert request.attributes["llmgw.api"] == "openai"
+    assert request.attributes["http.response.status_code"] == 200
+    assert request.attributes["gen_ai.usage.input_tokens"] == 11
+    assert request.attributes["gen_ai.usage.output_tokens"] == 5
+    assert [name for name, _ in request.events] == ["llmgw.replica_chosen"]
+    assert attempt.trace_id == request.trace_id and attempt.parent_span_id == request.span_id
+    assert attempt.attributes["llmgw.outcome"] == "answered"
+    assert attempt.attributes["llmgw.replica"] == "e1"
+    # The engine's request names the attempt as its parent, in the same trace.
+    traceparent = fake_engine.observed.requests[-1].headers["traceparent"]
+    version, trace_id, parent, flags = traceparent.split("-")
+    assert (version, trace_id, parent) == ("00", attempt.trace_id, attempt.span_id)
+    assert int(flags, 16) & 1  # sampled (the SDK sets W3C's random-trace-id flag too)
+
+
+async def test_a_client_traceparent_makes_the_request_its_child(fake_engine: FakeEngine) -> None:
+    trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    async with http_receiver() as receiver, \
+            running_gateway(endpoint("e1", fake_engine.url), tracing=tracing(receiver.url, sample_ratio=0.0)) as gw:
+        # Sampled by its caller: recorded even at a ratio of 0 for new traces (parent-based).
+        response = await gw.client.post("/v1/chat/completions", json=chat_body(),
+                                        headers={"traceparent": f"00-{trace_id}-{parent}-01"})
+        assert response.status_code == 200
+        spans = await receiver.wait_for(one_request)
+    (request,) = [s for s in spans if s.name == "llmgw.request"]
+    assert request.trace_id == trace_id and request.parent_span_id == parent
+    assert fake_engine.observed.requests[-1].headers["traceparent"].startswith(f"00-{trace_id}-")
+
+
+async def test_a_malformed_traceparent_starts_a_new_trace(fake_engine: FakeEngine) -> None:
+    async with http_receiver() as receiver, \
+            running_gateway(endpoint("e1", fake_engine.url), tracing=tracing(receiver.url)) as gw:
+        for bad in ("00-zz-yy-01", "x" * 5000, "00-" + "0" * 32 + "-" + "1" * 16 + "-01"):
+            response = await gw.client.post("/v1/chat/completions", json=chat_body(), headers={"traceparent": bad})
+            assert response.status_code == 200
+        spans = await receiver.wait_for(lambda s: len([x for x in s if x.name == "llmgw.request"]) == 3)
+    assert all(s.parent_span_id == "" for s in spans if s.name == "llmgw.request")
+
+
+async def test_a_failed_first_replica_gives_two_attempts_with_their_outcomes(fake_engine: FakeEngine) -> None:
+    # The dead replica weighs ten times more: least-loaded picks it first, every time.
+    dead = endpoint("dead", f"http://127.0.0.1:{free_port()}", weight=10.0)
+    async with http_receiver() as receiver, \
+            running_gateway(dead, endpoint("e1", fake_engine.url), tracing=tracing(receiver.url)) as gw:
+        response = await gw.client.post("/v1/chat/completions", json=chat_body())
+        assert response.status_code == 200
+        spans = await receiver.wait_for(lambda s: len([x for x in s if x.name == "llmgw.attempt"]) == 2)
+    attempts = sorted((s for s in spans if s.name == "llmgw.attempt"), key=lambda s: s.attributes["llmgw.attempt"])
+    assert [(a.attributes["llmgw.replica"], a.attributes["llmgw.outcome"]) for a in attempts] == [
+        ("dead", "retry"), ("e1", "answered")]
+    assert attempts[0].attributes["llmgw.reason"] == "connect"
+    assert attempts[0].status_code == 2  # STATUS_CODE_ERROR
+    (request,) = [s for s in spans if s.name == "llmgw.request"]
+    assert request.attributes["llmgw.replica"] == "e1"
+
+
+async def test_a_sample_ratio_of_zero_exports_nothing(fake_engine: FakeEngine) -> None:
+    async with http_receiver() as receiver:
+        async with running_gateway(endpoint("e1", fake_engine.url),
+                                   tracing=tracing(receiver.url, sample_ratio=0.0)) as gw:
+            for _ in range(5):
+                assert (await gw.client.post("/v1/chat/completions", json=chat_body())).status_code == 200
+        # The gateway has stopped: its last flush is done.
+        assert receiver.spans == [] and receiver.requests == 0
+        assert "traceparent" not in fake_engine.observed.requests[-1].headers
+
+
+async def test_grpc_export(fake_engine: FakeEngine) -> None:
+    receiver: GrpcReceiver
+    with grpc_receiver() as receiver:
+        config = tracing(receiver.url, protocol="grpc", headers={"x-collector-key": "grpc-secret"})
+        async with running_gateway(endpoint("e1", fake_engine.url), tracing=config) as gw:
+            assert (await gw.client.post("/v1/embeddings", json={"model": "fake-model", "input": "hi"})).status_code \
+                == 200
+            spans = await receiver.wait_for(one_request)
+    (request,) = [s for s in spans if s.name == "llmgw.request"]
+    assert request.attributes["gen_ai.operation.name"] == "embeddings"
+    assert receiver.headers[-1]["x-collector-key"] == "grpc-secret"
+
+
+def _examples() -> list[tuple[str, str]]:
+    """Prompts and client keys from hypothesis, sent below through one running gateway."""
+    found: list[tuple[str, str]] = []
+    text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), min_size=12, max_size=200)
+    key = st.text("abcdefghijklmnopqrstuvwxyz0123456789-_", min_size=16, max_size=64)
+
+    @settings(max_examples=25, database=None, deadline=None)
+    @given(prompt=text.filter(lambda t: t.strip()), key=key)
+    def collect(prompt: str, key: str) -> None:
+        found.append((prompt, "sk-" + key))
+
+    collect()
+    return found
+
+
+async def test_no_prompt_or_key_is_in_any_span(fake_engine: FakeEngine, caplog: pytest.LogCaptureFixture) -> None:
+    examples = _examples()
+    engine_key = "engine-key-0123456789abcdef"
+    async with run_fake_engine(FakeEngineBehavior(api_key=engine_key)) as engine, http_receiver() as receiver:
+        config = tracing(receiver.url, headers={"authorization": "Bearer collector-secret-42"})
+        async with running_gateway(endpoint("e1", engine.url, api_key=engine_key), tracing=config) as gw:
+            for prompt, key in examples:
+                for path, body in (("/v1/chat/completions", chat_body(messages=[{"role": "user", "content": prompt}])),
+                                   ("/v1/completions", {"model": "fake-model", "prompt": prompt}),
+                                   ("/v1/embeddings", {"model": "fake-model", "input": prompt})):
+                    response = await gw.client.post(path, json=body, headers={"authorization": f"Bearer {key}",
+                                                                              "x-api-key": key})
+                    assert response.status_code == 200
+            spans = await receiver.wait_for(lambda s: len([x for x in s if x.name == "llmgw.request"])
+                                            == 3 * len(examples))
+    values = attributes_of(spans)
+    for prompt, key in examples:
+        assert not any(prompt in v or key in v for v in values)
+    assert not any(engine_key in v or "collector-secret-42" in v for v in values)
+    assert receiver.headers[-1]["authorization"] == "Bearer collector-secret-42"
+    assert "collector-secret-42" not in caplog.text
+
+
+async def test_capture_prompts_puts_the_prompt_in_the_span(fake_engine: FakeEngine) -> None:
+    async with http_receiver() as receiver, \
+            running_gateway(endpoint("e1", fake_engine.url), tracing=tracing(receiver.url, capture_prompts=True)) as gw:
+        body = chat_body(messages=[{"role": "user", "content": "the secret recipe"}])
+        assert (await gw.client.post("/v1/chat/completions", json=body)).status_code == 200
+        spans = await receiver.wait_for(one_request)
+    (request,) = [s for s in spans if s.name == "llmgw.request"]
+    assert "the secret recipe" in request.attributes["gen_ai.prompt"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("collector", ["unreachable", "hanging"])
+async def test_a_dead_or_stuck_collector_slows_no_request_and_shutdown_stays_bounded(
+        fake_engine: FakeEngine, collector: str) -> None:
+    async with http_receiver() as receiver:
+        receiver.hang = collector == "hanging"
+        url = receiver.url if receiver.hang else f"http://127.0.0.1:{free_port()}/v1/traces"
+        config = tracing(url, export_timeout=2.0, queue_size=8)
+        async with running_gateway(endpoint("e1", fake_engine.url), tracing=config) as gw:
+            started = time.monotonic()
+            # Across several export attempts (one a second), each of which fails or hangs.
+            while time.monotonic() - started < 3:
+                with trio.fail_after(2):
+                    response = await gw.client.post("/v1/chat/completions", json=chat_body())
+                assert response.status_code == 200
+            # The queue (8 spans) filled while exports failed: the rest were dropped and counted.
+            assert gw.metric("llmgw_trace_spans_dropped_total") > 0
+            stopping = time.monotonic()
+        # Cancelled with its export stuck: the last flush and the exporter's close are bounded.
+        assert time.monotonic() - stopping < 5
