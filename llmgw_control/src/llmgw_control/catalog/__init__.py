@@ -2,6 +2,7 @@
 through the admin API (``service.ModelService``)."""
 
 from .models import (
+    LIVE_ADAPTER_ENGINES,
     NAME,
     ROUTING_POLICIES,
     SHA256,
@@ -19,7 +20,7 @@ from .models import (
 )
 
 __all__ = [
-    "NAME", "ROUTING_POLICIES", "SHA256", "Catalog",
+    "LIVE_ADAPTER_ENGINES", "NAME", "ROUTING_POLICIES", "SHA256", "Catalog",
     "Claim", "EngineConfig", "ModelConfig", "ProfileConfig", "Resolved", "WeightsConfig",
     "model_problems", "profile_key", "replica_slots", "validate_models",
 ]
