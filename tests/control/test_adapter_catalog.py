@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import argparse
-import io
-from typing import Any
-
 import attrs
-import pytest
 
 from llmgw_control.catalog.claims import claims_of
 from llmgw_control.catalog.models import (
@@ -22,7 +17,6 @@ from llmgw_control.catalog.models import (
     name_clash,
 )
 from llmgw_control.catalog.service import _restart_needed
-from llmgw_control.ctl.adapter_cmds import adapters_add, adapters_remove
 from llmgw_control.gateway.adapters import adapter_fields, replica_adapters, without_adapter
 from llmgw_control.gateway.replicas import Replica
 
@@ -103,37 +97,6 @@ def test_llama_cpp_replicas_restart_for_a_new_adapter_vllm_ones_only_for_their_f
     assert not _restart_needed(_model("q", bot, two, engine="vllm").profiles[0],
                                _model("q", two, engine="vllm").profiles[0])
     assert not _restart_needed(_model("q", two, engine="vllm").profiles[0], _model("q", engine="vllm").profiles[0])
-
-
-@attrs.define
-class _Client:
-    definition: dict[str, Any]
-    put_body: dict[str, Any] | None = None
-
-    def get(self, path: str) -> dict[str, Any]:
-        assert path == "/models/qwen"
-        return {"model": self.definition, "source": "api"}
-
-    def put(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        self.put_body = body
-        return {"model": body, "source": "api"}
-
-
-def test_ctl_adds_and_removes_an_adapter_by_changing_the_definition() -> None:
-    client = _Client({"name": "qwen", "profiles": [{"name": "gpu", "adapters": []}]})
-    args = argparse.Namespace(model="qwen", name="bot", url="http://f/bot.gguf", sha256="c" * 64, size=5,
-                              scale=1.0, profile="", json=False)
-    out = io.StringIO()
-    adapters_add(client, args, out)  # type: ignore[arg-type]
-    assert client.put_body is not None
-    assert client.put_body["profiles"][0]["adapters"] == [
-        {"name": "bot", "weights": {"url": "http://f/bot.gguf", "sha256": "c" * 64, "size": 5}, "scale": 1.0}]
-    assert "restart" in out.getvalue()
-    adapters_remove(client, args, out)  # type: ignore[arg-type]
-    assert client.put_body["profiles"][0]["adapters"] == []
-    from llmgw_control.ctl.client import CtlError
-    with pytest.raises(CtlError):
-        adapters_remove(client, args, out)  # type: ignore[arg-type]
 
 
 async def test_a_profiles_claim_adds_its_adapters_weights_where_its_model_is() -> None:

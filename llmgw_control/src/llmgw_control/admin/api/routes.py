@@ -17,6 +17,7 @@ from ...store import UNSET, ApiKey, Group, NotFound, Quota, StoreError, Unset
 from ..fleet_views import model_view, node_view, node_weights_view, registered_node_view
 from ..standby_refusal import refuse_on_standby, standby_leader
 from ..standby_views import read_leader_fleet, standby_model_view, standby_node_view, standby_replica_views
+from .adapter_routes import add_adapter_routes
 from .core import Api, Call, Param
 from .replica_logs import register_replica_logs
 from .schemas import (
@@ -220,6 +221,8 @@ def build_api(ctx: ApiContext) -> Api:
                tag="models", status=204, errors=(404, 409, 503))
     async def remove_model(call: Call) -> None:
         await models().remove(call.path["name"])
+
+    add_adapter_routes(api, ctx.models, ctx.fleet)
 
     # ------------------------------------------------------------------ replicas, engines
 
