@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
-import io
-from typing import Any
-
 import attrs
-import pytest
 
+from llmgw_control.catalog.claims import claims_of
 from llmgw_control.catalog.models import (
     AdapterConfig,
     Catalog,
+    Claim,
     EngineConfig,
     ModelConfig,
     ProfileConfig,
@@ -20,8 +17,7 @@ from llmgw_control.catalog.models import (
     name_clash,
 )
 from llmgw_control.catalog.service import _restart_needed
-from llmgw_control.ctl.adapter_cmds import adapters_add, adapters_remove
-from llmgw_control.gateway.adapters import adapter_fields, replica_adapters
+from llmgw_control.gateway.adapters import adapter_fields, replica_adapters, without_adapter
 from llmgw_control.gateway.replicas import Replica
 
 ENGINES = [EngineConfig(name="llama.cpp", version="b11312"), EngineConfig(name="vllm", version="0.9")]
@@ -73,49 +69,46 @@ def test_the_engine_body_selects_exactly_the_asked_adapter() -> None:
     hostile = {"lora": [{"id": 0, "scale": 9}]}
     assert adapter_fields(replica, "b", hostile) == {"lora": [{"id": 0, "scale": 0.0}, {"id": 1, "scale": 0.5}]}
     assert adapter_fields(replica, "qwen", {}) == {"lora": [{"id": 0, "scale": 0.0}, {"id": 1, "scale": 0.0}]}
+    vllm_profile = _model("qwen", AdapterConfig("a", W), AdapterConfig("b", W), engine="vllm").profiles[0]
     vllm = Replica(id="v", url="http://e", models=frozenset({"qwen:gpu"}),
-                   **dict(zip(("adapters", "adapter_mode"), replica_adapters(
-                       _model("qwen", AdapterConfig("a", W), engine="vllm").profiles[0]), strict=True)))
+                   **dict(zip(("adapters", "adapter_mode"), replica_adapters(vllm_profile, ["a"]), strict=True)))
     assert adapter_fields(vllm, "a", hostile) == {"model": "a"}
     assert adapter_fields(vllm, "qwen", hostile) == {}  # the client's lora is dropped
+    # A vLLM replica holds what its node loaded ("b" failed, or is still loading): "b"'s requests
+    # never reach it, the base's and "a"'s do; llama-server's replicas hold their whole list.
+    assert vllm.adapters == (("a", 1.0),)
+    assert without_adapter([vllm, replica], "b") == {"v"} and without_adapter([vllm, replica], "a") == set()
+    assert without_adapter([vllm, replica], None) == set()
     plain = Replica(id="p", url="http://e", models=frozenset({"m"}))
     assert adapter_fields(plain, "m", {}) is None and adapter_fields(plain, "m", hostile) == {}
 
 
-def test_llama_cpp_replicas_restart_for_a_new_adapter_vllm_ones_do_not() -> None:
+def test_llama_cpp_replicas_restart_for_a_new_adapter_vllm_ones_only_for_their_first() -> None:
     bot = AdapterConfig("bot", W)
     assert _restart_needed(_model("q").profiles[0], _model("q", bot).profiles[0])
     assert not _restart_needed(_model("q", bot).profiles[0],
                                _model("q", attrs.evolve(bot, name="renamed", scale=2.0)).profiles[0])
-    assert not _restart_needed(_model("q", engine="vllm").profiles[0], _model("q", bot, engine="vllm").profiles[0])
+    # vLLM loads and unloads live once it runs with --enable-lora, which a profile without
+    # adapters did not start with: its first adapter restarts it, later changes do not.
+    two = AdapterConfig("two", attrs.evolve(W, sha256="b" * 64))
+    assert _restart_needed(_model("q", engine="vllm").profiles[0], _model("q", bot, engine="vllm").profiles[0])
+    assert not _restart_needed(_model("q", bot, engine="vllm").profiles[0],
+                               _model("q", bot, two, engine="vllm").profiles[0])
+    assert not _restart_needed(_model("q", bot, two, engine="vllm").profiles[0],
+                               _model("q", two, engine="vllm").profiles[0])
+    assert not _restart_needed(_model("q", two, engine="vllm").profiles[0], _model("q", engine="vllm").profiles[0])
 
 
-@attrs.define
-class _Client:
-    definition: dict[str, Any]
-    put_body: dict[str, Any] | None = None
-
-    def get(self, path: str) -> dict[str, Any]:
-        assert path == "/models/qwen"
-        return {"model": self.definition, "source": "api"}
-
-    def put(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        self.put_body = body
-        return {"model": body, "source": "api"}
-
-
-def test_ctl_adds_and_removes_an_adapter_by_changing_the_definition() -> None:
-    client = _Client({"name": "qwen", "profiles": [{"name": "gpu", "adapters": []}]})
-    args = argparse.Namespace(model="qwen", name="bot", url="http://f/bot.gguf", sha256="c" * 64, size=5,
-                              scale=1.0, profile="", json=False)
-    out = io.StringIO()
-    adapters_add(client, args, out)  # type: ignore[arg-type]
-    assert client.put_body is not None
-    assert client.put_body["profiles"][0]["adapters"] == [
-        {"name": "bot", "weights": {"url": "http://f/bot.gguf", "sha256": "c" * 64, "size": 5}, "scale": 1.0}]
-    assert "restart" in out.getvalue()
-    adapters_remove(client, args, out)  # type: ignore[arg-type]
-    assert client.put_body["profiles"][0]["adapters"] == []
-    from llmgw_control.ctl.client import CtlError
-    with pytest.raises(CtlError):
-        adapters_remove(client, args, out)  # type: ignore[arg-type]
+async def test_a_profiles_claim_adds_its_adapters_weights_where_its_model_is() -> None:
+    mib = 1 << 20
+    small = AdapterConfig("small", WeightsConfig("http://files/s.gguf", "c" * 64, 1))  # a byte: a whole MiB
+    big = AdapterConfig("big", WeightsConfig("http://files/b.gguf", "d" * 64, 300 * mib))
+    cpu = attrs.evolve(_model("q", small, big).profiles[0], ram_mib=1000)
+    gpu = attrs.evolve(cpu, name="cuda", vram_mib=5000)
+    vllm = _model("v", big, engine="vllm").profiles[0]
+    claims = await claims_of([("q:cpu", cpu), ("q:cuda", gpu), ("v:gpu", vllm),
+                              ("bare:cpu", attrs.evolve(cpu, adapters=[]))], None)
+    assert claims["q:cpu"] == Claim(1000 + 1 + 300)  # in RAM, with the model
+    assert claims["q:cuda"] == Claim(1000, 5000 + 301)  # on the GPU, with the model
+    assert claims["v:gpu"] == Claim(100 + 300)
+    assert claims["bare:cpu"] == Claim(1000)

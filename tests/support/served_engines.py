@@ -3,6 +3,7 @@ model directories in the shapes a node accepts (a local directory, a Hub cache s
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -35,6 +36,14 @@ def model_directory(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text('{"architectures": ["Qwen2ForCausalLM"], "max_position_embeddings": 4096}')
     (path / "tokenizer.json").write_text("{}")
+    return path
+
+
+def adapter_directory(path: Path, rank: int = 8) -> Path:
+    """A PEFT LoRA adapter directory as vLLM loads one (the fake reads adapter_config.json's rank)."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": rank, "lora_alpha": 16}))
+    (path / "adapter_model.safetensors").write_bytes(b"\0" * 64)
     return path
 
 

@@ -47,6 +47,9 @@ import attrs
 import h11
 import trio
 
+from llmgw_dev.fake_lora import PATHS as LORA_PATHS
+from llmgw_dev.fake_lora import FakeLoras
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -107,6 +110,8 @@ class FakeEngineBehavior:
     keepalive_close_rate: float = 0.0
     #: the seed of those draws, so a failing run can be run again.
     keepalive_close_seed: int = 0
+    #: vLLM's run-time LoRA adapters (``fake_lora.py``), when started with ``--enable-lora``.
+    loras: FakeLoras | None = None
 
 
 @attrs.frozen
@@ -240,8 +245,16 @@ class FakeEngineApp:
                 return
         self._record(method, path, headers, parsed)
 
+        if method == "POST" and path in LORA_PATHS and b.loras is not None:
+            status, text = b.loras.handle(path, parsed)
+            await _respond(send, status, text.encode() if status == 200 else _error_body(status, text),
+                           content_type=b"text/plain" if status == 200 else b"application/json")
+            return
         if method == "GET" and path == "/v1/models":
             data = [{"id": m, "object": "model", "created": 0, "owned_by": "llmgw-fake"} for m in b.models]
+            # vLLM lists its loaded adapters as models of their own, with the base as parent.
+            data += [{"id": n, "object": "model", "created": 0, "owned_by": "llmgw-fake",
+                      "parent": b.models[0] if b.models else ""} for n in (b.loras.loaded if b.loras else {})]
             await _respond(send, 200, _dumps({"object": "list", "data": data}).encode())
             return
         if method == "GET" and path == "/metrics":
@@ -324,7 +337,11 @@ class FakeEngineApp:
             await _respond(send, status, _error_body(status, f"fake engine failure {status}"))
             return
         requested = req.get("model")
-        model = requested if requested in b.models else (b.models[0] if b.models else "fake")
+        adapter = requested if b.loras is not None and requested in b.loras.loaded else None
+        if b.loras is not None and adapter is None and requested not in b.models:
+            await _respond(send, 404, _error_body(404, f"The model `{requested}` does not exist."))
+            return
+        model = adapter or (requested if requested in b.models else (b.models[0] if b.models else "fake"))
         self._ids += 1
         rid = f"fake-{self._ids}"
         created = int(time.time())
@@ -344,7 +361,9 @@ class FakeEngineApp:
             return
 
         if not req.get("stream"):
+            # An adapter's "effect": its answers say which adapter made them.
             text = "".join(b.token_text.format(i=i) for i in range(b.chunks))
+            text = f"[lora:{adapter}] {text}" if adapter else text
             self.observed.tokens_predicted_total += n_completion
             if kind == "chat":
                 choice: dict[str, Any] = {"index": 0, "finish_reason": "length",

@@ -14,6 +14,11 @@ directory, no config.json in it), prints start-up lines as it does, then serves 
 Timing comes from the environment, which a profile's ``env`` sets: ``FAKE_ENGINE_CHUNKS``,
 ``FAKE_ENGINE_CHUNK_DELAY`` (seconds between tokens: how a test keeps requests in flight during
 a drain) and ``FAKE_ENGINE_START_DELAY`` (seconds before it listens: a model loading).
+
+vLLM's LoRA options as vLLM takes them: ``--enable-lora`` (with ``--max-loras``,
+``--max-lora-rank``) and, only with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` in the environment,
+the run-time load and unload endpoints (``fake_lora.py``). vLLM refuses ``--lora-modules``
+without ``--enable-lora``; so does the fake.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from pathlib import Path
 import trio
 
 from llmgw_dev.fake_engine import FakeEngineBehavior, run_fake_engine
+from llmgw_dev.fake_lora import FakeLoras
 
 VERSIONS = {"vllm": "0.9.1", "sglang": "0.4.9"}
 
@@ -38,6 +44,10 @@ def _parser(engine: str) -> argparse.ArgumentParser:
         p.add_argument("model")
         p.add_argument("--max-model-len", type=int, default=0)
         p.add_argument("--max-num-seqs", type=int, default=256)
+        p.add_argument("--enable-lora", action="store_true")
+        p.add_argument("--max-loras", type=int, default=1)
+        p.add_argument("--max-lora-rank", type=int, default=16)
+        p.add_argument("--lora-modules", nargs="+", default=[])
     else:
         p.add_argument("-m", dest="module", required=True, choices=["sglang.launch_server"])
         p.add_argument("--model-path", dest="model", required=True)
@@ -53,8 +63,10 @@ def _parser(engine: str) -> argparse.ArgumentParser:
 
 async def _serve(engine: str, args: argparse.Namespace, key: str | None) -> None:
     model = args.served_model_name or args.model
+    live = os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower() in ("1", "true")
+    loras = FakeLoras(max_lora_rank=args.max_lora_rank) if engine == "vllm" and args.enable_lora and live else None
     behavior = FakeEngineBehavior(
-        models=[model], api_key=key, metrics_as=engine,
+        models=[model], api_key=key, metrics_as=engine, loras=loras,
         chunks=int(os.environ.get("FAKE_ENGINE_CHUNKS", "8")),
         chunk_delay=float(os.environ.get("FAKE_ENGINE_CHUNK_DELAY", "0")))
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -81,6 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"INFO {engine} {VERSIONS[engine]} (fake) args: {' '.join(rest)}", flush=True)
     if unknown:
         print(f"WARNING ignoring arguments the fake does not know: {unknown}", flush=True)
+    if engine == "vllm" and args.lora_modules and not args.enable_lora:
+        print("ValueError: --lora-modules needs --enable-lora", flush=True)
+        return 1
+    if engine == "vllm" and not 1 <= args.max_loras <= 256:
+        print(f"ValueError: max_loras ({args.max_loras}) must be between 1 and 256", flush=True)
+        return 1
     model_dir = Path(args.model)
     if not (model_dir / "config.json").is_file():
         # What both say when the directory is not a model: exit 1 with the reason.

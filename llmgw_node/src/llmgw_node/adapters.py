@@ -23,8 +23,8 @@ _ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,95}$")
 
 
 def check_adapters(spec: ShardSpec) -> None:
-    """A spec's adapters, checked before anything is fetched: their names reach the command line
-    (vLLM's --lora-modules NAME=PATH) and logs, their files the cache (by digest)."""
+    """A spec's adapters, checked before anything is fetched: their names reach the engine (vLLM's
+    lora_name) and logs, their files the cache (by digest)."""
     if not spec.adapters:
         return
     if spec.engine not in ("llama.cpp", "vllm"):

@@ -37,6 +37,7 @@ from llmgw_shared.wire import (
     Message,
     Refuse,
     RemoveWeights,
+    SetAdapters,
     SetEngines,
     ShardState,
     ShardStateReport,
@@ -56,7 +57,7 @@ log = get_logger(__name__)
 MAX_FRAME = 16 << 20
 # A session shorter than this that ends twice in a row counts as a failed connect.
 QUICK_SESSION_S = 10.0
-COMMANDS = (SetEngines, StartShard, StopShard, DrainShard, RemoveWeights)
+COMMANDS = (SetEngines, StartShard, StopShard, DrainShard, SetAdapters, RemoveWeights)
 
 
 class SessionEnded(Exception):

@@ -2,8 +2,9 @@
 
 - llama.cpp: ``llama-server -m FILE --host H --port P [GPU offload and split] [--lora-scaled
   A:0,B:0...] ...``, the key in ``LLAMA_API_KEY``;
-- vLLM: ``vllm serve DIR --host H --port P [--lora-modules NAME=DIR...] ...``, the key in
-  ``VLLM_API_KEY``;
+- vLLM: ``vllm serve DIR --host H --port P ...``, the key in ``VLLM_API_KEY``; LoRA adapters
+  (control's args carry ``--enable-lora``) are loaded at run time (``live_adapters.py``), so
+  ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` is set for a spec with adapters;
 - SGLang: ``<python> -m sglang.launch_server --model-path DIR --host H --port P --api-key K ...``
   (the configured path is the Python that has sglang installed);
 - any other engine named by path: its ``args`` with ``{model}``, ``{host}`` and ``{port}``
@@ -21,6 +22,13 @@ from llmgw_shared.wire import ShardSpec
 
 # Engines that serve a model directory (ShardSpec.model_dir) rather than one file.
 DIRECTORY_ENGINES = ("vllm", "sglang")
+# Engines that load and unload LoRA adapters while they run (``set_adapters``); llama-server
+# takes its adapters on its command line only, so a changed list restarts it.
+LIVE_ADAPTER_ENGINES = ("vllm",)
+
+
+def loads_adapters_live(engine: str) -> bool:
+    return engine in LIVE_ADAPTER_ENGINES
 
 
 def engine_argv(binary: Path, spec: ShardSpec, model: Path, host: str, adapters: Sequence[Path] = ()) -> list[str]:
@@ -30,10 +38,9 @@ def engine_argv(binary: Path, spec: ShardSpec, model: Path, host: str, adapters:
         loras = ["--lora-scaled", lora_list(adapters)] if adapters else []
         return [str(binary), "-m", str(model), *host_port, *gpu_args(spec.devices), *loras, *spec.args]
     if spec.engine == "vllm":
-        # vLLM names each adapter: a request selects one by its model name.
-        modules = [f"{a.name}={a.weights.url.removeprefix('file://')}" for a in spec.adapters]
-        return [str(binary), "serve", str(model), *host_port,
-                *(["--lora-modules", *modules] if modules else []), *spec.args]
+        # Its adapters are loaded once it is ready, by name (live_adapters.py), not here: the
+        # same path then serves a start, a restart and an adapter added while it runs.
+        return [str(binary), "serve", str(model), *host_port, *spec.args]
     if spec.engine == "sglang":
         # SGLang reads its key only from --api-key: on its command line, where local users can
         # read it (docs/node.md says so; the key opens only this one engine).
@@ -78,4 +85,5 @@ def key_environment(spec: ShardSpec) -> dict[str, str]:
     """
     if spec.engine == "llama.cpp":
         return {"LLAMA_API_KEY": spec.api_key}
-    return {"LLMGW_API_KEY": spec.api_key, "VLLM_API_KEY": spec.api_key}
+    live = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"} if spec.adapters and loads_adapters_live(spec.engine) else {}
+    return {"LLMGW_API_KEY": spec.api_key, "VLLM_API_KEY": spec.api_key, **live}

@@ -36,6 +36,7 @@ from llmgw_shared.wire import (
     GetShardLogs,
     Hello,
     RemoveWeights,
+    SetAdapters,
     SetEngines,
     ShardLogs,
     ShardState,
@@ -225,6 +226,9 @@ class NodeService:
             return ""
         if isinstance(command, DrainShard):
             self.supervisor.drain(command.shard_id, command.timeout_s)
+            return ""
+        if isinstance(command, SetAdapters):
+            self.supervisor.set_adapters(command.shard_id, command.adapters)
             return ""
         if isinstance(command, RemoveWeights):
             _removed, kept = self.weights.remove(command.sha256)

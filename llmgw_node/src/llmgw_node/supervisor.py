@@ -11,9 +11,12 @@ the group, then SIGKILL after a grace period. Draining waits for the engine's in
 Engines started by an earlier daemon are found through the state file and adopted (health
 checked, then supervised by polling ``/proc``, since they are no longer our children).
 
-About 630 lines: one shard's task (start, health, exit, restart, drain, adopt) is one state
+A vLLM shard's LoRA adapters are loaded each time its engine becomes ready and when control sends
+``set_adapters`` (``live_adapters``); the shard's state says which are loaded.
+
+About 680 lines: one shard's task (start, health, exit, restart, drain, adopt) is one state
 machine over one process, read top to bottom; the periodic memory measurement of every engine
-(``memory``) reports through the same shard states.
+(``memory``) and the live adapters report through the same shard states.
 """
 
 from __future__ import annotations
@@ -28,9 +31,9 @@ import attrs
 import httpx2
 import trio
 
-from llmgw_node import engine_http, memory
+from llmgw_node import engine_http, live_adapters, memory
 from llmgw_node.adapters import AdapterError, check_adapters, shard_files
-from llmgw_node.engine_conventions import DIRECTORY_ENGINES, engine_argv, key_environment
+from llmgw_node.engine_conventions import DIRECTORY_ENGINES, engine_argv, key_environment, loads_adapters_live
 from llmgw_node.engines.manager import EngineManager
 from llmgw_node.model_dirs import ModelDirError, ModelRoots, check_model_dir
 from llmgw_node.offload import offload_problem, read_tail
@@ -42,7 +45,7 @@ from llmgw_shared.logs import get_logger
 from llmgw_shared.names import BadName, check_shard_id
 from llmgw_shared.replica_lifecycle import NODE_START, TERMINAL, ReplicaStatus, allowed, on_wire
 from llmgw_shared.threads import DISK
-from llmgw_shared.wire import PORT_IN_USE, ShardSpec, ShardState
+from llmgw_shared.wire import PORT_IN_USE, AdapterSpec, ShardSpec, ShardState
 
 log = get_logger(__name__)
 
@@ -107,6 +110,11 @@ class _Shard:
         # Why the shard must not run again (a GPU replica that offloaded nothing): restarts
         # would only repeat it. "" while it may.
         self.fatal = ""
+        # The LoRA adapters the running engine has loaded (names, in the spec's order), and why
+        # any of the spec's are not ("": all are). One apply at a time per engine.
+        self.loaded: list[str] = []
+        self.adapter_problem = ""
+        self.adapter_lock = trio.Lock()
 
 
 class Supervisor:
@@ -231,6 +239,25 @@ class Supervisor:
         shard.stop_requested.set()
         return True
 
+    def set_adapters(self, shard_id: str, adapters: list[AdapterSpec]) -> None:
+        """Bring a running shard's engine to ``adapters`` without restarting it (``set_adapters``)."""
+        shard = self._shards.get(shard_id)
+        if shard is None or shard.done.is_set():
+            raise ShardError(f"shard {shard_id[:100]} is not running here")
+        if not loads_adapters_live(shard.spec.engine):
+            raise ShardError(f"shard {shard_id}: {shard.spec.engine} takes its adapters at start only; "
+                             "start a replica with the new list instead")
+        spec = attrs.evolve(shard.spec, adapters=list(adapters))
+        try:
+            check_adapters(spec)
+        except AdapterError as exc:
+            raise ShardError(str(exc)) from None
+        shard.spec = spec
+        self._persist()  # an adopting daemon loads the list as it now is
+        if shard.state.status == "ready":
+            assert self._nursery is not None, "Supervisor.run() must be running"
+            self._nursery.start_soon(self._apply_adapters, shard, name=f"adapters:{shard_id}")
+
     async def stop_all(self, grace: float | None = None) -> None:
         """Stop every shard and wait for all of them (``--stop-engines``)."""
         for shard_id in list(self._shards):
@@ -263,6 +290,7 @@ class Supervisor:
             restarts=shard.restarts,
             last_lines=self.output(shard.spec.shard_id, FAILURE_LINES) if lines else [],
             rss_mib=shard.rss_mib if shard.pid else 0, vram_mib=shard.vram_mib if shard.pid else 0,
+            adapters=list(shard.loaded) if status == "ready" else [],
         )
         if state == shard.state:
             return
@@ -530,7 +558,10 @@ class Supervisor:
                 nursery.cancel_scope.cancel()
                 return problem
             if ready:
-                self._set(shard, ReplicaStatus.READY, "")
+                # A fresh (or restarted, or adopted) engine: what it holds is learned anew.
+                shard.loaded = []
+                await self._apply_adapters(shard)
+                self._set(shard, ReplicaStatus.READY, shard.adapter_problem)
                 hung = await self._while_ready(shard, exited)
                 if hung:
                     await self._terminate(shard.pid, shard.ticks, shard.process, self.timing.stop_grace)
@@ -572,6 +603,43 @@ class Supervisor:
             if failures >= t.unhealthy_limit:
                 return f"hung: no answer on /health {failures} times in a row"
         return ""
+
+    async def _apply_adapters(self, shard: _Shard) -> None:
+        """Load and unload the engine's adapters to match the spec; report what it holds."""
+        async with shard.adapter_lock:
+            spec, pid = shard.spec, shard.pid
+            if not loads_adapters_live(spec.engine):
+                # On its command line: loaded once it is ready, or it would not be.
+                shard.loaded, shard.adapter_problem = [a.name for a in spec.adapters], ""
+                return
+            if not spec.adapters and not shard.loaded:
+                return
+            wanted, problems = await self._adapter_dirs(spec.adapters)
+            applied = await live_adapters.apply(self.client, self.host, spec.port, spec.api_key, wanted,
+                                                shard.loaded)
+            if shard.pid != pid:
+                return  # restarted meanwhile: its next ready applies the list again
+            problems += applied.problems
+            for problem in problems:
+                log.warning("shard %s: %s", spec.shard_id, problem)
+            shard.loaded, shard.adapter_problem = applied.loaded, "; ".join(problems)[:2000]
+        if shard.state.status == "ready":
+            self._set(shard, ReplicaStatus.READY, shard.adapter_problem)
+
+    async def _adapter_dirs(self, adapters: list[AdapterSpec]) -> tuple[list[AdapterSpec], list[str]]:
+        """The adapters whose directories are inside the node's model roots, with their real paths
+        (what the engine is given), and why the others are not loaded."""
+        usable: list[AdapterSpec] = []
+        problems: list[str] = []
+        for adapter in adapters:
+            try:
+                path = await DISK.run(self.model_roots.resolve, adapter.weights.url.removeprefix("file://"),
+                                      abandon=True)
+            except ModelDirError as exc:
+                problems.append(f"adapter {adapter.name} not loaded: {exc}")
+                continue
+            usable.append(attrs.evolve(adapter, weights=attrs.evolve(adapter.weights, url=str(path))))
+        return usable, problems
 
     async def _offload_problem(self, spec: ShardSpec) -> str:
         """For a llama.cpp shard placed on GPUs: why its layers are not on them ("" when they are)."""

@@ -11,7 +11,8 @@ Direction of each message:
 * node -> control: ``hello``, ``heartbeat``, ``ack``, ``engine_state``, ``shard_state``,
   ``shard_logs``, ``error``
 * control -> node: ``welcome``, ``refuse``, ``set_engines``, ``start_shard``, ``stop_shard``,
-  ``drain_shard``, ``remove_weights``, ``get_shard_logs``, ``heartbeat``, ``error``
+  ``drain_shard``, ``set_adapters``, ``remove_weights``, ``get_shard_logs``, ``heartbeat``,
+  ``error``
 
 About 650 lines: every message, its converter and the checks at the edge are the protocol's one
 definition, kept together so that no message can be added without its bounds.
@@ -224,6 +225,9 @@ class ShardState:
     # Control accounts a node's free memory from these once a replica runs.
     rss_mib: int = 0
     vram_mib: int = 0
+    # The LoRA adapters the engine has loaded now, by name (in the spec's order): the gateway
+    # sends an adapter's requests only to replicas that have it.
+    adapters: list[str] = attrs.field(factory=list)
 
     def describe(self) -> str:
         return f"{self.status}: {self.detail}" if self.detail else self.status
@@ -278,6 +282,18 @@ class DrainShard:
 
 
 @attrs.frozen
+class SetAdapters:
+    """The complete list of LoRA adapters a running shard should have loaded, for engines that
+    load and unload them live (vLLM): the node loads what is new and unloads what is gone, without
+    restarting the engine, and reports what is loaded in the shard's state."""
+
+    id: str
+    fencing_token: int
+    shard_id: str
+    adapters: list[AdapterSpec]
+
+
+@attrs.frozen
 class RemoveWeights:
     id: str
     fencing_token: int
@@ -285,7 +301,7 @@ class RemoveWeights:
     sha256: list[str]
 
 
-Command: TypeAlias = SetEngines | StartShard | StopShard | DrainShard | RemoveWeights
+Command: TypeAlias = SetEngines | StartShard | StopShard | DrainShard | SetAdapters | RemoveWeights
 
 # Output lines one get_shard_logs may ask for (the node's ring answers at most this many, too).
 MAX_LOG_LINES = 1000
@@ -390,7 +406,7 @@ class Error:
 
 Message: TypeAlias = (
     Hello | Welcome | Refuse | Heartbeat | Error | Ack | EngineStateReport | ShardStateReport
-    | SetEngines | StartShard | StopShard | DrainShard | RemoveWeights | GetShardLogs | ShardLogs
+    | SetEngines | StartShard | StopShard | DrainShard | SetAdapters | RemoveWeights | GetShardLogs | ShardLogs
 )
 
 TAGS: dict[type, str] = {
@@ -406,6 +422,7 @@ TAGS: dict[type, str] = {
     StartShard: "start_shard",
     StopShard: "stop_shard",
     DrainShard: "drain_shard",
+    SetAdapters: "set_adapters",
     RemoveWeights: "remove_weights",
     GetShardLogs: "get_shard_logs",
     ShardLogs: "shard_logs",
@@ -446,7 +463,8 @@ def _make_converter() -> cattrs.Converter:
     # Fields added since protocol version 1 was published stay out of a frame at their default,
     # so a peer that predates them still decodes everything that does not use them.
     omit = override(omit_if_default=True)
-    conv.register_unstructure_hook(ShardState, make_dict_unstructure_fn(ShardState, conv, rss_mib=omit, vram_mib=omit))
+    conv.register_unstructure_hook(ShardState, make_dict_unstructure_fn(
+        ShardState, conv, rss_mib=omit, vram_mib=omit, adapters=omit))
     conv.register_unstructure_hook(ShardSpec, make_dict_unstructure_fn(ShardSpec, conv, devices=omit,
                                                                       adapters=omit))
     conv.register_unstructure_hook(HostFacts, make_dict_unstructure_fn(
@@ -641,6 +659,7 @@ __all__ = [
     "Message",
     "Refuse",
     "RemoveWeights",
+    "SetAdapters",
     "SetEngines",
     "ShardLogs",
     "ShardSpec",

@@ -106,6 +106,13 @@ RECIPES: list[tuple[str, Recipe]] = [
     ("POST /api/v1/capacity/runs/{run_id}/cancel", lambda w: w.daemon.admin.post(
         f"/capacity/runs/{w.ids['run']}/cancel")),
     ("DELETE /api/v1/capacity/runs/{run_id}", lambda w: w.daemon.admin.delete(f"/capacity/runs/{w.ids['run2']}")),
+    ("POST /api/v1/models/{name}/profiles/{profile}/adapters", lambda w: w.daemon.admin.post(
+        "/models/tiny/profiles/cpu/adapters", json={"name": "bot", "url": "/adapters/bot.gguf",
+                                                    "sha256": "b" * 64, "size": 1000})),
+    ("PATCH /api/v1/models/{name}/profiles/{profile}/adapters/{adapter}", lambda w: w.daemon.admin.patch(
+        "/models/tiny/profiles/cpu/adapters/bot", json={"scale": 0.5})),
+    ("DELETE /api/v1/models/{name}/profiles/{profile}/adapters/{adapter}", lambda w: w.daemon.admin.delete(
+        "/models/tiny/profiles/cpu/adapters/bot")),
     ("DELETE /api/v1/models/{name}", lambda w: w.daemon.admin.delete("/models/tiny")),
     ("POST /api/v1/models/pulls", _pull_start),
     ("PUT /api/v1/models/pulls/{pull_id}/draft", _pull_draft),

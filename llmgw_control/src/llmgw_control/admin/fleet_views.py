@@ -9,6 +9,7 @@ from ..catalog import Claim, Resolved
 from ..fleet.inventory import NodeRecord
 from ..store import NodeIdentity
 from .api.schemas import (
+    AdapterOfModel,
     ClaimView,
     EngineOnNode,
     FactsView,
@@ -75,7 +76,16 @@ def model_view(fleet: Fleet, resolved: Resolved) -> ModelView:
         waiting_requests=reconciler.waiting.get(key, 0),
         status="ready" if ready else reconciler.status(key),
         claim=ClaimView(claim.ram_mib, claim.vram_mib),
+        adapters=adapter_views(fleet, resolved),
     )
+
+
+def adapter_views(fleet: Fleet, resolved: Resolved) -> list[AdapterOfModel]:
+    """The profile's adapters, each with the replicas the gateway may send its requests to."""
+    published = fleet.reconciler.replicas.for_model(resolved.key)
+    return [AdapterOfModel(a.name, a.weights.size, a.scale,
+                           sorted(r.id for r in published if any(n == a.name for n, _ in r.adapters)))
+            for a in resolved.profile.adapters]
 
 
 def node_weights_view(fleet: Fleet, node: NodeRecord) -> NodeWeightsView:

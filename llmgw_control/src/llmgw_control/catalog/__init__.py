@@ -2,6 +2,7 @@
 through the admin API (``service.ModelService``)."""
 
 from .models import (
+    LIVE_ADAPTER_ENGINES,
     ROUTING_POLICIES,
     SHA256,
     Catalog,
@@ -18,7 +19,7 @@ from .models import (
 from .profile_key import NAME, ProfileKey
 
 __all__ = [
-    "NAME", "ROUTING_POLICIES", "SHA256", "Catalog",
+    "LIVE_ADAPTER_ENGINES", "NAME", "ROUTING_POLICIES", "SHA256", "Catalog",
     "Claim", "EngineConfig", "ModelConfig", "ProfileConfig", "ProfileKey", "Resolved", "WeightsConfig",
     "model_problems", "replica_slots", "validate_models",
 ]

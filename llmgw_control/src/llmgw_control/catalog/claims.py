@@ -1,4 +1,5 @@
-"""The resource claim of each profile: configured, or estimated from the GGUF header."""
+"""The resource claim of each profile: configured, or estimated from the GGUF header, plus its
+LoRA adapters' weights (``adapters_mib``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
 
+import attrs
 import httpx2
 import trio
 
@@ -30,6 +32,7 @@ class ModelFiles(Protocol):
 
     def path(self, kind: str, name: str) -> Path | None: ...
 
+MIB = 1 << 20
 # The GGUF metadata (and tensor index) of every model we have seen fits in a few MiB.
 _HEADER_BYTES = 16 * 1024 * 1024
 # Reading a header is CPU work (up to half a second for one that fills the 16 MiB): off the
@@ -101,6 +104,25 @@ async def estimate_profile(profile: ProfileConfig, files: ModelFiles | None, *, 
     return estimate_ram(metadata, weights_bytes=profile.weights.size, context=profile.context * profile.parallel)
 
 
+def adapters_mib(profile: ProfileConfig) -> int:
+    """The MiB a replica of ``profile`` holds for its LoRA adapters: each one's weights, whole
+    (llama-server loads every listed adapter at its start, and vLLM keeps each one loaded until it
+    is unloaded), rounded up per file."""
+    return sum(-(-adapter.weights.size // MIB) for adapter in profile.adapters)
+
+
+def with_adapters(claim: Claim, profile: ProfileConfig) -> Claim:
+    """``claim`` (the base model's, configured or estimated) plus the adapters' weights, where the
+    model's weights are: in GPU memory when the profile claims some, else in RAM. A configured
+    claim is the base model's: adapters added later must not overcommit a node it was sized for."""
+    extra = adapters_mib(profile)
+    if not extra:
+        return claim
+    if claim.vram_mib:
+        return attrs.evolve(claim, vram_mib=claim.vram_mib + extra)
+    return attrs.evolve(claim, ram_mib=claim.ram_mib + extra)
+
+
 async def claims_of(profiles: Iterable[tuple[str, ProfileConfig]], files: ModelFiles | None, *,
                     refuse_hostile: bool = False) -> dict[str, Claim]:
     """The claim of each (key, profile), the estimates made side by side; with ``refuse_hostile``
@@ -110,15 +132,15 @@ async def claims_of(profiles: Iterable[tuple[str, ProfileConfig]], files: ModelF
 
     async def one(key: str, profile: ProfileConfig) -> None:
         if profile.ram_mib or profile.weights is None:
-            claims[key] = Claim(profile.ram_mib, profile.vram_mib)
+            claims[key] = with_adapters(Claim(profile.ram_mib, profile.vram_mib), profile)
             return
         try:
             estimate = await estimate_profile(profile, files, refuse_hostile=refuse_hostile)
         except HeaderRefused as exc:
             hostile[key] = exc  # raised below the nursery: one error, not a group of them
             return
-        claims[key] = Claim(estimate.ram_mib, profile.vram_mib)
-        log.info("model %s claims %d MiB RAM (%s)", key, estimate.ram_mib, estimate.how)
+        claims[key] = with_adapters(Claim(estimate.ram_mib, profile.vram_mib), profile)
+        log.info("model %s claims %d MiB RAM (%s)", key, claims[key].ram_mib, estimate.how)
 
     given = list(profiles)
     async with trio.open_nursery() as nursery:

@@ -52,6 +52,10 @@ MAX_ADAPTERS = 64
 MAX_ADAPTER_SCALE = 16.0
 # The engines that can apply one adapter per request.
 ADAPTER_ENGINES = ("llama.cpp", "vllm")
+# Those that load and unload adapters while they run (the node's set_adapters): a change of a
+# profile's adapters reaches their replicas live. llama-server takes its list at start only, so
+# a changed list restarts its replicas (catalog/service.py).
+LIVE_ADAPTER_ENGINES = ("vllm",)
 
 
 # GPUs one replica may be split over: the most one host carries (an HGX board has 8, the

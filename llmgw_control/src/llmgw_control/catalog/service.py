@@ -28,6 +28,7 @@ from ..store import CatalogModel, NotFound, Store, StoreError
 from .claims import ModelFiles, model_claims
 from .models import (
     DIRECTORY_ENGINES,
+    LIVE_ADAPTER_ENGINES,
     Catalog,
     Claim,
     ModelConfig,
@@ -267,7 +268,11 @@ def _restart_needed(old: ProfileConfig, new: ProfileConfig) -> bool:
     directory_engine = new.engine in DIRECTORY_ENGINES and old.slots != new.slots
     # llama-server loads its adapters only at start (--lora), and a request names one by its
     # position there: any change of the list restarts its replicas. vLLM loads and unloads them
-    # live (its runtime load and unload endpoints), so its replicas keep running.
-    adapters = new.engine == "llama.cpp" and [a.weights for a in old.adapters] != [a.weights for a in new.adapters]
+    # live (the node's set_adapters), so its replicas keep running -- unless it had none: then it
+    # was started without --enable-lora, which only a restart adds.
+    if new.engine in LIVE_ADAPTER_ENGINES:
+        adapters = not old.adapters and bool(new.adapters)
+    else:
+        adapters = [a.weights for a in old.adapters] != [a.weights for a in new.adapters]
     return directory_engine or adapters or any(getattr(old, f) != getattr(new, f) for f in _RESTART_FIELDS)
 

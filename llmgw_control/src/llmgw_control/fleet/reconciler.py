@@ -13,7 +13,7 @@ What a node reports is the truth about its shards: its hello lists every shard i
 shard control placed there that the hello does not list is forgotten at once (and replaced if
 it should run), whatever state control last saw it in.
 
-This module is the loop and its pass, about 820 lines: the steps of one pass (absorb reports and
+This module is the loop and its pass, about 840 lines: the steps of one pass (absorb reports and
 measurements, adopt, expire, demand, plan, apply, publish, tidy the nodes' weights) read and
 change the same records in one order, and apart they would each need the whole reconciler passed
 in. The decisions themselves are pure and elsewhere: ``plan`` (with ``eviction`` and ``gpus``),
@@ -32,10 +32,10 @@ from llmgw_shared import tracing
 from llmgw_shared.logs import get_logger
 from llmgw_shared.wire import (
     PORT_IN_USE,
-    AdapterSpec,
     Command,
     DrainShard,
     RemoveWeights,
+    SetAdapters,
     ShardSpec,
     ShardState,
     StartShard,
@@ -51,6 +51,7 @@ from .capacity import CapacityIndex, capacity_kind, hardware_of, profile_fingerp
 from .events import NodeEvents
 from .inventory import Inventory, Liveness, NodeLiveness, NodeRecord
 from .lifecycle import HOLDING, TERMINAL, ReplicaStatus
+from .live_adapters import LiveAdapters, adapter_specs, lora_args
 from .measured import MeasuredUse, node_kind
 from .plan import Action, Demand, Drain, Evict, Forget, PlanLimits, PlanNode, Start, Stop, plan
 from .shard_ids import ShardIds
@@ -138,6 +139,8 @@ class Reconciler:
         # Forgotten replicas whose series are still to be removed: id -> (its Replica if it was
         # published, when it was first seen idle).
         self._retired: dict[str, tuple[Replica | None, float | None]] = {}
+        # The adapter lists sent to running vLLM replicas (fleet/live_adapters.py).
+        self.live_adapters = LiveAdapters()
         # What replicas were measured to use, per (profile, node kind): the next claim there.
         self.measured = MeasuredUse()
         # Per profile key: since when requests have waited for it without a break (fairness).
@@ -377,6 +380,7 @@ class Reconciler:
         for key, reason in decided.blocked.items():
             self._log_blocked(key, reason, now)
         self.blocked = decided.blocked
+        self._sync_adapters()
         self._sync_router(now)
         if now - self._weights_checked_at >= _WEIGHTS_CHECK_INTERVAL:
             self._weights_checked_at = now
@@ -502,6 +506,7 @@ class Reconciler:
             log.info("replica %s of %s ready on node %s", record.shard_id, record.key, node.node_id)
         if state.last_lines:
             record.last_lines = list(state.last_lines)
+        record.adapters = tuple(state.adapters)
         if reported == ReplicaStatus.FAILED:
             self.mark_failed(record.shard_id, state.detail)
         else:
@@ -549,7 +554,7 @@ class Reconciler:
             return
         record = ShardRecord(shard_id, key, node.node_id, state.port, self.claims.get(key, Claim(0)), status,
                              state.detail, created_at=now, ready_since=now if status == ReplicaStatus.READY else None,
-                             address=node.address)
+                             address=node.address, adapters=tuple(state.adapters))
         self.shards[shard_id] = record
         self._measured(node, record, state)
         log.info("adopted replica %s of %s on node %s (%s)", shard_id, key, node.node_id, status)
@@ -749,20 +754,17 @@ class Reconciler:
         elif profile.engine == "vllm":
             # The name the gateway sends; the context per request; sequences batched at once.
             args = ["--served-model-name", resolved.model.name, "--max-model-len", str(profile.context),
-                    "--max-num-seqs", str(replica_slots(profile)), *args]
+                    "--max-num-seqs", str(replica_slots(profile)), *lora_args(profile), *args]
         elif profile.engine == "sglang":
             args = ["--served-model-name", resolved.model.name, "--context-length", str(profile.context),
                     "--max-running-requests", str(replica_slots(profile)), "--enable-metrics", *args]
-        if profile.adapters and profile.engine == "vllm":
-            args = [*args, "--enable-lora", "--max-loras", str(len(profile.adapters))]
         weights = profile.weights
         return ShardSpec(
             shard_id=shard_id, engine=profile.engine, engine_version=self.catalog.engine_version(profile),
             weights=WeightsSpec(weights.url, weights.sha256, weights.size) if weights is not None else None,
             port=port, api_key=self.shard_api_key(shard_id), args=args, env=dict(profile.env),
             start_timeout_s=profile.start_timeout, model_dir=profile.model_dir, devices=list(devices),
-            adapters=[AdapterSpec(a.name, WeightsSpec(a.weights.url, a.weights.sha256, a.weights.size))
-                      for a in profile.adapters],
+            adapters=adapter_specs(profile),
         )
 
     def _forget(self, action: Forget, now: float) -> None:
@@ -780,6 +782,15 @@ class Reconciler:
             node.shards.pop(record.shard_id, None)
         log.info("forgetting replica %s of %s: %s", record.shard_id, record.key, action.reason)
 
+    def _sync_adapters(self) -> None:
+        """Send running vLLM replicas their profile's adapters where the catalog changed them."""
+        for record, adapters in self.live_adapters.due(self.shards.values(), self.catalog):
+            log.info("replica %s of %s: loading adapters [%s] live", record.shard_id, record.key,
+                     ", ".join(a.name for a in adapters))
+            if self._send(record.node_id, SetAdapters(self._next_id(), self.fencing_token, record.shard_id,
+                                                      adapters)):
+                self.live_adapters.sent_to(record.shard_id, adapters)
+
     def _sync_router(self, now: float) -> None:
         for record in self.shards.values():
             node = self.inventory.get(record.node_id)
@@ -791,7 +802,7 @@ class Reconciler:
                 url = f"http://{_url_host(record.address or node.address)}:{record.port}"
                 resolved = self.catalog.resolve(record.key)
                 slots = self.replica_slots_on(record.key, resolved.profile, node) if resolved else 1
-                adapters, adapter_mode = replica_adapters(resolved.profile) if resolved else ((), "")
+                adapters, adapter_mode = replica_adapters(resolved.profile, record.adapters) if resolved else ((), "")
                 if current is None or current.url != url:
                     served = resolved.model.name if resolved else ""
                     # llama-server started with -np parallel (_engine_args): its slots can be named.

@@ -101,6 +101,8 @@ class ShardRecord:
     used: Claim | None = None
     # The GPUs placement put its VRAM on (empty: none, or adopted without knowing).
     devices: tuple[int, ...] = ()
+    # The LoRA adapters its node reports loaded (names): what the gateway may send it.
+    adapters: tuple[str, ...] = ()
 
     @property
     def holding(self) -> Claim:

@@ -8,7 +8,10 @@ whatever the client's body says:
   ``lora`` field lists every adapter by its position at start with its scale, the asked-for one
   at its scale and all others at 0 (an adapter left out of the list would be 0 too, but an
   explicit list does not depend on that default);
-* vLLM (``--enable-lora``, adapters loaded by name): the request's ``model`` is the adapter's name.
+* vLLM (``--enable-lora``, adapters loaded by name while it runs): the request's ``model`` is the
+  adapter's name. A replica holds the adapters its node reported loaded, so a request for an
+  adapter goes only to replicas that have it (``without_adapter``), never to one that would
+  answer with the base model or a 404.
 
 The client's own ``lora`` field is dropped either way: which adapter runs is the catalog's choice.
 """
@@ -16,11 +19,12 @@ The client's own ``lora`` field is dropped either way: which adapter runs is the
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import attrs
 
-from ..catalog import ProfileConfig
+from ..catalog import LIVE_ADAPTER_ENGINES, ProfileConfig
 from .affinity import Affinity
 from .replicas import Replica
 
@@ -29,12 +33,24 @@ LORA_FIELD = "lora-field"
 MODEL_NAME = "model-name"
 
 
-def replica_adapters(profile: ProfileConfig) -> tuple[tuple[tuple[str, float], ...], str]:
-    """What a replica of ``profile`` holds, (name, scale) in the engine's order, and its mode."""
-    adapters = tuple((a.name, a.scale) for a in profile.adapters)
-    if not adapters:
+def replica_adapters(profile: ProfileConfig, loaded: Sequence[str] = ()) -> tuple[tuple[tuple[str, float], ...], str]:
+    """What a replica of ``profile`` holds, (name, scale) in the engine's order, and its mode.
+
+    ``loaded``: the names its node reports loaded; an engine that loads adapters live holds only
+    those of the profile's (llama-server holds its whole list from its start, or is not ready)."""
+    live = profile.engine in LIVE_ADAPTER_ENGINES
+    adapters = tuple((a.name, a.scale) for a in profile.adapters if not live or a.name in loaded)
+    if not profile.adapters:
         return (), ""
     return adapters, LORA_FIELD if profile.engine == "llama.cpp" else MODEL_NAME
+
+
+def without_adapter(replicas: Iterable[Replica], adapter: str | None) -> frozenset[str]:
+    """The replicas a request for ``adapter`` must not go to (none for the base model): those
+    that do not hold it, such as a vLLM replica whose load of it failed or has not happened yet."""
+    if adapter is None:
+        return frozenset()
+    return frozenset(r.id for r in replicas if all(name != adapter for name, _ in r.adapters))
 
 
 def adapter_fields(replica: Replica, requested: str, payload: dict[str, Any]) -> dict[str, Any] | None:

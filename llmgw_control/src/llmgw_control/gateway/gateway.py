@@ -30,7 +30,7 @@ from ..priority import Priority
 from ..tenancy.admission import Admission, Ticket, admit_waiting
 from ..transport.asgi import REQUEST_ID, Receive, Scope, Send
 from .activator import Activator, Refusal, Slot
-from .adapters import adapter_affinity
+from .adapters import adapter_affinity, without_adapter
 from .affinity import Affinity, request_affinity
 from .attempts import Broken, Outcome, Phase, Refused, Retry, Stalled, Step, policy
 from .capabilities import PROBE_CONCURRENCY, ModelCapabilities, combine, declared, learn, needs, refusal
@@ -149,7 +149,7 @@ class Gateway:
                 await learn(self.upstream, self.replicas.for_model(key), self.probes)
             if self.admission is None:
                 self._check_capabilities(key, request, wanted)
-                await self._forward(request, key, receive, exchange, affinity=affinity)
+                await self._forward(request, key, receive, exchange, affinity=affinity, adapter=adapter)
                 return
             estimate = _estimate_tokens(request)
             with exchange.trace.phase("llmgw.admission"):
@@ -159,7 +159,8 @@ class Gateway:
                 # After the allow-list (a key learns nothing of a model it may not use), before
                 # any replica: a request the model cannot serve is the caller's 400.
                 self._check_capabilities(key, request, wanted)
-                await self._forward(request, key, receive, exchange, ticket.priority, affinity=affinity)
+                await self._forward(request, key, receive, exchange, ticket.priority, affinity=affinity,
+                                    adapter=adapter)
             finally:
                 _settle(ticket, exchange, estimate, request.endpoint.metered)
         elif path.startswith("/v1/models") and method == "GET":
@@ -246,7 +247,7 @@ class Gateway:
 
     async def _forward(
         self, request: ParsedRequest, key: str, receive: Receive, exchange: Exchange,
-        priority: Priority = Priority.INTERACTIVE, *, affinity: Affinity | None = None,
+        priority: Priority = Priority.INTERACTIVE, *, affinity: Affinity | None = None, adapter: str | None = None,
     ) -> None:
         in_flight = self.metrics.in_flight.labels(key)
         in_flight.inc()
@@ -256,7 +257,7 @@ class Gateway:
                 # Inside the nursery, so a client that gives up stops waiting for a slot too.
                 nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope, exchange)
                 try:
-                    await self._attempts(request, key, exchange, priority, affinity)
+                    await self._attempts(request, key, exchange, priority, affinity, adapter)
                 except Exception as exc:
                     # Re-raised below the nursery, so callers see the error itself rather than
                     # an exception group wrapping it.
@@ -277,11 +278,13 @@ class Gateway:
 
     async def _attempts(
         self, request: ParsedRequest, key: str, exchange: Exchange, priority: Priority, affinity: Affinity | None,
+        adapter: str | None = None,
     ) -> None:
         """Up to ``max_attempts`` attempts on replicas not tried yet, each outcome stepped through
-        the policy table (gateway/attempts.py)."""
+        the policy table (gateway/attempts.py). An adapter's request counts the replicas that do
+        not hold it as tried: it never reaches them."""
         activator = self.activator
-        tried: frozenset[str] = frozenset()
+        tried = without_adapter(self.replicas.for_model(key), adapter)
         failure: ClientApiError | None = None
         record = self._stream_record(request, key)
         for attempt in range(self.config.max_attempts):

@@ -7,6 +7,7 @@ the end. The app adds the routes of the parts it owns (audit, mirror, capacity r
 
 from __future__ import annotations
 
+from .adapter_routes import add_adapter_routes
 from .context import ApiContext
 from .core import Api
 from .engine_routes import add_engine_routes
@@ -31,4 +32,5 @@ def build_api(ctx: ApiContext) -> Api:
     add_key_routes(api, ctx)
     add_quota_routes(api, ctx)
     add_usage_routes(api, ctx)
+    add_adapter_routes(api, ctx)
     return api

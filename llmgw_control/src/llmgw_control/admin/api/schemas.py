@@ -127,6 +127,16 @@ class ReplicaOfModel:
 
 
 @attrs.frozen
+class AdapterOfModel:
+    """A LoRA adapter of the profile (its own model name), and the ready replicas that hold it."""
+
+    name: str
+    size: int
+    scale: float
+    loaded_on: list[str]
+
+
+@attrs.frozen
 class ModelView:
     """One profile of a model: its replicas and, when none is ready, why (``status``)."""
 
@@ -140,6 +150,7 @@ class ModelView:
     waiting_requests: int
     status: str
     claim: ClaimView
+    adapters: list[AdapterOfModel] = attrs.Factory(list)
 
 
 @attrs.frozen

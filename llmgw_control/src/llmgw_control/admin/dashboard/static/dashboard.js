@@ -53,6 +53,7 @@
     return "warn";
   }
   function mib(v) { return v >= 1024 ? `${(v / 1024).toFixed(1)} GiB` : `${v} MiB`; }
+  function fileSize(bytes) { return bytes >= 1 << 20 ? mib(Math.ceil(bytes / (1 << 20))) : `${Math.ceil(bytes / 1024)} KiB`; }
   function num(v) { return (Number(v) || 0).toLocaleString("en-US"); }
   function when(v) {
     if (!v) return "—";
@@ -159,8 +160,14 @@
             badge(r.state, stateKind(r.state)), " ",
             h("button", { type: "button", class: "small", "data-action": "replica-logs", "data-replica": r.id },
               "Logs"))))
+        : "none"),
+      // LoRA adapters, each its own model name: size, default scale, the replicas that hold it.
+      h("td", { class: "adapters" }, (m.adapters || []).length
+        ? h("ul", {}, m.adapters.map((a) => h("li", { "data-adapter": a.name }, h("span", { class: "mono" }, a.name),
+            ` ${fileSize(a.size)} · scale ${a.scale} · `,
+            (a.loaded_on || []).length ? `loaded on ${a.loaded_on.join(", ")}` : badge("not loaded", "warn"))))
         : "none")));
-    replaceRows($("#models"), rows, 6, "No models configured.");
+    replaceRows($("#models"), rows, 7, "No models configured.");
     await replicaLogs.refresh();
   };
 

@@ -1,0 +1,72 @@
+"""LoRA adapters of running vLLM replicas kept in step with the catalog, without restarting them.
+
+vLLM loads and unloads adapters while it runs (the node's ``set_adapters``, which calls vLLM's
+``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``). When a profile's adapters change,
+each ready replica of it whose node reports another set loaded is sent the catalog's list, once
+per list: a load that fails is reported in the replica's detail and not retried until the list
+changes again or the engine restarts (the node then loads its list anew). The gateway routes an
+adapter's requests only to the replicas that report it loaded (``gateway/adapters.py``).
+
+llama-server takes its adapters at start only; a change of its list restarts its replicas
+(``catalog/service.py``), so nothing here concerns it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import attrs
+
+from llmgw_shared.wire import AdapterSpec, WeightsSpec
+
+from ..catalog import LIVE_ADAPTER_ENGINES, Catalog, ProfileConfig
+from .lifecycle import ReplicaStatus
+from .shards import ShardRecord
+
+# vLLM's --max-loras: adapters in one batch, each with GPU memory for its weights set aside at
+# start (max rank x layers). A profile with many adapters still serves them all, up to this
+# many at once; its own ``args`` may set another (they come after ours, and the last one wins).
+DEFAULT_MAX_LORAS = 4
+
+
+def adapter_specs(profile: ProfileConfig) -> list[AdapterSpec]:
+    """The adapters a replica of ``profile`` is to have, as the node is told them."""
+    return [AdapterSpec(a.name, WeightsSpec(a.weights.url, a.weights.sha256, a.weights.size))
+            for a in profile.adapters]
+
+
+def lora_args(profile: ProfileConfig) -> list[str]:
+    """vLLM's start flags for a profile with adapters (before the profile's own ``args``)."""
+    if not profile.adapters or profile.engine != "vllm":
+        return []
+    return ["--enable-lora", "--max-loras", str(min(len(profile.adapters), DEFAULT_MAX_LORAS))]
+
+
+@attrs.define
+class LiveAdapters:
+    """The lists last sent to each replica, so one list is sent once, not on every pass."""
+
+    sent: dict[str, tuple[AdapterSpec, ...]] = attrs.Factory(dict)
+
+    def due(self, records: Iterable[ShardRecord], catalog: Catalog) -> list[tuple[ShardRecord, list[AdapterSpec]]]:
+        """The ready replicas of live-loading profiles whose loaded adapters are not the catalog's,
+        with the list to send them."""
+        out: list[tuple[ShardRecord, list[AdapterSpec]]] = []
+        present: set[str] = set()
+        for record in records:
+            present.add(record.shard_id)
+            if record.status != ReplicaStatus.READY or record.draining:
+                continue
+            resolved = catalog.resolve(record.key)
+            if resolved is None or resolved.profile.engine not in LIVE_ADAPTER_ENGINES:
+                continue
+            wanted = adapter_specs(resolved.profile)
+            if {a.name for a in wanted} == set(record.adapters) or self.sent.get(record.shard_id) == tuple(wanted):
+                continue
+            out.append((record, wanted))
+        for gone in set(self.sent) - present:
+            del self.sent[gone]
+        return out
+
+    def sent_to(self, shard_id: str, adapters: list[AdapterSpec]) -> None:
+        self.sent[shard_id] = tuple(adapters)
