@@ -323,8 +323,8 @@ class FakeEngineApp:
                 ObservedDisconnect(path, request_id, phase, progress["chunks"]))
             self.observed._notify()
 
-    async def _respond_to(self, kind: str, req: dict[str, Any], send: Send,
-                          progress: dict[str, Any]) -> None:
+    async def _failed_first(self, send: Send) -> bool:
+        """The behaviours before any answer: a hang, a delay, an error status (True: it answered)."""
         b = self.behavior
         if b.hang_before_first_byte:
             await trio.sleep_forever()
@@ -335,6 +335,13 @@ class FakeEngineApp:
                 b.status_times -= 1
             status = b.status_before_body
             await _respond(send, status, _error_body(status, f"fake engine failure {status}"))
+            return True
+        return False
+
+    async def _respond_to(self, kind: str, req: dict[str, Any], send: Send,
+                          progress: dict[str, Any]) -> None:
+        b = self.behavior
+        if await self._failed_first(send):
             return
         requested = req.get("model")
         adapter = requested if b.loras is not None and requested in b.loras.loaded else None

@@ -254,7 +254,7 @@ class Supervisor:
             raise ShardError(str(exc)) from None
         shard.spec = spec
         self._persist()  # an adopting daemon loads the list as it now is
-        if shard.state.status == "ready":
+        if ReplicaStatus(shard.state.status) is ReplicaStatus.READY:
             assert self._nursery is not None, "Supervisor.run() must be running"
             self._nursery.start_soon(self._apply_adapters, shard, name=f"adapters:{shard_id}")
 
@@ -623,7 +623,7 @@ class Supervisor:
             for problem in problems:
                 log.warning("shard %s: %s", spec.shard_id, problem)
             shard.loaded, shard.adapter_problem = applied.loaded, "; ".join(problems)[:2000]
-        if shard.state.status == "ready":
+        if ReplicaStatus(shard.state.status) is ReplicaStatus.READY:
             self._set(shard, ReplicaStatus.READY, shard.adapter_problem)
 
     async def _adapter_dirs(self, adapters: list[AdapterSpec]) -> tuple[list[AdapterSpec], list[str]]:

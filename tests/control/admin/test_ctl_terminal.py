@@ -118,6 +118,10 @@ def routes(h: str) -> dict[tuple[str, str], Any]:
         ("GET", "/models"): {"models": [{"key": h, "source": h, "ready": 0, "replicas": [], "waiting_requests": 0,
                                          "claim": {"ram_mib": 1}, "status": h}]},
         ("GET", "/models/m1"): {"model": {"name": h}},
+        ("GET", "/models/m1/profiles/p1/adapters"): {"adapters": [
+            {"name": h, "size": 1, "scale": 1.0, "loaded_on": [h], "url": h, "sha256": h}]},
+        ("PATCH", "/models/m1/profiles/p1/adapters/a1"): {
+            "name": h, "size": 1, "scale": 2.0, "loaded_on": [h], "url": h, "sha256": h},
         ("GET", "/hub/search"): {"endpoint": h, "repos": [{"id": h, "downloads": 1, "likes": 2, "updated": h}]},
         ("GET", "/hub/files"): {"files": [{"path": h, "quantisation": h, "size": 1, "estimate_ram_mib": 1,
                                            "fits": True, "split": True}]},
@@ -152,6 +156,7 @@ COMMANDS = [
     ["replicas"], ["replicas", "logs", "r1", "--follow"], ["engines"], ["weights"],
     ["models"], ["models", "show", "m1"], ["models", "search", "q"], ["models", "files", "o/r"],
     ["models", "pulls"], ["models", "pull", "o/r", "f.gguf"], ["models", "publish", "p1"],
+    ["models", "adapters", "list", "m1", "--profile", "p1"],
     ["groups"], ["groups", "create", "g"], ["groups", "priority", "g1", "batch"], ["keys"],
     ["keys", "create", "k", "--group", "g1"], ["quotas"], ["quotas", "set", "g1", "--requests-per-minute", "1"],
     ["usage"], ["capacity"], ["bench", "m"], ["audit"], ["audit", "export"],
@@ -246,6 +251,6 @@ def test_every_command_that_reads_the_api_is_covered() -> None:
         covered.add(parser.parse_args(argv).action)
     # Commands left out print only what the operator typed (removals, revocations, clearings).
     own_words = {"models_remove", "models_add", "models_change", "groups_delete", "keys_revoke", "keys_delete",
-                 "quotas_clear", "act", "adapters_add", "adapters_remove"}
+                 "quotas_clear", "act", "adapters_add", "adapters_remove", "adapters_scale"}
     missing = {a.__name__ for a in _every_action() if a not in covered} - own_words
     assert missing == set()

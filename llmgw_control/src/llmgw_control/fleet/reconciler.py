@@ -98,8 +98,7 @@ class Reconciler:
         self.config = config
         self.claims = claims
         self.clock = clock
-        # Nodes report when weights were last used in Unix time.
-        self.wall_clock = wall_clock
+        self.wall_clock = wall_clock  # nodes report when weights were last used in Unix time
         self._weights_checked_at = float("-inf")
         self.ids = ShardIds(secret)
         self.shards: dict[str, ShardRecord] = {}

@@ -91,6 +91,22 @@ def _check_body(body: AdapterBody, profile: ProfileConfig) -> None:
         raise bad_request("url", "must not have a '..' component")
 
 
+def _profile_of(service: ModelService, call: Call) -> tuple[ModelConfig, ProfileConfig]:
+    model, _source = service.definition(call.path["name"])
+    profile = next((p for p in model.profiles if p.name == call.path["profile"]), None)
+    if profile is None:
+        raise not_found("profile", f"{model.name}:{call.path['profile']}")
+    return model, profile
+
+
+def _view(ctx: ApiContext, model: ModelConfig, profile: ProfileConfig, adapter: AdapterConfig) -> AdapterView:
+    key = str(ProfileKey(model.name, profile.name))
+    replicas = ctx.fleet.reconciler.replicas.for_model(key) if ctx.fleet is not None else []
+    loaded = sorted(r.id for r in replicas if any(name == adapter.name for name, _ in r.adapters))
+    w = adapter.weights
+    return AdapterView(adapter.name, w.url, w.sha256, w.size, adapter.scale, loaded)
+
+
 def add_adapter_routes(api: Api, ctx: ApiContext) -> None:
     # One read-modify-write at a time on this daemon: two adds racing would each replace the
     # model with only its own adapter added.
@@ -100,18 +116,10 @@ def add_adapter_routes(api: Api, ctx: ApiContext) -> None:
         return ctx.the_models()
 
     def profile_of(call: Call) -> tuple[ModelConfig, ProfileConfig]:
-        model, _source = service().definition(call.path["name"])
-        profile = next((p for p in model.profiles if p.name == call.path["profile"]), None)
-        if profile is None:
-            raise not_found("profile", f"{model.name}:{call.path['profile']}")
-        return model, profile
+        return _profile_of(service(), call)
 
     def view(model: ModelConfig, profile: ProfileConfig, adapter: AdapterConfig) -> AdapterView:
-        key = str(ProfileKey(model.name, profile.name))
-        replicas = ctx.fleet.reconciler.replicas.for_model(key) if ctx.fleet is not None else []
-        loaded = sorted(r.id for r in replicas if any(name == adapter.name for name, _ in r.adapters))
-        w = adapter.weights
-        return AdapterView(adapter.name, w.url, w.sha256, w.size, adapter.scale, loaded)
+        return _view(ctx, model, profile, adapter)
 
     async def change(call: Call, edit: Any) -> tuple[ModelConfig, ProfileConfig]:
         async with lock:
