@@ -112,6 +112,8 @@ RECIPES: list[tuple[str, Recipe]] = [
     ("POST /api/v1/models/pulls/{pull_id}/publish", lambda w: w.daemon.admin.post(
         f"/models/pulls/{w.ids['pull']}/publish")),
     ("DELETE /api/v1/models/pulls/{pull_id}", lambda w: w.daemon.admin.delete(f"/models/pulls/{w.ids['pull']}")),
+    ("POST /api/v1/sessions/revoke", lambda w: w.daemon.admin.post("/sessions/revoke",
+                                                                   json={"user": "ada@example.org"})),
 ]
 
 
@@ -200,3 +202,18 @@ async def test_ctl_lists_and_exports_json_lines(tmp_path: Path) -> None:
         assert listed.splitlines()[0].split()[:3] == ["AT", "ACTOR", "FROM"] and "--cursor" in listed
         exported = (await ctl_ok(daemon, "audit", "export", "--resource", "group")).out.splitlines()
         assert [json.loads(line)["action"] for line in exported] == ["POST /api/v1/groups"] * 3
+
+
+async def test_ctl_ends_a_users_dashboard_sessions(tmp_path: Path) -> None:
+    from .test_ctl import ok as ctl_ok
+    from .test_ctl import run as ctl_run
+
+    async with running_control(tmp_path) as daemon:
+        said = (await ctl_ok(daemon, "sessions", "revoke", "ada@example.org")).out
+        assert said.startswith("dashboard sessions of user:ada@example.org issued before ")
+        answer = (await ctl_ok(daemon, "--json", "sessions", "revoke", "--key", "k1")).json()
+        assert answer["subject"] == "key:k1"
+        assert (await ctl_run(daemon, "sessions", "revoke")).code != 0
+        assert (await ctl_run(daemon, "sessions", "revoke", "a\x1bb")).code != 0
+        [row, _] = await rows(daemon, resource="session")
+        assert (row["resource_id"], row["actor"]) == ("key:k1", "loopback")
