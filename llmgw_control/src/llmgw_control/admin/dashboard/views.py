@@ -145,6 +145,7 @@ def make_blueprint(dash: Dashboard, mount: Mount) -> Blueprint:
         return await render_template(
             f"{name}.html", page=name, pages=PAGES, url=url, api_base=mount.api_base, login=mount.login,
             csrf=session.csrf if session else "", who=key.name if key is not None else "",
+            read_only=key is not None and not key.admin,
             prometheus=bool(dash.prometheus), charts=CHARTS, ranges=RANGES, refresh_ms=REFRESH_MS,
             static=url("dashboard-static/"))
 
