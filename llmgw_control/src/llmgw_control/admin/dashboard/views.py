@@ -243,8 +243,9 @@ def make_blueprint(dash: Dashboard, mount: Mount) -> Blueprint:
                 if not key.admin:
                     message, status = "That key is valid but not an admin key.", 403
             if message:
-                # The key itself is never logged or echoed back into the page.
+                # The key itself is never logged, recorded or echoed back into the page.
                 log.info("dashboard login refused", extra={"status": status})
+                await dash.refused(request.scope, "login: not an admin key" if status == 403 else "login: no such key")
                 return await login_page(message, status)
             assert dash.signer is not None
             _, value = dash.signer.new(key.id)
