@@ -20,6 +20,7 @@ from system.releases import fake_release
 
 from llmgw_control.mirror.config import HubConfig
 from llmgw_dev.fake_hub import FakeHub, FakeRepo, run_fake_hub
+from support.waiting import wait_until
 
 from .conftest import Daemon, fake_node, model_doc, running_control
 
@@ -46,9 +47,9 @@ async def rows(daemon: Daemon, **query: str) -> list[dict[str, Any]]:
 
 
 async def pull_ready(w: World) -> None:
-    with trio.fail_after(30):
-        while (await w.daemon.admin.get(f"/models/pulls/{w.ids['pull']}")).json()["pull"]["state"] != "ready":
-            await trio.sleep(0.05)
+    async def ready() -> bool:
+        return bool((await w.daemon.admin.get(f"/models/pulls/{w.ids['pull']}")).json()["pull"]["state"] == "ready")
+    await wait_until(ready, timeout=30)
 
 
 def ok(answer: Any) -> Any:
