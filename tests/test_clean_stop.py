@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +20,7 @@ import pytest
 
 from llmgw_dev import build_engine, demo
 from llmgw_dev.engine_proc import free_port
+from support.waiting import wait_until_sync
 
 # Every test here starts the daemons as processes: the quick tier (-m "not system") leaves them out.
 pytestmark = pytest.mark.system
@@ -59,11 +59,15 @@ def _daemons(tmp: Path) -> Iterator[tuple[subprocess.Popen[bytes], subprocess.Po
 
 
 def _wait_for(path: Path, text: str, process: subprocess.Popen[bytes]) -> None:
-    end = time.monotonic() + _START_SECONDS
-    while text not in path.read_text(errors="replace"):
+    def said() -> bool:
+        if text in path.read_text(errors="replace"):
+            return True
         assert process.poll() is None, f"exited with {process.returncode}:\n{path.read_text(errors='replace')}"
-        assert time.monotonic() < end, f"no {text!r} in:\n{path.read_text(errors='replace')}"
-        time.sleep(0.05)  # polling a log file: the condition, not the sleep, is what is waited for
+        return False
+    try:
+        wait_until_sync(said, timeout=_START_SECONDS)
+    except TimeoutError:
+        raise AssertionError(f"no {text!r} in:\n{path.read_text(errors='replace')}") from None
 
 
 def _assert_clean(stderr: str, stop_line: str) -> None:
@@ -106,11 +110,15 @@ def test_ctrl_c_on_the_demo_stops_both_daemons_with_one_line_each(tmp_path: Path
         # Its own session: the process group a terminal would have made for it.
         process = subprocess.Popen(command, stdout=out, stderr=err, env=env, start_new_session=True)
         try:
-            end = time.monotonic() + 300
-            while "Press Ctrl-C to stop." not in (tmp_path / "out").read_text():
+            def ready() -> bool:  # the demo's "ready" banner in its output
+                if "Press Ctrl-C to stop." in (tmp_path / "out").read_text():
+                    return True
                 assert process.poll() is None, (tmp_path / "err").read_text()
-                assert time.monotonic() < end, (tmp_path / "err").read_text()
-                time.sleep(0.1)  # polling the demo's output for its "ready" banner
+                return False
+            try:
+                wait_until_sync(ready, timeout=300, interval=0.1)
+            except TimeoutError:
+                raise AssertionError((tmp_path / "err").read_text()) from None
             os.killpg(process.pid, signal.SIGINT)
             assert process.wait(_STOP_SECONDS * 2) == 0
         finally:
