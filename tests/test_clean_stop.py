@@ -17,7 +17,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,6 +26,7 @@ import pytest
 
 from llmgw_dev import build_engine, demo
 from llmgw_dev.engine_proc import free_port
+from support.waiting import wait_until_sync
 
 # Every test here starts the daemons as processes: the quick tier (-m "not system") leaves them out.
 pytestmark = pytest.mark.system
@@ -134,12 +134,16 @@ def _daemons(tmp: Path, launch: Callable[[list[str], IO[bytes]], _Process] = _po
                     process.wait()
 
 
-def _wait_for(path: Path, text: str, process: _Process) -> None:
-    end = time.monotonic() + _START_SECONDS
-    while text not in path.read_text(errors="replace"):
+def _wait_for(path: Path, text: str, process: _Process, timeout: float = _START_SECONDS) -> None:
+    def said() -> bool:
+        if text in path.read_text(errors="replace"):
+            return True
         assert process.poll() is None, f"exited with {process.poll()}:\n{path.read_text(errors='replace')}"
-        assert time.monotonic() < end, f"no {text!r} in:\n{path.read_text(errors='replace')}"
-        time.sleep(0.05)  # polling a log file: the condition, not the sleep, is what is waited for
+        return False
+    try:
+        wait_until_sync(said, timeout=timeout)
+    except TimeoutError:
+        raise AssertionError(f"no {text!r} in:\n{path.read_text(errors='replace')}") from None
 
 
 def _assert_clean(stderr: str, stop_line: str) -> None:
@@ -183,11 +187,15 @@ def test_ctrl_c_on_the_demo_stops_both_daemons_with_one_line_each(tmp_path: Path
         # Its own session: the process group a terminal would have made for it.
         process = subprocess.Popen(command, stdout=out, stderr=err, env=env, start_new_session=True)
         try:
-            end = time.monotonic() + 300
-            while "Press Ctrl-C to stop." not in (tmp_path / "out").read_text():
+            def ready() -> bool:  # the demo's "ready" banner in its output
+                if "Press Ctrl-C to stop." in (tmp_path / "out").read_text():
+                    return True
                 assert process.poll() is None, (tmp_path / "err").read_text()
-                assert time.monotonic() < end, (tmp_path / "err").read_text()
-                time.sleep(0.1)  # polling the demo's output for its "ready" banner
+                return False
+            try:
+                wait_until_sync(ready, timeout=300, interval=0.1)
+            except TimeoutError:
+                raise AssertionError((tmp_path / "err").read_text()) from None
             os.killpg(process.pid, signal.SIGINT)
             assert process.wait(_STOP_SECONDS * 2) == 0
         finally:
@@ -210,11 +218,7 @@ def test_kill_int_stops_the_demo_started_as_a_background_job_of_a_script(tmp_pat
         # Its own session, so that whatever is left can be killed as a group at the end.
         job = _BackgroundJob(command, out, err, env=env, new_session=True)
         try:
-            end = time.monotonic() + 300
-            while "Press Ctrl-C to stop." not in (tmp_path / "out").read_text():
-                assert job.poll() is None, (tmp_path / "err").read_text()
-                assert time.monotonic() < end, (tmp_path / "err").read_text()
-                time.sleep(0.1)  # polling the demo's output for its "ready" banner
+            _wait_for(tmp_path / "out", "Press Ctrl-C to stop.", job, timeout=300)
             job.send_signal(signal.SIGINT)
             assert job.wait(_STOP_SECONDS * 2) == 0
         finally:
@@ -246,6 +250,5 @@ def _end_session(sid: int) -> None:
         for pid in members():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
-        end = time.monotonic() + _STOP_SECONDS
-        while members() and time.monotonic() < end:
-            time.sleep(0.1)  # polling /proc for the session's processes to be gone
+        with contextlib.suppress(TimeoutError):
+            wait_until_sync(lambda: not members(), timeout=_STOP_SECONDS, interval=0.1)

@@ -14,6 +14,7 @@ from llmgw_control.gateway.config import RouterConfig
 from llmgw_dev.fake_engine import FakeEngineBehavior, run_fake_engine
 from llmgw_shared.config import ConfigError
 from support.gateway import endpoint, running_gateway
+from support.waiting import wait_until
 
 SYSTEM = {"role": "system", "content": "You answer in one word. " * 20}
 
@@ -65,9 +66,7 @@ async def test_a_hot_session_is_spread_once_its_replica_passes_the_load_bound() 
             async with trio.open_nursery() as nursery:
                 for _ in range(6):
                     nursery.start_soon(_open_stream, gw.url, "one-hot-session")
-                with trio.fail_after(10):
-                    while a.observed.in_flight + b.observed.in_flight < 6:
-                        await trio.sleep(0.01)
+                await wait_until(lambda: a.observed.in_flight + b.observed.in_flight >= 6, timeout=10, interval=0.01)
                 # A replica holds at most (1 + 0.25) x 3 + 1 = 4.75, so 4; the rest go to the other.
                 assert sorted([a.observed.in_flight, b.observed.in_flight]) == [2, 4]
                 labels = {"model": "fake-model"}
@@ -99,12 +98,9 @@ async def test_new_conversations_are_spread_evenly_and_their_next_turns_follow()
             async with trio.open_nursery() as nursery:
                 for number in range(12):
                     nursery.start_soon(_open_conversation, gw.url, f"Question {number}", opened)
-                    with trio.fail_after(10):
-                        while a.observed.in_flight + b.observed.in_flight < number + 1:
-                            await trio.sleep(0.005)
-                with trio.fail_after(10):
-                    while len(opened) < 12:
-                        await trio.sleep(0.005)
+                    await wait_until(lambda n=number: a.observed.in_flight + b.observed.in_flight >= n + 1,
+                                     timeout=10, interval=0.005)
+                await wait_until(lambda: len(opened) >= 12, timeout=10, interval=0.005)
                 assert [a.observed.in_flight, b.observed.in_flight] == [6, 6]
                 labels = {"model": "fake-model"}
                 assert gw.metric("llmgw_affinity_new_conversations_total", labels) == 12
@@ -131,9 +127,7 @@ async def test_the_default_is_prefix_and_identical_first_turns_still_spread_by_l
             async with trio.open_nursery() as nursery:
                 for _ in range(6):
                     nursery.start_soon(_open_conversation, gw.url, "The same question", {})
-                with trio.fail_after(10):
-                    while a.observed.in_flight + b.observed.in_flight < 6:
-                        await trio.sleep(0.005)
+                await wait_until(lambda: a.observed.in_flight + b.observed.in_flight >= 6, timeout=10, interval=0.005)
                 assert [a.observed.in_flight, b.observed.in_flight] == [3, 3]
                 nursery.cancel_scope.cancel()
 

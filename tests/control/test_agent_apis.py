@@ -22,6 +22,7 @@ import trio
 
 from llmgw_dev.engine_proc import LlamaServer, llama_server_process
 from support.gateway import RunningGateway, endpoint, running_gateway
+from support.waiting import wait_until
 
 T = TypeVar("T")
 pytestmark = pytest.mark.engine
@@ -128,12 +129,12 @@ async def test_messages_responses_and_engine_routes_with_usage_per_key(gateway: 
     assert gateway.metric("llmgw_api_requests_total", {"api": "messages", "status": "200"}) == 3
     assert gateway.metric("llmgw_api_requests_total", {"api": "responses", "status": "200"}) == 2
 
+    async def settled() -> bool:
+        totals = await gateway.tenancy.service.usage_totals(group_id=group)
+        return [totals.prompt_tokens, totals.completion_tokens] == spent
     with trio.move_on_after(10):
-        while True:
-            totals = await gateway.tenancy.service.usage_totals(group_id=group)
-            if [totals.prompt_tokens, totals.completion_tokens] == spent:
-                break
-            await trio.sleep(0.05)
+        await wait_until(settled, timeout=11)
+    totals = await gateway.tenancy.service.usage_totals(group_id=group)
     assert [totals.prompt_tokens, totals.completion_tokens] == spent
 
 
@@ -185,9 +186,9 @@ async def test_openai_agents_default_model_through_the_gateway(gateway: RunningG
     assert isinstance(result.final_output, str) and result.final_output
     usage = result.context_wrapper.usage
     assert usage.requests == 1 and usage.output_tokens == 8
-    with trio.fail_after(10):
-        while (await gateway.tenancy.service.usage_totals(group_id=group)).completion_tokens != 8:
-            await trio.sleep(0.05)
+    async def counted() -> bool:
+        return (await gateway.tenancy.service.usage_totals(group_id=group)).completion_tokens == 8
+    await wait_until(counted, timeout=10)
 
 
 async def test_capabilities_learned_from_the_engines(gateway: RunningGateway) -> None:

@@ -30,6 +30,7 @@ from llmgw_shared.wire import (
     WeightsSpec,
     encode,
 )
+from support.waiting import wait_until
 
 HEARTBEAT = 0.1
 
@@ -126,8 +127,7 @@ async def run(*, cut_at: int = 0, when: str = "", send_time: float = 0.01, ack: 
     accepted: list[Command] = []
 
     async def reconciler() -> None:
-        while "n1" not in service.sessions:
-            await trio.sleep(0.001)
+        await wait_until(lambda: "n1" in service.sessions, timeout=30, interval=0.001)
         # Some commands queued at once, the rest spread over heartbeats.
         for index, command in enumerate(COMMANDS):
             if service.send("n1", command):

@@ -27,6 +27,7 @@ from llmgw_node.service import open_node_service
 from llmgw_node.tls import client_context
 from llmgw_shared.facts import unprobed
 from llmgw_shared.wire import PROTOCOL_VERSION, Hello, encode
+from support.waiting import wait_until
 
 
 @attrs.frozen
@@ -130,12 +131,12 @@ async def test_a_real_node_installs_its_engine_over_mutual_tls(pki: Pki, llama_s
                                  tls_ca_file=str(pki.dir / "ca.pem"), tls_cert_file=str(cert), tls_key_file=str(key))
         async with open_node_service(node_config) as svc, trio.open_nursery() as nursery:
             nursery.start_soon(Agent(svc, ssl_context=client_context(node_config)).run)
-            with trio.fail_after(60):
-                while True:
-                    node = fleet.inventory.get("gpu-1")
-                    states = [e.status for e in node.engines.values()] if node else []
-                    if "installed" in states:
-                        break
-                    assert "failed" not in states, [e.describe() for e in node.engines.values()]  # type: ignore[union-attr]
-                    await trio.sleep(0.1)
+            def installed() -> bool:
+                node = fleet.inventory.get("gpu-1")
+                states = [e.status for e in node.engines.values()] if node else []
+                if "installed" in states:
+                    return True
+                assert "failed" not in states, [e.describe() for e in node.engines.values()]  # type: ignore[union-attr]
+                return False
+            await wait_until(installed, timeout=60, interval=0.1)
             nursery.cancel_scope.cancel()

@@ -21,6 +21,7 @@ from llmgw_control.fleet.fleet import Fleet
 from llmgw_control.store import Role
 from llmgw_shared.facts import unprobed
 from llmgw_shared.wire import PROTOCOL_VERSION, EngineState, Hello, decode, encode
+from support.waiting import wait_until
 
 TOKEN = "llmgw-join-test-token"
 
@@ -151,9 +152,7 @@ async def test_a_hung_node_is_noticed_by_missing_heartbeats(tmp_path: Path) -> N
         await joined(ws)
         # The node stops sending anything but keeps the connection open (no FIN), as a stopped
         # process or a cut network would.
-        with trio.fail_after(5):
-            while ctl.fleet.agents.sessions:
-                await trio.sleep(0.05)
+        await wait_until(lambda: not ctl.fleet.agents.sessions, timeout=5)
         (node,) = await ctl.nodes()
         assert node["state"] in ("unreachable", "disconnected")
 

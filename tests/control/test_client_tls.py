@@ -10,7 +10,7 @@ import signal
 import socket
 import ssl
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import attrs
@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from support.control_daemon import ControlDaemon, control_daemon
+from support.waiting import wait_until_sync
 
 # Starts llmgw daemons as processes (the quick tier, -m "not system", leaves these out).
 pytestmark = pytest.mark.system
@@ -109,18 +110,12 @@ def test_sighup_reloads_the_certificate_and_a_bad_reload_keeps_the_old_one(
     server_cert.cert.write_bytes(renewed.cert.read_bytes())
     server_cert.key.write_bytes(renewed.key.read_bytes())
     tls_daemon.process.send_signal(signal.SIGHUP)
-    deadline = time.monotonic() + 10
-    while not _served_by(tls_daemon, renewed.client_context()):
-        assert time.monotonic() < deadline, tls_daemon.log()[-3000:]
-        time.sleep(0.1)
+    _within_10_s(lambda: _served_by(tls_daemon, renewed.client_context()), tls_daemon)
     assert not _served_by(tls_daemon, old)
     # A reload that cannot read its files keeps what is in use, and says so.
     server_cert.key.write_text("not a key")
     tls_daemon.process.send_signal(signal.SIGHUP)
-    deadline = time.monotonic() + 10
-    while "was not reloaded" not in tls_daemon.log():
-        assert time.monotonic() < deadline, tls_daemon.log()[-3000:]
-        time.sleep(0.1)
+    _within_10_s(lambda: "was not reloaded" in tls_daemon.log(), tls_daemon)
     assert tls_daemon.alive() and _served_by(tls_daemon, renewed.client_context())
 
 
@@ -128,11 +123,20 @@ def test_sighup_without_a_certificate_does_not_stop_the_daemon(tmp_path: Path) -
     # SIGHUP's default action ends a process; the unit's ExecReload sends it.
     with control_daemon(tmp_path, ENDPOINT) as daemon:
         daemon.process.send_signal(signal.SIGHUP)
-        deadline = time.monotonic() + 10
-        while "nothing to reload" not in daemon.log():
-            assert daemon.alive() and time.monotonic() < deadline, daemon.log()[-3000:]
-            time.sleep(0.1)
+        def said() -> bool:
+            if "nothing to reload" in daemon.log():
+                return True
+            assert daemon.alive(), daemon.log()[-3000:]
+            return False
+        _within_10_s(said, daemon)
         assert httpx2.get(daemon.url("api") + "/healthz").status_code == 200
+
+
+def _within_10_s(predicate: Callable[[], bool], daemon: ControlDaemon) -> None:
+    try:
+        wait_until_sync(predicate, timeout=10, interval=0.1)
+    except TimeoutError:
+        raise AssertionError(daemon.log()[-3000:]) from None
 
 
 def _admin_key(daemon: ControlDaemon) -> str:
@@ -146,12 +150,13 @@ def _admin_key(daemon: ControlDaemon) -> str:
 def _login_cookie(daemon: ControlDaemon, key: str, headers: dict[str, str] | None = None) -> str:
     verify: ssl.SSLContext | bool = daemon.client_ssl if daemon.client_ssl is not None else True
     with httpx2.Client(base_url=daemon.url("api"), verify=verify, follow_redirects=False, timeout=10) as client:
-        deadline = time.monotonic() + 10
-        while True:  # the key reaches the client listener's key table within a moment
+        def logged_in() -> httpx2.Response | None:
+            answer = client.post("/admin/login", data={"key": key}, headers=headers or {})
+            return answer if answer.status_code == 302 else None
+        try:  # the key reaches the client listener's key table within a moment
+            response = wait_until_sync(logged_in, timeout=10, interval=0.1)
+        except TimeoutError:
             response = client.post("/admin/login", data={"key": key}, headers=headers or {})
-            if response.status_code == 302 or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
     assert response.status_code == 302, response.text[:300]
     return response.headers["set-cookie"]
 

@@ -9,7 +9,6 @@ from typing import Any
 
 import httpx2
 import pytest
-import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,6 +16,7 @@ from llmgw_control.gateway.continuation import StreamRecord, continuation_reques
 from llmgw_control.gateway.requests import ENDPOINTS, parse_request
 from llmgw_dev.fake_engine import FakeEngineBehavior, run_fake_engine
 from support.gateway import chat_body, endpoint, running_gateway
+from support.waiting import wait_until
 
 PROMPT_TOKENS = 9
 
@@ -205,9 +205,7 @@ async def test_a_stream_whose_engine_stalls_past_the_idle_timeout_is_continued()
             continued = next(r for r in requests if r["prompt"] != "Once")
             assert continued["prompt"] == "Once" + "tok0 tok1 tok2 tok3 " and continued["max_tokens"] == 4
             # The stalled engine's request was closed, so it stops generating.
-            with trio.fail_after(5):
-                while not a.observed.disconnects + b.observed.disconnects:
-                    await trio.sleep(0.01)
+            await wait_until(lambda: a.observed.disconnects + b.observed.disconnects, timeout=5, interval=0.01)
 
 
 async def test_streams_cut_at_any_byte_are_continued_whole() -> None:
@@ -291,13 +289,10 @@ async def test_a_client_that_hangs_up_is_not_continued_for() -> None:
                         received += text
                         if _text(sse(received.rpartition("\n\n")[0])) == "tok0 tok1 ":
                             break
-            with trio.fail_after(5):
-                while not a.observed.disconnects + b.observed.disconnects:
-                    await trio.sleep(0.01)
+            await wait_until(lambda: a.observed.disconnects + b.observed.disconnects, timeout=5, interval=0.01)
             gone = {"model": "fake-model", "status": "499"}
-            with trio.fail_after(5):
-                while sum(gw.metric("llmgw_requests_total", {**gone, "replica": r}) for r in "ab") < 1:
-                    await trio.sleep(0.01)
+            await wait_until(lambda: sum(gw.metric("llmgw_requests_total", {**gone, "replica": r}) for r in "ab") >= 1,
+                             timeout=5, interval=0.01)
             assert len(a.observed.requests) + len(b.observed.requests) == 1
             assert not [o for o in ("continued", "gave_up", "impossible", "refused", "finished")
                         if gw.metric("llmgw_stream_continuations_total", {"model": "fake-model", "outcome": o})]
@@ -332,9 +327,10 @@ async def test_a_continued_stream_is_charged_what_both_engines_did() -> None:
             assert events[-1] == "[DONE]" and _text(events) == FULL
             assert not [e for e in events if isinstance(e, dict) and "usage" in e]
             assert len(a.observed.requests) + len(b.observed.requests) == 2
-            with trio.fail_after(5):
-                while (totals := await service.usage_totals(group_id=group.id)).requests < 1:
-                    await trio.sleep(0.01)
+            async def counted() -> Any:
+                totals = await service.usage_totals(group_id=group.id)
+                return totals if totals.requests >= 1 else None
+            totals = await wait_until(counted, timeout=5, interval=0.01)
             # The first engine read 10 prompt tokens, the second 10 + the 3 it was handed; 8 generated.
             assert (totals.prompt_tokens, totals.completion_tokens) == (23, 8)
 

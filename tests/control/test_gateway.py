@@ -23,6 +23,7 @@ from llmgw_control.gateway.upstream import Httpx2Upstream, UpstreamError, Upstre
 from llmgw_dev.engine_proc import free_port
 from llmgw_dev.fake_engine import FakeEngine, FakeEngineBehavior, run_fake_engine
 from support.gateway import chat_body, endpoint, running_gateway
+from support.waiting import wait_until
 
 
 def sse_events(text: str) -> list[Any]:
@@ -381,9 +382,7 @@ async def test_least_in_flight_spreads_concurrent_streams() -> None:
             async with trio.open_nursery() as nursery:
                 for _ in range(6):
                     nursery.start_soon(_open_stream, gw.url)
-                with trio.fail_after(10):
-                    while a.observed.in_flight + b.observed.in_flight < 6:
-                        await trio.sleep(0.01)
+                await wait_until(lambda: a.observed.in_flight + b.observed.in_flight >= 6, timeout=10, interval=0.01)
                 assert a.observed.in_flight == 3 and b.observed.in_flight == 3
                 nursery.cancel_scope.cancel()
 

@@ -16,6 +16,7 @@ import trio
 
 from llmgw_dev.fake_engine import FakeEngine
 from support.gateway import RunningGateway, chat_body, endpoint, running_gateway
+from support.waiting import wait_until
 
 
 @asynccontextmanager
@@ -111,8 +112,6 @@ async def test_concurrency_on_a_shared_group_holds_across_daemons(fake_engine: F
         async with trio.open_nursery() as nursery:
             for i in range(6):
                 nursery.start_soon(hold, (gw1, gw2)[i % 2])
-            with trio.fail_after(20):
-                while sum(statuses.values()) < 6:
-                    await trio.sleep(0.01)
+            await wait_until(lambda: sum(statuses.values()) >= 6, timeout=20, interval=0.01)
             nursery.cancel_scope.cancel()
         assert statuses[200] <= 2 and statuses[200] + statuses[429] == 6, statuses

@@ -8,6 +8,7 @@ import trio
 
 from llmgw_dev.fake_engine import FakeEngine
 from support.gateway import chat_body, endpoint, running_gateway
+from support.waiting import wait_until
 
 
 async def test_open_until_a_key_exists_then_every_request_needs_one(fake_engine: FakeEngine) -> None:
@@ -130,9 +131,10 @@ async def test_three_levels_under_concurrent_load_hold_and_count_exactly(fake_en
         assert fake_engine.observed.max_in_flight <= 4  # the project's concurrency
         # Each request settles just after its last byte is handed over: give the last ones a moment.
         # Totals are what was flushed to the store plus what is still pending in memory.
+        async def settled() -> bool:
+            return (await service.usage_totals(group_id=org.id, include_descendants=True)).requests >= served
         with trio.move_on_after(3):
-            while (await service.usage_totals(group_id=org.id, include_descendants=True)).requests < served:
-                await trio.sleep(0.01)
+            await wait_until(settled, timeout=4, interval=0.01)
         totals = await service.usage_totals(group_id=org.id, include_descendants=True)
         assert totals.requests == served  # failures are not usage
         assert totals.prompt_tokens == 10 * served  # settled once each

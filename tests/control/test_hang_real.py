@@ -21,6 +21,7 @@ import trio
 
 from llmgw_dev.engine_proc import LlamaServer, llama_server_process
 from support.gateway import RunningGateway, endpoint, running_gateway
+from support.waiting import wait_until
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -85,10 +86,9 @@ async def test_a_stopped_engine_is_withdrawn_its_requests_moved_and_taken_back(
                 await trio.sleep(1.5)
                 os.kill(victim.pid, signal.SIGSTOP)
                 stopped_at = time.monotonic()
-                while gw.metric("llmgw_replica_hangs_total", {"replica": "r1"}) < 1:
-                    if time.monotonic() - stopped_at > STOPPED_FOR:
-                        break
-                    await trio.sleep(0.05)
+                with trio.move_on_after(STOPPED_FOR):
+                    await wait_until(lambda: gw.metric("llmgw_replica_hangs_total", {"replica": "r1"}) >= 1,
+                                     timeout=STOPPED_FOR + 1)
                 withdrawn_at = time.monotonic()
         finally:
             os.kill(victim.pid, signal.SIGCONT)
@@ -102,9 +102,7 @@ async def test_a_stopped_engine_is_withdrawn_its_requests_moved_and_taken_back(
         assert sum(1 for _, replica, _ in results if replica == "r2") > CLIENTS
         assert gw.metric("llmgw_replicas_hung") == 1 or gw.metric("llmgw_replicas_hung") == 0
         # SIGCONT: its /health answers again, and it is back in rotation.
-        with trio.fail_after(10):
-            while gw.metric("llmgw_replicas_hung") != 0:
-                await trio.sleep(0.1)
+        await wait_until(lambda: gw.metric("llmgw_replicas_hung") == 0, timeout=10, interval=0.1)
         served_by = set()
         with trio.fail_after(30):
             while "r1" not in served_by:

@@ -20,6 +20,7 @@ import trio
 import trio.testing
 
 from llmgw_control.transport.serving import serve_asgi
+from support.waiting import wait_until
 
 App = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 REQUEST = b"POST /v1/x HTTP/1.1\r\nhost: t\r\ncontent-length: 2\r\n\r\n{}"
@@ -486,9 +487,7 @@ async def test_a_body_that_stalls_gets_408_and_the_app_learns_the_client_is_gone
             received = await _read_all(sock)
         assert received.startswith(b"HTTP/1.1 408 ") and b"connection: close" in received
         sock.close()
-        with trio.fail_after(5):
-            while not seen:
-                await trio.sleep(0.01)  # polling the condition, bounded by the fail_after
+        await wait_until(lambda: seen, timeout=5, interval=0.01)
         assert seen == ["http.disconnect"]
 
 
@@ -563,9 +562,7 @@ async def test_a_client_that_stops_reading_loses_its_connection_after_the_write_
         sock = _small_receive_buffer()
         await sock.connect(("127.0.0.1", port))
         await sock.send(b"GET /v1/x HTTP/1.1\r\nhost: t\r\n\r\n")
-        with trio.fail_after(10):  # and it never reads
-            while not gone:
-                await trio.sleep(0.05)  # polling the condition, bounded by the fail_after
+        await wait_until(lambda: gone, timeout=10)  # and it never reads
         sock.close()
 
 
@@ -615,17 +612,14 @@ async def test_connections_beyond_the_limit_are_answered_503_and_closed() -> Non
         assert b"retry-after: 1" in received and b'"too_many_connections"' in received
         extra.close()
         held.pop().close()
-        with trio.fail_after(5):
-            while True:  # the closed one is counted out as soon as the server sees it go
-                sock = await _connect(port)
-                conn = h11.Connection(h11.CLIENT)
-                await sock.send(_encode(conn, "/v1/x"))
-                first = await sock.recv(65536)
-                if first.startswith(b"HTTP/1.1 200 "):
-                    break
+        async def served() -> bool:  # the closed one is counted out as soon as the server sees it go
+            sock = await _connect(port)
+            try:
+                await sock.send(_encode(h11.Connection(h11.CLIENT), "/v1/x"))
+                return (await sock.recv(65536)).startswith(b"HTTP/1.1 200 ")
+            finally:
                 sock.close()
-                await trio.sleep(0.05)  # polling the condition, bounded by the fail_after
-        sock.close()
+        await wait_until(served, timeout=5)
         for sock in held:
             sock.close()
 

@@ -17,6 +17,7 @@ from llmgw_control.documents import CONVERTER
 from llmgw_control.gateway.live import BUCKET_SECONDS, BUCKETS, MAX_SERIES, WINDOW_SECONDS, LiveWindow
 from llmgw_dev.fake_engine import FakeEngine
 from support.gateway import chat_body, endpoint, running_gateway
+from support.waiting import wait_until
 
 NOW = 1_700_000_000.0
 
@@ -147,9 +148,10 @@ async def test_requests_waiting_in_the_models_queue_show_as_its_queue_depth(fake
             async with trio.open_nursery() as nursery:
                 for _ in range(3):
                     nursery.start_soon(partial(gw.client.post, "/v1/chat/completions", json=chat_body()))
+                async def queued() -> int:
+                    models = (await admin.get("/traffic")).json()["models"]
+                    seen = int(models[0]["recent"]["queue_depth"]) if models else 0
+                    return seen if seen >= 2 else 0
                 with trio.move_on_after(5):
-                    while depth < 2:
-                        await trio.sleep(0.05)
-                        models = (await admin.get("/traffic")).json()["models"]
-                        depth = models[0]["recent"]["queue_depth"] if models else 0
+                    depth = await wait_until(queued, timeout=6)
             assert depth == 2

@@ -15,6 +15,7 @@ import trio
 from llmgw_control.gateway.activator import ActivatorConfig
 from llmgw_dev.fake_engine import FakeEngine
 from support.gateway import RunningGateway, chat_body, endpoint, running_gateway
+from support.waiting import wait_until
 
 IN_FLIGHT = "llmgw_requests_in_flight"
 MODEL = {"model": "fake-model"}
@@ -52,9 +53,7 @@ class Clients:
 
 async def _in_gateway(gw: RunningGateway, count: int) -> None:
     """Until ``count`` requests are inside the gateway (holding a slot or queued)."""
-    with trio.fail_after(10):
-        while gw.metric(IN_FLIGHT, MODEL) != count:
-            await trio.sleep(0.01)
+    await wait_until(lambda: gw.metric(IN_FLIGHT, MODEL) == count, timeout=10, interval=0.01)
 
 
 async def test_a_replica_gets_at_most_its_slots_and_the_rest_wait_in_the_gateway(fake_engine: FakeEngine) -> None:
@@ -101,9 +100,7 @@ async def test_a_full_queue_gets_429_and_a_wait_over_max_wait_gets_503(fake_engi
             assert overflow.json()["error"]["type"] == "rate_limit_error"
             assert int(overflow.headers["retry-after"]) > 0
             assert "x-llmgw-queued-ms" not in overflow.headers  # turned away at once: it never waited
-            with trio.fail_after(10):
-                while not answers:
-                    await trio.sleep(0.01)
+            await wait_until(lambda: answers, timeout=10, interval=0.01)
             (timed_out,) = answers
             assert timed_out.status_code == 503
             error = timed_out.json()["error"]

@@ -17,6 +17,7 @@ import trio
 
 from llmgw_dev.engine_proc import LlamaServer, llama_server_process
 from support.gateway import RunningGateway, endpoint, running_gateway
+from support.waiting import wait_until
 
 T = TypeVar("T")
 pytestmark = pytest.mark.engine
@@ -137,13 +138,11 @@ async def test_client_disconnect_stops_generation_in_the_real_engine(long_contex
                 async for _ in response.aiter_bytes():
                     break
         # The slot frees up once the engine notices the closed connection.
-        with trio.fail_after(10):
-            while True:
-                async with httpx2.AsyncClient() as probe:
-                    slots = (await probe.get(engine.url + "/slots")).json()
-                if not any(slot["is_processing"] for slot in slots):
-                    break
-                await trio.sleep(0.02)
+        async def idle() -> bool:
+            async with httpx2.AsyncClient() as probe:
+                slots = (await probe.get(engine.url + "/slots")).json()
+            return not any(slot["is_processing"] for slot in slots)
+        await wait_until(idle, timeout=10, interval=0.02)
     generated = await _predicted_tokens(engine.url) - before
     assert generated < 1900, f"the engine generated {generated} tokens: it was not told the client left"
 

@@ -18,6 +18,7 @@ import trio.testing
 from llmgw_dev.engine_proc import free_port
 from llmgw_dev.fake_engine import FakeEngine
 from support.gateway import chat_body, endpoint, running_gateway
+from support.waiting import wait_until
 
 # Starts llmgw daemons as processes (the quick tier, -m "not system", leaves these out).
 pytestmark = pytest.mark.system
@@ -66,13 +67,12 @@ async def control_process(*args: str, log_path: Path) -> AsyncIterator[tuple[tri
     url = f"http://127.0.0.1:{port}"
     try:
         async with httpx2.AsyncClient() as client:
-            with trio.fail_after(20):
-                while True:
-                    try:
-                        if (await client.get(url + "/healthz")).status_code == 200:
-                            break
-                    except httpx2.ConnectError:
-                        await trio.sleep(0.05)
+            async def healthy() -> bool:
+                try:
+                    return (await client.get(url + "/healthz")).status_code == 200
+                except httpx2.ConnectError:
+                    return False
+            await wait_until(healthy, timeout=20)
         yield process, url
     finally:
         if process.returncode is None:

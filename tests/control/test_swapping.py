@@ -17,6 +17,7 @@ from llmgw_control.gateway.activator import Activator, Slot
 from llmgw_control.gateway.replicas import ReplicaSet
 from llmgw_shared.facts import GpuFacts, HostFacts, unprobed
 from llmgw_shared.wire import Command, DrainShard, EngineState, ShardState, StartShard
+from support.waiting import wait_until
 
 A, B = "a:cpu", "b:cpu"
 CONFIG = ReconcilerConfig(evict_min_age=60.0, yield_after=30.0, reserved_ram_mib=0)
@@ -157,11 +158,9 @@ async def test_a_stream_for_the_resident_model_makes_it_yield_after_the_bounded_
         b_waits_since = trio.current_time()
         nursery.start_soon(_answered, w, B, 1.0, answers)
         await trio.testing.wait_all_tasks_blocked()
-        drains: list[DrainShard] = []
-        with trio.fail_after(CONFIG.yield_after + 10):
-            while not drains:
-                _, drains = w.pass_()
-                await trio.sleep(CONFIG.interval)
+        # One reconciler pass a tick, until one drains something.
+        drains: list[DrainShard] = await wait_until(lambda: w.pass_()[1], timeout=CONFIG.yield_after + 10,
+                                                    interval=CONFIG.interval)
         waited = trio.current_time() - b_waits_since
         assert CONFIG.yield_after <= waited < CONFIG.yield_after + 2 * CONFIG.interval
         assert [d.shard_id for d in drains] == [a]
@@ -170,9 +169,7 @@ async def test_a_stream_for_the_resident_model_makes_it_yield_after_the_bounded_
         assert w.key_of(start_b.shard.shard_id) == B
         w.report(start_b.shard.shard_id, "ready")
         w.pass_()
-        with trio.fail_after(10):
-            while B not in answers:
-                await trio.sleep(0.5)
+        await wait_until(lambda: B in answers, timeout=10, interval=0.5)
         nursery.cancel_scope.cancel()
 
 

@@ -25,6 +25,7 @@ import trustme
 
 from llmgw_control.gateway.upstream import Httpx2Upstream, UpstreamConnectError, _HeldWritesStream
 from llmgw_dev.engine_proc import free_port
+from support.waiting import wait_until
 
 BODY = b'{"model": "m", "messages": []}'
 
@@ -234,9 +235,9 @@ async def test_idle_connections_the_engine_closed_are_swept_even_if_nobody_asks_
             assert len(upstream._idle) == 1
             await _post(upstream, other.url)
             other_port = int(other.url.split(":")[2].split("/")[0])
-            with trio.fail_after(10):  # the sweep's next turn, not any request, closes it
-                while len(upstream._idle) != 1 or next(iter(upstream._idle))[2] != other_port:
-                    await trio.sleep(0.05)
+            # the sweep's next turn, not any request, closes it
+            await wait_until(lambda: len(upstream._idle) == 1 and next(iter(upstream._idle))[2] == other_port,
+                             timeout=10)
             assert [origin[2] for origin in upstream._idle] == [other_port]
             nursery.cancel_scope.cancel()
         await upstream.aclose()
@@ -406,9 +407,7 @@ async def test_a_sweep_while_a_checkout_closes_a_dead_connection_never_hands_one
             await engine.wait_for(lambda e: e.idle_closes == 1)
         [idle] = upstream._idle.values()
         assert len(idle) == 2
-        with trio.fail_after(5):
-            while not idle[-1].unusable():  # the engine's FIN has arrived
-                await trio.sleep(0.01)
+        await wait_until(lambda: idle[-1].unusable(), timeout=5, interval=0.01)  # the engine's FIN has arrived
         results: list[bytes] = []
 
         async def post() -> None:

@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import cast
 
 import pytest
-import trio
 
 from llmgw_control.store import Store, StoreUnavailable, Usage, open_store
 from llmgw_control.tenancy import UsageAccumulator
 from llmgw_dev.fake_engine import FakeEngine
 from support.gateway import chat_body, endpoint, running_gateway
+from support.waiting import wait_until
 
 T = datetime(2026, 12, 2, 10, 30, tzinfo=UTC).timestamp()
 
@@ -40,9 +40,9 @@ async def test_an_engine_reporting_10_to_the_20_prompt_tokens_locks_nobody_out(f
         after = await gw.client.post("/v1/chat/completions", json=chat_body(max_tokens=5), headers=auth)
         assert after.status_code == 200
         # Each request settles just after its last byte is handed over: give the last one a moment.
-        with trio.fail_after(3):
-            while (await service.usage_totals(group_id=group.id)).requests < 3:
-                await trio.sleep(0.01)
+        async def settled() -> bool:
+            return (await service.usage_totals(group_id=group.id)).requests >= 3
+        await wait_until(settled, timeout=3, interval=0.01)
         # And the flush writes it: before, the store refused the row ("too large") on every flush.
         await gw.tenancy.usage.flush(gw.tenancy.store)
         assert len(gw.tenancy.usage) == 0

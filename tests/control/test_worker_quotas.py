@@ -19,6 +19,7 @@ import subprocess
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from llmgw_dev.engine_proc import free_port
 from llmgw_dev.fake_engine import FakeEngine
 from support.control_daemon import LLMGW_CONTROL
 from support.gateway import chat_body
+from support.waiting import wait_until
 
 # Whole daemons as processes, a worker killed and restarted: left out of the quick tier.
 pytestmark = pytest.mark.slow
@@ -62,10 +64,13 @@ async def _daemon(tmp_path: Path, engine_url: str, store: str = "") -> AsyncIter
         supervisor = await trio.lowlevel.open_process([LLMGW_CONTROL, "run", "--config", str(config)], stdout=out,
                                                       stderr=subprocess.STDOUT)
     try:
-        with trio.fail_after(_DEADLINE):
-            while "workers serving" not in (text := log.read_text(errors="replace")):
-                assert supervisor.poll() is None, f"llmgw-control exited:\n{text[-3000:]}"
-                await trio.sleep(0.05)  # polling the log, bounded by _DEADLINE
+        def serving() -> str | None:
+            text = log.read_text(errors="replace")
+            if "workers serving" in text:
+                return text
+            assert supervisor.poll() is None, f"llmgw-control exited:\n{text[-3000:]}"
+            return None
+        text = await wait_until(serving, timeout=_DEADLINE)
         urls = {(line["listener"], line["url"]) for line in map(json.loads, text.splitlines())
                 if line.get("msg", "").endswith(" listening on " + line.get("url", ""))}
         yield _Daemon(next(u for n, u in urls if n == "api"), next(u for n, u in urls if n == "admin"))
@@ -110,20 +115,24 @@ class _Workers:
 
     async def pin(self, per_worker: int, *, workers: int = 2, avoid: frozenset[int] = frozenset()) -> None:
         """Until ``workers`` pids (none in ``avoid``) each have ``per_worker`` pinned clients."""
-        with trio.fail_after(_DEADLINE):
-            while len([p for p, c in self.pinned.items() if len(c) >= per_worker and p not in avoid]) < workers:
-                client = _one_connection_client(self.url)
-                self.stack.push_async_callback(client.aclose)
-                try:
-                    pid = int((await client.get("/healthz")).json()["pid"])
-                except httpx2.TransportError:
-                    pid = None  # a worker restarting
-                if pid is not None and pid not in avoid and len(self.pinned.get(pid, [])) < per_worker:
-                    self.pinned.setdefault(pid, []).append(client)
-                    client.headers["x-pinned-to"] = str(pid)  # named in the reconnect failure
-                else:
-                    await client.aclose()
-                    await trio.sleep(0.02)  # the worker still missing may be starting: bounded by fail_after
+        async def one_more() -> bool:
+            """Try one more connection; whether enough are pinned now."""
+            if len([p for p, c in self.pinned.items() if len(c) >= per_worker and p not in avoid]) >= workers:
+                return True
+            client = _one_connection_client(self.url)
+            self.stack.push_async_callback(client.aclose)
+            try:
+                pid = int((await client.get("/healthz")).json()["pid"])
+            except httpx2.TransportError:
+                pid = None  # a worker restarting
+            if pid is not None and pid not in avoid and len(self.pinned.get(pid, [])) < per_worker:
+                self.pinned.setdefault(pid, []).append(client)
+                client.headers["x-pinned-to"] = str(pid)  # named in the reconnect failure
+                return False  # checked again at once: no wait after a success
+            await client.aclose()
+            return False
+        # (the worker still missing may be starting)
+        await wait_until(one_more, timeout=_DEADLINE, interval=0.02)
 
     def pids(self, avoid: frozenset[int] = frozenset()) -> list[int]:
         return sorted(p for p in self.pinned if p not in avoid)
@@ -164,8 +173,8 @@ async def _known_everywhere(workers: _Workers, secret: str, avoid: frozenset[int
     with trio.fail_after(_DEADLINE):
         for pid, clients in workers.pinned.items():
             for client in clients if pid not in avoid else ():
-                while not await _known(client, secret):
-                    await trio.sleep(0.1)  # the store's changes reach a worker within its 0.5 s poll
+                # the store's changes reach a worker within its 0.5 s poll
+                await wait_until(partial(_known, client, secret), timeout=_DEADLINE, interval=0.1)
 
 
 def _auth(secret: str) -> dict[str, str]:
@@ -197,9 +206,7 @@ async def _held_streams(clients: list[httpx2.AsyncClient], secret: str, statuses
 
 
 async def _wait(predicate: Callable[[], bool]) -> None:
-    with trio.fail_after(_DEADLINE):
-        while not predicate():
-            await trio.sleep(0.02)
+    await wait_until(predicate, timeout=_DEADLINE, interval=0.02)
 
 
 @pytest.mark.parametrize("store", ["sqlite", "postgresql"])
@@ -311,8 +318,8 @@ async def test_a_dead_workers_concurrency_slots_come_back_within_the_lease(
         fake_engine.behavior.hang_mid_stream_after = None
         # The dead worker's slots stop counting when its lease ends (at most LEASE_TTL after its
         # last renewal); the survivor then leases them (after at most one refusal's backoff).
-        with trio.fail_after(_DEADLINE):
-            while (await _post(workers.pinned[survivor][0], secret)).status_code != 200:
-                await trio.sleep(0.1)
+        async def served() -> bool:
+            return (await _post(workers.pinned[survivor][0], secret)).status_code == 200
+        await wait_until(served, timeout=_DEADLINE, interval=0.1)
         took = trio.current_time() - killed
         assert took <= LEASE_TTL + BACKOFF_SECONDS + 2.0, f"the dead worker's slots came back after {took:.1f} s"

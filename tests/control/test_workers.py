@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 from llmgw_control.config import ControlConfig, validate
 from llmgw_control.workers import offset_address, worker_config
 from llmgw_shared.config import ConfigError
+from support.waiting import wait_until_sync
 
 # Left out of the quick tier (slow: real worker processes, one killed and restarted).
 pytestmark = pytest.mark.slow
@@ -41,12 +41,10 @@ def _healthz_pid(port: int) -> int | None:
 
 
 def _wait_for(predicate, what: str):  # type: ignore[no-untyped-def]
-    ends = time.monotonic() + _DEADLINE
-    while time.monotonic() < ends:
-        if (value := predicate()):
-            return value
-        time.sleep(0.1)  # polling a condition, bounded by _DEADLINE
-    raise AssertionError(f"never: {what}")
+    try:
+        return wait_until_sync(predicate, timeout=_DEADLINE, interval=0.1)
+    except TimeoutError:
+        raise AssertionError(f"never: {what}") from None
 
 
 def test_workers_is_validated() -> None:

@@ -9,7 +9,6 @@ from pathlib import Path
 import attrs
 import httpx2
 import pytest
-import trio
 from node.helpers import next_shard_state, shard_spec
 from node.release_server import FileServer
 from node.test_shards import installed_node, served_weights
@@ -19,6 +18,7 @@ from llmgw_dev.tiny_lora import TOKENS, write_adapters
 from llmgw_node.config import NodeConfig
 from llmgw_node.supervisor import Timing
 from llmgw_shared.wire import AdapterSpec, StartShard, StopShard, WeightsSpec
+from support.waiting import wait_until
 
 pytestmark = pytest.mark.engine
 
@@ -65,9 +65,7 @@ async def test_adapters_are_verified_cached_and_loaded_in_order(
             assert all(text.count(c) < 6 for c in TOKENS.values()), text
         assert (await svc.handle(StopShard(id="c2", fencing_token=1, shard_id="lora-0"))).ok
         await next_shard_state(svc, "lora-0", lambda s: s.status == "stopped")
-        with trio.fail_after(5):
-            while any(w.in_use for w in svc.weights.held()):
-                await trio.sleep(0.05)
+        await wait_until(lambda: not any(w.in_use for w in svc.weights.held()), timeout=5)
         # Unused now: removable by control's GC like any model file.
         removed, kept = svc.weights.remove([a.weights.sha256 for a in adapters])
         assert sorted(removed) == sorted(a.weights.sha256 for a in adapters) and kept == []

@@ -29,6 +29,7 @@ from llmgw_shared.wire import (
     Welcome,
     encode,
 )
+from support.waiting import wait_until
 
 
 def test_backoff_grows_with_jitter_and_is_capped() -> None:
@@ -130,9 +131,7 @@ async def test_hung_control_is_noticed_by_missing_heartbeats(node_config: NodeCo
         async with open_node_service(config, timing=fast_timing) as svc, trio.open_nursery() as nursery:
             agent = Agent(svc, timing=AgentTiming(disconnect_timeout=0.2))
             nursery.start_soon(agent.run)
-            with trio.fail_after(10):
-                while len(sessions) < 2:
-                    await trio.sleep(0.02)
+            await wait_until(lambda: len(sessions) >= 2, timeout=10, interval=0.02)
             nursery.cancel_scope.cancel()
     # Three missed 0.1 s heartbeats, a short wait for a close the peer never answers, reconnect.
     assert 0.25 < sessions[1] - sessions[0] < 3.0
@@ -169,9 +168,7 @@ async def test_join_token_never_reaches_the_log(
         async with open_node_service(config, timing=fast_timing) as svc, trio.open_nursery() as nursery:
             agent = Agent(svc)
             nursery.start_soon(agent.run)
-            with trio.fail_after(10):
-                while agent.status.last_refusal != "bad token":
-                    await trio.sleep(0.02)
+            await wait_until(lambda: agent.status.last_refusal == "bad token", timeout=10, interval=0.02)
             nursery.cancel_scope.cancel()
     assert "refused this node: bad token" in caplog.text
     assert token not in caplog.text
@@ -183,9 +180,7 @@ async def _run_until(node_config: NodeConfig, fast_timing: Timing, urls: list[st
     config = attrs.evolve(node_config, control=urls, reconnect_min_s=1.0, reconnect_max_s=1.0)
     async with open_node_service(config, timing=fast_timing) as svc, trio.open_nursery() as nursery:
         nursery.start_soon(Agent(svc).run)
-        with trio.fail_after(20):
-            while len(hellos) < count:
-                await trio.sleep(0.01)
+        await wait_until(lambda: len(hellos) >= count, timeout=20, interval=0.01)
         nursery.cancel_scope.cancel()
 
 

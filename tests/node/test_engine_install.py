@@ -21,6 +21,7 @@ from node.release_server import FileServer
 from llmgw_node.engines.manager import EngineManager, RetryPolicy
 from llmgw_node.engines.release import Platform
 from llmgw_shared.wire import EngineSpec, EngineState
+from support.waiting import wait_until
 
 CPU = Platform(os="linux", arch="x86_64", cuda=False)
 
@@ -487,9 +488,7 @@ async def test_a_failed_install_is_retried_only_after_a_backoff(
             assert mgr.want([spec]) == []
             await mgr.check_all()
         assert len(files.index_requests) == 1
-        with trio.fail_after(30):
-            while mgr.want([spec]) != [spec]:
-                await trio.sleep(0.05)
+        await wait_until(lambda: mgr.want([spec]) == [spec], timeout=30)
         assert trio.current_time() - failed_at >= 0.5
         files.publish(TAG, {name: data})
         assert (await mgr.install(spec)).status == "installed"

@@ -19,6 +19,7 @@ from llmgw_node.config import ConfiguredEngine, NodeConfig
 from llmgw_node.service import open_node_service
 from llmgw_node.supervisor import Timing
 from llmgw_shared.wire import ShardState, StartShard, WeightsSpec
+from support.waiting import wait_until
 
 NVIDIA_SMI = """#!/bin/sh
 case "$*" in
@@ -64,9 +65,7 @@ def _weights(tmp_path: Path) -> WeightsSpec:
 
 async def _started_with(record: Path) -> list[str]:
     path = trio.Path(record)
-    with trio.fail_after(10):
-        while not await path.exists():
-            await trio.sleep(0.05)
+    await wait_until(path.exists, timeout=10)
     return (await path.read_text()).splitlines()
 
 

@@ -28,6 +28,7 @@ from llmgw_node.engines.proof import parse_list_devices
 from llmgw_node.engines.release import Platform
 from llmgw_node.offload import offload_problem, offloaded_layers
 from llmgw_shared.wire import EngineSpec
+from support.waiting import wait_until
 
 L4 = "  CUDA0: NVIDIA L4 (22491 MiB, 22004 MiB free)\\n  CUDA1: NVIDIA L4 (22491 MiB, 22004 MiB free)\\n"
 CUDA_NODE = Platform(os="linux", arch="x86_64", cuda=True, nvidia_driver="550.54.15", gpu_backend="cuda", gpus=(0, 1))
@@ -244,9 +245,8 @@ async def test_the_service_says_a_gpu_node_on_the_cpu_build_is_degraded(
         ack = await svc.handle(SetEngines(id="1", fencing_token=1,
                                           engines=[EngineSpec("llama.cpp", TAG, files.release_api())]))
         assert ack.ok
-        with trio.fail_after(30):
-            while svc.engines.state("llama.cpp", TAG).status != "installed":
-                await trio.sleep(0.02)
+        await wait_until(lambda: svc.engines.state("llama.cpp", TAG).status == "installed", timeout=30,
+                         interval=0.02)
         assert svc.facts.degraded == "this node has NVIDIA GPUs but its llama.cpp engine is a CPU build"
     assert any("degraded: this node has NVIDIA GPUs" in r.getMessage() and r.levelname == "WARNING"
                for r in caplog.records)

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from llmgw_node import memory
 from llmgw_shared.wire import MAX_MEMORY_MIB
+from support.waiting import wait_until
 
 
 def test_status_rss() -> None:
@@ -102,12 +103,10 @@ async def test_a_real_process_tree_is_measured(monkeypatch: pytest.MonkeyPatch) 
                 assert chunk, f"the process closed its stdout after {said!r}"
                 said += chunk
             assert said == b"ok\n"
-        with trio.fail_after(10):
-            while True:
-                rss, vram = (await memory.measure([proc.pid]))[proc.pid]
-                if rss >= 64 + 32 or vram:
-                    break
-                await trio.sleep(0.05)
+        async def grown() -> tuple[int, int] | None:
+            rss, vram = (await memory.measure([proc.pid]))[proc.pid]
+            return (rss, vram) if rss >= 64 + 32 or vram else None
+        rss, vram = await wait_until(grown, timeout=10)
         assert vram == 0 and 64 + 32 <= rss < 400
     finally:
         os.killpg(proc.pid, signal.SIGKILL)

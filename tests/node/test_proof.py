@@ -11,6 +11,7 @@ import trio
 
 from llmgw_node.engines.proof import ProofError, engine_version, run_probe
 from llmgw_node.procs import start_ticks
+from support.waiting import wait_until
 
 
 def _script(tmp_path: Path, body: str) -> Path:
@@ -22,9 +23,7 @@ def _script(tmp_path: Path, body: str) -> Path:
 
 async def _gone(pid: int) -> None:
     # Killed is at once; reaped (by init, its parent being gone) may take a moment.
-    with trio.fail_after(10):
-        while start_ticks(pid) is not None:
-            await trio.sleep(0.02)
+    await wait_until(lambda: start_ticks(pid) is None, timeout=10, interval=0.02)
 
 
 async def test_a_child_holding_the_output_is_refused_and_killed(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from llmgw_node.service import NodeService, open_node_service
 from llmgw_node.supervisor import Timing
 from llmgw_shared.wire import DrainShard, EngineSpec, SetEngines, ShardSpec, ShardState, StartShard
 from support.served_engines import VERSIONS, engines_config, hub_snapshot, model_directory
+from support.waiting import wait_until
 
 # Left out of the quick tier (slow: vLLM and SGLang stand-ins started as processes).
 pytestmark = pytest.mark.slow
@@ -101,9 +102,7 @@ async def test_started_by_its_conventions_served_and_drained_with_a_request_in_f
         seen: list[ShardState] = []
         async with trio.open_nursery() as nursery:
             nursery.start_soon(stream)
-            with trio.fail_after(10):
-                while not chunks:
-                    await trio.sleep(0.02)
+            await wait_until(lambda: chunks, timeout=10, interval=0.02)
             assert (await svc.handle(DrainShard(id="d", fencing_token=1, shard_id=shard.shard_id,
                                                 timeout_s=30))).ok
             stopped = await next_shard_state(svc, shard.shard_id, lambda s: s.status in ("stopped", "failed"),

@@ -26,6 +26,7 @@ from llmgw_shared.wire import (
     StopShard,
     WeightsSpec,
 )
+from support.waiting import wait_until
 
 
 @pytest.fixture
@@ -194,9 +195,7 @@ async def test_what_a_crashed_engine_forked_dies_with_it(
         failed = await next_shard_state(svc, "f", lambda s: s.status == "failed")
     assert failed.detail.startswith("crashed while starting: exited with status 1")
     pid = int(child.read_text())
-    with trio.fail_after(10):
-        while start_ticks(pid) is not None:
-            await trio.sleep(0.02)
+    await wait_until(lambda: start_ticks(pid) is None, timeout=10, interval=0.02)
 
 
 async def test_remove_weights_with_a_path_is_refused_in_the_ack(

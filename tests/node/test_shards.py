@@ -27,11 +27,13 @@ from llmgw_shared.wire import (
     EngineSpec,
     GetShardLogs,
     SetEngines,
+    ShardLogs,
     ShardState,
     StartShard,
     StopShard,
     WeightsSpec,
 )
+from support.waiting import wait_until
 
 pytestmark = pytest.mark.engine
 
@@ -93,10 +95,10 @@ async def test_start_chat_and_stop(
         assert logs.found and any("listening" in line for line in logs.lines), logs.lines
         await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "again"}],
                                              max_tokens=2)
-        with trio.fail_after(10):
-            while not (after := await svc.shard_logs(
-                    GetShardLogs(id="l2", shard_id="tiny-0", lines=500, cursor=logs.cursor))).lines:
-                await trio.sleep(0.05)
+        async def new_lines() -> ShardLogs | None:
+            after = await svc.shard_logs(GetShardLogs(id="l2", shard_id="tiny-0", lines=500, cursor=logs.cursor))
+            return after if after.lines else None
+        after = await wait_until(new_lines, timeout=10)
         assert not any("listening" in line for line in after.lines), after.lines
         assert not (await svc.shard_logs(GetShardLogs(id="l3", shard_id="nope", lines=5))).found
         # The key is not on the command line, where any local user could read it.

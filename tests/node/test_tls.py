@@ -20,6 +20,7 @@ from llmgw_node.service import open_node_service
 from llmgw_node.supervisor import Timing
 from llmgw_node.tls import client_context
 from llmgw_shared.wire import PROTOCOL_VERSION, Hello, Welcome, decode, encode
+from support.waiting import wait_until
 
 
 def _openssl(*args: str) -> None:
@@ -73,9 +74,7 @@ async def test_mutual_tls(pki: Path, node_config: NodeConfig, fast_timing: Timin
         async with open_node_service(config, timing=fast_timing) as svc, trio.open_nursery() as nursery:
             agent = Agent(svc, ssl_context=client_context(config))
             nursery.start_soon(agent.run)
-            with trio.fail_after(10):
-                while not seen:
-                    await trio.sleep(0.02)
+            await wait_until(lambda: seen, timeout=10, interval=0.02)
             nursery.cancel_scope.cancel()
     assert seen[0][0] == "node-7" and seen[0][1].node_id == "test-node"
 
@@ -89,9 +88,8 @@ async def test_unknown_server_certificate_is_refused(pki: Path, node_config: Nod
         async with open_node_service(config, timing=fast_timing) as svc, trio.open_nursery() as nursery:
             agent = Agent(svc, ssl_context=client_context(config))
             nursery.start_soon(agent.run)
-            with trio.fail_after(10):
-                while "CERTIFICATE_VERIFY_FAILED" not in agent.status.last_error:
-                    await trio.sleep(0.02)
+            await wait_until(lambda: "CERTIFICATE_VERIFY_FAILED" in agent.status.last_error, timeout=10,
+                             interval=0.02)
             nursery.cancel_scope.cancel()
     assert seen == []
 

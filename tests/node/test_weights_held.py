@@ -6,7 +6,6 @@ import hashlib
 from pathlib import Path
 
 import attrs
-import trio
 from node.helpers import next_shard_state, shard_spec
 from node.release_server import FileServer
 
@@ -15,12 +14,11 @@ from llmgw_node.config import ConfiguredEngine, NodeConfig
 from llmgw_node.service import NodeService, open_node_service
 from llmgw_node.supervisor import Timing
 from llmgw_shared.wire import RemoveWeights, StartShard, StopShard, WeightsHeld, WeightsSpec
+from support.waiting import wait_until
 
 
 async def _held_until(svc: NodeService, pred: object) -> list[WeightsHeld]:
-    with trio.fail_after(10):
-        while not pred(svc.weights_held):  # type: ignore[operator]
-            await trio.sleep(0.05)
+    await wait_until(lambda: pred(svc.weights_held), timeout=10)  # type: ignore[operator]
     return svc.weights_held
 
 

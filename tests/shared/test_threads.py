@@ -11,6 +11,7 @@ import pytest
 import trio
 
 from llmgw_shared.threads import HUB, POOLS, STORE, Busy, ThreadPool
+from support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,9 +41,7 @@ async def test_an_abandoned_thread_keeps_its_token_until_it_ends() -> None:
     with pytest.raises(Busy):
         await pool.run_or_busy(lambda: None)
     release.set()
-    with trio.fail_after(2):
-        while pool.limiter().available_tokens == 0:
-            await trio.sleep(0.01)
+    await wait_until(lambda: pool.limiter().available_tokens != 0, timeout=2, interval=0.01)
 
 
 def test_pools_are_named_once_and_sized() -> None:

@@ -11,7 +11,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,6 +19,7 @@ import attrs
 import httpx2
 
 from llmgw_dev.engine_proc import free_port
+from support.waiting import wait_until_sync
 
 LLMGW_CONTROL = str(Path(sys.executable).with_name("llmgw-control"))
 
@@ -99,18 +99,17 @@ def control_daemon(tmp: Path, config: str = "", *, listeners: tuple[str, ...] = 
 
 
 def _wait_ready(daemon: ControlDaemon) -> None:
-    deadline = time.monotonic() + 30
     verify: ssl.SSLContext | bool = daemon.client_ssl if daemon.client_ssl is not None else True
     with httpx2.Client(verify=verify, timeout=2) as client:
-        while True:
+        def ready() -> bool:
             if daemon.process.poll() is not None:
                 raise AssertionError(f"llmgw-control exited {daemon.process.returncode}:\n{daemon.log()[-3000:]}")
             try:
-                if client.get(daemon.url("admin") + "/healthz").status_code == 200 and \
-                        client.get(daemon.url("api") + "/healthz").status_code == 200:
-                    return
+                return client.get(daemon.url("admin") + "/healthz").status_code == 200 and \
+                    client.get(daemon.url("api") + "/healthz").status_code == 200
             except httpx2.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError(f"llmgw-control did not become ready:\n{daemon.log()[-3000:]}")
-            time.sleep(0.05)
+                return False
+        try:
+            wait_until_sync(ready, timeout=30)
+        except TimeoutError:
+            raise AssertionError(f"llmgw-control did not become ready:\n{daemon.log()[-3000:]}") from None

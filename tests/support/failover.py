@@ -21,6 +21,7 @@ import tomli_w
 import trio
 
 from llmgw_dev.engine_proc import free_port
+from support.waiting import wait_until
 
 from .fleet import (
     BIN,
@@ -82,12 +83,11 @@ class Control:
     async def wait_role(self, role: str, timeout: float = 30, poll: float = 0.02) -> float:
         """Wait until this control reports ``role``; return ``time.monotonic()`` when it first did."""
         async with httpx2.AsyncClient() as client:
-            with trio.fail_after(timeout):
-                while True:
-                    seen, _ = await self.role(client)
-                    if seen == role:
-                        return time.monotonic()
-                    await trio.sleep(poll)
+            async def reached() -> float | None:
+                seen, _ = await self.role(client)
+                return time.monotonic() if seen == role else None
+            at: float = await wait_until(reached, timeout=timeout, interval=poll)
+            return at
 
     async def state(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         return await admin_state(self.admin_url)

@@ -27,6 +27,7 @@ from llmgw_control.fleet.agents import token_digest
 from llmgw_dev.build_engine import archive_name
 from llmgw_dev.engine_proc import free_port
 from llmgw_dev.served_files import place
+from support.waiting import wait_until
 
 BIN = Path(sys.executable).parent
 TOKEN = "llmgw-join-system-test"
@@ -93,14 +94,12 @@ class Fleet:
 
     async def wait_healthy(self, url: str, timeout: float = 30) -> None:
         async with httpx2.AsyncClient() as client:
-            with trio.fail_after(timeout):
-                while True:
-                    try:
-                        if (await client.get(url + "/healthz")).status_code == 200:
-                            return
-                    except httpx2.TransportError:
-                        pass
-                    await trio.sleep(0.1)
+            async def healthy() -> bool:
+                try:
+                    return (await client.get(url + "/healthz")).status_code == 200
+                except httpx2.TransportError:
+                    return False
+            await wait_until(healthy, timeout=timeout, interval=0.1)
 
     async def start_control(self) -> None:
         await self.control.start()
@@ -137,15 +136,14 @@ async def admin_state(admin_url: str) -> tuple[list[dict[str, Any]], list[dict[s
 
 async def wait_for_state(admin_url: str, predicate: Any, timeout: float = 60,
                          poll: float = 0.1) -> tuple[list[Any], list[Any]]:
-    with trio.fail_after(timeout):
-        while True:
-            try:
-                nodes, models = await admin_state(admin_url)
-                if predicate(nodes, models):
-                    return nodes, models
-            except httpx2.TransportError:
-                pass
-            await trio.sleep(poll)
+    async def holds() -> tuple[list[Any], list[Any]] | None:
+        try:
+            nodes, models = await admin_state(admin_url)
+        except httpx2.TransportError:
+            return None
+        return (nodes, models) if predicate(nodes, models) else None
+    state: tuple[list[Any], list[Any]] = await wait_until(holds, timeout=timeout, interval=poll)
+    return state
 
 
 async def start_node(root: Path, node_id: str, controls: list[str], nodes: dict[str, Daemon], *,

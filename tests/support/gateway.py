@@ -20,6 +20,7 @@ from llmgw_control.gateway.config import EndpointConfig, RouterConfig
 from llmgw_control.gateway.upstream import UpstreamClient
 from llmgw_control.tenancy.tenancy import Tenancy
 from llmgw_shared.tracing import TracingConfig
+from support.waiting import wait_until
 
 
 @attrs.define
@@ -41,8 +42,7 @@ class RunningGateway:
     async def settled_metric(self, name: str, labels: dict[str, str] | None = None, *, expect: float) -> float:
         """The metric once it reaches ``expect`` (the access record lands just after the response)."""
         with trio.move_on_after(5):
-            while self.metric(name, labels) != expect:
-                await trio.sleep(0.005)
+            await wait_until(lambda: self.metric(name, labels) == expect, timeout=6, interval=0.005)
         return self.metric(name, labels)
 
 

@@ -31,6 +31,7 @@ from llmgw_control.fleet.agents import token_digest
 from llmgw_control.fleet.node_release import WheelTarget, fetch_wheels, plan_release, use
 from llmgw_dev.build_engine import cache_dir
 from llmgw_dev.engine_proc import free_port
+from support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -151,14 +152,12 @@ async def running_control(tmp_path: Path, files: Path) -> AsyncIterator[tuple[st
                                                    stdout=out, stderr=subprocess.STDOUT)
     try:
         async with httpx2.AsyncClient(timeout=30) as client:
-            with trio.fail_after(30):
-                while True:
-                    try:
-                        if (await client.get(f"{admin_url}/healthz")).status_code == 200:
-                            break
-                    except httpx2.TransportError:
-                        pass
-                    await trio.sleep(0.1)
+            async def healthy() -> bool:
+                try:
+                    return (await client.get(f"{admin_url}/healthz")).status_code == 200
+                except httpx2.TransportError:
+                    return False
+            await wait_until(healthy, timeout=30, interval=0.1)
         yield admin_url, agents, control_log
     finally:
         with trio.CancelScope(shield=True):

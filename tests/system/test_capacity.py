@@ -14,6 +14,7 @@ import trio
 
 from llmgw_dev.build_engine import ensure_engine
 from support.fleet import BIN, node_ready, running_fleet
+from support.waiting import wait_until
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -58,9 +59,9 @@ async def test_ctl_bench_measures_a_real_replica_started_for_the_run(
             assert comparable["profile"]["parallel"] == 2 and comparable["node"]["cpu_model"] is not None
             assert comparable["node"]["cores"] > 0 and comparable["hardware"] in comparable["kind"]
             # Released after: the replica the run started is drained (nothing else asked for it).
-            with trio.fail_after(60):
-                while (await admin.get("/replicas")).json()["replicas"]:
-                    await trio.sleep(0.2)
+            async def none_left() -> bool:
+                return not (await admin.get("/replicas")).json()["replicas"]
+            await wait_until(none_left, timeout=60, interval=0.2)
             assert fleet.engine_pids() == []
             # Used: the next replica of the profile on this kind of node admits what was measured.
             client = httpx2.AsyncClient(base_url=fleet.api_url, timeout=120)

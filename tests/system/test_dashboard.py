@@ -25,6 +25,7 @@ from llmgw_control.admin.dashboard.history import CHARTS
 from llmgw_dev.build_engine import ensure_engine
 from llmgw_dev.engine_proc import free_port
 from support.fleet import Fleet, running_fleet
+from support.waiting import wait_until
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
@@ -52,14 +53,12 @@ async def running_prometheus(root: Path, port: int, target: str) -> AsyncIterato
              f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
     try:
         async with httpx2.AsyncClient(timeout=5) as client:
-            with trio.fail_after(30):
-                while True:
-                    try:
-                        if (await client.get(url + "/-/ready")).status_code == 200:
-                            break
-                    except httpx2.TransportError:
-                        pass
-                    await trio.sleep(0.2)
+            async def ready() -> bool:
+                try:
+                    return (await client.get(url + "/-/ready")).status_code == 200
+                except httpx2.TransportError:
+                    return False
+            await wait_until(ready, timeout=30, interval=0.2)
         yield url
     finally:
         with trio.CancelScope(shield=True):
@@ -91,12 +90,7 @@ def samples(text: str) -> dict[str, float]:
 
 
 async def until(predicate: Any, timeout: float = 30) -> Any:
-    with trio.fail_after(timeout):
-        while True:
-            result = await predicate()
-            if result:
-                return result
-            await trio.sleep(0.5)
+    return await wait_until(predicate, timeout=timeout, interval=0.5)
 
 
 async def test_prometheus_scrapes_the_fleet_and_the_charts_show_it(

@@ -22,6 +22,7 @@ import trio
 from llmgw_dev.build_engine import ensure_engine
 from llmgw_dev.postgres import PostgresServer
 from support.failover import FAST_LEADERSHIP, Control, TcpProxy, control_pair
+from support.waiting import wait_until
 
 pytestmark = [pytest.mark.slow]
 TTL = FAST_LEADERSHIP["ttl"]
@@ -43,15 +44,18 @@ def chat(control: Control) -> Any:
 
 async def served_through(controls: list[Control], timeout: float = 60) -> Control:
     """A client that retries across the control addresses it knows until one serves it."""
-    with trio.fail_after(timeout):
-        for control in itertools.cycle(controls):
-            try:
-                answer = await trio.to_thread.run_sync(chat, control)
-                assert answer.usage.completion_tokens == 4
-                return control
-            except (openai.APIStatusError, openai.APIConnectionError):
-                await trio.sleep(0.2)
-    raise AssertionError("unreachable")
+    turn = itertools.cycle(controls)
+
+    async def one_try() -> Control | None:
+        control = next(turn)
+        try:
+            answer = await trio.to_thread.run_sync(chat, control)
+        except (openai.APIStatusError, openai.APIConnectionError):
+            return None
+        assert answer.usage.completion_tokens == 4
+        return control
+    served: Control = await wait_until(one_try, timeout=timeout, interval=0.2)
+    return served
 
 
 def tiny_replicas(models: list[dict[str, Any]]) -> list[dict[str, Any]]:

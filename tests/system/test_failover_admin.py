@@ -18,6 +18,7 @@ from llmgw_control.ctl import main as ctl
 from llmgw_control.store import open_store
 from llmgw_dev.build_engine import ensure_engine
 from support.failover import Control, control_pair
+from support.waiting import wait_until
 
 pytestmark = [pytest.mark.slow]
 
@@ -126,12 +127,10 @@ async def test_a_standby_lists_the_leaders_replicas_and_a_drain_there_changes_no
         # The standby follows the view within a poll or two, and learns the replica's node once the
         # leader has written down the nodes holding replicas (within a second of a change): wait on
         # what it says, not on time.
-        with trio.fail_after(15):
-            while True:
-                seen = await replicas_of(c2)
-                if [r["node"] for r in seen["replicas"]] == ["n1"]:
-                    break
-                await trio.sleep(0.1)
+        async def on_n1() -> Any:
+            seen = await replicas_of(c2)
+            return seen if [r["node"] for r in seen["replicas"]] == ["n1"] else None
+        seen = await wait_until(on_n1, timeout=15, interval=0.1)
         assert (seen["role"], seen["leader"]) == ("standby", c1.agent_ws)
         (on_standby,) = seen["replicas"]
         assert (on_standby["id"], on_standby["model"], on_standby["node"], on_standby["port"], on_standby["status"]) \

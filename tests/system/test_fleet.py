@@ -13,6 +13,7 @@ import trio
 
 from llmgw_dev.build_engine import ensure_engine
 from support.fleet import Fleet, running_fleet
+from support.waiting import wait_until
 
 T = TypeVar("T")
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -71,13 +72,13 @@ async def test_a_killed_node_and_its_engine_come_back_on_the_other_node(
         await fleet.nodes[victim].stop(signal.SIGKILL)
         fleet.kill_engines(victim)
         # A client that retries until served, as clients of a fleet do.
-        with trio.fail_after(60):
-            while True:
-                try:
-                    await trio.to_thread.run_sync(chat, fleet)
-                    break
-                except openai.APIError:
-                    await trio.sleep(0.5)
+        async def served() -> bool:
+            try:
+                await trio.to_thread.run_sync(chat, fleet)
+            except openai.APIError:
+                return False
+            return True
+        await wait_until(served, timeout=60, interval=0.5)
         _, models = await fleet.state()
         (replica,) = replicas_of(models, "tiny")
         assert replica["node"] == survivor
@@ -125,9 +126,7 @@ async def test_an_idle_replica_is_unloaded(tmp_path: Path, tiny_model: Path, eng
         await trio.to_thread.run_sync(chat, fleet)
         assert len(fleet.engine_pids()) == 1
         await fleet.wait_for(lambda nodes, models: not replicas_of(models, "tiny"), timeout=30)
-        with trio.fail_after(15):
-            while fleet.engine_pids():
-                await trio.sleep(0.2)
+        await wait_until(lambda: not fleet.engine_pids(), timeout=15, interval=0.2)
         # And it comes back on demand.
         raw = await trio.to_thread.run_sync(chat, fleet)
         assert raw.http_response.status_code == 200

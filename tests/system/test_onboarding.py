@@ -48,6 +48,7 @@ from llmgw_control.fleet.inventory import Inventory
 from llmgw_control.fleet.onboarding import TOKEN_PREFIX, Onboarding, OnboardingError, new_join_token, node_unit
 from llmgw_control.store import NodeIdentity
 from llmgw_node.config import load_config
+from support.waiting import wait_until
 
 __all__ = ["node_dist", "wheelhouse"]  # fixtures, used by name
 
@@ -372,10 +373,10 @@ async def test_the_install_command_installs_a_node_that_joins_then_upgrades_and_
 
 
 async def _until_ready(admin_url: str, pid: int, root: Path, *, sessions: int) -> None:
-    with trio.fail_after(60):
-        while not (alive(pid) and {n["id"]: n for n in await _nodes(admin_url)}.get("gpu-3", {}).get("state") == "ready"
-                   and node_log_sessions(root) >= sessions):
-            await trio.sleep(0.2)
+    async def ready() -> bool:
+        return alive(pid) and {n["id"]: n for n in await _nodes(admin_url)}.get("gpu-3", {}).get("state") == "ready" \
+            and node_log_sessions(root) >= sessions
+    await wait_until(ready, timeout=60, interval=0.2)
 
 
 async def _distributions(env: Path) -> dict[str, str]:

@@ -18,6 +18,7 @@ import trio
 
 from llmgw_dev.build_engine import ensure_engine
 from support.fleet import Fleet, running_fleet
+from support.waiting import wait_until
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -72,9 +73,8 @@ async def test_a_burst_that_saturates_one_replica_starts_a_second_and_spreads_ov
             for _ in range(STREAMS):
                 nursery.start_soon(worker)
             # Bounded: on the old code no second replica ever starts, and this times out.
-            with trio.fail_after(120):
-                while not (len(served) >= 2 and all(n >= 3 for n in served.values())) and not errors:
-                    await trio.sleep(0.2)
+            await wait_until(lambda: (len(served) >= 2 and all(n >= 3 for n in served.values())) or errors,
+                             timeout=120, interval=0.2)
             nursery.cancel_scope.cancel()
         assert errors == []
         _, models = await fleet.state()

@@ -77,9 +77,7 @@ async def test_vllm_and_sglang_serve_through_the_gateway_and_drain_waits_for_req
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(stream)
-                with trio.fail_after(20):
-                    while not chunks:
-                        await trio.sleep(0.02)
+                await wait_until(lambda: chunks, timeout=20, interval=0.02)
                 drained = await d.admin.post("/nodes/n1/drain")
                 assert drained.status_code == 200, drained.text
 

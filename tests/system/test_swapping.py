@@ -18,6 +18,7 @@ import trio
 
 from llmgw_dev.build_engine import ensure_engine
 from support.fleet import Fleet, node_ready, running_fleet
+from support.waiting import wait_until
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -90,12 +91,10 @@ async def test_two_models_too_big_together_take_turns_on_one_node(
         assert sorted(answered) == ["left"] * ROUNDS + ["right"] * ROUNDS
         # The node reports its weights cache: the one file both models use, in use by the resident.
         async with httpx2.AsyncClient(base_url=fleet.admin_url, timeout=10) as admin:
-            with trio.fail_after(30):
-                while True:
-                    (node,) = (await admin.get("/api/v1/weights")).json()["nodes"]
-                    if node["reported"] and node["weights"] and node["weights"][0]["in_use"]:
-                        break
-                    await trio.sleep(0.2)
+            async def in_use() -> dict[str, object] | None:
+                (node,) = (await admin.get("/api/v1/weights")).json()["nodes"]
+                return node if node["reported"] and node["weights"] and node["weights"][0]["in_use"] else None
+            node = await wait_until(in_use, timeout=30, interval=0.2)
         (held,) = node["weights"]
         assert held["size"] == (await trio.Path(tiny_model).stat()).st_size and len(held["models"]) == 1
         assert most_engines[0] == 1

@@ -33,7 +33,7 @@ from llmgw_shared.wire import EngineSpec
 from .admin.admin_auth import AdminKeyGuard, key_required, refuse_without_admin_keys
 from .admin.app import make_admin_app, make_metrics_app
 from .admin.audit_log import AuditLog
-from .admin.dashboard import client_dashboard, open_dashboard, register_admin_dashboard
+from .admin.dashboard import SessionRevocations, client_dashboard, open_dashboard, register_admin_dashboard
 from .admin.host_guard import AdminHostGuard
 from .admin.sso import open_sso
 from .api_errors import admin_error_body, openai_error_body
@@ -295,10 +295,15 @@ async def serve_client_and_admin(
     audit = AuditLog(tenancy.store, config.audit)
     # Upkeep, not a listener: it ends with the shutdown (without a fleet nothing cancels the nursery).
     nursery.start_soon(_until_shutdown, audit.run, shutdown)
+    # Dashboard sessions ended on the server: read once now, then kept fresh (revocations.py).
+    sessions = SessionRevocations(tenancy.store)
+    await sessions.refresh_or_log()
+    nursery.start_soon(_until_shutdown, sessions.run, shutdown)
     dashboard = await open_dashboard(fleet=fleet, tenancy=tenancy, prometheus=config.monitoring.prometheus,
-                                     data_dir=data_dir_of(config), audit=audit, sso=open_sso(config.oidc))
+                                     data_dir=data_dir_of(config), audit=audit, sso=open_sso(config.oidc),
+                                     revocations=sessions)
     admin_app = make_admin_app(registry, fleet, tenancy=tenancy, models=fleet.models if fleet else None,
-                               mirror=mirror, audit=audit, live=gateway.metrics.live)
+                               mirror=mirror, audit=audit, live=gateway.metrics.live, sessions=sessions)
     register_admin_dashboard(admin_app, dashboard)
     client_app: Any = ClientApp(gateway, fallback=client_dashboard(dashboard, admin_app, otherwise=gateway))
     if fleet is not None and fleet.leadership is not None:

@@ -92,9 +92,10 @@ async def running_control(data_dir: Path, *, store: str = "", models: list[dict[
                           **settings)
     lead = LeadershipConfig(ttl=2.0, renew_interval=0.5, settle=0.0,
                             advertise="ws://127.0.0.1:9/agent/v1" if store.startswith("postgresql") else "")
+    # (``control_settings`` may name the listeners: a test that must know the client port beforehand)
+    listeners = {"listen": "127.0.0.1:0", "admin_listen": "127.0.0.1:0", **(control_settings or {})}
     config = validate(ControlConfig(
-        listen="127.0.0.1:0", admin_listen="127.0.0.1:0", data_dir=str(data_dir), store=store, agents=agents,
-        leadership=lead, shutdown_grace=1.0, **(control_settings or {}),
+        data_dir=str(data_dir), store=store, agents=agents, leadership=lead, shutdown_grace=1.0, **listeners,
         models=[strict_converter().structure(m, ModelConfig) for m in models or []]))
     shutdown = trio.Event()
     async with trio.open_nursery() as nursery:

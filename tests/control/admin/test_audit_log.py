@@ -5,11 +5,13 @@ secret (a key's, a join token's) ever appears in a row."""
 from __future__ import annotations
 
 import json
+import string
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import attrs
+import httpx2
 import pytest
 import trio
 from hypothesis import HealthCheck, given, settings
@@ -18,6 +20,7 @@ from system.releases import fake_release
 
 from llmgw_control.mirror.config import HubConfig
 from llmgw_dev.fake_hub import FakeHub, FakeRepo, run_fake_hub
+from support.waiting import wait_until
 
 from .conftest import Daemon, fake_node, model_doc, running_control
 
@@ -44,9 +47,9 @@ async def rows(daemon: Daemon, **query: str) -> list[dict[str, Any]]:
 
 
 async def pull_ready(w: World) -> None:
-    with trio.fail_after(30):
-        while (await w.daemon.admin.get(f"/models/pulls/{w.ids['pull']}")).json()["pull"]["state"] != "ready":
-            await trio.sleep(0.05)
+    async def ready() -> bool:
+        return bool((await w.daemon.admin.get(f"/models/pulls/{w.ids['pull']}")).json()["pull"]["state"] == "ready")
+    await wait_until(ready, timeout=30)
 
 
 def ok(answer: Any) -> Any:
@@ -119,6 +122,8 @@ RECIPES: list[tuple[str, Recipe]] = [
     ("POST /api/v1/models/pulls/{pull_id}/publish", lambda w: w.daemon.admin.post(
         f"/models/pulls/{w.ids['pull']}/publish")),
     ("DELETE /api/v1/models/pulls/{pull_id}", lambda w: w.daemon.admin.delete(f"/models/pulls/{w.ids['pull']}")),
+    ("POST /api/v1/sessions/revoke", lambda w: w.daemon.admin.post("/sessions/revoke",
+                                                                   json={"user": "ada@example.org"})),
 ]
 
 
@@ -164,6 +169,49 @@ async def test_every_write_route_leaves_exactly_one_row(daemon: Daemon) -> None:
     assert change["before"] == {"revoked_at": None} and change["after"]["revoked_at"] is not None
 
 
+# State-changing rules of the apps that are not admin API routes, each with why it writes no audit row.
+NOT_CHANGES = {
+    "POST /admin/login": "a sign-in changes nothing stored; a refused one is recorded as a refusal",
+    "POST /admin/logout": "ends the caller's own session (voided in the store), not a change to the fleet",
+}
+
+
+def _unsafe_rules(app: Any) -> list[tuple[str, Any]]:
+    return [(method, rule) for rule in app.url_map.iter_rules()
+            for method in sorted(rule.methods or ()) if method in ("POST", "PUT", "PATCH", "DELETE")]
+
+
+async def test_every_state_changing_rule_of_the_apps_is_an_audited_route(tmp_path: Path) -> None:
+    """Below the OpenAPI document: the Quart route tables themselves (the admin listener's app and the
+    client port's dashboard pages). Every state-changing rule must be an admin API route (whose view
+    opens the audit scope, and which ``RECIPES`` shows leaves its row), or be in ``NOT_CHANGES``."""
+    from prometheus_client import CollectorRegistry
+
+    from llmgw_control.admin.app import make_admin_app
+    from llmgw_control.admin.audit_log import AuditLog
+    from llmgw_control.admin.dashboard import client_dashboard, open_dashboard, register_admin_dashboard
+
+    recipes = {name for name, _ in RECIPES}
+    async with running_control(tmp_path) as daemon:
+        audit = AuditLog(daemon.tenancy.store)
+        admin = make_admin_app(CollectorRegistry(), daemon.fleet, tenancy=daemon.tenancy, audit=audit)
+        dash = await open_dashboard(fleet=daemon.fleet, tenancy=daemon.tenancy, prometheus="", data_dir=tmp_path,
+                                    audit=audit)
+        register_admin_dashboard(admin, dash)
+        pages = client_dashboard(dash, admin).pages
+        api = admin.extensions["llmgw.api"]
+        unaudited = []
+        for method, rule in _unsafe_rules(admin):
+            route = api.routes[int(rule.endpoint[4:])] if rule.endpoint.startswith("api_") else None
+            if route is None or f"{route.method} {route.path}" not in recipes:
+                unaudited.append(f"{method} {rule.rule}")
+        for method, rule in _unsafe_rules(pages):
+            if f"{method} {rule.rule}" not in NOT_CHANGES:
+                unaudited.append(f"{method} {rule.rule} (client port)")
+        assert unaudited == []
+        assert len(_unsafe_rules(admin)) == len(recipes)
+
+
 async def test_refusals_are_recorded_and_rate_limited(tmp_path: Path) -> None:
     async with running_control(tmp_path) as daemon:
         # A state-changing request from another site to the key-less loopback listener.
@@ -175,22 +223,32 @@ async def test_refusals_are_recorded_and_rate_limited(tmp_path: Path) -> None:
 
 @settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
 @given(name=st.text(min_size=1, max_size=60).filter(lambda s: s.strip() and "\x00" not in s),
-       models=st.lists(st.text(alphabet="abcdefghijklmnop-_:", min_size=1, max_size=20), max_size=3))
-def test_no_secret_in_any_row(tmp_path_factory: pytest.TempPathFactory, name: str, models: list[str]) -> None:
-    """Keys with any names and model lists, join tokens for nodes: their secrets never reach the log."""
+       models=st.lists(st.text(alphabet="abcdefghijklmnop-_:", min_size=1, max_size=20), max_size=3),
+       typed=st.text(alphabet=string.ascii_letters + string.digits + "-_.~!@#$%^&*", min_size=12, max_size=64))
+def test_no_secret_in_any_row(tmp_path_factory: pytest.TempPathFactory, name: str, models: list[str],
+                              typed: str) -> None:
+    """Keys with any names and model lists, join tokens for nodes (made and replaced), a password typed
+    into the dashboard's login: none of these secrets ever reaches the log."""
     async def scenario() -> None:
         data = tmp_path_factory.mktemp("d")
         fake_release(data / "node-releases", WHEELS)
         async with running_control(data) as daemon:
             group = ok(await daemon.admin.post("/groups", json={"name": "g"}))["group"]["id"]
             created = await daemon.admin.post("/keys", json={"name": name, "group_id": group, "models": models})
-            secrets = []
+            secrets = [typed]
             if created.status_code == 201:
                 secrets.append(created.json()["secret"])
             node = ok(await daemon.admin.post("/nodes", json={"name": "nx"}))
-            secrets += [v for k, v in node.items() if "token" in k and isinstance(v, str)]
-            assert secrets
-            text = json.dumps(await rows(daemon))
+            replaced = ok(await daemon.admin.post(f"/nodes/{node['node_id']}/token"))
+            secrets += [v for answer in (node, replaced) for k, v in answer.items()
+                        if "token" in k and isinstance(v, str)]
+            assert len(secrets) >= 3
+            async with httpx2.AsyncClient(base_url=daemon.listening.api_url) as browser:
+                login = await browser.post("/admin/login", data={"key": typed})
+                assert login.status_code == 401
+            logged = await rows(daemon)
+            assert any(r["outcome"] == "refused" and r["action"] == "POST /admin/login" for r in logged)
+            text = json.dumps(logged, ensure_ascii=False)
             for secret in secrets:
                 assert secret not in text
                 assert secret[-12:] not in text
@@ -207,3 +265,18 @@ async def test_ctl_lists_and_exports_json_lines(tmp_path: Path) -> None:
         assert listed.splitlines()[0].split()[:3] == ["AT", "ACTOR", "FROM"] and "--cursor" in listed
         exported = (await ctl_ok(daemon, "audit", "export", "--resource", "group")).out.splitlines()
         assert [json.loads(line)["action"] for line in exported] == ["POST /api/v1/groups"] * 3
+
+
+async def test_ctl_ends_a_users_dashboard_sessions(tmp_path: Path) -> None:
+    from .test_ctl import ok as ctl_ok
+    from .test_ctl import run as ctl_run
+
+    async with running_control(tmp_path) as daemon:
+        said = (await ctl_ok(daemon, "sessions", "revoke", "ada@example.org")).out
+        assert said.startswith("dashboard sessions of user:ada@example.org issued before ")
+        answer = (await ctl_ok(daemon, "--json", "sessions", "revoke", "--key", "k1")).json()
+        assert answer["subject"] == "key:k1"
+        assert (await ctl_run(daemon, "sessions", "revoke")).code != 0
+        assert (await ctl_run(daemon, "sessions", "revoke", "a\x1bb")).code != 0
+        [row, _] = await rows(daemon, resource="session")
+        assert (row["resource_id"], row["actor"]) == ("key:k1", "loopback")

@@ -18,6 +18,7 @@ from system.releases import fake_release
 from llmgw_control.ctl import main as ctl
 from llmgw_control.store import Usage
 from llmgw_shared.facts import GpuFacts
+from support.waiting import wait_until
 
 from .conftest import PROVENANCE, Daemon, fake_node, model_doc
 from .test_api_fleet import AVX2, ready_replicas
@@ -74,9 +75,7 @@ async def test_a_degraded_node_says_so_in_its_row_a_warning_and_its_json(daemon:
     why = "this node has NVIDIA GPUs but its llama.cpp engine is a CPU build"
     l4 = GpuFacts(index=0, name="NVIDIA L4", uuid="GPU-0", memory_total_mib=23034, memory_free_mib=22700)
     async with fake_node(daemon, "n1", gpus=[l4], degraded=why), fake_node(daemon, "n2", gpus=[l4]):
-        with trio.fail_after(10):
-            while len(daemon.fleet.inventory) < 2:
-                await trio.sleep(0.02)
+        await wait_until(lambda: len(daemon.fleet.inventory) >= 2, timeout=10)
         header, row1, row2, warning = (await ok(daemon, "nodes", "list")).out.splitlines()
         assert "GPUS" in header.split()
         assert "1 (cuda) DEGRADED: CPU only" in row1 and "DEGRADED" not in row2 and "1 (cuda)" in row2
@@ -261,8 +260,6 @@ async def test_replicas_logs_prints_the_engines_lines_and_follows(daemon: Daemon
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(trio.to_thread.run_sync, follow)
-            with trio.fail_after(10):
-                while "server is listening" not in out.getvalue():
-                    await trio.sleep(0.05)
+            await wait_until(lambda: "server is listening" in out.getvalue(), timeout=10)
             node.logs[replica["id"]].append("srv  update_slots: all slots are idle")
         assert out.getvalue().splitlines()[-1] == "srv  update_slots: all slots are idle"

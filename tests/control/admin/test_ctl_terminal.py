@@ -145,6 +145,7 @@ def routes(h: str) -> dict[tuple[str, str], Any]:
         ("GET", "/capacity/runs"): {"runs": [_run(h, h)]},
         ("POST", "/capacity/runs"): {"run": _run(h, "running")},
         ("GET", "/capacity/runs/c1"): {"run": _run(h, "failed")},
+        ("POST", "/sessions/revoke"): {"subject": h, "revoked_before": h},
         ("GET", "/audit"): {"entries": [{"at": h, "actor": h, "peer": h, "outcome": h, "action": h, "resource": h,
                                          "resource_id": h, "changes": {h: [h, h]}}], "next_cursor": None},
     }
@@ -159,7 +160,7 @@ COMMANDS = [
     ["models", "adapters", "list", "m1", "--profile", "p1"],
     ["groups"], ["groups", "create", "g"], ["groups", "priority", "g1", "batch"], ["keys"],
     ["keys", "create", "k", "--group", "g1"], ["quotas"], ["quotas", "set", "g1", "--requests-per-minute", "1"],
-    ["usage"], ["capacity"], ["bench", "m"], ["audit"], ["audit", "export"],
+    ["usage"], ["capacity"], ["bench", "m"], ["audit"], ["audit", "export"], ["sessions", "revoke", "ada"],
 ]
 
 

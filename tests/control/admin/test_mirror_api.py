@@ -12,10 +12,10 @@ from typing import Any
 import attrs
 import httpx2
 import pytest
-import trio
 
 from llmgw_control.mirror.config import HubConfig
 from llmgw_dev.fake_hub import FakeHub, FakeRepo, run_fake_hub
+from support.waiting import wait_until
 
 from .conftest import Daemon, fake_node, running_control
 
@@ -40,12 +40,11 @@ async def rig(tmp_path: Path, tiny_gguf: bytes) -> AsyncIterator[Rig]:
 
 
 async def until_state(admin: httpx2.AsyncClient, pull_id: str, *states: str) -> dict[str, Any]:
-    with trio.fail_after(30):
-        while True:
-            pull: dict[str, Any] = (await admin.get(f"/models/pulls/{pull_id}")).json()["pull"]
-            if pull["state"] in states:
-                return pull
-            await trio.sleep(0.05)
+    async def reached() -> dict[str, Any] | None:
+        pull: dict[str, Any] = (await admin.get(f"/models/pulls/{pull_id}")).json()["pull"]
+        return pull if pull["state"] in states else None
+    found: dict[str, Any] = await wait_until(reached, timeout=30)
+    return found
 
 
 async def test_find_pull_publish_and_serve_to_nodes(rig: Rig, tiny_gguf: bytes) -> None:
@@ -56,9 +55,7 @@ async def test_find_pull_publish_and_serve_to_nodes(rig: Rig, tiny_gguf: bytes) 
         async def node_ready() -> bool:
             nodes = (await admin.get("/nodes")).json()["nodes"]
             return any(n["id"] == "n1" and n["state"] == "ready" for n in nodes)
-        with trio.fail_after(10):
-            while not await node_ready():
-                await trio.sleep(0.05)
+        await wait_until(node_ready, timeout=10)
         files = (await admin.get("/hub/files", params={"repo": REPO})).json()["files"]
         assert [(f["path"], f["quantisation"], f["size"], f["fits"]) for f in files] == [
             (FILE, "Q8_0", len(tiny_gguf), True)]
@@ -102,12 +99,10 @@ async def test_progress_is_reported_while_downloading_and_a_pull_can_be_cancelle
     admin = rig.daemon.admin
     rig.hub.chunk_delay = 0.3
     pull = (await admin.post("/models/pulls", json={"repo": REPO, "file": FILE})).json()["pull"]
-    with trio.fail_after(20):
-        while True:
-            seen = (await admin.get(f"/models/pulls/{pull['id']}")).json()["pull"]
-            if seen["state"] == "downloading" and seen["bytes"] >= 2 * 65536:
-                break
-            await trio.sleep(0.05)
+    async def downloading() -> dict[str, Any] | None:
+        seen: dict[str, Any] = (await admin.get(f"/models/pulls/{pull['id']}")).json()["pull"]
+        return seen if seen["state"] == "downloading" and seen["bytes"] >= 2 * 65536 else None
+    seen = await wait_until(downloading, timeout=20)
     assert seen["rate"] > 0 and seen["eta_seconds"] is not None and seen["size"] > seen["bytes"]
     assert [p["id"] for p in (await admin.get("/models/pulls")).json()["pulls"]] == [pull["id"]]
     assert (await admin.delete(f"/models/pulls/{pull['id']}")).status_code == 204
@@ -137,9 +132,10 @@ async def test_a_file_too_big_for_any_node_does_not_fit(rig: Rig) -> None:
 
     assert (await listed())["fits"] is False  # no node at all
     async with fake_node(rig.daemon, "n1"):
-        with trio.fail_after(10):
-            while "needs" not in (entry := await listed())["fit_detail"]:
-                await trio.sleep(0.05)
+        async def needs() -> dict[str, Any] | None:
+            entry = await listed()
+            return entry if "needs" in entry["fit_detail"] else None
+        entry = await wait_until(needs, timeout=10)
     assert entry["fits"] is False and entry["size"] == HUGE and "node n1: needs" in entry["fit_detail"]
 
 

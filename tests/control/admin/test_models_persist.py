@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import trio
 
 from llmgw_control.catalog import ModelConfig
 
@@ -60,12 +59,8 @@ async def test_another_daemon_on_the_same_store_follows_changes(tmp_path: Path, 
     async with running_control(tmp_path / "a", store=store_url) as a, \
             running_control(tmp_path / "b", store=store_url) as b:
         assert (await a.admin.post("/models", json=model_doc("tiny"))).status_code == 201
-        with trio.fail_after(10):
-            while "tiny" not in b.fleet.catalog.models:
-                await trio.sleep(0.1)
+        await wait_until(lambda: "tiny" in b.fleet.catalog.models, timeout=10, interval=0.1)
         assert b.fleet.catalog.source("tiny") == "api"
         assert isinstance(b.fleet.catalog.models["tiny"], ModelConfig)
         assert (await a.admin.delete("/models/tiny")).status_code == 204
-        with trio.fail_after(10):
-            while "tiny" in b.fleet.catalog.models:
-                await trio.sleep(0.1)
+        await wait_until(lambda: "tiny" not in b.fleet.catalog.models, timeout=10, interval=0.1)

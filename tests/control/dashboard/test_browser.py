@@ -24,6 +24,7 @@ import trio
 from llmgw_control.store import open_store
 from llmgw_dev.build_engine import ensure_engine
 from support.fleet import Fleet, model_entry, running_fleet
+from support.waiting import wait_until
 
 from .browser import artifacts, browser_context, require_chromium
 
@@ -47,14 +48,14 @@ async def prepare(fleet: Fleet, tiny_model: Path) -> dict[str, Any]:
         team = (await admin.post("/api/v1/groups", json={"name": "search", "parent_id": org["id"]})).json()["group"]
         root = (await admin.post("/api/v1/keys", json={"name": "ops", "group_id": org["id"], "admin": True})).json()
         user = (await admin.post("/api/v1/keys", json={"name": "search-app", "group_id": team["id"]})).json()
-    with trio.fail_after(5):
-        # Keys are picked up by the daemon's half-second poll of the store.
-        while True:
-            try:
-                await trio.to_thread.run_sync(chat, fleet, user["secret"])
-                break
-            except openai.AuthenticationError:
-                await trio.sleep(0.2)
+    async def served() -> bool:
+        try:
+            await trio.to_thread.run_sync(chat, fleet, user["secret"])
+        except openai.AuthenticationError:
+            return False
+        return True
+    # Keys are picked up by the daemon's half-second poll of the store.
+    await wait_until(served, timeout=5, interval=0.2)
     async with open_store(str(fleet.root / "control" / "llmgw.db")) as store:
         await store.add_capacity(model="tiny", profile="cpu", node_id="n1", engine="llama.cpp", concurrency=2,
                                  tokens_per_s=123.4, ttft_p50_s=0.05, ttft_p99_s=0.2,

@@ -4,11 +4,14 @@ scale, and which replicas hold it (issue 35); the admin API's model view says th
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 from control.admin.conftest import fake_node, model_doc, running_control
 from control.admin.test_api_fleet import ready_replicas
+
+from support.waiting import wait_until
 
 from .browser import artifacts, browser_context, require_chromium
 
@@ -29,12 +32,10 @@ async def test_the_models_page_lists_adapters_and_the_replicas_holding_them(tmp_
         async with fake_node(daemon, "n1"):
             (replica,) = await ready_replicas(daemon, "tiny:cpu")
             rid = replica["id"]
-            with trio.fail_after(10):
-                while True:
-                    view = (await daemon.admin.get("/models")).json()["models"][0]
-                    if view["adapters"][0]["loaded_on"]:
-                        break
-                    await trio.sleep(0.05)
+            async def loaded() -> dict[str, Any] | None:
+                view: dict[str, Any] = (await daemon.admin.get("/models")).json()["models"][0]
+                return view if view["adapters"][0]["loaded_on"] else None
+            view = await wait_until(loaded, timeout=10)
             assert view["adapters"] == [
                 {"name": "support-bot", "size": 3 << 20, "scale": 0.5, "loaded_on": [rid]},
                 {"name": "legal-bot", "size": 200 << 10, "scale": 1.0, "loaded_on": [rid]}]

@@ -13,6 +13,7 @@ import trio
 
 from llmgw_control.mirror.config import HubConfig
 from llmgw_dev.fake_hub import FakeHub, FakeRepo, run_fake_hub
+from support.waiting import wait_until
 
 from ..admin.conftest import Daemon, fake_node, running_control
 from .browser import artifacts, browser_context, require_chromium
@@ -89,6 +90,6 @@ async def test_find_a_model_page(tmp_path: Path, tiny_gguf: bytes) -> None:
 
 
 async def ready(daemon: Daemon) -> None:
-    with trio.fail_after(10):
-        while not any(n["state"] == "ready" for n in (await daemon.admin.get("/nodes")).json()["nodes"]):
-            await trio.sleep(0.05)
+    async def a_node_ready() -> bool:
+        return any(n["state"] == "ready" for n in (await daemon.admin.get("/nodes")).json()["nodes"])
+    await wait_until(a_node_ready, timeout=10)

@@ -15,10 +15,13 @@ from urllib.parse import urlsplit
 import attrs
 import httpx2
 import pytest
+import trio
 from control.admin.conftest import Daemon, running_control
 from joserfc.jwk import RSAKey
 
+from llmgw_control.admin.dashboard.revocations import REFRESH_S, SessionRevocations
 from llmgw_control.admin.org_config import OidcConfig
+from support.waiting import wait_until
 
 from .oidc_provider import Provider, running_provider
 
@@ -122,3 +125,63 @@ async def test_a_callback_without_the_started_sign_in_is_refused(rig: Rig) -> No
     query = urlsplit(back.headers["location"]).query
     async with client(rig) as other:  # another browser: no pending cookie (a login CSRF)
         assert (await other.get(f"/admin/login?{query}")).status_code == 403
+
+
+async def test_ending_a_users_sessions_on_the_server(rig: Rig) -> None:
+    """``POST /api/v1/sessions/revoke``: the user's cookie stops working at once (the copy another
+    daemon holds within REFRESH_S), another user's goes on working, and the user may sign in again."""
+    async with client(rig) as ada, client(rig) as bob:
+        assert (await sign_in(rig, ada)).status_code == 200
+        rig.provider.claims = {"sub": "u-2", "email": "bob@example.org", "groups": ["llmgw-admins"]}
+        assert (await sign_in(rig, bob)).status_code == 200
+        # ada's cookie, as a second browser (or a thief) holds it
+        stolen = dict(ada.cookies)
+        assert (await ada.get("/admin/api/v1/groups")).status_code == 200
+
+        ended = await rig.daemon.admin.post("/sessions/revoke", json={"user": "ada@example.org"})
+        assert ended.status_code == 200, ended.text
+        assert ended.json()["subject"] == "user:ada@example.org"
+        assert (await ada.get("/admin/api/v1/groups")).status_code == 401
+        page = await ada.get("/admin/")
+        assert page.status_code == 302 and page.headers["location"].endswith("/admin/login")
+        assert (await bob.get("/admin/api/v1/groups")).status_code == 200
+
+        # Signing in again gives a session issued after the revocation.
+        rig.provider.claims = {"sub": "u-1", "email": "ada@example.org", "groups": ["llmgw-admins"]}
+        ada.cookies.clear()
+        assert (await sign_in(rig, ada)).status_code == 200
+        assert (await ada.get("/admin/api/v1/groups")).status_code == 200
+        async with client(rig) as thief:
+            thief.cookies.update(stolen)
+            assert (await thief.get("/admin/api/v1/groups")).status_code == 401
+
+        # Logging out ends that session on the server: a kept copy of the cookie no longer works.
+        kept = dict(bob.cookies)
+        page = await bob.get("/admin/")
+        csrf = page.text.split('name="csrf-token" content="')[1].split('"')[0]
+        out = await bob.post("/admin/logout", data={"csrf": csrf})
+        assert out.status_code == 302
+        async with client(rig) as copy:
+            copy.cookies.update(kept)
+            assert (await copy.get("/admin/api/v1/groups")).status_code == 401
+        assert (await ada.get("/admin/api/v1/groups")).status_code == 200
+
+    rows = (await rig.daemon.admin.get("/audit", params={"resource": "session"})).json()["entries"]
+    assert [(r["action"], r["resource_id"], r["actor"]) for r in rows] == [
+        ("POST /api/v1/sessions/revoke", "user:ada@example.org", "loopback")]
+
+
+async def test_a_revocation_reaches_another_daemon_on_the_same_store(rig: Rig) -> None:
+    """A revocation written by another daemon (here: another ``SessionRevocations`` on the same store,
+    which this daemon's copy does not share) ends the session here within REFRESH_S."""
+    async with client(rig) as ada:
+        assert (await sign_in(rig, ada)).status_code == 200
+        other_daemon = SessionRevocations(rig.daemon.listening.tenancy.store)
+        await other_daemon.revoke("user:ada@example.org")
+        started = trio.current_time()
+
+        async def refused() -> bool:
+            return (await ada.get("/admin/api/v1/groups")).status_code == 401
+
+        await wait_until(refused, timeout=REFRESH_S + 3)
+        assert trio.current_time() - started < REFRESH_S + 3

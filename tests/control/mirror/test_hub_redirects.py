@@ -21,6 +21,7 @@ from llmgw_control.mirror.hub_http import CURRENT_CALL, MAX_REQUESTS, GuardedTra
 from llmgw_control.mirror.net_guard import NetGuard
 from llmgw_dev.fake_hub import FakeHub, FakeRepo, run_fake_hub
 from llmgw_shared.threads import HUB
+from support.waiting import wait_until
 
 LOOPBACK = ["127.0.0.0/8"]
 REPOS = {"acme/tiny-GGUF": FakeRepo(files={"tiny.Q8_0.gguf": b"GGUF" + b"\0" * 60}, downloads=3)}
@@ -170,9 +171,7 @@ async def test_a_trickled_head_ends_at_the_calls_deadline_and_frees_its_thread()
             await hub.search("x")
         assert caught.value.status == 504 and trio.current_time() - start < 3
         # The thread itself ended (not only its caller): its token is back within the deadline's slack.
-        with trio.fail_after(2):
-            while HUB.limiter().available_tokens < HUB.size:
-                await trio.sleep(0.05)
+        await wait_until(lambda: HUB.limiter().available_tokens >= HUB.size, timeout=2)
         nursery.cancel_scope.cancel()
 
 

@@ -21,6 +21,7 @@ from llmgw_control.mirror.net_guard import NetGuard
 from llmgw_control.mirror.pulls import Pull, Pulls
 from llmgw_control.store import connect_store
 from llmgw_dev.fake_hub import FakeHub, run_fake_hub
+from support.waiting import wait_until
 
 REPO, FILE = "acme/tiny-chat-GGUF", "tiny-chat.Q8_0.gguf"
 
@@ -46,9 +47,7 @@ async def rig(fake_hub_repos: FakeHub, tmp_path: Path) -> AsyncIterator[Rig]:
 
 
 async def finished(pull: Pull) -> Pull:
-    with trio.fail_after(30):
-        while pull.state in ("queued", "downloading", "verifying"):
-            await trio.sleep(0.02)
+    await wait_until(lambda: pull.state not in ("queued", "downloading", "verifying"), timeout=30, interval=0.02)
     return pull
 
 
@@ -156,8 +155,7 @@ async def test_cancel_stops_a_pull_and_removes_the_partial_file(rig: Rig) -> Non
     pull = await rig.pulls.start({"repo": REPO, "file": FILE})
     with trio.fail_after(10):
         await rig.hub.sending.wait()
-        while not (rig.models / f"{FILE}.partial").exists():
-            await trio.sleep(0.02)
+    await wait_until(lambda: (rig.models / f"{FILE}.partial").exists(), timeout=10, interval=0.02)
     await rig.pulls.cancel(pull.id)
     assert pull.id not in rig.pulls.pulls
     assert not (rig.models / f"{FILE}.partial").exists()

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from llmgw_control.store import AuditScope, Conflict, Quota, SqlStore, audit_scope
+from llmgw_control.store import AuditScope, Conflict, InvalidInput, Quota, SqlStore, audit_scope
 
 
 def scope(action: str = "POST /api/v1/keys") -> AuditScope:
@@ -89,3 +89,26 @@ async def test_leadership_changes_are_recorded(store: SqlStore) -> None:
     rows = (await store.list_audit(resource="leadership")).entries
     assert sorted(r.action for r in rows) == ["leadership.acquire", "leadership.release"]
     assert {r.actor for r in rows} == {"daemon:d1"}
+
+
+async def test_ending_sessions_is_recorded_with_its_row(store: SqlStore) -> None:
+    """Dashboard sessions ended on the server (ops_sessions): the revocation and its audit row commit
+    together; a later one only moves the time forward; rows past every session's life go."""
+    now = datetime.now(UTC)
+    with audit_scope(scope("POST /api/v1/sessions/revoke")):
+        cut = await store.revoke_sessions("user:ada@example.org", before=now, until=now + timedelta(hours=8))
+    assert cut == now.replace(microsecond=now.microsecond)
+    [row] = (await store.list_audit()).entries
+    assert (row.resource, row.resource_id, row.changes[0]["op"]) == ("session", "user:ada@example.org", "create")
+    # An earlier time does not un-end sessions.
+    assert await store.revoke_sessions("user:ada@example.org", before=now - timedelta(hours=1),
+                                       until=now + timedelta(hours=8)) == cut
+    await store.revoke_sessions("session:abc", before=now, until=now + timedelta(seconds=1))
+    assert await store.session_revocations(now) == {"user:ada@example.org": cut, "session:abc": cut}
+    assert await store.session_revocations(now + timedelta(hours=1)) == {"user:ada@example.org": cut}
+    # The next revocation's transaction deletes rows no session can need.
+    await store.revoke_sessions("key:k1", before=now + timedelta(hours=1), until=now + timedelta(hours=9))
+    assert set(await store.session_revocations(now)) == {"user:ada@example.org", "key:k1"}
+    for bad in ("ada", "user:", "user:a\nb", "user:" + "x" * 300):
+        with pytest.raises(InvalidInput):
+            await store.revoke_sessions(bad, before=now, until=now)

@@ -21,6 +21,7 @@ from llmgw_control.store import (
 from llmgw_control.store.backend import Tx
 from llmgw_control.store.postgres import translate
 from llmgw_dev.postgres import PostgresServer, free_port
+from support.waiting import wait_until
 
 
 async def test_open_store_picks_the_backend(tmp_path: Path, pg_url: str) -> None:
@@ -128,9 +129,7 @@ async def test_lease_does_not_queue_behind_slow_queries(pg_url: str) -> None:
             await store.backend.run(sleep_in_the_database, write=False)
 
         nursery.start_soon(slow)
-        with trio.fail_after(30):
-            while not holding:  # the pool is full from here on
-                await trio.sleep(0.01)
+        await wait_until(lambda: holding, timeout=30, interval=0.01)  # the pool is full from here on
         start = trio.current_time()
         assert await store.lease.try_acquire("a", "addr", ttl=5) is not None
         assert await store.lease.renew("a", ttl=5) is not None

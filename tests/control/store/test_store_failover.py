@@ -20,6 +20,7 @@ import trio
 from llmgw_control.store import STANDBY, LeaseKeeper, PostgresStore, Role
 from llmgw_dev.postgres import PostgresServer
 from support.counted_lease import CountedLease
+from support.waiting import wait_until
 
 # Left out of the quick tier (slow: real PostgreSQL failover over TTL-long waits);
 # test_store_lease and test_store_backends keep real-PostgreSQL tests in it.
@@ -93,9 +94,7 @@ ATTEMPTS_PER_TTL = round(TTL / RENEW) + 1
 
 async def _wait_for(predicate: Callable[[], bool], within: float) -> float:
     start = trio.current_time()
-    with trio.fail_after(within):
-        while not predicate():
-            await trio.sleep(0.01)
+    await wait_until(predicate, timeout=within, interval=0.01)
     return trio.current_time() - start
 
 

@@ -7,12 +7,11 @@ import trio
 from llmgw_control.fleet.view import ViewFollower, ViewPublisher
 from llmgw_control.gateway.replicas import Replica, ReplicaSet
 from llmgw_control.store import SqlStore
+from support.waiting import wait_until
 
 
 async def _until(condition: object, limit: float = 10.0) -> None:
-    with trio.fail_after(limit):
-        while not condition():  # type: ignore[operator]
-            await trio.sleep(0.01)
+    await wait_until(condition, timeout=limit, interval=0.01)  # type: ignore[arg-type]
 
 
 async def test_a_standby_adds_updates_and_withdraws_what_the_leader_publishes(store: SqlStore) -> None:

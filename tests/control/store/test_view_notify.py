@@ -22,6 +22,7 @@ from llmgw_control.store import VIEW_CHANNEL, PostgresStore, PublishedReplica, S
 from llmgw_control.store.backend import Tx
 from llmgw_control.store.postgres import LISTEN_APPLICATION_NAME, PostgresBackend
 from llmgw_control.store.view_notify import parse_revision
+from support.waiting import wait_until
 
 HOUR = 3600.0
 # Generous: a loaded 2-core machine; a pass takes a fraction of a second.
@@ -40,9 +41,7 @@ async def pg_store(pg_url: str) -> AsyncIterator[SqlStore]:
 
 
 async def _until(condition: Callable[[], bool]) -> None:
-    with trio.fail_after(LIMIT):
-        while not condition():
-            await trio.sleep(0.01)
+    await wait_until(condition, timeout=LIMIT, interval=0.01)
 
 
 def _follower(store: SqlStore, listener: ViewListener | None = None) -> tuple[ViewFollower, ReplicaSet]:
@@ -155,9 +154,9 @@ async def test_cancelling_a_follower_returns_at_once_and_closes_its_connection(p
 
 
 async def _until_async(probe: Callable[[], Any], expected: object) -> None:
-    with trio.fail_after(LIMIT):
-        while await probe() != expected:
-            await trio.sleep(0.05)
+    async def reached() -> bool:
+        return bool(await probe() == expected)
+    await wait_until(reached, timeout=LIMIT)
 
 
 @given(st.one_of(st.text(max_size=64), st.binary(max_size=16), st.integers(), st.none()))

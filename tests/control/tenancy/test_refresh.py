@@ -15,6 +15,7 @@ from control.tenancy.support import SECRET, FakeClock, Tenancy, bearer, make_ten
 from llmgw_control.api_errors import ClientApiError
 from llmgw_control.store import Revisions, SqliteStore, Store, StoreUnavailable
 from llmgw_control.tenancy import KeyDigester, TenancyAdmission, TenancyService, TenancyState, UsageAccumulator
+from support.waiting import wait_until
 
 
 class FlakyStore:
@@ -54,13 +55,13 @@ async def test_outage_keeps_serving_and_logs_once(
             admission.admit(bearer(key.secret), "m", estimated_tokens=1).give_back()  # still served
             await writer.service.revoke_key(key.key.id)
             flaky.down = False
-            with trio.fail_after(1):
-                while True:
-                    try:
-                        admission.admit(bearer(key.secret), "m", estimated_tokens=1).give_back()
-                    except ClientApiError:
-                        break
-                    await trio.sleep(0.01)
+            def refused() -> bool:
+                try:
+                    admission.admit(bearer(key.secret), "m", estimated_tokens=1).give_back()
+                except ClientApiError:
+                    return True
+                return False
+            await wait_until(refused, timeout=1, interval=0.01)
             nursery.cancel_scope.cancel()
     finally:
         await reader_store.aclose()

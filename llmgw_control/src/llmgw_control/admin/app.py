@@ -16,6 +16,7 @@ from .api.audit_routes import add_audit_routes
 from .api.capacity_routes import add_capacity_routes
 from .api.core import error_body
 from .api.mirror_routes import add_mirror_routes
+from .api.session_routes import add_session_routes
 from .api.traffic_routes import add_traffic_routes
 from .audit_log import AuditLog
 from .debug_views import register_debug_views
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from ..fleet.fleet import Fleet
     from ..gateway.live import LiveWindow
     from ..tenancy.tenancy import Tenancy
+    from .dashboard.revocations import SessionRevocations
 
 
 def _metrics_response(registry: CollectorRegistry) -> Response:
@@ -51,7 +53,7 @@ def _json_errors(app: QuartTrio) -> None:
 def make_admin_app(
     registry: CollectorRegistry, fleet: Fleet | None = None, *, tenancy: Tenancy | None = None,
     models: ModelService | None = None, mirror: Mirror | None = None, audit: AuditLog | None = None,
-    live: LiveWindow | None = None,
+    live: LiveWindow | None = None, sessions: SessionRevocations | None = None,
 ) -> QuartTrio:
     app = QuartTrio("llmgw_control.admin")
     # Its files (the dashboard's static ones) answer Range requests through our strict parser.
@@ -67,6 +69,7 @@ def make_admin_app(
     add_mirror_routes(api, mirror, fleet)
     add_capacity_routes(api, fleet.capacity if fleet is not None else None, fleet)
     add_traffic_routes(api, live)
+    add_session_routes(api, sessions)
     api.install(app)
     # Other modules add their routes to the same table (``api.route(...)`` then ``api.install(app)``),
     # so they are served with the same validation and error shape and appear in the document.

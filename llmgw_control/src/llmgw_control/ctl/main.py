@@ -430,6 +430,15 @@ def usage_show(client: AdminClient, args: argparse.Namespace, out: TextIO) -> No
     _emit(out, args, answer, human)
 
 
+def sessions_revoke(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
+    if (args.user is None) == (args.key is None):
+        raise CtlError("name a user, or give --key ID (an admin key's dashboard sessions), not both")
+    body = {"user": args.user} if args.user is not None else {"key_id": args.key}
+    answer = client.post("/sessions/revoke", body)
+    _emit(out, args, answer, lambda: f"dashboard sessions of {answer['subject']} issued before "
+                                     f"{answer['revoked_before']} ended")
+
+
 def _audit_query(args: argparse.Namespace) -> dict[str, Any]:
     opt = vars(args)
     return {"since": opt.get("since"), "until": opt.get("until"), "actor": opt.get("actor"),
@@ -560,6 +569,11 @@ def build_parser() -> argparse.ArgumentParser:
     for name, label in _LIMITS:
         p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, metavar="N", help=f"{label} (0 pauses)")
     verb(v, "clear", quotas_clear, "remove a group's quota").add_argument("group", help="id or path")
+
+    v = noun("sessions", "sessions: revoke (end a dashboard user's sessions on every daemon)", None)
+    p = verb(v, "revoke", sessions_revoke, "end a signed-in user's dashboard sessions (they may sign in again)")
+    p.add_argument("user", nargs="?", default=None, help="the user as the dashboard names them (e.g. an email)")
+    p.add_argument("--key", default=None, metavar="ID", help="instead: an admin key's dashboard sessions")
 
     v = noun("audit", "audit: list (default), export (JSON lines, for a SIEM)", audit_list)
     for target, limit in ((verb(v, "list", audit_list, "the newest audit rows"), True),

@@ -246,6 +246,20 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX audit_log_resource ON audit_log (resource, resource_id, at)",
         ),
     ),
+    Migration(
+        10,
+        "dashboard sessions ended on the server: a user's sessions issued before a time, or one logged-out session",
+        (
+            # One row per subject (ops_sessions.py): ``user:<name>`` or ``key:<id>`` voids every
+            # session of that operator issued before ``revoked_before``; ``session:<id>`` voids one
+            # (a logout). ``expires_at``: when every session the row voids has expired anyway, after
+            # which the row is deleted. Times in microseconds, as everywhere.
+            """CREATE TABLE session_revocations (
+                subject TEXT PRIMARY KEY,
+                revoked_before BIGINT NOT NULL,
+                expires_at BIGINT NOT NULL)""",
+        ),
+    ),
 )
 
 # An arbitrary constant: the key of the PostgreSQL advisory lock that serialises daemons

@@ -30,6 +30,7 @@ from .ops_pulls import PullOps
 from .ops_quota_slices import QuotaSliceOps
 from .ops_quotas import QuotaOps
 from .ops_secrets import SecretOps
+from .ops_sessions import SessionOps
 from .ops_usage import UsageOps
 from .ops_view import ViewOps
 from .postgres import PostgresBackend
@@ -40,7 +41,7 @@ from .view_notify import ViewListener
 
 
 class SqlStore(CatalogOps, NodeOps, GroupOps, KeyOps, QuotaOps, QuotaSliceOps, UsageOps, CapacityOps, SecretOps,
-               FleetOps, PullOps, ViewOps, AuditOps):
+               FleetOps, PullOps, ViewOps, AuditOps, SessionOps):
     def __init__(self, backend: Backend, lease_backend: Backend | None = None) -> None:
         self._backend = backend
         self._lease_backend = lease_backend

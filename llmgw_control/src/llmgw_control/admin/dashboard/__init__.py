@@ -17,20 +17,21 @@ from ...byte_ranges import StrictRangeResponse
 from ...store import cluster_secret
 from ..audit_log import AuditLog
 from .client import PREFIX, ClientDashboard
+from .revocations import SessionRevocations
 from .session import SessionSigner
 from .views import Dashboard, Mount, admin_origin_guard, make_blueprint
 
-__all__ = ["Dashboard", "client_dashboard", "open_dashboard", "register_admin_dashboard"]
+__all__ = ["Dashboard", "SessionRevocations", "client_dashboard", "open_dashboard", "register_admin_dashboard"]
 
 
 async def open_dashboard(*, fleet: Any, tenancy: Any, prometheus: str, data_dir: Path, audit: AuditLog | None = None,
-                         sso: Any = None) -> Dashboard:
+                         sso: Any = None, revocations: SessionRevocations | None = None) -> Dashboard:
     """The shared parts. The session secret is a cluster secret in the store, so every control
     daemon on one database accepts the others' sessions (a failover does not log operators out);
     ``data_dir/dashboard-secret`` seeds it when present."""
     secret = await cluster_secret(tenancy.store, "dashboard-session", data_dir / "dashboard-secret")
     return Dashboard(fleet=fleet, tenancy=tenancy, prometheus=prometheus, signer=SessionSigner(secret), audit=audit,
-                     sso=sso)
+                     sso=sso, revocations=revocations)
 
 
 def register_admin_dashboard(app: QuartTrio, dash: Dashboard) -> None:

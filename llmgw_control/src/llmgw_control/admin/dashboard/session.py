@@ -6,6 +6,11 @@ control daemon sharing that file accepts them. Nothing secret is in the payload:
 secret is never stored, only its id, and every request re-checks that key in the live key table,
 so revoking the admin key (or taking its admin flag away, or its expiry) ends the session at once.
 
+A session can also be ended on the server before it expires (a logout, or an operator ending
+every session of a user): ``revocations.py`` keeps what the store says is void, which is why
+the cookie carries when it was issued (``"i"``, milliseconds) and a session id derived from its
+random CSRF token.
+
 The CSRF token is random per session. Pages carry it in a ``<meta>`` tag; the dashboard's
 scripts send it as ``X-CSRF-Token`` on every state-changing request, and the server compares it
 in constant time with the one in the signed cookie. A foreign site can make the browser send the
@@ -51,6 +56,14 @@ class Session:
     # A user signed in through OpenID Connect (key_id is then empty) and their granting claim values.
     user: str = ""
     grants: tuple[str, ...] = ()
+    # When it was signed (Unix seconds): a revocation voids the sessions issued before it.
+    issued_at: float = 0.0
+
+    @property
+    def session_id(self) -> str:
+        """A name for this one session (a logout voids it), derived from its random CSRF token:
+        the token itself never leaves the cookie and the page."""
+        return hashlib.sha256(b"llmgw session id\0" + self.csrf.encode()).hexdigest()[:32]
 
 
 class SessionSigner:
@@ -70,8 +83,11 @@ class SessionSigner:
     def new(self, key_id: str, *, user: str = "", grants: tuple[str, ...] = ()) -> tuple[Session, str]:
         """A fresh session for ``key_id`` (or an OpenID Connect ``user``) and the cookie value that carries it."""
         grants = tuple(g[:MAX_GRANT_LEN] for g in grants[:MAX_GRANTS])
-        session = Session(key_id, secrets.token_urlsafe(32), self.clock() + self.lifetime, user[:200], grants)
-        data: dict[str, Any] = {"k": session.key_id, "c": session.csrf, "e": int(session.expires_at)}
+        # Milliseconds: a login right after its user's sessions were ended is not voided by them.
+        now = int(self.clock() * 1000) / 1000
+        session = Session(key_id, secrets.token_urlsafe(32), now + self.lifetime, user[:200], grants, now)
+        data: dict[str, Any] = {"k": session.key_id, "c": session.csrf, "e": int(session.expires_at),
+                                "i": int(now * 1000)}
         if session.user:
             data |= {"u": session.user, "g": list(session.grants)}
         payload = json.dumps(data, separators=(",", ":")).encode()
@@ -90,8 +106,11 @@ class SessionSigner:
             grants = data.get("g", [])
             if not isinstance(grants, list) or len(grants) > MAX_GRANTS:
                 return None
-            session = Session(str(data["k"]), str(data["c"]), float(data["e"]), str(data.get("u", "")),
-                              tuple(str(g) for g in grants))
+            expires = float(data["e"])
+            # A cookie signed before sessions carried "i" was issued a lifetime before it expires.
+            issued = int(data["i"]) / 1000 if "i" in data else expires - self.lifetime
+            session = Session(str(data["k"]), str(data["c"]), expires, str(data.get("u", "")),
+                              tuple(str(g) for g in grants), issued)
         except (ValueError, KeyError, TypeError, AttributeError, binascii.Error):
             return None
         if session.expires_at <= self.clock():

@@ -22,15 +22,18 @@ from typing import Any
 
 import attrs
 import httpx2
+import trio
 from quart import Blueprint, Response, jsonify, make_response, redirect, render_template, request
 from quart_trio import QuartTrio
 
 from llmgw_shared.logs import get_logger
 
 from ...api_errors import ClientApiError
+from ...store import StoreError
 from ..audit_log import AuditLog, peer_of
 from ..sso.login import PENDING_COOKIE, LoginRefused, pending_from_json, pending_to_json
 from .history import CHARTS, CHARTS_BY_ID, RANGES, HistoryError, query_chart
+from .revocations import SessionRevocations, session_subject
 from .session import (
     CSRF_HEADER,
     UNSAFE_METHODS,
@@ -54,6 +57,8 @@ _CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'
         "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
 # How often the pages poll the API, in milliseconds.
 REFRESH_MS = 3000
+# A logout waits this long for the store to record it, then logs the browser out regardless.
+LOGOUT_DEADLINE_S = 5.0
 
 
 @attrs.frozen
@@ -76,9 +81,17 @@ class Dashboard:
     audit: AuditLog | None = None
     # Single sign-on (admin/sso): maps a session's claim values to access; None: admin keys only.
     sso: Any = None
+    # Sessions ended on the server (a logout, an operator ending a user's sessions); None: none kept.
+    revocations: SessionRevocations | None = None
 
     def session_of(self, headers: Any) -> tuple[Session, Operator] | None:
         """The valid session in the request's cookie and who it is, or None."""
+        found = self._session_of(headers)
+        if found is not None and self.revocations is not None and self.revocations.voids(found[0], found[1].actor):
+            return None
+        return found
+
+    def _session_of(self, headers: Any) -> tuple[Session, Operator] | None:
         if self.signer is None:
             return None
         session = self.signer.load(cookie_value(headers))
@@ -132,6 +145,7 @@ def make_blueprint(dash: Dashboard, mount: Mount) -> Blueprint:
         return await render_template(
             f"{name}.html", page=name, pages=PAGES, url=url, api_base=mount.api_base, login=mount.login,
             csrf=session.csrf if session else "", who=key.name if key is not None else "",
+            read_only=key is not None and not key.admin,
             prometheus=bool(dash.prometheus), charts=CHARTS, ranges=RANGES, refresh_ms=REFRESH_MS,
             static=url("dashboard-static/"))
 
@@ -229,8 +243,9 @@ def make_blueprint(dash: Dashboard, mount: Mount) -> Blueprint:
                 if not key.admin:
                     message, status = "That key is valid but not an admin key.", 403
             if message:
-                # The key itself is never logged or echoed back into the page.
+                # The key itself is never logged, recorded or echoed back into the page.
                 log.info("dashboard login refused", extra={"status": status})
+                await dash.refused(request.scope, "login: not an admin key" if status == 403 else "login: no such key")
                 return await login_page(message, status)
             assert dash.signer is not None
             _, value = dash.signer.new(key.id)
@@ -242,6 +257,16 @@ def make_blueprint(dash: Dashboard, mount: Mount) -> Blueprint:
 
         @bp.post("/logout")
         async def logout() -> Any:
+            # Ended on the server too: a copy of the cookie (another tab's, a stolen one) stops working.
+            found = dash.session_of(request.headers)
+            if found is not None and dash.revocations is not None:
+                session = found[0]
+                try:
+                    with trio.fail_after(LOGOUT_DEADLINE_S):
+                        await dash.revocations.revoke(session_subject(session), until=session.expires_at)
+                except (StoreError, trio.TooSlowError) as exc:
+                    # The browser forgets the cookie anyway; say what was not done.
+                    log.warning("a logout could not be recorded on the server: %s", exc)
             response = redirect(url("login"))
             response.headers["set-cookie"] = clear_cookie_header(path=prefix or "/",
                                                                  secure=request.scheme == "https")

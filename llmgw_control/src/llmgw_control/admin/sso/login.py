@@ -29,7 +29,7 @@ import attrs
 import httpx2
 import trio
 from joserfc import jwt
-from joserfc.errors import JoseError
+from joserfc.errors import BadSignatureError, ClaimError, ExpiredTokenError, JoseError
 from joserfc.jwk import KeySet
 
 from llmgw_shared.config import ConfigError
@@ -172,7 +172,7 @@ class OidcLogin:
                 nonce={"essential": True, "value": nonce})
             registry.validate(claims)
         except (JoseError, ValueError, KeyError, TypeError) as exc:
-            raise LoginRefused(f"The provider's ID token was refused: {type(exc).__name__}.") from None
+            raise LoginRefused(f"The provider's ID token was refused: {_reason(exc)}.") from None
         audiences = claims.get("aud")
         if isinstance(audiences, list) and len(audiences) > 1 and claims.get("azp") != self.config.client_id:
             raise LoginRefused("The provider's ID token was refused: issued to another client (azp).")
@@ -238,6 +238,22 @@ class OidcLogin:
         if not isinstance(parsed, dict):
             raise LoginRefused("The provider's answer is not a JSON object.")
         return parsed
+
+
+# What a refused token's claim means to the person signing in (shown on the login page).
+_CLAIM_WORDS = {"aud": "it was issued to another client (audience)", "iss": "it names another issuer",
+                "nonce": "it does not belong to this sign-in (nonce)", "exp": "it has expired",
+                "iat": "its issue time is missing or in the future", "sub": "it names no user (sub)"}
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, BadSignatureError):
+        return "its signature does not verify with the provider's published keys"
+    if isinstance(exc, ExpiredTokenError):
+        return "it has expired"
+    if isinstance(exc, ClaimError):
+        return _CLAIM_WORDS.get(exc.claim, f"its {exc.claim[:40]!r} claim is missing or wrong")
+    return f"it is malformed ({type(exc).__name__})"
 
 
 def pending_to_json(pending: Pending) -> str:

@@ -444,6 +444,13 @@
       const f = new FormData(form);
       const payload = { name: f.get("name"), parent_id: f.get("parent_id") || null };
       act(async () => { await api("/groups", "POST", payload); form.reset(); return `Group ${payload.name} added.`; }, done);
+    } else if (form.dataset.action === "end-sessions") {
+      const user = String(new FormData(form).get("user") || "").trim();
+      act(async () => {
+        await api("/sessions/revoke", "POST", { user });
+        form.reset();
+        return `The dashboard sessions of ${user} are ended.`;
+      }, done);
     }
   });
 
