@@ -4,7 +4,7 @@ code keeps to it.
 * The tables: every state is reachable from a start, every state that is not an end can reach one,
   and ``move`` accepts exactly what the table lists (hypothesis walks).
 * The code, read (an AST scan of both daemons): every change of a lifecycle's state goes through
-  its table's ``move`` (or the node's ``Supervisor._set``, or control's ``ShardRecord.move``, which
+  its table's ``move`` (or the node's ``Supervisor._set``, or control's ``ReplicaRecord.move``, which
   check it); none assigns a bare state; none compares a state with a string literal; and every
   transition whose "from" is visible in the source -- a guard ``if x.state != A: return`` or an
   earlier move in the same straight-line code -- is in the table.
@@ -33,11 +33,11 @@ from llmgw_control.fleet.capacity_runs import RUN_LIFECYCLE, RunState
 from llmgw_control.fleet.inventory import NODE_LIVENESS, Liveness, NodeRecord
 from llmgw_control.mirror.pulls import PULL_LIFECYCLE
 from llmgw_control.store.ops_capacity import RUN_STATES
-from llmgw_node.supervisor import Supervisor, _Shard
+from llmgw_node.supervisor import Supervisor, _Replica
 from llmgw_shared.facts import unprobed
 from llmgw_shared.replica_lifecycle import REPLICA_LIFECYCLE, ReplicaStatus
 from llmgw_shared.transitions import ImpossibleTransition, Lifecycle
-from llmgw_shared.wire import ShardSpec, ShardStatus
+from llmgw_shared.wire import ReplicaSpec, WireReplicaStatus
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = [ROOT / "llmgw_control" / "src", ROOT / "llmgw_node" / "src", ROOT / "shared" / "src"]
@@ -53,7 +53,7 @@ ENUMS: dict[str, Lifecycle[Any]] = {lc.enum.__name__: lc for lc in LIFECYCLES.va
 # Modules whose ``.state``/``.status`` comparisons are of these lifecycles (elsewhere a "failed"
 # may be an engine's install status, which is not one of them).
 OWNERS = {
-    "llmgw_control/fleet/reconciler.py", "llmgw_control/fleet/shards.py", "llmgw_control/fleet/plan.py",
+    "llmgw_control/fleet/reconciler.py", "llmgw_control/fleet/replica_records.py", "llmgw_control/fleet/plan.py",
     "llmgw_control/fleet/inventory.py", "llmgw_control/fleet/eviction.py", "llmgw_control/fleet/metrics.py",
     "llmgw_control/fleet/capacity_runs.py", "llmgw_control/mirror/pulls.py", "llmgw_node/supervisor.py",
 }
@@ -74,7 +74,7 @@ def test_every_state_is_reachable_and_every_other_can_end(lifecycle: Lifecycle[A
 def test_the_wire_and_the_store_spell_the_states_as_the_enums_do() -> None:
     from typing import get_args
 
-    assert set(get_args(ShardStatus)) == {str(s) for s in ReplicaStatus} - {ReplicaStatus.ASSIGNED}
+    assert set(get_args(WireReplicaStatus)) == {str(s) for s in ReplicaStatus} - {ReplicaStatus.ASSIGNED}
     assert set(RUN_STATES) == {str(s) for s in RunState}
 
 
@@ -145,7 +145,7 @@ def _moves(call: ast.Call) -> tuple[Lifecycle[Any], str, ast.AST] | None:
         return LIFECYCLES[func.value.id], ast.unparse(call.args[1]), call.args[2]
     if func.attr == "check" and isinstance(func.value, ast.Name) and func.value.id == "lifecycle":
         return REPLICA_LIFECYCLE, ast.unparse(call.args[1]), call.args[2]
-    # The node's Supervisor._set(shard, status, ...) and control's ShardRecord.move(status, ...)
+    # The node's Supervisor._set(replica, status, ...) and control's ReplicaRecord.move(status, ...)
     if func.attr == "_set" and len(call.args) >= 2 and _member(call.args[1]) is not None:
         return REPLICA_LIFECYCLE, f"{ast.unparse(call.args[0])}.state.status", call.args[1]
     if func.attr == "move" and call.args and _member(call.args[0]) is not None:
@@ -325,9 +325,9 @@ async def publish(self, run):
     run.state = RUN_LIFECYCLE.move(run.id, run.state, RunState.DONE)
     run.state, run.error = RunState.FAILED, "bypassed"
 
-def _prepare(self, shard):
-    self._set(shard, ReplicaStatus.STOPPED, "stopped before it started")
-    self._set(shard, ReplicaStatus.READY, "")
+def _prepare(self, replica):
+    self._set(replica, ReplicaStatus.STOPPED, "stopped before it started")
+    self._set(replica, ReplicaStatus.READY, "")
 
 def liveness(node):
     return node.state == "lost"
@@ -343,7 +343,7 @@ def test_the_scan_catches_what_breaks_a_table(tmp_path: Path) -> None:
         "compares a state with the string 'lost'",
         "pull pull.state: downloading -> published is not in the table",
         "capacity run run.state: queued -> done is not in the table",
-        "replica shard.state.status: stopped -> ready is not in the table",
+        "replica replica.state.status: stopped -> ready is not in the table",
     ]), found
 
 
@@ -378,8 +378,8 @@ class _Offered:
         self.sent: list[str] = []
         self.supervisor = Supervisor(tmp_path, None, None, None,  # type: ignore[arg-type]
                                      on_change=lambda state: self.sent.append(state.status))
-        spec = ShardSpec("m-cpu-1", "llama.cpp", "b1", None, 20000, "k", model_dir="/m")
-        self.shard = _Shard(spec)
+        spec = ReplicaSpec("m-cpu-1", "llama.cpp", "b1", None, 20000, "k", model_dir="/m")
+        self.replica = _Replica(spec)
 
 
 @settings(max_examples=100, deadline=None)
@@ -387,13 +387,13 @@ class _Offered:
 def test_the_node_records_and_reports_only_the_tables_transitions(
         tmp_path_factory: pytest.TempPathFactory, offers: list[ReplicaStatus]) -> None:
     offered = _Offered(tmp_path_factory.mktemp("node"))
-    status = ReplicaStatus(offered.shard.state.status)
+    status = ReplicaStatus(offered.replica.state.status)
     reported = [status]
     for new in offers:
-        offered.supervisor._set(offered.shard, new, f"to {new}")
+        offered.supervisor._set(offered.replica, new, f"to {new}")
         if REPLICA_LIFECYCLE.allowed(status, new):
             status = new
-        assert offered.shard.state.status == status  # refused: it keeps its status
+        assert offered.replica.state.status == status  # refused: it keeps its status
     reported += [ReplicaStatus(s) for s in offered.sent]
     for before, after in itertools.pairwise(reported):
         assert REPLICA_LIFECYCLE.allowed(before, after), reported
@@ -402,11 +402,11 @@ def test_the_node_records_and_reports_only_the_tables_transitions(
 def test_a_forbidden_transition_on_the_node_is_logged_and_not_sent(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     offered = _Offered(tmp_path)
-    offered.supervisor._set(offered.shard, ReplicaStatus.FAILED, "engine missing")
+    offered.supervisor._set(offered.replica, ReplicaStatus.FAILED, "engine missing")
     with caplog.at_level(logging.ERROR):
-        offered.supervisor._set(offered.shard, ReplicaStatus.READY, "")
+        offered.supervisor._set(offered.replica, ReplicaStatus.READY, "")
     assert offered.sent == ["failed"]
-    assert offered.shard.state.status == "failed"
+    assert offered.replica.state.status == "failed"
     assert "failed -> ready is not in the replica lifecycle's table" in caplog.text
 
 

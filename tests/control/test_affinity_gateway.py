@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from llmgw_control.config import ControlConfig, validate
-from llmgw_control.gateway.config import RouterConfig
+from llmgw_control.gateway.config import GatewayConfig
 from llmgw_dev.fake_engine import FakeEngineBehavior, run_fake_engine
 from llmgw_shared.config import ConfigError
 from support.gateway import endpoint, running_gateway
@@ -120,7 +120,7 @@ async def test_new_conversations_are_spread_evenly_and_their_next_turns_follow()
 async def test_the_default_is_prefix_and_identical_first_turns_still_spread_by_load() -> None:
     """Six identical first turns at once (no session): they share nothing in flight, so they are
     spread 3 and 3 as least-loaded would, not piled within the bound (4 and 2) as one hot key."""
-    assert RouterConfig().routing == "prefix"
+    assert GatewayConfig().routing == "prefix"
     behavior = FakeEngineBehavior(hang_mid_stream_after=1)
     async with run_fake_engine(behavior) as a, run_fake_engine(behavior) as b:
         async with running_gateway(endpoint("a", a.url), endpoint("b", b.url)) as gw:
@@ -161,4 +161,4 @@ async def test_hostile_keys_are_only_keys(body: dict[str, Any]) -> None:
 ])
 def test_routing_options_are_validated_by_name(router: dict[str, Any], named: str) -> None:
     with pytest.raises(ConfigError, match=named):
-        validate(ControlConfig(router=RouterConfig(**router)))
+        validate(ControlConfig(router=GatewayConfig(**router)))

@@ -21,12 +21,12 @@ from llmgw_shared.wire import (
     PROTOCOL_VERSION,
     Ack,
     Command,
-    DrainShard,
+    DrainReplica,
     EngineState,
     Hello,
-    ShardSpec,
-    StartShard,
-    StopShard,
+    ReplicaSpec,
+    StartReplica,
+    StopReplica,
     WeightsSpec,
     encode,
 )
@@ -38,14 +38,14 @@ HEARTBEAT = 0.1
 TOKEN = "llmgw-join-test-token"
 
 
-def start(n: int) -> StartShard:
-    spec = ShardSpec(f"m-cpu-{n:08x}-{'0' * 16}", "llama.cpp", "b11312", WeightsSpec("http://f/m.gguf", "a" * 64, 1),
+def start(n: int) -> StartReplica:
+    spec = ReplicaSpec(f"m-cpu-{n:08x}-{'0' * 16}", "llama.cpp", "b11312", WeightsSpec("http://f/m.gguf", "a" * 64, 1),
                      20000 + n, api_key="k")
-    return StartShard(f"c{n}", 1, spec)
+    return StartReplica(f"c{n}", 1, spec)
 
 
-COMMANDS: list[Command] = [start(1), StopShard("c2", 1, "x"), start(3), DrainShard("c4", 1, "y"), start(5),
-                           start(6), StopShard("c7", 1, "z")]
+COMMANDS: list[Command] = [start(1), StopReplica("c2", 1, "x"), start(3), DrainReplica("c4", 1, "y"), start(5),
+                           start(6), StopReplica("c7", 1, "z")]
 
 
 class ScriptedSocket:

@@ -482,11 +482,11 @@ async def test_cors_for_any_origin_never_allows_credentials(fake_engine: FakeEng
 @pytest.mark.parametrize("origin", ["https://app.example/path", "app.example", "ftp://x", "", "https://a b"])
 def test_an_allowed_origin_is_an_origin(origin: str) -> None:
     from llmgw_control.config import ControlConfig, validate
-    from llmgw_control.gateway.config import RouterConfig
+    from llmgw_control.gateway.config import GatewayConfig
     from llmgw_shared.config import ConfigError
 
     with pytest.raises(ConfigError, match="allowed_origins"):
-        validate(ControlConfig(router=RouterConfig(allowed_origins=[origin])))
+        validate(ControlConfig(router=GatewayConfig(allowed_origins=[origin])))
 
 
 async def test_an_engine_refusing_the_gateways_key_is_the_replicas_fault() -> None:
@@ -543,7 +543,7 @@ async def test_a_catalog_profile_refuses_what_it_cannot_serve_before_any_replica
     from prometheus_client import CollectorRegistry
 
     from llmgw_control.catalog.models import Catalog, EngineConfig, ModelConfig
-    from llmgw_control.gateway.config import RouterConfig
+    from llmgw_control.gateway.config import GatewayConfig
     from llmgw_control.gateway.directory import FleetDirectory
     from llmgw_control.gateway.gateway import Gateway
     from llmgw_control.gateway.metrics import GatewayMetrics
@@ -555,7 +555,7 @@ async def test_a_catalog_profile_refuses_what_it_cannot_serve_before_any_replica
                        ModelConfig("only", [ProfileConfig(name="cpu", capabilities=["embeddings"])])],
                       [EngineConfig(name="llama.cpp", version="b11312")])
     replicas = ReplicaSet()
-    gateway = Gateway(replicas, Httpx2Upstream(), GatewayMetrics(CollectorRegistry()), RouterConfig(),
+    gateway = Gateway(replicas, Httpx2Upstream(), GatewayMetrics(CollectorRegistry()), GatewayConfig(),
                       directory=FleetDirectory(catalog, replicas))
     transport = httpx2.ASGITransport(app=gateway)  # type: ignore[arg-type]
     async with httpx2.AsyncClient(transport=transport, base_url="http://gw") as client:

@@ -16,7 +16,7 @@ from llmgw_control.fleet.reconciler import Reconciler, ReconcilerConfig
 from llmgw_control.gateway.activator import Activator, Slot
 from llmgw_control.gateway.replicas import ReplicaSet
 from llmgw_shared.facts import HostFacts, unprobed
-from llmgw_shared.wire import Command, DrainShard, EngineState, ShardState, StartShard
+from llmgw_shared.wire import Command, DrainReplica, EngineState, ReplicaState, StartReplica
 
 KEY = "m:cpu"
 
@@ -29,13 +29,13 @@ class Dispatcher:
         self.sent.append((node_id, command))
         return True
 
-    def starts(self) -> list[StartShard]:
+    def starts(self) -> list[StartReplica]:
         taken, self.sent = self.sent, []
-        return [c for _, c in taken if isinstance(c, StartShard)]
+        return [c for _, c in taken if isinstance(c, StartReplica)]
 
-    def drains(self) -> list[DrainShard]:
+    def drains(self) -> list[DrainReplica]:
         taken, self.sent = self.sent, []
-        return [c for _, c in taken if isinstance(c, DrainShard)]
+        return [c for _, c in taken if isinstance(c, DrainReplica)]
 
 
 @attrs.define
@@ -52,11 +52,11 @@ class World:
             node.last_seen = trio.current_time()
         self.reconciler.reconcile_once()
 
-    def ready(self, start: StartShard) -> None:
-        """The node reports the shard ready; the next pass publishes it."""
-        node = next(n for n in self.nodes if n.node_id == self.reconciler.shards[start.shard.shard_id].node_id)
-        node.update_shards([*node.shards.values(), ShardState(start.shard.shard_id, "ready", "",
-                                                               port=start.shard.port)])
+    def ready(self, start: StartReplica) -> None:
+        """The node reports the replica ready; the next pass publishes it."""
+        node = next(n for n in self.nodes if n.node_id == self.reconciler.records[start.replica.replica_id].node_id)
+        node.update_replicas([*node.replicas.values(), ReplicaState(start.replica.replica_id, "ready", "",
+                                                               port=start.replica.port)])
         self.pass_()
 
     def take_all_slots(self) -> None:
@@ -168,7 +168,7 @@ async def test_surplus_replicas_go_after_idle_timeout_although_traffic_reaches_e
     assert all(r.in_flight == 0 for r in w.replicas.for_model(KEY))
     # From now on one request at a time, spread over both replicas: load for one replica.
     used: set[str] = set()
-    drains: list[DrainShard] = []
+    drains: list[DrainReplica] = []
     for _ in range(40):
         slot = w.activator.try_acquire(KEY)
         assert slot is not None
@@ -180,7 +180,7 @@ async def test_surplus_replicas_go_after_idle_timeout_although_traffic_reaches_e
         drains = w.dispatcher.drains()
         if drains:
             break
-    assert len(drains) == 1 and used == {first.shard.shard_id, second.shard.shard_id}
+    assert len(drains) == 1 and used == {first.replica.replica_id, second.replica.replica_id}
     # Not before the burst's need was idle_timeout old; the other replica keeps serving.
     assert trio.current_time() - burst_over >= 60
     assert len(w.replicas.for_model(KEY)) == 1

@@ -14,7 +14,7 @@ import trio.testing
 from prometheus_client import CollectorRegistry
 
 from llmgw_control.api_errors import ClientApiError
-from llmgw_control.gateway.config import RouterConfig
+from llmgw_control.gateway.config import GatewayConfig
 from llmgw_control.gateway.gateway import Gateway
 from llmgw_control.gateway.metrics import GatewayMetrics
 from llmgw_control.gateway.relay import _read_stream
@@ -454,7 +454,7 @@ class _InstantStream:
 
 def _stream_gateway(idle_timeout: float) -> Gateway:
     return Gateway(ReplicaSet(), upstream=None,  # type: ignore[arg-type]
-                   metrics=GatewayMetrics(CollectorRegistry()), config=RouterConfig(idle_timeout=idle_timeout))
+                   metrics=GatewayMetrics(CollectorRegistry()), config=GatewayConfig(idle_timeout=idle_timeout))
 
 
 async def test_a_client_slower_than_the_engine_is_not_an_idle_engine(autojump_clock: trio.testing.MockClock) -> None:

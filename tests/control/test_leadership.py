@@ -36,7 +36,7 @@ from llmgw_control.store.testing import LeaseRow, MemoryLease
 from llmgw_dev.postgres import PostgresServer
 from llmgw_shared.config import ConfigError
 from llmgw_shared.facts import unprobed
-from llmgw_shared.wire import PROTOCOL_VERSION, EngineState, Hello, ShardState, encode
+from llmgw_shared.wire import PROTOCOL_VERSION, EngineState, Hello, ReplicaState, encode
 
 TTL, RENEW, SETTLE = 2.0, 0.5, 1.0
 JOIN_TOKEN = "llmgw-join-leadership-test"
@@ -135,17 +135,17 @@ class FakeSocket:
                 frames.append(frame)
 
 
-def hello(node_id: str, shards: list[ShardState] | None = None) -> str:
+def hello(node_id: str, replicas: list[ReplicaState] | None = None) -> str:
     facts = attrs.evolve(unprobed(), probed=True, hostname=node_id, ram_total_mib=16000)
     return encode(Hello(PROTOCOL_VERSION, node_id, JOIN_TOKEN, facts, [EngineState("llama.cpp", "b11312", "installed")],
-                        shards or []))
+                        replicas or []))
 
 
 async def connect(nursery: trio.Nursery, daemon: Daemon, node_id: str,
-                  shards: list[ShardState] | None = None) -> FakeSocket:
+                  replicas: list[ReplicaState] | None = None) -> FakeSocket:
     socket = FakeSocket()
     nursery.start_soon(daemon.agents.serve, socket, "10.0.0.9")
-    await socket.to_control.send(hello(node_id, shards))
+    await socket.to_control.send(hello(node_id, replicas))
     return socket
 
 
@@ -179,7 +179,7 @@ async def test_a_takeover_moves_nodes_adopts_engines_and_fences_commands(autojum
         assert (await node.frame("set_engines"))["fencing_token"] == 1
         start = await node.frame("start_shard")  # min_replicas = 1
         assert start["fencing_token"] == 1
-        shard_id, port = start["shard"]["shard_id"], start["shard"]["port"]
+        replica_id, port = start["shard"]["shard_id"], start["shard"]["port"]
         assert b.reconciler.passes == 0
 
         # a's database connection freezes: it steps down before its lease can lapse under it.
@@ -190,7 +190,7 @@ async def test_a_takeover_moves_nodes_adopts_engines_and_fences_commands(autojum
         assert trio.current_time() < expires
         with trio.fail_after(1):
             await node.closed.wait()  # the node is sent away at once
-        assert a.agents.sessions == {} and a.reconciler.shards == {} and len(a.replicas) == 0
+        assert a.agents.sessions == {} and a.reconciler.records == {} and len(a.replicas) == 0
         passes = a.reconciler.passes
         refused = await (await connect(nursery, a, "n2")).frame()
         assert refused["type"] == "refuse" and refused["reason"].startswith("standby, leader is")
@@ -201,12 +201,12 @@ async def test_a_takeover_moves_nodes_adopts_engines_and_fences_commands(autojum
 
         # The node comes back to b reporting the engine a started: adopted and served at once,
         # and nothing new is placed, during the settle time or after it.
-        node = await connect(nursery, b, "n1", [ShardState(shard_id, "ready", port=port)])
+        node = await connect(nursery, b, "n1", [ReplicaState(replica_id, "ready", port=port)])
         assert (await node.frame())["type"] == "welcome"
         assert (await node.frame("set_engines"))["fencing_token"] == 2
         await trio.sleep(0.05)
         (replica,) = b.replicas.for_model("m:cpu")
-        assert replica.id == shard_id and replica.url == f"http://10.0.0.9:{port}"
+        assert replica.id == replica_id and replica.url == f"http://10.0.0.9:{port}"
         await trio.sleep(SETTLE + 1)
         assert [f["type"] for f in node.frames_so_far()] == []
         assert b.reconciler.passes > 0 and a.reconciler.passes == passes
@@ -255,7 +255,7 @@ async def test_a_new_leader_places_as_soon_as_every_node_that_held_replicas_has_
     async with trio.open_nursery() as nursery:
         assert (await nursery.start(b.leadership.run)).epoch == 2
         await trio.sleep(0.5)
-        node = await connect(nursery, b, "n1")  # no shards: the node lost its engine meanwhile
+        node = await connect(nursery, b, "n1")  # no replicas: the node lost its engine meanwhile
         joined = trio.current_time()
         await node.frame("start_shard")
         assert trio.current_time() - joined < 2  # not the 15 s hold

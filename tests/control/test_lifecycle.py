@@ -18,11 +18,11 @@ from llmgw_control.fleet.reconciler import Reconciler, ReconcilerConfig
 from llmgw_control.fleet.token_bucket import TokenBucket
 from llmgw_control.gateway.replicas import ReplicaSet
 from llmgw_shared.facts import unprobed
-from llmgw_shared.wire import Command, EngineState, ShardState, ShardStatus, StartShard
+from llmgw_shared.wire import Command, EngineState, ReplicaState, StartReplica, WireReplicaStatus
 
 
 def test_the_statuses_are_the_wire_statuses_plus_assigned() -> None:
-    assert set(get_args(ShardStatus)) == {s.value for s in ReplicaStatus} - {"assigned"}
+    assert set(get_args(WireReplicaStatus)) == {s.value for s in ReplicaStatus} - {"assigned"}
 
 
 def test_terminal_statuses_have_no_way_out_and_nothing_returns_to_assigned() -> None:
@@ -77,9 +77,9 @@ def node_record(node_id: str, now: float) -> NodeRecord:
     return node
 
 
-statuses = st.sampled_from(get_args(ShardStatus))
+statuses = st.sampled_from(get_args(WireReplicaStatus))
 events = st.lists(st.one_of(
-    # A node reports a status for one of the shards control started (by index), or for any id.
+    # A node reports a status for one of the replicas control started (by index), or for any id.
     st.tuples(st.just("report"), st.sampled_from(NODES), st.integers(0, 7), statuses, st.integers(0, 70000)),
     st.tuples(st.just("hello"), st.sampled_from(NODES), st.lists(st.tuples(st.integers(0, 7), statuses), max_size=4)),
     st.tuples(st.just("silence"), st.sampled_from(NODES)),
@@ -105,18 +105,18 @@ def test_no_sequence_of_reports_crashes_the_reconciler_or_breaks_the_table(scrip
         inventory.put(node_record(node_id, now[0]))
     seen: dict[str, ReplicaStatus] = {}
 
-    def started() -> list[StartShard]:
-        return [c for _, c in dispatcher.sent if isinstance(c, StartShard)]
+    def started() -> list[StartReplica]:
+        return [c for _, c in dispatcher.sent if isinstance(c, StartReplica)]
 
-    def shard_id(index: int) -> str:
+    def replica_id(index: int) -> str:
         starts = started()
-        return starts[index % len(starts)].shard.shard_id if starts else f"m-cpu-{index:08x}-{'0' * 16}"
+        return starts[index % len(starts)].replica.replica_id if starts else f"m-cpu-{index:08x}-{'0' * 16}"
 
     def check_pass() -> None:
         reconciler.reconcile_once()  # raises on an impossible transition control made itself
-        for sid in set(seen) - set(reconciler.shards):
+        for sid in set(seen) - set(reconciler.records):
             del seen[sid]  # forgotten: a later record under that id (adopted again) is a new life
-        for sid, record in reconciler.shards.items():
+        for sid, record in reconciler.records.items():
             before = seen.get(sid)
             assert before is None or before == record.status or lifecycle.allowed(before, record.status), (
                 sid, before, record.status)
@@ -133,12 +133,12 @@ def test_no_sequence_of_reports_crashes_the_reconciler_or_breaks_the_table(scrip
             _, node_id, index, status, port = event
             node = inventory.get(node_id)
             if node is not None:
-                node.update_shards([ShardState(shard_id(index), status, port=port)])
+                node.update_replicas([ReplicaState(replica_id(index), status, port=port)])
                 node.last_seen = now[0]
         elif kind == "hello":
             _, node_id, listed = event
             node = node_record(node_id, now[0])
-            node.update_shards([ShardState(shard_id(i), s, port=20000 + i) for i, s in listed])
+            node.update_replicas([ReplicaState(replica_id(i), s, port=20000 + i) for i, s in listed])
             inventory.put(node)
             dispatcher.connected.add(node_id)
         elif kind == "silence":
@@ -148,11 +148,11 @@ def test_no_sequence_of_reports_crashes_the_reconciler_or_breaks_the_table(scrip
             dispatcher.connected.discard(event[1])
         elif kind == "refused":
             for node_id, command in dispatcher.sent[-8:]:
-                if isinstance(command, StartShard) and command.shard.shard_id == shard_id(event[1]):
+                if isinstance(command, StartReplica) and command.replica.replica_id == replica_id(event[1]):
                     reconciler.command_failed(node_id, command, "node refused start_shard: no")
         elif kind == "unsent":
             for node_id, command in dispatcher.sent[-8:]:
-                if isinstance(command, StartShard) and command.shard.shard_id == shard_id(event[1]):
+                if isinstance(command, StartReplica) and command.replica.replica_id == replica_id(event[1]):
                     reconciler.command_unsent(node_id, command)
         elif kind == "drain":
             reconciler.drain_key("m:cpu")

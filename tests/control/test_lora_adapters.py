@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 from llmgw_control.api_errors import ClientApiError
 from llmgw_control.catalog.models import AdapterConfig, Catalog, EngineConfig, ModelConfig, ProfileConfig, WeightsConfig
 from llmgw_control.gateway.adapters import replica_adapters
-from llmgw_control.gateway.config import RouterConfig
+from llmgw_control.gateway.config import GatewayConfig
 from llmgw_control.gateway.directory import FleetDirectory
 from llmgw_control.gateway.gateway import Gateway
 from llmgw_control.gateway.metrics import GatewayMetrics
@@ -95,7 +95,7 @@ def _gateway(server: LlamaServer, catalog: Catalog, admission: _Admission | None
     adapters, mode = replica_adapters(resolved.profile)
     replicas.publish(Replica(id="r1", url=server.url, models=frozenset({resolved.key}), slots=4,
                              adapters=adapters, adapter_mode=mode))
-    return Gateway(replicas, Httpx2Upstream(), GatewayMetrics(CollectorRegistry()), RouterConfig(),
+    return Gateway(replicas, Httpx2Upstream(), GatewayMetrics(CollectorRegistry()), GatewayConfig(),
                    directory=FleetDirectory(catalog, replicas), admission=admission)
 
 

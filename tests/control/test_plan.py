@@ -29,9 +29,9 @@ def demand(key: str = "m:cpu", wanted: int = 1, ram: int = 1000, labels: dict[st
     return Demand(key, ENGINE, Claim(ram), wanted, labels or {})
 
 
-def assignment(shard: str, node_id: str, *, key: str = "m:cpu", port: int = 20000, status: str = "ready",
+def assignment(replica: str, node_id: str, *, key: str = "m:cpu", port: int = 20000, status: str = "ready",
                ram: int = 1000, last_used: float = 0.0, draining: bool = False) -> Assignment:
-    return Assignment(shard, key, node_id, port, Claim(ram), status, "", draining, last_used)
+    return Assignment(replica, key, node_id, port, Claim(ram), status, "", draining, last_used)
 
 
 def starts(p: object) -> list[Start]:
@@ -106,7 +106,7 @@ def test_failed_replicas_are_stopped_forgotten_and_replaced_elsewhere() -> None:
     backoff = {("m:cpu", "a"): (100.0, "crashed")}
     p = plan([demand()], [node("a"), node("b")], failed, backoff=backoff, now=0)
     assert Stop("s1", "a", "failed") in p.actions
-    assert any(isinstance(a, Forget) and a.shard_id == "s1" for a in p.actions)
+    assert any(isinstance(a, Forget) and a.replica_id == "s1" for a in p.actions)
     assert [s.node_id for s in starts(p)] == ["b"]
 
 

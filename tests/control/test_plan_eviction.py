@@ -26,14 +26,14 @@ def demand(key: str, ram: int, *, wanted: int = 1, min_replicas: int = 0, starve
     return Demand(key, ENGINE, Claim(ram), wanted, {}, min_replicas, starved, by_kind or {})
 
 
-def resident(shard: str, key: str, ram: int, *, node_id: str = "a", port: int = 20000, last_used: float = 0.0,
+def resident(replica: str, key: str, ram: int, *, node_id: str = "a", port: int = 20000, last_used: float = 0.0,
              busy: bool = False, started_at: float = 0.0, status: ReplicaStatus = ReplicaStatus.READY,
              draining: bool = False, used: Claim | None = None) -> Assignment:
-    return Assignment(shard, key, node_id, port, Claim(ram), status, "", draining, last_used, used, busy, started_at)
+    return Assignment(replica, key, node_id, port, Claim(ram), status, "", draining, last_used, used, busy, started_at)
 
 
 def evicts(p: Plan) -> list[str]:
-    return [a.shard_id for a in p.actions if isinstance(a, Evict)]
+    return [a.replica_id for a in p.actions if isinstance(a, Evict)]
 
 
 def starts(p: Plan) -> list[Start]:
@@ -158,11 +158,11 @@ def worlds(draw: st.DrawFn) -> tuple[list[Demand], list[PlanNode], list[Assignme
 def test_eviction_never_breaks_its_rules(world: tuple[list[Demand], list[PlanNode], list[Assignment]]) -> None:
     demands, nodes, assignments = world
     p = plan(demands, nodes, assignments, backoff={}, now=NOW, limits=LIMITS)
-    by_id = {a.shard_id: a for a in assignments}
+    by_id = {a.replica_id: a for a in assignments}
     by_key = {d.key: d for d in demands}
     evicted = [a for a in p.actions if isinstance(a, Evict)]
     for action in evicted:
-        victim = by_id[action.shard_id]
+        victim = by_id[action.replica_id]
         assert victim.status == ReplicaStatus.READY and not victim.draining
         assert victim.key != action.for_key
         assert NOW - victim.started_at >= LIMITS.evict_min_age
@@ -177,13 +177,13 @@ def test_eviction_never_breaks_its_rules(world: tuple[list[Demand], list[PlanNod
     # replicas there; victims and surplus of earlier profiles are draining.)
     earlier: set[str] = set()
     for for_key in sorted({e.for_key for e in evicted}):
-        victims = [by_id[e.shard_id] for e in evicted if e.for_key == for_key]
+        victims = [by_id[e.replica_id] for e in evicted if e.for_key == for_key]
         node_id = victims[0].node_id
         assert all(v.node_id == node_id for v in victims)
         total = next(n for n in nodes if n.node_id == node_id)
         held = [a for a in assignments if a.node_id == node_id and a.status not in TERMINAL]
-        drained = {a.shard_id for a in p.actions if isinstance(a, Drain) and by_id[a.shard_id].key < for_key}
-        going = [a for a in held if a.draining or a.shard_id in earlier | drained]
+        drained = {a.replica_id for a in p.actions if isinstance(a, Drain) and by_id[a.replica_id].key < for_key}
+        going = [a for a in held if a.draining or a.replica_id in earlier | drained]
         free_ram = total.ram_mib - sum(a.holding.ram_mib for a in held)
         free_vram = total.vram_mib - sum(a.holding.vram_mib for a in held)
         placed = [s.claim for s in starts(p) if s.node_id == node_id and s.key <= for_key]
@@ -194,7 +194,7 @@ def test_eviction_never_breaks_its_rules(world: tuple[list[Demand], list[PlanNod
             rest = going + [v for v in victims if v is not victim]
             assert (free_ram + sum(a.holding.ram_mib for a in rest) < need.ram_mib
                     or free_vram + sum(a.holding.vram_mib for a in rest) < need.vram_mib)
-        earlier.update(v.shard_id for v in victims)
+        earlier.update(v.replica_id for v in victims)
     # Starts never over-commit a node: what is held there (measured, else claimed) plus what starts fits.
     for n in nodes:
         held = [a for a in assignments if a.node_id == n.node_id and a.status not in TERMINAL]

@@ -25,8 +25,8 @@ def demand(key: str, vram: int, *, wanted: int = 1, gpus: int = 1) -> Demand:
     return Demand(key, ENGINE, Claim(1000, vram), wanted, gpus=gpus)
 
 
-def on_gpu(shard: str, key: str, vram: int, devices: tuple[int, ...], port: int = 20000) -> Assignment:
-    return Assignment(shard, key, "g", port, Claim(1000, vram), ReplicaStatus.READY, devices=devices)
+def on_gpu(replica: str, key: str, vram: int, devices: tuple[int, ...], port: int = 20000) -> Assignment:
+    return Assignment(replica, key, "g", port, Claim(1000, vram), ReplicaStatus.READY, devices=devices)
 
 
 def starts(actions: list[object]) -> list[Start]:
@@ -88,7 +88,7 @@ def test_eviction_frees_a_gpu_and_never_evicts_for_a_claim_no_gpu_can_hold() -> 
         Assignment("s1", "b:gpu", "g", 20001, Claim(1000, 16000), ReplicaStatus.READY, last_used=9, devices=(1,)),
     ]
     p = plan([demand("c:gpu", 20000)], [gpu_node()], residents, backoff={}, now=1000)
-    assert [a.shard_id for a in p.actions] == ["s0"]  # the least recently used; its GPU then holds 20 GB
+    assert [a.replica_id for a in p.actions] == ["s0"]  # the least recently used; its GPU then holds 20 GB
     # 30 GB on one 24 GB GPU: the node's total would do after evicting both, no GPU ever would.
     p = plan([demand("c:gpu", 30000)], [gpu_node()], residents, backoff={}, now=1000)
     assert p.actions == [] and p.blocked["c:gpu"].startswith("no node fits: node g: needs 1000 MiB RAM and 30000")

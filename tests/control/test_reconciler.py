@@ -11,7 +11,7 @@ from llmgw_control.fleet.inventory import Inventory, Liveness, NodeRecord
 from llmgw_control.fleet.reconciler import Reconciler, ReconcilerConfig
 from llmgw_control.gateway.replicas import ReplicaSet
 from llmgw_shared.facts import HostFacts, unprobed
-from llmgw_shared.wire import Command, DrainShard, EngineState, ShardState, StartShard, StopShard
+from llmgw_shared.wire import Command, DrainReplica, EngineState, ReplicaState, StartReplica, StopReplica
 
 SHA = "a" * 64
 
@@ -64,8 +64,8 @@ def add_node(inventory: Inventory, dispatcher: FakeDispatcher, clock: Clock, nod
     return node
 
 
-def report(node: NodeRecord, shard_id: str, status: str, port: int, detail: str = "") -> None:
-    node.update_shards([ShardState(shard_id, status, detail, port=port)])  # type: ignore[arg-type]
+def report(node: NodeRecord, replica_id: str, status: str, port: int, detail: str = "") -> None:
+    node.update_replicas([ReplicaState(replica_id, status, detail, port=port)])  # type: ignore[arg-type]
 
 
 def test_waiting_request_places_a_replica_and_ready_publishes_it() -> None:
@@ -76,13 +76,13 @@ def test_waiting_request_places_a_replica_and_ready_publishes_it() -> None:
     reconciler.waiting["m:cpu"] = 1
     reconciler.reconcile_once()
     (node_id, command), = dispatcher.take()
-    assert node_id == "n1" and isinstance(command, StartShard)
-    spec = command.shard
+    assert node_id == "n1" and isinstance(command, StartReplica)
+    spec = command.replica
     assert spec.args[:6] == ["-c", "1024", "-np", "2", "--alias", "m"]
-    assert spec.api_key == reconciler.shard_api_key(spec.shard_id)
-    assert reconciler.adoption_key(spec.shard_id, "n1") == "m:cpu"
+    assert spec.api_key == reconciler.replica_api_key(spec.replica_id)
+    assert reconciler.adoption_key(spec.replica_id, "n1") == "m:cpu"
     assert replicas.for_model("m:cpu") == []
-    report(node, spec.shard_id, "ready", spec.port)
+    report(node, spec.replica_id, "ready", spec.port)
     reconciler.reconcile_once()
     (replica,) = replicas.for_model("m:cpu")
     assert replica.url == f"http://10.0.0.1:{spec.port}" and replica.api_key == spec.api_key
@@ -95,8 +95,8 @@ def test_an_idle_replica_is_withdrawn_then_drained() -> None:
     reconciler.waiting["m:cpu"] = 1
     reconciler.reconcile_once()
     (_, start), = dispatcher.take()
-    assert isinstance(start, StartShard)
-    report(node, start.shard.shard_id, "ready", start.shard.port)
+    assert isinstance(start, StartReplica)
+    report(node, start.replica.replica_id, "ready", start.replica.port)
     reconciler.waiting.clear()
     reconciler.reconcile_once()
     assert replicas.for_model("m:cpu")
@@ -108,7 +108,7 @@ def test_an_idle_replica_is_withdrawn_then_drained() -> None:
     node.last_seen = clock.now
     reconciler.reconcile_once()
     (_, drain), = dispatcher.take()
-    assert isinstance(drain, DrainShard) and drain.shard_id == start.shard.shard_id
+    assert isinstance(drain, DrainReplica) and drain.replica_id == start.replica.replica_id
     assert replicas.for_model("m:cpu") == []  # withdrawn before the drain was sent
 
 
@@ -116,7 +116,7 @@ def test_min_replicas_are_kept_without_traffic() -> None:
     reconciler, dispatcher, inventory, _, clock = make(idle=1, min_replicas=1)
     add_node(inventory, dispatcher, clock, "n1")
     reconciler.reconcile_once()
-    assert [type(c) for _, c in dispatcher.take()] == [StartShard]
+    assert [type(c) for _, c in dispatcher.take()] == [StartReplica]
 
 
 def test_a_failed_start_backs_off_and_moves_to_another_node() -> None:
@@ -125,13 +125,13 @@ def test_a_failed_start_backs_off_and_moves_to_another_node() -> None:
     reconciler.waiting["m:cpu"] = 1
     reconciler.reconcile_once()
     (first_node, start), = dispatcher.take()
-    assert isinstance(start, StartShard)
-    report(n1, start.shard.shard_id, "failed", start.shard.port, "exited with 1")
+    assert isinstance(start, StartReplica)
+    report(n1, start.replica.replica_id, "failed", start.replica.port, "exited with 1")
     add_node(inventory, dispatcher, clock, "n2")
     reconciler.reconcile_once()
     commands = dispatcher.take()
-    assert (first_node, StopShard(commands[0][1].id, 1, start.shard.shard_id)) == commands[0]  # type: ignore[union-attr]
-    assert isinstance(commands[1][1], StartShard) and commands[1][0] == "n2"
+    assert (first_node, StopReplica(commands[0][1].id, 1, start.replica.replica_id)) == commands[0]  # type: ignore[union-attr]
+    assert isinstance(commands[1][1], StartReplica) and commands[1][0] == "n2"
     assert reconciler.backoff[("m:cpu", "n1")][1] == "exited with 1"
 
 
@@ -141,8 +141,8 @@ def test_an_unreachable_node_is_withdrawn_and_a_lost_one_replaced() -> None:
     reconciler.waiting["m:cpu"] = 1
     reconciler.reconcile_once()
     (_, start), = dispatcher.take()
-    assert isinstance(start, StartShard)
-    report(n1, start.shard.shard_id, "ready", start.shard.port)
+    assert isinstance(start, StartReplica)
+    report(n1, start.replica.replica_id, "ready", start.replica.port)
     reconciler.reconcile_once()
     assert replicas.for_model("m:cpu")
     n2 = add_node(inventory, dispatcher, clock, "n2")
@@ -155,36 +155,36 @@ def test_an_unreachable_node_is_withdrawn_and_a_lost_one_replaced() -> None:
     n2.last_seen = clock.now
     reconciler.reconcile_once()
     (node_id, replacement), = dispatcher.take()
-    assert node_id == "n2" and isinstance(replacement, StartShard)
+    assert node_id == "n2" and isinstance(replacement, StartReplica)
 
 
-def test_shards_reported_after_a_control_restart_are_adopted_not_restarted() -> None:
+def test_replicas_reported_after_a_control_restart_are_adopted_not_restarted() -> None:
     first, dispatcher, inventory, _, clock = make()
     n1 = add_node(inventory, dispatcher, clock, "n1")
     first.waiting["m:cpu"] = 1
     first.reconcile_once()
     (_, start), = dispatcher.take()
-    assert isinstance(start, StartShard)
-    # A new control with the same secret sees the node's hello with the running shard.
+    assert isinstance(start, StartReplica)
+    # A new control with the same secret sees the node's hello with the running replica.
     second, dispatcher2, inventory2, replicas2, clock2 = make()
     node = add_node(inventory2, dispatcher2, clock2, "n1")
-    report(node, start.shard.shard_id, "ready", start.shard.port)
+    report(node, start.replica.replica_id, "ready", start.replica.port)
     second.waiting["m:cpu"] = 1
     second.reconcile_once()
     assert dispatcher2.take() == []
     (replica,) = replicas2.for_model("m:cpu")
-    assert replica.id == start.shard.shard_id
-    assert replica.api_key == start.shard.api_key  # same secret, same derived key
+    assert replica.id == start.replica.replica_id
+    assert replica.api_key == start.replica.api_key  # same secret, same derived key
     del n1
 
 
-def test_unknown_shards_are_stopped() -> None:
+def test_unknown_replicas_are_stopped() -> None:
     reconciler, dispatcher, inventory, _, clock = make()
     node = add_node(inventory, dispatcher, clock, "n1")
     report(node, "removed-model-0123abcd", "ready", 20005)
     reconciler.reconcile_once()
     (_, stop), = dispatcher.take()
-    assert isinstance(stop, StopShard) and stop.shard_id == "removed-model-0123abcd"
+    assert isinstance(stop, StopReplica) and stop.replica_id == "removed-model-0123abcd"
 
 
 def test_status_explains_why_nothing_runs() -> None:
@@ -200,13 +200,13 @@ def test_a_port_taken_by_another_process_is_avoided_without_backing_off() -> Non
     reconciler.waiting["m:cpu"] = 1
     reconciler.reconcile_once()
     (_, start), = dispatcher.take()
-    assert isinstance(start, StartShard)
-    report(node, start.shard.shard_id, "failed", start.shard.port,
-           f"port {start.shard.port} on 127.0.0.1 is in use by another process")
+    assert isinstance(start, StartReplica)
+    report(node, start.replica.replica_id, "failed", start.replica.port,
+           f"port {start.replica.port} on 127.0.0.1 is in use by another process")
     reconciler.reconcile_once()
     commands = dispatcher.take()
-    retry = [c for _, c in commands if isinstance(c, StartShard)]
-    assert len(retry) == 1 and retry[0].shard.port != start.shard.port
+    retry = [c for _, c in commands if isinstance(c, StartReplica)]
+    assert len(retry) == 1 and retry[0].replica.port != start.replica.port
     assert ("m:cpu", "n1") not in reconciler.backoff
 
 
@@ -214,39 +214,39 @@ def test_a_port_taken_by_another_process_is_avoided_without_backing_off() -> Non
 
 
 def rehello(inventory: Inventory, dispatcher: FakeDispatcher, clock: Clock, node_id: str,
-            shards: list[ShardState] | None = None, address: str | None = None) -> NodeRecord:
-    """What ``AgentService._register`` does with a hello: a new record with the complete shard list."""
+            replicas: list[ReplicaState] | None = None, address: str | None = None) -> NodeRecord:
+    """What ``AgentService._register`` does with a hello: a new record with the complete replica list."""
     old = inventory.get(node_id)
     node = NodeRecord(node_id, address or (old.address if old else "10.0.0.9"), facts(), last_seen=clock.now,
                       connected_since=clock.now)
     node.update_engines([EngineState("llama.cpp", "b11312", "installed")])
-    node.update_shards(shards or [])
+    node.update_replicas(replicas or [])
     inventory.put(node)
     dispatcher.connected.add(node_id)
     return node
 
 
-def started(dispatcher: FakeDispatcher) -> list[tuple[str, StartShard]]:
-    return [(n, c) for n, c in dispatcher.take() if isinstance(c, StartShard)]
+def started(dispatcher: FakeDispatcher) -> list[tuple[str, StartReplica]]:
+    return [(n, c) for n, c in dispatcher.take() if isinstance(c, StartReplica)]
 
 
-def test_a_shard_missing_from_a_hello_is_forgotten_and_replaced() -> None:
+def test_a_replica_missing_from_a_hello_is_forgotten_and_replaced() -> None:
     """The node restarted without its engines (kill -9 of both) before lost_after: its hello lists
     nothing. Before the fix the record stayed ready and was published again at a dead port."""
     reconciler, dispatcher, inventory, replicas, clock = make(min_replicas=1)
     node = add_node(inventory, dispatcher, clock, "n1")
     reconciler.reconcile_once()
     ((_, start),) = started(dispatcher)
-    report(node, start.shard.shard_id, "ready", start.shard.port)
+    report(node, start.replica.replica_id, "ready", start.replica.port)
     reconciler.reconcile_once()
     assert replicas.for_model("m:cpu")
     clock.now += 1
     rehello(inventory, dispatcher, clock, "n1")
     reconciler.reconcile_once()
-    assert start.shard.shard_id not in reconciler.shards
-    assert replicas.get(start.shard.shard_id) is None
+    assert start.replica.replica_id not in reconciler.records
+    assert replicas.get(start.replica.replica_id) is None
     ((node_id, again),) = started(dispatcher)  # min_replicas 1: a replacement at once
-    assert node_id == "n1" and again.shard.shard_id != start.shard.shard_id
+    assert node_id == "n1" and again.replica.replica_id != start.replica.replica_id
 
 
 def test_a_start_lost_with_its_connection_or_a_download_cut_by_a_node_death_does_not_wait_forever() -> None:
@@ -256,12 +256,12 @@ def test_a_start_lost_with_its_connection_or_a_download_cut_by_a_node_death_does
         reconciler.reconcile_once()
         ((_, start),) = started(dispatcher)
         if last_seen == "downloading":
-            report(node, start.shard.shard_id, "downloading", start.shard.port, "41%")
+            report(node, start.replica.replica_id, "downloading", start.replica.port, "41%")
             reconciler.reconcile_once()
         clock.now += 1
         rehello(inventory, dispatcher, clock, "n1")  # reconnected: the hello does not list it
         reconciler.reconcile_once()
-        assert start.shard.shard_id not in reconciler.shards, last_seen
+        assert start.replica.replica_id not in reconciler.records, last_seen
         assert len(started(dispatcher)) == 1, last_seen
 
 
@@ -274,7 +274,7 @@ def test_a_start_that_never_left_control_is_forgotten_at_once() -> None:
     dispatcher.connected.discard(node_id)
     inventory.get(node_id).connected = False  # type: ignore[union-attr]
     reconciler.command_unsent(node_id, start)
-    assert start.shard.shard_id not in reconciler.shards
+    assert start.replica.replica_id not in reconciler.records
     reconciler.reconcile_once()
     ((other, _),) = started(dispatcher)
     assert other != node_id
@@ -289,7 +289,7 @@ def test_a_start_never_reported_fails_after_the_deadline_with_the_reason() -> No
     node.last_seen = clock.now
     reconciler.reconcile_once()
     assert reconciler.backoff[("m:cpu", "n1")][1] == ("node n1 did not report it within 60 s of start_shard")
-    assert any(isinstance(c, StopShard) and c.shard_id == start.shard.shard_id for _, c in dispatcher.take())
+    assert any(isinstance(c, StopReplica) and c.replica_id == start.replica.replica_id for _, c in dispatcher.take())
 
 
 def test_a_drain_the_node_has_not_carried_out_is_sent_again_after_a_hello() -> None:
@@ -298,19 +298,19 @@ def test_a_drain_the_node_has_not_carried_out_is_sent_again_after_a_hello() -> N
     reconciler.waiting["m:cpu"] = 1
     reconciler.reconcile_once()
     ((_, start),) = started(dispatcher)
-    shard_id = start.shard.shard_id
-    report(node, shard_id, "ready", start.shard.port)
+    replica_id = start.replica.replica_id
+    report(node, replica_id, "ready", start.replica.port)
     reconciler.reconcile_once()
     reconciler.waiting.clear()
     reconciler.drain_key("m:cpu")
-    (drain,) = [c for _, c in dispatcher.take() if isinstance(c, DrainShard)]
+    (drain,) = [c for _, c in dispatcher.take() if isinstance(c, DrainReplica)]
     # The node reconnects (the drain was lost with the connection) and still runs it.
-    rehello(inventory, dispatcher, clock, "n1", [ShardState(shard_id, "ready", port=start.shard.port)])
+    rehello(inventory, dispatcher, clock, "n1", [ReplicaState(replica_id, "ready", port=start.replica.port)])
     reconciler.reconcile_once()
-    (again,) = [c for _, c in dispatcher.take() if isinstance(c, DrainShard)]
-    assert again.shard_id == shard_id and again.id != drain.id
-    assert replicas.get(shard_id) is None  # a stale "ready" does not undo the withdrawal
-    assert reconciler.shards[shard_id].status == "draining"
+    (again,) = [c for _, c in dispatcher.take() if isinstance(c, DrainReplica)]
+    assert again.replica_id == replica_id and again.id != drain.id
+    assert replicas.get(replica_id) is None  # a stale "ready" does not undo the withdrawal
+    assert reconciler.records[replica_id].status == "draining"
 
 
 # --------------------------------------------------------------------------- adoption
@@ -337,10 +337,10 @@ def test_profiles_whose_names_slug_alike_are_adopted_as_themselves() -> None:
     ((_, start),) = started(dispatcher)
     second, dispatcher2, inventory2, replicas2, clock2 = two_slug_alike()
     node = add_node(inventory2, dispatcher2, clock2, "n1")
-    report(node, start.shard.shard_id, "ready", start.shard.port)
+    report(node, start.replica.replica_id, "ready", start.replica.port)
     second.reconcile_once()
-    assert second.shards[start.shard.shard_id].key == "a-b:c"
-    assert [r.id for r in replicas2.for_model("a-b:c")] == [start.shard.shard_id]
+    assert second.records[start.replica.replica_id].key == "a-b:c"
+    assert [r.id for r in replicas2.for_model("a-b:c")] == [start.replica.replica_id]
     assert replicas2.for_model("a:b-c") == []
 
 
@@ -350,16 +350,16 @@ def test_a_node_can_only_have_adopted_what_control_started_on_that_node() -> Non
     first.waiting["m:cpu"] = 1
     first.reconcile_once()
     ((_, start),) = started(dispatcher)
-    real = start.shard.shard_id
+    real = start.replica.replica_id
     stem, nonce, _tag = real.rsplit("-", 2)
     forged = f"{stem}-{nonce}-{'0' * 16}"
     # A restarted control; n2 claims n1's replica and a forged one, each ready.
     reconciler, dispatcher, inventory, replicas, clock = make()
     intruder = add_node(inventory, dispatcher, clock, "n2")
-    intruder.update_shards([ShardState(real, "ready", port=20000), ShardState(forged, "ready", port=20001)])
+    intruder.update_replicas([ReplicaState(real, "ready", port=20000), ReplicaState(forged, "ready", port=20001)])
     reconciler.reconcile_once()
-    assert reconciler.shards == {} and replicas.for_model("m:cpu") == []
-    stops = sorted(c.shard_id for _, c in dispatcher.take() if isinstance(c, StopShard))
+    assert reconciler.records == {} and replicas.for_model("m:cpu") == []
+    stops = sorted(c.replica_id for _, c in dispatcher.take() if isinstance(c, StopReplica))
     assert stops == sorted([real, forged])
 
 
@@ -371,20 +371,20 @@ def test_an_adopted_replica_is_published_only_at_the_nodes_own_address_and_a_por
     first.reconcile_once()
     ((_, start),) = started(dispatcher)
     first.config = attrs.evolve(first.config)
-    other_id = first.new_shard_id("m:cpu", "n1")
+    other_id = first.new_replica_id("m:cpu", "n1")
     reconciler, dispatcher, inventory, replicas, clock = make()
     node = add_node(inventory, dispatcher, clock, "n1")
-    node.update_shards([ShardState(start.shard.shard_id, "ready", port=start.shard.port),
-                        ShardState(other_id, "ready", port=22)])  # ssh: not a port control gives
+    node.update_replicas([ReplicaState(start.replica.replica_id, "ready", port=start.replica.port),
+                        ReplicaState(other_id, "ready", port=22)])  # ssh: not a port control gives
     reconciler.reconcile_once()
     (replica,) = replicas.for_model("m:cpu")
-    assert replica.url == f"http://{node.address}:{start.shard.port}"
-    assert [c.shard_id for _, c in dispatcher.take() if isinstance(c, StopShard)] == [other_id]
+    assert replica.url == f"http://{node.address}:{start.replica.port}"
+    assert [c.replica_id for _, c in dispatcher.take() if isinstance(c, StopReplica)] == [other_id]
     # A later hello claiming another address does not take the replica (and its key) with it.
-    rehello(inventory, dispatcher, clock, "n1", [ShardState(start.shard.shard_id, "ready", port=start.shard.port)],
-            address="203.0.113.7")
+    rehello(inventory, dispatcher, clock, "n1",
+            [ReplicaState(start.replica.replica_id, "ready", port=start.replica.port)], address="203.0.113.7")
     reconciler.reconcile_once()
-    assert replicas.get(start.shard.shard_id).url == f"http://{node.address}:{start.shard.port}"  # type: ignore[union-attr]
+    assert replicas.get(start.replica.replica_id).url == f"http://{node.address}:{start.replica.port}"  # type: ignore[union-attr]
 
 
 # --------------------------------------------------------------------------- limits and bounded state
@@ -405,7 +405,7 @@ def test_the_reschedule_limit_holds_when_two_of_three_nodes_are_lost() -> None:
     first = started(dispatcher)
     assert len(first) == 6
     for node_id, start in first:
-        report(nodes[node_id], start.shard.shard_id, "ready", start.shard.port)
+        report(nodes[node_id], start.replica.replica_id, "ready", start.replica.port)
     reconciler.reconcile_once()
     nodes_list = list(nodes.values())
     clock.now += 61  # n2 and n3 lost; n1 keeps talking
@@ -426,7 +426,7 @@ def test_a_lost_node_is_forgotten_after_the_retention() -> None:
     n1 = add_node(inventory, dispatcher, clock, "n1")
     reconciler.reconcile_once()
     ((_, start),) = started(dispatcher)
-    reconciler.mark_failed(start.shard.shard_id, "exited with 1")
+    reconciler.mark_failed(start.replica.replica_id, "exited with 1")
     n1.connected = False
     dispatcher.connected.clear()
     clock.now += 599
@@ -434,7 +434,7 @@ def test_a_lost_node_is_forgotten_after_the_retention() -> None:
     assert inventory.get("n1") is not None
     clock.now += 2
     reconciler.reconcile_once()
-    assert inventory.get("n1") is None and reconciler.shards == {}
+    assert inventory.get("n1") is None and reconciler.records == {}
     assert not any(k[1] == "n1" for k in reconciler.backoff)
 
 
@@ -445,21 +445,21 @@ def test_the_metric_series_of_a_forgotten_replica_go_once_nothing_is_in_flight_o
     reconciler.waiting["m:cpu"] = 1
     reconciler.reconcile_once()
     ((_, start),) = started(dispatcher)
-    report(node, start.shard.shard_id, "ready", start.shard.port)
+    report(node, start.replica.replica_id, "ready", start.replica.port)
     reconciler.reconcile_once()
-    replica = replicas.get(start.shard.shard_id)
+    replica = replicas.get(start.replica.replica_id)
     assert replica is not None
     replica.in_flight = 1  # a request still running when the replica goes
-    report(node, start.shard.shard_id, "stopped", start.shard.port)
+    report(node, start.replica.replica_id, "stopped", start.replica.port)
     for _ in range(5):
         reconciler.reconcile_once()
         clock.now += 1
-    assert start.shard.shard_id not in reconciler.shards and forgotten == []
+    assert start.replica.replica_id not in reconciler.records and forgotten == []
     replica.in_flight = 0
     for _ in range(4):
         reconciler.reconcile_once()
         clock.now += 1
-    assert forgotten == [start.shard.shard_id]
+    assert forgotten == [start.replica.replica_id]
 
 
 def test_the_hold_after_a_takeover_ends_when_every_node_that_held_replicas_has_reported() -> None:

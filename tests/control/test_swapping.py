@@ -16,7 +16,7 @@ from llmgw_control.fleet.reconciler import Reconciler, ReconcilerConfig
 from llmgw_control.gateway.activator import Activator, Slot
 from llmgw_control.gateway.replicas import ReplicaSet
 from llmgw_shared.facts import GpuFacts, HostFacts, unprobed
-from llmgw_shared.wire import Command, DrainShard, EngineState, ShardState, StartShard
+from llmgw_shared.wire import Command, DrainReplica, EngineState, ReplicaState, StartReplica
 from support.waiting import wait_until
 
 A, B = "a:cpu", "b:cpu"
@@ -31,9 +31,9 @@ class Dispatcher:
         self.sent.append(command)
         return True
 
-    def take(self) -> tuple[list[StartShard], list[DrainShard]]:
+    def take(self) -> tuple[list[StartReplica], list[DrainReplica]]:
         taken, self.sent = self.sent, []
-        return ([c for c in taken if isinstance(c, StartShard)], [c for c in taken if isinstance(c, DrainShard)])
+        return ([c for c in taken if isinstance(c, StartReplica)], [c for c in taken if isinstance(c, DrainReplica)])
 
 
 @attrs.define
@@ -44,18 +44,18 @@ class World:
     replicas: ReplicaSet
     node: NodeRecord
 
-    def pass_(self) -> tuple[list[StartShard], list[DrainShard]]:
+    def pass_(self) -> tuple[list[StartReplica], list[DrainReplica]]:
         self.node.last_seen = trio.current_time()
         self.reconciler.reconcile_once()
         return self.dispatcher.take()
 
-    def report(self, shard_id: str, status: str, *, rss_mib: int = 0) -> None:
-        port = self.reconciler.shards[shard_id].port if shard_id in self.reconciler.shards else 0
-        others = [s for s in self.node.shards.values() if s.shard_id != shard_id]
-        self.node.update_shards([*others, ShardState(shard_id, status, "", port=port, rss_mib=rss_mib)])  # type: ignore[arg-type]
+    def report(self, replica_id: str, status: str, *, rss_mib: int = 0) -> None:
+        port = self.reconciler.records[replica_id].port if replica_id in self.reconciler.records else 0
+        others = [s for s in self.node.replicas.values() if s.replica_id != replica_id]
+        self.node.update_replicas([*others, ReplicaState(replica_id, status, "", port=port, rss_mib=rss_mib)])  # type: ignore[arg-type]
 
-    def key_of(self, shard_id: str) -> str:
-        return self.reconciler.shards[shard_id].key
+    def key_of(self, replica_id: str) -> str:
+        return self.reconciler.records[replica_id].key
 
 
 def world(ram: int = 8000, claim: int = 6000) -> World:
@@ -92,7 +92,7 @@ async def test_two_models_too_big_together_take_turns_and_every_request_is_answe
         nursery.start_soon(_answered, w, A, 1.0, answers)
         await trio.testing.wait_all_tasks_blocked()
         (start_a,), _ = w.pass_()
-        a = start_a.shard.shard_id
+        a = start_a.replica.replica_id
         w.report(a, "ready", rss_mib=5900)
         w.pass_()
         await trio.sleep(2)
@@ -105,13 +105,13 @@ async def test_two_models_too_big_together_take_turns_and_every_request_is_answe
         assert "needs 6000 MiB RAM, has 2100 MiB free" in w.reconciler.status(B)
         await trio.sleep(CONFIG.evict_min_age)  # A is old enough to be evicted now
         starts, drains = w.pass_()
-        assert starts == [] and [d.shard_id for d in drains] == [a]
+        assert starts == [] and [d.replica_id for d in drains] == [a]
         assert w.replicas.get(a) is None  # withdrawn before its drain
         assert w.reconciler.status(B).startswith("making room on node n1: waiting for") or \
             "evicting idle" in w.reconciler.status(B)
         w.report(a, "stopped")
         (start_b,), _ = w.pass_()
-        b = start_b.shard.shard_id
+        b = start_b.replica.replica_id
         assert w.key_of(b) == B
         w.report(b, "ready", rss_mib=5900)
         w.pass_()
@@ -123,10 +123,10 @@ async def test_two_models_too_big_together_take_turns_and_every_request_is_answe
         nursery.start_soon(_answered, w, A, 1.0, answers)
         await trio.testing.wait_all_tasks_blocked()
         _, drains = w.pass_()
-        assert [d.shard_id for d in drains] == [b]
+        assert [d.replica_id for d in drains] == [b]
         w.report(b, "stopped")
         (again,), _ = w.pass_()
-        w.report(again.shard.shard_id, "ready")
+        w.report(again.replica.replica_id, "ready")
         w.pass_()
         await trio.sleep(2)
         assert answers == [A, B, A]
@@ -143,7 +143,7 @@ async def test_a_stream_for_the_resident_model_makes_it_yield_after_the_bounded_
         nursery.start_soon(_answered, w, A, 5.0, answers)
         await trio.testing.wait_all_tasks_blocked()
         (start_a,), _ = w.pass_()
-        a = start_a.shard.shard_id
+        a = start_a.replica.replica_id
         w.report(a, "ready")
         w.pass_()
         await trio.sleep(CONFIG.evict_min_age)
@@ -159,15 +159,15 @@ async def test_a_stream_for_the_resident_model_makes_it_yield_after_the_bounded_
         nursery.start_soon(_answered, w, B, 1.0, answers)
         await trio.testing.wait_all_tasks_blocked()
         # One reconciler pass a tick, until one drains something.
-        drains: list[DrainShard] = await wait_until(lambda: w.pass_()[1], timeout=CONFIG.yield_after + 10,
+        drains: list[DrainReplica] = await wait_until(lambda: w.pass_()[1], timeout=CONFIG.yield_after + 10,
                                                     interval=CONFIG.interval)
         waited = trio.current_time() - b_waits_since
         assert CONFIG.yield_after <= waited < CONFIG.yield_after + 2 * CONFIG.interval
-        assert [d.shard_id for d in drains] == [a]
+        assert [d.replica_id for d in drains] == [a]
         w.report(a, "stopped")
         (start_b,), _ = w.pass_()
-        assert w.key_of(start_b.shard.shard_id) == B
-        w.report(start_b.shard.shard_id, "ready")
+        assert w.key_of(start_b.replica.replica_id) == B
+        w.report(start_b.replica.replica_id, "ready")
         w.pass_()
         await wait_until(lambda: B in answers, timeout=10, interval=0.5)
         nursery.cancel_scope.cancel()
@@ -182,7 +182,7 @@ async def test_measured_use_lets_two_models_share_a_node_and_corrects_the_next_c
         nursery.start_soon(_answered, w, A, 1.0, answers)
         await trio.testing.wait_all_tasks_blocked()
         (start_a,), _ = w.pass_()
-        a = start_a.shard.shard_id
+        a = start_a.replica.replica_id
         # Estimated 6000 MiB; the node measured 1800.
         w.report(a, "ready", rss_mib=1800)
         w.pass_()
@@ -190,8 +190,8 @@ async def test_measured_use_lets_two_models_share_a_node_and_corrects_the_next_c
         nursery.start_soon(_answered, w, B, 1.0, answers)
         await trio.testing.wait_all_tasks_blocked()
         (start_b,), drains = w.pass_()  # 8000 - 1800 leaves room for B's 6000: no eviction
-        assert drains == [] and w.key_of(start_b.shard.shard_id) == B
-        w.report(start_b.shard.shard_id, "ready", rss_mib=1700)
+        assert drains == [] and w.key_of(start_b.replica.replica_id) == B
+        w.report(start_b.replica.replica_id, "ready", rss_mib=1700)
         w.pass_()
         await trio.sleep(2)
         assert sorted(answers) == [A, B]
@@ -201,7 +201,7 @@ async def test_measured_use_lets_two_models_share_a_node_and_corrects_the_next_c
         nursery.start_soon(_answered, w, A, 1.0, answers)
         await trio.testing.wait_all_tasks_blocked()
         (again,), _ = w.pass_()
-        assert again.shard.shard_id != a and w.reconciler.shards[again.shard.shard_id].claim == Claim(1800)
+        assert again.replica.replica_id != a and w.reconciler.records[again.replica.replica_id].claim == Claim(1800)
         nursery.cancel_scope.cancel()
 
 
@@ -221,5 +221,5 @@ async def test_the_start_names_the_gpus_placement_chose(autojump_clock: trio.tes
     inventory.put(node)
     reconciler.reconcile_once()
     (start,), _ = dispatcher.take()
-    assert start.shard.devices == [0, 2]  # 15 GB shares: GPU 1 (8 GB) cannot hold one
-    assert reconciler.shards[start.shard.shard_id].devices == (0, 2)
+    assert start.replica.devices == [0, 2]  # 15 GB shares: GPU 1 (8 GB) cannot hold one
+    assert reconciler.records[start.replica.replica_id].devices == (0, 2)

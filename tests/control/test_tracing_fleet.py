@@ -17,7 +17,7 @@ from llmgw_control.fleet.agents import AgentsConfig, token_digest
 from llmgw_shared import tracing as shared_tracing
 from llmgw_shared.facts import unprobed
 from llmgw_shared.tracing import TracingConfig
-from llmgw_shared.wire import PROTOCOL_VERSION, EngineState, Hello, ShardState, encode
+from llmgw_shared.wire import PROTOCOL_VERSION, EngineState, Hello, ReplicaState, encode
 from support.otlp import http_receiver
 
 TOKEN = "llmgw-join-trace-token"
@@ -43,7 +43,7 @@ async def test_reconcile_passes_and_node_commands_are_spans(tmp_path: Path) -> N
             await ws.send_message(encode(Hello(PROTOCOL_VERSION, "n1", TOKEN, facts,
                                                [EngineState("llama.cpp", "b11312", "absent")],
                                                # A replica control never placed: the pass stops it.
-                                               [ShardState("stray-0", "ready", port=9000, pid=4242)])))
+                                               [ReplicaState("stray-0", "ready", port=9000, pid=4242)])))
             with trio.fail_after(5):
                 assert json.loads(await ws.get_message())["type"] == "welcome"
                 assert json.loads(await ws.get_message())["type"] == "set_engines"
@@ -52,8 +52,8 @@ async def test_reconcile_passes_and_node_commands_are_spans(tmp_path: Path) -> N
         nursery.cancel_scope.cancel()
     (command,) = [s for s in spans if s.name == "llmgw.node_command"]
     assert command.service == "llmgw-control"
-    assert command.attributes["llmgw.node"] == "n1" and command.attributes["llmgw.command"] in ("StopShard",
-                                                                                                "DrainShard")
+    assert command.attributes["llmgw.node"] == "n1" and command.attributes["llmgw.command"] in ("StopReplica",
+                                                                                                "DrainReplica")
     assert command.attributes["llmgw.sent"] is True
     passes = [s for s in spans if s.name == "llmgw.reconcile"]
     assert all(isinstance(p.attributes["llmgw.pass"], int) for p in passes)

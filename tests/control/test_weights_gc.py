@@ -14,7 +14,7 @@ from llmgw_control.fleet.reconciler import Reconciler, ReconcilerConfig
 from llmgw_control.fleet.weights_gc import expired, room_for_download
 from llmgw_control.gateway.replicas import ReplicaSet
 from llmgw_shared.facts import HostFacts, unprobed
-from llmgw_shared.wire import Command, EngineState, RemoveWeights, ShardState, StartShard, WeightsHeld
+from llmgw_shared.wire import Command, EngineState, RemoveWeights, ReplicaState, StartReplica, WeightsHeld
 
 DAY = 86400.0
 NOW = 1_800_000_000.0
@@ -80,11 +80,11 @@ async def test_the_reconciler_removes_what_is_stale_and_keeps_what_its_replica_u
         autojump_clock: trio.testing.MockClock) -> None:
     reconciler, dispatcher, node = _world(weights=[held(A, age=30 * DAY), held(B, age=30 * DAY), held(C)])
     reconciler.reconcile_once()
-    (start,) = [c for c in dispatcher.sent if isinstance(c, StartShard)]
+    (start,) = [c for c in dispatcher.sent if isinstance(c, StartReplica)]
     removals = [c for c in dispatcher.sent if isinstance(c, RemoveWeights)]
     # A is old but the replica just placed uses it; B is old and unused; C was used today.
     assert [r.sha256 for r in removals] == [[B]]
-    node.update_shards([ShardState(start.shard.shard_id, "ready", port=start.shard.port)])
+    node.update_replicas([ReplicaState(start.replica.replica_id, "ready", port=start.replica.port)])
     dispatcher.sent.clear()
     reconciler.reconcile_once()
     assert dispatcher.sent == []  # looked at once a minute, not every pass
@@ -98,6 +98,6 @@ async def test_a_start_whose_download_does_not_fit_first_removes_the_least_recen
                                                                           held(C, size=1 << 30, age=1 * DAY)])
     reconciler.reconcile_once()
     kinds = [type(c).__name__ for c in dispatcher.sent]
-    assert kinds == ["RemoveWeights", "StartShard"]  # the room first, on the same ordered connection
+    assert kinds == ["RemoveWeights", "StartReplica"]  # the room first, on the same ordered connection
     removal = dispatcher.sent[0]
     assert isinstance(removal, RemoveWeights) and removal.sha256 == [B, C]

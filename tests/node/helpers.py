@@ -1,4 +1,4 @@
-"""Small helpers for node tests: wait for state reports, build shard specs, mount a small disk."""
+"""Small helpers for node tests: wait for state reports, build replica specs, mount a small disk."""
 
 from __future__ import annotations
 
@@ -17,26 +17,26 @@ from llmgw_shared.wire import (
     EngineState,
     EngineStateReport,
     Message,
-    ShardSpec,
-    ShardState,
-    ShardStateReport,
+    ReplicaSpec,
+    ReplicaState,
+    ReplicaStateReport,
     WeightsSpec,
     decode,
 )
 
 
-async def next_shard_state(
-    svc: NodeService, shard_id: str, pred: Callable[[ShardState], bool], *, seen: list[ShardState] | None = None,
+async def next_replica_state(
+    svc: NodeService, replica_id: str, pred: Callable[[ReplicaState], bool], *, seen: list[ReplicaState] | None = None,
     limit_s: float = 60.0,
-) -> ShardState:
+) -> ReplicaState:
     """Read reports until ``shard_id`` reaches a state matching ``pred``; collect what passed by."""
     with trio.fail_after(limit_s):
         async for report in svc.reports:
-            if isinstance(report, ShardStateReport) and report.shard.shard_id == shard_id:
+            if isinstance(report, ReplicaStateReport) and report.replica.replica_id == replica_id:
                 if seen is not None:
-                    seen.append(report.shard)
-                if pred(report.shard):
-                    return report.shard
+                    seen.append(report.replica)
+                if pred(report.replica):
+                    return report.replica
     raise AssertionError("report channel closed")
 
 
@@ -59,10 +59,10 @@ def drain_reports(svc: NodeService) -> list[Report]:
             return out
 
 
-def shard_spec(shard_id: str, weights: WeightsSpec, port: int, *, api_key: str = "sk-shard-test",
-               args: list[str] | None = None, max_restarts: int = 3, version: str = "b11312") -> ShardSpec:
-    return ShardSpec(
-        shard_id=shard_id, engine="llama.cpp", engine_version=version, weights=weights, port=port,
+def replica_spec(replica_id: str, weights: WeightsSpec, port: int, *, api_key: str = "sk-shard-test",
+               args: list[str] | None = None, max_restarts: int = 3, version: str = "b11312") -> ReplicaSpec:
+    return ReplicaSpec(
+        replica_id=replica_id, engine="llama.cpp", engine_version=version, weights=weights, port=port,
         api_key=api_key,
         # One thread: on a busy 2-core machine the default thread count makes answers crawl.
         args=args if args is not None else ["-t", "1", "-c", "1024", "-np", "2", "--metrics", "--alias", "tiny"],

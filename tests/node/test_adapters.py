@@ -1,5 +1,5 @@
 """LoRA adapters on the node (issue 35): fetched and verified exactly as weights, held in the
-weights cache, and loaded by llama-server in the spec's order; a wrong digest fails the shard."""
+weights cache, and loaded by llama-server in the spec's order; a wrong digest fails the replica."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ from pathlib import Path
 import attrs
 import httpx2
 import pytest
-from node.helpers import next_shard_state, shard_spec
+from node.helpers import next_replica_state, replica_spec
 from node.release_server import FileServer
-from node.test_shards import installed_node, served_weights
+from node.test_replicas import installed_node, served_weights
 
 from llmgw_dev.engine_proc import free_port
 from llmgw_dev.tiny_lora import TOKENS, write_adapters
 from llmgw_node.config import NodeConfig
 from llmgw_node.supervisor import Timing
-from llmgw_shared.wire import AdapterSpec, StartShard, StopShard, WeightsSpec
+from llmgw_shared.wire import AdapterSpec, StartReplica, StopReplica, WeightsSpec
 from support.waiting import wait_until
 
 pytestmark = pytest.mark.engine
@@ -37,16 +37,16 @@ async def test_adapters_are_verified_cached_and_loaded_in_order(
     async with installed_node(node_config, files, engine_archive, fast_timing) as svc:
         # A wrong sha256 on one adapter: refused before the engine starts, as for weights.
         wrong = attrs.evolve(adapters[1], weights=attrs.evolve(adapters[1].weights, sha256="0" * 64))
-        bad = attrs.evolve(shard_spec("lora-bad", served_weights(files, tiny_model), free_port()),
+        bad = attrs.evolve(replica_spec("lora-bad", served_weights(files, tiny_model), free_port()),
                            adapters=[adapters[0], wrong])
-        assert (await svc.handle(StartShard(id="c0", fencing_token=1, shard=bad))).ok
-        failed = await next_shard_state(svc, "lora-bad", lambda s: s.status in ("ready", "failed"))
+        assert (await svc.handle(StartReplica(id="c0", fencing_token=1, replica=bad))).ok
+        failed = await next_replica_state(svc, "lora-bad", lambda s: s.status in ("ready", "failed"))
         assert failed.status == "failed" and "sha256" in failed.detail and failed.pid == 0, failed.describe()
 
         port = free_port()
-        spec = attrs.evolve(shard_spec("lora-0", served_weights(files, tiny_model), port), adapters=adapters)
-        assert (await svc.handle(StartShard(id="c1", fencing_token=1, shard=spec))).ok
-        ready = await next_shard_state(svc, "lora-0", lambda s: s.status in ("ready", "failed"))
+        spec = attrs.evolve(replica_spec("lora-0", served_weights(files, tiny_model), port), adapters=adapters)
+        assert (await svc.handle(StartReplica(id="c1", fencing_token=1, replica=spec))).ok
+        ready = await next_replica_state(svc, "lora-0", lambda s: s.status in ("ready", "failed"))
         assert ready.status == "ready", (ready.describe(), ready.last_lines)
         held = {w.sha256: w for w in svc.weights.held()}
         assert all(held[a.weights.sha256].in_use for a in adapters)
@@ -63,8 +63,8 @@ async def test_adapters_are_verified_cached_and_loaded_in_order(
                 "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8})
             text = plain.json()["choices"][0]["message"]["content"]
             assert all(text.count(c) < 6 for c in TOKENS.values()), text
-        assert (await svc.handle(StopShard(id="c2", fencing_token=1, shard_id="lora-0"))).ok
-        await next_shard_state(svc, "lora-0", lambda s: s.status == "stopped")
+        assert (await svc.handle(StopReplica(id="c2", fencing_token=1, replica_id="lora-0"))).ok
+        await next_replica_state(svc, "lora-0", lambda s: s.status == "stopped")
         await wait_until(lambda: not any(w.in_use for w in svc.weights.held()), timeout=5)
         # Unused now: removable by control's GC like any model file.
         removed, kept = svc.weights.remove([a.weights.sha256 for a in adapters])

@@ -25,7 +25,7 @@ from llmgw_shared.wire import (
     Heartbeat,
     Hello,
     Refuse,
-    StopShard,
+    StopReplica,
     Welcome,
     encode,
 )
@@ -59,10 +59,10 @@ async def test_refusal_names_the_leader_and_the_session_runs_there(
         if len(hellos) > 1:
             done.set()
             await trio.sleep_forever()
-        await ws.send_message(encode(StopShard(id="c1", fencing_token=2, shard_id="nothing")))
+        await ws.send_message(encode(StopReplica(id="c1", fencing_token=2, replica_id="nothing")))
         await ws.send_message("{not json")
         await ws.send_message(json.dumps({"type": "teleport"}))
-        await ws.send_message(encode(StopShard(id="c2", fencing_token=1, shard_id="nothing")))
+        await ws.send_message(encode(StopReplica(id="c2", fencing_token=1, replica_id="nothing")))
         while sum(isinstance(f, Heartbeat) for f in frames) < 3:
             frames.append(await receive(ws))
         await ws.aclose()  # the node must come back
@@ -91,7 +91,7 @@ async def test_refusal_names_the_leader_and_the_session_runs_there(
     beats = [f for f in frames if isinstance(f, Heartbeat)]
     assert [b.seq for b in beats] == sorted(b.seq for b in beats)
     # Nothing changed on the node: heartbeats carry nothing but their sequence number.
-    assert all(b.facts is None and b.engines == [] and b.shards == [] for b in beats)
+    assert all(b.facts is None and b.engines == [] and b.replicas == [] for b in beats)
     assert len(hellos) == 2  # reconnected after the close
 
 
@@ -152,7 +152,7 @@ async def test_heartbeat_carries_only_what_changed(
         assert [e.name for e in first.engines] == ["tool"] and first.facts is not None
         # ...and then nothing is.
         second = agent._heartbeat()
-        assert (second.seq, second.engines, second.shards, second.facts) == (first.seq + 1, [], [], None)
+        assert (second.seq, second.engines, second.replicas, second.facts) == (first.seq + 1, [], [], None)
 
 
 @pytest.mark.parametrize("token", ["llmgw-join-supersecret"])

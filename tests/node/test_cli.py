@@ -13,7 +13,7 @@ import httpx2
 import pytest
 import trio
 from node.conftest import TAG
-from node.helpers import fake_control, receive, shard_spec
+from node.helpers import fake_control, receive, replica_spec
 from node.hostile import engine_archive_cases
 from node.release_server import FileServer
 from trio_websocket import WebSocketConnection
@@ -26,10 +26,10 @@ from llmgw_shared.wire import (
     EngineSpec,
     EngineStateReport,
     Hello,
+    ReplicaState,
+    ReplicaStateReport,
     SetEngines,
-    ShardState,
-    ShardStateReport,
-    StartShard,
+    StartReplica,
     WeightsSpec,
     Welcome,
     encode,
@@ -110,7 +110,7 @@ async def test_daemon_leaves_engines_running_on_sigterm_unless_told(
     weights = WeightsSpec(url=files.add_file("tiny.gguf", model), sha256=hashlib.sha256(model).hexdigest(),
                           size=len(model))
     port = free_port()
-    ready: list[ShardState] = []
+    ready: list[ReplicaState] = []
     hellos: list[Hello] = []
     got_ready = trio.Event()
 
@@ -119,10 +119,10 @@ async def test_daemon_leaves_engines_running_on_sigterm_unless_told(
         assert isinstance(hello, Hello)
         hellos.append(hello)
         await ws.send_message(encode(Welcome(protocol_version=PROTOCOL_VERSION, heartbeat_interval_s=0.5)))
-        for shard in hello.shards:
+        for replica in hello.replicas:
             # An adopted engine may be ready before the node connects: the hello says so.
-            if shard.status == "ready":
-                ready.append(shard)
+            if replica.status == "ready":
+                ready.append(replica)
                 got_ready.set()
         if len(hellos) == 1:
             await ws.send_message(encode(SetEngines(id="e", fencing_token=1,
@@ -132,10 +132,10 @@ async def test_daemon_leaves_engines_running_on_sigterm_unless_told(
             msg = await receive(ws, 60)
             if isinstance(msg, EngineStateReport) and msg.engine.status == "installed" and not started:
                 started = True
-                await ws.send_message(encode(StartShard(id="s", fencing_token=1,
-                                                        shard=shard_spec("tiny-0", weights, port))))
-            elif isinstance(msg, ShardStateReport) and msg.shard.status == "ready":
-                ready.append(msg.shard)
+                await ws.send_message(encode(StartReplica(id="s", fencing_token=1,
+                                                        replica=replica_spec("tiny-0", weights, port))))
+            elif isinstance(msg, ReplicaStateReport) and msg.replica.status == "ready":
+                ready.append(msg.replica)
                 got_ready.set()
             elif isinstance(msg, Ack):
                 assert msg.ok, msg.error
@@ -168,7 +168,7 @@ async def test_daemon_leaves_engines_running_on_sigterm_unless_told(
         got_ready = trio.Event()
         assert await daemon("--stop-engines") == 0
     # The second daemon adopted the same engine (no restart), then stopped it on SIGTERM as told.
-    assert hellos[1].shards and hellos[1].shards[0].shard_id == "tiny-0"
+    assert hellos[1].replicas and hellos[1].replicas[0].replica_id == "tiny-0"
     assert ready[-1].pid == engine_pid
     # Gone (a zombie counts as gone: whoever inherited the orphan reaps it, not us).
     assert start_ticks(engine_pid) is None

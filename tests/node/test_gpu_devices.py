@@ -1,4 +1,4 @@
-"""A shard runs on the GPUs control placed it on: CUDA_VISIBLE_DEVICES and llama-server's split flags.
+"""A replica runs on the GPUs control placed it on: CUDA_VISIBLE_DEVICES and llama-server's split flags.
 
 A scripted nvidia-smi reports two GPUs (this machine has none) and a fake engine records the
 environment and arguments it was started with.
@@ -12,13 +12,13 @@ from pathlib import Path
 import attrs
 import pytest
 import trio
-from node.helpers import local_weights, next_shard_state, shard_spec
+from node.helpers import local_weights, next_replica_state, replica_spec
 
 from llmgw_dev.engine_proc import free_port
 from llmgw_node.config import ConfiguredEngine, NodeConfig
 from llmgw_node.service import open_node_service
 from llmgw_node.supervisor import Timing
-from llmgw_shared.wire import ShardState, StartShard, WeightsSpec
+from llmgw_shared.wire import ReplicaState, StartReplica, WeightsSpec
 from support.waiting import wait_until
 
 NVIDIA_SMI = """#!/bin/sh
@@ -70,13 +70,13 @@ async def _started_with(record: Path) -> list[str]:
 
 
 @pytest.mark.usefixtures("gpu_host")
-async def test_a_shard_split_over_two_gpus(tmp_path: Path, recording_engine: tuple[NodeConfig, Path],
+async def test_a_replica_split_over_two_gpus(tmp_path: Path, recording_engine: tuple[NodeConfig, Path],
                                            fast_timing: Timing) -> None:
     config, record = recording_engine
-    spec = attrs.evolve(shard_spec("g2", _weights(tmp_path), free_port(), args=["-t", "1"]), devices=[1, 0])
+    spec = attrs.evolve(replica_spec("g2", _weights(tmp_path), free_port(), args=["-t", "1"]), devices=[1, 0])
     async with open_node_service(config, timing=fast_timing) as svc:
         assert [g.index for g in svc.facts.gpus] == [0, 1]
-        ack = await svc.handle(StartShard(id="1", fencing_token=1, shard=spec))
+        ack = await svc.handle(StartReplica(id="1", fencing_token=1, replica=spec))
         assert ack.ok, ack.error
         lines = await _started_with(record)
         assert lines[0] == "CUDA_VISIBLE_DEVICES=1,0"
@@ -95,15 +95,15 @@ async def test_one_gpu_and_no_gpu(tmp_path: Path, recording_engine: tuple[NodeCo
                                   fast_timing: Timing) -> None:
     config, record = recording_engine
     async with open_node_service(config, timing=fast_timing) as svc:
-        one = attrs.evolve(shard_spec("g1", _weights(tmp_path), free_port(), args=[]), devices=[1])
-        assert (await svc.handle(StartShard(id="1", fencing_token=1, shard=one))).ok
+        one = attrs.evolve(replica_spec("g1", _weights(tmp_path), free_port(), args=[]), devices=[1])
+        assert (await svc.handle(StartReplica(id="1", fencing_token=1, replica=one))).ok
         lines = await _started_with(record)
         assert lines[0] == "CUDA_VISIBLE_DEVICES=1" and "--split-mode" not in lines and "--tensor-split" not in lines
-        await next_shard_state(svc, "g1", lambda s: s.status == "starting")
+        await next_replica_state(svc, "g1", lambda s: s.status == "starting")
         await svc.stop_engines(0.5)
         record.unlink()
-        none = shard_spec("g0", _weights(tmp_path), free_port(), args=[])
-        assert (await svc.handle(StartShard(id="2", fencing_token=1, shard=none))).ok
+        none = replica_spec("g0", _weights(tmp_path), free_port(), args=[])
+        assert (await svc.handle(StartReplica(id="2", fencing_token=1, replica=none))).ok
         lines = await _started_with(record)
         assert lines[0] == "CUDA_VISIBLE_DEVICES=unset" and "--n-gpu-layers" not in lines
         await svc.stop_engines(0.5)
@@ -116,10 +116,10 @@ async def test_devices_the_node_does_not_have_are_refused(tmp_path: Path, record
     async with open_node_service(config, timing=fast_timing) as svc:
         for devices, words in [([2], "GPU device(s) 2 are not on this node (it has: 0, 1)"),
                                ([0, 0], "name a GPU twice")]:
-            spec = attrs.evolve(shard_spec("bad", _weights(tmp_path), free_port()), devices=devices)
-            ack = await svc.handle(StartShard(id="1", fencing_token=1, shard=spec))
+            spec = attrs.evolve(replica_spec("bad", _weights(tmp_path), free_port()), devices=devices)
+            ack = await svc.handle(StartReplica(id="1", fencing_token=1, replica=spec))
             assert not ack.ok and words in ack.error
-        assert svc.shard_states() == [] and not record.exists()
+        assert svc.replica_states() == [] and not record.exists()
 
 
 @pytest.mark.usefixtures("gpu_host")
@@ -131,11 +131,11 @@ async def test_a_gpu_replica_that_offloads_nothing_is_failed_not_published(
     # ready (a GPU profile at CPU speed); now it is failed, with the engine's output, and not restarted.
     config = attrs.evolve(node_config, engines=[ConfiguredEngine(name="llama.cpp", path=str(llama_server_binary),
                                                                  version="b11312")])
-    spec = attrs.evolve(shard_spec("cpu-as-gpu", local_weights(tiny_model), free_port()), devices=[0])
+    spec = attrs.evolve(replica_spec("cpu-as-gpu", local_weights(tiny_model), free_port()), devices=[0])
     async with open_node_service(config, timing=fast_timing) as svc:
-        assert (await svc.handle(StartShard(id="1", fencing_token=1, shard=spec))).ok
-        seen: list[ShardState] = []
-        state = await next_shard_state(svc, "cpu-as-gpu", lambda s: s.status in ("ready", "failed"), seen=seen)
+        assert (await svc.handle(StartReplica(id="1", fencing_token=1, replica=spec))).ok
+        seen: list[ReplicaState] = []
+        state = await next_replica_state(svc, "cpu-as-gpu", lambda s: s.status in ("ready", "failed"), seen=seen)
         assert state.status == "failed", state
         assert state.detail.startswith("placed on GPU(s) 0 but the engine offloaded nothing")
         assert state.restarts == 0 and all(s.status != "ready" for s in seen)

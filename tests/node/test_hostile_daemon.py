@@ -2,9 +2,9 @@
 
 The node is a subprocess with its data directory on a small tmpfs; control is a trio-websocket
 server on 127.0.0.1 speaking the wire protocol; releases come from the local release server.
-Control first starts a shard on an engine the node has (a configured fake engine), then asks for
+Control first starts a replica on an engine the node has (a configured fake engine), then asks for
 one llama.cpp version per hostile class at once. Each must end ``failed`` with its reason, while
-the daemon stays up, on the same connection, still serving the shard and still taking commands;
+the daemon stays up, on the same connection, still serving the replica and still taking commands;
 asking again does not start the installs again (they back off).
 """
 
@@ -24,7 +24,7 @@ import httpx2
 import pytest
 import trio
 from node import hostile
-from node.helpers import fake_control, receive, shard_spec, small_filesystem
+from node.helpers import fake_control, receive, replica_spec, small_filesystem
 from node.release_server import FileServer
 from trio_websocket import ConnectionClosed, WebSocketConnection
 
@@ -39,10 +39,10 @@ from llmgw_shared.wire import (
     Heartbeat,
     Hello,
     Message,
+    ReplicaStateReport,
     SetEngines,
-    ShardStateReport,
-    StartShard,
-    StopShard,
+    StartReplica,
+    StopReplica,
     WeightsSpec,
     Welcome,
     encode,
@@ -102,8 +102,8 @@ async def test_every_hostile_release_is_a_failed_engine_and_the_node_keeps_servi
     weights_path.write_bytes(model)
     weights = WeightsSpec(url=str(weights_path), sha256=hashlib.sha256(model).hexdigest(), size=len(model))
     port = free_port()
-    keep = StartShard(id="start", fencing_token=1, shard=attrs.evolve(
-        shard_spec("keep-0", weights, port, args=["{port}"]), engine="keep", engine_version="1"))
+    keep = StartReplica(id="start", fencing_token=1, replica=attrs.evolve(
+        replica_spec("keep-0", weights, port, args=["{port}"]), engine="keep", engine_version="1"))
     hellos: list[Hello] = []
     sockets: list[WebSocketConnection] = []
     inbox_send, inbox = trio.open_memory_channel[Message](10000)
@@ -143,9 +143,9 @@ async def test_every_hostile_release_is_a_failed_engine_and_the_node_keeps_servi
                     await welcomed.wait()
                 ws = sockets[0]
                 await ws.send_message(encode(keep))
-                ready = await _until(inbox, lambda m: isinstance(m, ShardStateReport) and m.shard.status == "ready")
-                assert isinstance(ready, ShardStateReport)
-                engine_pids.append(ready.shard.pid)
+                ready = await _until(inbox, lambda m: isinstance(m, ReplicaStateReport) and m.replica.status == "ready")
+                assert isinstance(ready, ReplicaStateReport)
+                engine_pids.append(ready.replica.pid)
 
                 specs = [EngineSpec("llama.cpp", v, files.release_api()) for v in (*expected, *BAD_VERSIONS)]
                 await ws.send_message(encode(SetEngines(id="hostile", fencing_token=1, engines=specs)))
@@ -167,11 +167,11 @@ async def test_every_hostile_release_is_a_failed_engine_and_the_node_keeps_servi
                     assert words in failed[version].describe(), (version, failed[version].describe())
                     assert "\n" not in failed[version].describe()
 
-                # Still the same daemon on the same connection, serving its shard, taking commands.
+                # Still the same daemon on the same connection, serving its replica, taking commands.
                 assert proc.returncode is None and len(hellos) == 1
                 async with httpx2.AsyncClient() as client:
                     assert (await client.get(f"http://127.0.0.1:{port}/health")).status_code == 200
-                await ws.send_message(encode(StopShard(id="noop", fencing_token=1, shard_id="not-running")))
+                await ws.send_message(encode(StopReplica(id="noop", fencing_token=1, replica_id="not-running")))
                 await _until(inbox, lambda m: isinstance(m, Ack) and m.command_id == "noop" and m.ok)
 
                 # Control asking again is not a retry: no index is fetched again within the backoff.

@@ -11,13 +11,13 @@ import attrs
 import httpx2
 import pytest
 import trio
-from node.helpers import next_shard_state
+from node.helpers import next_replica_state
 from node.test_served_engines import configured, served_config, spec
 
 from llmgw_node.config import NodeConfig
 from llmgw_node.service import open_node_service
 from llmgw_node.supervisor import Timing
-from llmgw_shared.wire import AdapterSpec, SetAdapters, ShardState, StartShard, WeightsSpec
+from llmgw_shared.wire import AdapterSpec, ReplicaState, SetAdapters, StartReplica, WeightsSpec
 from support.served_engines import adapter_directory, model_directory
 
 # Left out of the quick tier (slow: a vLLM stand-in started as a process).
@@ -44,38 +44,38 @@ async def test_adapters_load_at_start_and_change_live_without_a_restart(
     wide = _adapter("wide", adapter_directory(roots / "wide", rank=64))
     # A directory outside the node's model roots is never handed to the engine.
     outside = _adapter("outside", adapter_directory(tmp_path / "elsewhere" / "o"))
-    shard = attrs.evolve(spec("vllm", str(model_directory(roots / "qwen")),
+    replica = attrs.evolve(spec("vllm", str(model_directory(roots / "qwen")),
                               args=["--enable-lora", "--max-loras", "4", "--max-lora-rank", "16"]),
                          adapters=[one])
     async with open_node_service(served_config, timing=fast_timing) as svc:
         await configured(svc)
-        assert (await svc.handle(StartShard(id="s", fencing_token=1, shard=shard))).ok
-        ready = await next_shard_state(svc, shard.shard_id, lambda s: s.status in ("ready", "failed"))
+        assert (await svc.handle(StartReplica(id="s", fencing_token=1, replica=replica))).ok
+        ready = await next_replica_state(svc, replica.replica_id, lambda s: s.status in ("ready", "failed"))
         assert ready.status == "ready" and ready.adapters == ["one"], (ready.describe(), ready.last_lines)
         words = (await trio.Path(f"/proc/{ready.pid}/cmdline").read_bytes()).split(b"\0")
         assert b"--enable-lora" in words and b"--lora-modules" not in words
         environ = (await trio.Path(f"/proc/{ready.pid}/environ").read_bytes()).split(b"\0")
         assert b"VLLM_ALLOW_RUNTIME_LORA_UPDATING=True" in environ
 
-        headers = {"authorization": f"Bearer {shard.api_key}"}
-        async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{shard.port}", headers=headers,
+        headers = {"authorization": f"Bearer {replica.api_key}"}
+        async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{replica.port}", headers=headers,
                                       timeout=30) as client:
             answer = (await _ask(client, "one")).json()
             assert answer["model"] == "one" and answer["choices"][0]["message"]["content"].startswith("[lora:one]")
             assert (await _ask(client, "two")).status_code == 404  # not loaded: vLLM's 404, never the base
 
             # Added while it runs: loaded live, the same process.
-            assert (await svc.handle(SetAdapters(id="a", fencing_token=1, shard_id=shard.shard_id,
+            assert (await svc.handle(SetAdapters(id="a", fencing_token=1, replica_id=replica.replica_id,
                                                  adapters=[one, two]))).ok
-            both = await next_shard_state(svc, shard.shard_id, lambda s: s.adapters == ["one", "two"])
+            both = await next_replica_state(svc, replica.replica_id, lambda s: s.adapters == ["one", "two"])
             assert both.status == "ready" and both.pid == ready.pid and both.detail == ""
             assert (await _ask(client, "two")).json()["choices"][0]["message"]["content"].startswith("[lora:two]")
 
             # One removed, one that fails to load: the engine keeps serving the base and "two".
-            seen: list[ShardState] = []
-            assert (await svc.handle(SetAdapters(id="b", fencing_token=1, shard_id=shard.shard_id,
+            seen: list[ReplicaState] = []
+            assert (await svc.handle(SetAdapters(id="b", fencing_token=1, replica_id=replica.replica_id,
                                                  adapters=[two, wide, outside]))).ok
-            after = await next_shard_state(svc, shard.shard_id, lambda s: s.adapters == ["two"], seen=seen)
+            after = await next_replica_state(svc, replica.replica_id, lambda s: s.adapters == ["two"], seen=seen)
             assert after.status == "ready" and after.pid == ready.pid
             assert "adapter wide not loaded" in after.detail and "max_lora_rank" in after.detail, after.detail
             assert "adapter outside not loaded" in after.detail and "model_roots" in after.detail, after.detail
@@ -84,9 +84,9 @@ async def test_adapters_load_at_start_and_change_live_without_a_restart(
             assert (await _ask(client, "qwen-test")).json()["choices"][0]["message"]["content"].startswith("tok0")
             assert all(s.status == "ready" for s in seen)
 
-        # Only engines that load adapters live take set_adapters; and only a running shard.
-        refused = await svc.handle(SetAdapters(id="c", fencing_token=1, shard_id="nope", adapters=[one]))
+        # Only engines that load adapters live take set_adapters; and only a running replica.
+        refused = await svc.handle(SetAdapters(id="c", fencing_token=1, replica_id="nope", adapters=[one]))
         assert not refused.ok and "not running here" in refused.error
-        bad_name = await svc.handle(SetAdapters(id="d", fencing_token=1, shard_id=shard.shard_id,
+        bad_name = await svc.handle(SetAdapters(id="d", fencing_token=1, replica_id=replica.replica_id,
                                                 adapters=[attrs.evolve(one, name="no/slash")]))
         assert not bad_name.ok and "not a plain name" in bad_name.error

@@ -14,15 +14,15 @@ from llmgw_shared.names import (
     check_digest,
     check_engine_name,
     check_node_id,
+    check_replica_id,
     check_sha256,
-    check_shard_id,
     check_version,
     check_weight_file_name,
 )
 
 CHECKS: dict[str, Callable[[object], str]] = {
     "node id": check_node_id, "engine name": check_engine_name, "version": check_version,
-    "shard id": check_shard_id, "asset name": check_asset_name, "weight file name": check_weight_file_name,
+    "replica id": check_replica_id, "asset name": check_asset_name, "weight file name": check_weight_file_name,
 }
 # One path component's worst enemies, and what a lax pattern (re.match with '$') lets through.
 HOSTILE = ["", ".", "..", "../x", "a/b", "a\\b", "/abs", "a\x00b", "a\n", "\na", "-rf", ".hidden", " a", "a b",
@@ -39,7 +39,7 @@ def test_hostile_names_are_refused_naming_the_kind(kind: str, value: object) -> 
 
 @pytest.mark.parametrize(("kind", "value"), [
     ("engine name", "llama.cpp"), ("engine name", "vllm"), ("version", "b11312"), ("version", "0.11.0+cu124"),
-    ("shard id", "tiny-0"), ("asset name", "llama-b11312-bin-ubuntu-cuda-12.4-x64.tar.gz"),
+    ("replica id", "tiny-0"), ("asset name", "llama-b11312-bin-ubuntu-cuda-12.4-x64.tar.gz"),
     ("asset name", "cudart-llama-bin-win-cuda-12.4-x64.zip"),
     ("weight file name", "Qwen2.5-7B-Instruct-Q4_K_M.gguf"),
 ])

@@ -10,7 +10,7 @@ from pathlib import Path
 import attrs
 import pytest
 import trio
-from node.helpers import drain_reports, next_shard_state, shard_spec
+from node.helpers import drain_reports, next_replica_state, replica_spec
 
 from llmgw_dev.engine_proc import free_port
 from llmgw_node.config import ConfiguredEngine, NodeConfig
@@ -22,8 +22,8 @@ from llmgw_shared.wire import (
     EngineSpec,
     RemoveWeights,
     SetEngines,
-    StartShard,
-    StopShard,
+    StartReplica,
+    StopReplica,
     WeightsSpec,
 )
 from support.waiting import wait_until
@@ -56,14 +56,14 @@ async def test_hello_reports_facts_engines_and_no_secrets_in_repr(config: NodeCo
     assert hello.node_id == "test-node" and hello.join_token == "llmgw-join-secret"
     assert hello.facts.probed and hello.facts.cores > 0
     assert [e.describe() for e in hello.engines] == ["configured b11312"]
-    assert hello.shards == []
+    assert hello.replicas == []
     assert "llmgw-join-secret" not in repr(config)
 
 
 async def test_stale_fencing_token_is_refused(config: NodeConfig, fast_timing: Timing) -> None:
     async with open_node_service(config, timing=fast_timing) as svc:
-        assert (await svc.handle(StopShard(id="a", fencing_token=5, shard_id="x"))).ok
-        ack = await svc.handle(StopShard(id="b", fencing_token=4, shard_id="x"))
+        assert (await svc.handle(StopReplica(id="a", fencing_token=5, replica_id="x"))).ok
+        ack = await svc.handle(StopReplica(id="b", fencing_token=4, replica_id="x"))
     assert not ack.ok and ack.command_id == "b"
     assert ack.error.startswith("stale fencing token 4 (this node has seen 5)")
 
@@ -71,22 +71,22 @@ async def test_stale_fencing_token_is_refused(config: NodeConfig, fast_timing: T
 async def test_start_refusals_name_the_problem(tmp_path: Path, config: NodeConfig, fast_timing: Timing) -> None:
     w = weights_file(tmp_path)
     async with open_node_service(config, timing=fast_timing) as svc:
-        bad_id = await svc.handle(StartShard(id="1", fencing_token=1, shard=shard_spec("../etc", w, 9000)))
-        assert "shard id '../etc'" in bad_id.error
-        other = await svc.handle(StartShard(id="2", fencing_token=1, shard=attrs.evolve(
-            shard_spec("s", w, 9000), engine="vllm", weights=None, model_dir="/srv/models/m")))
+        bad_id = await svc.handle(StartReplica(id="1", fencing_token=1, replica=replica_spec("../etc", w, 9000)))
+        assert "replica id '../etc'" in bad_id.error
+        other = await svc.handle(StartReplica(id="2", fencing_token=1, replica=attrs.evolve(
+            replica_spec("s", w, 9000), engine="vllm", weights=None, model_dir="/srv/models/m")))
         assert other.error == "engine vllm b11312 is not available here: absent"
         # vLLM and SGLang serve a directory: one file and no directory is refused, as are both.
-        file_only = await svc.handle(StartShard(id="2b", fencing_token=1,
-                                                shard=attrs.evolve(shard_spec("s", w, 9000), engine="vllm")))
-        assert file_only.error == "shard s: vllm serves a model directory (model_dir)"
-        both = await svc.handle(StartShard(id="2c", fencing_token=1,
-                                           shard=attrs.evolve(shard_spec("s", w, 9000), model_dir="/m")))
-        assert both.error == "shard s: names weights or a model_dir, not both or neither"
+        file_only = await svc.handle(StartReplica(id="2b", fencing_token=1,
+                                                replica=attrs.evolve(replica_spec("s", w, 9000), engine="vllm")))
+        assert file_only.error == "replica s: vllm serves a model directory (model_dir)"
+        both = await svc.handle(StartReplica(id="2c", fencing_token=1,
+                                           replica=attrs.evolve(replica_spec("s", w, 9000), model_dir="/m")))
+        assert both.error == "replica s: names weights or a model_dir, not both or neither"
         for bad in ("relative/dir", "/srv/../etc", "hub:no-slash", "hub:a/b@c d", "/x\n"):
-            refused = await svc.handle(StartShard(id="2d", fencing_token=1, shard=attrs.evolve(
-                shard_spec("s", w, 9000), engine="vllm", weights=None, model_dir=bad)))
-            assert not refused.ok and refused.error.startswith("shard s: "), refused.error
+            refused = await svc.handle(StartReplica(id="2d", fencing_token=1, replica=attrs.evolve(
+                replica_spec("s", w, 9000), engine="vllm", weights=None, model_dir=bad)))
+            assert not refused.ok and refused.error.startswith("replica s: "), refused.error
         # An engine named by path that this node's config does not name: not configured here, not failed.
         await svc.handle(SetEngines(id="3", fencing_token=1, engines=[EngineSpec("sglang", "1")]))
         unknown = [e for e in svc.engine_states() if e.name == "sglang"]
@@ -100,26 +100,26 @@ async def test_port_in_use_and_port_conflicts(tmp_path: Path, config: NodeConfig
         busy.listen()
         port = busy.getsockname()[1]
         async with open_node_service(config, timing=fast_timing) as svc:
-            ack = await svc.handle(StartShard(id="1", fencing_token=1, shard=shard_spec("a", w, port)))
+            ack = await svc.handle(StartReplica(id="1", fencing_token=1, replica=replica_spec("a", w, port)))
             assert ack.ok
-            state = await next_shard_state(svc, "a", lambda s: s.status == "failed")
+            state = await next_replica_state(svc, "a", lambda s: s.status == "failed")
             assert state.detail == f"port {port} on 127.0.0.1 is in use by another process"
-            # A second shard on a port a live shard holds is refused at once.
+            # A second replica on a port a live replica holds is refused at once.
             free = free_port()
             w2 = weights_file(tmp_path, b"other", "w2.gguf")
-            await svc.handle(StartShard(id="2", fencing_token=1,
-                                        shard=attrs.evolve(shard_spec("b", w, free), weights=w2)))
-            ack = await svc.handle(StartShard(id="3", fencing_token=1, shard=shard_spec("c", w, free)))
-            assert ack.error == f"port {free} is already used by shard b"
+            await svc.handle(StartReplica(id="2", fencing_token=1,
+                                        replica=attrs.evolve(replica_spec("b", w, free), weights=w2)))
+            ack = await svc.handle(StartReplica(id="3", fencing_token=1, replica=replica_spec("c", w, free)))
+            assert ack.error == f"port {free} is already used by replica b"
 
 
-async def test_shard_with_wrong_weights_fails_with_the_reason(
+async def test_replica_with_wrong_weights_fails_with_the_reason(
     tmp_path: Path, config: NodeConfig, fast_timing: Timing
 ) -> None:
     w = attrs.evolve(weights_file(tmp_path), sha256="e" * 64)
     async with open_node_service(config, timing=fast_timing) as svc:
-        assert (await svc.handle(StartShard(id="1", fencing_token=1, shard=shard_spec("a", w, free_port())))).ok
-        state = await next_shard_state(svc, "a", lambda s: s.status == "failed")
+        assert (await svc.handle(StartReplica(id="1", fencing_token=1, replica=replica_spec("a", w, free_port())))).ok
+        state = await next_replica_state(svc, "a", lambda s: s.status == "failed")
     assert "differs from the expected " + "e" * 64 in state.detail
 
 
@@ -128,7 +128,7 @@ async def test_remove_weights_refuses_files_in_use(tmp_path: Path, config: NodeC
         sha = "d" * 64
         svc.weights.acquire(sha, "running-shard")
         ack = await svc.handle(RemoveWeights(id="r", fencing_token=1, sha256=[sha, "c" * 64]))
-        assert not ack.ok and ack.error == "kept 1 file(s) a running shard uses: dddddddddddd"
+        assert not ack.ok and ack.error == "kept 1 file(s) a running replica uses: dddddddddddd"
         svc.weights.release(sha, "running-shard")
         assert (await svc.handle(RemoveWeights(id="r2", fencing_token=1, sha256=[sha]))).ok
         drain_reports(svc)
@@ -142,15 +142,15 @@ async def test_stubborn_engine_gets_sigkill_after_the_grace_period(
                       "trap '' TERM\nwhile true; do sleep 0.05; done\n")
     script.chmod(0o755)
     config = attrs.evolve(node_config, engines=[ConfiguredEngine(name="stubborn", path=str(script), version="1")])
-    spec = attrs.evolve(shard_spec("s", weights_file(tmp_path), free_port(), args=["{port}"]), engine="stubborn",
+    spec = attrs.evolve(replica_spec("s", weights_file(tmp_path), free_port(), args=["{port}"]), engine="stubborn",
                         engine_version="1")
     async with open_node_service(config, timing=fast_timing) as svc:
-        assert (await svc.handle(StartShard(id="1", fencing_token=1, shard=spec))).ok
-        starting = await next_shard_state(svc, "s", lambda s: s.status == "starting")
+        assert (await svc.handle(StartReplica(id="1", fencing_token=1, replica=spec))).ok
+        starting = await next_replica_state(svc, "s", lambda s: s.status == "starting")
         assert starting.pid
         with trio.fail_after(5):
-            assert (await svc.handle(StopShard(id="2", fencing_token=1, shard_id="s", grace_s=0.3))).ok
-            stopped = await next_shard_state(svc, "s", lambda s: s.status == "stopped")
+            assert (await svc.handle(StopReplica(id="2", fencing_token=1, replica_id="s", grace_s=0.3))).ok
+            stopped = await next_replica_state(svc, "s", lambda s: s.status == "stopped")
     assert stopped.status == "stopped"
     assert start_ticks(starting.pid) is None
     assert f"pid {starting.pid} did not stop within 0.3 s of SIGTERM; sending SIGKILL" in caplog.text
@@ -188,11 +188,11 @@ async def test_what_a_crashed_engine_forked_dies_with_it(
                       f"sleep 300 &\necho $! > {child}\nexit 1\n")
     script.chmod(0o755)
     config = attrs.evolve(node_config, engines=[ConfiguredEngine(name="forking", path=str(script), version="1")])
-    spec = attrs.evolve(shard_spec("f", weights_file(tmp_path), free_port(), args=["{port}"], max_restarts=0),
+    spec = attrs.evolve(replica_spec("f", weights_file(tmp_path), free_port(), args=["{port}"], max_restarts=0),
                         engine="forking", engine_version="1")
     async with open_node_service(config, timing=fast_timing) as svc:
-        assert (await svc.handle(StartShard(id="1", fencing_token=1, shard=spec))).ok
-        failed = await next_shard_state(svc, "f", lambda s: s.status == "failed")
+        assert (await svc.handle(StartReplica(id="1", fencing_token=1, replica=spec))).ok
+        failed = await next_replica_state(svc, "f", lambda s: s.status == "failed")
     assert failed.detail.startswith("crashed while starting: exited with status 1")
     pid = int(child.read_text())
     await wait_until(lambda: start_ticks(pid) is None, timeout=10, interval=0.02)
@@ -208,14 +208,14 @@ async def test_remove_weights_with_a_path_is_refused_in_the_ack(
         assert not ack.ok and ack.error.startswith("remove_weights: sha256 '../victim' is not valid")
         assert victim.exists()
         # Still serving commands.
-        assert (await svc.handle(StopShard(id="s", fencing_token=1, shard_id="nothing"))).ok
+        assert (await svc.handle(StopReplica(id="s", fencing_token=1, replica_id="nothing"))).ok
 
 
-@pytest.mark.parametrize("shard_id", ["tiny\n", "../etc", ".hidden", "a/b", "x" * 129])
-async def test_a_shard_id_that_is_not_one_file_name_is_refused(
-    tmp_path: Path, config: NodeConfig, fast_timing: Timing, shard_id: str
+@pytest.mark.parametrize("replica_id", ["tiny\n", "../etc", ".hidden", "a/b", "x" * 129])
+async def test_a_replica_id_that_is_not_one_file_name_is_refused(
+    tmp_path: Path, config: NodeConfig, fast_timing: Timing, replica_id: str
 ) -> None:
     async with open_node_service(config, timing=fast_timing) as svc:
-        ack = await svc.handle(StartShard(id="1", fencing_token=1,
-                                          shard=shard_spec(shard_id, weights_file(tmp_path), free_port())))
-    assert not ack.ok and ack.error.startswith("shard id ") and "is not valid: use 1-128 letters" in ack.error
+        ack = await svc.handle(StartReplica(id="1", fencing_token=1,
+                                          replica=replica_spec(replica_id, weights_file(tmp_path), free_port())))
+    assert not ack.ok and ack.error.startswith("replica id ") and "is not valid: use 1-128 letters" in ack.error

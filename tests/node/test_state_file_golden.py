@@ -8,11 +8,11 @@ import json
 from pathlib import Path
 
 from llmgw_node.procs import ProcessRecord, StateFile
-from llmgw_shared.wire import ShardSpec
+from llmgw_shared.wire import ReplicaSpec
 
-SPEC = ShardSpec(shard_id="tiny-0", engine="llama.cpp", engine_version="b1", weights=None, port=8101,
+SPEC = ReplicaSpec(replica_id="tiny-0", engine="llama.cpp", engine_version="b1", weights=None, port=8101,
                  api_key="sk", model_dir="/m")
-RECORD = ProcessRecord(shard_id="tiny-0", pid=42, ticks=7, binary="/b", weights="/w", log="/l", spec=SPEC, restarts=1)
+RECORD = ProcessRecord(replica_id="tiny-0", pid=42, ticks=7, binary="/b", weights="/w", log="/l", spec=SPEC, restarts=1)
 FROZEN = {"version": 1, "shards": [{
     "shard_id": "tiny-0", "pid": 42, "ticks": 7, "binary": "/b", "weights": "/w", "log": "/l",
     "spec": {"shard_id": "tiny-0", "engine": "llama.cpp", "engine_version": "b1", "weights": None, "port": 8101,

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import attrs
 import pytest
-from node.helpers import next_engine_state, next_shard_state
+from node.helpers import next_engine_state, next_replica_state
 
 from llmgw_dev.engine_proc import free_port
 from llmgw_node.config import ConfiguredEngine, NodeConfig
 from llmgw_node.service import open_node_service
 from llmgw_node.supervisor import Timing
 from llmgw_shared.tracing import TracingConfig
-from llmgw_shared.wire import EngineSpec, SetEngines, ShardSpec, StartShard
+from llmgw_shared.wire import EngineSpec, ReplicaSpec, SetEngines, StartReplica
 from support.otlp import http_receiver
 from support.served_engines import VERSIONS, engines_config, model_directory
 
@@ -36,11 +36,11 @@ async def test_an_engine_install_and_a_replica_start_are_spans(
                 EngineSpec("vllm", VERSIONS["vllm"]), EngineSpec("llama.cpp", "b1", release_api=nowhere)]))
             failed = await next_engine_state(svc, lambda e: e.name == "llama.cpp" and e.status == "failed")
             assert failed.status == "failed"
-            spec = ShardSpec(shard_id="vllm-0", engine="vllm", engine_version=VERSIONS["vllm"], weights=None,
+            spec = ReplicaSpec(replica_id="vllm-0", engine="vllm", engine_version=VERSIONS["vllm"], weights=None,
                              port=free_port(), api_key="sk-replica-secret", args=["--served-model-name", "q"],
                              env={}, start_timeout_s=30.0, max_restarts=0, model_dir=model_dir)
-            assert (await svc.handle(StartShard(id="s", fencing_token=1, shard=spec))).ok
-            ready = await next_shard_state(svc, "vllm-0", lambda s: s.status in ("ready", "failed"))
+            assert (await svc.handle(StartReplica(id="s", fencing_token=1, replica=spec))).ok
+            ready = await next_replica_state(svc, "vllm-0", lambda s: s.status in ("ready", "failed"))
             assert ready.status == "ready", ready.describe()
             await svc.stop_engines()
         # Leaving the service flushed its spans.

@@ -59,7 +59,7 @@ async def test_wrong_sha256_is_refused_and_nothing_is_kept(tmp_path: Path, files
     assert list((tmp_path / "weights").iterdir()) == []
 
 
-async def test_two_shards_share_one_download(tmp_path: Path, files: FileServer) -> None:
+async def test_two_replicas_share_one_download(tmp_path: Path, files: FileServer) -> None:
     s = spec(files)
     paths: list[Path] = []
     async with httpx2.AsyncClient() as client:
@@ -144,7 +144,7 @@ async def test_a_url_httpx_cannot_use_is_a_refusal(tmp_path: Path, url: str) -> 
 
 
 async def test_a_file_gaining_or_losing_its_last_user_is_announced(tmp_path: Path) -> None:
-    # The node lists the cache again on this call: a shard's "stopped" report goes out before its
+    # The node lists the cache again on this call: a replica's "stopped" report goes out before its
     # file is released, and a listing made then said "in use" until the next minute's listing.
     calls: list[bool] = []
     async with httpx2.AsyncClient() as client:

@@ -6,14 +6,14 @@ import hashlib
 from pathlib import Path
 
 import attrs
-from node.helpers import next_shard_state, shard_spec
+from node.helpers import next_replica_state, replica_spec
 from node.release_server import FileServer
 
 from llmgw_dev.engine_proc import free_port
 from llmgw_node.config import ConfiguredEngine, NodeConfig
 from llmgw_node.service import NodeService, open_node_service
 from llmgw_node.supervisor import Timing
-from llmgw_shared.wire import RemoveWeights, StartShard, StopShard, WeightsHeld, WeightsSpec
+from llmgw_shared.wire import RemoveWeights, StartReplica, StopReplica, WeightsHeld, WeightsSpec
 from support.waiting import wait_until
 
 
@@ -35,26 +35,26 @@ async def test_the_cache_is_reported_with_its_use_and_goes_when_removed(
     weights = WeightsSpec(files.add_file("m.gguf", data), sha, len(data))
     async with open_node_service(config, timing=fast_timing) as svc:
         assert svc.hello().weights == []
-        spec = shard_spec("w1", weights, free_port(), args=[])
-        assert (await svc.handle(StartShard(id="1", fencing_token=1, shard=spec))).ok
-        await next_shard_state(svc, "w1", lambda s: s.status == "starting")
+        spec = replica_spec("w1", weights, free_port(), args=[])
+        assert (await svc.handle(StartReplica(id="1", fencing_token=1, replica=spec))).ok
+        await next_replica_state(svc, "w1", lambda s: s.status == "starting")
         (held,) = await _held_until(svc, lambda h: len(h) == 1 and h[0].in_use)
         assert held.sha256 == sha and held.size == len(data) and held.last_used > 0
         assert svc.hello().weights == [held]
         # In use: a removal keeps it (the node's own rule, whatever control asks).
         ack = await svc.handle(RemoveWeights(id="2", fencing_token=1, sha256=[sha]))
         assert not ack.ok and "kept 1 file(s)" in ack.error
-        assert (await svc.handle(StopShard(id="3", fencing_token=1, shard_id="w1", grace_s=0.5))).ok
-        await next_shard_state(svc, "w1", lambda s: s.status == "stopped")
+        assert (await svc.handle(StopReplica(id="3", fencing_token=1, replica_id="w1", grace_s=0.5))).ok
+        await next_replica_state(svc, "w1", lambda s: s.status == "stopped")
         (after,) = await _held_until(svc, lambda h: len(h) == 1 and not h[0].in_use)
         assert after.last_used >= held.last_used  # the end of its use is its last use
         assert (await svc.handle(RemoveWeights(id="4", fencing_token=1, sha256=[sha]))).ok
         assert await _held_until(svc, lambda h: h == []) == []
 
 
-async def test_a_release_without_a_shard_report_is_listed_at_once(
+async def test_a_release_without_a_replica_report_is_listed_at_once(
         node_config: NodeConfig, fast_timing: Timing) -> None:
-    # The order CI once hit: the listing ran on a shard's last report, and the file was released
+    # The order CI once hit: the listing ran on a replica's last report, and the file was released
     # only after it. Nothing but the release is left to wake the listing, which must not wait for
     # the minute's re-listing (FACTS_INTERVAL) to stop saying "in use".
     async with open_node_service(node_config, timing=fast_timing) as svc:

@@ -13,26 +13,26 @@ from llmgw_shared.wire import (
     Ack,
     AdapterSpec,
     AssetProvenance,
-    DrainShard,
+    DrainReplica,
     EngineProvenance,
     EngineSpec,
     EngineState,
     EngineStateReport,
     Error,
-    GetShardLogs,
+    GetReplicaLogs,
     Heartbeat,
     Hello,
     Message,
     Refuse,
     RemoveWeights,
+    ReplicaLogsReply,
+    ReplicaSpec,
+    ReplicaState,
+    ReplicaStateReport,
     SetAdapters,
     SetEngines,
-    ShardLogs,
-    ShardSpec,
-    ShardState,
-    ShardStateReport,
-    StartShard,
-    StopShard,
+    StartReplica,
+    StopReplica,
     WeightsSpec,
     Welcome,
     WireError,
@@ -55,8 +55,8 @@ PROVENANCE = EngineProvenance(
     installed_at=1790000000.25, signed_by="RWQf6LRCGA9i53mlYecO4IzT51TGPpvWucNSCh1CBM0QTaLn73Y7GFO3",
     control_epoch=3, archives_kept=True,
 )
-SPEC = ShardSpec(
-    shard_id="tiny-0", engine="llama.cpp", engine_version="b11312",
+SPEC = ReplicaSpec(
+    replica_id="tiny-0", engine="llama.cpp", engine_version="b11312",
     weights=WeightsSpec(url="http://127.0.0.1:9/tiny.gguf", sha256="ab" * 32, size=300_000),
     port=8101, api_key="sk-shard-secret", args=["-c", "1024"], env={"GGML_X": "1"},
 )
@@ -64,32 +64,34 @@ SPEC = ShardSpec(
 EXAMPLES: list[Message] = [
     Hello(protocol_version=PROTOCOL_VERSION, node_id="gpu-1", join_token="llmgw-join-x", facts=FACTS,
           engines=[EngineState(name="llama.cpp", version="b11312", status="installed", reported_version="v")],
-          shards=[ShardState(shard_id="tiny-0", status="ready", port=8101, pid=42)], address="10.0.0.5"),
-    Hello(protocol_version=PROTOCOL_VERSION, node_id="n", join_token="t", facts=unprobed(), engines=[], shards=[]),
+          replicas=[ReplicaState(replica_id="tiny-0", status="ready", port=8101, pid=42)], address="10.0.0.5"),
+    Hello(protocol_version=PROTOCOL_VERSION, node_id="n", join_token="t", facts=unprobed(), engines=[], replicas=[]),
     Welcome(protocol_version=PROTOCOL_VERSION, heartbeat_interval_s=2.5),
     Refuse(reason="standby", leader="ws://10.0.0.2:7070/agent/v1"),
     Heartbeat(seq=7),
-    Heartbeat(seq=8, facts=FACTS, shards=[ShardState(shard_id="s", status="failed", detail="x", last_lines=["a"])]),
+    Heartbeat(seq=8, facts=FACTS,
+              replicas=[ReplicaState(replica_id="s", status="failed", detail="x", last_lines=["a"])]),
     Error(message="bad frame", in_reply_to="c9"),
-    Ack(command_id="c1", ok=False, error="port 8101 is already used by shard x"),
+    Ack(command_id="c1", ok=False, error="port 8101 is already used by replica x"),
     EngineStateReport(engine=EngineState(name="llama.cpp", version="b1", status="installing", detail="downloading")),
     # An installed engine's report carries its provenance: it must decode on control.
     EngineStateReport(engine=EngineState(name="llama.cpp", version="b11312", status="installed",
                                          reported_version="version: 1 (b11312)", binary="/x/llama-server",
                                          provenance=PROVENANCE)),
-    ShardStateReport(shard=ShardState(shard_id="s", status="draining")),
-    ShardStateReport(shard=ShardState(shard_id="s", status="ready", port=20000, pid=7, rss_mib=812, vram_mib=4096)),
-    ShardStateReport(shard=ShardState(shard_id="s", status="ready", detail="adapter x not loaded: HTTP 400",
+    ReplicaStateReport(replica=ReplicaState(replica_id="s", status="draining")),
+    ReplicaStateReport(replica=ReplicaState(replica_id="s", status="ready", port=20000, pid=7, rss_mib=812,
+                                            vram_mib=4096)),
+    ReplicaStateReport(replica=ReplicaState(replica_id="s", status="ready", detail="adapter x not loaded: HTTP 400",
                                       adapters=["bot", "support"])),
     SetEngines(id="c2", fencing_token=3, engines=[EngineSpec("llama.cpp", "b11312", "http://mirror/{version}")]),
-    StartShard(id="c3", fencing_token=3, shard=SPEC),
-    StopShard(id="c4", fencing_token=3, shard_id="tiny-0", grace_s=2.0),
-    DrainShard(id="c5", fencing_token=3, shard_id="tiny-0", timeout_s=30.0),
-    SetAdapters(id="c7", fencing_token=3, shard_id="vllm-0",
+    StartReplica(id="c3", fencing_token=3, replica=SPEC),
+    StopReplica(id="c4", fencing_token=3, replica_id="tiny-0", grace_s=2.0),
+    DrainReplica(id="c5", fencing_token=3, replica_id="tiny-0", timeout_s=30.0),
+    SetAdapters(id="c7", fencing_token=3, replica_id="vllm-0",
                 adapters=[AdapterSpec("bot", WeightsSpec("/models/bot", "cd" * 32, 4096))]),
     RemoveWeights(id="c6", fencing_token=3, sha256=["ab" * 32]),
-    GetShardLogs(id="logs1", shard_id="tiny-0", lines=50, cursor="1234:5678"),
-    ShardLogs(in_reply_to="logs1", shard_id="tiny-0", found=True, lines=["main: server is listening"],
+    GetReplicaLogs(id="logs1", replica_id="tiny-0", lines=50, cursor="1234:5678"),
+    ReplicaLogsReply(in_reply_to="logs1", replica_id="tiny-0", found=True, lines=["main: server is listening"],
               cursor="1234:9000"),
 ]
 
@@ -112,12 +114,12 @@ def test_optional_fields_default_when_absent() -> None:
 
 def test_an_integer_is_accepted_for_a_float_field() -> None:
     msg = decode('{"type":"stop_shard","id":"a","fencing_token":1,"shard_id":"s","grace_s":3}')
-    assert isinstance(msg, StopShard) and msg.grace_s == 3.0 and isinstance(msg.grace_s, float)
+    assert isinstance(msg, StopReplica) and msg.grace_s == 3.0 and isinstance(msg.grace_s, float)
 
 
-def _start_frame(**shard_changes: object) -> str:
-    frame = json.loads(encode(StartShard(id="c3", fencing_token=3, shard=SPEC)))
-    frame["shard"].update(shard_changes)
+def _start_frame(**replica_changes: object) -> str:
+    frame = json.loads(encode(StartReplica(id="c3", fencing_token=3, replica=SPEC)))
+    frame["shard"].update(replica_changes)
     return json.dumps(frame)
 
 
@@ -132,7 +134,7 @@ def _start_frame(**shard_changes: object) -> str:
         ('{"type": "ack", "command_id": "x"}', "required field missing @ $(ack).ok"),
         ('{"type": "ack", "command_id": "x", "ok": true, "colour": 1}', "unknown field(s) colour @ $(ack)"),
         # cattrs on its own would turn 3 into "3": the protocol does not.
-        (_start_frame(shard_id=3), "expected a string, got a number @ $(start_shard).shard.shard_id"),
+        (_start_frame(**{"shard_id": 3}), "expected a string, got a number @ $(start_shard).shard.shard_id"),
         (_start_frame(port="8101"), "expected an integer, got a string @ $(start_shard).shard.port"),
         (_start_frame(port=True), "expected an integer, got a boolean @ $(start_shard).shard.port"),
         (_start_frame(args="-c 1024"), "$(start_shard).shard.args"),
@@ -150,7 +152,7 @@ def test_malformed_frames_raise_one_readable_error(frame: str, expected: str) ->
 
 def test_every_problem_in_a_frame_is_named() -> None:
     with pytest.raises(WireError) as info:
-        decode(_start_frame(port="x", shard_id=1, bogus=True))
+        decode(_start_frame(port="x", bogus=True, **{"shard_id": 1}))
     text = str(info.value)
     assert "shard.port" in text and "shard.shard_id" in text and "bogus" in text
 
@@ -202,7 +204,7 @@ def test_describe_uses_the_nodes_own_words() -> None:
 
 
 def test_secrets_stay_out_of_repr() -> None:
-    assert "sk-shard-secret" not in repr(StartShard(id="c", fencing_token=1, shard=SPEC))
+    assert "sk-shard-secret" not in repr(StartReplica(id="c", fencing_token=1, replica=SPEC))
     assert "llmgw-join-x" not in repr(EXAMPLES[0])
 
 

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmgw_shared.names import ASSET_NAME, ENGINE_NAME, NODE_ID, SHA256, SHARD_ID
-from llmgw_shared.wire import EngineState, EngineStateReport, Hello, ShardState, WireError, decode, encode
+from llmgw_shared.names import ASSET_NAME, ENGINE_NAME, NODE_ID, REPLICA_ID, SHA256
+from llmgw_shared.wire import EngineState, EngineStateReport, Hello, ReplicaState, WireError, decode, encode
 
 from .test_wire import EXAMPLES
 
@@ -72,8 +72,8 @@ def _check_names(message: Any) -> None:
         if engine.provenance is not None:
             for asset in engine.provenance.assets:
                 assert ASSET_NAME.fullmatch(asset.name) and (asset.sha256 == "" or SHA256.fullmatch(asset.sha256))
-    for shard in getattr(message, "shards", []) or []:
-        assert isinstance(shard, ShardState) and SHARD_ID.fullmatch(shard.shard_id)
+    for replica in getattr(message, "shards", []) or []:
+        assert isinstance(replica, ReplicaState) and REPLICA_ID.fullmatch(replica.replica_id)
 
 
 @settings(max_examples=400, deadline=None)
@@ -108,10 +108,10 @@ def test_any_bytes_decode_or_are_one_wire_error(data: bytes | str) -> None:
 
 
 def test_log_requests_and_answers_are_bounded_and_named() -> None:
-    from llmgw_shared.wire import MAX_LOG_LINES, GetShardLogs, ShardLogs
-    ok = GetShardLogs(id="logs1", shard_id="tiny-0", lines=10, cursor="12:34")
+    from llmgw_shared.wire import MAX_LOG_LINES, GetReplicaLogs, ReplicaLogsReply
+    ok = GetReplicaLogs(id="logs1", replica_id="tiny-0", lines=10, cursor="12:34")
     assert decode(encode(ok)) == ok
-    answer = ShardLogs(in_reply_to="logs1", shard_id="tiny-0", found=True, lines=["a", "b"], cursor="1:2")
+    answer = ReplicaLogsReply(in_reply_to="logs1", replica_id="tiny-0", found=True, lines=["a", "b"], cursor="1:2")
     assert decode(encode(answer)) == answer
     for bad in (
         {"type": "get_shard_logs", "id": "x", "shard_id": "../etc", "lines": 1},

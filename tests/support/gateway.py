@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from llmgw_control.app import Listening, run_control
 from llmgw_control.config import ControlConfig, validate
 from llmgw_control.gateway.activator import ActivatorConfig
-from llmgw_control.gateway.config import EndpointConfig, RouterConfig
+from llmgw_control.gateway.config import EndpointConfig, GatewayConfig
 from llmgw_control.gateway.upstream import UpstreamClient
 from llmgw_control.tenancy.tenancy import Tenancy
 from llmgw_shared.tracing import TracingConfig
@@ -61,7 +61,7 @@ async def running_gateway(
     data_dir = tempfile.mkdtemp(prefix="llmgw-control-")
     config = validate(ControlConfig(
         listen="127.0.0.1:0", admin_listen="127.0.0.1:0", metrics_listen=metrics_listen, data_dir=data_dir,
-        shutdown_grace=grace, router=RouterConfig(**router), endpoints=list(endpoints),
+        shutdown_grace=grace, router=GatewayConfig(**router), endpoints=list(endpoints),
         activator=activator or ActivatorConfig(), store=store, tracing=tracing or TracingConfig(),
     ))
     shutdown = trio.Event()

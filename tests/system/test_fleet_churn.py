@@ -75,7 +75,7 @@ async def test_a_node_restarted_without_its_engines_has_its_replica_replaced(
     tmp_path: Path, tiny_model: Path, engine_archive: Path
 ) -> None:
     """Kill a node daemon and its engines, restart it before ``lost_after``: its hello reports no
-    shards, so the old replica is forgotten (never published again at its dead port) and the
+    replicas, so the old replica is forgotten (never published again at its dead port) and the
     model is back at min_replicas. (Before the fix the record stayed ``ready`` forever.)"""
     async with running_fleet(tmp_path, tiny_model, engine_archive, agents={"lost_after": 120.0}) as fleet:
         for node_id in ("n1", "n2", "n3"):

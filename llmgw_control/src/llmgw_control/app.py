@@ -67,7 +67,7 @@ from .mirror.hub import Hub
 from .mirror.net_guard import NetGuard
 from .mirror.pulls import Pulls
 from .mirror.service import Mirror
-from .store import SHARD_KEY_SECRET, LeaseKeeper, Store, cluster_secret, is_postgres_url
+from .store import REPLICA_KEY_SECRET, LeaseKeeper, Store, cluster_secret, is_postgres_url
 from .store.transactions import register_transaction_metrics
 from .tenancy.tenancy import Tenancy, open_tenancy, quotas_shared
 from .transport.asgi import Receive, Scope, Send, serve_lifespan
@@ -199,9 +199,9 @@ async def build_fleet(config: ControlConfig, replicas: ReplicaSet, agent_url: st
     inventory = Inventory()
     liveness = Liveness(config.agents.unreachable_after, config.agents.lost_after)
     if is_postgres_url(config.store):
-        # Shard API keys must be the same on every daemon, or a new leader could not talk to the
+        # Replica API keys must be the same on every daemon, or a new leader could not talk to the
         # engines it adopts.
-        secret = await cluster_secret(store, SHARD_KEY_SECRET, data_dir_of(config) / "control.secret")
+        secret = await cluster_secret(store, REPLICA_KEY_SECRET, data_dir_of(config) / "control.secret")
     else:
         secret = await DISK.run(load_or_create_secret, data_dir_of(config))
     claims = await profile_claims(catalog, files)

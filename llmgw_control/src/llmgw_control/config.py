@@ -23,9 +23,9 @@ from .admin.org_config import AuditConfig, OidcConfig, validate_audit, validate_
 from .catalog import ROUTING_POLICIES, EngineConfig, ModelConfig, validate_models
 from .fleet.agents import AgentsConfig
 from .fleet.leadership import LeadershipConfig
-from .fleet.shards import ReconcilerConfig
+from .fleet.replica_records import ReconcilerConfig
 from .gateway.activator import ActivatorConfig
-from .gateway.config import EndpointConfig, RouterConfig
+from .gateway.config import EndpointConfig, GatewayConfig
 from .gateway.cors import origin_problem
 from .mirror.config import HubConfig, validate_hub
 from .transport.config import ClientTlsConfig, ListenersConfig
@@ -62,7 +62,7 @@ class ControlConfig:
     # The store: a SQLite file path, or postgresql://... when several control daemons share it.
     # Empty: <data_dir>/llmgw.db.
     store: str = ""
-    router: RouterConfig = attrs.Factory(RouterConfig)
+    router: GatewayConfig = attrs.Factory(GatewayConfig)
     endpoints: list[EndpointConfig] = attrs.Factory(list)
     agents: AgentsConfig = attrs.Factory(AgentsConfig)
     reconciler: ReconcilerConfig = attrs.Factory(ReconcilerConfig)

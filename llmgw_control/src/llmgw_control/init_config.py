@@ -45,28 +45,28 @@ DOCS: dict[str, str] = {
     "ControlConfig.engines": "Engine builds every node installs and proves.",
     "ControlConfig.models": "Models served by the fleet, each with one or more profiles.",
     "ControlConfig.monitoring": "Where the dashboard finds metrics history.",
-    "RouterConfig.connect_timeout": "Seconds to connect to a replica before trying another.",
-    "RouterConfig.first_byte_timeout": "Seconds to wait for an engine's first byte (queueing and prompt included).",
-    "RouterConfig.idle_timeout": "Seconds a stream may stay silent before it is cut.",
-    "RouterConfig.max_attempts": "Replicas tried per request, counting the first (only before any byte is sent).",
-    "RouterConfig.max_continuations": "Times a chat or completions stream whose engine broke off after bytes "
+    "GatewayConfig.connect_timeout": "Seconds to connect to a replica before trying another.",
+    "GatewayConfig.first_byte_timeout": "Seconds to wait for an engine's first byte (queueing and prompt included).",
+    "GatewayConfig.idle_timeout": "Seconds a stream may stay silent before it is cut.",
+    "GatewayConfig.max_attempts": "Replicas tried per request, counting the first (only before any byte is sent).",
+    "GatewayConfig.max_continuations": "Times a chat or completions stream whose engine broke off after bytes "
                                       "reached the client is continued on another replica (0: never).",
-    "RouterConfig.continue_streams": "Per model (name or model:profile): false stops its streams from being "
+    "GatewayConfig.continue_streams": "Per model (name or model:profile): false stops its streams from being "
                                      "continued; models not named are.",
-    "RouterConfig.cooldown": "Seconds a replica that failed is avoided while others can serve.",
-    "RouterConfig.hang_suspect_after": "Seconds requests wait without a byte from an engine before its /health "
+    "GatewayConfig.cooldown": "Seconds a replica that failed is avoided while others can serve.",
+    "GatewayConfig.hang_suspect_after": "Seconds requests wait without a byte from an engine before its /health "
                                        "is asked (a hang is that silence and no /health answer).",
-    "RouterConfig.hang_probe_timeout": "Seconds a suspect engine's /health has to answer before its replica is "
+    "GatewayConfig.hang_probe_timeout": "Seconds a suspect engine's /health has to answer before its replica is "
                                        "withdrawn as hung and its waiting requests moved.",
-    "RouterConfig.hang_check_every": "Seconds between the hang watch's looks at every replica's progress.",
-    "RouterConfig.hung_probe_every": "Seconds between /health probes of a hung replica; a 200 re-admits it.",
-    "RouterConfig.max_body_bytes": "Largest request body accepted (413 above).",
-    "RouterConfig.default_profile": "Profile used when a client names a model without one, for models that have it.",
-    "RouterConfig.routing": "How a replica is chosen: prefix (a conversation or session stays on the replica "
+    "GatewayConfig.hang_check_every": "Seconds between the hang watch's looks at every replica's progress.",
+    "GatewayConfig.hung_probe_every": "Seconds between /health probes of a hung replica; a 200 re-admits it.",
+    "GatewayConfig.max_body_bytes": "Largest request body accepted (413 above).",
+    "GatewayConfig.default_profile": "Profile used when a client names a model without one, for models that have it.",
+    "GatewayConfig.routing": "How a replica is chosen: prefix (a conversation or session stays on the replica "
                             "caching it, within a load bound) or least-loaded; a profile's routing overrides it.",
-    "RouterConfig.affinity_load_factor": "ε of prefix routing's load bound: a replica keeps its conversations "
+    "GatewayConfig.affinity_load_factor": "ε of prefix routing's load bound: a replica keeps its conversations "
                                          "while it holds at most (1 + ε) x the mean load + 1.",
-    "RouterConfig.allowed_origins": "Browser origins whose pages may call the client API (CORS), e.g. "
+    "GatewayConfig.allowed_origins": "Browser origins whose pages may call the client API (CORS), e.g. "
                                     "\"https://chat.example.com\", or \"*\"; empty: none. Credentials are never "
                                     "allowed (keys travel in headers).",
     "EndpointConfig.id": "A name for this replica, used in logs, metrics and errors.",

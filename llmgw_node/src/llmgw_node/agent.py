@@ -28,21 +28,21 @@ from llmgw_shared.facts import HostFacts
 from llmgw_shared.logs import get_logger
 from llmgw_shared.wire import (
     Ack,
-    DrainShard,
+    DrainReplica,
     EngineState,
     EngineStateReport,
     Error,
-    GetShardLogs,
+    GetReplicaLogs,
     Heartbeat,
     Message,
     Refuse,
     RemoveWeights,
+    ReplicaState,
+    ReplicaStateReport,
     SetAdapters,
     SetEngines,
-    ShardState,
-    ShardStateReport,
-    StartShard,
-    StopShard,
+    StartReplica,
+    StopReplica,
     WeightsHeld,
     Welcome,
     WireError,
@@ -57,7 +57,7 @@ log = get_logger(__name__)
 MAX_FRAME = 16 << 20
 # A session shorter than this that ends twice in a row counts as a failed connect.
 QUICK_SESSION_S = 10.0
-COMMANDS = (SetEngines, StartShard, StopShard, DrainShard, SetAdapters, RemoveWeights)
+COMMANDS = (SetEngines, StartReplica, StopReplica, DrainReplica, SetAdapters, RemoveWeights)
 
 
 class SessionEnded(Exception):
@@ -137,7 +137,7 @@ class Agent:
         self.status = AgentStatus()
         self._outbound: trio.MemorySendChannel[Message] | None = None
         self._sent_engines: dict[tuple[str, str], EngineState] = {}
-        self._sent_shards: dict[str, ShardState] = {}
+        self._sent_replicas: dict[str, ReplicaState] = {}
         self._sent_facts: HostFacts | None = None
         self._sent_weights: list[WeightsHeld] = []
         self._seq = 0
@@ -295,7 +295,7 @@ class Agent:
         interval = reply.heartbeat_interval_s
         log.info("connected to control %s", url)
         self._sent_engines = {(e.name, e.version): e for e in hello.engines}
-        self._sent_shards = {s.shard_id: s for s in hello.shards}
+        self._sent_replicas = {s.replica_id: s for s in hello.replicas}
         self._sent_facts = with_time_cleared(hello.facts)
         self._sent_weights = hello.weights
         self._welcomed = True
@@ -327,8 +327,8 @@ class Agent:
         async for msg in recv:
             if isinstance(msg, EngineStateReport):
                 self._sent_engines[(msg.engine.name, msg.engine.version)] = msg.engine
-            elif isinstance(msg, ShardStateReport):
-                self._sent_shards[msg.shard.shard_id] = msg.shard
+            elif isinstance(msg, ReplicaStateReport):
+                self._sent_replicas[msg.replica.replica_id] = msg.replica
             await ws.send_message(encode(msg))
 
     async def _reader(self, ws: WebSocketConnection, send: trio.MemorySendChannel[Message],
@@ -345,8 +345,8 @@ class Agent:
             if isinstance(msg, COMMANDS):
                 ack: Ack = await self.svc.handle(msg)
                 await send.send(ack)
-            elif isinstance(msg, GetShardLogs):
-                await send.send(await self.svc.shard_logs(msg))
+            elif isinstance(msg, GetReplicaLogs):
+                await send.send(await self.svc.replica_logs(msg))
             elif isinstance(msg, Heartbeat):
                 pass  # liveness only; last_heard is already updated
             elif isinstance(msg, Error):
@@ -363,19 +363,19 @@ class Agent:
         """Only what differs from what control was last sent (normally nothing)."""
         self._seq += 1
         engines = [e for e in self.svc.engine_states() if self._sent_engines.get((e.name, e.version)) != e]
-        shards = [s for s in self.svc.shard_states() if self._sent_shards.get(s.shard_id) != s]
+        replicas = [s for s in self.svc.replica_states() if self._sent_replicas.get(s.replica_id) != s]
         facts = None
         if with_time_cleared(self.svc.facts) != self._sent_facts:
             facts = self.svc.facts
             self._sent_facts = with_time_cleared(facts)
         for e in engines:
             self._sent_engines[(e.name, e.version)] = e
-        for s in shards:
-            self._sent_shards[s.shard_id] = s
+        for s in replicas:
+            self._sent_replicas[s.replica_id] = s
         weights = None
         if self.svc.weights_held != self._sent_weights:
             weights = self._sent_weights = list(self.svc.weights_held)
-        return Heartbeat(seq=self._seq, facts=facts, engines=engines, shards=shards, weights=weights)
+        return Heartbeat(seq=self._seq, facts=facts, engines=engines, replicas=replicas, weights=weights)
 
     async def _pump_reports(self) -> None:
         async for report in self.svc.reports:

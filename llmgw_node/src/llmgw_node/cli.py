@@ -189,8 +189,8 @@ async def _run(config: NodeConfig, stop_engines: bool, tls: ssl.SSLContext | Non
                     await sdnotify.ready("running standalone (no control configured)")
                 await shutdown.wait()
                 inner.cancel_scope.cancel()
-            if not stop_engines and svc.shard_states():
-                log.info("leaving %d engine(s) running for the next daemon to adopt", len(svc.shard_states()))
+            if not stop_engines and svc.replica_states():
+                log.info("leaving %d engine(s) running for the next daemon to adopt", len(svc.replica_states()))
         nursery.cancel_scope.cancel()
     # The one line that says the stop is complete, as llmgw-control's "llmgw-control stopped".
     log.info("llmgw-node stopped")

@@ -1,6 +1,6 @@
 """Free space on the data disk: what an install or a download may use, and what it must leave.
 
-A full disk breaks more than the write that filled it: logs, the shard state file and the
+A full disk breaks more than the write that filled it: logs, the replica state file and the
 engines themselves (llama-server writes its slot files there) fail next. Every writer that takes
 a size from the network (model weights, engine archives, what an archive unpacks to) checks
 here first that the size fits with a margin left over.

@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from llmgw_shared.wire import ShardSpec
+from llmgw_shared.wire import ReplicaSpec
 
-# Engines that serve a model directory (ShardSpec.model_dir) rather than one file.
+# Engines that serve a model directory (ReplicaSpec.model_dir) rather than one file.
 DIRECTORY_ENGINES = ("vllm", "sglang")
 # Engines that load and unload LoRA adapters while they run (``set_adapters``); llama-server
 # takes its adapters on its command line only, so a changed list restarts it.
@@ -31,7 +31,7 @@ def loads_adapters_live(engine: str) -> bool:
     return engine in LIVE_ADAPTER_ENGINES
 
 
-def engine_argv(binary: Path, spec: ShardSpec, model: Path, host: str, adapters: Sequence[Path] = ()) -> list[str]:
+def engine_argv(binary: Path, spec: ReplicaSpec, model: Path, host: str, adapters: Sequence[Path] = ()) -> list[str]:
     """``adapters``: the verified files of ``spec.adapters``, in their order."""
     host_port = ["--host", host, "--port", str(spec.port)]
     if spec.engine == "llama.cpp":
@@ -62,7 +62,7 @@ def lora_list(adapters: Sequence[Path]) -> str:
 
 
 def gpu_args(devices: list[int]) -> list[str]:
-    """llama-server's flags for the GPUs of a shard (before the profile's own, which may override):
+    """llama-server's flags for the GPUs of a replica (before the profile's own, which may override):
     every layer offloaded, and with several GPUs the layers split evenly over them. Indices are
     the visible devices' (CUDA_VISIBLE_DEVICES renumbers them from 0)."""
     if not devices:
@@ -77,7 +77,7 @@ def gpu_args(devices: list[int]) -> list[str]:
     return args
 
 
-def key_environment(spec: ShardSpec) -> dict[str, str]:
+def key_environment(spec: ReplicaSpec) -> dict[str, str]:
     """The key by environment, not argv where the engine allows it: /proc/<pid>/cmdline is world-readable.
 
     Applied after the profile's ``env``, so a profile cannot give the engine another key than

@@ -1,7 +1,7 @@
 """An engine's HTTP surface as the node uses it: health, requests in flight, a free port.
 
 llama-server answers ``/health`` without a key (200 once the model is loaded, 503 while
-loading) and ``/slots`` / ``/metrics`` with the shard's key. Engines without ``/slots`` fall back
+loading) and ``/slots`` / ``/metrics`` with the replica's key. Engines without ``/slots`` fall back
 to the Prometheus text of ``/metrics``. vLLM and SGLang answer ``/health`` (200 once serving) and
 publish their running and queued requests in ``/metrics``: vLLM as ``vllm:num_requests_running``
 and ``vllm:num_requests_waiting``, SGLang as ``sglang:num_running_reqs`` and

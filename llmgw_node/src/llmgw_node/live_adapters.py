@@ -5,7 +5,7 @@ adapter with ``POST /v1/load_lora_adapter {"lora_name", "lora_path"}`` and drops
 ``POST /v1/unload_lora_adapter {"lora_name"}``; a request then selects it by ``model`` =
 ``lora_name``. The node brings a ready replica to its spec's list each time the engine becomes
 ready (a restarted engine has lost what was loaded into it) and when control sends
-``set_adapters``. An adapter that fails to load is left out, its reason reported in the shard's
+``set_adapters``. An adapter that fails to load is left out, its reason reported in the replica's
 detail, and the engine keeps serving the base model and the others.
 
 llama-server cannot gain an adapter while it runs (``--lora`` at start only): its adapters are
@@ -29,7 +29,7 @@ from llmgw_shared.wire import AdapterSpec
 LOAD_LIMIT_S = 60.0
 # Unloading only drops it from the engine's tables.
 UNLOAD_LIMIT_S = 10.0
-# The engine's reason, as much of it as the shard's detail carries for one adapter.
+# The engine's reason, as much of it as the replica's detail carries for one adapter.
 REASON_CHARS = 300
 # Loads and unloads in flight across the node's engines: each reads a file and holds a
 # connection; a profile change reaching many replicas at once must not pile them up.

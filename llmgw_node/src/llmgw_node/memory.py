@@ -20,7 +20,7 @@ import trio
 from llmgw_shared.threads import PROC
 from llmgw_shared.wire import MAX_MEMORY_MIB
 
-# Per-process GPU memory; the pid ties it to a shard's process tree.
+# Per-process GPU memory; the pid ties it to a replica's process tree.
 COMPUTE_APPS_QUERY = "pid,used_memory"
 # nvidia-smi answers in well under a second; a wedged driver makes it hang for minutes, which
 # must cost one missed measurement, not a stuck loop.

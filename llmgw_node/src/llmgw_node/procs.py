@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
-from llmgw_shared.wire import ShardSpec, converter
+from llmgw_shared.wire import ReplicaSpec, converter, v1_key
 
 # An engine's log is rotated (one old file kept) past this size: llama-server logs a few lines a
 # request, so 8 MiB holds hours of context for a failure, and a chatty engine cannot fill the disk.
@@ -54,20 +55,27 @@ def signal_group(pgid: int, sig: signal.Signals) -> bool:
 
 @attrs.frozen
 class ProcessRecord:
-    shard_id: str
+    replica_id: str
     pid: int
     ticks: int
     binary: str
     weights: str
     log: str
-    spec: ShardSpec
+    spec: ReplicaSpec
     restarts: int = 0
+
+
+# The file a daemon of an earlier release wrote says "shard_id" (like the v1 wire): kept, so an
+# upgraded daemon adopts what its predecessor recorded.
+_STORED: dict[str, Any] = {"replica_id": override(rename=v1_key("replica_id"))}
+_structure_record = make_dict_structure_fn(ProcessRecord, converter, **_STORED)
+_unstructure_record = make_dict_unstructure_fn(ProcessRecord, converter, **_STORED)
 
 
 class StateFile:
     """``<data_dir>/shards.json``: the engines this node started, for adoption after a restart.
 
-    It holds each shard's API key, so it is written 0600 and replaced atomically.
+    It holds each replica's API key, so it is written 0600 and replaced atomically.
     """
 
     def __init__(self, path: Path) -> None:
@@ -83,7 +91,7 @@ class StateFile:
         records = []
         for item in data.get("shards", []) if isinstance(data, dict) else []:
             try:
-                records.append(converter.structure(item, ProcessRecord))
+                records.append(_structure_record(item, ProcessRecord))
             except Exception:  # an entry from an older or damaged file: skip it, keep the rest
                 continue
         return records
@@ -91,7 +99,7 @@ class StateFile:
     def save(self, records: list[ProcessRecord]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
-        payload: dict[str, Any] = {"version": 1, "shards": [converter.unstructure(r) for r in records]}
+        payload: dict[str, Any] = {"version": 1, "shards": [_unstructure_record(r) for r in records]}
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
             json.dump(payload, handle)

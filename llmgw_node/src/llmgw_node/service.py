@@ -20,7 +20,7 @@ from llmgw_node.control_auth import control_client
 from llmgw_node.engines.manager import EngineManager, bad_names
 from llmgw_node.engines.release import Platform, platform_for
 from llmgw_node.probe import probe, with_time_cleared
-from llmgw_node.supervisor import ShardError, Supervisor, Timing
+from llmgw_node.supervisor import ReplicaError, Supervisor, Timing
 from llmgw_node.weights import WeightsCache, WeightsError
 from llmgw_shared.facts import HostFacts, unprobed
 from llmgw_shared.logs import get_logger
@@ -30,25 +30,25 @@ from llmgw_shared.wire import (
     PROTOCOL_VERSION,
     Ack,
     Command,
-    DrainShard,
+    DrainReplica,
     EngineState,
     EngineStateReport,
-    GetShardLogs,
+    GetReplicaLogs,
     Hello,
     RemoveWeights,
+    ReplicaLogsReply,
+    ReplicaState,
+    ReplicaStateReport,
     SetAdapters,
     SetEngines,
-    ShardLogs,
-    ShardState,
-    ShardStateReport,
-    StartShard,
-    StopShard,
+    StartReplica,
+    StopReplica,
     WeightsHeld,
 )
 
 log = get_logger(__name__)
 
-Report = EngineStateReport | ShardStateReport
+Report = EngineStateReport | ReplicaStateReport
 # Reports wait here while the agent is between connections; past this, the oldest are dropped,
 # which loses nothing: the next hello or heartbeat carries the current state of everything.
 REPORT_BUFFER = 4096
@@ -76,11 +76,11 @@ class NodeService:
         self.weights = WeightsCache(data, client, on_use_change=self._weights_use_changed)
         self.supervisor = Supervisor(data, self.engines, self.weights, client, host=config.engine_host,
                                      model_roots=config.model_dir_roots,
-                                     timing=timing, on_change=self._shard_changed)
+                                     timing=timing, on_change=self._replica_changed)
         self.fencing_token = 0
         self._nursery: trio.Nursery | None = None
         # The weights cache as last listed (hello and heartbeats report it), and a wake-up for
-        # listing it again when a shard's state changed (a download finished, a shard ended).
+        # listing it again when a replica's state changed (a download finished, a replica ended).
         self.weights_held: list[WeightsHeld] = []
         self._weights_changed = trio.Event()
 
@@ -107,8 +107,8 @@ class NodeService:
             else:
                 log.info("no longer degraded: a GPU build serves this node's GPUs")
 
-    def _shard_changed(self, state: ShardState) -> None:
-        self._emit(ShardStateReport(shard=state))
+    def _replica_changed(self, state: ReplicaState) -> None:
+        self._emit(ReplicaStateReport(replica=state))
         self._weights_changed.set()
 
     def _weights_use_changed(self) -> None:
@@ -117,12 +117,12 @@ class NodeService:
     def engine_states(self) -> list[EngineState]:
         return self.engines.states()
 
-    def shard_states(self) -> list[ShardState]:
+    def replica_states(self) -> list[ReplicaState]:
         return self.supervisor.states()
 
     def hello(self) -> Hello:
         return Hello(protocol_version=PROTOCOL_VERSION, node_id=self.config.node_id, join_token=self.config.token,
-                     facts=self.facts, engines=self.engine_states(), shards=self.shard_states(),
+                     facts=self.facts, engines=self.engine_states(), replicas=self.replica_states(),
                      address=self.config.advertised_address, weights=list(self.weights_held))
 
     # ------------------------------------------------------------------ life
@@ -183,7 +183,7 @@ class NodeService:
         self.fencing_token = command.fencing_token
         try:
             error = self._dispatch(command)
-        except (ShardError, WeightsError) as exc:
+        except (ReplicaError, WeightsError) as exc:
             error = str(exc)
         except Exception as exc:
             # A bug, not a bad command: the ack says so and the node keeps serving.
@@ -194,16 +194,16 @@ class NodeService:
             log.warning("command %s refused: %s", type(command).__name__, error, extra={"command_id": command.id})
         return Ack(command_id=command.id, ok=not error, error=error)
 
-    async def shard_logs(self, request: GetShardLogs) -> ShardLogs:
-        """A shard's last output lines for control (``get_shard_logs``); never raises."""
+    async def replica_logs(self, request: GetReplicaLogs) -> ReplicaLogsReply:
+        """A replica's last output lines for control (``get_shard_logs``); never raises."""
         try:
-            output = await self.supervisor.output_since(request.shard_id, request.lines, request.cursor)
+            output = await self.supervisor.output_since(request.replica_id, request.lines, request.cursor)
         except Exception:
-            log.error("reading the output of shard %s crashed", request.shard_id, exc_info=True)
+            log.error("reading the output of replica %s crashed", request.replica_id, exc_info=True)
             output = None
         if output is None:
-            return ShardLogs(in_reply_to=request.id, shard_id=request.shard_id, found=False)
-        return ShardLogs(in_reply_to=request.id, shard_id=request.shard_id, found=True, lines=output.lines,
+            return ReplicaLogsReply(in_reply_to=request.id, replica_id=request.replica_id, found=False)
+        return ReplicaLogsReply(in_reply_to=request.id, replica_id=request.replica_id, found=True, lines=output.lines,
                          cursor=output.cursor)
 
     def _dispatch(self, command: Command) -> str:
@@ -214,33 +214,33 @@ class NodeService:
                 self._nursery.start_soon(self.engines.install, spec, name=f"install:{spec.name}:{spec.version}")
             # The others are refused here, in the ack: a report naming them would not decode.
             return "; ".join(problem for spec in command.engines if (problem := bad_names(spec)))
-        if isinstance(command, StartShard):
-            problem = device_problem(command.shard.devices, [g.index for g in self.facts.gpus])
+        if isinstance(command, StartReplica):
+            problem = device_problem(command.replica.devices, [g.index for g in self.facts.gpus])
             if problem:
-                return f"shard {command.shard.shard_id}: {problem}"
-            self.supervisor.start(command.shard)
+                return f"replica {command.replica.replica_id}: {problem}"
+            self.supervisor.start(command.replica)
             return ""
-        if isinstance(command, StopShard):
-            # Idempotent: stopping a shard that is not running is already done.
-            self.supervisor.stop(command.shard_id, command.grace_s)
+        if isinstance(command, StopReplica):
+            # Idempotent: stopping a replica that is not running is already done.
+            self.supervisor.stop(command.replica_id, command.grace_s)
             return ""
-        if isinstance(command, DrainShard):
-            self.supervisor.drain(command.shard_id, command.timeout_s)
+        if isinstance(command, DrainReplica):
+            self.supervisor.drain(command.replica_id, command.timeout_s)
             return ""
         if isinstance(command, SetAdapters):
-            self.supervisor.set_adapters(command.shard_id, command.adapters)
+            self.supervisor.set_adapters(command.replica_id, command.adapters)
             return ""
         if isinstance(command, RemoveWeights):
             _removed, kept = self.weights.remove(command.sha256)
             self._weights_changed.set()
             if kept:
-                return f"kept {len(kept)} file(s) a running shard uses: {', '.join(k[:12] for k in kept)}"
+                return f"kept {len(kept)} file(s) a running replica uses: {', '.join(k[:12] for k in kept)}"
             return ""
         return f"not a command: {type(command).__name__}"
 
 
 def device_problem(devices: list[int], gpus: list[int]) -> str:
-    """Why a shard may not run on ``devices`` here ("" when it may): each must be a GPU this node
+    """Why a replica may not run on ``devices`` here ("" when it may): each must be a GPU this node
     reported, once."""
     if len(set(devices)) != len(devices):
         return f"GPU devices {devices} name a GPU twice"

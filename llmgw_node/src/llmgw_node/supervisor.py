@@ -1,22 +1,22 @@
-"""Shards: one supervised engine process each.
+"""Replicas: one supervised engine process each.
 
-Each shard has one task (in the supervisor's nursery) that owns its process from start to stop:
+Each replica has one task (in the supervisor's nursery) that owns its process from start to stop:
 fetch the weights, start the engine in its own session (so its process group holds it and all it
 forks), poll its health endpoint until it is ready, then wait for it to exit or be told to stop.
 When the engine exits, however it exits, the rest of its group is killed. A crash is reported with the last lines
-of output and restarted with exponential backoff up to the shard's limit. Stopping is SIGTERM to
+of output and restarted with exponential backoff up to the replica's limit. Stopping is SIGTERM to
 the group, then SIGKILL after a grace period. Draining waits for the engine's in-flight requests
 (``/slots``, else ``/metrics``) before stopping.
 
 Engines started by an earlier daemon are found through the state file and adopted (health
 checked, then supervised by polling ``/proc``, since they are no longer our children).
 
-A vLLM shard's LoRA adapters are loaded each time its engine becomes ready and when control sends
-``set_adapters`` (``live_adapters``); the shard's state says which are loaded.
+A vLLM replica's LoRA adapters are loaded each time its engine becomes ready and when control sends
+``set_adapters`` (``live_adapters``); the replica's state says which are loaded.
 
-About 680 lines: one shard's task (start, health, exit, restart, drain, adopt) is one state
+About 680 lines: one replica's task (start, health, exit, restart, drain, adopt) is one state
 machine over one process, read top to bottom; the periodic memory measurement of every engine
-(``memory``) and the live adapters report through the same shard states.
+(``memory``) and the live adapters report through the same replica states.
 """
 
 from __future__ import annotations
@@ -32,33 +32,33 @@ import httpx2
 import trio
 
 from llmgw_node import engine_http, live_adapters, memory
-from llmgw_node.adapters import AdapterError, check_adapters, shard_files
+from llmgw_node.adapters import AdapterError, check_adapters, replica_files
 from llmgw_node.engine_conventions import DIRECTORY_ENGINES, engine_argv, key_environment, loads_adapters_live
 from llmgw_node.engines.manager import EngineManager
 from llmgw_node.model_dirs import ModelDirError, ModelRoots, check_model_dir
 from llmgw_node.offload import offload_problem, read_tail
 from llmgw_node.procs import ProcessRecord, StateFile, alive, open_log, signal_group, start_ticks
-from llmgw_node.shard_logs import Output, read_output, rotate_if_large
+from llmgw_node.replica_logs import Output, read_output, rotate_if_large
 from llmgw_node.weights import WeightsCache, WeightsError
 from llmgw_shared import tracing
 from llmgw_shared.logs import get_logger
-from llmgw_shared.names import BadName, check_shard_id
+from llmgw_shared.names import BadName, check_replica_id
 from llmgw_shared.replica_lifecycle import NODE_START, TERMINAL, ReplicaStatus, allowed, on_wire
 from llmgw_shared.threads import DISK
-from llmgw_shared.wire import PORT_IN_USE, AdapterSpec, ShardSpec, ShardState
+from llmgw_shared.wire import PORT_IN_USE, AdapterSpec, ReplicaSpec, ReplicaState
 
 log = get_logger(__name__)
 
 # A failed start is reported with the engine's last 30 lines: enough for llama-server's reason
 # (a model it cannot load, a port in use) and its context, small enough for one frame.
 FAILURE_LINES = 30
-# Ended shards remembered for their final report: a node restarting engines all day must not
+# Ended replicas remembered for their final report: a node restarting engines all day must not
 # grow its memory with each one.
 KEEP_ENDED = 100
 
 
-class ShardError(Exception):
-    """A shard command that cannot be carried out; the text is the ack's error."""
+class ReplicaError(Exception):
+    """A replica command that cannot be carried out; the text is the ack's error."""
 
 
 @attrs.define
@@ -74,7 +74,7 @@ class Timing:
     drain_poll: float = 0.5
     # Polling for the exit of an adopted process (not our child: no wait() possible).
     adopted_poll: float = 0.5
-    # A shard that stayed ready this long has its crash counter reset.
+    # A replica that stayed ready this long has its crash counter reset.
     stable_after: float = 300.0
     # Once ready, /health is polled this often; this many failures in a row count as a hang
     # (a stopped process or a wedged engine exits nothing, so only polling notices it).
@@ -86,12 +86,12 @@ class Timing:
     measure_interval: float = 15.0
 
 
-class _Shard:
-    """Mutable bookkeeping for one shard; only its own task and the command handlers touch it."""
+class _Replica:
+    """Mutable bookkeeping for one replica; only its own task and the command handlers touch it."""
 
-    def __init__(self, spec: ShardSpec) -> None:
+    def __init__(self, spec: ReplicaSpec) -> None:
         self.spec = spec
-        self.state = ShardState(shard_id=spec.shard_id, status=on_wire(NODE_START), port=spec.port)
+        self.state = ReplicaState(replica_id=spec.replica_id, status=on_wire(NODE_START), port=spec.port)
         self.stop_requested = trio.Event()
         self.stop_grace: float | None = None
         self.drain_timeout: float | None = None
@@ -107,7 +107,7 @@ class _Shard:
         # The last measurement of the engine's process tree (memory.measure), in MiB.
         self.rss_mib = 0
         self.vram_mib = 0
-        # Why the shard must not run again (a GPU replica that offloaded nothing): restarts
+        # Why the replica must not run again (a GPU replica that offloaded nothing): restarts
         # would only repeat it. "" while it may.
         self.fatal = ""
         # The LoRA adapters the running engine has loaded (names, in the spec's order), and why
@@ -127,7 +127,7 @@ class Supervisor:
         *,
         host: str = "127.0.0.1",
         timing: Timing | None = None,
-        on_change: Callable[[ShardState], None] | None = None,
+        on_change: Callable[[ReplicaState], None] | None = None,
         model_roots: ModelRoots | None = None,
     ) -> None:
         self.data_dir = data_dir
@@ -140,7 +140,7 @@ class Supervisor:
         self.model_roots = model_roots or ModelRoots((data_dir / "models",), data_dir / "hub")
         self._on_change = on_change
         self._state_file = StateFile(data_dir / "shards.json")
-        self._shards: dict[str, _Shard] = {}
+        self._replicas: dict[str, _Replica] = {}
         self._nursery: trio.Nursery | None = None
         # Set when an engine became ready: it is measured then, not only at the next interval,
         # so control accounts what it really holds as soon as it serves.
@@ -151,153 +151,153 @@ class Supervisor:
     async def run(
         self, *, adopt: bool = True, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """Own every shard task; adopt (or stop) engines an earlier daemon left running."""
+        """Own every replica task; adopt (or stop) engines an earlier daemon left running."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             await self._recover(adopt)
             task_status.started()
             await self._measure_loop()
 
-    def states(self) -> list[ShardState]:
-        return [s.state for _, s in sorted(self._shards.items())]
+    def states(self) -> list[ReplicaState]:
+        return [s.state for _, s in sorted(self._replicas.items())]
 
-    def state(self, shard_id: str) -> ShardState | None:
-        shard = self._shards.get(shard_id)
-        return shard.state if shard else None
+    def state(self, replica_id: str) -> ReplicaState | None:
+        replica = self._replicas.get(replica_id)
+        return replica.state if replica else None
 
-    def log_path(self, shard_id: str) -> Path:
-        return self.logs_dir / f"{shard_id}.log"
+    def log_path(self, replica_id: str) -> Path:
+        return self.logs_dir / f"{replica_id}.log"
 
-    def output(self, shard_id: str, n: int = 300) -> list[str]:
+    def output(self, replica_id: str, n: int = 300) -> list[str]:
         """The engine's last ``n`` output lines, for the operator."""
-        return read_output(self.log_path(shard_id), n).lines
+        return read_output(self.log_path(replica_id), n).lines
 
-    async def output_since(self, shard_id: str, n: int, cursor: str = "") -> Output | None:
-        """The last ``n`` lines after ``cursor`` (``shard_logs``); None when the shard has no output here."""
+    async def output_since(self, replica_id: str, n: int, cursor: str = "") -> Output | None:
+        """The last ``n`` lines after ``cursor`` (``shard_logs``); None when the replica has no output here."""
         try:
-            check_shard_id(shard_id)  # it names a file
+            check_replica_id(replica_id)  # it names a file
         except BadName:
             return None
-        path = self.log_path(shard_id)
-        if shard_id not in self._shards and not await DISK.run(path.is_file, abandon=True):
+        path = self.log_path(replica_id)
+        if replica_id not in self._replicas and not await DISK.run(path.is_file, abandon=True):
             return None
         return await DISK.run(read_output, path, n, cursor, abandon=True)
 
-    def start(self, spec: ShardSpec) -> None:
+    def start(self, spec: ReplicaSpec) -> None:
         """Begin supervising ``spec``. Idempotent for the same spec; refuses conflicts."""
         try:
             # It names the engine's log file: one plain path component.
-            check_shard_id(spec.shard_id)
+            check_replica_id(spec.replica_id)
         except BadName as exc:
-            raise ShardError(str(exc)) from None
+            raise ReplicaError(str(exc)) from None
         if not 1 <= spec.port <= 65535:
-            raise ShardError(f"shard {spec.shard_id}: port {spec.port} is out of range")
+            raise ReplicaError(f"replica {spec.replica_id}: port {spec.port} is out of range")
         if (spec.weights is None) == (not spec.model_dir):
-            raise ShardError(f"shard {spec.shard_id}: names weights or a model_dir, not both or neither")
+            raise ReplicaError(f"replica {spec.replica_id}: names weights or a model_dir, not both or neither")
         if spec.engine in DIRECTORY_ENGINES and not spec.model_dir:
-            raise ShardError(f"shard {spec.shard_id}: {spec.engine} serves a model directory (model_dir)")
+            raise ReplicaError(f"replica {spec.replica_id}: {spec.engine} serves a model directory (model_dir)")
         if spec.model_dir:
             try:
                 check_model_dir(spec.model_dir)
             except ModelDirError as exc:
-                raise ShardError(f"shard {spec.shard_id}: {exc}") from None
+                raise ReplicaError(f"replica {spec.replica_id}: {exc}") from None
         try:
             check_adapters(spec)
         except AdapterError as exc:
-            raise ShardError(str(exc)) from None
-        existing = self._shards.get(spec.shard_id)
+            raise ReplicaError(str(exc)) from None
+        existing = self._replicas.get(spec.replica_id)
         if existing is not None and not existing.done.is_set():
             if existing.spec == spec:
                 return
-            raise ShardError(f"shard {spec.shard_id} is already running with a different spec; stop it first")
-        for other in self._shards.values():
+            raise ReplicaError(f"replica {spec.replica_id} is already running with a different spec; stop it first")
+        for other in self._replicas.values():
             if other is not existing and other.spec.port == spec.port and not other.done.is_set():
-                raise ShardError(f"port {spec.port} is already used by shard {other.spec.shard_id}")
+                raise ReplicaError(f"port {spec.port} is already used by replica {other.spec.replica_id}")
         if self.engines.binary(spec.engine, spec.engine_version) is None:
             state = self.engines.state(spec.engine, spec.engine_version)
             if state.status != "installing":
-                raise ShardError(f"engine {spec.engine} {spec.engine_version} is not available here: "
+                raise ReplicaError(f"engine {spec.engine} {spec.engine_version} is not available here: "
                                  f"{state.describe()}")
-        shard = _Shard(spec)
-        self._shards[spec.shard_id] = shard
-        self._spawn(shard, adopted=None)
+        replica = _Replica(spec)
+        self._replicas[spec.replica_id] = replica
+        self._spawn(replica, adopted=None)
 
-    def stop(self, shard_id: str, grace: float | None = None) -> bool:
-        """Ask a shard to stop; False when there is no such running shard."""
-        shard = self._shards.get(shard_id)
-        if shard is None or shard.done.is_set():
+    def stop(self, replica_id: str, grace: float | None = None) -> bool:
+        """Ask a replica to stop; False when there is no such running replica."""
+        replica = self._replicas.get(replica_id)
+        if replica is None or replica.done.is_set():
             return False
-        shard.stop_grace = grace
-        shard.stop_requested.set()
+        replica.stop_grace = grace
+        replica.stop_requested.set()
         return True
 
-    def drain(self, shard_id: str, timeout: float) -> bool:
-        shard = self._shards.get(shard_id)
-        if shard is None or shard.done.is_set():
+    def drain(self, replica_id: str, timeout: float) -> bool:
+        replica = self._replicas.get(replica_id)
+        if replica is None or replica.done.is_set():
             return False
-        shard.drain_timeout = timeout
-        shard.stop_requested.set()
+        replica.drain_timeout = timeout
+        replica.stop_requested.set()
         return True
 
-    def set_adapters(self, shard_id: str, adapters: list[AdapterSpec]) -> None:
-        """Bring a running shard's engine to ``adapters`` without restarting it (``set_adapters``)."""
-        shard = self._shards.get(shard_id)
-        if shard is None or shard.done.is_set():
-            raise ShardError(f"shard {shard_id[:100]} is not running here")
-        if not loads_adapters_live(shard.spec.engine):
-            raise ShardError(f"shard {shard_id}: {shard.spec.engine} takes its adapters at start only; "
+    def set_adapters(self, replica_id: str, adapters: list[AdapterSpec]) -> None:
+        """Bring a running replica's engine to ``adapters`` without restarting it (``set_adapters``)."""
+        replica = self._replicas.get(replica_id)
+        if replica is None or replica.done.is_set():
+            raise ReplicaError(f"replica {replica_id[:100]} is not running here")
+        if not loads_adapters_live(replica.spec.engine):
+            raise ReplicaError(f"replica {replica_id}: {replica.spec.engine} takes its adapters at start only; "
                              "start a replica with the new list instead")
-        spec = attrs.evolve(shard.spec, adapters=list(adapters))
+        spec = attrs.evolve(replica.spec, adapters=list(adapters))
         try:
             check_adapters(spec)
         except AdapterError as exc:
-            raise ShardError(str(exc)) from None
-        shard.spec = spec
+            raise ReplicaError(str(exc)) from None
+        replica.spec = spec
         self._persist()  # an adopting daemon loads the list as it now is
-        if ReplicaStatus(shard.state.status) is ReplicaStatus.READY:
+        if ReplicaStatus(replica.state.status) is ReplicaStatus.READY:
             assert self._nursery is not None, "Supervisor.run() must be running"
-            self._nursery.start_soon(self._apply_adapters, shard, name=f"adapters:{shard_id}")
+            self._nursery.start_soon(self._apply_adapters, replica, name=f"adapters:{replica_id}")
 
     async def stop_all(self, grace: float | None = None) -> None:
-        """Stop every shard and wait for all of them (``--stop-engines``)."""
-        for shard_id in list(self._shards):
-            self.stop(shard_id, grace)
-        for shard in list(self._shards.values()):
-            await shard.done.wait()
+        """Stop every replica and wait for all of them (``--stop-engines``)."""
+        for replica_id in list(self._replicas):
+            self.stop(replica_id, grace)
+        for replica in list(self._replicas.values()):
+            await replica.done.wait()
 
     # ------------------------------------------------------------------ internals
 
-    def _spawn(self, shard: _Shard, adopted: ProcessRecord | None) -> None:
+    def _spawn(self, replica: _Replica, adopted: ProcessRecord | None) -> None:
         assert self._nursery is not None, "Supervisor.run() must be running"
-        for file in shard_files(shard.spec):
-            self.weights.acquire(file.sha256, shard.spec.shard_id)
-        self._nursery.start_soon(self._supervise, shard, adopted, name=f"shard:{shard.spec.shard_id}")
+        for file in replica_files(replica.spec):
+            self.weights.acquire(file.sha256, replica.spec.replica_id)
+        self._nursery.start_soon(self._supervise, replica, adopted, name=f"replica:{replica.spec.replica_id}")
 
-    def _set(self, shard: _Shard, status: ReplicaStatus, detail: str = "", *, lines: bool = False) -> None:
+    def _set(self, replica: _Replica, status: ReplicaStatus, detail: str = "", *, lines: bool = False) -> None:
         """Record and report a change, if ``llmgw_shared.replica_lifecycle``'s table allows it.
 
         One the table forbids is a bug here, not in the engine: it is logged as an error and
         refused (the replica keeps its status, nothing is sent), since control would ignore it
         anyway and the daemon must not die for it.
         """
-        current = ReplicaStatus(shard.state.status)
+        current = ReplicaStatus(replica.state.status)
         if not allowed(current, status):
-            log.error("shard %s: %s -> %s is not in the replica lifecycle's table (a bug in the node): "
-                      "not recorded, not reported (%s)", shard.spec.shard_id, current, status, detail)
+            log.error("replica %s: %s -> %s is not in the replica lifecycle's table (a bug in the node): "
+                      "not recorded, not reported (%s)", replica.spec.replica_id, current, status, detail)
             return
-        state = ShardState(
-            shard_id=shard.spec.shard_id, status=on_wire(status), detail=detail, port=shard.spec.port, pid=shard.pid,
-            restarts=shard.restarts,
-            last_lines=self.output(shard.spec.shard_id, FAILURE_LINES) if lines else [],
-            rss_mib=shard.rss_mib if shard.pid else 0, vram_mib=shard.vram_mib if shard.pid else 0,
-            adapters=list(shard.loaded) if status == "ready" else [],
+        state = ReplicaState(
+            replica_id=replica.spec.replica_id, status=on_wire(status), detail=detail, port=replica.spec.port,
+            pid=replica.pid, restarts=replica.restarts,
+            last_lines=self.output(replica.spec.replica_id, FAILURE_LINES) if lines else [],
+            rss_mib=replica.rss_mib if replica.pid else 0, vram_mib=replica.vram_mib if replica.pid else 0,
+            adapters=list(replica.loaded) if status == "ready" else [],
         )
-        if state == shard.state:
+        if state == replica.state:
             return
-        shard.state = state
+        replica.state = state
         if status == ReplicaStatus.READY:
             self._measure_soon.set()
-        log.info("shard %s: %s", shard.spec.shard_id, state.describe(), extra={"pid": shard.pid})
+        log.info("replica %s: %s", replica.spec.replica_id, state.describe(), extra={"pid": replica.pid})
         if self._on_change is not None:
             self._on_change(state)
 
@@ -309,173 +309,173 @@ class Supervisor:
                 await self._measure_soon.wait()
 
     async def measure_once(self, proc_root: str = "/proc") -> None:
-        """Measure every running engine and report the shards whose use moved noticeably."""
-        running = {s.pid: s for s in self._shards.values() if s.pid and not s.done.is_set()}
+        """Measure every running engine and report the replicas whose use moved noticeably."""
+        running = {s.pid: s for s in self._replicas.values() if s.pid and not s.done.is_set()}
         measured = await memory.measure(running, proc_root)
         for pid, (rss, vram) in measured.items():
-            shard = running[pid]
-            if shard.pid != pid or shard.done.is_set():
+            replica = running[pid]
+            if replica.pid != pid or replica.done.is_set():
                 continue  # restarted or ended while it was measured
-            if _moved(shard.rss_mib, rss) or _moved(shard.vram_mib, vram):
-                shard.rss_mib, shard.vram_mib = rss, vram
-                state = attrs.evolve(shard.state, rss_mib=rss, vram_mib=vram)
-                shard.state = state
+            if _moved(replica.rss_mib, rss) or _moved(replica.vram_mib, vram):
+                replica.rss_mib, replica.vram_mib = rss, vram
+                state = attrs.evolve(replica.state, rss_mib=rss, vram_mib=vram)
+                replica.state = state
                 if self._on_change is not None:
                     self._on_change(state)
 
     def _forget_old(self, keep: int = KEEP_ENDED) -> None:
-        """Ended shards stay visible (control may not have seen the end yet), but not forever."""
-        ended = [sid for sid, s in self._shards.items() if s.done.is_set()]
+        """Ended replicas stay visible (control may not have seen the end yet), but not forever."""
+        ended = [sid for sid, s in self._replicas.items() if s.done.is_set()]
         for sid in ended[:-keep] if len(ended) > keep else []:
-            del self._shards[sid]
+            del self._replicas[sid]
 
     def _persist(self) -> None:
         records = []
-        for shard in self._shards.values():
-            if shard.pid and not shard.done.is_set():
+        for replica in self._replicas.values():
+            if replica.pid and not replica.done.is_set():
                 records.append(ProcessRecord(
-                    shard_id=shard.spec.shard_id, pid=shard.pid, ticks=shard.ticks,
-                    binary=str(self.engines.binary(shard.spec.engine, shard.spec.engine_version) or ""),
-                    weights=str(self.weights.path_for(shard.spec.weights)) if shard.spec.weights is not None
-                    else str(shard.model_path or ""),
-                    log=str(self.log_path(shard.spec.shard_id)), spec=shard.spec, restarts=shard.restarts,
+                    replica_id=replica.spec.replica_id, pid=replica.pid, ticks=replica.ticks,
+                    binary=str(self.engines.binary(replica.spec.engine, replica.spec.engine_version) or ""),
+                    weights=str(self.weights.path_for(replica.spec.weights)) if replica.spec.weights is not None
+                    else str(replica.model_path or ""),
+                    log=str(self.log_path(replica.spec.replica_id)), spec=replica.spec, restarts=replica.restarts,
                 ))
         self._state_file.save(records)
 
     async def _recover(self, adopt: bool) -> None:
         for record in self._state_file.load():
             if not alive(record.pid, record.ticks):
-                log.info("shard %s from the previous run is gone", record.shard_id)
+                log.info("replica %s from the previous run is gone", record.replica_id)
                 continue
             if not adopt:
-                log.info("stopping shard %s left by the previous run", record.shard_id,
+                log.info("stopping replica %s left by the previous run", record.replica_id,
                          extra={"pid": record.pid})
                 await self._terminate(record.pid, record.ticks, None, self.timing.stop_grace)
                 continue
-            shard = _Shard(record.spec)
-            shard.pid, shard.ticks, shard.restarts = record.pid, record.ticks, record.restarts
-            self._shards[record.spec.shard_id] = shard
-            log.info("adopting shard %s", record.shard_id, extra={"pid": record.pid})
-            self._spawn(shard, adopted=record)
+            replica = _Replica(record.spec)
+            replica.pid, replica.ticks, replica.restarts = record.pid, record.ticks, record.restarts
+            self._replicas[record.spec.replica_id] = replica
+            log.info("adopting replica %s", record.replica_id, extra={"pid": record.pid})
+            self._spawn(replica, adopted=record)
         self._persist()
 
-    async def _supervise(self, shard: _Shard, adopted: ProcessRecord | None) -> None:
-        spec = shard.spec
+    async def _supervise(self, replica: _Replica, adopted: ProcessRecord | None) -> None:
+        spec = replica.spec
         try:
             if adopted is None:
-                weights = await self._prepare(shard)
+                weights = await self._prepare(replica)
                 if weights is None:
                     return
             else:
                 weights = Path(adopted.weights)
                 if spec.weights is None:
-                    shard.model_path = weights
-            await self._loop(shard, weights, adopted)
+                    replica.model_path = weights
+            await self._loop(replica, weights, adopted)
         finally:
-            shard.done.set()
-            for file in shard_files(spec):
-                self.weights.release(file.sha256, spec.shard_id)
+            replica.done.set()
+            for file in replica_files(spec):
+                self.weights.release(file.sha256, spec.replica_id)
             # Cancelled means the daemon is going away and the engine keeps running for the next
-            # one to adopt: its record must stay. Only a shard that really ended leaves the file.
-            if shard.state.status in TERMINAL:
+            # one to adopt: its record must stay. Only a replica that really ended leaves the file.
+            if replica.state.status in TERMINAL:
                 self._persist()
                 self._forget_old()
 
-    async def _prepare(self, shard: _Shard) -> Path | None:
-        spec = shard.spec
-        # Wait for an engine that is still installing (bounded by the shard's own start deadline).
+    async def _prepare(self, replica: _Replica) -> Path | None:
+        spec = replica.spec
+        # Wait for an engine that is still installing (bounded by the replica's own start deadline).
         with trio.move_on_after(max(spec.start_timeout_s, 600.0)):
             while self.engines.binary(spec.engine, spec.engine_version) is None:
                 state = self.engines.state(spec.engine, spec.engine_version)
                 if state.status != "installing":
                     break
-                if shard.stop_requested.is_set():
-                    self._set(shard, ReplicaStatus.STOPPED, "stopped before it started")
+                if replica.stop_requested.is_set():
+                    self._set(replica, ReplicaStatus.STOPPED, "stopped before it started")
                     return None
-                self._set(shard, ReplicaStatus.PENDING, f"waiting for engine: {state.describe()}")
+                self._set(replica, ReplicaStatus.PENDING, f"waiting for engine: {state.describe()}")
                 with trio.move_on_after(0.5):
-                    await shard.stop_requested.wait()
+                    await replica.stop_requested.wait()
         if self.engines.binary(spec.engine, spec.engine_version) is None:
             state = self.engines.state(spec.engine, spec.engine_version)
-            self._set(shard, ReplicaStatus.FAILED, f"engine {spec.engine} {spec.engine_version}: {state.describe()}")
+            self._set(replica, ReplicaStatus.FAILED, f"engine {spec.engine} {spec.engine_version}: {state.describe()}")
             return None
         if spec.weights is None:
             try:
-                shard.model_path = await DISK.run(self.model_roots.resolve, spec.model_dir, abandon=True)
+                replica.model_path = await DISK.run(self.model_roots.resolve, spec.model_dir, abandon=True)
             except ModelDirError as exc:
-                self._set(shard, ReplicaStatus.FAILED, str(exc))
+                self._set(replica, ReplicaStatus.FAILED, str(exc))
                 return None
-            return shard.model_path
+            return replica.model_path
         weights_spec = spec.weights
-        self._set(shard, ReplicaStatus.DOWNLOADING, "checking weights")
+        self._set(replica, ReplicaStatus.DOWNLOADING, "checking weights")
         path: Path | None = None
         error = ""
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_cancel_when, shard.stop_requested, nursery.cancel_scope)
+            nursery.start_soon(_cancel_when, replica.stop_requested, nursery.cancel_scope)
             try:
                 # The adapters first, exactly as the weights (sha256, size): a wrong one fails the
-                # shard before the engine is started with it.
+                # replica before the engine is started with it.
                 for adapter in spec.adapters:
-                    self._set(shard, ReplicaStatus.DOWNLOADING, f"checking adapter {adapter.name}")
+                    self._set(replica, ReplicaStatus.DOWNLOADING, f"checking adapter {adapter.name}")
                     await self.weights.ensure(
-                        adapter.weights, lambda what: self._set(shard, ReplicaStatus.DOWNLOADING, f"adapter: {what}"))
+                        adapter.weights, lambda what: self._set(replica, ReplicaStatus.DOWNLOADING, f"adapter: {what}"))
                 path = await self.weights.ensure(
-                    weights_spec, lambda what: self._set(shard, ReplicaStatus.DOWNLOADING, what)
+                    weights_spec, lambda what: self._set(replica, ReplicaStatus.DOWNLOADING, what)
                 )
             except WeightsError as exc:
                 error = str(exc)
             nursery.cancel_scope.cancel()
         if error:
-            self._set(shard, ReplicaStatus.FAILED, error)
+            self._set(replica, ReplicaStatus.FAILED, error)
         elif path is None:
-            self._set(shard, ReplicaStatus.STOPPED, "stopped before it started")
+            self._set(replica, ReplicaStatus.STOPPED, "stopped before it started")
         return path
 
-    async def _loop(self, shard: _Shard, weights: Path, adopted: ProcessRecord | None) -> None:
-        spec = shard.spec
+    async def _loop(self, replica: _Replica, weights: Path, adopted: ProcessRecord | None) -> None:
+        spec = replica.spec
         t = self.timing
         while True:
             if adopted is not None:
-                outcome = await self._watch(shard, adopted=True)
+                outcome = await self._watch(replica, adopted=True)
                 adopted = None
             else:
                 try:
-                    await self._launch(shard, weights, fresh=shard.restarts == 0)
-                except ShardError as exc:
-                    self._set(shard, ReplicaStatus.FAILED, str(exc), lines=True)
+                    await self._launch(replica, weights, fresh=replica.restarts == 0)
+                except ReplicaError as exc:
+                    self._set(replica, ReplicaStatus.FAILED, str(exc), lines=True)
                     return
-                outcome = await self._watch(shard, adopted=False)
+                outcome = await self._watch(replica, adopted=False)
             if outcome == "stopped":
                 return
-            if shard.fatal:
-                self._set(shard, ReplicaStatus.FAILED, shard.fatal, lines=True)
+            if replica.fatal:
+                self._set(replica, ReplicaStatus.FAILED, replica.fatal, lines=True)
                 return
             # A crash or a failed start. Report it with the output, then back off and restart.
-            shard.restarts += 1
-            shard.pid = 0
-            shard.rss_mib = shard.vram_mib = 0
+            replica.restarts += 1
+            replica.pid = 0
+            replica.rss_mib = replica.vram_mib = 0
             self._persist()
-            if shard.restarts > spec.max_restarts:
-                self._set(shard, ReplicaStatus.FAILED, f"{outcome}; gave up after {spec.max_restarts} restarts",
+            if replica.restarts > spec.max_restarts:
+                self._set(replica, ReplicaStatus.FAILED, f"{outcome}; gave up after {spec.max_restarts} restarts",
                           lines=True)
                 return
-            delay = min(t.backoff_cap, t.backoff_base * 2 ** (shard.restarts - 1))
-            self._set(shard, ReplicaStatus.STARTING,
-                      f"{outcome}; restart {shard.restarts} of {spec.max_restarts} in {delay:g} s",
+            delay = min(t.backoff_cap, t.backoff_base * 2 ** (replica.restarts - 1))
+            self._set(replica, ReplicaStatus.STARTING,
+                      f"{outcome}; restart {replica.restarts} of {spec.max_restarts} in {delay:g} s",
                       lines=True)
             with trio.move_on_after(delay):
-                await shard.stop_requested.wait()
-            if shard.stop_requested.is_set():
-                self._set(shard, ReplicaStatus.STOPPED, "stopped while waiting to restart")
+                await replica.stop_requested.wait()
+            if replica.stop_requested.is_set():
+                self._set(replica, ReplicaStatus.STOPPED, "stopped while waiting to restart")
                 return
 
-    async def _launch(self, shard: _Shard, weights: Path, *, fresh: bool) -> None:
-        spec = shard.spec
+    async def _launch(self, replica: _Replica, weights: Path, *, fresh: bool) -> None:
+        spec = replica.spec
         binary = self.engines.binary(spec.engine, spec.engine_version)
         if binary is None:
-            raise ShardError(f"engine {spec.engine} {spec.engine_version} is no longer installed")
+            raise ReplicaError(f"engine {spec.engine} {spec.engine_version} is no longer installed")
         if not await DISK.run(engine_http.port_free, self.host, spec.port):
-            raise ShardError(f"port {spec.port} on {self.host} {PORT_IN_USE}")
+            raise ReplicaError(f"port {spec.port} on {self.host} {PORT_IN_USE}")
         env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "LD_PRELOAD")}
         env.update(spec.env)
         if spec.devices:
@@ -486,9 +486,9 @@ class Supervisor:
             env.update(self.engines.device_environment(backend or "cuda", spec.devices)
                        or {"CUDA_VISIBLE_DEVICES": ",".join(map(str, spec.devices))})
         env.update(key_environment(spec))
-        fd = await DISK.run(lambda: open_log(self.log_path(spec.shard_id), fresh=fresh))
+        fd = await DISK.run(lambda: open_log(self.log_path(spec.replica_id), fresh=fresh))
         # A span per engine process started (llmgw_shared/tracing.py); a failure is its status.
-        with tracing.span("llmgw.replica_start", {"llmgw.replica": spec.shard_id, "llmgw.engine": spec.engine,
+        with tracing.span("llmgw.replica_start", {"llmgw.replica": spec.replica_id, "llmgw.engine": spec.engine,
                                                   "llmgw.engine_version": spec.engine_version,
                                                   "llmgw.port": spec.port}):
             try:
@@ -498,34 +498,34 @@ class Supervisor:
                     stdout=fd, stderr=fd, env=env, start_new_session=True, cwd=str(binary.parent),
                 )
             except OSError as exc:
-                raise ShardError(f"could not start {binary.name}: {exc.strerror or exc}") from None
+                raise ReplicaError(f"could not start {binary.name}: {exc.strerror or exc}") from None
             finally:
                 os.close(fd)
-        shard.process = proc
-        shard.pid = proc.pid
-        shard.ticks = start_ticks(proc.pid) or 0
+        replica.process = proc
+        replica.pid = proc.pid
+        replica.ticks = start_ticks(proc.pid) or 0
         self._persist()
-        self._set(shard, ReplicaStatus.STARTING, f"{binary.name} started")
+        self._set(replica, ReplicaStatus.STARTING, f"{binary.name} started")
 
-    async def _watch(self, shard: _Shard, *, adopted: bool) -> str:
+    async def _watch(self, replica: _Replica, *, adopted: bool) -> str:
         """Run until the process exits or a stop is handled; return "stopped" or what went wrong."""
-        spec = shard.spec
+        spec = replica.spec
         exited = trio.Event()
         exit_text = [""]
 
         async def wait_exit() -> None:
             if adopted:
                 # Not our child, so no wait(): /proc is the only way to see it end.
-                while alive(shard.pid, shard.ticks):  # noqa: ASYNC110
+                while alive(replica.pid, replica.ticks):  # noqa: ASYNC110
                     await trio.sleep(self.timing.adopted_poll)
                 exit_text[0] = "exited"
             else:
-                assert shard.process is not None
-                code = await shard.process.wait()
+                assert replica.process is not None
+                code = await replica.process.wait()
                 exit_text[0] = f"exited with {'signal ' + str(-code) if code < 0 else 'status ' + str(code)}"
             # Whatever the engine forked (vLLM's workers, holding the GPU and the port) dies with
             # it: the group outlives its leader while any member lives, and its id is not reused.
-            signal_group(shard.pid, signal.SIGKILL)
+            signal_group(replica.pid, signal.SIGKILL)
             exited.set()
 
         result = ""
@@ -536,95 +536,95 @@ class Supervisor:
                 # Poll often at first (a small model is up in ~50 ms and a request is waiting for
                 # it), then back off to the configured interval for engines that load for minutes.
                 interval = min(0.02, self.timing.health_interval)
-                while not exited.is_set() and not shard.stop_requested.is_set():
+                while not exited.is_set() and not replica.stop_requested.is_set():
                     if await self._healthy(spec):
                         ready = True
                         break
                     with trio.move_on_after(interval):
-                        await _first(exited, shard.stop_requested)
+                        await _first(exited, replica.stop_requested)
                     interval = min(interval * 1.5, self.timing.health_interval)
-            if not ready and not shard.stop_requested.is_set():
+            if not ready and not replica.stop_requested.is_set():
                 if exited.is_set():
                     result = f"crashed while starting: {exit_text[0]}"
                 elif deadline.cancelled_caught:
                     result = f"not healthy within {spec.start_timeout_s:g} s"
-                    await self._terminate(shard.pid, shard.ticks, shard.process, self.timing.stop_grace)
+                    await self._terminate(replica.pid, replica.ticks, replica.process, self.timing.stop_grace)
                 nursery.cancel_scope.cancel()
                 return result
             if ready and (problem := await self._offload_problem(spec)):
                 # Healthy, but not on the GPUs it was placed on: failed, never published.
-                shard.fatal = problem
-                await self._terminate(shard.pid, shard.ticks, shard.process, self.timing.stop_grace)
+                replica.fatal = problem
+                await self._terminate(replica.pid, replica.ticks, replica.process, self.timing.stop_grace)
                 nursery.cancel_scope.cancel()
                 return problem
             if ready:
                 # A fresh (or restarted, or adopted) engine: what it holds is learned anew.
-                shard.loaded = []
-                await self._apply_adapters(shard)
-                self._set(shard, ReplicaStatus.READY, shard.adapter_problem)
-                hung = await self._while_ready(shard, exited)
+                replica.loaded = []
+                await self._apply_adapters(replica)
+                self._set(replica, ReplicaStatus.READY, replica.adapter_problem)
+                hung = await self._while_ready(replica, exited)
                 if hung:
-                    await self._terminate(shard.pid, shard.ticks, shard.process, self.timing.stop_grace)
+                    await self._terminate(replica.pid, replica.ticks, replica.process, self.timing.stop_grace)
                     nursery.cancel_scope.cancel()
                     return hung
-            if shard.stop_requested.is_set() and not exited.is_set():
-                if shard.drain_timeout is not None:
-                    self._set(shard, ReplicaStatus.DRAINING, "waiting for requests in flight")
-                    await self._drain(shard, shard.drain_timeout, exited)
-                grace = shard.stop_grace if shard.stop_grace is not None else self.timing.stop_grace
+            if replica.stop_requested.is_set() and not exited.is_set():
+                if replica.drain_timeout is not None:
+                    self._set(replica, ReplicaStatus.DRAINING, "waiting for requests in flight")
+                    await self._drain(replica, replica.drain_timeout, exited)
+                grace = replica.stop_grace if replica.stop_grace is not None else self.timing.stop_grace
                 # "draining" while it stops, so nothing treats a stopping engine as ready.
-                self._set(shard, ReplicaStatus.DRAINING, "stopping")
-                await self._terminate(shard.pid, shard.ticks, shard.process, grace)
+                self._set(replica, ReplicaStatus.DRAINING, "stopping")
+                await self._terminate(replica.pid, replica.ticks, replica.process, grace)
                 nursery.cancel_scope.cancel()
-                self._set(shard, ReplicaStatus.STOPPED, "")
+                self._set(replica, ReplicaStatus.STOPPED, "")
                 return "stopped"
-            if shard.stop_requested.is_set():
-                self._set(shard, ReplicaStatus.STOPPED, "")
+            if replica.stop_requested.is_set():
+                self._set(replica, ReplicaStatus.STOPPED, "")
                 nursery.cancel_scope.cancel()
                 return "stopped"
             nursery.cancel_scope.cancel()
             return f"crashed: {exit_text[0]}"
 
-    async def _while_ready(self, shard: _Shard, exited: trio.Event) -> str:
+    async def _while_ready(self, replica: _Replica, exited: trio.Event) -> str:
         """Watch a ready engine until it exits or a stop comes; return why it hung, if it did."""
         t = self.timing
         ready_since = trio.current_time()
         failures = 0
-        while not exited.is_set() and not shard.stop_requested.is_set():
+        while not exited.is_set() and not replica.stop_requested.is_set():
             with trio.move_on_after(t.ready_health_interval):
-                await _first(exited, shard.stop_requested)
-            if exited.is_set() or shard.stop_requested.is_set():
+                await _first(exited, replica.stop_requested)
+            if exited.is_set() or replica.stop_requested.is_set():
                 break
             if trio.current_time() - ready_since >= t.stable_after:
-                shard.restarts = 0  # stable for a while: earlier crashes no longer count
-            # The log is the shard's output ring: bounded while it runs, not only at a restart.
-            await DISK.run(rotate_if_large, self.log_path(shard.spec.shard_id))
-            failures = 0 if await self._healthy(shard.spec) else failures + 1
+                replica.restarts = 0  # stable for a while: earlier crashes no longer count
+            # The log is the replica's output ring: bounded while it runs, not only at a restart.
+            await DISK.run(rotate_if_large, self.log_path(replica.spec.replica_id))
+            failures = 0 if await self._healthy(replica.spec) else failures + 1
             if failures >= t.unhealthy_limit:
                 return f"hung: no answer on /health {failures} times in a row"
         return ""
 
-    async def _apply_adapters(self, shard: _Shard) -> None:
+    async def _apply_adapters(self, replica: _Replica) -> None:
         """Load and unload the engine's adapters to match the spec; report what it holds."""
-        async with shard.adapter_lock:
-            spec, pid = shard.spec, shard.pid
+        async with replica.adapter_lock:
+            spec, pid = replica.spec, replica.pid
             if not loads_adapters_live(spec.engine):
                 # On its command line: loaded once it is ready, or it would not be.
-                shard.loaded, shard.adapter_problem = [a.name for a in spec.adapters], ""
+                replica.loaded, replica.adapter_problem = [a.name for a in spec.adapters], ""
                 return
-            if not spec.adapters and not shard.loaded:
+            if not spec.adapters and not replica.loaded:
                 return
             wanted, problems = await self._adapter_dirs(spec.adapters)
             applied = await live_adapters.apply(self.client, self.host, spec.port, spec.api_key, wanted,
-                                                shard.loaded)
-            if shard.pid != pid:
+                                                replica.loaded)
+            if replica.pid != pid:
                 return  # restarted meanwhile: its next ready applies the list again
             problems += applied.problems
             for problem in problems:
-                log.warning("shard %s: %s", spec.shard_id, problem)
-            shard.loaded, shard.adapter_problem = applied.loaded, "; ".join(problems)[:2000]
-        if ReplicaStatus(shard.state.status) is ReplicaStatus.READY:
-            self._set(shard, ReplicaStatus.READY, shard.adapter_problem)
+                log.warning("replica %s: %s", spec.replica_id, problem)
+            replica.loaded, replica.adapter_problem = applied.loaded, "; ".join(problems)[:2000]
+        if ReplicaStatus(replica.state.status) is ReplicaStatus.READY:
+            self._set(replica, ReplicaStatus.READY, replica.adapter_problem)
 
     async def _adapter_dirs(self, adapters: list[AdapterSpec]) -> tuple[list[AdapterSpec], list[str]]:
         """The adapters whose directories are inside the node's model roots, with their real paths
@@ -641,33 +641,33 @@ class Supervisor:
             usable.append(attrs.evolve(adapter, weights=attrs.evolve(adapter.weights, url=str(path))))
         return usable, problems
 
-    async def _offload_problem(self, spec: ShardSpec) -> str:
-        """For a llama.cpp shard placed on GPUs: why its layers are not on them ("" when they are)."""
+    async def _offload_problem(self, spec: ReplicaSpec) -> str:
+        """For a llama.cpp replica placed on GPUs: why its layers are not on them ("" when they are)."""
         if not spec.devices or spec.engine != "llama.cpp":
             return ""
-        log_bytes = await DISK.run(read_tail, self.log_path(spec.shard_id), abandon=True)
+        log_bytes = await DISK.run(read_tail, self.log_path(spec.replica_id), abandon=True)
         return offload_problem(log_bytes, spec.devices)
 
-    async def _healthy(self, spec: ShardSpec) -> bool:
+    async def _healthy(self, spec: ReplicaSpec) -> bool:
         return await engine_http.healthy(self.client, self.host, spec.port, limit_s=self.timing.health_timeout)
 
-    async def _drain(self, shard: _Shard, limit_s: float, exited: trio.Event) -> None:
+    async def _drain(self, replica: _Replica, limit_s: float, exited: trio.Event) -> None:
         with trio.move_on_after(limit_s) as scope:
             while not exited.is_set():
-                busy = await engine_http.in_flight(self.client, self.host, shard.spec.port, shard.spec.api_key,
-                                                   shard.spec.engine)
+                busy = await engine_http.in_flight(self.client, self.host, replica.spec.port, replica.spec.api_key,
+                                                   replica.spec.engine)
                 if busy == 0:
                     return
                 if busy is None:
-                    log.warning("shard %s: cannot see its in-flight requests (/slots and /metrics both "
-                                "unavailable); stopping without waiting", shard.spec.shard_id)
+                    log.warning("replica %s: cannot see its in-flight requests (/slots and /metrics both "
+                                "unavailable); stopping without waiting", replica.spec.replica_id)
                     return
-                self._set(shard, ReplicaStatus.DRAINING, f"waiting for {busy} request(s) in flight")
+                self._set(replica, ReplicaStatus.DRAINING, f"waiting for {busy} request(s) in flight")
                 with trio.move_on_after(self.timing.drain_poll):
                     await exited.wait()
         if scope.cancelled_caught:
-            log.warning("shard %s: drain timed out after %g s; stopping with requests in flight",
-                        shard.spec.shard_id, limit_s)
+            log.warning("replica %s: drain timed out after %g s; stopping with requests in flight",
+                        replica.spec.replica_id, limit_s)
 
     async def _terminate(self, pid: int, ticks: int, process: trio.Process | None, grace: float) -> None:
         """SIGTERM to the process group, SIGKILL after ``grace`` seconds; returns once it is gone."""
@@ -698,7 +698,7 @@ class Supervisor:
 
 
 # A measurement is reported again only when it moved by this share (or from or to zero): every
-# heartbeat carries the shards that changed, and RSS wobbles by a few pages all the time.
+# heartbeat carries the replicas that changed, and RSS wobbles by a few pages all the time.
 _MOVED_SHARE = 0.05
 
 

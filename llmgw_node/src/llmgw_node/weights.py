@@ -1,6 +1,6 @@
 """Model files: fetched once into a shared cache, verified, counted, removed on command.
 
-Files live at ``<data_dir>/weights/<sha256>`` so two shards that name the same file share one
+Files live at ``<data_dir>/weights/<sha256>`` so two replicas that name the same file share one
 download (the second waits for the first) and one copy on disk. A local path is used in place
 after its size and digest are checked: it is the operator's file, never deleted by the node.
 """
@@ -35,13 +35,13 @@ class WeightsCache:
         self.root = data_dir / "weights"
         self.client = client
         self.margin = margin
-        # Called when a file gains or loses its last user. A shard's "stopped" report goes out
+        # Called when a file gains or loses its last user. A replica's "stopped" report goes out
         # before its file is released, so a listing made on that report still says "in use";
         # without this second wake-up the node reported a stale in_use for a whole
         # FACTS_INTERVAL and control's weights GC would not collect the file (seen in CI).
         self._on_use_change = on_use_change
         self._locks: dict[str, trio.Lock] = {}
-        # sha256 -> ids of the shards using the file.
+        # sha256 -> ids of the replicas using the file.
         self._users: dict[str, set[str]] = {}
         # Local files already verified in this run (path -> sha256): a restart loop must not
         # re-hash a 40 GB file on every crash.
@@ -95,7 +95,7 @@ class WeightsCache:
             except (BadName, OSError):
                 continue  # a .part download, or something that is not a cache file
             # In use: used now, whatever the mtime says (control reads it so); the mtime is when a
-            # shard last started or ended on it, so a report does not change while nothing does.
+            # replica last started or ended on it, so a report does not change while nothing does.
             out.append(WeightsHeld(sha, info.st_size, max(info.st_mtime, 0.0), self.in_use(sha)))
         out.sort(key=lambda w: (-w.last_used, w.sha256))
         return out[:MAX_ITEMS]
@@ -157,7 +157,7 @@ class WeightsCache:
             raise WeightsError(str(exc)) from None
 
     def remove(self, sha256s: list[str]) -> tuple[list[str], list[str]]:
-        """Delete cached files no running shard uses; return (removed, kept because in use).
+        """Delete cached files no running replica uses; return (removed, kept because in use).
 
         Each entry must be 64 hex digits (``WeightsError`` names the first that is not, and
         nothing is deleted): the digest is the file's name, and ``../`` would name any file.

@@ -35,9 +35,9 @@ ENGINE_NAME_RULE = "1-32 letters, digits, '.', '_' or '-', starting with a lette
 VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+\-]{0,63}")
 VERSION_RULE = "1-64 letters, digits, '.', '_', '+' or '-', starting with a letter or digit"
 
-# Shard ids name the engine's log file (<data_dir>/shards/<id>.log) and appear in metric labels.
-SHARD_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-]{0,127}")
-SHARD_ID_RULE = "1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
+# Replica ids name the engine's log file (<data_dir>/shards/<id>.log) and appear in metric labels.
+REPLICA_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-]{0,127}")
+REPLICA_ID_RULE = "1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
 
 # Release asset names (llama-b11312-bin-ubuntu-x64.tar.gz) are saved as
 # <data_dir>/engines/.downloads/<16 hex>-<name>.part, which must fit one NAME_MAX (255 bytes):
@@ -76,9 +76,9 @@ def check_version(value: object, kind: str = "version") -> str:
     return _check(kind, VERSION, VERSION_RULE, value)
 
 
-def check_shard_id(value: object) -> str:
-    """``value`` when it is a valid shard id; ``BadName`` naming the rule otherwise."""
-    return _check("shard id", SHARD_ID, SHARD_ID_RULE, value)
+def check_replica_id(value: object) -> str:
+    """``value`` when it is a valid replica id; ``BadName`` naming the rule otherwise."""
+    return _check("replica id", REPLICA_ID, REPLICA_ID_RULE, value)
 
 
 def check_asset_name(value: object) -> str:
@@ -125,7 +125,7 @@ ADDRESS_RULE = "a host name or an IP address, without a port, scheme or path"
 def check_address(value: object) -> str:
     """Where a node's engines are reached: a host name or an IP literal (IPv6 with or without brackets).
 
-    It becomes the host of the URLs control sends requests (and the shards' keys) to, so nothing
+    It becomes the host of the URLs control sends requests (and the replicas' keys) to, so nothing
     that would change a URL's meaning passes: no port, userinfo, path, zone id or whitespace.
     """
     if isinstance(value, str) and 0 < len(value) <= 253:

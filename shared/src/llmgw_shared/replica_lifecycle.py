@@ -1,7 +1,7 @@
 """A replica's status, and the transitions between statuses that can happen: one table, both daemons.
 
 The node reports its replicas in the wire's words (``pending`` ... ``failed``, the values of
-``wire.ShardStatus``); control adds one of its own, ``assigned``: the ``start_shard`` is sent and
+``wire.WireReplicaStatus``); control adds one of its own, ``assigned``: the ``start_shard`` is sent and
 the node has not reported the replica yet. Control sees snapshots (a heartbeat carries only the
 latest state, a restarted node re-adopts its engines from ``pending``), so the table allows every
 jump a node can legitimately make, and forbids what cannot happen: leaving a terminal status,
@@ -25,7 +25,7 @@ from enum import StrEnum
 from typing import cast
 
 from llmgw_shared.transitions import Lifecycle
-from llmgw_shared.wire import ShardStatus
+from llmgw_shared.wire import WireReplicaStatus
 
 
 class ReplicaStatus(StrEnum):
@@ -69,8 +69,8 @@ def allowed(current: ReplicaStatus, new: ReplicaStatus) -> bool:
     return REPLICA_LIFECYCLE.allowed(current, new)
 
 
-def on_wire(status: ReplicaStatus) -> ShardStatus:
+def on_wire(status: ReplicaStatus) -> WireReplicaStatus:
     """The wire's spelling of a status a node reports (``assigned`` is control's own: never sent)."""
     if status == ReplicaStatus.ASSIGNED:
         raise ValueError("a node never reports a replica as assigned")
-    return cast(ShardStatus, status.value)
+    return cast(WireReplicaStatus, status.value)

@@ -6,6 +6,10 @@ messages into JSON and back. cattrs is lenient by default (it turns ``3`` into `
 be: a peer that sends the wrong shape gets one :class:`WireError` naming the field, which the
 receiver can send back as an ``error`` frame instead of crashing.
 
+The v1 wire spells replica "shard": the tags below and the keys ``shard_id``, ``shard`` and
+``shards`` are what deployed peers read, so the classes say replica and the converter maps each
+renamed field to its v1 key (``v1_key``).
+
 Direction of each message:
 
 * node -> control: ``hello``, ``heartbeat``, ``ack``, ``engine_state``, ``shard_state``,
@@ -22,13 +26,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Literal, TypeAlias, get_args
 
 import attrs
 import cattrs
-from cattrs.gen import make_dict_unstructure_fn, override
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 from cattrs.preconf.json import make_converter
 from cattrs.strategies import configure_tagged_union
 
@@ -42,14 +47,14 @@ from llmgw_shared.names import (
     check_asset_name,
     check_engine_name,
     check_node_id,
+    check_replica_id,
     check_sha256,
-    check_shard_id,
     check_version,
 )
 
 PROTOCOL_VERSION = 1
 
-# Part of a failed shard's detail when its port was taken by a process the node does not run:
+# Part of a failed replica's detail when its port was taken by a process the node does not run:
 # control then picks another port rather than backing the model off the node.
 PORT_IN_USE = "is in use by another process"
 
@@ -156,9 +161,9 @@ class EngineState:
         return self.status
 
 
-# --------------------------------------------------------------------------- shards
+# --------------------------------------------------------------------------- replicas
 
-ShardStatus: TypeAlias = Literal[
+WireReplicaStatus: TypeAlias = Literal[
     "pending", "downloading", "starting", "ready", "draining", "stopped", "failed"
 ]
 
@@ -182,8 +187,8 @@ class AdapterSpec:
 
 
 @attrs.frozen
-class ShardSpec:
-    shard_id: str
+class ReplicaSpec:
+    replica_id: str
     engine: str
     engine_version: str
     # One sha256-checked file (llama.cpp's GGUF), or None when ``model_dir`` names the model.
@@ -195,7 +200,7 @@ class ShardSpec:
     env: dict[str, str] = attrs.field(factory=dict)
     # Seconds the engine gets to answer its health endpoint before the start counts as failed.
     start_timeout_s: float = 120.0
-    # Crash restarts before the shard is left failed.
+    # Crash restarts before the replica is left failed.
     max_restarts: int = 5
     # A model directory for vLLM and SGLang: an absolute path on the node, or
     # "hub:ORG/NAME[@REVISION]" (a snapshot in the node's Hugging Face cache). The node checks it
@@ -211,9 +216,9 @@ class ShardSpec:
 
 
 @attrs.frozen
-class ShardState:
-    shard_id: str
-    status: ShardStatus
+class ReplicaState:
+    replica_id: str
+    status: WireReplicaStatus
     detail: str = ""
     port: int = 0
     pid: int = 0
@@ -239,9 +244,9 @@ class WeightsHeld:
 
     sha256: str
     size: int
-    # Unix time a shard last started on it or stopped using it (the file's mtime on the node).
+    # Unix time a replica last started on it or stopped using it (the file's mtime on the node).
     last_used: float
-    # A shard on the node uses it now (so it is used now, whatever last_used says): never removed.
+    # A replica on the node uses it now (so it is used now, whatever last_used says): never removed.
     in_use: bool = False
 
 
@@ -258,38 +263,38 @@ class SetEngines:
 
 
 @attrs.frozen
-class StartShard:
+class StartReplica:
     id: str
     fencing_token: int
-    shard: ShardSpec
+    replica: ReplicaSpec
 
 
 @attrs.frozen
-class StopShard:
+class StopReplica:
     id: str
     fencing_token: int
-    shard_id: str
+    replica_id: str
     grace_s: float = 10.0
 
 
 @attrs.frozen
-class DrainShard:
+class DrainReplica:
     id: str
     fencing_token: int
-    shard_id: str
+    replica_id: str
     # How long in-flight requests may take before the engine is stopped anyway.
     timeout_s: float = 300.0
 
 
 @attrs.frozen
 class SetAdapters:
-    """The complete list of LoRA adapters a running shard should have loaded, for engines that
+    """The complete list of LoRA adapters a running replica should have loaded, for engines that
     load and unload them live (vLLM): the node loads what is new and unloads what is gone, without
-    restarting the engine, and reports what is loaded in the shard's state."""
+    restarting the engine, and reports what is loaded in the replica's state."""
 
     id: str
     fencing_token: int
-    shard_id: str
+    replica_id: str
     adapters: list[AdapterSpec]
 
 
@@ -297,11 +302,11 @@ class SetAdapters:
 class RemoveWeights:
     id: str
     fencing_token: int
-    # sha256 of each file to delete; files a running shard still uses are kept.
+    # sha256 of each file to delete; files a running replica still uses are kept.
     sha256: list[str]
 
 
-Command: TypeAlias = SetEngines | StartShard | StopShard | DrainShard | SetAdapters | RemoveWeights
+Command: TypeAlias = SetEngines | StartReplica | StopReplica | DrainReplica | SetAdapters | RemoveWeights
 
 # Output lines one get_shard_logs may ask for (the node's ring answers at most this many, too).
 MAX_LOG_LINES = 1000
@@ -310,8 +315,8 @@ MAX_CURSOR = 41
 
 
 @attrs.frozen
-class GetShardLogs:
-    """A request for a shard's last output lines; the node answers ``shard_logs``, never an ack.
+class GetReplicaLogs:
+    """A request for a replica's last output lines; the node answers ``shard_logs``, never an ack.
 
     Not a command: it changes nothing, so it carries no fencing token and a standby's or an old
     leader's request is answered as well. ``cursor`` is the one a previous answer gave: only
@@ -319,16 +324,16 @@ class GetShardLogs:
     """
 
     id: str
-    shard_id: str
+    replica_id: str
     lines: int = 100
     cursor: str = ""
 
 
 @attrs.frozen
-class ShardLogs:
+class ReplicaLogsReply:
     in_reply_to: str
-    shard_id: str
-    # False: the node has no output of that shard (never ran here, or forgotten).
+    replica_id: str
+    # False: the node has no output of that replica (never ran here, or forgotten).
     found: bool
     lines: list[str] = attrs.field(factory=list)
     cursor: str = ""
@@ -350,8 +355,8 @@ class EngineStateReport:
 
 
 @attrs.frozen
-class ShardStateReport:
-    shard: ShardState
+class ReplicaStateReport:
+    replica: ReplicaState
 
 
 # --------------------------------------------------------------------------- connection
@@ -364,7 +369,7 @@ class Hello:
     join_token: str = attrs.field(repr=False)
     facts: HostFacts
     engines: list[EngineState]
-    shards: list[ShardState]
+    replicas: list[ReplicaState]
     # Where engines on this node are reachable (host or IP), from the node's config.
     address: str = ""
     # The model files in its weights cache (left out of the frame when empty).
@@ -392,7 +397,7 @@ class Heartbeat:
     seq: int
     facts: HostFacts | None = None
     engines: list[EngineState] = attrs.field(factory=list)
-    shards: list[ShardState] = attrs.field(factory=list)
+    replicas: list[ReplicaState] = attrs.field(factory=list)
     # The whole weights cache when it changed since the last report (null: unchanged).
     weights: list[WeightsHeld] | None = None
 
@@ -405,8 +410,9 @@ class Error:
 
 
 Message: TypeAlias = (
-    Hello | Welcome | Refuse | Heartbeat | Error | Ack | EngineStateReport | ShardStateReport
-    | SetEngines | StartShard | StopShard | DrainShard | SetAdapters | RemoveWeights | GetShardLogs | ShardLogs
+    Hello | Welcome | Refuse | Heartbeat | Error | Ack | EngineStateReport | ReplicaStateReport
+    | SetEngines | StartReplica | StopReplica | DrainReplica | SetAdapters | RemoveWeights | GetReplicaLogs
+    | ReplicaLogsReply
 )
 
 TAGS: dict[type, str] = {
@@ -417,15 +423,15 @@ TAGS: dict[type, str] = {
     Error: "error",
     Ack: "ack",
     EngineStateReport: "engine_state",
-    ShardStateReport: "shard_state",
+    ReplicaStateReport: "shard_state",
     SetEngines: "set_engines",
-    StartShard: "start_shard",
-    StopShard: "stop_shard",
-    DrainShard: "drain_shard",
+    StartReplica: "start_shard",
+    StopReplica: "stop_shard",
+    DrainReplica: "drain_shard",
     SetAdapters: "set_adapters",
     RemoveWeights: "remove_weights",
-    GetShardLogs: "get_shard_logs",
-    ShardLogs: "shard_logs",
+    GetReplicaLogs: "get_shard_logs",
+    ReplicaLogsReply: "shard_logs",
 }
 _BY_TAG: dict[str, type] = {tag: cls for cls, tag in TAGS.items()}
 assert set(TAGS) == set(get_args(Message))
@@ -448,6 +454,28 @@ def _strict(kind: type, name: str) -> Any:
     return hook
 
 
+def v1_key(name: str) -> str:
+    """The key a field travels under: the v1 wire spells replica "shard" (``replica_id`` is
+    ``shard_id``, ``replicas`` is ``shards``), as deployed nodes and controls read it."""
+    return name.replace("replica", "shard")
+
+
+def _v1_keys(kind: type) -> dict[str, Any]:
+    """cattrs overrides that give each of ``kind``'s fields named for a replica its v1 key."""
+    return {f.name: override(rename=v1_key(f.name)) for f in attrs.fields(kind) if v1_key(f.name) != f.name}
+
+
+# Every message (or part of one) with a field named for a replica, parts before the messages that
+# hold them (a message's hook is generated from the hooks registered when it is); a test checks
+# that none is missed.
+_V1_RENAMED: tuple[type, ...] = (
+    ReplicaSpec, ReplicaState, StartReplica, StopReplica, DrainReplica, GetReplicaLogs, ReplicaLogsReply,
+    ReplicaStateReport, SetAdapters, Hello, Heartbeat,
+)
+# A field in the path of a cattrs error (``$(start_shard).replica.port``), named in Python's words.
+_PYTHON_FIELD = re.compile(r"\.(\w*replica\w*)")
+
+
 def _make_converter() -> cattrs.Converter:
     conv = make_converter(forbid_extra_keys=True, detailed_validation=True)
     conv.register_structure_hook(str, _strict(str, "a string"))
@@ -456,6 +484,8 @@ def _make_converter() -> cattrs.Converter:
     conv.register_structure_hook(bool, _strict(bool, "a boolean"))
     strict_collections(conv)
     # Before the union: its members' hooks are generated from what is registered at this point.
+    for kind in _V1_RENAMED:
+        conv.register_structure_hook(kind, make_dict_structure_fn(kind, conv, **_v1_keys(kind)))
     conv.register_unstructure_hook(EngineProvenance, make_dict_unstructure_fn(
         EngineProvenance, conv, backend=override(omit_if_default=True), runtime=override(omit_if_default=True)))
     conv.register_unstructure_hook(EngineState, make_dict_unstructure_fn(
@@ -463,14 +493,17 @@ def _make_converter() -> cattrs.Converter:
     # Fields added since protocol version 1 was published stay out of a frame at their default,
     # so a peer that predates them still decodes everything that does not use them.
     omit = override(omit_if_default=True)
-    conv.register_unstructure_hook(ShardState, make_dict_unstructure_fn(
-        ShardState, conv, rss_mib=omit, vram_mib=omit, adapters=omit))
-    conv.register_unstructure_hook(ShardSpec, make_dict_unstructure_fn(ShardSpec, conv, devices=omit,
-                                                                      adapters=omit))
+    conv.register_unstructure_hook(ReplicaState, make_dict_unstructure_fn(
+        ReplicaState, conv, rss_mib=omit, vram_mib=omit, adapters=omit, **_v1_keys(ReplicaState)))
+    conv.register_unstructure_hook(ReplicaSpec, make_dict_unstructure_fn(
+        ReplicaSpec, conv, devices=omit, adapters=omit, **_v1_keys(ReplicaSpec)))
     conv.register_unstructure_hook(HostFacts, make_dict_unstructure_fn(
         HostFacts, conv, gpu_backend=omit, gpu_backends=omit, gpus_unusable=omit, degraded=omit))
-    conv.register_unstructure_hook(Hello, make_dict_unstructure_fn(Hello, conv, weights=omit))
-    conv.register_unstructure_hook(Heartbeat, make_dict_unstructure_fn(Heartbeat, conv, weights=omit))
+    conv.register_unstructure_hook(Hello, make_dict_unstructure_fn(Hello, conv, weights=omit, **_v1_keys(Hello)))
+    conv.register_unstructure_hook(Heartbeat, make_dict_unstructure_fn(
+        Heartbeat, conv, weights=omit, **_v1_keys(Heartbeat)))
+    for kind in _V1_RENAMED[2:-2]:  # the four above have omitted defaults too
+        conv.register_unstructure_hook(kind, make_dict_unstructure_fn(kind, conv, **_v1_keys(kind)))
     configure_tagged_union(Message, conv, tag_generator=TAGS.__getitem__, tag_name="type")
     return conv
 
@@ -498,7 +531,7 @@ def _format(exc: BaseException, type_: type | None) -> str:
 # pattern (llmgw_shared.names), and everything else is bounded: a hello once welcomed a node id
 # of 10,000 characters, with a newline, with NUL, or '../..'.
 MAX_TEXT = 8192  # characters in any other string (a failure's detail, an engine's output line)
-MAX_ITEMS = 1000  # entries in any list (engines, shards, CPU flags, output lines)
+MAX_ITEMS = 1000  # entries in any list (engines, replicas, CPU flags, output lines)
 MAX_INT = 2**62  # what the store keeps as a BIGINT, with room to add
 
 _NAMES: dict[tuple[type, str], Callable[[Any], object]] = {
@@ -506,9 +539,9 @@ _NAMES: dict[tuple[type, str], Callable[[Any], object]] = {
     (Hello, "address"): lambda value: value == "" or check_address(value),
     (EngineState, "name"): check_engine_name,
     (EngineState, "version"): lambda value: check_version(value, "engine version"),
-    (ShardState, "shard_id"): check_shard_id,
-    (ShardLogs, "shard_id"): check_shard_id,
-    (ShardLogs, "cursor"): lambda value: _check_cursor(value),
+    (ReplicaState, "replica_id"): check_replica_id,
+    (ReplicaLogsReply, "replica_id"): check_replica_id,
+    (ReplicaLogsReply, "cursor"): lambda value: _check_cursor(value),
     # Shown by `ctl engines` and the dashboard: an archive name and digests of their kinds ("" for
     # a digest a manifest from before provenance did not record).
     (AssetProvenance, "name"): check_asset_name,
@@ -516,16 +549,16 @@ _NAMES: dict[tuple[type, str], Callable[[Any], object]] = {
     (EngineProvenance, "index_sha256"): lambda value: value == "" or check_sha256(value),
     (WeightsHeld, "sha256"): check_sha256,
 }
-_PORTS = frozenset({(ShardState, "port")})
+_PORTS = frozenset({(ReplicaState, "port")})
 # A measured memory figure above this is not a measurement: 2^30 MiB is an exbibyte, more than
 # any host has; the bound keeps a hostile report from turning into negative free memory.
 MAX_MEMORY_MIB = 2**30
-_MEMORY = frozenset({(ShardState, "rss_mib"), (ShardState, "vram_mib")})
+_MEMORY = frozenset({(ReplicaState, "rss_mib"), (ReplicaState, "vram_mib")})
 # A Unix time after 2^33 s (the year 2242) is not a clock reading; bounded so that turning it into
 # a date for the admin API cannot overflow.
 MAX_UNIX_TIME = float(2**33)
 _TIMES = frozenset({(WeightsHeld, "last_used")})
-_FROM_NODES = (Hello, Heartbeat, Ack, EngineStateReport, ShardStateReport, ShardLogs, Error)
+_FROM_NODES = (Hello, Heartbeat, Ack, EngineStateReport, ReplicaStateReport, ReplicaLogsReply, Error)
 
 
 def _check_cursor(value: str) -> None:
@@ -533,10 +566,10 @@ def _check_cursor(value: str) -> None:
         raise BadName(f"a log cursor is '<inode>:<offset>', not {value[:60]!r}")
 
 
-def _check_log_request(msg: GetShardLogs) -> None:
+def _check_log_request(msg: GetReplicaLogs) -> None:
     """Control's request names a log file and a count: both are checked before the node reads."""
     try:
-        check_shard_id(msg.shard_id)
+        check_replica_id(msg.replica_id)
         _check_cursor(msg.cursor)
     except BadName as exc:
         raise WireError(f"{exc} @ $(get_shard_logs)") from None
@@ -551,7 +584,7 @@ def _check_report(value: Any, path: str) -> None:
     kind = type(value)
     for field in attrs.fields(kind):
         item = getattr(value, field.name)
-        where = f"{path}.{field.name}"
+        where = f"{path}.{v1_key(field.name)}"
         check = _NAMES.get((kind, field.name))
         if check is not None:
             try:
@@ -626,11 +659,13 @@ def decode(text: str | bytes) -> Message:
         msg: Message = converter.structure(raw, Message)  # type: ignore[arg-type]
     except Exception as exc:  # cattrs raises exception groups; render every leaf with its path
         problems = cattrs.transform_error(exc, path=f"$({tag})", format_exception=_format)
+        # cattrs names the path by the Python fields; the peer reads it in the wire's keys.
+        problems = [_PYTHON_FIELD.sub(lambda m: "." + v1_key(m.group(1)), p) for p in problems]
         # Cut: the text goes back to the peer in an error frame, which it bounds (MAX_TEXT) too.
         raise WireError("; ".join(problems)[:2000]) from None
     if isinstance(msg, _FROM_NODES):
         _check_report(msg, f"$({tag})")
-    elif isinstance(msg, GetShardLogs):
+    elif isinstance(msg, GetReplicaLogs):
         _check_log_request(msg)
     return msg
 
@@ -644,14 +679,14 @@ __all__ = [
     "AdapterSpec",
     "AssetProvenance",
     "Command",
-    "DrainShard",
+    "DrainReplica",
     "EngineProvenance",
     "EngineSpec",
     "EngineState",
     "EngineStateReport",
     "EngineStatus",
     "Error",
-    "GetShardLogs",
+    "GetReplicaLogs",
     "GpuFacts",
     "Heartbeat",
     "Hello",
@@ -659,21 +694,22 @@ __all__ = [
     "Message",
     "Refuse",
     "RemoveWeights",
+    "ReplicaLogsReply",
+    "ReplicaSpec",
+    "ReplicaState",
+    "ReplicaStateReport",
     "SetAdapters",
     "SetEngines",
-    "ShardLogs",
-    "ShardSpec",
-    "ShardState",
-    "ShardStateReport",
-    "ShardStatus",
-    "StartShard",
-    "StopShard",
+    "StartReplica",
+    "StopReplica",
     "WeightsHeld",
     "WeightsSpec",
     "Welcome",
     "WireError",
+    "WireReplicaStatus",
     "check_from_node",
     "converter",
     "decode",
     "encode",
+    "v1_key",
 ]

@@ -30,18 +30,18 @@ from llmgw_shared.wire import (
     PROTOCOL_VERSION,
     Ack,
     AssetProvenance,
-    DrainShard,
+    DrainReplica,
     EngineProvenance,
     EngineState,
     Error,
-    GetShardLogs,
+    GetReplicaLogs,
     Heartbeat,
     Hello,
-    ShardLogs,
-    ShardState,
-    ShardStateReport,
-    StartShard,
-    StopShard,
+    ReplicaLogsReply,
+    ReplicaState,
+    ReplicaStateReport,
+    StartReplica,
+    StopReplica,
     WeightsHeld,
     decode,
     encode,
@@ -122,13 +122,13 @@ class FakeNode:
     commands: list[Any] = attrs.Factory(list)
     # The messages of the error frames control sent.
     errors: list[str] = attrs.Factory(list)
-    # Each shard's output, as get_shard_logs reads it (the cursor is "1:<lines read>").
+    # Each replica's output, as get_shard_logs reads it (the cursor is "1:<lines read>").
     logs: dict[str, list[str]] = attrs.Factory(dict)
     # Starts fail with these last lines instead of becoming ready (None: they become ready).
     fail_with: list[str] | None = None
 
-    def drained(self, shard_id: str) -> bool:
-        return any(isinstance(c, DrainShard) and c.shard_id == shard_id for c in self.commands)
+    def drained(self, replica_id: str) -> bool:
+        return any(isinstance(c, DrainReplica) and c.replica_id == replica_id for c in self.commands)
 
     async def beat(self) -> None:
         for seq in itertools.count(1):
@@ -140,25 +140,25 @@ class FakeNode:
             message = decode(await self.ws.get_message())
             if isinstance(message, Error):
                 self.errors.append(message.message)
-            if isinstance(message, GetShardLogs):
+            if isinstance(message, GetReplicaLogs):
                 self.commands.append(message)
-                lines = self.logs.get(message.shard_id)
+                lines = self.logs.get(message.replica_id)
                 after = int(message.cursor.split(":")[1]) if message.cursor else 0
-                answer = ShardLogs(message.id, message.shard_id, lines is not None,
+                answer = ReplicaLogsReply(message.id, message.replica_id, lines is not None,
                                    (lines or [])[after:][-message.lines:] if lines is not None else [],
                                    f"1:{len(lines)}" if lines is not None else "")
                 await self.ws.send_message(encode(answer))
-            if isinstance(message, StartShard | DrainShard | StopShard):
+            if isinstance(message, StartReplica | DrainReplica | StopReplica):
                 self.commands.append(message)
                 await self.ws.send_message(encode(Ack(message.id, True)))
-                if isinstance(message, StartShard) and self.fail_with is not None:
-                    state = ShardState(message.shard.shard_id, "failed", "crashed while starting: exited with "
-                                       "status 1", port=message.shard.port, last_lines=self.fail_with)
-                elif isinstance(message, StartShard):
-                    state = ShardState(message.shard.shard_id, "ready", port=message.shard.port)
+                if isinstance(message, StartReplica) and self.fail_with is not None:
+                    state = ReplicaState(message.replica.replica_id, "failed", "crashed while starting: exited with "
+                                       "status 1", port=message.replica.port, last_lines=self.fail_with)
+                elif isinstance(message, StartReplica):
+                    state = ReplicaState(message.replica.replica_id, "ready", port=message.replica.port)
                 else:
-                    state = ShardState(message.shard_id, "stopped")
-                await self.ws.send_message(encode(ShardStateReport(state)))
+                    state = ReplicaState(message.replica_id, "stopped")
+                await self.ws.send_message(encode(ReplicaStateReport(state)))
 
 
 # What a node's install manifest records for an engine (issue 21), as a real node reports it.

@@ -11,7 +11,7 @@ import pytest
 
 from llmgw_control.fleet.agents import token_digest as join_digest
 from llmgw_control.store import Role
-from llmgw_shared.wire import StartShard, converter
+from llmgw_shared.wire import StartReplica, converter
 
 from .conftest import PROVENANCE, Daemon, FakeNode, fake_node, model_doc, running_control, wait_until
 from .test_api_tenancy import error
@@ -35,8 +35,8 @@ async def _true(value: bool) -> bool:
     return value
 
 
-def starts(node: FakeNode) -> list[StartShard]:
-    return [c for c in node.commands if isinstance(c, StartShard)]
+def starts(node: FakeNode) -> list[StartReplica]:
+    return [c for c in node.commands if isinstance(c, StartReplica)]
 
 
 async def test_nodes_list_their_facts_engine_states_and_warnings(daemon: Daemon) -> None:
@@ -175,7 +175,7 @@ async def test_a_model_added_is_served_changed_and_removed_without_a_restart(dae
         await wait_until(lambda: _true(node.drained(first["id"])))
         (second,) = await ready_replicas(daemon, "tiny:cpu")
         assert second["id"] != first["id"]
-        assert "1024" in starts(node)[-1].shard.args  # -c = context x parallel
+        assert "1024" in starts(node)[-1].replica.args  # -c = context x parallel
 
         assert (await daemon.admin.delete("/models/tiny")).status_code == 204
         await wait_until(lambda: _true(node.drained(second["id"])))

@@ -17,21 +17,21 @@ import trio
 from trio_websocket import open_websocket_url
 
 from llmgw_control.fleet.capacity import LevelResult, Measured, profile_fingerprint
-from llmgw_control.fleet.shards import ReconcilerConfig
+from llmgw_control.fleet.replica_records import ReconcilerConfig
 from llmgw_dev.engine_proc import free_port
 from llmgw_dev.fake_engine import FakeEngine, FakeEngineBehavior, run_fake_engine
 from llmgw_shared.facts import unprobed
 from llmgw_shared.wire import (
     PROTOCOL_VERSION,
     Ack,
-    DrainShard,
+    DrainReplica,
     EngineState,
     Heartbeat,
     Hello,
-    ShardState,
-    ShardStateReport,
-    StartShard,
-    StopShard,
+    ReplicaState,
+    ReplicaStateReport,
+    StartReplica,
+    StopReplica,
     decode,
     encode,
 )
@@ -67,10 +67,10 @@ async def engine_node(daemon: Daemon, node_id: str = "n1", cpu: str = "Test CPU"
     node = EngineNode(node_id)
     async with open_websocket_url(daemon.agent_url) as ws, trio.open_nursery() as nursery:
 
-        async def engine(behavior: FakeEngineBehavior, shard_id: str, port: int,
+        async def engine(behavior: FakeEngineBehavior, replica_id: str, port: int,
                          task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
             async with run_fake_engine(behavior, port=port) as running:
-                node.engines[shard_id] = running
+                node.engines[replica_id] = running
                 task_status.started()
                 await trio.sleep_forever()  # until the node's nursery is cancelled
 
@@ -84,19 +84,19 @@ async def engine_node(daemon: Daemon, node_id: str = "n1", cpu: str = "Test CPU"
         async def serve() -> None:
             while True:
                 message = decode(await ws.get_message())
-                if not isinstance(message, StartShard | DrainShard | StopShard):
+                if not isinstance(message, StartReplica | DrainReplica | StopReplica):
                     continue
                 node.commands.append(message)
                 await ws.send_message(encode(Ack(message.id, True)))
-                if isinstance(message, StartShard):
-                    spec = message.shard
+                if isinstance(message, StartReplica):
+                    spec = message.replica
                     behavior = FakeEngineBehavior(models=["tiny"], chunks=CHUNKS, chunk_delay=CHUNK_DELAY,
                                                   api_key=spec.api_key, saturate_at=SATURATE_AT)
-                    await nursery.start(engine, behavior, spec.shard_id, spec.port)
-                    state = ShardState(spec.shard_id, "ready", port=spec.port)
+                    await nursery.start(engine, behavior, spec.replica_id, spec.port)
+                    state = ReplicaState(spec.replica_id, "ready", port=spec.port)
                 else:
-                    state = ShardState(message.shard_id, "stopped")
-                await ws.send_message(encode(ShardStateReport(state)))
+                    state = ReplicaState(message.replica_id, "stopped")
+                await ws.send_message(encode(ReplicaStateReport(state)))
 
         await ws.send_message(encode(hello))
         assert json.loads(await ws.get_message())["type"] == "welcome"
@@ -214,7 +214,7 @@ async def test_a_replica_started_for_a_run_is_released_after(tmp_path: Path, whe
         assert answer.status_code == 202, answer.text
         run = await finished(daemon, answer.json()["run"]["id"])
         assert run["state"] == "done" and run["started_replica"] is True, run
-        await wait_until(lambda: _async(any(isinstance(c, DrainShard) and c.shard_id == run["replica_id"]
+        await wait_until(lambda: _async(any(isinstance(c, DrainReplica) and c.replica_id == run["replica_id"]
                                             for c in node.commands)))
 
 

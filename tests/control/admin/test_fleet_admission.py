@@ -13,7 +13,7 @@ import pytest
 
 from llmgw_control.fleet.agents import token_digest
 from llmgw_shared.facts import unprobed
-from llmgw_shared.wire import PROTOCOL_VERSION, EngineState, Hello, ShardState, encode
+from llmgw_shared.wire import PROTOCOL_VERSION, EngineState, Hello, ReplicaState, encode
 
 from .conftest import JOIN_TOKEN, Daemon, fake_node, first_answer, running_control
 
@@ -24,8 +24,8 @@ def hello(node_id: str, token: str, **fields: Any) -> dict[str, Any]:
     frame: dict[str, Any] = json.loads(encode(Hello(
         PROTOCOL_VERSION, node_id, token, attrs.evolve(unprobed(), probed=True),
         [EngineState("llama.cpp", "b11312", "installed")],
-        # The claim the issue reports control adopting: a ready shard at an address of the node's choosing.
-        [ShardState("tiny-cpu-0badc0de", "ready", port=8101)], address="10.9.9.9")))
+        # The claim the issue reports control adopting: a ready replica at an address of the node's choosing.
+        [ReplicaState("tiny-cpu-0badc0de", "ready", port=8101)], address="10.9.9.9")))
     frame.update(fields)
     return frame
 
@@ -42,7 +42,7 @@ async def test_by_default_a_node_never_onboarded_is_refused_whatever_its_token(t
             assert answer["type"] == "refuse" and "bad join token" in answer["reason"], answer
         assert "intruder" not in await listed(daemon)
         assert daemon.fleet.inventory.get("intruder") is None
-        assert daemon.fleet.reconciler.shards == {}
+        assert daemon.fleet.reconciler.records == {}
 
 
 async def test_an_onboarded_node_joins_with_its_own_token_and_no_other(tmp_path: Path) -> None:
@@ -92,8 +92,8 @@ async def test_a_hello_node_id_is_checked_as_onboarding_checks_it(daemon: Daemon
     ("address", "a" * 300, "address"),
     ("engines", [{"name": "llama.cpp\n", "version": "b1", "status": "installed"}], "engine name"),
     ("engines", [{"name": "llama.cpp", "version": "../../b1", "status": "installed"}], "engine version"),
-    ("shards", [{"shard_id": "../../etc/x", "status": "ready"}], "shard id"),
-    ("shards", [{"shard_id": "s" * 200, "status": "ready"}], "shard id"),
+    ("shards", [{"shard_id": "../../etc/x", "status": "ready"}], "replica id"),
+    ("shards", [{"shard_id": "s" * 200, "status": "ready"}], "replica id"),
     ("shards", [{"shard_id": "tiny-1", "status": "ready", "port": 70000}], "port"),
     ("shards", [{"shard_id": "tiny-1", "status": "failed", "detail": "x" * 100_000}], "longer than"),
     ("shards", [{"shard_id": "tiny-1", "status": "ready", "pid": -1}], "between 0"),
@@ -116,9 +116,9 @@ async def test_a_report_with_a_bad_name_is_an_error_frame_and_changes_nothing(da
         await node.ws.send_message(json.dumps(frame))
 
         async def told() -> bool:
-            return any("shard id" in e for e in node.errors)
+            return any("replica id" in e for e in node.errors)
 
         await wait_until(told)
         record = daemon.fleet.inventory.get("n1")
-        assert record is not None and "../../x" not in record.shards
+        assert record is not None and "../../x" not in record.replicas
         assert "n1" in daemon.fleet.agents.sessions

@@ -1,5 +1,5 @@
 """Profiles for vLLM and SGLang through the admin API: a model directory instead of one file,
-checked at the edge, and each engine's arguments in the shard it gets (issue 19)."""
+checked at the edge, and each engine's arguments in the replica it gets (issue 19)."""
 
 from __future__ import annotations
 
@@ -38,6 +38,6 @@ async def test_a_vllm_or_sglang_profile_names_a_model_directory(tmp_path: Path) 
         good = await daemon.admin.post("/models", json=doc(model_dir="/srv/models/q", slots=32, context=8192))
         resolved = daemon.fleet.catalog.resolve("q")
         assert resolved is not None
-        spec = daemon.fleet.reconciler.shard_spec(resolved, "q-x", 20000)
+        spec = daemon.fleet.reconciler.replica_spec(resolved, "q-x", 20000)
         assert spec.weights is None and spec.model_dir == "/srv/models/q"
         assert spec.args == ["--served-model-name", "q", "--max-model-len", "8192", "--max-num-seqs", "32"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from llmgw_control.fleet.inventory import NodeRecord
-from llmgw_shared.wire import DrainShard, StartShard
+from llmgw_shared.wire import DrainReplica, StartReplica
 
 from ..test_reconciler import add_node, make, report
 
@@ -16,11 +16,11 @@ def start_one() -> tuple[Any, ...]:
     node = add_node(inventory, dispatcher, clock, "n1")
     reconciler.reconcile_once()
     ((_, start),) = dispatcher.take()
-    assert isinstance(start, StartShard)
-    report(node, start.shard.shard_id, "ready", start.shard.port)
+    assert isinstance(start, StartReplica)
+    report(node, start.replica.replica_id, "ready", start.replica.port)
     reconciler.reconcile_once()
     assert replicas.for_model("m:cpu")
-    return reconciler, dispatcher, inventory, replicas, clock, start.shard.shard_id
+    return reconciler, dispatcher, inventory, replicas, clock, start.replica.replica_id
 
 
 def test_a_cordon_set_before_the_node_connects_holds_and_outlives_a_new_record() -> None:
@@ -38,28 +38,28 @@ def test_a_cordon_set_before_the_node_connects_holds_and_outlives_a_new_record()
     assert dispatcher.take() == [] and reconciler.is_cordoned("n1")
     reconciler.uncordon("n1")
     reconciler.reconcile_once()
-    assert [type(c) for _, c in dispatcher.take()] == [StartShard]
+    assert [type(c) for _, c in dispatcher.take()] == [StartReplica]
 
 
 def test_drain_node_withdraws_first_then_drains_and_places_elsewhere() -> None:
-    reconciler, dispatcher, inventory, replicas, clock, shard_id = start_one()
+    reconciler, dispatcher, inventory, replicas, clock, replica_id = start_one()
     add_node(inventory, dispatcher, clock, "n2")
-    assert reconciler.drain_node("n1") == [shard_id]
+    assert reconciler.drain_node("n1") == [replica_id]
     assert replicas.for_model("m:cpu") == []  # withdrawn in the call itself
     ((node_id, drain),) = dispatcher.take()
-    assert node_id == "n1" and isinstance(drain, DrainShard) and drain.shard_id == shard_id
+    assert node_id == "n1" and isinstance(drain, DrainReplica) and drain.replica_id == replica_id
     assert reconciler.drain_node("n1") == []  # already draining: nothing sent twice
     reconciler.reconcile_once()
     ((node_id, start),) = dispatcher.take()
-    assert node_id == "n2" and isinstance(start, StartShard)
+    assert node_id == "n2" and isinstance(start, StartReplica)
 
 
 def test_replicas_of_a_model_removed_from_the_catalog_are_drained_by_the_next_pass() -> None:
-    reconciler, dispatcher, _, replicas, _, shard_id = start_one()
+    reconciler, dispatcher, _, replicas, _, replica_id = start_one()
     reconciler.catalog.remove("m")
     reconciler.reconcile_once()
     ((_, drain),) = dispatcher.take()
-    assert isinstance(drain, DrainShard) and drain.shard_id == shard_id
-    assert replicas.get(shard_id) is None
+    assert isinstance(drain, DrainReplica) and drain.replica_id == replica_id
+    assert replicas.get(replica_id) is None
     reconciler.reconcile_once()
     assert dispatcher.take() == []

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import trio
 
-from llmgw_shared.wire import GetShardLogs
+from llmgw_shared.wire import GetReplicaLogs
 
 from .conftest import Daemon, fake_node, model_doc, wait_until
 from .test_api_fleet import ready_replicas
@@ -21,8 +21,8 @@ async def test_a_replicas_logs_come_from_its_node_and_can_be_followed(daemon: Da
         answer = (await daemon.admin.get(f"/replicas/{rid}/logs", params={"lines": "3"})).json()
         assert answer["lines"] == ["line 7", "line 8", "line 9"]
         assert answer["source"] == "node" and answer["node"] == "n1" and answer["model"] == "tiny:cpu"
-        asked = [c for c in node.commands if isinstance(c, GetShardLogs)]
-        assert asked[-1].shard_id == rid and asked[-1].lines == 3
+        asked = [c for c in node.commands if isinstance(c, GetReplicaLogs)]
+        assert asked[-1].replica_id == rid and asked[-1].lines == 3
         # Default: 100 lines.
         assert len((await daemon.admin.get(f"/replicas/{rid}/logs")).json()["lines"]) == 10
 
@@ -35,7 +35,7 @@ async def test_a_replicas_logs_come_from_its_node_and_can_be_followed(daemon: Da
             got.append(response.json())
 
         def polls() -> int:
-            return sum(isinstance(c, GetShardLogs) and c.cursor == cursor for c in node.commands)
+            return sum(isinstance(c, GetReplicaLogs) and c.cursor == cursor for c in node.commands)
 
         async def asked_again() -> bool:
             return polls() >= 2

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 from llmgw_control.catalog import Claim
 from llmgw_control.fleet.inventory import Inventory, Liveness, NodeRecord
 from llmgw_control.fleet.metrics import register_fleet_metrics
-from llmgw_control.fleet.reconciler import ReconcilerConfig, ShardRecord
+from llmgw_control.fleet.reconciler import ReconcilerConfig, ReplicaRecord
 from llmgw_shared.facts import GpuFacts, unprobed
 from llmgw_shared.wire import EngineState
 
@@ -26,11 +26,11 @@ def fleet(now: float = 100.0) -> Any:
     inventory.put(NodeRecord("n2", "10.0.0.2", attrs.evolve(facts, degraded="this node has NVIDIA GPUs but its "
                                                           "llama.cpp engine is a CPU build"),
                              last_seen=now - 50, cordoned=True))
-    shards = {
-        "s1": ShardRecord("s1", "tiny:cpu", "n1", 20000, Claim(1000, 2000), status="ready"),
-        "s2": ShardRecord("s2", "tiny:cpu", "n1", 20001, Claim(500), status="failed"),
+    replicas = {
+        "s1": ReplicaRecord("s1", "tiny:cpu", "n1", 20000, Claim(1000, 2000), status="ready"),
+        "s2": ReplicaRecord("s2", "tiny:cpu", "n1", 20001, Claim(500), status="failed"),
     }
-    reconciler = SimpleNamespace(shards=shards, waiting={"tiny:cpu": 3}, liveness=Liveness(2.0, 10.0),
+    reconciler = SimpleNamespace(records=replicas, waiting={"tiny:cpu": 3}, liveness=Liveness(2.0, 10.0),
                                  config=ReconcilerConfig(reserved_ram_mib=192), evictions={"tiny:cpu": 2})
     catalog = SimpleNamespace(all_profiles=lambda: [SimpleNamespace(key="tiny:cpu"), SimpleNamespace(key="big:gpu")])
     activator = SimpleNamespace(queue_depth=lambda: 3)
@@ -75,7 +75,7 @@ def test_the_collector_reports_the_live_state() -> None:
     assert get("llmgw_control_lease_epoch") is None
 
     # Scraped again after a change: nothing was cached.
-    f.reconciler.shards["s1"].status = "draining"
+    f.reconciler.records["s1"].status = "draining"
     f.leadership.role = SimpleNamespace(leader=True, leader_address=None, leader_holder=None, epoch=7)
     assert get("llmgw_fleet_replicas", {"model": "tiny:cpu", "state": "draining"}) == 1
     assert get("llmgw_control_leader") == 1
@@ -98,6 +98,6 @@ def test_claimed_memory_is_what_a_running_replica_was_measured_to_use() -> None:
     f = fleet()
     collector = register_fleet_metrics(registry, f)
     collector.clock = lambda: 100.0
-    f.reconciler.shards["s1"].used = Claim(600, 1500)  # claimed 1000 RAM / 2000 VRAM, measured less
+    f.reconciler.records["s1"].used = Claim(600, 1500)  # claimed 1000 RAM / 2000 VRAM, measured less
     assert registry.get_sample_value("llmgw_fleet_node_ram_mib", {"node": "n1", "kind": "claimed"}) == 600
     assert registry.get_sample_value("llmgw_fleet_node_vram_mib", {"node": "n1", "kind": "claimed"}) == 1500

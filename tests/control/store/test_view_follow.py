@@ -18,7 +18,7 @@ async def test_a_standby_adds_updates_and_withdraws_what_the_leader_publishes(st
     leader, standby = ReplicaSet(), ReplicaSet()
     mine: set[str] = set()
     publisher = ViewPublisher(store, leader, lambda: mine)
-    follower = ViewFollower(store, standby, lambda shard_id: f"key-of-{shard_id}")
+    follower = ViewFollower(store, standby, lambda replica_id: f"key-of-{replica_id}")
     async with trio.open_nursery() as nursery:
         nursery.start_soon(publisher.run, 1)
         nursery.start_soon(follower.run)

@@ -18,7 +18,7 @@ from .api.schemas import (
     NodeView,
     NodeWeightsView,
     ReplicaOfModel,
-    ShardOnNode,
+    ReplicaOnNode,
     WeightsFileView,
 )
 
@@ -42,7 +42,7 @@ def node_view(fleet: Fleet, node: NodeRecord, now: float) -> NodeView:
         ),
         warnings=list(facts.warnings),
         engines=[EngineOnNode(e.name, e.version, e.describe(), e.provenance) for e in node.engines.values()],
-        shards=[ShardOnNode(s.shard_id, s.describe(), s.port) for s in node.shards.values()],
+        shards=[ReplicaOnNode(s.replica_id, s.describe(), s.port) for s in node.replicas.values()],
     )
 
 
@@ -60,7 +60,7 @@ def registered_node_view(fleet: Fleet, identity: NodeIdentity) -> NodeView:
 def model_view(fleet: Fleet, resolved: Resolved) -> ModelView:
     key = resolved.key
     reconciler = fleet.reconciler
-    replicas = [r for r in reconciler.shards.values() if r.key == key]
+    replicas = [r for r in reconciler.records.values() if r.key == key]
     ready = [r for r in replicas if r.status == "ready" and not r.draining]
     claim = reconciler.claims.get(key, Claim(0))
     return ModelView(
@@ -68,7 +68,7 @@ def model_view(fleet: Fleet, resolved: Resolved) -> ModelView:
         profile=resolved.profile.name,
         key=key,
         source=fleet.catalog.source(resolved.model.name),
-        replicas=[ReplicaOfModel(r.shard_id, r.node_id, r.port,
+        replicas=[ReplicaOfModel(r.replica_id, r.node_id, r.port,
                                  f"{r.status}: {r.detail}" if r.detail else r.status,
                                  ClaimView(r.used.ram_mib, r.used.vram_mib) if r.used else None)
                   for r in replicas],

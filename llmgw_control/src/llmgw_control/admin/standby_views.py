@@ -8,8 +8,8 @@ from it would be an empty list that lies. What the store holds of the leader's f
 * the node identities (``nodes``: onboarded nodes, their labels and cordon flag);
 * the fleet holders (``fleet_holders``): the nodes that held replicas under the leader.
 
-A replica's node is not in the view, but its id is: shard ids carry an HMAC of (profile key,
-nonce, node id) under the cluster secret every daemon shares (``fleet/shard_ids.py``), so the
+A replica's node is not in the view, but its id is: replica ids carry an HMAC of (profile key,
+nonce, node id) under the cluster secret every daemon shares (``fleet/replica_ids.py``), so the
 node is found by checking the known node ids against it; no guess, and nothing extra stored.
 
 Fleet writes are refused on a standby: ``standby_refusal.py``.
@@ -30,8 +30,8 @@ from .api.schemas import (
     ModelView,
     NodeView,
     ReplicaOfModel,
+    ReplicaOnNode,
     ReplicaView,
-    ShardOnNode,
 )
 
 if TYPE_CHECKING:
@@ -91,13 +91,13 @@ def standby_node_view(leader: LeaderFleet, node_id: str) -> NodeView:
     """A node as the store knows it: ``registered`` (this daemon has no connection to it), its
     stored labels and cordon flag, and its replicas in the leader's view."""
     identity = leader.identities.get(node_id)
-    shards = [ShardOnNode(r.id, f"{VIEW_STATE} ({VIEW_DETAIL})", port_of(r.url))
+    replicas = [ReplicaOnNode(r.id, f"{VIEW_STATE} ({VIEW_DETAIL})", port_of(r.url))
               for r in leader.replicas if leader.node_of.get(r.id) == node_id]
     return NodeView(
         id=node_id, state="registered", address="",
         cordoned=identity.cordoned if identity is not None else False,
         labels=dict(identity.labels) if identity is not None else {},
-        facts=_empty_facts(), warnings=[], engines=[], shards=shards,
+        facts=_empty_facts(), warnings=[], engines=[], shards=replicas,
     )
 
 

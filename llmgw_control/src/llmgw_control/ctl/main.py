@@ -84,7 +84,7 @@ def nodes_list(client: AdminClient, args: argparse.Namespace, out: TextIO) -> No
                  f"{n['facts']['cpu'] or '-'} ({n['facts']['cores']} cores)" if n["facts"]["cores"] else "-",
                  mib(n["facts"]["ram_total_mib"]) if n["facts"]["ram_total_mib"] else "-",
                  _gpu_words(n["facts"]), len(n["shards"]), _engine_words(n)] for n in nodes]
-        text = table(["NODE", "STATE", "CORDONED", "ADDRESS", "CPU", "RAM", "GPUS", "SHARDS", "ENGINES"], rows)
+        text = table(["NODE", "STATE", "CORDONED", "ADDRESS", "CPU", "RAM", "GPUS", "REPLICAS", "ENGINES"], rows)
         warnings = [f"warning: node {n['id']}: {w}" for n in nodes for w in n["warnings"]]
         warnings += [f"warning: node {n['id']} is DEGRADED: {n['facts']['degraded']}; GPU profiles are not placed "
                      "there unless they say cpu_ok" for n in nodes if n["facts"].get("degraded")]

@@ -1,7 +1,7 @@
 """The agent service: one WebSocket per node at ``/agent/v1``, one task group per connection.
 
 A connection starts with the node's ``hello`` (protocol version, node id, join token, facts,
-engines, running shards) and gets ``welcome`` or ``refuse`` with a reason. After that a reader
+engines, running replicas) and gets ``welcome`` or ``refuse`` with a reason. After that a reader
 applies the node's reports to the inventory, a writer is the only task that sends (commands the
 reconciler queued, and control's own heartbeats), and a watchdog closes the connection when the
 node has been silent for longer than the unreachable interval: a hung node (stopped process, cut
@@ -38,14 +38,14 @@ from llmgw_shared.wire import (
     EngineSpec,
     EngineStateReport,
     Error,
-    GetShardLogs,
+    GetReplicaLogs,
     Heartbeat,
     Hello,
     Message,
     Refuse,
+    ReplicaLogsReply,
+    ReplicaStateReport,
     SetEngines,
-    ShardLogs,
-    ShardStateReport,
     Welcome,
     WireError,
     decode,
@@ -73,7 +73,7 @@ LOG_ANSWER_TIMEOUT = 10.0
 
 
 class LogsUnavailable(Exception):
-    """A node cannot be asked for a shard's output now; the text says why."""
+    """A node cannot be asked for a replica's output now; the text says why."""
 
 
 class Socket(Protocol):
@@ -115,7 +115,7 @@ class AgentsConfig:
     # The first frame (hello) must arrive this long after the WebSocket opens: a connection that
     # says nothing holds no session; a node sends its hello at once.
     hello_timeout: float = 10.0
-    # The largest frame a node may send: a hello of a node with hundreds of shards and engines is
+    # The largest frame a node may send: a hello of a node with hundreds of replicas and engines is
     # a few tens of KiB; trio-websocket's own default is 1 MiB.
     max_frame_bytes: int = 1024 * 1024
     # Commands queued for one node before it counts as not reading them and is disconnected: a
@@ -135,16 +135,16 @@ def token_digest(token: str) -> str:
 class _Session:
     def __init__(self, node_id: str, queue: int) -> None:
         self.node_id = node_id
-        self.send_channel, self.receive_channel = trio.open_memory_channel[Command | GetShardLogs](queue)
+        self.send_channel, self.receive_channel = trio.open_memory_channel[Command | GetReplicaLogs](queue)
         self.cancel_scope = trio.CancelScope()
         # Commands handed to the socket (or being handed to it) and not acknowledged yet, with
         # when; oldest first (dicts keep insertion order), so the watchdog reads one entry.
         self.pending: dict[str, tuple[Command, float]] = {}
         # The command being handed to the socket: if the connection ends during that send, the
         # command may not have left, and is reported with the ones still queued.
-        self.in_hand: Command | GetShardLogs | None = None
+        self.in_hand: Command | GetReplicaLogs | None = None
         # Log requests sent and not answered yet: id -> where the answer goes.
-        self.log_requests: dict[str, trio.MemorySendChannel[ShardLogs]] = {}
+        self.log_requests: dict[str, trio.MemorySendChannel[ReplicaLogsReply]] = {}
 
 
 class AgentService:
@@ -206,16 +206,16 @@ class AgentService:
             return False
         return True
 
-    async def shard_logs(self, node_id: str, shard_id: str, lines: int, cursor: str = "") -> ShardLogs:
-        """Ask a connected node for a shard's last output lines (``LogsUnavailable`` if it cannot be)."""
+    async def replica_logs(self, node_id: str, replica_id: str, lines: int, cursor: str = "") -> ReplicaLogsReply:
+        """Ask a connected node for a replica's last output lines (``LogsUnavailable`` if it cannot be)."""
         session = self.sessions.get(node_id)
         if session is None:
             raise LogsUnavailable(f"node {node_id} is not connected")
         if len(session.log_requests) >= MAX_LOG_REQUESTS:
             raise LogsUnavailable(f"node {node_id} has {MAX_LOG_REQUESTS} log requests waiting already")
         self._log_seq += 1
-        request = GetShardLogs(id=f"logs{self._log_seq}", shard_id=shard_id, lines=lines, cursor=cursor)
-        send, receive = trio.open_memory_channel[ShardLogs](1)
+        request = GetReplicaLogs(id=f"logs{self._log_seq}", replica_id=replica_id, lines=lines, cursor=cursor)
+        send, receive = trio.open_memory_channel[ReplicaLogsReply](1)
         session.log_requests[request.id] = send
         try:
             try:
@@ -284,7 +284,7 @@ class AgentService:
         """The hello, or None once the connection was refused (with the reason) or timed out.
 
         ``decode`` is where a hello's names are checked (the node id exactly as onboarding checks
-        it, engine names, shard ids, the address): a hello that fails is refused before anything
+        it, engine names, replica ids, the address): a hello that fails is refused before anything
         of it is logged or stored. Who may join is ``_admits``: a certificate naming the node under
         mutual TLS, else the node's own onboarding token, a shared join token, or an open fleet.
         """
@@ -378,7 +378,7 @@ class AgentService:
             cordoned=existing.cordoned if existing else False,
         )
         node.update_engines(hello.engines)
-        node.update_shards(hello.shards)
+        node.update_replicas(hello.replicas)
         node.weights = list(hello.weights)
         self.inventory.put(node)
         return node
@@ -411,14 +411,14 @@ class AgentService:
             if msg.engines:
                 node.update_engines(msg.engines)
                 changed = True
-            if msg.shards:
-                node.update_shards(msg.shards)
+            if msg.replicas:
+                node.update_replicas(msg.replicas)
                 changed = True
         elif isinstance(msg, EngineStateReport):
             node.update_engines([msg.engine])
             changed = True
-        elif isinstance(msg, ShardStateReport):
-            node.update_shards([msg.shard])
+        elif isinstance(msg, ReplicaStateReport):
+            node.update_replicas([msg.replica])
             changed = True
         elif isinstance(msg, Ack):
             entry = session.pending.pop(msg.command_id, None)
@@ -430,7 +430,7 @@ class AgentService:
                     self.events.command_failed(node.node_id, command,
                                                f"node {node.node_id} refused {TAGS[type(command)]}: {msg.error}")
                     changed = True
-        elif isinstance(msg, ShardLogs):
+        elif isinstance(msg, ReplicaLogsReply):
             waiter = session.log_requests.pop(msg.in_reply_to, None)
             if waiter is not None:
                 with contextlib.suppress(trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
@@ -457,10 +457,10 @@ class AgentService:
         interval = self.config.heartbeat_interval
         next_beat = trio.current_time()
         while True:
-            command: Command | GetShardLogs | None = None
+            command: Command | GetReplicaLogs | None = None
             with trio.move_on_at(next_beat):
                 command = await session.receive_channel.receive()
-            if isinstance(command, GetShardLogs):
+            if isinstance(command, GetReplicaLogs):
                 # A read, answered by shard_logs rather than an ack: nothing to account for.
                 await socket.send(encode(command))
                 continue
@@ -482,14 +482,14 @@ class AgentService:
             waiter.close()  # its request ends with "disconnected before it answered"
         session.log_requests.clear()
         in_hand = session.in_hand
-        unsent: list[Command] = [in_hand] if in_hand is not None and not isinstance(in_hand, GetShardLogs) else []
+        unsent: list[Command] = [in_hand] if in_hand is not None and not isinstance(in_hand, GetReplicaLogs) else []
         session.in_hand = None
         while True:
             try:
                 queued = session.receive_channel.receive_nowait()
             except (trio.WouldBlock, trio.EndOfChannel):
                 break
-            if not isinstance(queued, GetShardLogs):
+            if not isinstance(queued, GetReplicaLogs):
                 unsent.append(queued)
         session.receive_channel.close()
         if unsent or session.pending:

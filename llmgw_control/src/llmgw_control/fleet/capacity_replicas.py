@@ -47,15 +47,15 @@ class FleetReplicas:
         return self.inventory.get(node_id) is not None
 
     def _acquired(self, replica: Replica, resolved: Resolved, started: bool) -> Acquired:
-        record = self.reconciler.shards.get(replica.id)
+        record = self.reconciler.records.get(replica.id)
         self.reconciler.benchmarking.add(replica.id)
         target = SweepTarget(replica.url, replica.api_key, replica.served_name or resolved.model.name)
         return Acquired(target, replica.id, record.node_id if record is not None else "", started)
 
     def _ready(self, key: str, node: str | None) -> Replica | None:
         ready = [r for r in self.reconciler.replicas.for_model(key)
-                 if node is None or (self.reconciler.shards.get(r.id) is not None
-                                     and self.reconciler.shards[r.id].node_id == node)]
+                 if node is None or (self.reconciler.records.get(r.id) is not None
+                                     and self.reconciler.records[r.id].node_id == node)]
         return min(ready, key=lambda r: (r.in_flight, r.id), default=None)
 
     async def acquire(self, resolved: Resolved, node: str | None) -> Acquired:
@@ -66,7 +66,7 @@ class FleetReplicas:
         if node is None:
             # One already starting (for requests, or min_replicas) is not the run's to stop after.
             starting = any(r.key == key and not r.draining and r.status not in TERMINAL
-                           for r in self.reconciler.shards.values())
+                           for r in self.reconciler.records.values())
             result = await self.activator.wait(key)
             if isinstance(result, Refusal):
                 if result is Refusal.OVERFLOW:
@@ -80,23 +80,23 @@ class FleetReplicas:
             result.give_back()
             return self._acquired(replica, resolved, started=not starting)
         try:
-            shard_id = self.reconciler.start_on(key, node)
+            replica_id = self.reconciler.start_on(key, node)
         except ValueError as exc:
             raise RunFailed(f"no replica of {key} on node {node}, and none can start there: {exc}") from None
-        self.reconciler.benchmarking.add(shard_id)
+        self.reconciler.benchmarking.add(replica_id)
         with trio.move_on_after(resolved.profile.start_timeout + START_MARGIN):
             while True:
-                published = self.reconciler.replicas.get(shard_id)
+                published = self.reconciler.replicas.get(replica_id)
                 if published is not None:
                     return self._acquired(published, resolved, started=True)
-                record = self.reconciler.shards.get(shard_id)
+                record = self.reconciler.records.get(replica_id)
                 if record is None or record.status in TERMINAL:
                     detail = f": {record.detail}" if record is not None and record.detail else ""
-                    self.reconciler.benchmarking.discard(shard_id)
+                    self.reconciler.benchmarking.discard(replica_id)
                     raise RunFailed(f"the replica started for the run on node {node} did not start{detail}")
                 await trio.sleep(POLL_INTERVAL)
-        self.reconciler.benchmarking.discard(shard_id)
-        self.reconciler.give_back_started(shard_id)
+        self.reconciler.benchmarking.discard(replica_id)
+        self.reconciler.give_back_started(replica_id)
         raise RunFailed(f"the replica started for the run on node {node} was not ready in time")
 
     def give_back(self, acquired: Acquired) -> None:

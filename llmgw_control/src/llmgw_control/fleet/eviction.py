@@ -86,7 +86,7 @@ def _room_on(
         # and it is the node's GPUs one by one that do not: evicting by totals cannot help.
         return Room(node_id, (), draining, -max(short_ram, short_vram)) if draining else None
     candidates = sorted((r for r in assignments if may_evict(r, for_key, starved=starved, now=now, min_age=min_age)),
-                        key=lambda r: (r.last_used, r.shard_id))
+                        key=lambda r: (r.last_used, r.replica_id))
     chosen: list[Assignment] = []
     taken: dict[str, int] = {}
     for assignment in candidates:

@@ -19,7 +19,7 @@ import attrs
 
 from llmgw_shared.facts import HostFacts
 from llmgw_shared.transitions import Lifecycle
-from llmgw_shared.wire import EngineState, ShardState, WeightsHeld
+from llmgw_shared.wire import EngineState, ReplicaState, WeightsHeld
 
 
 @attrs.define
@@ -28,15 +28,15 @@ class NodeRecord:
     address: str
     facts: HostFacts
     engines: dict[tuple[str, str], EngineState] = attrs.Factory(dict)
-    shards: dict[str, ShardState] = attrs.Factory(dict)
+    replicas: dict[str, ReplicaState] = attrs.Factory(dict)
     connected: bool = True
     last_seen: float = 0.0
     connected_since: float = 0.0
     labels: dict[str, str] = attrs.Factory(dict)
     cordoned: bool = False
-    # ``shards`` came from a hello, a complete list, and the reconciler has not yet compared it
+    # ``replicas`` came from a hello, a complete list, and the reconciler has not yet compared it
     # with what it placed there (a record the list lacks is gone). Heartbeats and shard_state
-    # reports only add to ``shards``: they carry what changed.
+    # reports only add to ``replicas``: they carry what changed.
     full_report_pending: bool = True
     # Its weights cache as it last reported it (None: not reported; a node from before reports).
     weights: list[WeightsHeld] | None = None
@@ -48,9 +48,9 @@ class NodeRecord:
         for state in states:
             self.engines[(state.name, state.version)] = state
 
-    def update_shards(self, states: list[ShardState]) -> None:
+    def update_replicas(self, states: list[ReplicaState]) -> None:
         for state in states:
-            self.shards[state.shard_id] = state
+            self.replicas[state.replica_id] = state
 
 
 class NodeLiveness(StrEnum):

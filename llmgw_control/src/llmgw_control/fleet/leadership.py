@@ -122,8 +122,8 @@ class Leadership:
         self.memory = memory
         self._lead_scope: trio.CancelScope | None = None
         # With a view store: the leader publishes its ready replicas, a standby serves them.
-        self.publisher = ViewPublisher(view, reconciler.replicas, lambda: set(reconciler.shards)) if view else None
-        self.follower = ViewFollower(view, reconciler.replicas, reconciler.shard_api_key) if view else None
+        self.publisher = ViewPublisher(view, reconciler.replicas, lambda: set(reconciler.records)) if view else None
+        self.follower = ViewFollower(view, reconciler.replicas, reconciler.replica_api_key) if view else None
         self._follow_scope: trio.CancelScope | None = None
         # Replicas the follower added before this daemon took over: kept routable through the
         # hold, then withdrawn unless the reconciler adopted them.
@@ -165,7 +165,7 @@ class Leadership:
                 # What a node runs is learnt again from its hello when it comes back (labels and
                 # cordons stay): the old reports would be stale by then.
                 node.connected = False
-                node.shards.clear()
+                node.replicas.clear()
 
     async def run(self, *, task_status: trio.TaskStatus[Role] = trio.TASK_STATUS_IGNORED) -> None:
         """Keep the lease and act on the role until cancelled; ``started`` after the first attempt."""
@@ -200,7 +200,7 @@ class Leadership:
                 if settle:
                     await trio.sleep(settle)
                     self.reconciler.wake()  # the first pass that may place, without waiting an interval
-                for replica_id in self._inherited - set(self.reconciler.shards):
+                for replica_id in self._inherited - set(self.reconciler.records):
                     self.reconciler.replicas.withdraw(replica_id)  # the view had it; no node reported it
                 self._inherited = set()
                 if self.publisher is not None and role.epoch is not None:

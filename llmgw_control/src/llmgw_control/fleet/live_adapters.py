@@ -21,7 +21,7 @@ from llmgw_shared.wire import AdapterSpec, WeightsSpec
 
 from ..catalog import LIVE_ADAPTER_ENGINES, Catalog, ProfileConfig
 from .lifecycle import ReplicaStatus
-from .shards import ShardRecord
+from .replica_records import ReplicaRecord
 
 # vLLM's --max-loras: adapters in one batch, each with GPU memory for its weights set aside at
 # start (max rank x layers). A profile with many adapters still serves them all, up to this
@@ -48,25 +48,25 @@ class LiveAdapters:
 
     sent: dict[str, tuple[AdapterSpec, ...]] = attrs.Factory(dict)
 
-    def due(self, records: Iterable[ShardRecord], catalog: Catalog) -> list[tuple[ShardRecord, list[AdapterSpec]]]:
+    def due(self, records: Iterable[ReplicaRecord], catalog: Catalog) -> list[tuple[ReplicaRecord, list[AdapterSpec]]]:
         """The ready replicas of live-loading profiles whose loaded adapters are not the catalog's,
         with the list to send them."""
-        out: list[tuple[ShardRecord, list[AdapterSpec]]] = []
+        out: list[tuple[ReplicaRecord, list[AdapterSpec]]] = []
         present: set[str] = set()
         for record in records:
-            present.add(record.shard_id)
+            present.add(record.replica_id)
             if record.status != ReplicaStatus.READY or record.draining:
                 continue
             resolved = catalog.resolve(record.key)
             if resolved is None or resolved.profile.engine not in LIVE_ADAPTER_ENGINES:
                 continue
             wanted = adapter_specs(resolved.profile)
-            if {a.name for a in wanted} == set(record.adapters) or self.sent.get(record.shard_id) == tuple(wanted):
+            if {a.name for a in wanted} == set(record.adapters) or self.sent.get(record.replica_id) == tuple(wanted):
                 continue
             out.append((record, wanted))
         for gone in set(self.sent) - present:
             del self.sent[gone]
         return out
 
-    def sent_to(self, shard_id: str, adapters: list[AdapterSpec]) -> None:
-        self.sent[shard_id] = tuple(adapters)
+    def sent_to(self, replica_id: str, adapters: list[AdapterSpec]) -> None:
+        self.sent[replica_id] = tuple(adapters)

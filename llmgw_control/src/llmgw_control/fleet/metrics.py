@@ -1,7 +1,7 @@
 """Fleet metrics for ``/metrics``: a custom collector that reads the live objects at scrape time.
 
 Nothing is counted on the data path or in the reconciler for this: each scrape walks the
-inventory, the reconciler's shard records and the activator's waiting counts (all in memory, a
+inventory, the reconciler's replica records and the activator's waiting counts (all in memory, a
 few hundred objects at most) and reports what they say now. Scrapes run in the admin listener's
 trio task, the same thread that mutates these objects, so there is no torn read.
 
@@ -76,11 +76,11 @@ class FleetCollector(Collector):
                                 labels=["node", "kind"])
         vram = GaugeMetricFamily("llmgw_fleet_node_vram_mib", "GPU memory per node in MiB: total, claimed, free.",
                                  labels=["node", "kind"])
-        shards = GaugeMetricFamily("llmgw_fleet_node_replicas", "Replicas holding resources on a node.",
+        node_replicas = GaugeMetricFamily("llmgw_fleet_node_replicas", "Replicas holding resources on a node.",
                                    labels=["node"])
 
         claimed: dict[str, tuple[int, int, int]] = {}
-        for record in reconciler.shards.values():
+        for record in reconciler.records.values():
             # Claims a replica still holds: a stopped or failed one has released its memory.
             if record.status in HOLDING:
                 ram_c, vram_c, count = claimed.get(record.node_id, (0, 0, 0))
@@ -104,14 +104,14 @@ class FleetCollector(Collector):
                 ram.add_metric([node.node_id, kind], value)
             for kind, value in (("total", gpu_total), ("claimed", vram_c), ("free", max(0, gpu_total - vram_c))):
                 vram.add_metric([node.node_id, kind], value)
-            shards.add_metric([node.node_id], count)
+            node_replicas.add_metric([node.node_id], count)
         for state in sorted(set(NODE_STATES) | set(by_state)):
             nodes.add_metric([state], by_state.get(state, 0))
 
         replicas = GaugeMetricFamily("llmgw_fleet_replicas", "Replicas per model profile, by state.",
                                      labels=["model", "state"])
         counts: Counter[tuple[str, str]] = Counter(
-            (r.key, "draining" if r.draining else str(r.status)) for r in reconciler.shards.values())
+            (r.key, "draining" if r.draining else str(r.status)) for r in reconciler.records.values())
         for resolved in fleet.catalog.all_profiles():
             for state in REPLICA_STATES:
                 counts.setdefault((resolved.key, state), 0)
@@ -131,7 +131,7 @@ class FleetCollector(Collector):
         for resolved in fleet.catalog.all_profiles():
             evictions.add_metric([resolved.key], reconciler.evictions.get(resolved.key, 0))
 
-        yield from (nodes, node_state, cordoned, degraded, engines, ram, vram, shards, replicas, waiting, queue,
+        yield from (nodes, node_state, cordoned, degraded, engines, ram, vram, node_replicas, replicas, waiting, queue,
                     evictions)
         yield from self._leadership()
 

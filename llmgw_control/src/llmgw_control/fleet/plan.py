@@ -69,7 +69,7 @@ class PlanNode:
     engines: dict[tuple[str, str], EngineState]
     ram_mib: int
     vram_mib: int
-    # Ports the node reports in use by shards control may not know about.
+    # Ports the node reports in use by replicas control may not know about.
     busy_ports: frozenset[int] = frozenset()
     # Nodes of one kind run a profile alike (``fleet.measured.node_kind``).
     kind: str = ""
@@ -88,7 +88,7 @@ class PlanNode:
 
 @attrs.frozen
 class Assignment:
-    shard_id: str
+    replica_id: str
     key: str
     node_id: str
     port: int
@@ -129,13 +129,13 @@ class Start:
 
 @attrs.frozen
 class Drain:
-    shard_id: str
+    replica_id: str
     node_id: str
 
 
 @attrs.frozen
 class Stop:
-    shard_id: str
+    replica_id: str
     node_id: str
     reason: str
 
@@ -144,7 +144,7 @@ class Stop:
 class Evict:
     """Drain an idle replica to make room for ``for_key``; its profile goes back to scale from zero."""
 
-    shard_id: str
+    replica_id: str
     node_id: str
     key: str
     for_key: str
@@ -154,7 +154,7 @@ class Evict:
 class Forget:
     """Drop an assignment (its node is lost, or it stopped): a replacement may be placed."""
 
-    shard_id: str
+    replica_id: str
     reason: str
 
 
@@ -217,12 +217,12 @@ def plan(
                     kept.append(assignment)  # counted as live until the budget allows moving it
                     continue
                 budget -= 1
-            actions.append(Forget(assignment.shard_id, f"node {assignment.node_id} is lost"))
+            actions.append(Forget(assignment.replica_id, f"node {assignment.node_id} is lost"))
         elif assignment.status == ReplicaStatus.FAILED:
-            actions.append(Stop(assignment.shard_id, assignment.node_id, assignment.detail or "failed"))
-            actions.append(Forget(assignment.shard_id, f"failed on {assignment.node_id}: {assignment.detail}"))
+            actions.append(Stop(assignment.replica_id, assignment.node_id, assignment.detail or "failed"))
+            actions.append(Forget(assignment.replica_id, f"failed on {assignment.node_id}: {assignment.detail}"))
         elif assignment.status == ReplicaStatus.STOPPED:
-            actions.append(Forget(assignment.shard_id, "drained and stopped" if assignment.draining else "stopped"))
+            actions.append(Forget(assignment.replica_id, "drained and stopped" if assignment.draining else "stopped"))
         else:
             kept.append(assignment)
 
@@ -262,7 +262,7 @@ def plan(
         if missing < 0:
             # Drain the surplus: replicas not yet serving first, then the least recently used.
             surplus = sorted(live, key=lambda a: (a.status == ReplicaStatus.READY, a.last_used))[:-missing]
-            actions.extend(Drain(a.shard_id, a.node_id) for a in surplus)
+            actions.extend(Drain(a.replica_id, a.node_id) for a in surplus)
             for assignment in surplus:
                 _now_draining(assignment, on_node, live_by_key)
             continue
@@ -282,7 +282,7 @@ def plan(
                 blocked[demand.key] = reason if room is None else _making_room(room)
                 if room is not None:
                     for victim in room.evict:
-                        actions.append(Evict(victim.shard_id, victim.node_id, victim.key, demand.key))
+                        actions.append(Evict(victim.replica_id, victim.node_id, victim.key, demand.key))
                         evicted_keys.add(victim.key)
                         _now_draining(victim, on_node, live_by_key)
                 break
@@ -338,9 +338,9 @@ def _fits_gpus_after(room: Room, demand: Demand, node: PlanNode, gpu_free: dict[
 
 def _making_room(room: Room) -> str:
     if room.evict:
-        names = ", ".join(f"{a.shard_id} ({a.key})" for a in room.evict)
+        names = ", ".join(f"{a.replica_id} ({a.key})" for a in room.evict)
         return f"making room on node {room.node_id}: evicting idle {names}"
-    names = ", ".join(a.shard_id for a in room.draining)
+    names = ", ".join(a.replica_id for a in room.draining)
     return f"making room on node {room.node_id}: waiting for {names} to stop"
 
 

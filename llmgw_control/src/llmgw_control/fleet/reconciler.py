@@ -6,11 +6,11 @@ through a ``Dispatcher`` (which only queues commands: a pass never waits on the 
 publishes the replicas that are ready to the router, withdrawing the ones that stopped being
 ready before new requests reach them.
 
-Shard ids and API keys are ``shard_ids.py``'s; the records of what runs where, the config and
-the dispatcher interface are ``shards.py``'s.
+Replica ids and API keys are ``replica_ids.py``'s; the records of what runs where, the config and
+the dispatcher interface are ``replica_records.py``'s.
 
-What a node reports is the truth about its shards: its hello lists every shard it has, so a
-shard control placed there that the hello does not list is forgotten at once (and replaced if
+What a node reports is the truth about its replicas: its hello lists every replica it has, so a
+replica control placed there that the hello does not list is forgotten at once (and replaced if
 it should run), whatever state control last saw it in.
 
 This module is the loop and its pass, about 840 lines: the steps of one pass (absorb reports and
@@ -33,13 +33,13 @@ from llmgw_shared.logs import get_logger
 from llmgw_shared.wire import (
     PORT_IN_USE,
     Command,
-    DrainShard,
+    DrainReplica,
     RemoveWeights,
+    ReplicaSpec,
+    ReplicaState,
     SetAdapters,
-    ShardSpec,
-    ShardState,
-    StartShard,
-    StopShard,
+    StartReplica,
+    StopReplica,
     WeightsSpec,
 )
 
@@ -54,8 +54,8 @@ from .lifecycle import HOLDING, TERMINAL, ReplicaStatus
 from .live_adapters import LiveAdapters, adapter_specs, lora_args
 from .measured import MeasuredUse, node_kind
 from .plan import Action, Demand, Drain, Evict, Forget, PlanLimits, PlanNode, Start, Stop, plan
-from .shard_ids import ShardIds
-from .shards import KEEP_ENDED, Dispatcher, EndedReplica, ReconcilerConfig, ShardRecord
+from .replica_ids import ReplicaIds
+from .replica_records import KEEP_ENDED, Dispatcher, EndedReplica, ReconcilerConfig, ReplicaRecord
 from .token_bucket import TokenBucket
 from .weights_gc import expired, room_for_download
 
@@ -100,9 +100,9 @@ class Reconciler:
         self.clock = clock
         self.wall_clock = wall_clock  # nodes report when weights were last used in Unix time
         self._weights_checked_at = float("-inf")
-        self.ids = ShardIds(secret)
-        self.shards: dict[str, ShardRecord] = {}
-        # Recently forgotten replicas, oldest first (bounded: shards.KEEP_ENDED).
+        self.ids = ReplicaIds(secret)
+        self.records: dict[str, ReplicaRecord] = {}
+        # Recently forgotten replicas, oldest first (bounded: replica_records.KEEP_ENDED).
         self.ended: dict[str, EndedReplica] = {}
         self.backoff: dict[tuple[str, str], tuple[float, str]] = {}
         self.failures: dict[tuple[str, str], int] = {}
@@ -158,31 +158,31 @@ class Reconciler:
     def wake(self) -> None:
         self._wake.set()
 
-    def shard_api_key(self, shard_id: str) -> str:
-        return self.ids.api_key(shard_id)
+    def replica_api_key(self, replica_id: str) -> str:
+        return self.ids.api_key(replica_id)
 
-    def new_shard_id(self, key: str, node_id: str) -> str:
+    def new_replica_id(self, key: str, node_id: str) -> str:
         return self.ids.new(key, node_id)
 
-    def adoption_key(self, shard_id: str, node_id: str) -> str | None:
-        """The profile key control minted ``shard_id`` for on ``node_id``; None when it did not."""
-        return self.ids.minted_for(shard_id, node_id, [r.key for r in self.catalog.all_profiles()])
+    def adoption_key(self, replica_id: str, node_id: str) -> str | None:
+        """The profile key control minted ``replica_id`` for on ``node_id``; None when it did not."""
+        return self.ids.minted_for(replica_id, node_id, [r.key for r in self.catalog.all_profiles()])
 
     def status(self, key: str) -> str:
         """Why ``key`` has no ready replica, in the operator's words."""
         if key in self.blocked:
             return self.blocked[key]
-        starting = [r for r in self.shards.values() if r.key == key and not r.draining]
+        starting = [r for r in self.records.values() if r.key == key and not r.draining]
         if starting:
             record = starting[0]
             words = f"{record.status}: {record.detail}" if record.detail else record.status
-            return f"replica {record.shard_id} on node {record.node_id} is {words}"
+            return f"replica {record.replica_id} on node {record.node_id} is {words}"
         return "no replica placed yet"
 
-    def mark_failed(self, shard_id: str, detail: str) -> None:
+    def mark_failed(self, replica_id: str, detail: str) -> None:
         """A start failed (the node said so, or a deadline passed): back off from that node for
         this model, then retry. A replica already stopped or failed stays as it is."""
-        record = self.shards.get(shard_id)
+        record = self.records.get(replica_id)
         if record is None or record.status in TERMINAL:
             return
         record.move(ReplicaStatus.FAILED, detail)
@@ -199,7 +199,7 @@ class Reconciler:
         delay = min(self.config.backoff_cap, self.config.backoff_base * 2 ** (attempts - 1))
         self.backoff[(record.key, record.node_id)] = (self.clock() + delay, detail or "failed")
         # With the engine's last words: "exited with status 1" alone sends the operator to the node.
-        log.warning("replica %s of %s failed on node %s: %s (not retried there for %.0f s)", shard_id,
+        log.warning("replica %s of %s failed on node %s: %s (not retried there for %.0f s)", replica_id,
                     record.key, record.node_id, detail, delay,
                     extra={"model": record.key, "engine_output": record.last_lines[-5:]})
         self.wake()
@@ -225,24 +225,24 @@ class Reconciler:
 
     def drain_node(self, node_id: str) -> list[str]:
         """Cordon the node and drain every replica on it (withdrawn from the router first);
-        the next pass places replacements elsewhere. Returns the shard ids drained."""
+        the next pass places replacements elsewhere. Returns the replica ids drained."""
         self.cordon(node_id)
-        return self._drain([r for r in self.shards.values() if r.node_id == node_id])
+        return self._drain([r for r in self.records.values() if r.node_id == node_id])
 
     def drain_key(self, key: str) -> list[str]:
         """Drain every replica of a profile key (its model was removed, or changed so that the
         running engines no longer match it)."""
         self.measured.forget(key)
-        return self._drain([r for r in self.shards.values() if r.key == key])
+        return self._drain([r for r in self.records.values() if r.key == key])
 
     def start_on(self, key: str, node_id: str) -> str:
         """Place one more replica of ``key`` on ``node_id`` now (a capacity run asked for that
         node): the pure ``plan`` decides whether it fits there, as for any start. Returns the new
-        shard id; ValueError with the reason when it cannot start there."""
+        replica id; ValueError with the reason when it cannot start there."""
         resolved = self.catalog.resolve(key)
         if resolved is None:
             raise ValueError(f"no model {key}")
-        live = [r for r in self.shards.values() if r.key == key and not r.draining and r.status not in TERMINAL]
+        live = [r for r in self.records.values() if r.key == key and not r.draining and r.status not in TERMINAL]
         if len(live) >= resolved.profile.max_replicas:
             # One more would be drained again by the next pass as a surplus.
             raise ValueError(f"{key} runs its max_replicas ({resolved.profile.max_replicas}) already, none on "
@@ -251,30 +251,30 @@ class Reconciler:
         views = [v for v in self._node_views(now) if v.node_id == node_id]
         if not views:
             raise ValueError(f"node {node_id} is not connected")
-        here = [r.as_assignment(r.created_at) for r in self.shards.values() if r.node_id == node_id]
+        here = [r.as_assignment(r.created_at) for r in self.records.values() if r.node_id == node_id]
         demand = self._demand(resolved, sum(1 for a in here if a.key == key and a.live) + 1)
         decided = plan([demand], views, here, backoff=self.backoff, now=now,
                        limits=PlanLimits(self.config.port_min, self.config.port_max))
         starts: list[Action] = [a for a in decided.actions if isinstance(a, Start)]
         if not starts:
             raise ValueError(decided.blocked.get(key, f"{key} cannot start on node {node_id}"))
-        before = set(self.shards)
+        before = set(self.records)
         self._apply(starts[:1], now)
-        started = set(self.shards) - before
+        started = set(self.records) - before
         if not started:
             raise ValueError(f"the start command could not be sent to node {node_id}")
         return started.pop()
 
-    def give_back_started(self, shard_id: str) -> bool:
+    def give_back_started(self, replica_id: str) -> bool:
         """A capacity run is done with the replica it had started: drain it, unless requests are
         on it or the profile's ``min_replicas`` needs it (then it stays, to its idle timeout)."""
-        self.benchmarking.discard(shard_id)
-        record = self.shards.get(shard_id)
+        self.benchmarking.discard(replica_id)
+        record = self.records.get(replica_id)
         if record is None or record.draining:
             return False
         resolved = self.catalog.resolve(record.key)
-        replica = self.replicas.get(shard_id)
-        live = [r for r in self.shards.values() if r.key == record.key and not r.draining and r.status not in TERMINAL]
+        replica = self.replicas.get(replica_id)
+        live = [r for r in self.records.values() if r.key == record.key and not r.draining and r.status not in TERMINAL]
         if (replica is not None and replica.in_flight) or self.waiting.get(record.key) or (
                 resolved is not None and len(live) <= resolved.profile.min_replicas):
             return False
@@ -282,34 +282,34 @@ class Reconciler:
 
     def command_failed(self, node_id: str, command: Command, reason: str) -> None:
         """The node refused a command, or did not acknowledge it in time (``reason`` says which)."""
-        if isinstance(command, StartShard):
-            record = self.shards.get(command.shard.shard_id)
+        if isinstance(command, StartReplica):
+            record = self.records.get(command.replica.replica_id)
             if record is not None and record.node_id == node_id:
-                self.mark_failed(record.shard_id, reason)
+                self.mark_failed(record.replica_id, reason)
 
     def command_unsent(self, node_id: str, command: Command) -> None:
         """A command that did not leave control, or was being written when its node's connection
         ended (the agent service cannot tell whether that one arrived).
 
         A start is forgotten now, so a replacement is placed without waiting for the node to come
-        back or be lost; had it arrived after all, the node's next hello lists the shard and it is
+        back or be lost; had it arrived after all, the node's next hello lists the replica and it is
         adopted (the plan drains a surplus). A drain is sent again when the node's next hello
-        still lists the shard (``_settle_full_report``).
+        still lists the replica (``_settle_full_report``).
         """
-        if isinstance(command, StartShard):
-            record = self.shards.get(command.shard.shard_id)
+        if isinstance(command, StartReplica):
+            record = self.records.get(command.replica.replica_id)
             if record is not None and record.node_id == node_id and record.status == ReplicaStatus.ASSIGNED:
-                self._forget(Forget(record.shard_id, f"its start never reached node {node_id}"), self.clock())
+                self._forget(Forget(record.replica_id, f"its start never reached node {node_id}"), self.clock())
                 self.wake()
 
     def holders(self) -> frozenset[str]:
         """Nodes running (or starting) replicas this control placed or adopted."""
-        return frozenset(r.node_id for r in self.shards.values() if r.status in HOLDING)
+        return frozenset(r.node_id for r in self.records.values() if r.status in HOLDING)
 
-    def _drain(self, records: list[ShardRecord]) -> list[str]:
-        drained = [r.shard_id for r in records if not r.draining and r.status not in TERMINAL]
+    def _drain(self, records: list[ReplicaRecord]) -> list[str]:
+        drained = [r.replica_id for r in records if not r.draining and r.status not in TERMINAL]
         if drained:
-            self._apply([Drain(shard_id, self.shards[shard_id].node_id) for shard_id in drained], self.clock())
+            self._apply([Drain(replica_id, self.records[replica_id].node_id) for replica_id in drained], self.clock())
             self.wake()
         return drained
 
@@ -319,9 +319,9 @@ class Reconciler:
         Every replica it published is withdrawn (a standby routes nothing), and what runs where is
         learnt again from the nodes' hellos, with adoption, if it leads again.
         """
-        for shard_id in list(self.shards) + list(self._published):
-            self.replicas.withdraw(shard_id)
-        self.shards.clear()
+        for replica_id in list(self.records) + list(self._published):
+            self.replicas.withdraw(replica_id)
+        self.records.clear()
         self.backoff.clear()
         self.failures.clear()
         self.blocked = {}
@@ -356,21 +356,21 @@ class Reconciler:
             log.info("every node that held replicas before has reported: placing now")
             self.hold_until = now
         if now < self.hold_until:
-            self._sync_router(now)
+            self._publish_to_gateway(now)
             return
         # Replicas of a model the catalog no longer has (removed through the admin API) go away
         # the usual way: withdrawn, then drained.
-        self._drain([r for r in self.shards.values() if self.catalog.resolve(r.key) is None])
+        self._drain([r for r in self.records.values() if self.catalog.resolve(r.key) is None])
         demands = self._demands(now)
         views = self._node_views(now)
         limits = PlanLimits(self.config.port_min, self.config.port_max, self._reschedules.available(now),
                             self.config.evict_min_age)
         published = {r.id: r for r in self.replicas}
         assignments = []
-        for record in self.shards.values():
-            replica = published.get(record.shard_id)
+        for record in self.records.values():
+            replica = published.get(record.replica_id)
             busy = (bool(self.waiting.get(record.key)) or (replica is not None and replica.in_flight > 0)
-                    or record.shard_id in self.benchmarking)
+                    or record.replica_id in self.benchmarking)
             last_used = replica.last_used if replica is not None else record.created_at
             assignments.append(record.as_assignment(last_used, busy=busy))
         decided = plan(demands, views, assignments, backoff=self.backoff, now=now, limits=limits)
@@ -380,7 +380,7 @@ class Reconciler:
             self._log_blocked(key, reason, now)
         self.blocked = decided.blocked
         self._sync_adapters()
-        self._sync_router(now)
+        self._publish_to_gateway(now)
         if now - self._weights_checked_at >= _WEIGHTS_CHECK_INTERVAL:
             self._weights_checked_at = now
             self._remove_unused_weights()
@@ -390,7 +390,7 @@ class Reconciler:
     def weights_in_use(self, node_id: str) -> dict[str, list[str]]:
         """sha256 -> the profile keys of control's replicas on the node that use the file."""
         out: dict[str, list[str]] = {}
-        for record in self.shards.values():
+        for record in self.records.values():
             if record.node_id == node_id and record.status in HOLDING:
                 resolved = self.catalog.resolve(record.key)
                 # A vLLM or SGLang replica serves a model directory, not a file of the cache.
@@ -439,7 +439,7 @@ class Reconciler:
         probe = "\x00probe"  # a key no profile can have (names never hold NUL)
         last_used = {r.id: r.last_used for r in self.replicas}
         decided = plan([Demand(probe, engine, claim, 1, dict(labels or {}))], self._node_views(now),
-                       [r.as_assignment(last_used.get(r.shard_id, r.created_at)) for r in self.shards.values()],
+                       [r.as_assignment(last_used.get(r.replica_id, r.created_at)) for r in self.records.values()],
                        backoff={}, now=now,
                        limits=PlanLimits(self.config.port_min, self.config.port_max, 0))
         if any(isinstance(a, Start) and a.key == probe for a in decided.actions):
@@ -459,15 +459,15 @@ class Reconciler:
             if node.full_report_pending:
                 node.full_report_pending = False
                 self._settle_full_report(node, now)
-            for state in list(node.shards.values()):
-                record = self.shards.get(state.shard_id)
+            for state in list(node.replicas.values()):
+                record = self.records.get(state.replica_id)
                 if record is None:
                     self._adopt(node, state, now)
                 elif record.node_id == node.node_id:
                     self._absorb(node, record, state, now)
 
     def _settle_full_report(self, node: NodeRecord, now: float) -> None:
-        """The node's hello listed every shard it has: what it did not list is gone.
+        """The node's hello listed every replica it has: what it did not list is gone.
 
         Runs in the first pass after the hello, before this pass can start anything there, so
         every record on the node predates the report. A replica the node no longer has (it was
@@ -476,16 +476,16 @@ class Reconciler:
         A drain the node has not carried out (it may have been lost with the connection) is sent
         again; drains are idempotent on the node.
         """
-        for record in [r for r in self.shards.values() if r.node_id == node.node_id]:
-            state = node.shards.get(record.shard_id)
+        for record in [r for r in self.records.values() if r.node_id == node.node_id]:
+            state = node.replicas.get(record.replica_id)
             if state is None:
-                self._forget(Forget(record.shard_id, f"node {node.node_id} no longer has it (not in its hello)"),
+                self._forget(Forget(record.replica_id, f"node {node.node_id} no longer has it (not in its hello)"),
                              now)
             elif record.draining and state.status not in TERMINAL:
-                log.info("sending the drain of replica %s to node %s again", record.shard_id, node.node_id)
-                self._send(node.node_id, DrainShard(self._next_id(), self.fencing_token, record.shard_id))
+                log.info("sending the drain of replica %s to node %s again", record.replica_id, node.node_id)
+                self._send(node.node_id, DrainReplica(self._next_id(), self.fencing_token, record.replica_id))
 
-    def _absorb(self, node: NodeRecord, record: ShardRecord, state: ShardState, now: float) -> None:
+    def _absorb(self, node: NodeRecord, record: ReplicaRecord, state: ReplicaState, now: float) -> None:
         """Apply what the node says about a replica control knows, if it can be true."""
         reported = ReplicaStatus(state.status)
         if record.status in TERMINAL:
@@ -497,22 +497,22 @@ class Reconciler:
             return
         if not lifecycle.allowed(record.status, reported):
             log.warning("node %s reported replica %s going from %s to %s, which cannot happen: ignored",
-                        node.node_id, record.shard_id, record.status, reported, extra={"node": node.node_id})
+                        node.node_id, record.replica_id, record.status, reported, extra={"node": node.node_id})
             return
         if reported == ReplicaStatus.READY and record.status != ReplicaStatus.READY:
             record.ready_since = now
             self.failures.pop((record.key, record.node_id), None)
-            log.info("replica %s of %s ready on node %s", record.shard_id, record.key, node.node_id)
+            log.info("replica %s of %s ready on node %s", record.replica_id, record.key, node.node_id)
         if state.last_lines:
             record.last_lines = list(state.last_lines)
         record.adapters = tuple(state.adapters)
         if reported == ReplicaStatus.FAILED:
-            self.mark_failed(record.shard_id, state.detail)
+            self.mark_failed(record.replica_id, state.detail)
         else:
             record.move(reported, state.detail)
             self._measured(node, record, state)
 
-    def _measured(self, node: NodeRecord, record: ShardRecord, state: ShardState) -> None:
+    def _measured(self, node: NodeRecord, record: ReplicaRecord, state: ReplicaState) -> None:
         """Take the node's measurement of a running replica: its accounting, and the next claim."""
         if state.rss_mib == 0 and state.vram_mib == 0:
             return  # not measured yet (or between restarts): the claim stands
@@ -528,45 +528,45 @@ class Reconciler:
             # Only a replica that loaded says what the profile needs; one still loading holds less.
             self.measured.record(record.key, node_kind(node.facts), record.used)
 
-    def _adopt(self, node: NodeRecord, state: ShardState, now: float) -> None:
-        """A shard a node runs that this control does not know: after a restart, take it over --
+    def _adopt(self, node: NodeRecord, state: ReplicaState, now: float) -> None:
+        """A replica a node runs that this control does not know: after a restart, take it over --
         but only one control minted for this node, at the node's own address, on a port control
         could have given it. Anything else the node is told to stop."""
         status = ReplicaStatus(state.status)
         if status in TERMINAL or status == ReplicaStatus.DRAINING:
             return  # ended, or on its way out: nothing to take over
-        shard_id = state.shard_id
-        key = self.adoption_key(shard_id, node.node_id)
+        replica_id = state.replica_id
+        key = self.adoption_key(replica_id, node.node_id)
         refusal = ""
         if key is None:
             refusal = "no model in the catalog claims it, or it was not started on this node"
         elif not self.config.port_min <= state.port <= self.config.port_max:
             refusal = f"port {state.port} is outside {self.config.port_min}-{self.config.port_max}"
         elif any(r.node_id == node.node_id and r.port == state.port and r.status in HOLDING
-                 for r in self.shards.values()):
+                 for r in self.records.values()):
             refusal = f"port {state.port} belongs to another replica there"
         if refusal or key is None:
-            log.info("node %s runs shard %s, which is not adopted (%s): stopping it", node.node_id, shard_id,
+            log.info("node %s runs replica %s, which is not adopted (%s): stopping it", node.node_id, replica_id,
                      refusal, extra={"node": node.node_id})
-            self._send(node.node_id, StopShard(self._next_id(), self.fencing_token, shard_id))
-            node.shards.pop(shard_id, None)
+            self._send(node.node_id, StopReplica(self._next_id(), self.fencing_token, replica_id))
+            node.replicas.pop(replica_id, None)
             return
-        record = ShardRecord(shard_id, key, node.node_id, state.port, self.claims.get(key, Claim(0)), status,
+        record = ReplicaRecord(replica_id, key, node.node_id, state.port, self.claims.get(key, Claim(0)), status,
                              state.detail, created_at=now, ready_since=now if status == ReplicaStatus.READY else None,
                              address=node.address, adapters=tuple(state.adapters))
-        self.shards[shard_id] = record
+        self.records[replica_id] = record
         self._measured(node, record, state)
-        log.info("adopted replica %s of %s on node %s (%s)", shard_id, key, node.node_id, status)
+        log.info("adopted replica %s of %s on node %s (%s)", replica_id, key, node.node_id, status)
 
     def _expire_assigned(self, now: float) -> None:
         """A start the node acknowledged (or never answered) and then never reported: failed."""
         limit = self.config.assigned_timeout
-        for record in list(self.shards.values()):
+        for record in list(self.records.values()):
             if record.status == ReplicaStatus.ASSIGNED and now - record.created_at > limit:
                 node = self.inventory.get(record.node_id)
                 # A node that went quiet is the liveness rules' business, not this deadline's.
                 if node is not None and self.liveness.state(node, now) == NodeLiveness.READY:
-                    self.mark_failed(record.shard_id, f"node {record.node_id} did not report it within {limit:g} s "
+                    self.mark_failed(record.replica_id, f"node {record.node_id} did not report it within {limit:g} s "
                                                       "of start_shard")
 
     def _forget_lost_nodes(self, now: float) -> None:
@@ -575,8 +575,8 @@ class Reconciler:
         for node in self.inventory:
             if node.connected or now - node.last_seen <= retention:
                 continue
-            for record in [r for r in self.shards.values() if r.node_id == node.node_id]:
-                self._forget(Forget(record.shard_id, f"node {node.node_id} is forgotten"), now)
+            for record in [r for r in self.records.values() if r.node_id == node.node_id]:
+                self._forget(Forget(record.replica_id, f"node {node.node_id} is forgotten"), now)
             self.inventory.remove(node.node_id)
             self.busy_ports.pop(node.node_id, None)
             for key in [k for k in self.backoff if k[1] == node.node_id]:
@@ -611,8 +611,8 @@ class Reconciler:
           at all none of them is ever idle.
         """
         demands = []
-        live_by_key: dict[str, list[ShardRecord]] = {}
-        for record in self.shards.values():
+        live_by_key: dict[str, list[ReplicaRecord]] = {}
+        for record in self.records.values():
             if not record.draining and record.status not in TERMINAL:
                 live_by_key.setdefault(record.key, []).append(record)
         marks_seen: set[str] = set()
@@ -627,7 +627,7 @@ class Reconciler:
             marks_seen.add(key)
             live = live_by_key.get(key, [])
             published = {r.id: r for r in self.replicas.for_model(key)}
-            serving = [published[r.shard_id] for r in live if r.shard_id in published]
+            serving = [published[r.replica_id] for r in live if r.replica_id in published]
             waiting = self.waiting.get(key, 0)
             marks = self._load_marks.setdefault(key, {})
             # Requests in the gateway for this profile now; a replica used since the last pass
@@ -641,7 +641,7 @@ class Reconciler:
                 recent = max((n for n, at in marks.items() if now - at < profile.idle_timeout), default=0)
                 starting_or_new = sum(
                     1 for r in live
-                    if r.shard_id not in published or now - (r.ready_since or r.created_at) < profile.idle_timeout)
+                    if r.replica_id not in published or now - (r.ready_since or r.created_at) < profile.idle_timeout)
                 keep = min(len(live), max(recent, starting_or_new))
             wanted = max(profile.min_replicas, keep, 1 if waiting else 0)
             if serving and len(serving) == len(live) and all(r.in_flight >= r.slots for r in serving):
@@ -683,7 +683,7 @@ class Reconciler:
         views = []
         for node in self.inventory:
             facts = node.facts
-            busy_ports = frozenset({s.port for s in node.shards.values() if s.status not in TERMINAL}
+            busy_ports = frozenset({s.port for s in node.replicas.values() if s.status not in TERMINAL}
                                    | self.busy_ports.get(node.node_id, set()))
             views.append(PlanNode(
                 node.node_id, self.liveness.state(node, now), self.is_cordoned(node.node_id), node.labels,
@@ -702,11 +702,11 @@ class Reconciler:
             if isinstance(action, Start):
                 self._start(action, now)
             elif isinstance(action, Drain | Evict):
-                record = self.shards.get(action.shard_id)
+                record = self.records.get(action.replica_id)
                 if record is None:
                     continue
                 # Withdraw before draining so no new request is sent to a replica going away.
-                self.replicas.withdraw(record.shard_id)
+                self.replicas.withdraw(record.replica_id)
                 record.draining = True
                 record.move(ReplicaStatus.DRAINING)
                 if isinstance(action, Evict):
@@ -714,13 +714,13 @@ class Reconciler:
                     # requests (waiting for it) place it again.
                     self._load_marks.pop(record.key, None)
                     self.evictions[record.key] = self.evictions.get(record.key, 0) + 1
-                    log.info("evicting replica %s of %s on node %s to make room for %s", record.shard_id,
+                    log.info("evicting replica %s of %s on node %s to make room for %s", record.replica_id,
                              record.key, record.node_id, action.for_key, extra={"model": record.key})
                 else:
-                    log.info("draining replica %s of %s on node %s", record.shard_id, record.key, record.node_id)
-                self._send(record.node_id, DrainShard(self._next_id(), self.fencing_token, record.shard_id))
+                    log.info("draining replica %s of %s on node %s", record.replica_id, record.key, record.node_id)
+                self._send(record.node_id, DrainReplica(self._next_id(), self.fencing_token, record.replica_id))
             elif isinstance(action, Stop):
-                self._send(action.node_id, StopShard(self._next_id(), self.fencing_token, action.shard_id))
+                self._send(action.node_id, StopReplica(self._next_id(), self.fencing_token, action.replica_id))
             else:
                 self._forget(action, now)
 
@@ -731,19 +731,20 @@ class Reconciler:
         node = self.inventory.get(action.node_id)
         if node is None:
             return
-        shard_id = self.new_shard_id(action.key, action.node_id)
-        spec = self.shard_spec(resolved, shard_id, action.port, action.devices)
+        replica_id = self.new_replica_id(action.key, action.node_id)
+        spec = self.replica_spec(resolved, replica_id, action.port, action.devices)
         self._room_for_weights(node, resolved)
         # The record first: a dispatcher may report the command lost before send returns.
-        self.shards[shard_id] = ShardRecord(shard_id, action.key, action.node_id, action.port, action.claim,
+        self.records[replica_id] = ReplicaRecord(replica_id, action.key, action.node_id, action.port, action.claim,
                                             created_at=now, address=node.address, devices=action.devices)
-        if not self._send(action.node_id, StartShard(self._next_id(), self.fencing_token, spec)):
-            self.shards.pop(shard_id, None)
+        if not self._send(action.node_id, StartReplica(self._next_id(), self.fencing_token, spec)):
+            self.records.pop(replica_id, None)
             return
-        log.info("starting replica %s of %s on node %s port %d", shard_id, action.key, action.node_id,
+        log.info("starting replica %s of %s on node %s port %d", replica_id, action.key, action.node_id,
                  action.port)
 
-    def shard_spec(self, resolved: Resolved, shard_id: str, port: int, devices: tuple[int, ...] = ()) -> ShardSpec:
+    def replica_spec(self, resolved: Resolved, replica_id: str, port: int,
+                     devices: tuple[int, ...] = ()) -> ReplicaSpec:
         profile = resolved.profile
         args = list(profile.args)
         if profile.engine == "llama.cpp":
@@ -758,45 +759,45 @@ class Reconciler:
             args = ["--served-model-name", resolved.model.name, "--context-length", str(profile.context),
                     "--max-running-requests", str(replica_slots(profile)), "--enable-metrics", *args]
         weights = profile.weights
-        return ShardSpec(
-            shard_id=shard_id, engine=profile.engine, engine_version=self.catalog.engine_version(profile),
+        return ReplicaSpec(
+            replica_id=replica_id, engine=profile.engine, engine_version=self.catalog.engine_version(profile),
             weights=WeightsSpec(weights.url, weights.sha256, weights.size) if weights is not None else None,
-            port=port, api_key=self.shard_api_key(shard_id), args=args, env=dict(profile.env),
+            port=port, api_key=self.replica_api_key(replica_id), args=args, env=dict(profile.env),
             start_timeout_s=profile.start_timeout, model_dir=profile.model_dir, devices=list(devices),
             adapters=adapter_specs(profile),
         )
 
     def _forget(self, action: Forget, now: float) -> None:
-        record = self.shards.pop(action.shard_id, None)
-        replica = self.replicas.withdraw(action.shard_id)
+        record = self.records.pop(action.replica_id, None)
+        replica = self.replicas.withdraw(action.replica_id)
         if record is None:
             return
-        self._retired[record.shard_id] = (replica, None)
-        self.ended[record.shard_id] = EndedReplica(record.shard_id, record.key, record.node_id, record.status,
+        self._retired[record.replica_id] = (replica, None)
+        self.ended[record.replica_id] = EndedReplica(record.replica_id, record.key, record.node_id, record.status,
                                                    record.detail, record.last_lines)
         while len(self.ended) > KEEP_ENDED:
             del self.ended[next(iter(self.ended))]
         node = self.inventory.get(record.node_id)
         if node is not None:
-            node.shards.pop(record.shard_id, None)
-        log.info("forgetting replica %s of %s: %s", record.shard_id, record.key, action.reason)
+            node.replicas.pop(record.replica_id, None)
+        log.info("forgetting replica %s of %s: %s", record.replica_id, record.key, action.reason)
 
     def _sync_adapters(self) -> None:
         """Send running vLLM replicas their profile's adapters where the catalog changed them."""
-        for record, adapters in self.live_adapters.due(self.shards.values(), self.catalog):
-            log.info("replica %s of %s: loading adapters [%s] live", record.shard_id, record.key,
+        for record, adapters in self.live_adapters.due(self.records.values(), self.catalog):
+            log.info("replica %s of %s: loading adapters [%s] live", record.replica_id, record.key,
                      ", ".join(a.name for a in adapters))
-            if self._send(record.node_id, SetAdapters(self._next_id(), self.fencing_token, record.shard_id,
+            if self._send(record.node_id, SetAdapters(self._next_id(), self.fencing_token, record.replica_id,
                                                       adapters)):
-                self.live_adapters.sent_to(record.shard_id, adapters)
+                self.live_adapters.sent_to(record.replica_id, adapters)
 
-    def _sync_router(self, now: float) -> None:
-        for record in self.shards.values():
+    def _publish_to_gateway(self, now: float) -> None:
+        for record in self.records.values():
             node = self.inventory.get(record.node_id)
             state = self.liveness.state(node, now) if node is not None else NodeLiveness.LOST
             routable = (record.status == ReplicaStatus.READY and not record.draining
                         and state in (NodeLiveness.READY, NodeLiveness.DISCONNECTED))
-            current = self.replicas.get(record.shard_id)
+            current = self.replicas.get(record.replica_id)
             if routable and node is not None:
                 url = f"http://{_url_host(record.address or node.address)}:{record.port}"
                 resolved = self.catalog.resolve(record.key)
@@ -808,8 +809,8 @@ class Reconciler:
                     engine_slots = resolved.profile.parallel \
                         if resolved is not None and resolved.profile.engine == "llama.cpp" else 0
                     self.replicas.publish(Replica(
-                        id=record.shard_id, url=url, models=frozenset({record.key}), slots=slots,
-                        api_key=self.shard_api_key(record.shard_id), served_name=served,
+                        id=record.replica_id, url=url, models=frozenset({record.key}), slots=slots,
+                        api_key=self.replica_api_key(record.replica_id), served_name=served,
                         last_used=now, engine_slots=engine_slots, adapters=adapters, adapter_mode=adapter_mode))
                 elif current.adapters != adapters:
                     # Renamed or rescaled (a changed llama.cpp list drains the replica instead), or
@@ -818,15 +819,15 @@ class Reconciler:
                 elif current.slots != slots:
                     # A capacity run finished (or the profile changed): the replica's counters
                     # stay, only its bound moves; requests waiting take slots that opened.
-                    log.info("replica %s of %s now has %d slots", record.shard_id, record.key, slots)
-                    self.replicas.resize(record.shard_id, slots)
+                    log.info("replica %s of %s now has %d slots", record.replica_id, record.key, slots)
+                    self.replicas.resize(record.replica_id, slots)
             elif current is not None:
-                self.replicas.withdraw(record.shard_id)
-                log.info("withdrew replica %s of %s (%s, node %s)", record.shard_id, record.key,
+                self.replicas.withdraw(record.replica_id)
+                log.info("withdrew replica %s of %s (%s, node %s)", record.replica_id, record.key,
                          record.status, state)
-        for shard_id in self._published - set(self.shards):
-            self.replicas.withdraw(shard_id)
-        self._published = {r.shard_id for r in self.shards.values() if self.replicas.get(r.shard_id)}
+        for replica_id in self._published - set(self.records):
+            self.replicas.withdraw(replica_id)
+        self._published = {r.replica_id for r in self.records.values() if self.replicas.get(r.replica_id)}
 
     def _sweep_retired(self, now: float) -> None:
         """Remove the metric series of forgotten replicas once nothing is in flight on them.
@@ -838,17 +839,17 @@ class Reconciler:
         """
         if not self._retired:
             return
-        for shard_id, (replica, idle_since) in list(self._retired.items()):
-            if shard_id in self.shards:
-                del self._retired[shard_id]  # adopted again under the same id: its series live on
+        for replica_id, (replica, idle_since) in list(self._retired.items()):
+            if replica_id in self.records:
+                del self._retired[replica_id]  # adopted again under the same id: its series live on
             elif replica is not None and replica.in_flight > 0:
-                self._retired[shard_id] = (replica, None)
+                self._retired[replica_id] = (replica, None)
             elif idle_since is None:
-                self._retired[shard_id] = (replica, now)
+                self._retired[replica_id] = (replica, now)
             elif now - idle_since >= _SERIES_GRACE:
-                del self._retired[shard_id]
+                del self._retired[replica_id]
                 if self.on_replica_forgotten is not None:
-                    self.on_replica_forgotten(shard_id)
+                    self.on_replica_forgotten(replica_id)
 
     def _send(self, node_id: str, command: Command) -> bool:
         return self.dispatcher.send(node_id, command)

@@ -1,4 +1,4 @@
-"""Control's own secret, kept in its data directory (shard API keys are derived from it)."""
+"""Control's own secret, kept in its data directory (replica API keys are derived from it)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Which model files control tells a node to remove: pure, so every rule is tested directly.
 
-* never a file in use: the node says a shard uses it, or control has a replica on that node
+* never a file in use: the node says a replica uses it, or control has a replica on that node
   (starting, running or draining) whose profile names it;
 * a file no profile on the node needed for ``keep_for`` seconds goes (``reconciler.weights_keep_for``);
 * when a download would not fit on the node's disk, the least recently used unused files go,

@@ -9,7 +9,7 @@ from .replicas import DEFAULT_ENDPOINT_SLOTS
 
 
 @attrs.frozen
-class RouterConfig:
+class GatewayConfig:
     # Per-phase deadlines. The first byte includes the engine's queueing and prompt processing,
     # so it is generous; the idle gap bounds a stream whose engine stopped producing.
     connect_timeout: float = 5.0

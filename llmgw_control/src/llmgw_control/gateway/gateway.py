@@ -34,7 +34,7 @@ from .adapters import adapter_affinity, without_adapter
 from .affinity import Affinity, request_affinity
 from .attempts import Broken, Outcome, Phase, Refused, Retry, Stalled, Step, policy
 from .capabilities import PROBE_CONCURRENCY, ModelCapabilities, combine, declared, learn, needs, refusal
-from .config import RouterConfig
+from .config import GatewayConfig
 from .continuation import StreamRecord, continuation_request, ending, may_continue
 from .cors import CorsPolicy
 from .directory import ModelDirectory, StaticDirectory
@@ -57,7 +57,7 @@ class Gateway:
         replicas: ReplicaSet,
         upstream: UpstreamClient,
         metrics: GatewayMetrics,
-        config: RouterConfig,
+        config: GatewayConfig,
         *,
         directory: ModelDirectory | None = None,
         activator: Activator | None = None,

@@ -31,7 +31,7 @@ import trio
 
 from llmgw_shared.logs import get_logger
 
-from .config import RouterConfig
+from .config import GatewayConfig
 from .metrics import GatewayMetrics
 from .replicas import Replica, ReplicaSet
 from .upstream import UpstreamClient, UpstreamError
@@ -49,7 +49,7 @@ class HangWatch:
     """The gateway's one watcher of every replica's progress (``run``, a task for the daemon's life)."""
 
     def __init__(
-        self, replicas: ReplicaSet, upstream: UpstreamClient, config: RouterConfig, metrics: GatewayMetrics,
+        self, replicas: ReplicaSet, upstream: UpstreamClient, config: GatewayConfig, metrics: GatewayMetrics,
     ) -> None:
         self.replicas = replicas
         self.upstream = upstream

@@ -26,7 +26,7 @@ from llmgw_shared.logs import get_logger
 from ..api_errors import ClientApiError
 from .adapters import adapter_fields
 from .attempts import ANSWERED, Broken, Outcome, Refused, Retry, Stalled
-from .config import RouterConfig
+from .config import GatewayConfig
 from .continuation import StreamRecord
 from .exchange import Exchange
 from .replicas import Replica
@@ -72,7 +72,7 @@ def _reason(error: ClientApiError, otherwise: str) -> str:
 
 
 async def exchange_with(
-    upstream: UpstreamClient, config: RouterConfig, replica: Replica, url: str, headers: list[tuple[str, str]],
+    upstream: UpstreamClient, config: GatewayConfig, replica: Replica, url: str, headers: list[tuple[str, str]],
     request: ParsedRequest, exchange: Exchange, record: StreamRecord | None = None, engine_slot: int | None = None,
 ) -> Outcome:
     """Send ``request`` to ``replica``, relay its answer into ``exchange``, and say how it went.
@@ -165,7 +165,7 @@ def _in_shape(value: dict[str, object], api: str) -> bool:
     return True
 
 
-async def _error_body(config: RouterConfig, replica: Replica, response: UpstreamResponse, exchange: Exchange) -> bytes:
+async def _error_body(config: GatewayConfig, replica: Replica, response: UpstreamResponse, exchange: Exchange) -> bytes:
     """An engine's error answer, bounded; the read's own failure, as text, when it broke off."""
     try:
         return (await _read_all(config, replica, response, exchange, _ERROR_BODY_LIMIT))[:_ERROR_BODY_LIMIT]
@@ -174,7 +174,7 @@ async def _error_body(config: RouterConfig, replica: Replica, response: Upstream
 
 
 async def _read_all(
-    config: RouterConfig, replica: Replica, response: UpstreamResponse, exchange: Exchange, limit: int | None = None
+    config: GatewayConfig, replica: Replica, response: UpstreamResponse, exchange: Exchange, limit: int | None = None
 ) -> bytes:
     """The whole body; ClientApiError when the engine stalls for the idle timeout or breaks off."""
     idle = config.idle_timeout
@@ -206,7 +206,7 @@ async def _read_all(
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 async def _relay(
-    config: RouterConfig, replica: Replica, response: UpstreamResponse, exchange: Exchange,
+    config: GatewayConfig, replica: Replica, response: UpstreamResponse, exchange: Exchange,
     record: StreamRecord | None, bounds: UsageBounds,
 ) -> Outcome:
     status = response.status_code
@@ -297,7 +297,7 @@ async def _relay(
 
 
 async def _read_stream(
-    config: RouterConfig, replica: Replica, response: UpstreamResponse,
+    config: GatewayConfig, replica: Replica, response: UpstreamResponse,
     arrived: trio.MemorySendChannel[bytes | ClientApiError | None],
 ) -> None:
     """Read the engine's stream into the relay queue; ends with None, or the error that ended it."""

@@ -1,7 +1,7 @@
 """The replicas the router may send requests to, with the counters the balancer reads.
 
 Router-only mode fills the set once from the config; the control plane publishes a replica when
-its shard becomes ready and withdraws it before it stops, so the router never sends a request to
+its replica becomes ready and withdraws it before it stops, so the router never sends a request to
 an engine that is going away.
 """
 

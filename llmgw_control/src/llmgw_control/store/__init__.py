@@ -5,7 +5,7 @@ Use ``open_store(url_or_path)`` (or ``connect_store``) to get a ``Store``; run a
 """
 
 from .audit_scope import AuditScope, audit_scope, note_change
-from .cluster_secrets import KEY_DIGEST_SECRET, SHARD_KEY_SECRET, cluster_secret
+from .cluster_secrets import KEY_DIGEST_SECRET, REPLICA_KEY_SECRET, cluster_secret
 from .convert import UNSET, Unset
 from .errors import (
     Conflict,
@@ -49,7 +49,7 @@ from .view_notify import VIEW_CHANNEL, ViewListener
 __all__ = [
     "KEY_DIGEST_SECRET",
     "MIGRATIONS",
-    "SHARD_KEY_SECRET",
+    "REPLICA_KEY_SECRET",
     "STANDBY",
     "UNSET",
     "VIEW_CHANNEL",

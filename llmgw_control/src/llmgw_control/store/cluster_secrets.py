@@ -1,6 +1,6 @@
 """Secrets every control daemon on one store must share, created once in the database by the first.
 
-Shard API keys, the key digests' server secret and the dashboard's session signing key must be
+Replica API keys, the key digests' server secret and the dashboard's session signing key must be
 the same on every daemon of one PostgreSQL store: a new leader must talk to the engines it adopts,
 check the keys the others made, and accept their sessions.
 """
@@ -18,7 +18,7 @@ from .interface import Store
 log = get_logger(__name__)
 
 KEY_DIGEST_SECRET = "key-digest"
-SHARD_KEY_SECRET = "shard-api-keys"
+REPLICA_KEY_SECRET = "shard-api-keys"
 
 
 def _read_hex(path: Path) -> bytes | None:

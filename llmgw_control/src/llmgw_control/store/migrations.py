@@ -120,7 +120,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         2,
         "cluster secrets shared by every control daemon on one database",
         (
-            # Random values every daemon must agree on (the key-digest server secret, the shard
+            # Random values every daemon must agree on (the key-digest server secret, the replica
             # API key secret); the first daemon inserts each one, the rest read it. See
             # docs/failover.md for why these live in the database.
             """CREATE TABLE cluster_secrets (

@@ -55,7 +55,7 @@ async def set_cordon(ctx: ApiContext, node_id: str, cordoned: bool) -> Fleet:
 
 
 def add_node_routes(api: Api, ctx: ApiContext) -> None:
-    @api.route("GET", "/nodes", summary="The nodes: facts, engine states in the node's words, warnings, shards",
+    @api.route("GET", "/nodes", summary="The nodes: facts, engine states in the node's words, warnings, replicas",
                tag="nodes", response=NodeList)
     async def list_nodes(call: Call) -> NodeList:
         if ctx.fleet is None:

@@ -1,6 +1,6 @@
 """``GET /api/v1/replicas/{id}/logs``: an engine's output, asked of its node on request.
 
-The node keeps each shard's output (its log file, bounded; ``llmgw_node/shard_logs.py``) and sends
+The node keeps each replica's output (its log file, bounded; ``llmgw_node/replica_logs.py``) and sends
 the last lines over the agent socket when asked (``get_shard_logs`` -> ``shard_logs``). A
 follower passes the previous answer's ``cursor`` with ``wait=true``: the answer is held until new
 lines appear or ``LOG_WAIT_S`` passes (a long poll: one request at a time per follower, bounded
@@ -58,7 +58,7 @@ def register_replica_logs(api: Api, fleet: Callable[[], Fleet]) -> None:
         cursor = call.query.get("cursor", "")
         if len(cursor) > 41 or not all(c.isdigit() or c == ":" for c in cursor):
             raise AdminApiError(400, "invalid_request", "not a cursor this API gave", "cursor")
-        record = f.reconciler.shards.get(replica_id)
+        record = f.reconciler.records.get(replica_id)
         ended = f.reconciler.ended.get(replica_id)
         if record is not None:
             key, node_id, status, detail = record.key, record.node_id, str(record.status), record.detail
@@ -74,7 +74,7 @@ def register_replica_logs(api: Api, fleet: Callable[[], Fleet]) -> None:
 
         async def ask(after: str) -> ReplicaLogs | None:
             try:
-                got = await f.agents.shard_logs(node_id, replica_id, lines, after)
+                got = await f.agents.replica_logs(node_id, replica_id, lines, after)
             except LogsUnavailable as exc:
                 if report:
                     return answer("failure report", report[-lines:], "")

@@ -62,7 +62,7 @@ class EngineOnNode:
 
 
 @attrs.frozen
-class ShardOnNode:
+class ReplicaOnNode:
     id: str
     state: str
     port: int
@@ -82,7 +82,7 @@ class NodeView:
     # Host problems in the node's words, e.g. the CPU lacks AVX2 (llama.cpp will be slow).
     warnings: list[str]
     engines: list[EngineOnNode]
-    shards: list[ShardOnNode]
+    shards: list[ReplicaOnNode]
 
 
 @attrs.frozen

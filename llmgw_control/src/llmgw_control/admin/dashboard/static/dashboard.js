@@ -136,7 +136,7 @@
             ? h("ul", {}, n.engines.map((e) => h("li", {}, `${e.name} ${e.version}: `, badge(e.state, stateKind(e.state)),
                 e.provenance ? h("div", { class: "provenance mono" }, provenanceWords(e.provenance)) : null)))
             : "none"),
-          h("dt", {}, "Shards"),
+          h("dt", {}, "Replicas"),
           h("dd", { class: "shards" }, (n.shards || []).length
             ? h("ul", {}, n.shards.map((s) => h("li", {}, h("span", { class: "mono" }, s.id), ` :${s.port} `,
                 badge(s.state, stateKind(s.state)))))

@@ -1,9 +1,9 @@
-"""Shard ids and shard API keys, both derived from the cluster secret (HMAC).
+"""Replica ids and replica API keys, both derived from the cluster secret (HMAC).
 
-Shard API keys are an HMAC of the shard id, so after a control restart the router can talk to
-the engines it adopts without the nodes ever sending a key back. A shard id is
+Replica API keys are an HMAC of the replica id, so after a control restart the router can talk to
+the engines it adopts without the nodes ever sending a key back. A replica id is
 ``<slug>-<nonce>-<tag>``, the tag an HMAC of the profile key, the nonce and the node id, so a node
-can only get a shard adopted that control minted for that very node, and the profile it belongs
+can only get a replica adopted that control minted for that very node, and the profile it belongs
 to is found from the tag, not from a slug two profiles could share.
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Iterable
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _NONCE = re.compile(r"[0-9a-f]{8}")
 _TAG = re.compile(r"[0-9a-f]{16}")
-# The human-readable head of a shard id; the node accepts ids of up to 128 characters and the
+# The human-readable head of a replica id; the node accepts ids of up to 128 characters and the
 # nonce and tag take 26 of them.
 _SLUG_CHARS = 96
 
@@ -27,13 +27,13 @@ def _slug(key: str) -> str:
     return _UNSAFE.sub("-", key)[:_SLUG_CHARS]
 
 
-class ShardIds:
+class ReplicaIds:
     def __init__(self, secret: bytes) -> None:
         self._secret = secret
 
-    def api_key(self, shard_id: str) -> str:
-        """The bearer key of ``shard_id``'s engine, derived: an adopted engine needs no key exchange."""
-        return hmac.new(self._secret, shard_id.encode(), hashlib.sha256).hexdigest()[:48]
+    def api_key(self, replica_id: str) -> str:
+        """The bearer key of ``replica_id``'s engine, derived: an adopted engine needs no key exchange."""
+        return hmac.new(self._secret, replica_id.encode(), hashlib.sha256).hexdigest()[:48]
 
     def new(self, key: str, node_id: str) -> str:
         """``<slug of the key>-<nonce>-<tag>``: the tag binds the id to its profile and its node."""
@@ -46,14 +46,14 @@ class ShardIds:
         message = f"shard-id\0{key}\0{nonce}\0{node_id}".encode()
         return hmac.new(self._secret, message, hashlib.sha256).hexdigest()[:16]
 
-    def minted_for(self, shard_id: str, node_id: str, keys: Iterable[str]) -> str | None:
-        """The profile key (of ``keys``) control minted ``shard_id`` for on ``node_id``; None when it did not.
+    def minted_for(self, replica_id: str, node_id: str, keys: Iterable[str]) -> str | None:
+        """The profile key (of ``keys``) control minted ``replica_id`` for on ``node_id``; None when it did not.
 
         A node cannot forge an id (the tag needs the cluster secret) or borrow one minted for
         another node, and two profiles whose names slug alike (model ``a`` profile ``b-c``, model
         ``a-b`` profile ``c``) are told apart by the tag.
         """
-        stem, _, rest = shard_id.rpartition("-")
+        stem, _, rest = replica_id.rpartition("-")
         stem, _, nonce = stem.rpartition("-")
         tag = rest
         if not stem or not _NONCE.fullmatch(nonce) or not _TAG.fullmatch(tag):

@@ -1,4 +1,4 @@
-"""Shards on the real llama-server: install, start, chat, crash-restart, drain, stop, adoption."""
+"""Replicas on the real llama-server: install, start, chat, crash-restart, drain, stop, adoption."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import openai
 import pytest
 import trio
 from node.conftest import TAG
-from node.helpers import next_engine_state, next_shard_state, shard_spec
+from node.helpers import next_engine_state, next_replica_state, replica_spec
 from node.release_server import FileServer
 
 from llmgw_dev.engine_proc import free_port
@@ -23,14 +23,14 @@ from llmgw_node.procs import start_ticks
 from llmgw_node.service import NodeService, open_node_service
 from llmgw_node.supervisor import Timing
 from llmgw_shared.wire import (
-    DrainShard,
+    DrainReplica,
     EngineSpec,
-    GetShardLogs,
+    GetReplicaLogs,
+    ReplicaLogsReply,
+    ReplicaState,
     SetEngines,
-    ShardLogs,
-    ShardState,
-    StartShard,
-    StopShard,
+    StartReplica,
+    StopReplica,
     WeightsSpec,
 )
 from support.waiting import wait_until
@@ -67,48 +67,48 @@ async def test_start_chat_and_stop(
 ) -> None:
     async with installed_node(node_config, files, engine_archive, fast_timing) as svc:
         port = free_port()
-        spec = shard_spec("tiny-0", served_weights(files, tiny_model), port)
-        ack = await svc.handle(StartShard(id="c1", fencing_token=1, shard=spec))
+        spec = replica_spec("tiny-0", served_weights(files, tiny_model), port)
+        ack = await svc.handle(StartReplica(id="c1", fencing_token=1, replica=spec))
         assert ack.ok, ack.error
-        seen: list[ShardState] = []
-        ready = await next_shard_state(svc, "tiny-0", lambda s: s.status in ("ready", "failed"), seen=seen)
+        seen: list[ReplicaState] = []
+        ready = await next_replica_state(svc, "tiny-0", lambda s: s.status in ("ready", "failed"), seen=seen)
         assert ready.status == "ready", (ready.describe(), ready.last_lines)
         statuses = [s.status for s in seen]
         assert statuses[0] == "downloading" and "starting" in statuses
         assert any(s.detail.startswith("downloading tiny.gguf") for s in seen)
         # Measured as it became ready: the engine's resident memory (no GPU here).
-        measured = await next_shard_state(svc, "tiny-0", lambda s: s.rss_mib > 0, limit_s=20)
+        measured = await next_replica_state(svc, "tiny-0", lambda s: s.rss_mib > 0, limit_s=20)
         assert measured.status == "ready" and 1 <= measured.rss_mib < 4096 and measured.vram_mib == 0
 
         client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=spec.api_key, max_retries=0)
         reply = await client.chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "hello"}], max_tokens=8)
         assert reply.choices[0].finish_reason == "length" and reply.choices[0].message.content
-        # The engine requires the shard's key.
+        # The engine requires the replica's key.
         wrong = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="nope", max_retries=0)
         with pytest.raises(openai.AuthenticationError):
             await wrong.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
                                                 max_tokens=1)
         # Its output, as control asks for it (issue 19): llama-server's own lines, then, after the
         # cursor, only what the next request made it write.
-        logs = await svc.shard_logs(GetShardLogs(id="l1", shard_id="tiny-0", lines=500))
+        logs = await svc.replica_logs(GetReplicaLogs(id="l1", replica_id="tiny-0", lines=500))
         assert logs.found and any("listening" in line for line in logs.lines), logs.lines
         await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "again"}],
                                              max_tokens=2)
-        async def new_lines() -> ShardLogs | None:
-            after = await svc.shard_logs(GetShardLogs(id="l2", shard_id="tiny-0", lines=500, cursor=logs.cursor))
+        async def new_lines() -> ReplicaLogsReply | None:
+            after = await svc.replica_logs(GetReplicaLogs(id="l2", replica_id="tiny-0", lines=500, cursor=logs.cursor))
             return after if after.lines else None
         after = await wait_until(new_lines, timeout=10)
         assert not any("listening" in line for line in after.lines), after.lines
-        assert not (await svc.shard_logs(GetShardLogs(id="l3", shard_id="nope", lines=5))).found
+        assert not (await svc.replica_logs(GetReplicaLogs(id="l3", replica_id="nope", lines=5))).found
         # The key is not on the command line, where any local user could read it.
         cmdline = await trio.Path(f"/proc/{ready.pid}/cmdline").read_bytes()
         assert spec.api_key.encode() not in cmdline
         assert os.getpgid(ready.pid) == ready.pid  # its own process group
 
-        ack = await svc.handle(StopShard(id="c2", fencing_token=1, shard_id="tiny-0"))
+        ack = await svc.handle(StopReplica(id="c2", fencing_token=1, replica_id="tiny-0"))
         assert ack.ok
-        stopped = await next_shard_state(svc, "tiny-0", lambda s: s.status == "stopped")
+        stopped = await next_replica_state(svc, "tiny-0", lambda s: s.status == "stopped")
         assert stopped.status == "stopped"
         assert start_ticks(ready.pid) is None
 
@@ -121,11 +121,11 @@ async def test_crashing_engine_is_restarted_with_backoff_then_left_failed(
     weights = WeightsSpec(url=files.add_file("junk.gguf", junk), sha256=hashlib.sha256(junk).hexdigest(),
                           size=len(junk))
     async with installed_node(node_config, files, engine_archive, fast_timing) as svc:
-        ack = await svc.handle(StartShard(id="c1", fencing_token=1,
-                                          shard=shard_spec("bad", weights, free_port(), max_restarts=3)))
+        ack = await svc.handle(StartReplica(id="c1", fencing_token=1,
+                                          replica=replica_spec("bad", weights, free_port(), max_restarts=3)))
         assert ack.ok
-        seen: list[ShardState] = []
-        final = await next_shard_state(svc, "bad", lambda s: s.status == "failed", seen=seen)
+        seen: list[ReplicaState] = []
+        final = await next_replica_state(svc, "bad", lambda s: s.status == "failed", seen=seen)
     restarts = [s.detail for s in seen if s.status == "starting" and "restart" in s.detail]
     # Exponential: base 0.05 s, doubling, capped at 0.4 s by fast_timing.
     assert [d.split("; ", 1)[1] for d in restarts] == [
@@ -143,12 +143,12 @@ async def test_killed_engine_is_restarted_and_ready_again(
     fast_timing: Timing,
 ) -> None:
     async with installed_node(node_config, files, engine_archive, fast_timing) as svc:
-        await svc.handle(StartShard(id="c1", fencing_token=1,
-                                    shard=shard_spec("tiny-k", served_weights(files, tiny_model), free_port())))
-        first = await next_shard_state(svc, "tiny-k", lambda s: s.status == "ready")
+        await svc.handle(StartReplica(id="c1", fencing_token=1,
+                                    replica=replica_spec("tiny-k", served_weights(files, tiny_model), free_port())))
+        first = await next_replica_state(svc, "tiny-k", lambda s: s.status == "ready")
         os.killpg(first.pid, signal.SIGKILL)
-        seen: list[ShardState] = []
-        again = await next_shard_state(svc, "tiny-k", lambda s: s.status == "ready" and s.pid != first.pid,
+        seen: list[ReplicaState] = []
+        again = await next_replica_state(svc, "tiny-k", lambda s: s.status == "ready" and s.pid != first.pid,
                                        seen=seen)
         assert again.pid != first.pid
         crash = next(s for s in seen if "restart" in s.detail)
@@ -164,12 +164,12 @@ async def test_drain_waits_for_the_request_in_flight(
 ) -> None:
     async with installed_node(node_config, files, engine_archive, fast_timing) as svc:
         port = free_port()
-        spec = shard_spec("tiny-d", served_weights(files, tiny_model), port,
+        spec = replica_spec("tiny-d", served_weights(files, tiny_model), port,
                           args=["-t", "1", "-c", "2048", "-np", "1", "--metrics", "--alias", "tiny"])
-        await svc.handle(StartShard(id="c1", fencing_token=1, shard=spec))
-        ready = await next_shard_state(svc, "tiny-d", lambda s: s.status == "ready")
+        await svc.handle(StartReplica(id="c1", fencing_token=1, replica=spec))
+        ready = await next_replica_state(svc, "tiny-d", lambda s: s.status == "ready")
         client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=spec.api_key, max_retries=0)
-        seen: list[ShardState] = []
+        seen: list[ReplicaState] = []
         finish: list[str | None] = []
         tokens = 0
         stream = await client.chat.completions.create(
@@ -177,7 +177,7 @@ async def test_drain_waits_for_the_request_in_flight(
         async with stream:
             async for chunk in stream:
                 if tokens == 0:
-                    ack = await svc.handle(DrainShard(id="c2", fencing_token=1, shard_id="tiny-d", timeout_s=30))
+                    ack = await svc.handle(DrainReplica(id="c2", fencing_token=1, replica_id="tiny-d", timeout_s=30))
                     assert ack.ok
                 if chunk.choices and chunk.choices[0].delta.content:
                     tokens += 1
@@ -185,7 +185,7 @@ async def test_drain_waits_for_the_request_in_flight(
                     finish.append(chunk.choices[0].finish_reason)
         # The whole answer arrived: the drain did not cut the request.
         assert finish == ["length"] and tokens > 1000
-        await next_shard_state(svc, "tiny-d", lambda s: s.status == "stopped", seen=seen)
+        await next_replica_state(svc, "tiny-d", lambda s: s.status == "stopped", seen=seen)
         assert "waiting for 1 request(s) in flight" in [s.detail for s in seen if s.status == "draining"]
         assert start_ticks(ready.pid) is None
 
@@ -195,19 +195,19 @@ async def test_engines_survive_a_daemon_restart_and_are_adopted(
     fast_timing: Timing,
 ) -> None:
     port = free_port()
-    spec = shard_spec("tiny-a", served_weights(files, tiny_model), port)
+    spec = replica_spec("tiny-a", served_weights(files, tiny_model), port)
     async with installed_node(node_config, files, engine_archive, fast_timing) as svc:
-        await svc.handle(StartShard(id="c1", fencing_token=1, shard=spec))
-        first = await next_shard_state(svc, "tiny-a", lambda s: s.status == "ready")
+        await svc.handle(StartReplica(id="c1", fencing_token=1, replica=spec))
+        first = await next_replica_state(svc, "tiny-a", lambda s: s.status == "ready")
     # The daemon is gone; the engine is not.
     assert start_ticks(first.pid) is not None
     state_file = Path(node_config.data_dir) / "shards.json"
-    assert oct(state_file.stat().st_mode & 0o777) == "0o600"  # it holds the shard's API key
+    assert oct(state_file.stat().st_mode & 0o777) == "0o600"  # it holds the replica's API key
 
     async with installed_node(node_config, files, engine_archive, fast_timing) as svc:
-        adopted = await next_shard_state(svc, "tiny-a", lambda s: s.status in ("ready", "failed"))
+        adopted = await next_replica_state(svc, "tiny-a", lambda s: s.status in ("ready", "failed"))
         assert adopted.status == "ready" and adopted.pid == first.pid
-        assert [s.shard_id for s in svc.hello().shards] == ["tiny-a"]
+        assert [s.replica_id for s in svc.hello().replicas] == ["tiny-a"]
         client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=spec.api_key, max_retries=0)
         reply = await client.chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "still there?"}], max_tokens=4)
@@ -216,13 +216,13 @@ async def test_engines_survive_a_daemon_restart_and_are_adopted(
         os.killpg(first.pid, signal.SIGKILL)
         # (A measurement of the adopted engine may be reported before the kill is seen: it is the
         # restarted engine's ready that is awaited.)
-        again = await next_shard_state(svc, "tiny-a", lambda s: s.status == "ready" and s.pid != first.pid)
+        again = await next_replica_state(svc, "tiny-a", lambda s: s.status == "ready" and s.pid != first.pid)
         assert again.pid != first.pid
         assert svc.supervisor.output("tiny-a")  # its output is kept for the operator
 
     # A daemon told not to adopt stops what it finds instead of leaving an orphan.
     async with installed_node(node_config, files, engine_archive, fast_timing, adopt=False) as svc:
-        assert svc.shard_states() == []
+        assert svc.replica_states() == []
     assert start_ticks(again.pid) is None
 
 
@@ -233,12 +233,12 @@ async def test_a_reused_pid_is_not_mistaken_for_the_engine(
 
     # A record naming a live process (this test's own pid) with a different start time: that is
     # pid reuse, and the node must neither adopt nor signal it.
-    spec = shard_spec("ghost", WeightsSpec(url="/nonexistent", sha256="0" * 64, size=1), free_port())
+    spec = replica_spec("ghost", WeightsSpec(url="/nonexistent", sha256="0" * 64, size=1), free_port())
     StateFile(Path(node_config.data_dir) / "shards.json").save([ProcessRecord(
-        shard_id="ghost", pid=os.getpid(), ticks=(start_ticks(os.getpid()) or 0) + 1, binary="/bin/false",
+        replica_id="ghost", pid=os.getpid(), ticks=(start_ticks(os.getpid()) or 0) + 1, binary="/bin/false",
         weights="/nonexistent", log="/dev/null", spec=spec)])
     async with installed_node(node_config, files, engine_archive, fast_timing) as svc:
-        assert svc.shard_states() == []
+        assert svc.replica_states() == []
 
 
 async def test_periodic_recheck_repairs_a_broken_install(
@@ -256,7 +256,7 @@ async def test_periodic_recheck_repairs_a_broken_install(
         assert await trio.Path(binary.with_name("libggml.so.0")).exists()
 
 
-async def test_shard_started_while_its_engine_installs_waits_then_runs(
+async def test_replica_started_while_its_engine_installs_waits_then_runs(
     node_config: NodeConfig, files: FileServer, engine_archive: tuple[str, bytes], tiny_model: Path,
     fast_timing: Timing,
 ) -> None:
@@ -266,14 +266,14 @@ async def test_shard_started_while_its_engine_installs_waits_then_runs(
         ack = await svc.handle(SetEngines(id="e", fencing_token=1,
                                           engines=[EngineSpec("llama.cpp", TAG, files.release_api())]))
         assert ack.ok
-        spec = shard_spec("early", served_weights(files, tiny_model), free_port())
-        ack = await svc.handle(StartShard(id="s", fencing_token=1, shard=spec))
+        spec = replica_spec("early", served_weights(files, tiny_model), free_port())
+        ack = await svc.handle(StartReplica(id="s", fencing_token=1, replica=spec))
         assert ack.ok, ack.error
-        seen: list[ShardState] = []
-        ready = await next_shard_state(svc, "early", lambda s: s.status in ("ready", "failed"), seen=seen)
+        seen: list[ReplicaState] = []
+        ready = await next_replica_state(svc, "early", lambda s: s.status in ("ready", "failed"), seen=seen)
         assert ready.status == "ready", ready.describe()
         waiting = [s.detail for s in seen if s.status == "pending"]
-        # The node says, in its own words, what the shard waits for.
+        # The node says, in its own words, what the replica waits for.
         assert waiting and waiting[0].startswith("waiting for engine: installing: ")
         await svc.stop_engines()
 
@@ -284,13 +284,13 @@ async def test_a_hung_engine_is_killed_and_restarted(
     fast_timing: Timing,
 ) -> None:
     async with installed_node(node_config, files, engine_archive, fast_timing) as svc:
-        await svc.handle(StartShard(id="c1", fencing_token=1,
-                                    shard=shard_spec("tiny-h", served_weights(files, tiny_model), free_port())))
-        first = await next_shard_state(svc, "tiny-h", lambda s: s.status == "ready")
+        await svc.handle(StartReplica(id="c1", fencing_token=1,
+                                    replica=replica_spec("tiny-h", served_weights(files, tiny_model), free_port())))
+        first = await next_replica_state(svc, "tiny-h", lambda s: s.status == "ready")
         # A stopped process exits nothing and closes nothing: only the health polling notices.
         os.kill(first.pid, signal.SIGSTOP)
-        seen: list[ShardState] = []
-        again = await next_shard_state(svc, "tiny-h", lambda s: s.status == "ready" and s.pid != first.pid,
+        seen: list[ReplicaState] = []
+        again = await next_replica_state(svc, "tiny-h", lambda s: s.status == "ready" and s.pid != first.pid,
                                        seen=seen)
         assert again.pid != first.pid
         assert start_ticks(first.pid) is None  # the hung one was killed, not left behind

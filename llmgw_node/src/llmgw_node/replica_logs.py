@@ -1,10 +1,10 @@
-"""A shard's output as the operator reads it: the last lines, and what came after a cursor.
+"""A replica's output as the operator reads it: the last lines, and what came after a cursor.
 
-The ring of each shard's output is its log file (``<data_dir>/shards/<id>.log``), not a list in
+The ring of each replica's output is its log file (``<data_dir>/shards/<id>.log``), not a list in
 memory: the engine writes there directly, because a pipe to the daemon would break it with
 SIGPIPE the moment the daemon restarts, and an engine adopted by the next daemon keeps writing to
-the same file. The file is bounded: it is rotated (one old file kept) when a shard starts and,
-while the shard runs, copied aside and truncated once it passes ``LOG_KEEP_BYTES``
+the same file. The file is bounded: it is rotated (one old file kept) when a replica starts and,
+while the replica runs, copied aside and truncated once it passes ``LOG_KEEP_BYTES``
 (``rotate_if_large``), so the ring holds between one and two times that.
 
 What leaves the node is bounded too: at most ``MAX_LINES`` lines, each cut to ``MAX_LINE_CHARS``,

@@ -1,4 +1,4 @@
-"""What the reconciler keeps and is configured by: its settings, the record of each shard it placed
+"""What the reconciler keeps and is configured by: its settings, the record of each replica it placed
 or adopted, and the interface it sends commands through (``agents.AgentService``)."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ KEEP_ENDED = 100
 class EndedReplica:
     """A forgotten replica's record as it ended: enough to answer for its logs."""
 
-    shard_id: str
+    replica_id: str
     key: str
     node_id: str
     status: ReplicaStatus
@@ -57,7 +57,7 @@ class ReconcilerConfig:
     saturated_after: float = 10.0
     # A start_shard the node has not reported on after this long is failed with that reason (the
     # node acknowledged it and then said nothing): nothing waits in "assigned" forever. A node
-    # reports a new shard within a heartbeat (5 s); a minute allows for a congested node.
+    # reports a new replica within a heartbeat (5 s); a minute allows for a congested node.
     assigned_timeout: float = 60.0
     # A lost node is forgotten (gone from /api/v1/nodes and /metrics, its records dropped) after
     # this long without a word: a day, as Nomad's node_gc_threshold (24h), so an operator and the
@@ -80,8 +80,8 @@ class ReconcilerConfig:
 
 
 @attrs.define
-class ShardRecord:
-    shard_id: str
+class ReplicaRecord:
+    replica_id: str
     key: str
     node_id: str
     port: int
@@ -110,12 +110,12 @@ class ShardRecord:
         return self.used if self.used is not None else self.claim
 
     def as_assignment(self, last_used: float, *, busy: bool = False) -> Assignment:
-        return Assignment(self.shard_id, self.key, self.node_id, self.port, self.claim, self.status,
+        return Assignment(self.replica_id, self.key, self.node_id, self.port, self.claim, self.status,
                           self.detail, self.draining, last_used, self.used, busy, self.created_at,
                           self.devices)
 
     def move(self, status: ReplicaStatus, detail: str | None = None) -> None:
         """A transition control makes (or applies from a report it checked): the table decides."""
-        self.status = lifecycle.check(self.shard_id, self.status, status)
+        self.status = lifecycle.check(self.replica_id, self.status, status)
         if detail is not None:
             self.detail = detail

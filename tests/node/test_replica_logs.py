@@ -1,4 +1,4 @@
-"""A shard's output ring (its log file) as the node reads it for control: bounded, with a cursor."""
+"""A replica's output ring (its log file) as the node reads it for control: bounded, with a cursor."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 import os
 from pathlib import Path
 
-from llmgw_node import shard_logs
-from llmgw_node.shard_logs import MAX_ANSWER_BYTES, MAX_LINE_CHARS, MAX_LINES, read_output, rotate_if_large
+from llmgw_node import replica_logs
+from llmgw_node.replica_logs import MAX_ANSWER_BYTES, MAX_LINE_CHARS, MAX_LINES, read_output, rotate_if_large
 
 
 def write(path: Path, text: str | bytes, mode: str = "a") -> None:
@@ -79,4 +79,4 @@ def test_a_running_engines_log_is_rotated_once_large(tmp_path: Path) -> None:
         assert log.read_bytes() == b"after\n"
     finally:
         os.close(fd)
-    assert shard_logs.LOG_KEEP_BYTES > 0
+    assert replica_logs.LOG_KEEP_BYTES > 0
