@@ -567,7 +567,7 @@ class Reconciler:
                 # A node that went quiet is the liveness rules' business, not this deadline's.
                 if node is not None and self.liveness.state(node, now) == NodeLiveness.READY:
                     self.mark_failed(record.replica_id, f"node {record.node_id} did not report it within {limit:g} s "
-                                                      "of start_shard")
+                                                      "of being told to start it")
 
     def _forget_lost_nodes(self, now: float) -> None:
         """Nodes silent past ``forget_nodes_after`` are dropped, with whatever control kept on them."""
@@ -698,7 +698,7 @@ class Reconciler:
         for action in actions:
             tracing.event("llmgw.placement", {
                 "llmgw.action": type(action).__name__.lower(), "llmgw.node": getattr(action, "node_id", ""),
-                "llmgw.profile": getattr(action, "key", ""), "llmgw.replica": getattr(action, "shard_id", "")})
+                "llmgw.profile": getattr(action, "key", ""), "llmgw.replica": getattr(action, "replica_id", "")})
             if isinstance(action, Start):
                 self._start(action, now)
             elif isinstance(action, Drain | Evict):
