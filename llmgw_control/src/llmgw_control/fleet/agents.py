@@ -84,7 +84,7 @@ class Socket(Protocol):
 
 @attrs.frozen
 class AgentsConfig:
-    # Where nodes connect; empty: no agent service (router-only mode).
+    # Where nodes connect; empty: no agent service (gateway-only mode).
     listen: str = ""
     # How nodes reach this listener, for the files it serves; empty: http://<listen>.
     public_url: str = ""

@@ -3,7 +3,7 @@
 Each pass reads the node reports, computes how many replicas each profile wants (minimum,
 requests waiting for it, idle time), asks the pure ``plan`` what to do, performs the actions
 through a ``Dispatcher`` (which only queues commands: a pass never waits on the network), and
-publishes the replicas that are ready to the router, withdrawing the ones that stopped being
+publishes the replicas that are ready to the gateway, withdrawing the ones that stopped being
 ready before new requests reach them.
 
 Replica ids and API keys are ``replica_ids.py``'s; the records of what runs where, the config and
@@ -120,7 +120,7 @@ class Reconciler:
         self._reschedules = TokenBucket(config.reschedule_burst, config.reschedules_per_minute / 60)
         self._command_seq = 0
         self.passes = 0
-        # Replicas this reconciler published (the set may also hold static endpoints).
+        # Replicas this reconciler published (the set may also hold static replicas).
         self._published: set[str] = set()
         self._blocked_logged: dict[str, tuple[str, float]] = {}
         # Ports found taken by processes control does not know, per node.
@@ -224,7 +224,7 @@ class Reconciler:
         self.wake()
 
     def drain_node(self, node_id: str) -> list[str]:
-        """Cordon the node and drain every replica on it (withdrawn from the router first);
+        """Cordon the node and drain every replica on it (withdrawn from the gateway first);
         the next pass places replacements elsewhere. Returns the replica ids drained."""
         self.cordon(node_id)
         return self._drain([r for r in self.records.values() if r.node_id == node_id])

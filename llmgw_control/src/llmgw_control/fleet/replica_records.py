@@ -91,7 +91,7 @@ class ReplicaRecord:
     draining: bool = False
     ready_since: float | None = None
     created_at: float = 0.0
-    # Where the router reaches it: the node's address when control placed (or adopted) it. A
+    # Where the gateway reaches it: the node's address when control placed (or adopted) it. A
     # later hello cannot move a replica, and its bearer key, to another address.
     address: str = ""
     # The engine's last output lines, as the node sent them with a crash or a failed start: the
