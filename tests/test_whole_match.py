@@ -17,7 +17,7 @@ import pytest
 
 from llmgw_control.config import ControlConfig, validate
 from llmgw_control.fleet.agents import AgentsConfig
-from llmgw_control.gateway.config import EndpointConfig
+from llmgw_control.gateway.config import StaticReplicaConfig
 from llmgw_shared.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,7 +80,7 @@ def test_the_scan_finds_what_it_is_for(tmp_path: Path) -> None:
 
 
 def _with_endpoint_id(endpoint_id: str) -> ControlConfig:
-    return ControlConfig(endpoints=[EndpointConfig(id=endpoint_id, url="http://127.0.0.1:9", models=["m"])])
+    return ControlConfig(endpoints=[StaticReplicaConfig(id=endpoint_id, url="http://127.0.0.1:9", models=["m"])])
 
 
 @pytest.mark.parametrize("config", [

@@ -288,7 +288,7 @@ def test_a_start_never_reported_fails_after_the_deadline_with_the_reason() -> No
     clock.now += reconciler.config.assigned_timeout + 1
     node.last_seen = clock.now
     reconciler.reconcile_once()
-    assert reconciler.backoff[("m:cpu", "n1")][1] == ("node n1 did not report it within 60 s of start_shard")
+    assert reconciler.backoff[("m:cpu", "n1")][1] == ("node n1 did not report it within 60 s of being told to start it")
     assert any(isinstance(c, StopReplica) and c.replica_id == start.replica.replica_id for _, c in dispatcher.take())
 
 

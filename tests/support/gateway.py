@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from llmgw_control.app import Listening, run_control
 from llmgw_control.config import ControlConfig, validate
 from llmgw_control.gateway.activator import ActivatorConfig
-from llmgw_control.gateway.config import EndpointConfig, GatewayConfig
+from llmgw_control.gateway.config import GatewayConfig, StaticReplicaConfig
 from llmgw_control.gateway.upstream import UpstreamClient
 from llmgw_control.tenancy.tenancy import Tenancy
 from llmgw_shared.tracing import TracingConfig
@@ -47,16 +47,17 @@ class RunningGateway:
 
 
 def endpoint(id: str, url: str, *models: str, weight: float = 1.0, api_key: str = "", slots: int | None = None,
-             engine_slots: int = 0) -> EndpointConfig:
-    config = EndpointConfig(id=id, url=url, models=list(models) or ["fake-model"], weight=weight, api_key=api_key,
-                            engine_slots=engine_slots)
+             engine_slots: int = 0) -> StaticReplicaConfig:
+    config = StaticReplicaConfig(id=id, url=url, models=list(models) or ["fake-model"], weight=weight, api_key=api_key,
+                                 engine_slots=engine_slots)
     return config if slots is None else attrs.evolve(config, slots=slots)
 
 
 @asynccontextmanager
 async def running_gateway(
-    *endpoints: EndpointConfig, grace: float = 5.0, metrics_listen: str = "", upstream: UpstreamClient | None = None,
-    activator: ActivatorConfig | None = None, store: str = "", tracing: TracingConfig | None = None, **router: Any,
+    *endpoints: StaticReplicaConfig, grace: float = 5.0, metrics_listen: str = "",
+    upstream: UpstreamClient | None = None, activator: ActivatorConfig | None = None, store: str = "",
+    tracing: TracingConfig | None = None, **router: Any,
 ) -> AsyncIterator[RunningGateway]:
     data_dir = tempfile.mkdtemp(prefix="llmgw-control-")
     config = validate(ControlConfig(

@@ -25,7 +25,7 @@ from .fleet.agents import AgentsConfig
 from .fleet.leadership import LeadershipConfig
 from .fleet.replica_records import ReconcilerConfig
 from .gateway.activator import ActivatorConfig
-from .gateway.config import EndpointConfig, GatewayConfig
+from .gateway.config import GatewayConfig, StaticReplicaConfig
 from .gateway.cors import origin_problem
 from .mirror.config import HubConfig, validate_hub
 from .transport.config import ClientTlsConfig, ListenersConfig
@@ -63,7 +63,7 @@ class ControlConfig:
     # Empty: <data_dir>/llmgw.db.
     store: str = ""
     router: GatewayConfig = attrs.Factory(GatewayConfig)
-    endpoints: list[EndpointConfig] = attrs.Factory(list)
+    endpoints: list[StaticReplicaConfig] = attrs.Factory(list)
     agents: AgentsConfig = attrs.Factory(AgentsConfig)
     reconciler: ReconcilerConfig = attrs.Factory(ReconcilerConfig)
     activator: ActivatorConfig = attrs.Factory(ActivatorConfig)
@@ -284,7 +284,7 @@ def _validate_leadership(config: ControlConfig) -> None:
                           "standbys send nodes to that address (e.g. ws://10.0.0.2:8090/agent/v1)")
 
 
-def parse_endpoint_flag(text: str) -> EndpointConfig:
+def parse_endpoint_flag(text: str) -> StaticReplicaConfig:
     """``id=URL=model[,model]`` from the command line."""
     head, sep, models = text.rpartition("=")
     endpoint_id, sep2, url = head.partition("=")
@@ -293,7 +293,7 @@ def parse_endpoint_flag(text: str) -> EndpointConfig:
             f"--endpoint {text!r}: expected id=URL=model[,model], e.g. e1=http://127.0.0.1:8001=tiny"
         )
     names = [m.strip() for m in models.split(",")]
-    return EndpointConfig(id=endpoint_id, url=url, models=names)
+    return StaticReplicaConfig(id=endpoint_id, url=url, models=names)
 
 
 def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> ControlConfig:

@@ -16,7 +16,7 @@ from llmgw_shared.config_doc import render, write_output
 from .catalog import ModelConfig, ProfileConfig, WeightsConfig
 from .catalog.models import AdapterConfig
 from .config import ControlConfig, load_config
-from .gateway.config import EndpointConfig
+from .gateway.config import StaticReplicaConfig
 
 DOCS: dict[str, str] = {
     "ControlConfig.listen": "Client API address (the OpenAI endpoints), host:port; 0.0.0.0 for every address.",
@@ -36,7 +36,7 @@ DOCS: dict[str, str] = {
     "ControlConfig.store": "The store: a SQLite file, or postgresql://... shared by several control daemons "
                            "(empty: <data_dir>/llmgw.db).",
     "ControlConfig.router": "How client requests are sent to engine replicas.",
-    "ControlConfig.endpoints": "Static engine replicas (router-only mode, no nodes).",
+    "ControlConfig.endpoints": "Static engine replicas (gateway-only mode, no nodes).",
     "ControlConfig.agents": "The agent listener nodes connect to, and how they are watched.",
     "ControlConfig.reconciler": "The loop that places and stops replicas.",
     "ControlConfig.activator": "The per-model queue of requests waiting for a replica slot (or for a replica "
@@ -69,15 +69,16 @@ DOCS: dict[str, str] = {
     "GatewayConfig.allowed_origins": "Browser origins whose pages may call the client API (CORS), e.g. "
                                     "\"https://chat.example.com\", or \"*\"; empty: none. Credentials are never "
                                     "allowed (keys travel in headers).",
-    "EndpointConfig.id": "A name for this replica, used in logs, metrics and errors.",
-    "EndpointConfig.url": "The engine's base URL, e.g. http://10.0.0.5:8001.",
-    "EndpointConfig.models": "Model names this replica serves.",
-    "EndpointConfig.weight": "Relative share of traffic against other replicas of the same model.",
-    "EndpointConfig.api_key": "Bearer token sent to the engine (llama-server --api-key); never a client's key.",
-    "EndpointConfig.slots": "Requests sent to it at once, more wait in the gateway's queue (llama-server: its -np).",
-    "EndpointConfig.engine_slots": "llama-server only: its -np, so prefix routing keeps each conversation on its "
+    "StaticReplicaConfig.id": "A name for this replica, used in logs, metrics and errors.",
+    "StaticReplicaConfig.url": "The engine's base URL, e.g. http://10.0.0.5:8001.",
+    "StaticReplicaConfig.models": "Model names this replica serves.",
+    "StaticReplicaConfig.weight": "Relative share of traffic against other replicas of the same model.",
+    "StaticReplicaConfig.api_key": "Bearer token sent to the engine (llama-server --api-key); never a client's key.",
+    "StaticReplicaConfig.slots": "Requests sent to it at once, more wait in the gateway's queue "
+                                 "(llama-server: its -np).",
+    "StaticReplicaConfig.engine_slots": "llama-server only: its -np, so prefix routing keeps each conversation on its "
                                    "own slot (id_slot); 0: the engine chooses.",
-    "AgentsConfig.listen": "Where nodes connect, host:port (empty: no nodes, router-only mode).",
+    "AgentsConfig.listen": "Where nodes connect, host:port (empty: no nodes, gateway-only mode).",
     "AgentsConfig.public_url": "How nodes reach the agent listener, for files and install commands "
                                "(empty: http://<listen>).",
     "AgentsConfig.join_token_digests": "Digests (sha256:<hex>) of shared join tokens a node id that was never "
@@ -198,8 +199,8 @@ EXAMPLE_MODEL = ModelConfig(
             url="http://files.example/support-bot-lora.gguf", sha256="1" * 64, size=13631488))],
     )],
 )
-EXAMPLE_ENDPOINT = EndpointConfig(id="gpu1", url="http://10.0.0.11:8001", models=["llama-3.1-8b"])
-EXAMPLES: dict[str, list[Any]] = {"models": [EXAMPLE_MODEL], "endpoints": [EXAMPLE_ENDPOINT]}
+EXAMPLE_STATIC_REPLICA = StaticReplicaConfig(id="gpu1", url="http://10.0.0.11:8001", models=["llama-3.1-8b"])
+EXAMPLES: dict[str, list[Any]] = {"models": [EXAMPLE_MODEL], "endpoints": [EXAMPLE_STATIC_REPLICA]}
 
 
 def render_config(config: ControlConfig | None = None) -> str:

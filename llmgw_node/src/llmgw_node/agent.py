@@ -52,7 +52,7 @@ from llmgw_shared.wire import (
 
 log = get_logger(__name__)
 
-# The largest frame a node accepts from control: a set_engines or start_shard is a few KiB; 16 MiB
+# The largest frame a node accepts from control: a SetEngines or StartReplica is a few KiB; 16 MiB
 # (trio-websocket's default is 1 MiB) leaves room without letting a frame exhaust memory.
 MAX_FRAME = 16 << 20
 # A session shorter than this that ends twice in a row counts as a failed connect.

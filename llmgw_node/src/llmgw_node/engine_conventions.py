@@ -81,7 +81,7 @@ def key_environment(spec: ReplicaSpec) -> dict[str, str]:
     """The key by environment, not argv where the engine allows it: /proc/<pid>/cmdline is world-readable.
 
     Applied after the profile's ``env``, so a profile cannot give the engine another key than
-    the one the router sends.
+    the one the gateway sends.
     """
     if spec.engine == "llama.cpp":
         return {"LLAMA_API_KEY": spec.api_key}

@@ -2,7 +2,7 @@
 
 ``NodeService.handle(command) -> Ack`` carries out a wire command (long work such as installs
 and engine starts continues in the background), and ``reports`` is the channel of
-``engine_state`` / ``shard_state`` messages the node emits as things change. The agent attaches
+``EngineStateReport`` / ``ReplicaStateReport`` messages the node emits as things change. The agent attaches
 both to the control WebSocket; tests drive them directly.
 """
 
@@ -195,7 +195,7 @@ class NodeService:
         return Ack(command_id=command.id, ok=not error, error=error)
 
     async def replica_logs(self, request: GetReplicaLogs) -> ReplicaLogsReply:
-        """A replica's last output lines for control (``get_shard_logs``); never raises."""
+        """A replica's last output lines for control (``GetReplicaLogs``); never raises."""
         try:
             output = await self.supervisor.output_since(request.replica_id, request.lines, request.cursor)
         except Exception:

@@ -173,7 +173,7 @@ class Supervisor:
         return read_output(self.log_path(replica_id), n).lines
 
     async def output_since(self, replica_id: str, n: int, cursor: str = "") -> Output | None:
-        """The last ``n`` lines after ``cursor`` (``shard_logs``); None when the replica has no output here."""
+        """The last ``n`` lines after ``cursor`` (``ReplicaLogsReply``); None when the replica has no output here."""
         try:
             check_replica_id(replica_id)  # it names a file
         except BadName:

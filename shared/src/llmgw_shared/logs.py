@@ -3,7 +3,7 @@
 Lines are structured: JSON objects when stderr is not a terminal (journald, files, collectors),
 ``key=value`` text when a person is watching. Every line logged while a request is being served
 carries that request's id, taken from a context variable, so a request can be followed across
-the router, the upstream client and the metrics without passing ids around by hand.
+the gateway, the upstream client and the metrics without passing ids around by hand.
 
 Secrets must never reach a log: API keys, join tokens and Authorization headers are scrubbed
 from every message and field by a filter on the handler, so a careless ``log.info(headers)``

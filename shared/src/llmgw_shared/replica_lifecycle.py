@@ -1,7 +1,7 @@
 """A replica's status, and the transitions between statuses that can happen: one table, both daemons.
 
 The node reports its replicas in the wire's words (``pending`` ... ``failed``, the values of
-``wire.WireReplicaStatus``); control adds one of its own, ``assigned``: the ``start_shard`` is sent and
+``wire.WireReplicaStatus``); control adds one of its own, ``assigned``: the ``StartReplica`` is sent and
 the node has not reported the replica yet. Control sees snapshots (a heartbeat carries only the
 latest state, a restarted node re-adopts its engines from ``pending``), so the table allows every
 jump a node can legitimately make, and forbids what cannot happen: leaving a terminal status,

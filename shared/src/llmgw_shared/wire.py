@@ -194,7 +194,7 @@ class ReplicaSpec:
     # One sha256-checked file (llama.cpp's GGUF), or None when ``model_dir`` names the model.
     weights: WeightsSpec | None
     port: int
-    # The engine must require this key; the router sends it. Never logged (kept out of repr).
+    # The engine must require this key; the gateway sends it. Never logged (kept out of repr).
     api_key: str = attrs.field(repr=False)
     args: list[str] = attrs.field(factory=list)
     env: dict[str, str] = attrs.field(factory=dict)

@@ -102,7 +102,7 @@ def standby_node_view(leader: LeaderFleet, node_id: str) -> NodeView:
 
 
 def standby_replica_views(fleet: Fleet, leader: LeaderFleet) -> list[ReplicaView]:
-    """The leader's ready replicas; ``routable`` and ``in_flight`` are this daemon's (its router
+    """The leader's ready replicas; ``routable`` and ``in_flight`` are this daemon's (its gateway
     follows the view, and counts only its own requests)."""
     out = []
     for r in sorted(leader.replicas, key=lambda r: (r.key, r.id)):

@@ -39,6 +39,6 @@ class ProfileKey:
 
     @staticmethod
     def model_of(key: str) -> str:
-        """The model part of a key string this process wrote (a static endpoint's model name is
+        """The model part of a key string this process wrote (a static replica's model name is
         its own key): cheap on the hot path, where the key came out of the catalog, not a client."""
         return key.partition(":")[0]

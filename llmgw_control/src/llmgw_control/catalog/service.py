@@ -6,7 +6,7 @@ and the API refuses to add, change or remove a config model (409), so each name 
 place where it is edited. We chose this over refusing to start because the store is shared: one
 daemon's config change must not stop every other daemon on the same database from starting.
 
-A change reaches the catalog (which the router's ``FleetDirectory`` and the reconciler read) at
+A change reaches the catalog (which the gateway's ``FleetDirectory`` and the reconciler read) at
 once on this daemon, and other daemons on the same store within one poll of the store's model
 revision. A changed profile whose engine command line changed has its replicas drained, so the
 reconciler starts them again from the new definition; removing a model drains its replicas.

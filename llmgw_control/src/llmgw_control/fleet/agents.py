@@ -84,7 +84,7 @@ class Socket(Protocol):
 
 @attrs.frozen
 class AgentsConfig:
-    # Where nodes connect; empty: no agent service (router-only mode).
+    # Where nodes connect; empty: no agent service (gateway-only mode).
     listen: str = ""
     # How nodes reach this listener, for the files it serves; empty: http://<listen>.
     public_url: str = ""
@@ -461,7 +461,7 @@ class AgentService:
             with trio.move_on_at(next_beat):
                 command = await session.receive_channel.receive()
             if isinstance(command, GetReplicaLogs):
-                # A read, answered by shard_logs rather than an ack: nothing to account for.
+                # A read, answered by a ReplicaLogsReply rather than an ack: nothing to account for.
                 await socket.send(encode(command))
                 continue
             if command is not None:

@@ -188,7 +188,7 @@ class CapacityRuns:
         if self._nursery is None:
             raise AdminApiError(503, "not_ready", "capacity runs are starting")
         if self.source is None:
-            raise conflict("capacity runs need the control plane (models and nodes), not static endpoints")
+            raise conflict("capacity runs need the control plane (models and nodes), not static replicas")
         resolved = self._resolve(body.model, body.profile)
         levels = sorted(set(body.levels)) if body.levels is not None else list(DEFAULT_LEVELS)
         if not levels:

@@ -5,7 +5,7 @@ other (a closed loop: the level holds ``c`` requests in flight) until ``level_se
 passed; requests still running then are waited for, a bounded time. Every request asks for the
 same prompt (a word repeated ``prompt_tokens`` times, about one token each) and exactly
 ``output_tokens`` tokens (``ignore_eos``, so a model that would stop early does not shorten the
-level's work). The request goes to the replica's own URL with its bearer key, as the router sends
+level's work). The request goes to the replica's own URL with its bearer key, as the gateway sends
 it, so the numbers are the engine's and not the gateway's queue.
 
 Measured per request: time to first token (request sent -> first content event), the gaps

@@ -35,8 +35,8 @@ class NodeRecord:
     labels: dict[str, str] = attrs.Factory(dict)
     cordoned: bool = False
     # ``replicas`` came from a hello, a complete list, and the reconciler has not yet compared it
-    # with what it placed there (a record the list lacks is gone). Heartbeats and shard_state
-    # reports only add to ``replicas``: they carry what changed.
+    # with what it placed there (a record the list lacks is gone). Heartbeats and
+    # ReplicaStateReports only add to ``replicas``: they carry what changed.
     full_report_pending: bool = True
     # Its weights cache as it last reported it (None: not reported; a node from before reports).
     weights: list[WeightsHeld] | None = None

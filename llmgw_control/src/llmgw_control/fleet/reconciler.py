@@ -3,7 +3,7 @@
 Each pass reads the node reports, computes how many replicas each profile wants (minimum,
 requests waiting for it, idle time), asks the pure ``plan`` what to do, performs the actions
 through a ``Dispatcher`` (which only queues commands: a pass never waits on the network), and
-publishes the replicas that are ready to the router, withdrawing the ones that stopped being
+publishes the replicas that are ready to the gateway, withdrawing the ones that stopped being
 ready before new requests reach them.
 
 Replica ids and API keys are ``replica_ids.py``'s; the records of what runs where, the config and
@@ -120,7 +120,7 @@ class Reconciler:
         self._reschedules = TokenBucket(config.reschedule_burst, config.reschedules_per_minute / 60)
         self._command_seq = 0
         self.passes = 0
-        # Replicas this reconciler published (the set may also hold static endpoints).
+        # Replicas this reconciler published (the set may also hold static replicas).
         self._published: set[str] = set()
         self._blocked_logged: dict[str, tuple[str, float]] = {}
         # Ports found taken by processes control does not know, per node.
@@ -224,7 +224,7 @@ class Reconciler:
         self.wake()
 
     def drain_node(self, node_id: str) -> list[str]:
-        """Cordon the node and drain every replica on it (withdrawn from the router first);
+        """Cordon the node and drain every replica on it (withdrawn from the gateway first);
         the next pass places replacements elsewhere. Returns the replica ids drained."""
         self.cordon(node_id)
         return self._drain([r for r in self.records.values() if r.node_id == node_id])
@@ -567,7 +567,7 @@ class Reconciler:
                 # A node that went quiet is the liveness rules' business, not this deadline's.
                 if node is not None and self.liveness.state(node, now) == NodeLiveness.READY:
                     self.mark_failed(record.replica_id, f"node {record.node_id} did not report it within {limit:g} s "
-                                                      "of start_shard")
+                                                      "of being told to start it")
 
     def _forget_lost_nodes(self, now: float) -> None:
         """Nodes silent past ``forget_nodes_after`` are dropped, with whatever control kept on them."""
@@ -698,7 +698,7 @@ class Reconciler:
         for action in actions:
             tracing.event("llmgw.placement", {
                 "llmgw.action": type(action).__name__.lower(), "llmgw.node": getattr(action, "node_id", ""),
-                "llmgw.profile": getattr(action, "key", ""), "llmgw.replica": getattr(action, "shard_id", "")})
+                "llmgw.profile": getattr(action, "key", ""), "llmgw.replica": getattr(action, "replica_id", "")})
             if isinstance(action, Start):
                 self._start(action, now)
             elif isinstance(action, Drain | Evict):

@@ -1,6 +1,6 @@
 """Replica ids and replica API keys, both derived from the cluster secret (HMAC).
 
-Replica API keys are an HMAC of the replica id, so after a control restart the router can talk to
+Replica API keys are an HMAC of the replica id, so after a control restart the gateway can talk to
 the engines it adopts without the nodes ever sending a key back. A replica id is
 ``<slug>-<nonce>-<tag>``, the tag an HMAC of the profile key, the nonce and the node id, so a node
 can only get a replica adopted that control minted for that very node, and the profile it belongs

@@ -55,7 +55,7 @@ class ReconcilerConfig:
     # capacity serves, but the next request will wait; a moment at capacity is not demand.
     # Ten seconds: Knative's panic window (6 s), in which it scales on a burst, plus a pass.
     saturated_after: float = 10.0
-    # A start_shard the node has not reported on after this long is failed with that reason (the
+    # A StartReplica the node has not reported on after this long is failed with that reason (the
     # node acknowledged it and then said nothing): nothing waits in "assigned" forever. A node
     # reports a new replica within a heartbeat (5 s); a minute allows for a congested node.
     assigned_timeout: float = 60.0
@@ -91,7 +91,7 @@ class ReplicaRecord:
     draining: bool = False
     ready_since: float | None = None
     created_at: float = 0.0
-    # Where the router reaches it: the node's address when control placed (or adopted) it. A
+    # Where the gateway reaches it: the node's address when control placed (or adopted) it. A
     # later hello cannot move a replica, and its bearer key, to another address.
     address: str = ""
     # The engine's last output lines, as the node sent them with a crash or a failed start: the

@@ -1,9 +1,9 @@
 """The leader's view of ready replicas, shared through the store so standbys serve too.
 
 * ``ViewPublisher`` (leader, after its takeover hold): writes the replicas its reconciler
-  publishes to the router whenever that set changes, at most every ``PUBLISH_EVERY`` seconds,
+  publishes to the gateway whenever that set changes, at most every ``PUBLISH_EVERY`` seconds,
   fenced by its lease epoch.
-* ``ViewFollower`` (standby): reads the view and makes its own router's replica set match it:
+* ``ViewFollower`` (standby): reads the view and makes its own gateway's replica set match it:
   added, updated, withdrawn. The bearer keys are derived here from the shared cluster secret,
   exactly as the reconciler derives them; the view holds none.
 

@@ -11,7 +11,7 @@ need (``vision``, ``audio``, ``tools``). They come from three places, the first 
    ``modalities``, ``chat_template_caps.supports_tools``, the context ``n_ctx``), learned by
    ``learn`` once per replica, when first needed.
 
-Nothing known (a static endpoint whose engine has not answered yet): nothing is refused here, and
+Nothing known (a static replica whose engine has not answered yet): nothing is refused here, and
 the engine's own refusal (a 4xx or 501) reaches the client as a 4xx (gateway/relay.py).
 """
 
@@ -67,7 +67,7 @@ class ModelCapabilities:
 
 def declared(profile: ProfileConfig | None) -> frozenset[str] | None:
     """The routes a profile serves before any engine is asked: its own list, else what its engine
-    serves as started; None when not known (an engine other than llama.cpp, a static endpoint)."""
+    serves as started; None when not known (an engine other than llama.cpp, a static replica)."""
     if profile is None:
         return None
     if profile.capabilities:

@@ -1,11 +1,11 @@
 """The gateway's settings: the ``[router]`` section (deadlines, retries, the body limit) and the
-static ``[[endpoints]]`` of router-only mode. ``config.py`` composes them into the daemon's config."""
+static ``[[endpoints]]`` of gateway-only mode. ``config.py`` composes them into the daemon's config."""
 
 from __future__ import annotations
 
 import attrs
 
-from .replicas import DEFAULT_ENDPOINT_SLOTS
+from .replicas import DEFAULT_STATIC_REPLICA_SLOTS
 
 
 @attrs.frozen
@@ -68,8 +68,8 @@ class GatewayConfig:
 
 
 @attrs.frozen
-class EndpointConfig:
-    """A static engine replica, for router-only mode."""
+class StaticReplicaConfig:
+    """A static engine replica, for gateway-only mode."""
 
     id: str
     url: str
@@ -80,7 +80,7 @@ class EndpointConfig:
     # Requests sent to it at once; more wait in the gateway's queue. Set it to llama-server's -np
     # so the queue (and its priorities) is the gateway's; the default only stops a runaway
     # (vLLM's default max_num_seqs).
-    slots: int = DEFAULT_ENDPOINT_SLOTS
+    slots: int = DEFAULT_STATIC_REPLICA_SLOTS
     # llama-server's -np when it is one: prefix routing then names each conversation's slot
     # (gateway/engine_slots.py), without which b11312 reuses only a shared prefix. 0: the engine
     # chooses (any other engine, or llama-server when in doubt).

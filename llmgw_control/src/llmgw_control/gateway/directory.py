@@ -1,6 +1,6 @@
 """Which replicas a requested model name means.
 
-In router-only mode the names are the static endpoints' models. With a catalog, a client asks for
+In gateway-only mode the names are the static replicas' models. With a catalog, a client asks for
 ``model`` or ``model:profile`` and the directory answers with the profile's key, under which the
 reconciler publishes replicas -- whether or not any is running yet (the activator then waits).
 A LoRA adapter's name resolves to its base profile's key (its replicas hold the adapter), while
@@ -26,11 +26,11 @@ class ModelDirectory(Protocol):
         ...
 
     def routing(self, key: str) -> str:
-        """The routing policy the model behind ``key`` names; empty: the router's default."""
+        """The routing policy the model behind ``key`` names; empty: the gateway's default."""
         ...
 
     def profile(self, key: str) -> ProfileConfig | None:
-        """The catalog profile behind ``key``; None for a static endpoint's model."""
+        """The catalog profile behind ``key``; None for a static replica's model."""
         ...
 
     def adapter(self, requested: str) -> str | None:
@@ -59,7 +59,7 @@ class StaticDirectory:
 
 
 class FleetDirectory:
-    """The catalog's models and profiles, plus any static endpoints configured beside them."""
+    """The catalog's models and profiles, plus any static replicas configured beside them."""
 
     def __init__(self, catalog: Catalog, replicas: ReplicaSet) -> None:
         self.catalog = catalog

@@ -68,7 +68,7 @@ class Gateway:
         self.metrics = metrics
         self.config = config
         self.directory = directory or StaticDirectory(replicas)
-        # Router-only mode has no reconciler to start replicas, but its endpoints' slots are
+        # Gateway-only mode has no reconciler to start replicas, but its static replicas' slots are
         # admitted the same way.
         self.activator = activator or Activator(replicas)
         # The live window's queue depths are the activator's own count of waiting requests per model.

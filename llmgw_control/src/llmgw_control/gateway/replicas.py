@@ -1,8 +1,8 @@
-"""The replicas the router may send requests to, with the counters the balancer reads.
+"""The replicas the gateway may send requests to, with the counters the balancer reads.
 
-Router-only mode fills the set once from the config; the control plane publishes a replica when
-its replica becomes ready and withdraws it before it stops, so the router never sends a request to
-an engine that is going away.
+Gateway-only mode fills the set once from the config (its static replicas); otherwise the
+reconciler publishes a replica when it becomes ready and withdraws it before it stops, so the
+gateway never sends a request to an engine that is going away.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import attrs
 from .engine_facts import EngineFacts
 from .progress import Progress
 
-# Slots of a static endpoint whose config does not say: llmgw knows nothing of that engine, so the
+# Slots of a static replica whose config does not say: llmgw knows nothing of that engine, so the
 # bound should only stop a runaway, not queue requests the engine could serve. vLLM's default
 # max_num_seqs is 256; for llama-server set it to its -np so the gateway queues (and orders by
 # priority) what the engine would otherwise queue unseen.
-DEFAULT_ENDPOINT_SLOTS = 256
+DEFAULT_STATIC_REPLICA_SLOTS = 256
 
 
 @attrs.define(eq=False)
@@ -37,7 +37,7 @@ class Replica:
     adapters: tuple[tuple[str, float], ...] = ()
     adapter_mode: str = ""
     # Requests it serves at once (llama-server's -np); more wait in the gateway's queue.
-    slots: int = DEFAULT_ENDPOINT_SLOTS
+    slots: int = DEFAULT_STATIC_REPLICA_SLOTS
     # Slots taken, by the activator's slot guards only (gateway/activator.py).
     in_flight: int = 0
     # Avoided until then after a failure (trio clock); infinity while it is withdrawn as hung
@@ -55,7 +55,7 @@ class Replica:
     facts: EngineFacts | None = None
     # When its engine may be asked again after it did not answer (trio clock).
     probe_after: float = 0.0
-    # The engine slots this gateway's requests hold now, claimed and released per attempt.
+    # The engine slots this gateway's requests hold now, claimed and given back per attempt.
     held_engine_slots: set[int] = attrs.field(factory=set)
     # Whose conversation each engine slot's KV cache holds (the affinity id that last used it),
     # least recently used first: gateway/engine_slots.py gives an id its own slot back, and a new

@@ -1,24 +1,24 @@
 """The upstream HTTP client behind a small interface of our own.
 
-The router speaks only to ``UpstreamClient``; the one implementation speaks HTTP/1.1 through
+The gateway speaks only to ``UpstreamClient``; the one implementation speaks HTTP/1.1 through
 httpx2's own protocol layer (``httpcore2.AsyncHTTP11Connection``, the maintained fork's
-connection class) and pools those connections itself. Keeping httpx2's types out of the router
+connection class) and pools those connections itself. Keeping httpx2's types out of the gateway
 means the client can be swapped without touching the retry and relay logic.
 
 The keep-alive race is settled here, below every caller: engines (llama-server, uvicorn) close
 idle keep-alive connections whenever they like, so a pooled connection may be closed as it is
 taken or as a request goes out on it. A connection found closed at checkout is skipped; a request
 that fails on a *reused* connection before any response byte is re-sent once on a fresh one to the
-same engine. Neither reaches the router as a failure (issue 28: httpcore2 2.17 moved its check for
+same engine. Neither reaches the gateway as a failure (issue 28: httpcore2 2.17 moved its check for
 a server-closed idle connection out of ``has_expired()``, which our checkout consulted, and 0.8% of
 requests under load became 502s).
 
-Errors are translated into three kinds the router acts on differently:
+Errors are translated into three kinds the gateway acts on differently:
 ``UpstreamConnectError`` (nothing was sent: safe to try another replica),
 ``UpstreamClosedEarly`` (a *fresh* connection died before any response byte: the engine itself is
 in trouble), and ``UpstreamBodyError`` (the response broke off).
 Nothing else leaves ``open`` before the response head: any other failure of the connection layer
-is an ``UpstreamConnectError``, so the router retries it or answers 502, never 500.
+is an ``UpstreamConnectError``, so the gateway retries it or answers 502, never 500.
 """
 
 from __future__ import annotations
@@ -94,10 +94,10 @@ def _describe(exc: BaseException) -> str:
 
 
 class _Response:
-    def __init__(self, response: httpcore2.Response, release: Callable[[], Awaitable[None]], *,
+    def __init__(self, response: httpcore2.Response, give_back: Callable[[], Awaitable[None]], *,
                  resent: bool) -> None:
         self._response = response
-        self._release = release
+        self._give_back = give_back
         self._closed = False
         self.status_code = response.status
         self.resent = resent
@@ -140,7 +140,7 @@ class _Response:
             if isinstance(chunks, AsyncGenerator):
                 await chunks.aclose()
             await self._response.aclose()
-            await self._release()
+            await self._give_back()
 
 
 class _HeldWritesStream(httpcore2.AsyncNetworkStream):
@@ -149,7 +149,7 @@ class _HeldWritesStream(httpcore2.AsyncNetworkStream):
     httpcore2 writes a request as head, body and end-of-message, one ``send`` each; on loopback
     every send runs the whole TCP path and wakes the engine, so three cost about three times one.
     Nothing needs the bytes before the response is awaited, so they leave together then.
-    Deadlines are the router's own trio scopes (it knows the phase for the error message), so no
+    Deadlines are the gateway's own trio scopes (it knows the phase for the error message), so no
     per-call timeout scope is opened here.
     """
 
@@ -278,7 +278,7 @@ class Httpx2Upstream:
                 raise
             # The engine closed this pooled connection as the request went out (the keep-alive
             # race): nothing was answered, so the request goes once more, on a connection of its
-            # own. Were the fresh one to fail too, that is the engine's doing, and the router's.
+            # own. Were the fresh one to fail too, that is the engine's doing, and the gateway's.
             resent = True
             if self._on_resend is not None:
                 self._on_resend()
@@ -301,7 +301,7 @@ class Httpx2Upstream:
             raise UpstreamConnectError(_describe(exc)) from exc
         except Exception as exc:
             # Whatever else the connection layer raises before a response exists (httpcore2 has
-            # closed the connection by then), the request was not answered: the router may try
+            # closed the connection by then), the request was not answered: the gateway may try
             # elsewhere. Uncaught, it would be a 500 for a fault on the engine's side.
             raise UpstreamConnectError(f"{type(exc).__name__}: {_describe(exc)}") from exc
 

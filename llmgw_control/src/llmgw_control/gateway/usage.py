@@ -2,7 +2,7 @@
 
 Parsing every streamed chunk as JSON would cost more CPU than relaying it. TokenUsage only ever
 appears in the last events of a stream (the usage chunk before ``[DONE]``, or llama.cpp's finish
-chunk in completions streams) and once in a non-streamed body, so the router keeps only a tail
+chunk in completions streams) and once in a non-streamed body, so the gateway keeps only a tail
 of the stream and decodes the last ``"usage"`` object it finds there.
 
 An engine's counts are charged to quotas and written to the store, so they are read here, in

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 @attrs.define
 class ApiContext:
-    """What the API works on; ``fleet`` is None in router-only mode (no agents listener)."""
+    """What the API works on; ``fleet`` is None in gateway-only mode (no agents listener)."""
 
     fleet: Fleet | None = None
     tenancy: Tenancy | None = None

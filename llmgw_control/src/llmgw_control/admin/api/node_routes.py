@@ -110,7 +110,7 @@ def add_node_routes(api: Api, ctx: ApiContext) -> None:
         return NodeAnswer(await one_node(ctx, f, node_id))
 
     @api.route("POST", "/nodes/{node_id}/drain",
-               summary="Cordon the node and drain its replicas (withdrawn from the router first)",
+               summary="Cordon the node and drain its replicas (withdrawn from the gateway first)",
                tag="nodes", response=DrainAnswer, errors=(404, 409, 503))
     async def drain_node(call: Call) -> DrainAnswer:
         node_id = call.path["node_id"]

@@ -1,7 +1,7 @@
 """``GET /api/v1/replicas/{id}/logs``: an engine's output, asked of its node on request.
 
 The node keeps each replica's output (its log file, bounded; ``llmgw_node/replica_logs.py``) and sends
-the last lines over the agent socket when asked (``get_shard_logs`` -> ``shard_logs``). A
+the last lines over the agent socket when asked (``GetReplicaLogs`` -> ``ReplicaLogsReply``). A
 follower passes the previous answer's ``cursor`` with ``wait=true``: the answer is held until new
 lines appear or ``LOG_WAIT_S`` passes (a long poll: one request at a time per follower, bounded
 in time, with nothing held open between polls). A replica whose node is gone, or that was

@@ -102,7 +102,7 @@ class NodeAnswer:
 @attrs.frozen
 class DrainAnswer:
     node: NodeView
-    # The replicas withdrawn from the router and told to drain.
+    # The replicas withdrawn from the gateway and told to drain.
     drained: list[str]
 
 
@@ -216,7 +216,7 @@ class ReplicaView:
     status: str
     detail: str
     draining: bool
-    # Published to the router (receiving requests) right now.
+    # Published to the gateway (receiving requests) right now.
     routable: bool
     in_flight: int
     # The engine's last output lines, as its node sent them with a crash or a failed start.
