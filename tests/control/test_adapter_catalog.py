@@ -64,7 +64,7 @@ def test_the_catalog_resolves_an_adapter_to_its_base_key() -> None:
 
 def test_the_engine_body_selects_exactly_the_asked_adapter() -> None:
     profile = _model("qwen", AdapterConfig("a", W), AdapterConfig("b", W, scale=0.5)).profiles[0]
-    adapters, mode = replica_adapters(profile)
+    adapters, mode = replica_adapters(profile, ["a", "b"])
     replica = Replica(id="r", url="http://e", models=frozenset({"qwen:gpu"}), adapters=adapters, adapter_mode=mode)
     hostile = {"lora": [{"id": 0, "scale": 9}]}
     assert adapter_fields(replica, "b", hostile) == {"lora": [{"id": 0, "scale": 0.0}, {"id": 1, "scale": 0.5}]}
@@ -75,9 +75,15 @@ def test_the_engine_body_selects_exactly_the_asked_adapter() -> None:
     assert adapter_fields(vllm, "a", hostile) == {"model": "a"}
     assert adapter_fields(vllm, "qwen", hostile) == {}  # the client's lora is dropped
     # A vLLM replica holds what its node loaded ("b" failed, or is still loading): "b"'s requests
-    # never reach it, the base's and "a"'s do; llama-server's replicas hold their whole list.
+    # never reach it, the base's and "a"'s do.
     assert vllm.adapters == (("a", 1.0),)
     assert without_adapter([vllm, replica], "b") == {"v"} and without_adapter([vllm, replica], "a") == set()
+    # A llama-server whose node refused "a" (a wrong sha256) was started with "b" alone: "b" is its
+    # lora id 0, and "a"'s requests never reach it.
+    partial, mode = replica_adapters(profile, ["b"])
+    refused = Replica(id="p", url="http://e", models=frozenset({"qwen:gpu"}), adapters=partial, adapter_mode=mode)
+    assert adapter_fields(refused, "b", hostile) == {"lora": [{"id": 0, "scale": 0.5}]}
+    assert without_adapter([refused, replica], "a") == {"p"}
     assert without_adapter([vllm, replica], None) == set()
     plain = Replica(id="p", url="http://e", models=frozenset({"m"}))
     assert adapter_fields(plain, "m", {}) is None and adapter_fields(plain, "m", hostile) == {}

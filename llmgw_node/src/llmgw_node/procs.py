@@ -63,6 +63,10 @@ class ProcessRecord:
     log: str
     spec: ReplicaSpec
     restarts: int = 0
+    # llama.cpp: the adapters on the engine's command line (the spec's that were verified) and why
+    # the others are not; None: all of the spec's (a record of a release that refused none).
+    adapters: list[str] | None = None
+    adapter_problem: str = ""
 
 
 # The file a daemon of an earlier release wrote says "shard_id" (like the v1 wire): kept, so an
