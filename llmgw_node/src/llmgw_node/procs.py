@@ -71,7 +71,10 @@ class ProcessRecord:
 
 # The file a daemon of an earlier release wrote says "shard_id" (like the v1 wire): kept, so an
 # upgraded daemon adopts what its predecessor recorded.
-_STORED: dict[str, Any] = {"replica_id": override(rename=v1_key("replica_id"))}
+# The adapter fields are written only when set, so a record without them reads as before.
+_STORED: dict[str, Any] = {"replica_id": override(rename=v1_key("replica_id")),
+                           "adapters": override(omit_if_default=True),
+                           "adapter_problem": override(omit_if_default=True)}
 _structure_record = make_dict_structure_fn(ProcessRecord, converter, **_STORED)
 _unstructure_record = make_dict_unstructure_fn(ProcessRecord, converter, **_STORED)
 
