@@ -17,6 +17,9 @@ from llmgw_control.catalog.models import (
     name_clash,
 )
 from llmgw_control.catalog.service import _restart_needed
+from llmgw_control.fleet.lifecycle import ReplicaStatus
+from llmgw_control.fleet.live_adapters import LiveAdapters, adapter_specs
+from llmgw_control.fleet.replica_records import ReplicaRecord
 from llmgw_control.gateway.adapters import adapter_fields, replica_adapters, without_adapter
 from llmgw_control.gateway.replicas import Replica
 
@@ -118,3 +121,19 @@ async def test_a_profiles_claim_adds_its_adapters_weights_where_its_model_is() -
     assert claims["q:cuda"] == Claim(1000, 5000 + 301)  # on the GPU, with the model
     assert claims["v:gpu"] == Claim(100 + 300)
     assert claims["bare:cpu"] == Claim(1000)
+
+
+def test_a_vllm_adapter_replaced_under_its_name_is_sent_again() -> None:
+    first = _model("qwen", AdapterConfig("a", WeightsConfig("/models/a-v1", "a" * 64, 64)), engine="vllm")
+    replaced = _model("qwen", AdapterConfig("a", WeightsConfig("/models/a-v2", "b" * 64, 64)), engine="vllm")
+    record = ReplicaRecord("r1", "qwen:gpu", "n1", 8000, Claim(ram_mib=100), status=ReplicaStatus.READY,
+                           adapters=("a",))
+    live = LiveAdapters()
+    live.sent_to("r1", adapter_specs(first.profiles[0]))  # as the start does
+    assert live.due([record], Catalog([first], ENGINES)) == []
+    due = live.due([record], Catalog([replaced], ENGINES))
+    assert [(r.replica_id, [a.weights.url for a in specs]) for r, specs in due] == [("r1", ["/models/a-v2"])]
+    live.sent_to("r1", due[0][1])
+    assert live.due([record], Catalog([replaced], ENGINES)) == []
+    # Adopted by a daemon that never sent it a list: its loaded names are all there is to compare.
+    assert LiveAdapters().due([record], Catalog([replaced], ENGINES)) == []

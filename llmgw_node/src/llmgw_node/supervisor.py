@@ -116,6 +116,8 @@ class _Replica:
         # any of the spec's are not ("": all are). One apply at a time per engine.
         self.loaded: list[str] = []
         self.adapter_problem = ""
+        # vLLM: every adapter its engine holds, as loaded (a replaced one is compared by its file).
+        self.held: list[AdapterSpec] = []
         self.adapter_lock = trio.Lock()
         # llama.cpp: the adapters verified for its start, the only ones on its command line
         # (None: not checked yet), and why the others were refused.
@@ -581,7 +583,7 @@ class Supervisor:
                 return problem
             if ready:
                 # A fresh (or restarted, or adopted) engine: what it holds is learned anew.
-                replica.loaded = []
+                replica.loaded, replica.held = [], []
                 await self._apply_adapters(replica)
                 self._set(replica, ReplicaStatus.READY, replica.adapter_problem)
                 hung = await self._while_ready(replica, exited)
@@ -635,17 +637,18 @@ class Supervisor:
                 replica.loaded = [a.name for a in _started_adapters(replica)]
                 replica.adapter_problem = replica.refused
                 return
-            if not spec.adapters and not replica.loaded:
+            if not spec.adapters and not replica.held:
                 return
             wanted, problems = await self._adapter_dirs(spec.adapters)
             applied = await live_adapters.apply(self.client, self.host, spec.port, spec.api_key, wanted,
-                                                replica.loaded)
+                                                replica.held)
             if replica.pid != pid:
                 return  # restarted meanwhile: its next ready applies the list again
             problems += applied.problems
             for problem in problems:
                 log.warning("replica %s: %s", spec.replica_id, problem)
-            replica.loaded, replica.adapter_problem = applied.loaded, "; ".join(problems)[:2000]
+            replica.held, replica.loaded = applied.held, applied.loaded
+            replica.adapter_problem = "; ".join(problems)[:2000]
         if ReplicaStatus(replica.state.status) is ReplicaStatus.READY:
             self._set(replica, ReplicaStatus.READY, replica.adapter_problem)
 
