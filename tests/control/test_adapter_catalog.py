@@ -17,6 +17,9 @@ from llmgw_control.catalog.models import (
     name_clash,
 )
 from llmgw_control.catalog.service import _restart_needed
+from llmgw_control.fleet.lifecycle import ReplicaStatus
+from llmgw_control.fleet.live_adapters import LiveAdapters, adapter_specs
+from llmgw_control.fleet.replica_records import ReplicaRecord
 from llmgw_control.gateway.adapters import adapter_fields, replica_adapters, without_adapter
 from llmgw_control.gateway.replicas import Replica
 
@@ -64,7 +67,7 @@ def test_the_catalog_resolves_an_adapter_to_its_base_key() -> None:
 
 def test_the_engine_body_selects_exactly_the_asked_adapter() -> None:
     profile = _model("qwen", AdapterConfig("a", W), AdapterConfig("b", W, scale=0.5)).profiles[0]
-    adapters, mode = replica_adapters(profile)
+    adapters, mode = replica_adapters(profile, ["a", "b"])
     replica = Replica(id="r", url="http://e", models=frozenset({"qwen:gpu"}), adapters=adapters, adapter_mode=mode)
     hostile = {"lora": [{"id": 0, "scale": 9}]}
     assert adapter_fields(replica, "b", hostile) == {"lora": [{"id": 0, "scale": 0.0}, {"id": 1, "scale": 0.5}]}
@@ -75,9 +78,15 @@ def test_the_engine_body_selects_exactly_the_asked_adapter() -> None:
     assert adapter_fields(vllm, "a", hostile) == {"model": "a"}
     assert adapter_fields(vllm, "qwen", hostile) == {}  # the client's lora is dropped
     # A vLLM replica holds what its node loaded ("b" failed, or is still loading): "b"'s requests
-    # never reach it, the base's and "a"'s do; llama-server's replicas hold their whole list.
+    # never reach it, the base's and "a"'s do.
     assert vllm.adapters == (("a", 1.0),)
     assert without_adapter([vllm, replica], "b") == {"v"} and without_adapter([vllm, replica], "a") == set()
+    # A llama-server whose node refused "a" (a wrong sha256) was started with "b" alone: "b" is its
+    # lora id 0, and "a"'s requests never reach it.
+    partial, mode = replica_adapters(profile, ["b"])
+    refused = Replica(id="p", url="http://e", models=frozenset({"qwen:gpu"}), adapters=partial, adapter_mode=mode)
+    assert adapter_fields(refused, "b", hostile) == {"lora": [{"id": 0, "scale": 0.5}]}
+    assert without_adapter([refused, replica], "a") == {"p"}
     assert without_adapter([vllm, replica], None) == set()
     plain = Replica(id="p", url="http://e", models=frozenset({"m"}))
     assert adapter_fields(plain, "m", {}) is None and adapter_fields(plain, "m", hostile) == {}
@@ -112,3 +121,19 @@ async def test_a_profiles_claim_adds_its_adapters_weights_where_its_model_is() -
     assert claims["q:cuda"] == Claim(1000, 5000 + 301)  # on the GPU, with the model
     assert claims["v:gpu"] == Claim(100 + 300)
     assert claims["bare:cpu"] == Claim(1000)
+
+
+def test_a_vllm_adapter_replaced_under_its_name_is_sent_again() -> None:
+    first = _model("qwen", AdapterConfig("a", WeightsConfig("/models/a-v1", "a" * 64, 64)), engine="vllm")
+    replaced = _model("qwen", AdapterConfig("a", WeightsConfig("/models/a-v2", "b" * 64, 64)), engine="vllm")
+    record = ReplicaRecord("r1", "qwen:gpu", "n1", 8000, Claim(ram_mib=100), status=ReplicaStatus.READY,
+                           adapters=("a",))
+    live = LiveAdapters()
+    live.sent_to("r1", adapter_specs(first.profiles[0]))  # as the start does
+    assert live.due([record], Catalog([first], ENGINES)) == []
+    due = live.due([record], Catalog([replaced], ENGINES))
+    assert [(r.replica_id, [a.weights.url for a in specs]) for r, specs in due] == [("r1", ["/models/a-v2"])]
+    live.sent_to("r1", due[0][1])
+    assert live.due([record], Catalog([replaced], ENGINES)) == []
+    # Adopted by a daemon that never sent it a list: its loaded names are all there is to compare.
+    assert LiveAdapters().due([record], Catalog([replaced], ENGINES)) == []

@@ -1,5 +1,6 @@
 """LoRA adapters on the node (issue 35): fetched and verified exactly as weights, held in the
-weights cache, and loaded by llama-server in the spec's order; a wrong digest fails the replica."""
+weights cache, and loaded by llama-server in the spec's order; one with a wrong digest is left
+off the engine's command line and named in the replica's detail, the rest served."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import attrs
 import httpx2
 import pytest
+import trio
 from node.helpers import next_replica_state, replica_spec
 from node.release_server import FileServer
 from node.test_replicas import installed_node, served_weights
@@ -35,13 +37,25 @@ async def test_adapters_are_verified_cached_and_loaded_in_order(
 ) -> None:
     adapters = [AdapterSpec(name, _served(files, name, path)) for name, path in write_adapters(tmp_path).items()]
     async with installed_node(node_config, files, engine_archive, fast_timing) as svc:
-        # A wrong sha256 on one adapter: refused before the engine starts, as for weights.
-        wrong = attrs.evolve(adapters[1], weights=attrs.evolve(adapters[1].weights, sha256="0" * 64))
-        bad = attrs.evolve(replica_spec("lora-bad", served_weights(files, tiny_model), free_port()),
-                           adapters=[adapters[0], wrong])
+        # A wrong sha256 on the first adapter: refused before the engine starts, as for weights;
+        # the engine starts with the other alone (its lora id 0) and the detail says why.
+        wrong = attrs.evolve(adapters[0], weights=attrs.evolve(adapters[0].weights, sha256="0" * 64))
+        bad_port = free_port()
+        bad = attrs.evolve(replica_spec("lora-bad", served_weights(files, tiny_model), bad_port),
+                           adapters=[wrong, adapters[1]])
         assert (await svc.handle(StartReplica(id="c0", fencing_token=1, replica=bad))).ok
-        failed = await next_replica_state(svc, "lora-bad", lambda s: s.status in ("ready", "failed"))
-        assert failed.status == "failed" and "sha256" in failed.detail and failed.pid == 0, failed.describe()
+        partial = await next_replica_state(svc, "lora-bad", lambda s: s.status in ("ready", "failed"))
+        assert partial.status == "ready" and partial.adapters == [adapters[1].name], partial.describe()
+        assert f"adapter {wrong.name} not loaded" in partial.detail and "sha256" in partial.detail, partial.detail
+        words = (await trio.Path(f"/proc/{partial.pid}/cmdline").read_bytes()).split(b"\0")
+        assert words[words.index(b"--lora-scaled") + 1].count(b",") == 0, words
+        async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{bad_port}", timeout=60,
+                                      headers={"authorization": f"Bearer {bad.api_key}"}) as client:
+            answer = await client.post("/v1/chat/completions", json={
+                "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "lora": [{"id": 0, "scale": 1.0}]})
+            assert answer.json()["choices"][0]["message"]["content"].count(TOKENS[adapters[1].name]) >= 6
+        assert (await svc.handle(StopReplica(id="c9", fencing_token=1, replica_id="lora-bad"))).ok
+        await next_replica_state(svc, "lora-bad", lambda s: s.status == "stopped")
 
         port = free_port()
         spec = attrs.evolve(replica_spec("lora-0", served_weights(files, tiny_model), port), adapters=adapters)

@@ -19,6 +19,7 @@ from llmgw_node.service import open_node_service
 from llmgw_node.supervisor import Timing
 from llmgw_shared.wire import AdapterSpec, ReplicaState, SetAdapters, StartReplica, WeightsSpec
 from support.served_engines import adapter_directory, model_directory
+from support.waiting import wait_until
 
 # Left out of the quick tier (slow: a vLLM stand-in started as a process).
 pytestmark = pytest.mark.slow
@@ -70,6 +71,29 @@ async def test_adapters_load_at_start_and_change_live_without_a_restart(
             both = await next_replica_state(svc, replica.replica_id, lambda s: s.adapters == ["one", "two"])
             assert both.status == "ready" and both.pid == ready.pid and both.detail == ""
             assert (await _ask(client, "two")).json()["choices"][0]["message"]["content"].startswith("[lora:two]")
+
+            # Replaced under the same name (another directory, another sha256): vLLM keeps an
+            # adapter by name, so the node unloads it and loads the new one, still no restart.
+            newer = attrs.evolve(two, weights=WeightsSpec(str(adapter_directory(roots / "two-v2")), "b" * 64, 64))
+            assert (await svc.handle(SetAdapters(id="r", fencing_token=1, replica_id=replica.replica_id,
+                                                 adapters=[one, newer]))).ok
+
+            async def roots_now() -> dict[str, str]:
+                listed = (await client.get("/v1/models")).json()["data"]
+                return {m["id"]: m["root"] for m in listed if "root" in m}
+
+            async def two_replaced() -> dict[str, str] | None:
+                now = await roots_now()
+                return now if now.get("two") == str((roots / "two-v2").resolve()) else None
+            replaced = await wait_until(two_replaced, timeout=20)
+            assert replaced["one"] == str((roots / "one").resolve()), replaced
+            (current,) = [s for s in svc.replica_states() if s.replica_id == replica.replica_id]
+            assert current.pid == ready.pid and current.adapters == ["one", "two"] and current.detail == ""
+            # The same list again keeps it as it is.
+            assert (await svc.handle(SetAdapters(id="r2", fencing_token=1, replica_id=replica.replica_id,
+                                                 adapters=[one, newer]))).ok
+            assert (await roots_now()) == replaced
+            two = newer
 
             # One removed, one that fails to load: the engine keeps serving the base and "two".
             seen: list[ReplicaState] = []

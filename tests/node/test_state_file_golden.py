@@ -30,3 +30,14 @@ def test_a_state_file_written_before_the_rename_is_adopted(tmp_path: Path) -> No
     path = tmp_path / "shards.json"
     path.write_text(json.dumps(FROZEN))
     assert StateFile(path).load() == [RECORD]
+
+
+def test_a_llama_cpp_record_keeps_the_adapters_its_engine_was_started_with(tmp_path: Path) -> None:
+    # A replica whose node refused one adapter: adopted after a restart, it still holds the others only.
+    record = ProcessRecord(replica_id="tiny-0", pid=42, ticks=7, binary="/b", weights="/w", log="/l", spec=SPEC,
+                           adapters=["x"], adapter_problem="adapter q not loaded: sha256 differs")
+    path = tmp_path / "shards.json"
+    StateFile(path).save([record])
+    stored = json.loads(path.read_text())["shards"][0]
+    assert (stored["adapters"], stored["adapter_problem"]) == (["x"], "adapter q not loaded: sha256 differs")
+    assert StateFile(path).load() == [record]

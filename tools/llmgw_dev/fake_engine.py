@@ -23,7 +23,7 @@ or as a process (benchmarks)::
 
     python -m llmgw_dev.fake_engine --port 0 --chunks 32   # prints the URL when ready
 
-About 700 lines: every fault a test or a bench can ask of an engine lives in this one fake, so each
+About 780 lines: every fault a test or a bench can ask of an engine lives in this one fake, so each
 behaves the same way wherever it is used.
 """
 
@@ -252,9 +252,11 @@ class FakeEngineApp:
             return
         if method == "GET" and path == "/v1/models":
             data = [{"id": m, "object": "model", "created": 0, "owned_by": "llmgw-fake"} for m in b.models]
-            # vLLM lists its loaded adapters as models of their own, with the base as parent.
-            data += [{"id": n, "object": "model", "created": 0, "owned_by": "llmgw-fake",
-                      "parent": b.models[0] if b.models else ""} for n in (b.loras.loaded if b.loras else {})]
+            # vLLM lists its loaded adapters as models of their own, with the base as parent and
+            # the directory it was loaded from as root.
+            data += [{"id": n, "object": "model", "created": 0, "owned_by": "llmgw-fake", "root": path,
+                      "parent": b.models[0] if b.models else ""}
+                     for n, path in (b.loras.loaded if b.loras else {}).items()]
             await _respond(send, 200, _dumps({"object": "list", "data": data}).encode())
             return
         if method == "GET" and path == "/metrics":

@@ -38,8 +38,10 @@ LIMITER = trio.CapacityLimiter(4)
 
 @attrs.frozen
 class Applied:
-    """What a replica has loaded after an apply, in the spec's order, and why the others are not."""
+    """What a replica's engine holds after an apply (each as it was loaded, for the next apply to
+    compare), which of them requests may be sent to (in the spec's order), and why the others not."""
 
+    held: list[AdapterSpec]
     loaded: list[str]
     problems: list[str]
 
@@ -50,22 +52,29 @@ def adapter_path(adapter: AdapterSpec) -> str:
 
 
 async def apply(client: httpx2.AsyncClient, host: str, port: int, api_key: str,
-                wanted: Sequence[AdapterSpec], loaded: Sequence[str]) -> Applied:
-    """Unload what ``wanted`` no longer names, then load what it names and ``loaded`` lacks."""
+                wanted: Sequence[AdapterSpec], held: Sequence[AdapterSpec]) -> Applied:
+    """Unload what ``wanted`` no longer names or names with another file (path, sha256 or size:
+    vLLM keeps an adapter by name, so a replaced one is unloaded and loaded again), then load
+    what ``wanted`` names and the engine lacks."""
     base = base_url(host, port)
     headers = {"Authorization": f"Bearer {api_key}"}
-    names = {a.name for a in wanted}
-    have = [name for name in loaded if name in names]
+    by_name = {a.name: a for a in wanted}
+    keep: dict[str, AdapterSpec] = {}
+    stale: dict[str, AdapterSpec] = {}
     problems: list[str] = []
-    for name in loaded:
-        if name not in names:
-            problem = await _post(client, f"{base}/v1/unload_lora_adapter", headers, {"lora_name": name},
-                                  UNLOAD_LIMIT_S, gone_ok=True)
-            if problem:
-                # Still loaded: requests are no longer routed to it (control's catalog dropped it).
-                problems.append(f"adapter {name} not unloaded: {problem}")
+    for adapter in held:
+        current = by_name.get(adapter.name)
+        if current is not None and current.weights == adapter.weights:
+            keep[adapter.name] = adapter
+            continue
+        problem = await _post(client, f"{base}/v1/unload_lora_adapter", headers, {"lora_name": adapter.name},
+                              UNLOAD_LIMIT_S, gone_ok=True)
+        if problem:
+            # Still loaded (with its old file): no request is sent to it, the next apply tries again.
+            stale[adapter.name] = adapter
+            problems.append(f"adapter {adapter.name} not unloaded: {problem}")
     for adapter in wanted:
-        if adapter.name in have:
+        if adapter.name in keep or adapter.name in stale:
             continue
         problem = await _post(client, f"{base}/v1/load_lora_adapter", headers,
                               {"lora_name": adapter.name, "lora_path": adapter_path(adapter)}, LOAD_LIMIT_S,
@@ -73,9 +82,9 @@ async def apply(client: httpx2.AsyncClient, host: str, port: int, api_key: str,
         if problem:
             problems.append(f"adapter {adapter.name} not loaded: {problem}")
         else:
-            have.append(adapter.name)
-    order = [a.name for a in wanted]
-    return Applied(sorted(have, key=order.index), problems)
+            keep[adapter.name] = adapter
+    loaded = [a.name for a in wanted if a.name in keep]
+    return Applied([*(keep[name] for name in loaded), *stale.values()], loaded, problems)
 
 
 async def _post(client: httpx2.AsyncClient, url: str, headers: dict[str, str], body: dict[str, str],

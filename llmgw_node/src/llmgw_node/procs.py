@@ -63,11 +63,18 @@ class ProcessRecord:
     log: str
     spec: ReplicaSpec
     restarts: int = 0
+    # llama.cpp: the adapters on the engine's command line (the spec's that were verified) and why
+    # the others are not; None: all of the spec's (a record of a release that refused none).
+    adapters: list[str] | None = None
+    adapter_problem: str = ""
 
 
 # The file a daemon of an earlier release wrote says "shard_id" (like the v1 wire): kept, so an
 # upgraded daemon adopts what its predecessor recorded.
-_STORED: dict[str, Any] = {"replica_id": override(rename=v1_key("replica_id"))}
+# The adapter fields are written only when set, so a record without them reads as before.
+_STORED: dict[str, Any] = {"replica_id": override(rename=v1_key("replica_id")),
+                           "adapters": override(omit_if_default=True),
+                           "adapter_problem": override(omit_if_default=True)}
 _structure_record = make_dict_structure_fn(ProcessRecord, converter, **_STORED)
 _unstructure_record = make_dict_unstructure_fn(ProcessRecord, converter, **_STORED)
 

@@ -11,10 +11,12 @@ the group, then SIGKILL after a grace period. Draining waits for the engine's in
 Engines started by an earlier daemon are found through the state file and adopted (health
 checked, then supervised by polling ``/proc``, since they are no longer our children).
 
-A vLLM replica's LoRA adapters are loaded each time its engine becomes ready and when control sends
-``set_adapters`` (``live_adapters``); the replica's state says which are loaded.
+A llama.cpp replica's LoRA adapters are verified like its weights and put on its command line; one
+that fails verification is left off and its reason is the replica's detail. A vLLM replica's are
+loaded each time its engine becomes ready and when control sends ``set_adapters``
+(``live_adapters``). Either way the replica's state says which are loaded.
 
-About 680 lines: one replica's task (start, health, exit, restart, drain, adopt) is one state
+About 750 lines: one replica's task (start, health, exit, restart, drain, adopt) is one state
 machine over one process, read top to bottom; the periodic memory measurement of every engine
 (``memory``) and the live adapters report through the same replica states.
 """
@@ -114,7 +116,13 @@ class _Replica:
         # any of the spec's are not ("": all are). One apply at a time per engine.
         self.loaded: list[str] = []
         self.adapter_problem = ""
+        # vLLM: every adapter its engine holds, as loaded (a replaced one is compared by its file).
+        self.held: list[AdapterSpec] = []
         self.adapter_lock = trio.Lock()
+        # llama.cpp: the adapters verified for its start, the only ones on its command line
+        # (None: not checked yet), and why the others were refused.
+        self.verified: list[str] | None = None
+        self.refused = ""
 
 
 class Supervisor:
@@ -339,6 +347,7 @@ class Supervisor:
                     weights=str(self.weights.path_for(replica.spec.weights)) if replica.spec.weights is not None
                     else str(replica.model_path or ""),
                     log=str(self.log_path(replica.spec.replica_id)), spec=replica.spec, restarts=replica.restarts,
+                    adapters=replica.verified, adapter_problem=replica.refused,
                 ))
         self._state_file.save(records)
 
@@ -354,6 +363,7 @@ class Supervisor:
                 continue
             replica = _Replica(record.spec)
             replica.pid, replica.ticks, replica.restarts = record.pid, record.ticks, record.restarts
+            replica.verified, replica.refused = record.adapters, record.adapter_problem
             self._replicas[record.spec.replica_id] = replica
             log.info("adopting replica %s", record.replica_id, extra={"pid": record.pid})
             self._spawn(replica, adopted=record)
@@ -413,12 +423,7 @@ class Supervisor:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_cancel_when, replica.stop_requested, nursery.cancel_scope)
             try:
-                # The adapters first, exactly as the weights (sha256, size): a wrong one fails the
-                # replica before the engine is started with it.
-                for adapter in spec.adapters:
-                    self._set(replica, ReplicaStatus.DOWNLOADING, f"checking adapter {adapter.name}")
-                    await self.weights.ensure(
-                        adapter.weights, lambda what: self._set(replica, ReplicaStatus.DOWNLOADING, f"adapter: {what}"))
+                await self._verify_adapters(replica)
                 path = await self.weights.ensure(
                     weights_spec, lambda what: self._set(replica, ReplicaStatus.DOWNLOADING, what)
                 )
@@ -430,6 +435,24 @@ class Supervisor:
         elif path is None:
             self._set(replica, ReplicaStatus.STOPPED, "stopped before it started")
         return path
+
+    async def _verify_adapters(self, replica: _Replica) -> None:
+        """Fetch and verify the adapters exactly as the weights (sha256, size). One that fails is
+        left off the engine's command line and its reason kept for the replica's detail: the base
+        model and the other adapters are served, and control routes nothing to the missing one."""
+        verified: list[str] = []
+        problems: list[str] = []
+        for adapter in replica.spec.adapters:
+            self._set(replica, ReplicaStatus.DOWNLOADING, f"checking adapter {adapter.name}")
+            try:
+                await self.weights.ensure(
+                    adapter.weights, lambda what: self._set(replica, ReplicaStatus.DOWNLOADING, f"adapter: {what}"))
+            except WeightsError as exc:
+                log.warning("replica %s: adapter %s refused: %s", replica.spec.replica_id, adapter.name, exc)
+                problems.append(f"adapter {adapter.name} not loaded: {exc}")
+                continue
+            verified.append(adapter.name)
+        replica.verified, replica.refused = verified, "; ".join(problems)[:2000]
 
     async def _loop(self, replica: _Replica, weights: Path, adopted: ProcessRecord | None) -> None:
         spec = replica.spec
@@ -494,7 +517,8 @@ class Supervisor:
             try:
                 proc = await trio.lowlevel.open_process(
                     engine_argv(binary, spec, weights, self.host,
-                                [self.weights.path_for(a.weights) for a in spec.adapters]), stdin=subprocess.DEVNULL,
+                                [self.weights.path_for(a.weights) for a in _started_adapters(replica)]),
+                    stdin=subprocess.DEVNULL,
                     stdout=fd, stderr=fd, env=env, start_new_session=True, cwd=str(binary.parent),
                 )
             except OSError as exc:
@@ -559,7 +583,7 @@ class Supervisor:
                 return problem
             if ready:
                 # A fresh (or restarted, or adopted) engine: what it holds is learned anew.
-                replica.loaded = []
+                replica.loaded, replica.held = [], []
                 await self._apply_adapters(replica)
                 self._set(replica, ReplicaStatus.READY, replica.adapter_problem)
                 hung = await self._while_ready(replica, exited)
@@ -610,19 +634,21 @@ class Supervisor:
             spec, pid = replica.spec, replica.pid
             if not loads_adapters_live(spec.engine):
                 # On its command line: loaded once it is ready, or it would not be.
-                replica.loaded, replica.adapter_problem = [a.name for a in spec.adapters], ""
+                replica.loaded = [a.name for a in _started_adapters(replica)]
+                replica.adapter_problem = replica.refused
                 return
-            if not spec.adapters and not replica.loaded:
+            if not spec.adapters and not replica.held:
                 return
             wanted, problems = await self._adapter_dirs(spec.adapters)
             applied = await live_adapters.apply(self.client, self.host, spec.port, spec.api_key, wanted,
-                                                replica.loaded)
+                                                replica.held)
             if replica.pid != pid:
                 return  # restarted meanwhile: its next ready applies the list again
             problems += applied.problems
             for problem in problems:
                 log.warning("replica %s: %s", spec.replica_id, problem)
-            replica.loaded, replica.adapter_problem = applied.loaded, "; ".join(problems)[:2000]
+            replica.held, replica.loaded = applied.held, applied.loaded
+            replica.adapter_problem = "; ".join(problems)[:2000]
         if ReplicaStatus(replica.state.status) is ReplicaStatus.READY:
             self._set(replica, ReplicaStatus.READY, replica.adapter_problem)
 
@@ -700,6 +726,12 @@ class Supervisor:
 # A measurement is reported again only when it moved by this share (or from or to zero): every
 # heartbeat carries the replicas that changed, and RSS wobbles by a few pages all the time.
 _MOVED_SHARE = 0.05
+
+
+def _started_adapters(replica: _Replica) -> list[AdapterSpec]:
+    """The spec's adapters a llama-server is started with: the verified ones, in the spec's order."""
+    verified = replica.verified
+    return [a for a in replica.spec.adapters if verified is None or a.name in verified]
 
 
 def _moved(old: int, new: int) -> bool:

@@ -3,7 +3,8 @@
 vLLM loads and unloads adapters while it runs (the node's ``set_adapters``, which calls vLLM's
 ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``). When a profile's adapters change,
 each ready replica of it whose node reports another set loaded is sent the catalog's list, once
-per list: a load that fails is reported in the replica's detail and not retried until the list
+per list (compared by each adapter's name and file, so one replaced under its name is
+reloaded): a load that fails is reported in the replica's detail and not retried until the list
 changes again or the engine restarts (the node then loads its list anew). The gateway routes an
 adapter's requests only to the replicas that report it loaded (``gateway/adapters.py``).
 
@@ -44,7 +45,8 @@ def lora_args(profile: ProfileConfig) -> list[str]:
 
 @attrs.define
 class LiveAdapters:
-    """The lists last sent to each replica, so one list is sent once, not on every pass."""
+    """The lists last sent to each replica (or that it was started with), so one list is sent
+    once, not on every pass."""
 
     sent: dict[str, tuple[AdapterSpec, ...]] = attrs.Factory(dict)
 
@@ -61,7 +63,11 @@ class LiveAdapters:
             if resolved is None or resolved.profile.engine not in LIVE_ADAPTER_ENGINES:
                 continue
             wanted = adapter_specs(resolved.profile)
-            if {a.name for a in wanted} == set(record.adapters) or self.sent.get(record.replica_id) == tuple(wanted):
+            sent = self.sent.get(record.replica_id)
+            # Compared by the whole spec (name, path, sha256, size): an adapter replaced under its
+            # name is sent again, and the node reloads it. A replica this daemon neither started
+            # nor sent a list (adopted after a failover) has only its loaded names to compare.
+            if sent == tuple(wanted) or (sent is None and {a.name for a in wanted} == set(record.adapters)):
                 continue
             out.append((record, wanted))
         for gone in set(self.sent) - present:

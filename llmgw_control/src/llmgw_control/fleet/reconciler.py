@@ -740,6 +740,7 @@ class Reconciler:
         if not self._send(action.node_id, StartReplica(self._next_id(), self.fencing_token, spec)):
             self.records.pop(replica_id, None)
             return
+        self.live_adapters.sent_to(replica_id, spec.adapters)  # what it loads once ready
         log.info("starting replica %s of %s on node %s port %d", replica_id, action.key, action.node_id,
                  action.port)
 

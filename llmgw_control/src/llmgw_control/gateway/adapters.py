@@ -1,17 +1,19 @@
 """LoRA adapters on the data path: which adapter the engine applies, and the affinity id.
 
-A replica of a profile with adapters holds all of them (catalog/models.py ``AdapterConfig``). The
+A replica of a profile with adapters (catalog/models.py ``AdapterConfig``) holds those its node loaded. The
 engine must apply exactly the one the client's model name means, and none for the base model,
 whatever the client's body says:
 
-* llama-server (started with every adapter, ``--lora-init-without-apply``): the request's
+* llama-server (started with every adapter its node verified, each at scale 0): the request's
   ``lora`` field lists every adapter by its position at start with its scale, the asked-for one
   at its scale and all others at 0 (an adapter left out of the list would be 0 too, but an
   explicit list does not depend on that default);
 * vLLM (``--enable-lora``, adapters loaded by name while it runs): the request's ``model`` is the
-  adapter's name. A replica holds the adapters its node reported loaded, so a request for an
-  adapter goes only to replicas that have it (``without_adapter``), never to one that would
-  answer with the base model or a 404.
+  adapter's name.
+
+Either way a replica holds the adapters its node reported loaded, so a request for an adapter
+goes only to replicas that have it (``without_adapter``), never to one that would answer with
+the base model or a 404.
 
 The client's own ``lora`` field is dropped either way: which adapter runs is the catalog's choice.
 """
@@ -24,7 +26,7 @@ from typing import Any
 
 import attrs
 
-from ..catalog import LIVE_ADAPTER_ENGINES, ProfileConfig
+from ..catalog import ProfileConfig
 from .affinity import Affinity
 from .replicas import Replica
 
@@ -33,13 +35,13 @@ LORA_FIELD = "lora-field"
 MODEL_NAME = "model-name"
 
 
-def replica_adapters(profile: ProfileConfig, loaded: Sequence[str] = ()) -> tuple[tuple[tuple[str, float], ...], str]:
+def replica_adapters(profile: ProfileConfig, loaded: Sequence[str]) -> tuple[tuple[tuple[str, float], ...], str]:
     """What a replica of ``profile`` holds, (name, scale) in the engine's order, and its mode.
 
-    ``loaded``: the names its node reports loaded; an engine that loads adapters live holds only
-    those of the profile's (llama-server holds its whole list from its start, or is not ready)."""
-    live = profile.engine in LIVE_ADAPTER_ENGINES
-    adapters = tuple((a.name, a.scale) for a in profile.adapters if not live or a.name in loaded)
+    ``loaded``: the names its node reports loaded, the only ones it holds: a vLLM replica those it
+    loaded live, a llama-server those on its command line (the profile's whose files the node
+    verified, in the profile's order, which is the order ``lora`` ids count in)."""
+    adapters = tuple((a.name, a.scale) for a in profile.adapters if a.name in loaded)
     if not profile.adapters:
         return (), ""
     return adapters, LORA_FIELD if profile.engine == "llama.cpp" else MODEL_NAME
