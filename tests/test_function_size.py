@@ -30,8 +30,6 @@ ALLOWED: dict[str, tuple[int, str]] = {
         (109, "the placement pass: its steps share the kept/blocked/budget state (property-tested as a whole)"),
     "llmgw_control/src/llmgw_control/gateway/metrics.py::GatewayMetrics.__init__":
         (105, "declarations of every gateway metric (name, help, labels, buckets), one statement each"),
-    "llmgw_node/src/llmgw_node/engines/manager.py::EngineManager._install":
-        (90, "one engine install's steps in order (names, fetch, verify, unpack, provenance); to split by step"),
     "llmgw_control/src/llmgw_control/gateway/relay.py::_relay":
         (89, "the data path's relay of every answer (status, stream or body, usage); a split is benched first"),
     "tools/llmgw_dev/fake_engine.py::_run_app":
