@@ -32,8 +32,6 @@ ALLOWED: dict[str, tuple[int, str]] = {
         (105, "declarations of every gateway metric (name, help, labels, buckets), one statement each"),
     "llmgw_control/src/llmgw_control/gateway/relay.py::_relay":
         (89, "the data path's relay of every answer (status, stream or body, usage); a split is benched first"),
-    "tools/llmgw_dev/fake_engine.py::_run_app":
-        (82, "the test engine's request dispatch over its paths and fault knobs, a test double"),
     "llmgw_control/src/llmgw_control/fleet/metrics.py::FleetCollector.collect":
         (81, "one Prometheus scrape: each fleet family built from one snapshot of the reconciler"),
 }
