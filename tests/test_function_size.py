@@ -26,22 +26,10 @@ MAX_LINES = 80
 
 # "path::Class.function": (its lines when listed, why it is one function).
 ALLOWED: dict[str, tuple[int, str]] = {
-    "llmgw_control/src/llmgw_control/admin/dashboard/views.py::make_blueprint":
-        (164, "every dashboard page as a nested view over one mount; to split per page, as admin/api/ was"),
-    "llmgw_control/src/llmgw_control/ctl/main.py::build_parser":
-        (125, "argparse declarations of every ctl noun and verb, one statement each; to split per noun"),
     "llmgw_control/src/llmgw_control/fleet/plan.py::plan":
         (109, "the placement pass: its steps share the kept/blocked/budget state (property-tested as a whole)"),
-    "llmgw_control/src/llmgw_control/gateway/metrics.py::GatewayMetrics.__init__":
-        (105, "declarations of every gateway metric (name, help, labels, buckets), one statement each"),
-    "llmgw_node/src/llmgw_node/engines/manager.py::EngineManager._install":
-        (90, "one engine install's steps in order (names, fetch, verify, unpack, provenance); to split by step"),
     "llmgw_control/src/llmgw_control/gateway/relay.py::_relay":
         (89, "the data path's relay of every answer (status, stream or body, usage); a split is benched first"),
-    "tools/llmgw_dev/fake_engine.py::_run_app":
-        (82, "the test engine's request dispatch over its paths and fault knobs, a test double"),
-    "llmgw_control/src/llmgw_control/fleet/metrics.py::FleetCollector.collect":
-        (81, "one Prometheus scrape: each fleet family built from one snapshot of the reconciler"),
 }
 
 

@@ -237,7 +237,7 @@ async def test_replicas_logs_prints_the_engines_lines_and_follows(daemon: Daemon
     import argparse
 
     from llmgw_control.ctl.client import AdminClient
-    from llmgw_control.ctl.main import replicas_logs
+    from llmgw_control.ctl.replica_cmds import replicas_logs
 
     await daemon.admin.post("/models", json=model_doc(min_replicas=1))
     async with fake_node(daemon, "n1") as node:

@@ -54,6 +54,12 @@ class FleetCollector(Collector):
         return []
 
     def collect(self) -> Iterator[Any]:
+        # Every family is built before the first is handed out: one snapshot of the reconciler.
+        families = [*self._node_families(), *self._model_families()]
+        yield from families
+        yield from self._leadership()
+
+    def _node_families(self) -> list[Any]:
         fleet = self.fleet
         reconciler = fleet.reconciler
         now = self.clock()
@@ -107,7 +113,11 @@ class FleetCollector(Collector):
             node_replicas.add_metric([node.node_id], count)
         for state in sorted(set(NODE_STATES) | set(by_state)):
             nodes.add_metric([state], by_state.get(state, 0))
+        return [nodes, node_state, cordoned, degraded, engines, ram, vram, node_replicas]
 
+    def _model_families(self) -> list[Any]:
+        fleet = self.fleet
+        reconciler = fleet.reconciler
         replicas = GaugeMetricFamily("llmgw_fleet_replicas", "Replicas per model profile, by state.",
                                      labels=["model", "state"])
         counts: Counter[tuple[str, str]] = Counter(
@@ -131,9 +141,7 @@ class FleetCollector(Collector):
         for resolved in fleet.catalog.all_profiles():
             evictions.add_metric([resolved.key], reconciler.evictions.get(resolved.key, 0))
 
-        yield from (nodes, node_state, cordoned, degraded, engines, ram, vram, node_replicas, replicas, waiting, queue,
-                    evictions)
-        yield from self._leadership()
+        return [replicas, waiting, queue, evictions]
 
     def _leadership(self) -> Iterator[Any]:
         view = _lease_view(self.fleet)

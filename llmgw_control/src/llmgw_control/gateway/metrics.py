@@ -26,6 +26,13 @@ class GatewayMetrics:
         self.registry = registry
         # Not Prometheus: the dashboard's last 15 minutes, fed by the same ``record`` (gateway/live.py).
         self.live = LiveWindow()
+        # Declared in this order, which is the order /metrics lists them in.
+        self._declare_traffic(registry)
+        self._declare_routing(registry)
+        self._declare_replica_health(registry)
+
+    def _declare_traffic(self, registry: CollectorRegistry) -> None:
+        """What was answered, how fast, and the tokens it carried."""
         self.requests = Counter(
             "llmgw_requests_total", "Requests answered, by model, replica and HTTP status (499: client gone).",
             ["model", "replica", "status"], registry=registry,
@@ -64,6 +71,9 @@ class GatewayMetrics:
             "Prompt tokens the engine served from its KV cache (usage.prompt_tokens_details.cached_tokens), "
             "by model; a part of llmgw_tokens_total{kind=\"prompt\"}.", ["model"], registry=registry,
         )
+
+    def _declare_routing(self, registry: CollectorRegistry) -> None:
+        """How requests found a replica: affinity, retries and re-sends, the queue, continued streams."""
         self.affinity = Counter(
             "llmgw_affinity_requests_total",
             "Requests routed by prefix affinity, by model and outcome: hit (the replica the affinity id's conversation "
@@ -107,6 +117,9 @@ class GatewayMetrics:
             "record).",
             ["model", "outcome"], registry=registry,
         )
+
+    def _declare_replica_health(self, registry: CollectorRegistry) -> None:
+        """Replicas found failing, hung or reporting impossible usage."""
         self.cooldowns = Counter(
             "llmgw_replica_cooldowns_total", "Times a replica was put in cooldown after a failure.",
             ["replica"], registry=registry,

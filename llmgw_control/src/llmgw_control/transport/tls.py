@@ -5,7 +5,7 @@ trusted TLS proxy in front.
 listener here, the agents' TLS front in ``fleet/tls.py``).
 
 Either way the ASGI scope's ``scheme`` says ``https``, which is what makes the dashboard's
-session cookie ``Secure`` and its origin checks expect ``https://`` (admin/dashboard/views.py).
+session cookie ``Secure`` and its origin checks expect ``https://`` (admin/dashboard/login_views.py).
 
 - Native TLS (``[client_tls] cert_file``/``key_file``): the connection loop does the handshake
   (``serving.py``), offering HTTP/1.1 only (ALPN), and hypercorn marks the scope ``https``. The

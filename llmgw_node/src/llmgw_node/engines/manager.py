@@ -17,7 +17,7 @@ the engine name, the version, the asset name and its digest. An install that fai
 reason is reported ``failed`` with the reason and never raises: a hostile release cannot stop
 the daemon. A failed install is retried with backoff, however often control asks again.
 
-About 880 lines: one install is one sequence (index, download, verify, unpack, prove, rename into
+About 900 lines: one install is one sequence (index, download, verify, unpack, prove, rename into
 place) whose steps share the manager's state (the retry record, the reported engines, the
 layout above); the archive checks themselves live in ``unpack``.
 """
@@ -43,6 +43,7 @@ from llmgw_node.disk import NotEnoughDisk, check_room
 from llmgw_node.engines import proof
 from llmgw_node.engines.backends import DEVICE_PREFIX, GPU_BACKENDS, VISIBLE_DEVICES_ENV, Backend, parse_backend
 from llmgw_node.engines.release import (
+    Choice,
     Platform,
     ReleaseAsset,
     ReleaseError,
@@ -378,6 +379,7 @@ class EngineManager:
         self._set(EngineState(name=spec.name, version=spec.version, status="installing", detail=what))
 
     async def _install(self, spec: EngineSpec) -> tuple[Path, str, EngineProvenance]:
+        """One install's steps in order: names, index, download, unpack, prove, record, rename into place."""
         if spec.name not in ARCHIVE_ENGINES:
             raise InstallError(f"unknown engine {spec.name!r}: only {', '.join(ARCHIVE_ENGINES)} install "
                                "from releases; name others in the node's config by path")
@@ -389,84 +391,88 @@ class EngineManager:
         self._progress(spec, f"fetching the release index for {spec.version}")
         index = await self._release_index(source, spec.version)
         choice = choose_build(index.assets, self.platform)
-        chosen = choice.assets
         if choice.degraded:
             log.warning("engine %s %s: %s", spec.name, spec.version, choice.degraded)
         downloads = self.root / ".downloads"
         archives = []
-        for asset in chosen:
+        for asset in choice.assets:
             archives.append(await self._download(spec, asset, downloads))
         staging_root = self.root / ".staging"
         staging_root.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f"{spec.name}-{spec.version}-", dir=staging_root))
         try:
-            wheels = staging / RUNTIME_DIR
-            for i, (asset, archive) in enumerate(zip(chosen, archives, strict=True)):
-                self._progress(spec, f"unpacking {asset.name}")
-                # A runtime wheel unpacks apart (its libraries are gathered beside the binary below).
-                into = wheels / str(i) if is_runtime_wheel(asset.name) else staging
-                into.mkdir(parents=True, exist_ok=True)
-                try:
-                    await INSTALL.run(
-                        functools.partial(safe_unpack, archive, into, self.limits, shown_as=asset.name))
-                except UnsafeArchive:
-                    # Verified against its digest and refused: the same bytes would be refused
-                    # again, so they do not stay on the disk (up to unpack_max_bytes each).
-                    for path in archives:
-                        path.unlink(missing_ok=True)
-                    raise
-            binary = await INSTALL.run(_find_and_gather, staging, binary_name)
-            if binary is None:
-                raise InstallError(f"{chosen[0].name} has no {binary_name}")
-            if wheels.exists():
-                await INSTALL.run(_gather_wheel_libraries, wheels, binary.parent)
+            binary = await self._unpack(spec, choice.assets, archives, staging, binary_name)
             line = await self._prove(spec, binary, choice.backend)
-            # What the install came from is kept with it: the index as fetched (which lists every
-            # archive's digest) and its signature, so `engines check` can verify both again.
-            _write_new(staging, INDEX_COPY, index.body)
-            if index.verified is not None:
-                _write_new(staging, SIGNATURE_COPY, index.signature)
-            if self.keep_archives:
-                kept = staging / ARCHIVES_DIR
-                try:
-                    kept.mkdir()
-                except FileExistsError:
-                    raise InstallError(f"the archive has its own {ARCHIVES_DIR}; refusing it") from None
-                for asset, archive in zip(chosen, archives, strict=True):
-                    os.replace(archive, kept / asset.name)
-            provenance = EngineProvenance(
-                source=index.source,
-                index_sha256=hashlib.sha256(index.body).hexdigest(),
-                assets=[AssetProvenance(a.name, a.url, a.sha256, a.size) for a in chosen],
-                installed_at=time.time(),
-                signed_by=index.verified.key_id if index.verified else "",
-                control_epoch=epoch,
-                archives_kept=self.keep_archives,
-                backend=choice.backend,
-                runtime=_runtime_words(chosen),
-            )
-            _write_marker(staging, {
-                "name": spec.name, "version": spec.version, "source": index.source,
-                "assets": [{"name": a.name, "sha256": a.sha256} for a in chosen],
-                "binary": str(binary.relative_to(staging)), "reported_version": line,
-                "installed_at": provenance.installed_at,
-                "provenance": converter.unstructure(provenance),
-            })
+            provenance = self._record(spec, staging, index, choice, archives, binary, line, epoch)
             final = self.root / spec.name / spec.version
-            final.parent.mkdir(parents=True, exist_ok=True)
-            old = None
-            if final.exists():
-                # A broken earlier install: move it aside in one step, then delete it.
-                old = Path(tempfile.mkdtemp(prefix="old-", dir=staging_root))
-                os.replace(final, old / "x")
-            os.replace(staging, final)
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
+            _rename_into_place(staging, final, staging_root)
             for archive in archives:
                 archive.unlink(missing_ok=True)
             return final / binary.relative_to(staging), line, provenance
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+
+    async def _unpack(self, spec: EngineSpec, chosen: list[ReleaseAsset], archives: list[Path], staging: Path,
+                      binary_name: str) -> Path:
+        """Every verified archive unpacked into ``staging``; the engine's binary, its libraries gathered beside it."""
+        wheels = staging / RUNTIME_DIR
+        for i, (asset, archive) in enumerate(zip(chosen, archives, strict=True)):
+            self._progress(spec, f"unpacking {asset.name}")
+            # A runtime wheel unpacks apart (its libraries are gathered beside the binary below).
+            into = wheels / str(i) if is_runtime_wheel(asset.name) else staging
+            into.mkdir(parents=True, exist_ok=True)
+            try:
+                await INSTALL.run(
+                    functools.partial(safe_unpack, archive, into, self.limits, shown_as=asset.name))
+            except UnsafeArchive:
+                # Verified against its digest and refused: the same bytes would be refused
+                # again, so they do not stay on the disk (up to unpack_max_bytes each).
+                for path in archives:
+                    path.unlink(missing_ok=True)
+                raise
+        binary = await INSTALL.run(_find_and_gather, staging, binary_name)
+        if binary is None:
+            raise InstallError(f"{chosen[0].name} has no {binary_name}")
+        if wheels.exists():
+            await INSTALL.run(_gather_wheel_libraries, wheels, binary.parent)
+        return binary
+
+    def _record(self, spec: EngineSpec, staging: Path, index: _Index, choice: Choice, archives: list[Path],
+                binary: Path, line: str, epoch: int) -> EngineProvenance:
+        """What the proven install came from, written into ``staging`` beside it (and the archives, when kept)."""
+        chosen = choice.assets
+        # What the install came from is kept with it: the index as fetched (which lists every
+        # archive's digest) and its signature, so `engines check` can verify both again.
+        _write_new(staging, INDEX_COPY, index.body)
+        if index.verified is not None:
+            _write_new(staging, SIGNATURE_COPY, index.signature)
+        if self.keep_archives:
+            kept = staging / ARCHIVES_DIR
+            try:
+                kept.mkdir()
+            except FileExistsError:
+                raise InstallError(f"the archive has its own {ARCHIVES_DIR}; refusing it") from None
+            for asset, archive in zip(chosen, archives, strict=True):
+                os.replace(archive, kept / asset.name)
+        provenance = EngineProvenance(
+            source=index.source,
+            index_sha256=hashlib.sha256(index.body).hexdigest(),
+            assets=[AssetProvenance(a.name, a.url, a.sha256, a.size) for a in chosen],
+            installed_at=time.time(),
+            signed_by=index.verified.key_id if index.verified else "",
+            control_epoch=epoch,
+            archives_kept=self.keep_archives,
+            backend=choice.backend,
+            runtime=_runtime_words(chosen),
+        )
+        _write_marker(staging, {
+            "name": spec.name, "version": spec.version, "source": index.source,
+            "assets": [{"name": a.name, "sha256": a.sha256} for a in chosen],
+            "binary": str(binary.relative_to(staging)), "reported_version": line,
+            "installed_at": provenance.installed_at,
+            "provenance": converter.unstructure(provenance),
+        })
+        return provenance
 
     async def _release_index(self, source: str, version: str) -> _Index:
         """Fetch the index; with ``release_signing_keys``, its signature too, verified before parsing.
@@ -865,6 +871,18 @@ def _gather_wheel_libraries(wheels: Path, beside: Path) -> None:
 
 def _is_executable(path: Path) -> bool:
     return path.is_file() and os.access(path, os.X_OK)
+
+
+def _rename_into_place(staging: Path, final: Path, staging_root: Path) -> None:
+    final.parent.mkdir(parents=True, exist_ok=True)
+    old = None
+    if final.exists():
+        # A broken earlier install: move it aside in one step, then delete it.
+        old = Path(tempfile.mkdtemp(prefix="old-", dir=staging_root))
+        os.replace(final, old / "x")
+    os.replace(staging, final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _find_and_gather(root: Path, name: str) -> Path | None:

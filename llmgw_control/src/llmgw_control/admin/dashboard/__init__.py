@@ -17,9 +17,10 @@ from ...byte_ranges import StrictRangeResponse
 from ...store import cluster_secret
 from ..audit_log import AuditLog
 from .client import PREFIX, ClientDashboard
+from .context import Dashboard, Mount
 from .revocations import SessionRevocations
 from .session import SessionSigner
-from .views import Dashboard, Mount, admin_origin_guard, make_blueprint
+from .views import admin_origin_guard, make_blueprint
 
 __all__ = ["Dashboard", "SessionRevocations", "client_dashboard", "open_dashboard", "register_admin_dashboard"]
 

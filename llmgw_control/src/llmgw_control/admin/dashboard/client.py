@@ -13,8 +13,8 @@ from typing import Any
 
 from ..api.core import send_error
 from ..audit_log import ACTOR_HEADER
+from .context import Dashboard
 from .session import UNSAFE_METHODS, csrf_ok, same_origin
-from .views import Dashboard
 
 PREFIX = "/admin"
 API_PREFIX = "/admin/api/"
