@@ -29,7 +29,7 @@ ALLOWED = {
     ("llmgw_control/src/llmgw_control/admin/fleet_views.py", "warnings=[], engines=[], shards=[],"),
     ("llmgw_control/src/llmgw_control/admin/standby_views.py",
      "facts=_empty_facts(), warnings=[], engines=[], shards=replicas,"),
-    ("llmgw_control/src/llmgw_control/ctl/main.py",
+    ("llmgw_control/src/llmgw_control/ctl/node_cmds.py",
      '_gpu_words(n["facts"]), len(n["shards"]), _engine_words(n)] for n in nodes]'),
     # The store's name of the secret replica API keys derive from (a renamed one would be a new key).
     ("llmgw_control/src/llmgw_control/store/cluster_secrets.py", 'REPLICA_KEY_SECRET = "shard-api-keys"'),
