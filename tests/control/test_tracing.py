@@ -4,6 +4,7 @@ the engine's, retries, sampling, secrets kept out, and a collector that is down 
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -127,7 +128,99 @@ async def test_a_sample_ratio_of_zero_exports_nothing(fake_engine: FakeEngine) -
                 assert (await gw.client.post("/v1/chat/completions", json=chat_body())).status_code == 200
         # The gateway has stopped: its last flush is done.
         assert receiver.spans == [] and receiver.requests == 0
-        assert "traceparent" not in fake_engine.observed.requests[-1].headers
+    # Not sampled, still propagated (as the SDK's propagator writes an unsampled span's context):
+    # a new trace id with the sampled bit clear (02: only W3C's random-trace-id flag).
+    traceparents = [r.headers["traceparent"] for r in fake_engine.observed.requests[-5:]]
+    assert all(_TRACEPARENT.fullmatch(t) and int(t[-2:], 16) & 1 == 0 for t in traceparents)
+    assert len({t.split("-")[1] for t in traceparents}) == 5
+
+
+async def test_a_client_traceparent_not_sampled_is_forwarded_as_the_same_trace_not_sampled(
+        fake_engine: FakeEngine) -> None:
+    trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    async with http_receiver() as receiver:
+        async with running_gateway(endpoint("e1", fake_engine.url), tracing=tracing(receiver.url)) as gw:
+            response = await gw.client.post("/v1/chat/completions", json=chat_body(), headers={
+                "traceparent": f"00-{trace_id}-{parent}-00", "tracestate": "vendor=abc,other@sys=x y"})
+            assert response.status_code == 200
+        # The caller decided not to sample: the gateway follows it (parent-based), records nothing.
+        assert receiver.spans == []
+    headers = fake_engine.observed.requests[-1].headers
+    version, forwarded_trace, forwarded_parent, flags = headers["traceparent"].split("-")
+    assert (version, forwarded_trace, flags) == ("00", trace_id, "00")
+    assert forwarded_parent != "0" * 16
+    assert headers["tracestate"] == "vendor=abc,other@sys=x y"
+
+
+async def test_a_client_tracestate_rides_along_with_a_sampled_request(fake_engine: FakeEngine) -> None:
+    trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    async with http_receiver() as receiver, \
+            running_gateway(endpoint("e1", fake_engine.url), tracing=tracing(receiver.url)) as gw:
+        response = await gw.client.post("/v1/chat/completions", json=chat_body(), headers={
+            "traceparent": f"00-{trace_id}-{parent}-01", "tracestate": "congo=t61rcWkgMzE"})
+        assert response.status_code == 200
+        await receiver.wait_for(one_request)
+    assert fake_engine.observed.requests[-1].headers["tracestate"] == "congo=t61rcWkgMzE"
+
+
+_TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+_MEMBER = st.builds("{}={}".format, st.from_regex(r"[a-z][a-z0-9_\-*/]{0,20}", fullmatch=True),
+                    st.from_regex(r"[!-+\--<>-~]{1,20}", fullmatch=True))
+
+
+def _trimmed(value: str | None) -> str | None:
+    return (value or "").strip(" ") or None
+
+
+def _header_examples() -> list[tuple[str | None, str | None]]:
+    """traceparent and tracestate pairs from hypothesis: well formed, near misses and hostile."""
+    found: list[tuple[str | None, str | None]] = []
+    hexes = st.text("0123456789abcdef", min_size=1, max_size=40)
+    ascii_text = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7e), max_size=600)
+    traceparent = st.one_of(
+        st.none(), ascii_text,
+        st.builds("00-{}-{}-{}".format, hexes, hexes, st.sampled_from(["00", "01", "02", "03", "ff", "zz"])),
+        st.builds("00-{}-{}-0{}".format, st.text("0123456789abcdef", min_size=32, max_size=32),
+                  st.text("0123456789abcdef", min_size=16, max_size=16), st.sampled_from("0123")))
+    tracestate = st.one_of(
+        st.none(), ascii_text, st.lists(_MEMBER, min_size=1, max_size=40).map(",".join),
+        st.builds("{}{}".format, st.lists(_MEMBER, min_size=1, max_size=3).map(",".join), ascii_text),
+        st.just("a=" + "b" * 4000), st.just("k=v," * 200))
+
+    @settings(max_examples=60, database=None, deadline=None)
+    @given(traceparent=traceparent, tracestate=tracestate)
+    def collect(traceparent: str | None, tracestate: str | None) -> None:
+        # What an HTTP client can send at all: no leading or trailing blanks in a header value.
+        found.append((_trimmed(traceparent), _trimmed(tracestate)))
+
+    collect()
+    return found
+
+
+async def test_hostile_trace_headers_never_fail_a_request_and_only_valid_context_is_forwarded(
+        fake_engine: FakeEngine, caplog: pytest.LogCaptureFixture) -> None:
+    examples = _header_examples()
+    async with http_receiver() as receiver, \
+            running_gateway(endpoint("e1", fake_engine.url), tracing=tracing(receiver.url, sample_ratio=0.5)) as gw:
+        for traceparent, tracestate in examples:
+            headers = {k: v for k, v in (("traceparent", traceparent), ("tracestate", tracestate)) if v is not None}
+            response = await gw.client.post("/v1/chat/completions", json=chat_body(), headers=headers)
+            assert response.status_code == 200, (traceparent, tracestate)
+            sent = fake_engine.observed.requests[-1].headers
+            # Always a well-formed context; the client's trace id when its traceparent was one.
+            match = _TRACEPARENT.fullmatch(sent["traceparent"])
+            assert match is not None
+            client = _TRACEPARENT.fullmatch(traceparent or "")
+            if client and client[1] != "0" * 32 and client[2] != "0" * 16 and client[3] != "ff":
+                assert match[1] == client[1]
+                assert int(match[3], 16) & 1 == int(client[3], 16) & 1  # sampled as its caller said
+                # A tracestate is the client's own, within W3C's bounds, or none at all.
+                if "tracestate" in sent:
+                    assert sent["tracestate"] == tracestate and len(sent["tracestate"]) <= 512
+            else:
+                assert "tracestate" not in sent
+    # The SDK's parser never saw (and so never logged) a malformed tracestate.
+    assert "tracestate" not in caplog.text and "Member doesn't match" not in caplog.text
 
 
 async def test_grpc_export(fake_engine: FakeEngine) -> None:

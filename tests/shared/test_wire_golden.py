@@ -76,6 +76,7 @@ SPEC = ReplicaSpec(
 )
 STATE = ReplicaState(replica_id="tiny-0", status="ready", detail="ok", port=8101, pid=42, restarts=1,
                    last_lines=["l"], rss_mib=812, vram_mib=4096)
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 HELD = WeightsHeld(sha256="ab" * 32, size=300, last_used=1790000000.0, in_use=True)
 
 # (message, the frame it is on the wire): every field set, then the defaults left out.
@@ -147,6 +148,17 @@ GOLDEN: list[tuple[Message, str | None]] = [
      '{"id":"l1","shard_id":"tiny-0","lines":100,"cursor":"","type":"get_shard_logs"}'),
     (ReplicaLogsReply(in_reply_to="l1", replica_id="tiny-0", found=True, lines=["x"], cursor="1:9"),
      '{"in_reply_to":"l1","shard_id":"tiny-0","found":true,"lines":["x"],"cursor":"1:9","type":"shard_logs"}'),
+    # Added after v1 was published, sent only to a node whose hello names trace_context.
+    (Hello(protocol_version=1, node_id="n", join_token="j", facts=FACTS, engines=[], replicas=[],
+           features=["trace_context"]), None),
+    (SetEngines(id="c2", fencing_token=3, engines=[], traceparent=TRACEPARENT),
+     '{"id":"c2","fencing_token":3,"engines":[],"traceparent":"' + TRACEPARENT + '","type":"set_engines"}'),
+    (StartReplica(id="c3", fencing_token=3, replica=ReplicaSpec(replica_id="t", engine="vllm", engine_version="1",
+                                                                weights=None, port=1, api_key="k"),
+                  traceparent=TRACEPARENT),
+     '{"id":"c3","fencing_token":3,"shard":{"shard_id":"t","engine":"vllm","engine_version":"1","weights":null,'
+     '"port":1,"api_key":"k","args":[],"env":{},"start_timeout_s":120.0,"max_restarts":5,"model_dir":""},'
+     '"traceparent":"' + TRACEPARENT + '","type":"start_shard"}'),
 ]
 
 
@@ -156,9 +168,10 @@ def _frozen(msg: Message, frame: str | None) -> str:
         return frame
     full = json.loads(GOLDEN[0][1] or "")
     if isinstance(msg, Hello):
+        features = ',"features":' + json.dumps(msg.features, separators=(",", ":")) if msg.features else ""
         return ('{"protocol_version":1,"node_id":"n","join_token":"j","facts":'
                 + json.dumps(full["facts"], separators=(",", ":"))
-                + ',"engines":[],"shards":[],"address":"","type":"hello"}')
+                + ',"engines":[],"shards":[],"address":""' + features + ',"type":"hello"}')
     return ('{"seq":8,"facts":null,"engines":' + json.dumps(full["engines"], separators=(",", ":"))
             + ',"shards":' + json.dumps(full["shards"], separators=(",", ":"))
             + ',"weights":' + json.dumps(full["weights"], separators=(",", ":")) + ',"type":"heartbeat"}')
@@ -207,11 +220,13 @@ _held = st.builds(WeightsHeld, sha256=_SHA, size=_COUNT, last_used=_TIME, in_use
 MESSAGES: st.SearchStrategy[Any] = st.one_of(
     st.builds(Hello, protocol_version=st.just(1), node_id=_ID, join_token=_TEXT, facts=st.just(FACTS),
               engines=st.just([ENGINE]), replicas=st.lists(_state, max_size=3), address=st.just("10.0.0.5"),
-              weights=st.lists(_held, max_size=2)),
+              weights=st.lists(_held, max_size=2),
+              features=st.lists(st.from_regex(r"[a-z][a-z0-9_]{0,31}", fullmatch=True), max_size=3)),
     st.builds(Heartbeat, seq=_COUNT, facts=st.none() | st.just(FACTS), replicas=st.lists(_state, max_size=3),
               weights=st.none() | st.lists(_held, max_size=2)),
     st.builds(ReplicaStateReport, replica=_state),
-    st.builds(StartReplica, id=_TEXT, fencing_token=_COUNT, replica=_spec),
+    st.builds(StartReplica, id=_TEXT, fencing_token=_COUNT, replica=_spec,
+              traceparent=st.just("") | st.from_regex(r"00-[0-9a-f]{32}-[0-9a-f]{16}-0[0-3]", fullmatch=True)),
     st.builds(StopReplica, id=_TEXT, fencing_token=_COUNT, replica_id=_ID, grace_s=_TIME),
     st.builds(DrainReplica, id=_TEXT, fencing_token=_COUNT, replica_id=_ID, timeout_s=_TIME),
     st.builds(GetReplicaLogs, id=_ID, replica_id=_ID, lines=st.integers(1, 1000), cursor=_CURSOR),
@@ -263,3 +278,21 @@ def test_every_field_named_for_a_replica_travels_under_its_v1_key() -> None:
     named = {kind for tag in TAGS for kind in _parts(tag, set())
              if any(wire.v1_key(f.name) != f.name for f in attrs.fields(kind))}
     assert named and named <= set(wire._V1_RENAMED)
+
+
+@pytest.mark.parametrize(("frame", "problem"), [
+    ('{"id":"c","fencing_token":1,"engines":[],"traceparent":"00-zz","type":"set_engines"}', "not a W3C traceparent"),
+    ('{"id":"c","fencing_token":1,"engines":[],"traceparent":"' + "0" * 9000 + '","type":"set_engines"}',
+     "not a W3C traceparent"),
+])
+def test_a_command_with_a_malformed_traceparent_is_refused(frame: str, problem: str) -> None:
+    with pytest.raises(wire.WireError, match=problem):
+        decode(frame)
+
+
+@pytest.mark.parametrize("features", [["Trace"], ["x" * 40], ["a"] * 33, ["a\n"]])
+def test_a_hello_with_malformed_features_is_refused(features: list[str]) -> None:
+    frame = json.loads(_frozen(GOLDEN[1][0], None))
+    frame["features"] = features
+    with pytest.raises(wire.WireError, match="feature"):
+        decode(json.dumps(frame))

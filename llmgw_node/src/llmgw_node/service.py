@@ -22,12 +22,14 @@ from llmgw_node.engines.release import Platform, platform_for
 from llmgw_node.probe import probe, with_time_cleared
 from llmgw_node.supervisor import ReplicaError, Supervisor, Timing
 from llmgw_node.weights import WeightsCache, WeightsError
+from llmgw_shared import tracing
 from llmgw_shared.facts import HostFacts, unprobed
 from llmgw_shared.logs import get_logger
 from llmgw_shared.threads import DISK
 from llmgw_shared.tracing import open_tracing
 from llmgw_shared.wire import (
     PROTOCOL_VERSION,
+    TRACE_CONTEXT,
     Ack,
     Command,
     DrainReplica,
@@ -123,7 +125,9 @@ class NodeService:
     def hello(self) -> Hello:
         return Hello(protocol_version=PROTOCOL_VERSION, node_id=self.config.node_id, join_token=self.config.token,
                      facts=self.facts, engines=self.engine_states(), replicas=self.replica_states(),
-                     address=self.config.advertised_address, weights=list(self.weights_held))
+                     address=self.config.advertised_address, weights=list(self.weights_held),
+                     # start_shard and set_engines may carry control's traceparent (wire.py).
+                     features=[TRACE_CONTEXT])
 
     # ------------------------------------------------------------------ life
 
@@ -210,15 +214,19 @@ class NodeService:
         assert self._nursery is not None, "NodeService.run() must be running"
         if isinstance(command, SetEngines):
             # The fencing token is the leader's epoch: each install records it as who asked.
-            for spec in self.engines.want(command.engines, control_epoch=command.fencing_token):
-                self._nursery.start_soon(self.engines.install, spec, name=f"install:{spec.name}:{spec.version}")
+            # Each install's span is a child of control's command span (tasks inherit the context).
+            with tracing.remote_parent(command.traceparent):
+                for spec in self.engines.want(command.engines, control_epoch=command.fencing_token):
+                    self._nursery.start_soon(self.engines.install, spec, name=f"install:{spec.name}:{spec.version}")
             # The others are refused here, in the ack: a report naming them would not decode.
             return "; ".join(problem for spec in command.engines if (problem := bad_names(spec)))
         if isinstance(command, StartReplica):
             problem = device_problem(command.replica.devices, [g.index for g in self.facts.gpus])
             if problem:
                 return f"replica {command.replica.replica_id}: {problem}"
-            self.supervisor.start(command.replica)
+            # The replica's task, and so its start spans, begin under control's command span.
+            with tracing.remote_parent(command.traceparent):
+                self.supervisor.start(command.replica)
             return ""
         if isinstance(command, StopReplica):
             # Idempotent: stopping a replica that is not running is already done.

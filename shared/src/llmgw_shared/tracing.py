@@ -13,7 +13,8 @@ checks, and ``span`` yields a non-recording span without building anything. The 
 ``Tracing`` lives in a context variable set by ``open_tracing``, so every task the daemon starts
 under it sees the same one (a test process runs a control and a node side by side, each its own).
 
-About 270 lines: the config and its checks, the processor, the export loop and the helpers.
+About 300 lines: the config and its checks, the processor, the export loop and the helpers
+(spans, events, and the traceparent a node command carries).
 """
 
 from __future__ import annotations
@@ -29,12 +30,14 @@ from urllib.parse import urlsplit
 
 import attrs
 import trio
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from .config import ConfigError
 from .config_doc import doc
@@ -56,6 +59,7 @@ _SLACK = 1.0
 _SHUTDOWN_BUDGET = 3.0
 # An attribute value is cut to this many characters (the SDK's limit), whatever a client sent.
 _MAX_ATTRIBUTE_LENGTH = 1024
+_PROPAGATOR = TraceContextTextMapPropagator()
 # A header name as HTTP and gRPC metadata take it (lower case for gRPC).
 _HEADER_NAME = re.compile(r"^[a-z0-9][a-z0-9_.\-]{0,63}$")
 
@@ -279,3 +283,26 @@ def event(name: str, attributes: Mapping[str, str | int | float | bool]) -> None
     """An event on the current span of the daemon's own work (nothing when tracing is off)."""
     if _CURRENT.get().enabled:
         trace.get_current_span().add_event(name, attributes)
+
+
+def traceparent() -> str:
+    """The W3C traceparent of the current span, for a command sent to a node ("" when off)."""
+    if not _CURRENT.get().enabled:
+        return ""
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier)
+    return carrier.get("traceparent", "")
+
+
+@contextmanager
+def remote_parent(parent: str) -> Iterator[None]:
+    """Spans begun in the block, and in the tasks it starts, are children of ``parent``, the
+    traceparent control's command carried (wire.py checked its form); nothing when "" or off."""
+    if not parent or not _CURRENT.get().enabled:
+        yield
+        return
+    token = otel_context.attach(_PROPAGATOR.extract({"traceparent": parent}))
+    try:
+        yield
+    finally:
+        otel_context.detach(token)

@@ -54,6 +54,17 @@ from llmgw_shared.names import (
 
 PROTOCOL_VERSION = 1
 
+# What a node names in its hello's ``features`` when it takes a ``traceparent`` on ``start_shard``
+# and ``set_engines``: control sends the field only to such nodes, because a node that predates it
+# refuses a frame with a key it does not know (every frame is strict), and the protocol version
+# cannot change without every deployed control refusing every new node.
+TRACE_CONTEXT = "trace_context"
+# A W3C traceparent (version 00) as control's propagator writes it.
+_TRACEPARENT = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+# A feature's name; a hello names at most this many (a newer node may name ones control ignores).
+_FEATURE = re.compile(r"[a-z][a-z0-9_]{0,31}")
+MAX_FEATURES = 32
+
 # Part of a failed replica's detail when its port was taken by a process the node does not run:
 # control then picks another port rather than backing the model off the node.
 PORT_IN_USE = "is in use by another process"
@@ -260,6 +271,8 @@ class SetEngines:
     id: str
     fencing_token: int
     engines: list[EngineSpec]
+    # Control's command span, the parent of the node's install spans ("": none; TRACE_CONTEXT).
+    traceparent: str = ""
 
 
 @attrs.frozen
@@ -267,6 +280,8 @@ class StartReplica:
     id: str
     fencing_token: int
     replica: ReplicaSpec
+    # Control's command span, the parent of the node's replica start spans ("": none; TRACE_CONTEXT).
+    traceparent: str = ""
 
 
 @attrs.frozen
@@ -374,6 +389,8 @@ class Hello:
     address: str = ""
     # The model files in its weights cache (left out of the frame when empty).
     weights: list[WeightsHeld] = attrs.field(factory=list)
+    # What this node takes beyond version 1 as published (TRACE_CONTEXT); absent: nothing.
+    features: list[str] = attrs.field(factory=list)
 
 
 @attrs.frozen
@@ -499,10 +516,14 @@ def _make_converter() -> cattrs.Converter:
         ReplicaSpec, conv, devices=omit, adapters=omit, **_v1_keys(ReplicaSpec)))
     conv.register_unstructure_hook(HostFacts, make_dict_unstructure_fn(
         HostFacts, conv, gpu_backend=omit, gpu_backends=omit, gpus_unusable=omit, degraded=omit))
-    conv.register_unstructure_hook(Hello, make_dict_unstructure_fn(Hello, conv, weights=omit, **_v1_keys(Hello)))
+    conv.register_unstructure_hook(Hello, make_dict_unstructure_fn(
+        Hello, conv, weights=omit, features=omit, **_v1_keys(Hello)))
     conv.register_unstructure_hook(Heartbeat, make_dict_unstructure_fn(
         Heartbeat, conv, weights=omit, **_v1_keys(Heartbeat)))
-    for kind in _V1_RENAMED[2:-2]:  # the four above have omitted defaults too
+    conv.register_unstructure_hook(StartReplica, make_dict_unstructure_fn(
+        StartReplica, conv, traceparent=omit, **_v1_keys(StartReplica)))
+    conv.register_unstructure_hook(SetEngines, make_dict_unstructure_fn(SetEngines, conv, traceparent=omit))
+    for kind in _V1_RENAMED[3:-2]:  # the five above have omitted defaults too
         conv.register_unstructure_hook(kind, make_dict_unstructure_fn(kind, conv, **_v1_keys(kind)))
     configure_tagged_union(Message, conv, tag_generator=TAGS.__getitem__, tag_name="type")
     return conv
@@ -537,6 +558,7 @@ MAX_INT = 2**62  # what the store keeps as a BIGINT, with room to add
 _NAMES: dict[tuple[type, str], Callable[[Any], object]] = {
     (Hello, "node_id"): check_node_id,
     (Hello, "address"): lambda value: value == "" or check_address(value),
+    (Hello, "features"): lambda value: _check_features(value),
     (EngineState, "name"): check_engine_name,
     (EngineState, "version"): lambda value: check_version(value, "engine version"),
     (ReplicaState, "replica_id"): check_replica_id,
@@ -559,6 +581,20 @@ _MEMORY = frozenset({(ReplicaState, "rss_mib"), (ReplicaState, "vram_mib")})
 MAX_UNIX_TIME = float(2**33)
 _TIMES = frozenset({(WeightsHeld, "last_used")})
 _FROM_NODES = (Hello, Heartbeat, Ack, EngineStateReport, ReplicaStateReport, ReplicaLogsReply, Error)
+
+
+def _check_features(value: list[str]) -> None:
+    if len(value) > MAX_FEATURES:
+        raise BadName(f"{len(value)} features are more than {MAX_FEATURES}")
+    for name in value:
+        if not _FEATURE.fullmatch(name):
+            raise BadName(f"{name[:40]!r} is not a feature name")
+
+
+def _check_traceparent(msg: StartReplica | SetEngines, tag: str) -> None:
+    """A command's traceparent is W3C's or empty: the node hands it to its tracer's propagator."""
+    if msg.traceparent and not _TRACEPARENT.fullmatch(msg.traceparent):
+        raise WireError(f"{msg.traceparent[:60]!r} is not a W3C traceparent @ $({tag}).traceparent")
 
 
 def _check_cursor(value: str) -> None:
@@ -667,6 +703,8 @@ def decode(text: str | bytes) -> Message:
         _check_report(msg, f"$({tag})")
     elif isinstance(msg, GetReplicaLogs):
         _check_log_request(msg)
+    elif isinstance(msg, StartReplica | SetEngines):
+        _check_traceparent(msg, tag)
     return msg
 
 
@@ -675,6 +713,7 @@ __all__ = [
     "MAX_LOG_LINES",
     "MAX_MEMORY_MIB",
     "PROTOCOL_VERSION",
+    "TRACE_CONTEXT",
     "Ack",
     "AdapterSpec",
     "AssetProvenance",

@@ -33,6 +33,7 @@ from llmgw_shared.names import BadName, check_node_id
 from llmgw_shared.wire import (
     PROTOCOL_VERSION,
     TAGS,
+    TRACE_CONTEXT,
     Ack,
     Command,
     EngineSpec,
@@ -46,6 +47,7 @@ from llmgw_shared.wire import (
     ReplicaLogsReply,
     ReplicaStateReport,
     SetEngines,
+    StartReplica,
     Welcome,
     WireError,
     decode,
@@ -133,8 +135,10 @@ def token_digest(token: str) -> str:
 
 
 class _Session:
-    def __init__(self, node_id: str, queue: int) -> None:
+    def __init__(self, node_id: str, queue: int, features: frozenset[str] = frozenset()) -> None:
         self.node_id = node_id
+        # Whether the node's hello said it takes a traceparent on its commands (wire.py).
+        self.trace_context = TRACE_CONTEXT in features
         self.send_channel, self.receive_channel = trio.open_memory_channel[Command | GetReplicaLogs](queue)
         self.cancel_scope = trio.CancelScope()
         # Commands handed to the socket (or being handed to it) and not acknowledged yet, with
@@ -186,9 +190,18 @@ class AgentService:
         # A span per command (llmgw_shared/tracing.py), the child of the reconcile pass that sent it.
         with tracing.span("llmgw.node_command", {"llmgw.node": node_id, "llmgw.command": type(command).__name__,
                                                  "llmgw.command_id": command.id}) as span:
-            sent = self._queue_command(node_id, command)
+            sent = self._queue_command(node_id, self._with_trace(node_id, command))
             span.set_attribute("llmgw.sent", sent)
             return sent
+
+    def _with_trace(self, node_id: str, command: Command) -> Command:
+        """``command`` carrying the current span's traceparent, for a node whose hello takes one
+        (an older node refuses a frame with a key it does not know: it gets the command as is)."""
+        session = self.sessions.get(node_id)
+        if session is None or not session.trace_context or not isinstance(command, StartReplica | SetEngines):
+            return command
+        parent = tracing.traceparent()
+        return attrs.evolve(command, traceparent=parent) if parent else command
 
     def _queue_command(self, node_id: str, command: Command) -> bool:
         session = self.sessions.get(node_id)
@@ -251,14 +264,19 @@ class AgentService:
         hello = await self._handshake(socket, peer, certified_node_id, certificate_required)
         if hello is None:
             return
-        session = _Session(hello.node_id, self.config.command_queue)
+        session = _Session(hello.node_id, self.config.command_queue, frozenset(hello.features))
         node = self._register(hello, peer)
         self.sessions[hello.node_id] = session
         log.info("node %s connected from %s", hello.node_id, peer, extra={"node": hello.node_id})
         try:
             with session.cancel_scope:
                 await socket.send(encode(Welcome(PROTOCOL_VERSION, self.config.heartbeat_interval)))
-                await socket.send(encode(SetEngines("engines-0", self.events.fencing_token(), self.engines())))
+                # A span of its own: the node's installs are its children (``_with_trace``).
+                with tracing.span("llmgw.node_command", {"llmgw.node": hello.node_id, "llmgw.command": "SetEngines",
+                                                         "llmgw.command_id": "engines-0"}):
+                    engines = self._with_trace(hello.node_id, SetEngines(
+                        "engines-0", self.events.fencing_token(), self.engines()))
+                await socket.send(encode(engines))
                 self.events.changed()
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._reader, socket, session, node)

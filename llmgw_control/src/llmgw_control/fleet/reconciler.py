@@ -44,6 +44,7 @@ from llmgw_shared.wire import (
 )
 
 from ..catalog import Catalog, Claim, ProfileConfig, Resolved, replica_slots
+from ..catalog.profile_key import ProfileKey
 from ..gateway.adapters import replica_adapters
 from ..gateway.replicas import Replica, ReplicaSet
 from . import lifecycle
@@ -696,9 +697,8 @@ class Reconciler:
 
     def _apply(self, actions: list[Action], now: float) -> None:
         for action in actions:
-            tracing.event("llmgw.placement", {
-                "llmgw.action": type(action).__name__.lower(), "llmgw.node": getattr(action, "node_id", ""),
-                "llmgw.profile": getattr(action, "key", ""), "llmgw.replica": getattr(action, "replica_id", "")})
+            if not isinstance(action, Start):  # a start's event waits for its replica id (_start)
+                self._placement_event(action)
             if isinstance(action, Start):
                 self._start(action, now)
             elif isinstance(action, Drain | Evict):
@@ -724,6 +724,14 @@ class Reconciler:
             else:
                 self._forget(action, now)
 
+    def _placement_event(self, action: Drain | Evict | Stop | Forget) -> None:
+        """What placement decided about a replica, as an event on the pass's span (tracing on)."""
+        record = self.records.get(action.replica_id)
+        key = record.key if record is not None else getattr(action, "key", "")
+        tracing.event("llmgw.placement", {
+            "llmgw.action": type(action).__name__.lower(), "llmgw.node": record.node_id if record else "",
+            "gen_ai.request.model": ProfileKey.model_of(key), "llmgw.profile": key, "llmgw.replica": action.replica_id})
+
     def _start(self, action: Start, now: float) -> None:
         resolved = self.catalog.resolve(action.key)
         if resolved is None:
@@ -732,6 +740,9 @@ class Reconciler:
         if node is None:
             return
         replica_id = self.new_replica_id(action.key, action.node_id)
+        tracing.event("llmgw.placement", {"llmgw.action": "start", "llmgw.node": action.node_id,
+                                          "gen_ai.request.model": resolved.model.name, "llmgw.profile": action.key,
+                                          "llmgw.replica": replica_id})
         spec = self.replica_spec(resolved, replica_id, action.port, action.devices)
         self._room_for_weights(node, resolved)
         # The record first: a dispatcher may report the command lost before send returns.

@@ -1,11 +1,14 @@
 """The spans of one client request: the gateway's server span and its children.
 
 ``begin`` makes a ``RequestTrace`` when tracing is on (llmgw_shared/tracing.py) and the sampler
-keeps the request; otherwise every request shares ``UNTRACED``, whose methods do nothing and
-build nothing, so a daemon without a collector pays one boolean per request.
+keeps the request, and an ``Unsampled`` when it does not (nothing recorded, the W3C context
+still sent to the engine with its sampled flag clear); with tracing off every request shares
+``UNTRACED``, whose methods do nothing and build nothing, so a daemon without a collector pays
+one boolean per request.
 
 The server span ``llmgw.request`` is the child of the client's W3C ``traceparent`` when it sent
-a valid one. Its children: ``llmgw.admission`` (the key's quota check, waiting included),
+a valid one; its ``tracestate``, when well formed and within W3C's bounds, rides along. Its
+children: ``llmgw.admission`` (the key's quota check, waiting included),
 ``llmgw.queue`` (waiting for a replica slot or a replica to start), and one ``llmgw.attempt`` per
 upstream attempt, whose outcome (gateway/attempts.py) is its ``llmgw.outcome`` attribute; the
 attempt's context is what the engine receives as ``traceparent``. Attributes are the model,
@@ -16,6 +19,7 @@ where there are some. Never a key, a header or prompt text, unless ``capture_pro
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING
@@ -33,10 +37,17 @@ if TYPE_CHECKING:
     from .requests import ParsedRequest
 
 _PROPAGATOR = TraceContextTextMapPropagator()
-# A traceparent is 55 characters and a tracestate at most 32 entries of 256; anything longer is
-# not W3C trace context and is ignored rather than parsed.
+# A traceparent is 55 characters (version 00); anything longer is not W3C trace context and is
+# ignored rather than parsed.
 _MAX_TRACEPARENT = 64
-_MAX_TRACESTATE = 1024
+# W3C asks every hop to pass on at least 512 characters of tracestate and at most 32 members; a
+# longer or malformed one is dropped whole (the traceparent still counts), before the SDK's parser,
+# which would log the client's text once per request.
+_MAX_TRACESTATE = 512
+_MAX_TRACESTATE_MEMBERS = 32
+_TRACESTATE_MEMBER = re.compile(
+    r"(?:[a-z][_0-9a-z\-*/]{0,255}|[a-z0-9][_0-9a-z\-*/]{0,240}@[a-z][_0-9a-z\-*/]{0,13})"
+    r"=[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]")
 # The captured prompt (capture_prompts only): enough to recognise the request, never the whole
 # document a client pasted.
 _MAX_CAPTURED = 1024
@@ -128,7 +139,7 @@ class RequestTrace:
 
 
 class Untraced(RequestTrace):
-    """Tracing off or the request not sampled: nothing is made, nothing is sent to the engine."""
+    """Tracing off: nothing is made, nothing is sent to the engine."""
 
     def __init__(self) -> None:
         self.span = trace.INVALID_SPAN
@@ -150,8 +161,40 @@ class Untraced(RequestTrace):
         return None
 
 
+class Unsampled(Untraced):
+    """Tracing on but the request not sampled: nothing is recorded, yet the engine still gets the
+    W3C context (W3C trace context: a hop passes it on, sampled or not), so the trace id the
+    client sent, its sampled flag (0) and its tracestate carry on past the gateway."""
+
+    def __init__(self, span: Span) -> None:
+        self.span = span
+        # Made once: every attempt of the request sends the same context.
+        carrier: dict[str, str] = {}
+        _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
+        self.carrier = list(carrier.items())
+
+    def attempt(self, replica: str, continuation: int, headers: list[tuple[str, str]]) -> Span:
+        headers.extend(self.carrier)
+        return trace.INVALID_SPAN
+
+
 _NO_PHASE = nullcontext(trace.INVALID_SPAN)
 UNTRACED = Untraced()
+
+
+def valid_tracestate(value: str | None) -> str | None:
+    """``value`` when it is a W3C tracestate within bounds, else None (dropped whole)."""
+    if value is None or len(value) > _MAX_TRACESTATE:
+        return None
+    members = [m.strip(" \t") for m in value.split(",")]
+    members = [m for m in members if m]
+    if not members or len(members) > _MAX_TRACESTATE_MEMBERS:
+        return None
+    if not all(_TRACESTATE_MEMBER.fullmatch(m) for m in members):
+        return None
+    if len({m.split("=", 1)[0] for m in members}) != len(members):
+        return None  # a key twice is not W3C tracestate
+    return value
 
 
 def begin(tracing: shared_tracing.Tracing, traceparent: str | None, tracestate: str | None, path: str,
@@ -162,8 +205,9 @@ def begin(tracing: shared_tracing.Tracing, traceparent: str | None, tracestate: 
     carrier = {}
     if traceparent is not None and len(traceparent) <= _MAX_TRACEPARENT:
         carrier["traceparent"] = traceparent
-        if tracestate is not None and len(tracestate) <= _MAX_TRACESTATE:
-            carrier["tracestate"] = tracestate
+        state = valid_tracestate(tracestate)
+        if state is not None:
+            carrier["tracestate"] = state
     parent = _PROPAGATOR.extract(carrier) if carrier else None
     attributes: dict[str, str] = {"http.request.method": "POST", "url.path": path, "llmgw.api": api,
                                   "llmgw.kind": kind, "llmgw.request_id": request_id}
@@ -171,5 +215,7 @@ def begin(tracing: shared_tracing.Tracing, traceparent: str | None, tracestate: 
         attributes["gen_ai.operation.name"] = _OPERATIONS[kind]
     span = tracing.tracer.start_span("llmgw.request", context=parent, kind=SpanKind.SERVER, attributes=attributes)
     if not span.is_recording():
-        return UNTRACED
+        # Not sampled (the client's flags say so, or the ratio): the span records nothing but
+        # holds the trace id, which the engine is sent as the SDK's propagator writes it.
+        return Unsampled(span)
     return RequestTrace(tracing.tracer, span, tracing.capture_prompts)
