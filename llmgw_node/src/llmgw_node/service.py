@@ -126,7 +126,7 @@ class NodeService:
         return Hello(protocol_version=PROTOCOL_VERSION, node_id=self.config.node_id, join_token=self.config.token,
                      facts=self.facts, engines=self.engine_states(), replicas=self.replica_states(),
                      address=self.config.advertised_address, weights=list(self.weights_held),
-                     # start_shard and set_engines may carry control's traceparent (wire.py).
+                     # StartReplica and SetEngines may carry control's traceparent (wire.py).
                      features=[TRACE_CONTEXT])
 
     # ------------------------------------------------------------------ life

@@ -18,7 +18,7 @@ Direction of each message:
   ``drain_shard``, ``set_adapters``, ``remove_weights``, ``get_shard_logs``, ``heartbeat``,
   ``error``
 
-About 650 lines: every message, its converter and the checks at the edge are the protocol's one
+About 750 lines: every message, its converter and the checks at the edge are the protocol's one
 definition, kept together so that no message can be added without its bounds.
 """
 
