@@ -73,7 +73,7 @@ def model_view(fleet: Fleet, resolved: Resolved) -> ModelView:
                                  ClaimView(r.used.ram_mib, r.used.vram_mib) if r.used else None)
                   for r in replicas],
         ready=len(ready),
-        waiting_requests=reconciler.waiting.get(key, 0),
+        waiting_requests=reconciler.demand.waiting(key),
         status="ready" if ready else reconciler.status(key),
         claim=ClaimView(claim.ram_mib, claim.vram_mib),
         adapters=adapter_views(fleet, resolved),
