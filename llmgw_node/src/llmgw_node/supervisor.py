@@ -41,6 +41,7 @@ from llmgw_node.procs import ProcessRecord, StateFile, alive, open_log, signal_g
 from llmgw_node.replica_logs import Output, read_output, rotate_if_large
 from llmgw_node.weights import WeightsCache, WeightsError
 from llmgw_shared import tracing
+from llmgw_shared.engine_lifecycle import EngineInstall
 from llmgw_shared.logs import get_logger
 from llmgw_shared.names import BadName, check_replica_id
 from llmgw_shared.replica_lifecycle import NODE_START, TERMINAL, ReplicaStatus, allowed, on_wire
@@ -215,7 +216,7 @@ class Supervisor:
                 raise ReplicaError(f"port {spec.port} is already used by replica {other.spec.replica_id}")
         if self.engines.binary(spec.engine, spec.engine_version) is None:
             state = self.engines.state(spec.engine, spec.engine_version)
-            if state.status != "installing":
+            if EngineInstall(state.status) is not EngineInstall.INSTALLING:
                 raise ReplicaError(f"engine {spec.engine} {spec.engine_version} is not available here: "
                                  f"{state.describe()}")
         replica = _Replica(spec)
@@ -387,7 +388,7 @@ class Supervisor:
         with trio.move_on_after(max(spec.start_timeout_s, 600.0)):
             while self.engines.binary(spec.engine, spec.engine_version) is None:
                 state = self.engines.state(spec.engine, spec.engine_version)
-                if state.status != "installing":
+                if EngineInstall(state.status) is not EngineInstall.INSTALLING:
                     break
                 if replica.stop_requested.is_set():
                     self._set(replica, ReplicaStatus.STOPPED, "stopped before it started")

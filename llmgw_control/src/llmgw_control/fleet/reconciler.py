@@ -90,9 +90,7 @@ class Reconciler:
         on_replica_forgotten: Callable[[str], None] | None = None,
         demand: WaitingRequests | None = None,
     ) -> None:
-        """``events``: what the agent service (the dispatcher) tells of the nodes, listened to from
-        here on; ``on_replica_forgotten``: see ``_sweep_retired``; ``demand``: the requests waiting
-        per profile key, as the activator counts them (its own when none is given: a test)."""
+        """``events``: what the agent service tells of the nodes; ``demand``: the activator's count of waiters."""
         self.catalog = catalog
         self.inventory = inventory
         self.liveness = liveness
@@ -109,8 +107,7 @@ class Reconciler:
         self.ended: dict[str, EndedReplica] = {}
         self.backoff: dict[tuple[str, str], tuple[float, str]] = {}
         self.failures: dict[tuple[str, str], int] = {}
-        # Requests waiting per profile key: the activator counts them, this reads them.
-        self.demand = demand if demand is not None else WaitingRequests()
+        self.demand = demand if demand is not None else WaitingRequests()  # none given: a test's own
         self.blocked: dict[str, str] = {}
         # The leader lease's epoch, set by ``leadership`` when this daemon becomes the leader.
         self.fencing_token = 1

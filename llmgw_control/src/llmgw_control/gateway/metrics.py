@@ -24,9 +24,8 @@ _OVERHEAD_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1,
 
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry, demand: WaitingRequests | None = None) -> None:
-        """``demand``: the activator's count of waiting requests, shown as the models' queue depths."""
         self.registry = registry
-        # Not Prometheus: the dashboard's last 15 minutes, fed by the same ``record`` (gateway/live.py).
+        # Not Prometheus: the dashboard's last 15 minutes, fed by ``record``, queues by ``demand`` (gateway/live.py).
         self.live = LiveWindow(queues=demand)
         self.requests = Counter(
             "llmgw_requests_total", "Requests answered, by model, replica and HTTP status (499: client gone).",
