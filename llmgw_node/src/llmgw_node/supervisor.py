@@ -375,7 +375,7 @@ class Supervisor:
         finally:
             replica.done.set()
             for file in replica_files(spec):
-                self.weights.release(file.sha256, spec.replica_id)
+                self.weights.give_back(file.sha256, spec.replica_id)
             # Cancelled means the daemon is going away and the engine keeps running for the next
             # one to adopt: its record must stay. Only a replica that really ended leaves the file.
             if replica.state.status in TERMINAL:
