@@ -66,7 +66,7 @@ OWNERS = {
     "llmgw_control/fleet/reconciler.py", "llmgw_control/fleet/replica_records.py", "llmgw_control/fleet/plan.py",
     "llmgw_control/fleet/inventory.py", "llmgw_control/fleet/eviction.py", "llmgw_control/fleet/metrics.py",
     "llmgw_control/fleet/capacity_runs.py", "llmgw_control/mirror/pulls.py", "llmgw_node/supervisor.py",
-    "llmgw_node/engines/manager.py", "llmgw_node/cli.py",
+    "llmgw_node/engines/manager.py", "llmgw_node/cli.py", "llmgw_control/admin/fleet_views.py",
 }
 
 
@@ -268,7 +268,8 @@ def _leaves(body: list[ast.stmt]) -> bool:
 
 
 def _is_state(node: ast.AST) -> bool:
-    return isinstance(node, ast.Attribute) and node.attr in ("state", "status")
+    return (isinstance(node, ast.Attribute) and node.attr in ("state", "status")) or (
+        isinstance(node, ast.Name) and node.id in ("state", "status"))
 
 
 def scan(path: Path, relative: str) -> list[Finding]:

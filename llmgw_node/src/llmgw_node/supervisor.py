@@ -291,7 +291,7 @@ class Supervisor:
             pid=replica.pid, restarts=replica.restarts,
             last_lines=self.output(replica.spec.replica_id, FAILURE_LINES) if lines else [],
             rss_mib=replica.rss_mib if replica.pid else 0, vram_mib=replica.vram_mib if replica.pid else 0,
-            adapters=list(replica.loaded) if status == "ready" else [],
+            adapters=list(replica.loaded) if status == ReplicaStatus.READY else [],
         )
         if state == replica.state:
             return

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from ..catalog import Claim, Resolved
 from ..fleet.inventory import NodeRecord
+from ..fleet.lifecycle import ReplicaStatus
 from ..store import NodeIdentity
 from .api.schemas import (
     AdapterOfModel,
@@ -61,7 +62,7 @@ def model_view(fleet: Fleet, resolved: Resolved) -> ModelView:
     key = resolved.key
     reconciler = fleet.reconciler
     replicas = [r for r in reconciler.records.values() if r.key == key]
-    ready = [r for r in replicas if r.status == "ready" and not r.draining]
+    ready = [r for r in replicas if r.status == ReplicaStatus.READY and not r.draining]
     claim = reconciler.claims.get(key, Claim(0))
     return ModelView(
         model=resolved.model.name,
