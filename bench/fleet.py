@@ -88,7 +88,7 @@ def reconcile_pass(nodes: int, model_count: int, passes: int) -> dict[str, float
     reconciler = Reconciler(catalog, inventory, Liveness(15, 60), dispatcher, ReplicaSet(), secret=b"k" * 32,
                             claims=claims, clock=lambda: 1.0)
     for resolved in catalog.all_profiles():
-        reconciler.waiting[resolved.key] = 1
+        reconciler.demand.queued(resolved.key, 1)
     timings = []
     for _ in range(passes):
         started = time.perf_counter()

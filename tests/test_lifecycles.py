@@ -9,7 +9,8 @@ code keeps to it.
   transition whose "from" is visible in the source -- a guard ``if x.state != A: return`` or an
   earlier move in the same straight-line code -- is in the table.
 * The code, run: node liveness (derived, never stored) through random events, and the node's
-  supervisor offered random statuses: nothing it records or reports leaves the table.
+  supervisor and engine manager offered random statuses: nothing they record or report leaves
+  the table.
   (Control's absorption of random node reports is tests/control/test_lifecycle.py.)
 * docs/architecture.md carries each table as ``Lifecycle.table()`` writes it.
 """
@@ -31,9 +32,12 @@ from hypothesis import strategies as st
 
 from llmgw_control.fleet.capacity_runs import RUN_LIFECYCLE, RunState
 from llmgw_control.fleet.inventory import NODE_LIVENESS, Liveness, NodeRecord
+from llmgw_control.gateway.exchange import EXCHANGE_LIFECYCLE
 from llmgw_control.mirror.pulls import PULL_LIFECYCLE
 from llmgw_control.store.ops_capacity import RUN_STATES
+from llmgw_node.engines.manager import EngineManager
 from llmgw_node.supervisor import Supervisor, _Replica
+from llmgw_shared.engine_lifecycle import ENGINE_LIFECYCLE, EngineInstall
 from llmgw_shared.facts import unprobed
 from llmgw_shared.replica_lifecycle import REPLICA_LIFECYCLE, ReplicaStatus
 from llmgw_shared.transitions import ImpossibleTransition, Lifecycle
@@ -48,6 +52,14 @@ LIFECYCLES: dict[str, Lifecycle[Any]] = {
     "NODE_LIVENESS": NODE_LIVENESS,
     "PULL_LIFECYCLE": PULL_LIFECYCLE,
     "RUN_LIFECYCLE": RUN_LIFECYCLE,
+    "ENGINE_LIFECYCLE": ENGINE_LIFECYCLE,
+    "EXCHANGE_LIFECYCLE": EXCHANGE_LIFECYCLE,
+}
+# Lifecycles with an end that not every state can reach, and why that is right.
+ENDLESS = {
+    # An installed engine is re-checked and a failed one retried for as long as the node runs;
+    # only ``unconfigured`` is final (until a restart with a new config).
+    "engine install": "cycles for the daemon's life",
 }
 ENUMS: dict[str, Lifecycle[Any]] = {lc.enum.__name__: lc for lc in LIFECYCLES.values()}
 # Modules whose ``.state``/``.status`` comparisons are of these lifecycles (elsewhere a "failed"
@@ -56,6 +68,8 @@ OWNERS = {
     "llmgw_control/fleet/reconciler.py", "llmgw_control/fleet/replica_records.py", "llmgw_control/fleet/plan.py",
     "llmgw_control/fleet/inventory.py", "llmgw_control/fleet/eviction.py", "llmgw_control/fleet/metrics.py",
     "llmgw_control/fleet/capacity_runs.py", "llmgw_control/mirror/pulls.py", "llmgw_node/supervisor.py",
+    "llmgw_node/engines/manager.py", "llmgw_node/cli.py", "llmgw_control/admin/fleet_views.py",
+    "llmgw_control/gateway/exchange.py",
 }
 
 
@@ -66,7 +80,7 @@ OWNERS = {
 def test_every_state_is_reachable_and_every_other_can_end(lifecycle: Lifecycle[Any]) -> None:
     assert lifecycle.reachable() == lifecycle.states, "unreachable: " + ", ".join(
         sorted(lifecycle.states - lifecycle.reachable()))
-    if lifecycle.terminal:  # node liveness has no end: a lost node may come back
+    if lifecycle.terminal and lifecycle.name not in ENDLESS:  # node liveness has no end: a lost node may come back
         stuck = [s for s in lifecycle.states if not lifecycle.can_end(s)]
         assert not stuck, f"{lifecycle.name}: cannot end from {stuck}"
 
@@ -145,11 +159,13 @@ def _moves(call: ast.Call) -> tuple[Lifecycle[Any], str, ast.AST] | None:
         return LIFECYCLES[func.value.id], ast.unparse(call.args[1]), call.args[2]
     if func.attr == "check" and isinstance(func.value, ast.Name) and func.value.id == "lifecycle":
         return REPLICA_LIFECYCLE, ast.unparse(call.args[1]), call.args[2]
-    # The node's Supervisor._set(replica, status, ...) and control's ReplicaRecord.move(status, ...)
-    if func.attr == "_set" and len(call.args) >= 2 and _member(call.args[1]) is not None:
-        return REPLICA_LIFECYCLE, f"{ast.unparse(call.args[0])}.state.status", call.args[1]
-    if func.attr == "move" and call.args and _member(call.args[0]) is not None:
-        return REPLICA_LIFECYCLE, f"{ast.unparse(func.value)}.status", call.args[0]
+    # The node's Supervisor._set(replica, status, ...) and EngineManager._set(key, status, ...), and
+    # control's ReplicaRecord.move(status, ...) and the gateway's Exchange.move(state)
+    if func.attr == "_set" and len(call.args) >= 2 and (member := _member(call.args[1])) is not None:
+        return member[0], f"{ast.unparse(call.args[0])}.state.status", call.args[1]
+    if func.attr == "move" and call.args and (member := _member(call.args[0])) is not None:
+        attribute = "status" if member[0] is REPLICA_LIFECYCLE else "state"
+        return member[0], f"{ast.unparse(func.value)}.{attribute}", call.args[0]
     return None
 
 
@@ -256,17 +272,32 @@ def _leaves(body: list[ast.stmt]) -> bool:
 
 
 def _is_state(node: ast.AST) -> bool:
-    return isinstance(node, ast.Attribute) and node.attr in ("state", "status")
+    return (isinstance(node, ast.Attribute) and node.attr in ("state", "status")) or (
+        isinstance(node, ast.Name) and node.id in ("state", "status"))
+
+
+def _births(tree: ast.AST) -> set[int]:
+    """Assignments in a constructor of a start state (``self.state = ExchangeState.IDLE``): where a
+    thing begins, not a change of state."""
+    found = set()
+    for function in ast.walk(tree):
+        if isinstance(function, ast.FunctionDef) and function.name == "__init__":
+            for node in ast.walk(function):
+                if (isinstance(node, ast.Assign) and (member := _member(node.value)) is not None
+                        and member[1] in member[0].start):
+                    found.add(id(node))
+    return found
 
 
 def scan(path: Path, relative: str) -> list[Finding]:
     tree = ast.parse(path.read_text(), str(path))
     findings: list[Finding] = []
     values = {str(s) for lc in LIFECYCLES.values() for s in lc.states}
+    births = _births(tree)
     for node in ast.walk(tree):
         where = f"{relative}:{getattr(node, 'lineno', 0)}"
         # A bare state assigned: the change bypasses the table.
-        if isinstance(node, ast.Assign):
+        if isinstance(node, ast.Assign) and id(node) not in births:
             for target in node.targets:
                 pairs = (zip(target.elts, node.value.elts, strict=False)
                          if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple)
@@ -312,6 +343,7 @@ def test_the_scan_sees_the_moves() -> None:
                 if isinstance(node, ast.Call) and (found := _moves(node)) is not None:
                     seen[found[0].name] = seen.get(found[0].name, 0) + 1
     assert seen.get("replica", 0) >= 20 and seen.get("pull", 0) >= 6 and seen.get("capacity run", 0) >= 4, seen
+    assert seen.get("engine install", 0) >= 7 and seen.get("exchange", 0) >= 10, seen
 
 
 BAD = '''
@@ -331,6 +363,18 @@ def _prepare(self, replica):
 
 def liveness(node):
     return node.state == "lost"
+
+def want(self, key):
+    self._set(key, EngineInstall.UNCONFIGURED, "not here")
+    self._set(key, EngineInstall.INSTALLING, "queued")
+
+class Exchange:
+    def __init__(self):
+        self.state = ExchangeState.IDLE
+
+    def respond(self):
+        self.move(ExchangeState.COMPLETE)
+        self.state = ExchangeState.STREAMING
 '''
 
 
@@ -344,6 +388,8 @@ def test_the_scan_catches_what_breaks_a_table(tmp_path: Path) -> None:
         "pull pull.state: downloading -> published is not in the table",
         "capacity run run.state: queued -> done is not in the table",
         "replica replica.state.status: stopped -> ready is not in the table",
+        "engine install key.state.status: unconfigured -> installing is not in the table",
+        "self.state = ExchangeState.STREAMING bypasses the table: use its move",
     ]), found
 
 
@@ -408,6 +454,42 @@ def test_a_forbidden_transition_on_the_node_is_logged_and_not_sent(
     assert offered.sent == ["failed"]
     assert offered.replica.state.status == "failed"
     assert "failed -> ready is not in the replica lifecycle's table" in caplog.text
+
+
+def _engines(tmp_path: Path, sent: list[str]) -> EngineManager:
+    """The node's engine manager with nothing to install: only its bookkeeping of engine statuses."""
+    return EngineManager(tmp_path, None, None, on_change=lambda state: sent.append(state.status))  # type: ignore[arg-type]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.sampled_from(sorted(EngineInstall)), max_size=25))
+def test_the_node_records_and_reports_only_the_engine_tables_transitions(
+        tmp_path_factory: pytest.TempPathFactory, offers: list[EngineInstall]) -> None:
+    sent: list[str] = []
+    engines = _engines(tmp_path_factory.mktemp("node"), sent)
+    key = ("llama.cpp", "b1")
+    status = engines.status(*key)
+    reported = [status]
+    for i, new in enumerate(offers):
+        engines._set(key, new, f"offer {i}")
+        if ENGINE_LIFECYCLE.allowed(status, new):
+            status = new
+        assert engines.status(*key) is status  # refused: it keeps its status
+    reported += [EngineInstall(s) for s in sent]
+    for before, after in itertools.pairwise(reported):
+        assert ENGINE_LIFECYCLE.allowed(before, after), reported
+
+
+def test_a_forbidden_engine_transition_is_logged_and_not_sent(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    sent: list[str] = []
+    engines = _engines(tmp_path, sent)
+    engines._set(("vllm", "1"), EngineInstall.UNCONFIGURED, "not configured here")
+    with caplog.at_level(logging.ERROR):
+        state = engines._set(("vllm", "1"), EngineInstall.INSTALLED, "")
+    assert sent == ["unconfigured"] and state.status == "unconfigured"
+    assert engines.status("vllm", "1") is EngineInstall.UNCONFIGURED
+    assert "unconfigured -> installed is not in the engine install lifecycle's table" in caplog.text
 
 
 # --------------------------------------------------------------------------- the docs

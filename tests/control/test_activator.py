@@ -27,7 +27,7 @@ def activator(max_wait: float = 60.0, queue_size: int = 10, batch_after: int = 4
     replicas = replicas if replicas is not None else ReplicaSet()
     woken: list[str] = []
     act = Activator(replicas, ActivatorConfig(queue_size=queue_size, max_wait=max_wait, batch_after=batch_after),
-                    waiting={}, wake=lambda: woken.append("wake"), status=lambda key: "no node fits")
+                    wake=lambda: woken.append("wake"), status=lambda key: "no node fits")
     return act, replicas, woken
 
 
@@ -72,10 +72,10 @@ async def test_a_waiting_request_is_served_when_a_replica_is_published(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_wait, act, results)
         await trio.sleep(5)
-        assert act.queue_depth() == 1 and act.demand() == {KEY: 1} and woken == ["wake"]
+        assert act.queue_depth() == 1 and act.demand.snapshot() == {KEY: 1} and woken == ["wake"]
         replicas.publish(replica())
     assert results == ["r1"]
-    assert act.queue_depth() == 0 and act.demand() == {}
+    assert act.queue_depth() == 0 and act.demand.snapshot() == {}
 
 
 async def test_the_wait_is_bounded_and_says_what_blocked(autojump_clock: trio.testing.MockClock) -> None:
@@ -159,7 +159,7 @@ async def test_a_cancelled_waiter_leaves_the_queue(autojump_clock: trio.testing.
     results: list[object] = []
     with trio.move_on_after(3):
         await _wait(act, results)
-    assert results == [] and act.queue_depth() == 0 and act.demand() == {}
+    assert results == [] and act.queue_depth() == 0 and act.demand.snapshot() == {}
     held.give_back()
     assert r1.in_flight == 0
 
@@ -240,7 +240,7 @@ async def test_waiters_on_a_daemon_that_steps_down_are_answered_at_once(
     error = act.refusal_error(Refusal.STANDBY, KEY)
     assert error.status == 503 and error.code == "standby" and "ws://control-b:8090/agent/v1" in error.message
     assert dict(error.headers)["retry-after"] == "1"
-    assert act.queue_depth() == 0 and act.demand() == {}
+    assert act.queue_depth() == 0 and act.demand.snapshot() == {}
     # A request arriving while this daemon is a standby is not queued either; leading again, it is.
     late: list[object] = []
     await _wait(act, late)
@@ -328,7 +328,7 @@ def test_no_sequence_of_arrivals_cancellations_and_changes_leaks_a_slot(steps: l
             for scope in scopes:
                 scope.cancel()
         assert all(r.in_flight == 0 for r in published)
-        assert act.queue_depth() == 0 and act.demand() == {}
+        assert act.queue_depth() == 0 and act.demand.snapshot() == {}
         assert act.dropped == 0, "a slot was only given back by the safety net"
 
     trio.run(scenario, clock=trio.testing.MockClock(autojump_threshold=0))

@@ -76,7 +76,7 @@ def world(*, max_replicas: int = 3, idle_timeout: float = 0.0, saturated_after: 
     reconciler = Reconciler(catalog, inventory, Liveness(15, 60), dispatcher, replicas, secret=b"s" * 32,
                             claims={KEY: Claim(1000)}, config=ReconcilerConfig(saturated_after=saturated_after),
                             clock=trio.current_time)
-    activator = Activator(replicas, waiting=reconciler.waiting, wake=reconciler.wake, status=reconciler.status)
+    activator = Activator(replicas, demand=reconciler.demand, wake=reconciler.wake, status=reconciler.status)
     records = []
     for i in range(nodes):
         facts: HostFacts = attrs.evolve(unprobed(), probed=True, ram_total_mib=16000)
@@ -118,7 +118,7 @@ async def test_queued_requests_on_a_full_replica_start_another_one_at_a_time_up_
         w.pass_()
         assert w.dispatcher.starts() == []  # not a third while the second is starting
         w.ready(second)  # its two slots go to two of the waiters at once
-        assert len(w.replicas.for_model(KEY)) == 2 and w.reconciler.waiting[KEY] == 12
+        assert len(w.replicas.for_model(KEY)) == 2 and w.reconciler.demand.waiting(KEY) == 12
         w.pass_()
         (third,) = w.dispatcher.starts()
         w.ready(third)

@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from llmgw_control.api_errors import ClientApiError
-from llmgw_control.gateway.exchange import TRANSITIONS, Exchange, IllegalTransition, State
+from llmgw_control.gateway.exchange import EXCHANGE_LIFECYCLE, Exchange, ExchangeState, IllegalTransition
 from llmgw_dev.fake_engine import FakeEngineBehavior, run_fake_engine
 from support.gateway import chat_body, endpoint, running_gateway
 
@@ -18,11 +18,11 @@ async def _ignore(message: Any) -> None:
     pass
 
 
-def _recording(exchange: Exchange) -> list[State]:
+def _recording(exchange: Exchange) -> list[ExchangeState]:
     seen = [exchange.state]
     move = exchange.move
 
-    def recorded(to: State) -> None:
+    def recorded(to: ExchangeState) -> None:
         move(to)
         if exchange.state is not seen[-1]:
             seen.append(exchange.state)
@@ -35,20 +35,20 @@ async def test_a_whole_answer() -> None:
     exchange = Exchange(_ignore, "r")
     seen = _recording(exchange)
     await exchange.respond(200, b"{}")
-    assert seen == [State.IDLE, State.HEAD_SENT, State.COMPLETE]
+    assert seen == [ExchangeState.IDLE, ExchangeState.HEAD_SENT, ExchangeState.COMPLETE]
     assert exchange.response_started and exchange.complete and not exchange.client_gone
 
 
 async def test_a_stream_and_its_error_event() -> None:
     exchange = Exchange(_ignore, "r")
     await exchange.start_stream(200, b"text/event-stream")
-    assert exchange.state is State.HEAD_SENT and exchange.response_started and not exchange.complete
+    assert exchange.state is ExchangeState.HEAD_SENT and exchange.response_started and not exchange.complete
     await exchange.send_chunk(b"data: {}\n\n")
-    assert exchange.state is State.STREAMING
+    assert exchange.state is ExchangeState.STREAMING
     await exchange.send_error(ClientApiError(502, "broke off"))
-    assert exchange.state is State.STREAMING and exchange.status == 502
+    assert exchange.state is ExchangeState.STREAMING and exchange.status == 502
     await exchange.end_stream()
-    assert exchange.state is State.COMPLETE
+    assert exchange.state is ExchangeState.COMPLETE
 
 
 async def test_a_client_gone_before_or_after_the_head() -> None:
@@ -75,10 +75,10 @@ async def test_a_second_response_head_is_illegal() -> None:
 
 
 async def test_every_move_the_gateway_takes_is_in_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
-    taken: set[tuple[State, State]] = set()
+    taken: set[tuple[ExchangeState, ExchangeState]] = set()
     move = Exchange.move
 
-    def recorded(self: Exchange, to: State) -> None:
+    def recorded(self: Exchange, to: ExchangeState) -> None:
         before = self.state
         move(self, to)
         if self.state is not before:
@@ -97,8 +97,9 @@ async def test_every_move_the_gateway_takes_is_in_the_table(monkeypatch: pytest.
         engine.behavior.status_before_body = 400
         assert (await gw.client.post("/v1/chat/completions", json=chat_body())).status_code == 400
         await trio.sleep(0.2)
-    legal = {(state, to) for state, moves in TRANSITIONS.items() for to in moves}
+    legal = {(state, to) for state, moves in EXCHANGE_LIFECYCLE.transitions.items() for to in moves}
     assert taken <= legal, taken - legal
-    # The paths above took these at least (streaming's own move is made per chunk, in place).
-    assert {(State.IDLE, State.HEAD_SENT), (State.HEAD_SENT, State.COMPLETE),
-            (State.STREAMING, State.COMPLETE)} <= taken
+    # The paths above took these at least.
+    assert {(ExchangeState.IDLE, ExchangeState.HEAD_SENT), (ExchangeState.HEAD_SENT, ExchangeState.COMPLETE),
+            (ExchangeState.HEAD_SENT, ExchangeState.STREAMING),
+            (ExchangeState.STREAMING, ExchangeState.COMPLETE)} <= taken

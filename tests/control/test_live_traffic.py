@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmgw_control.documents import CONVERTER
+from llmgw_control.gateway.demand import WaitingRequests
 from llmgw_control.gateway.live import BUCKET_SECONDS, BUCKETS, MAX_SERIES, WINDOW_SECONDS, LiveWindow
 from llmgw_dev.fake_engine import FakeEngine
 from support.gateway import chat_body, endpoint, running_gateway
@@ -59,8 +60,9 @@ def test_a_series_used_recently_outlives_newer_ones_used_less_recently() -> None
 
 
 def test_the_figures_per_bucket_and_over_the_last_minute() -> None:
-    live = LiveWindow("test")
-    live.queues = {"m:cpu": 4}
+    demand = WaitingRequests()
+    demand.queued("m:cpu", 4)
+    live = LiveWindow("test", queues=demand)
     for i in range(100):
         # Half the first-token times at 0.1 s, half at 1 s; 3 errors; 20 tokens each.
         live.note("m:cpu", "r1", 502 if i < 3 else 200, 0.1 if i % 2 else 1.0, 20, now=NOW + 55)
@@ -95,8 +97,9 @@ def test_a_series_idle_for_the_whole_window_is_dropped_when_read() -> None:
 
 
 def test_a_queue_with_nothing_answered_still_shows_when_read() -> None:
-    live = LiveWindow("test")
-    live.queues = {"stuck": 7}
+    demand = WaitingRequests()
+    demand.queued("stuck", 7)
+    live = LiveWindow("test", queues=demand)
     (model,) = live.read(now=NOW).models
     assert model.recent.queue_depth == 7 and sum(model.requests) == 0
 

@@ -73,7 +73,7 @@ def test_waiting_request_places_a_replica_and_ready_publishes_it() -> None:
     node = add_node(inventory, dispatcher, clock, "n1")
     reconciler.reconcile_once()
     assert dispatcher.take() == []  # nobody asked: scale-to-zero
-    reconciler.waiting["m:cpu"] = 1
+    reconciler.demand.queued("m:cpu", 1)
     reconciler.reconcile_once()
     (node_id, command), = dispatcher.take()
     assert node_id == "n1" and isinstance(command, StartReplica)
@@ -92,12 +92,12 @@ def test_waiting_request_places_a_replica_and_ready_publishes_it() -> None:
 def test_an_idle_replica_is_withdrawn_then_drained() -> None:
     reconciler, dispatcher, inventory, replicas, clock = make(idle=60)
     node = add_node(inventory, dispatcher, clock, "n1")
-    reconciler.waiting["m:cpu"] = 1
+    reconciler.demand.queued("m:cpu", 1)
     reconciler.reconcile_once()
     (_, start), = dispatcher.take()
     assert isinstance(start, StartReplica)
     report(node, start.replica.replica_id, "ready", start.replica.port)
-    reconciler.waiting.clear()
+    reconciler.demand.queued("m:cpu", 0)
     reconciler.reconcile_once()
     assert replicas.for_model("m:cpu")
     clock.now += 30
@@ -122,7 +122,7 @@ def test_min_replicas_are_kept_without_traffic() -> None:
 def test_a_failed_start_backs_off_and_moves_to_another_node() -> None:
     reconciler, dispatcher, inventory, _, clock = make()
     n1 = add_node(inventory, dispatcher, clock, "n1")
-    reconciler.waiting["m:cpu"] = 1
+    reconciler.demand.queued("m:cpu", 1)
     reconciler.reconcile_once()
     (first_node, start), = dispatcher.take()
     assert isinstance(start, StartReplica)
@@ -138,7 +138,7 @@ def test_a_failed_start_backs_off_and_moves_to_another_node() -> None:
 def test_an_unreachable_node_is_withdrawn_and_a_lost_one_replaced() -> None:
     reconciler, dispatcher, inventory, replicas, clock = make()
     n1 = add_node(inventory, dispatcher, clock, "n1")
-    reconciler.waiting["m:cpu"] = 1
+    reconciler.demand.queued("m:cpu", 1)
     reconciler.reconcile_once()
     (_, start), = dispatcher.take()
     assert isinstance(start, StartReplica)
@@ -161,7 +161,7 @@ def test_an_unreachable_node_is_withdrawn_and_a_lost_one_replaced() -> None:
 def test_replicas_reported_after_a_control_restart_are_adopted_not_restarted() -> None:
     first, dispatcher, inventory, _, clock = make()
     n1 = add_node(inventory, dispatcher, clock, "n1")
-    first.waiting["m:cpu"] = 1
+    first.demand.queued("m:cpu", 1)
     first.reconcile_once()
     (_, start), = dispatcher.take()
     assert isinstance(start, StartReplica)
@@ -169,7 +169,7 @@ def test_replicas_reported_after_a_control_restart_are_adopted_not_restarted() -
     second, dispatcher2, inventory2, replicas2, clock2 = make()
     node = add_node(inventory2, dispatcher2, clock2, "n1")
     report(node, start.replica.replica_id, "ready", start.replica.port)
-    second.waiting["m:cpu"] = 1
+    second.demand.queued("m:cpu", 1)
     second.reconcile_once()
     assert dispatcher2.take() == []
     (replica,) = replicas2.for_model("m:cpu")
@@ -189,7 +189,7 @@ def test_unknown_replicas_are_stopped() -> None:
 
 def test_status_explains_why_nothing_runs() -> None:
     reconciler, *_ = make()
-    reconciler.waiting["m:cpu"] = 1
+    reconciler.demand.queued("m:cpu", 1)
     reconciler.reconcile_once()
     assert reconciler.status("m:cpu") == "no node is connected and schedulable"
 
@@ -197,7 +197,7 @@ def test_status_explains_why_nothing_runs() -> None:
 def test_a_port_taken_by_another_process_is_avoided_without_backing_off() -> None:
     reconciler, dispatcher, inventory, _, clock = make()
     node = add_node(inventory, dispatcher, clock, "n1")
-    reconciler.waiting["m:cpu"] = 1
+    reconciler.demand.queued("m:cpu", 1)
     reconciler.reconcile_once()
     (_, start), = dispatcher.take()
     assert isinstance(start, StartReplica)
@@ -295,13 +295,13 @@ def test_a_start_never_reported_fails_after_the_deadline_with_the_reason() -> No
 def test_a_drain_the_node_has_not_carried_out_is_sent_again_after_a_hello() -> None:
     reconciler, dispatcher, inventory, replicas, clock = make()
     node = add_node(inventory, dispatcher, clock, "n1")
-    reconciler.waiting["m:cpu"] = 1
+    reconciler.demand.queued("m:cpu", 1)
     reconciler.reconcile_once()
     ((_, start),) = started(dispatcher)
     replica_id = start.replica.replica_id
     report(node, replica_id, "ready", start.replica.port)
     reconciler.reconcile_once()
-    reconciler.waiting.clear()
+    reconciler.demand.queued("m:cpu", 0)
     reconciler.drain_key("m:cpu")
     (drain,) = [c for _, c in dispatcher.take() if isinstance(c, DrainReplica)]
     # The node reconnects (the drain was lost with the connection) and still runs it.
@@ -332,7 +332,7 @@ def test_profiles_whose_names_slug_alike_are_adopted_as_themselves() -> None:
     the fix a restarted control adopted the second profile's engine as the first."""
     first, dispatcher, inventory, _, clock = two_slug_alike()
     add_node(inventory, dispatcher, clock, "n1")
-    first.waiting["a-b:c"] = 1
+    first.demand.queued("a-b:c", 1)
     first.reconcile_once()
     ((_, start),) = started(dispatcher)
     second, dispatcher2, inventory2, replicas2, clock2 = two_slug_alike()
@@ -347,7 +347,7 @@ def test_profiles_whose_names_slug_alike_are_adopted_as_themselves() -> None:
 def test_a_node_can_only_have_adopted_what_control_started_on_that_node() -> None:
     first, dispatcher, inventory, _, clock = make()
     add_node(inventory, dispatcher, clock, "n1")
-    first.waiting["m:cpu"] = 1
+    first.demand.queued("m:cpu", 1)
     first.reconcile_once()
     ((_, start),) = started(dispatcher)
     real = start.replica.replica_id
@@ -366,8 +366,8 @@ def test_a_node_can_only_have_adopted_what_control_started_on_that_node() -> Non
 def test_an_adopted_replica_is_published_only_at_the_nodes_own_address_and_a_port_control_gives() -> None:
     first, dispatcher, inventory, _, clock = make()
     add_node(inventory, dispatcher, clock, "n1")
-    first.waiting["m:cpu"] = 1
-    first.waiting["m:cpu"] = 1
+    first.demand.queued("m:cpu", 1)
+    first.demand.queued("m:cpu", 1)
     first.reconcile_once()
     ((_, start),) = started(dispatcher)
     first.config = attrs.evolve(first.config)
@@ -442,7 +442,7 @@ def test_the_metric_series_of_a_forgotten_replica_go_once_nothing_is_in_flight_o
     forgotten: list[str] = []
     reconciler, dispatcher, inventory, replicas, clock = make(on_replica_forgotten=forgotten.append)
     node = add_node(inventory, dispatcher, clock, "n1")
-    reconciler.waiting["m:cpu"] = 1
+    reconciler.demand.queued("m:cpu", 1)
     reconciler.reconcile_once()
     ((_, start),) = started(dispatcher)
     report(node, start.replica.replica_id, "ready", start.replica.port)

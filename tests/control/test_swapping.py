@@ -66,7 +66,7 @@ def world(ram: int = 8000, claim: int = 6000) -> World:
     inventory, replicas, dispatcher = Inventory(), ReplicaSet(), Dispatcher()
     reconciler = Reconciler(catalog, inventory, Liveness(15, 60), dispatcher, replicas, secret=b"s" * 32,
                             claims={A: Claim(claim), B: Claim(claim)}, config=CONFIG, clock=trio.current_time)
-    activator = Activator(replicas, waiting=reconciler.waiting, wake=reconciler.wake, status=reconciler.status)
+    activator = Activator(replicas, demand=reconciler.demand, wake=reconciler.wake, status=reconciler.status)
     facts: HostFacts = attrs.evolve(unprobed(), probed=True, ram_total_mib=ram, arch="x86_64")
     node = NodeRecord("n1", "10.0.0.1", facts, last_seen=trio.current_time())
     node.update_engines([EngineState("llama.cpp", "b11312", "installed")])

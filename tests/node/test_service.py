@@ -129,7 +129,7 @@ async def test_remove_weights_refuses_files_in_use(tmp_path: Path, config: NodeC
         svc.weights.acquire(sha, "running-shard")
         ack = await svc.handle(RemoveWeights(id="r", fencing_token=1, sha256=[sha, "c" * 64]))
         assert not ack.ok and ack.error == "kept 1 file(s) a running replica uses: dddddddddddd"
-        svc.weights.release(sha, "running-shard")
+        svc.weights.give_back(sha, "running-shard")
         assert (await svc.handle(RemoveWeights(id="r2", fencing_token=1, sha256=[sha]))).ok
         drain_reports(svc)
 

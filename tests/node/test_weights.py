@@ -92,9 +92,9 @@ async def test_remove_keeps_files_in_use(tmp_path: Path, files: FileServer) -> N
     cache.acquire(SHA, "shard-a")
     cache.acquire(SHA, "shard-b")
     assert cache.remove([SHA]) == ([], [SHA])
-    cache.release(SHA, "shard-a")
+    cache.give_back(SHA, "shard-a")
     assert cache.remove([SHA.upper()]) == ([], [SHA])
-    cache.release(SHA, "shard-b")
+    cache.give_back(SHA, "shard-b")
     assert cache.remove([SHA]) == ([SHA], [])
     assert not path.exists()
 
@@ -145,16 +145,16 @@ async def test_a_url_httpx_cannot_use_is_a_refusal(tmp_path: Path, url: str) -> 
 
 async def test_a_file_gaining_or_losing_its_last_user_is_announced(tmp_path: Path) -> None:
     # The node lists the cache again on this call: a replica's "stopped" report goes out before its
-    # file is released, and a listing made then said "in use" until the next minute's listing.
+    # file's hold was given back, and a listing made then said "in use" until the next minute's listing.
     calls: list[bool] = []
     async with httpx2.AsyncClient() as client:
         cache = WeightsCache(tmp_path, client, margin=0, on_use_change=lambda: calls.append(cache.in_use(SHA)))
         cache.acquire(SHA, "a")
         cache.acquire(SHA, "b")
         assert calls == [True]
-        cache.release(SHA, "a")
+        cache.give_back(SHA, "a")
         assert calls == [True]
-        cache.release(SHA, "b")
+        cache.give_back(SHA, "b")
         assert calls == [True, False]
-        cache.release(SHA, "b")  # released twice (a stop racing a crash): nothing new to say
+        cache.give_back(SHA, "b")  # given back twice (a stop racing a crash): nothing new to say
         assert calls == [True, False]

@@ -52,10 +52,10 @@ async def test_the_cache_is_reported_with_its_use_and_goes_when_removed(
         assert await _held_until(svc, lambda h: h == []) == []
 
 
-async def test_a_release_without_a_replica_report_is_listed_at_once(
+async def test_a_hold_given_back_without_a_replica_report_is_listed_at_once(
         node_config: NodeConfig, fast_timing: Timing) -> None:
-    # The order CI once hit: the listing ran on a replica's last report, and the file was released
-    # only after it. Nothing but the release is left to wake the listing, which must not wait for
+    # The order CI once hit: the listing ran on a replica's last report, and the hold on the file was given back
+    # only after it. Nothing but the giving back is left to wake the listing, which must not wait for
     # the minute's re-listing (FACTS_INTERVAL) to stop saying "in use".
     async with open_node_service(node_config, timing=fast_timing) as svc:
         sha = hashlib.sha256(b"weights").hexdigest()
@@ -63,5 +63,5 @@ async def test_a_release_without_a_replica_report_is_listed_at_once(
         (svc.weights.root / sha).write_bytes(b"weights")
         svc.weights.acquire(sha, "s1")
         await _held_until(svc, lambda h: len(h) == 1 and h[0].in_use)
-        svc.weights.release(sha, "s1")
+        svc.weights.give_back(sha, "s1")
         await _held_until(svc, lambda h: len(h) == 1 and not h[0].in_use)

@@ -58,6 +58,7 @@ from .fleet.secret import default_data_dir, load_or_create_secret
 from .fleet.tls import Identities, bind_tls_front, serve_tls_front
 from .gateway.activator import Activator
 from .gateway.client_app import ClientApp
+from .gateway.demand import WaitingRequests
 from .gateway.directory import FleetDirectory, ModelDirectory, StaticDirectory
 from .gateway.gateway import Gateway
 from .gateway.metrics import GatewayMetrics
@@ -188,7 +189,7 @@ async def serve_agents(config: ControlConfig, nursery: trio.Nursery, serve: Serv
 
 
 async def build_fleet(config: ControlConfig, replicas: ReplicaSet, agent_url: str, store: Store,
-                      metrics: GatewayMetrics, *, worker: int | None = None) -> Fleet:
+                      metrics: GatewayMetrics, demand: WaitingRequests, *, worker: int | None = None) -> Fleet:
     """The control plane's parts, wired to each other; nothing runs yet (``start_fleet``)."""
     catalog = Catalog(config.models, config.engines, config.router.default_profile)
     # Models added through the admin API; on a name in both, the config file wins (catalog/service.py).
@@ -215,10 +216,11 @@ async def build_fleet(config: ControlConfig, replicas: ReplicaSet, agent_url: st
     agents = AgentService(inventory, config=config.agents, token_digests=set(config.agents.join_token_digests),
                           engines=engine_specs, events=events, stored_identity=stored_identity(store))
     # A forgotten replica's per-replica series go with it (bounded /metrics).
+    # The activator counts the requests waiting per profile key; the reconciler reads them (demand).
     reconciler = Reconciler(catalog, inventory, liveness, agents, replicas, secret=secret, claims=claims,
-                            config=config.reconciler, events=events, on_replica_forgotten=metrics.forget_replica)
-    activator = Activator(replicas, config.activator, waiting=reconciler.waiting, wake=reconciler.wake,
-                          status=reconciler.status)
+                            config=config.reconciler, events=events, on_replica_forgotten=metrics.forget_replica,
+                            demand=demand)
+    activator = Activator(replicas, config.activator, demand=demand, wake=reconciler.wake, status=reconciler.status)
     onboarding = Onboarding(store, public_url, advertised_agent_url(config, agent_url),
                             releases_dir_for(config.agents.files_dir, data_dir_of(config)))
     if not is_postgres_url(config.store) and worker is None:
@@ -275,12 +277,12 @@ async def stop_fleet(fleet: Fleet, grace: float) -> None:
 
 
 def build_gateway(config: ControlConfig, replicas: ReplicaSet, client: UpstreamClient, metrics: GatewayMetrics,
-                  fleet: Fleet | None, tenancy: Tenancy) -> Gateway:
+                  demand: WaitingRequests, fleet: Fleet | None, tenancy: Tenancy) -> Gateway:
     directory: ModelDirectory = FleetDirectory(fleet.catalog, replicas) if fleet else StaticDirectory(replicas)
     if not directory.names():
         log.warning("no models or endpoints configured: every request will get 404 model_not_found")
     return Gateway(replicas, client, metrics, config.router, directory=directory,
-                   activator=fleet.activator if fleet else Activator(replicas, config.activator),
+                   activator=fleet.activator if fleet else Activator(replicas, config.activator, demand=demand),
                    admission=tenancy.admission)
 
 
@@ -359,7 +361,10 @@ async def run_control(
     """
     shutdown = shutdown if shutdown is not None else trio.Event()
     registry = registry or CollectorRegistry()
-    metrics = GatewayMetrics(registry)
+    # Requests waiting per profile key: counted by the activator, read by the reconciler and the
+    # live window; built first so each gets it in its constructor.
+    demand = WaitingRequests()
+    metrics = GatewayMetrics(registry, demand)
     replicas = static_replicas(config)
     client = upstream or Httpx2Upstream(on_resend=metrics.stale_resends.inc)
     grace = config.shutdown_grace
@@ -385,7 +390,7 @@ async def run_control(
             if config.agents.listen:
                 agent_sockets = await bind_agents(config)
                 agent_url = agent_sockets.url
-                fleet = await build_fleet(config, replicas, agent_url, tenancy.store, metrics, worker=worker)
+                fleet = await build_fleet(config, replicas, agent_url, tenancy.store, metrics, demand, worker=worker)
                 await serve_agents(config, nursery, serve, agent_sockets, fleet, shutdown)
                 # Read at scrape time from the live objects: nothing is counted on the hot path.
                 register_fleet_metrics(registry, fleet)
@@ -393,7 +398,7 @@ async def run_control(
             mirror = build_mirror(config, tenancy.store, fleet)
             if mirror.pulls is not None:
                 await nursery.start(mirror.pulls.run)
-            gateway = build_gateway(config, replicas, client, metrics, fleet, tenancy)
+            gateway = build_gateway(config, replicas, client, metrics, demand, fleet, tenancy)
             # The gateway's hang watch (gateway/hang_watch.py) ends with the shutdown, as the listeners do.
             nursery.start_soon(_until_shutdown, gateway.hangs.run, shutdown)
             api_url, admin_url, metrics_url = await serve_client_and_admin(

@@ -28,6 +28,7 @@ from llmgw_node.probe import probe
 from llmgw_node.service import open_node_service
 from llmgw_node.tls import client_context
 from llmgw_shared import sdnotify
+from llmgw_shared.engine_lifecycle import EngineInstall
 from llmgw_shared.facts import HostFacts
 from llmgw_shared.lifecycle import signals_outside_the_loop, stop_on_signals
 from llmgw_shared.logs import get_logger, setup_logging
@@ -211,7 +212,7 @@ async def _manager(
     facts = facts or await probe(config.data_path)
 
     def report(state: EngineState) -> None:
-        if state.status == "installing":
+        if EngineInstall(state.status) is EngineInstall.INSTALLING:
             print(f"{state.name} {state.version}: {state.describe()}", file=sys.stderr, flush=True)
 
     return EngineManager.from_config(config, client,
@@ -259,7 +260,7 @@ async def _engines(config: NodeConfig, args: argparse.Namespace) -> int:
         if args.engines_command == "install":
             await mgr.load()
             state = await mgr.install(EngineSpec(args.name, args.version, args.release_api))
-            if state.status != "installed":
+            if EngineInstall(state.status) is not EngineInstall.INSTALLED:
                 print(f"llmgw-node: {args.name} {args.version}: {state.describe()}", file=sys.stderr)
                 return 1
             print(f"{state.name} {state.version}: {state.describe()} ({state.reported_version}) at {state.binary}")
@@ -275,6 +276,6 @@ async def _engines(config: NodeConfig, args: argparse.Namespace) -> int:
             print(f"{s.name} {s.version}: {s.describe()}{extra}")
             if s.provenance is not None:
                 print(f"  {s.provenance.describe()}")
-        bad = [s for s in states if s.status == "failed"]
+        bad = [s for s in states if EngineInstall(s.status) is EngineInstall.FAILED]
         return 1 if args.engines_command == "check" and bad else 0
 

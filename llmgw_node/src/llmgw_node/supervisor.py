@@ -43,6 +43,7 @@ from llmgw_node.procs import ProcessRecord, StateFile, alive, open_log, signal_g
 from llmgw_node.replica_logs import Output, read_output, rotate_if_large
 from llmgw_node.weights import WeightsCache, WeightsError
 from llmgw_shared import tracing
+from llmgw_shared.engine_lifecycle import EngineInstall
 from llmgw_shared.logs import get_logger
 from llmgw_shared.names import BadName, check_replica_id
 from llmgw_shared.replica_lifecycle import NODE_START, TERMINAL, ReplicaStatus, allowed, on_wire
@@ -223,7 +224,7 @@ class Supervisor:
                 raise ReplicaError(f"port {spec.port} is already used by replica {other.spec.replica_id}")
         if self.engines.binary(spec.engine, spec.engine_version) is None:
             state = self.engines.state(spec.engine, spec.engine_version)
-            if state.status != "installing":
+            if EngineInstall(state.status) is not EngineInstall.INSTALLING:
                 raise ReplicaError(f"engine {spec.engine} {spec.engine_version} is not available here: "
                                  f"{state.describe()}")
         replica = _Replica(spec)
@@ -298,7 +299,7 @@ class Supervisor:
             pid=replica.pid, restarts=replica.restarts,
             last_lines=self.output(replica.spec.replica_id, FAILURE_LINES) if lines else [],
             rss_mib=replica.rss_mib if replica.pid else 0, vram_mib=replica.vram_mib if replica.pid else 0,
-            adapters=list(replica.loaded) if status == "ready" else [],
+            adapters=list(replica.loaded) if status == ReplicaStatus.READY else [],
         )
         if state == replica.state:
             return
@@ -384,7 +385,7 @@ class Supervisor:
         finally:
             replica.done.set()
             for file in replica_files(spec):
-                self.weights.release(file.sha256, spec.replica_id)
+                self.weights.give_back(file.sha256, spec.replica_id)
             # Cancelled means the daemon is going away and the engine keeps running for the next
             # one to adopt: its record must stay. Only a replica that really ended leaves the file.
             if replica.state.status in TERMINAL:
@@ -397,7 +398,7 @@ class Supervisor:
         with trio.move_on_after(max(spec.start_timeout_s, 600.0)):
             while self.engines.binary(spec.engine, spec.engine_version) is None:
                 state = self.engines.state(spec.engine, spec.engine_version)
-                if state.status != "installing":
+                if EngineInstall(state.status) is not EngineInstall.INSTALLING:
                     break
                 if replica.stop_requested.is_set():
                     self._set(replica, ReplicaStatus.STOPPED, "stopped before it started")

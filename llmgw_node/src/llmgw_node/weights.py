@@ -36,7 +36,7 @@ class WeightsCache:
         self.client = client
         self.margin = margin
         # Called when a file gains or loses its last user. A replica's "stopped" report goes out
-        # before its file is released, so a listing made on that report still says "in use";
+        # before its hold on the file is given back, so a listing made on that report still says "in use";
         # without this second wake-up the node reported a stale in_use for a whole
         # FACTS_INTERVAL and control's weights GC would not collect the file (seen in CI).
         self._on_use_change = on_use_change
@@ -60,7 +60,8 @@ class WeightsCache:
         if first:
             self._use_changed()
 
-    def release(self, sha256: str, user: str) -> None:
+    def give_back(self, sha256: str, user: str) -> None:
+        """``user`` no longer holds the file (its hold from ``acquire`` given back; twice is harmless)."""
         users = self._users.get(sha256.lower())
         if users is not None:
             users.discard(user)

@@ -1,7 +1,7 @@
 """A lifecycle: a StrEnum of states, one table of the transitions that can happen, and ``move``.
 
 Every lifecycle in both daemons (a replica's status, a node's liveness, a mirror pull, a capacity
-run, an engine's install) is an instance of ``Lifecycle`` over its own StrEnum: the enum's values
+run, an engine's install, a client exchange) is an instance of ``Lifecycle`` over its own StrEnum: the enum's values
 are the strings stored in the database and sent on the wire, so a StrEnum member and its string
 compare equal and serialise the same. The model is llama-swap's ``isValidTransition``
 (proxy/process.go): one table, checked on every change, so an impossible transition is a bug a

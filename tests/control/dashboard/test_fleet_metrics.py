@@ -12,6 +12,7 @@ from llmgw_control.catalog import Claim
 from llmgw_control.fleet.inventory import Inventory, Liveness, NodeRecord
 from llmgw_control.fleet.metrics import register_fleet_metrics
 from llmgw_control.fleet.reconciler import ReconcilerConfig, ReplicaRecord
+from llmgw_control.gateway.demand import WaitingRequests
 from llmgw_shared.facts import GpuFacts, unprobed
 from llmgw_shared.wire import EngineState
 
@@ -30,7 +31,9 @@ def fleet(now: float = 100.0) -> Any:
         "s1": ReplicaRecord("s1", "tiny:cpu", "n1", 20000, Claim(1000, 2000), status="ready"),
         "s2": ReplicaRecord("s2", "tiny:cpu", "n1", 20001, Claim(500), status="failed"),
     }
-    reconciler = SimpleNamespace(records=replicas, waiting={"tiny:cpu": 3}, liveness=Liveness(2.0, 10.0),
+    demand = WaitingRequests()
+    demand.queued("tiny:cpu", 3)
+    reconciler = SimpleNamespace(records=replicas, demand=demand, liveness=Liveness(2.0, 10.0),
                                  config=ReconcilerConfig(reserved_ram_mib=192), evictions={"tiny:cpu": 2})
     catalog = SimpleNamespace(all_profiles=lambda: [SimpleNamespace(key="tiny:cpu"), SimpleNamespace(key="big:gpu")])
     activator = SimpleNamespace(queue_depth=lambda: 3)

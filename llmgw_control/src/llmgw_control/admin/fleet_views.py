@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from ..catalog import Claim, Resolved
 from ..fleet.inventory import NodeRecord
+from ..fleet.lifecycle import ReplicaStatus
 from ..store import NodeIdentity
 from .api.schemas import (
     AdapterOfModel,
@@ -61,7 +62,7 @@ def model_view(fleet: Fleet, resolved: Resolved) -> ModelView:
     key = resolved.key
     reconciler = fleet.reconciler
     replicas = [r for r in reconciler.records.values() if r.key == key]
-    ready = [r for r in replicas if r.status == "ready" and not r.draining]
+    ready = [r for r in replicas if r.status == ReplicaStatus.READY and not r.draining]
     claim = reconciler.claims.get(key, Claim(0))
     return ModelView(
         model=resolved.model.name,
@@ -73,7 +74,7 @@ def model_view(fleet: Fleet, resolved: Resolved) -> ModelView:
                                  ClaimView(r.used.ram_mib, r.used.vram_mib) if r.used else None)
                   for r in replicas],
         ready=len(ready),
-        waiting_requests=reconciler.waiting.get(key, 0),
+        waiting_requests=reconciler.demand.waiting(key),
         status="ready" if ready else reconciler.status(key),
         claim=ClaimView(claim.ram_mib, claim.vram_mib),
         adapters=adapter_views(fleet, resolved),

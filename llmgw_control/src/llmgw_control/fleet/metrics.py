@@ -132,7 +132,7 @@ class FleetCollector(Collector):
                                     "Requests held by the activator until a replica of the model is ready.",
                                     labels=["model"])
         for resolved in fleet.catalog.all_profiles():
-            waiting.add_metric([resolved.key], reconciler.waiting.get(resolved.key, 0))
+            waiting.add_metric([resolved.key], reconciler.demand.waiting(resolved.key))
         queue = GaugeMetricFamily("llmgw_fleet_queue_depth", "All requests held by the activator.",
                                   value=fleet.activator.queue_depth())
 

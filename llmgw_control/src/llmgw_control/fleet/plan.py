@@ -15,6 +15,7 @@ from collections.abc import Iterable
 
 import attrs
 
+from llmgw_shared.engine_lifecycle import SERVES, EngineInstall
 from llmgw_shared.wire import EngineState
 
 from ..catalog import Claim
@@ -22,8 +23,6 @@ from . import gpus as gpu_fit
 from .eviction import Room, make_room
 from .inventory import NodeLiveness
 from .lifecycle import TERMINAL, ReplicaStatus
-
-READY_ENGINE = ("installed", "configured")
 
 
 @attrs.frozen
@@ -366,11 +365,11 @@ def _choose_node(
         if required and not _labels_match(required, node.labels):
             continue
         engine = node.engines.get(demand.engine)
-        if engine is not None and engine.status == "unconfigured":
+        if engine is not None and EngineInstall(engine.status) is EngineInstall.UNCONFIGURED:
             # A node without vLLM (say) is not a node where vLLM failed: it is skipped silently.
             unconfigured += 1
             continue
-        if engine is None or engine.status not in READY_ENGINE:
+        if engine is None or engine.status not in SERVES:
             words = engine.describe() if engine is not None else "engine not reported yet"
             reasons.append(f"node {node.node_id}: {name} {version}: {words}")
             continue

@@ -46,6 +46,7 @@ from llmgw_shared.wire import (
 from ..catalog import Catalog, Claim, ProfileConfig, Resolved, replica_slots
 from ..catalog.profile_key import ProfileKey
 from ..gateway.adapters import replica_adapters
+from ..gateway.demand import WaitingRequests
 from ..gateway.replicas import Replica, ReplicaSet
 from . import lifecycle
 from .capacity import CapacityIndex, capacity_kind, hardware_of, profile_fingerprint
@@ -88,9 +89,9 @@ class Reconciler:
         wall_clock: Callable[[], float] = time.time,
         events: NodeEvents | None = None,
         on_replica_forgotten: Callable[[str], None] | None = None,
+        demand: WaitingRequests | None = None,
     ) -> None:
-        """``events``: what the agent service (the dispatcher) tells of the nodes, listened to from
-        here on; ``on_replica_forgotten``: see ``_sweep_retired``."""
+        """``events``: what the agent service tells of the nodes; ``demand``: the activator's count of waiters."""
         self.catalog = catalog
         self.inventory = inventory
         self.liveness = liveness
@@ -107,7 +108,7 @@ class Reconciler:
         self.ended: dict[str, EndedReplica] = {}
         self.backoff: dict[tuple[str, str], tuple[float, str]] = {}
         self.failures: dict[tuple[str, str], int] = {}
-        self.waiting: dict[str, int] = {}
+        self.demand = demand if demand is not None else WaitingRequests()  # none given: a test's own
         self.blocked: dict[str, str] = {}
         # The leader lease's epoch, set by ``leadership`` when this daemon becomes the leader.
         self.fencing_token = 1
@@ -276,7 +277,7 @@ class Reconciler:
         resolved = self.catalog.resolve(record.key)
         replica = self.replicas.get(replica_id)
         live = [r for r in self.records.values() if r.key == record.key and not r.draining and r.status not in TERMINAL]
-        if (replica is not None and replica.in_flight) or self.waiting.get(record.key) or (
+        if (replica is not None and replica.in_flight) or self.demand.waiting(record.key) or (
                 resolved is not None and len(live) <= resolved.profile.min_replicas):
             return False
         return bool(self._drain([record]))
@@ -370,7 +371,7 @@ class Reconciler:
         assignments = []
         for record in self.records.values():
             replica = published.get(record.replica_id)
-            busy = (bool(self.waiting.get(record.key)) or (replica is not None and replica.in_flight > 0)
+            busy = (bool(self.demand.waiting(record.key)) or (replica is not None and replica.in_flight > 0)
                     or record.replica_id in self.benchmarking)
             last_used = replica.last_used if replica is not None else record.created_at
             assignments.append(record.as_assignment(last_used, busy=busy))
@@ -617,11 +618,11 @@ class Reconciler:
             if not record.draining and record.status not in TERMINAL:
                 live_by_key.setdefault(record.key, []).append(record)
         marks_seen: set[str] = set()
-        for key in [k for k in self._waiting_since if not self.waiting.get(k)]:
+        waiting_now = self.demand.snapshot()
+        for key in [k for k in self._waiting_since if k not in waiting_now]:
             del self._waiting_since[key]
-        for key, count in self.waiting.items():
-            if count:
-                self._waiting_since.setdefault(key, now)
+        for key in waiting_now:
+            self._waiting_since.setdefault(key, now)
         for resolved in self.catalog.all_profiles():
             key = resolved.key
             profile = resolved.profile
@@ -629,7 +630,7 @@ class Reconciler:
             live = live_by_key.get(key, [])
             published = {r.id: r for r in self.replicas.for_model(key)}
             serving = [published[r.replica_id] for r in live if r.replica_id in published]
-            waiting = self.waiting.get(key, 0)
+            waiting = waiting_now.get(key, 0)
             marks = self._load_marks.setdefault(key, {})
             # Requests in the gateway for this profile now; a replica used since the last pass
             # counts as one, so requests shorter than a pass are load too.

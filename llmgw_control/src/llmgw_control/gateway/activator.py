@@ -13,8 +13,8 @@ A slot is a guard (``Slot``, a context manager): given back exactly once, when t
 holds it ends, whatever ends it. A slot handed to a waiter that is cancelled before it resumes
 is passed on at once. The wait ends with a typed result, the slot or a ``Refusal`` (overflow,
 timeout, standby, exhausted), which the gateway turns into the client's answer; the queued
-requests per model are the reconciler's demand signal (``waiting``), and the reconciler is woken
-when one queues.
+requests per model are the demand (gateway/demand.py) the reconciler reads, and the reconciler is
+woken when one queues.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from __future__ import annotations
 import contextlib
 import enum
 from collections import deque
-from collections.abc import Callable, Collection, Iterator, Mapping
-from types import MappingProxyType, TracebackType
+from collections.abc import Callable, Collection, Iterator
+from types import TracebackType
 
 import attrs
 import trio
@@ -34,6 +34,7 @@ from ..api_errors import ClientApiError, standby
 from ..priority import Priority
 from .affinity import Affinity, Outcome, pick
 from .balancer import choose
+from .demand import WaitingRequests
 from .placements import Placements
 from .replicas import Replica, ReplicaSet
 
@@ -162,16 +163,15 @@ class Activator:
         replicas: ReplicaSet,
         config: ActivatorConfig = ActivatorConfig(),
         *,
-        waiting: dict[str, int] | None = None,
+        demand: WaitingRequests | None = None,
         wake: Callable[[], None] | None = None,
         status: Callable[[str], str] | None = None,
     ) -> None:
         self.replicas = replicas
         self.config = config
-        # How many requests wait per profile key: demand. ``waiting`` is the reconciler's, which
-        # it reads as the demand for replicas; anyone else reads ``demand()``.
-        self._waiting: dict[str, int] = waiting if waiting is not None else {}
-        self._demand: Mapping[str, int] = MappingProxyType(self._waiting)
+        # How many requests wait per profile key, counted here and read by the reconciler and the
+        # live window (each handed the same ``WaitingRequests`` when built).
+        self.demand = demand if demand is not None else WaitingRequests()
         self._wake = wake or (lambda: None)
         self._status = status or (lambda key: "no replica is published")
         self._queues: dict[str, _Queue] = {}
@@ -198,14 +198,10 @@ class Activator:
                 for waiter in waiters:
                     waiter.refusal = Refusal.STANDBY
                     waiter.event.set()
-            self._waiting.pop(key, None)
+            self.demand.queued(key, 0)
 
     def lead(self) -> None:
         self._standby = None
-
-    def demand(self) -> Mapping[str, int]:
-        """Requests waiting per profile key now (a live, read-only view: no copy per read)."""
-        return self._demand
 
     def queue_depth(self) -> int:
         return sum(q.size for q in self._queues.values())
@@ -253,7 +249,7 @@ class Activator:
             return Refusal.OVERFLOW
         waiter = _Waiter(priority, exclude, affinity)
         queue.add(waiter, front=front)
-        self._waiting[key] = queue.size
+        self.demand.queued(key, queue.size)
         self._wake()
         try:
             with trio.move_on_after(self.config.max_wait):
@@ -339,9 +335,6 @@ class Activator:
         self._counted(key, queue)
 
     def _counted(self, key: str, queue: _Queue) -> None:
-        if queue.size:
-            self._waiting[key] = queue.size
-        else:
-            self._waiting.pop(key, None)
-            if self._queues.get(key) is queue:
-                del self._queues[key]
+        self.demand.queued(key, queue.size)
+        if not queue.size and self._queues.get(key) is queue:
+            del self._queues[key]

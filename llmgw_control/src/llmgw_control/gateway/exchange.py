@@ -3,15 +3,16 @@ log and the metrics take from it (``record``)."""
 
 from __future__ import annotations
 
-import enum
 import json
 import logging
 import re
 import time
 import uuid
+from enum import StrEnum
 from typing import Any
 
 from llmgw_shared.logs import get_logger
+from llmgw_shared.transitions import ImpossibleTransition, Lifecycle
 
 from ..api_errors import ClientApiError, sse_error_event
 from ..transport.asgi import Scope, Send
@@ -27,8 +28,8 @@ log = get_logger(__name__)
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 
-class State(enum.Enum):
-    """Where an exchange's answer is (h11-style: the legal moves are ``TRANSITIONS``, nowhere else)."""
+class ExchangeState(StrEnum):
+    """Where an exchange's answer is (h11-style: the legal moves are ``EXCHANGE_LIFECYCLE``'s, nowhere else)."""
 
     # Nothing sent to the client yet.
     IDLE = "idle"
@@ -43,19 +44,22 @@ class State(enum.Enum):
     CLIENT_GONE = "client_gone"
 
 
-TRANSITIONS: dict[State, frozenset[State]] = {
-    State.IDLE: frozenset({State.HEAD_SENT, State.CLIENT_GONE}),
-    State.HEAD_SENT: frozenset({State.STREAMING, State.COMPLETE, State.CLIENT_GONE}),
-    State.STREAMING: frozenset({State.COMPLETE, State.CLIENT_GONE}),
+EXCHANGE_LIFECYCLE = Lifecycle("exchange", ExchangeState, start={ExchangeState.IDLE}, transitions={
+    ExchangeState.IDLE: {ExchangeState.HEAD_SENT, ExchangeState.CLIENT_GONE},
+    ExchangeState.HEAD_SENT: {ExchangeState.STREAMING, ExchangeState.COMPLETE, ExchangeState.CLIENT_GONE},
+    ExchangeState.STREAMING: {ExchangeState.COMPLETE, ExchangeState.CLIENT_GONE},
     # Writes of the answer's end may follow (the last chunk, the stream's close), changing nothing.
-    State.COMPLETE: frozenset(),
+    ExchangeState.COMPLETE: set(),
     # Terminal: nothing reaches the client any more, and what the relay was already doing as the
     # disconnect came in (its cancellation is on the way) changes nothing either.
-    State.CLIENT_GONE: frozenset(),
-}
+    ExchangeState.CLIENT_GONE: set(),
+})
+# The table's rows, read directly by ``Exchange.move``: a move is on every request's path, so it
+# is one dict lookup and one set test, not a call into ``Lifecycle.allowed``.
+_MOVES = EXCHANGE_LIFECYCLE.transitions
 
 
-class IllegalTransition(RuntimeError):
+class IllegalTransition(ImpossibleTransition):
     """A move the table does not have: a bug in the gateway (a second response head, say)."""
 
 
@@ -66,7 +70,7 @@ class Exchange:
         self._send = send
         self.request_id = request_id
         self.started = time.perf_counter()
-        self.state = State.IDLE
+        self.state = ExchangeState.IDLE
         self.status = 0
         self.model = ""
         self.replica = ""
@@ -89,39 +93,41 @@ class Exchange:
         # The request's spans (gateway/tracing.py); UNTRACED when tracing is off or not sampled.
         self.trace: RequestTrace = UNTRACED
 
-    def move(self, to: State) -> None:
-        """Move to ``to``; staying put is no move, and a gone client's exchange stays gone."""
+    def move(self, to: ExchangeState) -> None:
+        """Move to ``to``; staying put is no move (an end's too: the answer's last writes follow
+        ``COMPLETE``), and a gone client's exchange stays gone."""
         state = self.state
-        if to is state or state is State.CLIENT_GONE:
+        if to is state or state is ExchangeState.CLIENT_GONE:
             return
-        if to not in TRANSITIONS[state]:
+        if to not in _MOVES[state]:
             raise IllegalTransition(f"exchange {self.request_id}: {state.value} -> {to.value}")
         self.state = to
 
     @property
     def response_started(self) -> bool:
         # Every head carries a status: a status set is a head sent, whatever came after it.
-        return self.state is not State.IDLE and (self.state is not State.CLIENT_GONE or self.status != 0)
+        state = self.state
+        return state is not ExchangeState.IDLE and (state is not ExchangeState.CLIENT_GONE or self.status != 0)
 
     @property
     def complete(self) -> bool:
         """Set as the last bytes are handed to the server (hypercorn reports the disconnect of a
         finished request before our send returns): a disconnect after that is not an abort."""
-        return self.state is State.COMPLETE
+        return self.state is ExchangeState.COMPLETE
 
     @complete.setter
     def complete(self, value: bool) -> None:
         assert value, "an exchange is never made incomplete"
-        self.move(State.COMPLETE)
+        self.move(ExchangeState.COMPLETE)
 
     @property
     def client_gone(self) -> bool:
-        return self.state is State.CLIENT_GONE
+        return self.state is ExchangeState.CLIENT_GONE
 
     @client_gone.setter
     def client_gone(self, value: bool) -> None:
         assert value, "a client that went away does not come back"
-        self.move(State.CLIENT_GONE)
+        self.move(ExchangeState.CLIENT_GONE)
 
     def overhead(self) -> float:
         if self.frozen_overhead is not None:
@@ -144,22 +150,22 @@ class Exchange:
 
     async def respond(self, status: int, body: bytes, content_type: bytes = b"application/json",
                       extra: list[tuple[bytes, bytes]] | None = None) -> None:
-        self.move(State.HEAD_SENT)
+        self.move(ExchangeState.HEAD_SENT)
         self.status = status
         await self._send({
             "type": "http.response.start", "status": status,
             "headers": self._headers([(b"content-type", content_type),
                                       (b"content-length", str(len(body)).encode()), *(extra or ())]),
         })
-        self.move(State.COMPLETE)
+        self.move(ExchangeState.COMPLETE)
         await self._send({"type": "http.response.body", "body": body})
 
     async def respond_empty(self, status: int, extra: list[tuple[bytes, bytes]]) -> None:
         """An answer without a body (a preflight's 204: no content-length, no content-type)."""
-        self.move(State.HEAD_SENT)
+        self.move(ExchangeState.HEAD_SENT)
         self.status = status
         await self._send({"type": "http.response.start", "status": status, "headers": self._headers(extra)})
-        self.move(State.COMPLETE)
+        self.move(ExchangeState.COMPLETE)
         await self._send({"type": "http.response.body", "body": b""})
 
     async def respond_json(self, status: int, value: Any) -> None:
@@ -170,7 +176,7 @@ class Exchange:
             await self.send_chunk(sse_error_event(error, self.stream_format))
             self.status = error.status
             return
-        self.move(State.HEAD_SENT)
+        self.move(ExchangeState.HEAD_SENT)
         self.status = error.status
         body = error.in_shape(self.api)
         extra = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
@@ -179,11 +185,11 @@ class Exchange:
             # Every 429 says when to come back: the SDKs wait that long before their retry.
             extra.append((b"retry-after", b"1"))
         await self._send({"type": "http.response.start", "status": error.status, "headers": self._headers(extra)})
-        self.move(State.COMPLETE)
+        self.move(ExchangeState.COMPLETE)
         await self._send({"type": "http.response.body", "body": body})
 
     async def start_stream(self, status: int, content_type: bytes) -> None:
-        self.move(State.HEAD_SENT)
+        self.move(ExchangeState.HEAD_SENT)
         self.status = status
         await self._send({
             "type": "http.response.start", "status": status,
@@ -195,14 +201,14 @@ class Exchange:
     async def send_chunk(self, chunk: bytes, events: int = 1) -> None:
         # Events relayed: with no usage from the engine, about one token each.
         self.chunks_sent += events
-        if self.state is State.HEAD_SENT:
-            self.state = State.STREAMING  # in the table; the one check that runs per chunk
+        if self.state is ExchangeState.HEAD_SENT:  # the one check that runs per chunk
+            self.move(ExchangeState.STREAMING)
         if self.ttft is None:
             self.ttft = time.perf_counter() - self.started
         await self._send({"type": "http.response.body", "body": chunk, "more_body": True})
 
     async def end_stream(self) -> None:
-        self.move(State.COMPLETE)
+        self.move(ExchangeState.COMPLETE)
         await self._send({"type": "http.response.body", "body": b"", "more_body": False})
 
 

@@ -69,10 +69,8 @@ class Gateway:
         self.config = config
         self.directory = directory or StaticDirectory(replicas)
         # Gateway-only mode has no reconciler to start replicas, but its static replicas' slots are
-        # admitted the same way.
-        self.activator = activator or Activator(replicas)
-        # The live window's queue depths are the activator's own count of waiting requests per model.
-        metrics.live.show_queues(self.activator.demand())
+        # admitted the same way; the live window shows its queues (app.py hands both one ``WaitingRequests``).
+        self.activator = activator or Activator(replicas, demand=metrics.live.queues)
         self.admission = admission
         self.cors = CorsPolicy.of(config.allowed_origins)
         # The ``created`` of a model no engine has dated: when this daemon started serving it.

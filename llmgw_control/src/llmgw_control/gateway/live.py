@@ -20,9 +20,10 @@ import os
 import socket
 import time
 from bisect import bisect_left
-from collections.abc import Mapping
 
 import attrs
+
+from .demand import WaitingRequests
 
 BUCKET_SECONDS = 10
 WINDOW_SECONDS = 15 * 60
@@ -141,18 +142,16 @@ def _merged(buckets: list[_Bucket]) -> list[int]:
 
 
 class LiveWindow:
-    def __init__(self, daemon: str | None = None, *, max_series: int = MAX_SERIES) -> None:
+    def __init__(self, daemon: str | None = None, *, max_series: int = MAX_SERIES,
+                 queues: WaitingRequests | None = None) -> None:
         self.daemon = daemon or f"{socket.gethostname()}:{os.getpid()}"
         self.started = int(time.time())
         self.max_series = max_series
         self.models: dict[str, _Series] = {}
         self.replicas: dict[str, _Series] = {}
-        # The activator's waiting requests per model key (``Activator.demand``), once shown.
-        self.queues: Mapping[str, int] = {}
-
-    def show_queues(self, depths: Mapping[str, int]) -> None:
-        """Show ``depths`` (a live view, read as requests are noted) as the models' queue depths."""
-        self.queues = depths
+        # The activator's waiting requests per model key (the ``WaitingRequests`` it counts), read as
+        # requests are noted and as the window is read.
+        self.queues = queues if queues is not None else WaitingRequests()
 
     def note(self, model: str, replica: str, status: int, ttft: float | None, tokens: int,
              now: float | None = None) -> None:
@@ -160,7 +159,7 @@ class LiveWindow:
         tick = int(time.time() if now is None else now) // BUCKET_SECONDS
         bucket = self._series(self.models, model, model, tick).bucket(tick)
         self._count(bucket, status, ttft, tokens)
-        depth = self.queues.get(model, 0)
+        depth = self.queues.waiting(model)
         if depth > bucket.queue:
             bucket.queue = depth
         if replica:
@@ -203,7 +202,7 @@ class LiveWindow:
         """The window as it stands; ``model``: that model and its replicas only."""
         moment = time.time() if now is None else now
         tick = int(moment) // BUCKET_SECONDS
-        for key, depth in list(self.queues.items()):
+        for key, depth in self.queues.snapshot().items():
             if depth > 0 and (model is None or key == model):
                 bucket = self._series(self.models, key, key, tick).bucket(tick)
                 bucket.queue = max(bucket.queue, depth)

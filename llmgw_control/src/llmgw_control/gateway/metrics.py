@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
+from .demand import WaitingRequests
 from .live import LiveWindow
 
 # The *_created series double the exposition size and no dashboard or alert of ours reads them.
@@ -22,10 +23,10 @@ _OVERHEAD_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1,
 
 
 class GatewayMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, demand: WaitingRequests | None = None) -> None:
         self.registry = registry
-        # Not Prometheus: the dashboard's last 15 minutes, fed by the same ``record`` (gateway/live.py).
-        self.live = LiveWindow()
+        # Not Prometheus: the dashboard's last 15 minutes, fed by ``record``, queues by ``demand`` (gateway/live.py).
+        self.live = LiveWindow(queues=demand)
         # Declared in this order, which is the order /metrics lists them in.
         self._declare_traffic(registry)
         self._declare_routing(registry)

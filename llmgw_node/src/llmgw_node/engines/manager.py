@@ -63,6 +63,7 @@ from llmgw_node.engines.signature import (
 from llmgw_node.engines.unpack import UnpackLimits, UnsafeArchive, safe_unpack
 from llmgw_node.fetch import URL_ERRORS, FetchError, fetch, human_size
 from llmgw_shared import tracing
+from llmgw_shared.engine_lifecycle import ENGINE_LIFECYCLE, SERVES, EngineInstall, on_wire
 from llmgw_shared.jsonin import loads as json_loads
 from llmgw_shared.logs import get_logger
 from llmgw_shared.names import BadName, check_asset_name, check_engine_name, check_version
@@ -211,7 +212,11 @@ class EngineManager:
         return [self._states[k] for k in sorted(self._states)]
 
     def state(self, name: str, version: str) -> EngineState:
-        return self._states.get((name, version), EngineState(name=name, version=version, status="absent"))
+        return self._states.get((name, version), EngineState(name=name, version=version,
+                                                              status=on_wire(EngineInstall.ABSENT)))
+
+    def status(self, name: str, version: str) -> EngineInstall:
+        return EngineInstall(self.state(name, version).status)
 
     def binary(self, name: str, version: str) -> Path | None:
         """The proven binary for ``(name, version)``; for a configured engine any version matches."""
@@ -219,7 +224,7 @@ class EngineManager:
         if found is not None:
             return found.binary
         for key, inst in self._installed.items():
-            if key[0] == name and self._states[key].status == "configured":
+            if key[0] == name and EngineInstall(self._states[key].status) is EngineInstall.CONFIGURED:
                 return inst.binary
         return None
 
@@ -228,16 +233,31 @@ class EngineManager:
         found = self._installed.get((name, version))
         return found.backend if found is not None else ""
 
-    def _set(self, state: EngineState) -> EngineState:
-        key = (state.name, state.version)
-        if self._states.get(key) != state:
-            self._states[key] = state
-            if state.status == "installing":
-                log.debug("engine %s %s: %s", state.name, state.version, state.describe())
-            else:
-                log.info("engine %s %s: %s", state.name, state.version, state.describe())
-            if self._on_change is not None:
-                self._on_change(state)
+    def _set(self, key: Key, status: EngineInstall, detail: str = "", *, reported_version: str = "",
+             binary: str = "", provenance: EngineProvenance | None = None) -> EngineState:
+        """Record and report a change, if ``llmgw_shared.engine_lifecycle``'s table allows it; the
+        engine's state after.
+
+        One the table forbids is a bug here: logged as an error and refused (the engine keeps its
+        status, nothing is sent), since the daemon must not die for it.
+        """
+        state = EngineState(name=key[0], version=key[1], status=on_wire(status), detail=detail,
+                            reported_version=reported_version, binary=binary, provenance=provenance)
+        before = self.state(*key)
+        if before == state:
+            return state
+        current = EngineInstall(before.status)
+        if not ENGINE_LIFECYCLE.allowed(current, status):
+            log.error("engine %s %s: %s -> %s is not in the engine install lifecycle's table (a bug in the node): "
+                      "not recorded, not reported (%s)", key[0], key[1], current, status, detail)
+            return before
+        self._states[key] = state
+        if status == EngineInstall.INSTALLING:
+            log.debug("engine %s %s: %s", state.name, state.version, state.describe())
+        else:
+            log.info("engine %s %s: %s", state.name, state.version, state.describe())
+        if self._on_change is not None:
+            self._on_change(state)
         return state
 
     def _lock(self, key: Key) -> trio.Lock:
@@ -273,7 +293,7 @@ class EngineManager:
                     if prove:
                         await self.check(*key, verify_archives=verify_archives)
                     else:
-                        self._set(self._installed_state(key, line))
+                        self._set_installed(key, line)
         for eng in self.configured:
             await self._prove_configured(eng)
 
@@ -285,13 +305,11 @@ class EngineManager:
                 raise proof.ProofError(f"{eng.path} is not an executable file")
             line = await proof.engine_version(binary, eng.version_args, time_limit=self.version_timeout)
         except proof.ProofError as exc:
-            self._set(EngineState(name=eng.name, version=version, status="failed", detail=str(exc),
-                                  binary=str(binary)))
+            self._set((eng.name, version), EngineInstall.FAILED, str(exc), binary=str(binary))
             return
         version = eng.version or line
         self._installed[(eng.name, version)] = Installed(binary=binary, reported_version=line)
-        self._set(EngineState(name=eng.name, version=version, status="configured", reported_version=line,
-                              binary=str(binary)))
+        self._set((eng.name, version), EngineInstall.CONFIGURED, reported_version=line, binary=str(binary))
 
     # ------------------------------------------------------------------ converge
 
@@ -308,18 +326,18 @@ class EngineManager:
         self.control_epoch = control_epoch
         todo = []
         for spec in specs:
-            state = self.state(spec.name, spec.version)
-            if state.status == "failed" and self._backing_off(spec):
+            status = self.status(spec.name, spec.version)
+            if status == EngineInstall.FAILED and self._backing_off(spec):
                 continue
-            if state.status not in ("installed", "configured", "installing"):
+            if status not in (*SERVES, EngineInstall.INSTALLING):
                 todo.append(spec)
-            if spec.name not in ARCHIVE_ENGINES and state.status == "absent":
+            if spec.name not in ARCHIVE_ENGINES and status == EngineInstall.ABSENT:
                 configured = [e for e in self.configured if e.name == spec.name]
                 if not configured:
                     # Not a failure: this node simply has no such engine, and placement skips it.
-                    self._set(EngineState(name=spec.name, version=spec.version, status="unconfigured",
-                                          detail=f"{spec.name} is not configured here: name it by path in "
-                                                 "the node's [[engines]] to serve it on this node"))
+                    self._set((spec.name, spec.version), EngineInstall.UNCONFIGURED,
+                              f"{spec.name} is not configured here: name it by path in "
+                              "the node's [[engines]] to serve it on this node")
         todo = [s for s in todo if s.name in ARCHIVE_ENGINES]
         for spec in todo:
             # Installing from this moment, so a start_shard right behind set_engines waits for it.
@@ -336,7 +354,7 @@ class EngineManager:
         key = (spec.name, spec.version)
         async with self._lock(key):
             current = self.state(*key)
-            if current.status in ("installed", "configured") and key in self._installed:
+            if current.status in SERVES and key in self._installed:
                 return current
             try:
                 # A span per install (llmgw_shared/tracing.py); a failure is its status.
@@ -354,12 +372,12 @@ class EngineManager:
                 return self._failed(spec, f"unexpected error while installing: {type(exc).__name__}: {exc}")
             self._failures.pop(key, None)
             self._installed[key] = Installed(binary=binary, reported_version=line, provenance=provenance)
-            return self._set(self._installed_state(key, line))
+            return self._set_installed(key, line)
 
-    def _installed_state(self, key: Key, line: str) -> EngineState:
+    def _set_installed(self, key: Key, line: str) -> EngineState:
         inst = self._installed[key]
-        return EngineState(name=key[0], version=key[1], status="installed", reported_version=line,
-                           binary=str(inst.binary), provenance=inst.provenance)
+        return self._set(key, EngineInstall.INSTALLED, reported_version=line, binary=str(inst.binary),
+                         provenance=inst.provenance)
 
     def _failed(self, spec: EngineSpec, detail: str) -> EngineState:
         key = (spec.name, spec.version)
@@ -368,7 +386,7 @@ class EngineManager:
         delay = self.retry.delay(count)
         self._failures[key] = _Failure(spec=spec, count=count, retry_at=trio.current_time() + delay)
         log.info("engine %s %s: attempt %d failed; the next waits %g s", spec.name, spec.version, count, delay)
-        return self._set(EngineState(name=spec.name, version=spec.version, status="failed", detail=detail))
+        return self._set((spec.name, spec.version), EngineInstall.FAILED, detail)
 
     def _backing_off(self, spec: EngineSpec) -> bool:
         """A failed install of this same spec whose backoff has not passed yet."""
@@ -376,7 +394,7 @@ class EngineManager:
         return failure is not None and failure.spec == spec and trio.current_time() < failure.retry_at
 
     def _progress(self, spec: EngineSpec, what: str) -> None:
-        self._set(EngineState(name=spec.name, version=spec.version, status="installing", detail=what))
+        self._set((spec.name, spec.version), EngineInstall.INSTALLING, what)
 
     async def _install(self, spec: EngineSpec) -> tuple[Path, str, EngineProvenance]:
         """One install's steps in order: names, index, download, unpack, prove, record, rename into place."""
@@ -624,8 +642,7 @@ class EngineManager:
         if not self.platform.has_gpus:
             return ""
         backends = {inst.backend or "cpu" for (name, version), inst in self._installed.items()
-                    if name == "llama.cpp" and self._states.get((name, version), EngineState(name, version, "absent"))
-                    .status == "installed"}
+                    if name == "llama.cpp" and self.status(name, version) == EngineInstall.INSTALLED}
         if not backends or backends != {"cpu"}:
             return ""
         if self.platform.backend == "cpu":
@@ -694,24 +711,23 @@ class EngineManager:
                         _verify_kept, self.root / name / version, inst.provenance, self.signing_keys, abandon=True)
             except proof.ProofError as exc:
                 del self._installed[key]
-                return self._set(EngineState(name=name, version=version, status="failed",
-                                             detail=f"re-check: {exc}", binary=str(inst.binary),
-                                             provenance=inst.provenance))
-            return self._set(self._installed_state(key, line))
+                return self._set(key, EngineInstall.FAILED, f"re-check: {exc}", binary=str(inst.binary),
+                                 provenance=inst.provenance)
+            return self._set_installed(key, line)
 
     async def check_all(self) -> None:
         """Re-check every archive install; reinstall those control still wants and that broke."""
         for key in sorted(self._installed):
-            if self._states.get(key, EngineState(*key, status="absent")).status != "installed":
+            if self.status(*key) != EngineInstall.INSTALLED:
                 continue
             state = await self.check(*key)
-            if state.status == "failed" and key in self._wanted:
+            if EngineInstall(state.status) is EngineInstall.FAILED and key in self._wanted:
                 log.warning("engine %s %s broke since it was installed; reinstalling", *key)
                 await self.install(self._wanted[key])
         # Installs that failed earlier get another try each round: a mirror may be back, a
         # release may have been fixed. The re-check interval is the backoff.
         for key, spec in sorted(self._wanted.items()):
-            if (self.state(*key).status == "failed" and spec.name in ARCHIVE_ENGINES and not bad_names(spec)
+            if (self.status(*key) == EngineInstall.FAILED and spec.name in ARCHIVE_ENGINES and not bad_names(spec)
                     and not self._backing_off(spec)):
                 await self.install(spec)
         for eng in self.configured:
