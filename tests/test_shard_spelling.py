@@ -54,10 +54,6 @@ ALLOWED = {
      "The ring of each replica's output is its log file (``<data_dir>/shards/<id>.log``), not a list in"),
     ("shared/src/llmgw_shared/names.py",
      "# Replica ids name the engine's log file (<data_dir>/shards/<id>.log) and appear in metric labels."),
-    # engines/manager.py is being reworked on another branch (engine lifecycle): its one comment
-    # naming the wire tag is the lead's to reword after that merge ("a StartReplica right behind").
-    ("llmgw_node/src/llmgw_node/engines/manager.py",
-     "# Installing from this moment, so a start_shard right behind set_engines waits for it."),
 }
 
 SHARD = re.compile("shard", re.IGNORECASE)

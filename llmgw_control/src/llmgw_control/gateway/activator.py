@@ -1,6 +1,6 @@
 """Admission to replica slots: one bounded wait for "no replica yet" and "every slot busy".
 
-Each replica has a number of slots (its profile's ``parallel``, or an endpoint's ``slots``); a
+Each replica has a number of slots (its profile's ``parallel``, or a static replica's ``slots``); a
 request holds one while a replica serves it. When a replica of the model has a free slot, taking
 it is a synchronous call (``try_acquire``): no event, no task, no wait. Otherwise the request
 waits in the model's queue (``wait``), bounded in length and in time, and a slot that frees, or a

@@ -340,7 +340,7 @@ class EngineManager:
                               "the node's [[engines]] to serve it on this node")
         todo = [s for s in todo if s.name in ARCHIVE_ENGINES]
         for spec in todo:
-            # Installing from this moment, so a start_shard right behind set_engines waits for it.
+            # Installing from this moment, so a StartReplica right behind SetEngines waits for it.
             self._progress(spec, "queued")
         return todo
 

@@ -26,7 +26,7 @@ class Operator:
 
 @attrs.define
 class Dashboard:
-    """What the pages read: the fleet (None in router-only mode), tenancy, the Prometheus URL."""
+    """What the pages read: the fleet (None in gateway-only mode), tenancy, the Prometheus URL."""
 
     fleet: Any
     tenancy: Any
