@@ -202,47 +202,8 @@ def run_check(args: argparse.Namespace, root: Path) -> list[tuple[str, str]]:
         post(api + "/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
                                             "max_tokens": 4})
         facts.append(("cold start via gateway", f"{time.monotonic() - started:.1f} s (install, proof, load)"))
-        (node_view,) = get(admin + "/nodes")["nodes"]
-        (engine,) = node_view["engines"]
-        provenance = engine.get("provenance") or {}
-        if provenance.get("backend") != args.backend:
-            raise CheckFailed(f"the node installed a {provenance.get('backend')!r} build, not {args.backend}: "
-                              f"{engine['state']}; degraded: {node_view['facts'].get('degraded')}")
-        facts.append(("node facts", f"{len(node_view['facts']['gpus'])} GPU(s) via {node_view['facts']['gpu_backend']}"
-                                    f"; {engine['state']}, {provenance.get('backend')} build, proven with "
-                                    "--list-devices"))
-        (model_view,) = get(admin + "/models")["models"]
-        (replica,) = model_view["replicas"]
-        lines = get(f"{admin}/replicas/{replica['id']}/logs?lines=1000")["lines"]
-        offloaded = [line for line in lines if "offloaded" in line and "layers to GPU" in line]
-        if not offloaded:
-            raise CheckFailed("the replica's log has no 'offloaded N/M layers to GPU' line")
-        facts.append(("offload (load log)", offloaded[-1].split(":", 1)[-1].strip()))
-        used = replica.get("used") or {}
-        facts.append(("replica memory (node)", f"{used.get('vram_mib', 0)} MiB VRAM, {used.get('ram_mib', 0)} MiB RAM"
-                                               if used else "not measured yet"))
-        if args.backend == "cuda" and not used.get("vram_mib"):
-            say("warning: the node has not reported GPU memory for the engine's PID (yet)")
-        binary = next((root / "node" / "engines" / "llama.cpp").glob("*/*/llama-server"))
-        listing = subprocess.run([str(binary), "--list-devices"], capture_output=True, text=True, timeout=60,
-                                 cwd=str(binary.parent), env={**os.environ, **visible(args.backend)})
-        devices = [line.strip() for line in listing.stdout.splitlines() if line.startswith("  ")]
-        facts.append(("--list-devices", "; ".join(devices) or "(none)"))
-
-        say(f"measuring: {args.rounds} x {args.tokens} tokens through the gateway, the engine directly, the CPU")
-        gateway, gateway_engine = tokens_per_second(api, "tiny", args.tokens, args.rounds)
-        rows = [("GPU, through the gateway", gateway, gateway_engine)]
-        common = ["-c", "1024", "-np", "1", "-t", THREADS]
-        for label, extra, env in (
-            ("GPU, engine directly", ["--n-gpu-layers", "999"], visible(args.backend)),
-            ("CPU, engine directly (--device none)", ["--device", "none", "--n-gpu-layers", "0"], {}),
-        ):
-            proc, url = start_direct(binary, model, [*common, *extra], root / "direct.log", env)
-            try:
-                wall, own = tokens_per_second(url, "tiny", args.tokens, args.rounds)
-            finally:
-                stop(proc, 10)
-            rows.append((label, wall, own))
+        binary = _prove_on_gpu(args, admin, root, facts)
+        rows = _measure(args, api, binary, model, root)
         facts.append(("whole check", f"{time.monotonic() - began:.0f} s"))
         print_table(args, facts, rows)
         return facts
@@ -252,6 +213,57 @@ def run_check(args: argparse.Namespace, root: Path) -> list[tuple[str, str]]:
         stop(control)
         for handle in logs.values():
             handle.close()
+
+
+def _prove_on_gpu(args: argparse.Namespace, admin: str, root: Path, facts: list[tuple[str, str]]) -> Path:
+    """What the node installed, proved and offloaded, added to ``facts``; the engine binary it runs."""
+    (node_view,) = get(admin + "/nodes")["nodes"]
+    (engine,) = node_view["engines"]
+    provenance = engine.get("provenance") or {}
+    if provenance.get("backend") != args.backend:
+        raise CheckFailed(f"the node installed a {provenance.get('backend')!r} build, not {args.backend}: "
+                          f"{engine['state']}; degraded: {node_view['facts'].get('degraded')}")
+    facts.append(("node facts", f"{len(node_view['facts']['gpus'])} GPU(s) via {node_view['facts']['gpu_backend']}"
+                                f"; {engine['state']}, {provenance.get('backend')} build, proven with "
+                                "--list-devices"))
+    (model_view,) = get(admin + "/models")["models"]
+    (replica,) = model_view["replicas"]
+    lines = get(f"{admin}/replicas/{replica['id']}/logs?lines=1000")["lines"]
+    offloaded = [line for line in lines if "offloaded" in line and "layers to GPU" in line]
+    if not offloaded:
+        raise CheckFailed("the replica's log has no 'offloaded N/M layers to GPU' line")
+    facts.append(("offload (load log)", offloaded[-1].split(":", 1)[-1].strip()))
+    used = replica.get("used") or {}
+    facts.append(("replica memory (node)", f"{used.get('vram_mib', 0)} MiB VRAM, {used.get('ram_mib', 0)} MiB RAM"
+                                           if used else "not measured yet"))
+    if args.backend == "cuda" and not used.get("vram_mib"):
+        say("warning: the node has not reported GPU memory for the engine's PID (yet)")
+    binary = next((root / "node" / "engines" / "llama.cpp").glob("*/*/llama-server"))
+    listing = subprocess.run([str(binary), "--list-devices"], capture_output=True, text=True, timeout=60,
+                             cwd=str(binary.parent), env={**os.environ, **visible(args.backend)})
+    devices = [line.strip() for line in listing.stdout.splitlines() if line.startswith("  ")]
+    facts.append(("--list-devices", "; ".join(devices) or "(none)"))
+    return binary
+
+
+def _measure(args: argparse.Namespace, api: str, binary: Path, model: Path,
+             root: Path) -> list[tuple[str, float, float]]:
+    """Tokens/s through the gateway, the engine directly on the GPU, and on the CPU."""
+    say(f"measuring: {args.rounds} x {args.tokens} tokens through the gateway, the engine directly, the CPU")
+    gateway, gateway_engine = tokens_per_second(api, "tiny", args.tokens, args.rounds)
+    rows = [("GPU, through the gateway", gateway, gateway_engine)]
+    common = ["-c", "1024", "-np", "1", "-t", THREADS]
+    for label, extra, env in (
+        ("GPU, engine directly", ["--n-gpu-layers", "999"], visible(args.backend)),
+        ("CPU, engine directly (--device none)", ["--device", "none", "--n-gpu-layers", "0"], {}),
+    ):
+        proc, url = start_direct(binary, model, [*common, *extra], root / "direct.log", env)
+        try:
+            wall, own = tokens_per_second(url, "tiny", args.tokens, args.rounds)
+        finally:
+            stop(proc, 10)
+        rows.append((label, wall, own))
+    return rows
 
 
 def _tiny_model() -> Path:

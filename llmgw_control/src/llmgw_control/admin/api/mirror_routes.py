@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ...api_errors import AdminApiError, bad_request, conflict
@@ -57,6 +58,14 @@ def add_mirror_routes(api: Api, mirror: Mirror | None, fleet: Fleet | None) -> N
         reason = fleet.reconciler.would_fit(Claim(estimate.ram_mib), (engine.name, engine.version))
         return estimate.ram_mib, not reason, reason
 
+    _add_hub_routes(api, the_mirror, fit)
+    _add_pull_routes(api, pulls)
+
+
+def _add_hub_routes(api: Api, the_mirror: Callable[[], Mirror],
+                    fit: Callable[[int], tuple[int, bool | None, str]]) -> None:
+    """Search the Hub and list a repository's files, each with its fit on this fleet."""
+
     @api.route("GET", "/hub/search", summary="Search the Hub for GGUF repositories, most downloaded first",
                tag="mirror", response=HubSearchAnswer, errors=(502, 503, 504),
                query=(Param("q", doc="Search text (at most 200 characters)"),
@@ -82,6 +91,10 @@ def add_mirror_routes(api: Api, mirror: Mirror | None, fleet: Fleet | None) -> N
             ram, fits, detail = fit(f.size)
             views.append(HubFileView(f.path, f.size, f.sha256, f.quantisation, f.split, ram, fits, detail))
         return HubFilesAnswer(repo, rev, views)
+
+
+def _add_pull_routes(api: Api, pulls: Callable[[], Pulls]) -> None:
+    """Pull a file into the files directory, follow it, edit its draft, publish it."""
 
     @api.route("POST", "/models/pulls", summary="Pull a model file into control's files directory (a draft model "
                "when done)", tag="mirror", body=PullRequest, response=PullAnswer, status=202,
