@@ -79,6 +79,23 @@ async def test_a_request_is_a_server_span_with_an_attempt_and_the_engine_gets_it
     assert int(flags, 16) & 1  # sampled (the SDK sets W3C's random-trace-id flag too)
 
 
+async def test_a_collector_named_by_its_base_url_gets_the_traces_on_the_signal_path(
+        fake_engine: FakeEngine) -> None:
+    # OTEL_EXPORTER_OTLP_ENDPOINT's form (http://collector:4318): the SDK appends /v1/traces to it,
+    # and so does [tracing]; the receiver answers 404 elsewhere, as the Collector does.
+    async with http_receiver() as receiver:
+        base = receiver.url.removesuffix("/v1/traces")
+        async with running_gateway(endpoint("e1", fake_engine.url), tracing=tracing(base)) as gw:
+            assert (await gw.client.post("/v1/chat/completions", json=chat_body())).status_code == 200
+            await receiver.wait_for(one_request)
+
+
+def test_an_endpoint_with_a_path_is_kept_and_a_base_url_gets_the_signal_path() -> None:
+    assert shared_tracing.http_traces_url("http://c:4318") == "http://c:4318/v1/traces"
+    assert shared_tracing.http_traces_url("https://c:4318/") == "https://c:4318/v1/traces"
+    assert shared_tracing.http_traces_url("http://c/otlp/v1/traces") == "http://c/otlp/v1/traces"
+
+
 async def test_a_client_traceparent_makes_the_request_its_child(fake_engine: FakeEngine) -> None:
     trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
     async with http_receiver() as receiver, \

@@ -129,9 +129,12 @@ class HttpReceiver(_Spans):
                 if self.hang:
                     await trio.sleep_forever()
                 headers = {k.decode(): v.decode() for k, v in head.headers}
-                self.add(decode(body), headers)
-                answer = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
-                await stream.send_all(connection.send(h11.Response(status_code=200, headers=[
+                # A collector takes traces on OTLP's signal path alone, as the Collector does.
+                found = head.target.split(b"?")[0] == b"/v1/traces"
+                if found:
+                    self.add(decode(body), headers)
+                answer = trace_service_pb2.ExportTraceServiceResponse().SerializeToString() if found else b""
+                await stream.send_all(connection.send(h11.Response(status_code=200 if found else 404, headers=[
                     ("content-type", "application/x-protobuf"), ("content-length", str(len(answer)))])) or b"")
                 await stream.send_all(connection.send(h11.Data(data=answer)) or b"")
                 await stream.send_all(connection.send(h11.EndOfMessage()) or b"")

@@ -67,8 +67,8 @@ _HEADER_NAME = re.compile(r"^[a-z0-9][a-z0-9_.\-]{0,63}$")
 @attrs.frozen
 class TracingConfig:
     endpoint: str = attrs.field(default="", metadata=doc(
-        "The OTLP collector: http://collector:4318/v1/traces (http/protobuf) or http://collector:4317 "
-        "(grpc); empty: tracing off."))
+        "The OTLP collector: http://collector:4318 or its full http://collector:4318/v1/traces (http/protobuf), "
+        "or http://collector:4317 (grpc); empty: tracing off."))
     protocol: str = attrs.field(default="http/protobuf", metadata=doc("http/protobuf or grpc."))
     sample_ratio: float = attrs.field(default=1.0, metadata=doc(
         "Share of new traces recorded, 0 to 1; a request whose traceparent says sampled follows its caller."))
@@ -231,7 +231,22 @@ def make_exporter(config: TracingConfig) -> SpanExporter:
                             headers=headers, timeout=config.export_timeout)
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 
-    return HttpExporter(endpoint=config.endpoint, headers=headers, timeout=config.export_timeout)
+    return HttpExporter(endpoint=http_traces_url(config.endpoint), headers=headers, timeout=config.export_timeout)
+
+
+# Where OTLP/HTTP takes traces on a collector given by its base URL (the OTLP specification's
+# signal path, which the SDK itself appends to OTEL_EXPORTER_OTLP_ENDPOINT).
+TRACES_PATH = "/v1/traces"
+
+
+def http_traces_url(endpoint: str) -> str:
+    """``endpoint`` as the OTLP/HTTP traces URL: a collector's base URL (``http://host:4318``, no
+    path) gets the signal path, as the SDK does for its environment variable; a URL with a path is
+    the operator's exact choice and kept."""
+    parts = urlsplit(endpoint)
+    if parts.path in ("", "/"):
+        return parts._replace(path=TRACES_PATH).geturl()
+    return endpoint
 
 
 def make_tracing(config: TracingConfig, service: str, exporter: SpanExporter | None = None) -> Tracing:
