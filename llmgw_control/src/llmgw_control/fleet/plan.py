@@ -243,11 +243,10 @@ def plan(
     # choosing a node does not rescan every assignment (1,000 nodes x 500 models in one pass).
     live_by_key: dict[str, list[Assignment]] = {}
     spread: dict[tuple[str, str], int] = {}
-    for assignment in kept:
-        if assignment.live:
-            live_by_key.setdefault(assignment.profile_key, []).append(assignment)
-            at = (assignment.profile_key, assignment.node_id)
-            spread[at] = spread.get(at, 0) + 1
+    for assignment in (a for a in kept if a.live):
+        live_by_key.setdefault(assignment.profile_key, []).append(assignment)
+        at = (assignment.profile_key, assignment.node_id)
+        spread[at] = spread.get(at, 0) + 1
     ordered_nodes = sorted((n for n in node_map.values() if n.schedulable), key=lambda n: n.node_id)
     any_schedulable = bool(ordered_nodes)
     demand_list = sorted(demands, key=lambda d: (-d.waited, d.profile_key))
