@@ -84,11 +84,11 @@ def reconcile_pass(nodes: int, model_count: int, passes: int) -> dict[str, float
         node.update_engines([engine])
         inventory.put(node)
     dispatcher = CountingDispatcher()
-    claims = {r.key: Claim(2_000) for r in catalog.all_profiles()}
+    claims = {r.profile_key: Claim(2_000) for r in catalog.all_profiles()}
     reconciler = Reconciler(catalog, inventory, Liveness(15, 60), dispatcher, ReplicaSet(), secret=b"k" * 32,
                             claims=claims, clock=lambda: 1.0)
     for resolved in catalog.all_profiles():
-        reconciler.demand.queued(resolved.key, 1)
+        reconciler.demand.queued(resolved.profile_key, 1)
     timings = []
     for _ in range(passes):
         started = time.perf_counter()

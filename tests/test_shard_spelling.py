@@ -37,7 +37,7 @@ ALLOWED = {
     ("llmgw_control/src/llmgw_control/fleet/replica_ids.py",
      '# "shard-id" and the NUL separators keep this apart from the API keys (an HMAC of the id,'),
     ("llmgw_control/src/llmgw_control/fleet/replica_ids.py",
-     'message = f"shard-id\\0{key}\\0{nonce}\\0{node_id}".encode()'),
+     'message = f"shard-id\\0{profile_key}\\0{nonce}\\0{node_id}".encode()'),
     # The node's state file (<data_dir>/shards.json, its "shards" and "shard_id") and log directory
     # (<data_dir>/shards/<id>.log): an upgraded node adopts the engines an earlier release started.
     ("llmgw_node/src/llmgw_node/procs.py",

@@ -59,7 +59,7 @@ def test_an_adapter_name_means_one_thing() -> None:
 def test_the_catalog_resolves_an_adapter_to_its_base_key() -> None:
     catalog = Catalog([_model("qwen", AdapterConfig("bot", W, scale=0.5))], ENGINES)
     resolved = catalog.resolve("bot")
-    assert resolved is not None and resolved.key == "qwen:gpu" and resolved.name == "bot"
+    assert resolved is not None and resolved.profile_key == "qwen:gpu" and resolved.name == "bot"
     assert catalog.resolve("qwen") is not None and catalog.resolve("qwen").name == "qwen"  # type: ignore[union-attr]
     assert catalog.resolve("bot:gpu") is None
     assert "bot" in catalog.names()

@@ -93,7 +93,7 @@ def _gateway(server: LlamaServer, catalog: Catalog, admission: _Admission | None
     resolved = catalog.resolve("tiny")
     assert resolved is not None
     adapters, mode = replica_adapters(resolved.profile, [a.name for a in resolved.profile.adapters])
-    replicas.publish(Replica(id="r1", url=server.url, models=frozenset({resolved.key}), slots=4,
+    replicas.publish(Replica(id="r1", url=server.url, models=frozenset({resolved.profile_key}), slots=4,
                              adapters=adapters, adapter_mode=mode))
     return Gateway(replicas, Httpx2Upstream(), GatewayMetrics(CollectorRegistry()), GatewayConfig(),
                    directory=FleetDirectory(catalog, replicas), admission=admission)

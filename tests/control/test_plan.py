@@ -25,13 +25,14 @@ def node(node_id: str, *, ram: int = 8000, state: str = "ready", engines: dict |
     return PlanNode(node_id, state, cordoned, labels or {}, INSTALLED if engines is None else engines, ram, 0, busy)
 
 
-def demand(key: str = "m:cpu", wanted: int = 1, ram: int = 1000, labels: dict[str, str] | None = None) -> Demand:
-    return Demand(key, ENGINE, Claim(ram), wanted, labels or {})
+def demand(profile_key: str = "m:cpu", wanted: int = 1, ram: int = 1000,
+           labels: dict[str, str] | None = None) -> Demand:
+    return Demand(profile_key, ENGINE, Claim(ram), wanted, labels or {})
 
 
-def assignment(replica: str, node_id: str, *, key: str = "m:cpu", port: int = 20000, status: str = "ready",
+def assignment(replica: str, node_id: str, *, profile_key: str = "m:cpu", port: int = 20000, status: str = "ready",
                ram: int = 1000, last_used: float = 0.0, draining: bool = False) -> Assignment:
-    return Assignment(replica, key, node_id, port, Claim(ram), status, "", draining, last_used)
+    return Assignment(replica, profile_key, node_id, port, Claim(ram), status, "", draining, last_used)
 
 
 def starts(p: object) -> list[Start]:
@@ -58,7 +59,7 @@ def test_ports_never_collide_on_one_node() -> None:
 def test_no_free_port_is_a_reason() -> None:
     p = plan([demand()], [node("a")], [], backoff={}, now=0, limits=PlanLimits(20000, 20000))
     assert starts(p)  # one port is enough for one
-    full = [assignment("s1", "a", key="other:x", port=20000)]
+    full = [assignment("s1", "a", profile_key="other:x", port=20000)]
     p = plan([demand()], [node("a")], full, backoff={}, now=0, limits=PlanLimits(20000, 20000))
     assert not starts(p) and "no free port" in p.blocked["m:cpu"]
 
@@ -78,7 +79,7 @@ def test_not_enough_memory_names_the_need_and_what_is_free() -> None:
 
 
 def test_claims_of_running_replicas_count_against_free_memory() -> None:
-    running = [assignment("s1", "a", key="big:x", ram=7500)]
+    running = [assignment("s1", "a", profile_key="big:x", ram=7500)]
     p = plan([demand(ram=1000)], [node("a", ram=8000), node("b", ram=2000)], running, backoff={}, now=0)
     assert [s.node_id for s in starts(p)] == ["b"]
 
@@ -111,7 +112,7 @@ def test_failed_replicas_are_stopped_forgotten_and_replaced_elsewhere() -> None:
 
 
 def test_replicas_on_lost_nodes_move_within_the_reschedule_budget() -> None:
-    on_lost = [assignment(f"s{i}", f"n{i}", key=f"m{i}:cpu") for i in range(5)]
+    on_lost = [assignment(f"s{i}", f"n{i}", profile_key=f"m{i}:cpu") for i in range(5)]
     nodes = [node(f"n{i}", state="lost") for i in range(5)] + [node("spare", ram=100000)]
     demands = [demand(f"m{i}:cpu") for i in range(5)]
     p = plan(demands, nodes, on_lost, backoff={}, now=0, limits=PlanLimits(reschedule_budget=2))

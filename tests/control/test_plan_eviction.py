@@ -21,15 +21,16 @@ def node(node_id: str = "a", ram: int = 8000, vram: int = 0, kind: str = "") -> 
     return PlanNode(node_id, "ready", False, {}, INSTALLED, ram, vram, frozenset(), kind)
 
 
-def demand(key: str, ram: int, *, wanted: int = 1, min_replicas: int = 0, starved: bool = False,
+def demand(profile_key: str, ram: int, *, wanted: int = 1, min_replicas: int = 0, starved: bool = False,
            by_kind: dict[str, Claim] | None = None) -> Demand:
-    return Demand(key, ENGINE, Claim(ram), wanted, {}, min_replicas, starved, by_kind or {})
+    return Demand(profile_key, ENGINE, Claim(ram), wanted, {}, min_replicas, starved, by_kind or {})
 
 
-def resident(replica: str, key: str, ram: int, *, node_id: str = "a", port: int = 20000, last_used: float = 0.0,
+def resident(replica: str, profile_key: str, ram: int, *, node_id: str = "a", port: int = 20000, last_used: float = 0.0,
              busy: bool = False, started_at: float = 0.0, status: ReplicaStatus = ReplicaStatus.READY,
              draining: bool = False, used: Claim | None = None) -> Assignment:
-    return Assignment(replica, key, node_id, port, Claim(ram), status, "", draining, last_used, used, busy, started_at)
+    return Assignment(replica, profile_key, node_id, port, Claim(ram), status, "", draining, last_used, used, busy,
+                      started_at)
 
 
 def evicts(p: Plan) -> list[str]:
@@ -54,7 +55,7 @@ def test_an_idle_model_is_evicted_for_one_that_fits_nowhere_and_the_start_waits_
     # Once it stopped (and was forgotten) the model is placed.
     p = plan([demand("a:cpu", 6000), demand("b:cpu", 0, wanted=0)], [node()], [], backoff={}, now=NOW,
              limits=LIMITS)
-    assert [s.key for s in starts(p)] == ["a:cpu"]
+    assert [s.profile_key for s in starts(p)] == ["a:cpu"]
 
 
 def test_busy_young_and_minimum_replicas_are_never_evicted() -> None:
@@ -117,7 +118,7 @@ def test_measured_use_replaces_the_claim_of_a_running_replica() -> None:
     running = resident("s-b", "b:cpu", 6000, used=Claim(1500))
     p = plan([demand("a:cpu", 6000), demand("b:cpu", 6000)], [node()], [running], backoff={}, now=NOW,
              limits=LIMITS)
-    assert [s.key for s in starts(p)] == ["a:cpu"] and evicts(p) == []
+    assert [s.profile_key for s in starts(p)] == ["a:cpu"] and evicts(p) == []
 
 
 def test_the_claim_measured_on_a_node_kind_is_used_there() -> None:
@@ -159,17 +160,17 @@ def test_eviction_never_breaks_its_rules(world: tuple[list[Demand], list[PlanNod
     demands, nodes, assignments = world
     p = plan(demands, nodes, assignments, backoff={}, now=NOW, limits=LIMITS)
     by_id = {a.replica_id: a for a in assignments}
-    by_key = {d.key: d for d in demands}
+    by_key = {d.profile_key: d for d in demands}
     evicted = [a for a in p.actions if isinstance(a, Evict)]
     for action in evicted:
         victim = by_id[action.replica_id]
         assert victim.status == ReplicaStatus.READY and not victim.draining
-        assert victim.key != action.for_key
+        assert victim.profile_key != action.for_key
         assert NOW - victim.started_at >= LIMITS.evict_min_age
         assert not victim.busy or by_key[action.for_key].starved
-    for key, wanted in by_key.items():
-        live = [a for a in assignments if a.key == key and a.live]
-        gone = [e for e in evicted if e.key == key]
+    for profile_key, wanted in by_key.items():
+        live = [a for a in assignments if a.profile_key == profile_key and a.live]
+        gone = [e for e in evicted if e.profile_key == profile_key]
         if gone:
             assert len(live) - len(gone) >= wanted.min_replicas
     # Smallest set: on each node, without any one of its evictions the room would not suffice.
@@ -182,11 +183,12 @@ def test_eviction_never_breaks_its_rules(world: tuple[list[Demand], list[PlanNod
         assert all(v.node_id == node_id for v in victims)
         total = next(n for n in nodes if n.node_id == node_id)
         held = [a for a in assignments if a.node_id == node_id and a.status not in TERMINAL]
-        drained = {a.replica_id for a in p.actions if isinstance(a, Drain) and by_id[a.replica_id].key < for_key}
+        drained = {a.replica_id for a in p.actions
+                   if isinstance(a, Drain) and by_id[a.replica_id].profile_key < for_key}
         going = [a for a in held if a.draining or a.replica_id in earlier | drained]
         free_ram = total.ram_mib - sum(a.holding.ram_mib for a in held)
         free_vram = total.vram_mib - sum(a.holding.vram_mib for a in held)
-        placed = [s.claim for s in starts(p) if s.node_id == node_id and s.key <= for_key]
+        placed = [s.claim for s in starts(p) if s.node_id == node_id and s.profile_key <= for_key]
         free_ram -= sum(c.ram_mib for c in placed)
         free_vram -= sum(c.vram_mib for c in placed)
         need = by_key[for_key].claim

@@ -21,12 +21,12 @@ def gpu_node(node_id: str = "g", gpus: tuple[int, ...] = (L4, L4), ram: int = 64
                     tuple(enumerate(gpus)))
 
 
-def demand(key: str, vram: int, *, wanted: int = 1, gpus: int = 1) -> Demand:
-    return Demand(key, ENGINE, Claim(1000, vram), wanted, gpus=gpus)
+def demand(profile_key: str, vram: int, *, wanted: int = 1, gpus: int = 1) -> Demand:
+    return Demand(profile_key, ENGINE, Claim(1000, vram), wanted, gpus=gpus)
 
 
-def on_gpu(replica: str, key: str, vram: int, devices: tuple[int, ...], port: int = 20000) -> Assignment:
-    return Assignment(replica, key, "g", port, Claim(1000, vram), ReplicaStatus.READY, devices=devices)
+def on_gpu(replica: str, profile_key: str, vram: int, devices: tuple[int, ...], port: int = 20000) -> Assignment:
+    return Assignment(replica, profile_key, "g", port, Claim(1000, vram), ReplicaStatus.READY, devices=devices)
 
 
 def starts(actions: list[object]) -> list[Start]:
@@ -75,7 +75,7 @@ def test_no_gpu_is_ever_over_committed(totals: list[int], wants: list[tuple[int,
     used = dict.fromkeys(range(len(totals)), 0)
     for start in starts(p.actions):
         if start.claim.vram_mib:
-            demanded = next(d for d in demands if d.key == start.key)
+            demanded = next(d for d in demands if d.profile_key == start.profile_key)
             assert len(start.devices) == demanded.gpus and len(set(start.devices)) == len(start.devices)
             for device in start.devices:
                 used[device] += share(start.claim.vram_mib, len(start.devices))

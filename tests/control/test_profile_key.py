@@ -51,21 +51,21 @@ def _catalog(default_profile: str = "") -> Catalog:
 def test_the_catalog_resolves_a_model_a_key_and_an_adapter() -> None:
     catalog = _catalog()
     qwen = catalog.resolve("qwen")
-    assert qwen is not None and qwen.key == "qwen:cpu" and qwen.profile_key == ProfileKey("qwen", "cpu")
+    assert qwen is not None and qwen.profile_key == str(ProfileKey("qwen", "cpu")) == "qwen:cpu"
     gpu = catalog.resolve("qwen:gpu")
     assert gpu is not None and gpu.profile.name == "gpu" and gpu.adapter is None
     bot = catalog.resolve("bot")
-    assert bot is not None and bot.key == "qwen:gpu" and bot.adapter is not None and bot.name == "bot"
+    assert bot is not None and bot.profile_key == "qwen:gpu" and bot.adapter is not None and bot.name == "bot"
     for name in ["nope", "qwen:nope", "nope:gpu", "bot:gpu", "qwen:gpu:x", "qwen:", ":gpu"]:
         assert catalog.resolve(name) is None, name
     assert _catalog("gpu").resolve("qwen") == gpu  # the global default wins where the model has it
-    assert sorted(r.key for r in catalog.all_profiles()) == ["llama:gpu", "qwen:cpu", "qwen:gpu"]
+    assert sorted(r.profile_key for r in catalog.all_profiles()) == ["llama:gpu", "qwen:cpu", "qwen:gpu"]
 
 
 def test_the_catalog_follows_put_and_remove() -> None:
     catalog = _catalog()
     catalog.put(ModelConfig("mistral", [ProfileConfig(name="big", weights=W)]))
-    assert (resolved := catalog.resolve("mistral")) is not None and resolved.key == "mistral:big"
+    assert (resolved := catalog.resolve("mistral")) is not None and resolved.profile_key == "mistral:big"
     catalog.put(ModelConfig("qwen", [ProfileConfig(name="gpu", weights=W)]))
     assert catalog.resolve("qwen:cpu") is None and catalog.resolve("bot") is None
     assert catalog.remove("mistral") is not None

@@ -339,7 +339,7 @@ def test_profiles_whose_names_slug_alike_are_adopted_as_themselves() -> None:
     node = add_node(inventory2, dispatcher2, clock2, "n1")
     report(node, start.replica.replica_id, "ready", start.replica.port)
     second.reconcile_once()
-    assert second.records[start.replica.replica_id].key == "a-b:c"
+    assert second.records[start.replica.replica_id].profile_key == "a-b:c"
     assert [r.id for r in replicas2.for_model("a-b:c")] == [start.replica.replica_id]
     assert replicas2.for_model("a:b-c") == []
 

@@ -55,7 +55,7 @@ class World:
         self.node.update_replicas([*others, ReplicaState(replica_id, status, "", port=port, rss_mib=rss_mib)])  # type: ignore[arg-type]
 
     def key_of(self, replica_id: str) -> str:
-        return self.reconciler.records[replica_id].key
+        return self.reconciler.records[replica_id].profile_key
 
 
 def world(ram: int = 8000, claim: int = 6000) -> World:
@@ -74,13 +74,13 @@ def world(ram: int = 8000, claim: int = 6000) -> World:
     return World(reconciler, dispatcher, activator, replicas, node)
 
 
-async def _answered(w: World, key: str, hold: float, answers: list[str]) -> None:
+async def _answered(w: World, profile_key: str, hold: float, answers: list[str]) -> None:
     """One request: waits for a slot, holds it for ``hold`` seconds (the generation), is answered."""
-    outcome = await w.activator.wait(key)
+    outcome = await w.activator.wait(profile_key)
     assert isinstance(outcome, Slot), outcome
     with outcome:
         await trio.sleep(hold)
-    answers.append(key)
+    answers.append(profile_key)
 
 
 async def test_two_models_too_big_together_take_turns_and_every_request_is_answered(

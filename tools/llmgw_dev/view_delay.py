@@ -76,7 +76,8 @@ async def measure(url: str, samples: int) -> dict[str, list[float]]:
                 await trio.sleep(random.uniform(0.0, 0.5))
                 replica_id = f"r{i}"
                 start = trio.current_time()
-                await store.publish_view(1, [PublishedReplica(id=replica_id, key="m", url="http://h:1", slots=1)])
+                await store.publish_view(
+                    1, [PublishedReplica(id=replica_id, profile_key="m", url="http://h:1", slots=1)])
                 async with trio.open_nursery() as waits:
                     for name, replicas in followers.items():
                         async def one(name: str = name, replicas: ReplicaSet = replicas,

@@ -35,7 +35,8 @@ def fleet(now: float = 100.0) -> Any:
     demand.queued("tiny:cpu", 3)
     reconciler = SimpleNamespace(records=replicas, demand=demand, liveness=Liveness(2.0, 10.0),
                                  config=ReconcilerConfig(reserved_ram_mib=192), evictions={"tiny:cpu": 2})
-    catalog = SimpleNamespace(all_profiles=lambda: [SimpleNamespace(key="tiny:cpu"), SimpleNamespace(key="big:gpu")])
+    catalog = SimpleNamespace(all_profiles=lambda: [SimpleNamespace(profile_key="tiny:cpu"),
+                                                    SimpleNamespace(profile_key="big:gpu")])
     activator = SimpleNamespace(queue_depth=lambda: 3)
     role = SimpleNamespace(leader=False, leader_address="ws://10.0.0.7:8082/agent/v1", leader_holder="c7",
                            epoch=None)

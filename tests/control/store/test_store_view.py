@@ -6,8 +6,8 @@ import pytest
 
 from llmgw_control.store import InvalidInput, PublishedReplica, SqlStore
 
-A = PublishedReplica(id="s-a", key="llama:small", url="http://10.0.0.1:8001", slots=4, served_name="llama")
-B = PublishedReplica(id="s-b", key="qwen:gpu", url="http://10.0.0.2:8002", slots=1)
+A = PublishedReplica(id="s-a", profile_key="llama:small", url="http://10.0.0.1:8001", slots=4, served_name="llama")
+B = PublishedReplica(id="s-b", profile_key="qwen:gpu", url="http://10.0.0.2:8002", slots=1)
 
 
 async def test_the_view_round_trips_and_each_write_gets_a_new_revision(store: SqlStore) -> None:
@@ -38,4 +38,4 @@ async def test_the_view_refuses_bad_input(store: SqlStore) -> None:
     with pytest.raises(InvalidInput):
         await store.publish_view(0, [A])
     with pytest.raises(InvalidInput):
-        await store.publish_view(1, [PublishedReplica(id="s", key="k", url="u", slots=0)])
+        await store.publish_view(1, [PublishedReplica(id="s", profile_key="k", url="u", slots=0)])

@@ -27,8 +27,8 @@ from support.waiting import wait_until
 HOUR = 3600.0
 # Generous: a loaded 2-core machine; a pass takes a fraction of a second.
 LIMIT = 30.0
-A = PublishedReplica(id="s-a", key="llama:small", url="http://10.0.0.1:8001", slots=2)
-B = PublishedReplica(id="s-b", key="qwen:gpu", url="http://10.0.0.2:8002", slots=1)
+A = PublishedReplica(id="s-a", profile_key="llama:small", url="http://10.0.0.1:8001", slots=2)
+B = PublishedReplica(id="s-b", profile_key="qwen:gpu", url="http://10.0.0.2:8002", slots=1)
 
 
 @pytest.fixture

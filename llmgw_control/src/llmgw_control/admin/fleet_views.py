@@ -59,23 +59,23 @@ def registered_node_view(fleet: Fleet, identity: NodeIdentity) -> NodeView:
 
 
 def model_view(fleet: Fleet, resolved: Resolved) -> ModelView:
-    key = resolved.key
+    profile_key = resolved.profile_key
     reconciler = fleet.reconciler
-    replicas = [r for r in reconciler.records.values() if r.key == key]
+    replicas = [r for r in reconciler.records.values() if r.profile_key == profile_key]
     ready = [r for r in replicas if r.status == ReplicaStatus.READY and not r.draining]
-    claim = reconciler.claims.get(key, Claim(0))
+    claim = reconciler.claims.get(profile_key, Claim(0))
     return ModelView(
         model=resolved.model.name,
         profile=resolved.profile.name,
-        key=key,
+        key=profile_key,
         source=fleet.catalog.source(resolved.model.name),
         replicas=[ReplicaOfModel(r.replica_id, r.node_id, r.port,
                                  f"{r.status}: {r.detail}" if r.detail else r.status,
                                  ClaimView(r.used.ram_mib, r.used.vram_mib) if r.used else None)
                   for r in replicas],
         ready=len(ready),
-        waiting_requests=reconciler.demand.waiting(key),
-        status="ready" if ready else reconciler.status(key),
+        waiting_requests=reconciler.demand.waiting(profile_key),
+        status="ready" if ready else reconciler.status(profile_key),
         claim=ClaimView(claim.ram_mib, claim.vram_mib),
         adapters=adapter_views(fleet, resolved),
     )
@@ -83,7 +83,7 @@ def model_view(fleet: Fleet, resolved: Resolved) -> ModelView:
 
 def adapter_views(fleet: Fleet, resolved: Resolved) -> list[AdapterOfModel]:
     """The profile's adapters, each with the replicas the gateway may send its requests to."""
-    published = fleet.reconciler.replicas.for_model(resolved.key)
+    published = fleet.reconciler.replicas.for_model(resolved.profile_key)
     return [AdapterOfModel(a.name, a.weights.size, a.scale,
                            sorted(r.id for r in published if any(n == a.name for n, _ in r.adapters)))
             for a in resolved.profile.adapters]

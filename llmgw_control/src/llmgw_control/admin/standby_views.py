@@ -70,7 +70,7 @@ async def read_leader_fleet(store: Store, fleet: Fleet) -> LeaderFleet:
     node_of: dict[str, str] = {}
     for replica in view.replicas if view is not None else ():
         node_of[replica.id] = next(
-            (n for n in sorted(known) if ids.minted_for(replica.id, n, [replica.key]) is not None), "")
+            (n for n in sorted(known) if ids.minted_for(replica.id, n, [replica.profile_key]) is not None), "")
     all_nodes = known | {n for n in node_of.values() if n}
     return LeaderFleet(view, identities, node_of, sorted(all_nodes))
 
@@ -105,18 +105,18 @@ def standby_replica_views(fleet: Fleet, leader: LeaderFleet) -> list[ReplicaView
     """The leader's ready replicas; ``routable`` and ``in_flight`` are this daemon's (its gateway
     follows the view, and counts only its own requests)."""
     out = []
-    for r in sorted(leader.replicas, key=lambda r: (r.key, r.id)):
+    for r in sorted(leader.replicas, key=lambda r: (r.profile_key, r.id)):
         here = fleet.reconciler.replicas.get(r.id)
-        out.append(ReplicaView(r.id, r.key, leader.node_of.get(r.id, ""), port_of(r.url), VIEW_STATE,
+        out.append(ReplicaView(r.id, r.profile_key, leader.node_of.get(r.id, ""), port_of(r.url), VIEW_STATE,
                                VIEW_DETAIL, False, here is not None, here.in_flight if here else 0, [], r.slots))
     return out
 
 
 def standby_model_view(fleet: Fleet, leader: LeaderFleet, resolved: Resolved) -> ModelView:
-    key = resolved.key
-    replicas = [r for r in leader.replicas if r.key == key]
+    profile_key = resolved.profile_key
+    replicas = [r for r in leader.replicas if r.profile_key == profile_key]
     return ModelView(
-        model=resolved.model.name, profile=resolved.profile.name, key=key,
+        model=resolved.model.name, profile=resolved.profile.name, key=profile_key,
         source=fleet.catalog.source(resolved.model.name),
         replicas=[ReplicaOfModel(r.id, leader.node_of.get(r.id, ""), port_of(r.url), VIEW_STATE) for r in replicas],
         ready=len(replicas), waiting_requests=0,

@@ -42,9 +42,9 @@ _HEADER_BYTES = 16 * 1024 * 1024
 class HostileHeader(Exception):
     """The GGUF header of a profile's weights is past a bound of the reader (catalog/gguf.py)."""
 
-    def __init__(self, key: str, refused: HeaderRefused) -> None:
+    def __init__(self, profile_key: str, refused: HeaderRefused) -> None:
         super().__init__(str(refused))
-        self.key = key
+        self.profile_key = profile_key
         self.refused = refused
 
 
@@ -125,36 +125,36 @@ def with_adapters(claim: Claim, profile: ProfileConfig) -> Claim:
 
 async def claims_of(profiles: Iterable[tuple[str, ProfileConfig]], files: ModelFiles | None, *,
                     refuse_hostile: bool = False) -> dict[str, Claim]:
-    """The claim of each (key, profile), the estimates made side by side; with ``refuse_hostile``
+    """The claim of each (profile key, profile), the estimates made side by side; with ``refuse_hostile``
     a header past the reader's bounds raises HostileHeader (for the first such profile given)."""
     claims: dict[str, Claim] = {}
     hostile: dict[str, HeaderRefused] = {}
 
-    async def one(key: str, profile: ProfileConfig) -> None:
+    async def one(profile_key: str, profile: ProfileConfig) -> None:
         if profile.ram_mib or profile.weights is None:
-            claims[key] = with_adapters(Claim(profile.ram_mib, profile.vram_mib), profile)
+            claims[profile_key] = with_adapters(Claim(profile.ram_mib, profile.vram_mib), profile)
             return
         try:
             estimate = await estimate_profile(profile, files, refuse_hostile=refuse_hostile)
         except HeaderRefused as exc:
-            hostile[key] = exc  # raised below the nursery: one error, not a group of them
+            hostile[profile_key] = exc  # raised below the nursery: one error, not a group of them
             return
-        claims[key] = with_adapters(Claim(estimate.ram_mib, profile.vram_mib), profile)
-        log.info("model %s claims %d MiB RAM (%s)", key, claims[key].ram_mib, estimate.how)
+        claims[profile_key] = with_adapters(Claim(estimate.ram_mib, profile.vram_mib), profile)
+        log.info("model %s claims %d MiB RAM (%s)", profile_key, claims[profile_key].ram_mib, estimate.how)
 
     given = list(profiles)
     async with trio.open_nursery() as nursery:
-        for key, profile in given:
-            nursery.start_soon(one, key, profile)
-    for key, _ in given:
-        if key in hostile:
-            raise HostileHeader(key, hostile[key])
+        for profile_key, profile in given:
+            nursery.start_soon(one, profile_key, profile)
+    for profile_key, _ in given:
+        if profile_key in hostile:
+            raise HostileHeader(profile_key, hostile[profile_key])
     return claims
 
 
 async def profile_claims(catalog: Catalog, files: ModelFiles | None) -> dict[str, Claim]:
     """The claim of every profile in the catalog."""
-    return await claims_of(((r.key, r.profile) for r in catalog.all_profiles()), files)
+    return await claims_of(((r.profile_key, r.profile) for r in catalog.all_profiles()), files)
 
 
 async def model_claims(model: ModelConfig, files: ModelFiles | None, *, refuse_hostile: bool = False,
@@ -162,11 +162,11 @@ async def model_claims(model: ModelConfig, files: ModelFiles | None, *, refuse_h
     """The claim of each profile of ``model``. With ``refuse_hostile`` (the admin API adding or
     changing it) a weights file whose GGUF header is past the reader's bounds is a 400 naming
     the profile's weights and the header field."""
-    keys = [str(ProfileKey(model.name, p.name)) for p in model.profiles]
+    profile_keys = [str(ProfileKey(model.name, p.name)) for p in model.profiles]
     try:
-        return await claims_of(zip(keys, model.profiles, strict=True), files, refuse_hostile=refuse_hostile)
+        return await claims_of(zip(profile_keys, model.profiles, strict=True), files, refuse_hostile=refuse_hostile)
     except HostileHeader as exc:
-        index = keys.index(exc.key)
+        index = profile_keys.index(exc.profile_key)
         raise bad_request(f"profiles[{index}].weights.url",
                           f"the GGUF header is refused ({exc.refused}): not a model llmgw will read",
                           code="invalid_gguf_header") from None

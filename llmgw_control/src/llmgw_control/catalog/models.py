@@ -168,19 +168,14 @@ class Resolved:
     profile: ProfileConfig
     # The adapter a request for an adapter's name means; None: the base model.
     adapter: AdapterConfig | None = None
-    # The replicas' key: an adapter's requests go to its base profile's replicas. Made once, when
-    # the catalog indexes its profiles, so a request's lookup builds nothing.
-    profile_key: ProfileKey = attrs.field(init=False)
-    # ``profile_key`` written out, as the gateway's replica set, metrics and the store key it.
-    key: str = attrs.field(init=False)
+    # The replicas' profile key, written out (``model:profile``) as the gateway's replica set,
+    # metrics and the store key it: an adapter's requests go to its base profile's replicas. Made
+    # once, when the catalog indexes its profiles, so a request's lookup builds nothing.
+    profile_key: str = attrs.field(init=False)
 
     @profile_key.default
-    def _profile_key(self) -> ProfileKey:
-        return ProfileKey(self.model.name, self.profile.name)
-
-    @key.default
-    def _key(self) -> str:
-        return str(self.profile_key)
+    def _profile_key(self) -> str:
+        return str(ProfileKey(self.model.name, self.profile.name))
 
     @property
     def name(self) -> str:
@@ -392,7 +387,7 @@ class Catalog:
         """What each name a client may send means, made when the models change so that resolving
         a request's name is one dict lookup: a model (its default profile), ``model:profile``
         (keyed by the string, so nothing is parsed per request), or an adapter."""
-        self._by_key: dict[str, Resolved] = {}
+        self._by_profile_key: dict[str, Resolved] = {}
         self._by_model: dict[str, Resolved] = {}
         self._by_adapter: dict[str, Resolved] = {}
         for model in self.models.values():
@@ -401,7 +396,7 @@ class Catalog:
             default = self.default_profile if use_global else (model.default_profile or names[0] if names else "")
             for profile in model.profiles:
                 resolved = Resolved(model, profile)
-                self._by_key[resolved.key] = resolved
+                self._by_profile_key[resolved.profile_key] = resolved
                 if profile.name == default:
                     self._by_model[model.name] = resolved
                 for adapter in profile.adapters:
@@ -419,10 +414,10 @@ class Catalog:
     def resolve(self, requested: str) -> Resolved | None:
         """What a client's model name means: a model (its default profile), a ``model:profile``
         key, or an adapter's name; None for anything else (nothing is parsed: each is a lookup)."""
-        return self._by_model.get(requested) or self._by_key.get(requested) or self._by_adapter.get(requested)
+        return self._by_model.get(requested) or self._by_profile_key.get(requested) or self._by_adapter.get(requested)
 
     def all_profiles(self) -> list[Resolved]:
-        return list(self._by_key.values())
+        return list(self._by_profile_key.values())
 
     def names(self) -> list[str]:
         """What a client may ask for: each model, and each model:profile."""

@@ -38,7 +38,7 @@ class ProfileKey:
         return cls(model, profile)
 
     @staticmethod
-    def model_of(key: str) -> str:
+    def model_of(profile_key: str) -> str:
         """The model part of a key string this process wrote (a static replica's model name is
         its own key): cheap on the hot path, where the key came out of the catalog, not a client."""
-        return key.partition(":")[0]
+        return profile_key.partition(":")[0]

@@ -53,7 +53,7 @@ class Placement(Protocol):
     claims: dict[str, Claim]
     cordons: set[str]
 
-    def drain_key(self, key: str) -> list[str]: ...
+    def drain_key(self, profile_key: str) -> list[str]: ...
     def wake(self) -> None: ...
     def cordon(self, node_id: str) -> None: ...
     def uncordon(self, node_id: str) -> None: ...
@@ -182,14 +182,14 @@ class ModelService:
         if old is not None:
             new_profiles = {p.name: p for p in model.profiles}
             for profile in old.profiles:
-                key = str(ProfileKey(model.name, profile.name))
+                profile_key = str(ProfileKey(model.name, profile.name))
                 new = new_profiles.get(profile.name)
                 if new is None:
-                    self.reconciler.claims.pop(key, None)
+                    self.reconciler.claims.pop(profile_key, None)
                 if new is None or _restart_needed(profile, new):
-                    drained = self.reconciler.drain_key(key)
+                    drained = self.reconciler.drain_key(profile_key)
                     if drained:
-                        log.info("model %s changed: draining %d replica(s) of the old definition", key,
+                        log.info("model %s changed: draining %d replica(s) of the old definition", profile_key,
                                  len(drained))
         self.reconciler.wake()
 
@@ -199,9 +199,9 @@ class ModelService:
         if model is None:
             return
         for profile in model.profiles:
-            key = str(ProfileKey(name, profile.name))
-            self.reconciler.drain_key(key)
-            self.reconciler.claims.pop(key, None)
+            profile_key = str(ProfileKey(name, profile.name))
+            self.reconciler.drain_key(profile_key)
+            self.reconciler.claims.pop(profile_key, None)
         self.reconciler.wake()
 
     # ------------------------------------------------------------------ other daemons' changes

@@ -110,7 +110,7 @@ def best_throughput(levels: Iterable[LevelResult], ttft_target: float, itl_targe
 class Measured:
     """The levels of one finished run of one profile on one capacity kind."""
 
-    key: str
+    profile_key: str
     hardware: str
     engine: str
     engine_version: str
@@ -123,13 +123,13 @@ class Measured:
         return capacity_kind(self.hardware, self.engine, self.engine_version)
 
 
-def measured_from(key: str, document: Mapping[str, Any]) -> Measured | None:
+def measured_from(profile_key: str, document: Mapping[str, Any]) -> Measured | None:
     """A stored run's document (``capacity_runs``) as what the index learns; None when it is not
     the shape a finished run writes (an older or damaged row is skipped, not fatal)."""
     try:
         comparable = document["comparable"]
         levels = tuple(level_from(doc) for doc in document["results"])
-        return Measured(key, str(comparable["hardware"]), str(comparable["engine"]),
+        return Measured(profile_key, str(comparable["hardware"]), str(comparable["engine"]),
                         str(comparable["engine_version"]), levels, str(comparable.get("profile_fingerprint", "")))
     except (KeyError, TypeError, ValueError):
         return None
@@ -144,19 +144,19 @@ class CapacityIndex:
 
     def learn(self, measured: Measured) -> None:
         """Record a finished run; the caller feeds runs oldest first, so the newest wins."""
-        self._runs[(measured.key, measured.kind, measured.profile)] = measured
+        self._runs[(measured.profile_key, measured.kind, measured.profile)] = measured
 
-    def slots(self, key: str, kind: str, fingerprint: str, ttft_target: float, itl_target: float) -> int | None:
-        """The slot count measured for ``key`` as it is now on ``kind``; None: keep ``parallel``."""
-        measured = self._runs.get((key, kind, fingerprint))
+    def slots(self, profile_key: str, kind: str, fingerprint: str, ttft_target: float, itl_target: float) -> int | None:
+        """The slot count measured for ``profile_key`` as it is now on ``kind``; None: keep ``parallel``."""
+        measured = self._runs.get((profile_key, kind, fingerprint))
         return slots_for(measured.levels, ttft_target, itl_target) if measured else None
 
-    def throughput(self, key: str, engine: str, version: str, fingerprint: str, ttft_target: float,
+    def throughput(self, profile_key: str, engine: str, version: str, fingerprint: str, ttft_target: float,
                    itl_target: float) -> dict[str, float]:
-        """Measured generation tokens/s of ``key`` as it is now, per hardware, for this engine version."""
+        """Measured generation tokens/s of ``profile_key`` as it is now, per hardware, for this engine version."""
         return {m.hardware: best_throughput(m.levels, ttft_target, itl_target)
                 for (k, _, f), m in self._runs.items()
-                if k == key and f == fingerprint and (m.engine, m.engine_version) == (engine, version)}
+                if k == profile_key and f == fingerprint and (m.engine, m.engine_version) == (engine, version)}
 
     def __len__(self) -> int:
         return len(self._runs)

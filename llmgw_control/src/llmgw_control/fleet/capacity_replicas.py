@@ -52,37 +52,37 @@ class FleetReplicas:
         target = SweepTarget(replica.url, replica.api_key, replica.served_name or resolved.model.name)
         return Acquired(target, replica.id, record.node_id if record is not None else "", started)
 
-    def _ready(self, key: str, node: str | None) -> Replica | None:
-        ready = [r for r in self.reconciler.replicas.for_model(key)
+    def _ready(self, profile_key: str, node: str | None) -> Replica | None:
+        ready = [r for r in self.reconciler.replicas.for_model(profile_key)
                  if node is None or (self.reconciler.records.get(r.id) is not None
                                      and self.reconciler.records[r.id].node_id == node)]
         return min(ready, key=lambda r: (r.in_flight, r.id), default=None)
 
     async def acquire(self, resolved: Resolved, node: str | None) -> Acquired:
-        key = resolved.key
-        existing = self._ready(key, node)
+        profile_key = resolved.profile_key
+        existing = self._ready(profile_key, node)
         if existing is not None:
             return self._acquired(existing, resolved, started=False)
         if node is None:
             # One already starting (for requests, or min_replicas) is not the run's to stop after.
-            starting = any(r.key == key and not r.draining and r.status not in TERMINAL
+            starting = any(r.profile_key == profile_key and not r.draining and r.status not in TERMINAL
                            for r in self.reconciler.records.values())
-            result = await self.activator.wait(key)
+            result = await self.activator.wait(profile_key)
             if isinstance(result, Refusal):
                 if result is Refusal.OVERFLOW:
-                    raise RunFailed(f"{key} has requests queued beyond its queue: try when it is less busy")
+                    raise RunFailed(f"{profile_key} has requests queued beyond its queue: try when it is less busy")
                 if result is Refusal.STANDBY:
                     # Only the leader starts and measures replicas.
                     raise RunFailed("this control daemon is not (or no longer) the leader: start the run on the "
                                     "leader")
-                raise RunFailed(self.activator.refusal_error(result, key).message)
+                raise RunFailed(self.activator.refusal_error(result, profile_key).message)
             replica = result.replica
             result.give_back()
             return self._acquired(replica, resolved, started=not starting)
         try:
-            replica_id = self.reconciler.start_on(key, node)
+            replica_id = self.reconciler.start_on(profile_key, node)
         except ValueError as exc:
-            raise RunFailed(f"no replica of {key} on node {node}, and none can start there: {exc}") from None
+            raise RunFailed(f"no replica of {profile_key} on node {node}, and none can start there: {exc}") from None
         self.reconciler.benchmarking.add(replica_id)
         with trio.move_on_after(resolved.profile.start_timeout + START_MARGIN):
             while True:

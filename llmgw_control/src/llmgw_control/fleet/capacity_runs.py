@@ -119,7 +119,7 @@ class Run:
     scope: trio.CancelScope | None = attrs.field(default=None, metadata={"memory": True})
 
     @property
-    def key(self) -> str:
+    def profile_key(self) -> str:
         return str(ProfileKey(self.model, self.profile))
 
     def document(self) -> dict[str, Any]:
@@ -177,7 +177,7 @@ class CapacityRuns:
             self.on_learnt()
 
     def _learn(self, run: Run) -> None:
-        measured = measured_from(run.key, {"comparable": run.comparable, "results": run.results})
+        measured = measured_from(run.profile_key, {"comparable": run.comparable, "results": run.results})
         if measured is not None:
             self.index.learn(measured)
 
@@ -206,12 +206,12 @@ class CapacityRuns:
         self._forget_old()
         await self._save(run, new=True)
         self._nursery.start_soon(self._measure, run, resolved)
-        log.info("capacity run %s of %s queued (levels %s)", run.id, run.key, levels)
+        log.info("capacity run %s of %s queued (levels %s)", run.id, run.profile_key, levels)
         return run
 
     def _resolve(self, model: str, profile: str | None) -> Resolved:
-        key = ProfileKey.parse(model)
-        name, named = (key.model, key.profile) if key is not None else (model, "")
+        profile_key = ProfileKey.parse(model)
+        name, named = (profile_key.model, profile_key.profile) if profile_key is not None else (model, "")
         if named and profile is not None and named != profile:
             raise bad_request("profile", f"the model names profile {named!r}, the body {profile!r}")
         requested = str(ProfileKey(name, profile or named)) if (profile or named) else name
@@ -234,7 +234,7 @@ class CapacityRuns:
         if run.scope is not None:
             run.scope.cancel()
         await self._save(run)
-        log.info("capacity run %s of %s cancelled", run.id, run.key)
+        log.info("capacity run %s of %s cancelled", run.id, run.profile_key)
         return run
 
     # ------------------------------------------------------------------ one run
@@ -267,7 +267,8 @@ class CapacityRuns:
         run.finished_at = run.finished_at or time.time()
         with trio.CancelScope(shield=True), trio.move_on_after(_SAVE_GRACE):
             await self._save(run)
-        log.info("capacity run %s of %s %s%s", run.id, run.key, run.state, f": {run.error}" if run.error else "")
+        log.info("capacity run %s of %s %s%s", run.id, run.profile_key, run.state,
+                 f": {run.error}" if run.error else "")
 
     async def _sweep(self, run: Run, resolved: Resolved, source: ReplicaSource) -> None:
         acquired = await source.acquire(resolved, run.node)

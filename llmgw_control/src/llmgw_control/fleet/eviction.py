@@ -70,7 +70,7 @@ def make_room(
 
 def may_evict(assignment: Assignment, for_key: str, *, starved: bool, now: float, min_age: float) -> bool:
     """Whether ``assignment`` may be evicted for ``for_key`` at all (``min_replicas`` aside)."""
-    return (assignment.key != for_key and not assignment.draining and assignment.status == ReplicaStatus.READY
+    return (assignment.profile_key != for_key and not assignment.draining and assignment.status == ReplicaStatus.READY
             and (starved or not assignment.busy) and now - assignment.started_at >= min_age)
 
 
@@ -92,9 +92,10 @@ def _room_on(
     for assignment in candidates:
         if _covers(chosen, short_ram, short_vram):
             break
-        if live_count.get(assignment.key, 0) - taken.get(assignment.key, 0) <= min_replicas.get(assignment.key, 0):
+        profile_key = assignment.profile_key
+        if live_count.get(profile_key, 0) - taken.get(profile_key, 0) <= min_replicas.get(profile_key, 0):
             continue
-        taken[assignment.key] = taken.get(assignment.key, 0) + 1
+        taken[profile_key] = taken.get(profile_key, 0) + 1
         chosen.append(assignment)
     if not _covers(chosen, short_ram, short_vram):
         return None

@@ -59,7 +59,7 @@ class LiveAdapters:
             present.add(record.replica_id)
             if record.status != ReplicaStatus.READY or record.draining:
                 continue
-            resolved = catalog.resolve(record.key)
+            resolved = catalog.resolve(record.profile_key)
             if resolved is None or resolved.profile.engine not in LIVE_ADAPTER_ENGINES:
                 continue
             wanted = adapter_specs(resolved.profile)

@@ -32,14 +32,14 @@ class MeasuredUse:
     def __init__(self) -> None:
         self._peak: dict[str, dict[str, Claim]] = {}
 
-    def record(self, key: str, kind: str, used: Claim) -> None:
-        kinds = self._peak.setdefault(key, {})
+    def record(self, profile_key: str, kind: str, used: Claim) -> None:
+        kinds = self._peak.setdefault(profile_key, {})
         old = kinds.get(kind)
         kinds[kind] = used if old is None else Claim(max(old.ram_mib, used.ram_mib), max(old.vram_mib, used.vram_mib))
 
-    def by_kind(self, key: str) -> dict[str, Claim]:
-        return dict(self._peak.get(key, {}))
+    def by_kind(self, profile_key: str) -> dict[str, Claim]:
+        return dict(self._peak.get(profile_key, {}))
 
-    def forget(self, key: str) -> None:
+    def forget(self, profile_key: str) -> None:
         """The profile changed (or went): what its old form used says nothing about the new one."""
-        self._peak.pop(key, None)
+        self._peak.pop(profile_key, None)

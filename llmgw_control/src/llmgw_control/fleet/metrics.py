@@ -121,25 +121,25 @@ class FleetCollector(Collector):
         replicas = GaugeMetricFamily("llmgw_fleet_replicas", "Replicas per model profile, by state.",
                                      labels=["model", "state"])
         counts: Counter[tuple[str, str]] = Counter(
-            (r.key, "draining" if r.draining else str(r.status)) for r in reconciler.records.values())
+            (r.profile_key, "draining" if r.draining else str(r.status)) for r in reconciler.records.values())
         for resolved in fleet.catalog.all_profiles():
             for state in REPLICA_STATES:
-                counts.setdefault((resolved.key, state), 0)
-        for (key, state), value in sorted(counts.items()):
-            replicas.add_metric([key, state], value)
+                counts.setdefault((resolved.profile_key, state), 0)
+        for (profile_key, state), value in sorted(counts.items()):
+            replicas.add_metric([profile_key, state], value)
 
         waiting = GaugeMetricFamily("llmgw_fleet_waiting_requests",
                                     "Requests held by the activator until a replica of the model is ready.",
                                     labels=["model"])
         for resolved in fleet.catalog.all_profiles():
-            waiting.add_metric([resolved.key], reconciler.demand.waiting(resolved.key))
+            waiting.add_metric([resolved.profile_key], reconciler.demand.waiting(resolved.profile_key))
         queue = GaugeMetricFamily("llmgw_fleet_queue_depth", "All requests held by the activator.",
                                   value=fleet.activator.queue_depth())
 
         evictions = CounterMetricFamily("llmgw_fleet_evictions", "Replicas of the model profile evicted to make "
                                         "room for another model.", labels=["model"])
         for resolved in fleet.catalog.all_profiles():
-            evictions.add_metric([resolved.key], reconciler.evictions.get(resolved.key, 0))
+            evictions.add_metric([resolved.profile_key], reconciler.evictions.get(resolved.profile_key, 0))
 
         return [replicas, waiting, queue, evictions]
 

@@ -29,7 +29,7 @@ from .lifecycle import TERMINAL, ReplicaStatus
 class Demand:
     """One profile: what it needs and how many replicas are wanted now."""
 
-    key: str
+    profile_key: str
     engine: tuple[str, str]
     claim: Claim
     wanted: int
@@ -88,7 +88,7 @@ class PlanNode:
 @attrs.frozen
 class Assignment:
     replica_id: str
-    key: str
+    profile_key: str
     node_id: str
     port: int
     claim: Claim
@@ -119,7 +119,7 @@ class Assignment:
 @attrs.frozen
 class Start:
     node_id: str
-    key: str
+    profile_key: str
     port: int
     claim: Claim
     # The GPUs it is to run on (empty: no VRAM claim, or a node that lists no GPUs).
@@ -145,7 +145,7 @@ class Evict:
 
     replica_id: str
     node_id: str
-    key: str
+    profile_key: str
     for_key: str
 
 
@@ -201,7 +201,7 @@ def plan(
     now: float,
     limits: PlanLimits = PlanLimits(),
 ) -> Plan:
-    """``backoff`` maps (key, node_id) to (retry-after time, last failure) after failed starts."""
+    """``backoff`` maps (profile key, node_id) to (retry-after time, last failure) after failed starts."""
     node_map = {n.node_id: n for n in nodes}
     actions: list[Action] = []
     blocked: dict[str, str] = {}
@@ -243,20 +243,20 @@ def plan(
     # choosing a node does not rescan every assignment (1,000 nodes x 500 models in one pass).
     live_by_key: dict[str, list[Assignment]] = {}
     spread: dict[tuple[str, str], int] = {}
-    for assignment in kept:
-        if assignment.live:
-            live_by_key.setdefault(assignment.key, []).append(assignment)
-            spread[(assignment.key, assignment.node_id)] = spread.get((assignment.key, assignment.node_id), 0) + 1
+    for assignment in (a for a in kept if a.live):
+        live_by_key.setdefault(assignment.profile_key, []).append(assignment)
+        at = (assignment.profile_key, assignment.node_id)
+        spread[at] = spread.get(at, 0) + 1
     ordered_nodes = sorted((n for n in node_map.values() if n.schedulable), key=lambda n: n.node_id)
     any_schedulable = bool(ordered_nodes)
-    demand_list = sorted(demands, key=lambda d: (-d.waited, d.key))
-    min_replicas = {d.key: d.min_replicas for d in demand_list}
+    demand_list = sorted(demands, key=lambda d: (-d.waited, d.profile_key))
+    min_replicas = {d.profile_key: d.min_replicas for d in demand_list}
     # Profiles a replica was evicted from in this pass: not placed again in it.
     evicted_keys: set[str] = set()
     for demand in demand_list:
-        if demand.key in evicted_keys:
+        if demand.profile_key in evicted_keys:
             continue
-        live = live_by_key.get(demand.key, [])
+        live = live_by_key.get(demand.profile_key, [])
         missing = demand.wanted - len(live)
         if missing < 0:
             # Drain the surplus: replicas not yet serving first, then the least recently used.
@@ -267,28 +267,28 @@ def plan(
             continue
         for _ in range(missing):
             if not any_schedulable:
-                blocked[demand.key] = "no node is connected and schedulable"
+                blocked[demand.profile_key] = "no node is connected and schedulable"
                 break
             choice, reason, short = _choose_node(demand, ordered_nodes, spread, free_ram, free_vram, gpu_free, backoff,
                                                  now)
             if choice is None:
                 live_count = {k: len(v) for k, v in live_by_key.items()}
-                room = make_room(demand.key, {n.node_id: demand.claim_on(n.kind) for n in short}, free_ram,
+                room = make_room(demand.profile_key, {n.node_id: demand.claim_on(n.kind) for n in short}, free_ram,
                                  free_vram, on_node, live_count, min_replicas, starved=demand.starved, now=now,
                                  min_age=limits.evict_min_age)
                 if room is not None and not _fits_gpus_after(room, demand, node_map[room.node_id], gpu_free):
                     room = None  # the totals would suffice, the node's GPUs one by one would not
-                blocked[demand.key] = reason if room is None else _making_room(room)
+                blocked[demand.profile_key] = reason if room is None else _making_room(room)
                 if room is not None:
                     for victim in room.evict:
-                        actions.append(Evict(victim.replica_id, victim.node_id, victim.key, demand.key))
-                        evicted_keys.add(victim.key)
+                        actions.append(Evict(victim.replica_id, victim.node_id, victim.profile_key, demand.profile_key))
+                        evicted_keys.add(victim.profile_key)
                         _now_draining(victim, on_node, live_by_key)
                 break
             claim = _claim_for(demand, node_map[choice])
             port = _free_port(node_map[choice], ports[choice], limits)
             if port is None:
-                blocked[demand.key] = f"node {choice}: no free port in {limits.port_min}-{limits.port_max}"
+                blocked[demand.profile_key] = f"node {choice}: no free port in {limits.port_min}-{limits.port_max}"
                 break
             ports[choice].add(port)
             free_ram[choice] -= claim.ram_mib
@@ -298,8 +298,8 @@ def plan(
                 devices = gpu_fit.fit(gpu_free[choice], claim.vram_mib, demand.gpus) or ()
                 for device in devices:
                     gpu_free[choice][device] -= gpu_fit.share(claim.vram_mib, len(devices))
-            actions.append(Start(choice, demand.key, port, claim, devices))
-            spread[(demand.key, choice)] = spread.get((demand.key, choice), 0) + 1
+            actions.append(Start(choice, demand.profile_key, port, claim, devices))
+            spread[(demand.profile_key, choice)] = spread.get((demand.profile_key, choice), 0) + 1
     return Plan(actions, blocked, limits.reschedule_budget - budget)
 
 
@@ -316,7 +316,8 @@ def _now_draining(assignment: Assignment, on_node: dict[str, list[Assignment]],
                   live_by_key: dict[str, list[Assignment]]) -> None:
     """A drain decided in this pass: no longer live, and its memory is on its way out (what the
     room of a later demand may count on, and nothing to evict a second time)."""
-    live_by_key[assignment.key] = [a for a in live_by_key.get(assignment.key, []) if a is not assignment]
+    profile_key = assignment.profile_key
+    live_by_key[profile_key] = [a for a in live_by_key.get(profile_key, []) if a is not assignment]
     held = on_node[assignment.node_id]
     held[held.index(assignment)] = attrs.evolve(assignment, draining=True)
 
@@ -337,7 +338,7 @@ def _fits_gpus_after(room: Room, demand: Demand, node: PlanNode, gpu_free: dict[
 
 def _making_room(room: Room) -> str:
     if room.evict:
-        names = ", ".join(f"{a.replica_id} ({a.key})" for a in room.evict)
+        names = ", ".join(f"{a.replica_id} ({a.profile_key})" for a in room.evict)
         return f"making room on node {room.node_id}: evicting idle {names}"
     names = ", ".join(a.replica_id for a in room.draining)
     return f"making room on node {room.node_id}: waiting for {names} to stop"
@@ -378,7 +379,7 @@ def _choose_node(
             reasons.append(f"node {node.node_id}: {name} {version} is a {built or 'unknown'} build; the profile pins "
                            f"backend {demand.backend}")
             continue
-        until = backoff.get((demand.key, node.node_id))
+        until = backoff.get((demand.profile_key, node.node_id))
         if until is not None and until[0] > now:
             reasons.append(f"start failed on node {node.node_id}: {until[1]} (retrying in {until[0] - now:.0f} s)")
             continue
@@ -414,8 +415,8 @@ def _choose_node(
         return None, "no node fits: " + "; ".join(reasons), short
     # Spread replicas of one profile across nodes, then prefer the hardware measured faster for
     # it (none measured: all alike), then the node with the most room.
-    key = demand.key
+    profile_key = demand.profile_key
     speed = demand.throughput_by_hardware
-    best = min(candidates, key=lambda n: (spread.get((key, n.node_id), 0), -speed.get(n.hardware, 0.0),
+    best = min(candidates, key=lambda n: (spread.get((profile_key, n.node_id), 0), -speed.get(n.hardware, 0.0),
                                           -free_ram[n.node_id]))
     return best.node_id, "", short

@@ -163,18 +163,18 @@ class Reconciler:
     def replica_api_key(self, replica_id: str) -> str:
         return self.ids.api_key(replica_id)
 
-    def new_replica_id(self, key: str, node_id: str) -> str:
-        return self.ids.new(key, node_id)
+    def new_replica_id(self, profile_key: str, node_id: str) -> str:
+        return self.ids.new(profile_key, node_id)
 
     def adoption_key(self, replica_id: str, node_id: str) -> str | None:
         """The profile key control minted ``replica_id`` for on ``node_id``; None when it did not."""
-        return self.ids.minted_for(replica_id, node_id, [r.key for r in self.catalog.all_profiles()])
+        return self.ids.minted_for(replica_id, node_id, [r.profile_key for r in self.catalog.all_profiles()])
 
-    def status(self, key: str) -> str:
-        """Why ``key`` has no ready replica, in the operator's words."""
-        if key in self.blocked:
-            return self.blocked[key]
-        starting = [r for r in self.records.values() if r.key == key and not r.draining]
+    def status(self, profile_key: str) -> str:
+        """Why ``profile_key`` has no ready replica, in the operator's words."""
+        if profile_key in self.blocked:
+            return self.blocked[profile_key]
+        starting = [r for r in self.records.values() if r.profile_key == profile_key and not r.draining]
         if starting:
             record = starting[0]
             words = f"{record.status}: {record.detail}" if record.detail else record.status
@@ -193,17 +193,17 @@ class Reconciler:
             # there and place again at once, instead of backing the model off the whole node.
             self.busy_ports.setdefault(record.node_id, set()).add(record.port)
             log.warning("port %d on node %s is taken by another process: choosing another", record.port,
-                        record.node_id, extra={"model": record.key})
+                        record.node_id, extra={"model": record.profile_key})
             self.wake()
             return
-        attempts = self.failures.get((record.key, record.node_id), 0) + 1
-        self.failures[(record.key, record.node_id)] = attempts
+        attempts = self.failures.get((record.profile_key, record.node_id), 0) + 1
+        self.failures[(record.profile_key, record.node_id)] = attempts
         delay = min(self.config.backoff_cap, self.config.backoff_base * 2 ** (attempts - 1))
-        self.backoff[(record.key, record.node_id)] = (self.clock() + delay, detail or "failed")
+        self.backoff[(record.profile_key, record.node_id)] = (self.clock() + delay, detail or "failed")
         # With the engine's last words: "exited with status 1" alone sends the operator to the node.
         log.warning("replica %s of %s failed on node %s: %s (not retried there for %.0f s)", replica_id,
-                    record.key, record.node_id, detail, delay,
-                    extra={"model": record.key, "engine_output": record.last_lines[-5:]})
+                    record.profile_key, record.node_id, detail, delay,
+                    extra={"model": record.profile_key, "engine_output": record.last_lines[-5:]})
         self.wake()
 
     def is_cordoned(self, node_id: str) -> bool:
@@ -231,35 +231,36 @@ class Reconciler:
         self.cordon(node_id)
         return self._drain([r for r in self.records.values() if r.node_id == node_id])
 
-    def drain_key(self, key: str) -> list[str]:
+    def drain_key(self, profile_key: str) -> list[str]:
         """Drain every replica of a profile key (its model was removed, or changed so that the
         running engines no longer match it)."""
-        self.measured.forget(key)
-        return self._drain([r for r in self.records.values() if r.key == key])
+        self.measured.forget(profile_key)
+        return self._drain([r for r in self.records.values() if r.profile_key == profile_key])
 
-    def start_on(self, key: str, node_id: str) -> str:
-        """Place one more replica of ``key`` on ``node_id`` now (a capacity run asked for that
+    def start_on(self, profile_key: str, node_id: str) -> str:
+        """Place one more replica of ``profile_key`` on ``node_id`` now (a capacity run asked for that
         node): the pure ``plan`` decides whether it fits there, as for any start. Returns the new
         replica id; ValueError with the reason when it cannot start there."""
-        resolved = self.catalog.resolve(key)
+        resolved = self.catalog.resolve(profile_key)
         if resolved is None:
-            raise ValueError(f"no model {key}")
-        live = [r for r in self.records.values() if r.key == key and not r.draining and r.status not in TERMINAL]
+            raise ValueError(f"no model {profile_key}")
+        live = [r for r in self.records.values()
+                if r.profile_key == profile_key and not r.draining and r.status not in TERMINAL]
         if len(live) >= resolved.profile.max_replicas:
             # One more would be drained again by the next pass as a surplus.
-            raise ValueError(f"{key} runs its max_replicas ({resolved.profile.max_replicas}) already, none on "
+            raise ValueError(f"{profile_key} runs its max_replicas ({resolved.profile.max_replicas}) already, none on "
                              f"node {node_id}: measure one of those (on its node)")
         now = self.clock()
         views = [v for v in self._node_views(now) if v.node_id == node_id]
         if not views:
             raise ValueError(f"node {node_id} is not connected")
         here = [r.as_assignment(r.created_at) for r in self.records.values() if r.node_id == node_id]
-        demand = self._demand(resolved, sum(1 for a in here if a.key == key and a.live) + 1)
+        demand = self._demand(resolved, sum(1 for a in here if a.profile_key == profile_key and a.live) + 1)
         decided = plan([demand], views, here, backoff=self.backoff, now=now,
                        limits=PlanLimits(self.config.port_min, self.config.port_max))
         starts: list[Action] = [a for a in decided.actions if isinstance(a, Start)]
         if not starts:
-            raise ValueError(decided.blocked.get(key, f"{key} cannot start on node {node_id}"))
+            raise ValueError(decided.blocked.get(profile_key, f"{profile_key} cannot start on node {node_id}"))
         before = set(self.records)
         self._apply(starts[:1], now)
         started = set(self.records) - before
@@ -274,10 +275,11 @@ class Reconciler:
         record = self.records.get(replica_id)
         if record is None or record.draining:
             return False
-        resolved = self.catalog.resolve(record.key)
+        resolved = self.catalog.resolve(record.profile_key)
         replica = self.replicas.get(replica_id)
-        live = [r for r in self.records.values() if r.key == record.key and not r.draining and r.status not in TERMINAL]
-        if (replica is not None and replica.in_flight) or self.demand.waiting(record.key) or (
+        live = [r for r in self.records.values()
+                if r.profile_key == record.profile_key and not r.draining and r.status not in TERMINAL]
+        if (replica is not None and replica.in_flight) or self.demand.waiting(record.profile_key) or (
                 resolved is not None and len(live) <= resolved.profile.min_replicas):
             return False
         return bool(self._drain([record]))
@@ -362,7 +364,7 @@ class Reconciler:
             return
         # Replicas of a model the catalog no longer has (removed through the admin API) go away
         # the usual way: withdrawn, then drained.
-        self._drain([r for r in self.records.values() if self.catalog.resolve(r.key) is None])
+        self._drain([r for r in self.records.values() if self.catalog.resolve(r.profile_key) is None])
         demands = self._demands(now)
         views = self._node_views(now)
         limits = PlanLimits(self.config.port_min, self.config.port_max, self._reschedules.available(now),
@@ -371,15 +373,15 @@ class Reconciler:
         assignments = []
         for record in self.records.values():
             replica = published.get(record.replica_id)
-            busy = (bool(self.demand.waiting(record.key)) or (replica is not None and replica.in_flight > 0)
+            busy = (bool(self.demand.waiting(record.profile_key)) or (replica is not None and replica.in_flight > 0)
                     or record.replica_id in self.benchmarking)
             last_used = replica.last_used if replica is not None else record.created_at
             assignments.append(record.as_assignment(last_used, busy=busy))
         decided = plan(demands, views, assignments, backoff=self.backoff, now=now, limits=limits)
         self._reschedules.spend(decided.rescheduled, now)
         self._apply(decided.actions, now)
-        for key, reason in decided.blocked.items():
-            self._log_blocked(key, reason, now)
+        for profile_key, reason in decided.blocked.items():
+            self._log_blocked(profile_key, reason, now)
         self.blocked = decided.blocked
         self._sync_adapters()
         self._publish_to_gateway(now)
@@ -394,13 +396,13 @@ class Reconciler:
         out: dict[str, list[str]] = {}
         for record in self.records.values():
             if record.node_id == node_id and record.status in HOLDING:
-                resolved = self.catalog.resolve(record.key)
+                resolved = self.catalog.resolve(record.profile_key)
                 # A vLLM or SGLang replica serves a model directory, not a file of the cache.
                 if resolved is not None and resolved.profile.weights is not None:
-                    out.setdefault(resolved.profile.weights.sha256.lower(), []).append(record.key)
+                    out.setdefault(resolved.profile.weights.sha256.lower(), []).append(record.profile_key)
                     # Its LoRA adapters are files of the cache too, kept and collected alike.
                     for adapter in resolved.profile.adapters:
-                        out.setdefault(adapter.weights.sha256.lower(), []).append(record.key)
+                        out.setdefault(adapter.weights.sha256.lower(), []).append(record.profile_key)
         return out
 
     def _remove_unused_weights(self) -> None:
@@ -429,7 +431,7 @@ class Reconciler:
                                     free=free)
         if victims:
             log.info("removing %d least recently used model file(s) from node %s to make room for %s",
-                     len(victims), node.node_id, resolved.key, extra={"node": node.node_id})
+                     len(victims), node.node_id, resolved.profile_key, extra={"node": node.node_id})
             self._send(node.node_id, RemoveWeights(self._next_id(), self.fencing_token, victims))
             gone = set(victims)
             node.weights = [w for w in node.weights if w.sha256 not in gone]
@@ -438,23 +440,23 @@ class Reconciler:
         """Whether one replica with ``claim`` would be placed on some node now, by the same plan
         placement runs, beside what is assigned: "" when it fits, else plan's reason."""
         now = self.clock()
-        probe = "\x00probe"  # a key no profile can have (names never hold NUL)
+        probe = "\x00probe"  # a profile key no profile can have (names never hold NUL)
         last_used = {r.id: r.last_used for r in self.replicas}
         decided = plan([Demand(probe, engine, claim, 1, dict(labels or {}))], self._node_views(now),
                        [r.as_assignment(last_used.get(r.replica_id, r.created_at)) for r in self.records.values()],
                        backoff={}, now=now,
                        limits=PlanLimits(self.config.port_min, self.config.port_max, 0))
-        if any(isinstance(a, Start) and a.key == probe for a in decided.actions):
+        if any(isinstance(a, Start) and a.profile_key == probe for a in decided.actions):
             return ""
         return decided.blocked.get(probe, "no node is ready")
 
-    def _log_blocked(self, key: str, reason: str, now: float) -> None:
+    def _log_blocked(self, profile_key: str, reason: str, now: float) -> None:
         """Say why a model waits, in the node's words, without a line for every percent of a download."""
         gist = re.sub(r"[0-9.]+", "#", reason)
-        last_gist, last_time = self._blocked_logged.get(key, ("", -1e9))
+        last_gist, last_time = self._blocked_logged.get(profile_key, ("", -1e9))
         if gist != last_gist or now - last_time >= 10:
-            self._blocked_logged[key] = (gist, now)
-            log.info("model %s waits: %s", key, reason, extra={"model": key})
+            self._blocked_logged[profile_key] = (gist, now)
+            log.info("model %s waits: %s", profile_key, reason, extra={"model": profile_key})
 
     def _absorb_reports(self, now: float) -> None:
         for node in self.inventory:
@@ -503,8 +505,8 @@ class Reconciler:
             return
         if reported == ReplicaStatus.READY and record.status != ReplicaStatus.READY:
             record.ready_since = now
-            self.failures.pop((record.key, record.node_id), None)
-            log.info("replica %s of %s ready on node %s", record.replica_id, record.key, node.node_id)
+            self.failures.pop((record.profile_key, record.node_id), None)
+            log.info("replica %s of %s ready on node %s", record.replica_id, record.profile_key, node.node_id)
         if state.last_lines:
             record.last_lines = list(state.last_lines)
         record.adapters = tuple(state.adapters)
@@ -519,7 +521,7 @@ class Reconciler:
         if state.rss_mib == 0 and state.vram_mib == 0:
             return  # not measured yet (or between restarts): the claim stands
         used = Claim(state.rss_mib, state.vram_mib)
-        resolved = self.catalog.resolve(record.key)
+        resolved = self.catalog.resolve(record.profile_key)
         if resolved is not None and resolved.profile.ram_mib:
             # A claim the operator configured is a reservation, not a guess: what is measured
             # may raise it, never lower it (it may cover a peak the measurement has not seen).
@@ -528,7 +530,7 @@ class Reconciler:
         record.used = used
         if record.status == ReplicaStatus.READY:
             # Only a replica that loaded says what the profile needs; one still loading holds less.
-            self.measured.record(record.key, node_kind(node.facts), record.used)
+            self.measured.record(record.profile_key, node_kind(node.facts), record.used)
 
     def _adopt(self, node: NodeRecord, state: ReplicaState, now: float) -> None:
         """A replica a node runs that this control does not know: after a restart, take it over --
@@ -538,27 +540,28 @@ class Reconciler:
         if status in TERMINAL or status == ReplicaStatus.DRAINING:
             return  # ended, or on its way out: nothing to take over
         replica_id = state.replica_id
-        key = self.adoption_key(replica_id, node.node_id)
+        profile_key = self.adoption_key(replica_id, node.node_id)
         refusal = ""
-        if key is None:
+        if profile_key is None:
             refusal = "no model in the catalog claims it, or it was not started on this node"
         elif not self.config.port_min <= state.port <= self.config.port_max:
             refusal = f"port {state.port} is outside {self.config.port_min}-{self.config.port_max}"
         elif any(r.node_id == node.node_id and r.port == state.port and r.status in HOLDING
                  for r in self.records.values()):
             refusal = f"port {state.port} belongs to another replica there"
-        if refusal or key is None:
+        if refusal or profile_key is None:
             log.info("node %s runs replica %s, which is not adopted (%s): stopping it", node.node_id, replica_id,
                      refusal, extra={"node": node.node_id})
             self._send(node.node_id, StopReplica(self._next_id(), self.fencing_token, replica_id))
             node.replicas.pop(replica_id, None)
             return
-        record = ReplicaRecord(replica_id, key, node.node_id, state.port, self.claims.get(key, Claim(0)), status,
-                             state.detail, created_at=now, ready_since=now if status == ReplicaStatus.READY else None,
-                             address=node.address, adapters=tuple(state.adapters))
+        record = ReplicaRecord(replica_id, profile_key, node.node_id, state.port,
+                               self.claims.get(profile_key, Claim(0)), status, state.detail, created_at=now,
+                               ready_since=now if status == ReplicaStatus.READY else None,
+                               address=node.address, adapters=tuple(state.adapters))
         self.records[replica_id] = record
         self._measured(node, record, state)
-        log.info("adopted replica %s of %s on node %s (%s)", replica_id, key, node.node_id, status)
+        log.info("adopted replica %s of %s on node %s (%s)", replica_id, profile_key, node.node_id, status)
 
     def _expire_assigned(self, now: float) -> None:
         """A start the node acknowledged (or never answered) and then never reported: failed."""
@@ -581,10 +584,10 @@ class Reconciler:
                 self._forget(Forget(record.replica_id, f"node {node.node_id} is forgotten"), now)
             self.inventory.remove(node.node_id)
             self.busy_ports.pop(node.node_id, None)
-            for key in [k for k in self.backoff if k[1] == node.node_id]:
-                del self.backoff[key]
-            for key in [k for k in self.failures if k[1] == node.node_id]:
-                del self.failures[key]
+            for at in [k for k in self.backoff if k[1] == node.node_id]:
+                del self.backoff[at]
+            for at in [k for k in self.failures if k[1] == node.node_id]:
+                del self.failures[at]
             log.info("forgot node %s: silent for %.0f s", node.node_id, now - node.last_seen,
                      extra={"node": node.node_id})
 
@@ -616,22 +619,22 @@ class Reconciler:
         live_by_key: dict[str, list[ReplicaRecord]] = {}
         for record in self.records.values():
             if not record.draining and record.status not in TERMINAL:
-                live_by_key.setdefault(record.key, []).append(record)
+                live_by_key.setdefault(record.profile_key, []).append(record)
         marks_seen: set[str] = set()
         waiting_now = self.demand.snapshot()
-        for key in [k for k in self._waiting_since if k not in waiting_now]:
-            del self._waiting_since[key]
-        for key in waiting_now:
-            self._waiting_since.setdefault(key, now)
+        for profile_key in [k for k in self._waiting_since if k not in waiting_now]:
+            del self._waiting_since[profile_key]
+        for profile_key in waiting_now:
+            self._waiting_since.setdefault(profile_key, now)
         for resolved in self.catalog.all_profiles():
-            key = resolved.key
+            profile_key = resolved.profile_key
             profile = resolved.profile
-            marks_seen.add(key)
-            live = live_by_key.get(key, [])
-            published = {r.id: r for r in self.replicas.for_model(key)}
+            marks_seen.add(profile_key)
+            live = live_by_key.get(profile_key, [])
+            published = {r.id: r for r in self.replicas.for_model(profile_key)}
             serving = [published[r.replica_id] for r in live if r.replica_id in published]
-            waiting = waiting_now.get(key, 0)
-            marks = self._load_marks.setdefault(key, {})
+            waiting = waiting_now.get(profile_key, 0)
+            marks = self._load_marks.setdefault(profile_key, {})
             # Requests in the gateway for this profile now; a replica used since the last pass
             # counts as one, so requests shorter than a pass are load too.
             load = waiting + sum(r.in_flight or (1 if r.last_used > self._demands_at else 0) for r in serving)
@@ -652,11 +655,11 @@ class Reconciler:
                     wanted = len(live) + 1
                     marks[wanted] = now
             wanted = min(wanted, profile.max_replicas)
-            waited = now - self._waiting_since.get(key, now)
+            waited = now - self._waiting_since.get(profile_key, now)
             demands.append(self._demand(resolved, wanted, starved=waiting > 0 and waited >= self.config.yield_after,
                                         waited=waited))
-        for key in set(self._load_marks) - marks_seen:
-            del self._load_marks[key]
+        for profile_key in set(self._load_marks) - marks_seen:
+            del self._load_marks[profile_key]
         self._demands_at = now
         return demands
 
@@ -664,18 +667,19 @@ class Reconciler:
         profile = resolved.profile
         engine = (profile.engine, self.catalog.engine_version(profile))
         # No run learnt (the usual case): nothing to look up, placement as without measurements.
-        throughput = self.capacity.throughput(resolved.key, *engine, profile_fingerprint(profile), profile.ttft_target,
+        profile_key = resolved.profile_key
+        throughput = self.capacity.throughput(profile_key, *engine, profile_fingerprint(profile), profile.ttft_target,
                                               profile.itl_target) if self.capacity else {}
-        return Demand(resolved.key, engine, self.claims.get(resolved.key, Claim(0)), wanted, dict(profile.labels),
+        return Demand(profile_key, engine, self.claims.get(profile_key, Claim(0)), wanted, dict(profile.labels),
                       min_replicas=profile.min_replicas, starved=starved,
-                      claim_by_kind=self.measured.by_kind(resolved.key), gpus=profile.gpus, waited=waited,
+                      claim_by_kind=self.measured.by_kind(profile_key), gpus=profile.gpus, waited=waited,
                       throughput_by_hardware=throughput, cpu_ok=profile.cpu_ok, backend=profile.backend)
 
-    def replica_slots_on(self, key: str, profile: ProfileConfig, node: NodeRecord | None) -> int:
+    def replica_slots_on(self, profile_key: str, profile: ProfileConfig, node: NodeRecord | None) -> int:
         """A replica's slots: what a capacity run measured on its node's kind, else ``parallel``."""
         if node is not None and self.capacity:
             kind = capacity_kind(hardware_of(node.facts), profile.engine, self.catalog.engine_version(profile))
-            measured = self.capacity.slots(key, kind, profile_fingerprint(profile), profile.ttft_target,
+            measured = self.capacity.slots(profile_key, kind, profile_fingerprint(profile), profile.ttft_target,
                                            profile.itl_target)
             if measured is not None:
                 return measured
@@ -713,12 +717,13 @@ class Reconciler:
                 if isinstance(action, Evict):
                     # Back to scale from zero: the load that kept it is forgotten, so only new
                     # requests (waiting for it) place it again.
-                    self._load_marks.pop(record.key, None)
-                    self.evictions[record.key] = self.evictions.get(record.key, 0) + 1
+                    self._load_marks.pop(record.profile_key, None)
+                    self.evictions[record.profile_key] = self.evictions.get(record.profile_key, 0) + 1
                     log.info("evicting replica %s of %s on node %s to make room for %s", record.replica_id,
-                             record.key, record.node_id, action.for_key, extra={"model": record.key})
+                             record.profile_key, record.node_id, action.for_key, extra={"model": record.profile_key})
                 else:
-                    log.info("draining replica %s of %s on node %s", record.replica_id, record.key, record.node_id)
+                    log.info("draining replica %s of %s on node %s", record.replica_id, record.profile_key,
+                             record.node_id)
                 self._send(record.node_id, DrainReplica(self._next_id(), self.fencing_token, record.replica_id))
             elif isinstance(action, Stop):
                 self._send(action.node_id, StopReplica(self._next_id(), self.fencing_token, action.replica_id))
@@ -728,32 +733,34 @@ class Reconciler:
     def _placement_event(self, action: Drain | Evict | Stop | Forget) -> None:
         """What placement decided about a replica, as an event on the pass's span (tracing on)."""
         record = self.records.get(action.replica_id)
-        key = record.key if record is not None else getattr(action, "key", "")
+        profile_key = record.profile_key if record is not None else getattr(action, "profile_key", "")
         tracing.event("llmgw.placement", {
             "llmgw.action": type(action).__name__.lower(), "llmgw.node": record.node_id if record else "",
-            "gen_ai.request.model": ProfileKey.model_of(key), "llmgw.profile": key, "llmgw.replica": action.replica_id})
+            "gen_ai.request.model": ProfileKey.model_of(profile_key), "llmgw.profile": profile_key,
+            "llmgw.replica": action.replica_id})
 
     def _start(self, action: Start, now: float) -> None:
-        resolved = self.catalog.resolve(action.key)
+        resolved = self.catalog.resolve(action.profile_key)
         if resolved is None:
             return
         node = self.inventory.get(action.node_id)
         if node is None:
             return
-        replica_id = self.new_replica_id(action.key, action.node_id)
+        replica_id = self.new_replica_id(action.profile_key, action.node_id)
         tracing.event("llmgw.placement", {"llmgw.action": "start", "llmgw.node": action.node_id,
-                                          "gen_ai.request.model": resolved.model.name, "llmgw.profile": action.key,
-                                          "llmgw.replica": replica_id})
+                                          "gen_ai.request.model": resolved.model.name,
+                                          "llmgw.profile": action.profile_key, "llmgw.replica": replica_id})
         spec = self.replica_spec(resolved, replica_id, action.port, action.devices)
         self._room_for_weights(node, resolved)
         # The record first: a dispatcher may report the command lost before send returns.
-        self.records[replica_id] = ReplicaRecord(replica_id, action.key, action.node_id, action.port, action.claim,
-                                            created_at=now, address=node.address, devices=action.devices)
+        self.records[replica_id] = ReplicaRecord(replica_id, action.profile_key, action.node_id, action.port,
+                                                 action.claim, created_at=now, address=node.address,
+                                                 devices=action.devices)
         if not self._send(action.node_id, StartReplica(self._next_id(), self.fencing_token, spec)):
             self.records.pop(replica_id, None)
             return
         self.live_adapters.sent_to(replica_id, spec.adapters)  # what it loads once ready
-        log.info("starting replica %s of %s on node %s port %d", replica_id, action.key, action.node_id,
+        log.info("starting replica %s of %s on node %s port %d", replica_id, action.profile_key, action.node_id,
                  action.port)
 
     def replica_spec(self, resolved: Resolved, replica_id: str, port: int,
@@ -786,19 +793,19 @@ class Reconciler:
         if record is None:
             return
         self._retired[record.replica_id] = (replica, None)
-        self.ended[record.replica_id] = EndedReplica(record.replica_id, record.key, record.node_id, record.status,
-                                                   record.detail, record.last_lines)
+        self.ended[record.replica_id] = EndedReplica(record.replica_id, record.profile_key, record.node_id,
+                                                     record.status, record.detail, record.last_lines)
         while len(self.ended) > KEEP_ENDED:
             del self.ended[next(iter(self.ended))]
         node = self.inventory.get(record.node_id)
         if node is not None:
             node.replicas.pop(record.replica_id, None)
-        log.info("forgetting replica %s of %s: %s", record.replica_id, record.key, action.reason)
+        log.info("forgetting replica %s of %s: %s", record.replica_id, record.profile_key, action.reason)
 
     def _sync_adapters(self) -> None:
         """Send running vLLM replicas their profile's adapters where the catalog changed them."""
         for record, adapters in self.live_adapters.due(self.records.values(), self.catalog):
-            log.info("replica %s of %s: loading adapters [%s] live", record.replica_id, record.key,
+            log.info("replica %s of %s: loading adapters [%s] live", record.replica_id, record.profile_key,
                      ", ".join(a.name for a in adapters))
             if self._send(record.node_id, SetAdapters(self._next_id(), self.fencing_token, record.replica_id,
                                                       adapters)):
@@ -813,8 +820,8 @@ class Reconciler:
             current = self.replicas.get(record.replica_id)
             if routable and node is not None:
                 url = f"http://{_url_host(record.address or node.address)}:{record.port}"
-                resolved = self.catalog.resolve(record.key)
-                slots = self.replica_slots_on(record.key, resolved.profile, node) if resolved else 1
+                resolved = self.catalog.resolve(record.profile_key)
+                slots = self.replica_slots_on(record.profile_key, resolved.profile, node) if resolved else 1
                 adapters, adapter_mode = replica_adapters(resolved.profile, record.adapters) if resolved else ((), "")
                 if current is None or current.url != url:
                     served = resolved.model.name if resolved else ""
@@ -822,7 +829,7 @@ class Reconciler:
                     engine_slots = resolved.profile.parallel \
                         if resolved is not None and resolved.profile.engine == "llama.cpp" else 0
                     self.replicas.publish(Replica(
-                        id=record.replica_id, url=url, models=frozenset({record.key}), slots=slots,
+                        id=record.replica_id, url=url, models=frozenset({record.profile_key}), slots=slots,
                         api_key=self.replica_api_key(record.replica_id), served_name=served,
                         last_used=now, engine_slots=engine_slots, adapters=adapters, adapter_mode=adapter_mode))
                 elif current.adapters != adapters:
@@ -832,11 +839,11 @@ class Reconciler:
                 elif current.slots != slots:
                     # A capacity run finished (or the profile changed): the replica's counters
                     # stay, only its bound moves; requests waiting take slots that opened.
-                    log.info("replica %s of %s now has %d slots", record.replica_id, record.key, slots)
+                    log.info("replica %s of %s now has %d slots", record.replica_id, record.profile_key, slots)
                     self.replicas.resize(record.replica_id, slots)
             elif current is not None:
                 self.replicas.withdraw(record.replica_id)
-                log.info("withdrew replica %s of %s (%s, node %s)", record.replica_id, record.key,
+                log.info("withdrew replica %s of %s (%s, node %s)", record.replica_id, record.profile_key,
                          record.status, state)
         for replica_id in self._published - set(self.records):
             self.replicas.withdraw(replica_id)

@@ -23,8 +23,8 @@ _TAG = re.compile(r"[0-9a-f]{16}")
 _SLUG_CHARS = 96
 
 
-def _slug(key: str) -> str:
-    return _UNSAFE.sub("-", key)[:_SLUG_CHARS]
+def _slug(profile_key: str) -> str:
+    return _UNSAFE.sub("-", profile_key)[:_SLUG_CHARS]
 
 
 class ReplicaIds:
@@ -35,19 +35,19 @@ class ReplicaIds:
         """The bearer key of ``replica_id``'s engine, derived: an adopted engine needs no key exchange."""
         return hmac.new(self._secret, replica_id.encode(), hashlib.sha256).hexdigest()[:48]
 
-    def new(self, key: str, node_id: str) -> str:
-        """``<slug of the key>-<nonce>-<tag>``: the tag binds the id to its profile and its node."""
+    def new(self, profile_key: str, node_id: str) -> str:
+        """``<slug of the profile key>-<nonce>-<tag>``: the tag binds the id to its profile and its node."""
         nonce = secrets.token_hex(4)
-        return f"{_slug(key)}-{nonce}-{self._id_tag(key, nonce, node_id)}"
+        return f"{_slug(profile_key)}-{nonce}-{self._id_tag(profile_key, nonce, node_id)}"
 
-    def _id_tag(self, key: str, nonce: str, node_id: str) -> str:
+    def _id_tag(self, profile_key: str, nonce: str, node_id: str) -> str:
         # "shard-id" and the NUL separators keep this apart from the API keys (an HMAC of the id,
-        # which cannot contain a NUL) and make (key, nonce, node) unambiguous.
-        message = f"shard-id\0{key}\0{nonce}\0{node_id}".encode()
+        # which cannot contain a NUL) and make (profile key, nonce, node) unambiguous.
+        message = f"shard-id\0{profile_key}\0{nonce}\0{node_id}".encode()
         return hmac.new(self._secret, message, hashlib.sha256).hexdigest()[:16]
 
-    def minted_for(self, replica_id: str, node_id: str, keys: Iterable[str]) -> str | None:
-        """The profile key (of ``keys``) control minted ``replica_id`` for on ``node_id``; None when it did not.
+    def minted_for(self, replica_id: str, node_id: str, profile_keys: Iterable[str]) -> str | None:
+        """The profile key (of ``profile_keys``) control minted ``replica_id`` for on ``node_id``; None when it did not.
 
         A node cannot forge an id (the tag needs the cluster secret) or borrow one minted for
         another node, and two profiles whose names slug alike (model ``a`` profile ``b-c``, model
@@ -58,7 +58,7 @@ class ReplicaIds:
         tag = rest
         if not stem or not _NONCE.fullmatch(nonce) or not _TAG.fullmatch(tag):
             return None
-        for key in keys:
-            if _slug(key) == stem and hmac.compare_digest(tag, self._id_tag(key, nonce, node_id)):
-                return key
+        for profile_key in profile_keys:
+            if _slug(profile_key) == stem and hmac.compare_digest(tag, self._id_tag(profile_key, nonce, node_id)):
+                return profile_key
         return None

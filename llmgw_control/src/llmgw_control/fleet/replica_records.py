@@ -25,7 +25,7 @@ class EndedReplica:
     """A forgotten replica's record as it ended: enough to answer for its logs."""
 
     replica_id: str
-    key: str
+    profile_key: str
     node_id: str
     status: ReplicaStatus
     detail: str
@@ -82,7 +82,7 @@ class ReconcilerConfig:
 @attrs.define
 class ReplicaRecord:
     replica_id: str
-    key: str
+    profile_key: str
     node_id: str
     port: int
     claim: Claim
@@ -110,7 +110,7 @@ class ReplicaRecord:
         return self.used if self.used is not None else self.claim
 
     def as_assignment(self, last_used: float, *, busy: bool = False) -> Assignment:
-        return Assignment(self.replica_id, self.key, self.node_id, self.port, self.claim, self.status,
+        return Assignment(self.replica_id, self.profile_key, self.node_id, self.port, self.claim, self.status,
                           self.detail, self.draining, last_used, self.used, busy, self.created_at,
                           self.devices)
 

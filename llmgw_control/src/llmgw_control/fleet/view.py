@@ -50,11 +50,11 @@ class ViewStore(Protocol):
 
 
 def view_of(replicas: ReplicaSet, ids: set[str]) -> list[PublishedReplica]:
-    """The entries for the replicas in ``ids`` (the reconciler's), one model key each."""
+    """The entries for the replicas in ``ids`` (the reconciler's), one profile key each."""
     entries = []
     for replica in replicas:
         if replica.id in ids and replica.models:
-            entries.append(PublishedReplica(id=replica.id, key=min(replica.models), url=replica.url,
+            entries.append(PublishedReplica(id=replica.id, profile_key=min(replica.models), url=replica.url,
                                             slots=replica.slots, served_name=replica.served_name,
                                             adapters=replica.adapters, adapter_mode=replica.adapter_mode))
     return sorted(entries, key=lambda e: e.id)
@@ -109,9 +109,9 @@ class ViewFollower:
         for entry in entries.values():
             current = self.replicas.get(entry.id)
             if current is not None and current.url == entry.url and current.slots == entry.slots \
-                    and current.models == frozenset({entry.key}) and current.adapters == entry.adapters:
+                    and current.models == frozenset({entry.profile_key}) and current.adapters == entry.adapters:
                 continue  # unchanged: keep its counters (in flight, cooldown)
-            self.replicas.publish(Replica(id=entry.id, url=entry.url, models=frozenset({entry.key}),
+            self.replicas.publish(Replica(id=entry.id, url=entry.url, models=frozenset({entry.profile_key}),
                                           slots=entry.slots, served_name=entry.served_name,
                                           adapters=entry.adapters, adapter_mode=entry.adapter_mode,
                                           api_key=self.api_key(entry.id), last_used=trio.current_time()))

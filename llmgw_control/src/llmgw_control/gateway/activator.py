@@ -173,7 +173,7 @@ class Activator:
         # live window (each handed the same ``WaitingRequests`` when built).
         self.demand = demand if demand is not None else WaitingRequests()
         self._wake = wake or (lambda: None)
-        self._status = status or (lambda key: "no replica is published")
+        self._status = status or (lambda profile_key: "no replica is published")
         self._queues: dict[str, _Queue] = {}
         # Set while this daemon is a standby (the leader's agent address, or ""); None: leading.
         self._standby: str | None = None
@@ -193,12 +193,12 @@ class Activator:
         """
         self._standby = leader_address
         queues, self._queues = self._queues, {}
-        for key, queue in queues.items():
+        for profile_key, queue in queues.items():
             for waiters in queue.classes:
                 for waiter in waiters:
                     waiter.refusal = Refusal.STANDBY
                     waiter.event.set()
-            self.demand.queued(key, 0)
+            self.demand.queued(profile_key, 0)
 
     def lead(self) -> None:
         self._standby = None
@@ -208,48 +208,50 @@ class Activator:
 
     # ------------------------------------------------------------------ taking a slot
 
-    def try_acquire(self, key: str, exclude: Collection[str] = (), affinity: Affinity | None = None) -> Slot | None:
-        """A free slot of a replica of ``key`` now, or None. The hot path: synchronous, no allocation
-        beyond the guard.
+    def try_acquire(
+        self, profile_key: str, exclude: Collection[str] = (), affinity: Affinity | None = None,
+    ) -> Slot | None:
+        """A free slot of a replica of ``profile_key`` now, or None. The hot path: synchronous, no
+        allocation beyond the guard.
 
         No waiter is passed over: every slot a waiter could use is handed to it the moment it
         frees, so a free slot found here is one no waiter can take.
         """
         now = trio.current_time()
-        replica, outcome = self._pick(key, self.replicas.for_model(key), affinity, now, exclude)
+        replica, outcome = self._pick(profile_key, self.replicas.for_model(profile_key), affinity, now, exclude)
         if replica is None:
             return None
         self._take(replica, now)
         return Slot(self, replica, outcome)
 
     async def wait(
-        self, key: str, priority: Priority = Priority.INTERACTIVE, *, exclude: Collection[str] = (),
+        self, profile_key: str, priority: Priority = Priority.INTERACTIVE, *, exclude: Collection[str] = (),
         front: bool = False, affinity: Affinity | None = None,
     ) -> Slot | Refusal:
-        """Wait in ``key``'s queue for a slot (after ``try_acquire`` found none).
+        """Wait in ``profile_key``'s queue for a slot (after ``try_acquire`` found none).
 
         ``exclude``: replicas this request already failed on; ``front``: it waited before (a
         retry), so it goes ahead of its class. Cancellation contract: a cancelled wait leaves the
         queue, and a slot granted to it as it was cancelled is given back before the Cancelled
         propagates, so no cancellation can leak a slot.
         """
-        slot = self.try_acquire(key, exclude, affinity)
+        slot = self.try_acquire(profile_key, exclude, affinity)
         if slot is not None:
             return slot
         if exclude:
-            replicas = self.replicas.for_model(key)
+            replicas = self.replicas.for_model(profile_key)
             if all(r.id in exclude for r in replicas):
                 return Refusal.EXHAUSTED
         if self._standby is not None:
             return Refusal.STANDBY
-        queue = self._queues.get(key)
+        queue = self._queues.get(profile_key)
         if queue is None:
-            queue = self._queues[key] = _Queue()
+            queue = self._queues[profile_key] = _Queue()
         if queue.size >= self.config.queue_size:
             return Refusal.OVERFLOW
         waiter = _Waiter(priority, exclude, affinity)
         queue.add(waiter, front=front)
-        self.demand.queued(key, queue.size)
+        self.demand.queued(profile_key, queue.size)
         self._wake()
         try:
             with trio.move_on_after(self.config.max_wait):
@@ -261,41 +263,43 @@ class Activator:
         finally:
             if waiter.slot is None and waiter.refusal is None:
                 queue.remove(waiter)
-                self._counted(key, queue)
+                self._counted(profile_key, queue)
         if waiter.slot is not None:
             return waiter.slot
         return waiter.refusal or Refusal.TIMEOUT
 
-    def refusal_error(self, refusal: Refusal, key: str) -> ClientApiError:
+    def refusal_error(self, refusal: Refusal, profile_key: str) -> ClientApiError:
         """The client's answer to a wait that ended without a slot (not for EXHAUSTED)."""
         if refusal is Refusal.STANDBY:
             return standby(self._standby or "")
         if refusal is Refusal.OVERFLOW:
             return ClientApiError(
-                429, f"Model '{key}' has every slot busy and {self.config.queue_size} requests already waiting; "
-                     "retry shortly.", code="model_queue_full", headers=(("retry-after", "5"),))
-        replicas = self.replicas.for_model(key)
+                429, f"Model '{profile_key}' has every slot busy and {self.config.queue_size} requests already "
+                     "waiting; retry shortly.", code="model_queue_full", headers=(("retry-after", "5"),))
+        replicas = self.replicas.for_model(profile_key)
         if not replicas:
-            return ClientApiError(503, f"Model '{key}' has no ready replica after {self.config.max_wait:g} s: "
-                                 f"{self._status(key)}.", code="model_not_ready", headers=(("retry-after", "10"),))
+            return ClientApiError(503, f"Model '{profile_key}' has no ready replica after {self.config.max_wait:g} "
+                                 f"s: {self._status(profile_key)}.", code="model_not_ready",
+                                 headers=(("retry-after", "10"),))
         slots = sum(r.slots for r in replicas)
-        return ClientApiError(503, f"Model '{key}' had every slot busy for {self.config.max_wait:g} s ({len(replicas)} "
-                             f"replica(s), {slots} slot(s)); retry later.", code="model_overloaded",
+        return ClientApiError(503, f"Model '{profile_key}' had every slot busy for {self.config.max_wait:g} s "
+                             f"({len(replicas)} replica(s), {slots} slot(s)); retry later.", code="model_overloaded",
                         headers=(("retry-after", "10"),))
 
     # ------------------------------------------------------------------ handing slots on
 
     def _pick(
-        self, key: str, replicas: list[Replica], affinity: Affinity | None, now: float, exclude: Collection[str],
+        self, profile_key: str, replicas: list[Replica], affinity: Affinity | None, now: float,
+        exclude: Collection[str],
     ) -> tuple[Replica | None, Outcome | None]:
-        """``affinity.pick`` for model ``key`` with this daemon's placement memory: read before,
+        """``affinity.pick`` for model ``profile_key`` with this daemon's placement memory: read before,
         written after."""
         if affinity is None:
             return pick(replicas, None, now=now, exclude=exclude)
         replica, outcome = pick(replicas, affinity, now=now, exclude=exclude,
-                                placed=self.placements.get(key, affinity.id))
+                                placed=self.placements.get(profile_key, affinity.id))
         if replica is not None:
-            self.placements.record(key, affinity.id, replica.id)
+            self.placements.record(profile_key, affinity.id, replica.id)
         return replica, outcome
 
     def _take(self, replica: Replica, now: float) -> None:
@@ -313,16 +317,16 @@ class Activator:
         if replica.in_flight < replica.slots:
             replica.full_since = None
 
-    def _grant(self, key: str) -> None:
-        """Hand every free slot of ``key``'s replicas that a waiter can use to the next such waiter."""
-        queue = self._queues.get(key)
+    def _grant(self, profile_key: str) -> None:
+        """Hand every free slot of ``profile_key``'s replicas that a waiter can use to the next such waiter."""
+        queue = self._queues.get(profile_key)
         if queue is None:
             return
-        replicas = self.replicas.for_model(key)
+        replicas = self.replicas.for_model(profile_key)
         now = trio.current_time()
         while queue.size and choose(replicas, now=now) is not None:
             for waiter in queue.in_order(self.config.batch_after):
-                replica, outcome = self._pick(key, replicas, waiter.affinity, now, waiter.exclude)
+                replica, outcome = self._pick(profile_key, replicas, waiter.affinity, now, waiter.exclude)
                 if replica is not None:
                     break
             else:
@@ -332,9 +336,9 @@ class Activator:
             self._take(replica, now)
             waiter.slot = Slot(self, replica, outcome)
             waiter.event.set()
-        self._counted(key, queue)
+        self._counted(profile_key, queue)
 
-    def _counted(self, key: str, queue: _Queue) -> None:
-        self.demand.queued(key, queue.size)
-        if not queue.size and self._queues.get(key) is queue:
-            del self._queues[key]
+    def _counted(self, profile_key: str, queue: _Queue) -> None:
+        self.demand.queued(profile_key, queue.size)
+        if not queue.size and self._queues.get(profile_key) is queue:
+            del self._queues[profile_key]

@@ -18,17 +18,17 @@ class WaitingRequests:
         # Only keys with a request waiting: an idle model costs no entry.
         self._counts: dict[str, int] = {}
 
-    def waiting(self, key: str) -> int:
-        """Requests waiting for ``key`` now (0 for a key nobody asked for)."""
-        return self._counts.get(key, 0)
+    def waiting(self, profile_key: str) -> int:
+        """Requests waiting for ``profile_key`` now (0 for a key nobody asked for)."""
+        return self._counts.get(profile_key, 0)
 
     def snapshot(self) -> Mapping[str, int]:
         """Every key with requests waiting, and how many: a copy, safe to hold across a checkpoint."""
         return dict(self._counts)
 
-    def queued(self, key: str, count: int) -> None:
-        """``key``'s queue holds ``count`` requests now (the activator's call: its queues are the count)."""
+    def queued(self, profile_key: str, count: int) -> None:
+        """``profile_key``'s queue holds ``count`` requests now (the activator's call: its queues are the count)."""
         if count > 0:
-            self._counts[key] = count
+            self._counts[profile_key] = count
         else:
-            self._counts.pop(key, None)
+            self._counts.pop(profile_key, None)

@@ -130,34 +130,34 @@ class Gateway:
                 limit=self.config.max_body_bytes,
             )
             request = parse_request(endpoint, body)
-            key = self.directory.resolve(request.model)
-            if key is None:
+            profile_key = self.directory.resolve(request.model)
+            if profile_key is None:
                 raise model_not_found(request.model, self._visible(allowed), restricted=allowed is not None)
             # An adapter is counted under its own name (metrics, usage, quotas), served by its base.
             adapter = self.directory.adapter(request.model)
-            exchange.model = adapter or key
-            exchange.trace.requested(request, key)
+            exchange.model = adapter or profile_key
+            exchange.trace.requested(request, profile_key)
             exchange.stream = request.stream
             if request.stream:
                 exchange.stream_format = endpoint.stream_format
-            affinity = adapter_affinity(self._affinity(key, request, scope), adapter)
+            affinity = adapter_affinity(self._affinity(profile_key, request, scope), adapter)
             wanted = needs(request)
             if len(wanted) > 1:
                 # A feature (vision, audio) only the engines can say they have.
-                await learn(self.upstream, self.replicas.for_model(key), self.probes)
+                await learn(self.upstream, self.replicas.for_model(profile_key), self.probes)
             if self.admission is None:
-                self._check_capabilities(key, request, wanted)
-                await self._forward(request, key, receive, exchange, affinity=affinity, adapter=adapter)
+                self._check_capabilities(profile_key, request, wanted)
+                await self._forward(request, profile_key, receive, exchange, affinity=affinity, adapter=adapter)
                 return
             estimate = _estimate_tokens(request)
             with exchange.trace.phase("llmgw.admission"):
-                ticket = await admit_waiting(self.admission, authorization, adapter or ProfileKey.model_of(key),
+                ticket = await admit_waiting(self.admission, authorization, adapter or ProfileKey.model_of(profile_key),
                                              estimated_tokens=sum(estimate))
             try:
                 # After the allow-list (a key learns nothing of a model it may not use), before
                 # any replica: a request the model cannot serve is the caller's 400.
-                self._check_capabilities(key, request, wanted)
-                await self._forward(request, key, receive, exchange, ticket.priority, affinity=affinity,
+                self._check_capabilities(profile_key, request, wanted)
+                await self._forward(request, profile_key, receive, exchange, ticket.priority, affinity=affinity,
                                     adapter=adapter)
             finally:
                 _settle(ticket, exchange, estimate, request.endpoint.metered)
@@ -185,31 +185,31 @@ class Gateway:
             raise ClientApiError(403, f"Origin {origin[:200]!r} may not call this API from a browser "
                                  "(router.allowed_origins).", code="origin_not_allowed")
 
-    def capabilities(self, key: str) -> ModelCapabilities | None:
-        """What the model behind ``key`` serves, as far as is known (gateway/capabilities.py)."""
-        profile = self.directory.profile(key)
-        facts = [r.facts for r in self.replicas.for_model(key) if r.facts is not None]
+    def capabilities(self, profile_key: str) -> ModelCapabilities | None:
+        """What the model behind ``profile_key`` serves, as far as is known (gateway/capabilities.py)."""
+        profile = self.directory.profile(profile_key)
+        facts = [r.facts for r in self.replicas.for_model(profile_key) if r.facts is not None]
         if profile is None and not facts:
             return None
         return combine(bool(profile and profile.capabilities), declared(profile), facts,
                        profile.context if profile else None)
 
-    def _check_capabilities(self, key: str, request: ParsedRequest, wanted: list[str]) -> None:
-        refused = refusal(request.model, self.capabilities(key), wanted)
+    def _check_capabilities(self, profile_key: str, request: ParsedRequest, wanted: list[str]) -> None:
+        refused = refusal(request.model, self.capabilities(profile_key), wanted)
         if refused is not None:
             raise refused
 
-    def _affinity(self, key: str, request: ParsedRequest, scope: Scope) -> Affinity | None:
+    def _affinity(self, profile_key: str, request: ParsedRequest, scope: Scope) -> Affinity | None:
         """The request's replica preference under prefix routing; None under least-loaded."""
-        if (self.directory.routing(key) or self.config.routing) != "prefix":
+        if (self.directory.routing(profile_key) or self.config.routing) != "prefix":
             return None
         return request_affinity(request, header(scope, b"x-session-id"), self.config.affinity_load_factor)
 
     async def _models(self, path: str, exchange: Exchange, allowed: frozenset[str] | None) -> None:
         visible = self._visible(allowed)
-        keys = {self.directory.resolve(name) for name in visible}
-        await learn(self.upstream, [r for key in keys if key is not None for r in self.replicas.for_model(key)],
-                    self.probes)
+        profile_keys = {self.directory.resolve(name) for name in visible}
+        await learn(self.upstream, [r for profile_key in profile_keys if profile_key is not None
+                                    for r in self.replicas.for_model(profile_key)], self.probes)
         if path == "/v1/models":
             await exchange.respond_json(200, {"object": "list", "data": [self._model_card(m) for m in visible]})
             return
@@ -222,8 +222,8 @@ class Gateway:
         """A model as /v1/models lists it, with what clients read to size and route requests:
         ``context_length`` (OpenRouter, LiteLLM) and ``max_model_len`` (vLLM's name), the
         capabilities, and ``created`` (its engine's, else this daemon's start)."""
-        key = self.directory.resolve(name)
-        capabilities = self.capabilities(key) if key is not None else None
+        profile_key = self.directory.resolve(name)
+        capabilities = self.capabilities(profile_key) if profile_key is not None else None
         card: dict[str, Any] = {"id": name, "object": "model", "owned_by": "llmgw",
                                 "created": (capabilities.created if capabilities else None) or self.started}
         if capabilities is not None:
@@ -233,10 +233,10 @@ class Gateway:
         return card
 
     def _may_see(self, name: str, allowed: frozenset[str] | None) -> bool:
-        key = self.directory.resolve(name)
+        profile_key = self.directory.resolve(name)
         # As ``admit`` checks an allow-list: by the model, whatever the profile; an adapter by its own name.
-        return key is not None and (allowed is None or (self.directory.adapter(name) or ProfileKey.model_of(key))
-                                    in allowed)
+        return profile_key is not None and (
+            allowed is None or (self.directory.adapter(name) or ProfileKey.model_of(profile_key)) in allowed)
 
     def _visible(self, allowed: frozenset[str] | None) -> list[str]:
         """The model names a key may see: all of them, or those its allow-list names."""
@@ -244,10 +244,10 @@ class Gateway:
         return names if allowed is None else [name for name in names if self._may_see(name, allowed)]
 
     async def _forward(
-        self, request: ParsedRequest, key: str, receive: Receive, exchange: Exchange,
+        self, request: ParsedRequest, profile_key: str, receive: Receive, exchange: Exchange,
         priority: Priority = Priority.INTERACTIVE, *, affinity: Affinity | None = None, adapter: str | None = None,
     ) -> None:
-        in_flight = self.metrics.in_flight.labels(key)
+        in_flight = self.metrics.in_flight.labels(profile_key)
         in_flight.inc()
         failure: Exception | None = None
         try:
@@ -255,7 +255,7 @@ class Gateway:
                 # Inside the nursery, so a client that gives up stops waiting for a slot too.
                 nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope, exchange)
                 try:
-                    await self._attempts(request, key, exchange, priority, affinity, adapter)
+                    await self._attempts(request, profile_key, exchange, priority, affinity, adapter)
                 except Exception as exc:
                     # Re-raised below the nursery, so callers see the error itself rather than
                     # an exception group wrapping it.
@@ -266,33 +266,34 @@ class Gateway:
         if failure is not None:
             raise failure
 
-    def _stream_record(self, request: ParsedRequest, key: str) -> StreamRecord | None:
+    def _stream_record(self, request: ParsedRequest, profile_key: str) -> StreamRecord | None:
         """A record of the stream when it may be continued elsewhere should its engine break off."""
         config = self.config
-        allowed = config.continue_streams.get(key, config.continue_streams.get(ProfileKey.model_of(key), True))
+        allowed = config.continue_streams.get(
+            profile_key, config.continue_streams.get(ProfileKey.model_of(profile_key), True))
         if config.max_continuations < 1 or not allowed or not may_continue(request):
             return None
         return StreamRecord(request)
 
     async def _attempts(
-        self, request: ParsedRequest, key: str, exchange: Exchange, priority: Priority, affinity: Affinity | None,
-        adapter: str | None = None,
+        self, request: ParsedRequest, profile_key: str, exchange: Exchange, priority: Priority,
+        affinity: Affinity | None, adapter: str | None = None,
     ) -> None:
         """Up to ``max_attempts`` attempts on replicas not tried yet, each outcome stepped through
         the policy table (gateway/attempts.py). An adapter's request counts the replicas that do
         not hold it as tried: it never reaches them."""
         activator = self.activator
-        tried = without_adapter(self.replicas.for_model(key), adapter)
+        tried = without_adapter(self.replicas.for_model(profile_key), adapter)
         failure: ClientApiError | None = None
-        record = self._stream_record(request, key)
+        record = self._stream_record(request, profile_key)
         for attempt in range(self.config.max_attempts):
-            slot = activator.try_acquire(key, tried, affinity)
+            slot = activator.try_acquire(profile_key, tried, affinity)
             if slot is None:
-                waited = await self._queue(key, exchange, priority, tried, affinity, retry=bool(attempt))
+                waited = await self._queue(profile_key, exchange, priority, tried, affinity, retry=bool(attempt))
                 if waited is Refusal.EXHAUSTED:
                     break
                 if isinstance(waited, Refusal):
-                    raise activator.refusal_error(waited, key)
+                    raise activator.refusal_error(waited, profile_key)
                 slot = waited
             with slot:
                 replica = slot.replica
@@ -302,13 +303,13 @@ class Gateway:
                     # The first choice only: a retry avoids the replica that failed on purpose.
                     # A new conversation went where its policy sends it (the least loaded
                     # replica): a hit, and counted apart as well.
-                    self.metrics.affinity.labels(key, "miss" if slot.affinity == "miss" else "hit").inc()
+                    self.metrics.affinity.labels(profile_key, "miss" if slot.affinity == "miss" else "hit").inc()
                     if slot.affinity == "new":
-                        self.metrics.affinity_new.labels(key).inc()
+                        self.metrics.affinity_new.labels(profile_key).inc()
                 tried = tried | {replica.id}
                 exchange.replica = replica.id
                 outcome = await self._attempt(replica, request, exchange, record, affinity)
-            step = self._step(replica, key, outcome, Phase.ATTEMPT)
+            step = self._step(replica, profile_key, outcome, Phase.ATTEMPT)
             if step is Step.DONE:
                 return
             if step is Step.ANSWER:
@@ -316,19 +317,19 @@ class Gateway:
                 return
             if step is Step.CONTINUE:
                 assert isinstance(outcome, Broken)
-                await self._continue(key, exchange, priority, tried, outcome, record, affinity)
+                await self._continue(profile_key, exchange, priority, tried, outcome, record, affinity)
                 return
             assert isinstance(outcome, Retry)  # Step.NEXT
             failure = outcome.error
         raise failure or ClientApiError(
             503, f"No replica of model '{request.model}' is available.", code="no_replica_available")
 
-    def _step(self, replica: Replica, key: str, outcome: Outcome, phase: Phase) -> Step:
+    def _step(self, replica: Replica, profile_key: str, outcome: Outcome, phase: Phase) -> Step:
         """The policy's step for ``outcome``, with the replica cooled down when the policy says so."""
         rule = policy(outcome, phase)
         if rule.cool_down:
             assert isinstance(outcome, (Retry, Broken))
-            self._failed(replica, key, outcome.reason, outcome.error)
+            self._failed(replica, profile_key, outcome.reason, outcome.error)
         return rule.step
 
     async def _answer(self, outcome: Outcome, exchange: Exchange) -> None:
@@ -341,16 +342,16 @@ class Gateway:
         assert isinstance(outcome, Stalled)
         raise outcome.error
 
-    def _failed(self, replica: Replica, key: str, reason: str, error: ClientApiError) -> None:
+    def _failed(self, replica: Replica, profile_key: str, reason: str, error: ClientApiError) -> None:
         if replica.progress.hung_since is None:
             # A hung replica is out of rotation already, until its /health answers (gateway/hang_watch.py).
             replica.cooldown_until = max(replica.cooldown_until, trio.current_time() + self.config.cooldown)
             self.metrics.cooldowns.labels(replica.id).inc()
         log.warning("replica %s failed (%s): %s", replica.id, reason, error.message,
-                    extra={"replica": replica.id, "model": key})
+                    extra={"replica": replica.id, "model": profile_key})
 
     async def _continue(
-        self, key: str, exchange: Exchange, priority: Priority, tried: frozenset[str], broken: Broken,
+        self, profile_key: str, exchange: Exchange, priority: Priority, tried: frozenset[str], broken: Broken,
         record: StreamRecord | None, affinity: Affinity | None,
     ) -> None:
         """Continue a broken stream on other replicas, at most ``max_continuations`` times.
@@ -361,7 +362,7 @@ class Gateway:
         """
         if record is None:
             log.warning("stream from replica %s ended early: %s", exchange.replica, broken.error.message,
-                        extra={"replica": exchange.replica, "model": key})
+                        extra={"replica": exchange.replica, "model": profile_key})
             await exchange.send_error(broken.error)
             await exchange.end_stream()
             return
@@ -373,7 +374,7 @@ class Gateway:
             end = ending(record.request, seen)
             if end is not None:
                 # The answer was whole but for its last events: those need no engine.
-                self.metrics.continuations.labels(key, "finished").inc()
+                self.metrics.continuations.labels(profile_key, "finished").inc()
                 exchange.complete = True
                 await exchange.send_chunk(end, events=end.count(b"data:"))
                 await exchange.end_stream()
@@ -382,11 +383,11 @@ class Gateway:
             if plan is None:
                 ended = "impossible"
                 break
-            # By the key's order too: the replica that continues is the one its next turns prefer
+            # By the affinity's order too: the replica that continues is the one its next turns prefer
             # while the broken one stays out, so it is worth warming.
-            slot = self.activator.try_acquire(key, tried, affinity)
+            slot = self.activator.try_acquire(profile_key, tried, affinity)
             if slot is None:
-                waited = await self._queue(key, exchange, priority, tried, affinity, retry=True)
+                waited = await self._queue(profile_key, exchange, priority, tried, affinity, retry=True)
                 if isinstance(waited, Refusal):
                     break
                 slot = waited
@@ -397,9 +398,9 @@ class Gateway:
                 record.continue_after(seen)
                 exchange.continuations = record.continuations
                 outcome = await self._attempt(replica, plan, exchange, record, affinity)
-            step = self._step(replica, key, outcome, Phase.CONTINUATION)
+            step = self._step(replica, profile_key, outcome, Phase.CONTINUATION)
             if step is Step.DONE:
-                self.metrics.continuations.labels(key, "continued").inc()
+                self.metrics.continuations.labels(profile_key, "continued").inc()
                 return
             if isinstance(outcome, Retry):
                 # Nothing of it reached the client; the next try starts from the same place.
@@ -415,31 +416,32 @@ class Gateway:
                 break
             assert isinstance(outcome, (Retry, Broken))  # Step.NEXT, Step.CONTINUE: another try
             failure = outcome.error
-        self.metrics.continuations.labels(key, ended).inc()
+        self.metrics.continuations.labels(profile_key, ended).inc()
         log.warning("stream ended early after %d continuation(s) (%s): %s", record.continuations, ended,
-                    failure.message, extra={"model": key})
+                    failure.message, extra={"model": profile_key})
         await exchange.send_error(failure)
         await exchange.end_stream()
 
     async def _queue(
-        self, key: str, exchange: Exchange, priority: Priority, tried: frozenset[str], affinity: Affinity | None,
-        *, retry: bool,
+        self, profile_key: str, exchange: Exchange, priority: Priority, tried: frozenset[str],
+        affinity: Affinity | None, *, retry: bool,
     ) -> Slot | Refusal:
         """Wait for a slot; the time waited is the queue's, neither llmgw's work nor the engine's."""
         held = time.perf_counter()
         outcome: Slot | Refusal | None = None
         try:
             with exchange.trace.phase("llmgw.queue") as span:
-                outcome = await self.activator.wait(key, priority, exclude=tried, front=retry, affinity=affinity)
+                outcome = await self.activator.wait(profile_key, priority, exclude=tried, front=retry,
+                                                    affinity=affinity)
                 span.set_attribute("llmgw.queue_outcome", "slot" if isinstance(outcome, Slot) else outcome.value)
         finally:
             # Refused at once (queue full, nothing left to try): that request never waited.
             if outcome is not Refusal.OVERFLOW and outcome is not Refusal.EXHAUSTED:
                 waited = time.perf_counter() - held
                 exchange.queued_seconds += waited
-                self.metrics.queue_wait.labels(key).observe(waited)
+                self.metrics.queue_wait.labels(profile_key).observe(waited)
         if isinstance(outcome, Refusal) and outcome is not Refusal.EXHAUSTED:
-            self.metrics.queue_refusals.labels(key, outcome.value).inc()
+            self.metrics.queue_refusals.labels(profile_key, outcome.value).inc()
         return outcome
 
     async def _attempt(

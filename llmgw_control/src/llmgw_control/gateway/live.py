@@ -11,7 +11,7 @@ the model is recorded and again when the window is read, the peak kept per bucke
 Bounded: at most ``MAX_SERIES`` series (models and replicas together), each a ring of
 ``BUCKETS`` buckets; a new series past the cap replaces the one used least recently, and series
 idle for the whole window are dropped when the window is read. Names are stored as the gateway
-set them (configured model keys, replica ids) and only ever leave as JSON strings.
+set them (configured profile keys, replica ids) and only ever leave as JSON strings.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ class LiveSeries:
     first bucket starts at ``LiveTraffic.start``): plain arrays, so the whole window serialises
     in a few milliseconds on the daemon's one thread."""
 
-    name: str = attrs.field(metadata={"doc": "The model key, or the replica id."})
+    name: str = attrs.field(metadata={"doc": "The profile key, or the replica id."})
     model: str
     recent: LiveSummary
     requests: list[int]
@@ -149,7 +149,7 @@ class LiveWindow:
         self.max_series = max_series
         self.models: dict[str, _Series] = {}
         self.replicas: dict[str, _Series] = {}
-        # The activator's waiting requests per model key (the ``WaitingRequests`` it counts), read as
+        # The activator's waiting requests per profile key (the ``WaitingRequests`` it counts), read as
         # requests are noted and as the window is read.
         self.queues = queues if queues is not None else WaitingRequests()
 
@@ -202,9 +202,9 @@ class LiveWindow:
         """The window as it stands; ``model``: that model and its replicas only."""
         moment = time.time() if now is None else now
         tick = int(moment) // BUCKET_SECONDS
-        for key, depth in self.queues.snapshot().items():
-            if depth > 0 and (model is None or key == model):
-                bucket = self._series(self.models, key, key, tick).bucket(tick)
+        for profile_key, depth in self.queues.snapshot().items():
+            if depth > 0 and (model is None or profile_key == model):
+                bucket = self._series(self.models, profile_key, profile_key, tick).bucket(tick)
                 bucket.queue = max(bucket.queue, depth)
         first = tick - BUCKETS + 1
         views: list[list[LiveSeries]] = []

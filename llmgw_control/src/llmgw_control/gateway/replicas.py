@@ -70,7 +70,7 @@ class Replica:
         return dict.fromkeys(range(self.engine_slots))
 
 
-# Told a model key whose replicas have slots requests may take now (published, resized, back
+# Told a profile key whose replicas have slots requests may take now (published, resized, back
 # from hung): the activator hands them to its waiters.
 SlotsOpened = Callable[[str], None]
 

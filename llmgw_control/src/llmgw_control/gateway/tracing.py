@@ -68,11 +68,11 @@ class RequestTrace:
         self.capture_prompts = capture_prompts
         self.attempts = 0
 
-    def requested(self, request: ParsedRequest, key: str) -> None:
+    def requested(self, request: ParsedRequest, profile_key: str) -> None:
         """What the client asked for: the model and the profile key it resolved to."""
         span = self.span
         span.set_attribute("gen_ai.request.model", request.model)
-        span.set_attribute("llmgw.profile", key)
+        span.set_attribute("llmgw.profile", profile_key)
         span.set_attribute("llmgw.stream", request.stream)
         if self.capture_prompts:
             payload = request.payload
@@ -144,7 +144,7 @@ class Untraced(RequestTrace):
     def __init__(self) -> None:
         self.span = trace.INVALID_SPAN
 
-    def requested(self, request: ParsedRequest, key: str) -> None:
+    def requested(self, request: ParsedRequest, profile_key: str) -> None:
         return None
 
     def phase(self, name: str) -> AbstractContextManager[Span]:

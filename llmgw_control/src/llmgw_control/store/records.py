@@ -219,7 +219,7 @@ class PublishedReplica:
     """One ready replica as the leader publishes it (never its bearer key: derived per daemon)."""
 
     id: str
-    key: str  # the model profile key clients' requests resolve to
+    profile_key: str  # the profile key clients' requests resolve to (stored as "key")
     url: str
     slots: int
     served_name: str = ""

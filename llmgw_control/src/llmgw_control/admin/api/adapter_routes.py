@@ -100,8 +100,8 @@ def _profile_of(service: ModelService, call: Call) -> tuple[ModelConfig, Profile
 
 
 def _view(ctx: ApiContext, model: ModelConfig, profile: ProfileConfig, adapter: AdapterConfig) -> AdapterView:
-    key = str(ProfileKey(model.name, profile.name))
-    replicas = ctx.fleet.reconciler.replicas.for_model(key) if ctx.fleet is not None else []
+    profile_key = str(ProfileKey(model.name, profile.name))
+    replicas = ctx.fleet.reconciler.replicas.for_model(profile_key) if ctx.fleet is not None else []
     loaded = sorted(r.id for r in replicas if any(name == adapter.name for name, _ in r.adapters))
     w = adapter.weights
     return AdapterView(adapter.name, w.url, w.sha256, w.size, adapter.scale, loaded)

@@ -36,7 +36,7 @@ def add_capacity_routes(api: Api, runs: CapacityRuns | None, fleet: Fleet | None
         return runs
 
     def view(run: Run) -> CapacityRunView:
-        resolved = the_runs().catalog.resolve(run.key)
+        resolved = the_runs().catalog.resolve(run.profile_key)
         objective = (resolved.profile.ttft_target, resolved.profile.itl_target) if resolved else None
         return run_view(run, objective)
 

@@ -61,16 +61,16 @@ def register_replica_logs(api: Api, fleet: Callable[[], Fleet]) -> None:
         record = f.reconciler.records.get(replica_id)
         ended = f.reconciler.ended.get(replica_id)
         if record is not None:
-            key, node_id, status, detail = record.key, record.node_id, str(record.status), record.detail
+            profile_key, node_id, status, detail = record.profile_key, record.node_id, str(record.status), record.detail
             report = list(record.last_lines)
         elif ended is not None:
-            key, node_id, status, detail = ended.key, ended.node_id, str(ended.status), ended.detail
+            profile_key, node_id, status, detail = ended.profile_key, ended.node_id, str(ended.status), ended.detail
             report = list(ended.last_lines)
         else:
             raise not_found("replica", replica_id)
 
         def answer(source: str, out: list[str], next_cursor: str) -> ReplicaLogs:
-            return ReplicaLogs(replica_id, key, node_id, status, detail, source, out, next_cursor)
+            return ReplicaLogs(replica_id, profile_key, node_id, status, detail, source, out, next_cursor)
 
         async def ask(after: str) -> ReplicaLogs | None:
             try:
