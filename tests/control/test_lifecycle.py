@@ -155,7 +155,7 @@ def test_no_sequence_of_reports_crashes_the_reconciler_or_breaks_the_table(scrip
                 if isinstance(command, StartReplica) and command.replica.replica_id == replica_id(event[1]):
                     reconciler.command_unsent(node_id, command)
         elif kind == "drain":
-            reconciler.drain_key("m:cpu")
+            reconciler.drain_profile_key("m:cpu")
         else:
             now[0] += event[1]
             for node_id in dispatcher.connected:

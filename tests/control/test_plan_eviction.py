@@ -165,9 +165,9 @@ def test_eviction_never_breaks_its_rules(world: tuple[list[Demand], list[PlanNod
     for action in evicted:
         victim = by_id[action.replica_id]
         assert victim.status == ReplicaStatus.READY and not victim.draining
-        assert victim.profile_key != action.for_key
+        assert victim.profile_key != action.for_profile_key
         assert NOW - victim.started_at >= LIMITS.evict_min_age
-        assert not victim.busy or by_key[action.for_key].starved
+        assert not victim.busy or by_key[action.for_profile_key].starved
     for profile_key, wanted in by_key.items():
         live = [a for a in assignments if a.profile_key == profile_key and a.live]
         gone = [e for e in evicted if e.profile_key == profile_key]
@@ -177,21 +177,21 @@ def test_eviction_never_breaks_its_rules(world: tuple[list[Demand], list[PlanNod
     # (Profiles planned earlier in the pass, and this one's replicas before it ran out of room, placed
     # replicas there; victims and surplus of earlier profiles are draining.)
     earlier: set[str] = set()
-    for for_key in sorted({e.for_key for e in evicted}):
-        victims = [by_id[e.replica_id] for e in evicted if e.for_key == for_key]
+    for for_profile_key in sorted({e.for_profile_key for e in evicted}):
+        victims = [by_id[e.replica_id] for e in evicted if e.for_profile_key == for_profile_key]
         node_id = victims[0].node_id
         assert all(v.node_id == node_id for v in victims)
         total = next(n for n in nodes if n.node_id == node_id)
         held = [a for a in assignments if a.node_id == node_id and a.status not in TERMINAL]
         drained = {a.replica_id for a in p.actions
-                   if isinstance(a, Drain) and by_id[a.replica_id].profile_key < for_key}
+                   if isinstance(a, Drain) and by_id[a.replica_id].profile_key < for_profile_key}
         going = [a for a in held if a.draining or a.replica_id in earlier | drained]
         free_ram = total.ram_mib - sum(a.holding.ram_mib for a in held)
         free_vram = total.vram_mib - sum(a.holding.vram_mib for a in held)
-        placed = [s.claim for s in starts(p) if s.node_id == node_id and s.profile_key <= for_key]
+        placed = [s.claim for s in starts(p) if s.node_id == node_id and s.profile_key <= for_profile_key]
         free_ram -= sum(c.ram_mib for c in placed)
         free_vram -= sum(c.vram_mib for c in placed)
-        need = by_key[for_key].claim
+        need = by_key[for_profile_key].claim
         for victim in victims:
             rest = going + [v for v in victims if v is not victim]
             assert (free_ram + sum(a.holding.ram_mib for a in rest) < need.ram_mib

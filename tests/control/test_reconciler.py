@@ -302,7 +302,7 @@ def test_a_drain_the_node_has_not_carried_out_is_sent_again_after_a_hello() -> N
     report(node, replica_id, "ready", start.replica.port)
     reconciler.reconcile_once()
     reconciler.demand.queued("m:cpu", 0)
-    reconciler.drain_key("m:cpu")
+    reconciler.drain_profile_key("m:cpu")
     (drain,) = [c for _, c in dispatcher.take() if isinstance(c, DrainReplica)]
     # The node reconnects (the drain was lost with the connection) and still runs it.
     rehello(inventory, dispatcher, clock, "n1", [ReplicaState(replica_id, "ready", port=start.replica.port)])

@@ -53,7 +53,7 @@ class Placement(Protocol):
     claims: dict[str, Claim]
     cordons: set[str]
 
-    def drain_key(self, profile_key: str) -> list[str]: ...
+    def drain_profile_key(self, profile_key: str) -> list[str]: ...
     def wake(self) -> None: ...
     def cordon(self, node_id: str) -> None: ...
     def uncordon(self, node_id: str) -> None: ...
@@ -187,7 +187,7 @@ class ModelService:
                 if new is None:
                     self.reconciler.claims.pop(profile_key, None)
                 if new is None or _restart_needed(profile, new):
-                    drained = self.reconciler.drain_key(profile_key)
+                    drained = self.reconciler.drain_profile_key(profile_key)
                     if drained:
                         log.info("model %s changed: draining %d replica(s) of the old definition", profile_key,
                                  len(drained))
@@ -200,7 +200,7 @@ class ModelService:
             return
         for profile in model.profiles:
             profile_key = str(ProfileKey(name, profile.name))
-            self.reconciler.drain_key(profile_key)
+            self.reconciler.drain_profile_key(profile_key)
             self.reconciler.claims.pop(profile_key, None)
         self.reconciler.wake()
 

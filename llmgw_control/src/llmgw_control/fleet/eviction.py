@@ -44,7 +44,7 @@ class Room:
 
 
 def make_room(
-    for_key: str,
+    for_profile_key: str,
     claims: dict[str, Claim],
     free_ram: dict[str, int],
     free_vram: dict[str, int],
@@ -56,11 +56,11 @@ def make_room(
     now: float,
     min_age: float,
 ) -> Room | None:
-    """The best room for one replica of ``for_key`` among the nodes of ``claims`` (node -> the claim
+    """The best room for one replica of ``for_profile_key`` among the nodes of ``claims`` (node -> the claim
     there), or None when evicting what may be evicted frees enough on none of them."""
     best: Room | None = None
     for node_id in sorted(claims):
-        room = _room_on(node_id, for_key, claims[node_id], free_ram[node_id], free_vram[node_id],
+        room = _room_on(node_id, for_profile_key, claims[node_id], free_ram[node_id], free_vram[node_id],
                         assignments.get(node_id, []), live_count, min_replicas, starved=starved, now=now,
                         min_age=min_age)
         if room is not None and (best is None or (len(room.evict), room.waste_mib) < (len(best.evict), best.waste_mib)):
@@ -68,14 +68,15 @@ def make_room(
     return best
 
 
-def may_evict(assignment: Assignment, for_key: str, *, starved: bool, now: float, min_age: float) -> bool:
-    """Whether ``assignment`` may be evicted for ``for_key`` at all (``min_replicas`` aside)."""
-    return (assignment.profile_key != for_key and not assignment.draining and assignment.status == ReplicaStatus.READY
+def may_evict(assignment: Assignment, for_profile_key: str, *, starved: bool, now: float, min_age: float) -> bool:
+    """Whether ``assignment`` may be evicted for ``for_profile_key`` at all (``min_replicas`` aside)."""
+    return (assignment.profile_key != for_profile_key and not assignment.draining
+            and assignment.status == ReplicaStatus.READY
             and (starved or not assignment.busy) and now - assignment.started_at >= min_age)
 
 
 def _room_on(
-    node_id: str, for_key: str, claim: Claim, free_ram: int, free_vram: int, assignments: list[Assignment],
+    node_id: str, for_profile_key: str, claim: Claim, free_ram: int, free_vram: int, assignments: list[Assignment],
     live_count: dict[str, int], min_replicas: dict[str, int], *, starved: bool, now: float, min_age: float,
 ) -> Room | None:
     draining = tuple(r for r in assignments if r.draining and r.status not in TERMINAL)
@@ -85,7 +86,8 @@ def _room_on(
         # Enough in total once what drains has stopped; with nothing draining, the totals fit
         # and it is the node's GPUs one by one that do not: evicting by totals cannot help.
         return Room(node_id, (), draining, -max(short_ram, short_vram)) if draining else None
-    candidates = sorted((r for r in assignments if may_evict(r, for_key, starved=starved, now=now, min_age=min_age)),
+    candidates = sorted((r for r in assignments
+                         if may_evict(r, for_profile_key, starved=starved, now=now, min_age=min_age)),
                         key=lambda r: (r.last_used, r.replica_id))
     chosen: list[Assignment] = []
     taken: dict[str, int] = {}

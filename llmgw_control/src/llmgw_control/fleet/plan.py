@@ -141,12 +141,12 @@ class Stop:
 
 @attrs.frozen
 class Evict:
-    """Drain an idle replica to make room for ``for_key``; its profile goes back to scale from zero."""
+    """Drain an idle replica to make room for ``for_profile_key``; its profile goes back to scale from zero."""
 
     replica_id: str
     node_id: str
     profile_key: str
-    for_key: str
+    for_profile_key: str
 
 
 @attrs.frozen

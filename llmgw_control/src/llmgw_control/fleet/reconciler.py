@@ -231,7 +231,7 @@ class Reconciler:
         self.cordon(node_id)
         return self._drain([r for r in self.records.values() if r.node_id == node_id])
 
-    def drain_key(self, profile_key: str) -> list[str]:
+    def drain_profile_key(self, profile_key: str) -> list[str]:
         """Drain every replica of a profile key (its model was removed, or changed so that the
         running engines no longer match it)."""
         self.measured.forget(profile_key)
@@ -720,7 +720,8 @@ class Reconciler:
                     self._load_marks.pop(record.profile_key, None)
                     self.evictions[record.profile_key] = self.evictions.get(record.profile_key, 0) + 1
                     log.info("evicting replica %s of %s on node %s to make room for %s", record.replica_id,
-                             record.profile_key, record.node_id, action.for_key, extra={"model": record.profile_key})
+                             record.profile_key, record.node_id, action.for_profile_key,
+                             extra={"model": record.profile_key})
                 else:
                     log.info("draining replica %s of %s on node %s", record.replica_id, record.profile_key,
                              record.node_id)
