@@ -98,11 +98,11 @@ def ensure_debian_packages(packages: list[str], why: str) -> None:
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     try:
         subprocess.run([*prefix, apt, "-qq", "update"], check=True, env=env)
-        subprocess.run([*prefix, apt, "-y", "-qq", "install", "--no-install-recommends", *missing], check=True,
-                       env=env)
+        subprocess.run([*prefix, apt, "-y", "-qq", "install", "--no-install-recommends", *missing], check=True, env=env)
     except (subprocess.CalledProcessError, FileNotFoundError):
-        raise SystemExit(f"could not install {' '.join(missing)}: run as root, or "
-                         f"sudo apt-get install {' '.join(missing)}") from None
+        raise SystemExit(
+            f"could not install {' '.join(missing)}: run as root, or sudo apt-get install {' '.join(missing)}"
+        ) from None
 
 
 def ensure_compiler() -> None:
@@ -121,7 +121,7 @@ def take_tier(rest: list[str]) -> tuple[str, list[str]]:
     for i, arg in enumerate(others):
         if arg == "--deps" or arg.startswith("--deps="):
             value = arg.split("=", 1)[1] if "=" in arg else (others[i + 1] if i + 1 < len(others) else "")
-            del others[i:i + (1 if "=" in arg else 2)]
+            del others[i : i + (1 if "=" in arg else 2)]
             tier = value
             break
     if tier not in deps.TIERS:
@@ -140,6 +140,7 @@ def prepare_engine() -> None:
 
 def lint() -> None:
     venv_run("ruff", "check", ".")
+    venv_run("ruff", "format", "--check", ".")  # the tree is as `ruff format` lays it out
     venv_run("mypy")
 
 
@@ -148,10 +149,12 @@ def main(argv: list[str]) -> int:
     rest = argv[1:]
     if command in ("help", "-h", "--help"):
         print(__doc__)
-        print("commands: demo (run the gateway on a real engine), test (lint + the whole test suite;\n"
-              "          --deps newest|lowest runs it on the newest or lowest versions our ranges allow),\n"
-              "          lint, bench (the gateway benchmark), shell (print how to use .venv),\n"
-              "          gpu-check (llmgw on this machine's NVIDIA GPU, measured: docs/performance.md)")
+        print(
+            "commands: demo (run the gateway on a real engine), test (lint + the whole test suite;\n"
+            "          --deps newest|lowest runs it on the newest or lowest versions our ranges allow),\n"
+            "          lint, bench (the gateway benchmark), shell (print how to use .venv),\n"
+            "          gpu-check (llmgw on this machine's NVIDIA GPU, measured: docs/performance.md)"
+        )
         return 0
     if command == "gpu-check":
         # On a GPU machine without network: `gpu-check --pack` (run where PyPI is reachable) packs

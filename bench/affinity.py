@@ -61,24 +61,64 @@ ENGINE_ARGS = (*smollm2.ENGINE_ARGS, "-c", "8192", "-np", "4")
 SLOTS = 4
 # The shared system prompt: several hundred tokens (~450 with SmolLM2's tokenizer), the kind of
 # preamble a product puts before every conversation.
-SYSTEM_PROMPT = " ".join([
-    "You are Atlas, the support assistant of a company that sells hiking and camping equipment.",
-    "Answer briefly and politely. Never invent prices, stock levels or delivery dates.",
-    "If a customer asks about an order, ask for the order number, which has eight digits.",
-    "Returns are accepted within sixty days for unused items and within thirty days for used ones.",
-    "Tents carry a two-year warranty against manufacturing faults; sleeping bags carry one year.",
-    "Stoves must never be used inside a tent; say so whenever a customer mentions cooking in one.",
-    "Recommend a lighter backpack to customers who hike more than twenty kilometres a day.",
-    "For questions about rain gear, explain the difference between water-resistant and waterproof.",
-    "Do not discuss competitors. Do not give medical advice; suggest a doctor instead.",
-    "Customers in the mountains may have poor connections: keep answers short and plain.",
-] * 3)
-TOPICS = ["tents", "sleeping bags", "stoves", "backpacks", "rain jackets", "boots", "water filters",
-          "headlamps", "trekking poles", "maps", "first aid kits", "camping chairs"]
-FOLLOW_UPS = ["Can you say more about that?", "What would you recommend for a beginner?",
-              "Is there anything I should avoid?", "How do I look after it?", "Thanks. One last thing: the warranty?"]
-WORDS = ["river", "stone", "cloud", "pine", "ridge", "lantern", "meadow", "canyon", "glacier", "harbor",
-         "orchard", "ember", "valley", "prairie", "summit", "thicket", "compass", "willow", "granite", "tundra"]
+SYSTEM_PROMPT = " ".join(
+    [
+        "You are Atlas, the support assistant of a company that sells hiking and camping equipment.",
+        "Answer briefly and politely. Never invent prices, stock levels or delivery dates.",
+        "If a customer asks about an order, ask for the order number, which has eight digits.",
+        "Returns are accepted within sixty days for unused items and within thirty days for used ones.",
+        "Tents carry a two-year warranty against manufacturing faults; sleeping bags carry one year.",
+        "Stoves must never be used inside a tent; say so whenever a customer mentions cooking in one.",
+        "Recommend a lighter backpack to customers who hike more than twenty kilometres a day.",
+        "For questions about rain gear, explain the difference between water-resistant and waterproof.",
+        "Do not discuss competitors. Do not give medical advice; suggest a doctor instead.",
+        "Customers in the mountains may have poor connections: keep answers short and plain.",
+    ]
+    * 3
+)
+TOPICS = [
+    "tents",
+    "sleeping bags",
+    "stoves",
+    "backpacks",
+    "rain jackets",
+    "boots",
+    "water filters",
+    "headlamps",
+    "trekking poles",
+    "maps",
+    "first aid kits",
+    "camping chairs",
+]
+FOLLOW_UPS = [
+    "Can you say more about that?",
+    "What would you recommend for a beginner?",
+    "Is there anything I should avoid?",
+    "How do I look after it?",
+    "Thanks. One last thing: the warranty?",
+]
+WORDS = [
+    "river",
+    "stone",
+    "cloud",
+    "pine",
+    "ridge",
+    "lantern",
+    "meadow",
+    "canyon",
+    "glacier",
+    "harbor",
+    "orchard",
+    "ember",
+    "valley",
+    "prairie",
+    "summit",
+    "thicket",
+    "compass",
+    "willow",
+    "granite",
+    "tundra",
+]
 
 
 @attrs.define
@@ -111,10 +151,15 @@ class Phase:
         cached = sum(s.cached_tokens for s in self.samples)
         p90 = ttfts[min(len(ttfts) - 1, int(0.9 * len(ttfts)))] if ttfts else float("nan")
         return {
-            "workload": self.workload, "routing": self.routing, "requests": len(self.samples),
-            "errors": self.errors, "ttft_p50_ms": round(statistics.median(ttfts) * 1000, 1) if ttfts else None,
-            "ttft_p90_ms": round(p90 * 1000, 1), "cached_share": round(cached / prompt, 3) if prompt else 0.0,
-            "requests_per_s": round(len(self.samples) / self.seconds, 3), "affinity_hits": self.hits,
+            "workload": self.workload,
+            "routing": self.routing,
+            "requests": len(self.samples),
+            "errors": self.errors,
+            "ttft_p50_ms": round(statistics.median(ttfts) * 1000, 1) if ttfts else None,
+            "ttft_p90_ms": round(p90 * 1000, 1),
+            "cached_share": round(cached / prompt, 3) if prompt else 0.0,
+            "requests_per_s": round(len(self.samples) / self.seconds, 3),
+            "affinity_hits": self.hits,
             "affinity_misses": self.misses,
         }
 
@@ -123,11 +168,23 @@ class Phase:
 def gateway(routing: str, engines: list[str], log_path: Path) -> Iterator[tuple[str, str]]:
     port, admin = free_port(), free_port()
     config = Path(tempfile.mkdtemp(prefix="llmgw-affinity-")) / "control.toml"
-    lines = [f'listen = "127.0.0.1:{port}"', f'admin_listen = "127.0.0.1:{admin}"', 'log_level = "warning"',
-             f'data_dir = "{config.parent}"', "[router]", f'routing = "{routing}"']
+    lines = [
+        f'listen = "127.0.0.1:{port}"',
+        f'admin_listen = "127.0.0.1:{admin}"',
+        'log_level = "warning"',
+        f'data_dir = "{config.parent}"',
+        "[router]",
+        f'routing = "{routing}"',
+    ]
     for number, url in enumerate(engines):
-        lines += ["[[endpoints]]", f'id = "r{number + 1}"', f'url = "{url}"', f'models = ["{MODEL}"]',
-                  f"slots = {SLOTS}", f"engine_slots = {SLOTS}"]
+        lines += [
+            "[[endpoints]]",
+            f'id = "r{number + 1}"',
+            f'url = "{url}"',
+            f'models = ["{MODEL}"]',
+            f"slots = {SLOTS}",
+            f"engine_slots = {SLOTS}",
+        ]
     config.write_text("\n".join(lines) + "\n")
     command = [str(ROOT / ".venv" / "bin" / "llmgw-control"), "run", "--config", str(config)]
     with open(log_path, "ab") as log:
@@ -167,11 +224,18 @@ def affinity_counts(admin_url: str) -> tuple[float, float]:
     return counts["hit"], counts["miss"]
 
 
-async def stream_chat(client: httpx2.AsyncClient, messages: list[dict[str, str]], max_tokens: int,
-                      turn: int = 0) -> tuple[str, Sample]:
+async def stream_chat(
+    client: httpx2.AsyncClient, messages: list[dict[str, str]], max_tokens: int, turn: int = 0
+) -> tuple[str, Sample]:
     """One streamed turn: the answer and its sample (TTFT to the first content delta)."""
-    body = {"model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": MODEL,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     started = time.perf_counter()
     ttft: float | None = None
     pieces: list[str] = []
@@ -199,14 +263,21 @@ async def stream_chat(client: httpx2.AsyncClient, messages: list[dict[str, str]]
                 timings = event["timings"]
     details = usage.get("prompt_tokens_details") or {}
     prompt_ms = timings.get("prompt_ms")
-    sample = Sample(ttft if ttft is not None else time.perf_counter() - started, int(usage.get("prompt_tokens", 0)),
-                    int(details.get("cached_tokens", 0)), turn=turn, replica=replica, queued_ms=queued_ms,
-                    prompt_ms=float(prompt_ms) if isinstance(prompt_ms, (int, float)) else None)
+    sample = Sample(
+        ttft if ttft is not None else time.perf_counter() - started,
+        int(usage.get("prompt_tokens", 0)),
+        int(details.get("cached_tokens", 0)),
+        turn=turn,
+        replica=replica,
+        queued_ms=queued_ms,
+        prompt_ms=float(prompt_ms) if isinstance(prompt_ms, (int, float)) else None,
+    )
     return "".join(pieces), sample
 
 
-async def multi_turn(url: str, conversations: int, turns: int, concurrency: int, max_tokens: int,
-                     think: float, seed: int) -> tuple[list[Sample], int]:
+async def multi_turn(
+    url: str, conversations: int, turns: int, concurrency: int, max_tokens: int, think: float, seed: int
+) -> tuple[list[Sample], int]:
     samples: list[Sample] = []
     errors = 0
     send, receive = trio.open_memory_channel[int](conversations)
@@ -218,8 +289,10 @@ async def multi_turn(url: str, conversations: int, turns: int, concurrency: int,
         nonlocal errors
         async for number in receive:
             topic = TOPICS[number % len(TOPICS)]
-            messages = [{"role": "system", "content": SYSTEM_PROMPT},
-                        {"role": "user", "content": f"Customer {number}: I have a question about {topic}."}]
+            messages = [
+                {"role": "system", "content": SYSTEM_PROMPT},
+                {"role": "user", "content": f"Customer {number}: I have a question about {topic}."},
+            ]
             rng = random.Random(f"{seed}/{number}")
             for turn in range(turns):
                 if turn and think > 0:
@@ -233,8 +306,10 @@ async def multi_turn(url: str, conversations: int, turns: int, concurrency: int,
                     break
                 sample.conversation = number
                 samples.append(sample)
-                messages += [{"role": "assistant", "content": answer},
-                             {"role": "user", "content": FOLLOW_UPS[turn % len(FOLLOW_UPS)]}]
+                messages += [
+                    {"role": "assistant", "content": answer},
+                    {"role": "user", "content": FOLLOW_UPS[turn % len(FOLLOW_UPS)]},
+                ]
 
     async with httpx2.AsyncClient(base_url=url, timeout=300) as client, trio.open_nursery() as nursery:
         for _ in range(concurrency):
@@ -272,13 +347,16 @@ async def unique(url: str, requests: int, concurrency: int, max_tokens: int, see
 def run_phase(workload: str, routing: str, args: argparse.Namespace, log_path: Path, seed: int) -> Phase:
     binary, model = build_engine.server_binary(), smollm2.ensure_model()
     with ExitStack() as stack:
-        engines = [stack.enter_context(llama_server_process(binary, model, alias=MODEL, extra_args=ENGINE_ARGS))
-                   for _ in range(args.replicas)]
+        engines = [
+            stack.enter_context(llama_server_process(binary, model, alias=MODEL, extra_args=ENGINE_ARGS))
+            for _ in range(args.replicas)
+        ]
         url, admin_url = stack.enter_context(gateway(routing, [e.url for e in engines], log_path))
         started = time.perf_counter()
         if workload == "multi-turn":
-            samples, errors = trio.run(multi_turn, url, args.conversations, args.turns, args.concurrency,
-                                       args.max_tokens, args.think, seed)
+            samples, errors = trio.run(
+                multi_turn, url, args.conversations, args.turns, args.concurrency, args.max_tokens, args.think, seed
+            )
         else:
             samples, errors = trio.run(unique, url, args.unique, args.concurrency, args.max_tokens, seed)
         seconds = time.perf_counter() - started
@@ -294,8 +372,9 @@ def main() -> int:
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--unique", type=int, default=None, help="requests in the unique-prompt workload")
     parser.add_argument("--concurrency", type=int, default=4, help="conversations (or unique prompts) at a time")
-    parser.add_argument("--think", type=float, default=1.0,
-                        help="mean seconds a person takes between an answer and their next turn")
+    parser.add_argument(
+        "--think", type=float, default=1.0, help="mean seconds a person takes between an answer and their next turn"
+    )
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--replicas", type=int, default=2, choices=(2, 3), help="llama-server replicas")
     parser.add_argument("--json", type=Path, default=None, help="write every phase's summary here")
@@ -317,20 +396,40 @@ def main() -> int:
                 if args.samples is not None:
                     with args.samples.open("a") as out:
                         for sample in phase.samples:
-                            out.write(json.dumps({"workload": workload, "routing": routing, "round": round_number,
-                                                  **attrs.asdict(sample)}) + "\n")
+                            out.write(
+                                json.dumps(
+                                    {
+                                        "workload": workload,
+                                        "routing": routing,
+                                        "round": round_number,
+                                        **attrs.asdict(sample),
+                                    }
+                                )
+                                + "\n"
+                            )
     print()
-    print(f"{'workload':<11} {'routing':<13} {'reqs':>5} {'err':>4} {'TTFT p50':>9} {'TTFT p90':>9} "
-          f"{'cached':>7} {'req/s':>7} {'hit/miss':>9}")
+    print(
+        f"{'workload':<11} {'routing':<13} {'reqs':>5} {'err':>4} {'TTFT p50':>9} {'TTFT p90':>9} "
+        f"{'cached':>7} {'req/s':>7} {'hit/miss':>9}"
+    )
     for workload in ("multi-turn", "unique"):
         for routing in ("least-loaded", "prefix"):
             mine = [p for p in phases if p.workload == workload and p.routing == routing]
-            merged = Phase(workload, routing, [s for p in mine for s in p.samples], sum(p.seconds for p in mine),
-                           sum(p.errors for p in mine), sum(p.hits for p in mine), sum(p.misses for p in mine))
+            merged = Phase(
+                workload,
+                routing,
+                [s for p in mine for s in p.samples],
+                sum(p.seconds for p in mine),
+                sum(p.errors for p in mine),
+                sum(p.hits for p in mine),
+                sum(p.misses for p in mine),
+            )
             row = merged.summary()
-            print(f"{workload:<11} {routing:<13} {row['requests']:>5} {row['errors']:>4} "
-                  f"{row['ttft_p50_ms']:>7} ms {row['ttft_p90_ms']:>6} ms {row['cached_share']:>7.1%} "
-                  f"{row['requests_per_s']:>7.2f} {int(row['affinity_hits']):>4}/{int(row['affinity_misses'])}")
+            print(
+                f"{workload:<11} {routing:<13} {row['requests']:>5} {row['errors']:>4} "
+                f"{row['ttft_p50_ms']:>7} ms {row['ttft_p90_ms']:>6} ms {row['cached_share']:>7.1%} "
+                f"{row['requests_per_s']:>7.2f} {int(row['affinity_hits']):>4}/{int(row['affinity_misses'])}"
+            )
     if args.json is not None:
         args.json.write_text(json.dumps([p.summary() for p in phases], indent=1) + "\n")
     return 0

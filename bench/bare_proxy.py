@@ -23,7 +23,8 @@ from hypercorn.trio import serve
 
 def make_app(upstream: str) -> Any:
     transport = httpx2.AsyncHTTPTransport(
-        limits=httpx2.Limits(max_connections=None, max_keepalive_connections=512), trust_env=False)
+        limits=httpx2.Limits(max_connections=None, max_keepalive_connections=512), trust_env=False
+    )
     chat = httpx2.URL(upstream.rstrip("/") + "/v1/chat/completions")
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -47,8 +48,13 @@ def make_app(upstream: str) -> Any:
         request = httpx2.Request("POST", chat, headers=[("content-type", "application/json")], content=body)
         response = await transport.handle_async_request(request)
         try:
-            await send({"type": "http.response.start", "status": response.status_code,
-                        "headers": [(b"content-type", response.headers.get("content-type", "").encode())]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": response.status_code,
+                    "headers": [(b"content-type", response.headers.get("content-type", "").encode())],
+                }
+            )
             async for chunk in response.aiter_raw():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b""})

@@ -71,13 +71,17 @@ class Load:
             try:
                 if self.stream:
                     chunks = client.chat.completions.create(
-                        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=self.max_tokens,
-                        stream=True)
+                        model=MODEL,
+                        messages=[{"role": "user", "content": "hi"}],
+                        max_tokens=self.max_tokens,
+                        stream=True,
+                    )
                     for _ in chunks:
                         pass
                 else:
-                    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
-                                                   max_tokens=self.max_tokens)
+                    client.chat.completions.create(
+                        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=self.max_tokens
+                    )
                 kind = "ok"
             except openai.APIStatusError as exc:
                 kind = f"HTTP {exc.status_code}"
@@ -113,8 +117,10 @@ async def admin(fleet: Fleet, path: str) -> Any:
 async def probe(fleet: Fleet) -> bool:
     try:
         async with httpx2.AsyncClient(base_url=fleet.api_url, timeout=30) as client:
-            response = await client.post("/v1/chat/completions", json={
-                "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+            response = await client.post(
+                "/v1/chat/completions",
+                json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+            )
         return response.status_code == 200
     except httpx2.HTTPError:
         return False
@@ -166,8 +172,15 @@ class Result:
     notes: list[str] = attrs.Factory(list)
 
 
-async def scenario(fleet: Fleet, name: str, fault: Callable[[Fleet, Result], Awaitable[float]], *,
-                   clients: int = 4, stream: bool = False, settle_s: float = 2.0) -> Result:
+async def scenario(
+    fleet: Fleet,
+    name: str,
+    fault: Callable[[Fleet, Result], Awaitable[float]],
+    *,
+    clients: int = 4,
+    stream: bool = False,
+    settle_s: float = 2.0,
+) -> Result:
     """Whole fleet, load on, ``fault`` (returns its t0 and waits until converged), load for
     ``settle_s`` more; the figures are over the requests that ended after t0."""
     result = Result(name)
@@ -226,8 +239,11 @@ async def kill_node_daemon(fleet: Fleet, result: Result) -> float:
     t0 = time.monotonic()
     await fleet.nodes[replica["node"]].start()  # as systemd would
     await converge(fleet, result, t0)
-    result.notes.append("engines adopted, none restarted" if fleet.engine_pids() == engines
-                        else f"engines changed: {engines} -> {fleet.engine_pids()}")
+    result.notes.append(
+        "engines adopted, none restarted"
+        if fleet.engine_pids() == engines
+        else f"engines changed: {engines} -> {fleet.engine_pids()}"
+    )
     return t0
 
 
@@ -261,8 +277,9 @@ async def stop_node(fleet: Fleet, result: Result) -> float:
     try:
         await trio.sleep(float(AGENTS["unreachable_after"]) + 2)
         routable = {r["id"]: r["routable"] for r in (await admin(fleet, "/api/v1/replicas"))["replicas"]}
-        result.notes.append("withdrawn while stopped" if not routable.get(replica["id"])
-                            else "STILL PUBLISHED while stopped")
+        result.notes.append(
+            "withdrawn while stopped" if not routable.get(replica["id"]) else "STILL PUBLISHED while stopped"
+        )
     finally:
         for pid in engines:
             os.kill(pid, signal.SIGCONT)
@@ -296,8 +313,11 @@ async def kill_control(fleet: Fleet, result: Result) -> float:
     served = await wait_until(lambda: probe(fleet), poll=0.05)
     result.notes.append(f"a request sent then served {served:.2f} s after control was healthy")
     await converge(fleet, result, t0)
-    result.notes.append("engines adopted, none restarted" if fleet.engine_pids() == engines
-                        else f"engines changed: {engines} -> {fleet.engine_pids()}")
+    result.notes.append(
+        "engines adopted, none restarted"
+        if fleet.engine_pids() == engines
+        else f"engines changed: {engines} -> {fleet.engine_pids()}"
+    )
     return t0
 
 
@@ -309,8 +329,11 @@ async def lose_two_nodes(fleet: Fleet, result: Result) -> float:
         fleet.kill_engines(node_id)
     t0 = time.monotonic()
     await converge(fleet, result, t0, nodes={survivor})
-    result.notes.append(f"replicas all on {survivor}" if all(r["node"] == survivor for r in await ready_replicas(fleet))
-                        else "replicas not all on the survivor")
+    result.notes.append(
+        f"replicas all on {survivor}"
+        if all(r["node"] == survivor for r in await ready_replicas(fleet))
+        else "replicas not all on the survivor"
+    )
     return t0
 
 
@@ -349,8 +372,7 @@ async def main(args: argparse.Namespace) -> list[Result]:
         tiny_model = ensure_model()
         # The config's model is never asked for; the measured one is added once every node has
         # joined, so its replicas spread over the nodes (placed at start, all would land on n1).
-        async with running_fleet(root, tiny_model, ensure_engine(), models=[("unused", {})],
-                                 agents=AGENTS) as fleet:
+        async with running_fleet(root, tiny_model, ensure_engine(), models=[("unused", {})], agents=AGENTS) as fleet:
             for node_id in ("n1", "n2", "n3"):
                 await fleet.add_node(node_id)
             async with httpx2.AsyncClient(base_url=fleet.admin_url, timeout=10) as client:
@@ -362,9 +384,12 @@ async def main(args: argparse.Namespace) -> list[Result]:
                 result = await scenario(fleet, title, fault, **load)
                 results.append(result)
                 converged = f"in {result.converged_s:.2f} s" if result.converged_s is not None else "-"
-                print(f"{title:45} {result.requests:5d} requests, errors {result.errors or 'none'}, "
-                      f"slowest {result.slowest_s:.2f} s, converged {converged}"
-                      f" ({time.monotonic() - started:.0f} s); {'; '.join(result.notes)}", flush=True)
+                print(
+                    f"{title:45} {result.requests:5d} requests, errors {result.errors or 'none'}, "
+                    f"slowest {result.slowest_s:.2f} s, converged {converged}"
+                    f" ({time.monotonic() - started:.0f} s); {'; '.join(result.notes)}",
+                    flush=True,
+                )
                 await bring_back(fleet)
     return results
 
@@ -375,8 +400,11 @@ if __name__ == "__main__":
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--workdir", help="keep the daemons' logs here (default: a temporary directory)")
     arguments = parser.parse_args()
-    print(f"# llmgw chaos bench ({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores): one control, "
-          f"three nodes, real llama-server, '{MODEL}' min {MIN_REPLICAS} replicas", flush=True)
+    print(
+        f"# llmgw chaos bench ({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores): one control, "
+        f"three nodes, real llama-server, '{MODEL}' min {MIN_REPLICAS} replicas",
+        flush=True,
+    )
     began = time.monotonic()
     figures = trio.run(main, arguments)
     print(f"# total {time.monotonic() - began:.0f} s", flush=True)

@@ -38,8 +38,9 @@ MODELS = ["tiny-a", "tiny-b", "tiny-c"]
 
 def stream_ttft(api: str, model: str) -> float:
     body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": True}
-    request = urllib.request.Request(api + "/v1/chat/completions", data=json.dumps(body).encode(),
-                                     headers={"content-type": "application/json"})
+    request = urllib.request.Request(
+        api + "/v1/chat/completions", data=json.dumps(body).encode(), headers={"content-type": "application/json"}
+    )
     started = time.perf_counter()
     with urllib.request.urlopen(request, timeout=300) as response:
         for line in response:
@@ -76,14 +77,18 @@ def main() -> None:
     control_toml, node_toml = prepare(root, model, archive, ports)
     text = control_toml.read_text()
     # Three names for the same weights: three cold starts.
-    entry = text[text.index("[[models]]"):]
-    control_toml.write_text(text[:text.index("[[models]]")] + "".join(
-        entry.replace('name = "tiny"', f'name = "{name}"', 1) for name in MODELS))
+    entry = text[text.index("[[models]]") :]
+    control_toml.write_text(
+        text[: text.index("[[models]]")]
+        + "".join(entry.replace('name = "tiny"', f'name = "{name}"', 1) for name in MODELS)
+    )
     api, admin = f"http://127.0.0.1:{ports['api']}", f"http://127.0.0.1:{ports['admin']}"
-    control = subprocess.Popen([str(BIN / "llmgw-control"), "run", "--config", str(control_toml),
-                                "--log-level", "warning"])
-    node = subprocess.Popen([str(BIN / "llmgw-node"), "run", "--config", str(node_toml), "--stop-engines"],
-                            stderr=subprocess.DEVNULL)
+    control = subprocess.Popen(
+        [str(BIN / "llmgw-control"), "run", "--config", str(control_toml), "--log-level", "warning"]
+    )
+    node = subprocess.Popen(
+        [str(BIN / "llmgw-node"), "run", "--config", str(node_toml), "--stop-engines"], stderr=subprocess.DEVNULL
+    )
     try:
         wait_healthy(api, control, "llmgw-control")
         deadline = time.monotonic() + 120
@@ -93,8 +98,10 @@ def main() -> None:
             time.sleep(0.2)
         cold = [stream_ttft(api, name) for name in MODELS]
         warm = [stream_ttft(api, name) for name in MODELS for _ in range(3)]
-        post_json(api + "/v1/chat/completions", {"model": MODELS[0], "messages": [{"role": "user", "content": "x"}],
-                                                 "max_tokens": 1})
+        post_json(
+            api + "/v1/chat/completions",
+            {"model": MODELS[0], "messages": [{"role": "user", "content": "x"}], "max_tokens": 1},
+        )
     finally:
         stop(node)
         stop(control)

@@ -53,8 +53,11 @@ def _checkout(before: str) -> Iterator[Path]:
 
 
 def _one_round(gateway: Path, out: Path, extra: list[str]) -> list[dict[str, Any]]:
-    subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--gateway", str(gateway), "--json", str(out),
-                    *extra], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "run.py"), "--gateway", str(gateway), "--json", str(out), *extra],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     rows: list[dict[str, Any]] = json.loads(out.read_text())
     return rows
 
@@ -84,15 +87,19 @@ def main(argv: list[str] | None = None) -> int:
         extra += ["--concurrency", str(c)]
     results: dict[str, dict[Key, dict[str, list[float]]]] = {"before": {}, "after": {}}
     with _checkout(args.before) as before, tempfile.TemporaryDirectory(prefix="llmgw-compare-out-") as tmp:
-        builds = {"before": before / ".venv" / "bin" / "llmgw-control",
-                  "after": args.after / ".venv" / "bin" / "llmgw-control"}
+        builds = {
+            "before": before / ".venv" / "bin" / "llmgw-control",
+            "after": args.after / ".venv" / "bin" / "llmgw-control",
+        }
         print(f"before: {before}\nafter:  {args.after}\n{args.rounds} interleaved rounds of bench/run.py {extra}")
         for n in range(args.rounds):
             for name, gateway in builds.items():
                 print(f"round {n + 1}: {name} ...", flush=True)
                 _collect(_one_round(gateway, Path(tmp) / f"{name}-{n}.json", extra), results[name])
-    print(f"\n{'scenario':<18}{'cpu/req before':>16}{'after':>9}{'ratio':>8}"
-          f"{'added p50 before':>19}{'after':>9}{'req/s before':>15}{'after':>9}")
+    print(
+        f"\n{'scenario':<18}{'cpu/req before':>16}{'after':>9}{'ratio':>8}"
+        f"{'added p50 before':>19}{'after':>9}{'req/s before':>15}{'after':>9}"
+    )
     medians: list[dict[str, Any]] = []
     for key in sorted(results["after"]):
         b, a = results["before"].get(key), results["after"][key]
@@ -104,9 +111,11 @@ def main(argv: list[str] | None = None) -> int:
                 row[f"{metric}_{name}"] = round(statistics.median(values), 3)
         medians.append({"mode": key[0], "concurrency": key[1], **row})
         ratio = row["cpu_after"] / row["cpu_before"] if row["cpu_before"] else float("nan")
-        print(f"{key[0] + ' c=' + str(key[1]):<18}{row['cpu_before']:>14.2f}ms{row['cpu_after']:>7.2f}ms"
-              f"{ratio:>8.2f}{row['added_before']:>17.2f}ms{row['added_after']:>7.2f}ms"
-              f"{row['rps_before']:>15.0f}{row['rps_after']:>9.0f}")
+        print(
+            f"{key[0] + ' c=' + str(key[1]):<18}{row['cpu_before']:>14.2f}ms{row['cpu_after']:>7.2f}ms"
+            f"{ratio:>8.2f}{row['added_before']:>17.2f}ms{row['added_after']:>7.2f}ms"
+            f"{row['rps_before']:>15.0f}{row['rps_after']:>9.0f}"
+        )
     if args.json:
         args.json.write_text(json.dumps(medians, indent=2))
     return 0

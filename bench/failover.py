@@ -58,8 +58,9 @@ async def _swap(pair: Pair, leader: Control, sig: signal.Signals, ttl: float) ->
     return led - sent
 
 
-async def lease_takeover(pg: PostgresServer, work: Path, leadership: dict[str, Any], reps: int,
-                         sig: signal.Signals) -> list[float]:
+async def lease_takeover(
+    pg: PostgresServer, work: Path, leadership: dict[str, Any], reps: int, sig: signal.Signals
+) -> list[float]:
     name = f"bench_failover_{os.getpid()}_{next(_numbers)}"
     url = pg.create_database(name)
     root = work / name
@@ -102,8 +103,9 @@ async def _served(controls: list[Control], limit: float = 60) -> Control:
     raise AssertionError("unreachable")
 
 
-async def served_after_kill(pg: PostgresServer, work: Path, leadership: dict[str, Any],
-                            reps: int) -> list[dict[str, Any]]:
+async def served_after_kill(
+    pg: PostgresServer, work: Path, leadership: dict[str, Any], reps: int
+) -> list[dict[str, Any]]:
     from llmgw_dev.build_engine import ensure_engine
     from llmgw_dev.tiny_model import ensure_model
 
@@ -112,8 +114,9 @@ async def served_after_kill(pg: PostgresServer, work: Path, leadership: dict[str
     root = work / name
     results: list[dict[str, Any]] = []
     try:
-        async with control_pair(root, url, tiny_model=ensure_model(), engine_archive=ensure_engine(),
-                                leadership=leadership) as pair:
+        async with control_pair(
+            root, url, tiny_model=ensure_model(), engine_archive=ensure_engine(), leadership=leadership
+        ) as pair:
             leader = pair.controls[0]
             await pair.add_node("n1", leader)
             await pair.add_node("n2", leader)
@@ -131,14 +134,20 @@ async def served_after_kill(pg: PostgresServer, work: Path, leadership: dict[str
                 results.append({"lead_s": led - sent, "served_s": served - sent, "adopted": adopted})
                 if not adopted:
                     # Reported, not fatal: the figure is still a takeover, and the story says why.
-                    print(f"not adopted: engines {engines} → {pair.engine_pids()}\n{_story(pair)}",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"not adopted: engines {engines} → {pair.engine_pids()}\n{_story(pair)}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     pair.kill_engines()
                     await _served([standby])
                     engines = pair.engine_pids()
                 if served - led > 3:
-                    print(f"slow: served {served - led:.1f} s after the new leader took over\n{_story(pair)}",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"slow: served {served - led:.1f} s after the new leader took over\n{_story(pair)}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 await leader.daemon.start()
                 await leader.wait_role("standby", timeout=90)
                 leader = standby
@@ -149,8 +158,20 @@ async def served_after_kill(pg: PostgresServer, work: Path, leadership: dict[str
 
 def _story(pair: Pair) -> str:
     """What the daemons said about leadership, replicas and engines, for a failed run."""
-    words = ("leader", "standby", "replica", "adopt", "shard", "engine", "connect", "refus", "control",
-             "hello", "retrying", "closed")
+    words = (
+        "leader",
+        "standby",
+        "replica",
+        "adopt",
+        "shard",
+        "engine",
+        "connect",
+        "refus",
+        "control",
+        "hello",
+        "retrying",
+        "closed",
+    )
     lines = []
     for daemon in [*(c.daemon for c in pair.controls), *pair.nodes.values()]:
         for line in daemon.log().splitlines():
@@ -165,8 +186,9 @@ def _story(pair: Pair) -> str:
 
 
 def _summary(values: list[float]) -> str:
-    return (f"median {statistics.median(values):.2f} s, min {min(values):.2f}, max {max(values):.2f} "
-            f"({len(values)} runs)")
+    return (
+        f"median {statistics.median(values):.2f} s, min {min(values):.2f}, max {max(values):.2f} ({len(values)} runs)"
+    )
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -183,8 +205,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             fast = SETTINGS["fast (ttl 2 s, renew 0.5 s)"]
             runs = await served_after_kill(pg, work, fast, args.reps)
             report["fast, SIGKILL, two nodes + engine"] = runs
-            print(f"{'fast, SIGKILL, two nodes + real engine':45} new leader after "
-                  f"{_summary([r['lead_s'] for r in runs])}")
+            print(
+                f"{'fast, SIGKILL, two nodes + real engine':45} new leader after "
+                f"{_summary([r['lead_s'] for r in runs])}"
+            )
             print(f"{'':45} client served after {_summary([r['served_s'] for r in runs])}", flush=True)
             print(f"{'':45} engine adopted in {sum(r['adopted'] for r in runs)} of {len(runs)} runs", flush=True)
     return report

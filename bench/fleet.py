@@ -70,8 +70,12 @@ class CountingDispatcher:
 
 
 def models(count: int) -> list[ModelConfig]:
-    return [ModelConfig(f"model-{i}", [ProfileConfig("cpu", WeightsConfig(f"http://files/m{i}.gguf", SHA, 10**9),
-                                                     max_replicas=1)]) for i in range(count)]
+    return [
+        ModelConfig(
+            f"model-{i}", [ProfileConfig("cpu", WeightsConfig(f"http://files/m{i}.gguf", SHA, 10**9), max_replicas=1)]
+        )
+        for i in range(count)
+    ]
 
 
 def reconcile_pass(nodes: int, model_count: int, passes: int) -> dict[str, float]:
@@ -85,8 +89,16 @@ def reconcile_pass(nodes: int, model_count: int, passes: int) -> dict[str, float
         inventory.put(node)
     dispatcher = CountingDispatcher()
     claims = {r.profile_key: Claim(2_000) for r in catalog.all_profiles()}
-    reconciler = Reconciler(catalog, inventory, Liveness(15, 60), dispatcher, ReplicaSet(), secret=b"k" * 32,
-                            claims=claims, clock=lambda: 1.0)
+    reconciler = Reconciler(
+        catalog,
+        inventory,
+        Liveness(15, 60),
+        dispatcher,
+        ReplicaSet(),
+        secret=b"k" * 32,
+        claims=claims,
+        clock=lambda: 1.0,
+    )
     for resolved in catalog.all_profiles():
         reconciler.demand.queued(resolved.profile_key, 1)
     timings = []
@@ -95,8 +107,14 @@ def reconcile_pass(nodes: int, model_count: int, passes: int) -> dict[str, float
         reconciler.reconcile_once()
         timings.append((time.perf_counter() - started) * 1000)
     steady = sorted(timings[1:])
-    return {"nodes": nodes, "models": model_count, "placed": dispatcher.sent, "first_pass_ms": timings[0],
-            "steady_pass_ms_p50": steady[len(steady) // 2], "steady_pass_ms_max": steady[-1]}
+    return {
+        "nodes": nodes,
+        "models": model_count,
+        "placed": dispatcher.sent,
+        "first_pass_ms": timings[0],
+        "steady_pass_ms_p50": steady[len(steady) // 2],
+        "steady_pass_ms_max": steady[-1],
+    }
 
 
 def cpu_seconds(pid: int) -> float:
@@ -121,10 +139,18 @@ class Joined:
 
 
 async def simulated_node(url: str, index: int, interval: float, stop: trio.Event, connected: Joined) -> None:
-    facts = attrs.evolve(unprobed(), probed=True, hostname=f"sim-{index}", ram_total_mib=64_000, cores=16,
-                         arch="x86_64", cpu_features=["avx", "avx2", "fma", "f16c"])
-    hello = Hello(PROTOCOL_VERSION, f"sim-{index:04d}", JOIN_TOKEN, facts,
-                  [EngineState("llama.cpp", "b11312", "installed")], [])
+    facts = attrs.evolve(
+        unprobed(),
+        probed=True,
+        hostname=f"sim-{index}",
+        ram_total_mib=64_000,
+        cores=16,
+        arch="x86_64",
+        cpu_features=["avx", "avx2", "fma", "f16c"],
+    )
+    hello = Hello(
+        PROTOCOL_VERSION, f"sim-{index:04d}", JOIN_TOKEN, facts, [EngineState("llama.cpp", "b11312", "installed")], []
+    )
     async with open_websocket_url(url, message_queue_size=64) as ws:
         await ws.send_message(encode(hello))
         await ws.get_message()  # welcome
@@ -152,20 +178,39 @@ async def simulated_fleet(nodes: int, seconds: float, model_count: int) -> dict[
     api, admin, agents = free_port(), free_port(), free_port()
     interval = 5.0
     config = {
-        "listen": f"127.0.0.1:{api}", "admin_listen": f"127.0.0.1:{admin}", "data_dir": str(root),
+        "listen": f"127.0.0.1:{api}",
+        "admin_listen": f"127.0.0.1:{admin}",
+        "data_dir": str(root),
         "log_level": "warning",
-        "agents": {"listen": f"127.0.0.1:{agents}", "heartbeat_interval": interval, "unreachable_after": 15.0,
-                   "lost_after": 60.0, "join_token_digests": [token_digest(JOIN_TOKEN)]},
-        "models": [{"name": m.name, "profiles": [{"name": "cpu", "weights": {"url": "http://files/x.gguf",
-                                                                             "sha256": SHA, "size": 10**9},
-                                                  "ram_mib": 2000}]} for m in models(model_count)],
+        "agents": {
+            "listen": f"127.0.0.1:{agents}",
+            "heartbeat_interval": interval,
+            "unreachable_after": 15.0,
+            "lost_after": 60.0,
+            "join_token_digests": [token_digest(JOIN_TOKEN)],
+        },
+        "models": [
+            {
+                "name": m.name,
+                "profiles": [
+                    {
+                        "name": "cpu",
+                        "weights": {"url": "http://files/x.gguf", "sha256": SHA, "size": 10**9},
+                        "ram_mib": 2000,
+                    }
+                ],
+            }
+            for m in models(model_count)
+        ],
     }
     path = root / "control.toml"
     path.write_text(tomli_w.dumps(config))
     log = (root / "control.log").open("wb")
     process = await trio.lowlevel.open_process(
         [str(Path(sys.executable).with_name("llmgw-control")), "run", "--config", str(path)],
-        stdout=subprocess.DEVNULL, stderr=log)
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+    )
     url = f"ws://127.0.0.1:{agents}/agent/v1"
     latencies: list[float] = []
     stop = trio.Event()
@@ -192,7 +237,8 @@ async def simulated_fleet(nodes: int, seconds: float, model_count: int) -> dict[
                 # event loop's delays would be measured as control's.
                 sampler = await trio.run_process(
                     [sys.executable, "-c", _SAMPLER, f"http://127.0.0.1:{api}/v1/models", str(seconds)],
-                    capture_stdout=True)
+                    capture_stdout=True,
+                )
                 latencies = json.loads(sampler.stdout)
                 cpu = cpu_seconds(process.pid) - cpu_before
                 window = time.monotonic() - joined_at
@@ -203,10 +249,15 @@ async def simulated_fleet(nodes: int, seconds: float, model_count: int) -> dict[
             await process.wait()
         log.close()
     latencies.sort()
-    return {"nodes": nodes, "models": model_count, "window_s": round(window, 1),
-            "control_cpu_share_of_one_core": round(cpu / window, 3),
-            "models_p50_ms": round(latencies[len(latencies) // 2], 2),
-            "models_p99_ms": round(latencies[int(len(latencies) * 0.99) - 1], 2), "samples": len(latencies)}
+    return {
+        "nodes": nodes,
+        "models": model_count,
+        "window_s": round(window, 1),
+        "control_cpu_share_of_one_core": round(cpu / window, 3),
+        "models_p50_ms": round(latencies[len(latencies) // 2], 2),
+        "models_p99_ms": round(latencies[int(len(latencies) * 0.99) - 1], 2),
+        "samples": len(latencies),
+    }
 
 
 def main() -> None:
@@ -215,8 +266,10 @@ def main() -> None:
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
     nodes, model_count = (200, 100) if args.quick else (1000, 500)
-    print(f"# llmgw fleet bench: {nodes} nodes, {model_count} models "
-          f"({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores)")
+    print(
+        f"# llmgw fleet bench: {nodes} nodes, {model_count} models "
+        f"({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores)"
+    )
     result = {"reconcile": reconcile_pass(nodes, model_count, passes=20)}
     print("reconcile pass:", json.dumps(result["reconcile"]))
     result["fleet"] = trio.run(simulated_fleet, nodes, 10.0 if args.quick else 30.0, model_count)

@@ -27,17 +27,31 @@ def _tool(depth: int) -> dict[str, Any]:
 
 
 BODIES: dict[str, bytes] = {
-    "chat, 1 message": json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi " * 30}],
-                                   "max_tokens": 16}).encode(),
-    "chat, 40 messages": json.dumps({"model": "tiny", "max_tokens": 64, "messages": [
-        {"role": "user" if i % 2 else "assistant", "content": "some words of a conversation " * 8}
-        for i in range(40)]}).encode(),
-    "chat, 200 messages (scans)": json.dumps({"model": "tiny", "messages": [
-        {"role": "user", "content": [{"type": "text", "text": "part of a long history"}]}
-        for _ in range(200)]}).encode(),
+    "chat, 1 message": json.dumps(
+        {"model": "tiny", "messages": [{"role": "user", "content": "hi " * 30}], "max_tokens": 16}
+    ).encode(),
+    "chat, 40 messages": json.dumps(
+        {
+            "model": "tiny",
+            "max_tokens": 64,
+            "messages": [
+                {"role": "user" if i % 2 else "assistant", "content": "some words of a conversation " * 8}
+                for i in range(40)
+            ],
+        }
+    ).encode(),
+    "chat, 200 messages (scans)": json.dumps(
+        {
+            "model": "tiny",
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "part of a long history"}]} for _ in range(200)
+            ],
+        }
+    ).encode(),
     "embeddings, 64 inputs": json.dumps({"model": "tiny", "input": ["a sentence to embed " * 4] * 64}).encode(),
-    "chat with a 6-level tool schema": json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "x"}],
-                                                   "tools": [_tool(6)]}).encode(),
+    "chat with a 6-level tool schema": json.dumps(
+        {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "tools": [_tool(6)]}
+    ).encode(),
 }
 
 
@@ -50,8 +64,9 @@ def per_call_us(fn: Callable[[bytes], Any], body: bytes, seconds: float = 0.1) -
     return elapsed / count * 1e6
 
 
-def best_of(fn: Callable[[bytes], Any], other: Callable[[bytes], Any], body: bytes, rounds: int = 9
-            ) -> tuple[float, float]:
+def best_of(
+    fn: Callable[[bytes], Any], other: Callable[[bytes], Any], body: bytes, rounds: int = 9
+) -> tuple[float, float]:
     """The fastest of several short runs of each, interleaved, so a busy machine skews both alike."""
     mine, theirs = [], []
     for _ in range(rounds):
@@ -66,8 +81,10 @@ def main() -> None:
     for name, body in BODIES.items():
         bounded, plain = best_of(loads, json.loads, body)
         scans = body.count(b"[") + body.count(b"{") > MAX_DEPTH
-        print(f"{name:34} {len(body):7d} {plain:9.1f}us {bounded:6.1f}us {bounded - plain:5.1f}us  "
-              f"{'yes' if scans else 'no'}")
+        print(
+            f"{name:34} {len(body):7d} {plain:9.1f}us {bounded:6.1f}us {bounded - plain:5.1f}us  "
+            f"{'yes' if scans else 'no'}"
+        )
 
 
 if __name__ == "__main__":

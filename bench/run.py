@@ -21,7 +21,7 @@ core that the fake engine needs, and the direct numbers would measure the client
 makes its spans, and the SDK's OTLP/HTTP exporter sends them to a sink in this process that
 answers each export with 200 (its count is printed at the end).
 
-About 600 lines: one benchmark run end to end (the stack under test, the load, the figures), kept in
+About 730 lines: one benchmark run end to end (the stack under test, the load, the figures), kept in
 one file so a run can be read as it happens.
 """
 
@@ -124,7 +124,7 @@ class _Reader:
             await self._more()
         ttfb.append(time.perf_counter() - started)
         lines = self.buf[:end].split(b"\r\n")
-        self.buf = self.buf[end + 4:]
+        self.buf = self.buf[end + 4 :]
         status = int(lines[0].split(b" ", 2)[1])
         headers = {}
         for line in lines[1:]:
@@ -143,7 +143,7 @@ class _Reader:
                 if size == 0:
                     self.buf = self.buf[need:]  # no trailers: none of our servers sends them
                     return status, tail, reuse
-                tail = (tail + self.buf[eol + 2:eol + 2 + size])[-256:]
+                tail = (tail + self.buf[eol + 2 : eol + 2 + size])[-256:]
                 self.buf = self.buf[need:]
         if b"content-length" in headers:
             length = int(headers[b"content-length"])
@@ -198,8 +198,11 @@ class _Connection:
 
 
 def _request_bytes(host: str, port: str, *, stream: bool, api_key: str | None) -> bytes:
-    payload: dict[str, Any] = {"model": MODEL, "max_tokens": STREAM_CHUNKS,
-                               "messages": [{"role": "user", "content": "Say something."}]}
+    payload: dict[str, Any] = {
+        "model": MODEL,
+        "max_tokens": STREAM_CHUNKS,
+        "messages": [{"role": "user", "content": "Say something."}],
+    }
     if stream:
         payload |= {"stream": True, "stream_options": {"include_usage": True}}
     body = json.dumps(payload).encode()
@@ -209,8 +212,16 @@ def _request_bytes(host: str, port: str, *, stream: bool, api_key: str | None) -
     return (head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
 
 
-async def run_load(url: str | Sequence[str], *, stream: bool, concurrency: int, requests: int, seconds: float,
-                   api_key: str | None = None, on_start: Callable[[], None] | None = None) -> LoadResult:
+async def run_load(
+    url: str | Sequence[str],
+    *,
+    stream: bool,
+    concurrency: int,
+    requests: int,
+    seconds: float,
+    api_key: str | None = None,
+    on_start: Callable[[], None] | None = None,
+) -> LoadResult:
     """Warm up (2 requests per connection, not counted), call ``on_start``, then run the bounded load.
 
     The connections opened in the warm-up are the ones measured, so connection setup stays out of
@@ -275,8 +286,18 @@ def _pin(core: int | None) -> list[str]:
 @contextmanager
 def fake_engine_process(core: int | None) -> Iterator[tuple[str, int]]:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "tools")}
-    cmd = [*_pin(core), sys.executable, "-m", "llmgw_dev.fake_engine", "--port", "0",
-           "--chunks", str(STREAM_CHUNKS), "--model", MODEL]
+    cmd = [
+        *_pin(core),
+        sys.executable,
+        "-m",
+        "llmgw_dev.fake_engine",
+        "--port",
+        "0",
+        "--chunks",
+        str(STREAM_CHUNKS),
+        "--model",
+        MODEL,
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
     try:
         assert proc.stdout is not None
@@ -296,11 +317,22 @@ def gateway_available(command: Sequence[str]) -> bool:
 
 
 @contextmanager
-def gateway_process(command: Sequence[str], engine_url: str, core: int | None, log_path: Path,
-                    extra_args: Sequence[str]) -> Iterator[tuple[str, int]]:
+def gateway_process(
+    command: Sequence[str], engine_url: str, core: int | None, log_path: Path, extra_args: Sequence[str]
+) -> Iterator[tuple[str, int]]:
     port, admin = free_port(), free_port()
-    cmd = [*_pin(core), *command, "run", "--listen", f"127.0.0.1:{port}",
-           "--admin-listen", f"127.0.0.1:{admin}", "--endpoint", f"e1={engine_url}={MODEL}", *extra_args]
+    cmd = [
+        *_pin(core),
+        *command,
+        "run",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--admin-listen",
+        f"127.0.0.1:{admin}",
+        "--endpoint",
+        f"e1={engine_url}={MODEL}",
+        *extra_args,
+    ]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -383,8 +415,10 @@ class Row:
 
 def fmt_row(row: Row) -> str:
     d = row.direct
-    line = (f"{row.mode:<10} c={row.concurrency:<4} direct {d.rps:6.0f} rps  p50 {d.pct(0.5):7.2f}"
-            f"  p99 {d.pct(0.99):7.2f}  (fake cpu/req {row.engine_cpu_ms_direct:4.2f})")
+    line = (
+        f"{row.mode:<10} c={row.concurrency:<4} direct {d.rps:6.0f} rps  p50 {d.pct(0.5):7.2f}"
+        f"  p99 {d.pct(0.99):7.2f}  (fake cpu/req {row.engine_cpu_ms_direct:4.2f})"
+    )
     if row.via is None:
         return line + "   | gateway: pending"
     v = row.via
@@ -394,11 +428,14 @@ def fmt_row(row: Row) -> str:
         line += f"  ttfb {d.pct(0.5, d.ttfb):6.2f}"
     ratio = v.rps / d.rps if d.rps else float("nan")
     cpu = f"{row.gateway_cpu_ms:5.2f}" if row.gateway_cpu_ms is not None else "  n/a"
-    return (line + f"   | llmgw {v.rps:7.0f} rps  p50 {v.pct(0.5):7.2f}  p99 {v.pct(0.99):7.2f}"
-            + (f"  ttfb {v.pct(0.5, v.ttfb):6.2f} (+{added_ttfb:.2f})" if row.mode == "stream" else "")
-            + f"   | rps x{ratio:4.2f}  +p50 {added:6.2f} ms  cpu/req {cpu} ms"
-            + (f" ({row.gateway_core_share:4.0%} of its core)" if row.gateway_core_share is not None else "")
-            + (f"  errors {v.errors}" if v.errors or d.errors else ""))
+    return (
+        line
+        + f"   | llmgw {v.rps:7.0f} rps  p50 {v.pct(0.5):7.2f}  p99 {v.pct(0.99):7.2f}"
+        + (f"  ttfb {v.pct(0.5, v.ttfb):6.2f} (+{added_ttfb:.2f})" if row.mode == "stream" else "")
+        + f"   | rps x{ratio:4.2f}  +p50 {added:6.2f} ms  cpu/req {cpu} ms"
+        + (f" ({row.gateway_core_share:4.0%} of its core)" if row.gateway_core_share is not None else "")
+        + (f"  errors {v.errors}" if v.errors or d.errors else "")
+    )
 
 
 def check_targets(rows: list[Row]) -> list[str]:
@@ -416,11 +453,15 @@ def check_targets(rows: list[Row]) -> list[str]:
             values = (row.via.ttfb, row.direct.ttfb) if row.mode == "stream" else (None, None)
             added = row.via.pct(0.5, values[0]) - row.direct.pct(0.5, values[1])
             what = "time to first byte" if row.mode == "stream" else "latency"
-            out.append(f"{verdict(added < TARGET_ADDED_P50_MS_C1)} {row.mode} c=1 added p50 {what} "
-                       f"{added:.2f} ms (target < {TARGET_ADDED_P50_MS_C1} ms)")
+            out.append(
+                f"{verdict(added < TARGET_ADDED_P50_MS_C1)} {row.mode} c=1 added p50 {what} "
+                f"{added:.2f} ms (target < {TARGET_ADDED_P50_MS_C1} ms)"
+            )
         target = TARGET_CPU_MS_STREAM if row.mode == "stream" else TARGET_CPU_MS_NONSTREAM
-        out.append(f"{verdict(row.gateway_cpu_ms <= target)} {row.mode} c={row.concurrency} gateway CPU "
-                   f"{row.gateway_cpu_ms:.2f} ms/request (target <= {target} ms)")
+        out.append(
+            f"{verdict(row.gateway_cpu_ms <= target)} {row.mode} c={row.concurrency} gateway CPU "
+            f"{row.gateway_cpu_ms:.2f} ms/request (target <= {target} ms)"
+        )
     for mode in ("non-stream", "stream"):
         by_c = {r.concurrency: r for r in rows if r.mode == mode and r.via is not None}
         if 32 in by_c and 128 in by_c:
@@ -434,11 +475,15 @@ def check_targets(rows: list[Row]) -> list[str]:
             # gateway has held up if its share of what the engine side delivers did not fall.
             ratio32, ratio128 = r32.rps / max(d32.rps, 1e-9), r128.rps / max(d128.rps, 1e-9)
             engine_bound = fell and d128.rps < 0.95 * d32.rps and ratio128 >= 0.95 * ratio32
-            line = (f"{verdict(not fell or engine_bound)} {mode} throughput c=32 {r32.rps:.0f} -> "
-                    f"c=128 {r128.rps:.0f} rps (target: not falling)")
+            line = (
+                f"{verdict(not fell or engine_bound)} {mode} throughput c=32 {r32.rps:.0f} -> "
+                f"c=128 {r128.rps:.0f} rps (target: not falling)"
+            )
             if engine_bound:
-                line += (f"; the direct run fell as much ({d32.rps:.0f} -> {d128.rps:.0f} rps, llmgw/direct "
-                         f"{ratio32:.2f} -> {ratio128:.2f}): the engine side was the limit")
+                line += (
+                    f"; the direct run fell as much ({d32.rps:.0f} -> {d128.rps:.0f} rps, llmgw/direct "
+                    f"{ratio32:.2f} -> {ratio128:.2f}): the engine side was the limit"
+                )
             out.append(line)
     return out
 
@@ -448,23 +493,45 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="short run (fewer requests, shorter caps)")
     parser.add_argument("--gateway", type=Path, default=ROOT / ".venv" / "bin" / "llmgw-control")
     parser.add_argument("--gateway-arg", action="append", default=[], help="extra argument for `run`")
-    parser.add_argument("--bare", action="store_true",
-                        help="measure bench/bare_proxy.py (hypercorn + httpx2 and nothing else) instead: the "
-                             "floor of this stack, to tell llmgw's own cost from its framework's")
+    parser.add_argument(
+        "--bare",
+        action="store_true",
+        help="measure bench/bare_proxy.py (hypercorn + httpx2 and nothing else) instead: the "
+        "floor of this stack, to tell llmgw's own cost from its framework's",
+    )
     parser.add_argument("--api-key", default=None, help="client key to send to the gateway, if it needs one")
     parser.add_argument("--concurrency", type=int, action="append", help="default: 1, 32, 128")
-    parser.add_argument("--tracing", action="store_true",
-                        help="trace every request, exported over OTLP/HTTP to a sink in this process")
+    parser.add_argument(
+        "--tracing", action="store_true", help="trace every request, exported over OTLP/HTTP to a sink in this process"
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
-    parser.add_argument("--nice", type=int, default=0, metavar="N",
-                        help="run bench, fake engine and gateway at this nice value (negative needs root): on a "
-                             "shared machine -10 keeps other work from taking the measured cores")
-    parser.add_argument("--no-realtime", action="store_true",
-                        help="leave the load generator at normal scheduling at c=1 too (see _scheduling)")
-    parser.add_argument("--workers", type=int, default=0, metavar="N",
-                        help="instead: the gateway with workers=1 against workers=N in one run (bench/scale.py)")
-    parser.add_argument("--daemons", type=int, default=0, metavar="N",
-                        help="instead: one control daemon against N on one PostgreSQL, in one run (bench/scale.py)")
+    parser.add_argument(
+        "--nice",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run bench, fake engine and gateway at this nice value (negative needs root): on a "
+        "shared machine -10 keeps other work from taking the measured cores",
+    )
+    parser.add_argument(
+        "--no-realtime",
+        action="store_true",
+        help="leave the load generator at normal scheduling at c=1 too (see _scheduling)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead: the gateway with workers=1 against workers=N in one run (bench/scale.py)",
+    )
+    parser.add_argument(
+        "--daemons",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead: one control daemon against N on one PostgreSQL, in one run (bench/scale.py)",
+    )
     args = parser.parse_args(argv)
     if args.workers or args.daemons:
         from scale import run_scale  # bench/ is on sys.path: this script's directory
@@ -486,12 +553,18 @@ def main(argv: list[str] | None = None) -> int:
 
     gateway = [sys.executable, str(ROOT / "bench" / "bare_proxy.py")] if args.bare else [str(args.gateway)]
     have_gateway = gateway_available(gateway)
-    print(f"llmgw bench  {time.strftime('%Y-%m-%d %H:%M')}  {os.cpu_count()} cores  "
-          f"{_cpu_model()}  python {sys.version.split()[0]}")
-    print(f"code: {_revision()}  nice {os.getpriority(os.PRIO_PROCESS, 0)}"
-          + ("  MEASURING bench/bare_proxy.py (the floor), not llmgw" if args.bare else ""))
-    print(f"pinning: load generator + fake engine on core {gen_core}, gateway on core {gw_core}; "
-          f"load average before the run {os.getloadavg()[0]:.2f} (other work on the machine skews results)")
+    print(
+        f"llmgw bench  {time.strftime('%Y-%m-%d %H:%M')}  {os.cpu_count()} cores  "
+        f"{_cpu_model()}  python {sys.version.split()[0]}"
+    )
+    print(
+        f"code: {_revision()}  nice {os.getpriority(os.PRIO_PROCESS, 0)}"
+        + ("  MEASURING bench/bare_proxy.py (the floor), not llmgw" if args.bare else "")
+    )
+    print(
+        f"pinning: load generator + fake engine on core {gen_core}, gateway on core {gw_core}; "
+        f"load average before the run {os.getloadavg()[0]:.2f} (other work on the machine skews results)"
+    )
     if not have_gateway:
         print(f"{gateway[-1]} run --help failed: measuring the fake engine only; gateway figures pending")
     print("latencies in ms; cpu/req is the gateway's utime+stime per proxied request\n")
@@ -503,8 +576,10 @@ def main(argv: list[str] | None = None) -> int:
         """Snapshot a process's CPU time when the measured load starts (after the warm-up)."""
         return lambda: marks.__setitem__(key, cpu_seconds(pid))
 
-    with tempfile.TemporaryDirectory(prefix="llmgw-bench-") as tmp, \
-            fake_engine_process(gen_core) as (engine_url, engine_pid):
+    with (
+        tempfile.TemporaryDirectory(prefix="llmgw-bench-") as tmp,
+        fake_engine_process(gen_core) as (engine_url, engine_pid),
+    ):
         log_path = Path(tmp) / "gateway.log"
         # A data directory of its own: the default one is shared by every run on the machine, and
         # a run of a newer llmgw migrates its store past what an older one (a "before" run) opens.
@@ -514,8 +589,11 @@ def main(argv: list[str] | None = None) -> int:
             config = Path(tmp) / "control.toml"
             config.write_text(f'[tracing]\nendpoint = "{sink.url}"\nsample_ratio = 1.0\n')
             own_state += ["--config", str(config)]
-        with (gateway_process(gateway, engine_url, gw_core, log_path, [*own_state, *args.gateway_arg])
-              if have_gateway else _nothing()) as gw:
+        with (
+            gateway_process(gateway, engine_url, gw_core, log_path, [*own_state, *args.gateway_arg])
+            if have_gateway
+            else _nothing()
+        ) as gw:
             if not args.no_realtime:
                 print("load generator at c=1: " + _scheduling(realtime=True))
                 _scheduling(realtime=False)
@@ -525,16 +603,35 @@ def main(argv: list[str] | None = None) -> int:
                         _scheduling(realtime=c == 1)
                     n, secs = budget(c)
                     stream = mode == "stream"
-                    direct = trio.run(partial(run_load, engine_url, stream=stream, concurrency=c, requests=n,
-                                              seconds=secs, on_start=mark(engine_pid, "engine")))
+                    direct = trio.run(
+                        partial(
+                            run_load,
+                            engine_url,
+                            stream=stream,
+                            concurrency=c,
+                            requests=n,
+                            seconds=secs,
+                            on_start=mark(engine_pid, "engine"),
+                        )
+                    )
                     engine_cpu = (cpu_seconds(engine_pid) - marks["engine"]) * 1000 / max(1, direct.requests)
                     via: LoadResult | None = None
                     gw_cpu: float | None = None
                     gw_share: float | None = None
                     if gw is not None:
                         gw_url, gw_pid = gw
-                        via = trio.run(partial(run_load, gw_url, stream=stream, concurrency=c, requests=n,
-                                               seconds=secs, api_key=args.api_key, on_start=mark(gw_pid, "gw")))
+                        via = trio.run(
+                            partial(
+                                run_load,
+                                gw_url,
+                                stream=stream,
+                                concurrency=c,
+                                requests=n,
+                                seconds=secs,
+                                api_key=args.api_key,
+                                on_start=mark(gw_pid, "gw"),
+                            )
+                        )
                         used = cpu_seconds(gw_pid) - marks["gw"]
                         gw_cpu = used * 1000 / max(1, via.requests + via.errors)
                         # How much of its core the gateway got: well under 100% while it is the
@@ -588,19 +685,34 @@ def _row_json(row: Row) -> dict[str, Any]:
     def res(r: LoadResult | None) -> dict[str, Any] | None:
         if r is None:
             return None
-        return {"requests": r.requests, "errors": r.errors, "seconds": round(r.seconds, 3),
-                "rps": round(r.rps, 1), "p50_ms": round(r.pct(0.5), 3), "p99_ms": round(r.pct(0.99), 3),
-                "ttfb_p50_ms": round(r.pct(0.5, r.ttfb), 3)}
-    return {"mode": row.mode, "concurrency": row.concurrency, "direct": res(row.direct), "via": res(row.via),
-            "gateway_cpu_ms_per_request": row.gateway_cpu_ms, "gateway_core_share": row.gateway_core_share,
-            "engine_cpu_ms_per_request_direct": round(row.engine_cpu_ms_direct, 3)}
+        return {
+            "requests": r.requests,
+            "errors": r.errors,
+            "seconds": round(r.seconds, 3),
+            "rps": round(r.rps, 1),
+            "p50_ms": round(r.pct(0.5), 3),
+            "p99_ms": round(r.pct(0.99), 3),
+            "ttfb_p50_ms": round(r.pct(0.5, r.ttfb), 3),
+        }
+
+    return {
+        "mode": row.mode,
+        "concurrency": row.concurrency,
+        "direct": res(row.direct),
+        "via": res(row.via),
+        "gateway_cpu_ms_per_request": row.gateway_cpu_ms,
+        "gateway_core_share": row.gateway_core_share,
+        "engine_cpu_ms_per_request_direct": round(row.engine_cpu_ms_direct, 3),
+    }
 
 
 def _revision() -> str:
     """The commit measured, and whether the gateway's sources differ from it (they often do)."""
+
     def git(*args: str) -> str:
         done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=False)
         return done.stdout.strip()
+
     head = git("rev-parse", "--short", "HEAD") or "unknown"
     dirty = git("status", "--porcelain", "--", "llmgw_control", "shared")
     return head + (" + uncommitted gateway changes" if dirty else "")

@@ -125,20 +125,33 @@ def _free_port_run(length: int) -> int:
 
 
 @contextmanager
-def gateway(command: Sequence[str], engine_url: str, tmp: Path, name: str, *, workers: int,
-            store: str) -> Iterator[Gateway]:
+def gateway(
+    command: Sequence[str], engine_url: str, tmp: Path, name: str, *, workers: int, store: str
+) -> Iterator[Gateway]:
     port, admin = free_port(), _free_port_run(workers)
     config = tmp / f"{name}.toml"
     config.write_text(f"workers = {workers}\n" + (f"store = {json.dumps(store)}\n" if store else ""))
-    cmd = [*command, "run", "--config", str(config), "--listen", f"127.0.0.1:{port}",
-           "--admin-listen", f"127.0.0.1:{admin}", "--endpoint", f"e1={engine_url}={MODEL}",
-           "--data-dir", str(tmp / name)]
+    cmd = [
+        *command,
+        "run",
+        "--config",
+        str(config),
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--admin-listen",
+        f"127.0.0.1:{admin}",
+        "--endpoint",
+        f"e1={engine_url}={MODEL}",
+        "--data-dir",
+        str(tmp / name),
+    ]
     log_path = tmp / f"{name}.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     admins = [f"http://127.0.0.1:{admin + i}" for i in range(workers)]
     try:
         deadline = time.monotonic() + 60
+
         def ready() -> bool:
             urls = [f"http://127.0.0.1:{port}/healthz", *(f"{a}/metrics" for a in admins)]
             return all(_get(url) is not None for url in urls)
@@ -163,8 +176,9 @@ def _get(url: str) -> bytes | None:
 
 
 def _call(method: str, url: str, body: dict[str, Any]) -> dict[str, Any]:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method=method,
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), method=method, headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=10) as resp:
         answer: dict[str, Any] = json.loads(resp.read())
         return answer
@@ -183,8 +197,9 @@ def wait_key_served(urls: Sequence[str], key: str, count: int) -> None:
     deadline = time.monotonic() + 30
     for url in urls:
         while True:
-            done = trio.run(partial(run_load, url, stream=False, concurrency=1, requests=count, seconds=10,
-                                    api_key=key))
+            done = trio.run(
+                partial(run_load, url, stream=False, concurrency=1, requests=count, seconds=10, api_key=key)
+            )
             if done.requests == count and not done.errors:
                 break
             if time.monotonic() > deadline:
@@ -231,8 +246,9 @@ class Setup:
     idle_transactions_per_s: float
 
 
-def measure_setup(name: str, processes: int, gateways: Sequence[Gateway], key: str, levels: Sequence[int],
-                  budget: tuple[int, float]) -> Setup:
+def measure_setup(
+    name: str, processes: int, gateways: Sequence[Gateway], key: str, levels: Sequence[int], budget: tuple[int, float]
+) -> Setup:
     urls = [gw.url for gw in gateways]
     measures: list[Measure] = []
     load_seconds = 0.0
@@ -244,8 +260,18 @@ def measure_setup(name: str, processes: int, gateways: Sequence[Gateway], key: s
 
     for mode in ("non-stream", "stream"):
         for c in levels:
-            result = trio.run(partial(run_load, urls, stream=mode == "stream", concurrency=c, requests=budget[0],
-                                      seconds=budget[1], api_key=key, on_start=start))
+            result = trio.run(
+                partial(
+                    run_load,
+                    urls,
+                    stream=mode == "stream",
+                    concurrency=c,
+                    requests=budget[0],
+                    seconds=budget[1],
+                    api_key=key,
+                    on_start=start,
+                )
+            )
             cpu = sum(tree_cpu_seconds(gw.pid) for gw in gateways) - marks["cpu"]
             tx = transactions(gateways) - marks["tx"]
             served = max(1, result.requests + result.errors)
@@ -274,8 +300,10 @@ def per_thousand(m: Measure, idle_rate: float | None) -> tuple[float, float | No
 def fmt_measure(m: Measure, idle_rate: float | None) -> str:
     total, attributable = per_thousand(m, idle_rate)
     chunks = f"  {m.chunks_per_s:7.0f} chunks/s" if m.mode == "stream" else " " * 17
-    line = (f"{m.setup:<10} {m.mode:<10} c={m.concurrency:<4} {m.result.rps:7.0f} req/s{chunks}  "
-            f"cpu/req {m.cpu_ms:5.2f} ms  store tx/1000 req {total:6.1f}")
+    line = (
+        f"{m.setup:<10} {m.mode:<10} c={m.concurrency:<4} {m.result.rps:7.0f} req/s{chunks}  "
+        f"cpu/req {m.cpu_ms:5.2f} ms  store tx/1000 req {total:6.1f}"
+    )
     if attributable is not None:
         line += f" (attributable {attributable:6.1f})"
     return line + (f"  errors {m.result.errors}" if m.result.errors else "")
@@ -293,10 +321,14 @@ def run_scale(args: argparse.Namespace) -> int:
     budget = (4000, 4.0) if args.quick else (20000, 15.0)
     command = [str(args.gateway)]
     kind = "daemons" if args.daemons else "workers"
-    print(f"llmgw scale bench ({kind})  {time.strftime('%Y-%m-%d %H:%M')}  {os.cpu_count()} cores  "
-          f"{_cpu_model()}  python {sys.version.split()[0]}")
-    print(f"code: {_revision()}; nothing pinned: load generator, fake engine and gateway share the "
-          f"{os.cpu_count()} cores; load average before {os.getloadavg()[0]:.2f}\n")
+    print(
+        f"llmgw scale bench ({kind})  {time.strftime('%Y-%m-%d %H:%M')}  {os.cpu_count()} cores  "
+        f"{_cpu_model()}  python {sys.version.split()[0]}"
+    )
+    print(
+        f"code: {_revision()}; nothing pinned: load generator, fake engine and gateway share the "
+        f"{os.cpu_count()} cores; load average before {os.getloadavg()[0]:.2f}\n"
+    )
     setups: list[Setup] = []
     with tempfile.TemporaryDirectory(prefix="llmgw-scale-") as tmp_name, ExitStack() as stack:
         tmp = Path(tmp_name)
@@ -307,11 +339,16 @@ def run_scale(args: argparse.Namespace) -> int:
             with ExitStack() as running:
                 if server is not None:
                     store = server.create_database(f"bench_{count}")
-                    gws = [running.enter_context(gateway(command, engine_url, tmp, f"d{count}-{i}", workers=1,
-                                                         store=store)) for i in range(count)]
+                    gws = [
+                        running.enter_context(
+                            gateway(command, engine_url, tmp, f"d{count}-{i}", workers=1, store=store)
+                        )
+                        for i in range(count)
+                    ]
                 else:
-                    gws = [running.enter_context(gateway(command, engine_url, tmp, f"w{count}", workers=count,
-                                                         store=""))]
+                    gws = [
+                        running.enter_context(gateway(command, engine_url, tmp, f"w{count}", workers=count, store=""))
+                    ]
                 key = client_key(gws[0].admin_urls[0])
                 # Enough requests per process that every worker behind the shared port has the key.
                 wait_key_served([gw.url for gw in gws], key, count=4 * count)
@@ -336,11 +373,25 @@ def _setup_json(setup: Setup) -> dict[str, Any]:
     rows = []
     for m in setup.measures:
         total, attributable = per_thousand(m, setup.idle_transactions_per_s)
-        rows.append({"mode": m.mode, "concurrency": m.concurrency, "requests": m.result.requests,
-                     "errors": m.result.errors, "seconds": round(m.result.seconds, 3), "rps": round(m.result.rps, 1),
-                     "chunks_per_s": round(m.chunks_per_s, 1), "p50_ms": round(m.result.pct(0.5), 3),
-                     "cpu_ms_per_request": round(m.cpu_ms, 3),
-                     "store_transactions": m.transactions, "store_transactions_per_1000": round(total, 2),
-                     "store_transactions_per_1000_attributable": round(attributable or 0.0, 2)})
-    return {"setup": setup.name, "processes": setup.processes,
-            "idle_store_transactions_per_s": round(setup.idle_transactions_per_s, 3), "measures": rows}
+        rows.append(
+            {
+                "mode": m.mode,
+                "concurrency": m.concurrency,
+                "requests": m.result.requests,
+                "errors": m.result.errors,
+                "seconds": round(m.result.seconds, 3),
+                "rps": round(m.result.rps, 1),
+                "chunks_per_s": round(m.chunks_per_s, 1),
+                "p50_ms": round(m.result.pct(0.5), 3),
+                "cpu_ms_per_request": round(m.cpu_ms, 3),
+                "store_transactions": m.transactions,
+                "store_transactions_per_1000": round(total, 2),
+                "store_transactions_per_1000_attributable": round(attributable or 0.0, 2),
+            }
+        )
+    return {
+        "setup": setup.name,
+        "processes": setup.processes,
+        "idle_store_transactions_per_s": round(setup.idle_transactions_per_s, 3),
+        "measures": rows,
+    }

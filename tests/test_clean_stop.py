@@ -53,14 +53,26 @@ class _BackgroundJob:
     """``command &`` in a non-interactive bash script, which starts it with SIGINT (and SIGQUIT)
     ignored; signals go to the program itself, and the script's ``wait`` hands back its status."""
 
-    def __init__(self, command: list[str], stdout: IO[bytes] | int, stderr: IO[bytes] | int,
-                 *, env: dict[str, str] | None = None, new_session: bool = False) -> None:
+    def __init__(
+        self,
+        command: list[str],
+        stdout: IO[bytes] | int,
+        stderr: IO[bytes] | int,
+        *,
+        env: dict[str, str] | None = None,
+        new_session: bool = False,
+    ) -> None:
         read_end, write_end = os.pipe()
         # The job's pid comes back on a pipe of its own, so the program keeps the script's stdout.
         script = f'"$@" {write_end}>&- & echo $! >&{write_end}; exec {write_end}>&-; wait $!'
-        self.shell = subprocess.Popen(["bash", "-c", script, "bash", *command], stdout=stdout,
-                                      stderr=stderr, pass_fds=(write_end,), env=env,
-                                      start_new_session=new_session)
+        self.shell = subprocess.Popen(
+            ["bash", "-c", script, "bash", *command],
+            stdout=stdout,
+            stderr=stderr,
+            pass_fds=(write_end,),
+            env=env,
+            start_new_session=new_session,
+        )
         os.close(write_end)
         with os.fdopen(read_end) as pid_line:
             self.pid = int(pid_line.readline())
@@ -93,7 +105,9 @@ def _exit_watch(process: _Process) -> subprocess.Popen[bytes]:
 
 
 _LAUNCHERS: dict[str, Callable[[list[str], IO[bytes]], _Process]] = {
-    "foreground": _popen, "background-job": _background}
+    "foreground": _popen,
+    "background-job": _background,
+}
 
 
 def test_a_background_job_of_a_script_starts_with_sigint_ignored(tmp_path: Path) -> None:
@@ -106,8 +120,9 @@ def test_a_background_job_of_a_script_starts_with_sigint_ignored(tmp_path: Path)
 
 
 @contextmanager
-def _daemons(tmp: Path, launch: Callable[[list[str], IO[bytes]], _Process] = _popen
-             ) -> Iterator[tuple[_Process, _Process, Path, Path]]:
+def _daemons(
+    tmp: Path, launch: Callable[[list[str], IO[bytes]], _Process] = _popen
+) -> Iterator[tuple[_Process, _Process, Path, Path]]:
     """The demo's two daemons on its configs, a stand-in model and engine archive (no engine runs:
     nothing asks for the model, and the node's engine install fails on the junk archive, locally)."""
     (tmp / "model.gguf").write_bytes(b"not a model")
@@ -120,10 +135,8 @@ def _daemons(tmp: Path, launch: Callable[[list[str], IO[bytes]], _Process] = _po
         control = launch([str(demo.BIN / "llmgw-control"), "run", "--config", str(control_toml)], c_err)
         node: _Process | None = None
         try:
-            demo.wait_healthy(f"http://127.0.0.1:{ports['api']}", _exit_watch(control), "llmgw-control",
-                              _START_SECONDS)
-            node = launch([str(demo.BIN / "llmgw-node"), "run", "--config", str(node_toml), "--stop-engines"],
-                          n_err)
+            demo.wait_healthy(f"http://127.0.0.1:{ports['api']}", _exit_watch(control), "llmgw-control", _START_SECONDS)
+            node = launch([str(demo.BIN / "llmgw-node"), "run", "--config", str(node_toml), "--stop-engines"], n_err)
             # Connected: the node's session is up, so the stop below is of a working pair.
             _wait_for(control_err, "node demo-node connected", node)
             yield control, node, control_err, node_err
@@ -140,6 +153,7 @@ def _wait_for(path: Path, text: str, process: _Process, timeout: float = _START_
             return True
         assert process.poll() is None, f"exited with {process.poll()}:\n{path.read_text(errors='replace')}"
         return False
+
     try:
         wait_until_sync(said, timeout=timeout)
     except TimeoutError:
@@ -187,11 +201,13 @@ def test_ctrl_c_on_the_demo_stops_both_daemons_with_one_line_each(tmp_path: Path
         # Its own session: the process group a terminal would have made for it.
         process = subprocess.Popen(command, stdout=out, stderr=err, env=env, start_new_session=True)
         try:
+
             def ready() -> bool:  # the demo's "ready" banner in its output
                 if "Press Ctrl-C to stop." in (tmp_path / "out").read_text():
                     return True
                 assert process.poll() is None, (tmp_path / "err").read_text()
                 return False
+
             try:
                 wait_until_sync(ready, timeout=300, interval=0.1)
             except TimeoutError:
@@ -234,6 +250,7 @@ def _end_session(sid: int) -> None:
     """Stop every process of a session a test started: the demo's daemons are in process groups
     of their own, so a kill of the demo's group would leave them (and the node's engine) running.
     SIGTERM first, so that the node stops its engine; SIGKILL for whatever is left."""
+
     def members() -> list[int]:
         pids = []
         for stat in Path("/proc").glob("[0-9]*/stat"):

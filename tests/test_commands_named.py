@@ -24,9 +24,13 @@ from llmgw_node.cli import _parser as node_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = [
-    ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "examples").rglob("*")),
-    *sorted((ROOT / "shared" / "src").rglob("*.py")), *sorted((ROOT / "llmgw_control" / "src").rglob("*")),
-    *sorted((ROOT / "llmgw_node" / "src").rglob("*.py")), *sorted((ROOT / "tools").rglob("*.py")),
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    *sorted((ROOT / "examples").rglob("*")),
+    *sorted((ROOT / "shared" / "src").rglob("*.py")),
+    *sorted((ROOT / "llmgw_control" / "src").rglob("*")),
+    *sorted((ROOT / "llmgw_node" / "src").rglob("*.py")),
+    *sorted((ROOT / "tools").rglob("*.py")),
     ROOT / "dev.py",
 ]
 _TEXT_SUFFIXES = {".md", ".py", ".toml", ".sh", ".service", ".txt", ".html", ".js", ""}
@@ -37,9 +41,38 @@ _PACKAGE_FLAG = re.compile(r"--package\s+$")
 # Words that follow a program's name in prose ("llmgw-control ready", "installs llmgw-node from
 # ..."), never a subcommand: a mention followed by one of these is not a command line. Anything
 # else is checked, so a wrong or removed subcommand ("llmgw-control token") fails.
-PROSE = frozenset({"and", "configuration", "connects", "crashed", "does", "from", "here", "needs", "on", "ready",
-                   "running", "runs", "stopped", "wheels", "is", "has", "can", "will", "must", "should", "sends", "to",
-                   "as", "or", "the", "itself", "daemon", "process"})
+PROSE = frozenset(
+    {
+        "and",
+        "configuration",
+        "connects",
+        "crashed",
+        "does",
+        "from",
+        "here",
+        "needs",
+        "on",
+        "ready",
+        "running",
+        "runs",
+        "stopped",
+        "wheels",
+        "is",
+        "has",
+        "can",
+        "will",
+        "must",
+        "should",
+        "sends",
+        "to",
+        "as",
+        "or",
+        "the",
+        "itself",
+        "daemon",
+        "process",
+    }
+)
 _WORD = re.compile(r"[a-z][a-z0-9-]*")
 # llmgw-control's commands that hand the rest of the line to a parser of their own.
 _DELEGATED = {"ctl": ctl_parser, "release": release_parser, "engines": engines_parser}
@@ -101,9 +134,9 @@ def commands_in(text: str) -> list[tuple[int, str, list[str]]]:
     found = []
     for number, line in enumerate(text.splitlines(), 1):
         for match in _PROGRAM.finditer(line):
-            if _PACKAGE_FLAG.search(line[:match.start()]):
+            if _PACKAGE_FLAG.search(line[: match.start()]):
                 continue
-            rest = line[match.end():]
+            rest = line[match.end() :]
             # The command ends where the line, a code span or a shell separator does.
             rest = re.split(r"`|&&|\|\||;|\$\(|\)\s|\s#\s", rest, maxsplit=1)[0]
             words = rest.split()
@@ -129,27 +162,30 @@ def test_every_command_named_in_docs_and_messages_exists() -> None:
     assert problems() == []
 
 
-@pytest.mark.parametrize(("line", "ok"), [
-    ("llmgw-control ctl nodes add NAME", True),
-    ("llmgw-control ctl keys create ops --group org --admin-key --expires 2027-01-01T00:00:00Z", True),
-    ("(add one with: llmgw-control ctl models add --file model.toml)", True),
-    ("ExecStart=/opt/llmgw-node/bin/llmgw-node run --config /etc/llmgw/node.toml", True),
-    ("llmgw-control run --listen 0.0.0.0:8080 --endpoint gpu1=http://10.0.0.11:8001=m", True),
-    ("`llmgw-node init --check CONFIG` validates", True),
-    ("(llmgw-control token prints one)", False),
-    ("llmgw-control ctl nodes remove gpu-1", False),
-    ("llmgw-control ctl keys create ops --admin", True),  # --admin is ctl's common URL option
-    ("llmgw-control ctl keys create ops --no-such-flag", False),
-    ("llmgw-node engines install --nope", False),
-    ("(is llmgw-control running? use --admin URL)", True),
-    ("useradd --home-dir /var/lib/llmgw-node --no-create-home llmgw", True),
-    ("uv build --wheel --package llmgw-node --out-dir dist", True),
-    ("llmgw-control release --files-dir /srv/files prepare --python 3.12 --arch x86_64", True),
-    ("llmgw-control release prepare --no-such-flag", False),
-    ("llmgw-control release rollback", False),
-    ("die \"$dir: llmgw-node --version failed: $got\"", True),
-    ("llmgw-node --nope --version", False),
-])
+@pytest.mark.parametrize(
+    ("line", "ok"),
+    [
+        ("llmgw-control ctl nodes add NAME", True),
+        ("llmgw-control ctl keys create ops --group org --admin-key --expires 2027-01-01T00:00:00Z", True),
+        ("(add one with: llmgw-control ctl models add --file model.toml)", True),
+        ("ExecStart=/opt/llmgw-node/bin/llmgw-node run --config /etc/llmgw/node.toml", True),
+        ("llmgw-control run --listen 0.0.0.0:8080 --endpoint gpu1=http://10.0.0.11:8001=m", True),
+        ("`llmgw-node init --check CONFIG` validates", True),
+        ("(llmgw-control token prints one)", False),
+        ("llmgw-control ctl nodes remove gpu-1", False),
+        ("llmgw-control ctl keys create ops --admin", True),  # --admin is ctl's common URL option
+        ("llmgw-control ctl keys create ops --no-such-flag", False),
+        ("llmgw-node engines install --nope", False),
+        ("(is llmgw-control running? use --admin URL)", True),
+        ("useradd --home-dir /var/lib/llmgw-node --no-create-home llmgw", True),
+        ("uv build --wheel --package llmgw-node --out-dir dist", True),
+        ("llmgw-control release --files-dir /srv/files prepare --python 3.12 --arch x86_64", True),
+        ("llmgw-control release prepare --no-such-flag", False),
+        ("llmgw-control release rollback", False),
+        ('die "$dir: llmgw-node --version failed: $got"', True),
+        ("llmgw-node --nope --version", False),
+    ],
+)
 def test_the_checker_itself(line: str, ok: bool) -> None:
     found = [check_command(program, words) for _, program, words in commands_in(line)]
     assert (found == [] or found == [None]) is ok, found

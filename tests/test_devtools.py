@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,8 @@ def _client(server: LlamaServer) -> openai.OpenAI:
 
 def test_real_engine_chat(real_engine: LlamaServer) -> None:
     reply = _client(real_engine).chat.completions.create(
-        model="anything", messages=[{"role": "user", "content": "Hello there"}], max_tokens=12)
+        model="anything", messages=[{"role": "user", "content": "Hello there"}], max_tokens=12
+    )
     assert reply.model == "tiny"
     choice = reply.choices[0]
     assert choice.finish_reason == "length"
@@ -62,8 +64,12 @@ def test_real_engine_chat(real_engine: LlamaServer) -> None:
 
 def test_real_engine_streams_with_usage(real_engine: LlamaServer) -> None:
     stream = _client(real_engine).chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": "Tell me a story"}], max_tokens=16,
-        stream=True, stream_options={"include_usage": True})
+        model="tiny",
+        messages=[{"role": "user", "content": "Tell me a story"}],
+        max_tokens=16,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     content = [c for c in chunks if c.choices and c.choices[0].delta.content]
@@ -76,7 +82,8 @@ def test_real_engine_streams_with_usage(real_engine: LlamaServer) -> None:
 
 def test_real_embedding_engine(real_embedding_engine: LlamaServer) -> None:
     result = _client(real_embedding_engine).embeddings.create(
-        model="tiny-embed", input=["hello world", "the quick brown fox"])
+        model="tiny-embed", input=["hello world", "the quick brown fox"]
+    )
     assert [d.index for d in result.data] == [0, 1]
     assert all(len(d.embedding) == tm.N_EMBD for d in result.data)
     assert result.data[0].embedding != result.data[1].embedding
@@ -91,8 +98,7 @@ def test_real_chat_engine_has_no_embeddings(real_engine: LlamaServer) -> None:
     assert "not_supported_error" in caught.value.response.text
 
 
-async def test_running_llama_server_stops_its_process_group(
-        llama_server_binary: Path, tiny_model: Path) -> None:
+async def test_running_llama_server_stops_its_process_group(llama_server_binary: Path, tiny_model: Path) -> None:
     async with running_llama_server(llama_server_binary, tiny_model, alias="t2", api_key="k") as srv:
         async with httpx2.AsyncClient(timeout=10) as client:
             denied = await client.get(f"{srv.url}/v1/models")
@@ -107,8 +113,10 @@ async def test_running_llama_server_stops_its_process_group(
 def test_llama_server_that_cannot_start_reports_its_log(llama_server_binary: Path, tmp_path: Path) -> None:
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGUF but not really")
-    with pytest.raises(EngineStartError, match="exited with") as caught, \
-            llama_server_process(llama_server_binary, broken, alias="broken"):
+    with (
+        pytest.raises(EngineStartError, match="exited with") as caught,
+        llama_server_process(llama_server_binary, broken, alias="broken"),
+    ):
         pass
     assert "broken.gguf" in str(caught.value)  # the log tail says what went wrong
 
@@ -120,7 +128,7 @@ def _events(body: str) -> list[Any]:
     out: list[Any] = []
     for line in body.splitlines():
         if line.startswith("data: "):
-            data = line[len("data: "):]
+            data = line[len("data: ") :]
             out.append(data if data == "[DONE]" else json.loads(data))
     return out
 
@@ -129,8 +137,9 @@ async def test_fake_chat_non_streaming_and_observation(fake_engine: FakeEngine) 
     fake_engine.behavior.chunks = 3
     fake_engine.behavior.prompt_tokens = 11
     async with httpx2.AsyncClient(base_url=fake_engine.url) as client:
-        resp = await client.post("/v1/chat/completions", json={"model": "fake-model", "messages": []},
-                                  headers={"x-request-id": "req-123"})
+        resp = await client.post(
+            "/v1/chat/completions", json={"model": "fake-model", "messages": []}, headers={"x-request-id": "req-123"}
+        )
     assert resp.status_code == 200
     body = resp.json()
     assert body["choices"][0]["message"]["content"] == "tok0 tok1 tok2 "
@@ -144,8 +153,10 @@ async def test_fake_chat_non_streaming_and_observation(fake_engine: FakeEngine) 
 async def test_fake_stream_is_shaped_like_llama_cpp(fake_engine: FakeEngine) -> None:
     fake_engine.behavior.chunks = 4
     async with httpx2.AsyncClient(base_url=fake_engine.url) as client:
-        resp = await client.post("/v1/chat/completions", json={
-            "model": "fake-model", "stream": True, "stream_options": {"include_usage": True}})
+        resp = await client.post(
+            "/v1/chat/completions",
+            json={"model": "fake-model", "stream": True, "stream_options": {"include_usage": True}},
+        )
     events = _events(resp.text)
     assert resp.headers["content-type"] == "text/event-stream"
     assert events[0]["choices"][0]["delta"]["role"] == "assistant"
@@ -187,8 +198,7 @@ async def test_fake_status_before_body_for_n_requests(fake_engine: FakeEngine) -
     fake_engine.behavior.status_before_body = 503
     fake_engine.behavior.status_times = 2
     async with httpx2.AsyncClient(base_url=fake_engine.url) as client:
-        statuses = [(await client.post("/v1/chat/completions", json={"stream": True})).status_code
-                    for _ in range(3)]
+        statuses = [(await client.post("/v1/chat/completions", json={"stream": True})).status_code for _ in range(3)]
         fake_engine.behavior.status_times = None
         failed = await client.post("/v1/chat/completions", json={})
     assert statuses == [503, 503, 200]
@@ -220,9 +230,12 @@ async def test_fake_close_mid_stream_truncates(fake_engine: FakeEngine) -> None:
 async def test_fake_observes_client_disconnect_mid_stream(fake_engine: FakeEngine) -> None:
     fake_engine.behavior.chunks = 10
     fake_engine.behavior.hang_mid_stream_after = 2
-    async with (httpx2.AsyncClient(base_url=fake_engine.url) as client,
-                client.stream("POST", "/v1/chat/completions", json={"stream": True},
-                              headers={"x-request-id": "gone-1"}) as resp):
+    async with (
+        httpx2.AsyncClient(base_url=fake_engine.url) as client,
+        client.stream(
+            "POST", "/v1/chat/completions", json={"stream": True}, headers={"x-request-id": "gone-1"}
+        ) as resp,
+    ):
         async for line in resp.aiter_lines():
             if '"tok1 "' in line:
                 break  # then leave the block: httpx closes the connection
@@ -235,6 +248,7 @@ async def test_fake_observes_client_disconnect_mid_stream(fake_engine: FakeEngin
 async def test_fake_observes_disconnect_before_first_byte(fake_engine: FakeEngine) -> None:
     fake_engine.behavior.hang_before_first_byte = True
     async with httpx2.AsyncClient(base_url=fake_engine.url) as client, trio.open_nursery() as nursery:
+
         async def call() -> None:
             await client.post("/v1/chat/completions", json={})
 
@@ -273,8 +287,12 @@ async def test_fake_delays_are_applied() -> None:
 
 def test_fake_engine_runs_as_a_process() -> None:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent / "tools")}
-    proc = subprocess.Popen([sys.executable, "-m", "llmgw_dev.fake_engine", "--port", "0", "--chunks", "2",
-                             "--model", "m1"], stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llmgw_dev.fake_engine", "--port", "0", "--chunks", "2", "--model", "m1"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         assert proc.stdout is not None
         url = proc.stdout.readline().strip()
@@ -318,8 +336,9 @@ async def test_bench_load_generator_counts_only_complete_answers(fake_engine: Fa
 
 async def test_bench_load_generator_spreads_over_several_urls(fake_engine: FakeEngine) -> None:
     bench = _bench_module()
-    done = await bench.run_load([fake_engine.url, fake_engine.url], stream=False, concurrency=4, requests=20,
-                                seconds=10)
+    done = await bench.run_load(
+        [fake_engine.url, fake_engine.url], stream=False, concurrency=4, requests=20, seconds=10
+    )
     assert (done.requests, done.errors) == (20, 0)
 
 
@@ -392,7 +411,8 @@ async def test_the_demo_makes_its_own_key_once_the_gateway_has_keys(fake_engine:
             headers = await trio.to_thread.run_sync(demo.demo_key, api, admin)
             body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
             reply = await trio.to_thread.run_sync(
-                lambda: demo.post_json(api + "/v1/chat/completions", body, headers=headers))  # noqa: B023
+                partial(demo.post_json, api + "/v1/chat/completions", body, headers=headers)
+            )
             assert reply["choices"]
         with pytest.raises(demo.DemoError, match="answered 401"):  # one line, never a traceback
             await trio.to_thread.run_sync(lambda: demo.post_json(api + "/v1/chat/completions", body))

@@ -46,16 +46,30 @@ def test_the_page_says_what_is_true_now(page: Path) -> None:
     assert _hits(page) == []
 
 
-@pytest.mark.parametrize("line", [
-    "before the fix both failed", "a connection it once handed to two requests",
-    "measured on 4 December", "December 3, after the run", "the node once crashed here", "we found",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "before the fix both failed",
+        "a connection it once handed to two requests",
+        "measured on 4 December",
+        "December 3, after the run",
+        "the node once crashed here",
+        "we found",
+    ],
+)
 def test_the_diary_phrases_are_caught(line: str) -> None:
     assert DIARY.search(line), line
 
 
-@pytest.mark.parametrize("line", [
-    "answered at once", "shown once", "once per request", "once the file is pulled", "sent at once included",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "answered at once",
+        "shown once",
+        "once per request",
+        "once the file is pulled",
+        "sent at once included",
+    ],
+)
 def test_what_is_true_now_is_not_caught(line: str) -> None:
     assert DIARY.search(line) is None, line

@@ -20,16 +20,21 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TREES = [ROOT / "llmgw_control" / "src", ROOT / "llmgw_node" / "src", ROOT / "shared" / "src", ROOT / "tools"]
-# The bound: 99% of the tree's 2,200 functions are under 65 lines; over 80 a function is doing
-# several things a reader must hold at once.
-MAX_LINES = 80
+# The bound, in lines as `ruff format` lays them out (one argument a line once a call wraps): 99%
+# of the tree's 2,400 functions are under 70 lines; over 100 a function is doing several things a
+# reader must hold at once.
+MAX_LINES = 100
 
 # "path::Class.function": (its lines when listed, why it is one function).
 ALLOWED: dict[str, tuple[int, str]] = {
-    "llmgw_control/src/llmgw_control/fleet/plan.py::plan":
-        (109, "the placement pass: its steps share the kept/blocked/budget state (property-tested as a whole)"),
-    "llmgw_control/src/llmgw_control/gateway/relay.py::_relay":
-        (89, "the data path's relay of every answer (status, stream or body, usage); a split is benched first"),
+    "llmgw_control/src/llmgw_control/fleet/plan.py::plan": (
+        122,
+        "the placement pass: its steps share the kept/blocked/budget state (property-tested as a whole)",
+    ),
+    "llmgw_control/src/llmgw_control/gateway/relay.py::_relay": (
+        103,
+        "the data path's relay of every answer (status, stream or body, usage); a split is benched first",
+    ),
 }
 
 
@@ -66,8 +71,10 @@ def test_the_functions_are_found() -> None:
 
 
 def test_the_size_is_counted_from_def_to_the_last_line_nested_functions_included() -> None:
-    source = ("def outer():\n    def inner():\n        return 1\n\n    return inner\n\n"
-              "class C:\n    def m(self):\n        pass\n")
+    source = (
+        "def outer():\n    def inner():\n        return 1\n\n    return inner\n\n"
+        "class C:\n    def m(self):\n        pass\n"
+    )
     assert dict(_functions(ast.parse(source))) == {"outer": 5, "outer.inner": 2, "C.m": 2}
 
 

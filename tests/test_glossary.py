@@ -17,9 +17,11 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = {"llmgw_control": ROOT / "llmgw_control/src/llmgw_control",
-            "llmgw_node": ROOT / "llmgw_node/src/llmgw_node",
-            "llmgw_shared": ROOT / "shared/src/llmgw_shared"}
+PACKAGES = {
+    "llmgw_control": ROOT / "llmgw_control/src/llmgw_control",
+    "llmgw_node": ROOT / "llmgw_node/src/llmgw_node",
+    "llmgw_shared": ROOT / "shared/src/llmgw_shared",
+}
 # Paths without a package are under control's (as the glossary's opening line says).
 DEFAULT_PACKAGE = "llmgw_control"
 
@@ -129,8 +131,9 @@ def problems_of(rows: list[tuple[str, str]], names: Names, scripts: set[str]) ->
             if not ok:
                 problems.append(f"{term!r} cites {name!r}, which the code does not have")
     problems += [f"{term!r} is in {count} rows" for term, count in terms.items() if count > 1]
-    problems += [f"{name!r} is cited by {', '.join(map(repr, cited))}"
-                 for name, cited in cited_by.items() if len(cited) > 1]
+    problems += [
+        f"{name!r} is cited by {', '.join(map(repr, cited))}" for name, cited in cited_by.items() if len(cited) > 1
+    ]
     return problems
 
 
@@ -142,8 +145,13 @@ def test_the_glossary_names_what_the_code_has_once() -> None:
 
 
 def test_the_check_sees_a_missing_name_a_shared_name_and_a_twice_defined_term() -> None:
-    rows = [("replica", "`Replica`, `ReplicaShard`"), ("replica set", "`Replica` (`gateway/nowhere.py`)"),
-            ("slot", "`Slot`"), ("Slot", "`gateway/activator.py`"), ("toml", "`[nosuchsection]`")]
+    rows = [
+        ("replica", "`Replica`, `ReplicaShard`"),
+        ("replica set", "`Replica` (`gateway/nowhere.py`)"),
+        ("slot", "`Slot`"),
+        ("Slot", "`gateway/activator.py`"),
+        ("toml", "`[nosuchsection]`"),
+    ]
     problems = problems_of(rows, Names(), console_scripts())
     assert problems == [
         "'replica' cites 'ReplicaShard', which the code does not have",

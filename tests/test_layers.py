@@ -18,8 +18,11 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_the_import_layers_hold() -> None:
     # import-linter configures logging as a program would, which disables every logger that
     # exists by then: a later test reading caplog would see nothing (they are enabled again).
-    loggers = [logger for logger in logging.root.manager.loggerDict.values()
-               if isinstance(logger, logging.Logger) and not logger.disabled]
+    loggers = [
+        logger
+        for logger in logging.root.manager.loggerDict.values()
+        if isinstance(logger, logging.Logger) and not logger.disabled
+    ]
     try:
         # The report (which import breaks which contract) is printed, and shown when this fails.
         assert lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True, no_logo=True) == 0

@@ -65,10 +65,18 @@ ENUMS: dict[str, Lifecycle[Any]] = {lc.enum.__name__: lc for lc in LIFECYCLES.va
 # Modules whose ``.state``/``.status`` comparisons are of these lifecycles (elsewhere a "failed"
 # may be an engine's install status, which is not one of them).
 OWNERS = {
-    "llmgw_control/fleet/reconciler.py", "llmgw_control/fleet/replica_records.py", "llmgw_control/fleet/plan.py",
-    "llmgw_control/fleet/inventory.py", "llmgw_control/fleet/eviction.py", "llmgw_control/fleet/metrics.py",
-    "llmgw_control/fleet/capacity_runs.py", "llmgw_control/mirror/pulls.py", "llmgw_node/supervisor.py",
-    "llmgw_node/engines/manager.py", "llmgw_node/cli.py", "llmgw_control/admin/fleet_views.py",
+    "llmgw_control/fleet/reconciler.py",
+    "llmgw_control/fleet/replica_records.py",
+    "llmgw_control/fleet/plan.py",
+    "llmgw_control/fleet/inventory.py",
+    "llmgw_control/fleet/eviction.py",
+    "llmgw_control/fleet/metrics.py",
+    "llmgw_control/fleet/capacity_runs.py",
+    "llmgw_control/mirror/pulls.py",
+    "llmgw_node/supervisor.py",
+    "llmgw_node/engines/manager.py",
+    "llmgw_node/cli.py",
+    "llmgw_control/admin/fleet_views.py",
     "llmgw_control/gateway/exchange.py",
 }
 
@@ -79,7 +87,8 @@ OWNERS = {
 @pytest.mark.parametrize("lifecycle", LIFECYCLES.values(), ids=LIFECYCLES.keys())
 def test_every_state_is_reachable_and_every_other_can_end(lifecycle: Lifecycle[Any]) -> None:
     assert lifecycle.reachable() == lifecycle.states, "unreachable: " + ", ".join(
-        sorted(lifecycle.states - lifecycle.reachable()))
+        sorted(lifecycle.states - lifecycle.reachable())
+    )
     if lifecycle.terminal and lifecycle.name not in ENDLESS:  # node liveness has no end: a lost node may come back
         stuck = [s for s in lifecycle.states if not lifecycle.can_end(s)]
         assert not stuck, f"{lifecycle.name}: cannot end from {stuck}"
@@ -154,8 +163,7 @@ def _moves(call: ast.Call) -> tuple[Lifecycle[Any], str, ast.AST] | None:
     if not isinstance(func, ast.Attribute):
         return None
     # TABLE.move(what, current, new), and control's lifecycle.check(replica_id, current, new)
-    if (func.attr == "move" and isinstance(func.value, ast.Name) and func.value.id in LIFECYCLES
-            and len(call.args) == 3):
+    if func.attr == "move" and isinstance(func.value, ast.Name) and func.value.id in LIFECYCLES and len(call.args) == 3:
         return LIFECYCLES[func.value.id], ast.unparse(call.args[1]), call.args[2]
     if func.attr == "check" and isinstance(func.value, ast.Name) and func.value.id == "lifecycle":
         return REPLICA_LIFECYCLE, ast.unparse(call.args[1]), call.args[2]
@@ -232,13 +240,20 @@ class _Flow:
             if member is None:
                 continue  # a state only known when it runs: the table checks it then
             if member[0] is not lifecycle:
-                self.findings.append(Finding(f"{self.where}:{call.lineno}",
-                                             f"moves {target} ({lifecycle.name}) to a {member[0].name} state"))
+                self.findings.append(
+                    Finding(
+                        f"{self.where}:{call.lineno}", f"moves {target} ({lifecycle.name}) to a {member[0].name} state"
+                    )
+                )
                 continue
             before = known.get(target)
             if before is not None and not lifecycle.allowed(before, member[1]):
-                self.findings.append(Finding(f"{self.where}:{call.lineno}",
-                                             f"{lifecycle.name} {target}: {before} -> {member[1]} is not in the table"))
+                self.findings.append(
+                    Finding(
+                        f"{self.where}:{call.lineno}",
+                        f"{lifecycle.name} {target}: {before} -> {member[1]} is not in the table",
+                    )
+                )
             known[target] = member[1]
         return known
 
@@ -273,7 +288,8 @@ def _leaves(body: list[ast.stmt]) -> bool:
 
 def _is_state(node: ast.AST) -> bool:
     return (isinstance(node, ast.Attribute) and node.attr in ("state", "status")) or (
-        isinstance(node, ast.Name) and node.id in ("state", "status"))
+        isinstance(node, ast.Name) and node.id in ("state", "status")
+    )
 
 
 def _births(tree: ast.AST) -> set[int]:
@@ -283,8 +299,11 @@ def _births(tree: ast.AST) -> set[int]:
     for function in ast.walk(tree):
         if isinstance(function, ast.FunctionDef) and function.name == "__init__":
             for node in ast.walk(function):
-                if (isinstance(node, ast.Assign) and (member := _member(node.value)) is not None
-                        and member[1] in member[0].start):
+                if (
+                    isinstance(node, ast.Assign)
+                    and (member := _member(node.value)) is not None
+                    and member[1] in member[0].start
+                ):
                     found.add(id(node))
     return found
 
@@ -299,13 +318,18 @@ def scan(path: Path, relative: str) -> list[Finding]:
         # A bare state assigned: the change bypasses the table.
         if isinstance(node, ast.Assign) and id(node) not in births:
             for target in node.targets:
-                pairs = (zip(target.elts, node.value.elts, strict=False)
-                         if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple)
-                         else [(target, node.value)])
+                pairs = (
+                    zip(target.elts, node.value.elts, strict=False)
+                    if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple)
+                    else [(target, node.value)]
+                )
                 for left, right in pairs:
                     if _is_state(left) and _member(right) is not None:
-                        findings.append(Finding(where, f"{ast.unparse(left)} = {ast.unparse(right)} "
-                                                       "bypasses the table: use its move"))
+                        findings.append(
+                            Finding(
+                                where, f"{ast.unparse(left)} = {ast.unparse(right)} bypasses the table: use its move"
+                            )
+                        )
         # A state compared with a string: the enum's member is the one spelling.
         if isinstance(node, ast.Compare) and relative in OWNERS:
             sides = [node.left, *node.comparators]
@@ -346,7 +370,7 @@ def test_the_scan_sees_the_moves() -> None:
     assert seen.get("engine install", 0) >= 7 and seen.get("exchange", 0) >= 10, seen
 
 
-BAD = '''
+BAD = """
 async def _download(self, pull):
     pull.state = PULL_LIFECYCLE.move(pull.id, pull.state, PullState.DOWNLOADING)
     pull.state = PULL_LIFECYCLE.move(pull.id, pull.state, PullState.PUBLISHED)
@@ -375,30 +399,36 @@ class Exchange:
     def respond(self):
         self.move(ExchangeState.COMPLETE)
         self.state = ExchangeState.STREAMING
-'''
+"""
 
 
 def test_the_scan_catches_what_breaks_a_table(tmp_path: Path) -> None:
     path = tmp_path / "bad.py"
     path.write_text(BAD)
     found = sorted(f.what for f in scan(path, "llmgw_control/fleet/plan.py"))
-    assert found == sorted([
-        "run.state = RunState.FAILED bypasses the table: use its move",
-        "compares a state with the string 'lost'",
-        "pull pull.state: downloading -> published is not in the table",
-        "capacity run run.state: queued -> done is not in the table",
-        "replica replica.state.status: stopped -> ready is not in the table",
-        "engine install key.state.status: unconfigured -> installing is not in the table",
-        "self.state = ExchangeState.STREAMING bypasses the table: use its move",
-    ]), found
+    assert found == sorted(
+        [
+            "run.state = RunState.FAILED bypasses the table: use its move",
+            "compares a state with the string 'lost'",
+            "pull pull.state: downloading -> published is not in the table",
+            "capacity run run.state: queued -> done is not in the table",
+            "replica replica.state.status: stopped -> ready is not in the table",
+            "engine install key.state.status: unconfigured -> installing is not in the table",
+            "self.state = ExchangeState.STREAMING bypasses the table: use its move",
+        ]
+    ), found
 
 
 # --------------------------------------------------------------------------- the code, run
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.one_of(st.just(("hello", 0.0)), st.just(("closed", 0.0)),
-                          st.tuples(st.just("wait"), st.floats(0, 200))), max_size=40))
+@given(
+    st.lists(
+        st.one_of(st.just(("hello", 0.0)), st.just(("closed", 0.0)), st.tuples(st.just("wait"), st.floats(0, 200))),
+        max_size=40,
+    )
+)
 def test_node_liveness_changes_only_along_its_table(events: list[tuple[str, float]]) -> None:
     liveness = Liveness(unreachable_after=15, lost_after=60)
     now = 0.0
@@ -422,8 +452,13 @@ class _Offered:
 
     def __init__(self, tmp_path: Path) -> None:
         self.sent: list[str] = []
-        self.supervisor = Supervisor(tmp_path, None, None, None,  # type: ignore[arg-type]
-                                     on_change=lambda state: self.sent.append(state.status))
+        self.supervisor = Supervisor(
+            tmp_path,
+            None,
+            None,
+            None,  # type: ignore[arg-type]
+            on_change=lambda state: self.sent.append(state.status),
+        )
         spec = ReplicaSpec("m-cpu-1", "llama.cpp", "b1", None, 20000, "k", model_dir="/m")
         self.replica = _Replica(spec)
 
@@ -431,7 +466,8 @@ class _Offered:
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.sampled_from(sorted(set(ReplicaStatus) - {ReplicaStatus.ASSIGNED})), max_size=25))
 def test_the_node_records_and_reports_only_the_tables_transitions(
-        tmp_path_factory: pytest.TempPathFactory, offers: list[ReplicaStatus]) -> None:
+    tmp_path_factory: pytest.TempPathFactory, offers: list[ReplicaStatus]
+) -> None:
     offered = _Offered(tmp_path_factory.mktemp("node"))
     status = ReplicaStatus(offered.replica.state.status)
     reported = [status]
@@ -446,7 +482,8 @@ def test_the_node_records_and_reports_only_the_tables_transitions(
 
 
 def test_a_forbidden_transition_on_the_node_is_logged_and_not_sent(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     offered = _Offered(tmp_path)
     offered.supervisor._set(offered.replica, ReplicaStatus.FAILED, "engine missing")
     with caplog.at_level(logging.ERROR):
@@ -464,7 +501,8 @@ def _engines(tmp_path: Path, sent: list[str]) -> EngineManager:
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.sampled_from(sorted(EngineInstall)), max_size=25))
 def test_the_node_records_and_reports_only_the_engine_tables_transitions(
-        tmp_path_factory: pytest.TempPathFactory, offers: list[EngineInstall]) -> None:
+    tmp_path_factory: pytest.TempPathFactory, offers: list[EngineInstall]
+) -> None:
     sent: list[str] = []
     engines = _engines(tmp_path_factory.mktemp("node"), sent)
     key = ("llama.cpp", "b1")
@@ -480,8 +518,7 @@ def test_the_node_records_and_reports_only_the_engine_tables_transitions(
         assert ENGINE_LIFECYCLE.allowed(before, after), reported
 
 
-def test_a_forbidden_engine_transition_is_logged_and_not_sent(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_forbidden_engine_transition_is_logged_and_not_sent(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     sent: list[str] = []
     engines = _engines(tmp_path, sent)
     engines._set(("vllm", "1"), EngineInstall.UNCONFIGURED, "not configured here")
@@ -499,4 +536,5 @@ def test_the_architecture_doc_carries_every_table() -> None:
     text = (ROOT / "docs" / "architecture.md").read_text()
     for name, lifecycle in LIFECYCLES.items():
         assert lifecycle.table() in text, f"docs/architecture.md: the {name} table differs from the code:\n" + (
-            lifecycle.table())
+            lifecycle.table()
+        )

@@ -19,12 +19,18 @@ TESTS = Path(__file__).parent
 # (file, the loop's first line as written) → why it stays a loop. Keep this short.
 ALLOWED: dict[tuple[str, str], str] = {
     ("support/waiting.py", "while True:"): "wait_until and wait_until_sync themselves",
-    ("control/test_agent_commands.py", "while ack:"):
-        "a fake node's own loop: acks what control sent and beats every half heartbeat until told to stop",
-    ("control/test_demand.py", "for _ in range(40):"):
-        "the scenario itself on the fake clock: each step serves one request and advances time; it ends at the drain",
-    ("control/test_upstream.py", "while True:"):
-        "a fake engine's HTTP loop: its sleep is the slow answer under test, its return a connection it closes",
+    (
+        "control/test_agent_commands.py",
+        "while ack:",
+    ): "a fake node's own loop: acks what control sent and beats every half heartbeat until told to stop",
+    (
+        "control/test_demand.py",
+        "for _ in range(40):",
+    ): "the scenario itself on the fake clock: each step serves one request and advances time; it ends at the drain",
+    (
+        "control/test_upstream.py",
+        "while True:",
+    ): "a fake engine's HTTP loop: its sleep is the slow answer under test, its return a connection it closes",
 }
 
 SLEEPS = {("trio", "sleep"), ("time", "sleep"), ("asyncio", "sleep")}
@@ -45,8 +51,12 @@ def _own_nodes(body: list[ast.stmt]) -> list[ast.AST]:
 
 def _sleeps(nodes: list[ast.AST]) -> bool:
     for node in nodes:
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                and isinstance(node.func.value, ast.Name) and (node.func.value.id, node.func.attr) in SLEEPS:
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and (node.func.value.id, node.func.attr) in SLEEPS
+        ):
             return True
     return False
 
@@ -88,11 +98,15 @@ def polling_loops(source: str) -> list[tuple[int, str]]:
 def test_the_scan_tells_polls_from_pacing() -> None:
     poll = "async def f():\n    while not ready():\n        await trio.sleep(0.1)\n"
     poll_break = "def f():\n    for _ in range(50):\n        if ready():\n            break\n        time.sleep(0.1)\n"
-    poll_return = "async def f():\n    while True:\n        try:\n            return await get()\n" \
-                  "        except OSError:\n            await trio.sleep(0.1)\n"
+    poll_return = (
+        "async def f():\n    while True:\n        try:\n            return await get()\n"
+        "        except OSError:\n            await trio.sleep(0.1)\n"
+    )
     pacing = "async def f():\n    while True:\n        await send()\n        await trio.sleep(0.1)\n"
-    paced_for = "async def f():\n    for _ in range(5):\n        for x in xs:\n            break\n" \
-                "        await trio.sleep(0.1)\n"
+    paced_for = (
+        "async def f():\n    for _ in range(5):\n        for x in xs:\n            break\n"
+        "        await trio.sleep(0.1)\n"
+    )
     nested_def = "def f():\n    while x:\n        def g():\n            time.sleep(1)\n"
     assert [line for line, _ in polling_loops(poll)] == [2]
     assert [line for line, _ in polling_loops(poll_break)] == [2]

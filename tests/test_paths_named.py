@@ -22,9 +22,11 @@ ROOT = Path(__file__).resolve().parent.parent
 _PY = re.compile(r"(?<![\w./~-])((?:[\w-]+/)*[\w-]+\.py)\b")
 _PATHED = re.compile(r"(?<![\w./~:-])((?:[\w.-]+/)+[\w-]+\.(?:md|toml|txt|json|sh|service|js|css|html|yml|yaml))\b")
 # Names that are not files of this tree: what the daemons write at run time, or other projects'.
-_NOT_OURS = re.compile(r"^(proxy/process\.py|setup\.py|conftest\.py|__init__\.py|__main__\.py|"
-                       r".*_highlevel_serve_listeners\.py|_state\.py|.*connection_pool\.py|http11\.py|"
-                       r"release\.yml|.*/release\.yml)$")
+_NOT_OURS = re.compile(
+    r"^(proxy/process\.py|setup\.py|conftest\.py|__init__\.py|__main__\.py|"
+    r".*_highlevel_serve_listeners\.py|_state\.py|.*connection_pool\.py|http11\.py|"
+    r"release\.yml|.*/release\.yml)$"
+)
 
 
 def _tracked() -> list[str]:
@@ -60,8 +62,13 @@ def _prose(path: Path) -> str:
 
 def _sources() -> list[str]:
     # This file names missing files on purpose, as examples.
-    return [f for f in FILES if f.endswith((".py", ".md", "pyproject.toml")) and not f.startswith("bench/results/")
-            and f != "tests/test_paths_named.py"]
+    return [
+        f
+        for f in FILES
+        if f.endswith((".py", ".md", "pyproject.toml"))
+        and not f.startswith("bench/results/")
+        and f != "tests/test_paths_named.py"
+    ]
 
 
 def _named(text: str) -> set[str]:
@@ -71,7 +78,9 @@ def _named(text: str) -> set[str]:
 
 def test_the_scan_finds_names() -> None:
     assert _named("see gateway/relay.py and docs/security.md, not https://x.org/a.md") == {
-        "gateway/relay.py", "docs/security.md"}
+        "gateway/relay.py",
+        "docs/security.md",
+    }
     assert _named("# the h11 loop of http_connection.py") == {"http_connection.py"}
     assert len(_sources()) > 100
 

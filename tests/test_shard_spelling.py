@@ -14,8 +14,11 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = [ROOT / "llmgw_control/src/llmgw_control", ROOT / "llmgw_node/src/llmgw_node",
-            ROOT / "shared/src/llmgw_shared"]
+PACKAGES = [
+    ROOT / "llmgw_control/src/llmgw_control",
+    ROOT / "llmgw_node/src/llmgw_node",
+    ROOT / "shared/src/llmgw_shared",
+]
 
 # The converter between Python names and the v1 wire: its tags, keys and their docs are the point.
 WIRE = "shared/src/llmgw_shared/wire.py"
@@ -24,36 +27,55 @@ WIRE = "shared/src/llmgw_shared/wire.py"
 ALLOWED = {
     # The admin API's JSON key of a node's replicas (clients and the dashboard read "shards").
     ("llmgw_control/src/llmgw_control/admin/api/schemas.py", "shards: list[ReplicaOnNode]"),
-    ("llmgw_control/src/llmgw_control/admin/fleet_views.py",
-     "shards=[ReplicaOnNode(s.replica_id, s.describe(), s.port) for s in node.replicas.values()],"),
-    ("llmgw_control/src/llmgw_control/admin/fleet_views.py", "warnings=[], engines=[], shards=[],"),
-    ("llmgw_control/src/llmgw_control/admin/standby_views.py",
-     "facts=_empty_facts(), warnings=[], engines=[], shards=replicas,"),
-    ("llmgw_control/src/llmgw_control/ctl/node_cmds.py",
-     '_gpu_words(n["facts"]), len(n["shards"]), _engine_words(n)] for n in nodes]'),
+    (
+        "llmgw_control/src/llmgw_control/admin/fleet_views.py",
+        "shards=[ReplicaOnNode(s.replica_id, s.describe(), s.port) for s in node.replicas.values()],",
+    ),
+    ("llmgw_control/src/llmgw_control/admin/fleet_views.py", "shards=[],"),
+    (
+        "llmgw_control/src/llmgw_control/admin/standby_views.py",
+        "shards=replicas,",
+    ),
+    (
+        "llmgw_control/src/llmgw_control/ctl/node_cmds.py",
+        'len(n["shards"]),',
+    ),
     # The store's name of the secret replica API keys derive from (a renamed one would be a new key).
     ("llmgw_control/src/llmgw_control/store/cluster_secrets.py", 'REPLICA_KEY_SECRET = "shard-api-keys"'),
     # The HMAC domain of a replica's API key: engines running now were started with keys made so.
-    ("llmgw_control/src/llmgw_control/fleet/replica_ids.py",
-     '# "shard-id" and the NUL separators keep this apart from the API keys (an HMAC of the id,'),
-    ("llmgw_control/src/llmgw_control/fleet/replica_ids.py",
-     'message = f"shard-id\\0{profile_key}\\0{nonce}\\0{node_id}".encode()'),
+    (
+        "llmgw_control/src/llmgw_control/fleet/replica_ids.py",
+        '# "shard-id" and the NUL separators keep this apart from the API keys (an HMAC of the id,',
+    ),
+    (
+        "llmgw_control/src/llmgw_control/fleet/replica_ids.py",
+        'message = f"shard-id\\0{profile_key}\\0{nonce}\\0{node_id}".encode()',
+    ),
     # The node's state file (<data_dir>/shards.json, its "shards" and "shard_id") and log directory
     # (<data_dir>/shards/<id>.log): an upgraded node adopts the engines an earlier release started.
-    ("llmgw_node/src/llmgw_node/procs.py",
-     '# The file a daemon of an earlier release wrote says "shard_id" (like the v1 wire): kept, so an'),
-    ("llmgw_node/src/llmgw_node/procs.py",
-     '"""``<data_dir>/shards.json``: the engines this node started, for adoption after a restart.'),
-    ("llmgw_node/src/llmgw_node/procs.py",
-     'for item in data.get("shards", []) if isinstance(data, dict) else []:'),
-    ("llmgw_node/src/llmgw_node/procs.py",
-     'payload: dict[str, Any] = {"version": 1, "shards": [_unstructure_record(r) for r in records]}'),
+    (
+        "llmgw_node/src/llmgw_node/procs.py",
+        '# The file a daemon of an earlier release wrote says "shard_id" (like the v1 wire): kept, so an',
+    ),
+    (
+        "llmgw_node/src/llmgw_node/procs.py",
+        '"""``<data_dir>/shards.json``: the engines this node started, for adoption after a restart.',
+    ),
+    ("llmgw_node/src/llmgw_node/procs.py", 'for item in data.get("shards", []) if isinstance(data, dict) else []:'),
+    (
+        "llmgw_node/src/llmgw_node/procs.py",
+        'payload: dict[str, Any] = {"version": 1, "shards": [_unstructure_record(r) for r in records]}',
+    ),
     ("llmgw_node/src/llmgw_node/supervisor.py", 'self.logs_dir = data_dir / "shards"'),
     ("llmgw_node/src/llmgw_node/supervisor.py", 'self._state_file = StateFile(data_dir / "shards.json")'),
-    ("llmgw_node/src/llmgw_node/replica_logs.py",
-     "The ring of each replica's output is its log file (``<data_dir>/shards/<id>.log``), not a list in"),
-    ("shared/src/llmgw_shared/names.py",
-     "# Replica ids name the engine's log file (<data_dir>/shards/<id>.log) and appear in metric labels."),
+    (
+        "llmgw_node/src/llmgw_node/replica_logs.py",
+        "The ring of each replica's output is its log file (``<data_dir>/shards/<id>.log``), not a list in",
+    ),
+    (
+        "shared/src/llmgw_shared/names.py",
+        "# Replica ids name the engine's log file (<data_dir>/shards/<id>.log) and appear in metric labels.",
+    ),
 }
 
 SHARD = re.compile("shard", re.IGNORECASE)
@@ -76,14 +98,16 @@ def shard_lines() -> set[tuple[str, str]]:
 def test_shard_is_only_a_frozen_spelling() -> None:
     stray = shard_lines() - ALLOWED
     assert not stray, "say replica (the wire's v1 spelling lives in wire.py alone): " + "; ".join(
-        f"{path}: {line}" for path, line in sorted(stray))
+        f"{path}: {line}" for path, line in sorted(stray)
+    )
 
 
 def test_the_allowlist_only_names_lines_that_exist() -> None:
     # A line reworded or gone leaves its entry behind: remove it, so the list only shrinks.
     stale = ALLOWED - shard_lines()
     assert not stale, "no longer in the tree, remove from ALLOWED: " + "; ".join(
-        f"{path}: {line}" for path, line in sorted(stale))
+        f"{path}: {line}" for path, line in sorted(stale)
+    )
 
 
 def test_the_wire_keeps_its_v1_spelling() -> None:

@@ -9,14 +9,18 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = [ROOT / "llmgw_control/src/llmgw_control", ROOT / "llmgw_node/src/llmgw_node",
-            ROOT / "shared/src/llmgw_shared"]
+PACKAGES = [
+    ROOT / "llmgw_control/src/llmgw_control",
+    ROOT / "llmgw_node/src/llmgw_node",
+    ROOT / "shared/src/llmgw_shared",
+]
 
 
 def public_classes(source: str) -> list[str]:
     """The public classes a module defines at its top level (a class inside a function is local)."""
-    return [node.name for node in ast.parse(source).body
-            if isinstance(node, ast.ClassDef) and not node.name.startswith("_")]
+    return [
+        node.name for node in ast.parse(source).body if isinstance(node, ast.ClassDef) and not node.name.startswith("_")
+    ]
 
 
 def test_no_two_public_classes_share_a_name() -> None:
@@ -28,7 +32,8 @@ def test_no_two_public_classes_share_a_name() -> None:
     assert len(where) > 300  # the scan found the packages
     shared = {name: paths for name, paths in where.items() if len(paths) > 1}
     assert shared == {}, "give each class a name of its own: " + "; ".join(
-        f"{name} in {', '.join(paths)}" for name, paths in sorted(shared.items()))
+        f"{name} in {', '.join(paths)}" for name, paths in sorted(shared.items())
+    )
 
 
 def test_the_scan_sees_a_clash() -> None:

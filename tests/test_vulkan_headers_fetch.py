@@ -46,7 +46,8 @@ def test_a_deb_that_is_not_the_pinned_one_is_refused_and_nothing_is_unpacked(too
 
 
 def test_the_pinned_deb_is_unpacked_once_without_the_systems_apt_configuration(
-        tools: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tools: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setitem(build_engine.VULKAN_DEV, "amd64", ("1.4.309.0-1", hashlib.sha256(DEB).hexdigest()))
     target = build_engine.fetch_vulkan_headers()
     assert target == tmp_path / "cache" / "vulkan-headers"

@@ -52,8 +52,11 @@ def half_anchored_matches() -> list[str]:
             tree = ast.parse(path.read_text(), str(path))
             compiled = _patterns(tree)
             for node in ast.walk(tree):
-                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                        and node.func.attr in ("match", "search")):
+                if not (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in ("match", "search")
+                ):
                     continue
                 owner = node.func.value
                 pattern: object = None
@@ -83,11 +86,15 @@ def _with_endpoint_id(endpoint_id: str) -> ControlConfig:
     return ControlConfig(endpoints=[StaticReplicaConfig(id=endpoint_id, url="http://127.0.0.1:9", models=["m"])])
 
 
-@pytest.mark.parametrize("config", [
-    ControlConfig(admin_hosts=["control.example\n"]),
-    _with_endpoint_id("e1\n"),
-    ControlConfig(agents=AgentsConfig(join_token_digests=["sha256:" + "a" * 64 + "\n"])),
-], ids=["admin_hosts", "endpoint id", "join token digest"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        ControlConfig(admin_hosts=["control.example\n"]),
+        _with_endpoint_id("e1\n"),
+        ControlConfig(agents=AgentsConfig(join_token_digests=["sha256:" + "a" * 64 + "\n"])),
+    ],
+    ids=["admin_hosts", "endpoint id", "join token digest"],
+)
 def test_the_config_refuses_a_trailing_newline(config: ControlConfig) -> None:
     with pytest.raises(ConfigError):
         validate(config)

@@ -22,12 +22,17 @@ from llmgw_control.priority import Priority
 KEY = "m:cpu"
 
 
-def activator(max_wait: float = 60.0, queue_size: int = 10, batch_after: int = 4,
-              replicas: ReplicaSet | None = None) -> tuple[Activator, ReplicaSet, list[str]]:
+def activator(
+    max_wait: float = 60.0, queue_size: int = 10, batch_after: int = 4, replicas: ReplicaSet | None = None
+) -> tuple[Activator, ReplicaSet, list[str]]:
     replicas = replicas if replicas is not None else ReplicaSet()
     woken: list[str] = []
-    act = Activator(replicas, ActivatorConfig(queue_size=queue_size, max_wait=max_wait, batch_after=batch_after),
-                    wake=lambda: woken.append("wake"), status=lambda key: "no node fits")
+    act = Activator(
+        replicas,
+        ActivatorConfig(queue_size=queue_size, max_wait=max_wait, batch_after=batch_after),
+        wake=lambda: woken.append("wake"),
+        status=lambda key: "no node fits",
+    )
     return act, replicas, woken
 
 
@@ -35,8 +40,14 @@ def replica(id: str = "r1", slots: int = 2, models: frozenset[str] = frozenset({
     return Replica(id, f"http://{id}", models, slots=slots)
 
 
-async def _wait(act: Activator, into: list[object], tag: object = None, priority: Priority = Priority.INTERACTIVE,
-                hold: trio.Event | None = None, exclude: frozenset[str] = frozenset()) -> None:
+async def _wait(
+    act: Activator,
+    into: list[object],
+    tag: object = None,
+    priority: Priority = Priority.INTERACTIVE,
+    hold: trio.Event | None = None,
+    exclude: frozenset[str] = frozenset(),
+) -> None:
     """Wait for a slot, record the outcome (with ``tag``), hold the slot until ``hold`` is set."""
     outcome = await act.wait(KEY, priority, exclude=exclude)
     if isinstance(outcome, Slot):
@@ -255,16 +266,19 @@ async def test_waiters_on_a_daemon_that_steps_down_are_answered_at_once(
 
 # ---------------------------------------------------------------------------- the class, generated
 
-_STEPS = st.lists(st.one_of(
-    st.tuples(st.just("arrive"), st.sampled_from(list(Priority))),
-    st.tuples(st.just("cancel"), st.integers(0, 30)),
-    st.tuples(st.just("finish"), st.integers(0, 30)),
-    st.tuples(st.just("publish"), st.integers(1, 3)),
-    st.tuples(st.just("withdraw"), st.integers(0, 3)),
-    st.tuples(st.just("sleep"), st.sampled_from([0.0, 1.0, 50.0])),
-    # Until a settle, steps happen in one go: a cancellation and a release meet in one tick.
-    st.tuples(st.just("settle"), st.none()),
-), max_size=40)
+_STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("arrive"), st.sampled_from(list(Priority))),
+        st.tuples(st.just("cancel"), st.integers(0, 30)),
+        st.tuples(st.just("finish"), st.integers(0, 30)),
+        st.tuples(st.just("publish"), st.integers(1, 3)),
+        st.tuples(st.just("withdraw"), st.integers(0, 3)),
+        st.tuples(st.just("sleep"), st.sampled_from([0.0, 1.0, 50.0])),
+        # Until a settle, steps happen in one go: a cancellation and a release meet in one tick.
+        st.tuples(st.just("settle"), st.none()),
+    ),
+    max_size=40,
+)
 
 
 @settings(max_examples=150, deadline=None)

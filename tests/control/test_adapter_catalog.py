@@ -37,14 +37,22 @@ def _model(name: str = "qwen", *adapters: AdapterConfig, engine: str = "llama.cp
 def test_adapters_are_validated_like_weights() -> None:
     good = AdapterConfig("bot", WeightsConfig("http://files/bot.gguf", "b" * 64, 10))
     assert model_problems(_model("qwen", good), ENGINES) == []
-    fields = {f for f, _ in model_problems(_model("qwen", attrs.evolve(
-        good, name="a:b", weights=WeightsConfig("", "B" * 64, 0), scale=float("nan"))), ENGINES)}
-    assert fields == {"profiles[0].adapters[0].name", "profiles[0].adapters[0].weights.url",
-                      "profiles[0].adapters[0].weights.sha256", "profiles[0].adapters[0].weights.size",
-                      "profiles[0].adapters[0].scale"}
+    fields = {
+        f
+        for f, _ in model_problems(
+            _model("qwen", attrs.evolve(good, name="a:b", weights=WeightsConfig("", "B" * 64, 0), scale=float("nan"))),
+            ENGINES,
+        )
+    }
+    assert fields == {
+        "profiles[0].adapters[0].name",
+        "profiles[0].adapters[0].weights.url",
+        "profiles[0].adapters[0].weights.sha256",
+        "profiles[0].adapters[0].weights.size",
+        "profiles[0].adapters[0].scale",
+    }
     assert model_problems(_model("qwen", good, good), ENGINES)[0][1] == "two adapters share a name"
-    sglang = ModelConfig("s", [ProfileConfig(name="p", engine="sglang", model_dir="/m", ram_mib=1,
-                                             adapters=[good])])
+    sglang = ModelConfig("s", [ProfileConfig(name="p", engine="sglang", model_dir="/m", ram_mib=1, adapters=[good])])
     assert any(f == "profiles[0].adapters" for f, _ in model_problems(sglang, [*ENGINES, EngineConfig("sglang")]))
 
 
@@ -73,8 +81,12 @@ def test_the_engine_body_selects_exactly_the_asked_adapter() -> None:
     assert adapter_fields(replica, "b", hostile) == {"lora": [{"id": 0, "scale": 0.0}, {"id": 1, "scale": 0.5}]}
     assert adapter_fields(replica, "qwen", {}) == {"lora": [{"id": 0, "scale": 0.0}, {"id": 1, "scale": 0.0}]}
     vllm_profile = _model("qwen", AdapterConfig("a", W), AdapterConfig("b", W), engine="vllm").profiles[0]
-    vllm = Replica(id="v", url="http://e", models=frozenset({"qwen:gpu"}),
-                   **dict(zip(("adapters", "adapter_mode"), replica_adapters(vllm_profile, ["a"]), strict=True)))
+    vllm = Replica(
+        id="v",
+        url="http://e",
+        models=frozenset({"qwen:gpu"}),
+        **dict(zip(("adapters", "adapter_mode"), replica_adapters(vllm_profile, ["a"]), strict=True)),
+    )
     assert adapter_fields(vllm, "a", hostile) == {"model": "a"}
     assert adapter_fields(vllm, "qwen", hostile) == {}  # the client's lora is dropped
     # A vLLM replica holds what its node loaded ("b" failed, or is still loading): "b"'s requests
@@ -95,16 +107,19 @@ def test_the_engine_body_selects_exactly_the_asked_adapter() -> None:
 def test_llama_cpp_replicas_restart_for_a_new_adapter_vllm_ones_only_for_their_first() -> None:
     bot = AdapterConfig("bot", W)
     assert _restart_needed(_model("q").profiles[0], _model("q", bot).profiles[0])
-    assert not _restart_needed(_model("q", bot).profiles[0],
-                               _model("q", attrs.evolve(bot, name="renamed", scale=2.0)).profiles[0])
+    assert not _restart_needed(
+        _model("q", bot).profiles[0], _model("q", attrs.evolve(bot, name="renamed", scale=2.0)).profiles[0]
+    )
     # vLLM loads and unloads live once it runs with --enable-lora, which a profile without
     # adapters did not start with: its first adapter restarts it, later changes do not.
     two = AdapterConfig("two", attrs.evolve(W, sha256="b" * 64))
     assert _restart_needed(_model("q", engine="vllm").profiles[0], _model("q", bot, engine="vllm").profiles[0])
-    assert not _restart_needed(_model("q", bot, engine="vllm").profiles[0],
-                               _model("q", bot, two, engine="vllm").profiles[0])
-    assert not _restart_needed(_model("q", bot, two, engine="vllm").profiles[0],
-                               _model("q", two, engine="vllm").profiles[0])
+    assert not _restart_needed(
+        _model("q", bot, engine="vllm").profiles[0], _model("q", bot, two, engine="vllm").profiles[0]
+    )
+    assert not _restart_needed(
+        _model("q", bot, two, engine="vllm").profiles[0], _model("q", two, engine="vllm").profiles[0]
+    )
     assert not _restart_needed(_model("q", two, engine="vllm").profiles[0], _model("q", engine="vllm").profiles[0])
 
 
@@ -115,8 +130,9 @@ async def test_a_profiles_claim_adds_its_adapters_weights_where_its_model_is() -
     cpu = attrs.evolve(_model("q", small, big).profiles[0], ram_mib=1000)
     gpu = attrs.evolve(cpu, name="cuda", vram_mib=5000)
     vllm = _model("v", big, engine="vllm").profiles[0]
-    claims = await claims_of([("q:cpu", cpu), ("q:cuda", gpu), ("v:gpu", vllm),
-                              ("bare:cpu", attrs.evolve(cpu, adapters=[]))], None)
+    claims = await claims_of(
+        [("q:cpu", cpu), ("q:cuda", gpu), ("v:gpu", vllm), ("bare:cpu", attrs.evolve(cpu, adapters=[]))], None
+    )
     assert claims["q:cpu"] == Claim(1000 + 1 + 300)  # in RAM, with the model
     assert claims["q:cuda"] == Claim(1000, 5000 + 301)  # on the GPU, with the model
     assert claims["v:gpu"] == Claim(100 + 300)
@@ -126,8 +142,9 @@ async def test_a_profiles_claim_adds_its_adapters_weights_where_its_model_is() -
 def test_a_vllm_adapter_replaced_under_its_name_is_sent_again() -> None:
     first = _model("qwen", AdapterConfig("a", WeightsConfig("/models/a-v1", "a" * 64, 64)), engine="vllm")
     replaced = _model("qwen", AdapterConfig("a", WeightsConfig("/models/a-v2", "b" * 64, 64)), engine="vllm")
-    record = ReplicaRecord("r1", "qwen:gpu", "n1", 8000, Claim(ram_mib=100), status=ReplicaStatus.READY,
-                           adapters=("a",))
+    record = ReplicaRecord(
+        "r1", "qwen:gpu", "n1", 8000, Claim(ram_mib=100), status=ReplicaStatus.READY, adapters=("a",)
+    )
     live = LiveAdapters()
     live.sent_to("r1", adapter_specs(first.profiles[0]))  # as the start does
     assert live.due([record], Catalog([first], ENGINES)) == []

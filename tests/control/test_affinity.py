@@ -71,9 +71,13 @@ json_values = st.recursive(
 )
 
 
-@given(messages=st.lists(st.dictionaries(st.sampled_from(["role", "content", "name"]), json_values, max_size=3),
-                         min_size=1, max_size=20),
-       user=json_values, header=st.none() | st.text(max_size=300))
+@given(
+    messages=st.lists(
+        st.dictionaries(st.sampled_from(["role", "content", "name"]), json_values, max_size=3), min_size=1, max_size=20
+    ),
+    user=json_values,
+    header=st.none() | st.text(max_size=300),
+)
 def test_odd_input_never_raises(messages: list[dict[str, Any]], user: Any, header: str | None) -> None:
     key = affinity_id(chat(messages, user=user), header)
     assert key is None or len(key) == 16
@@ -86,8 +90,9 @@ def test_a_conversation_continues_when_anything_follows_its_first_question() -> 
     opening = [SYSTEM, {"role": "user", "content": "Name a planet."}]
     assert not continues_conversation(chat(opening))
     assert not continues_conversation(chat(opening[1:]))
-    assert continues_conversation(chat([*opening, {"role": "assistant", "content": "Mars."},
-                                        {"role": "user", "content": "Another."}]))
+    assert continues_conversation(
+        chat([*opening, {"role": "assistant", "content": "Mars."}, {"role": "user", "content": "Another."}])
+    )
     # A tool round trip after the first question carries earlier work too.
     assert continues_conversation(chat([*opening, {"role": "tool", "content": "42"}]))
     # No user message, or not chat: nothing to continue.
@@ -108,8 +113,7 @@ def test_huge_input_is_bounded() -> None:
 # ---------------------------------------------------------------------- the choice
 
 keys = st.binary(min_size=16, max_size=16)
-replica_ids = st.lists(st.text("abcdefghij0123456789-", min_size=1, max_size=12), min_size=1, max_size=12,
-                       unique=True)
+replica_ids = st.lists(st.text("abcdefghij0123456789-", min_size=1, max_size=12), min_size=1, max_size=12, unique=True)
 
 
 def top(replicas: list[R], key: bytes) -> str:
@@ -129,8 +133,9 @@ def test_a_joining_replica_takes_only_keys_it_now_wins(ids: list[str], new: str,
 
 
 @settings(max_examples=200)
-@given(ids=replica_ids.filter(lambda ids: len(ids) >= 2), data=st.data(),
-       sample=st.lists(keys, min_size=1, max_size=50))
+@given(
+    ids=replica_ids.filter(lambda ids: len(ids) >= 2), data=st.data(), sample=st.lists(keys, min_size=1, max_size=50)
+)
 def test_a_leaving_replica_moves_only_its_own_keys(ids: list[str], data: st.DataObject, sample: list[bytes]) -> None:
     gone = data.draw(st.sampled_from(ids))
     before = [R(i) for i in ids]
@@ -141,10 +146,15 @@ def test_a_leaving_replica_moves_only_its_own_keys(ids: list[str], data: st.Data
             assert top(after, key) == old
 
 
-@given(ids=replica_ids, loads=st.lists(st.integers(0, 20), min_size=12, max_size=12), key=keys,
-       shuffle=st.randoms(use_true_random=False))
+@given(
+    ids=replica_ids,
+    loads=st.lists(st.integers(0, 20), min_size=12, max_size=12),
+    key=keys,
+    shuffle=st.randoms(use_true_random=False),
+)
 def test_the_choice_is_deterministic_and_ignores_list_order(
-        ids: list[str], loads: list[int], key: bytes, shuffle: Any) -> None:
+    ids: list[str], loads: list[int], key: bytes, shuffle: Any
+) -> None:
     replicas = [R(i, in_flight=load) for i, load in zip(ids, loads, strict=False)]
     # Distinct loads so the least-loaded fallback has no tie to break at random.
     for index, replica in enumerate(replicas):
@@ -157,8 +167,11 @@ def test_the_choice_is_deterministic_and_ignores_list_order(
 
 
 @settings(max_examples=300)
-@given(n=st.integers(1, 8), epsilon=st.sampled_from([0.0, 0.1, 0.25, 1.0]),
-       events=st.lists(st.tuples(st.booleans(), st.binary(min_size=16, max_size=16)), max_size=200))
+@given(
+    n=st.integers(1, 8),
+    epsilon=st.sampled_from([0.0, 0.1, 0.25, 1.0]),
+    events=st.lists(st.tuples(st.booleans(), st.binary(min_size=16, max_size=16)), max_size=200),
+)
 def test_the_load_bound_is_never_exceeded(n: int, epsilon: float, events: list[tuple[bool, bytes]]) -> None:
     """Arrivals (keyed, skewed to a few keys) and departures in any order: every replica a request
     is given holds at most (1 + ε) · mean + 1 with that request counted."""

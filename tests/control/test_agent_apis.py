@@ -35,22 +35,28 @@ async def in_thread(call: Callable[[], T]) -> T:
 @pytest.fixture(scope="module")
 def rerank_engine(llama_server_binary: Path, tiny_model: Path) -> Iterator[LlamaServer]:
     """A third llama-server with ``--reranking`` (the chat ones answer /v1/rerank with 501)."""
-    with llama_server_process(llama_server_binary, tiny_model, alias="tiny-rerank",
-                              extra_args=["--reranking"]) as server:
+    with llama_server_process(
+        llama_server_binary, tiny_model, alias="tiny-rerank", extra_args=["--reranking"]
+    ) as server:
         yield server
 
 
 @pytest.fixture
-async def gateway(real_engine: LlamaServer, real_embedding_engine: LlamaServer,
-                  rerank_engine: LlamaServer) -> AsyncIterator[RunningGateway]:
+async def gateway(
+    real_engine: LlamaServer, real_embedding_engine: LlamaServer, rerank_engine: LlamaServer
+) -> AsyncIterator[RunningGateway]:
     # Two replicas of "tiny" (b11312 with --embeddings still serves chat), and a reranker.
-    async with running_gateway(endpoint("a", real_engine.url, "tiny"), endpoint("b", real_embedding_engine.url, "tiny"),
-                               endpoint("r", rerank_engine.url, "ranker")) as gw:
+    async with running_gateway(
+        endpoint("a", real_engine.url, "tiny"),
+        endpoint("b", real_embedding_engine.url, "tiny"),
+        endpoint("r", rerank_engine.url, "ranker"),
+    ) as gw:
         yield gw
 
 
-async def key(gw: RunningGateway, name: str, quota: dict[str, int] | None = None,
-              models: list[str] | None = None) -> tuple[str, str]:
+async def key(
+    gw: RunningGateway, name: str, quota: dict[str, int] | None = None, models: list[str] | None = None
+) -> tuple[str, str]:
     """A new key in a group of its own: (secret, group id)."""
     service = gw.tenancy.service
     group = await service.create_group(name)
@@ -74,8 +80,11 @@ async def test_messages_responses_and_engine_routes_with_usage_per_key(gateway: 
 
     system = "You are terse."
     for sdk in (claude, bearer):
-        reply = await in_thread(lambda sdk=sdk: sdk.messages.create(  # type: ignore[misc]
-            model="tiny", max_tokens=6, system=system, messages=[{"role": "user", "content": "Say hi"}]))
+        reply = await in_thread(
+            lambda sdk=sdk: sdk.messages.create(  # type: ignore[misc]
+                model="tiny", max_tokens=6, system=system, messages=[{"role": "user", "content": "Say hi"}]
+            )
+        )
         assert reply.type == "message" and reply.content and reply.usage.output_tokens == 6
         count(reply.usage.input_tokens + (reply.usage.cache_read_input_tokens or 0), reply.usage.output_tokens)
 
@@ -87,8 +96,9 @@ async def test_messages_responses_and_engine_routes_with_usage_per_key(gateway: 
     text, final = await in_thread(stream)
     assert text and final.usage.output_tokens == 5 and final.usage.input_tokens > 0
     count(final.usage.input_tokens + (final.usage.cache_read_input_tokens or 0), final.usage.output_tokens)
-    counted = await in_thread(lambda: claude.messages.count_tokens(
-        model="tiny", messages=[{"role": "user", "content": "Count me"}]))
+    counted = await in_thread(
+        lambda: claude.messages.count_tokens(model="tiny", messages=[{"role": "user", "content": "Count me"}])
+    )
     assert counted.input_tokens > 0  # the tokenizer only: no tokens of any quota
 
     response = await in_thread(lambda: client.responses.create(model="tiny", input="Hello", max_output_tokens=4))
@@ -132,6 +142,7 @@ async def test_messages_responses_and_engine_routes_with_usage_per_key(gateway: 
     async def settled() -> bool:
         totals = await gateway.tenancy.service.usage_totals(group_id=group)
         return [totals.prompt_tokens, totals.completion_tokens] == spent
+
     with trio.move_on_after(10):
         await wait_until(settled, timeout=11)
     totals = await gateway.tenancy.service.usage_totals(group_id=group)
@@ -144,8 +155,11 @@ async def test_anthropic_exceptions_and_token_quotas(gateway: RunningGateway) ->
     client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=secret, max_retries=0, timeout=60)
     message = {"role": "user", "content": "hi"}
     with pytest.raises(anthropic.AuthenticationError):
-        await in_thread(lambda: anthropic.Anthropic(base_url=gateway.url, api_key="sk-llmgw-wrong", max_retries=0)
-                        .messages.create(model="tiny", max_tokens=2, messages=[message]))
+        await in_thread(
+            lambda: anthropic.Anthropic(base_url=gateway.url, api_key="sk-llmgw-wrong", max_retries=0).messages.create(
+                model="tiny", max_tokens=2, messages=[message]
+            )
+        )
     with pytest.raises(anthropic.NotFoundError):
         await in_thread(lambda: claude.messages.create(model="no-such-model", max_tokens=2, messages=[message]))
     with pytest.raises(anthropic.PermissionDeniedError):
@@ -173,10 +187,14 @@ async def test_openai_agents_default_model_through_the_gateway(gateway: RunningG
         async def main() -> Any:
             # The default provider, whose default API is Responses (OpenAIResponsesModel).
             agents.set_default_openai_client(
-                openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key=secret, max_retries=0),
-                use_for_tracing=False)
-            agent = agents.Agent(name="helper", instructions="Answer briefly.", model="tiny",
-                                 model_settings=agents.ModelSettings(max_tokens=8))
+                openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key=secret, max_retries=0), use_for_tracing=False
+            )
+            agent = agents.Agent(
+                name="helper",
+                instructions="Answer briefly.",
+                model="tiny",
+                model_settings=agents.ModelSettings(max_tokens=8),
+            )
             return await agents.Runner.run(agent, "What is two plus two?")
 
         agents.set_tracing_disabled(True)
@@ -186,18 +204,24 @@ async def test_openai_agents_default_model_through_the_gateway(gateway: RunningG
     assert isinstance(result.final_output, str) and result.final_output
     usage = result.context_wrapper.usage
     assert usage.requests == 1 and usage.output_tokens == 8
+
     async def counted() -> bool:
         return (await gateway.tenancy.service.usage_totals(group_id=group)).completion_tokens == 8
+
     await wait_until(counted, timeout=10)
 
 
 async def test_capabilities_learned_from_the_engines(gateway: RunningGateway) -> None:
     # llama-server answers an image to a model without vision with a 500, which was a 502 after
     # a try on each replica, each cooled down. The engines said they have no vision: a 400 here.
-    image = [{"type": "text", "text": "what is this"},
-             {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]
-    refused = await gateway.client.post("/v1/chat/completions", json={
-        "model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": image}]})
+    image = [
+        {"type": "text", "text": "what is this"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+    ]
+    refused = await gateway.client.post(
+        "/v1/chat/completions",
+        json={"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": image}]},
+    )
     assert refused.status_code == 400, refused.text
     assert refused.json()["error"]["code"] == "unsupported_by_model"
     assert gateway.metric("llmgw_replica_cooldowns_total", {"replica": "a"}) == 0
@@ -205,8 +229,11 @@ async def test_capabilities_learned_from_the_engines(gateway: RunningGateway) ->
     claude = anthropic.Anthropic(base_url=gateway.url, api_key="unused", max_retries=0, timeout=60)
     with pytest.raises(anthropic.BadRequestError):
         picture = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
-        await in_thread(lambda: claude.messages.create(
-            model="tiny", max_tokens=2, messages=[{"role": "user", "content": [picture]}]))  # type: ignore[list-item]
+        await in_thread(
+            lambda: claude.messages.create(
+                model="tiny", max_tokens=2, messages=[{"role": "user", "content": [picture]}]
+            )
+        )  # type: ignore[list-item]
     listing = (await gateway.client.get("/v1/models")).json()["data"]
     tiny = next(card for card in listing if card["id"] == "tiny")
     # -c 1024 with 4 slots: 256 tokens a request.
@@ -223,19 +250,51 @@ async def test_a_conversation_keeps_its_replica_on_messages_and_responses(gatewa
     # Prefix affinity keyed by the system prompt and the opening messages, as for chat.
     system = "You are a careful assistant for conversation number seven."
     bodies = [
-        ("/v1/messages", {"model": "tiny", "max_tokens": 2, "system": system,
-                          "messages": [{"role": "user", "content": "First question"}]}),
-        ("/v1/messages", {"model": "tiny", "max_tokens": 2, "system": system,
-                          "messages": [{"role": "user", "content": "First question"},
-                                       {"role": "assistant", "content": "An answer"},
-                                       {"role": "user", "content": "Second question"}]}),
+        (
+            "/v1/messages",
+            {
+                "model": "tiny",
+                "max_tokens": 2,
+                "system": system,
+                "messages": [{"role": "user", "content": "First question"}],
+            },
+        ),
+        (
+            "/v1/messages",
+            {
+                "model": "tiny",
+                "max_tokens": 2,
+                "system": system,
+                "messages": [
+                    {"role": "user", "content": "First question"},
+                    {"role": "assistant", "content": "An answer"},
+                    {"role": "user", "content": "Second question"},
+                ],
+            },
+        ),
         # llama-server b11312 wants each input item's type (the OpenAI API assumes "message").
-        ("/v1/responses", {"model": "tiny", "max_output_tokens": 2, "instructions": system,
-                           "input": [{"type": "message", "role": "user", "content": "First question"}]}),
-        ("/v1/responses", {"model": "tiny", "max_output_tokens": 2, "instructions": system,
-                           "input": [{"type": "message", "role": "user", "content": "First question"},
-                                     {"type": "message", "role": "assistant", "content": "An answer"},
-                                     {"type": "message", "role": "user", "content": "Second question"}]}),
+        (
+            "/v1/responses",
+            {
+                "model": "tiny",
+                "max_output_tokens": 2,
+                "instructions": system,
+                "input": [{"type": "message", "role": "user", "content": "First question"}],
+            },
+        ),
+        (
+            "/v1/responses",
+            {
+                "model": "tiny",
+                "max_output_tokens": 2,
+                "instructions": system,
+                "input": [
+                    {"type": "message", "role": "user", "content": "First question"},
+                    {"type": "message", "role": "assistant", "content": "An answer"},
+                    {"type": "message", "role": "user", "content": "Second question"},
+                ],
+            },
+        ),
     ]
     for path in ("/v1/messages", "/v1/responses"):
         served = set()

@@ -39,13 +39,26 @@ TOKEN = "llmgw-join-test-token"
 
 
 def start(n: int) -> StartReplica:
-    spec = ReplicaSpec(f"m-cpu-{n:08x}-{'0' * 16}", "llama.cpp", "b11312", WeightsSpec("http://f/m.gguf", "a" * 64, 1),
-                     20000 + n, api_key="k")
+    spec = ReplicaSpec(
+        f"m-cpu-{n:08x}-{'0' * 16}",
+        "llama.cpp",
+        "b11312",
+        WeightsSpec("http://f/m.gguf", "a" * 64, 1),
+        20000 + n,
+        api_key="k",
+    )
     return StartReplica(f"c{n}", 1, spec)
 
 
-COMMANDS: list[Command] = [start(1), StopReplica("c2", 1, "x"), start(3), DrainReplica("c4", 1, "y"), start(5),
-                           start(6), StopReplica("c7", 1, "z")]
+COMMANDS: list[Command] = [
+    start(1),
+    StopReplica("c2", 1, "x"),
+    start(3),
+    DrainReplica("c4", 1, "y"),
+    start(5),
+    start(6),
+    StopReplica("c7", 1, "z"),
+]
 
 
 class ScriptedSocket:
@@ -113,16 +126,23 @@ class Told:
         self.unsent.append(command.id)
 
 
-async def run(*, cut_at: int = 0, when: str = "", send_time: float = 0.01, ack: bool = True,
-              ack_timeout: float = 30.0, until: float = 5.0) -> Run:
+async def run(
+    *,
+    cut_at: int = 0,
+    when: str = "",
+    send_time: float = 0.01,
+    ack: bool = True,
+    ack_timeout: float = 30.0,
+    until: float = 5.0,
+) -> Run:
     unsent: list[str] = []
     failed: list[tuple[str, str]] = []
-    config = AgentsConfig(listen="x:1", heartbeat_interval=HEARTBEAT, unreachable_after=1000, lost_after=2000,
-                          ack_timeout=ack_timeout)
+    config = AgentsConfig(
+        listen="x:1", heartbeat_interval=HEARTBEAT, unreachable_after=1000, lost_after=2000, ack_timeout=ack_timeout
+    )
     events = NodeEvents()
     events.listen(Told(failed, unsent))
-    service = AgentService(Inventory(), config=config, token_digests={token_digest(TOKEN)}, engines=list,
-                           events=events)
+    service = AgentService(Inventory(), config=config, token_digests={token_digest(TOKEN)}, engines=list, events=events)
     socket = ScriptedSocket(service, send_time=send_time, cut_at=cut_at, when=when)
     accepted: list[Command] = []
 

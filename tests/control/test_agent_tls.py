@@ -64,11 +64,19 @@ def pki(tmp_path: Path) -> Pki:
 @asynccontextmanager
 async def tls_control(pki: Pki, files: Path | None = None) -> AsyncIterator[tuple[Listening, Fleet]]:
     d = pki.dir
-    agents = AgentsConfig(listen="127.0.0.1:0", tls_cert_file=str(d / "server.pem"), tls_key_file=str(d / "server.key"),
-                          tls_client_ca_file=str(d / "ca.pem"), files_dir=str(files) if files else "",
-                          heartbeat_interval=0.5, unreachable_after=2, lost_after=4)
-    config = validate(ControlConfig(listen="127.0.0.1:0", admin_listen="127.0.0.1:0", data_dir=str(d / "control"),
-                                    agents=agents))
+    agents = AgentsConfig(
+        listen="127.0.0.1:0",
+        tls_cert_file=str(d / "server.pem"),
+        tls_key_file=str(d / "server.key"),
+        tls_client_ca_file=str(d / "ca.pem"),
+        files_dir=str(files) if files else "",
+        heartbeat_interval=0.5,
+        unreachable_after=2,
+        lost_after=4,
+    )
+    config = validate(
+        ControlConfig(listen="127.0.0.1:0", admin_listen="127.0.0.1:0", data_dir=str(d / "control"), agents=agents)
+    )
     async with trio.open_nursery() as nursery:
         listening = await nursery.start(lambda task_status: run_control(config, task_status=task_status))
         assert listening.fleet is not None
@@ -86,16 +94,20 @@ def hello(node_id: str) -> str:
 
 
 async def test_a_node_whose_certificate_names_it_joins(pki: Pki) -> None:
-    async with tls_control(pki) as (listening, fleet), \
-            open_websocket_url(wss(listening), pki.client_context("n1")) as ws:
+    async with (
+        tls_control(pki) as (listening, fleet),
+        open_websocket_url(wss(listening), pki.client_context("n1")) as ws,
+    ):
         await ws.send_message(hello("n1"))
         assert json.loads(await ws.get_message())["type"] == "welcome"
         assert "n1" in fleet.agents.sessions
 
 
 async def test_a_certificate_for_another_node_is_refused(pki: Pki) -> None:
-    async with tls_control(pki) as (listening, fleet), \
-            open_websocket_url(wss(listening), pki.client_context("n1")) as ws:
+    async with (
+        tls_control(pki) as (listening, fleet),
+        open_websocket_url(wss(listening), pki.client_context("n1")) as ws,
+    ):
         await ws.send_message(hello("n2"))
         refusal = json.loads(await ws.get_message())
         assert refusal["type"] == "refuse"
@@ -127,10 +139,17 @@ async def test_a_real_node_installs_its_engine_over_mutual_tls(pki: Pki, llama_s
     place(ensure_engine(), files / "engines" / archive_name())
     cert, key = pki.client("gpu-1")
     async with tls_control(pki, files) as (listening, fleet):
-        node_config = NodeConfig(control=[wss(listening)], node_id="gpu-1", data_dir=str(pki.dir / "node"),
-                                 tls_ca_file=str(pki.dir / "ca.pem"), tls_cert_file=str(cert), tls_key_file=str(key))
+        node_config = NodeConfig(
+            control=[wss(listening)],
+            node_id="gpu-1",
+            data_dir=str(pki.dir / "node"),
+            tls_ca_file=str(pki.dir / "ca.pem"),
+            tls_cert_file=str(cert),
+            tls_key_file=str(key),
+        )
         async with open_node_service(node_config) as svc, trio.open_nursery() as nursery:
             nursery.start_soon(Agent(svc, ssl_context=client_context(node_config)).run)
+
             def installed() -> bool:
                 node = fleet.inventory.get("gpu-1")
                 states = [e.status for e in node.engines.values()] if node else []
@@ -138,5 +157,6 @@ async def test_a_real_node_installs_its_engine_over_mutual_tls(pki: Pki, llama_s
                     return True
                 assert "failed" not in states, [e.describe() for e in node.engines.values()]  # type: ignore[union-attr]
                 return False
+
             await wait_until(installed, timeout=60, interval=0.1)
             nursery.cancel_scope.cancel()

@@ -44,10 +44,20 @@ class Control:
 
 @asynccontextmanager
 async def control(tmp_path: Path, **agents: Any) -> AsyncIterator[Control]:
-    settings = {"listen": "127.0.0.1:0", "join_token_digests": [token_digest(TOKEN)], "heartbeat_interval": 0.2,
-                "unreachable_after": 1.0, "lost_after": 3.0, "hello_timeout": 1.0, **agents}
-    config = validate(ControlConfig(listen="127.0.0.1:0", admin_listen="127.0.0.1:0", data_dir=str(tmp_path),
-                                    agents=AgentsConfig(**settings)))
+    settings = {
+        "listen": "127.0.0.1:0",
+        "join_token_digests": [token_digest(TOKEN)],
+        "heartbeat_interval": 0.2,
+        "unreachable_after": 1.0,
+        "lost_after": 3.0,
+        "hello_timeout": 1.0,
+        **agents,
+    }
+    config = validate(
+        ControlConfig(
+            listen="127.0.0.1:0", admin_listen="127.0.0.1:0", data_dir=str(tmp_path), agents=AgentsConfig(**settings)
+        )
+    )
     async with trio.open_nursery() as nursery:
         listening = await nursery.start(lambda task_status: run_control(config, task_status=task_status))
         assert listening.fleet is not None
@@ -83,13 +93,16 @@ async def test_a_node_joins_and_is_listed(tmp_path: Path) -> None:
         assert (await receive(ws))["type"] == "heartbeat"
 
 
-@pytest.mark.parametrize(("frame", "reason"), [
-    (hello(token="wrong"), "bad join token"),
-    (hello(version=99), "protocol version 99 is not supported"),
-    ('{"type": "heartbeat", "seq": 1}', "the first frame must be hello"),
-    ("not json", "bad hello: frame is not valid JSON"),
-    ('{"type": "hello", "node_id": 3}', "bad hello"),
-])
+@pytest.mark.parametrize(
+    ("frame", "reason"),
+    [
+        (hello(token="wrong"), "bad join token"),
+        (hello(version=99), "protocol version 99 is not supported"),
+        ('{"type": "heartbeat", "seq": 1}', "the first frame must be hello"),
+        ("not json", "bad hello: frame is not valid JSON"),
+        ('{"type": "hello", "node_id": 3}', "bad hello"),
+    ],
+)
 async def test_bad_hellos_are_refused_with_a_reason(tmp_path: Path, frame: str, reason: str) -> None:
     async with control(tmp_path) as ctl, open_websocket_url(ctl.agent_url) as ws:
         await ws.send_message(frame)
@@ -111,12 +124,18 @@ async def test_a_second_connection_claiming_a_connected_node_id_is_refused(tmp_p
 
 
 async def test_malformed_frames_get_errors_without_hurting_other_nodes(tmp_path: Path) -> None:
-    async with control(tmp_path) as ctl, open_websocket_url(ctl.agent_url) as bad, \
-            open_websocket_url(ctl.agent_url) as good:
+    async with (
+        control(tmp_path) as ctl,
+        open_websocket_url(ctl.agent_url) as bad,
+        open_websocket_url(ctl.agent_url) as good,
+    ):
         await joined(bad, "bad")
         await joined(good, "good")
-        frames = {"{": "not valid JSON", '{"type": "teleport"}': "unknown message type 'teleport'",
-                  '{"type": "ack", "command_id": 5, "ok": true}': "expected a string, got a number @ $(ack).command_id"}
+        frames = {
+            "{": "not valid JSON",
+            '{"type": "teleport"}': "unknown message type 'teleport'",
+            '{"type": "ack", "command_id": 5, "ok": true}': "expected a string, got a number @ $(ack).command_id",
+        }
         for frame, complaint in frames.items():
             await bad.send_message(frame)
             message = await receive(bad)
@@ -162,8 +181,18 @@ async def test_heartbeats_keep_a_node_alive_and_carry_changes(tmp_path: Path) ->
     async with control(tmp_path) as ctl, open_websocket_url(ctl.agent_url) as ws:
         await joined(ws)
         for seq in range(10):
-            engines = [{"name": "llama.cpp", "version": "b11312", "status": "installing",
-                        "detail": f"downloading ({seq * 10}%)"}] if seq == 5 else []
+            engines = (
+                [
+                    {
+                        "name": "llama.cpp",
+                        "version": "b11312",
+                        "status": "installing",
+                        "detail": f"downloading ({seq * 10}%)",
+                    }
+                ]
+                if seq == 5
+                else []
+            )
             await ws.send_message(json.dumps({"type": "heartbeat", "seq": seq, "engines": engines}))
             # The scenario's heartbeat cadence (not a wait for control): ten beats span longer
             # than unreachable_after, so the node stays ready only because they keep coming.
@@ -186,5 +215,8 @@ async def test_a_standby_refuses_and_names_the_leader(tmp_path: Path) -> None:
         async with open_websocket_url(ctl.agent_url) as ws:
             await ws.send_message(hello())
             refusal = await receive(ws)
-            assert refusal == {"type": "refuse", "reason": "standby, leader is ws://10.1.2.3:8090/agent/v1",
-                               "leader": "ws://10.1.2.3:8090/agent/v1"}
+            assert refusal == {
+                "type": "refuse",
+                "reason": "standby, leader is ws://10.1.2.3:8090/agent/v1",
+                "leader": "ws://10.1.2.3:8090/agent/v1",
+            }

@@ -48,8 +48,9 @@ ROWS = [
 ]
 
 
-@pytest.mark.parametrize(("kind", "phase", "step", "cool_down"), ROWS,
-                         ids=[f"{kind.__name__}-{phase.value}" for kind, phase, *_ in ROWS])
+@pytest.mark.parametrize(
+    ("kind", "phase", "step", "cool_down"), ROWS, ids=[f"{kind.__name__}-{phase.value}" for kind, phase, *_ in ROWS]
+)
 def test_policy_row(kind: type[Outcome], phase: Phase, step: Step, cool_down: bool) -> None:
     rule = policy(OUTCOMES[kind], phase)
     assert rule.step is step

@@ -40,14 +40,16 @@ async def _raw_exchange(url: str, head: bytes, body: bytes = b"") -> bytes:
     return received
 
 
-async def test_a_request_without_a_key_is_refused_on_its_head_without_100_continue(
-        fake_engine: FakeEngine) -> None:
+async def test_a_request_without_a_key_is_refused_on_its_head_without_100_continue(fake_engine: FakeEngine) -> None:
     async with running_gateway(endpoint("e1", fake_engine.url)) as gw:
         await _with_key(gw)
         # The client waits for 100 Continue before sending its 30 MB: it must never be invited.
-        received = await _raw_exchange(gw.url, b"POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\n"
-                                               b"content-type: application/json\r\nexpect: 100-continue\r\n"
-                                               b"content-length: 30000000\r\n\r\n")
+        received = await _raw_exchange(
+            gw.url,
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\n"
+            b"content-type: application/json\r\nexpect: 100-continue\r\n"
+            b"content-length: 30000000\r\n\r\n",
+        )
         assert received.startswith(b"HTTP/1.1 401 "), received[:200]
         assert b"100 Continue" not in received and b"connection: close" in received
         assert b'"missing_api_key"' in received
@@ -64,9 +66,11 @@ async def test_a_request_with_a_key_is_invited_to_send_its_body(fake_engine: Fak
         host, port = gw.url.removeprefix("http://").rsplit(":", 1)
         sock = trio.socket.socket()
         await sock.connect((host, int(port)))
-        await sock.send(b"POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n"
-                        b"authorization: " + auth["authorization"].encode() + b"\r\nexpect: 100-continue\r\n"
-                        b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body))
+        await sock.send(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n"
+            b"authorization: " + auth["authorization"].encode() + b"\r\nexpect: 100-continue\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body)
+        )
         with trio.fail_after(10):
             interim = await sock.recv(65536)
             assert interim.startswith(b"HTTP/1.1 100 "), interim
@@ -79,15 +83,17 @@ async def test_a_request_with_a_key_is_invited_to_send_its_body(fake_engine: Fak
 
 
 def _send_refused_upload(port: int, size: int, answers: list[bytes]) -> None:
-    head = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n"
-            b"content-length: %d\r\n\r\n" % size)
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n" % size
+    )
     with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
         sock.sendall(head)
         chunk = b'{"model": "fake", "messages": [' + b" " * 65500
         sent = 0
         try:
             while sent < size:
-                part = chunk[:size - sent]
+                part = chunk[: size - sent]
                 sock.sendall(part)
                 sent += len(part)
         except OSError:
@@ -107,8 +113,10 @@ def test_eight_keyless_30_mb_requests_do_not_grow_the_daemon(tmp_path: Path) -> 
         assert httpx2.post(f"{admin}/api/v1/keys", json={"name": "k", "group_id": group["id"]}).status_code == 201
         before = daemon.rss_kib()
         answers: list[bytes] = []
-        threads = [threading.Thread(target=_send_refused_upload, args=(daemon.ports["api"], 30_000_000, answers))
-                   for _ in range(8)]
+        threads = [
+            threading.Thread(target=_send_refused_upload, args=(daemon.ports["api"], 30_000_000, answers))
+            for _ in range(8)
+        ]
         for thread in threads:
             thread.start()
         for thread in threads:

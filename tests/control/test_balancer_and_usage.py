@@ -44,12 +44,16 @@ def test_load_is_relative_to_slots() -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(
-    st.lists(st.tuples(st.integers(0, 6), st.integers(1, 6), st.sampled_from([0.5, 1.0, 2.0]), st.booleans(),
-                       st.booleans()), max_size=6),
+    st.lists(
+        st.tuples(st.integers(0, 6), st.integers(1, 6), st.sampled_from([0.5, 1.0, 2.0]), st.booleans(), st.booleans()),
+        max_size=6,
+    ),
 )
 def test_choose_takes_a_free_slot_least_loaded_healthy_first(specs: list[tuple[int, int, float, bool, bool]]) -> None:
-    replicas = [R(f"r{i}", weight=w, in_flight=min(n, s), slots=s, cooldown_until=10.0 if cool else 0.0)
-                for i, (n, s, w, cool, _) in enumerate(specs)]
+    replicas = [
+        R(f"r{i}", weight=w, in_flight=min(n, s), slots=s, cooldown_until=10.0 if cool else 0.0)
+        for i, (n, s, w, cool, _) in enumerate(specs)
+    ]
     exclude = {r.id for r, spec in zip(replicas, specs, strict=True) if spec[4]}
     chosen = choose(replicas, now=5.0, exclude=exclude, rng=random.Random(0))
     free = [r for r in replicas if r.in_flight < r.slots and r.id not in exclude]
@@ -59,8 +63,10 @@ def test_choose_takes_a_free_slot_least_loaded_healthy_first(specs: list[tuple[i
     assert chosen in free
     healthy = [r for r in free if r.cooldown_until <= 5.0]
     if healthy:
+
         def score(r: R) -> float:
             return (r.in_flight + 1) / (r.slots * r.weight)
+
         assert chosen in healthy and score(chosen) == min(score(r) for r in healthy)
 
 
@@ -88,8 +94,9 @@ def test_ties_are_spread_at_random() -> None:
 
 
 def test_replica_set_publish_and_withdraw() -> None:
-    replicas = ReplicaSet([Replica("a", "http://a", frozenset({"m1", "m2"})),
-                           Replica("b", "http://b", frozenset({"m2"}))])
+    replicas = ReplicaSet(
+        [Replica("a", "http://a", frozenset({"m1", "m2"})), Replica("b", "http://b", frozenset({"m2"}))]
+    )
     assert replicas.models() == ["m1", "m2"]
     assert [r.id for r in replicas.for_model("m2")] == ["a", "b"]
     replicas.withdraw("a")
@@ -98,28 +105,44 @@ def test_replica_set_publish_and_withdraw() -> None:
     assert replicas.models() == ["m3"] and len(replicas) == 1
 
 
-@pytest.mark.parametrize(("data", "expected"), [
-    (b'{"id":"x","usage":{"prompt_tokens":5,"completion_tokens":7,"total_tokens":12}}', TokenUsage(5, 7)),
-    (b'{"usage": {"prompt_tokens": 3, "total_tokens": 3}}', TokenUsage(3, 0)),  # embeddings
-    (b'{"usage":null}', None),
-    (b'{"choices":[]}', None),
-    (b'data: {"usage":{"prompt_tokens":1,"completion_tokens":1}}\n\ndata: {"usage":{"prompt_tokens":2,'
-     b'"completion_tokens":9}}\n\ndata: [DONE]\n\n', TokenUsage(2, 9)),
-    (b'data: {"usage":{"prompt_tokens":2,"completion_tok', None),  # cut off
-    (b'{"content":"the word \\"usage\\" in text","usage":{"prompt_tokens":4,"completion_tokens":1}}', TokenUsage(4, 1)),
-    # Cached prompt tokens: llama-server b11312's usage and timings (as it sends them)...
-    (b'{"usage":{"completion_tokens":8,"prompt_tokens":164,"total_tokens":172,"prompt_tokens_details":'
-     b'{"cached_tokens":149}},"timings":{"cache_n":149,"prompt_n":15}}', TokenUsage(164, 8, 149)),
-    # ... an older build's timings alone, and counts no engine could mean (above the prompt, negative,
-    # not an integer), which count as none.
-    (b'{"usage":{"prompt_tokens":20,"completion_tokens":1},"timings":{"cache_n":12}}', TokenUsage(20, 1, 12)),
-    (b'{"usage":{"prompt_tokens":20,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":21}}}',
-     TokenUsage(20, 1, 0)),
-    (b'{"usage":{"prompt_tokens":20,"completion_tokens":1},"timings":{"cache_n":-1}}', TokenUsage(20, 1, 0)),
-    (b'{"usage":{"prompt_tokens":20,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":true}}}',
-     TokenUsage(20, 1, 0)),
-    (b'{"usage":{"prompt_tokens":20,"completion_tokens":1},"timings":[[[[', TokenUsage(20, 1, 0)),
-])
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (b'{"id":"x","usage":{"prompt_tokens":5,"completion_tokens":7,"total_tokens":12}}', TokenUsage(5, 7)),
+        (b'{"usage": {"prompt_tokens": 3, "total_tokens": 3}}', TokenUsage(3, 0)),  # embeddings
+        (b'{"usage":null}', None),
+        (b'{"choices":[]}', None),
+        (
+            b'data: {"usage":{"prompt_tokens":1,"completion_tokens":1}}\n\ndata: {"usage":{"prompt_tokens":2,'
+            b'"completion_tokens":9}}\n\ndata: [DONE]\n\n',
+            TokenUsage(2, 9),
+        ),
+        (b'data: {"usage":{"prompt_tokens":2,"completion_tok', None),  # cut off
+        (
+            b'{"content":"the word \\"usage\\" in text","usage":{"prompt_tokens":4,"completion_tokens":1}}',
+            TokenUsage(4, 1),
+        ),
+        # Cached prompt tokens: llama-server b11312's usage and timings (as it sends them)...
+        (
+            b'{"usage":{"completion_tokens":8,"prompt_tokens":164,"total_tokens":172,"prompt_tokens_details":'
+            b'{"cached_tokens":149}},"timings":{"cache_n":149,"prompt_n":15}}',
+            TokenUsage(164, 8, 149),
+        ),
+        # ... an older build's timings alone, and counts no engine could mean (above the prompt, negative,
+        # not an integer), which count as none.
+        (b'{"usage":{"prompt_tokens":20,"completion_tokens":1},"timings":{"cache_n":12}}', TokenUsage(20, 1, 12)),
+        (
+            b'{"usage":{"prompt_tokens":20,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":21}}}',
+            TokenUsage(20, 1, 0),
+        ),
+        (b'{"usage":{"prompt_tokens":20,"completion_tokens":1},"timings":{"cache_n":-1}}', TokenUsage(20, 1, 0)),
+        (
+            b'{"usage":{"prompt_tokens":20,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":true}}}',
+            TokenUsage(20, 1, 0),
+        ),
+        (b'{"usage":{"prompt_tokens":20,"completion_tokens":1},"timings":[[[[', TokenUsage(20, 1, 0)),
+    ],
+)
 def test_find_usage(data: bytes, expected: TokenUsage | None) -> None:
     assert find_usage(data) == expected
 

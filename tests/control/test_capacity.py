@@ -28,8 +28,9 @@ from llmgw_shared.wire import EngineState
 ENGINE = ("llama.cpp", "b11312")
 
 
-def level(concurrency: int, ttft: float, itl: float = 0.01, tps: float = 10.0, errors: int = 0,
-          requests: int = 10) -> LevelResult:
+def level(
+    concurrency: int, ttft: float, itl: float = 0.01, tps: float = 10.0, errors: int = 0, requests: int = 10
+) -> LevelResult:
     return LevelResult(concurrency, requests, errors, 1.0, tps, tps, ttft / 2, ttft, itl / 2, itl)
 
 
@@ -71,8 +72,7 @@ def test_the_index_keeps_the_newest_run_per_kind_and_compares_hardware_per_engin
     index.learn(Measured("m:cpu", "x86_64 (C)", "llama.cpp", "b2", (level(8, 0.1, tps=500),), "p1"))
     assert index.slots("m:cpu", "x86_64 (A) / llama.cpp b1", "p1", 0.25, 0.0) == 2  # the newer run
     assert index.slots("m:cpu", "x86_64 (Z) / llama.cpp b1", "p1", 0.25, 0.0) is None
-    assert index.throughput("m:cpu", "llama.cpp", "b1", "p1", 0.25, 0.0) == {"x86_64 (A)": 10.0,
-                                                                            "x86_64 (B)": 99.0}
+    assert index.throughput("m:cpu", "llama.cpp", "b1", "p1", 0.25, 0.0) == {"x86_64 (A)": 10.0, "x86_64 (B)": 99.0}
     # The profile changed since (another -np, another flag): its old numbers no longer apply.
     assert index.slots("m:cpu", "x86_64 (A) / llama.cpp b1", "p2", 0.25, 0.0) is None
     assert index.throughput("m:cpu", "llama.cpp", "b1", "p2", 0.25, 0.0) == {}
@@ -80,11 +80,26 @@ def test_the_index_keeps_the_newest_run_per_kind_and_compares_hardware_per_engin
 
 def test_the_profile_fingerprint_changes_with_what_decides_speed_only() -> None:
     base = ProfileConfig("cpu", weights=WeightsConfig("/m.gguf", "a" * 64, 1), parallel=4, args=["-t", "2"])
-    same = [attrs.evolve(base, min_replicas=2, max_replicas=5, idle_timeout=60.0, labels={"zone": "a"},
-                         ttft_target=1.0, start_timeout=5.0)]
-    other = [attrs.evolve(base, parallel=8), attrs.evolve(base, args=["-t", "4"]), attrs.evolve(base, context=8192),
-             attrs.evolve(base, weights=WeightsConfig("/m.gguf", "b" * 64, 1)), attrs.evolve(base, env={"X": "1"}),
-             attrs.evolve(base, slots=16), attrs.evolve(base, gpus=2)]
+    same = [
+        attrs.evolve(
+            base,
+            min_replicas=2,
+            max_replicas=5,
+            idle_timeout=60.0,
+            labels={"zone": "a"},
+            ttft_target=1.0,
+            start_timeout=5.0,
+        )
+    ]
+    other = [
+        attrs.evolve(base, parallel=8),
+        attrs.evolve(base, args=["-t", "4"]),
+        attrs.evolve(base, context=8192),
+        attrs.evolve(base, weights=WeightsConfig("/m.gguf", "b" * 64, 1)),
+        attrs.evolve(base, env={"X": "1"}),
+        attrs.evolve(base, slots=16),
+        attrs.evolve(base, gpus=2),
+    ]
     assert {profile_fingerprint(p) for p in same} == {profile_fingerprint(base)}
     assert len({profile_fingerprint(p) for p in [base, *other]}) == 1 + len(other)
 
@@ -92,13 +107,36 @@ def test_the_profile_fingerprint_changes_with_what_decides_speed_only() -> None:
 def test_a_stored_document_that_is_not_a_finished_run_is_skipped() -> None:
     assert measured_from("m:cpu", {}) is None
     assert measured_from("m:cpu", {"comparable": {"hardware": "h"}, "results": []}) is None
-    assert measured_from("m:cpu", {"comparable": {"hardware": "h", "engine": "e", "engine_version": "v"},
-                                   "results": [{"concurrency": "x"}]}) is None
-    found = measured_from("m:cpu", {"comparable": {"hardware": "h", "engine": "e", "engine_version": "v"},
-                                    "results": [{f: 1 for f in ("concurrency", "requests", "errors", "duration_s",
-                                                                "prompt_tokens_per_s", "generation_tokens_per_s",
-                                                                "ttft_p50_s", "ttft_p99_s", "itl_p50_s",
-                                                                "itl_p99_s")}]})
+    assert (
+        measured_from(
+            "m:cpu",
+            {"comparable": {"hardware": "h", "engine": "e", "engine_version": "v"}, "results": [{"concurrency": "x"}]},
+        )
+        is None
+    )
+    found = measured_from(
+        "m:cpu",
+        {
+            "comparable": {"hardware": "h", "engine": "e", "engine_version": "v"},
+            "results": [
+                {
+                    f: 1
+                    for f in (
+                        "concurrency",
+                        "requests",
+                        "errors",
+                        "duration_s",
+                        "prompt_tokens_per_s",
+                        "generation_tokens_per_s",
+                        "ttft_p50_s",
+                        "ttft_p99_s",
+                        "itl_p50_s",
+                        "itl_p99_s",
+                    )
+                }
+            ],
+        },
+    )
     assert found is not None and found.kind == "h / e v"
 
 
@@ -109,18 +147,21 @@ def _node(node_id: str, hardware: str, ram: int = 8000) -> PlanNode:
 
 def test_placement_prefers_the_hardware_measured_faster_among_nodes_that_fit() -> None:
     nodes = [_node("a", "slow", ram=16000), _node("b", "fast"), _node("c", "tiny", ram=500)]
-    faster = Demand("m:cpu", ENGINE, Claim(1000), 1, throughput_by_hardware={"slow": 10.0, "fast": 40.0,
-                                                                             "tiny": 900.0})
-    assert [a.node_id for a in plan([faster], nodes, [], backoff={}, now=0).actions
-            if isinstance(a, Start)] == ["b"]  # "tiny" is fastest but does not fit
+    faster = Demand("m:cpu", ENGINE, Claim(1000), 1, throughput_by_hardware={"slow": 10.0, "fast": 40.0, "tiny": 900.0})
+    assert [a.node_id for a in plan([faster], nodes, [], backoff={}, now=0).actions if isinstance(a, Start)] == [
+        "b"
+    ]  # "tiny" is fastest but does not fit
     # No run: as before, the node with the most room.
     unmeasured = Demand("m:cpu", ENGINE, Claim(1000), 1)
-    assert [a.node_id for a in plan([unmeasured], nodes, [], backoff={}, now=0).actions
-            if isinstance(a, Start)] == ["a"]
+    assert [a.node_id for a in plan([unmeasured], nodes, [], backoff={}, now=0).actions if isinstance(a, Start)] == [
+        "a"
+    ]
     # Spreading still comes first: the second replica goes to the other node that fits.
     two = Demand("m:cpu", ENGINE, Claim(1000), 2, throughput_by_hardware={"slow": 10.0, "fast": 40.0})
-    assert sorted(a.node_id for a in plan([two], nodes, [], backoff={}, now=0).actions
-                  if isinstance(a, Start)) == ["a", "b"]
+    assert sorted(a.node_id for a in plan([two], nodes, [], backoff={}, now=0).actions if isinstance(a, Start)) == [
+        "a",
+        "b",
+    ]
 
 
 @pytest.mark.parametrize("value", ["-1.0", "601.0", "nan", "inf"])
@@ -132,7 +173,7 @@ def test_a_latency_objective_out_of_range_is_refused_at_start(tmp_path: Path, fi
 name = "m"
 [[models.profiles]]
 name = "cpu"
-weights = {{ url = "/models/m.gguf", sha256 = "{'a' * 64}", size = 1 }}
+weights = {{ url = "/models/m.gguf", sha256 = "{"a" * 64}", size = 1 }}
 {field} = {value}
 """)
     with pytest.raises(ConfigError) as error:

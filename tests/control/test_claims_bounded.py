@@ -23,8 +23,9 @@ async def test_a_server_that_ignores_range_is_read_only_as_far_as_the_header() -
                 request += await stream.receive_some(4096)
             assert b"range: bytes=0-" in request.lower()
             # 200 and the whole file, as a server that does not do Range answers.
-            await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\n"
-                                  b"content-length: %d\r\n\r\n" % BODY)
+            await stream.send_all(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\ncontent-length: %d\r\n\r\n" % BODY
+            )
             chunk = b"\0" * (1 << 20)
             while written[0] < BODY:
                 await stream.send_all(chunk)

@@ -30,7 +30,8 @@ def test_a_file_it_cannot_use_exits_1_with_its_name(tmp_path: Path, capsys: pyte
     # The files directory is a file: the first thing made under it fails with the OS's words and the path.
     blocker = tmp_path / "files"
     blocker.write_text("")
-    code = engines_cli.main(["--files-dir", str(blocker), "runtime", "--cuda", "12", "--arch", "x86_64",
-                             "--wheels-from", str(tmp_path)])
+    code = engines_cli.main(
+        ["--files-dir", str(blocker), "runtime", "--cuda", "12", "--arch", "x86_64", "--wheels-from", str(tmp_path)]
+    )
     err = capsys.readouterr().err
     assert code == FAILED and err.startswith("llmgw-control engines: ") and str(blocker) in err

@@ -52,8 +52,10 @@ def _issue(ca: trustme.CA, directory: Path, name: str = "server") -> ServerCert:
 
 
 def _tls_config(cert: ServerCert, extra: str = "") -> str:
-    return (f'[client_tls]\ncert_file = "{cert.cert}"\nkey_file = "{cert.key}"\n\n'
-            f"[listeners]\nhead_timeout = 1.0\n\n{extra}{ENDPOINT}")
+    return (
+        f'[client_tls]\ncert_file = "{cert.cert}"\nkey_file = "{cert.key}"\n\n'
+        f"[listeners]\nhead_timeout = 1.0\n\n{extra}{ENDPOINT}"
+    )
 
 
 @pytest.fixture
@@ -63,13 +65,15 @@ def server_cert(tmp_path: Path) -> ServerCert:
 
 @pytest.fixture
 def tls_daemon(tmp_path: Path, server_cert: ServerCert) -> Iterator[ControlDaemon]:
-    with control_daemon(tmp_path, _tls_config(server_cert), client_ssl=server_cert.client_context(),
-                        tls_listeners=frozenset({"api"})) as daemon:
+    with control_daemon(
+        tmp_path, _tls_config(server_cert), client_ssl=server_cert.client_context(), tls_listeners=frozenset({"api"})
+    ) as daemon:
         yield daemon
 
 
-def test_the_client_listener_speaks_tls_to_the_openai_client(tls_daemon: ControlDaemon,
-                                                             server_cert: ServerCert) -> None:
+def test_the_client_listener_speaks_tls_to_the_openai_client(
+    tls_daemon: ControlDaemon, server_cert: ServerCert
+) -> None:
     assert tls_daemon.url("api").startswith("https://")
     with httpx2.Client(verify=server_cert.client_context()) as http:
         client = openai.OpenAI(base_url=tls_daemon.url("api") + "/v1", api_key="unused", http_client=http)
@@ -103,7 +107,8 @@ def _served_by(daemon: ControlDaemon, context: ssl.SSLContext) -> bool:
 
 
 def test_sighup_reloads_the_certificate_and_a_bad_reload_keeps_the_old_one(
-        tls_daemon: ControlDaemon, server_cert: ServerCert, tmp_path: Path) -> None:
+    tls_daemon: ControlDaemon, server_cert: ServerCert, tmp_path: Path
+) -> None:
     old = server_cert.client_context()
     assert _served_by(tls_daemon, old)
     renewed = _issue(trustme.CA(), tmp_path / "..", "renewed")  # another CA: only the new trust verifies it
@@ -123,11 +128,13 @@ def test_sighup_without_a_certificate_does_not_stop_the_daemon(tmp_path: Path) -
     # SIGHUP's default action ends a process; the unit's ExecReload sends it.
     with control_daemon(tmp_path, ENDPOINT) as daemon:
         daemon.process.send_signal(signal.SIGHUP)
+
         def said() -> bool:
             if "nothing to reload" in daemon.log():
                 return True
             assert daemon.alive(), daemon.log()[-3000:]
             return False
+
         _within_10_s(said, daemon)
         assert httpx2.get(daemon.url("api") + "/healthz").status_code == 200
 
@@ -150,9 +157,11 @@ def _admin_key(daemon: ControlDaemon) -> str:
 def _login_cookie(daemon: ControlDaemon, key: str, headers: dict[str, str] | None = None) -> str:
     verify: ssl.SSLContext | bool = daemon.client_ssl if daemon.client_ssl is not None else True
     with httpx2.Client(base_url=daemon.url("api"), verify=verify, follow_redirects=False, timeout=10) as client:
+
         def logged_in() -> httpx2.Response | None:
             answer = client.post("/admin/login", data={"key": key}, headers=headers or {})
             return answer if answer.status_code == 302 else None
+
         try:  # the key reaches the client listener's key table within a moment
             response = wait_until_sync(logged_in, timeout=10, interval=0.1)
         except TimeoutError:
@@ -186,24 +195,43 @@ def tls_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlDaemo
     tmp = tmp_path_factory.mktemp("tls-fuzz")
     cert = _issue(trustme.CA(), tmp)
     agents = f'tls_cert_file = "{cert.cert}"\ntls_key_file = "{cert.key}"\n'
-    with control_daemon(tmp, _tls_config(cert), listeners=("agents",), agents_config=agents,
-                        client_ssl=cert.client_context(), tls_listeners=frozenset({"api", "agents"})) as daemon:
+    with control_daemon(
+        tmp,
+        _tls_config(cert),
+        listeners=("agents",),
+        agents_config=agents,
+        client_ssl=cert.client_context(),
+        tls_listeners=frozenset({"api", "agents"}),
+    ) as daemon:
         yield daemon
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                 HealthCheck.function_scoped_fixture])
-@given(listener=st.sampled_from(["api", "agents"]), over_tls=st.booleans(),
-       data=st.one_of(st.binary(max_size=2048),
-                      st.sampled_from([b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 40,
-                                       b"GET / HTTP/1.1\r\nhost: x\r\n\r\n",
-                                       b"GET / HTTP/1.1\r\nhost: x\r\nupgrade: h2c\r\nhttp2-settings: A\r\n"
-                                       b"connection: Upgrade, HTTP2-Settings\r\n\r\n",
-                                       b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00"])))
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
+@given(
+    listener=st.sampled_from(["api", "agents"]),
+    over_tls=st.booleans(),
+    data=st.one_of(
+        st.binary(max_size=2048),
+        st.sampled_from(
+            [
+                b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 40,
+                b"GET / HTTP/1.1\r\nhost: x\r\n\r\n",
+                b"GET / HTTP/1.1\r\nhost: x\r\nupgrade: h2c\r\nhttp2-settings: A\r\n"
+                b"connection: Upgrade, HTTP2-Settings\r\n\r\n",
+                b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00",
+            ]
+        ),
+    ),
+)
 def test_no_bytes_stop_a_tls_listener(tls_fleet: ControlDaemon, listener: str, over_tls: bool, data: bytes) -> None:
     try:
-        sock = tls_fleet.connect(listener) if over_tls else socket.create_connection(
-            ("127.0.0.1", tls_fleet.ports[listener]), timeout=5)
+        sock = (
+            tls_fleet.connect(listener)
+            if over_tls
+            else socket.create_connection(("127.0.0.1", tls_fleet.ports[listener]), timeout=5)
+        )
         with sock:
             sock.sendall(data)
             sock.settimeout(0.05)
@@ -224,8 +252,14 @@ def test_tls_listeners_refuse_connections_beyond_the_limit_with_503(tmp_path: Pa
     cert = _issue(trustme.CA(), tmp_path)
     agents = f'tls_cert_file = "{cert.cert}"\ntls_key_file = "{cert.key}"\n'
     config = _tls_config(cert).replace("[listeners]\n", "[listeners]\nmax_connections = 2\n")
-    with control_daemon(tmp_path, config, listeners=("agents",), agents_config=agents,
-                        client_ssl=cert.client_context(), tls_listeners=frozenset({"api", "agents"})) as daemon:
+    with control_daemon(
+        tmp_path,
+        config,
+        listeners=("agents",),
+        agents_config=agents,
+        client_ssl=cert.client_context(),
+        tls_listeners=frozenset({"api", "agents"}),
+    ) as daemon:
         for listener in ("api", "agents"):
             held = [daemon.connect(listener) for _ in range(2)]
             for sock in held:  # both are being served: each has had its answer

@@ -32,18 +32,31 @@ def sse(text: str) -> list[Any]:
 
 
 def _head(kind: str, rid: str) -> dict[str, Any]:
-    return {"id": rid, "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
-            "created": 1000 if rid == "a" else 2000, "model": f"served-{rid}"}
+    return {
+        "id": rid,
+        "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
+        "created": 1000 if rid == "a" else 2000,
+        "model": f"served-{rid}",
+    }
 
 
-def engine_stream(kind: str, rid: str, tokens: list[str], *, echo: str = "", separate_echo: bool = False,
-                  prompt: int = PROMPT_TOKENS, usage_chunk: bool = True) -> bytes:
+def engine_stream(
+    kind: str,
+    rid: str,
+    tokens: list[str],
+    *,
+    echo: str = "",
+    separate_echo: bool = False,
+    prompt: int = PROMPT_TOKENS,
+    usage_chunk: bool = True,
+) -> bytes:
     """A llama-server-shaped stream of ``tokens``; a continuation's echo leads its first delta."""
     events: list[dict[str, Any]] = []
     head = _head(kind, rid)
     if kind == "chat":
-        events.append({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": None},
-                                            "finish_reason": None}]})
+        events.append(
+            {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": None}, "finish_reason": None}]}
+        )
     pieces = list(tokens)
     if echo and separate_echo:
         pieces.insert(0, echo)
@@ -70,12 +83,23 @@ def _pieces(data: bytes, splits: list[int]) -> list[bytes]:
 
 
 @settings(max_examples=300, deadline=None)
-@given(kind=st.sampled_from(["chat", "completions"]),
-       tokens=st.lists(st.text(alphabet="ab é😀\n{}\"", min_size=1, max_size=4), min_size=1, max_size=12),
-       cut=st.integers(min_value=0), splits=st.lists(st.integers(min_value=0), max_size=6),
-       wants_usage=st.booleans(), separate_echo=st.booleans(), spare=st.sampled_from([0, 3]))
+@given(
+    kind=st.sampled_from(["chat", "completions"]),
+    tokens=st.lists(st.text(alphabet='ab é😀\n{}"', min_size=1, max_size=4), min_size=1, max_size=12),
+    cut=st.integers(min_value=0),
+    splits=st.lists(st.integers(min_value=0), max_size=6),
+    wants_usage=st.booleans(),
+    separate_echo=st.booleans(),
+    spare=st.sampled_from([0, 3]),
+)
 def test_a_stream_cut_anywhere_and_continued_reads_as_one_stream(
-    kind: str, tokens: list[str], cut: int, splits: list[int], wants_usage: bool, separate_echo: bool, spare: int,
+    kind: str,
+    tokens: list[str],
+    cut: int,
+    splits: list[int],
+    wants_usage: bool,
+    separate_echo: bool,
+    spare: int,
 ) -> None:
     body: dict[str, Any] = {"model": "m", "stream": True, "max_tokens": len(tokens) + spare}
     if kind == "chat":
@@ -88,11 +112,11 @@ def test_a_stream_cut_anywhere_and_continued_reads_as_one_stream(
     request = parse_request(ENDPOINTS[path], json.dumps(body).encode())
     record = StreamRecord(request)
     first = engine_stream(kind, "a", tokens)
-    first = first[:cut % len(first)]  # the engine dies somewhere before its [DONE]
+    first = first[: cut % len(first)]  # the engine dies somewhere before its [DONE]
     client = b"".join(record.whole_events(piece) for piece in _pieces(first, splits))
     seen = record.seen()
     assert not seen.other
-    assert seen.tokens <= len(tokens) and seen.text == "".join(tokens[:seen.tokens])
+    assert seen.tokens <= len(tokens) and seen.text == "".join(tokens[: seen.tokens])
     end = ending(request, seen)
     if end is not None:
         # The whole answer had arrived but for its last events: the gateway sends those.
@@ -115,8 +139,14 @@ def test_a_stream_cut_anywhere_and_continued_reads_as_one_stream(
     splice = record.splice
     assert splice is not None
     # The continuation reads the client's prompt plus what it had received, and echoes the prefill.
-    second = engine_stream(kind, "b", tokens[seen.tokens:], echo=seen.text if kind == "chat" else "",
-                           separate_echo=separate_echo, prompt=PROMPT_TOKENS + seen.tokens)
+    second = engine_stream(
+        kind,
+        "b",
+        tokens[seen.tokens :],
+        echo=seen.text if kind == "chat" else "",
+        separate_echo=separate_echo,
+        prompt=PROMPT_TOKENS + seen.tokens,
+    )
     for piece in _pieces(second, splits):
         client += record.whole_events(splice.feed(piece))
     client += record.whole_events(splice.rest()) + record.rest()
@@ -137,8 +167,13 @@ def test_a_stream_cut_anywhere_and_continued_reads_as_one_stream(
     assert finishes == ["length"]
     usages = [e["usage"] for e in chunks if "usage" in e]
     if wants_usage or kind == "completions":
-        assert usages == [{"prompt_tokens": PROMPT_TOKENS, "completion_tokens": len(tokens),
-                           "total_tokens": PROMPT_TOKENS + len(tokens)}]
+        assert usages == [
+            {
+                "prompt_tokens": PROMPT_TOKENS,
+                "completion_tokens": len(tokens),
+                "total_tokens": PROMPT_TOKENS + len(tokens),
+            }
+        ]
     else:
         assert usages == []
     # Charged: both attempts read the prompt (the second with what had been generated), and each
@@ -154,18 +189,25 @@ FULL = "".join(f"tok{i} " for i in range(8))
 
 
 def _text(events: list[Any]) -> str:
-    return "".join((c.get("delta") or {}).get("content") or c.get("text") or ""
-                   for e in events if isinstance(e, dict) for c in e.get("choices") or ())
+    return "".join(
+        (c.get("delta") or {}).get("content") or c.get("text") or ""
+        for e in events
+        if isinstance(e, dict)
+        for c in e.get("choices") or ()
+    )
 
 
 async def test_a_chat_stream_whose_engine_dies_is_continued_on_the_other_replica(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     caplog.set_level(logging.INFO, logger="llmgw.access")
     behavior = FakeEngineBehavior(close_mid_stream_after=3, stream_fault_times=1)
     async with run_fake_engine(behavior) as a, run_fake_engine(behavior) as b:
         async with running_gateway(endpoint("a", a.url), endpoint("b", b.url)) as gw:
-            response = await gw.client.post("/v1/chat/completions", json=chat_body(
-                stream=True, max_tokens=20, stream_options={"include_usage": True}))
+            response = await gw.client.post(
+                "/v1/chat/completions",
+                json=chat_body(stream=True, max_tokens=20, stream_options={"include_usage": True}),
+            )
             assert response.status_code == 200
             events = sse(response.text)
             assert events[-1] == "[DONE]"
@@ -196,8 +238,9 @@ async def test_a_stream_whose_engine_stalls_past_the_idle_timeout_is_continued()
     behavior = FakeEngineBehavior(hang_mid_stream_after=4, stream_fault_times=1)
     async with run_fake_engine(behavior) as a, run_fake_engine(behavior) as b:
         async with running_gateway(endpoint("a", a.url), endpoint("b", b.url), idle_timeout=0.3) as gw:
-            response = await gw.client.post("/v1/completions", json={
-                "model": "fake-model", "prompt": "Once", "stream": True, "max_tokens": 8})
+            response = await gw.client.post(
+                "/v1/completions", json={"model": "fake-model", "prompt": "Once", "stream": True, "max_tokens": 8}
+            )
             events = sse(response.text)
             assert events[-1] == "[DONE]" and _text(events) == FULL
             requests = [r.json for r in a.observed.requests + b.observed.requests]
@@ -212,9 +255,10 @@ async def test_streams_cut_at_any_byte_are_continued_whole() -> None:
     behavior = FakeEngineBehavior()
     async with run_fake_engine(behavior) as a, run_fake_engine(behavior) as b:
         async with running_gateway(endpoint("a", a.url), endpoint("b", b.url)) as gw:
-            for kind, path, body in (("chat", "/v1/chat/completions", chat_body(stream=True)),
-                                     ("completions", "/v1/completions",
-                                      {"model": "fake-model", "prompt": "Once", "stream": True})):
+            for kind, path, body in (
+                ("chat", "/v1/chat/completions", chat_body(stream=True)),
+                ("completions", "/v1/completions", {"model": "fake-model", "prompt": "Once", "stream": True}),
+            ):
                 behavior.stream_fault_times = None
                 behavior.cut_after_bytes = None
                 whole = (await gw.client.post(path, json=body)).text
@@ -231,8 +275,7 @@ async def test_a_continuation_answered_with_a_4xx_is_not_retried() -> None:
     dying = FakeEngineBehavior(close_mid_stream_after=2)
     refusing = FakeEngineBehavior(status_before_body=400)
     async with run_fake_engine(dying) as a, run_fake_engine(refusing) as b, run_fake_engine(refusing) as c:
-        async with running_gateway(endpoint("a", a.url, weight=1000), endpoint("b", b.url),
-                                   endpoint("c", c.url)) as gw:
+        async with running_gateway(endpoint("a", a.url, weight=1000), endpoint("b", b.url), endpoint("c", c.url)) as gw:
             response = await gw.client.post("/v1/chat/completions", json=chat_body(stream=True))
             events = sse(response.text)
             assert "[DONE]" not in events and events[-1]["error"]["code"] == "upstream_error"
@@ -253,8 +296,9 @@ async def test_a_request_refused_with_a_4xx_is_neither_retried_nor_continued() -
 async def test_continuations_stop_after_max_continuations_with_the_error_event() -> None:
     behavior = FakeEngineBehavior(close_mid_stream_after=2)
     async with run_fake_engine(behavior) as a, run_fake_engine(behavior) as b, run_fake_engine(behavior) as c:
-        async with running_gateway(endpoint("a", a.url), endpoint("b", b.url), endpoint("c", c.url),
-                                   max_continuations=1) as gw:
+        async with running_gateway(
+            endpoint("a", a.url), endpoint("b", b.url), endpoint("c", c.url), max_continuations=1
+        ) as gw:
             response = await gw.client.post("/v1/chat/completions", json=chat_body(stream=True))
             events = sse(response.text)
             assert "[DONE]" not in events and events[-1]["error"]["code"] == "upstream_broken"
@@ -291,11 +335,17 @@ async def test_a_client_that_hangs_up_is_not_continued_for() -> None:
                             break
             await wait_until(lambda: a.observed.disconnects + b.observed.disconnects, timeout=5, interval=0.01)
             gone = {"model": "fake-model", "status": "499"}
-            await wait_until(lambda: sum(gw.metric("llmgw_requests_total", {**gone, "replica": r}) for r in "ab") >= 1,
-                             timeout=5, interval=0.01)
+            await wait_until(
+                lambda: sum(gw.metric("llmgw_requests_total", {**gone, "replica": r}) for r in "ab") >= 1,
+                timeout=5,
+                interval=0.01,
+            )
             assert len(a.observed.requests) + len(b.observed.requests) == 1
-            assert not [o for o in ("continued", "gave_up", "impossible", "refused", "finished")
-                        if gw.metric("llmgw_stream_continuations_total", {"model": "fake-model", "outcome": o})]
+            assert not [
+                o
+                for o in ("continued", "gave_up", "impossible", "refused", "finished")
+                if gw.metric("llmgw_stream_continuations_total", {"model": "fake-model", "outcome": o})
+            ]
 
 
 async def test_a_continuation_that_gets_no_first_byte_is_not_tried_again() -> None:
@@ -303,8 +353,9 @@ async def test_a_continuation_that_gets_no_first_byte_is_not_tried_again() -> No
     dying = FakeEngineBehavior(close_mid_stream_after=2)
     silent = FakeEngineBehavior(hang_before_first_byte=True)
     async with run_fake_engine(dying) as a, run_fake_engine(silent) as b, run_fake_engine(silent) as c:
-        async with running_gateway(endpoint("a", a.url, weight=1000), endpoint("b", b.url), endpoint("c", c.url),
-                                   first_byte_timeout=0.3) as gw:
+        async with running_gateway(
+            endpoint("a", a.url, weight=1000), endpoint("b", b.url), endpoint("c", c.url), first_byte_timeout=0.3
+        ) as gw:
             response = await gw.client.post("/v1/chat/completions", json=chat_body(stream=True))
             events = sse(response.text)
             assert "[DONE]" not in events and events[-1]["error"]["code"] == "upstream_timeout"
@@ -321,15 +372,20 @@ async def test_a_continued_stream_is_charged_what_both_engines_did() -> None:
             service = gw.tenancy.service
             group = await service.create_group("acme")
             created = await service.create_key(name="k", group_id=group.id)
-            response = await gw.client.post("/v1/chat/completions", json=chat_body(stream=True),
-                                            headers={"authorization": f"Bearer {created.secret}"})
+            response = await gw.client.post(
+                "/v1/chat/completions",
+                json=chat_body(stream=True),
+                headers={"authorization": f"Bearer {created.secret}"},
+            )
             events = sse(response.text)
             assert events[-1] == "[DONE]" and _text(events) == FULL
             assert not [e for e in events if isinstance(e, dict) and "usage" in e]
             assert len(a.observed.requests) + len(b.observed.requests) == 2
+
             async def counted() -> Any:
                 totals = await service.usage_totals(group_id=group.id)
                 return totals if totals.requests >= 1 else None
+
             totals = await wait_until(counted, timeout=5, interval=0.01)
             # The first engine read 10 prompt tokens, the second 10 + the 3 it was handed; 8 generated.
             assert (totals.prompt_tokens, totals.completion_tokens) == (23, 8)
@@ -337,10 +393,15 @@ async def test_a_continued_stream_is_charged_what_both_engines_did() -> None:
 
 @pytest.mark.slow  # left out of the quick tier: a stream cut at every byte, seconds in all
 @settings(max_examples=25, deadline=None)
-@given(kind=st.sampled_from(["chat", "completions"]), cut=st.integers(min_value=1, max_value=3000),
-       wants_usage=st.booleans())
+@given(
+    kind=st.sampled_from(["chat", "completions"]),
+    cut=st.integers(min_value=1, max_value=3000),
+    wants_usage=st.booleans(),
+)
 async def test_the_fake_engines_stream_cut_at_any_byte_reads_whole_through_the_gateway(
-    kind: str, cut: int, wants_usage: bool,
+    kind: str,
+    cut: int,
+    wants_usage: bool,
 ) -> None:
     behavior = FakeEngineBehavior(cut_after_bytes=cut, stream_fault_times=1)
     body: dict[str, Any] = {"model": "fake-model", "stream": True, "max_tokens": 8}
@@ -349,8 +410,7 @@ async def test_the_fake_engines_stream_cut_at_any_byte_reads_whole_through_the_g
         body["stream_options"] = {"include_usage": True}
     async with run_fake_engine(behavior) as a, run_fake_engine(behavior) as b:
         async with running_gateway(endpoint("a", a.url), endpoint("b", b.url)) as gw:
-            response = await gw.client.post("/v1/chat/completions" if kind == "chat" else "/v1/completions",
-                                            json=body)
+            response = await gw.client.post("/v1/chat/completions" if kind == "chat" else "/v1/completions", json=body)
     events = sse(response.text)
     assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
     assert _text(events) == FULL
@@ -378,7 +438,7 @@ def _record(kind: str = "chat") -> StreamRecord:
 
 def test_an_event_that_never_ends_is_passed_on_not_held_and_ends_the_chance_to_continue() -> None:
     record = _record()
-    held = [record.whole_events(b"data: {\"x\": \"" + b"a" * 65536) for _ in range(15)]
+    held = [record.whole_events(b'data: {"x": "' + b"a" * 65536) for _ in range(15)]
     assert held == [b""] * 15  # under the bound: waiting for the rest of the event
     out = record.whole_events(b"a" * (1024 * 1024))
     assert len(out) > 1024 * 1024 and record.overflow

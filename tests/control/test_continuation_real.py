@@ -42,8 +42,12 @@ KILL_AFTER = 6
 def smollm2_replicas(llama_server_binary: Path) -> Iterator[dict[str, LlamaServer]]:
     model = smollm2.ensure_model()
     with ExitStack() as stack:
-        yield {name: stack.enter_context(llama_server_process(
-            llama_server_binary, model, alias="smollm2", extra_args=smollm2.ENGINE_ARGS)) for name in ("r1", "r2")}
+        yield {
+            name: stack.enter_context(
+                llama_server_process(llama_server_binary, model, alias="smollm2", extra_args=smollm2.ENGINE_ARGS)
+            )
+            for name in ("r1", "r2")
+        }
 
 
 async def in_thread(call: Callable[[], T]) -> T:
@@ -64,8 +68,13 @@ def _kill(replicas: dict[str, LlamaServer], replica_id: str) -> None:
 
 def _chat_killed_mid_stream(client: openai.OpenAI, replicas: dict[str, LlamaServer]) -> tuple[str, str, list[Any]]:
     raw = client.chat.completions.with_raw_response.create(
-        model="smollm2", messages=QUESTION, max_tokens=MAX_TOKENS, temperature=0, stream=True,
-        stream_options={"include_usage": True})
+        model="smollm2",
+        messages=QUESTION,
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     victim = raw.headers["x-llmgw-replica"]
     prefix, chunks, pieces = "", [], 0
     for chunk in raw.parse():
@@ -81,7 +90,8 @@ def _chat_killed_mid_stream(client: openai.OpenAI, replicas: dict[str, LlamaServ
 
 def _completion_killed_mid_stream(client: openai.OpenAI, replicas: dict[str, LlamaServer]) -> tuple[str, list[Any]]:
     raw = client.completions.with_raw_response.create(
-        model="smollm2", prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0, stream=True)
+        model="smollm2", prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0, stream=True
+    )
     victim = raw.headers["x-llmgw-replica"]
     prefix, chunks, pieces = "", [], 0
     for chunk in raw.parse():
@@ -98,11 +108,15 @@ def _completion_killed_mid_stream(client: openai.OpenAI, replicas: dict[str, Lla
 async def test_the_openai_client_reads_a_whole_chat_stream_across_a_replica_killed_mid_stream(
     smollm2_replicas: dict[str, LlamaServer],
 ) -> None:
-    async with running_gateway(*(endpoint(name, server.url, "smollm2") for name, server in smollm2_replicas.items()),
-                               cooldown=0.0) as gw:
+    async with running_gateway(
+        *(endpoint(name, server.url, "smollm2") for name, server in smollm2_replicas.items()), cooldown=0.0
+    ) as gw:
         client = client_for(gw)
-        reference = await in_thread(lambda: client.chat.completions.create(
-            model="smollm2", messages=QUESTION, max_tokens=MAX_TOKENS, temperature=0))
+        reference = await in_thread(
+            lambda: client.chat.completions.create(
+                model="smollm2", messages=QUESTION, max_tokens=MAX_TOKENS, temperature=0
+            )
+        )
         expected = reference.choices[0].message.content or ""
         assert reference.usage is not None
         victim, prefix, chunks = await in_thread(lambda: _chat_killed_mid_stream(client, smollm2_replicas))
@@ -112,7 +126,8 @@ async def test_the_openai_client_reads_a_whole_chat_stream_across_a_replica_kill
         assert content.startswith(prefix) and len(content) > len(prefix)
         assert content == expected
         assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [
-            reference.choices[0].finish_reason]
+            reference.choices[0].finish_reason
+        ]
         usage = chunks[-1].usage
         assert usage is not None and chunks[-1].choices == []
         assert usage.prompt_tokens == reference.usage.prompt_tokens
@@ -133,18 +148,21 @@ async def test_the_openai_client_reads_a_whole_chat_stream_across_a_replica_kill
 async def test_a_completions_stream_is_continued_from_the_prompt_and_the_text_so_far(
     smollm2_replicas: dict[str, LlamaServer],
 ) -> None:
-    async with running_gateway(*(endpoint(name, server.url, "smollm2") for name, server in smollm2_replicas.items()),
-                               cooldown=0.0) as gw:
+    async with running_gateway(
+        *(endpoint(name, server.url, "smollm2") for name, server in smollm2_replicas.items()), cooldown=0.0
+    ) as gw:
         client = client_for(gw)
-        reference = await in_thread(lambda: client.completions.create(
-            model="smollm2", prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0))
+        reference = await in_thread(
+            lambda: client.completions.create(model="smollm2", prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0)
+        )
         prefix, chunks = await in_thread(lambda: _completion_killed_mid_stream(client, smollm2_replicas))
         text = "".join(c.choices[0].text for c in chunks if c.choices)
         assert len({c.id for c in chunks}) == 1
         assert text.startswith(prefix) and len(text) > len(prefix)
         assert text == reference.choices[0].text
         assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [
-            reference.choices[0].finish_reason]
+            reference.choices[0].finish_reason
+        ]
         labels = {"model": "smollm2", "outcome": "continued"}
         assert await gw.settled_metric("llmgw_stream_continuations_total", labels, expect=1) == 1
 
@@ -155,9 +173,16 @@ async def test_llama_server_continues_a_trailing_assistant_message_and_echoes_it
     # The engine behaviour the splice relies on (b11312): the prefill is continued, and the first
     # content delta starts with it.
     async with httpx2.AsyncClient(timeout=60) as http:
-        response = await http.post(real_engine.url + "/v1/chat/completions", json={
-            "model": "tiny", "max_tokens": 4, "temperature": 0, "stream": True,
-            "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there"}]})
+        response = await http.post(
+            real_engine.url + "/v1/chat/completions",
+            json={
+                "model": "tiny",
+                "max_tokens": 4,
+                "temperature": 0,
+                "stream": True,
+                "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there"}],
+            },
+        )
     deltas = [e["choices"][0]["delta"].get("content") for e in _events(response.text) if e["choices"]]
     contents = [d for d in deltas if d]
     assert contents[0].startswith("Hello there") and len(contents) == 4
@@ -167,18 +192,38 @@ async def test_a_stream_cut_on_a_fake_engine_is_finished_by_the_real_one_without
     real_engine: LlamaServer,
 ) -> None:
     dying = FakeEngineBehavior(models=["tiny"], close_mid_stream_after=3, token_text="word{i} ")
-    async with run_fake_engine(dying) as fake, running_gateway(
-            endpoint("fake", fake.url, "tiny", weight=1000), endpoint("real", real_engine.url, "tiny")) as gw:
+    async with (
+        run_fake_engine(dying) as fake,
+        running_gateway(
+            endpoint("fake", fake.url, "tiny", weight=1000), endpoint("real", real_engine.url, "tiny")
+        ) as gw,
+    ):
         client = client_for(gw)
         messages = [{"role": "user", "content": "Count"}]
-        chunks = await in_thread(lambda: list(client.chat.completions.create(
-            model="tiny", messages=messages, max_tokens=12, temperature=0, stream=True,
-            stream_options={"include_usage": True})))
+        chunks = await in_thread(
+            lambda: list(
+                client.chat.completions.create(
+                    model="tiny",
+                    messages=messages,
+                    max_tokens=12,
+                    temperature=0,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                )
+            )
+        )
         prefix = "word0 word1 word2 "
         async with httpx2.AsyncClient(timeout=60) as http:
-            direct = await http.post(real_engine.url + "/v1/chat/completions", json={
-                "model": "tiny", "max_tokens": 9, "temperature": 0, "stream": True,
-                "messages": [*messages, {"role": "assistant", "content": prefix}]})
+            direct = await http.post(
+                real_engine.url + "/v1/chat/completions",
+                json={
+                    "model": "tiny",
+                    "max_tokens": 9,
+                    "temperature": 0,
+                    "stream": True,
+                    "messages": [*messages, {"role": "assistant", "content": prefix}],
+                },
+            )
         rest = "".join(e["choices"][0]["delta"].get("content") or "" for e in _events(direct.text) if e["choices"])
         assert rest.startswith(prefix)
         content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)

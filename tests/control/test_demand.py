@@ -55,8 +55,9 @@ class World:
     def ready(self, start: StartReplica) -> None:
         """The node reports the replica ready; the next pass publishes it."""
         node = next(n for n in self.nodes if n.node_id == self.reconciler.records[start.replica.replica_id].node_id)
-        node.update_replicas([*node.replicas.values(), ReplicaState(start.replica.replica_id, "ready", "",
-                                                               port=start.replica.port)])
+        node.update_replicas(
+            [*node.replicas.values(), ReplicaState(start.replica.replica_id, "ready", "", port=start.replica.port)]
+        )
         self.pass_()
 
     def take_all_slots(self) -> None:
@@ -69,13 +70,27 @@ class World:
 
 
 def world(*, max_replicas: int = 3, idle_timeout: float = 0.0, saturated_after: float = 10.0, nodes: int = 3) -> World:
-    profile = ProfileConfig(name="cpu", weights=WeightsConfig("http://files/m.gguf", "a" * 64, 1000), context=512,
-                            parallel=2, max_replicas=max_replicas, idle_timeout=idle_timeout)
+    profile = ProfileConfig(
+        name="cpu",
+        weights=WeightsConfig("http://files/m.gguf", "a" * 64, 1000),
+        context=512,
+        parallel=2,
+        max_replicas=max_replicas,
+        idle_timeout=idle_timeout,
+    )
     catalog = Catalog([ModelConfig("m", [profile])], [EngineConfig()])
     inventory, replicas, dispatcher = Inventory(), ReplicaSet(), Dispatcher()
-    reconciler = Reconciler(catalog, inventory, Liveness(15, 60), dispatcher, replicas, secret=b"s" * 32,
-                            claims={KEY: Claim(1000)}, config=ReconcilerConfig(saturated_after=saturated_after),
-                            clock=trio.current_time)
+    reconciler = Reconciler(
+        catalog,
+        inventory,
+        Liveness(15, 60),
+        dispatcher,
+        replicas,
+        secret=b"s" * 32,
+        claims={KEY: Claim(1000)},
+        config=ReconcilerConfig(saturated_after=saturated_after),
+        clock=trio.current_time,
+    )
     activator = Activator(replicas, demand=reconciler.demand, wake=reconciler.wake, status=reconciler.status)
     records = []
     for i in range(nodes):

@@ -48,11 +48,16 @@ async def _post(url: str, path: str, body: bytes, then: bytes = b"") -> tuple[h1
     """
     sock = await _connect(url)
     conn = h11.Connection(h11.CLIENT)
-    data = conn.send(h11.Request(method="POST", target=path, headers=[
-        ("host", "127.0.0.1"), ("content-type", "application/json"), ("content-length", str(len(body)))]))
+    data = conn.send(
+        h11.Request(
+            method="POST",
+            target=path,
+            headers=[("host", "127.0.0.1"), ("content-type", "application/json"), ("content-length", str(len(body)))],
+        )
+    )
     await sock.send(data)
     for start in range(0, len(body), 65536):
-        await sock.send(body[start:start + 65536])
+        await sock.send(body[start : start + 65536])
     response, answer = await _answer(sock, conn)
     after = b""
     if then and not _says_close(response):
@@ -101,8 +106,10 @@ async def test_the_client_ports_admin_api_refuses_on_the_head() -> None:
 async def test_a_state_changing_dashboard_request_without_a_session_gets_no_100_continue() -> None:
     async with running_gateway() as gw:
         sock = await _connect(gw.url)
-        await sock.send(b"POST /admin/logout HTTP/1.1\r\nhost: 127.0.0.1\r\nexpect: 100-continue\r\n"
-                        b"content-type: application/x-www-form-urlencoded\r\ncontent-length: 1000000\r\n\r\n")
+        await sock.send(
+            b"POST /admin/logout HTTP/1.1\r\nhost: 127.0.0.1\r\nexpect: 100-continue\r\n"
+            b"content-type: application/x-www-form-urlencoded\r\ncontent-length: 1000000\r\n\r\n"
+        )
         received = b""
         with trio.fail_after(10):
             while chunk := await sock.recv(65536):

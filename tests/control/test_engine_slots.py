@@ -31,8 +31,9 @@ def test_a_key_keeps_its_slot_while_it_is_free() -> None:
     r = replica(4)
     first = claim_engine_slot(r, b"conversation-1")
     give_back_engine_slot(r, first)
-    assert all(claim_engine_slot(r, b"conversation-1") == first and give_back_engine_slot(r, first) is None
-               for _ in range(5))
+    assert all(
+        claim_engine_slot(r, b"conversation-1") == first and give_back_engine_slot(r, first) is None for _ in range(5)
+    )
 
 
 def test_keys_spread_over_the_slots() -> None:
@@ -48,7 +49,8 @@ def test_keys_spread_over_the_slots() -> None:
 @settings(max_examples=200, deadline=None)
 @given(engine_slots=st.integers(1, 8), data=st.data())
 def test_conversations_taking_turns_each_get_back_the_slot_holding_their_history(
-    engine_slots: int, data: st.DataObject,
+    engine_slots: int,
+    data: st.DataObject,
 ) -> None:
     # Red on the rendezvous choice this replaced: two keys whose hashes preferred one slot took it
     # from each other on every turn (four conversations on four slots: 91% of the time).
@@ -93,8 +95,10 @@ def test_an_engine_that_cannot_be_told_gets_no_slot() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(engine_slots=st.integers(1, 6),
-       steps=st.lists(st.tuples(st.booleans(), st.binary(min_size=1, max_size=8)), max_size=60))
+@given(
+    engine_slots=st.integers(1, 6),
+    steps=st.lists(st.tuples(st.booleans(), st.binary(min_size=1, max_size=8)), max_size=60),
+)
 def test_no_two_requests_in_flight_hold_one_slot(engine_slots: int, steps: list[tuple[bool, bytes]]) -> None:
     r = replica(engine_slots)
     holding: list[int | None] = []
@@ -116,8 +120,11 @@ def test_no_two_requests_in_flight_hold_one_slot(engine_slots: int, steps: list[
 
 
 def _chat(number: int, **extra: Any) -> dict[str, Any]:
-    return {"model": "fake-model", "messages": [{"role": "system", "content": "Be brief."},
-                                                {"role": "user", "content": f"Question {number}"}], **extra}
+    return {
+        "model": "fake-model",
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"Question {number}"}],
+        **extra,
+    }
 
 
 async def test_prefix_routing_names_the_conversations_slot_in_the_body() -> None:
@@ -156,5 +163,6 @@ async def test_no_slot_is_named_without_prefix_routing_or_engine_slots() -> None
             assert (await gw.client.post("/v1/chat/completions", json=_chat(1))).status_code == 200
         async with running_gateway(endpoint("b", b.url), routing="prefix") as gw:
             assert (await gw.client.post("/v1/chat/completions", json=_chat(1))).status_code == 200
-        assert all("id_slot" not in r.json for e in (a, b) for r in e.observed.requests
-                   if r.path == "/v1/chat/completions")
+        assert all(
+            "id_slot" not in r.json for e in (a, b) for r in e.observed.requests if r.path == "/v1/chat/completions"
+        )

@@ -85,8 +85,10 @@ async def test_every_move_the_gateway_takes_is_in_the_table(monkeypatch: pytest.
             taken.add((before, self.state))
 
     monkeypatch.setattr(Exchange, "move", recorded)
-    async with run_fake_engine(FakeEngineBehavior(chunks=20, chunk_delay=0.01)) as engine, \
-            running_gateway(endpoint("r1", engine.url)) as gw:
+    async with (
+        run_fake_engine(FakeEngineBehavior(chunks=20, chunk_delay=0.01)) as engine,
+        running_gateway(endpoint("r1", engine.url)) as gw,
+    ):
         assert (await gw.client.post("/v1/chat/completions", json=chat_body())).status_code == 200
         assert (await gw.client.post("/v1/chat/completions", json=chat_body(stream=True))).status_code == 200
         assert (await gw.client.get("/nowhere")).status_code == 404
@@ -100,6 +102,9 @@ async def test_every_move_the_gateway_takes_is_in_the_table(monkeypatch: pytest.
     legal = {(state, to) for state, moves in EXCHANGE_LIFECYCLE.transitions.items() for to in moves}
     assert taken <= legal, taken - legal
     # The paths above took these at least.
-    assert {(ExchangeState.IDLE, ExchangeState.HEAD_SENT), (ExchangeState.HEAD_SENT, ExchangeState.COMPLETE),
-            (ExchangeState.HEAD_SENT, ExchangeState.STREAMING),
-            (ExchangeState.STREAMING, ExchangeState.COMPLETE)} <= taken
+    assert {
+        (ExchangeState.IDLE, ExchangeState.HEAD_SENT),
+        (ExchangeState.HEAD_SENT, ExchangeState.COMPLETE),
+        (ExchangeState.HEAD_SENT, ExchangeState.STREAMING),
+        (ExchangeState.STREAMING, ExchangeState.COMPLETE),
+    } <= taken

@@ -52,14 +52,22 @@ async def control_serving_files(root: Path, **agents: object) -> AsyncIterator[S
     (files / "models" / "m.gguf").write_bytes(DATA)
     if not (files / "node-releases").exists():
         assert fake_release(files / "node-releases", {WHEEL: DATA}, REQUIREMENTS) == RELEASE
-    config = validate(ControlConfig(
-        listen="127.0.0.1:0", admin_listen="127.0.0.1:0", data_dir=str(root / "control"), shutdown_grace=1.0,
-        agents=AgentsConfig(listen="127.0.0.1:0", files_dir=str(files), join_token_digests=[token_digest(TOKEN)],
-                            **agents)))  # type: ignore[arg-type]
+    config = validate(
+        ControlConfig(
+            listen="127.0.0.1:0",
+            admin_listen="127.0.0.1:0",
+            data_dir=str(root / "control"),
+            shutdown_grace=1.0,
+            agents=AgentsConfig(
+                listen="127.0.0.1:0", files_dir=str(files), join_token_digests=[token_digest(TOKEN)], **agents
+            ),
+        )
+    )  # type: ignore[arg-type]
     shutdown = trio.Event()
     async with trio.open_nursery() as nursery:
-        listening = await nursery.start(lambda task_status: run_control(config, shutdown=shutdown,
-                                                                        task_status=task_status))
+        listening = await nursery.start(
+            lambda task_status: run_control(config, shutdown=shutdown, task_status=task_status)
+        )
         yield Served(listening, files)
         shutdown.set()
 
@@ -102,20 +110,26 @@ def check_answer(response: httpx2.Response, header: str, data: bytes) -> None:
         assert match, (header, response.headers["content-range"])
         first, last, size = (int(g) for g in match.groups())
         assert size == len(data) and 0 <= first <= last < size, header
-        assert response.content == data[first:last + 1], header
+        assert response.content == data[first : last + 1], header
     else:
         assert response.headers["content-range"] == f"bytes */{len(data)}", header
         assert response.json()["error"]["code"] == "range_not_satisfiable"
 
 
 NUMBERS = st.integers(0, 1100) | st.integers(0, 10**45) | st.just(len(DATA)) | st.just(len(DATA) - 1)
-WELL_FORMED = (st.tuples(NUMBERS, NUMBERS).map(lambda p: f"bytes={p[0]}-{p[1]}")
-               | NUMBERS.map(lambda n: f"bytes={n}-") | NUMBERS.map(lambda n: f"bytes=-{n}"))
+WELL_FORMED = (
+    st.tuples(NUMBERS, NUMBERS).map(lambda p: f"bytes={p[0]}-{p[1]}")
+    | NUMBERS.map(lambda n: f"bytes={n}-")
+    | NUMBERS.map(lambda n: f"bytes=-{n}")
+)
 # (A header value cannot start or end with whitespace on the wire: h11 refuses to send one.)
-ANYTHING = (st.text(alphabet=st.sampled_from("bytes=0123456789-, ;BYTESitem\t"), max_size=40)
-            | st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=60)
-            | st.lists(WELL_FORMED.map(lambda h: h.removeprefix("bytes=")), min_size=2, max_size=4).map(
-                lambda specs: "bytes=" + ", ".join(specs))).map(lambda text: text.strip(" \t"))
+ANYTHING = (
+    st.text(alphabet=st.sampled_from("bytes=0123456789-, ;BYTESitem\t"), max_size=40)
+    | st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=60)
+    | st.lists(WELL_FORMED.map(lambda h: h.removeprefix("bytes=")), min_size=2, max_size=4).map(
+        lambda specs: "bytes=" + ", ".join(specs)
+    )
+).map(lambda text: text.strip(" \t"))
 
 
 @pytest.mark.slow  # left out of the quick tier: hypothesis over range headers, seconds per file
@@ -147,20 +161,23 @@ async def test_every_range_header_gets_the_file_a_range_or_416(served: Served, p
         assert (await trio.to_thread.run_sync(client.get, path)).content == DATA
 
 
-@pytest.mark.parametrize(("header", "status", "content_range"), [
-    ("bytes=0-" + "9" * 40, 206, f"bytes 0-{len(DATA) - 1}/{len(DATA)}"),
-    ("bytes=1000-" + "9" * 40, 206, f"bytes 1000-{len(DATA) - 1}/{len(DATA)}"),
-    ("bytes=" + "9" * 40 + "-", 416, f"bytes */{len(DATA)}"),
-    ("bytes=-" + "9" * 40, 206, f"bytes 0-{len(DATA) - 1}/{len(DATA)}"),
-    ("bytes=" + "9" * 5000 + "-" + "9" * 5001, 416, f"bytes */{len(DATA)}"),
-    ("bytes=5-2", 200, None),
-    ("bytes=0-1,3-4", 200, None),
-    ("items=0-1", 200, None),
-    ("bytes=", 200, None),
-    ("garbage", 200, None),
-    (f"bytes={len(DATA)}-", 416, f"bytes */{len(DATA)}"),
-    ("bytes=-0", 416, f"bytes */{len(DATA)}"),
-])
+@pytest.mark.parametrize(
+    ("header", "status", "content_range"),
+    [
+        ("bytes=0-" + "9" * 40, 206, f"bytes 0-{len(DATA) - 1}/{len(DATA)}"),
+        ("bytes=1000-" + "9" * 40, 206, f"bytes 1000-{len(DATA) - 1}/{len(DATA)}"),
+        ("bytes=" + "9" * 40 + "-", 416, f"bytes */{len(DATA)}"),
+        ("bytes=-" + "9" * 40, 206, f"bytes 0-{len(DATA) - 1}/{len(DATA)}"),
+        ("bytes=" + "9" * 5000 + "-" + "9" * 5001, 416, f"bytes */{len(DATA)}"),
+        ("bytes=5-2", 200, None),
+        ("bytes=0-1,3-4", 200, None),
+        ("items=0-1", 200, None),
+        ("bytes=", 200, None),
+        ("garbage", 200, None),
+        (f"bytes={len(DATA)}-", 416, f"bytes */{len(DATA)}"),
+        ("bytes=-0", 416, f"bytes */{len(DATA)}"),
+    ],
+)
 async def test_the_reported_ranges(served: Served, header: str, status: int, content_range: str | None) -> None:
     async with httpx2.AsyncClient(base_url=served.agent_url, auth=("n1", TOKEN)) as client:
         response = await client.get("/files/models/m.gguf", headers={"Range": header})
@@ -180,8 +197,10 @@ async def test_if_range_with_another_validator_gets_the_whole_file(served: Serve
 
 @pytest.mark.parametrize("listener", ["admin", "api"])
 async def test_the_dashboards_static_files_parse_ranges_the_same_way(served: Served, listener: str) -> None:
-    base, path = {"admin": (served.listening.admin_url, "/dashboard-static/dashboard.css"),
-                  "api": (served.listening.api_url, "/admin/dashboard-static/dashboard.css")}[listener]
+    base, path = {
+        "admin": (served.listening.admin_url, "/dashboard-static/dashboard.css"),
+        "api": (served.listening.api_url, "/admin/dashboard-static/dashboard.css"),
+    }[listener]
     async with httpx2.AsyncClient(base_url=base) as client:
         whole = await client.get(path)
         assert whole.status_code == 200, whole.text[:200]
@@ -210,13 +229,19 @@ async def test_a_link_out_of_its_directory_is_not_served(tmp_path: Path) -> None
     leak.unlink()
     leak.symlink_to(secret)
     async with control_serving_files(root) as served:
+
         def get(path: str) -> httpx2.Response:
             with node_client(served.agent_url) as client:
                 return client.get(path)
 
-        for path in ("/files/models/leak.gguf", "/files/models/up.gguf",
-                     "/files/engines/llama-b1-bin-ubuntu-x64.tar.gz", RELEASE_PAGE + "llmgw_node-9-py3-none-any.whl",
-                     "/files/models/..%2F..%2Fcontrol-secret", "/files/models/%2e%2e"):
+        for path in (
+            "/files/models/leak.gguf",
+            "/files/models/up.gguf",
+            "/files/engines/llama-b1-bin-ubuntu-x64.tar.gz",
+            RELEASE_PAGE + "llmgw_node-9-py3-none-any.whl",
+            "/files/models/..%2F..%2Fcontrol-secret",
+            "/files/models/%2e%2e",
+        ):
             response = await trio.to_thread.run_sync(get, path)
             assert response.status_code == 404, (path, response.status_code)
             assert b"cluster secret" not in response.content
@@ -242,12 +267,20 @@ async def test_a_kind_directory_may_itself_be_a_link_the_operator_made(tmp_path:
 # --------------------------------------------------------------------------- enrolled nodes only
 
 
-NODE_FILES = ["/files/models/m.gguf", RELEASE_PAGE, RELEASE_PAGE + WHEEL, "/releases/llama.cpp/b11312",
-              "/releases/llama.cpp/b11312.minisig"]
+NODE_FILES = [
+    "/files/models/m.gguf",
+    RELEASE_PAGE,
+    RELEASE_PAGE + WHEEL,
+    "/releases/llama.cpp/b11312",
+    "/releases/llama.cpp/b11312.minisig",
+]
 
 
-@pytest.mark.parametrize("auth", [None, ("n1", "wrong"), ("../..", TOKEN), ("n1", ""), ("", "")],
-                         ids=["none", "wrong token", "bad node id", "empty token", "empty"])
+@pytest.mark.parametrize(
+    "auth",
+    [None, ("n1", "wrong"), ("../..", TOKEN), ("n1", ""), ("", "")],
+    ids=["none", "wrong token", "bad node id", "empty token", "empty"],
+)
 async def test_files_are_for_enrolled_nodes_only(served: Served, auth: tuple[str, str] | None) -> None:
     async with httpx2.AsyncClient(base_url=served.agent_url, auth=auth) as client:
         for path in NODE_FILES:
@@ -256,8 +289,12 @@ async def test_files_are_for_enrolled_nodes_only(served: Served, auth: tuple[str
             assert response.json()["error"]["code"] == "node_credentials_required"
             assert response.headers["www-authenticate"].startswith("Basic")
         # No other spelling of a path gets past: the route decides, not the text.
-        for path in ("//files/models/m.gguf", "/files//models/m.gguf", "/files/models/./m.gguf",
-                     "/releases//llama.cpp/b11312"):
+        for path in (
+            "//files/models/m.gguf",
+            "/files//models/m.gguf",
+            "/files/models/./m.gguf",
+            "/releases//llama.cpp/b11312",
+        ):
             response = await client.get(path, follow_redirects=True)
             assert response.content != DATA and response.status_code in (401, 404), (path, response.status_code)
         # The onboarding script is for machines that are not nodes yet; health is for anyone.
@@ -311,10 +348,15 @@ async def test_a_generated_index_lists_the_cuda_runtimes_beside_the_builds(tmp_p
 
     engines = tmp_path / "engines"
     engines.mkdir()
-    names = ["llama-b11312-bin-ubuntu-cuda-12.8-x64.tar.gz", "cudart-llama-b11312-bin-ubuntu-cuda-12.8-x64.tar.gz",
-             "cudart-llama-b9999-bin-ubuntu-cuda-12.4-x64.tar.gz", "cudart-llama-bin-win-cuda-12.4-x64.zip",
-             "nvidia_cuda_runtime_cu12-12.8.90-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
-             "nvidia_cublas-13.10.0.20-py3-none-manylinux_2_27_x86_64.whl", "numpy-2.0.0-py3-none-any.whl"]
+    names = [
+        "llama-b11312-bin-ubuntu-cuda-12.8-x64.tar.gz",
+        "cudart-llama-b11312-bin-ubuntu-cuda-12.8-x64.tar.gz",
+        "cudart-llama-b9999-bin-ubuntu-cuda-12.4-x64.tar.gz",
+        "cudart-llama-bin-win-cuda-12.4-x64.zip",
+        "nvidia_cuda_runtime_cu12-12.8.90-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+        "nvidia_cublas-13.10.0.20-py3-none-manylinux_2_27_x86_64.whl",
+        "numpy-2.0.0-py3-none-any.whl",
+    ]
     for name in names:
         (engines / name).write_bytes(b"x")
     index = await FileServer(tmp_path, "http://control:8082").release("b11312")

@@ -60,8 +60,9 @@ async def test_body_is_forwarded_byte_for_byte_and_client_auth_is_replaced() -> 
     async with run_fake_engine(FakeEngineBehavior(api_key="engine-secret")) as engine:
         async with running_gateway(endpoint("e1", engine.url, api_key="engine-secret")) as gw:
             raw = b'{"model": "fake-model",  "messages": [{"role": "user", "content": "x"}], "seed": 7}'
-            response = await gw.client.post("/v1/chat/completions", content=raw,
-                                            headers={"authorization": "Bearer client-key"})
+            response = await gw.client.post(
+                "/v1/chat/completions", content=raw, headers={"authorization": "Bearer client-key"}
+            )
             assert response.status_code == 200
             seen = engine.observed.requests[-1]
             assert seen.headers["authorization"] == "Bearer engine-secret"
@@ -402,8 +403,13 @@ async def test_metrics_on_admin_and_metrics_only_listeners(fake_engine: FakeEngi
             assert base is not None
             async with httpx2.AsyncClient(base_url=base) as client:
                 text = (await client.get("/metrics")).text
-            for name in ("llmgw_requests_total", "llmgw_request_duration_seconds_bucket",
-                         "llmgw_overhead_seconds_bucket", "llmgw_requests_in_flight", "llmgw_tokens_total"):
+            for name in (
+                "llmgw_requests_total",
+                "llmgw_request_duration_seconds_bucket",
+                "llmgw_overhead_seconds_bucket",
+                "llmgw_requests_in_flight",
+                "llmgw_tokens_total",
+            ):
                 assert name in text
         # The client port does not expose metrics.
         assert (await gw.client.get("/metrics")).status_code == 404
@@ -453,8 +459,12 @@ class _InstantStream:
 
 
 def _stream_gateway(idle_timeout: float) -> Gateway:
-    return Gateway(ReplicaSet(), upstream=None,  # type: ignore[arg-type]
-                   metrics=GatewayMetrics(CollectorRegistry()), config=GatewayConfig(idle_timeout=idle_timeout))
+    return Gateway(
+        ReplicaSet(),
+        upstream=None,  # type: ignore[arg-type]
+        metrics=GatewayMetrics(CollectorRegistry()),
+        config=GatewayConfig(idle_timeout=idle_timeout),
+    )
 
 
 async def test_a_client_slower_than_the_engine_is_not_an_idle_engine(autojump_clock: trio.testing.MockClock) -> None:

@@ -45,8 +45,9 @@ async def test_a_middle_group_quota_holds_for_the_sum_of_two_daemons(fake_engine
         bodies: list[dict[str, object]] = []
 
         async def one(gw: RunningGateway, secret: str) -> None:
-            response = await gw.client.post("/v1/chat/completions", json=chat_body(max_tokens=4),
-                                            headers={"authorization": f"Bearer {secret}"})
+            response = await gw.client.post(
+                "/v1/chat/completions", json=chat_body(max_tokens=4), headers={"authorization": f"Bearer {secret}"}
+            )
             statuses[response.status_code] += 1
             if response.status_code == 429:
                 bodies.append(response.json())
@@ -75,8 +76,9 @@ async def test_a_middle_group_quota_holds_for_the_sum_of_two_daemons(fake_engine
         later = 0
         for gw, key in ((gw1, keys[0]), (gw2, keys[1])):
             for _ in range(limit + 1):
-                again = await gw.client.post("/v1/chat/completions", json=chat_body(),
-                                             headers={"authorization": f"Bearer {key.secret}"})
+                again = await gw.client.post(
+                    "/v1/chat/completions", json=chat_body(), headers={"authorization": f"Bearer {key.secret}"}
+                )
                 if again.status_code == 429:
                     break
                 assert again.status_code == 200
@@ -98,8 +100,9 @@ async def test_concurrency_on_a_shared_group_holds_across_daemons(fake_engine: F
         statuses: Counter[int] = Counter()
 
         async def hold(gw: RunningGateway) -> None:
-            async with gw.client.stream("POST", "/v1/chat/completions", json=chat_body(stream=True),
-                                        headers=auth) as response:
+            async with gw.client.stream(
+                "POST", "/v1/chat/completions", json=chat_body(stream=True), headers=auth
+            ) as response:
                 statuses[response.status_code] += 1
                 if response.status_code == 200:
                     # Hold the stream open: keep reading (the engine hangs after its first chunk).

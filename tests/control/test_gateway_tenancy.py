@@ -24,8 +24,9 @@ async def test_open_until_a_key_exists_then_every_request_needs_one(fake_engine:
         unknown = await gw.client.post("/v1/chat/completions", json=chat_body(model="secret-model"))
         assert unknown.status_code == 401
         assert (await gw.client.get("/v1/models")).status_code == 401
-        wrong = await gw.client.post("/v1/chat/completions", json=chat_body(),
-                                     headers={"authorization": "Bearer sk-llmgw-nope"})
+        wrong = await gw.client.post(
+            "/v1/chat/completions", json=chat_body(), headers={"authorization": "Bearer sk-llmgw-nope"}
+        )
         assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
         auth = {"authorization": f"Bearer {created.secret}"}
         assert (await gw.client.post("/v1/chat/completions", json=chat_body(), headers=auth)).status_code == 200
@@ -80,11 +81,17 @@ async def test_a_failed_request_gives_its_concurrency_slot_back(fake_engine: Fak
         fake_engine.behavior.status_before_body = None
         fake_engine.behavior.hang_mid_stream_after = 1
         async with trio.open_nursery() as nursery:
+
             async def hold() -> None:
-                async with httpx2.AsyncClient(base_url=gw.url) as client, client.stream(
-                        "POST", "/v1/chat/completions", json=chat_body(stream=True), headers=auth) as response:
+                async with (
+                    httpx2.AsyncClient(base_url=gw.url) as client,
+                    client.stream(
+                        "POST", "/v1/chat/completions", json=chat_body(stream=True), headers=auth
+                    ) as response,
+                ):
                     async for _ in response.aiter_bytes():
                         pass
+
             nursery.start_soon(hold)
             with trio.fail_after(5):
                 await fake_engine.observed.wait_in_flight(1)
@@ -129,10 +136,12 @@ async def test_three_levels_under_concurrent_load_hold_and_count_exactly(fake_en
         assert served + 6 <= 30  # the team's requests per minute, failures included
         assert served > 0 and statuses.count(429) == len(statuses) - served - 6
         assert fake_engine.observed.max_in_flight <= 4  # the project's concurrency
+
         # Each request settles just after its last byte is handed over: give the last ones a moment.
         # Totals are what was flushed to the store plus what is still pending in memory.
         async def settled() -> bool:
             return (await service.usage_totals(group_id=org.id, include_descendants=True)).requests >= served
+
         with trio.move_on_after(3):
             await wait_until(settled, timeout=4, interval=0.01)
         totals = await service.usage_totals(group_id=org.id, include_descendants=True)

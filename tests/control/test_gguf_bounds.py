@@ -40,9 +40,12 @@ def nested(depth: int) -> bytes:
     return b"".join(struct.pack("<IQ", ARRAY, 1) for _ in range(depth - 1)) + struct.pack("<IQ", U32, 0)
 
 
-GOOD = [u32("llama.block_count", 2), kv("general.architecture", STRING, s("llama")),
-        kv("tokenizer.ggml.tokens", ARRAY, struct.pack("<IQ", STRING, 3) + s("a") + s("bc") + s("")),
-        kv("tokenizer.ggml.scores", ARRAY, struct.pack("<IQ", 6, 2) + struct.pack("<ff", 0.5, 1.5))]
+GOOD = [
+    u32("llama.block_count", 2),
+    kv("general.architecture", STRING, s("llama")),
+    kv("tokenizer.ggml.tokens", ARRAY, struct.pack("<IQ", STRING, 3) + s("a") + s("bc") + s("")),
+    kv("tokenizer.ggml.scores", ARRAY, struct.pack("<IQ", 6, 2) + struct.pack("<ff", 0.5, 1.5)),
+]
 
 
 def test_a_plain_header_reads() -> None:
@@ -50,28 +53,42 @@ def test_a_plain_header_reads() -> None:
 
 
 def test_the_real_tiny_model_reads(tiny_model: Any) -> None:
-    metadata = read_metadata(tiny_model.read_bytes()[:gguf.MAX_HEADER_BYTES])
+    metadata = read_metadata(tiny_model.read_bytes()[: gguf.MAX_HEADER_BYTES])
     assert isinstance(metadata["general.architecture"], str)
 
 
-@pytest.mark.parametrize(("data", "field"), [
-    # The example: arrays nested 3,000 deep (a RecursionError before).
-    (header(kv("evil", ARRAY, nested(3000))), "metadata 'evil'"),
-    (header(kv("evil", ARRAY, nested(gguf.MAX_ARRAY_DEPTH + 1))), "metadata 'evil'"),
-    (header(kv_count=2**63), "metadata_kv_count"),
-    (header(kv_count=gguf.MAX_KV_COUNT + 1), "metadata_kv_count"),
-    (header(tensors=2**64 - 1), "tensor_count"),
-    (header(kv("evil", ARRAY, struct.pack("<IQ", STRING, 2**62))), "metadata 'evil' item count"),
-    (header(kv("evil", ARRAY, struct.pack("<IQ", U32, gguf.MAX_ARRAY_ITEMS + 1))), "metadata 'evil' item count"),
-    (header(kv("evil", STRING, struct.pack("<Q", 2**63))), "metadata 'evil' length"),
-    (header(kv("evil", ARRAY, struct.pack("<IQ", STRING, 1) + struct.pack("<Q", gguf.MAX_STRING_BYTES + 1))),
-     "metadata 'evil' length"),
-    (header(struct.pack("<Q", gguf.MAX_KEY_BYTES + 1)), "metadata[0].key length"),
-    (header(kv("evil", ARRAY, struct.pack("<IQ", ARRAY, gguf.MAX_NESTED_ARRAYS + 1)
-                + struct.pack("<IQ", U32, 0) * (gguf.MAX_NESTED_ARRAYS + 1))), "metadata 'evil'"),
-    # A key made to mess up a log line is quoted and cut.
-    (header(kv("\x1b[2J" + "k" * 100, ARRAY, nested(50))), "metadata '\\x1b[2J" + "k" * 60 + "...'"),
-])
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        # The example: arrays nested 3,000 deep (a RecursionError before).
+        (header(kv("evil", ARRAY, nested(3000))), "metadata 'evil'"),
+        (header(kv("evil", ARRAY, nested(gguf.MAX_ARRAY_DEPTH + 1))), "metadata 'evil'"),
+        (header(kv_count=2**63), "metadata_kv_count"),
+        (header(kv_count=gguf.MAX_KV_COUNT + 1), "metadata_kv_count"),
+        (header(tensors=2**64 - 1), "tensor_count"),
+        (header(kv("evil", ARRAY, struct.pack("<IQ", STRING, 2**62))), "metadata 'evil' item count"),
+        (header(kv("evil", ARRAY, struct.pack("<IQ", U32, gguf.MAX_ARRAY_ITEMS + 1))), "metadata 'evil' item count"),
+        (header(kv("evil", STRING, struct.pack("<Q", 2**63))), "metadata 'evil' length"),
+        (
+            header(kv("evil", ARRAY, struct.pack("<IQ", STRING, 1) + struct.pack("<Q", gguf.MAX_STRING_BYTES + 1))),
+            "metadata 'evil' length",
+        ),
+        (header(struct.pack("<Q", gguf.MAX_KEY_BYTES + 1)), "metadata[0].key length"),
+        (
+            header(
+                kv(
+                    "evil",
+                    ARRAY,
+                    struct.pack("<IQ", ARRAY, gguf.MAX_NESTED_ARRAYS + 1)
+                    + struct.pack("<IQ", U32, 0) * (gguf.MAX_NESTED_ARRAYS + 1),
+                )
+            ),
+            "metadata 'evil'",
+        ),
+        # A key made to mess up a log line is quoted and cut.
+        (header(kv("\x1b[2J" + "k" * 100, ARRAY, nested(50))), "metadata '\\x1b[2J" + "k" * 60 + "...'"),
+    ],
+)
 def test_a_hostile_header_is_refused_naming_the_field(data: bytes, field: str) -> None:
     with pytest.raises(HeaderRefused) as refused:
         read_metadata(data)
@@ -99,8 +116,18 @@ def test_every_truncation_of_a_good_header_is_truncated() -> None:
 
 
 # GGUF values of every type, nested, with counts and lengths that may lie.
-_scalar = st.sampled_from([(0, "<B", 7), (4, "<I", 2**31), (5, "<i", -3), (6, "<f", 1.5), (7, "<?", True),
-                           (10, "<Q", 2**63), (11, "<q", -(2**40)), (12, "<d", 0.25)])
+_scalar = st.sampled_from(
+    [
+        (0, "<B", 7),
+        (4, "<I", 2**31),
+        (5, "<i", -3),
+        (6, "<f", 1.5),
+        (7, "<?", True),
+        (10, "<Q", 2**63),
+        (11, "<q", -(2**40)),
+        (12, "<d", 0.25),
+    ]
+)
 
 
 @st.composite
@@ -130,9 +157,9 @@ def headers(draw: st.DrawFn) -> bytes:
     if edit == 1 and len(data) > 32:
         at = draw(st.integers(4, len(data) - 8))
         number = draw(st.sampled_from([2**64 - 1, 2**63, 2**32, 3000, 0]) | st.integers(0, 2**64 - 1))
-        data = data[:at] + struct.pack("<Q", number) + data[at + 8:]
+        data = data[:at] + struct.pack("<Q", number) + data[at + 8 :]
     elif edit == 2:
-        data = data[:draw(st.integers(0, len(data)))]
+        data = data[: draw(st.integers(0, len(data)))]
     return data
 
 

@@ -38,21 +38,30 @@ HELD_AT_MOST = 12.0
 @pytest.fixture
 def tiny_replicas(llama_server_binary: Path, tiny_model: Path) -> Iterator[dict[str, LlamaServer]]:
     with ExitStack() as stack:
-        yield {name: stack.enter_context(llama_server_process(llama_server_binary, tiny_model, alias="tiny"))
-               for name in ("r1", "r2")}
+        yield {
+            name: stack.enter_context(llama_server_process(llama_server_binary, tiny_model, alias="tiny"))
+            for name in ("r1", "r2")
+        }
 
 
 async def _one(client: httpx2.AsyncClient, n: int) -> tuple[float, str, str]:
     """One request (every other one a stream): its duration, replica and a problem ('' when none)."""
-    body: dict[str, Any] = {"model": "tiny", "max_tokens": 24, "temperature": 0,
-                            "messages": [{"role": "user", "content": f"Count to ten, please ({n})."}]}
+    body: dict[str, Any] = {
+        "model": "tiny",
+        "max_tokens": 24,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": f"Count to ten, please ({n})."}],
+    }
     started = time.monotonic()
     if n % 2:
         body["stream"] = True
         async with client.stream("POST", "/v1/chat/completions", json=body) as response:
             text = (await response.aread()).decode()
-        problem = "" if response.status_code == 200 and "[DONE]" in text and '"error"' not in text \
+        problem = (
+            ""
+            if response.status_code == 200 and "[DONE]" in text and '"error"' not in text
             else f"{response.status_code}: {text[-300:]}"
+        )
     else:
         response = await client.post("/v1/chat/completions", json=body)
         problem = "" if response.status_code == 200 else f"{response.status_code}: {response.text[:300]}"
@@ -87,8 +96,9 @@ async def test_a_stopped_engine_is_withdrawn_its_requests_moved_and_taken_back(
                 os.kill(victim.pid, signal.SIGSTOP)
                 stopped_at = time.monotonic()
                 with trio.move_on_after(STOPPED_FOR):
-                    await wait_until(lambda: gw.metric("llmgw_replica_hangs_total", {"replica": "r1"}) >= 1,
-                                     timeout=STOPPED_FOR + 1)
+                    await wait_until(
+                        lambda: gw.metric("llmgw_replica_hangs_total", {"replica": "r1"}) >= 1, timeout=STOPPED_FOR + 1
+                    )
                 withdrawn_at = time.monotonic()
         finally:
             os.kill(victim.pid, signal.SIGCONT)

@@ -29,10 +29,15 @@ async def test_a_silent_engine_is_withdrawn_and_its_waiting_requests_moved(nurse
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     port = listeners[0].socket.getsockname()[1]
     nursery.start_soon(partial(trio.serve_listeners, _silent, listeners))
-    async with run_fake_engine() as good, running_gateway(
-        endpoint("hung", f"http://127.0.0.1:{port}", slots=4), endpoint("good", good.url, slots=4),
-        routing="least-loaded", **FAST,
-    ) as gw:
+    async with (
+        run_fake_engine() as good,
+        running_gateway(
+            endpoint("hung", f"http://127.0.0.1:{port}", slots=4),
+            endpoint("good", good.url, slots=4),
+            routing="least-loaded",
+            **FAST,
+        ) as gw,
+    ):
         answers: list[tuple[int, str]] = []
 
         async def ask(stream: bool) -> None:
@@ -57,9 +62,13 @@ async def test_a_silent_engine_is_withdrawn_and_its_waiting_requests_moved(nurse
 @pytest.mark.slow
 async def test_an_engine_slow_to_its_first_token_is_never_withdrawn() -> None:
     # Five times the silence that makes it suspect: /health answers every time, so it is slow, not hung.
-    async with run_fake_engine(FakeEngineBehavior(first_byte_delay=1.5)) as slow, running_gateway(
-        endpoint("slow", slow.url), **FAST,
-    ) as gw:
+    async with (
+        run_fake_engine(FakeEngineBehavior(first_byte_delay=1.5)) as slow,
+        running_gateway(
+            endpoint("slow", slow.url),
+            **FAST,
+        ) as gw,
+    ):
         answers = {}
 
         async def ask(stream: bool) -> None:

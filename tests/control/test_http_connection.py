@@ -51,8 +51,13 @@ async def _answer_json(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await send({"type": "http.response.body", "body": b""})
         return
     body = b'{"ok": true}'
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -60,8 +65,9 @@ async def _answer_json(scope: dict[str, Any], receive: Any, send: Any) -> None:
 async def serving(app: App = _answer_json, **options: Any) -> AsyncIterator[tuple[int, trio.Event]]:
     shutdown = trio.Event()
     async with trio.open_nursery() as nursery:
-        url = await nursery.start(partial(serve_asgi, app, "127.0.0.1:0", shutdown=shutdown, grace=5, name="test",
-                                          **options))
+        url = await nursery.start(
+            partial(serve_asgi, app, "127.0.0.1:0", shutdown=shutdown, grace=5, name="test", **options)
+        )
         yield int(url.rsplit(":", 1)[1]), shutdown
         shutdown.set()
 
@@ -91,9 +97,14 @@ async def _read_response(sock: trio.socket.SocketType, conn: h11.Connection) -> 
 
 
 def _encode(conn: h11.Connection, path: str) -> bytes:
-    return b"".join(conn.send(event) for event in (
-        h11.Request(method="POST", target=path, headers=[("host", "t"), ("content-length", "2")]),
-        h11.Data(data=b"{}"), h11.EndOfMessage()))
+    return b"".join(
+        conn.send(event)
+        for event in (
+            h11.Request(method="POST", target=path, headers=[("host", "t"), ("content-length", "2")]),
+            h11.Data(data=b"{}"),
+            h11.EndOfMessage(),
+        )
+    )
 
 
 async def _request(sock: trio.socket.SocketType, conn: h11.Connection, path: str = "/v1/x") -> tuple[int, bytes]:
@@ -282,8 +293,10 @@ async def test_http2_with_prior_knowledge_is_refused_with_http_1_1_required() ->
 async def test_an_h2c_upgrade_is_ignored_and_answered_in_http_1_1() -> None:
     async with serving() as (port, _):
         sock = await _connect(port)
-        await sock.send(b"GET /v1/x HTTP/1.1\r\nhost: t\r\nconnection: Upgrade, HTTP2-Settings\r\n"
-                        b"upgrade: h2c\r\nhttp2-settings: AAMAAABkAAQAoAAAAAIAAAAA\r\n\r\n")
+        await sock.send(
+            b"GET /v1/x HTTP/1.1\r\nhost: t\r\nconnection: Upgrade, HTTP2-Settings\r\n"
+            b"upgrade: h2c\r\nhttp2-settings: AAMAAABkAAQAoAAAAAIAAAAA\r\n\r\n"
+        )
         conn = h11.Connection(h11.CLIENT)
         conn.send(h11.Request(method="GET", target="/v1/x", headers=[("host", "t")]))
         conn.send(h11.EndOfMessage())
@@ -309,7 +322,6 @@ async def test_websockets_still_work() -> None:
             await ws.send_message(word)
             with trio.fail_after(5):
                 assert await ws.get_message() == word.upper()
-
 
 
 async def test_the_apps_inbox_is_bounded_and_hands_messages_over_in_order() -> None:
@@ -373,8 +385,10 @@ async def test_an_h2c_upgrade_with_malformed_settings_ends_no_listener() -> None
     async with serving() as (port, _):
         for settings in (b"A", b"!!!!", b"AAAA" * 5000, b"", b"\xff\xfe"):
             sock = await _connect(port)
-            await sock.send(b"GET /v1/x HTTP/1.1\r\nhost: t\r\nconnection: Upgrade, HTTP2-Settings\r\n"
-                            b"upgrade: h2c\r\nhttp2-settings: " + settings + b"\r\n\r\n")
+            await sock.send(
+                b"GET /v1/x HTTP/1.1\r\nhost: t\r\nconnection: Upgrade, HTTP2-Settings\r\n"
+                b"upgrade: h2c\r\nhttp2-settings: " + settings + b"\r\n\r\n"
+            )
             with trio.fail_after(5):
                 received = await sock.recv(65536)
             assert not received.startswith(b"HTTP/1.1 101"), received
@@ -385,7 +399,8 @@ async def test_an_h2c_upgrade_with_malformed_settings_ends_no_listener() -> None
 
 
 async def test_whatever_one_connection_raises_is_logged_once_and_ends_it_alone(
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     # Fault injection: hypercorn itself fails while finishing a request's answer, outside the app
     # (as h2 did on a malformed HTTP2-Settings), on the one request that asks for it.
     from hypercorn.protocol.http_stream import HTTPStream
@@ -416,8 +431,11 @@ async def test_whatever_one_connection_raises_is_logged_once_and_ends_it_alone(
         sock = await _connect(port)
         assert await _request(sock, h11.Connection(h11.CLIENT)) == (200, b'{"ok": true}')
         sock.close()
-    failures = [r for r in caplog.records if "hypercorn broke" in r.getMessage()
-                or (r.exc_info and "hypercorn broke" in str(r.exc_info[1]))]
+    failures = [
+        r
+        for r in caplog.records
+        if "hypercorn broke" in r.getMessage() or (r.exc_info and "hypercorn broke" in str(r.exc_info[1]))
+    ]
     assert len(failures) == 1, [r.getMessage() for r in failures]
     assert getattr(failures[0], "request_id", None) == "req-42"
 
@@ -482,7 +500,7 @@ async def test_a_body_that_stalls_gets_408_and_the_app_learns_the_client_is_gone
 
     async with serving(reading, limits=_limits(body_timeout=0.3)) as (port, _):
         sock = await _connect(port)
-        await sock.send(b"POST /v1/x HTTP/1.1\r\nhost: t\r\ncontent-length: 100\r\n\r\n{\"half\":")
+        await sock.send(b'POST /v1/x HTTP/1.1\r\nhost: t\r\ncontent-length: 100\r\n\r\n{"half":')
         with trio.fail_after(10):
             received = await _read_all(sock)
         assert received.startswith(b"HTTP/1.1 408 ") and b"connection: close" in received
@@ -519,7 +537,7 @@ async def test_a_body_that_arrives_at_a_fair_rate_is_not_cut() -> None:
         body = b"x" * 60_000
         await sock.send(b"POST /v1/x HTTP/1.1\r\nhost: t\r\ncontent-length: %d\r\n\r\n" % len(body))
         for start in range(0, len(body), 10_000):  # 10 kB every 0.1 s: 100 kB/s, twice the minimum
-            await sock.send(body[start:start + 10_000])
+            await sock.send(body[start : start + 10_000])
             await trio.sleep(0.1)  # the pace of the body is the behaviour under test, not a wait
         conn = h11.Connection(h11.CLIENT)
         conn.send(h11.Request(method="POST", target="/v1/x", headers=[("host", "t"), ("content-length", "60000")]))
@@ -538,6 +556,7 @@ async def _stream_forever(scope: dict[str, Any], receive: Any, send: Any, *, gon
         pass
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
     async with trio.open_nursery() as nursery:
+
         async def watch() -> None:
             # As every ASGI app should (the gateway does): the disconnect says the client is gone.
             while (await receive())["type"] != "http.disconnect":
@@ -567,7 +586,8 @@ async def test_a_client_that_stops_reading_loses_its_connection_after_the_write_
 
 
 async def test_a_write_to_a_client_that_stopped_reading_does_not_outlive_the_shutdown_grace(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     gone: list[float] = []
     writing: list[bytes] = []  # server writes begun and not yet finished
     original = trio.SocketStream.send_all
@@ -582,9 +602,17 @@ async def test_a_write_to_a_client_that_stopped_reading_does_not_outlive_the_shu
     sock = _small_receive_buffer()
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
-            url = await nursery.start(partial(
-                serve_asgi, partial(_stream_forever, gone=gone), "127.0.0.1:0", shutdown=shutdown, grace=0.3,
-                name="test", limits=_limits(write_timeout=3600)))
+            url = await nursery.start(
+                partial(
+                    serve_asgi,
+                    partial(_stream_forever, gone=gone),
+                    "127.0.0.1:0",
+                    shutdown=shutdown,
+                    grace=0.3,
+                    name="test",
+                    limits=_limits(write_timeout=3600),
+                )
+            )
             await sock.connect(("127.0.0.1", int(url.rsplit(":", 1)[1])))
             await sock.send(b"GET /v1/x HTTP/1.1\r\nhost: t\r\n\r\n")
             # Stuck: a write has begun and, with every other task idle, waits for room that never comes.
@@ -612,6 +640,7 @@ async def test_connections_beyond_the_limit_are_answered_503_and_closed() -> Non
         assert b"retry-after: 1" in received and b'"too_many_connections"' in received
         extra.close()
         held.pop().close()
+
         async def served() -> bool:  # the closed one is counted out as soon as the server sees it go
             sock = await _connect(port)
             try:
@@ -619,6 +648,7 @@ async def test_connections_beyond_the_limit_are_answered_503_and_closed() -> Non
                 return (await sock.recv(65536)).startswith(b"HTTP/1.1 200 ")
             finally:
                 sock.close()
+
         await wait_until(served, timeout=5)
         for sock in held:
             sock.close()
@@ -633,8 +663,7 @@ async def _refuse_on_head(scope: dict[str, Any], receive: Any, send: Any) -> Non
         return
     if scope["path"] == "/refuse":
         body = b'{"error": "no key"}'
-        await send({"type": "http.response.start", "status": 401,
-                    "headers": [(b"content-length", b"%d" % len(body))]})
+        await send({"type": "http.response.start", "status": 401, "headers": [(b"content-length", b"%d" % len(body))]})
         await send({"type": "http.response.body", "body": body})
         return
     await _answer_json(scope, receive, send)
@@ -686,8 +715,7 @@ async def test_an_early_answer_to_a_large_body_says_close_and_reaches_a_client_s
         sock.close()
 
 
-async def test_two_answers_that_cross_close_the_connection_without_an_error(
-        caplog: pytest.LogCaptureFixture) -> None:
+async def test_two_answers_that_cross_close_the_connection_without_an_error(caplog: pytest.LogCaptureFixture) -> None:
     # Found by test_listener_fuzz: WebSocket frames sent with the handshake make hypercorn answer
     # 400 itself while the app refuses the handshake too; the two answers crossed in h11
     # (LocalProtocolError "Can't send data when our state is ERROR").
@@ -700,9 +728,11 @@ async def test_two_answers_that_cross_close_the_connection_without_an_error(
     async with serving(refusing) as (port, _):
         for _ in range(5):
             sock = await _connect(port)
-            await sock.send(b"GET /ws HTTP/1.1\r\nhost: t\r\nconnection: Upgrade\r\nupgrade: websocket\r\n"
-                            b"sec-websocket-key: MDEyMzQ1Njc4OWFiY2RlZg==\r\nsec-websocket-version: 13\r\n\r\n"
-                            b"\x81\x85\x01\x02\x03\x04hello")
+            await sock.send(
+                b"GET /ws HTTP/1.1\r\nhost: t\r\nconnection: Upgrade\r\nupgrade: websocket\r\n"
+                b"sec-websocket-key: MDEyMzQ1Njc4OWFiY2RlZg==\r\nsec-websocket-version: 13\r\n\r\n"
+                b"\x81\x85\x01\x02\x03\x04hello"
+            )
             received = b""
             with trio.fail_after(5):  # the refusal, then the end of the connection
                 while chunk := await sock.recv(65536):

@@ -31,8 +31,18 @@ def test_the_pinned_release() -> None:
 
 def test_the_protocol_class_is_built_as_the_loop_builds_it() -> None:
     params = list(inspect.signature(H11Protocol.__init__).parameters)
-    assert params == ["self", "app", "config", "context", "task_group", "connection_state", "ssl", "client",
-                      "server", "send"]
+    assert params == [
+        "self",
+        "app",
+        "config",
+        "context",
+        "task_group",
+        "connection_state",
+        "ssl",
+        "client",
+        "server",
+        "send",
+    ]
     # The override points the loop replaces.
     for name in ("_check_protocol", "_handle_events", "_send_h11_event", "handle", "stream_send"):
         assert inspect.iscoroutinefunction(getattr(H11Protocol, name)), name
@@ -71,8 +81,9 @@ class _Tasks:
         self.nursery.start_soon(func, *args)
 
 
-async def _drive(data: bytes, protocol_class: type[H11Protocol] = Http11Protocol,
-                 connection: type[h11.Connection] | None = None) -> tuple[list[Any], _Tasks, H11Protocol]:
+async def _drive(
+    data: bytes, protocol_class: type[H11Protocol] = Http11Protocol, connection: type[h11.Connection] | None = None
+) -> tuple[list[Any], _Tasks, H11Protocol]:
     events: list[Any] = []
 
     async def send(event: Any) -> None:
@@ -81,8 +92,17 @@ async def _drive(data: bytes, protocol_class: type[H11Protocol] = Http11Protocol
     config = Config()
     async with trio.open_nursery() as nursery:
         tasks = _Tasks(nursery)
-        protocol = protocol_class(None, config, WorkerContext(None), tasks, ConnectionState({}), False,
-                                  ("127.0.0.1", 1), ("127.0.0.1", 2), send)
+        protocol = protocol_class(
+            None,
+            config,
+            WorkerContext(None),
+            tasks,
+            ConnectionState({}),
+            False,
+            ("127.0.0.1", 1),
+            ("127.0.0.1", 2),
+            send,
+        )
         if connection is not None:
             protocol.connection = connection(h11.SERVER)
         await protocol.handle(RawData(data))
@@ -120,8 +140,10 @@ async def test_100_continue_is_sent_by_hypercorn_exactly_when_h11_says_the_clien
 
 
 async def test_h2c_is_hypercorns_upgrade_and_our_override_declines_it() -> None:
-    head = (b"GET /x HTTP/1.1\r\nhost: t\r\nconnection: Upgrade, HTTP2-Settings\r\nupgrade: h2c\r\n"
-            b"http2-settings: AAMAAABkAAQAoAAAAAIAAAAA\r\n\r\n")
+    head = (
+        b"GET /x HTTP/1.1\r\nhost: t\r\nconnection: Upgrade, HTTP2-Settings\r\nupgrade: h2c\r\n"
+        b"http2-settings: AAMAAABkAAQAoAAAAAIAAAAA\r\n\r\n"
+    )
     with pytest.RaisesGroup(H2CProtocolRequiredError, allow_unwrapped=True, flatten_subgroups=True):
         await _drive(head, H11Protocol)
     events, _, _ = await _drive(head)
@@ -136,8 +158,10 @@ async def test_the_http2_preface_reaches_our_check() -> None:
 
 async def test_a_websocket_upgrade_replaces_the_h11_connection() -> None:
     # The loop tells HTTP from WebSocket by the type of protocol.connection.
-    _, _, protocol = await _drive(b"GET /ws HTTP/1.1\r\nhost: t\r\nconnection: Upgrade\r\nupgrade: websocket\r\n"
-                                  b"sec-websocket-key: MDEyMzQ1Njc4OWFiY2RlZg==\r\nsec-websocket-version: 13\r\n\r\n")
+    _, _, protocol = await _drive(
+        b"GET /ws HTTP/1.1\r\nhost: t\r\nconnection: Upgrade\r\nupgrade: websocket\r\n"
+        b"sec-websocket-key: MDEyMzQ1Njc4OWFiY2RlZg==\r\nsec-websocket-version: 13\r\n\r\n"
+    )
     assert isinstance(protocol.connection, H11WSConnection)
 
 

@@ -59,7 +59,7 @@ def test_every_option_appears_with_its_help_and_default() -> None:
 def test_the_examples_uncommented_are_valid_config(tmp_path: Path) -> None:
     text = uncomment_examples(render_config())
     # Models need an agent listener to run on; with one, the examples validate as a whole.
-    text = text.replace('[agents]\n', '[agents]\nlisten = "127.0.0.1:0"\n', 1).replace('\nlisten = ""\n', "\n", 1)
+    text = text.replace("[agents]\n", '[agents]\nlisten = "127.0.0.1:0"\n', 1).replace('\nlisten = ""\n', "\n", 1)
     path = tmp_path / "examples.toml"
     path.write_text(text)
     config = load_config(path)
@@ -68,8 +68,12 @@ def test_the_examples_uncommented_are_valid_config(tmp_path: Path) -> None:
 
 
 def test_a_config_with_every_section_filled_round_trips(tmp_path: Path) -> None:
-    config = attrs.evolve(ControlConfig(), models=EXAMPLES["models"], endpoints=EXAMPLES["endpoints"],
-                          agents=attrs.evolve(ControlConfig().agents, listen="0.0.0.0:8443"))
+    config = attrs.evolve(
+        ControlConfig(),
+        models=EXAMPLES["models"],
+        endpoints=EXAMPLES["endpoints"],
+        agents=attrs.evolve(ControlConfig().agents, listen="0.0.0.0:8443"),
+    )
     path = tmp_path / "filled.toml"
     path.write_text(render_config(config))
     assert EXAMPLE_BEGIN not in path.read_text()
@@ -95,9 +99,21 @@ def test_an_address_in_use_is_one_line_not_a_traceback(tmp_path: Path) -> None:
         taken.listen()
         port = taken.getsockname()[1]
         result = subprocess.run(
-            [str(Path(sys.executable).parent / "llmgw-control"), "run", "--listen", f"127.0.0.1:{port}",
-             "--admin-listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "data")],
-            capture_output=True, text=True, timeout=60, check=False)
+            [
+                str(Path(sys.executable).parent / "llmgw-control"),
+                "run",
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--admin-listen",
+                "127.0.0.1:0",
+                "--data-dir",
+                str(tmp_path / "data"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
     assert result.returncode == 1
     assert "llmgw-control: cannot start: " in result.stderr
     assert "Traceback" not in result.stderr

@@ -24,9 +24,15 @@ def test_it_makes_a_token_and_the_digest_the_config_takes() -> None:
     assert digest == token_digest(token)
     validate(ControlConfig(agents=AgentsConfig(join_token_digests=[digest])))
     # The digest of an existing token, read from standard input (never argv).
-    again = subprocess.run([str(BIN / "llmgw-control"), "join-token", "--digest"], input=token + "\n",
-                           capture_output=True, text=True, check=True).stdout.strip()
+    again = subprocess.run(
+        [str(BIN / "llmgw-control"), "join-token", "--digest"],
+        input=token + "\n",
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert again == digest
-    empty = subprocess.run([str(BIN / "llmgw-control"), "join-token", "--digest"], input="", capture_output=True,
-                           text=True, check=False)
+    empty = subprocess.run(
+        [str(BIN / "llmgw-control"), "join-token", "--digest"], input="", capture_output=True, text=True, check=False
+    )
     assert empty.returncode == 2 and "no token" in empty.stderr

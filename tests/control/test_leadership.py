@@ -80,20 +80,34 @@ class MemoryHolders:
 
 
 def make_daemon(row: LeaseRow, name: str, *, settle: float = SETTLE, memory: MemoryHolders | None = None) -> Daemon:
-    profile = ProfileConfig(name="cpu", weights=WeightsConfig("http://files/m.gguf", "a" * 64, 1000),
-                            min_replicas=1, context=512, parallel=2)
+    profile = ProfileConfig(
+        name="cpu",
+        weights=WeightsConfig("http://files/m.gguf", "a" * 64, 1000),
+        min_replicas=1,
+        context=512,
+        parallel=2,
+    )
     catalog = Catalog([ModelConfig("m", [profile])], [EngineConfig()])
     inventory, replicas = Inventory(), ReplicaSet()
     # Heartbeats far apart: the scripted nodes stay quiet, and fake time must not call them dead.
     config = AgentsConfig(listen="x:1", heartbeat_interval=100, unreachable_after=1000, lost_after=2000)
     events = NodeEvents()
-    agents = AgentService(inventory, config=config, token_digests={token_digest(JOIN_TOKEN)}, engines=list,
-                          events=events)
-    reconciler = Reconciler(catalog, inventory, Liveness(1000, 2000), agents, replicas, secret=b"s" * 32,
-                            claims={"m:cpu": Claim(1000)}, config=ReconcilerConfig(interval=0.2), events=events)
+    agents = AgentService(
+        inventory, config=config, token_digests={token_digest(JOIN_TOKEN)}, engines=list, events=events
+    )
+    reconciler = Reconciler(
+        catalog,
+        inventory,
+        Liveness(1000, 2000),
+        agents,
+        replicas,
+        secret=b"s" * 32,
+        claims={"m:cpu": Claim(1000)},
+        config=ReconcilerConfig(interval=0.2),
+        events=events,
+    )
     lease = MemoryLease(row)
-    keeper = LeaseKeeper(lease, holder=f"{name}:1:abcd", address=f"ws://{name}/agent/v1", ttl=TTL,
-                         renew_interval=RENEW)
+    keeper = LeaseKeeper(lease, holder=f"{name}:1:abcd", address=f"ws://{name}/agent/v1", ttl=TTL, renew_interval=RENEW)
     leadership = Leadership(keeper, agents, reconciler, inventory, settle=settle, memory=memory)
     return Daemon(name, lease, leadership, agents, reconciler, replicas)
 
@@ -137,12 +151,21 @@ class FakeSocket:
 
 def hello(node_id: str, replicas: list[ReplicaState] | None = None) -> str:
     facts = attrs.evolve(unprobed(), probed=True, hostname=node_id, ram_total_mib=16000)
-    return encode(Hello(PROTOCOL_VERSION, node_id, JOIN_TOKEN, facts, [EngineState("llama.cpp", "b11312", "installed")],
-                        replicas or []))
+    return encode(
+        Hello(
+            PROTOCOL_VERSION,
+            node_id,
+            JOIN_TOKEN,
+            facts,
+            [EngineState("llama.cpp", "b11312", "installed")],
+            replicas or [],
+        )
+    )
 
 
-async def connect(nursery: trio.Nursery, daemon: Daemon, node_id: str,
-                  replicas: list[ReplicaState] | None = None) -> FakeSocket:
+async def connect(
+    nursery: trio.Nursery, daemon: Daemon, node_id: str, replicas: list[ReplicaState] | None = None
+) -> FakeSocket:
     socket = FakeSocket()
     nursery.start_soon(daemon.agents.serve, socket, "10.0.0.9")
     await socket.to_control.send(hello(node_id, replicas))
@@ -170,8 +193,11 @@ async def test_a_takeover_moves_nodes_adopts_engines_and_fences_commands(autojum
 
         # The standby sends nodes to the leader and places nothing.
         refused = await (await connect(nursery, b, "n1")).frame()
-        assert refused == {"type": "refuse", "reason": "standby, leader is ws://a/agent/v1",
-                           "leader": "ws://a/agent/v1"}
+        assert refused == {
+            "type": "refuse",
+            "reason": "standby, leader is ws://a/agent/v1",
+            "leader": "ws://a/agent/v1",
+        }
 
         # The leader welcomes the node; its commands carry the lease epoch.
         node = await connect(nursery, a, "n1")
@@ -400,8 +426,10 @@ async def test_daemons_sharing_postgresql_agree_on_secrets(pg_server: PostgresSe
         got: dict[str, bytes] = {}
         async with trio.open_nursery() as nursery:
             for name, store, data in (("one", stores[0], one), ("two", stores[1], two)):
+
                 async def get(name: str = name, store: Any = store, data: Path = data) -> None:
                     got[name] = await cluster_secret(store, "shard-api-keys", data / "control.secret")
+
                 nursery.start_soon(get)
         assert got["one"] == got["two"] and got["one"] in (bytes.fromhex("cd" * 32), bytes.fromhex("ef" * 32))
         # Without any file both still agree, on a fresh random value, and no file is written.

@@ -71,36 +71,62 @@ class Dispatcher:
 
 
 def node_record(node_id: str, now: float) -> NodeRecord:
-    node = NodeRecord(node_id, f"10.0.0.{node_id[1]}", attrs.evolve(unprobed(), probed=True, ram_total_mib=16000),
-                      last_seen=now, connected_since=now)
+    node = NodeRecord(
+        node_id,
+        f"10.0.0.{node_id[1]}",
+        attrs.evolve(unprobed(), probed=True, ram_total_mib=16000),
+        last_seen=now,
+        connected_since=now,
+    )
     node.update_engines([EngineState("llama.cpp", "b11312", "installed")])
     return node
 
 
 statuses = st.sampled_from(get_args(WireReplicaStatus))
-events = st.lists(st.one_of(
-    # A node reports a status for one of the replicas control started (by index), or for any id.
-    st.tuples(st.just("report"), st.sampled_from(NODES), st.integers(0, 7), statuses, st.integers(0, 70000)),
-    st.tuples(st.just("hello"), st.sampled_from(NODES), st.lists(st.tuples(st.integers(0, 7), statuses), max_size=4)),
-    st.tuples(st.just("silence"), st.sampled_from(NODES)),
-    st.tuples(st.just("refused"), st.integers(0, 7)),
-    st.tuples(st.just("unsent"), st.integers(0, 7)),
-    st.tuples(st.just("drain"),),
-    st.tuples(st.just("time"), st.floats(0, 120)),
-), max_size=40)
+events = st.lists(
+    st.one_of(
+        # A node reports a status for one of the replicas control started (by index), or for any id.
+        st.tuples(st.just("report"), st.sampled_from(NODES), st.integers(0, 7), statuses, st.integers(0, 70000)),
+        st.tuples(
+            st.just("hello"), st.sampled_from(NODES), st.lists(st.tuples(st.integers(0, 7), statuses), max_size=4)
+        ),
+        st.tuples(st.just("silence"), st.sampled_from(NODES)),
+        st.tuples(st.just("refused"), st.integers(0, 7)),
+        st.tuples(st.just("unsent"), st.integers(0, 7)),
+        st.tuples(
+            st.just("drain"),
+        ),
+        st.tuples(st.just("time"), st.floats(0, 120)),
+    ),
+    max_size=40,
+)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(events)
 def test_no_sequence_of_reports_crashes_the_reconciler_or_breaks_the_table(script: list[tuple]) -> None:  # type: ignore[type-arg]
-    profile = ProfileConfig(name="cpu", weights=WeightsConfig("http://files/m.gguf", SHA, 1000), min_replicas=2,
-                            max_replicas=3, context=512, parallel=2)
+    profile = ProfileConfig(
+        name="cpu",
+        weights=WeightsConfig("http://files/m.gguf", SHA, 1000),
+        min_replicas=2,
+        max_replicas=3,
+        context=512,
+        parallel=2,
+    )
     catalog = Catalog([ModelConfig("m", [profile])], [EngineConfig()])
     now = [1000.0]
     inventory, replicas, dispatcher = Inventory(), ReplicaSet(), Dispatcher()
-    reconciler = Reconciler(catalog, inventory, Liveness(15, 60), dispatcher, replicas, secret=b"s" * 32,
-                            claims={"m:cpu": Claim(1000)}, config=ReconcilerConfig(reschedule_burst=1),
-                            clock=lambda: now[0])
+    reconciler = Reconciler(
+        catalog,
+        inventory,
+        Liveness(15, 60),
+        dispatcher,
+        replicas,
+        secret=b"s" * 32,
+        claims={"m:cpu": Claim(1000)},
+        config=ReconcilerConfig(reschedule_burst=1),
+        clock=lambda: now[0],
+    )
     for node_id in NODES:
         inventory.put(node_record(node_id, now[0]))
     seen: dict[str, ReplicaStatus] = {}
@@ -119,7 +145,10 @@ def test_no_sequence_of_reports_crashes_the_reconciler_or_breaks_the_table(scrip
         for sid, record in reconciler.records.items():
             before = seen.get(sid)
             assert before is None or before == record.status or lifecycle.allowed(before, record.status), (
-                sid, before, record.status)
+                sid,
+                before,
+                record.status,
+            )
             seen[sid] = record.status
             published = replicas.get(sid)
             if published is not None:

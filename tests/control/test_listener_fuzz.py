@@ -27,10 +27,32 @@ pytestmark = pytest.mark.system
 
 LISTENERS = ("api", "admin", "metrics", "agents")
 PATHS = {
-    "api": ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/v1/models/fake",
-            "/healthz", "/admin", "/admin/login", "/admin/logout", "/admin/api/v1/keys", "/admin/dashboard/x", "/"],
-    "admin": ["/api/v1/groups", "/api/v1/keys", "/api/v1/models", "/api/v1/nodes", "/api/v1/openapi.json",
-              "/metrics", "/healthz", "/", "/login", "/usage"],
+    "api": [
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/embeddings",
+        "/v1/models",
+        "/v1/models/fake",
+        "/healthz",
+        "/admin",
+        "/admin/login",
+        "/admin/logout",
+        "/admin/api/v1/keys",
+        "/admin/dashboard/x",
+        "/",
+    ],
+    "admin": [
+        "/api/v1/groups",
+        "/api/v1/keys",
+        "/api/v1/models",
+        "/api/v1/nodes",
+        "/api/v1/openapi.json",
+        "/metrics",
+        "/healthz",
+        "/",
+        "/login",
+        "/usage",
+    ],
     "metrics": ["/metrics", "/", "/healthz"],
     "agents": ["/agent/v1", "/healthz", "/files/engines/x.tar.gz", "/releases/llama.cpp/b1", "/install.sh", "/"],
 }
@@ -90,33 +112,51 @@ def _header_strategy() -> st.SearchStrategy[tuple[bytes, bytes]]:
 def http11(draw: st.DrawFn, listener: str) -> bytes:
     methods = [b"GET", b"POST", b"PUT", b"DELETE", b"HEAD", b"OPTIONS", b"PATCH", b"PRI", b"G\x00T"]
     method = draw(st.sampled_from(methods) | _TOKEN.map(_encode))
-    target = draw(st.sampled_from(PATHS[listener]).map(_encode) | _TOKEN.map(_encode)
-                  | st.sampled_from([b"*", b"/%00", b"/%ff%fe", b"//..//..", b"/" + b"a" * 9000]))
+    target = draw(
+        st.sampled_from(PATHS[listener]).map(_encode)
+        | _TOKEN.map(_encode)
+        | st.sampled_from([b"*", b"/%00", b"/%ff%fe", b"//..//..", b"/" + b"a" * 9000])
+    )
     query = draw(st.sampled_from([b"", b"?since=9999-12-31T23:59:59-14:00", b"?x=%ff", b"?" + b"&" * 100]))
     version = draw(st.sampled_from([b"HTTP/1.1", b"HTTP/1.0", b"HTTP/2.0", b"HTTP/9", b"HTTP/1.1 x"]))
     headers = [(b"host", b"127.0.0.1")] if draw(st.booleans()) else []
     headers += draw(st.lists(_header_strategy(), max_size=8))
     head = method + b" " + target + query + b" " + version + b"\r\n"
     head += b"".join(name + b": " + value + b"\r\n" for name, value in headers) + b"\r\n"
-    body = draw(st.one_of(
-        st.binary(max_size=300),
-        st.sampled_from([b'{"model": "fake", "messages": [{"role": "user", "content": "hi"}]}',
-                         b"[" * 5000, b'{"a":' * 3000, b"5\r\nhello\r\n0\r\n\r\n", b"zz\r\n", b"0\r\n\r\n"]),
-    ))
+    body = draw(
+        st.one_of(
+            st.binary(max_size=300),
+            st.sampled_from(
+                [
+                    b'{"model": "fake", "messages": [{"role": "user", "content": "hi"}]}',
+                    b"[" * 5000,
+                    b'{"a":' * 3000,
+                    b"5\r\nhello\r\n0\r\n\r\n",
+                    b"zz\r\n",
+                    b"0\r\n\r\n",
+                ]
+            ),
+        )
+    )
     pipelined = draw(st.sampled_from([b"", b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n"]))
     return head + body + pipelined
 
 
 @st.composite
 def h2c_upgrade(draw: st.DrawFn, listener: str) -> bytes:
-    settings_value = draw(st.one_of(
-        st.binary(max_size=40).map(lambda b: base64.urlsafe_b64encode(b).rstrip(b"=")),
-        st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_=+/!", max_size=40)
-        .map(str.encode),
-    ))
+    settings_value = draw(
+        st.one_of(
+            st.binary(max_size=40).map(lambda b: base64.urlsafe_b64encode(b).rstrip(b"=")),
+            st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_=+/!", max_size=40).map(
+                str.encode
+            ),
+        )
+    )
     path = draw(st.sampled_from(PATHS[listener])).encode()
-    request = (b"GET " + path + b" HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: Upgrade, HTTP2-Settings\r\n"
-               b"upgrade: h2c\r\nhttp2-settings: " + settings_value + b"\r\n\r\n")
+    request = (
+        b"GET " + path + b" HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: Upgrade, HTTP2-Settings\r\n"
+        b"upgrade: h2c\r\nhttp2-settings: " + settings_value + b"\r\n\r\n"
+    )
     return request + draw(h2_frames())
 
 
@@ -141,8 +181,10 @@ def websocket(draw: st.DrawFn, listener: str) -> bytes:
     key = draw(st.sampled_from([base64.b64encode(b"0123456789abcdef"), b"", b"not base64!", b"A" * 300]))
     version = draw(st.sampled_from([b"13", b"8", b"x", b""]))
     path = draw(st.sampled_from(PATHS[listener])).encode()
-    request = (b"GET " + path + b" HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: Upgrade\r\nupgrade: websocket\r\n"
-               b"sec-websocket-key: " + key + b"\r\nsec-websocket-version: " + version + b"\r\n\r\n")
+    request = (
+        b"GET " + path + b" HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: Upgrade\r\nupgrade: websocket\r\n"
+        b"sec-websocket-key: " + key + b"\r\nsec-websocket-version: " + version + b"\r\n\r\n"
+    )
     frames = b""
     for _ in range(draw(st.integers(0, 4))):
         payload = draw(st.binary(max_size=80))
@@ -171,11 +213,11 @@ def mutated(draw: st.DrawFn, data: bytes) -> bytes:
         elif action == "insert":
             buffer[at:at] = draw(st.sampled_from([b"\r\n", b"\x00", b":", b" ", b"\r\n\r\n", b"\xff"]))
         elif action == "delete":
-            del buffer[at:at + draw(st.integers(1, 8))]
+            del buffer[at : at + draw(st.integers(1, 8))]
         elif action == "truncate":
             del buffer[at:]
         else:
-            buffer[at:at] = buffer[at:at + draw(st.integers(1, 32))]
+            buffer[at:at] = buffer[at : at + draw(st.integers(1, 32))]
     return bytes(buffer)
 
 
@@ -200,7 +242,7 @@ def _send_and_leave(daemon: ControlDaemon, listener: str, data: bytes, writes: i
         step = max(1, len(data) // writes)
         try:
             for start in range(0, len(data), step):
-                sock.sendall(data[start:start + step])
+                sock.sendall(data[start : start + step])
             if half_close:
                 sock.shutdown(socket.SHUT_WR)
             sock.settimeout(0.05)
@@ -233,8 +275,10 @@ def test_no_bytes_stop_a_listener(daemon: ControlDaemon, case: tuple[str, bytes,
 @pytest.mark.parametrize("listener", LISTENERS)
 def test_an_h2c_upgrade_with_malformed_settings_stops_no_listener(daemon: ControlDaemon, listener: str) -> None:
     # Issue 13's report, on every listener: a 101, then the process exited 1.
-    request = (b"GET / HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: Upgrade, HTTP2-Settings\r\n"
-               b"upgrade: h2c\r\nhttp2-settings: A\r\n\r\n")
+    request = (
+        b"GET / HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: Upgrade, HTTP2-Settings\r\n"
+        b"upgrade: h2c\r\nhttp2-settings: A\r\n\r\n"
+    )
     with daemon.connect(listener) as sock:
         sock.sendall(request)
         sock.settimeout(5)

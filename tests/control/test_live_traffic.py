@@ -73,8 +73,12 @@ def test_the_figures_per_bucket_and_over_the_last_minute() -> None:
     # The last bucket of the window is the one the requests went in.
     assert answer.start == (int(NOW + 59) // 10 - BUCKETS + 1) * 10
     assert len(model.requests) == BUCKETS and sum(model.requests) == 101
-    assert (model.requests[-1], model.errors[-1], model.completion_tokens[-1], model.queue_depth[-1]) == \
-        (101, 3, 2000, 4)
+    assert (model.requests[-1], model.errors[-1], model.completion_tokens[-1], model.queue_depth[-1]) == (
+        101,
+        3,
+        2000,
+        4,
+    )
     p50, p95 = model.ttft_p50[-1], model.ttft_p95[-1]
     assert p50 is not None and 0.075 <= p50 <= 0.1
     assert p95 is not None and 0.75 <= p95 <= 1.0
@@ -151,10 +155,12 @@ async def test_requests_waiting_in_the_models_queue_show_as_its_queue_depth(fake
             async with trio.open_nursery() as nursery:
                 for _ in range(3):
                     nursery.start_soon(partial(gw.client.post, "/v1/chat/completions", json=chat_body()))
+
                 async def queued() -> int:
                     models = (await admin.get("/traffic")).json()["models"]
                     seen = int(models[0]["recent"]["queue_depth"]) if models else 0
                     return seen if seen >= 2 else 0
+
                 with trio.move_on_after(5):
                     depth = await wait_until(queued, timeout=6)
             assert depth == 2

@@ -76,15 +76,28 @@ class _Admission:
 
 
 @pytest.fixture
-async def setup(llama_server_binary: Path, tiny_model: Path,
-                tmp_path: Path) -> AsyncIterator[tuple[LlamaServer, Catalog, dict[str, Path]]]:
+async def setup(
+    llama_server_binary: Path, tiny_model: Path, tmp_path: Path
+) -> AsyncIterator[tuple[LlamaServer, Catalog, dict[str, Path]]]:
     files = write_adapters(tmp_path)
-    catalog = Catalog([ModelConfig("tiny", [ProfileConfig(
-        name="cpu", weights=_weights(tiny_model),
-        adapters=[AdapterConfig(name, _weights(path)) for name, path in files.items()])])],
-        [EngineConfig(name="llama.cpp", version="b11312")])
-    async with running_llama_server(llama_server_binary, tiny_model, alias="tiny",
-                                    extra_args=["--lora-scaled", lora_list(list(files.values()))]) as server:
+    catalog = Catalog(
+        [
+            ModelConfig(
+                "tiny",
+                [
+                    ProfileConfig(
+                        name="cpu",
+                        weights=_weights(tiny_model),
+                        adapters=[AdapterConfig(name, _weights(path)) for name, path in files.items()],
+                    )
+                ],
+            )
+        ],
+        [EngineConfig(name="llama.cpp", version="b11312")],
+    )
+    async with running_llama_server(
+        llama_server_binary, tiny_model, alias="tiny", extra_args=["--lora-scaled", lora_list(list(files.values()))]
+    ) as server:
         yield server, catalog, files
 
 
@@ -93,16 +106,32 @@ def _gateway(server: LlamaServer, catalog: Catalog, admission: _Admission | None
     resolved = catalog.resolve("tiny")
     assert resolved is not None
     adapters, mode = replica_adapters(resolved.profile, [a.name for a in resolved.profile.adapters])
-    replicas.publish(Replica(id="r1", url=server.url, models=frozenset({resolved.profile_key}), slots=4,
-                             adapters=adapters, adapter_mode=mode))
-    return Gateway(replicas, Httpx2Upstream(), GatewayMetrics(CollectorRegistry()), GatewayConfig(),
-                   directory=FleetDirectory(catalog, replicas), admission=admission)
+    replicas.publish(
+        Replica(
+            id="r1",
+            url=server.url,
+            models=frozenset({resolved.profile_key}),
+            slots=4,
+            adapters=adapters,
+            adapter_mode=mode,
+        )
+    )
+    return Gateway(
+        replicas,
+        Httpx2Upstream(),
+        GatewayMetrics(CollectorRegistry()),
+        GatewayConfig(),
+        directory=FleetDirectory(catalog, replicas),
+        admission=admission,
+    )
 
 
 async def _ask(client: httpx2.AsyncClient, model: str, **extra: Any) -> httpx2.Response:
     with trio.fail_after(60):
-        return await client.post("/v1/chat/completions", json={
-            "model": model, "messages": [{"role": "user", "content": "Say something"}], "max_tokens": 8, **extra})
+        return await client.post(
+            "/v1/chat/completions",
+            json={"model": model, "messages": [{"role": "user", "content": "Say something"}], "max_tokens": 8, **extra},
+        )
 
 
 def _text(answer: httpx2.Response) -> str:
@@ -120,11 +149,14 @@ def _marked(text: str) -> str | None:
 
 
 async def test_each_adapter_answers_with_its_effect_and_the_base_without(
-        setup: tuple[LlamaServer, Catalog, dict[str, Path]]) -> None:
+    setup: tuple[LlamaServer, Catalog, dict[str, Path]],
+) -> None:
     server, catalog, _ = setup
     gateway = _gateway(server, catalog)
-    async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=gateway),  # type: ignore[arg-type]
-                                  base_url="http://gw") as client:
+    async with httpx2.AsyncClient(
+        transport=httpx2.ASGITransport(app=gateway),  # type: ignore[arg-type]
+        base_url="http://gw",
+    ) as client:
         listed = {c["id"] for c in (await client.get("/v1/models")).json()["data"]}
         assert {"tiny", "tiny:cpu", "tiny-lora-x", "tiny-lora-q"} <= listed
         assert _marked(_text(await _ask(client, "tiny-lora-x"))) == "tiny-lora-x"
@@ -153,13 +185,17 @@ async def test_each_adapter_answers_with_its_effect_and_the_base_without(
 
 
 async def test_usage_allow_lists_and_quotas_count_each_adapter_model(
-        setup: tuple[LlamaServer, Catalog, dict[str, Path]]) -> None:
+    setup: tuple[LlamaServer, Catalog, dict[str, Path]],
+) -> None:
     server, catalog, _ = setup
-    admission = _Admission(allowed=frozenset({"tiny", "tiny-lora-x", "tiny-lora-q"}),
-                           refused=frozenset({"tiny-lora-q"}))
+    admission = _Admission(
+        allowed=frozenset({"tiny", "tiny-lora-x", "tiny-lora-q"}), refused=frozenset({"tiny-lora-q"})
+    )
     gateway = _gateway(server, catalog, admission)
-    async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=gateway),  # type: ignore[arg-type]
-                                  base_url="http://gw") as client:
+    async with httpx2.AsyncClient(
+        transport=httpx2.ASGITransport(app=gateway),  # type: ignore[arg-type]
+        base_url="http://gw",
+    ) as client:
         assert _marked(_text(await _ask(client, "tiny-lora-x"))) == "tiny-lora-x"
         assert (await _ask(client, "tiny-lora-q")).status_code == 429
         _text(await _ask(client, "tiny"))

@@ -31,8 +31,7 @@ def test_every_metric_labelled_by_replica_is_one_forget_replica_drops() -> None:
     """A new per-replica metric must be added to forget_replica, or its series grow forever."""
     registry = CollectorRegistry()
     metrics = GatewayMetrics(registry)
-    labelled = [m for m in vars(metrics).values()
-                if isinstance(m, MetricWrapperBase) and "replica" in m._labelnames]
+    labelled = [m for m in vars(metrics).values() if isinstance(m, MetricWrapperBase) and "replica" in m._labelnames]
     for metric in labelled:
         metric.labels(**{name: "gone" if name == "replica" else "x" for name in metric._labelnames})
     metrics.forget_replica("gone")

@@ -23,10 +23,14 @@ keys = st.binary(min_size=16, max_size=16)
 
 # ---------------------------------------------------------------------- the memory
 
-@given(capacity=st.integers(1, 8),
-       records=st.lists(st.tuples(st.binary(min_size=1, max_size=2), st.sampled_from("abc")), max_size=60))
+
+@given(
+    capacity=st.integers(1, 8),
+    records=st.lists(st.tuples(st.binary(min_size=1, max_size=2), st.sampled_from("abc")), max_size=60),
+)
 def test_the_memory_keeps_the_latest_replica_of_the_most_recent_keys(
-        capacity: int, records: list[tuple[bytes, str]]) -> None:
+    capacity: int, records: list[tuple[bytes, str]]
+) -> None:
     memory = Placements(capacity)
     for key, replica in records:
         memory.record("m", key, replica)
@@ -59,8 +63,10 @@ def test_a_memory_holds_at_least_one_key() -> None:
 
 # ---------------------------------------------------------------------- the choice
 
-def place(replicas: list[R], memory: Placements, key: bytes, *, continues: bool, session: bool = False,
-          epsilon: float = 0.25) -> tuple[R, str]:
+
+def place(
+    replicas: list[R], memory: Placements, key: bytes, *, continues: bool, session: bool = False, epsilon: float = 0.25
+) -> tuple[R, str]:
     """What the activator does: read the memory, pick, write the memory."""
     affinity = Affinity(key, epsilon, continues, session=session)
     chosen, outcome = pick(replicas, affinity, now=0.0, placed=memory.get("m", key))
@@ -185,10 +191,14 @@ def test_a_retry_never_goes_back_to_the_replica_that_failed() -> None:
 
 
 @settings(max_examples=300)
-@given(n=st.integers(1, 6), epsilon=st.sampled_from([0.0, 0.25, 1.0]),
-       events=st.lists(st.tuples(st.booleans(), st.booleans(), st.integers(0, 3)), max_size=200))
+@given(
+    n=st.integers(1, 6),
+    epsilon=st.sampled_from([0.0, 0.25, 1.0]),
+    events=st.lists(st.tuples(st.booleans(), st.booleans(), st.integers(0, 3)), max_size=200),
+)
 def test_the_load_bound_holds_for_remembered_conversations(
-        n: int, epsilon: float, events: list[tuple[bool, bool, int]]) -> None:
+    n: int, epsilon: float, events: list[tuple[bool, bool, int]]
+) -> None:
     """A few conversations, each remembered, arriving (with or without earlier turns) and leaving
     in any order: a replica given a request by its memory holds at most (1 + ε) · mean + 1."""
     replicas = [R(f"r{i}") for i in range(n)]

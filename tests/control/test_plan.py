@@ -20,18 +20,36 @@ ENGINE = ("llama.cpp", "b11312")
 INSTALLED = {ENGINE: EngineState("llama.cpp", "b11312", "installed")}
 
 
-def node(node_id: str, *, ram: int = 8000, state: str = "ready", engines: dict | None = None,  # type: ignore[type-arg]
-         labels: dict[str, str] | None = None, cordoned: bool = False, busy: frozenset[int] = frozenset()) -> PlanNode:
+def node(
+    node_id: str,
+    *,
+    ram: int = 8000,
+    state: str = "ready",
+    engines: dict | None = None,  # type: ignore[type-arg]
+    labels: dict[str, str] | None = None,
+    cordoned: bool = False,
+    busy: frozenset[int] = frozenset(),
+) -> PlanNode:
     return PlanNode(node_id, state, cordoned, labels or {}, INSTALLED if engines is None else engines, ram, 0, busy)
 
 
-def demand(profile_key: str = "m:cpu", wanted: int = 1, ram: int = 1000,
-           labels: dict[str, str] | None = None) -> Demand:
+def demand(
+    profile_key: str = "m:cpu", wanted: int = 1, ram: int = 1000, labels: dict[str, str] | None = None
+) -> Demand:
     return Demand(profile_key, ENGINE, Claim(ram), wanted, labels or {})
 
 
-def assignment(replica: str, node_id: str, *, profile_key: str = "m:cpu", port: int = 20000, status: str = "ready",
-               ram: int = 1000, last_used: float = 0.0, draining: bool = False) -> Assignment:
+def assignment(
+    replica: str,
+    node_id: str,
+    *,
+    profile_key: str = "m:cpu",
+    port: int = 20000,
+    status: str = "ready",
+    ram: int = 1000,
+    last_used: float = 0.0,
+    draining: bool = False,
+) -> Assignment:
     return Assignment(replica, profile_key, node_id, port, Claim(ram), status, "", draining, last_used)
 
 
@@ -65,12 +83,17 @@ def test_no_free_port_is_a_reason() -> None:
 
 
 def test_installing_engine_is_reported_in_the_nodes_own_words() -> None:
-    installing = {ENGINE: EngineState("llama.cpp", "b11312", "installing",
-                                      "downloading llama-b11312-bin-linux-x64.tar.gz (6 MB, 41%)")}
+    installing = {
+        ENGINE: EngineState(
+            "llama.cpp", "b11312", "installing", "downloading llama-b11312-bin-linux-x64.tar.gz (6 MB, 41%)"
+        )
+    }
     p = plan([demand()], [node("gpu-3", engines=installing)], [], backoff={}, now=0)
     assert not starts(p)
-    assert p.blocked["m:cpu"] == ("no node fits: node gpu-3: llama.cpp b11312: installing: downloading "
-                                  "llama-b11312-bin-linux-x64.tar.gz (6 MB, 41%)")
+    assert p.blocked["m:cpu"] == (
+        "no node fits: node gpu-3: llama.cpp b11312: installing: downloading "
+        "llama-b11312-bin-linux-x64.tar.gz (6 MB, 41%)"
+    )
 
 
 def test_not_enough_memory_names_the_need_and_what_is_free() -> None:
@@ -85,8 +108,12 @@ def test_claims_of_running_replicas_count_against_free_memory() -> None:
 
 
 def test_unreachable_cordoned_and_unlabelled_nodes_are_skipped() -> None:
-    nodes = [node("a", state="unreachable"), node("b", cordoned=True), node("c", labels={"gpu": "no"}),
-             node("d", labels={"gpu": "yes"})]
+    nodes = [
+        node("a", state="unreachable"),
+        node("b", cordoned=True),
+        node("c", labels={"gpu": "no"}),
+        node("d", labels={"gpu": "yes"}),
+    ]
     p = plan([demand(labels={"gpu": "yes"})], nodes, [], backoff={}, now=0)
     assert [s.node_id for s in starts(p)] == ["d"]
     p = plan([demand()], [node("a", state="lost")], [], backoff={}, now=0)
@@ -121,8 +148,11 @@ def test_replicas_on_lost_nodes_move_within_the_reschedule_budget() -> None:
 
 
 def test_surplus_is_drained_starting_with_replicas_not_yet_serving_then_least_recently_used() -> None:
-    live = [assignment("old", "a", last_used=10), assignment("new", "b", last_used=50),
-            assignment("boot", "c", status="starting")]
+    live = [
+        assignment("old", "a", last_used=10),
+        assignment("new", "b", last_used=50),
+        assignment("boot", "c", status="starting"),
+    ]
     p = plan([demand(wanted=1)], [node("a"), node("b"), node("c")], live, backoff={}, now=60)
     assert p.actions == [Drain("boot", "c"), Drain("old", "a")]
 

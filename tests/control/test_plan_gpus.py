@@ -17,8 +17,9 @@ L4 = 24000
 
 
 def gpu_node(node_id: str = "g", gpus: tuple[int, ...] = (L4, L4), ram: int = 64000) -> PlanNode:
-    return PlanNode(node_id, "ready", False, {}, INSTALLED, ram, sum(gpus), frozenset(), "x86_64+L4",
-                    tuple(enumerate(gpus)))
+    return PlanNode(
+        node_id, "ready", False, {}, INSTALLED, ram, sum(gpus), frozenset(), "x86_64+L4", tuple(enumerate(gpus))
+    )
 
 
 def demand(profile_key: str, vram: int, *, wanted: int = 1, gpus: int = 1) -> Demand:
@@ -38,16 +39,16 @@ def test_eight_gpus_are_not_one_big_gpu() -> None:
     # 16 GB replica fits on neither.
     p = plan([demand("m:gpu", 16000, wanted=3)], [gpu_node()], [], backoff={}, now=0)
     assert sorted(s.devices for s in starts(p.actions)) == [(0,), (1,)]
-    assert p.blocked["m:gpu"] == ("no node fits: node g: needs 16000 MiB VRAM on each of 1 GPU(s), "
-                                  "the freest has 8000 MiB")
+    assert p.blocked["m:gpu"] == (
+        "no node fits: node g: needs 16000 MiB VRAM on each of 1 GPU(s), the freest has 8000 MiB"
+    )
 
 
 def test_tensor_split_puts_equal_shares_on_several_gpus() -> None:
     p = plan([demand("big:gpu", 40000, gpus=2)], [gpu_node()], [], backoff={}, now=0)
     assert starts(p.actions) == [Start("g", "big:gpu", 20000, Claim(1000, 40000), (0, 1))]
     # 38 GB free in total, but GPU 0 has 14 GB of the 15 GB share: refused.
-    p = plan([demand("huge:gpu", 30000, gpus=2)], [gpu_node()], [on_gpu("s1", "a:gpu", 10000, (0,))], backoff={},
-             now=0)
+    p = plan([demand("huge:gpu", 30000, gpus=2)], [gpu_node()], [on_gpu("s1", "a:gpu", 10000, (0,))], backoff={}, now=0)
     assert starts(p.actions) == [] and "needs 15000 MiB VRAM on each of 2 GPU(s)" in p.blocked["huge:gpu"]
 
 
@@ -66,8 +67,10 @@ def test_a_replica_whose_gpus_are_unknown_counts_on_every_gpu() -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.integers(0, 30000), min_size=1, max_size=4),
-       st.lists(st.tuples(st.integers(0, 30000), st.integers(1, 3), st.integers(0, 3)), max_size=5))
+@given(
+    st.lists(st.integers(0, 30000), min_size=1, max_size=4),
+    st.lists(st.tuples(st.integers(0, 30000), st.integers(1, 3), st.integers(0, 3)), max_size=5),
+)
 def test_no_gpu_is_ever_over_committed(totals: list[int], wants: list[tuple[int, int, int]]) -> None:
     node = gpu_node(gpus=tuple(totals))
     demands = [demand(f"m{i}:gpu", vram, gpus=count, wanted=n) for i, (vram, count, n) in enumerate(wants)]
@@ -105,8 +108,9 @@ def test_a_gpu_profile_is_not_placed_on_a_degraded_node() -> None:
     assert [(s.node_id, s.devices) for s in starts(p.actions)] == [("b-ok", (0,))]
     p = plan([demand("m:gpu", 16000)], [degraded], [], backoff={}, now=0)
     assert starts(p.actions) == []
-    assert p.blocked["m:gpu"] == (f"no node fits: node a-degraded: degraded, CPU only ({DEGRADED}); this GPU "
-                                  "profile does not say cpu_ok")
+    assert p.blocked["m:gpu"] == (
+        f"no node fits: node a-degraded: degraded, CPU only ({DEGRADED}); this GPU profile does not say cpu_ok"
+    )
 
 
 def test_a_cpu_ok_profile_runs_on_a_degraded_node_on_ram_without_gpus() -> None:
@@ -127,23 +131,26 @@ def test_a_profile_pinned_to_a_backend_goes_only_to_nodes_whose_build_carries_it
 
     def built(node_id: str, backend: str) -> PlanNode:
         provenance = EngineProvenance("http://control/releases", "", [], 0.0, backend=backend)
-        return attrs.evolve(gpu_node(node_id), engines={ENGINE: EngineState("llama.cpp", "b11312", "installed",
-                                                                            provenance=provenance)})
+        return attrs.evolve(
+            gpu_node(node_id), engines={ENGINE: EngineState("llama.cpp", "b11312", "installed", provenance=provenance)}
+        )
 
     pinned = Demand("m:vk", ENGINE, Claim(1000, 8000), 1, backend="vulkan")
     p = plan([pinned], [built("a-cuda", "cuda"), built("b-vulkan", "vulkan")], [], backoff={}, now=0)
     assert [s.node_id for s in starts(p.actions)] == ["b-vulkan"]
     p = plan([pinned], [built("a-cuda", "cuda")], [], backoff={}, now=0)
-    assert p.blocked["m:vk"] == ("no node fits: node a-cuda: llama.cpp b11312 is a cuda build; the profile pins "
-                                 "backend vulkan")
+    assert p.blocked["m:vk"] == (
+        "no node fits: node a-cuda: llama.cpp b11312 is a cuda build; the profile pins backend vulkan"
+    )
 
 
 def test_a_backend_pin_must_name_a_backend() -> None:
     from llmgw_control.catalog.models import EngineConfig, ModelConfig, ProfileConfig, model_problems
 
     def problems(backend: str) -> list[tuple[str, str]]:
-        model = ModelConfig(name="m", profiles=[ProfileConfig(name="gpu", backend=backend, model_dir="/models/m",
-                                                              ram_mib=100)])
+        model = ModelConfig(
+            name="m", profiles=[ProfileConfig(name="gpu", backend=backend, model_dir="/models/m", ram_mib=100)]
+        )
         return model_problems(model, [EngineConfig(name="llama.cpp", version="b11312")])
 
     assert not [p for p in problems("vulkan") if p[0].endswith(".backend")]

@@ -23,8 +23,21 @@ def test_a_key_is_written_model_colon_profile_and_read_back() -> None:
 
 
 def test_parse_refuses_what_is_not_two_valid_names() -> None:
-    for text in ["qwen", "qwen:", ":gpu", "qwen:gpu:x", "qwen:gpu\n", "qwen :gpu", "../x:gpu", "q" * 97 + ":gpu",
-                 "", ":", None, 7, b"qwen:gpu"]:
+    for text in [
+        "qwen",
+        "qwen:",
+        ":gpu",
+        "qwen:gpu:x",
+        "qwen:gpu\n",
+        "qwen :gpu",
+        "../x:gpu",
+        "q" * 97 + ":gpu",
+        "",
+        ":",
+        None,
+        7,
+        b"qwen:gpu",
+    ]:
         assert ProfileKey.parse(text) is None, text
 
 
@@ -42,8 +55,11 @@ def test_parse_never_raises_and_only_answers_keys_it_would_write(text: str) -> N
 
 def _catalog(default_profile: str = "") -> Catalog:
     bot = AdapterConfig("bot", W)
-    qwen = ModelConfig("qwen", [ProfileConfig(name="gpu", weights=W, adapters=[bot]),
-                                ProfileConfig(name="cpu", weights=W)], default_profile="cpu")
+    qwen = ModelConfig(
+        "qwen",
+        [ProfileConfig(name="gpu", weights=W, adapters=[bot]), ProfileConfig(name="cpu", weights=W)],
+        default_profile="cpu",
+    )
     llama = ModelConfig("llama", [ProfileConfig(name="gpu", weights=W)])
     return Catalog([qwen, llama], [EngineConfig(name="llama.cpp", version="b1")], default_profile)
 

@@ -21,8 +21,12 @@ IN_FLIGHT = "llmgw_requests_in_flight"
 MODEL = {"model": "fake-model"}
 
 
-async def _post(gw: RunningGateway, into: list[httpx2.Response], body: dict[str, Any] | None = None,
-                headers: dict[str, str] | None = None) -> None:
+async def _post(
+    gw: RunningGateway,
+    into: list[httpx2.Response],
+    body: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+) -> None:
     async with httpx2.AsyncClient(base_url=gw.url, timeout=30) as client:
         into.append(await client.post("/v1/chat/completions", json=body or chat_body(), headers=headers))
 
@@ -35,8 +39,12 @@ class Clients:
         self._gw = gw
         self._scopes: list[trio.CancelScope] = []
 
-    def start(self, into: list[httpx2.Response] | None = None, body: dict[str, Any] | None = None,
-              headers: dict[str, str] | None = None) -> None:
+    def start(
+        self,
+        into: list[httpx2.Response] | None = None,
+        body: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         scope = trio.CancelScope()
         self._scopes.append(scope)
 

@@ -44,15 +44,33 @@ def facts(ram: int = 16000) -> HostFacts:
     return attrs.evolve(unprobed(), probed=True, ram_total_mib=ram)
 
 
-def make(idle: float = 0.0, min_replicas: int = 0, on_replica_forgotten: Callable[[str], None] | None = None,
-         ) -> tuple[Reconciler, FakeDispatcher, Inventory, ReplicaSet, Clock]:
-    profile = ProfileConfig(name="cpu", weights=WeightsConfig("http://files/m.gguf", SHA, 1000),
-                            idle_timeout=idle, min_replicas=min_replicas, context=512, parallel=2)
+def make(
+    idle: float = 0.0,
+    min_replicas: int = 0,
+    on_replica_forgotten: Callable[[str], None] | None = None,
+) -> tuple[Reconciler, FakeDispatcher, Inventory, ReplicaSet, Clock]:
+    profile = ProfileConfig(
+        name="cpu",
+        weights=WeightsConfig("http://files/m.gguf", SHA, 1000),
+        idle_timeout=idle,
+        min_replicas=min_replicas,
+        context=512,
+        parallel=2,
+    )
     catalog = Catalog([ModelConfig("m", [profile])], [EngineConfig()])
     inventory, replicas, dispatcher, clock = Inventory(), ReplicaSet(), FakeDispatcher(), Clock()
-    reconciler = Reconciler(catalog, inventory, Liveness(15, 60), dispatcher, replicas, secret=b"s" * 32,
-                            claims={"m:cpu": Claim(1000)}, config=ReconcilerConfig(), clock=clock,
-                            on_replica_forgotten=on_replica_forgotten)
+    reconciler = Reconciler(
+        catalog,
+        inventory,
+        Liveness(15, 60),
+        dispatcher,
+        replicas,
+        secret=b"s" * 32,
+        claims={"m:cpu": Claim(1000)},
+        config=ReconcilerConfig(),
+        clock=clock,
+        on_replica_forgotten=on_replica_forgotten,
+    )
     return reconciler, dispatcher, inventory, replicas, clock
 
 
@@ -75,7 +93,7 @@ def test_waiting_request_places_a_replica_and_ready_publishes_it() -> None:
     assert dispatcher.take() == []  # nobody asked: scale-to-zero
     reconciler.demand.queued("m:cpu", 1)
     reconciler.reconcile_once()
-    (node_id, command), = dispatcher.take()
+    ((node_id, command),) = dispatcher.take()
     assert node_id == "n1" and isinstance(command, StartReplica)
     spec = command.replica
     assert spec.args[:6] == ["-c", "1024", "-np", "2", "--alias", "m"]
@@ -94,7 +112,7 @@ def test_an_idle_replica_is_withdrawn_then_drained() -> None:
     node = add_node(inventory, dispatcher, clock, "n1")
     reconciler.demand.queued("m:cpu", 1)
     reconciler.reconcile_once()
-    (_, start), = dispatcher.take()
+    ((_, start),) = dispatcher.take()
     assert isinstance(start, StartReplica)
     report(node, start.replica.replica_id, "ready", start.replica.port)
     reconciler.demand.queued("m:cpu", 0)
@@ -107,7 +125,7 @@ def test_an_idle_replica_is_withdrawn_then_drained() -> None:
     clock.now += 31
     node.last_seen = clock.now
     reconciler.reconcile_once()
-    (_, drain), = dispatcher.take()
+    ((_, drain),) = dispatcher.take()
     assert isinstance(drain, DrainReplica) and drain.replica_id == start.replica.replica_id
     assert replicas.for_model("m:cpu") == []  # withdrawn before the drain was sent
 
@@ -124,7 +142,7 @@ def test_a_failed_start_backs_off_and_moves_to_another_node() -> None:
     n1 = add_node(inventory, dispatcher, clock, "n1")
     reconciler.demand.queued("m:cpu", 1)
     reconciler.reconcile_once()
-    (first_node, start), = dispatcher.take()
+    ((first_node, start),) = dispatcher.take()
     assert isinstance(start, StartReplica)
     report(n1, start.replica.replica_id, "failed", start.replica.port, "exited with 1")
     add_node(inventory, dispatcher, clock, "n2")
@@ -140,7 +158,7 @@ def test_an_unreachable_node_is_withdrawn_and_a_lost_one_replaced() -> None:
     n1 = add_node(inventory, dispatcher, clock, "n1")
     reconciler.demand.queued("m:cpu", 1)
     reconciler.reconcile_once()
-    (_, start), = dispatcher.take()
+    ((_, start),) = dispatcher.take()
     assert isinstance(start, StartReplica)
     report(n1, start.replica.replica_id, "ready", start.replica.port)
     reconciler.reconcile_once()
@@ -154,7 +172,7 @@ def test_an_unreachable_node_is_withdrawn_and_a_lost_one_replaced() -> None:
     clock.now += 50
     n2.last_seen = clock.now
     reconciler.reconcile_once()
-    (node_id, replacement), = dispatcher.take()
+    ((node_id, replacement),) = dispatcher.take()
     assert node_id == "n2" and isinstance(replacement, StartReplica)
 
 
@@ -163,7 +181,7 @@ def test_replicas_reported_after_a_control_restart_are_adopted_not_restarted() -
     n1 = add_node(inventory, dispatcher, clock, "n1")
     first.demand.queued("m:cpu", 1)
     first.reconcile_once()
-    (_, start), = dispatcher.take()
+    ((_, start),) = dispatcher.take()
     assert isinstance(start, StartReplica)
     # A new control with the same secret sees the node's hello with the running replica.
     second, dispatcher2, inventory2, replicas2, clock2 = make()
@@ -183,7 +201,7 @@ def test_unknown_replicas_are_stopped() -> None:
     node = add_node(inventory, dispatcher, clock, "n1")
     report(node, "removed-model-0123abcd", "ready", 20005)
     reconciler.reconcile_once()
-    (_, stop), = dispatcher.take()
+    ((_, stop),) = dispatcher.take()
     assert isinstance(stop, StopReplica) and stop.replica_id == "removed-model-0123abcd"
 
 
@@ -199,10 +217,15 @@ def test_a_port_taken_by_another_process_is_avoided_without_backing_off() -> Non
     node = add_node(inventory, dispatcher, clock, "n1")
     reconciler.demand.queued("m:cpu", 1)
     reconciler.reconcile_once()
-    (_, start), = dispatcher.take()
+    ((_, start),) = dispatcher.take()
     assert isinstance(start, StartReplica)
-    report(node, start.replica.replica_id, "failed", start.replica.port,
-           f"port {start.replica.port} on 127.0.0.1 is in use by another process")
+    report(
+        node,
+        start.replica.replica_id,
+        "failed",
+        start.replica.port,
+        f"port {start.replica.port} on 127.0.0.1 is in use by another process",
+    )
     reconciler.reconcile_once()
     commands = dispatcher.take()
     retry = [c for _, c in commands if isinstance(c, StartReplica)]
@@ -213,12 +236,23 @@ def test_a_port_taken_by_another_process_is_avoided_without_backing_off() -> Non
 # --------------------------------------------------------------------------- the node's report is the truth
 
 
-def rehello(inventory: Inventory, dispatcher: FakeDispatcher, clock: Clock, node_id: str,
-            replicas: list[ReplicaState] | None = None, address: str | None = None) -> NodeRecord:
+def rehello(
+    inventory: Inventory,
+    dispatcher: FakeDispatcher,
+    clock: Clock,
+    node_id: str,
+    replicas: list[ReplicaState] | None = None,
+    address: str | None = None,
+) -> NodeRecord:
     """What ``AgentService._register`` does with a hello: a new record with the complete replica list."""
     old = inventory.get(node_id)
-    node = NodeRecord(node_id, address or (old.address if old else "10.0.0.9"), facts(), last_seen=clock.now,
-                      connected_since=clock.now)
+    node = NodeRecord(
+        node_id,
+        address or (old.address if old else "10.0.0.9"),
+        facts(),
+        last_seen=clock.now,
+        connected_since=clock.now,
+    )
     node.update_engines([EngineState("llama.cpp", "b11312", "installed")])
     node.update_replicas(replicas or [])
     inventory.put(node)
@@ -318,12 +352,25 @@ def test_a_drain_the_node_has_not_carried_out_is_sent_again_after_a_hello() -> N
 
 def two_slug_alike() -> tuple[Reconciler, FakeDispatcher, Inventory, ReplicaSet, Clock]:
     weights = WeightsConfig("http://files/m.gguf", SHA, 1000)
-    catalog = Catalog([ModelConfig("a", [ProfileConfig(name="b-c", weights=weights)]),
-                       ModelConfig("a-b", [ProfileConfig(name="c", weights=weights)])], [EngineConfig()])
+    catalog = Catalog(
+        [
+            ModelConfig("a", [ProfileConfig(name="b-c", weights=weights)]),
+            ModelConfig("a-b", [ProfileConfig(name="c", weights=weights)]),
+        ],
+        [EngineConfig()],
+    )
     inventory, replicas, dispatcher, clock = Inventory(), ReplicaSet(), FakeDispatcher(), Clock()
-    reconciler = Reconciler(catalog, inventory, Liveness(15, 60), dispatcher, replicas, secret=b"s" * 32,
-                            claims={"a:b-c": Claim(1000), "a-b:c": Claim(1000)}, config=ReconcilerConfig(),
-                            clock=clock)
+    reconciler = Reconciler(
+        catalog,
+        inventory,
+        Liveness(15, 60),
+        dispatcher,
+        replicas,
+        secret=b"s" * 32,
+        claims={"a:b-c": Claim(1000), "a-b:c": Claim(1000)},
+        config=ReconcilerConfig(),
+        clock=clock,
+    )
     return reconciler, dispatcher, inventory, replicas, clock
 
 
@@ -374,15 +421,25 @@ def test_an_adopted_replica_is_published_only_at_the_nodes_own_address_and_a_por
     other_id = first.new_replica_id("m:cpu", "n1")
     reconciler, dispatcher, inventory, replicas, clock = make()
     node = add_node(inventory, dispatcher, clock, "n1")
-    node.update_replicas([ReplicaState(start.replica.replica_id, "ready", port=start.replica.port),
-                        ReplicaState(other_id, "ready", port=22)])  # ssh: not a port control gives
+    node.update_replicas(
+        [
+            ReplicaState(start.replica.replica_id, "ready", port=start.replica.port),
+            ReplicaState(other_id, "ready", port=22),
+        ]
+    )  # ssh: not a port control gives
     reconciler.reconcile_once()
     (replica,) = replicas.for_model("m:cpu")
     assert replica.url == f"http://{node.address}:{start.replica.port}"
     assert [c.replica_id for _, c in dispatcher.take() if isinstance(c, StopReplica)] == [other_id]
     # A later hello claiming another address does not take the replica (and its key) with it.
-    rehello(inventory, dispatcher, clock, "n1",
-            [ReplicaState(start.replica.replica_id, "ready", port=start.replica.port)], address="203.0.113.7")
+    rehello(
+        inventory,
+        dispatcher,
+        clock,
+        "n1",
+        [ReplicaState(start.replica.replica_id, "ready", port=start.replica.port)],
+        address="203.0.113.7",
+    )
     reconciler.reconcile_once()
     assert replicas.get(start.replica.replica_id).url == f"http://{node.address}:{start.replica.port}"  # type: ignore[union-attr]
 
@@ -393,13 +450,23 @@ def test_an_adopted_replica_is_published_only_at_the_nodes_own_address_and_a_por
 def test_the_reschedule_limit_holds_when_two_of_three_nodes_are_lost() -> None:
     """1 move, then 1 per 20 s. Before the fix the bucket refilled and was never spent: every
     replica on the lost nodes moved in the first pass."""
-    profile = ProfileConfig(name="cpu", weights=WeightsConfig("http://files/m.gguf", SHA, 1000), min_replicas=6,
-                            max_replicas=6)
+    profile = ProfileConfig(
+        name="cpu", weights=WeightsConfig("http://files/m.gguf", SHA, 1000), min_replicas=6, max_replicas=6
+    )
     catalog = Catalog([ModelConfig("m", [profile])], [EngineConfig()])
     inventory, replicas, dispatcher, clock = Inventory(), ReplicaSet(), FakeDispatcher(), Clock()
     config = ReconcilerConfig(reschedule_burst=1, reschedules_per_minute=3)
-    reconciler = Reconciler(catalog, inventory, Liveness(15, 60), dispatcher, replicas, secret=b"s" * 32,
-                            claims={"m:cpu": Claim(1000)}, config=config, clock=clock)
+    reconciler = Reconciler(
+        catalog,
+        inventory,
+        Liveness(15, 60),
+        dispatcher,
+        replicas,
+        secret=b"s" * 32,
+        claims={"m:cpu": Claim(1000)},
+        config=config,
+        clock=clock,
+    )
     nodes = {f"n{i}": add_node(inventory, dispatcher, clock, f"n{i}") for i in (1, 2, 3)}
     reconciler.reconcile_once()
     first = started(dispatcher)

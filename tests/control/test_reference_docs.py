@@ -62,6 +62,5 @@ def test_node_md_wire_table_lists_every_message_with_its_class_and_direction() -
     for cls, tag in TAGS.items():
         documented_class, direction = rows[tag]
         assert documented_class == cls.__name__, tag
-        expected = ("both" if tag in _BOTH_WAYS else "node → control" if tag in from_nodes
-                    else "control → node")
+        expected = "both" if tag in _BOTH_WAYS else "node → control" if tag in from_nodes else "control → node"
         assert direction.startswith(expected), f"{tag}: {direction!r}, the code says {expected}"

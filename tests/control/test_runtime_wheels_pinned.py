@@ -71,7 +71,8 @@ def _run(files: Path, *extra: str) -> int:
 
 
 async def test_the_pinned_wheel_is_fetched_and_the_generated_index_lists_it_with_its_sha256(
-        tmp_path: Path, served: _Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, served: _Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
     sha256 = hashlib.sha256(DATA).hexdigest()
     _pin(monkeypatch, served, sha256)
     files = tmp_path / "files"
@@ -79,8 +80,17 @@ async def test_the_pinned_wheel_is_fetched_and_the_generated_index_lists_it_with
     engines = files / "engines"
     assert (engines / WHEEL).read_bytes() == DATA
     pins = json.loads((engines / PINS_FILE).read_text())
-    assert pins["wheels"] == [{"file": WHEEL, "project": "nvidia-cuda-runtime-cu12", "version": "12.8.90",
-                               "sha256": sha256, "size": len(DATA), "cuda": 12, "arch": "x86_64"}]
+    assert pins["wheels"] == [
+        {
+            "file": WHEEL,
+            "project": "nvidia-cuda-runtime-cu12",
+            "version": "12.8.90",
+            "sha256": sha256,
+            "size": len(DATA),
+            "cuda": 12,
+            "arch": "x86_64",
+        }
+    ]
     (engines / BUILD).write_bytes(b"build")
     index = await FileServer(files, "http://control:8082").release("b11312")
     assert index is not None
@@ -91,7 +101,8 @@ async def test_the_pinned_wheel_is_fetched_and_the_generated_index_lists_it_with
 
 
 def test_a_wheel_that_is_not_the_pinned_bytes_is_refused_and_nothing_is_left(
-        tmp_path: Path, served: _Served, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, served: _Served, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     _pin(monkeypatch, served, "0" * 64)
     files = tmp_path / "files"
     assert _run(files) == 1
@@ -100,7 +111,8 @@ def test_a_wheel_that_is_not_the_pinned_bytes_is_refused_and_nothing_is_left(
 
 
 def test_a_mirror_serving_other_bytes_does_not_replace_a_good_file(
-        tmp_path: Path, served: _Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, served: _Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _pin(monkeypatch, served, hashlib.sha256(DATA).hexdigest())
     files = tmp_path / "files"
     assert _run(files) == 0
@@ -115,7 +127,8 @@ def test_a_mirror_serving_other_bytes_does_not_replace_a_good_file(
 
 
 def test_a_second_run_fetches_nothing_and_changes_nothing(
-        tmp_path: Path, served: _Served, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, served: _Served, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     _pin(monkeypatch, served, hashlib.sha256(DATA).hexdigest())
     files = tmp_path / "files"
     assert _run(files) == 0
@@ -125,13 +138,15 @@ def test_a_second_run_fetches_nothing_and_changes_nothing(
     assert _run(files) == 0
     assert len(served.requests) == 1
     assert "already there" in capsys.readouterr().err
-    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in (files / "engines").iterdir()
-            if p.name != PINS_FILE} == {k: v for k, v in before.items() if k != PINS_FILE}
+    assert {
+        p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in (files / "engines").iterdir() if p.name != PINS_FILE
+    } == {k: v for k, v in before.items() if k != PINS_FILE}
     assert (files / "engines" / PINS_FILE).read_bytes() == before[PINS_FILE][0]
 
 
 async def test_the_index_leaves_out_a_pinned_wheel_whose_bytes_changed(
-        tmp_path: Path, served: _Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, served: _Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _pin(monkeypatch, served, hashlib.sha256(DATA).hexdigest())
     files = tmp_path / "files"
     assert _run(files) == 0
@@ -155,20 +170,35 @@ async def test_an_unreadable_pins_file_leaves_the_index_as_computed(tmp_path: Pa
 
 
 def test_a_cuda_major_without_pins_is_refused_with_what_is_pinned(
-        tmp_path: Path, served: _Served, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, served: _Served, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     _pin(monkeypatch, served, hashlib.sha256(DATA).hexdigest())
     with pytest.raises(SystemExit) as exit_:
         cli.main(["engines", "--files-dir", str(tmp_path), "runtime", "--cuda", "13", "--arch", "x86_64"])
     assert exit_.value.code == 1
-    assert "no runtime wheels are pinned for CUDA 13 on x86_64 (pinned: --cuda 12 --arch x86_64)" in \
-        capsys.readouterr().err
+    assert (
+        "no runtime wheels are pinned for CUDA 13 on x86_64 (pinned: --cuda 12 --arch x86_64)"
+        in capsys.readouterr().err
+    )
     assert served.requests == []
 
 
 def test_cuda_13_takes_the_unsuffixed_wheels(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
-        cli.main(["engines", "--files-dir", str(tmp_path), "runtime", "--cuda", "13", "--arch", "x86_64",
-                  "--wheels-from", str(tmp_path / "nowhere")])
+        cli.main(
+            [
+                "engines",
+                "--files-dir",
+                str(tmp_path),
+                "runtime",
+                "--cuda",
+                "13",
+                "--arch",
+                "x86_64",
+                "--wheels-from",
+                str(tmp_path / "nowhere"),
+            ]
+        )
     assert exit_.value.code == 1
     assert "nvidia_cuda_runtime-13.4.92" in capsys.readouterr().err  # it tried the pinned file, from the mirror
 
@@ -178,5 +208,6 @@ def test_the_cuda_12_pins_are_the_wheels_the_node_tests_unpack() -> None:
     assert [(w.project, w.filename, w.sha256) for w in pinned] == CUDA12_X64
     for (cuda, arch), wheels in runtime_wheels.PINNED.items():
         assert {w.project.removesuffix(f"-cu{cuda}") for w in wheels} == {"nvidia-cuda-runtime", "nvidia-cublas"}
-        assert all(w.version.startswith(f"{cuda}.") and arch in w.filename and w.url.endswith("/" + w.filename)
-                   for w in wheels)
+        assert all(
+            w.version.startswith(f"{cuda}.") and arch in w.filename and w.url.endswith("/" + w.filename) for w in wheels
+        )

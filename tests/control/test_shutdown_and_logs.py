@@ -60,18 +60,30 @@ async def control_process(*args: str, log_path: Path) -> AsyncIterator[tuple[tri
     args = ("--data-dir", str(log_path.parent / "control-data"), *args)
     with open(log_path, "wb") as log:  # noqa: ASYNC230 -- a local file, opened once
         process = await trio.lowlevel.open_process(
-            [LLMGW_CONTROL, "run", "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{free_port()}",
-             "--log-format", "json", *args],
-            stdout=log, stderr=subprocess.STDOUT,
+            [
+                LLMGW_CONTROL,
+                "run",
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--admin-listen",
+                f"127.0.0.1:{free_port()}",
+                "--log-format",
+                "json",
+                *args,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
     url = f"http://127.0.0.1:{port}"
     try:
         async with httpx2.AsyncClient() as client:
+
             async def healthy() -> bool:
                 try:
                     return (await client.get(url + "/healthz")).status_code == 200
                 except httpx2.ConnectError:
                     return False
+
             await wait_until(healthy, timeout=20)
         yield process, url
     finally:
@@ -99,8 +111,9 @@ async def test_sigterm_lets_the_stream_finish_and_exits_zero(fake_engine: FakeEn
 async def test_shutdown_grace_bounds_a_stream_that_would_not_end(fake_engine: FakeEngine, tmp_path: Path) -> None:
     fake_engine.behavior.hang_mid_stream_after = 1
     config = tmp_path / "control.toml"
-    config.write_text(f'shutdown_grace = 0.5\n[[endpoints]]\nid = "e1"\nurl = "{fake_engine.url}"\n'
-                      'models = ["fake-model"]\n')
+    config.write_text(
+        f'shutdown_grace = 0.5\n[[endpoints]]\nid = "e1"\nurl = "{fake_engine.url}"\nmodels = ["fake-model"]\n'
+    )
     async with control_process("--config", str(config), log_path=tmp_path / "log") as (proc, url):
         async with httpx2.AsyncClient(base_url=url, timeout=30) as client:
             async with client.stream("POST", "/v1/chat/completions", json=chat_body(stream=True)) as response:
@@ -120,13 +133,18 @@ async def test_logs_carry_request_ids_and_never_secrets(fake_engine: FakeEngine,
     # The dead replica weighs most, so the first request always tries it first and logs the
     # retry warning (with equal weights the pick is random and might never land on it).
     config = tmp_path / "control.toml"
-    config.write_text(f'[[endpoints]]\nid = "dead"\nurl = "{dead}"\nmodels = ["fake-model"]\nweight = 100.0\n'
-                      f'[[endpoints]]\nid = "e1"\nurl = "{fake_engine.url}"\nmodels = ["fake-model"]\n')
+    config.write_text(
+        f'[[endpoints]]\nid = "dead"\nurl = "{dead}"\nmodels = ["fake-model"]\nweight = 100.0\n'
+        f'[[endpoints]]\nid = "e1"\nurl = "{fake_engine.url}"\nmodels = ["fake-model"]\n'
+    )
     async with control_process("--config", str(config), log_path=log_path) as (proc, url):
         async with httpx2.AsyncClient(base_url=url) as client:
             for _ in range(3):
-                response = await client.post("/v1/chat/completions", json=chat_body(),
-                                             headers={"authorization": f"Bearer {secret}", "x-request-id": "req-42"})
+                response = await client.post(
+                    "/v1/chat/completions",
+                    json=chat_body(),
+                    headers={"authorization": f"Bearer {secret}", "x-request-id": "req-42"},
+                )
                 assert response.status_code == 200
         proc.send_signal(signal.SIGTERM)
         with trio.fail_after(10):
@@ -159,8 +177,9 @@ async def test_config_errors_are_refused_at_start_by_name(tmp_path: Path) -> Non
     cases[("--config", str(duplicate))] = "is used by another endpoint"
     cases[("--config", str(tmp_path / "missing.toml"))] = "no such file"
     for args, expected in cases.items():
-        result = await trio.run_process([LLMGW_CONTROL, "run", *args], capture_stdout=True, capture_stderr=True,
-                                        check=False)
+        result = await trio.run_process(
+            [LLMGW_CONTROL, "run", *args], capture_stdout=True, capture_stderr=True, check=False
+        )
         assert result.returncode == 2, args
         assert expected in result.stderr.decode(), (args, result.stderr)
         assert b"Traceback" not in result.stderr
@@ -172,8 +191,19 @@ async def test_a_busy_port_is_reported_without_a_traceback(tmp_path: Path) -> No
         await sock.bind(("127.0.0.1", port))
         sock.listen()
         result = await trio.run_process(
-            [LLMGW_CONTROL, "run", "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{free_port()}",
-             "--data-dir", str(tmp_path)],
-            capture_stdout=True, capture_stderr=True, check=False)
+            [
+                LLMGW_CONTROL,
+                "run",
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--admin-listen",
+                f"127.0.0.1:{free_port()}",
+                "--data-dir",
+                str(tmp_path),
+            ],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
     assert result.returncode == 1
     assert b"cannot start" in result.stderr and b"Traceback" not in result.stderr

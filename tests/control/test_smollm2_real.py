@@ -39,8 +39,12 @@ CONVERSATIONS = 6
 def smollm2_engines(llama_server_binary: Path) -> Iterator[dict[str, LlamaServer]]:
     model = smollm2.ensure_model()
     with ExitStack() as stack:
-        yield {name: stack.enter_context(llama_server_process(
-            llama_server_binary, model, alias="smollm2", extra_args=smollm2.ENGINE_ARGS)) for name in ("r1", "r2")}
+        yield {
+            name: stack.enter_context(
+                llama_server_process(llama_server_binary, model, alias="smollm2", extra_args=smollm2.ENGINE_ARGS)
+            )
+            for name in ("r1", "r2")
+        }
 
 
 async def in_thread(call: Callable[[], T]) -> T:
@@ -54,7 +58,8 @@ def client_for(gw: RunningGateway) -> openai.OpenAI:
 def ask(client: openai.OpenAI, messages: list[dict[str, Any]], **extra: Any) -> tuple[str, Any, str]:
     """One non-streamed turn: the answer, its usage, and the replica that served it."""
     raw = client.chat.completions.with_raw_response.create(
-        model="smollm2", messages=messages, max_tokens=24, temperature=0, **extra)  # type: ignore[arg-type]
+        model="smollm2", messages=messages, max_tokens=24, temperature=0, **extra
+    )  # type: ignore[arg-type]
     completion = raw.parse()
     return completion.choices[0].message.content or "", completion.usage, raw.headers["x-llmgw-replica"]
 
@@ -64,14 +69,26 @@ async def test_a_factual_question_gets_its_answer_streamed_and_not(smollm2_engin
         client = client_for(gw)
         answer, usage, _ = await in_thread(lambda: ask(client, [{"role": "user", "content": QUESTION}]))
         assert "Paris" in answer and usage.completion_tokens > 0
-        chunks = await in_thread(lambda: list(client.chat.completions.create(
-            model="smollm2", messages=[{"role": "user", "content": QUESTION}], max_tokens=24, temperature=0,
-            stream=True, stream_options={"include_usage": True})))
+        chunks = await in_thread(
+            lambda: list(
+                client.chat.completions.create(
+                    model="smollm2",
+                    messages=[{"role": "user", "content": QUESTION}],
+                    max_tokens=24,
+                    temperature=0,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                )
+            )
+        )
         streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         assert streamed == answer
         assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == usage.completion_tokens
-        completion = await in_thread(lambda: client.completions.create(
-            model="smollm2", prompt="The capital of France is", max_tokens=4, temperature=0))
+        completion = await in_thread(
+            lambda: client.completions.create(
+                model="smollm2", prompt="The capital of France is", max_tokens=4, temperature=0
+            )
+        )
         assert "Paris" in completion.choices[0].text
 
 
@@ -80,8 +97,10 @@ async def test_a_second_turn_reports_the_prompt_tokens_served_from_cache(
 ) -> None:
     async with running_gateway(endpoint("r1", smollm2_engines["r1"].url, "smollm2")) as gw:
         client = client_for(gw)
-        messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM + " (cache test)"},
-                                          {"role": "user", "content": QUESTION}]
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": SYSTEM + " (cache test)"},
+            {"role": "user", "content": QUESTION},
+        ]
         answer, first, _ = await in_thread(lambda: ask(client, messages))
         messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "And of Italy?"}]
         _, second, _ = await in_thread(lambda: ask(client, messages))
@@ -90,14 +109,26 @@ async def test_a_second_turn_reports_the_prompt_tokens_served_from_cache(
         assert first.prompt_tokens <= cached < second.prompt_tokens
         # Streamed, the usage chunk carries it too.
         messages += [{"role": "assistant", "content": "Rome."}, {"role": "user", "content": "And of Spain?"}]
-        chunks = await in_thread(lambda: list(client.chat.completions.create(  # type: ignore[call-overload]
-            model="smollm2", messages=messages, max_tokens=12, temperature=0,
-            stream=True, stream_options={"include_usage": True})))
+        chunks = await in_thread(
+            lambda: list(
+                client.chat.completions.create(  # type: ignore[call-overload]
+                    model="smollm2",
+                    messages=messages,
+                    max_tokens=12,
+                    temperature=0,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                )
+            )
+        )
         usage = chunks[-1].usage
         assert usage is not None and usage.prompt_tokens_details is not None
         assert usage.prompt_tokens_details.cached_tokens >= second.prompt_tokens
-        counted = await gw.settled_metric("llmgw_cached_prompt_tokens_total", {"model": "smollm2"},
-                                          expect=cached + usage.prompt_tokens_details.cached_tokens)
+        counted = await gw.settled_metric(
+            "llmgw_cached_prompt_tokens_total",
+            {"model": "smollm2"},
+            expect=cached + usage.prompt_tokens_details.cached_tokens,
+        )
         assert counted == cached + usage.prompt_tokens_details.cached_tokens
 
 
@@ -109,8 +140,10 @@ async def test_prefix_routing_keeps_each_conversation_on_the_replica_that_caches
         client = client_for(gw)
         homes: set[str] = set()
         for number in range(CONVERSATIONS):
-            messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM},
-                                              {"role": "user", "content": f"Conversation {number}: {QUESTION}"}]
+            messages: list[dict[str, Any]] = [
+                {"role": "system", "content": SYSTEM},
+                {"role": "user", "content": f"Conversation {number}: {QUESTION}"},
+            ]
             answer, _, first_replica = await in_thread(functools.partial(ask, client, messages))
             messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "Why?"}]
             _, usage, second_replica = await in_thread(functools.partial(ask, client, messages))
@@ -121,9 +154,16 @@ async def test_prefix_routing_keeps_each_conversation_on_the_replica_that_caches
         hits = gw.metric("llmgw_affinity_requests_total", {"model": "smollm2", "outcome": "hit"})
         assert hits == 2 * CONVERSATIONS
         # An explicit session key holds unrelated requests together too.
-        served = {(await in_thread(lambda n=n: ask(  # type: ignore[misc]
-            client, [{"role": "user", "content": f"Say {n}."}], extra_headers={"x-session-id": "s-42"})))[2]
-            for n in range(3)}
+        served = {
+            (
+                await in_thread(
+                    lambda n=n: ask(  # type: ignore[misc]
+                        client, [{"role": "user", "content": f"Say {n}."}], extra_headers={"x-session-id": "s-42"}
+                    )
+                )
+            )[2]
+            for n in range(3)
+        }
         assert len(served) == 1
 
 
@@ -139,17 +179,26 @@ async def test_conversations_taking_turns_on_one_replica_keep_their_whole_histor
     # Red before gateway/engine_slots.py (and with engine_slots = 0): llama-server b11312, choosing
     # slots itself, gave every later turn only the shared system prompt from its cache (58 tokens
     # recomputed on turn two, against ~20 for the new question).
-    with llama_server_process(llama_server_binary, smollm2.ensure_model(), alias="smollm2",
-                              extra_args=(*smollm2.ENGINE_ARGS, "-c", "8192", "-np", "4")) as server:
+    with llama_server_process(
+        llama_server_binary,
+        smollm2.ensure_model(),
+        alias="smollm2",
+        extra_args=(*smollm2.ENGINE_ARGS, "-c", "8192", "-np", "4"),
+    ) as server:
         replica = endpoint("r1", server.url, "smollm2", slots=4, engine_slots=4)
         async with running_gateway(replica, routing="prefix") as gw:
             client = client_for(gw)
-            conversations: list[list[dict[str, Any]]] = [[{"role": "system", "content": SYSTEM}]
-                                                         for _ in range(INTERLEAVED)]
+            conversations: list[list[dict[str, Any]]] = [
+                [{"role": "system", "content": SYSTEM}] for _ in range(INTERLEAVED)
+            ]
             for turn in range(3):
                 for number, messages in enumerate(conversations):
-                    messages.append({"role": "user", "content": f"Conversation {number}, question {turn}: "
-                                                                f"what is {number} plus {turn}?"})
+                    messages.append(
+                        {
+                            "role": "user",
+                            "content": f"Conversation {number}, question {turn}: what is {number} plus {turn}?",
+                        }
+                    )
                     answer, usage, _ = await in_thread(functools.partial(ask, client, messages))
                     messages.append({"role": "assistant", "content": answer})
                     if turn:

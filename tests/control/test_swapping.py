@@ -60,12 +60,28 @@ class World:
 
 def world(ram: int = 8000, claim: int = 6000) -> World:
     def profile() -> ProfileConfig:
-        return ProfileConfig(name="cpu", weights=WeightsConfig("http://files/m.gguf", "a" * 64, 1000), context=512,
-                             parallel=1, max_replicas=1, idle_timeout=300.0)
+        return ProfileConfig(
+            name="cpu",
+            weights=WeightsConfig("http://files/m.gguf", "a" * 64, 1000),
+            context=512,
+            parallel=1,
+            max_replicas=1,
+            idle_timeout=300.0,
+        )
+
     catalog = Catalog([ModelConfig("a", [profile()]), ModelConfig("b", [profile()])], [EngineConfig()])
     inventory, replicas, dispatcher = Inventory(), ReplicaSet(), Dispatcher()
-    reconciler = Reconciler(catalog, inventory, Liveness(15, 60), dispatcher, replicas, secret=b"s" * 32,
-                            claims={A: Claim(claim), B: Claim(claim)}, config=CONFIG, clock=trio.current_time)
+    reconciler = Reconciler(
+        catalog,
+        inventory,
+        Liveness(15, 60),
+        dispatcher,
+        replicas,
+        secret=b"s" * 32,
+        claims={A: Claim(claim), B: Claim(claim)},
+        config=CONFIG,
+        clock=trio.current_time,
+    )
     activator = Activator(replicas, demand=reconciler.demand, wake=reconciler.wake, status=reconciler.status)
     facts: HostFacts = attrs.evolve(unprobed(), probed=True, ram_total_mib=ram, arch="x86_64")
     node = NodeRecord("n1", "10.0.0.1", facts, last_seen=trio.current_time())
@@ -107,8 +123,9 @@ async def test_two_models_too_big_together_take_turns_and_every_request_is_answe
         starts, drains = w.pass_()
         assert starts == [] and [d.replica_id for d in drains] == [a]
         assert w.replicas.get(a) is None  # withdrawn before its drain
-        assert w.reconciler.status(B).startswith("making room on node n1: waiting for") or \
-            "evicting idle" in w.reconciler.status(B)
+        assert w.reconciler.status(B).startswith(
+            "making room on node n1: waiting for"
+        ) or "evicting idle" in w.reconciler.status(B)
         w.report(a, "stopped")
         (start_b,), _ = w.pass_()
         b = start_b.replica.replica_id
@@ -159,8 +176,9 @@ async def test_a_stream_for_the_resident_model_makes_it_yield_after_the_bounded_
         nursery.start_soon(_answered, w, B, 1.0, answers)
         await trio.testing.wait_all_tasks_blocked()
         # One reconciler pass a tick, until one drains something.
-        drains: list[DrainReplica] = await wait_until(lambda: w.pass_()[1], timeout=CONFIG.yield_after + 10,
-                                                    interval=CONFIG.interval)
+        drains: list[DrainReplica] = await wait_until(
+            lambda: w.pass_()[1], timeout=CONFIG.yield_after + 10, interval=CONFIG.interval
+        )
         waited = trio.current_time() - b_waits_since
         assert CONFIG.yield_after <= waited < CONFIG.yield_after + 2 * CONFIG.interval
         assert [d.replica_id for d in drains] == [a]
@@ -206,15 +224,33 @@ async def test_measured_use_lets_two_models_share_a_node_and_corrects_the_next_c
 
 
 async def test_the_start_names_the_gpus_placement_chose(autojump_clock: trio.testing.MockClock) -> None:
-    profile = ProfileConfig(name="gpu", weights=WeightsConfig("http://files/m.gguf", "a" * 64, 1000), context=512,
-                            parallel=1, vram_mib=30000, gpus=2, min_replicas=1)
+    profile = ProfileConfig(
+        name="gpu",
+        weights=WeightsConfig("http://files/m.gguf", "a" * 64, 1000),
+        context=512,
+        parallel=1,
+        vram_mib=30000,
+        gpus=2,
+        min_replicas=1,
+    )
     catalog = Catalog([ModelConfig("g", [profile])], [EngineConfig()])
     dispatcher = Dispatcher()
     inventory = Inventory()
-    reconciler = Reconciler(catalog, inventory, Liveness(15, 60), dispatcher, ReplicaSet(), secret=b"s" * 32,
-                            claims={"g:gpu": Claim(1000, 30000)}, config=CONFIG, clock=trio.current_time)
-    gpus = [GpuFacts(index=i, name="NVIDIA L4", uuid=f"GPU-{i}", memory_total_mib=size, memory_free_mib=size)
-            for i, size in enumerate([24000, 8000, 24000])]
+    reconciler = Reconciler(
+        catalog,
+        inventory,
+        Liveness(15, 60),
+        dispatcher,
+        ReplicaSet(),
+        secret=b"s" * 32,
+        claims={"g:gpu": Claim(1000, 30000)},
+        config=CONFIG,
+        clock=trio.current_time,
+    )
+    gpus = [
+        GpuFacts(index=i, name="NVIDIA L4", uuid=f"GPU-{i}", memory_total_mib=size, memory_free_mib=size)
+        for i, size in enumerate([24000, 8000, 24000])
+    ]
     facts: HostFacts = attrs.evolve(unprobed(), probed=True, ram_total_mib=64000, arch="x86_64", gpus=gpus)
     node = NodeRecord("n1", "10.0.0.1", facts, last_seen=trio.current_time())
     node.update_engines([EngineState("llama.cpp", "b11312", "installed")])

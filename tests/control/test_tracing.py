@@ -47,11 +47,14 @@ def attributes_of(spans: list[Received]) -> list[str]:
 
 
 async def test_a_request_is_a_server_span_with_an_attempt_and_the_engine_gets_its_context(
-        fake_engine: FakeEngine) -> None:
+    fake_engine: FakeEngine,
+) -> None:
     fake_engine.behavior.prompt_tokens = 11
     fake_engine.behavior.chunks = 5
-    async with http_receiver() as receiver, \
-            running_gateway(endpoint("e1", fake_engine.url), tracing=tracing(receiver.url)) as gw:
+    async with (
+        http_receiver() as receiver,
+        running_gateway(endpoint("e1", fake_engine.url), tracing=tracing(receiver.url)) as gw,
+    ):
         response = await gw.client.post("/v1/chat/completions", json=chat_body())
         assert response.status_code == 200
         spans = await receiver.wait_for(one_request)
@@ -79,8 +82,7 @@ async def test_a_request_is_a_server_span_with_an_attempt_and_the_engine_gets_it
     assert int(flags, 16) & 1  # sampled (the SDK sets W3C's random-trace-id flag too)
 
 
-async def test_a_collector_named_by_its_base_url_gets_the_traces_on_the_signal_path(
-        fake_engine: FakeEngine) -> None:
+async def test_a_collector_named_by_its_base_url_gets_the_traces_on_the_signal_path(fake_engine: FakeEngine) -> None:
     # OTEL_EXPORTER_OTLP_ENDPOINT's form (http://collector:4318): the SDK appends /v1/traces to it,
     # and so does [tracing]; the receiver answers 404 elsewhere, as the Collector does.
     async with http_receiver() as receiver:
@@ -98,11 +100,14 @@ def test_an_endpoint_with_a_path_is_kept_and_a_base_url_gets_the_signal_path() -
 
 async def test_a_client_traceparent_makes_the_request_its_child(fake_engine: FakeEngine) -> None:
     trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
-    async with http_receiver() as receiver, \
-            running_gateway(endpoint("e1", fake_engine.url), tracing=tracing(receiver.url, sample_ratio=0.0)) as gw:
+    async with (
+        http_receiver() as receiver,
+        running_gateway(endpoint("e1", fake_engine.url), tracing=tracing(receiver.url, sample_ratio=0.0)) as gw,
+    ):
         # Sampled by its caller: recorded even at a ratio of 0 for new traces (parent-based).
-        response = await gw.client.post("/v1/chat/completions", json=chat_body(),
-                                        headers={"traceparent": f"00-{trace_id}-{parent}-01"})
+        response = await gw.client.post(
+            "/v1/chat/completions", json=chat_body(), headers={"traceparent": f"00-{trace_id}-{parent}-01"}
+        )
         assert response.status_code == 200
         spans = await receiver.wait_for(one_request)
     (request,) = [s for s in spans if s.name == "llmgw.request"]
@@ -111,8 +116,10 @@ async def test_a_client_traceparent_makes_the_request_its_child(fake_engine: Fak
 
 
 async def test_a_malformed_traceparent_starts_a_new_trace(fake_engine: FakeEngine) -> None:
-    async with http_receiver() as receiver, \
-            running_gateway(endpoint("e1", fake_engine.url), tracing=tracing(receiver.url)) as gw:
+    async with (
+        http_receiver() as receiver,
+        running_gateway(endpoint("e1", fake_engine.url), tracing=tracing(receiver.url)) as gw,
+    ):
         for bad in ("00-zz-yy-01", "x" * 5000, "00-" + "0" * 32 + "-" + "1" * 16 + "-01"):
             response = await gw.client.post("/v1/chat/completions", json=chat_body(), headers={"traceparent": bad})
             assert response.status_code == 200
@@ -123,14 +130,18 @@ async def test_a_malformed_traceparent_starts_a_new_trace(fake_engine: FakeEngin
 async def test_a_failed_first_replica_gives_two_attempts_with_their_outcomes(fake_engine: FakeEngine) -> None:
     # The dead replica weighs ten times more: least-loaded picks it first, every time.
     dead = endpoint("dead", f"http://127.0.0.1:{free_port()}", weight=10.0)
-    async with http_receiver() as receiver, \
-            running_gateway(dead, endpoint("e1", fake_engine.url), tracing=tracing(receiver.url)) as gw:
+    async with (
+        http_receiver() as receiver,
+        running_gateway(dead, endpoint("e1", fake_engine.url), tracing=tracing(receiver.url)) as gw,
+    ):
         response = await gw.client.post("/v1/chat/completions", json=chat_body())
         assert response.status_code == 200
         spans = await receiver.wait_for(lambda s: len([x for x in s if x.name == "llmgw.attempt"]) == 2)
     attempts = sorted((s for s in spans if s.name == "llmgw.attempt"), key=lambda s: s.attributes["llmgw.attempt"])
     assert [(a.attributes["llmgw.replica"], a.attributes["llmgw.outcome"]) for a in attempts] == [
-        ("dead", "retry"), ("e1", "answered")]
+        ("dead", "retry"),
+        ("e1", "answered"),
+    ]
     assert attempts[0].attributes["llmgw.reason"] == "connect"
     assert attempts[0].status_code == 2  # STATUS_CODE_ERROR
     (request,) = [s for s in spans if s.name == "llmgw.request"]
@@ -139,8 +150,9 @@ async def test_a_failed_first_replica_gives_two_attempts_with_their_outcomes(fak
 
 async def test_a_sample_ratio_of_zero_exports_nothing(fake_engine: FakeEngine) -> None:
     async with http_receiver() as receiver:
-        async with running_gateway(endpoint("e1", fake_engine.url),
-                                   tracing=tracing(receiver.url, sample_ratio=0.0)) as gw:
+        async with running_gateway(
+            endpoint("e1", fake_engine.url), tracing=tracing(receiver.url, sample_ratio=0.0)
+        ) as gw:
             for _ in range(5):
                 assert (await gw.client.post("/v1/chat/completions", json=chat_body())).status_code == 200
         # The gateway has stopped: its last flush is done.
@@ -153,12 +165,16 @@ async def test_a_sample_ratio_of_zero_exports_nothing(fake_engine: FakeEngine) -
 
 
 async def test_a_client_traceparent_not_sampled_is_forwarded_as_the_same_trace_not_sampled(
-        fake_engine: FakeEngine) -> None:
+    fake_engine: FakeEngine,
+) -> None:
     trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
     async with http_receiver() as receiver:
         async with running_gateway(endpoint("e1", fake_engine.url), tracing=tracing(receiver.url)) as gw:
-            response = await gw.client.post("/v1/chat/completions", json=chat_body(), headers={
-                "traceparent": f"00-{trace_id}-{parent}-00", "tracestate": "vendor=abc,other@sys=x y"})
+            response = await gw.client.post(
+                "/v1/chat/completions",
+                json=chat_body(),
+                headers={"traceparent": f"00-{trace_id}-{parent}-00", "tracestate": "vendor=abc,other@sys=x y"},
+            )
             assert response.status_code == 200
         # The caller decided not to sample: the gateway follows it (parent-based), records nothing.
         assert receiver.spans == []
@@ -171,18 +187,26 @@ async def test_a_client_traceparent_not_sampled_is_forwarded_as_the_same_trace_n
 
 async def test_a_client_tracestate_rides_along_with_a_sampled_request(fake_engine: FakeEngine) -> None:
     trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
-    async with http_receiver() as receiver, \
-            running_gateway(endpoint("e1", fake_engine.url), tracing=tracing(receiver.url)) as gw:
-        response = await gw.client.post("/v1/chat/completions", json=chat_body(), headers={
-            "traceparent": f"00-{trace_id}-{parent}-01", "tracestate": "congo=t61rcWkgMzE"})
+    async with (
+        http_receiver() as receiver,
+        running_gateway(endpoint("e1", fake_engine.url), tracing=tracing(receiver.url)) as gw,
+    ):
+        response = await gw.client.post(
+            "/v1/chat/completions",
+            json=chat_body(),
+            headers={"traceparent": f"00-{trace_id}-{parent}-01", "tracestate": "congo=t61rcWkgMzE"},
+        )
         assert response.status_code == 200
         await receiver.wait_for(one_request)
     assert fake_engine.observed.requests[-1].headers["tracestate"] == "congo=t61rcWkgMzE"
 
 
 _TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
-_MEMBER = st.builds("{}={}".format, st.from_regex(r"[a-z][a-z0-9_\-*/]{0,20}", fullmatch=True),
-                    st.from_regex(r"[!-+\--<>-~]{1,20}", fullmatch=True))
+_MEMBER = st.builds(
+    "{}={}".format,
+    st.from_regex(r"[a-z][a-z0-9_\-*/]{0,20}", fullmatch=True),
+    st.from_regex(r"[!-+\--<>-~]{1,20}", fullmatch=True),
+)
 
 
 def _trimmed(value: str | None) -> str | None:
@@ -193,16 +217,26 @@ def _header_examples() -> list[tuple[str | None, str | None]]:
     """traceparent and tracestate pairs from hypothesis: well formed, near misses and hostile."""
     found: list[tuple[str | None, str | None]] = []
     hexes = st.text("0123456789abcdef", min_size=1, max_size=40)
-    ascii_text = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7e), max_size=600)
+    ascii_text = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=600)
     traceparent = st.one_of(
-        st.none(), ascii_text,
+        st.none(),
+        ascii_text,
         st.builds("00-{}-{}-{}".format, hexes, hexes, st.sampled_from(["00", "01", "02", "03", "ff", "zz"])),
-        st.builds("00-{}-{}-0{}".format, st.text("0123456789abcdef", min_size=32, max_size=32),
-                  st.text("0123456789abcdef", min_size=16, max_size=16), st.sampled_from("0123")))
+        st.builds(
+            "00-{}-{}-0{}".format,
+            st.text("0123456789abcdef", min_size=32, max_size=32),
+            st.text("0123456789abcdef", min_size=16, max_size=16),
+            st.sampled_from("0123"),
+        ),
+    )
     tracestate = st.one_of(
-        st.none(), ascii_text, st.lists(_MEMBER, min_size=1, max_size=40).map(",".join),
+        st.none(),
+        ascii_text,
+        st.lists(_MEMBER, min_size=1, max_size=40).map(",".join),
         st.builds("{}{}".format, st.lists(_MEMBER, min_size=1, max_size=3).map(",".join), ascii_text),
-        st.just("a=" + "b" * 4000), st.just("k=v," * 200))
+        st.just("a=" + "b" * 4000),
+        st.just("k=v," * 200),
+    )
 
     @settings(max_examples=60, database=None, deadline=None)
     @given(traceparent=traceparent, tracestate=tracestate)
@@ -215,10 +249,13 @@ def _header_examples() -> list[tuple[str | None, str | None]]:
 
 
 async def test_hostile_trace_headers_never_fail_a_request_and_only_valid_context_is_forwarded(
-        fake_engine: FakeEngine, caplog: pytest.LogCaptureFixture) -> None:
+    fake_engine: FakeEngine, caplog: pytest.LogCaptureFixture
+) -> None:
     examples = _header_examples()
-    async with http_receiver() as receiver, \
-            running_gateway(endpoint("e1", fake_engine.url), tracing=tracing(receiver.url, sample_ratio=0.5)) as gw:
+    async with (
+        http_receiver() as receiver,
+        running_gateway(endpoint("e1", fake_engine.url), tracing=tracing(receiver.url, sample_ratio=0.5)) as gw,
+    ):
         for traceparent, tracestate in examples:
             headers = {k: v for k, v in (("traceparent", traceparent), ("tracestate", tracestate)) if v is not None}
             response = await gw.client.post("/v1/chat/completions", json=chat_body(), headers=headers)
@@ -245,8 +282,9 @@ async def test_grpc_export(fake_engine: FakeEngine) -> None:
     with grpc_receiver() as receiver:
         config = tracing(receiver.url, protocol="grpc", headers={"x-collector-key": "grpc-secret"})
         async with running_gateway(endpoint("e1", fake_engine.url), tracing=config) as gw:
-            assert (await gw.client.post("/v1/embeddings", json={"model": "fake-model", "input": "hi"})).status_code \
-                == 200
+            assert (
+                await gw.client.post("/v1/embeddings", json={"model": "fake-model", "input": "hi"})
+            ).status_code == 200
             spans = await receiver.wait_for(one_request)
     (request,) = [s for s in spans if s.name == "llmgw.request"]
     assert request.attributes["gen_ai.operation.name"] == "embeddings"
@@ -275,14 +313,18 @@ async def test_no_prompt_or_key_is_in_any_span(fake_engine: FakeEngine, caplog: 
         config = tracing(receiver.url, headers={"authorization": "Bearer collector-secret-42"})
         async with running_gateway(endpoint("e1", engine.url, api_key=engine_key), tracing=config) as gw:
             for prompt, key in examples:
-                for path, body in (("/v1/chat/completions", chat_body(messages=[{"role": "user", "content": prompt}])),
-                                   ("/v1/completions", {"model": "fake-model", "prompt": prompt}),
-                                   ("/v1/embeddings", {"model": "fake-model", "input": prompt})):
-                    response = await gw.client.post(path, json=body, headers={"authorization": f"Bearer {key}",
-                                                                              "x-api-key": key})
+                for path, body in (
+                    ("/v1/chat/completions", chat_body(messages=[{"role": "user", "content": prompt}])),
+                    ("/v1/completions", {"model": "fake-model", "prompt": prompt}),
+                    ("/v1/embeddings", {"model": "fake-model", "input": prompt}),
+                ):
+                    response = await gw.client.post(
+                        path, json=body, headers={"authorization": f"Bearer {key}", "x-api-key": key}
+                    )
                     assert response.status_code == 200
-            spans = await receiver.wait_for(lambda s: len([x for x in s if x.name == "llmgw.request"])
-                                            == 3 * len(examples))
+            spans = await receiver.wait_for(
+                lambda s: len([x for x in s if x.name == "llmgw.request"]) == 3 * len(examples)
+            )
     values = attributes_of(spans)
     for prompt, key in examples:
         assert not any(prompt in v or key in v for v in values)
@@ -292,8 +334,10 @@ async def test_no_prompt_or_key_is_in_any_span(fake_engine: FakeEngine, caplog: 
 
 
 async def test_capture_prompts_puts_the_prompt_in_the_span(fake_engine: FakeEngine) -> None:
-    async with http_receiver() as receiver, \
-            running_gateway(endpoint("e1", fake_engine.url), tracing=tracing(receiver.url, capture_prompts=True)) as gw:
+    async with (
+        http_receiver() as receiver,
+        running_gateway(endpoint("e1", fake_engine.url), tracing=tracing(receiver.url, capture_prompts=True)) as gw,
+    ):
         body = chat_body(messages=[{"role": "user", "content": "the secret recipe"}])
         assert (await gw.client.post("/v1/chat/completions", json=body)).status_code == 200
         spans = await receiver.wait_for(one_request)
@@ -304,7 +348,8 @@ async def test_capture_prompts_puts_the_prompt_in_the_span(fake_engine: FakeEngi
 @pytest.mark.slow
 @pytest.mark.parametrize("collector", ["unreachable", "hanging"])
 async def test_a_dead_or_stuck_collector_slows_no_request_and_shutdown_stays_bounded(
-        fake_engine: FakeEngine, collector: str) -> None:
+    fake_engine: FakeEngine, collector: str
+) -> None:
     async with http_receiver() as receiver:
         receiver.hang = collector == "hanging"
         url = receiver.url if receiver.hang else f"http://127.0.0.1:{free_port()}/v1/traces"

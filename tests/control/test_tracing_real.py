@@ -16,11 +16,14 @@ pytestmark = pytest.mark.engine
 
 async def test_the_engine_call_is_traced(real_engine: LlamaServer) -> None:
     async with http_receiver() as receiver:
-        async with running_gateway(endpoint("chat", real_engine.url, "tiny"),
-                                   tracing=TracingConfig(endpoint=receiver.url)) as gw:
+        async with running_gateway(
+            endpoint("chat", real_engine.url, "tiny"), tracing=TracingConfig(endpoint=receiver.url)
+        ) as gw:
             prompt = "Say something about lighthouses"
-            response = await gw.client.post("/v1/chat/completions", json={
-                "model": "tiny", "messages": [{"role": "user", "content": prompt}], "max_tokens": 12})
+            response = await gw.client.post(
+                "/v1/chat/completions",
+                json={"model": "tiny", "messages": [{"role": "user", "content": prompt}], "max_tokens": 12},
+            )
             assert response.status_code == 200, response.text
             usage = response.json()["usage"]
         # The gateway has stopped: its last flush is done.

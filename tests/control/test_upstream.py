@@ -124,9 +124,15 @@ async def _serve(engine: Engine, stream: trio.abc.Stream) -> None:
                     engine.note()
                     await engine.hold.wait()
                 piece = b'{"ok": true}'
-                head = conn.send(h11.Response(status_code=200, headers=[
-                    ("content-type", "application/json"),
-                    ("content-length", str(len(piece) * engine.body_chunks))]))
+                head = conn.send(
+                    h11.Response(
+                        status_code=200,
+                        headers=[
+                            ("content-type", "application/json"),
+                            ("content-length", str(len(piece) * engine.body_chunks)),
+                        ],
+                    )
+                )
                 await stream.send_all(head or b"")
                 for _ in range(engine.body_chunks):
                     await stream.send_all(conn.send(h11.Data(data=piece)) or b"")
@@ -167,8 +173,9 @@ async def running_engine(max_idle: int = 256, **kwargs: object) -> AsyncIterator
 
 
 async def _post(upstream: Httpx2Upstream, url: str) -> bytes:
-    async with upstream.open("POST", url, headers=[("content-type", "application/json")], body=BODY,
-                             connect_timeout=5) as response:
+    async with upstream.open(
+        "POST", url, headers=[("content-type", "application/json")], body=BODY, connect_timeout=5
+    ) as response:
         assert response.status_code == 200
         assert response.content_type() == "application/json"
         parts = []
@@ -236,8 +243,9 @@ async def test_idle_connections_the_engine_closed_are_swept_even_if_nobody_asks_
             await _post(upstream, other.url)
             other_port = int(other.url.split(":")[2].split("/")[0])
             # the sweep's next turn, not any request, closes it
-            await wait_until(lambda: len(upstream._idle) == 1 and next(iter(upstream._idle))[2] == other_port,
-                             timeout=10)
+            await wait_until(
+                lambda: len(upstream._idle) == 1 and next(iter(upstream._idle))[2] == other_port, timeout=10
+            )
             assert [origin[2] for origin in upstream._idle] == [other_port]
             nursery.cancel_scope.cancel()
         await upstream.aclose()
@@ -342,8 +350,12 @@ async def test_request_head_and_body_leave_in_one_write() -> None:
     try:
         origin = httpcore2.Origin(b"http", b"e", 80)
         connection = httpcore2.AsyncHTTP11Connection(origin, _HeldWritesStream(stream, sock))
-        request = httpcore2.Request(b"POST", "http://e/v1/chat/completions", content=BODY,
-                                    headers=[(b"host", b"e"), (b"content-length", str(len(BODY)).encode())])
+        request = httpcore2.Request(
+            b"POST",
+            "http://e/v1/chat/completions",
+            content=BODY,
+            headers=[(b"host", b"e"), (b"content-length", str(len(BODY)).encode())],
+        )
         response = await connection.handle_async_request(request)
         assert response.status == 200
         assert len(stream.writes) == 1

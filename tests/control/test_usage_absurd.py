@@ -31,17 +31,18 @@ async def test_an_engine_reporting_10_to_the_20_prompt_tokens_locks_nobody_out(f
         auth = {"authorization": f"Bearer {created.secret}"}
         fake_engine.behavior.chunks = 5
         for extra in ({}, {"stream": True, "stream_options": {"include_usage": True}}):
-            answer = await gw.client.post("/v1/chat/completions", json=chat_body(max_tokens=5, **extra),
-                                          headers=auth)
+            answer = await gw.client.post("/v1/chat/completions", json=chat_body(max_tokens=5, **extra), headers=auth)
             assert answer.status_code == 200
             # The client still sees what the engine said; only what llmgw counts is bounded.
             assert str(10**20) in answer.text
         # The group is not locked out for the day: its budget took a plausible count.
         after = await gw.client.post("/v1/chat/completions", json=chat_body(max_tokens=5), headers=auth)
         assert after.status_code == 200
+
         # Each request settles just after its last byte is handed over: give the last one a moment.
         async def settled() -> bool:
             return (await service.usage_totals(group_id=group.id)).requests >= 3
+
         await wait_until(settled, timeout=3, interval=0.01)
         # And the flush writes it: before, the store refused the row ("too large") on every flush.
         await gw.tenancy.usage.flush(gw.tenancy.store)
@@ -50,13 +51,13 @@ async def test_an_engine_reporting_10_to_the_20_prompt_tokens_locks_nobody_out(f
         assert totals.requests == 3
         assert 0 < totals.prompt_tokens < 1_000_000
         # Each clamp is counted, by replica and field (and logged with the replica named).
-        clamped = gw.registry.get_sample_value("llmgw_usage_clamped_total",
-                                               {"replica": "e1", "field": "prompt_tokens"})
+        clamped = gw.registry.get_sample_value("llmgw_usage_clamped_total", {"replica": "e1", "field": "prompt_tokens"})
         assert clamped == 3
 
 
-async def test_a_row_the_store_refuses_never_holds_back_the_others(tmp_path: Path,
-                                                                    caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_row_the_store_refuses_never_holds_back_the_others(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     usage = UsageAccumulator()
     usage.record(T, "k1", "g1", "m", 10, 5)
     usage.record(T, "k2", "g1", "m", 2**70, 5)  # no count reaches here since the gateway clamps

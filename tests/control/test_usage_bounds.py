@@ -24,15 +24,33 @@ from llmgw_control.gateway.usage import (
 
 # Whatever JSON can hold, and then some: huge and negative integers, floats (with NaN and the
 # infinities Python's json writes and reads back), bools, strings, nested junk.
-_scalars = (st.none() | st.booleans() | st.integers() | st.integers(min_value=2**62, max_value=10**40)
-            | st.integers(max_value=-1) | st.floats() | st.text(max_size=8))
-_junk = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=3)
-                     | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=10)
+_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.integers(min_value=2**62, max_value=10**40)
+    | st.integers(max_value=-1)
+    | st.floats()
+    | st.text(max_size=8)
+)
+_junk = st.recursive(
+    _scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=10,
+)
 _count = st.one_of(st.integers(min_value=0, max_value=5000), _junk)
-_usage_objects = st.fixed_dictionaries({}, optional={
-    "prompt_tokens": _count, "completion_tokens": _count, "total_tokens": _count,
-    "prompt_tokens_details": _junk | st.fixed_dictionaries({"cached_tokens": _count}),
-}) | _junk
+_usage_objects = (
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "prompt_tokens": _count,
+            "completion_tokens": _count,
+            "total_tokens": _count,
+            "prompt_tokens_details": _junk | st.fixed_dictionaries({"cached_tokens": _count}),
+        },
+    )
+    | _junk
+)
 _bounds = st.builds(UsageBounds, st.integers(0, TOKEN_CAP), st.integers(0, TOKEN_CAP))
 
 
@@ -57,16 +75,24 @@ def test_any_usage_object_reads_as_bounded_counts_or_none(value: Any, bounds: Us
     usage = read_usage(value, bounds)
     if usage is None:
         # Only when there is no integer prompt count (or a completion count of the wrong type).
-        assert not (isinstance(value, dict) and _is_count(value.get("prompt_tokens"))
-                    and _is_count(value.get("completion_tokens", 0)))
+        assert not (
+            isinstance(value, dict)
+            and _is_count(value.get("prompt_tokens"))
+            and _is_count(value.get("completion_tokens", 0))
+        )
         return
     _within(usage, bounds)
     assert isinstance(value, dict)
     prompt, completion = value["prompt_tokens"], value.get("completion_tokens", 0)
     # A count within bounds is taken as it is; one outside is clamped, and the clamp says so.
-    expected_clamps = {name for name, count, bound in (("prompt_tokens", prompt, bounds.prompt),
-                                                       ("completion_tokens", completion, bounds.completion))
-                       if not 0 <= count <= bound}
+    expected_clamps = {
+        name
+        for name, count, bound in (
+            ("prompt_tokens", prompt, bounds.prompt),
+            ("completion_tokens", completion, bounds.completion),
+        )
+        if not 0 <= count <= bound
+    }
     assert {c.field for c in usage.clamped} == expected_clamps
     if not expected_clamps:
         assert (usage.prompt_tokens, usage.completion_tokens) == (prompt, completion)
@@ -77,7 +103,8 @@ def test_any_usage_object_reads_as_bounded_counts_or_none(value: Any, bounds: Us
 @settings(max_examples=300, deadline=None)
 @given(value=_usage_objects, timings=_junk, bounds=_bounds, streamed=st.booleans())
 def test_any_usage_in_an_engine_answer_reads_as_bounded_counts_or_none(
-        value: Any, timings: Any, bounds: UsageBounds, streamed: bool) -> None:
+    value: Any, timings: Any, bounds: UsageBounds, streamed: bool
+) -> None:
     event = {"id": "x", "choices": [], "usage": value, "timings": timings}
     text = json.dumps(event)  # NaN and Infinity as Python writes them: JSON engines would refuse them
     data = f"data: {text}\n\ndata: [DONE]\n\n".encode() if streamed else text.encode()
@@ -138,16 +165,23 @@ def test_a_prompt_is_never_longer_than_the_replicas_context() -> None:
 def test_what_an_honest_engine_reports_is_never_clamped(text: str, max_tokens: int, n: int) -> None:
     # Its prompt is at most a token a byte of the text, plus the template; it generates at most
     # max_tokens for each choice.
-    request = _chat(messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": text}],
-                    max_tokens=max_tokens, n=n)
+    request = _chat(
+        messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": text}],
+        max_tokens=max_tokens,
+        n=n,
+    )
     honest = {"prompt_tokens": len(text.encode()) + 200, "completion_tokens": max_tokens * n}
     usage = read_usage(honest, usage_bounds(request))
     assert usage == TokenUsage(honest["prompt_tokens"], honest["completion_tokens"])
 
 
 def test_a_continued_stream_charges_bounded_counts() -> None:
-    request = parse_request(ENDPOINTS["/v1/chat/completions"], json.dumps(
-        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 10}).encode())
+    request = parse_request(
+        ENDPOINTS["/v1/chat/completions"],
+        json.dumps(
+            {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 10}
+        ).encode(),
+    )
     record = StreamRecord(request)
     record.continue_after(Seen(text="abc", tokens=3))
     assert record.splice is not None

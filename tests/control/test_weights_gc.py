@@ -41,15 +41,25 @@ def test_a_download_that_does_not_fit_removes_the_least_recently_used_as_few_as_
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from([A, B, C, "d" * 64, "e" * 64]), st.integers(0, 10), st.floats(0, 30),
-                          st.booleans()), max_size=8, unique_by=lambda t: t[0]),
-       st.sets(st.sampled_from([A, B, C])), st.integers(0, 40), st.integers(0, 40))
-def test_nothing_in_use_is_ever_removed(files: list[tuple[str, int, float, bool]], in_use: set[str], need: int,
-                                       free: int) -> None:
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([A, B, C, "d" * 64, "e" * 64]), st.integers(0, 10), st.floats(0, 30), st.booleans()),
+        max_size=8,
+        unique_by=lambda t: t[0],
+    ),
+    st.sets(st.sampled_from([A, B, C])),
+    st.integers(0, 40),
+    st.integers(0, 40),
+)
+def test_nothing_in_use_is_ever_removed(
+    files: list[tuple[str, int, float, bool]], in_use: set[str], need: int, free: int
+) -> None:
     cache = [held(sha, size=size, age=age * DAY, in_use=used) for sha, size, age, used in files]
     busy = in_use | {w.sha256 for w in cache if w.in_use}
-    for removed in (expired(cache, in_use, now=NOW, keep_for=7 * DAY), room_for_download(cache, in_use, need=need,
-                                                                                          free=free)):
+    for removed in (
+        expired(cache, in_use, now=NOW, keep_for=7 * DAY),
+        room_for_download(cache, in_use, need=need, free=free),
+    ):
         assert not set(removed) & busy
 
 
@@ -66,9 +76,18 @@ def _world(*, disk_free_mib: int = 100_000, weights: list[WeightsHeld]) -> tuple
     profile = ProfileConfig(name="cpu", weights=WeightsConfig("http://files/m.gguf", A, 3 << 30), min_replicas=1)
     catalog = Catalog([ModelConfig("m", [profile])], [EngineConfig()])
     inventory, dispatcher = Inventory(), Dispatcher()
-    reconciler = Reconciler(catalog, inventory, Liveness(15, 60), dispatcher, ReplicaSet(), secret=b"s" * 32,
-                            claims={"m:cpu": Claim(100)}, config=ReconcilerConfig(weights_keep_for=7 * DAY),
-                            clock=trio.current_time, wall_clock=lambda: NOW)
+    reconciler = Reconciler(
+        catalog,
+        inventory,
+        Liveness(15, 60),
+        dispatcher,
+        ReplicaSet(),
+        secret=b"s" * 32,
+        claims={"m:cpu": Claim(100)},
+        config=ReconcilerConfig(weights_keep_for=7 * DAY),
+        clock=trio.current_time,
+        wall_clock=lambda: NOW,
+    )
     facts: HostFacts = attrs.evolve(unprobed(), probed=True, ram_total_mib=16000, disk_free_mib=disk_free_mib)
     node = NodeRecord("n1", "10.0.0.1", facts, last_seen=trio.current_time(), weights=weights)
     node.update_engines([EngineState("llama.cpp", "b11312", "installed")])
@@ -77,7 +96,8 @@ def _world(*, disk_free_mib: int = 100_000, weights: list[WeightsHeld]) -> tuple
 
 
 async def test_the_reconciler_removes_what_is_stale_and_keeps_what_its_replica_uses(
-        autojump_clock: trio.testing.MockClock) -> None:
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     reconciler, dispatcher, node = _world(weights=[held(A, age=30 * DAY), held(B, age=30 * DAY), held(C)])
     reconciler.reconcile_once()
     (start,) = [c for c in dispatcher.sent if isinstance(c, StartReplica)]
@@ -92,10 +112,12 @@ async def test_the_reconciler_removes_what_is_stale_and_keeps_what_its_replica_u
 
 
 async def test_a_start_whose_download_does_not_fit_first_removes_the_least_recently_used(
-        autojump_clock: trio.testing.MockClock) -> None:
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     # 2 GiB free (and the node's 256 MiB margin); the 3 GiB model needs B (older) and C removed.
-    reconciler, dispatcher, _ = _world(disk_free_mib=2048 + 256, weights=[held(B, size=512 << 20, age=2 * DAY),
-                                                                          held(C, size=1 << 30, age=1 * DAY)])
+    reconciler, dispatcher, _ = _world(
+        disk_free_mib=2048 + 256, weights=[held(B, size=512 << 20, age=2 * DAY), held(C, size=1 << 30, age=1 * DAY)]
+    )
     reconciler.reconcile_once()
     kinds = [type(c).__name__ for c in dispatcher.sent]
     assert kinds == ["RemoveWeights", "StartReplica"]  # the room first, on the same ordered connection

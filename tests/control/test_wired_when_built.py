@@ -21,8 +21,11 @@ def test_app_sets_no_attribute_of_what_it_built() -> None:
         if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             # A class's own ``self.x = ...`` in its constructor is building, not wiring.
-            set_after += [f"line {node.lineno}: {ast.unparse(t)}" for t in targets if isinstance(t, ast.Attribute)
-                          and not (isinstance(t.value, ast.Name) and t.value.id == "self")]
+            set_after += [
+                f"line {node.lineno}: {ast.unparse(t)}"
+                for t in targets
+                if isinstance(t, ast.Attribute) and not (isinstance(t.value, ast.Name) and t.value.id == "self")
+            ]
     assert set_after == [], "hand it to the constructor instead"
 
 
@@ -30,13 +33,19 @@ def test_the_gateway_constructor_only_sets_its_own_attributes() -> None:
     """Every statement of ``Gateway.__init__`` is ``self.x = ...``: no call made for its effect on a
     part it was handed (that is wiring after the part was built), no attribute set on one."""
     tree = ast.parse(GATEWAY.read_text(encoding="utf-8"))
-    (init,) = [f for c in tree.body if isinstance(c, ast.ClassDef) and c.name == "Gateway"
-               for f in c.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"]
+    (init,) = [
+        f
+        for c in tree.body
+        if isinstance(c, ast.ClassDef) and c.name == "Gateway"
+        for f in c.body
+        if isinstance(f, ast.FunctionDef) and f.name == "__init__"
+    ]
     wiring = []
     for statement in init.body:
         own = isinstance(statement, ast.Assign) and all(
             isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
-            for t in statement.targets)
+            for t in statement.targets
+        )
         if not own:
             wiring.append(f"line {statement.lineno}: {ast.unparse(statement)}")
     assert wiring == [], "hand it to that part's constructor instead"

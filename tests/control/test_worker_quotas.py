@@ -55,24 +55,32 @@ async def _daemon(tmp_path: Path, engine_url: str, store: str = "") -> AsyncIter
     well, which another test's listener took once).
     """
     config = tmp_path / "control.toml"
-    config.write_text(f'listen = "127.0.0.1:{free_port()}"\nadmin_listen = "127.0.0.1:0"\nworkers = 2\n'
-                      f'data_dir = "{tmp_path / "data"}"\nshutdown_grace = 2.0\nlog_format = "json"\n'
-                      + (f"store = {store!r}\n" if store else "")
-                      + f'[[endpoints]]\nid = "e1"\nurl = "{engine_url}"\nmodels = ["fake-model"]\n')
+    config.write_text(
+        f'listen = "127.0.0.1:{free_port()}"\nadmin_listen = "127.0.0.1:0"\nworkers = 2\n'
+        f'data_dir = "{tmp_path / "data"}"\nshutdown_grace = 2.0\nlog_format = "json"\n'
+        + (f"store = {store!r}\n" if store else "")
+        + f'[[endpoints]]\nid = "e1"\nurl = "{engine_url}"\nmodels = ["fake-model"]\n'
+    )
     log = tmp_path / "control.log"
     with log.open("wb") as out:
-        supervisor = await trio.lowlevel.open_process([LLMGW_CONTROL, "run", "--config", str(config)], stdout=out,
-                                                      stderr=subprocess.STDOUT)
+        supervisor = await trio.lowlevel.open_process(
+            [LLMGW_CONTROL, "run", "--config", str(config)], stdout=out, stderr=subprocess.STDOUT
+        )
     try:
+
         def serving() -> str | None:
             text = log.read_text(errors="replace")
             if "workers serving" in text:
                 return text
             assert supervisor.poll() is None, f"llmgw-control exited:\n{text[-3000:]}"
             return None
+
         text = await wait_until(serving, timeout=_DEADLINE)
-        urls = {(line["listener"], line["url"]) for line in map(json.loads, text.splitlines())
-                if line.get("msg", "").endswith(" listening on " + line.get("url", ""))}
+        urls = {
+            (line["listener"], line["url"])
+            for line in map(json.loads, text.splitlines())
+            if line.get("msg", "").endswith(" listening on " + line.get("url", ""))
+        }
         yield _Daemon(next(u for n, u in urls if n == "api"), next(u for n, u in urls if n == "admin"))
     finally:
         with trio.CancelScope(shield=True):
@@ -95,14 +103,19 @@ def _one_connection_client(url: str) -> httpx2.AsyncClient:
             if name == "connection.connect_tcp.started":
                 connects += 1
                 if connects > 1:
-                    raise AssertionError(f"a pinned client reconnected (the worker closed it): {request.method} "
-                                         f"{request.url}, pinned to {request.headers.get('x-pinned-to')}")
+                    raise AssertionError(
+                        f"a pinned client reconnected (the worker closed it): {request.method} "
+                        f"{request.url}, pinned to {request.headers.get('x-pinned-to')}"
+                    )
 
         request.extensions["trace"] = trace
 
-    return httpx2.AsyncClient(base_url=url, timeout=_DEADLINE, event_hooks={"request": [on_request]},
-                              limits=httpx2.Limits(max_connections=1, max_keepalive_connections=1,
-                                                   keepalive_expiry=None))  # (5 s by default)
+    return httpx2.AsyncClient(
+        base_url=url,
+        timeout=_DEADLINE,
+        event_hooks={"request": [on_request]},
+        limits=httpx2.Limits(max_connections=1, max_keepalive_connections=1, keepalive_expiry=None),
+    )  # (5 s by default)
 
 
 class _Workers:
@@ -115,6 +128,7 @@ class _Workers:
 
     async def pin(self, per_worker: int, *, workers: int = 2, avoid: frozenset[int] = frozenset()) -> None:
         """Until ``workers`` pids (none in ``avoid``) each have ``per_worker`` pinned clients."""
+
         async def one_more() -> bool:
             """Try one more connection; whether enough are pinned now."""
             if len([p for p, c in self.pinned.items() if len(c) >= per_worker and p not in avoid]) >= workers:
@@ -131,6 +145,7 @@ class _Workers:
                 return False  # checked again at once: no wait after a success
             await client.aclose()
             return False
+
         # (the worker still missing may be starting)
         await wait_until(one_more, timeout=_DEADLINE, interval=0.02)
 
@@ -187,14 +202,16 @@ async def _post(client: httpx2.AsyncClient, secret: str, **body: Any) -> httpx2.
     return answer
 
 
-async def _held_streams(clients: list[httpx2.AsyncClient], secret: str, statuses: Counter[int],
-                        nursery: trio.Nursery) -> None:
+async def _held_streams(
+    clients: list[httpx2.AsyncClient], secret: str, statuses: Counter[int], nursery: trio.Nursery
+) -> None:
     """One stream per client, held open (the engine hangs after its first chunk): their statuses."""
 
     async def hold(client: httpx2.AsyncClient) -> None:
         try:
-            async with client.stream("POST", "/v1/chat/completions", json=chat_body(stream=True),
-                                     headers=_auth(secret)) as response:
+            async with client.stream(
+                "POST", "/v1/chat/completions", json=chat_body(stream=True), headers=_auth(secret)
+            ) as response:
                 statuses[response.status_code] += 1
                 async for _ in response.aiter_bytes():
                     pass  # held until cancelled, or until its worker is killed
@@ -308,7 +325,8 @@ async def test_a_dead_workers_concurrency_slots_come_back_within_the_lease(
             await _wait(lambda: statuses[200] == concurrent)
             # Both slots are taken on one worker: the other refuses.
             async with workers.pinned[survivor][0].stream(
-                    "POST", "/v1/chat/completions", json=chat_body(stream=True), headers=_auth(secret)) as refused:
+                "POST", "/v1/chat/completions", json=chat_body(stream=True), headers=_auth(secret)
+            ) as refused:
                 assert refused.status_code == 429, "the other worker admitted a third stream"
                 await refused.aread()
 
@@ -316,10 +334,12 @@ async def test_a_dead_workers_concurrency_slots_come_back_within_the_lease(
             killed = trio.current_time()
             await _wait(lambda: statuses[-1] == concurrent)  # the held streams died with it
         fake_engine.behavior.hang_mid_stream_after = None
+
         # The dead worker's slots stop counting when its lease ends (at most LEASE_TTL after its
         # last renewal); the survivor then leases them (after at most one refusal's backoff).
         async def served() -> bool:
             return (await _post(workers.pinned[survivor][0], secret)).status_code == 200
+
         await wait_until(served, timeout=_DEADLINE, interval=0.1)
         took = trio.current_time() - killed
         assert took <= LEASE_TTL + BACKOFF_SECONDS + 2.0, f"the dead worker's slots came back after {took:.1f} s"

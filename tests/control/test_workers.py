@@ -66,12 +66,17 @@ def test_each_worker_gets_its_own_admin_and_agent_port() -> None:
 def test_supervisor_shares_the_port_restarts_a_dead_worker_and_stops_all(tmp_path: Path) -> None:
     port = _free_port()
     config = tmp_path / "control.toml"
-    config.write_text(f'listen = "127.0.0.1:{port}"\nadmin_listen = "127.0.0.1:0"\nworkers = 2\n'
-                      f'data_dir = "{tmp_path / "data"}"\nshutdown_grace = 2.0\nlog_format = "text"\n')
+    config.write_text(
+        f'listen = "127.0.0.1:{port}"\nadmin_listen = "127.0.0.1:0"\nworkers = 2\n'
+        f'data_dir = "{tmp_path / "data"}"\nshutdown_grace = 2.0\nlog_format = "text"\n'
+    )
     log = tmp_path / "control.log"
     with log.open("w") as out:
-        supervisor = subprocess.Popen([sys.executable, "-m", "llmgw_control.cli", "run", "--config", str(config)],
-                                      stdout=out, stderr=subprocess.STDOUT)
+        supervisor = subprocess.Popen(
+            [sys.executable, "-m", "llmgw_control.cli", "run", "--config", str(config)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         _wait_for(lambda: "workers serving" in log.read_text(), "the workers are ready")
         seen: set[int] = set()
@@ -81,6 +86,7 @@ def test_supervisor_shares_the_port_restarts_a_dead_worker_and_stops_all(tmp_pat
             if pid is not None:
                 seen.add(pid)
             return len(seen) == 2
+
         _wait_for(both, "both workers answered on the shared port")
         assert supervisor.pid not in seen
         victim = min(seen)
@@ -92,6 +98,7 @@ def test_supervisor_shares_the_port_restarts_a_dead_worker_and_stops_all(tmp_pat
             if pid is not None and pid not in seen:
                 seen.add(pid)
             return len(seen) == 3
+
         _wait_for(replaced, "the restarted worker answers")
         supervisor.send_signal(signal.SIGTERM)
         assert supervisor.wait(timeout=_DEADLINE) == 0

@@ -35,5 +35,14 @@ def node_config(tmp_path: Path) -> NodeConfig:
 
 @pytest.fixture
 def fast_timing() -> Timing:
-    return Timing(health_interval=0.05, backoff_base=0.05, backoff_cap=0.4, stop_grace=3.0, drain_poll=0.05,
-                  adopted_poll=0.05, ready_health_interval=0.1, unhealthy_limit=3, health_timeout=1.0)
+    return Timing(
+        health_interval=0.05,
+        backoff_base=0.05,
+        backoff_cap=0.4,
+        stop_grace=3.0,
+        drain_poll=0.05,
+        adopted_poll=0.05,
+        ready_health_interval=0.1,
+        unhealthy_limit=3,
+        health_timeout=1.0,
+    )

@@ -26,7 +26,11 @@ from llmgw_shared.wire import (
 
 
 async def next_replica_state(
-    svc: NodeService, replica_id: str, pred: Callable[[ReplicaState], bool], *, seen: list[ReplicaState] | None = None,
+    svc: NodeService,
+    replica_id: str,
+    pred: Callable[[ReplicaState], bool],
+    *,
+    seen: list[ReplicaState] | None = None,
     limit_s: float = 60.0,
 ) -> ReplicaState:
     """Read reports until ``shard_id`` reaches a state matching ``pred``; collect what passed by."""
@@ -59,14 +63,27 @@ def drain_reports(svc: NodeService) -> list[Report]:
             return out
 
 
-def replica_spec(replica_id: str, weights: WeightsSpec, port: int, *, api_key: str = "sk-shard-test",
-               args: list[str] | None = None, max_restarts: int = 3, version: str = "b11312") -> ReplicaSpec:
+def replica_spec(
+    replica_id: str,
+    weights: WeightsSpec,
+    port: int,
+    *,
+    api_key: str = "sk-shard-test",
+    args: list[str] | None = None,
+    max_restarts: int = 3,
+    version: str = "b11312",
+) -> ReplicaSpec:
     return ReplicaSpec(
-        replica_id=replica_id, engine="llama.cpp", engine_version=version, weights=weights, port=port,
+        replica_id=replica_id,
+        engine="llama.cpp",
+        engine_version=version,
+        weights=weights,
+        port=port,
         api_key=api_key,
         # One thread: on a busy 2-core machine the default thread count makes answers crawl.
         args=args if args is not None else ["-t", "1", "-c", "1024", "-np", "2", "--metrics", "--alias", "tiny"],
-        start_timeout_s=30.0, max_restarts=max_restarts,
+        start_timeout_s=30.0,
+        max_restarts=max_restarts,
     )
 
 
@@ -83,6 +100,7 @@ Behaviour = Callable[[WebSocketConnection], Awaitable[None]]
 @asynccontextmanager
 async def fake_control(behaviour: Behaviour) -> AsyncIterator[str]:
     """A trio-websocket server on 127.0.0.1 playing control; yields its agent URL."""
+
     async def handler(request: WebSocketRequest) -> None:
         ws = await request.accept()
         with suppress(ConnectionClosed):
@@ -92,7 +110,6 @@ async def fake_control(behaviour: Behaviour) -> AsyncIterator[str]:
         server = await nursery.start(partial(serve_websocket, handler, "127.0.0.1", 0, None))
         yield f"ws://127.0.0.1:{server.port}/agent/v1"
         nursery.cancel_scope.cancel()
-
 
 
 async def receive(ws: WebSocketConnection, limit_s: float = 10.0) -> Message:
@@ -109,11 +126,14 @@ def small_filesystem(path: Path, size: str, *, inodes: int | None = None) -> Ite
     """
     path.mkdir(parents=True, exist_ok=True)
     options = f"size={size}" + (f",nr_inodes={inodes}" if inodes else "")
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
-                             capture_output=True, text=True, check=False)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True, check=False
+    )
     if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip() or 'mount failed'}); "
-                    "the full-disk test needs root or CAP_SYS_ADMIN")
+        pytest.skip(
+            f"cannot mount a tmpfs here ({mounted.stderr.strip() or 'mount failed'}); "
+            "the full-disk test needs root or CAP_SYS_ADMIN"
+        )
     try:
         yield path
     finally:

@@ -21,8 +21,16 @@ STEPS = "abcdefghijklmnopq"
 SHORT_LINK = "l" * 250
 
 
-def _add(tar: tarfile.TarFile, name: str, *, kind: bytes = tarfile.REGTYPE, data: bytes = b"",
-         linkname: str = "", mode: int = 0o644, pax: dict[str, str] | None = None) -> None:
+def _add(
+    tar: tarfile.TarFile,
+    name: str,
+    *,
+    kind: bytes = tarfile.REGTYPE,
+    data: bytes = b"",
+    linkname: str = "",
+    mode: int = 0o644,
+    pax: dict[str, str] | None = None,
+) -> None:
     info = tarfile.TarInfo(name)
     info.type = kind
     info.linkname = linkname
@@ -111,11 +119,13 @@ def pathmax_escape_zip(levels: int, *, top: str = "top") -> bytes:
 def link_chain_escape_tar() -> bytes:
     """Short links that each stay inside on paper and leave together: ``sub/up -> ..``,
     ``esc -> sub/up/..`` (lexically ``sub``; the kernel goes to the parent of the top)."""
-    return tar_gz([
-        ("top/llama-server", {"data": b"bin", "mode": 0o755}),
-        ("sub/up", {"kind": tarfile.SYMTYPE, "linkname": ".."}),
-        ("esc", {"kind": tarfile.SYMTYPE, "linkname": "sub/up/.."}),
-    ])
+    return tar_gz(
+        [
+            ("top/llama-server", {"data": b"bin", "mode": 0o755}),
+            ("sub/up", {"kind": tarfile.SYMTYPE, "linkname": ".."}),
+            ("esc", {"kind": tarfile.SYMTYPE, "linkname": "sub/up/.."}),
+        ]
+    )
 
 
 def _zip_entry(zf: zipfile.ZipFile, name: str, data: bytes, mode: int) -> None:
@@ -142,8 +152,12 @@ def duplicate_zip(top: str = "top") -> bytes:
 
 def nul_name_tar(top: str = "top") -> bytes:
     """A pax ``path`` record may hold a NUL, which no file name can."""
-    return tar_gz([(f"{top}/llama-server", {"data": b"bin", "mode": 0o755}),
-                   ("x", {"data": b"x", "pax": {"path": f"{top}/a\x00b"}})])
+    return tar_gz(
+        [
+            (f"{top}/llama-server", {"data": b"bin", "mode": 0o755}),
+            ("x", {"data": b"x", "pax": {"path": f"{top}/a\x00b"}}),
+        ]
+    )
 
 
 def long_name_tar(top: str = "top") -> bytes:
@@ -159,8 +173,12 @@ def long_path_tar(top: str = "top") -> bytes:
 
 def truncated_tar_gz(top: str = "top") -> bytes:
     """A real archive cut in the middle of its gzip stream."""
-    whole = tar_gz([(f"{top}/llama-server", {"data": bytes(range(256)) * 400, "mode": 0o755}),
-                    (f"{top}/lib.so", {"data": bytes(reversed(range(256))) * 400})])
+    whole = tar_gz(
+        [
+            (f"{top}/llama-server", {"data": bytes(range(256)) * 400, "mode": 0o755}),
+            (f"{top}/lib.so", {"data": bytes(reversed(range(256))) * 400}),
+        ]
+    )
     return whole[: len(whole) // 2]
 
 
@@ -189,8 +207,12 @@ def engine_archive_cases(top: str) -> list[tuple[str, str, bytes, str]]:
         ("pathmax-tar", ".tar.gz", pathmax_escape_tar(4, top=top), "failed: entry '"),
         ("pathmax-zip", ".zip", pathmax_escape_zip(4, top=top), "failed: entry '"),
         ("hardlink-chmod", ".tar.gz", hardlink_chmod_tar(4, "victim"), "failed: entry '"),
-        ("link-chain", ".tar.gz", link_chain_escape_tar(),
-         "failed: entry 'esc': resolves outside the install directory through a link"),
+        (
+            "link-chain",
+            ".tar.gz",
+            link_chain_escape_tar(),
+            "failed: entry 'esc': resolves outside the install directory through a link",
+        ),
         ("duplicate", ".zip", duplicate_zip(top), f"failed: entry '{top}/llama-server': appears twice in the archive"),
         ("nul", ".tar.gz", nul_name_tar(top), f"failed: entry '{top}/a\\x00b': NUL in the name"),
         ("long-name", ".tar.gz", long_name_tar(top), ": a name longer than 255 bytes"),

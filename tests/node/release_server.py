@@ -47,16 +47,28 @@ class FileServer:
         """The release-API URL template the node is given (``{version}`` is the tag)."""
         return f"{self.base}/repos/{repo}/releases/tags/{{version}}"
 
-    def publish(self, tag: str, assets: dict[str, bytes], *, digests: dict[str, str] | None = None,
-                repo: str = "ggml-org/llama.cpp", listed_as: dict[str, dict[str, Any]] | None = None) -> None:
+    def publish(
+        self,
+        tag: str,
+        assets: dict[str, bytes],
+        *,
+        digests: dict[str, str] | None = None,
+        repo: str = "ggml-org/llama.cpp",
+        listed_as: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
         """A release whose assets are served here; ``digests`` overrides a published sha256
         (hex), ``listed_as`` any field of an asset's entry (a hostile name or digest, say)."""
         listed = []
         for name, data in assets.items():
             url = self.add_file(name, data)
             digest = (digests or {}).get(name, sha256_hex(data))
-            entry = {"name": name, "size": len(data), "browser_download_url": url,
-                     "digest": f"sha256:{digest}", "content_type": "application/octet-stream"}
+            entry = {
+                "name": name,
+                "size": len(data),
+                "browser_download_url": url,
+                "digest": f"sha256:{digest}",
+                "content_type": "application/octet-stream",
+            }
             entry.update((listed_as or {}).get(name, {}))
             listed.append(entry)
         self.releases[f"/repos/{repo}/releases/tags/{tag}"] = {"tag_name": tag, "assets": listed}
@@ -96,17 +108,25 @@ class FileServer:
         start = 0
         status = 200
         if rng.startswith("bytes=") and rng.endswith("-"):
-            start = int(rng[len("bytes="):-1])
+            start = int(rng[len("bytes=") : -1])
             if start >= len(data):
                 await _respond(send, 416, b"", "text/plain")
                 return
             status = 206
         body = data[start:]
         extra = [(b"content-range", f"bytes {start}-{len(data) - 1}/{len(data)}".encode())] if status == 206 else []
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/octet-stream"),
-                                (b"content-length", str(len(body)).encode()), (b"accept-ranges", b"bytes"),
-                                *extra]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/octet-stream"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"accept-ranges", b"bytes"),
+                    *extra,
+                ],
+            }
+        )
         cut = self.cut_after.pop(path, None)
         if cut is not None:
             await send({"type": "http.response.body", "body": body[:cut], "more_body": True})
@@ -114,13 +134,18 @@ class FileServer:
             return
         chunk = 256 << 10
         for offset in range(0, len(body), chunk):
-            await send({"type": "http.response.body", "body": body[offset:offset + chunk], "more_body": True})
+            await send({"type": "http.response.body", "body": body[offset : offset + chunk], "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 async def _respond(send: Send, status: int, body: bytes, content_type: str) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -133,8 +158,9 @@ async def run_file_server() -> AsyncIterator[FileServer]:
     config.errorlog = None
     shutdown = trio.Event()
     async with trio.open_nursery() as nursery:
-        urls = await nursery.start(lambda task_status: serve(server, config, shutdown_trigger=shutdown.wait,
-                                                             task_status=task_status))
+        urls = await nursery.start(
+            lambda task_status: serve(server, config, shutdown_trigger=shutdown.wait, task_status=task_status)
+        )
         server.base = urls[0].rstrip("/")
         try:
             yield server

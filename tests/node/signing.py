@@ -34,8 +34,14 @@ class OperatorKey:
     def id_text(self) -> str:
         return f"{int.from_bytes(self.key_id, 'little'):016X}"
 
-    def sign(self, data: bytes, *, prehashed: bool = True, comment: str = "timestamp:1 file:index.json hashed",
-             key_id: bytes | None = None) -> bytes:
+    def sign(
+        self,
+        data: bytes,
+        *,
+        prehashed: bool = True,
+        comment: str = "timestamp:1 file:index.json hashed",
+        key_id: bytes | None = None,
+    ) -> bytes:
         """A minisign signature file over ``data`` (``ED``: BLAKE2b-512 first, minisign's default)."""
         message = hashlib.blake2b(data, digest_size=64).digest() if prehashed else data
         sig = self.private.sign(message)

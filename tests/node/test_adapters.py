@@ -27,13 +27,18 @@ pytestmark = pytest.mark.engine
 
 def _served(files: FileServer, name: str, path: Path) -> WeightsSpec:
     data = path.read_bytes()
-    return WeightsSpec(url=files.add_file(f"{name}.gguf", data), sha256=hashlib.sha256(data).hexdigest(),
-                       size=len(data))
+    return WeightsSpec(
+        url=files.add_file(f"{name}.gguf", data), sha256=hashlib.sha256(data).hexdigest(), size=len(data)
+    )
 
 
 async def test_adapters_are_verified_cached_and_loaded_in_order(
-    node_config: NodeConfig, files: FileServer, engine_archive: tuple[str, bytes], tiny_model: Path,
-    fast_timing: Timing, tmp_path: Path,
+    node_config: NodeConfig,
+    files: FileServer,
+    engine_archive: tuple[str, bytes],
+    tiny_model: Path,
+    fast_timing: Timing,
+    tmp_path: Path,
 ) -> None:
     adapters = [AdapterSpec(name, _served(files, name, path)) for name, path in write_adapters(tmp_path).items()]
     async with installed_node(node_config, files, engine_archive, fast_timing) as svc:
@@ -41,18 +46,26 @@ async def test_adapters_are_verified_cached_and_loaded_in_order(
         # the engine starts with the other alone (its lora id 0) and the detail says why.
         wrong = attrs.evolve(adapters[0], weights=attrs.evolve(adapters[0].weights, sha256="0" * 64))
         bad_port = free_port()
-        bad = attrs.evolve(replica_spec("lora-bad", served_weights(files, tiny_model), bad_port),
-                           adapters=[wrong, adapters[1]])
+        bad = attrs.evolve(
+            replica_spec("lora-bad", served_weights(files, tiny_model), bad_port), adapters=[wrong, adapters[1]]
+        )
         assert (await svc.handle(StartReplica(id="c0", fencing_token=1, replica=bad))).ok
         partial = await next_replica_state(svc, "lora-bad", lambda s: s.status in ("ready", "failed"))
         assert partial.status == "ready" and partial.adapters == [adapters[1].name], partial.describe()
         assert f"adapter {wrong.name} not loaded" in partial.detail and "sha256" in partial.detail, partial.detail
         words = (await trio.Path(f"/proc/{partial.pid}/cmdline").read_bytes()).split(b"\0")
         assert words[words.index(b"--lora-scaled") + 1].count(b",") == 0, words
-        async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{bad_port}", timeout=60,
-                                      headers={"authorization": f"Bearer {bad.api_key}"}) as client:
-            answer = await client.post("/v1/chat/completions", json={
-                "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "lora": [{"id": 0, "scale": 1.0}]})
+        async with httpx2.AsyncClient(
+            base_url=f"http://127.0.0.1:{bad_port}", timeout=60, headers={"authorization": f"Bearer {bad.api_key}"}
+        ) as client:
+            answer = await client.post(
+                "/v1/chat/completions",
+                json={
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 8,
+                    "lora": [{"id": 0, "scale": 1.0}],
+                },
+            )
             assert answer.json()["choices"][0]["message"]["content"].count(TOKENS[adapters[1].name]) >= 6
         assert (await svc.handle(StopReplica(id="c9", fencing_token=1, replica_id="lora-bad"))).ok
         await next_replica_state(svc, "lora-bad", lambda s: s.status == "stopped")
@@ -68,13 +81,16 @@ async def test_adapters_are_verified_cached_and_loaded_in_order(
         async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=60) as client:
             for index, adapter in enumerate(adapters):
                 lora = [{"id": i, "scale": 1.0 if i == index else 0.0} for i in range(len(adapters))]
-                answer = await client.post("/v1/chat/completions", json={
-                    "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "lora": lora})
+                answer = await client.post(
+                    "/v1/chat/completions",
+                    json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "lora": lora},
+                )
                 text = answer.json()["choices"][0]["message"]["content"]
                 assert text.count(TOKENS[adapter.name]) >= 6, (adapter.name, text)
             # Loaded at scale 0: a request that names no adapter gets the base model.
-            plain = await client.post("/v1/chat/completions", json={
-                "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8})
+            plain = await client.post(
+                "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+            )
             text = plain.json()["choices"][0]["message"]["content"]
             assert all(text.count(c) < 6 for c in TOKENS.values()), text
         assert (await svc.handle(StopReplica(id="c2", fencing_token=1, replica_id="lora-0"))).ok

@@ -79,8 +79,11 @@ async def test_refusal_names_the_leader_and_the_session_runs_there(
 
     assert agent.status.last_refusal == "standby"
     hello = hellos[0]
-    assert (hello.protocol_version, hello.node_id, hello.join_token) == (PROTOCOL_VERSION, "test-node",
-                                                                        "llmgw-join-secret")
+    assert (hello.protocol_version, hello.node_id, hello.join_token) == (
+        PROTOCOL_VERSION,
+        "test-node",
+        "llmgw-join-secret",
+    )
     assert hello.facts.probed
     acks = [f for f in frames if isinstance(f, Ack)]
     errors = [f.message for f in frames if isinstance(f, Error)]
@@ -174,8 +177,9 @@ async def test_join_token_never_reaches_the_log(
     assert token not in caplog.text
 
 
-async def _run_until(node_config: NodeConfig, fast_timing: Timing, urls: list[str], hellos: list[float],
-                     count: int) -> None:
+async def _run_until(
+    node_config: NodeConfig, fast_timing: Timing, urls: list[str], hellos: list[float], count: int
+) -> None:
     # Backoff 0.5-1.0 s: far above the milliseconds a tight reconnect loop takes, even under load.
     config = attrs.evolve(node_config, control=urls, reconnect_min_s=1.0, reconnect_max_s=1.0)
     async with open_node_service(config, timing=fast_timing) as svc, trio.open_nursery() as nursery:
@@ -195,6 +199,7 @@ async def test_standbys_naming_each_other_do_not_bounce_the_node_forever(
             await receive(ws)
             hellos.append(trio.current_time())
             await ws.send_message(encode(Refuse(reason="standby", leader=urls[name])))
+
         return behave
 
     urls: dict[str, str] = {}

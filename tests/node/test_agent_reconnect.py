@@ -44,8 +44,9 @@ async def test_after_losing_control_a_connect_into_a_dead_backlog_gives_up_quick
             await ws.aclose()
             closed_at.append(trio.current_time())
 
-    config = attrs.evolve(node_config, control=[f"ws://127.0.0.1:{port}/agent/v1"], reconnect_min_s=0.01,
-                          reconnect_max_s=0.02)
+    config = attrs.evolve(
+        node_config, control=[f"ws://127.0.0.1:{port}/agent/v1"], reconnect_min_s=0.01, reconnect_max_s=0.02
+    )
     with listener:
         async with open_node_service(config, timing=fast_timing) as svc, trio.open_nursery() as nursery:
             nursery.start_soon(one_session_then_silence)

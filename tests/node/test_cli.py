@@ -48,8 +48,13 @@ async def node(*args: str, check: bool = False) -> subprocess.CompletedProcess[b
 
 
 async def test_help_works_for_every_command() -> None:
-    for args in (["--help"], ["run", "--help"], ["probe", "--help"], ["engines", "--help"],
-                 ["engines", "install", "--help"]):
+    for args in (
+        ["--help"],
+        ["run", "--help"],
+        ["probe", "--help"],
+        ["engines", "--help"],
+        ["engines", "install", "--help"],
+    ):
         result = await node(*args)
         assert result.returncode == 0, result.stderr
         assert b"usage: llmgw-node" in result.stdout
@@ -76,9 +81,7 @@ async def test_probe_json_and_table(tmp_path: Path) -> None:
     assert b"engine  none" in table.stdout and b"nvidia  no driver loaded" in table.stdout
 
 
-async def test_engines_install_list_check(
-    tmp_path: Path, files: FileServer, engine_archive: tuple[str, bytes]
-) -> None:
+async def test_engines_install_list_check(tmp_path: Path, files: FileServer, engine_archive: tuple[str, bytes]) -> None:
     name, data = engine_archive
     files.publish(TAG, {name: data})
     files.publish("b1", {name: data}, digests={name: "1" * 64})
@@ -107,8 +110,9 @@ async def test_daemon_leaves_engines_running_on_sigterm_unless_told(
     name, data = engine_archive
     files.publish(TAG, {name: data})
     model = await trio.Path(tiny_model).read_bytes()
-    weights = WeightsSpec(url=files.add_file("tiny.gguf", model), sha256=hashlib.sha256(model).hexdigest(),
-                          size=len(model))
+    weights = WeightsSpec(
+        url=files.add_file("tiny.gguf", model), sha256=hashlib.sha256(model).hexdigest(), size=len(model)
+    )
     port = free_port()
     ready: list[ReplicaState] = []
     hellos: list[Hello] = []
@@ -125,15 +129,17 @@ async def test_daemon_leaves_engines_running_on_sigterm_unless_told(
                 ready.append(replica)
                 got_ready.set()
         if len(hellos) == 1:
-            await ws.send_message(encode(SetEngines(id="e", fencing_token=1,
-                                                    engines=[EngineSpec("llama.cpp", TAG, files.release_api())])))
+            await ws.send_message(
+                encode(SetEngines(id="e", fencing_token=1, engines=[EngineSpec("llama.cpp", TAG, files.release_api())]))
+            )
         started = len(hellos) > 1
         while True:
             msg = await receive(ws, 60)
             if isinstance(msg, EngineStateReport) and msg.engine.status == "installed" and not started:
                 started = True
-                await ws.send_message(encode(StartReplica(id="s", fencing_token=1,
-                                                        replica=replica_spec("tiny-0", weights, port))))
+                await ws.send_message(
+                    encode(StartReplica(id="s", fencing_token=1, replica=replica_spec("tiny-0", weights, port)))
+                )
             elif isinstance(msg, ReplicaStateReport) and msg.replica.status == "ready":
                 ready.append(msg.replica)
                 got_ready.set()
@@ -142,12 +148,15 @@ async def test_daemon_leaves_engines_running_on_sigterm_unless_told(
 
     async with fake_control(control) as url:
         config = tmp_path / "node.toml"
-        config.write_text(f'control = ["{url}"]\ntoken = "llmgw-join-abc"\nnode_id = "n1"\n'
-                          f'data_dir = "{tmp_path / "data"}"\nreconnect_min_s = 0.05\n')
+        config.write_text(
+            f'control = ["{url}"]\ntoken = "llmgw-join-abc"\nnode_id = "n1"\n'
+            f'data_dir = "{tmp_path / "data"}"\nreconnect_min_s = 0.05\n'
+        )
 
         async def daemon(*extra: str) -> int:
-            proc = await trio.lowlevel.open_process([*NODE, "run", "--config", str(config), *extra],
-                                                    stderr=subprocess.DEVNULL)
+            proc = await trio.lowlevel.open_process(
+                [*NODE, "run", "--config", str(config), *extra], stderr=subprocess.DEVNULL
+            )
             try:
                 with trio.fail_after(60):
                     await got_ready.wait()
@@ -180,16 +189,20 @@ async def test_a_version_that_is_not_one_name_is_refused_and_deletes_nothing(
     name, data = engine_archive
     files.publish(TAG, {name: data})
     d = str(tmp_path / "data")
-    assert (await node("engines", "install", "llama.cpp", TAG, "--release-api", files.release_api(),
-                       "--data-dir", d)).returncode == 0
+    assert (
+        await node("engines", "install", "llama.cpp", TAG, "--release-api", files.release_api(), "--data-dir", d)
+    ).returncode == 0
     for version in (".", "", "../../x"):
-        bad = await node("engines", "install", "llama.cpp", version, "--release-api", files.release_api(),
-                         "--data-dir", d)
+        bad = await node(
+            "engines", "install", "llama.cpp", version, "--release-api", files.release_api(), "--data-dir", d
+        )
         err = bad.stderr.decode()
         assert bad.returncode == 1, err
-        assert err.splitlines()[-1] == (f"llmgw-node: llama.cpp {version}: failed: version {version!r} is not valid: "
-                                        "use 1-64 letters, digits, '.', '_', '+' or '-', starting with a letter or "
-                                        "digit")
+        assert err.splitlines()[-1] == (
+            f"llmgw-node: llama.cpp {version}: failed: version {version!r} is not valid: "
+            "use 1-64 letters, digits, '.', '_', '+' or '-', starting with a letter or "
+            "digit"
+        )
         assert "Traceback" not in err
     listed = await node("engines", "list", "--data-dir", d)
     assert listed.stdout.decode().startswith(f"llama.cpp {TAG}: installed {TAG}")
@@ -204,8 +217,9 @@ async def test_each_bad_archive_is_one_line_and_exit_1(
 ) -> None:
     files.publish(TAG, {f"llama-{TAG}-bin-ubuntu-x64{suffix}": archive})
     data = tmp_path.joinpath("a", "b", "c", "d", "data")
-    result = await node("engines", "install", "llama.cpp", TAG, "--release-api", files.release_api(),
-                        "--data-dir", str(data))
+    result = await node(
+        "engines", "install", "llama.cpp", TAG, "--release-api", files.release_api(), "--data-dir", str(data)
+    )
     err = result.stderr.decode()
     assert result.returncode == 1, err
     assert "Traceback" not in err

@@ -30,8 +30,10 @@ def test_the_example_config_is_valid_and_shows_the_defaults() -> None:
         ({"engines": [{"name": "../v", "path": "/a"}]}, "engines[0].name: engine name '../v' is not valid: use "),
         ({"unpack_max_bytes": 0}, "unpack_max_bytes: must be more than 0"),
         ({"unpack_max_entries": -1}, "unpack_max_entries: must be more than 0"),
-        ({"install_retry_min_s": 60.0, "install_retry_max_s": 30.0},
-         "install_retry_min_s is more than install_retry_max_s"),
+        (
+            {"install_retry_min_s": 60.0, "install_retry_max_s": 30.0},
+            "install_retry_min_s is more than install_retry_max_s",
+        ),
     ],
 )
 def test_mistakes_are_refused_by_name(data: dict[str, object], message: str) -> None:

@@ -24,8 +24,10 @@ from llmgw_node.engines.manager import EngineManager
 from llmgw_node.engines.release import Platform
 from llmgw_shared.wire import EngineSpec
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(shutil.which("cc") is None or shutil.which("ldd") is None, reason="needs cc and ldd")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("cc") is None or shutil.which("ldd") is None, reason="needs cc and ldd"),
+]
 
 NODE = Platform(os="linux", arch="x86_64", cuda=True, nvidia_driver="550.54.15", gpu_backend="cuda", gpus=(0,))
 BUILD = f"llama-{TAG}-bin-ubuntu-cuda-12.8-x64.tar.gz"
@@ -49,12 +51,32 @@ def _cuda_build(work: Path) -> bytes:
     stubs = []
     for soname in ("libcudart.so.12", "libcublas.so.12"):
         stub = work / soname
-        subprocess.run(["cc", "-shared", "-o", str(stub), f"-Wl,-soname,{soname}", "-x", "c", "/dev/null"],
-                       check=True, capture_output=True)
+        subprocess.run(
+            ["cc", "-shared", "-o", str(stub), f"-Wl,-soname,{soname}", "-x", "c", "/dev/null"],
+            check=True,
+            capture_output=True,
+        )
         stubs.append(str(stub))
     plugin = work / "libggml-cuda.so"
-    subprocess.run(["cc", "-shared", "-o", str(plugin), "-x", "c", "/dev/null", "-x", "none", "-Wl,--no-as-needed",
-                    *stubs, "-Wl,-rpath,$ORIGIN", "-Wl,--enable-new-dtags"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "cc",
+            "-shared",
+            "-o",
+            str(plugin),
+            "-x",
+            "c",
+            "/dev/null",
+            "-x",
+            "none",
+            "-Wl,--no-as-needed",
+            *stubs,
+            "-Wl,-rpath,$ORIGIN",
+            "-Wl,--enable-new-dtags",
+        ],
+        check=True,
+        capture_output=True,
+    )
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w:gz") as tar:
         for name, data in (("llama-server", SCRIPT), ("libggml-cuda.so", plugin.read_bytes())):
@@ -70,12 +92,16 @@ async def test_the_runtime_wheels_unpack_beside_the_engine_and_ldd_resolves_agai
     build = await trio.to_thread.run_sync(_cuda_build, tmp_path / "build")
     # The release has no cudart- archive; the index lists the pinned wheels (and a CUDA 13 one
     # that must not be taken for a 12.8 build).
-    assets = {BUILD: build, **{w.name: w.read_bytes() for w in wheels},
-              "nvidia_cuda_runtime-13.0.96-py3-none-manylinux_2_27_x86_64.whl": b"not for CUDA 12"}
+    assets = {
+        BUILD: build,
+        **{w.name: w.read_bytes() for w in wheels},
+        "nvidia_cuda_runtime-13.0.96-py3-none-manylinux_2_27_x86_64.whl": b"not for CUDA 12",
+    }
     files.publish(TAG, assets)
     async with httpx2.AsyncClient() as client:
         state = await EngineManager(tmp_path / "node", client, NODE).install(
-            EngineSpec("llama.cpp", TAG, files.release_api()))
+            EngineSpec("llama.cpp", TAG, files.release_api())
+        )
     assert state.status == "installed", state.describe()
     folder = Path(state.binary).parent
     assert state.provenance is not None
@@ -103,6 +129,7 @@ async def test_without_the_wheels_the_plugin_names_the_missing_runtime(tmp_path:
     files.publish(TAG, {BUILD: build})
     async with httpx2.AsyncClient() as client:
         state = await EngineManager(tmp_path / "node", client, NODE).install(
-            EngineSpec("llama.cpp", TAG, files.release_api()))
+            EngineSpec("llama.cpp", TAG, files.release_api())
+        )
     assert state.status == "failed"
     assert "missing library: libcudart.so.12" in state.detail and "missing library: libcublas.so.12" in state.detail

@@ -89,8 +89,9 @@ async def test_no_fitting_asset_names_what_was_offered(tmp_path: Path, files: Fi
     assert state.status == "failed"
     assert "no asset fits linux/x86_64" in state.detail
     assert "llama-b11312-bin-macos-arm64.zip (built for macos)" in state.detail
-    assert ("llama-b11312-bin-ubuntu-vulkan-x64.zip (a Vulkan build and this node has no Vulkan driver that "
-            "lists a GPU)") in state.detail
+    assert (
+        "llama-b11312-bin-ubuntu-vulkan-x64.zip (a Vulkan build and this node has no Vulkan driver that lists a GPU)"
+    ) in state.detail
 
 
 async def test_missing_release_is_reported(tmp_path: Path, files: FileServer) -> None:
@@ -193,11 +194,16 @@ async def test_engine_configured_by_path_is_proven_and_reported(tmp_path: Path, 
     broken.write_text("#!/bin/sh\nexit 1\n")
     broken.chmod(0o755)
     async with httpx2.AsyncClient() as client:
-        mgr = EngineManager(tmp_path, client, CPU, configured=[
-            ConfiguredEngine(name="vllm", path=str(script), version="0.11.0"),
-            ConfiguredEngine(name="sglang", path=str(broken)),
-            ConfiguredEngine(name="nothing", path=str(tmp_path / "absent")),
-        ])
+        mgr = EngineManager(
+            tmp_path,
+            client,
+            CPU,
+            configured=[
+                ConfiguredEngine(name="vllm", path=str(script), version="0.11.0"),
+                ConfiguredEngine(name="sglang", path=str(broken)),
+                ConfiguredEngine(name="nothing", path=str(tmp_path / "absent")),
+            ],
+        )
         await mgr.load()
     by_name = {s.name: s for s in mgr.states()}
     assert by_name["vllm"].describe() == "configured 0.11.0"
@@ -232,16 +238,21 @@ def _fake_apt_get(tmp_path: Path, body: str) -> Path:
     bindir.mkdir()
     script = bindir / "apt-get"
     # `update` succeeds unless FAKE_APT_UPDATE says what it fails with; `install` runs ``body``.
-    script.write_text("#!/bin/sh\necho \"$@\" >> \"$FAKE_APT_LOG\"\n"
-                      'if [ "$1" = update ]; then [ -z "${FAKE_APT_UPDATE:-}" ] && exit 0; '
-                      'echo "$FAKE_APT_UPDATE" >&2; exit 100; fi\n' + body)
+    script.write_text(
+        '#!/bin/sh\necho "$@" >> "$FAKE_APT_LOG"\n'
+        'if [ "$1" = update ]; then [ -z "${FAKE_APT_UPDATE:-}" ] && exit 0; '
+        'echo "$FAKE_APT_UPDATE" >&2; exit 100; fi\n' + body
+    )
     script.chmod(0o755)
     return bindir
 
 
 @pytest.mark.parametrize("apt_works", [True, False])
 async def test_missing_library_is_installed_from_an_os_package_when_allowed(
-    tmp_path: Path, files: FileServer, engine_archive: tuple[str, bytes], monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    files: FileServer,
+    engine_archive: tuple[str, bytes],
+    monkeypatch: pytest.MonkeyPatch,
     apt_works: bool,
 ) -> None:
     name, data = engine_archive
@@ -252,8 +263,11 @@ async def test_missing_library_is_installed_from_an_os_package_when_allowed(
         (tmp_path / "libggml-cpu.so.0").write_bytes(member.read())
     # No real package provides this library and no test may change the system's libraries, so a
     # fake apt-get "installs" the package by putting the library where the loader finds it.
-    body = ('cp "$FAKE_LIB" "$(dirname "$(find "$FAKE_DATA/engines/.staging" -name llama-server)")/"\n'
-            if apt_works else "echo 'E: Unable to locate package libggml-cpu-test' >&2\nexit 100\n")
+    body = (
+        'cp "$FAKE_LIB" "$(dirname "$(find "$FAKE_DATA/engines/.staging" -name llama-server)")/"\n'
+        if apt_works
+        else "echo 'E: Unable to locate package libggml-cpu-test' >&2\nexit 100\n"
+    )
     bindir = _fake_apt_get(tmp_path, body)
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_APT_LOG", str(tmp_path / "apt.log"))
@@ -261,39 +275,58 @@ async def test_missing_library_is_installed_from_an_os_package_when_allowed(
     monkeypatch.setenv("FAKE_DATA", str(tmp_path / "data"))
     seen: list[EngineState] = []
     async with httpx2.AsyncClient() as client:
-        mgr = EngineManager(tmp_path / "data", client, CPU, allow_os_packages=True, on_change=seen.append,
-                            known_packages={"apt": {"libggml-cpu.so.0": "libggml-cpu-test"}})
+        mgr = EngineManager(
+            tmp_path / "data",
+            client,
+            CPU,
+            allow_os_packages=True,
+            on_change=seen.append,
+            known_packages={"apt": {"libggml-cpu.so.0": "libggml-cpu-test"}},
+        )
         state = await mgr.install(EngineSpec("llama.cpp", TAG, files.release_api()))
     # The index update comes first, once: a machine whose lists are old or were never fetched
     # cannot find the package otherwise.
     assert (tmp_path / "apt.log").read_text() == "update\ninstall -y --no-install-recommends libggml-cpu-test\n"
     described = [s.describe() for s in seen]
-    assert described.index("installing: updating the package index (apt)") < \
-        described.index("installing: installing OS packages: libggml-cpu-test")
+    assert described.index("installing: updating the package index (apt)") < described.index(
+        "installing: installing OS packages: libggml-cpu-test"
+    )
     if apt_works:
         assert state.describe() == f"installed {TAG}"
     else:
-        assert state.describe() == ("failed: apt-get install libggml-cpu-test failed: "
-                                    "E: Unable to locate package libggml-cpu-test")
+        assert state.describe() == (
+            "failed: apt-get install libggml-cpu-test failed: E: Unable to locate package libggml-cpu-test"
+        )
 
 
 async def test_a_failed_index_update_is_the_reason_and_nothing_is_installed(
-    tmp_path: Path, files: FileServer, engine_archive: tuple[str, bytes], monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    files: FileServer,
+    engine_archive: tuple[str, bytes],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     name, data = engine_archive
     files.publish(TAG, {name: _archive_without(data, "libggml-cpu.so.0")})
     bindir = _fake_apt_get(tmp_path, "exit 0\n")
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_APT_LOG", str(tmp_path / "apt.log"))
-    monkeypatch.setenv("FAKE_APT_UPDATE",
-                       "E: The repository 'http://mirror bookworm Release' does not have a Release file.")
+    monkeypatch.setenv(
+        "FAKE_APT_UPDATE", "E: The repository 'http://mirror bookworm Release' does not have a Release file."
+    )
     async with httpx2.AsyncClient() as client:
-        mgr = EngineManager(tmp_path / "data", client, CPU, allow_os_packages=True,
-                            known_packages={"apt": {"libggml-cpu.so.0": "libggml-cpu-test"}},
-                            retry=RetryPolicy(min_s=0.001, max_s=0.001))
+        mgr = EngineManager(
+            tmp_path / "data",
+            client,
+            CPU,
+            allow_os_packages=True,
+            known_packages={"apt": {"libggml-cpu.so.0": "libggml-cpu-test"}},
+            retry=RetryPolicy(min_s=0.001, max_s=0.001),
+        )
         state = await mgr.install(EngineSpec("llama.cpp", TAG, files.release_api()))
-        assert state.describe() == ("failed: apt-get update failed: E: The repository 'http://mirror bookworm "
-                                    "Release' does not have a Release file.")
+        assert state.describe() == (
+            "failed: apt-get update failed: E: The repository 'http://mirror bookworm "
+            "Release' does not have a Release file."
+        )
         # Once per install: a second attempt updates once more, and never got as far as installing.
         await mgr.install(EngineSpec("llama.cpp", TAG, files.release_api()))
     assert (tmp_path / "apt.log").read_text() == "update\nupdate\n"
@@ -303,9 +336,11 @@ def test_the_failure_names_the_package_and_the_command_that_installs_it() -> Non
     from llmgw_node.engines.proof import install_hint
 
     text = install_hint(["libgomp.so.1", "libfoo.so.9", "libcurl.so.4"], "apt", why_not="why")
-    assert text == ("missing library: libgomp.so.1 (package libgomp1); missing library: libfoo.so.9; "
-                    "missing library: libcurl.so.4 (package libcurl4); to install: apt-get update && "
-                    "apt-get install -y libcurl4 libgomp1, as root (why)")
+    assert text == (
+        "missing library: libgomp.so.1 (package libgomp1); missing library: libfoo.so.9; "
+        "missing library: libcurl.so.4 (package libcurl4); to install: apt-get update && "
+        "apt-get install -y libcurl4 libgomp1, as root (why)"
+    )
     assert install_hint(["libgomp.so.1"], "dnf").endswith("to install: dnf install -y libgomp, as root")
     # Nothing known: the libraries alone, no guessed package.
     assert install_hint(["libfoo.so.9"], "apt") == "missing library: libfoo.so.9"
@@ -321,11 +356,17 @@ def _binary_needing(tmp_path: Path, library: str) -> bytes:
     work = tmp_path / "build"
     work.mkdir()
     (work / "main.c").write_text("int main(void) { return 0; }\n")
-    subprocess.run(["cc", "-shared", "-o", str(work / library), f"-Wl,-soname,{library}", "-x", "c", "/dev/null"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["cc", "-shared", "-o", str(work / library), f"-Wl,-soname,{library}", "-x", "c", "/dev/null"],
+        check=True,
+        capture_output=True,
+    )
     binary = work / "llama-server"
-    subprocess.run(["cc", "-o", str(binary), str(work / "main.c"), "-Wl,--no-as-needed", str(work / library)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["cc", "-o", str(binary), str(work / "main.c"), "-Wl,--no-as-needed", str(work / library)],
+        check=True,
+        capture_output=True,
+    )
     (work / library).unlink()
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w:gz") as tar:
@@ -335,8 +376,10 @@ def _binary_needing(tmp_path: Path, library: str) -> bytes:
 
 @pytest.mark.slow  # left out of the quick tier: builds a binary and runs the daemon under setpriv
 @pytest.mark.skipif(os.geteuid() != 0, reason="arranging a non-root daemon (setpriv to uid 65534) needs root")
-@pytest.mark.skipif(shutil.which("cc") is None or shutil.which("setpriv") is None,
-                    reason="needs cc (to build a binary that lacks a library) and setpriv")
+@pytest.mark.skipif(
+    shutil.which("cc") is None or shutil.which("setpriv") is None,
+    reason="needs cc (to build a binary that lacks a library) and setpriv",
+)
 async def test_a_daemon_that_is_not_root_names_the_package_and_the_command_and_never_runs_apt(
     tmp_path: Path, files: FileServer
 ) -> None:
@@ -356,16 +399,37 @@ async def test_a_daemon_that_is_not_root_names_the_package_and_the_command_and_n
     # setpriv keeps only CAP_DAC_READ_SEARCH, so the non-root process can reach the test's
     # Python under /root; it can read, not write, anything it does not own.
     result = await trio.run_process(
-        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--inh-caps=+dac_read_search",
-         "--ambient-caps=+dac_read_search", sys.executable, "-m", "llmgw_node", "engines", "install", "llama.cpp",
-         TAG, "--release-api", files.release_api(), "--config", str(config)],
+        [
+            "setpriv",
+            f"--reuid={NOBODY}",
+            f"--regid={NOBODY}",
+            "--clear-groups",
+            "--inh-caps=+dac_read_search",
+            "--ambient-caps=+dac_read_search",
+            sys.executable,
+            "-m",
+            "llmgw_node",
+            "engines",
+            "install",
+            "llama.cpp",
+            TAG,
+            "--release-api",
+            files.release_api(),
+            "--config",
+            str(config),
+        ],
         env={**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "FAKE_APT_LOG": str(owned / "apt.log")},
-        capture_stdout=True, capture_stderr=True, check=False)
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
+    )
     last = result.stderr.decode().strip().splitlines()[-1]
     assert result.returncode == 1
-    assert last == (f"llmgw-node: llama.cpp {TAG}: failed: missing library: {library} (package libvulkan1); "
-                    "to install: apt-get update && apt-get install -y libvulkan1, as root (allow_os_packages "
-                    f"cannot: llmgw-node runs as uid {NOBODY}, not root; then run llmgw-node engines check)")
+    assert last == (
+        f"llmgw-node: llama.cpp {TAG}: failed: missing library: {library} (package libvulkan1); "
+        "to install: apt-get update && apt-get install -y libvulkan1, as root (allow_os_packages "
+        f"cannot: llmgw-node runs as uid {NOBODY}, not root; then run llmgw-node engines check)"
+    )
     assert not (owned / "apt.log").exists()
 
 
@@ -376,18 +440,23 @@ async def test_a_cuda_build_that_lists_no_gpu_is_refused_in_the_engines_own_word
     # missing or the driver too old), so it would start on the CPU. It used to be installed as
     # the node's CUDA engine; now --list-devices must show the GPU the node reported.
     _name, data = engine_archive
-    files.publish(TAG, {
-        f"llama-{TAG}-bin-ubuntu-x64.tar.gz": data,
-        f"llama-{TAG}-bin-ubuntu-cuda-12.4-x64.tar.gz": data,
-    })
+    files.publish(
+        TAG,
+        {
+            f"llama-{TAG}-bin-ubuntu-x64.tar.gz": data,
+            f"llama-{TAG}-bin-ubuntu-cuda-12.4-x64.tar.gz": data,
+        },
+    )
     seen: list[EngineState] = []
     async with httpx2.AsyncClient() as client:
         plat = Platform(os="linux", arch="x86_64", cuda=True, nvidia_driver="550.54.15", gpu_backend="cuda", gpus=(0,))
         mgr = EngineManager(tmp_path, client, plat, on_change=seen.append)
         state = await mgr.install(EngineSpec("llama.cpp", TAG, files.release_api()))
     assert state.status == "failed"
-    assert state.detail.startswith("llama-server --list-devices (CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=0) "
-                                   "lists 0 CUDA device(s), and the node reported 1 GPU(s); the engine said: ")
+    assert state.detail.startswith(
+        "llama-server --list-devices (CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=0) "
+        "lists 0 CUDA device(s), and the node reported 1 GPU(s); the engine said: "
+    )
     assert "Available devices: | (none)" in state.detail
     assert not (tmp_path / "engines" / "llama.cpp" / TAG).exists()
 
@@ -397,16 +466,26 @@ async def test_a_cuda_build_that_lists_no_gpu_is_refused_in_the_engines_own_word
 
 def _outside(tmp_path: Path, data: Path) -> set[str]:
     """Everything under ``tmp_path`` that is not under the data directory."""
-    return {os.path.join(d, n) for d, dirs, names in os.walk(tmp_path) for n in [*dirs, *names]
-            if not os.path.join(d, n).startswith(str(data))}
+    return {
+        os.path.join(d, n)
+        for d, dirs, names in os.walk(tmp_path)
+        for n in [*dirs, *names]
+        if not os.path.join(d, n).startswith(str(data))
+    }
 
 
-@pytest.mark.parametrize(("listed_as", "why"), [
-    ({"name": f"llama-{TAG}/../../../../x-bin-ubuntu-x64.tar.gz"},
-     f"asset name 'llama-{TAG}/../../../../x-bin-ubuntu-x64.tar.gz' is not valid: use a plain file name"),
-    ({"digest": "sha256:../../../x"}, "digest 'sha256:../../../x' is not valid: use 'sha256:' and 64 hex digits"),
-    ({"size": 0}, "size 0 is not a positive number of bytes"),
-], ids=["asset-name", "digest", "size"])
+@pytest.mark.parametrize(
+    ("listed_as", "why"),
+    [
+        (
+            {"name": f"llama-{TAG}/../../../../x-bin-ubuntu-x64.tar.gz"},
+            f"asset name 'llama-{TAG}/../../../../x-bin-ubuntu-x64.tar.gz' is not valid: use a plain file name",
+        ),
+        ({"digest": "sha256:../../../x"}, "digest 'sha256:../../../x' is not valid: use 'sha256:' and 64 hex digits"),
+        ({"size": 0}, "size 0 is not a positive number of bytes"),
+    ],
+    ids=["asset-name", "digest", "size"],
+)
 async def test_names_in_the_release_never_reach_a_path(
     tmp_path: Path, files: FileServer, engine_archive: tuple[str, bytes], listed_as: dict[str, object], why: str
 ) -> None:
@@ -433,11 +512,14 @@ async def test_a_version_that_is_not_one_name_installs_nothing_and_deletes_nothi
         mgr = manager(tmp_path, client, [])
         good = await mgr.install(EngineSpec("llama.cpp", TAG, files.release_api()))
         before = _outside(tmp_path / "engines" / ".downloads", tmp_path / "nothing") | {
-            os.path.join(d, n) for d, dirs, names in os.walk(tmp_path) for n in [*dirs, *names]}
+            os.path.join(d, n) for d, dirs, names in os.walk(tmp_path) for n in [*dirs, *names]
+        }
         state = await mgr.install(EngineSpec("llama.cpp", version, files.release_api()))
     assert state.status == "failed"
-    assert state.detail == f"version {version!r} is not valid: use 1-64 letters, digits, '.', '_', '+' or '-', " \
-                           "starting with a letter or digit"
+    assert (
+        state.detail == f"version {version!r} is not valid: use 1-64 letters, digits, '.', '_', '+' or '-', "
+        "starting with a letter or digit"
+    )
     assert await trio.Path(good.binary).is_file()
     assert {os.path.join(d, n) for d, dirs, names in os.walk(tmp_path) for n in [*dirs, *names]} == before
     assert len(files.index_requests) == 1  # the bad version never even fetched the index
@@ -497,7 +579,8 @@ async def test_a_failed_install_is_retried_only_after_a_backoff(
 
 async def test_a_release_index_that_is_too_big_is_refused(tmp_path: Path, files: FileServer) -> None:
     files.releases[f"/repos/ggml-org/llama.cpp/releases/tags/{TAG}"] = {
-        "assets": [{"name": "x" * 100, "size": 1, "browser_download_url": "x", "digest": ""}] * 40000}
+        "assets": [{"name": "x" * 100, "size": 1, "browser_download_url": "x", "digest": ""}] * 40000
+    }
     async with httpx2.AsyncClient() as client:
         state = await manager(tmp_path, client, []).install(EngineSpec("llama.cpp", TAG, files.release_api()))
     assert state.detail.endswith("larger than 4 MB; not a release index"), state.detail

@@ -52,8 +52,7 @@ mv {record}.tmp {record}
 exec sleep 30
 """)
     script.chmod(0o755)
-    config = attrs.evolve(node_config, engines=[ConfiguredEngine(name="llama.cpp", path=str(script),
-                                                                 version="b11312")])
+    config = attrs.evolve(node_config, engines=[ConfiguredEngine(name="llama.cpp", path=str(script), version="b11312")])
     return config, record
 
 
@@ -70,8 +69,9 @@ async def _started_with(record: Path) -> list[str]:
 
 
 @pytest.mark.usefixtures("gpu_host")
-async def test_a_replica_split_over_two_gpus(tmp_path: Path, recording_engine: tuple[NodeConfig, Path],
-                                           fast_timing: Timing) -> None:
+async def test_a_replica_split_over_two_gpus(
+    tmp_path: Path, recording_engine: tuple[NodeConfig, Path], fast_timing: Timing
+) -> None:
     config, record = recording_engine
     spec = attrs.evolve(replica_spec("g2", _weights(tmp_path), free_port(), args=["-t", "1"]), devices=[1, 0])
     async with open_node_service(config, timing=fast_timing) as svc:
@@ -91,8 +91,9 @@ async def test_a_replica_split_over_two_gpus(tmp_path: Path, recording_engine: t
 
 
 @pytest.mark.usefixtures("gpu_host")
-async def test_one_gpu_and_no_gpu(tmp_path: Path, recording_engine: tuple[NodeConfig, Path],
-                                  fast_timing: Timing) -> None:
+async def test_one_gpu_and_no_gpu(
+    tmp_path: Path, recording_engine: tuple[NodeConfig, Path], fast_timing: Timing
+) -> None:
     config, record = recording_engine
     async with open_node_service(config, timing=fast_timing) as svc:
         one = attrs.evolve(replica_spec("g1", _weights(tmp_path), free_port(), args=[]), devices=[1])
@@ -110,12 +111,15 @@ async def test_one_gpu_and_no_gpu(tmp_path: Path, recording_engine: tuple[NodeCo
 
 
 @pytest.mark.usefixtures("gpu_host")
-async def test_devices_the_node_does_not_have_are_refused(tmp_path: Path, recording_engine: tuple[NodeConfig, Path],
-                                                          fast_timing: Timing) -> None:
+async def test_devices_the_node_does_not_have_are_refused(
+    tmp_path: Path, recording_engine: tuple[NodeConfig, Path], fast_timing: Timing
+) -> None:
     config, record = recording_engine
     async with open_node_service(config, timing=fast_timing) as svc:
-        for devices, words in [([2], "GPU device(s) 2 are not on this node (it has: 0, 1)"),
-                               ([0, 0], "name a GPU twice")]:
+        for devices, words in [
+            ([2], "GPU device(s) 2 are not on this node (it has: 0, 1)"),
+            ([0, 0], "name a GPU twice"),
+        ]:
             spec = attrs.evolve(replica_spec("bad", _weights(tmp_path), free_port()), devices=devices)
             ack = await svc.handle(StartReplica(id="1", fencing_token=1, replica=spec))
             assert not ack.ok and words in ack.error
@@ -129,8 +133,9 @@ async def test_a_gpu_replica_that_offloads_nothing_is_failed_not_published(
     # The real CPU build on a node that reports GPUs: placed on GPU 0 it answers /health like any
     # engine, but its log has no "offloaded N/M layers to GPU" line. It used to be published
     # ready (a GPU profile at CPU speed); now it is failed, with the engine's output, and not restarted.
-    config = attrs.evolve(node_config, engines=[ConfiguredEngine(name="llama.cpp", path=str(llama_server_binary),
-                                                                 version="b11312")])
+    config = attrs.evolve(
+        node_config, engines=[ConfiguredEngine(name="llama.cpp", path=str(llama_server_binary), version="b11312")]
+    )
     spec = attrs.evolve(replica_spec("cpu-as-gpu", local_weights(tiny_model), free_port()), devices=[0])
     async with open_node_service(config, timing=fast_timing) as svc:
         assert (await svc.handle(StartReplica(id="1", fencing_token=1, replica=spec))).ok

@@ -39,13 +39,19 @@ def test_amd_gpus_come_from_kfd_and_the_amdgpu_cards(tmp_path: Path) -> None:
     (dev / "kfd").write_text("")
     gpus = gpu_probe.probe_amd(str(dev), str(sys_root))
     assert [(g.index, g.name, g.memory_total_mib, g.memory_free_mib) for g in gpus] == [
-        (0, "AMD Instinct MI300X", 196608, 195584), (1, "AMD GPU 0x74a1", 65536, 65536)]
+        (0, "AMD Instinct MI300X", 196608, 195584),
+        (1, "AMD GPU 0x74a1", 65536, 65536),
+    ]
 
 
-DEVICES = json.dumps({"devices": [
-    {"index": 0, "name": "llvmpipe (LLVM 15.0.6, 256 bits)", "type": "cpu", "memory_mib": 2048},
-    {"index": 1, "name": "Intel(R) Arc(tm) A770 Graphics (DG2)", "type": "discrete", "memory_mib": 16032},
-]})
+DEVICES = json.dumps(
+    {
+        "devices": [
+            {"index": 0, "name": "llvmpipe (LLVM 15.0.6, 256 bits)", "type": "cpu", "memory_mib": 2048},
+            {"index": 1, "name": "Intel(R) Arc(tm) A770 Graphics (DG2)", "type": "discrete", "memory_mib": 16032},
+        ]
+    }
+)
 
 
 def test_software_vulkan_devices_count_only_with_the_test_switch() -> None:
@@ -73,8 +79,10 @@ def test_a_loader_less_node_counts_as_having_a_gpu_only_with_a_render_node(
     assert not gpu_probe.lists_a_gpu([], str(tmp_path))
 
 
-lavapipe = pytest.mark.skipif(not Path("/usr/share/vulkan/icd.d/lvp_icd.x86_64.json").exists()
-                              or shutil.which("ldconfig") is None, reason="needs Mesa's lavapipe and the loader")
+lavapipe = pytest.mark.skipif(
+    not Path("/usr/share/vulkan/icd.d/lvp_icd.x86_64.json").exists() or shutil.which("ldconfig") is None,
+    reason="needs Mesa's lavapipe and the loader",
+)
 
 
 @lavapipe
@@ -84,8 +92,9 @@ def test_the_real_loader_lists_lavapipe_as_a_cpu_device() -> None:
 
 
 @lavapipe
-async def test_a_node_whose_only_gpu_is_lavapipe_reports_it_with_the_switch(monkeypatch: pytest.MonkeyPatch,
-                                                                            tmp_path: Path) -> None:
+async def test_a_node_whose_only_gpu_is_lavapipe_reports_it_with_the_switch(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no nvidia-smi
     monkeypatch.delenv(gpu_probe.SOFTWARE_GPUS_SWITCH, raising=False)
     facts = await probe(tmp_path)

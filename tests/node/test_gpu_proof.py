@@ -37,8 +37,7 @@ CUDA_ASSET = f"llama-{TAG}-bin-ubuntu-cuda-12.8-x64.tar.gz"
 CUDART_ASSET = f"cudart-llama-{TAG}-bin-ubuntu-cuda-12.8-x64.tar.gz"
 
 
-def _script_archive(tmp_path: Path, devices: str, *, said: str = "",
-                    extra: dict[str, bytes] | None = None) -> bytes:
+def _script_archive(tmp_path: Path, devices: str, *, said: str = "", extra: dict[str, bytes] | None = None) -> bytes:
     """A release archive whose llama-server records its device variables and prints ``devices``."""
     record = tmp_path / "list-devices-env"
     script = f"""#!/bin/sh
@@ -74,8 +73,14 @@ def _cudart() -> bytes:
 async def test_a_cuda_build_that_lists_the_gpus_is_installed_with_its_runtime(
     tmp_path: Path, files: FileServer
 ) -> None:
-    files.publish(TAG, {CUDA_ASSET: _script_archive(tmp_path, L4), CUDART_ASSET: _cudart(),
-                        f"llama-{TAG}-bin-ubuntu-x64.tar.gz": b"never fetched"})
+    files.publish(
+        TAG,
+        {
+            CUDA_ASSET: _script_archive(tmp_path, L4),
+            CUDART_ASSET: _cudart(),
+            f"llama-{TAG}-bin-ubuntu-x64.tar.gz": b"never fetched",
+        },
+    )
     async with httpx2.AsyncClient() as client:
         mgr = EngineManager(tmp_path / "node", client, CUDA_NODE)
         state = await mgr.install(EngineSpec("llama.cpp", TAG, files.release_api()))
@@ -86,8 +91,10 @@ async def test_a_cuda_build_that_lists_the_gpus_is_installed_with_its_runtime(
     assert state.provenance.runtime == f"cudart archive {CUDART_ASSET}"
     assert "cuda build; " in state.provenance.describe()
     # The proof asked for the node's GPUs, in nvidia-smi's (PCI bus) order.
-    assert (tmp_path / "list-devices-env").read_text().split() == ["CUDA_DEVICE_ORDER=PCI_BUS_ID",
-                                                                   "CUDA_VISIBLE_DEVICES=0,1"]
+    assert (tmp_path / "list-devices-env").read_text().split() == [
+        "CUDA_DEVICE_ORDER=PCI_BUS_ID",
+        "CUDA_VISIBLE_DEVICES=0,1",
+    ]
     assert mgr.degraded() == ""
 
 
@@ -95,7 +102,8 @@ async def test_a_cuda_build_that_sees_fewer_gpus_than_the_node_is_refused(tmp_pa
     files.publish(TAG, {CUDA_ASSET: _script_archive(tmp_path, L4.split("\\n")[0] + "\\n")})
     async with httpx2.AsyncClient() as client:
         state = await EngineManager(tmp_path / "node", client, CUDA_NODE).install(
-            EngineSpec("llama.cpp", TAG, files.release_api()))
+            EngineSpec("llama.cpp", TAG, files.release_api())
+        )
     assert state.status == "failed"
     assert "lists 1 CUDA device(s), and the node reported 2 GPU(s)" in state.detail
 
@@ -103,12 +111,15 @@ async def test_a_cuda_build_that_sees_fewer_gpus_than_the_node_is_refused(tmp_pa
 async def test_a_cuda_plugin_that_cannot_initialise_is_refused_with_the_engines_words(
     tmp_path: Path, files: FileServer
 ) -> None:
-    said = ("ggml_cuda_init: failed to initialize CUDA: CUDA driver version is insufficient for CUDA runtime "
-            "version\\nload_backend: loaded CPU backend from ./libggml-cpu.so\\n")
+    said = (
+        "ggml_cuda_init: failed to initialize CUDA: CUDA driver version is insufficient for CUDA runtime "
+        "version\\nload_backend: loaded CPU backend from ./libggml-cpu.so\\n"
+    )
     files.publish(TAG, {CUDA_ASSET: _script_archive(tmp_path, "  (none)\\n", said=said)})
     async with httpx2.AsyncClient() as client:
         state = await EngineManager(tmp_path / "node", client, CUDA_NODE).install(
-            EngineSpec("llama.cpp", TAG, files.release_api()))
+            EngineSpec("llama.cpp", TAG, files.release_api())
+        )
     assert state.status == "failed"
     assert "ggml_cuda_init: failed to initialize CUDA: CUDA driver version is insufficient" in state.detail
     assert "lists 0 CUDA device(s), and the node reported 2 GPU(s)" in state.detail
@@ -116,8 +127,14 @@ async def test_a_cuda_plugin_that_cannot_initialise_is_refused_with_the_engines_
 
 async def test_a_vulkan_node_proves_its_build_on_the_gpus_it_reported(tmp_path: Path, files: FileServer) -> None:
     listing = "  Vulkan0: llvmpipe (LLVM 15.0.6, 256 bits) (2048 MiB, 2048 MiB free)\\n"
-    files.publish(TAG, {f"llama-{TAG}-bin-ubuntu-vulkan-x64.tar.gz": _script_archive(tmp_path, listing),
-                        CUDA_ASSET: b"never fetched", f"llama-{TAG}-bin-ubuntu-x64.tar.gz": b"never fetched"})
+    files.publish(
+        TAG,
+        {
+            f"llama-{TAG}-bin-ubuntu-vulkan-x64.tar.gz": _script_archive(tmp_path, listing),
+            CUDA_ASSET: b"never fetched",
+            f"llama-{TAG}-bin-ubuntu-x64.tar.gz": b"never fetched",
+        },
+    )
     async with httpx2.AsyncClient() as client:
         mgr = EngineManager(tmp_path / "node", client, VULKAN_NODE)
         state = await mgr.install(EngineSpec("llama.cpp", TAG, files.release_api()))
@@ -151,7 +168,8 @@ async def test_a_backend_plugin_missing_its_runtime_is_refused_naming_the_librar
     files.publish(TAG, {CUDA_ASSET: archive})
     async with httpx2.AsyncClient() as client:
         state = await EngineManager(tmp_path / "node", client, CUDA_NODE).install(
-            EngineSpec("llama.cpp", TAG, files.release_api()))
+            EngineSpec("llama.cpp", TAG, files.release_api())
+        )
     assert state.status == "failed"
     assert "missing library: libcudart.so.12" in state.detail
 
@@ -159,11 +177,17 @@ async def test_a_backend_plugin_missing_its_runtime_is_refused_naming_the_librar
 def _plugin_needing_cudart(work: Path) -> Path:
     work.mkdir()
     stub = work / "libcudart.so.12"
-    subprocess.run(["cc", "-shared", "-o", str(stub), "-Wl,-soname,libcudart.so.12", "-x", "c", "/dev/null"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["cc", "-shared", "-o", str(stub), "-Wl,-soname,libcudart.so.12", "-x", "c", "/dev/null"],
+        check=True,
+        capture_output=True,
+    )
     plugin = work / "libggml-cuda.so"
-    subprocess.run(["cc", "-shared", "-o", str(plugin), "-x", "c", "/dev/null", "-x", "none", "-Wl,--no-as-needed",
-                    str(stub)], check=True, capture_output=True)
+    subprocess.run(
+        ["cc", "-shared", "-o", str(plugin), "-x", "c", "/dev/null", "-x", "none", "-Wl,--no-as-needed", str(stub)],
+        check=True,
+        capture_output=True,
+    )
     stub.unlink()
     return plugin
 
@@ -183,22 +207,34 @@ def test_the_load_log_says_how_many_layers_went_to_the_gpu() -> None:
     # A restart appends to the log: the last load is the one that counts.
     assert offloaded_layers(LOAD_LOG + b"load_tensors: offloaded 0/3 layers to GPU\n") == (0, 3)
     assert "offloaded 0/3 layers to GPU: it runs on the CPU" in offload_problem(
-        LOAD_LOG + b"load_tensors: offloaded 0/3 layers to GPU\n", [0])
+        LOAD_LOG + b"load_tensors: offloaded 0/3 layers to GPU\n", [0]
+    )
     # A CPU build (or a GPU build whose plugin did not load) logs no offload at all.
     assert "no 'offloaded N/M layers to GPU' line" in offload_problem(b"load_tensors: CPU_Mapped model buffer\n", [1])
 
 
-@pytest.mark.parametrize(("plat", "backend", "env"), [
-    (CUDA_NODE, "cuda", {"CUDA_VISIBLE_DEVICES": "1,0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}),
-    (Platform("linux", "x86_64", rocm=True, gpu_backend="rocm", gpus=(0, 1)), "rocm", {"HIP_VISIBLE_DEVICES": "1,0"}),
-    (Platform("linux", "x86_64", vulkan=True, gpu_backend="vulkan", gpus=(0, 1)), "vulkan",
-     {"GGML_VK_VISIBLE_DEVICES": "1,0"}),
-    # A Vulkan build pinned on an NVIDIA node: nvidia-smi's indices are not Vulkan's; nothing is set.
-    (CUDA_NODE, "vulkan", {}),
-    (CUDA_NODE, "cpu", {}),
-])
-def test_each_backend_gets_the_placed_gpus_through_its_own_variable(plat: Platform, backend: str,
-                                                                    env: dict[str, str]) -> None:
+@pytest.mark.parametrize(
+    ("plat", "backend", "env"),
+    [
+        (CUDA_NODE, "cuda", {"CUDA_VISIBLE_DEVICES": "1,0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}),
+        (
+            Platform("linux", "x86_64", rocm=True, gpu_backend="rocm", gpus=(0, 1)),
+            "rocm",
+            {"HIP_VISIBLE_DEVICES": "1,0"},
+        ),
+        (
+            Platform("linux", "x86_64", vulkan=True, gpu_backend="vulkan", gpus=(0, 1)),
+            "vulkan",
+            {"GGML_VK_VISIBLE_DEVICES": "1,0"},
+        ),
+        # A Vulkan build pinned on an NVIDIA node: nvidia-smi's indices are not Vulkan's; nothing is set.
+        (CUDA_NODE, "vulkan", {}),
+        (CUDA_NODE, "cpu", {}),
+    ],
+)
+def test_each_backend_gets_the_placed_gpus_through_its_own_variable(
+    plat: Platform, backend: str, env: dict[str, str]
+) -> None:
     mgr = EngineManager(Path("/nonexistent"), httpx2.AsyncClient(), plat)
     assert mgr.device_environment(backend, [1, 0]) == env
 
@@ -217,9 +253,13 @@ def test_hostile_engine_output_never_breaks_the_parsers(text: str, devices: list
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=20),
-                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-                    max_leaves=20))
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+        max_leaves=20,
+    )
+)
 def test_hostile_vulkan_probe_json_never_breaks_the_probe(data: object) -> None:
     gpus, _ = gpu_probe.parse_vulkan_devices(json.dumps({"devices": data}), software=True)
     assert all(type(g.index) is int and type(g.memory_total_mib) is int for g in gpus)
@@ -237,16 +277,24 @@ async def test_the_service_says_a_gpu_node_on_the_cpu_build_is_degraded(
 
     files.publish(TAG, {f"llama-{TAG}-bin-ubuntu-x64.tar.gz": _script_archive(tmp_path, "  (none)\\n")})
     l4 = GpuFacts(index=0, name="NVIDIA L4", uuid="GPU-0", memory_total_mib=23034, memory_free_mib=22700)
-    facts = attrs.evolve(unprobed(), probed=True, arch="x86_64", nvidia_driver="550.54.15", gpus=[l4],
-                         gpu_backend="cuda", gpu_backends=["cuda"])
+    facts = attrs.evolve(
+        unprobed(),
+        probed=True,
+        arch="x86_64",
+        nvidia_driver="550.54.15",
+        gpus=[l4],
+        gpu_backend="cuda",
+        gpu_backends=["cuda"],
+    )
     config = NodeConfig(data_dir=str(tmp_path / "node"), node_id="n", token="t")
     async with open_node_service(config, facts=facts) as svc:
         assert svc.facts.degraded == ""
-        ack = await svc.handle(SetEngines(id="1", fencing_token=1,
-                                          engines=[EngineSpec("llama.cpp", TAG, files.release_api())]))
+        ack = await svc.handle(
+            SetEngines(id="1", fencing_token=1, engines=[EngineSpec("llama.cpp", TAG, files.release_api())])
+        )
         assert ack.ok
-        await wait_until(lambda: svc.engines.state("llama.cpp", TAG).status == "installed", timeout=30,
-                         interval=0.02)
+        await wait_until(lambda: svc.engines.state("llama.cpp", TAG).status == "installed", timeout=30, interval=0.02)
         assert svc.facts.degraded == "this node has NVIDIA GPUs but its llama.cpp engine is a CPU build"
-    assert any("degraded: this node has NVIDIA GPUs" in r.getMessage() and r.levelname == "WARNING"
-               for r in caplog.records)
+    assert any(
+        "degraded: this node has NVIDIA GPUs" in r.getMessage() and r.levelname == "WARNING" for r in caplog.records
+    )

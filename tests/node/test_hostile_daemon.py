@@ -67,12 +67,17 @@ def _releases(files: FileServer) -> dict[str, str]:
     files.publish("b9100", {"llama-b9100-bin-ubuntu-x64.tar.gz": hostile.gzip_bomb(256 << 20)})
     expected["b9100"] = "failed: not enough disk for unpacking llama-b9100-bin-ubuntu-x64.tar.gz: needs "
     good = hostile.tar_gz([("llama-top/llama-server", {"data": b"#!/bin/sh\n", "mode": 0o755})])
-    files.publish("b9101", {"llama-b9101-bin-ubuntu-x64.tar.gz": good},
-                  listed_as={"llama-b9101-bin-ubuntu-x64.tar.gz": {
-                      "name": "llama-b9101/../../../../x-bin-ubuntu-x64.tar.gz"}})
+    files.publish(
+        "b9101",
+        {"llama-b9101-bin-ubuntu-x64.tar.gz": good},
+        listed_as={"llama-b9101-bin-ubuntu-x64.tar.gz": {"name": "llama-b9101/../../../../x-bin-ubuntu-x64.tar.gz"}},
+    )
     expected["b9101"] = "asset name 'llama-b9101/../../../../x-bin-ubuntu-x64.tar.gz' is not valid"
-    files.publish("b9102", {"llama-b9102-bin-ubuntu-x64.tar.gz": good},
-                  listed_as={"llama-b9102-bin-ubuntu-x64.tar.gz": {"digest": "sha256:../../../x"}})
+    files.publish(
+        "b9102",
+        {"llama-b9102-bin-ubuntu-x64.tar.gz": good},
+        listed_as={"llama-b9102-bin-ubuntu-x64.tar.gz": {"digest": "sha256:../../../x"}},
+    )
     expected["b9102"] = "digest 'sha256:../../../x' is not valid"
     return expected
 
@@ -86,9 +91,11 @@ def _fake_engine(tmp_path: Path) -> Path:
     """An engine the node has by config: the fake engine, answering /health on its port."""
     tools = Path(llmgw_dev.__file__).resolve().parents[1]
     script = tmp_path / "keep-engine"
-    script.write_text(f'#!/bin/sh\nif [ "$1" = "--version" ]; then echo "keep 1.0"; exit 0; fi\n'
-                      f'PYTHONPATH="{tools}" exec {sys.executable} -m llmgw_dev.fake_engine --host 127.0.0.1 '
-                      '--port "$1"\n')
+    script.write_text(
+        f'#!/bin/sh\nif [ "$1" = "--version" ]; then echo "keep 1.0"; exit 0; fi\n'
+        f'PYTHONPATH="{tools}" exec {sys.executable} -m llmgw_dev.fake_engine --host 127.0.0.1 '
+        '--port "$1"\n'
+    )
     script.chmod(0o755)
     return script
 
@@ -102,8 +109,11 @@ async def test_every_hostile_release_is_a_failed_engine_and_the_node_keeps_servi
     weights_path.write_bytes(model)
     weights = WeightsSpec(url=str(weights_path), sha256=hashlib.sha256(model).hexdigest(), size=len(model))
     port = free_port()
-    keep = StartReplica(id="start", fencing_token=1, replica=attrs.evolve(
-        replica_spec("keep-0", weights, port, args=["{port}"]), engine="keep", engine_version="1"))
+    keep = StartReplica(
+        id="start",
+        fencing_token=1,
+        replica=attrs.evolve(replica_spec("keep-0", weights, port, args=["{port}"]), engine="keep", engine_version="1"),
+    )
     hellos: list[Hello] = []
     sockets: list[WebSocketConnection] = []
     inbox_send, inbox = trio.open_memory_channel[Message](10000)
@@ -135,9 +145,11 @@ async def test_every_hostile_release_is_a_failed_engine_and_the_node_keeps_servi
             config.write_text(
                 f'control = ["{url}"]\ntoken = "llmgw-join-abc"\nnode_id = "n1"\ndata_dir = "{data}"\n'
                 f'reconnect_min_s = 0.05\n[[engines]]\nname = "keep"\npath = "{_fake_engine(tmp_path)}"\n'
-                'version = "1"\n')
-            proc = await trio.lowlevel.open_process([*NODE, "run", "--config", str(config), "--stop-engines"],
-                                                    stderr=(tmp_path / "node.log").open("wb"))
+                'version = "1"\n'
+            )
+            proc = await trio.lowlevel.open_process(
+                [*NODE, "run", "--config", str(config), "--stop-engines"], stderr=(tmp_path / "node.log").open("wb")
+            )
             try:
                 with trio.fail_after(60):
                     await welcomed.wait()
@@ -217,8 +229,9 @@ def _engines_in(msg: Message) -> list[EngineState]:
     return []
 
 
-async def _until(inbox: trio.MemoryReceiveChannel[Message], pred: Callable[[Message], bool],
-                 limit_s: float = 60.0) -> Message:
+async def _until(
+    inbox: trio.MemoryReceiveChannel[Message], pred: Callable[[Message], bool], limit_s: float = 60.0
+) -> Message:
     with trio.fail_after(limit_s):
         while True:
             msg = await inbox.receive()

@@ -45,8 +45,10 @@ def test_every_option_appears_right_under_its_help() -> None:
 def test_init_writes_a_config_that_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(TOKEN_ENV, "llmgw-join-abc123")
     path = tmp_path / "etc" / "node.toml"
-    assert run_cli(["init", "-o", str(path), "--control", URL, "--node-id", "gpu-3",
-                    "--data-dir", str(tmp_path / "data")]) == 0
+    assert (
+        run_cli(["init", "-o", str(path), "--control", URL, "--node-id", "gpu-3", "--data-dir", str(tmp_path / "data")])
+        == 0
+    )
     config = load_config(path)
     assert config.control == [URL]
     assert config.node_id == "gpu-3"
@@ -94,8 +96,13 @@ def test_a_data_dir_it_cannot_create_is_one_line_not_a_traceback(tmp_path: Path)
     blocker.write_text("")
     path = tmp_path / "node.toml"
     path.write_text(f'node_id = "n1"\ndata_dir = "{blocker / "data"}"\n')
-    result = subprocess.run([str(Path(sys.executable).parent / "llmgw-node"), "run", "--config", str(path)],
-                            capture_output=True, text=True, timeout=60, check=False)
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "llmgw-node"), "run", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 1
     assert "llmgw-node: stopped: " in result.stderr
     assert "Traceback" not in result.stderr

@@ -32,12 +32,15 @@ def _adapter(name: str, directory: Path) -> AdapterSpec:
 
 
 async def _ask(client: httpx2.AsyncClient, model: str) -> httpx2.Response:
-    return await client.post("/v1/chat/completions", json={
-        "model": model, "messages": [{"role": "user", "content": "hi"}]})
+    return await client.post(
+        "/v1/chat/completions", json={"model": model, "messages": [{"role": "user", "content": "hi"}]}
+    )
 
 
 async def test_adapters_load_at_start_and_change_live_without_a_restart(
-    served_config: NodeConfig, tmp_path: Path, fast_timing: Timing,
+    served_config: NodeConfig,
+    tmp_path: Path,
+    fast_timing: Timing,
 ) -> None:
     roots = tmp_path / "models"
     one, two = _adapter("one", adapter_directory(roots / "one")), _adapter("two", adapter_directory(roots / "two"))
@@ -45,9 +48,14 @@ async def test_adapters_load_at_start_and_change_live_without_a_restart(
     wide = _adapter("wide", adapter_directory(roots / "wide", rank=64))
     # A directory outside the node's model roots is never handed to the engine.
     outside = _adapter("outside", adapter_directory(tmp_path / "elsewhere" / "o"))
-    replica = attrs.evolve(spec("vllm", str(model_directory(roots / "qwen")),
-                              args=["--enable-lora", "--max-loras", "4", "--max-lora-rank", "16"]),
-                         adapters=[one])
+    replica = attrs.evolve(
+        spec(
+            "vllm",
+            str(model_directory(roots / "qwen")),
+            args=["--enable-lora", "--max-loras", "4", "--max-lora-rank", "16"],
+        ),
+        adapters=[one],
+    )
     async with open_node_service(served_config, timing=fast_timing) as svc:
         await configured(svc)
         assert (await svc.handle(StartReplica(id="s", fencing_token=1, replica=replica))).ok
@@ -59,15 +67,19 @@ async def test_adapters_load_at_start_and_change_live_without_a_restart(
         assert b"VLLM_ALLOW_RUNTIME_LORA_UPDATING=True" in environ
 
         headers = {"authorization": f"Bearer {replica.api_key}"}
-        async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{replica.port}", headers=headers,
-                                      timeout=30) as client:
+        async with httpx2.AsyncClient(
+            base_url=f"http://127.0.0.1:{replica.port}", headers=headers, timeout=30
+        ) as client:
             answer = (await _ask(client, "one")).json()
             assert answer["model"] == "one" and answer["choices"][0]["message"]["content"].startswith("[lora:one]")
             assert (await _ask(client, "two")).status_code == 404  # not loaded: vLLM's 404, never the base
 
             # Added while it runs: loaded live, the same process.
-            assert (await svc.handle(SetAdapters(id="a", fencing_token=1, replica_id=replica.replica_id,
-                                                 adapters=[one, two]))).ok
+            assert (
+                await svc.handle(
+                    SetAdapters(id="a", fencing_token=1, replica_id=replica.replica_id, adapters=[one, two])
+                )
+            ).ok
             both = await next_replica_state(svc, replica.replica_id, lambda s: s.adapters == ["one", "two"])
             assert both.status == "ready" and both.pid == ready.pid and both.detail == ""
             assert (await _ask(client, "two")).json()["choices"][0]["message"]["content"].startswith("[lora:two]")
@@ -75,8 +87,11 @@ async def test_adapters_load_at_start_and_change_live_without_a_restart(
             # Replaced under the same name (another directory, another sha256): vLLM keeps an
             # adapter by name, so the node unloads it and loads the new one, still no restart.
             newer = attrs.evolve(two, weights=WeightsSpec(str(adapter_directory(roots / "two-v2")), "b" * 64, 64))
-            assert (await svc.handle(SetAdapters(id="r", fencing_token=1, replica_id=replica.replica_id,
-                                                 adapters=[one, newer]))).ok
+            assert (
+                await svc.handle(
+                    SetAdapters(id="r", fencing_token=1, replica_id=replica.replica_id, adapters=[one, newer])
+                )
+            ).ok
 
             async def roots_now() -> dict[str, str]:
                 listed = (await client.get("/v1/models")).json()["data"]
@@ -85,20 +100,27 @@ async def test_adapters_load_at_start_and_change_live_without_a_restart(
             async def two_replaced() -> dict[str, str] | None:
                 now = await roots_now()
                 return now if now.get("two") == str((roots / "two-v2").resolve()) else None
+
             replaced = await wait_until(two_replaced, timeout=20)
             assert replaced["one"] == str((roots / "one").resolve()), replaced
             (current,) = [s for s in svc.replica_states() if s.replica_id == replica.replica_id]
             assert current.pid == ready.pid and current.adapters == ["one", "two"] and current.detail == ""
             # The same list again keeps it as it is.
-            assert (await svc.handle(SetAdapters(id="r2", fencing_token=1, replica_id=replica.replica_id,
-                                                 adapters=[one, newer]))).ok
+            assert (
+                await svc.handle(
+                    SetAdapters(id="r2", fencing_token=1, replica_id=replica.replica_id, adapters=[one, newer])
+                )
+            ).ok
             assert (await roots_now()) == replaced
             two = newer
 
             # One removed, one that fails to load: the engine keeps serving the base and "two".
             seen: list[ReplicaState] = []
-            assert (await svc.handle(SetAdapters(id="b", fencing_token=1, replica_id=replica.replica_id,
-                                                 adapters=[two, wide, outside]))).ok
+            assert (
+                await svc.handle(
+                    SetAdapters(id="b", fencing_token=1, replica_id=replica.replica_id, adapters=[two, wide, outside])
+                )
+            ).ok
             after = await next_replica_state(svc, replica.replica_id, lambda s: s.adapters == ["two"], seen=seen)
             assert after.status == "ready" and after.pid == ready.pid
             assert "adapter wide not loaded" in after.detail and "max_lora_rank" in after.detail, after.detail
@@ -111,6 +133,9 @@ async def test_adapters_load_at_start_and_change_live_without_a_restart(
         # Only engines that load adapters live take set_adapters; and only a running replica.
         refused = await svc.handle(SetAdapters(id="c", fencing_token=1, replica_id="nope", adapters=[one]))
         assert not refused.ok and "not running here" in refused.error
-        bad_name = await svc.handle(SetAdapters(id="d", fencing_token=1, replica_id=replica.replica_id,
-                                                adapters=[attrs.evolve(one, name="no/slash")]))
+        bad_name = await svc.handle(
+            SetAdapters(
+                id="d", fencing_token=1, replica_id=replica.replica_id, adapters=[attrs.evolve(one, name="no/slash")]
+            )
+        )
         assert not bad_name.ok and "not a plain name" in bad_name.error

@@ -59,25 +59,30 @@ def _fake_nvidia_smi(tmp_path: Path, body: str) -> Path:
 
 
 async def test_tree_of_a_session_counts_its_children_and_their_gpu_memory(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     root = tmp_path / "proc"
     _fake_proc(root, 100, 100, 1024 * 300)  # the engine
     _fake_proc(root, 101, 100, 1024 * 200)  # a process it forked
     _fake_proc(root, 200, 200, 1024 * 900)  # someone else
     (root / "self").mkdir()
-    bindir = _fake_nvidia_smi(tmp_path, """
+    bindir = _fake_nvidia_smi(
+        tmp_path,
+        """
 case "$*" in
   *--query-compute-apps=pid,used_memory*--format=csv,noheader,nounits*)
     echo '100, 4000'; echo '101, 96'; echo '200, 7000'; echo '100, 1000' ;;
   *) echo "unexpected arguments: $*" >&2; exit 2 ;;
 esac
-""")
+""",
+    )
     monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
     assert await memory.measure([100], str(root)) == {100: (500, 5096)}
 
 
 async def test_nvidia_smi_that_hangs_or_fails_costs_only_the_gpu_figure(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     bindir = _fake_nvidia_smi(tmp_path, "exec sleep 30\n")
     monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
     with trio.fail_after(5):
@@ -89,10 +94,13 @@ async def test_nvidia_smi_that_hangs_or_fails_costs_only_the_gpu_figure(
 async def test_a_real_process_tree_is_measured(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no nvidia-smi here
     # A parent holding ~64 MiB that forks a child holding ~32 MiB, in a session of its own.
-    code = ("import os,time\nb=bytearray(64<<20)\nif os.fork()==0:\n c=bytearray(32<<20)\n time.sleep(30)\n"
-            "print('ok',flush=True)\ntime.sleep(30)\n")
-    proc = await trio.lowlevel.open_process([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                                            start_new_session=True)
+    code = (
+        "import os,time\nb=bytearray(64<<20)\nif os.fork()==0:\n c=bytearray(32<<20)\n time.sleep(30)\n"
+        "print('ok',flush=True)\ntime.sleep(30)\n"
+    )
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True
+    )
     try:
         assert proc.stdout is not None
         with trio.fail_after(10):
@@ -103,9 +111,11 @@ async def test_a_real_process_tree_is_measured(monkeypatch: pytest.MonkeyPatch) 
                 assert chunk, f"the process closed its stdout after {said!r}"
                 said += chunk
             assert said == b"ok\n"
+
         async def grown() -> tuple[int, int] | None:
             rss, vram = (await memory.measure([proc.pid]))[proc.pid]
             return (rss, vram) if rss >= 64 + 32 or vram else None
+
         rss, vram = await wait_until(grown, timeout=10)
         assert vram == 0 and 64 + 32 <= rss < 400
     finally:

@@ -17,8 +17,13 @@ SAMPLES = Path(__file__).parent / "samples"
     [
         ("cpuinfo-epyc-avx2.txt", "x86_64", "AMD EPYC 7B13", 2, ["avx", "avx2", "fma", "f16c"]),
         ("cpuinfo-qemu64.txt", "x86_64", "QEMU Virtual CPU version 2.5+", 1, []),
-        ("cpuinfo-xeon-avx512.txt", "x86_64", "Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz", 1,
-         ["avx", "avx2", "avx512f", "fma", "f16c"]),
+        (
+            "cpuinfo-xeon-avx512.txt",
+            "x86_64",
+            "Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz",
+            1,
+            ["avx", "avx2", "avx512f", "fma", "f16c"],
+        ),
         ("cpuinfo-graviton3.txt", "aarch64", "", 2, ["neon", "asimd", "sve"]),
     ],
 )
@@ -57,7 +62,9 @@ def _fake_nvidia_smi(tmp_path: Path, body: str) -> Path:
 
 
 async def test_probe_with_two_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    bindir = _fake_nvidia_smi(tmp_path, """
+    bindir = _fake_nvidia_smi(
+        tmp_path,
+        """
 case "$*" in
   *--query-gpu=index,name,uuid,memory.total,memory.free,driver_version*--format=csv,noheader,nounits*)
     echo '0, NVIDIA L4, GPU-5a1b2c3d-0000-1111-2222-333344445555, 23034, 22700, 550.54.15'
@@ -65,14 +72,20 @@ case "$*" in
     ;;
   *) echo "unexpected arguments: $*" >&2; exit 2 ;;
 esac
-""")
+""",
+    )
     monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
-    facts = await probe(tmp_path / "data", proc_root=str(_proc_root(tmp_path, "cpuinfo-epyc-avx2.txt")),
-                        os_release=str(SAMPLES / "os-release-ubuntu.txt"))
+    facts = await probe(
+        tmp_path / "data",
+        proc_root=str(_proc_root(tmp_path, "cpuinfo-epyc-avx2.txt")),
+        os_release=str(SAMPLES / "os-release-ubuntu.txt"),
+    )
     assert facts.probed and facts.probed_at > 0
     assert facts.nvidia_driver == "550.54.15"
     assert [(g.index, g.name, g.memory_total_mib, g.memory_free_mib) for g in facts.gpus] == [
-        (0, "NVIDIA L4", 23034, 22700), (1, "NVIDIA L4", 23034, 1024)]
+        (0, "NVIDIA L4", 23034, 22700),
+        (1, "NVIDIA L4", 23034, 1024),
+    ]
     assert facts.gpus[0].uuid == "GPU-5a1b2c3d-0000-1111-2222-333344445555"
     assert (facts.os_id, facts.os_version, facts.cpu_model, facts.cores) == ("ubuntu", "22.04", "AMD EPYC 7B13", 2)
     assert facts.ram_total_mib == 24105 and facts.disk_free_mib > 0
@@ -80,10 +93,13 @@ esac
 
 
 async def test_probe_with_tools_but_no_driver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    bindir = _fake_nvidia_smi(tmp_path, """
+    bindir = _fake_nvidia_smi(
+        tmp_path,
+        """
 echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver." >&2
 exit 9
-""")
+""",
+    )
     monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
     facts = await probe(tmp_path, proc_root=str(_proc_root(tmp_path, "cpuinfo-qemu64.txt")))
     assert facts.nvidia_driver is None and facts.gpus == []

@@ -35,8 +35,9 @@ async def test_a_child_holding_the_output_is_refused_and_killed(tmp_path: Path) 
 
 
 async def test_a_child_that_let_go_of_the_output_is_killed_all_the_same(tmp_path: Path) -> None:
-    script = _script(tmp_path, f"sleep 300 >/dev/null 2>&1 &\necho $! > {tmp_path}/child\n"
-                               "echo 'version: 2 (build 2)'\n")
+    script = _script(
+        tmp_path, f"sleep 300 >/dev/null 2>&1 &\necho $! > {tmp_path}/child\necho 'version: 2 (build 2)'\n"
+    )
     assert await engine_version(script, time_limit=10) == "version: 2 (build 2)"
     await _gone(int((tmp_path / "child").read_text()))
 

@@ -43,15 +43,19 @@ NODE = [sys.executable, "-m", "llmgw_node"]
 
 
 async def test_an_install_records_its_source_digests_time_and_the_epoch_that_asked(
-    tmp_path: Path, node_config: NodeConfig, fast_timing: Timing, files: FileServer,
+    tmp_path: Path,
+    node_config: NodeConfig,
+    fast_timing: Timing,
+    files: FileServer,
     engine_archive: tuple[str, bytes],
 ) -> None:
     name, data = engine_archive
     files.publish(TAG, {name: data})
     before = time.time()
     async with open_node_service(node_config, timing=fast_timing) as svc:
-        ack = await svc.handle(SetEngines(id="1", fencing_token=7, engines=[EngineSpec("llama.cpp", TAG,
-                                                                                       files.release_api())]))
+        ack = await svc.handle(
+            SetEngines(id="1", fencing_token=7, engines=[EngineSpec("llama.cpp", TAG, files.release_api())])
+        )
         assert ack.ok
         state = await next_engine_state(svc, lambda s: s.status in ("installed", "failed"))
         hello = svc.hello()
@@ -60,8 +64,9 @@ async def test_an_install_records_its_source_digests_time_and_the_epoch_that_ask
     assert p is not None
     assert p.source == files.release_api().replace("{version}", TAG)
     assert p.index_sha256 == hashlib.sha256(files.index_bytes(TAG)).hexdigest()
-    assert p.assets == [AssetProvenance(name, f"{files.base}/files/{name}", hashlib.sha256(data).hexdigest(),
-                                        len(data))]
+    assert p.assets == [
+        AssetProvenance(name, f"{files.base}/files/{name}", hashlib.sha256(data).hexdigest(), len(data))
+    ]
     assert before <= p.installed_at <= time.time()
     assert p.control_epoch == 7 and p.signed_by == "" and not p.archives_kept
     # Control hears it in the hello and the state reports, through the real wire format.
@@ -130,10 +135,12 @@ async def test_engines_check_hashes_kept_archives_against_the_signed_index_again
     files.publish(TAG, {name: data})
     files.add_signature(TAG, key.sign(files.index_bytes(TAG)))
     config = tmp_path / "node.toml"
-    config.write_text(f'data_dir = "{tmp_path / "data"}"\nkeep_engine_archives = true\n'
-                      f'release_signing_keys = ["{key.public}"]\n')
-    code, out = await _cli("engines", "install", "llama.cpp", TAG, "--release-api", files.release_api(),
-                           "--config", str(config))
+    config.write_text(
+        f'data_dir = "{tmp_path / "data"}"\nkeep_engine_archives = true\nrelease_signing_keys = ["{key.public}"]\n'
+    )
+    code, out = await _cli(
+        "engines", "install", "llama.cpp", TAG, "--release-api", files.release_api(), "--config", str(config)
+    )
     assert code == 0, out
     folder = tmp_path / "data" / "engines" / "llama.cpp" / TAG
     kept = folder / ".llmgw-archives" / name
@@ -141,8 +148,10 @@ async def test_engines_check_hashes_kept_archives_against_the_signed_index_again
     code, out = await _cli("engines", "check", "--config", str(config))
     assert code == 0, out
     # The provenance, for people: the source, who signed, the digest, when, by hand.
-    assert f"from {files.base}/repos/ggml-org/llama.cpp/releases/tags/{TAG} (signed by {key.id_text}): " \
-           f"{name} sha256:{hashlib.sha256(data).hexdigest()[:16]}" in out
+    assert (
+        f"from {files.base}/repos/ggml-org/llama.cpp/releases/tags/{TAG} (signed by {key.id_text}): "
+        f"{name} sha256:{hashlib.sha256(data).hexdigest()[:16]}" in out
+    )
     assert "by hand; archives kept" in out
 
     original = kept.read_bytes()
@@ -174,7 +183,8 @@ async def test_without_keep_engine_archives_nothing_is_kept_and_check_proves_as_
     files.publish(TAG, {name: data})
     async with httpx2.AsyncClient() as client:
         state = await EngineManager(tmp_path, client, Platform("linux", "x86_64", False)).install(
-            EngineSpec("llama.cpp", TAG, files.release_api()))
+            EngineSpec("llama.cpp", TAG, files.release_api())
+        )
     assert state.provenance is not None and not state.provenance.archives_kept
     assert not (tmp_path / "engines" / "llama.cpp" / TAG / ".llmgw-archives").exists()
     assert [a.name for a in state.provenance.assets] == [name]

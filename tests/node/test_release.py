@@ -35,7 +35,8 @@ def test_cpu_node_gets_the_cpu_build() -> None:
 
 def test_cuda_node_gets_the_cuda_build_and_its_runtime() -> None:
     assert names(Platform("linux", "x86_64", cuda=True)) == [
-        "llama-b6000-bin-ubuntu-cuda-12.4-x64.tar.gz", "cudart-llama-bin-ubuntu-cuda-12.4-x64.tar.gz",
+        "llama-b6000-bin-ubuntu-cuda-12.4-x64.tar.gz",
+        "cudart-llama-bin-ubuntu-cuda-12.4-x64.tar.gz",
     ]
 
 
@@ -65,25 +66,35 @@ def test_not_a_release_document() -> None:
 
 
 def _one(**fields: object) -> dict[str, object]:
-    asset: dict[str, object] = {"name": "llama-b6000-bin-ubuntu-x64.tar.gz", "size": 10,
-                                "browser_download_url": "https://example.invalid/a.tar.gz",
-                                "digest": f"sha256:{'a' * 64}"}
+    asset: dict[str, object] = {
+        "name": "llama-b6000-bin-ubuntu-x64.tar.gz",
+        "size": 10,
+        "browser_download_url": "https://example.invalid/a.tar.gz",
+        "digest": f"sha256:{'a' * 64}",
+    }
     asset.update(fields)
     return {"assets": [asset]}
 
 
-@pytest.mark.parametrize(("fields", "why"), [
-    ({"name": "llama-b4001/../../../../x-bin-ubuntu-x64.tar.gz"},
-     "asset name 'llama-b4001/../../../../x-bin-ubuntu-x64.tar.gz' is not valid: use a plain file name"),
-    ({"name": "llama-b4001-bin-ubuntu-x64.tar.gz\n"}, "asset name 'llama-b4001-bin-ubuntu-x64.tar.gz\\n' is not valid"),
-    ({"name": "llama-" + "x" * 300 + "-bin-ubuntu-x64.tar.gz"}, "is not valid: use a plain file name: 1-200"),
-    ({"digest": "sha256:../../../x"},
-     "digest 'sha256:../../../x' is not valid: use 'sha256:' and 64 hex digits"),
-    ({"digest": "sha256:" + "a" * 64 + "/../x"}, "is not valid: use 'sha256:' and 64 hex digits"),
-    ({"size": 0}, "size 0 is not a positive number of bytes"),
-    ({"size": True}, "size True is not a positive number of bytes"),
-    ({"size": "10"}, "size '10' is not a positive number of bytes"),
-])
+@pytest.mark.parametrize(
+    ("fields", "why"),
+    [
+        (
+            {"name": "llama-b4001/../../../../x-bin-ubuntu-x64.tar.gz"},
+            "asset name 'llama-b4001/../../../../x-bin-ubuntu-x64.tar.gz' is not valid: use a plain file name",
+        ),
+        (
+            {"name": "llama-b4001-bin-ubuntu-x64.tar.gz\n"},
+            "asset name 'llama-b4001-bin-ubuntu-x64.tar.gz\\n' is not valid",
+        ),
+        ({"name": "llama-" + "x" * 300 + "-bin-ubuntu-x64.tar.gz"}, "is not valid: use a plain file name: 1-200"),
+        ({"digest": "sha256:../../../x"}, "digest 'sha256:../../../x' is not valid: use 'sha256:' and 64 hex digits"),
+        ({"digest": "sha256:" + "a" * 64 + "/../x"}, "is not valid: use 'sha256:' and 64 hex digits"),
+        ({"size": 0}, "size 0 is not a positive number of bytes"),
+        ({"size": True}, "size True is not a positive number of bytes"),
+        ({"size": "10"}, "size '10' is not a positive number of bytes"),
+    ],
+)
 def test_an_asset_whose_name_digest_or_size_is_bad_is_never_chosen(fields: dict[str, object], why: str) -> None:
     assets = parse_release(_one(**fields))
     assert why in assets[0].refused

@@ -39,8 +39,9 @@ DATA = b'{"tag_name": "b1", "assets": []}'
 
 @pytest.mark.parametrize("prehashed", [True, False])
 def test_a_good_signature_verifies_and_names_its_key(prehashed: bool) -> None:
-    verified = verify(DATA, KEY.sign(DATA, prehashed=prehashed), [parse_public_key(OTHER.public),
-                                                                  parse_public_key(KEY.public)])
+    verified = verify(
+        DATA, KEY.sign(DATA, prehashed=prehashed), [parse_public_key(OTHER.public), parse_public_key(KEY.public)]
+    )
     assert verified.key_id == KEY.id_text
     assert verified.trusted_comment == "timestamp:1 file:index.json hashed"
 
@@ -91,8 +92,11 @@ def test_public_keys_are_checked_when_the_config_loads() -> None:
     # The whole .pub file is accepted too: what `minisign -G` writes.
     pub = f"untrusted comment: minisign public key {KEY.id_text}\n{KEY.public}\n"
     assert parse_public_key(pub).id_text == KEY.id_text
-    for bad, reason in [("not base64!", "not base64"), (base64.b64encode(b"Ed" + b"x" * 10).decode(), "42"),
-                        ("", "one base64 line")]:
+    for bad, reason in [
+        ("not base64!", "not base64"),
+        (base64.b64encode(b"Ed" + b"x" * 10).decode(), "42"),
+        ("", "one base64 line"),
+    ]:
         with pytest.raises(ConfigError, match=rf"release_signing_keys\[0\]: .*{reason}"):
             parse_config({"release_signing_keys": [bad]})
 
@@ -102,16 +106,21 @@ def test_the_signature_sits_beside_the_index_url() -> None:
     assert signature_url("http://h/index.json?token=x") == "http://h/index.json.minisig?token=x"
 
 
-@pytest.mark.skipif(shutil.which("minisign") is None, reason="the minisign tool is not installed "
-                    "(apt-get install minisign) to check the format against")
+@pytest.mark.skipif(
+    shutil.which("minisign") is None,
+    reason="the minisign tool is not installed (apt-get install minisign) to check the format against",
+)
 @pytest.mark.parametrize("legacy", [False, True])
 def test_signatures_made_by_the_minisign_tool_verify(tmp_path: Path, legacy: bool) -> None:
     secret, public = tmp_path / "key", tmp_path / "key.pub"
     subprocess.run(["minisign", "-G", "-W", "-s", str(secret), "-p", str(public)], check=True, capture_output=True)
     index = tmp_path / "index.json"
     index.write_bytes(DATA)
-    subprocess.run(["minisign", "-S", *(["-l"] if legacy else []), "-s", str(secret), "-m", str(index),
-                    "-t", "llama.cpp b1"], check=True, capture_output=True)
+    subprocess.run(
+        ["minisign", "-S", *(["-l"] if legacy else []), "-s", str(secret), "-m", str(index), "-t", "llama.cpp b1"],
+        check=True,
+        capture_output=True,
+    )
     key = parse_public_key(public.read_text())
     signature = (tmp_path / "index.json.minisig").read_bytes()
     assert verify(DATA, signature, [key]).trusted_comment == "llama.cpp b1"
@@ -121,8 +130,9 @@ def test_signatures_made_by_the_minisign_tool_verify(tmp_path: Path, legacy: boo
     ours = OperatorKey.new()
     (tmp_path / "ours.pub").write_text(f"untrusted comment: minisign public key {ours.id_text}\n{ours.public}\n")
     (tmp_path / "index.json.minisig").write_bytes(ours.sign(DATA, prehashed=not legacy))
-    subprocess.run(["minisign", "-V", "-p", str(tmp_path / "ours.pub"), "-m", str(index)], check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["minisign", "-V", "-p", str(tmp_path / "ours.pub"), "-m", str(index)], check=True, capture_output=True
+    )
 
 
 # --------------------------------------------------------------------------- installs
@@ -145,8 +155,9 @@ async def test_a_signed_index_installs_and_the_signer_is_recorded(
     folder = tmp_path / "data" / "engines" / "llama.cpp" / TAG
     # The index and its signature stay with the install, for `engines check`.
     assert (folder / ".llmgw-index.json").read_bytes() == files.index_bytes(TAG)
-    assert verify(files.index_bytes(TAG), (folder / ".llmgw-index.json.minisig").read_bytes(),
-                  [parse_public_key(KEY.public)])
+    assert verify(
+        files.index_bytes(TAG), (folder / ".llmgw-index.json.minisig").read_bytes(), [parse_public_key(KEY.public)]
+    )
 
 
 @pytest.mark.parametrize("case", ["unsigned", "wrong key", "tampered", "other tag", "garbage"])

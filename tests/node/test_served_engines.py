@@ -31,19 +31,38 @@ def served_config(node_config: NodeConfig, tmp_path: Path) -> NodeConfig:
     return attrs.evolve(node_config, engines=engines, model_roots=[str(tmp_path / "models")])
 
 
-def spec(engine: str, model_dir: str, *, env: dict[str, str] | None = None,
-         args: list[str] | None = None) -> ReplicaSpec:
+def spec(
+    engine: str, model_dir: str, *, env: dict[str, str] | None = None, args: list[str] | None = None
+) -> ReplicaSpec:
     served = "qwen-test"
-    extra = (["--served-model-name", served, "--max-model-len", "4096"] if engine == "vllm"
-             else ["--served-model-name", served, "--context-length", "4096", "--enable-metrics"])
-    return ReplicaSpec(replica_id=f"{engine}-0", engine=engine, engine_version=VERSIONS[engine], weights=None,
-                     port=free_port(), api_key=f"sk-{engine}-shard", args=[*extra, *(args or [])],
-                     env=env or {}, start_timeout_s=30.0, max_restarts=0, model_dir=model_dir)
+    extra = (
+        ["--served-model-name", served, "--max-model-len", "4096"]
+        if engine == "vllm"
+        else ["--served-model-name", served, "--context-length", "4096", "--enable-metrics"]
+    )
+    return ReplicaSpec(
+        replica_id=f"{engine}-0",
+        engine=engine,
+        engine_version=VERSIONS[engine],
+        weights=None,
+        port=free_port(),
+        api_key=f"sk-{engine}-shard",
+        args=[*extra, *(args or [])],
+        env=env or {},
+        start_timeout_s=30.0,
+        max_restarts=0,
+        model_dir=model_dir,
+    )
 
 
 async def configured(svc: NodeService) -> None:
-    await svc.handle(SetEngines(id="e", fencing_token=1, engines=[EngineSpec("vllm", VERSIONS["vllm"]),
-                                                                  EngineSpec("sglang", VERSIONS["sglang"])]))
+    await svc.handle(
+        SetEngines(
+            id="e",
+            fencing_token=1,
+            engines=[EngineSpec("vllm", VERSIONS["vllm"]), EngineSpec("sglang", VERSIONS["sglang"])],
+        )
+    )
     for name in ("vllm", "sglang"):
         state = svc.engines.state(name, VERSIONS[name])
         assert state.status == "configured", state.describe()
@@ -52,7 +71,10 @@ async def configured(svc: NodeService) -> None:
 @pytest.mark.slow  # left out of the quick tier: engine processes started and drained
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 async def test_started_by_its_conventions_served_and_drained_with_a_request_in_flight(
-    engine: str, served_config: NodeConfig, tmp_path: Path, fast_timing: Timing,
+    engine: str,
+    served_config: NodeConfig,
+    tmp_path: Path,
+    fast_timing: Timing,
 ) -> None:
     if engine == "vllm":
         model_dir = str(model_directory(tmp_path / "models" / "qwen"))
@@ -68,14 +90,23 @@ async def test_started_by_its_conventions_served_and_drained_with_a_request_in_f
         cmdline = (await trio.Path(f"/proc/{ready.pid}/cmdline").read_bytes()).split(b"\0")
         words = [w.decode() for w in cmdline if w]
         # Each engine's own command line (after the fake's interpreter and module).
-        tail = words[words.index(engine) + 1:]
+        tail = words[words.index(engine) + 1 :]
         if engine == "vllm":
             assert tail[:2] == ["serve", model_dir]  # already real: tmp_path has no symlinks
             assert replica.api_key.encode() not in b" ".join(cmdline)  # VLLM_API_KEY, not argv
         else:
-            assert tail[:4] == ["-m", "sglang.launch_server", "--model-path",
-                                str(served_config.data_path / "hub" / "models--Qwen--Qwen2.5-0.5B-Instruct"
-                                    / "snapshots" / "0123456789abcdef0123456789abcdef01234567")]
+            assert tail[:4] == [
+                "-m",
+                "sglang.launch_server",
+                "--model-path",
+                str(
+                    served_config.data_path
+                    / "hub"
+                    / "models--Qwen--Qwen2.5-0.5B-Instruct"
+                    / "snapshots"
+                    / "0123456789abcdef0123456789abcdef01234567"
+                ),
+            ]
         assert tail[tail.index("--port") + 1] == str(replica.port) and tail[tail.index("--host") + 1] == "127.0.0.1"
 
         base = f"http://127.0.0.1:{replica.port}"
@@ -91,10 +122,15 @@ async def test_started_by_its_conventions_served_and_drained_with_a_request_in_f
         done = trio.Event()
 
         async def stream() -> None:
-            async with httpx2.AsyncClient(timeout=30) as http, http.stream(
-                    "POST", base + "/v1/chat/completions", headers={"authorization": f"Bearer {replica.api_key}"},
+            async with (
+                httpx2.AsyncClient(timeout=30) as http,
+                http.stream(
+                    "POST",
+                    base + "/v1/chat/completions",
+                    headers={"authorization": f"Bearer {replica.api_key}"},
                     json={"model": "qwen-test", "stream": True, "messages": [{"role": "user", "content": "x"}]},
-            ) as response:
+                ) as response,
+            ):
                 async for line in response.aiter_lines():
                     if line.startswith("data: "):
                         chunks.append(line[6:])
@@ -104,10 +140,12 @@ async def test_started_by_its_conventions_served_and_drained_with_a_request_in_f
         async with trio.open_nursery() as nursery:
             nursery.start_soon(stream)
             await wait_until(lambda: chunks, timeout=10, interval=0.02)
-            assert (await svc.handle(DrainReplica(id="d", fencing_token=1, replica_id=replica.replica_id,
-                                                timeout_s=30))).ok
-            stopped = await next_replica_state(svc, replica.replica_id, lambda s: s.status in ("stopped", "failed"),
-                                             seen=seen)
+            assert (
+                await svc.handle(DrainReplica(id="d", fencing_token=1, replica_id=replica.replica_id, timeout_s=30))
+            ).ok
+            stopped = await next_replica_state(
+                svc, replica.replica_id, lambda s: s.status in ("stopped", "failed"), seen=seen
+            )
             assert done.is_set(), "the engine was stopped before its request finished"
         assert stopped.status == "stopped"
         assert "waiting for 1 request(s) in flight" in [s.detail for s in seen]
@@ -117,7 +155,9 @@ async def test_started_by_its_conventions_served_and_drained_with_a_request_in_f
 
 
 async def test_model_directories_are_checked_against_the_nodes_roots(
-    served_config: NodeConfig, tmp_path: Path, fast_timing: Timing,
+    served_config: NodeConfig,
+    tmp_path: Path,
+    fast_timing: Timing,
 ) -> None:
     outside = model_directory(tmp_path / "elsewhere" / "m")
     (tmp_path / "models").mkdir()
@@ -151,7 +191,8 @@ async def test_an_engine_the_node_lacks_is_not_configured_here(node_config: Node
 
 
 async def test_an_adopted_sglang_engine_restarts_with_the_same_snapshot(
-    served_config: NodeConfig, fast_timing: Timing,
+    served_config: NodeConfig,
+    fast_timing: Timing,
 ) -> None:
     import os
     import signal
@@ -172,8 +213,9 @@ async def test_an_adopted_sglang_engine_restarts_with_the_same_snapshot(
             assert adopted.status == "ready" and adopted.pid == first.pid
             # It crashes: started again from the recorded, resolved snapshot (not "hub:..." as a path).
             os.killpg(first.pid, signal.SIGKILL)
-            again = await next_replica_state(svc, replica.replica_id, lambda s: s.status in ("ready", "failed")
-                                           and s.pid != first.pid)
+            again = await next_replica_state(
+                svc, replica.replica_id, lambda s: s.status in ("ready", "failed") and s.pid != first.pid
+            )
             assert again.status == "ready", (again.describe(), again.last_lines)
             await svc.stop_engines(grace=3)
     finally:

@@ -40,8 +40,9 @@ def fake_llama(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def config(node_config: NodeConfig, fake_llama: Path) -> NodeConfig:
-    return attrs.evolve(node_config, engines=[ConfiguredEngine(name="llama.cpp", path=str(fake_llama),
-                                                               version="b11312")])
+    return attrs.evolve(
+        node_config, engines=[ConfiguredEngine(name="llama.cpp", path=str(fake_llama), version="b11312")]
+    )
 
 
 def weights_file(tmp_path: Path, data: bytes = b"weights" * 100, name: str = "w.gguf") -> WeightsSpec:
@@ -73,19 +74,33 @@ async def test_start_refusals_name_the_problem(tmp_path: Path, config: NodeConfi
     async with open_node_service(config, timing=fast_timing) as svc:
         bad_id = await svc.handle(StartReplica(id="1", fencing_token=1, replica=replica_spec("../etc", w, 9000)))
         assert "replica id '../etc'" in bad_id.error
-        other = await svc.handle(StartReplica(id="2", fencing_token=1, replica=attrs.evolve(
-            replica_spec("s", w, 9000), engine="vllm", weights=None, model_dir="/srv/models/m")))
+        other = await svc.handle(
+            StartReplica(
+                id="2",
+                fencing_token=1,
+                replica=attrs.evolve(
+                    replica_spec("s", w, 9000), engine="vllm", weights=None, model_dir="/srv/models/m"
+                ),
+            )
+        )
         assert other.error == "engine vllm b11312 is not available here: absent"
         # vLLM and SGLang serve a directory: one file and no directory is refused, as are both.
-        file_only = await svc.handle(StartReplica(id="2b", fencing_token=1,
-                                                replica=attrs.evolve(replica_spec("s", w, 9000), engine="vllm")))
+        file_only = await svc.handle(
+            StartReplica(id="2b", fencing_token=1, replica=attrs.evolve(replica_spec("s", w, 9000), engine="vllm"))
+        )
         assert file_only.error == "replica s: vllm serves a model directory (model_dir)"
-        both = await svc.handle(StartReplica(id="2c", fencing_token=1,
-                                           replica=attrs.evolve(replica_spec("s", w, 9000), model_dir="/m")))
+        both = await svc.handle(
+            StartReplica(id="2c", fencing_token=1, replica=attrs.evolve(replica_spec("s", w, 9000), model_dir="/m"))
+        )
         assert both.error == "replica s: names weights or a model_dir, not both or neither"
         for bad in ("relative/dir", "/srv/../etc", "hub:no-slash", "hub:a/b@c d", "/x\n"):
-            refused = await svc.handle(StartReplica(id="2d", fencing_token=1, replica=attrs.evolve(
-                replica_spec("s", w, 9000), engine="vllm", weights=None, model_dir=bad)))
+            refused = await svc.handle(
+                StartReplica(
+                    id="2d",
+                    fencing_token=1,
+                    replica=attrs.evolve(replica_spec("s", w, 9000), engine="vllm", weights=None, model_dir=bad),
+                )
+            )
             assert not refused.ok and refused.error.startswith("replica s: "), refused.error
         # An engine named by path that this node's config does not name: not configured here, not failed.
         await svc.handle(SetEngines(id="3", fencing_token=1, engines=[EngineSpec("sglang", "1")]))
@@ -107,8 +122,9 @@ async def test_port_in_use_and_port_conflicts(tmp_path: Path, config: NodeConfig
             # A second replica on a port a live replica holds is refused at once.
             free = free_port()
             w2 = weights_file(tmp_path, b"other", "w2.gguf")
-            await svc.handle(StartReplica(id="2", fencing_token=1,
-                                        replica=attrs.evolve(replica_spec("b", w, free), weights=w2)))
+            await svc.handle(
+                StartReplica(id="2", fencing_token=1, replica=attrs.evolve(replica_spec("b", w, free), weights=w2))
+            )
             ack = await svc.handle(StartReplica(id="3", fencing_token=1, replica=replica_spec("c", w, free)))
             assert ack.error == f"port {free} is already used by replica b"
 
@@ -138,12 +154,15 @@ async def test_stubborn_engine_gets_sigkill_after_the_grace_period(
     tmp_path: Path, node_config: NodeConfig, fast_timing: Timing, caplog: pytest.LogCaptureFixture
 ) -> None:
     script = tmp_path / "stubborn"
-    script.write_text('#!/bin/sh\nif [ "$1" = "--version" ]; then echo "stubborn 1"; exit 0; fi\n'
-                      "trap '' TERM\nwhile true; do sleep 0.05; done\n")
+    script.write_text(
+        '#!/bin/sh\nif [ "$1" = "--version" ]; then echo "stubborn 1"; exit 0; fi\n'
+        "trap '' TERM\nwhile true; do sleep 0.05; done\n"
+    )
     script.chmod(0o755)
     config = attrs.evolve(node_config, engines=[ConfiguredEngine(name="stubborn", path=str(script), version="1")])
-    spec = attrs.evolve(replica_spec("s", weights_file(tmp_path), free_port(), args=["{port}"]), engine="stubborn",
-                        engine_version="1")
+    spec = attrs.evolve(
+        replica_spec("s", weights_file(tmp_path), free_port(), args=["{port}"]), engine="stubborn", engine_version="1"
+    )
     async with open_node_service(config, timing=fast_timing) as svc:
         assert (await svc.handle(StartReplica(id="1", fencing_token=1, replica=spec))).ok
         starting = await next_replica_state(svc, "s", lambda s: s.status == "starting")
@@ -184,12 +203,17 @@ async def test_what_a_crashed_engine_forked_dies_with_it(
     # workers must not outlive it, or the restart finds the port taken and the GPU full.
     child = tmp_path / "child"
     script = tmp_path / "forking"
-    script.write_text('#!/bin/sh\nif [ "$1" = "--version" ]; then echo "forking 1"; exit 0; fi\n'
-                      f"sleep 300 &\necho $! > {child}\nexit 1\n")
+    script.write_text(
+        '#!/bin/sh\nif [ "$1" = "--version" ]; then echo "forking 1"; exit 0; fi\n'
+        f"sleep 300 &\necho $! > {child}\nexit 1\n"
+    )
     script.chmod(0o755)
     config = attrs.evolve(node_config, engines=[ConfiguredEngine(name="forking", path=str(script), version="1")])
-    spec = attrs.evolve(replica_spec("f", weights_file(tmp_path), free_port(), args=["{port}"], max_restarts=0),
-                        engine="forking", engine_version="1")
+    spec = attrs.evolve(
+        replica_spec("f", weights_file(tmp_path), free_port(), args=["{port}"], max_restarts=0),
+        engine="forking",
+        engine_version="1",
+    )
     async with open_node_service(config, timing=fast_timing) as svc:
         assert (await svc.handle(StartReplica(id="1", fencing_token=1, replica=spec))).ok
         failed = await next_replica_state(svc, "f", lambda s: s.status == "failed")
@@ -216,6 +240,7 @@ async def test_a_replica_id_that_is_not_one_file_name_is_refused(
     tmp_path: Path, config: NodeConfig, fast_timing: Timing, replica_id: str
 ) -> None:
     async with open_node_service(config, timing=fast_timing) as svc:
-        ack = await svc.handle(StartReplica(id="1", fencing_token=1,
-                                          replica=replica_spec(replica_id, weights_file(tmp_path), free_port())))
+        ack = await svc.handle(
+            StartReplica(id="1", fencing_token=1, replica=replica_spec(replica_id, weights_file(tmp_path), free_port()))
+        )
     assert not ack.ok and ack.error.startswith("replica id ") and "is not valid: use 1-128 letters" in ack.error

@@ -30,15 +30,56 @@ def _openssl(*args: str) -> None:
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("pki")
-    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2",
-             "-subj", "/CN=test-ca", "-keyout", str(d / "ca.key"), "-out", str(d / "ca.pem"))
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=test-ca",
+        "-keyout",
+        str(d / "ca.key"),
+        "-out",
+        str(d / "ca.pem"),
+    )
     for name, ext in (("server", "subjectAltName=IP:127.0.0.1"), ("node-7", "extendedKeyUsage=clientAuth")):
-        _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", f"/CN={name}",
-                 "-keyout", str(d / f"{name}.key"), "-out", str(d / f"{name}.csr"))
+        _openssl(
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-subj",
+            f"/CN={name}",
+            "-keyout",
+            str(d / f"{name}.key"),
+            "-out",
+            str(d / f"{name}.csr"),
+        )
         (d / f"{name}.ext").write_text(ext + "\n")
-        _openssl("x509", "-req", "-in", str(d / f"{name}.csr"), "-CA", str(d / "ca.pem"), "-CAkey",
-                 str(d / "ca.key"), "-CAcreateserial", "-days", "2", "-extfile", str(d / f"{name}.ext"),
-                 "-out", str(d / f"{name}.pem"))
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            str(d / f"{name}.csr"),
+            "-CA",
+            str(d / "ca.pem"),
+            "-CAkey",
+            str(d / "ca.key"),
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            str(d / f"{name}.ext"),
+            "-out",
+            str(d / f"{name}.pem"),
+        )
     return d
 
 
@@ -69,8 +110,13 @@ async def mtls_control(pki: Path, seen: list[tuple[str, Hello]]) -> AsyncIterato
 async def test_mutual_tls(pki: Path, node_config: NodeConfig, fast_timing: Timing) -> None:
     seen: list[tuple[str, Hello]] = []
     async with mtls_control(pki, seen) as url:
-        config = attrs.evolve(node_config, control=[url], tls_ca_file=str(pki / "ca.pem"),
-                              tls_cert_file=str(pki / "node-7.pem"), tls_key_file=str(pki / "node-7.key"))
+        config = attrs.evolve(
+            node_config,
+            control=[url],
+            tls_ca_file=str(pki / "ca.pem"),
+            tls_cert_file=str(pki / "node-7.pem"),
+            tls_key_file=str(pki / "node-7.key"),
+        )
         async with open_node_service(config, timing=fast_timing) as svc, trio.open_nursery() as nursery:
             agent = Agent(svc, ssl_context=client_context(config))
             nursery.start_soon(agent.run)
@@ -83,13 +129,17 @@ async def test_unknown_server_certificate_is_refused(pki: Path, node_config: Nod
     seen: list[tuple[str, Hello]] = []
     async with mtls_control(pki, seen) as url:
         # No CA configured: the system CAs do not know the test CA, so the handshake must fail.
-        config = attrs.evolve(node_config, control=[url], tls_cert_file=str(pki / "node-7.pem"),
-                              tls_key_file=str(pki / "node-7.key"), reconnect_min_s=0.05)
+        config = attrs.evolve(
+            node_config,
+            control=[url],
+            tls_cert_file=str(pki / "node-7.pem"),
+            tls_key_file=str(pki / "node-7.key"),
+            reconnect_min_s=0.05,
+        )
         async with open_node_service(config, timing=fast_timing) as svc, trio.open_nursery() as nursery:
             agent = Agent(svc, ssl_context=client_context(config))
             nursery.start_soon(agent.run)
-            await wait_until(lambda: "CERTIFICATE_VERIFY_FAILED" in agent.status.last_error, timeout=10,
-                             interval=0.02)
+            await wait_until(lambda: "CERTIFICATE_VERIFY_FAILED" in agent.status.last_error, timeout=10, interval=0.02)
             nursery.cancel_scope.cancel()
     assert seen == []
 

@@ -50,30 +50,53 @@ def _special(name: str, kind: bytes, linkname: str = "") -> tarfile.TarInfo:
 TAR_ATTACKS: list[tuple[str, Callable[[], list[tarfile.TarInfo | tuple[tarfile.TarInfo, bytes]]], str]] = [
     ("absolute", lambda: [_file("/tmp/llmgw-pwned")], "entry '/tmp/llmgw-pwned': absolute path"),
     ("dotdot", lambda: [_file("top/../../escape")], "entry 'top/../../escape': '..' component"),
-    ("symlink-out", lambda: [_special("top/lib", tarfile.SYMTYPE, "../../etc")],
-     "entry 'top/lib': symlink to '../../etc' points outside the install directory"),
-    ("symlink-abs", lambda: [_special("top/passwd", tarfile.SYMTYPE, "/etc/passwd")],
-     "entry 'top/passwd': symlink to absolute path '/etc/passwd'"),
-    ("hardlink-out", lambda: [_special("top/h", tarfile.LNKTYPE, "../outside")],
-     "entry 'top/h': hardlink to '../outside' points outside the install directory"),
-    ("hardlink-abs", lambda: [_special("top/h", tarfile.LNKTYPE, "/etc/shadow")],
-     "entry 'top/h': hardlink to absolute path '/etc/shadow'"),
+    (
+        "symlink-out",
+        lambda: [_special("top/lib", tarfile.SYMTYPE, "../../etc")],
+        "entry 'top/lib': symlink to '../../etc' points outside the install directory",
+    ),
+    (
+        "symlink-abs",
+        lambda: [_special("top/passwd", tarfile.SYMTYPE, "/etc/passwd")],
+        "entry 'top/passwd': symlink to absolute path '/etc/passwd'",
+    ),
+    (
+        "hardlink-out",
+        lambda: [_special("top/h", tarfile.LNKTYPE, "../outside")],
+        "entry 'top/h': hardlink to '../outside' points outside the install directory",
+    ),
+    (
+        "hardlink-abs",
+        lambda: [_special("top/h", tarfile.LNKTYPE, "/etc/shadow")],
+        "entry 'top/h': hardlink to absolute path '/etc/shadow'",
+    ),
     ("chardev", lambda: [_special("top/null", tarfile.CHRTYPE)], "entry 'top/null': device file"),
     ("blockdev", lambda: [_special("top/sda", tarfile.BLKTYPE)], "entry 'top/sda': device file"),
     ("fifo", lambda: [_special("top/pipe", tarfile.FIFOTYPE)], "entry 'top/pipe': fifo"),
     # A link that is fine on its own, followed by a file written through it.
-    ("write-through-link", lambda: [_special("top/d", tarfile.SYMTYPE, ".."), _file("top/d/../x")],
-     "entry 'top/d/../x': '..' component"),
+    (
+        "write-through-link",
+        lambda: [_special("top/d", tarfile.SYMTYPE, ".."), _file("top/d/../x")],
+        "entry 'top/d/../x': '..' component",
+    ),
     # Two links that each stay inside on paper, chained to leave, then a file written through both.
-    ("link-chain", lambda: [_special("top/d", tarfile.SYMTYPE, ".."), _special("top/d/e", tarfile.SYMTYPE, ".."),
-                            _file("top/d/e/pwned")],
-     "entry 'top/d/e"),
+    (
+        "link-chain",
+        lambda: [
+            _special("top/d", tarfile.SYMTYPE, ".."),
+            _special("top/d/e", tarfile.SYMTYPE, ".."),
+            _file("top/d/e/pwned"),
+        ],
+        "entry 'top/d/e",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("attack", "entries", "message"), TAR_ATTACKS, ids=[a[0] for a in TAR_ATTACKS])
 def test_tar_attacks_are_refused_naming_the_entry(
-    tmp_path: Path, attack: str, entries: Callable[[], list[tarfile.TarInfo | tuple[tarfile.TarInfo, bytes]]],
+    tmp_path: Path,
+    attack: str,
+    entries: Callable[[], list[tarfile.TarInfo | tuple[tarfile.TarInfo, bytes]]],
     message: str,
 ) -> None:
     archive = _tar(tmp_path / f"{attack}.tar.gz", [_file("top/llama-server"), *entries()])
@@ -93,11 +116,14 @@ def test_tar_attacks_are_refused_naming_the_entry(
 
 
 def test_links_inside_the_directory_are_fine(tmp_path: Path) -> None:
-    archive = _tar(tmp_path / "ok.tar.gz", [
-        _file("top/lib/libx.so.1", b"lib"),
-        _special("top/libx.so", tarfile.SYMTYPE, "lib/libx.so.1"),
-        _special("top/hard", tarfile.LNKTYPE, "top/lib/libx.so.1"),
-    ])
+    archive = _tar(
+        tmp_path / "ok.tar.gz",
+        [
+            _file("top/lib/libx.so.1", b"lib"),
+            _special("top/libx.so", tarfile.SYMTYPE, "lib/libx.so.1"),
+            _special("top/hard", tarfile.LNKTYPE, "top/lib/libx.so.1"),
+        ],
+    )
     dest = tmp_path / "dest"
     dest.mkdir()
     safe_unpack(archive, dest)
@@ -141,8 +167,10 @@ def _zip(path: Path, entries: list[tuple[str, bytes, int]]) -> Path:
         ([("top/fifo", b"", 0o010644)], "entry 'top/fifo': fifo"),
         ([("top/dev", b"", 0o020644)], "entry 'top/dev': device file"),
         ([("C:/windows/x", b"", 0o100644)], "entry 'C:/windows/x': absolute path"),
-        ([("top/d", b"..", 0o120777), ("top/d/e", b"..", 0o120777), ("top/d/e/pwned", b"x", 0o100644)],
-         "entry 'top/d/e"),
+        (
+            [("top/d", b"..", 0o120777), ("top/d/e", b"..", 0o120777), ("top/d/e/pwned", b"x", 0o100644)],
+            "entry 'top/d/e",
+        ),
     ],
 )
 def test_zip_attacks_are_refused_naming_the_entry(
@@ -159,12 +187,15 @@ def test_zip_attacks_are_refused_naming_the_entry(
 
 
 def test_zip_keeps_executable_bits_and_inside_links(tmp_path: Path) -> None:
-    archive = _zip(tmp_path / "ok.zip", [
-        ("top/", b"", 0o040755),
-        ("top/llama-server", b"bin", 0o100755),
-        ("top/README", b"doc", 0o100644),
-        ("top/alias", b"llama-server", 0o120777),
-    ])
+    archive = _zip(
+        tmp_path / "ok.zip",
+        [
+            ("top/", b"", 0o040755),
+            ("top/llama-server", b"bin", 0o100755),
+            ("top/README", b"doc", 0o100644),
+            ("top/alias", b"llama-server", 0o120777),
+        ],
+    )
     dest = tmp_path / "dest"
     dest.mkdir()
     safe_unpack(archive, dest)
@@ -174,6 +205,7 @@ def test_zip_keeps_executable_bits_and_inside_links(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- issue 14: by construction
+
 
 def _nested_dest(tmp_path: Path, levels: int = 4) -> Path:
     """A destination ``levels`` folders below ``tmp_path``: an escape lands in the test's own folder."""
@@ -187,10 +219,12 @@ def _everything_under(root: Path) -> set[str]:
     return {os.path.join(d, n) for d, dirs, names in os.walk(root) for n in [*dirs, *names]}
 
 
-@pytest.mark.parametrize(("suffix", "build"), [(".tar.gz", hostile.pathmax_escape_tar),
-                                               (".zip", hostile.pathmax_escape_zip)], ids=["tar", "zip"])
-def test_links_past_path_max_cannot_write_outside(tmp_path: Path, suffix: str,
-                                                  build: Callable[[int], bytes]) -> None:
+@pytest.mark.parametrize(
+    ("suffix", "build"),
+    [(".tar.gz", hostile.pathmax_escape_tar), (".zip", hostile.pathmax_escape_zip)],
+    ids=["tar", "zip"],
+)
+def test_links_past_path_max_cannot_write_outside(tmp_path: Path, suffix: str, build: Callable[[int], bytes]) -> None:
     archive = tmp_path / f"escape{suffix}"
     archive.write_bytes(build(4))
     dest = _nested_dest(tmp_path)
@@ -219,10 +253,14 @@ def test_a_hardlink_only_to_a_file_earlier_in_the_archive(tmp_path: Path) -> Non
     dest = tmp_path / "dest"
     dest.mkdir()
     for entries, message in [
-        ([_special("top/h", tarfile.LNKTYPE, "top/later"), _file("top/later")],
-         "entry 'top/h': hardlink to 'top/later', which is not a file earlier in the archive"),
-        ([_special("top/h", tarfile.LNKTYPE, "top")],
-         "entry 'top/h': hardlink to 'top', which is not a file earlier in the archive"),
+        (
+            [_special("top/h", tarfile.LNKTYPE, "top/later"), _file("top/later")],
+            "entry 'top/h': hardlink to 'top/later', which is not a file earlier in the archive",
+        ),
+        (
+            [_special("top/h", tarfile.LNKTYPE, "top")],
+            "entry 'top/h': hardlink to 'top', which is not a file earlier in the archive",
+        ),
     ]:
         with pytest.raises(UnsafeArchive) as info:
             safe_unpack(_tar(tmp_path / "h.tar.gz", [_file("top/llama-server"), *entries]), dest)
@@ -248,8 +286,9 @@ def test_a_second_archive_cannot_leave_through_the_first_ones_links(tmp_path: Pa
     # are resolved against what is on disk, links of the first included.
     dest = tmp_path / "dest"
     dest.mkdir()
-    safe_unpack(_tar(tmp_path / "one.tar.gz", [_file("top/llama-server"), _special("sub/up", tarfile.SYMTYPE, "..")]),
-                dest)
+    safe_unpack(
+        _tar(tmp_path / "one.tar.gz", [_file("top/llama-server"), _special("sub/up", tarfile.SYMTYPE, "..")]), dest
+    )
     with pytest.raises(UnsafeArchive) as info:
         safe_unpack(_tar(tmp_path / "two.tar.gz", [_special("esc", tarfile.SYMTYPE, "sub/up/..")]), dest)
     assert "'esc'" in str(info.value) and "outside the install directory" in str(info.value)
@@ -259,15 +298,20 @@ def test_a_second_archive_cannot_leave_through_the_first_ones_links(tmp_path: Pa
     assert not (tmp_path / "PWNED").exists()
 
 
-@pytest.mark.parametrize(("suffix", "build", "message"), [
-    (".zip", hostile.duplicate_zip, "entry 'top/llama-server': appears twice in the archive"),
-    (".tar.gz", hostile.nul_name_tar, "entry 'top/a\\x00b': NUL in the name"),
-    (".tar.gz", hostile.long_name_tar, f"entry 'top/{'n' * 192}...: a name longer than 255 bytes"),
-    (".tar.gz", hostile.long_path_tar, "path longer than 1024 bytes"),
-    (".tar.gz", hostile.truncated_tar_gz, "trunc.tar.gz: not a readable tar archive: "),
-], ids=["duplicate", "nul", "long-name", "long-path", "truncated"])
-def test_broken_archives_are_refusals_not_crashes(tmp_path: Path, suffix: str, build: Callable[[], bytes],
-                                                  message: str) -> None:
+@pytest.mark.parametrize(
+    ("suffix", "build", "message"),
+    [
+        (".zip", hostile.duplicate_zip, "entry 'top/llama-server': appears twice in the archive"),
+        (".tar.gz", hostile.nul_name_tar, "entry 'top/a\\x00b': NUL in the name"),
+        (".tar.gz", hostile.long_name_tar, f"entry 'top/{'n' * 192}...: a name longer than 255 bytes"),
+        (".tar.gz", hostile.long_path_tar, "path longer than 1024 bytes"),
+        (".tar.gz", hostile.truncated_tar_gz, "trunc.tar.gz: not a readable tar archive: "),
+    ],
+    ids=["duplicate", "nul", "long-name", "long-path", "truncated"],
+)
+def test_broken_archives_are_refusals_not_crashes(
+    tmp_path: Path, suffix: str, build: Callable[[], bytes], message: str
+) -> None:
     archive = tmp_path / f"trunc{suffix}"
     archive.write_bytes(build())
     dest = tmp_path / "dest"
@@ -313,12 +357,16 @@ def test_a_gzip_bomb_is_refused_before_it_fills_a_small_disk(tmp_path: Path) -> 
         free = shutil.disk_usage(disk).free
         with pytest.raises(UnsafeArchive) as info:
             safe_unpack(bomb, dest, UnpackLimits(keep_free=1 << 20))
-        assert str(info.value).startswith("not enough disk for unpacking bomb.tar.gz: needs 257 MB (with 1 MB kept "
-                                          "free), 64 MB free in ")
+        assert str(info.value).startswith(
+            "not enough disk for unpacking bomb.tar.gz: needs 257 MB (with 1 MB kept free), 64 MB free in "
+        )
         assert list(dest.iterdir()) == [] and shutil.disk_usage(disk).free == free
         # The same disk takes an archive that fits.
-        safe_unpack(_tar(tmp_path / "ok.tar.gz", [_file("top/llama-server", b"x" * 1000)]), dest,
-                    UnpackLimits(keep_free=1 << 20))
+        safe_unpack(
+            _tar(tmp_path / "ok.tar.gz", [_file("top/llama-server", b"x" * 1000)]),
+            dest,
+            UnpackLimits(keep_free=1 << 20),
+        )
 
 
 def test_a_disk_that_runs_out_while_unpacking_is_a_refusal(tmp_path: Path) -> None:
@@ -353,25 +401,46 @@ def _hostile_entries(draw: st.DrawFn) -> list[tuple[str, str, str]]:
 @example(entries=[("symlink", "a/x", ".."), ("symlink", "top", "a/x/..")], as_zip=False)
 @example(entries=[("symlink", "a/x", ".."), ("symlink", "top", "a/x/..")], as_zip=True)
 @example(entries=[("symlink", "a/x", ".."), ("symlink", "top", "a/x/.."), ("file", "top/x", "")], as_zip=False)
-@example(entries=[("symlink", "a", "."), ("symlink", "x", "a/a/a/a/.."), ("hardlink", "lib", "x/top")],
-         as_zip=False)
-def test_whatever_the_archive_nothing_lands_outside(tmp_path: Path, entries: list[tuple[str, str, str]],
-                                                    as_zip: bool) -> None:
+@example(entries=[("symlink", "a", "."), ("symlink", "x", "a/a/a/a/.."), ("hardlink", "lib", "x/top")], as_zip=False)
+def test_whatever_the_archive_nothing_lands_outside(
+    tmp_path: Path, entries: list[tuple[str, str, str]], as_zip: bool
+) -> None:
     work = Path(tempfile.mkdtemp(dir=tmp_path))
     dest = _nested_dest(work, 2)
     archive = work / ("a.zip" if as_zip else "a.tar.gz")
     if as_zip:
         modes = {"file": 0o100644, "dir": 0o040755, "symlink": 0o120777, "hardlink": 0o100644}
-        archive.write_bytes(hostile.zip_archive([
-            (name + ("/" if kind == "dir" else ""), target.encode() if kind == "symlink" else b"z", modes[kind])
-            for kind, name, target in entries if name]))
+        archive.write_bytes(
+            hostile.zip_archive(
+                [
+                    (name + ("/" if kind == "dir" else ""), target.encode() if kind == "symlink" else b"z", modes[kind])
+                    for kind, name, target in entries
+                    if name
+                ]
+            )
+        )
     else:
-        types = {"file": tarfile.REGTYPE, "dir": tarfile.DIRTYPE, "symlink": tarfile.SYMTYPE,
-                 "hardlink": tarfile.LNKTYPE}
-        archive.write_bytes(hostile.tar_gz([
-            (name, {"kind": types[kind], "linkname": target if "link" in kind else "",
-                    **({"data": b"z"} if kind == "file" else {})})
-            for kind, name, target in entries]))
+        types = {
+            "file": tarfile.REGTYPE,
+            "dir": tarfile.DIRTYPE,
+            "symlink": tarfile.SYMTYPE,
+            "hardlink": tarfile.LNKTYPE,
+        }
+        archive.write_bytes(
+            hostile.tar_gz(
+                [
+                    (
+                        name,
+                        {
+                            "kind": types[kind],
+                            "linkname": target if "link" in kind else "",
+                            **({"data": b"z"} if kind == "file" else {}),
+                        },
+                    )
+                    for kind, name, target in entries
+                ]
+            )
+        )
     before = _everything_under(work) - {str(dest)}
     with contextlib.suppress(UnsafeArchive):
         safe_unpack(archive, dest)

@@ -23,13 +23,15 @@ async def _held_until(svc: NodeService, pred: object) -> list[WeightsHeld]:
 
 
 async def test_the_cache_is_reported_with_its_use_and_goes_when_removed(
-        tmp_path: Path, node_config: NodeConfig, files: FileServer, fast_timing: Timing) -> None:
+    tmp_path: Path, node_config: NodeConfig, files: FileServer, fast_timing: Timing
+) -> None:
     script = tmp_path / "fake-llama-server"
-    script.write_text("#!/bin/sh\nif [ \"$1\" = \"--version\" ]; then echo 'version: 1 (build 1, commit x)' >&2; "
-                      "exit 0; fi\nexec sleep 30\n")
+    script.write_text(
+        '#!/bin/sh\nif [ "$1" = "--version" ]; then echo \'version: 1 (build 1, commit x)\' >&2; '
+        "exit 0; fi\nexec sleep 30\n"
+    )
     script.chmod(0o755)
-    config = attrs.evolve(node_config, engines=[ConfiguredEngine(name="llama.cpp", path=str(script),
-                                                                 version="b11312")])
+    config = attrs.evolve(node_config, engines=[ConfiguredEngine(name="llama.cpp", path=str(script), version="b11312")])
     data = b"model weights" * 1000
     sha = hashlib.sha256(data).hexdigest()
     weights = WeightsSpec(files.add_file("m.gguf", data), sha, len(data))
@@ -53,7 +55,8 @@ async def test_the_cache_is_reported_with_its_use_and_goes_when_removed(
 
 
 async def test_a_hold_given_back_without_a_replica_report_is_listed_at_once(
-        node_config: NodeConfig, fast_timing: Timing) -> None:
+    node_config: NodeConfig, fast_timing: Timing
+) -> None:
     # The order CI once hit: the listing ran on a replica's last report, and the hold on the file was given back
     # only after it. Nothing but the giving back is left to wake the listing, which must not wait for
     # the minute's re-listing (FACTS_INTERVAL) to stop saying "in use".

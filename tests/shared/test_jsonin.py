@@ -15,8 +15,9 @@ from llmgw_shared.jsonin import MAX_DEPTH, JsonTooDeep, loads, nesting_exceeds
 # Strings full of what the depth reading must see through: brackets, quotes, backslashes.
 TRICKY = st.text(alphabet=st.sampled_from('[]{}"\\ab\n\u00e9\\"'), max_size=8) | st.text(max_size=8)
 SCALARS = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | TRICKY
-VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4)
-                      | st.dictionaries(TRICKY, inner, max_size=4), max_leaves=60)
+VALUES = st.recursive(
+    SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TRICKY, inner, max_size=4), max_leaves=60
+)
 
 
 def depth(value: Any) -> int:
@@ -81,8 +82,9 @@ def test_what_json_writes_within_the_limit_reads_back(value: Any) -> None:
 @pytest.mark.slow  # left out of the quick tier: hypothesis over deep documents
 @settings(max_examples=500, deadline=None)
 @given(VALUES, st.booleans(), st.booleans(), st.integers(min_value=0, max_value=12))
-def test_the_depth_read_from_the_text_is_the_depth_of_the_value(value: Any, ascii: bool, spaced: bool,
-                                                                 wrap: int) -> None:
+def test_the_depth_read_from_the_text_is_the_depth_of_the_value(
+    value: Any, ascii: bool, spaced: bool, wrap: int
+) -> None:
     for _ in range(wrap):  # deeper than the rounds of pruning, so the one-pass reading is tested too
         value = [value, {"k": "]"}]
     text = json.dumps(value, ensure_ascii=ascii, indent=1 if spaced else None).encode()
@@ -93,7 +95,7 @@ def test_the_depth_read_from_the_text_is_the_depth_of_the_value(value: Any, asci
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.binary(max_size=300) | st.text(alphabet="[]{}\":,0 tnulfa\\", max_size=300).map(str.encode))
+@given(st.binary(max_size=300) | st.text(alphabet='[]{}":,0 tnulfa\\', max_size=300).map(str.encode))
 def test_any_bytes_give_a_value_or_a_value_error(data: bytes) -> None:
     try:
         value = loads(data)

@@ -10,14 +10,17 @@ import pytest
 from llmgw_shared.logs import get_logger, redact, request_context, setup_logging
 
 
-@pytest.mark.parametrize("text", [
-    "Authorization: Bearer sk-abc.def-123",
-    "headers={'authorization': 'Bearer xyz'}",
-    "api_key=supersecret",
-    '{"token": "llmgw-join-abcdef"}',
-    "key sk-llmgw-0123456789abcdef",
-    "join_token: tok_12345",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Authorization: Bearer sk-abc.def-123",
+        "headers={'authorization': 'Bearer xyz'}",
+        "api_key=supersecret",
+        '{"token": "llmgw-join-abcdef"}',
+        "key sk-llmgw-0123456789abcdef",
+        "join_token: tok_12345",
+    ],
+)
 def test_secrets_are_scrubbed(text: str) -> None:
     cleaned = redact(text)
     for secret in ("abc.def-123", "xyz", "supersecret", "abcdef", "0123456789abcdef", "tok_12345"):
@@ -29,8 +32,17 @@ def test_json_lines_carry_request_id_and_fields() -> None:
     setup_logging("info", json_lines=True, stream=stream)
     log = get_logger("test")
     with request_context("rid-1"):
-        log.info("hello %s", "world", extra={"model": "m", "authorization": "Bearer nope", "api_key": "plain",
-                                              "join_token": "plain2", "prompt_tokens": 12})
+        log.info(
+            "hello %s",
+            "world",
+            extra={
+                "model": "m",
+                "authorization": "Bearer nope",
+                "api_key": "plain",
+                "join_token": "plain2",
+                "prompt_tokens": 12,
+            },
+        )
     log.info("outside")
     first, second = (json.loads(line) for line in stream.getvalue().splitlines())
     assert first["msg"] == "hello world" and first["request_id"] == "rid-1" and first["model"] == "m"
@@ -58,9 +70,11 @@ def test_every_module_logs_under_its_own_name() -> None:
 
     root = Path(__file__).resolve().parents[2]
     typed = re.compile(r"get_logger\((?!__name__\))")
-    found = [f"{path.relative_to(root)}:{n}: {line.strip()}"
-             for package in ("llmgw_control", "llmgw_node", "shared")
-             for path in (root / package / "src").rglob("*.py")
-             for n, line in enumerate(path.read_text().splitlines(), 1)
-             if typed.search(line) and "def get_logger" not in line and 'get_logger("llmgw.access")' not in line]
+    found = [
+        f"{path.relative_to(root)}:{n}: {line.strip()}"
+        for package in ("llmgw_control", "llmgw_node", "shared")
+        for path in (root / package / "src").rglob("*.py")
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if typed.search(line) and "def get_logger" not in line and 'get_logger("llmgw.access")' not in line
+    ]
     assert found == []

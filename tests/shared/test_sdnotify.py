@@ -140,11 +140,20 @@ async def _wait_exit(process: trio.Process, timeout: float = 20) -> int:
 async def test_control_is_ready_once_listening_and_says_stopping(tmp_path: Path) -> None:
     port, admin = free_port(), free_port()
     config = tmp_path / "control.toml"
-    config.write_text(tomli_w.dumps({"listen": f"127.0.0.1:{port}", "admin_listen": f"127.0.0.1:{admin}",
-                                     "data_dir": str(tmp_path / "control"), "shutdown_grace": 1.0}))
+    config.write_text(
+        tomli_w.dumps(
+            {
+                "listen": f"127.0.0.1:{port}",
+                "admin_listen": f"127.0.0.1:{admin}",
+                "data_dir": str(tmp_path / "control"),
+                "shutdown_grace": 1.0,
+            }
+        )
+    )
     async with notify_socket(tmp_path) as listener:
-        process = await _spawn([str(BIN / "llmgw-control"), "run", "--config", str(config)], tmp_path, "control",
-                               _env(listener))
+        process = await _spawn(
+            [str(BIN / "llmgw-control"), "run", "--config", str(config)], tmp_path, "control", _env(listener)
+        )
         try:
             before = await listener.until("READY=1")
             # The watchdog started with the daemon, before it was ready.
@@ -187,8 +196,9 @@ async def test_a_node_is_ready_only_once_control_welcomed_it(tmp_path: Path) -> 
     agent_port = free_port()
     url = f"ws://127.0.0.1:{agent_port}/agent/v1"
     async with notify_socket(tmp_path) as listener:
-        node = await _node(tmp_path, listener, control=[url], token=JOIN_TOKEN, reconnect_min_s=0.1,
-                           reconnect_max_s=0.3)
+        node = await _node(
+            tmp_path, listener, control=[url], token=JOIN_TOKEN, reconnect_min_s=0.1, reconnect_max_s=0.3
+        )
         control = None
         try:
             # Control is not there yet: the node says so, keeps its watchdog fed, and is not ready.
@@ -197,12 +207,21 @@ async def test_a_node_is_ready_only_once_control_welcomed_it(tmp_path: Path) -> 
                     message = await listener.receive()
                     assert "READY=1" not in message
             config = tmp_path / "control.toml"
-            config.write_text(tomli_w.dumps({
-                "listen": f"127.0.0.1:{free_port()}", "admin_listen": f"127.0.0.1:{free_port()}",
-                "data_dir": str(tmp_path / "control"), "shutdown_grace": 1.0, "engines": [],
-                "agents": {"listen": f"127.0.0.1:{agent_port}",
-                           "join_token_digests": ["sha256:" + hashlib.sha256(JOIN_TOKEN.encode()).hexdigest()]},
-            }))
+            config.write_text(
+                tomli_w.dumps(
+                    {
+                        "listen": f"127.0.0.1:{free_port()}",
+                        "admin_listen": f"127.0.0.1:{free_port()}",
+                        "data_dir": str(tmp_path / "control"),
+                        "shutdown_grace": 1.0,
+                        "engines": [],
+                        "agents": {
+                            "listen": f"127.0.0.1:{agent_port}",
+                            "join_token_digests": ["sha256:" + hashlib.sha256(JOIN_TOKEN.encode()).hexdigest()],
+                        },
+                    }
+                )
+            )
             control = await _spawn([str(BIN / "llmgw-control"), "run", "--config", str(config)], tmp_path, "control")
             messages = await listener.until("READY=1")
             assert f"STATUS=connected to {url}" in messages[-1]

@@ -23,11 +23,16 @@ from .test_wire import EXAMPLES
 
 FRAMES = [json.loads(encode(m)) for m in EXAMPLES]
 HOSTILE = st.one_of(
-    st.none(), st.booleans(), st.integers(), st.integers(min_value=10**30, max_value=10**60),
-    st.floats(allow_nan=False), st.text(max_size=20),
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.integers(min_value=10**30, max_value=10**60),
+    st.floats(allow_nan=False),
+    st.text(max_size=20),
     st.sampled_from(["", "../..", "a\nb", "a\x00b", "<b>", "x" * 10_000, "n1\n", "fe80::1%eth0", "h:1/p"]),
     st.integers(min_value=1, max_value=3000).map(lambda n: "DEEP" + str(n)),
-    st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+    st.lists(st.integers(), max_size=3),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
 )
 
 
@@ -109,6 +114,7 @@ def test_any_bytes_decode_or_are_one_wire_error(data: bytes | str) -> None:
 
 def test_log_requests_and_answers_are_bounded_and_named() -> None:
     from llmgw_shared.wire import MAX_LOG_LINES, GetReplicaLogs, ReplicaLogsReply
+
     ok = GetReplicaLogs(id="logs1", replica_id="tiny-0", lines=10, cursor="12:34")
     assert decode(encode(ok)) == ok
     answer = ReplicaLogsReply(in_reply_to="logs1", replica_id="tiny-0", found=True, lines=["a", "b"], cursor="1:2")

@@ -59,9 +59,15 @@ class ControlDaemon:
 
 
 @contextmanager
-def control_daemon(tmp: Path, config: str = "", *, listeners: tuple[str, ...] = ("api", "admin"),
-                   agents_config: str = "", client_ssl: ssl.SSLContext | None = None,
-                   tls_listeners: frozenset[str] = frozenset()) -> Iterator[ControlDaemon]:
+def control_daemon(
+    tmp: Path,
+    config: str = "",
+    *,
+    listeners: tuple[str, ...] = ("api", "admin"),
+    agents_config: str = "",
+    client_ssl: ssl.SSLContext | None = None,
+    tls_listeners: frozenset[str] = frozenset(),
+) -> Iterator[ControlDaemon]:
     """Run ``llmgw-control run`` with ``config`` (TOML after the listener lines) until the block ends.
 
     ``listeners`` names which listeners get a port: api and admin always; metrics and agents
@@ -70,8 +76,12 @@ def control_daemon(tmp: Path, config: str = "", *, listeners: tuple[str, ...] = 
     """
     ports = {name: free_port() for name in ("api", "admin", *listeners)}
     data_dir = tmp / "control-data"
-    lines = [f'listen = "127.0.0.1:{ports["api"]}"', f'admin_listen = "127.0.0.1:{ports["admin"]}"',
-             f'data_dir = "{data_dir}"', 'log_format = "json"']
+    lines = [
+        f'listen = "127.0.0.1:{ports["api"]}"',
+        f'admin_listen = "127.0.0.1:{ports["admin"]}"',
+        f'data_dir = "{data_dir}"',
+        'log_format = "json"',
+    ]
     if "metrics" in ports:
         lines.append(f'metrics_listen = "127.0.0.1:{ports["metrics"]}"')
     text = "\n".join(lines) + "\n" + config
@@ -82,8 +92,7 @@ def control_daemon(tmp: Path, config: str = "", *, listeners: tuple[str, ...] = 
     path.write_text(text)
     log_path = tmp / "control.log"
     with open(log_path, "wb") as log:
-        process = subprocess.Popen([LLMGW_CONTROL, "run", "--config", str(path)], stdout=log,
-                                   stderr=subprocess.STDOUT)
+        process = subprocess.Popen([LLMGW_CONTROL, "run", "--config", str(path)], stdout=log, stderr=subprocess.STDOUT)
     daemon = ControlDaemon(process, ports, log_path, data_dir, client_ssl, tls_listeners)
     try:
         _wait_ready(daemon)
@@ -101,14 +110,18 @@ def control_daemon(tmp: Path, config: str = "", *, listeners: tuple[str, ...] = 
 def _wait_ready(daemon: ControlDaemon) -> None:
     verify: ssl.SSLContext | bool = daemon.client_ssl if daemon.client_ssl is not None else True
     with httpx2.Client(verify=verify, timeout=2) as client:
+
         def ready() -> bool:
             if daemon.process.poll() is not None:
                 raise AssertionError(f"llmgw-control exited {daemon.process.returncode}:\n{daemon.log()[-3000:]}")
             try:
-                return client.get(daemon.url("admin") + "/healthz").status_code == 200 and \
-                    client.get(daemon.url("api") + "/healthz").status_code == 200
+                return (
+                    client.get(daemon.url("admin") + "/healthz").status_code == 200
+                    and client.get(daemon.url("api") + "/healthz").status_code == 200
+                )
             except httpx2.TransportError:
                 return False
+
         try:
             wait_until_sync(ready, timeout=30)
         except TimeoutError:

@@ -83,9 +83,11 @@ class Control:
     async def wait_role(self, role: str, timeout: float = 30, poll: float = 0.02) -> float:
         """Wait until this control reports ``role``; return ``time.monotonic()`` when it first did."""
         async with httpx2.AsyncClient() as client:
+
             async def reached() -> float | None:
                 seen, _ = await self.role(client)
                 return time.monotonic() if seen == role else None
+
             at: float = await wait_until(reached, timeout=timeout, interval=poll)
             return at
 
@@ -118,10 +120,10 @@ class Pair:
         kill_pids(self.engine_pids())
 
 
-def _control_config(control: Control, store_url: str, files: Path | None, models: list[dict[str, Any]],
-                    leadership: dict[str, Any]) -> dict[str, Any]:
-    config = control_settings(control.api_port, control.admin_port, control.agent_port, control.root / "data",
-                              models)
+def _control_config(
+    control: Control, store_url: str, files: Path | None, models: list[dict[str, Any]], leadership: dict[str, Any]
+) -> dict[str, Any]:
+    config = control_settings(control.api_port, control.admin_port, control.agent_port, control.root / "data", models)
     config["agents"]["public_url"] = control.agent_http
     if files is not None:
         config["agents"]["files_dir"] = str(files)
@@ -129,10 +131,15 @@ def _control_config(control: Control, store_url: str, files: Path | None, models
 
 
 @asynccontextmanager
-async def control_pair(root: Path, store_url: str, *, tiny_model: Path | None = None,
-                       engine_archive: Path | None = None,
-                       leadership: dict[str, Any] | None = None,
-                       c1_store: str | None = None) -> AsyncIterator[Pair]:
+async def control_pair(
+    root: Path,
+    store_url: str,
+    *,
+    tiny_model: Path | None = None,
+    engine_archive: Path | None = None,
+    leadership: dict[str, Any] | None = None,
+    c1_store: str | None = None,
+) -> AsyncIterator[Pair]:
     """Two controls on ``store_url``; ``c1`` is started first and leads. With ``tiny_model`` and
     ``engine_archive`` both serve model ``tiny`` and the engine to nodes (from their own URLs).
     ``c1_store`` is another URL of the same database for ``c1`` (e.g. through a ``TcpProxy``)."""
@@ -142,13 +149,13 @@ async def control_pair(root: Path, store_url: str, *, tiny_model: Path | None = 
     controls = []
     for name in ("c1", "c2"):
         (root / name).mkdir(parents=True)
-        control = Control(name, root / name, free_port(), free_port(), free_port(),
-                          Daemon(name, [], root / f"{name}.log"))
+        control = Control(
+            name, root / name, free_port(), free_port(), free_port(), Daemon(name, [], root / f"{name}.log")
+        )
         models = [model_entry("tiny", tiny_model, control.agent_http)] if files is not None and tiny_model else []
         path = root / name / "control.toml"
         store = c1_store if c1_store and name == "c1" else store_url
-        path.write_text(tomli_w.dumps(_control_config(control, store, files, models,
-                                                      leadership or FAST_LEADERSHIP)))
+        path.write_text(tomli_w.dumps(_control_config(control, store, files, models, leadership or FAST_LEADERSHIP)))
         control.daemon.argv = [str(BIN / "llmgw-control"), "run", "--config", str(path)]
         controls.append(control)
     pair = Pair(root, store_url, controls)

@@ -35,10 +35,13 @@ TOKEN = "llmgw-join-system-test"
 
 def model_entry(name: str, model_file: Path, public_url: str, **profile: Any) -> dict[str, Any]:
     sha = hashlib.sha256(model_file.read_bytes()).hexdigest()
-    weights = {"url": f"{public_url}/files/models/{model_file.name}", "sha256": sha,
-               "size": model_file.stat().st_size}
-    return {"name": name, "profiles": [{"name": "cpu", "weights": weights, "context": 256, "parallel": 2,
-                                        "args": ["-t", "1"], **profile}]}
+    weights = {"url": f"{public_url}/files/models/{model_file.name}", "sha256": sha, "size": model_file.stat().st_size}
+    return {
+        "name": name,
+        "profiles": [
+            {"name": "cpu", "weights": weights, "context": 256, "parallel": 2, "args": ["-t", "1"], **profile}
+        ],
+    }
 
 
 @attrs.define
@@ -94,11 +97,13 @@ class Fleet:
 
     async def wait_healthy(self, url: str, timeout: float = 30) -> None:
         async with httpx2.AsyncClient() as client:
+
             async def healthy() -> bool:
                 try:
                     return (await client.get(url + "/healthz")).status_code == 200
                 except httpx2.TransportError:
                     return False
+
             await wait_until(healthy, timeout=timeout, interval=0.1)
 
     async def start_control(self) -> None:
@@ -106,8 +111,9 @@ class Fleet:
         await self.wait_healthy(self.api_url)
 
     async def add_node(self, node_id: str) -> Daemon:
-        daemon = await start_node(self.root, node_id, [f"ws://127.0.0.1:{self.agent_port}/agent/v1"], self.nodes,
-                                  bin_dir=self.bin_dir)
+        daemon = await start_node(
+            self.root, node_id, [f"ws://127.0.0.1:{self.agent_port}/agent/v1"], self.nodes, bin_dir=self.bin_dir
+        )
         # Ready, with its engine installed and proven (the archive comes from control's file server).
         await self.wait_for(node_ready(node_id))
         return daemon
@@ -134,27 +140,37 @@ async def admin_state(admin_url: str) -> tuple[list[dict[str, Any]], list[dict[s
     return nodes, models
 
 
-async def wait_for_state(admin_url: str, predicate: Any, timeout: float = 60,
-                         poll: float = 0.1) -> tuple[list[Any], list[Any]]:
+async def wait_for_state(
+    admin_url: str, predicate: Any, timeout: float = 60, poll: float = 0.1
+) -> tuple[list[Any], list[Any]]:
     async def holds() -> tuple[list[Any], list[Any]] | None:
         try:
             nodes, models = await admin_state(admin_url)
         except httpx2.TransportError:
             return None
         return (nodes, models) if predicate(nodes, models) else None
+
     state: tuple[list[Any], list[Any]] = await wait_until(holds, timeout=timeout, interval=poll)
     return state
 
 
-async def start_node(root: Path, node_id: str, controls: list[str], nodes: dict[str, Daemon], *,
-                     bin_dir: Path = BIN) -> Daemon:
+async def start_node(
+    root: Path, node_id: str, controls: list[str], nodes: dict[str, Daemon], *, bin_dir: Path = BIN
+) -> Daemon:
     """A node daemon connecting to ``controls``, started and added to ``nodes``."""
     data = root / node_id
     data.mkdir(exist_ok=True)
     # Each node's engines on their own loopback address, as if on their own machine: ports
     # chosen per node can then never collide between nodes sharing this host.
-    config = {"control": controls, "token": TOKEN, "node_id": node_id, "data_dir": str(data),
-              "reconnect_min_s": 0.2, "reconnect_max_s": 1.0, "engine_host": f"127.0.0.{len(nodes) + 1}"}
+    config = {
+        "control": controls,
+        "token": TOKEN,
+        "node_id": node_id,
+        "data_dir": str(data),
+        "reconnect_min_s": 0.2,
+        "reconnect_max_s": 1.0,
+        "engine_host": f"127.0.0.{len(nodes) + 1}",
+    }
     path = root / f"{node_id}.toml"
     path.write_text(tomli_w.dumps(config))
     daemon = Daemon(node_id, [str(bin_dir / "llmgw-node"), "run", "--config", str(path)], root / f"{node_id}.log")
@@ -166,8 +182,11 @@ async def start_node(root: Path, node_id: str, controls: list[str], nodes: dict[
 def node_ready(node_id: str, *, engine: bool = True) -> Any:
     """A ``wait_for`` predicate: ``node_id`` is ready (and, with ``engine``, has its engine installed)."""
     return lambda nodes, models: any(
-        n["id"] == node_id and n["state"] == "ready"
-        and (not engine or any(e["state"].startswith("installed") for e in n["engines"])) for n in nodes)
+        n["id"] == node_id
+        and n["state"] == "ready"
+        and (not engine or any(e["state"].startswith("installed") for e in n["engines"]))
+        for n in nodes
+    )
 
 
 def place_files(root: Path, engine_archive: Path, tiny_model: Path) -> Path:
@@ -181,14 +200,23 @@ def place_files(root: Path, engine_archive: Path, tiny_model: Path) -> Path:
     return files
 
 
-def control_settings(api_port: int, admin_port: int, agent_port: int, data_dir: Path,
-                     models: list[dict[str, Any]]) -> dict[str, Any]:
+def control_settings(
+    api_port: int, admin_port: int, agent_port: int, data_dir: Path, models: list[dict[str, Any]]
+) -> dict[str, Any]:
     """What every system test's control runs with: fast timings, the test token, JSON logs."""
     return {
-        "listen": f"127.0.0.1:{api_port}", "admin_listen": f"127.0.0.1:{admin_port}",
-        "data_dir": str(data_dir), "log_format": "json", "shutdown_grace": 2.0,
-        "agents": {"listen": f"127.0.0.1:{agent_port}", "join_token_digests": [token_digest(TOKEN)],
-                   "heartbeat_interval": 0.5, "unreachable_after": 2.0, "lost_after": 4.0},
+        "listen": f"127.0.0.1:{api_port}",
+        "admin_listen": f"127.0.0.1:{admin_port}",
+        "data_dir": str(data_dir),
+        "log_format": "json",
+        "shutdown_grace": 2.0,
+        "agents": {
+            "listen": f"127.0.0.1:{agent_port}",
+            "join_token_digests": [token_digest(TOKEN)],
+            "heartbeat_interval": 0.5,
+            "unreachable_after": 2.0,
+            "lost_after": 4.0,
+        },
         "reconciler": {"interval": 0.5, "backoff_base": 1.0, "backoff_cap": 5.0},
         "activator": {"max_wait": 60.0},
         "models": models,
@@ -233,12 +261,20 @@ def write_control_config(root: Path, fleet: Fleet, models: list[dict[str, Any]],
 
 
 @asynccontextmanager
-async def running_fleet(root: Path, tiny_model: Path, engine_archive: Path, *,
-                        models: list[tuple[str, dict[str, Any]]] | None = None,
-                        control_bin: Path = BIN, node_bin: Path = BIN, **extra: Any) -> AsyncIterator[Fleet]:
+async def running_fleet(
+    root: Path,
+    tiny_model: Path,
+    engine_archive: Path,
+    *,
+    models: list[tuple[str, dict[str, Any]]] | None = None,
+    control_bin: Path = BIN,
+    node_bin: Path = BIN,
+    **extra: Any,
+) -> AsyncIterator[Fleet]:
     place_files(root, engine_archive, tiny_model)
-    fleet = Fleet(root, free_port(), free_port(), free_port(),
-                  Daemon("control", [], root / "control.log"), bin_dir=node_bin)
+    fleet = Fleet(
+        root, free_port(), free_port(), free_port(), Daemon("control", [], root / "control.log"), bin_dir=node_bin
+    )
     public = fleet.agent_url
     entries = [model_entry(name, tiny_model, public, **profile) for name, profile in (models or [("tiny", {})])]
     config = write_control_config(root, fleet, entries, **extra)

@@ -46,31 +46,55 @@ class RunningGateway:
         return self.metric(name, labels)
 
 
-def endpoint(id: str, url: str, *models: str, weight: float = 1.0, api_key: str = "", slots: int | None = None,
-             engine_slots: int = 0) -> StaticReplicaConfig:
-    config = StaticReplicaConfig(id=id, url=url, models=list(models) or ["fake-model"], weight=weight, api_key=api_key,
-                                 engine_slots=engine_slots)
+def endpoint(
+    id: str,
+    url: str,
+    *models: str,
+    weight: float = 1.0,
+    api_key: str = "",
+    slots: int | None = None,
+    engine_slots: int = 0,
+) -> StaticReplicaConfig:
+    config = StaticReplicaConfig(
+        id=id, url=url, models=list(models) or ["fake-model"], weight=weight, api_key=api_key, engine_slots=engine_slots
+    )
     return config if slots is None else attrs.evolve(config, slots=slots)
 
 
 @asynccontextmanager
 async def running_gateway(
-    *endpoints: StaticReplicaConfig, grace: float = 5.0, metrics_listen: str = "",
-    upstream: UpstreamClient | None = None, activator: ActivatorConfig | None = None, store: str = "",
-    tracing: TracingConfig | None = None, **router: Any,
+    *endpoints: StaticReplicaConfig,
+    grace: float = 5.0,
+    metrics_listen: str = "",
+    upstream: UpstreamClient | None = None,
+    activator: ActivatorConfig | None = None,
+    store: str = "",
+    tracing: TracingConfig | None = None,
+    **router: Any,
 ) -> AsyncIterator[RunningGateway]:
     data_dir = tempfile.mkdtemp(prefix="llmgw-control-")
-    config = validate(ControlConfig(
-        listen="127.0.0.1:0", admin_listen="127.0.0.1:0", metrics_listen=metrics_listen, data_dir=data_dir,
-        shutdown_grace=grace, router=GatewayConfig(**router), endpoints=list(endpoints),
-        activator=activator or ActivatorConfig(), store=store, tracing=tracing or TracingConfig(),
-    ))
+    config = validate(
+        ControlConfig(
+            listen="127.0.0.1:0",
+            admin_listen="127.0.0.1:0",
+            metrics_listen=metrics_listen,
+            data_dir=data_dir,
+            shutdown_grace=grace,
+            router=GatewayConfig(**router),
+            endpoints=list(endpoints),
+            activator=activator or ActivatorConfig(),
+            store=store,
+            tracing=tracing or TracingConfig(),
+        )
+    )
     shutdown = trio.Event()
     registry = CollectorRegistry()
     async with trio.open_nursery() as nursery:
         listening = await nursery.start(
-            lambda task_status: run_control(config, shutdown=shutdown, registry=registry, task_status=task_status,
-                                            upstream=upstream))
+            lambda task_status: run_control(
+                config, shutdown=shutdown, registry=registry, task_status=task_status, upstream=upstream
+            )
+        )
         try:
             async with httpx2.AsyncClient(base_url=listening.api_url, timeout=30) as client:
                 yield RunningGateway(listening, shutdown, registry, client, listening.tenancy)

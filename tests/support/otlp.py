@@ -55,12 +55,19 @@ def spans_of(request: trace_service_pb2.ExportTraceServiceRequest) -> list[Recei
         resource = {a.key: _value(a.value) for a in resource_spans.resource.attributes}
         for scope_spans in resource_spans.scope_spans:
             for span in scope_spans.spans:
-                out.append(Received(
-                    name=span.name, service=str(resource.get("service.name", "")), trace_id=span.trace_id.hex(),
-                    span_id=span.span_id.hex(), parent_span_id=span.parent_span_id.hex(), kind=span.kind,
-                    attributes={a.key: _value(a.value) for a in span.attributes},
-                    events=[(e.name, {a.key: _value(a.value) for a in e.attributes}) for e in span.events],
-                    status_code=span.status.code))
+                out.append(
+                    Received(
+                        name=span.name,
+                        service=str(resource.get("service.name", "")),
+                        trace_id=span.trace_id.hex(),
+                        span_id=span.span_id.hex(),
+                        parent_span_id=span.parent_span_id.hex(),
+                        kind=span.kind,
+                        attributes={a.key: _value(a.value) for a in span.attributes},
+                        events=[(e.name, {a.key: _value(a.value) for a in e.attributes}) for e in span.events],
+                        status_code=span.status.code,
+                    )
+                )
     return out
 
 
@@ -134,8 +141,15 @@ class HttpReceiver(_Spans):
                 if found:
                     self.add(decode(body), headers)
                 answer = trace_service_pb2.ExportTraceServiceResponse().SerializeToString() if found else b""
-                await stream.send_all(connection.send(h11.Response(status_code=200 if found else 404, headers=[
-                    ("content-type", "application/x-protobuf"), ("content-length", str(len(answer)))])) or b"")
+                await stream.send_all(
+                    connection.send(
+                        h11.Response(
+                            status_code=200 if found else 404,
+                            headers=[("content-type", "application/x-protobuf"), ("content-length", str(len(answer)))],
+                        )
+                    )
+                    or b""
+                )
                 await stream.send_all(connection.send(h11.Data(data=answer)) or b"")
                 await stream.send_all(connection.send(h11.EndOfMessage()) or b"")
                 if connection.our_state is not h11.DONE:
@@ -155,8 +169,11 @@ async def http_receiver() -> AsyncIterator[HttpReceiver]:
 class GrpcReceiver(_Spans, trace_service_pb2_grpc.TraceServiceServicer):
     url = ""
 
-    def Export(self, request: trace_service_pb2.ExportTraceServiceRequest, context: grpc.ServicerContext,
-               ) -> trace_service_pb2.ExportTraceServiceResponse:
+    def Export(
+        self,
+        request: trace_service_pb2.ExportTraceServiceRequest,
+        context: grpc.ServicerContext,
+    ) -> trace_service_pb2.ExportTraceServiceResponse:
         if self.hang:
             threading.Event().wait(30)
         self.add(spans_of(request), {k: v for k, v in context.invocation_metadata()})  # type: ignore[misc]

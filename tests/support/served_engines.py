@@ -16,8 +16,9 @@ def engine_script(where: Path, engine: str) -> Path:
     """An executable that is ``vllm`` (or SGLang's Python) to whoever runs it."""
     where.mkdir(parents=True, exist_ok=True)
     path = where / ("vllm" if engine == "vllm" else "python-sglang")
-    path.write_text(f'#!/bin/sh\nPYTHONPATH="{TOOLS}" exec "{sys.executable}" -m llmgw_dev.fake_served_engine '
-                    f'{engine} "$@"\n')
+    path.write_text(
+        f'#!/bin/sh\nPYTHONPATH="{TOOLS}" exec "{sys.executable}" -m llmgw_dev.fake_served_engine {engine} "$@"\n'
+    )
     path.chmod(0o755)
     return path
 
@@ -26,8 +27,12 @@ def engines_config(where: Path) -> list[dict[str, object]]:
     """The node config's [[engines]] for both, as an operator writes them."""
     return [
         {"name": "vllm", "path": str(engine_script(where, "vllm")), "version": VERSIONS["vllm"]},
-        {"name": "sglang", "path": str(engine_script(where, "sglang")), "version": VERSIONS["sglang"],
-         "version_args": ["-c", "import sglang; print(sglang.__version__)"]},
+        {
+            "name": "sglang",
+            "path": str(engine_script(where, "sglang")),
+            "version": VERSIONS["sglang"],
+            "version_args": ["-c", "import sglang; print(sglang.__version__)"],
+        },
     ]
 
 

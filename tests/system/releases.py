@@ -59,8 +59,9 @@ def node_dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """llmgw-shared and llmgw-node built from this tree, as ``uv build`` builds them for an operator."""
     out = tmp_path_factory.mktemp("dist")
     for package in ("llmgw-shared", "llmgw-node"):
-        subprocess.run([uv(), "build", "--wheel", "--package", package, "--out-dir", str(out), "--quiet"],
-                       cwd=ROOT, check=True)
+        subprocess.run(
+            [uv(), "build", "--wheel", "--package", package, "--out-dir", str(out), "--quiet"], cwd=ROOT, check=True
+        )
     return out
 
 
@@ -94,9 +95,29 @@ def _read_wheels(house: Path) -> dict[str, bytes]:
 def prepare(files_dir: Path, dist: Path, mirror: str, *extra: str) -> subprocess.CompletedProcess[str]:
     """``llmgw-control release prepare`` exactly as the guide says, with this machine as the target."""
     return subprocess.run(
-        [str(BIN / "llmgw-control"), "release", "--files-dir", str(files_dir), "prepare", "--lock", str(LOCK),
-         "--dist", str(dist), "--python", PYTHON_FLAG, "--arch", HERE.arch, "--wheels-from", mirror, *extra],
-        capture_output=True, text=True, check=False, timeout=300)
+        [
+            str(BIN / "llmgw-control"),
+            "release",
+            "--files-dir",
+            str(files_dir),
+            "prepare",
+            "--lock",
+            str(LOCK),
+            "--dist",
+            str(dist),
+            "--python",
+            PYTHON_FLAG,
+            "--arch",
+            HERE.arch,
+            "--wheels-from",
+            mirror,
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
 
 
 def repacked(dist: Path, out: Path, level: int) -> Path:
@@ -108,8 +129,10 @@ def repacked(dist: Path, out: Path, level: int) -> Path:
         if not wheel.name.startswith("llmgw_node-"):
             shutil.copyfile(wheel, target)
             continue
-        with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED,
-                                                             compresslevel=level) as dst:
+        with (
+            zipfile.ZipFile(wheel) as src,
+            zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED, compresslevel=level) as dst,
+        ):
             for item in src.infolist():
                 dst.writestr(item, src.read(item.filename), compress_type=zipfile.ZIP_DEFLATED, compresslevel=level)
     return out
@@ -123,11 +146,19 @@ def fake_release(releases: Path, wheels: dict[str, bytes], requirements: str = "
     for name, data in wheels.items():
         (folder / name).write_bytes(data)
     (folder / "requirements.txt").write_text(requirements)
-    (folder / "release.json").write_text(json.dumps({
-        "id": release_id, "node_version": "0.1.0", "targets": ["cp311-x86_64", "cp312-aarch64"],
-        "requirements_sha256": hashlib.sha256(requirements.encode()).hexdigest(),
-        "files": [{"name": n, "sha256": hashlib.sha256(d).hexdigest(), "size": len(d)} for n, d in wheels.items()],
-    }))
+    (folder / "release.json").write_text(
+        json.dumps(
+            {
+                "id": release_id,
+                "node_version": "0.1.0",
+                "targets": ["cp311-x86_64", "cp312-aarch64"],
+                "requirements_sha256": hashlib.sha256(requirements.encode()).hexdigest(),
+                "files": [
+                    {"name": n, "sha256": hashlib.sha256(d).hexdigest(), "size": len(d)} for n, d in wheels.items()
+                ],
+            }
+        )
+    )
     use(releases, release_id)
     return release_id
 
@@ -137,26 +168,42 @@ async def running_control(tmp_path: Path, files: Path) -> AsyncIterator[tuple[st
     """``llmgw-control run`` serving ``files`` (its node releases) to nodes: (admin URL, agent port, log)."""
     api, admin, agents = free_port(), free_port(), free_port()
     config = tmp_path / "control.toml"
-    config.write_text(tomli_w.dumps({
-        "listen": f"127.0.0.1:{api}", "admin_listen": f"127.0.0.1:{admin}", "data_dir": str(tmp_path / "control"),
-        "shutdown_grace": 1.0, "log_format": "json", "engines": [],
-        # A closed fleet: only the shared token, or a node's own onboarding token for its own id.
-        "agents": {"listen": f"127.0.0.1:{agents}", "files_dir": str(files),
-                   "join_token_digests": [token_digest(SHARED_TOKEN)], "heartbeat_interval": 0.5,
-                   "unreachable_after": 2.0, "lost_after": 4.0},
-    }))
+    config.write_text(
+        tomli_w.dumps(
+            {
+                "listen": f"127.0.0.1:{api}",
+                "admin_listen": f"127.0.0.1:{admin}",
+                "data_dir": str(tmp_path / "control"),
+                "shutdown_grace": 1.0,
+                "log_format": "json",
+                "engines": [],
+                # A closed fleet: only the shared token, or a node's own onboarding token for its own id.
+                "agents": {
+                    "listen": f"127.0.0.1:{agents}",
+                    "files_dir": str(files),
+                    "join_token_digests": [token_digest(SHARED_TOKEN)],
+                    "heartbeat_interval": 0.5,
+                    "unreachable_after": 2.0,
+                    "lost_after": 4.0,
+                },
+            }
+        )
+    )
     control_log = tmp_path / "control.log"
     admin_url = f"http://127.0.0.1:{admin}"
     with open(control_log, "ab") as out:  # noqa: ASYNC230 -- a local file, opened once
-        control = await trio.lowlevel.open_process([str(BIN / "llmgw-control"), "run", "--config", str(config)],
-                                                   stdout=out, stderr=subprocess.STDOUT)
+        control = await trio.lowlevel.open_process(
+            [str(BIN / "llmgw-control"), "run", "--config", str(config)], stdout=out, stderr=subprocess.STDOUT
+        )
     try:
         async with httpx2.AsyncClient(timeout=30) as client:
+
             async def healthy() -> bool:
                 try:
                     return (await client.get(f"{admin_url}/healthz")).status_code == 200
                 except httpx2.TransportError:
                     return False
+
             await wait_until(healthy, timeout=30, interval=0.1)
         yield admin_url, agents, control_log
     finally:

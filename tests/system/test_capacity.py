@@ -35,8 +35,24 @@ async def test_ctl_bench_measures_a_real_replica_started_for_the_run(
     async with running_fleet(tmp_path, tiny_model, engine_archive, models=[("tiny", profile)]) as fleet:
         await fleet.add_node("n1")
         await fleet.wait_for(node_ready("n1"))
-        argv = [str(BIN / "llmgw-control"), "ctl", "--admin", fleet.admin_url, "bench", "tiny", "--node", "n1",
-                "--levels", LEVELS, "--level-seconds", "2", "--prompt-tokens", "16", "--output-tokens", "8"]
+        argv = [
+            str(BIN / "llmgw-control"),
+            "ctl",
+            "--admin",
+            fleet.admin_url,
+            "bench",
+            "tiny",
+            "--node",
+            "n1",
+            "--levels",
+            LEVELS,
+            "--level-seconds",
+            "2",
+            "--prompt-tokens",
+            "16",
+            "--output-tokens",
+            "8",
+        ]
         with trio.fail_after(240):
             ran = await trio.run_process(argv, capture_stdout=True, capture_stderr=True, check=False)
         out = ran.stdout.decode()
@@ -44,7 +60,8 @@ async def test_ctl_bench_measures_a_real_replica_started_for_the_run(
         levels = [line for line in out.splitlines() if line.startswith("c=")]
         assert [line.split()[0] for line in levels] == ["c=1", "c=2"], out
         assert "on node n1 (started for the run)" in out and out.rstrip().endswith(
-            "done: 2 slot(s) meet the profile's objective on this kind of node")
+            "done: 2 slot(s) meet the profile's objective on this kind of node"
+        )
 
         async with httpx2.AsyncClient(base_url=fleet.admin_url + "/api/v1", timeout=10) as admin:
             (run,) = (await admin.get("/capacity/runs")).json()["runs"]
@@ -58,16 +75,20 @@ async def test_ctl_bench_measures_a_real_replica_started_for_the_run(
             assert comparable["weights_sha256"] == weights_sha
             assert comparable["profile"]["parallel"] == 2 and comparable["node"]["cpu_model"] is not None
             assert comparable["node"]["cores"] > 0 and comparable["hardware"] in comparable["kind"]
+
             # Released after: the replica the run started is drained (nothing else asked for it).
             async def none_left() -> bool:
                 return not (await admin.get("/replicas")).json()["replicas"]
+
             await wait_until(none_left, timeout=60, interval=0.2)
             assert fleet.engine_pids() == []
             # Used: the next replica of the profile on this kind of node admits what was measured.
             client = httpx2.AsyncClient(base_url=fleet.api_url, timeout=120)
             async with client:
-                answer = await client.post("/v1/chat/completions", json={
-                    "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+                answer = await client.post(
+                    "/v1/chat/completions",
+                    json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+                )
                 assert answer.status_code == 200, answer.text
             (replica,) = (await admin.get("/replicas")).json()["replicas"]
             assert replica["slots"] == 2

@@ -45,19 +45,29 @@ async def running_prometheus(root: Path, port: int, target: str) -> AsyncIterato
     config.write_text(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
         "scrape_configs:\n  - job_name: llmgw-control\n    static_configs:\n"
-        f"      - targets: ['{target}']\n")
+        f"      - targets: ['{target}']\n"
+    )
     url = f"http://127.0.0.1:{port}"
     with open(root / "prometheus.log", "wb") as log:  # noqa: ASYNC230 -- a local file, opened once
         process = await trio.lowlevel.open_process(
-            [binary, f"--config.file={config}", f"--storage.tsdb.path={root / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
+            [
+                binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={root / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
         async with httpx2.AsyncClient(timeout=5) as client:
+
             async def ready() -> bool:
                 try:
                     return (await client.get(url + "/-/ready")).status_code == 200
                 except httpx2.TransportError:
                     return False
+
             await wait_until(ready, timeout=30, interval=0.2)
         yield url
     finally:
@@ -72,8 +82,9 @@ async def running_prometheus(root: Path, port: int, target: str) -> AsyncIterato
 
 def chat(fleet: Fleet, stream: bool) -> None:
     client = openai.OpenAI(base_url=fleet.api_url + "/v1", api_key="none", max_retries=0, timeout=120)
-    answer = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
-                                            max_tokens=4, stream=stream)
+    answer = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=stream
+    )
     if stream:
         # Streamed answers are what time to first token is measured on.
         for _ in answer:  # type: ignore[union-attr]
@@ -97,9 +108,12 @@ async def test_prometheus_scrapes_the_fleet_and_the_charts_show_it(
     tmp_path: Path, tiny_model: Path, engine_archive: Path
 ) -> None:
     prom_port = free_port()
-    async with running_fleet(tmp_path, tiny_model, engine_archive,
-                             monitoring={"prometheus": f"http://127.0.0.1:{prom_port}"}) as fleet, \
-            running_prometheus(tmp_path, prom_port, f"127.0.0.1:{fleet.admin_port}") as prometheus:
+    async with (
+        running_fleet(
+            tmp_path, tiny_model, engine_archive, monitoring={"prometheus": f"http://127.0.0.1:{prom_port}"}
+        ) as fleet,
+        running_prometheus(tmp_path, prom_port, f"127.0.0.1:{fleet.admin_port}") as prometheus,
+    ):
         await fleet.add_node("n1")
         # Traffic spread over a few scrapes, so the rates are not zero.
         for i in range(4):
@@ -112,13 +126,16 @@ async def test_prometheus_scrapes_the_fleet_and_the_charts_show_it(
             assert metrics['llmgw_fleet_nodes{state="ready"}'] == 1
             assert metrics['llmgw_fleet_nodes{state="lost"}'] == 0
             assert metrics['llmgw_fleet_node_state{node="n1",state="ready"}'] == 1
-            assert any(k.startswith("llmgw_fleet_engine_state{") and 'node="n1"' in k and 'status="installed"' in k
-                       for k in metrics)
+            assert any(
+                k.startswith("llmgw_fleet_engine_state{") and 'node="n1"' in k and 'status="installed"' in k
+                for k in metrics
+            )
             assert metrics['llmgw_fleet_replicas{model="tiny:cpu",state="ready"}'] == 1
             assert metrics['llmgw_fleet_node_ram_mib{kind="claimed",node="n1"}'] > 0
             assert metrics['llmgw_fleet_node_ram_mib{kind="free",node="n1"}'] == (
                 metrics['llmgw_fleet_node_ram_mib{kind="usable",node="n1"}']
-                - metrics['llmgw_fleet_node_ram_mib{kind="claimed",node="n1"}'])
+                - metrics['llmgw_fleet_node_ram_mib{kind="claimed",node="n1"}']
+            )
             assert metrics['llmgw_fleet_node_replicas{node="n1"}'] == 1
             assert metrics["llmgw_fleet_queue_depth"] == 0
             assert metrics['llmgw_fleet_waiting_requests{model="tiny:cpu"}'] == 0
@@ -134,9 +151,11 @@ async def test_prometheus_scrapes_the_fleet_and_the_charts_show_it(
 
             # Prometheus has the data...
             async with httpx2.AsyncClient(base_url=prometheus, timeout=10) as prom:
+
                 async def scraped() -> bool:
-                    body = (await prom.get("/api/v1/query",
-                                           params={"query": "sum(rate(llmgw_requests_total[1m]))"})).json()
+                    body = (
+                        await prom.get("/api/v1/query", params={"query": "sum(rate(llmgw_requests_total[1m]))"})
+                    ).json()
                     result = body["data"]["result"]
                     if bool(result) and float(result[0]["value"][1]) > 0:
                         return True
@@ -144,12 +163,14 @@ async def test_prometheus_scrapes_the_fleet_and_the_charts_show_it(
                     # traffic above: its counters are flat, the rate stays 0 until more arrives.
                     await trio.to_thread.run_sync(chat, fleet, False)
                     return False
+
                 await until(scraped)
 
             # ...and control's proxy hands it to the page, as a line over time (a few steps of 5 s).
             async def line() -> Any:
-                answer = (await admin.get("/dashboard/history.json",
-                                          params={"chart": "requests", "range": "300"})).json()
+                answer = (
+                    await admin.get("/dashboard/history.json", params={"chart": "requests", "range": "300"})
+                ).json()
                 assert "series" in answer, answer
                 labels = [s["label"] for s in answer["series"]]
                 assert labels in ([], ["tiny:cpu"]), labels  # health checks (no model) are not charted
@@ -158,6 +179,7 @@ async def test_prometheus_scrapes_the_fleet_and_the_charts_show_it(
                     return answer
                 await trio.to_thread.run_sync(chat, fleet, False)  # keep the rate up while steps fill
                 return False
+
             await until(line, timeout=40)
 
             # Every chart the browser checks below has a drawn line in the proxy's answer first.
@@ -166,14 +188,21 @@ async def test_prometheus_scrapes_the_fleet_and_the_charts_show_it(
             # all gaps, because only streams record a first token and the keep-up traffic was
             # non-streaming. So wait for a value, and keep streams going until it is there.
             for chart in ("tokens", "latency", "ttft"):
+
                 async def charted(chart: str = chart) -> bool:
-                    answer = (await admin.get("/dashboard/history.json",
-                                              params={"chart": chart, "range": "300"})).json()
-                    if any(v is not None for s in answer.get("series", []) if s["label"] == "tiny:cpu"
-                           for _, v in s["points"]):
+                    answer = (
+                        await admin.get("/dashboard/history.json", params={"chart": chart, "range": "300"})
+                    ).json()
+                    if any(
+                        v is not None
+                        for s in answer.get("series", [])
+                        if s["label"] == "tiny:cpu"
+                        for _, v in s["points"]
+                    ):
                         return True
                     await trio.to_thread.run_sync(chat, fleet, True)
                     return False
+
                 await until(charted, timeout=60)
             replicas = (await admin.get("/dashboard/history.json", params={"chart": "replicas", "range": "300"})).json()
             assert "ready" in {s["label"] for s in replicas["series"]}
@@ -201,5 +230,6 @@ def _charts_in_the_browser(fleet: Fleet) -> None:
         expect(page.locator("#chart-requests .legend")).to_contain_text("tiny:cpu")
         # Over the 5-minute range the line has several points: a line over time, not a single dot.
         expect(page.locator('#chart-requests path[data-series="tiny:cpu"]')).to_have_attribute(
-            "d", re.compile(r"^M[^L]+(L[^L]+){2,}$"))
+            "d", re.compile(r"^M[^L]+(L[^L]+){2,}$")
+        )
         page.screenshot(path=artifacts("prometheus") / "history.png", full_page=True)

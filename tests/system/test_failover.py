@@ -54,6 +54,7 @@ async def served_through(controls: list[Control], timeout: float = 60) -> Contro
             return None
         assert answer.usage.completion_tokens == 4
         return control
+
     served: Control = await wait_until(one_try, timeout=timeout, interval=0.2)
     return served
 
@@ -87,9 +88,13 @@ async def test_kill_9_the_leader_the_standby_takes_over_and_adopts_the_engines(
         assert took_over - killed <= TTL + 1, f"takeover took {took_over - killed:.2f} s"
 
         # The nodes come to the new leader, which adopts the running engine instead of starting one.
-        await c2.wait_for(lambda nodes, models: sorted(n["id"] for n in nodes if n["state"] == "ready")
-                          == ["n1", "n2"] and [r["id"] for r in tiny_replicas(models)] == [replica["id"]],
-                          timeout=25)
+        await c2.wait_for(
+            lambda nodes, models: (
+                sorted(n["id"] for n in nodes if n["state"] == "ready") == ["n1", "n2"]
+                and [r["id"] for r in tiny_replicas(models)] == [replica["id"]]
+            ),
+            timeout=25,
+        )
         assert await served_through([c1, c2], timeout=30) is c2
         assert pair.engine_pids() == engines  # the same process: adopted, not restarted
         _, models = await c2.state()

@@ -43,8 +43,10 @@ async def test_a_standby_refuses_fleet_writes_naming_the_leader_and_store_writes
 ) -> None:
     async with control_pair(tmp_path, pg_url) as pair:
         c1, c2 = pair.controls
-        async with httpx2.AsyncClient(base_url=c2.admin_url, timeout=10) as standby, \
-                httpx2.AsyncClient(base_url=c1.admin_url, timeout=10) as leader:
+        async with (
+            httpx2.AsyncClient(base_url=c2.admin_url, timeout=10) as standby,
+            httpx2.AsyncClient(base_url=c1.admin_url, timeout=10) as leader,
+        ):
             # A node identity in the store, as onboarding writes it (its release files are not
             # built here), and store-only writes on the standby: a group and a key.
             async with open_store(pg_url) as store:
@@ -68,8 +70,12 @@ async def test_a_standby_refuses_fleet_writes_naming_the_leader_and_store_writes
             assert "x-llmgw-leader" not in (await leader.get("/api/v1/nodes")).headers
 
             # Fleet writes: refused on the standby, naming the leader, and nothing changed.
-            for path in ("/api/v1/nodes/n1/drain", "/api/v1/nodes/n1/cordon", "/api/v1/nodes/n1/uncordon",
-                         "/api/v1/nodes/unknown/drain"):
+            for path in (
+                "/api/v1/nodes/n1/drain",
+                "/api/v1/nodes/n1/cordon",
+                "/api/v1/nodes/n1/uncordon",
+                "/api/v1/nodes/unknown/drain",
+            ):
                 assert_standby_refusal(await standby.post(path), c1)
             assert_standby_refusal(await standby.post("/api/v1/capacity/runs", json={"model": "tiny"}), c1)
             assert_standby_refusal(await standby.get("/api/v1/weights"), c1)
@@ -79,13 +85,18 @@ async def test_a_standby_refuses_fleet_writes_naming_the_leader_and_store_writes
             # ctl says it in one line that names the leader, and exits non-zero.
             out, err = io.StringIO(), io.StringIO()
             code = await trio.to_thread.run_sync(
-                lambda: ctl(["--admin", c2.admin_url, "nodes", "drain", "n1"], stdout=out, stderr=err))
+                lambda: ctl(["--admin", c2.admin_url, "nodes", "drain", "n1"], stdout=out, stderr=err)
+            )
             assert code != 0 and out.getvalue() == ""
             (line,) = err.getvalue().splitlines()
             assert "standby" in line and c1.agent_ws in line
             listing = io.StringIO()
-            assert await trio.to_thread.run_sync(
-                lambda: ctl(["--admin", c2.admin_url, "nodes", "list"], stdout=listing, stderr=err)) == 0
+            assert (
+                await trio.to_thread.run_sync(
+                    lambda: ctl(["--admin", c2.admin_url, "nodes", "list"], stdout=listing, stderr=err)
+                )
+                == 0
+            )
             assert f"leader: {c1.agent_ws}" in listing.getvalue().splitlines()[0]
 
             # The leader does them.
@@ -130,11 +141,17 @@ async def test_a_standby_lists_the_leaders_replicas_and_a_drain_there_changes_no
         async def on_n1() -> Any:
             seen = await replicas_of(c2)
             return seen if [r["node"] for r in seen["replicas"]] == ["n1"] else None
+
         seen = await wait_until(on_n1, timeout=15, interval=0.1)
         assert (seen["role"], seen["leader"]) == ("standby", c1.agent_ws)
         (on_standby,) = seen["replicas"]
-        assert (on_standby["id"], on_standby["model"], on_standby["node"], on_standby["port"], on_standby["status"]) \
-            == (on_leader["id"], on_leader["model"], "n1", on_leader["port"], "ready")
+        assert (
+            on_standby["id"],
+            on_standby["model"],
+            on_standby["node"],
+            on_standby["port"],
+            on_standby["status"],
+        ) == (on_leader["id"], on_leader["model"], "n1", on_leader["port"], "ready")
         async with httpx2.AsyncClient(base_url=c2.admin_url, timeout=10) as standby:
             nodes = (await standby.get("/api/v1/nodes")).json()
             assert [(n["id"], [s["id"] for s in n["shards"]]) for n in nodes["nodes"]] == [("n1", [on_leader["id"]])]

@@ -27,7 +27,8 @@ def engine_archive(llama_server_binary: Path) -> Path:
 def chat(fleet: Fleet, model: str = "tiny", **extra: Any) -> Any:
     client = openai.OpenAI(base_url=fleet.api_url + "/v1", api_key="none", max_retries=0, timeout=120)
     return client.chat.completions.with_raw_response.create(
-        model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=4, **extra)
+        model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=4, **extra
+    )
 
 
 def replicas_of(models: list[dict[str, Any]], model: str) -> list[dict[str, Any]]:
@@ -71,6 +72,7 @@ async def test_a_killed_node_and_its_engine_come_back_on_the_other_node(
         survivor = "n2" if victim == "n1" else "n1"
         await fleet.nodes[victim].stop(signal.SIGKILL)
         fleet.kill_engines(victim)
+
         # A client that retries until served, as clients of a fleet do.
         async def served() -> bool:
             try:
@@ -78,6 +80,7 @@ async def test_a_killed_node_and_its_engine_come_back_on_the_other_node(
             except openai.APIError:
                 return False
             return True
+
         await wait_until(served, timeout=60, interval=0.5)
         _, models = await fleet.state()
         (replica,) = replicas_of(models, "tiny")
@@ -94,8 +97,9 @@ async def test_a_restarted_control_adopts_running_engines(
         assert len(pids) == 1
         assert await fleet.control.stop(signal.SIGTERM) == 0
         await fleet.start_control()
-        await fleet.wait_for(lambda nodes, models: replicas_of(models, "tiny")
-                             and replicas_of(models, "tiny")[0]["state"] == "ready")
+        await fleet.wait_for(
+            lambda nodes, models: replicas_of(models, "tiny") and replicas_of(models, "tiny")[0]["state"] == "ready"
+        )
         for _ in range(5):
             raw = await trio.to_thread.run_sync(chat, fleet)
             assert raw.http_response.status_code == 200
@@ -107,12 +111,14 @@ async def test_a_model_no_node_can_fit_gets_503_with_the_reason(
     tmp_path: Path, tiny_model: Path, engine_archive: Path
 ) -> None:
     huge = {"ram_mib": 50_000_000}
-    async with running_fleet(tmp_path, tiny_model, engine_archive, models=[("huge", huge)],
-                             activator={"max_wait": 2.0}) as fleet:
+    async with running_fleet(
+        tmp_path, tiny_model, engine_archive, models=[("huge", huge)], activator={"max_wait": 2.0}
+    ) as fleet:
         await fleet.add_node("n1")
         async with httpx2.AsyncClient(base_url=fleet.api_url, timeout=30) as client:
-            response = await client.post("/v1/chat/completions", json={
-                "model": "huge", "messages": [{"role": "user", "content": "x"}]})
+            response = await client.post(
+                "/v1/chat/completions", json={"model": "huge", "messages": [{"role": "user", "content": "x"}]}
+            )
         assert response.status_code == 503
         error = response.json()["error"]
         assert error["code"] == "model_not_ready"

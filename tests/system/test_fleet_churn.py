@@ -48,8 +48,9 @@ async def add_models(fleet: Fleet, tiny_model: Path, *names: str, **profile: Any
 
     async with httpx2.AsyncClient(base_url=fleet.admin_url, timeout=10) as client:
         for name in names:
-            response = await client.post("/api/v1/models", json=model_entry(name, tiny_model, fleet.agent_url,
-                                                                             **profile))
+            response = await client.post(
+                "/api/v1/models", json=model_entry(name, tiny_model, fleet.agent_url, **profile)
+            )
             assert response.status_code == 201, response.text
 
 
@@ -57,8 +58,10 @@ async def chat_ok(fleet: Fleet, model: str = "tiny") -> None:
     import httpx2
 
     async with httpx2.AsyncClient(base_url=fleet.api_url, timeout=60) as client:
-        response = await client.post("/v1/chat/completions", json={
-            "model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+        response = await client.post(
+            "/v1/chat/completions",
+            json={"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        )
     assert response.status_code == 200, response.text
 
 
@@ -105,13 +108,15 @@ async def test_losing_two_of_three_nodes_moves_replicas_within_the_reschedule_li
 ) -> None:
     """1 move at once, then 1 per 20 s: losing 2 of 3 nodes (4 of 6 replicas) moves one replica,
     then no other for a while, then the next. (Before the fix all 4 moved in one pass.)"""
-    async with running_fleet(tmp_path, tiny_model, engine_archive,
-                             reconciler={"reschedule_burst": 1, "reschedules_per_minute": 3.0}) as fleet:
+    async with running_fleet(
+        tmp_path, tiny_model, engine_archive, reconciler={"reschedule_burst": 1, "reschedules_per_minute": 3.0}
+    ) as fleet:
         for node_id in ("n1", "n2", "n3"):
             await fleet.add_node(node_id)
         await add_models(fleet, tiny_model, "a", "b", min_replicas=3, max_replicas=3)
-        await fleet.wait_for(lambda nodes, models: len(ready(models, "a")) == 3 and len(ready(models, "b")) == 3,
-                             timeout=120)
+        await fleet.wait_for(
+            lambda nodes, models: len(ready(models, "a")) == 3 and len(ready(models, "b")) == 3, timeout=120
+        )
         _, models = await fleet.state()
         before = {r["id"] for m in ("a", "b") for r in replicas_of(models, m)}
         assert len(before) == 6
@@ -154,8 +159,10 @@ async def test_after_a_restart_control_places_once_its_nodes_are_back_not_after_
         await fleet.start_control()
         await fleet.nodes["n1"].start()
         async with httpx2.AsyncClient(base_url=fleet.api_url, timeout=60) as client:
-            response = await client.post("/v1/chat/completions", json={
-                "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+            response = await client.post(
+                "/v1/chat/completions",
+                json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+            )
         assert response.status_code == 200, response.text
         # Held while the node came back and the engine started: seconds, not the 30 s hold.
         assert float(response.headers["x-llmgw-queued-ms"]) < 15_000, response.headers["x-llmgw-queued-ms"]

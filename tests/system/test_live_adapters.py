@@ -30,27 +30,42 @@ async def test_adapters_added_through_the_admin_api_load_live_and_are_routed(tmp
     base = model_directory(roots / "qwen")
     one, two = adapter_directory(roots / "one"), adapter_directory(roots / "two")
     wide = adapter_directory(roots / "wide", rank=64)
-    profile = {"name": "gpu", "engine": "vllm", "model_dir": str(base), "ram_mib": 100, "context": 4096,
-               "min_replicas": 1, "start_timeout": 30.0,
-               "adapters": [{"name": "one", "weights": {"url": str(one), "sha256": "e" * 64, "size": 64}}]}
+    profile = {
+        "name": "gpu",
+        "engine": "vllm",
+        "model_dir": str(base),
+        "ram_mib": 100,
+        "context": 4096,
+        "min_replicas": 1,
+        "start_timeout": 30.0,
+        "adapters": [{"name": "one", "weights": {"url": str(one), "sha256": "e" * 64, "size": 64}}],
+    }
     engines = [EngineConfig("vllm", VERSIONS["vllm"])]
     async with running_control(tmp_path / "control", control_settings={"engines": engines}) as d:
         added = await d.admin.post("/models", json={"name": "qwen", "profiles": [profile]})
         assert added.status_code == 201, added.text
-        config = {"control": [d.agent_url], "token": JOIN_TOKEN, "node_id": "n1", "data_dir": str(tmp_path / "node"),
-                  "reconnect_min_s": 0.2, "reconnect_max_s": 1.0, "engines": engines_config(tmp_path / "bin"),
-                  "model_roots": [str(roots)]}
+        config = {
+            "control": [d.agent_url],
+            "token": JOIN_TOKEN,
+            "node_id": "n1",
+            "data_dir": str(tmp_path / "node"),
+            "reconnect_min_s": 0.2,
+            "reconnect_max_s": 1.0,
+            "engines": engines_config(tmp_path / "bin"),
+            "model_roots": [str(roots)],
+        }
         (tmp_path / "node.toml").write_text(tomli_w.dumps(config))
-        node = Daemon("n1", [str(BIN / "llmgw-node"), "run", "--stop-engines", "--config",
-                             str(tmp_path / "node.toml")], tmp_path / "node.log")
+        node = Daemon(
+            "n1",
+            [str(BIN / "llmgw-node"), "run", "--stop-engines", "--config", str(tmp_path / "node.toml")],
+            tmp_path / "node.log",
+        )
         await node.start()
         try:
-            client = openai.AsyncOpenAI(base_url=d.listening.api_url + "/v1", api_key="none", max_retries=0,
-                                        timeout=60)
+            client = openai.AsyncOpenAI(base_url=d.listening.api_url + "/v1", api_key="none", max_retries=0, timeout=60)
 
             async def ask(model: str) -> str:
-                reply = await client.chat.completions.create(model=model, messages=[{"role": "user",
-                                                                                      "content": "hi"}])
+                reply = await client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}])
                 return reply.choices[0].message.content or ""
 
             assert (await ask("one")).startswith("[lora:one]")  # the adapter loaded at the start
@@ -69,6 +84,7 @@ async def test_adapters_added_through_the_admin_api_load_live_and_are_routed(tmp
 
             async def two_loaded() -> bool:
                 return (await listed()).get("two") == [replica["id"]]
+
             await wait_until(two_loaded, timeout=20)
             assert (await ask("two")).startswith("[lora:two]")
             (same,) = (await d.admin.get("/replicas")).json()["replicas"]
@@ -81,6 +97,7 @@ async def test_adapters_added_through_the_admin_api_load_live_and_are_routed(tmp
             async def reported() -> bool:
                 (r,) = (await d.admin.get("/replicas")).json()["replicas"]
                 return "adapter wide not loaded" in r["detail"]
+
             await wait_until(reported, timeout=20)
             assert (await listed())["wide"] == []
             with pytest.raises(openai.APIStatusError) as refused:
@@ -95,6 +112,7 @@ async def test_adapters_added_through_the_admin_api_load_live_and_are_routed(tmp
 
             async def one_unloaded() -> bool:
                 return "one" not in (await listed())
+
             await wait_until(one_unloaded, timeout=20)
             (last,) = (await d.admin.get("/replicas")).json()["replicas"]
             assert last["id"] == replica["id"]

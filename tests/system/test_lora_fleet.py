@@ -58,14 +58,21 @@ async def _fleet(root: Path, tiny_model: Path, engine_archive: Path) -> AsyncIte
 
 def _adapter(fleet: Fleet, name: str, path: Path, *, sha256: str = "") -> dict[str, Any]:
     data = path.read_bytes()
-    return {"name": name, "url": f"{fleet.agent_url}/files/models/{path.name}",
-            "sha256": sha256 or hashlib.sha256(data).hexdigest(), "size": len(data)}
+    return {
+        "name": name,
+        "url": f"{fleet.agent_url}/files/models/{path.name}",
+        "sha256": sha256 or hashlib.sha256(data).hexdigest(),
+        "size": len(data),
+    }
 
 
 async def _ask(client: httpx2.AsyncClient, model: str, key: str = "") -> httpx2.Response:
     headers = {"authorization": f"Bearer {key}"} if key else {}
-    return await client.post("/v1/chat/completions", headers=headers, json={
-        "model": model, "messages": [{"role": "user", "content": "Say something"}], "max_tokens": 8})
+    return await client.post(
+        "/v1/chat/completions",
+        headers=headers,
+        json={"model": model, "messages": [{"role": "user", "content": "Say something"}], "max_tokens": 8},
+    )
 
 
 def _marked(answer: httpx2.Response) -> str | None:
@@ -89,9 +96,11 @@ async def test_an_adapter_added_through_the_admin_api_is_served_by_the_real_engi
     tmp_path: Path, tiny_model: Path, engine_archive: Path
 ) -> None:
     files = write_adapters(tmp_path / "lora")
-    async with _fleet(tmp_path, tiny_model, engine_archive) as fleet, \
-            httpx2.AsyncClient(base_url=fleet.admin_url + "/api/v1", timeout=30) as admin, \
-            httpx2.AsyncClient(base_url=fleet.api_url, timeout=120) as client:
+    async with (
+        _fleet(tmp_path, tiny_model, engine_archive) as fleet,
+        httpx2.AsyncClient(base_url=fleet.admin_url + "/api/v1", timeout=30) as admin,
+        httpx2.AsyncClient(base_url=fleet.api_url, timeout=120) as client,
+    ):
         for path in files.values():
             (tmp_path / "files" / "models" / path.name).write_bytes(path.read_bytes())
         added = await admin.post("/models", json=model_entry("tiny", tiny_model, fleet.agent_url, min_replicas=1))
@@ -105,6 +114,7 @@ async def test_an_adapter_added_through_the_admin_api_is_served_by_the_real_engi
 
         async def x_loaded() -> list[str]:
             return (await _loaded_on(admin)).get("tiny-lora-x", [])
+
         (holder,) = await wait_until(x_loaded, timeout=60)
         assert holder != first["id"], "llama-server cannot load an adapter while it runs: a new replica"
         assert _marked(await _ask(client, "tiny-lora-x")) == "tiny-lora-x"
@@ -117,6 +127,7 @@ async def test_an_adapter_added_through_the_admin_api_is_served_by_the_real_engi
         async def refused() -> dict[str, Any] | None:
             replica = await _ready_replica(admin)
             return replica if replica and "adapter tiny-lora-q not loaded" in replica["detail"] else None
+
         replica = await wait_until(refused, timeout=60)
         assert "sha256" in replica["detail"], replica
         assert await _loaded_on(admin) == {"tiny-lora-x": [replica["id"]], "tiny-lora-q": []}

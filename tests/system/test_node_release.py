@@ -66,8 +66,10 @@ async def test_prepare_pins_every_wheel_of_the_lock_and_installs_offline_with_ha
     # that is one of the lock's digests for it (the llmgw wheels: the built files' own).
     assert {n: v for n, (v, _) in pinned.items()} == _locked_closure()
     lock = tomllib.loads(LOCK.read_text())
-    digests = {(p["name"], p["version"]): {w["hash"].removeprefix("sha256:") for w in p.get("wheels", [])}
-               for p in lock["package"]}
+    digests = {
+        (p["name"], p["version"]): {w["hash"].removeprefix("sha256:") for w in p.get("wheels", [])}
+        for p in lock["package"]
+    }
     built = {path.name: hashlib.sha256(path.read_bytes()).hexdigest() for path in _wheels(node_dist)}
     for name, (version, hashes) in pinned.items():
         if name.startswith("llmgw-"):
@@ -84,15 +86,34 @@ async def test_prepare_pins_every_wheel_of_the_lock_and_installs_offline_with_ha
     venv = tmp_path / "venv"
     await trio.run_process([str(NODE_PYTHON), "-m", "venv", str(venv)])
     installed = await trio.run_process(
-        [str(venv / "bin" / "python"), "-m", "pip", "--isolated", "install", "--quiet", "--no-cache-dir",
-         "--disable-pip-version-check", "--require-hashes", "--no-index", "--only-binary", ":all:",
-         "--find-links", str(release.path), "-r", str(release.path / "requirements.txt")],
-        capture_stdout=True, capture_stderr=True, check=False)
+        [
+            str(venv / "bin" / "python"),
+            "-m",
+            "pip",
+            "--isolated",
+            "install",
+            "--quiet",
+            "--no-cache-dir",
+            "--disable-pip-version-check",
+            "--require-hashes",
+            "--no-index",
+            "--only-binary",
+            ":all:",
+            "--find-links",
+            str(release.path),
+            "-r",
+            str(release.path / "requirements.txt"),
+        ],
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
+    )
     assert installed.returncode == 0, installed.stderr.decode()
     version = await trio.run_process([str(venv / "bin" / "llmgw-node"), "--version"], capture_stdout=True)
     assert version.stdout.decode().strip() == f"llmgw-node {release.node_version}"
-    listed = await trio.run_process([str(BIN / "llmgw-control"), "release", "--files-dir", str(files), "list"],
-                                    capture_stdout=True)
+    listed = await trio.run_process(
+        [str(BIN / "llmgw-control"), "release", "--files-dir", str(files), "list"], capture_stdout=True
+    )
     assert listed.stdout.decode().startswith(f"* {release_id}  llmgw-node {release.node_version}, ")
 
 
@@ -124,22 +145,69 @@ def test_a_lock_that_does_not_pin_what_the_wheel_needs_is_refused(tmp_path: Path
     edge = '    { name = "cryptography" },\n    { name = "httpcore2", extra = ["trio"] },'
     assert edge in LOCK.read_text()
     stale.write_text(LOCK.read_text().replace(edge, '    { name = "httpcore2", extra = ["trio"] },', 1))
-    result = subprocess.run([str(BIN / "llmgw-control"), "release", "--files-dir", str(tmp_path / "f"), "prepare",
-                             "--lock", str(stale), "--dist", str(node_dist), "--python", "3.11", "--arch", "x86_64"],
-                            capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [
+            str(BIN / "llmgw-control"),
+            "release",
+            "--files-dir",
+            str(tmp_path / "f"),
+            "prepare",
+            "--lock",
+            str(stale),
+            "--dist",
+            str(node_dist),
+            "--python",
+            "3.11",
+            "--arch",
+            "x86_64",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.returncode == 1
     assert "needs cryptography>=46 on cp311-x86_64, which uv.lock does not pin: run `uv lock`" in result.stderr
 
 
 def test_a_target_without_wheels_is_named(tmp_path: Path, node_dist: Path) -> None:
-    result = subprocess.run([str(BIN / "llmgw-control"), "release", "--files-dir", str(tmp_path / "f"), "prepare",
-                             "--lock", str(LOCK), "--dist", str(node_dist), "--python", "3.11", "--arch", "riscv64"],
-                            capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [
+            str(BIN / "llmgw-control"),
+            "release",
+            "--files-dir",
+            str(tmp_path / "f"),
+            "prepare",
+            "--lock",
+            str(LOCK),
+            "--dist",
+            str(node_dist),
+            "--python",
+            "3.11",
+            "--arch",
+            "riscv64",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.returncode == 1
     assert "has no wheel for CPython 3.11 on riscv64 in the lock: nodes build nothing" in result.stderr
-    missing = subprocess.run([str(BIN / "llmgw-control"), "release", "--files-dir", str(tmp_path / "f"), "prepare",
-                              "--lock", str(LOCK), "--dist", str(tmp_path / "empty")], capture_output=True, text=True,
-                             check=False)
+    missing = subprocess.run(
+        [
+            str(BIN / "llmgw-control"),
+            "release",
+            "--files-dir",
+            str(tmp_path / "f"),
+            "prepare",
+            "--lock",
+            str(LOCK),
+            "--dist",
+            str(tmp_path / "empty"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert missing.returncode == 1 and "uv build --wheel --all-packages --out-dir" in missing.stderr
 
 
@@ -160,8 +228,12 @@ def test_release_use_switches_back_and_refuses_what_is_not_a_release(tmp_path: P
     releases = tmp_path / "files" / "node-releases"
 
     def release(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(BIN / "llmgw-control"), "release", "--files-dir", str(tmp_path / "files"), *args],
-                              capture_output=True, text=True, check=False)
+        return subprocess.run(
+            [str(BIN / "llmgw-control"), "release", "--files-dir", str(tmp_path / "files"), *args],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
 
     assert "no releases in" in release("list").stdout
     for bad in ("../etc", "current", "0.1.0-zzzzzzzzzzzz", "0.1.0-0123456789ab"):

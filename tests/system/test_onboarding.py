@@ -81,8 +81,13 @@ async def test_a_token_is_bound_to_its_node_id() -> None:
         return stored.get(node_id)
 
     def service(digests: set[str], *, open_fleet: bool = False) -> AgentService:
-        return AgentService(Inventory(), config=AgentsConfig(open_fleet=open_fleet), token_digests=digests,
-                            engines=list, stored_identity=lookup)
+        return AgentService(
+            Inventory(),
+            config=AgentsConfig(open_fleet=open_fleet),
+            token_digests=digests,
+            engines=list,
+            stored_identity=lookup,
+        )
 
     closed = service({token_digest(SHARED_TOKEN)})
     assert await closed._token_ok("gpu-3", token)
@@ -104,16 +109,21 @@ async def test_a_token_is_bound_to_its_node_id() -> None:
     async def broken(node_id: str) -> NodeIdentity | None:
         raise OSError("store down")
 
-    failing = AgentService(Inventory(), config=AgentsConfig(), token_digests=set(), engines=list,
-                           stored_identity=broken)
+    failing = AgentService(
+        Inventory(), config=AgentsConfig(), token_digests=set(), engines=list, stored_identity=broken
+    )
     # When the store cannot say, the hello is refused (the node retries), never waved through.
     assert not await failing._token_ok("gpu-3", token)
 
 
 async def test_the_script_carries_the_current_release_and_is_valid_shell(tmp_path: Path) -> None:
     releases = tmp_path / "node-releases"
-    onboarding = Onboarding(store=None, public_url="http://10.0.0.1:8443",  # type: ignore[arg-type]
-                            agent_ws_url="ws://10.0.0.1:8443/agent/v1", releases_dir=releases)
+    onboarding = Onboarding(
+        store=None,
+        public_url="http://10.0.0.1:8443",  # type: ignore[arg-type]
+        agent_ws_url="ws://10.0.0.1:8443/agent/v1",
+        releases_dir=releases,
+    )
     with pytest.raises(OnboardingError, match="release prepare"):
         await onboarding.script()
     node = "llmgw_node-0.1.0-py3-none-any.whl"
@@ -130,8 +140,14 @@ async def test_the_script_carries_the_current_release_and_is_valid_shell(tmp_pat
     assert (await trio.run_process(["sh", "-n", str(path)], check=False)).returncode == 0
     # Only what the manifest lists, only from a release id: never a path, never a stray file.
     assert await onboarding.release_file(release_id, node) == releases / release_id / node
-    for rid, name in [(release_id, "stray.whl"), (release_id, "../" + node), (release_id, "release.json"),
-                      ("../" + release_id, node), ("current", node), ("0.1.0-000000000000", node)]:
+    for rid, name in [
+        (release_id, "stray.whl"),
+        (release_id, "../" + node),
+        (release_id, "release.json"),
+        ("../" + release_id, node),
+        ("current", node),
+        ("0.1.0-000000000000", node),
+    ]:
         assert await onboarding.release_file(rid, name) is None, (rid, name)
     index = await onboarding.index_html(release_id)
     assert index is not None and f'href="{node}#sha256={hashlib.sha256(node.encode()).hexdigest()}"' in index
@@ -152,14 +168,20 @@ def hostile_releases(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @settings(max_examples=200, deadline=None)
-@given(release_id=st.one_of(st.text(max_size=80), st.sampled_from(["current", ".", "..", "0.1.0-0123456789ab"])),
-       name=st.one_of(st.text(max_size=80), st.sampled_from(["release.json", "requirements.txt", "../secret.whl"])))
+@given(
+    release_id=st.one_of(st.text(max_size=80), st.sampled_from(["current", ".", "..", "0.1.0-0123456789ab"])),
+    name=st.one_of(st.text(max_size=80), st.sampled_from(["release.json", "requirements.txt", "../secret.whl"])),
+)
 def test_no_release_id_or_file_name_reaches_a_file_the_release_does_not_list(
     hostile_releases: Path, release_id: str, name: str
 ) -> None:
     # Every name a node's request can carry: only a listed wheel of a prepared release answers.
-    onboarding = Onboarding(store=None, public_url="http://10.0.0.1:8443",  # type: ignore[arg-type]
-                            agent_ws_url="ws://10.0.0.1:8443/agent/v1", releases_dir=hostile_releases)
+    onboarding = Onboarding(
+        store=None,
+        public_url="http://10.0.0.1:8443",  # type: ignore[arg-type]
+        agent_ws_url="ws://10.0.0.1:8443/agent/v1",
+        releases_dir=hostile_releases,
+    )
 
     async def ask() -> tuple[Path | None, str | None]:
         return await onboarding.release_file(release_id, name), await onboarding.index_html(release_id)
@@ -177,8 +199,11 @@ def test_systemd_accepts_every_line_of_the_node_unit(tmp_path: Path) -> None:
     unit.write_text(node_unit())
     result = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, check=False)
     # The only complaint may be that the daemon is not installed on this machine.
-    problems = [line for line in (result.stdout + result.stderr).splitlines()
-                if line and "/opt/llmgw-node/current/bin/llmgw-node is not executable" not in line]
+    problems = [
+        line
+        for line in (result.stdout + result.stderr).splitlines()
+        if line and "/opt/llmgw-node/current/bin/llmgw-node is not executable" not in line
+    ]
     assert problems == []
 
 
@@ -344,8 +369,9 @@ async def test_the_install_command_installs_a_node_that_joins_then_upgrades_and_
             assert int((root / "var/lib/llmgw-node/llmgw-node.pid").read_text()) == node_pid and alive(node_pid)
 
             # A rollback needs no control: the kept script switches back to the previous release.
-            code, output = await _sh(["sh", str(prefix / "install-node.sh")], {**upgrade, "LLMGW_UPGRADE": "",
-                                                                               "LLMGW_ROLLBACK": "1"})
+            code, output = await _sh(
+                ["sh", str(prefix / "install-node.sh")], {**upgrade, "LLMGW_UPGRADE": "", "LLMGW_ROLLBACK": "1"}
+            )
             assert code == 0, output
             assert os.readlink(prefix / "current") == f"releases/{first}"
             assert os.readlink(prefix / "previous") == f"releases/{second}"
@@ -357,8 +383,9 @@ async def test_the_install_command_installs_a_node_that_joins_then_upgrades_and_
 
             # The fleet's way: control makes an earlier release current again; a node that still
             # has it switches to it without installing anything.
-            used = await trio.run_process([str(BIN / "llmgw-control"), "release", "--files-dir", str(files), "use",
-                                           second], capture_stdout=True)
+            used = await trio.run_process(
+                [str(BIN / "llmgw-control"), "release", "--files-dir", str(files), "use", second], capture_stdout=True
+            )
             assert used.stdout.decode() == f"release {second} is current\n"
             code, output = await _sh(["sh", str(await _script(agents, tmp_path / "node.sh"))], upgrade)
             assert code == 0, output
@@ -374,17 +401,35 @@ async def test_the_install_command_installs_a_node_that_joins_then_upgrades_and_
 
 async def _until_ready(admin_url: str, pid: int, root: Path, *, sessions: int) -> None:
     async def ready() -> bool:
-        return alive(pid) and {n["id"]: n for n in await _nodes(admin_url)}.get("gpu-3", {}).get("state") == "ready" \
+        return (
+            alive(pid)
+            and {n["id"]: n for n in await _nodes(admin_url)}.get("gpu-3", {}).get("state") == "ready"
             and node_log_sessions(root) >= sessions
+        )
+
     await wait_until(ready, timeout=60, interval=0.2)
 
 
 async def _distributions(env: Path) -> dict[str, str]:
-    listed = await trio.run_process([str(env / "bin" / "python"), "-m", "pip", "--isolated", "list",
-                                     "--disable-pip-version-check", "--format", "json"], capture_stdout=True)
+    listed = await trio.run_process(
+        [
+            str(env / "bin" / "python"),
+            "-m",
+            "pip",
+            "--isolated",
+            "list",
+            "--disable-pip-version-check",
+            "--format",
+            "json",
+        ],
+        capture_stdout=True,
+    )
     # pip and setuptools come with every venv (ensurepip, from the Python itself), not the release.
-    return {canonicalize_name(d["name"]): d["version"] for d in json.loads(listed.stdout)
-            if canonicalize_name(d["name"]) not in ("pip", "setuptools")}
+    return {
+        canonicalize_name(d["name"]): d["version"]
+        for d in json.loads(listed.stdout)
+        if canonicalize_name(d["name"]) not in ("pip", "setuptools")
+    }
 
 
 def _pinned_files(files: Path, release_id: str) -> list[str]:
@@ -394,8 +439,11 @@ def _pinned_files(files: Path, release_id: str) -> list[str]:
 
 def _pinned(files: Path, release_id: str) -> dict[str, str]:
     text = (files / "node-releases" / release_id / "requirements.txt").read_text()
-    return {canonicalize_name(line.split("==")[0]): line.split("==")[1].split()[0]
-            for line in text.splitlines() if line and not line.startswith("#")}
+    return {
+        canonicalize_name(line.split("==")[0]): line.split("==")[1].split()[0]
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
 
 
 def _recorders(bindir: Path, state: Path) -> dict[str, str]:
@@ -407,7 +455,9 @@ def _recorders(bindir: Path, state: Path) -> dict[str, str]:
         "id": f'[ -e "{state}/user-$1" ]',
         "useradd": f'for last; do :; done; touch "{state}/user-$last"',
         "getent": '[ "$2" = video ]',
-        "usermod": "true", "chown": "true", "systemctl": "true",
+        "usermod": "true",
+        "chown": "true",
+        "systemctl": "true",
     }
     env = {}
     for name, body in bodies.items():
@@ -460,9 +510,13 @@ async def test_the_systemd_path_in_a_scratch_root_creates_the_unit_user_and_file
     expected = [
         "id llmgw",
         "useradd --system --home-dir /var/lib/llmgw-node --no-create-home --shell /usr/sbin/nologin llmgw",
-        "getent group video", "usermod -aG video llmgw", "getent group render",
-        f"chown -R llmgw:llmgw {data}", f"chown root:llmgw {config}",
-        "systemctl daemon-reload", "systemctl enable llmgw-node.service",
+        "getent group video",
+        "usermod -aG video llmgw",
+        "getent group render",
+        f"chown -R llmgw:llmgw {data}",
+        f"chown root:llmgw {config}",
+        "systemctl daemon-reload",
+        "systemctl enable llmgw-node.service",
         "systemctl restart --no-block llmgw-node.service",
     ]
     assert first_commands == expected

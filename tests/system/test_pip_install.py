@@ -40,8 +40,9 @@ def _pip_venv(where: Path, wheels: list[Path]) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def pip_venvs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     dist = tmp_path_factory.mktemp("dist")
-    subprocess.run([uv(), "build", "--wheel", "--all-packages", "--out-dir", str(dist), "--quiet"], cwd=ROOT,
-                   check=True)
+    subprocess.run(
+        [uv(), "build", "--wheel", "--all-packages", "--out-dir", str(dist), "--quiet"], cwd=ROOT, check=True
+    )
     [shared] = dist.glob("llmgw_shared-*.whl")
     [control] = dist.glob("llmgw_control-*.whl")
     [node] = dist.glob("llmgw_node-*.whl")
@@ -62,11 +63,19 @@ async def test_wheels_installed_with_plain_pip_serve_a_chat_through_a_real_engin
         client = openai.OpenAI(base_url=fleet.api_url + "/v1", api_key="none", max_retries=0, timeout=120)
         for stream in (False, True, False):
             if stream:
-                chunks = await trio.to_thread.run_sync(lambda: list(client.chat.completions.create(
-                    model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True)))
+                chunks = await trio.to_thread.run_sync(
+                    lambda: list(
+                        client.chat.completions.create(
+                            model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True
+                        )
+                    )
+                )
                 assert chunks and chunks[-1].choices[0].finish_reason is not None
             else:
-                reply = await trio.to_thread.run_sync(lambda: client.chat.completions.create(
-                    model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4))
+                reply = await trio.to_thread.run_sync(
+                    lambda: client.chat.completions.create(
+                        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+                    )
+                )
                 assert reply.usage is not None and reply.usage.completion_tokens == 4
         assert "Traceback" not in fleet.control.log()

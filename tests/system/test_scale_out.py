@@ -37,7 +37,8 @@ def _client(fleet: Fleet) -> openai.OpenAI:
 def _stream_once(client: openai.OpenAI) -> str:
     """One streamed chat through the official client, read to its end; the replica that served it."""
     raw = client.chat.completions.with_raw_response.create(
-        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=24, stream=True)
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=24, stream=True
+    )
     replica: str = raw.headers["x-llmgw-replica"]
     chunks = sum(1 for _ in raw.parse())
     assert chunks > 0
@@ -73,8 +74,9 @@ async def test_a_burst_that_saturates_one_replica_starts_a_second_and_spreads_ov
             for _ in range(STREAMS):
                 nursery.start_soon(worker)
             # Bounded: on the old code no second replica ever starts, and this times out.
-            await wait_until(lambda: (len(served) >= 2 and all(n >= 3 for n in served.values())) or errors,
-                             timeout=120, interval=0.2)
+            await wait_until(
+                lambda: (len(served) >= 2 and all(n >= 3 for n in served.values())) or errors, timeout=120, interval=0.2
+            )
             nursery.cancel_scope.cancel()
         assert errors == []
         _, models = await fleet.state()

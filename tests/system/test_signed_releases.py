@@ -23,9 +23,21 @@ from llmgw_dev import build_engine
 async def _install(config: Path, url: str) -> tuple[int, str]:
     with trio.fail_after(120):
         result = await trio.run_process(
-            [str(BIN / "llmgw-node"), "engines", "install", "llama.cpp",
-             build_engine.RELEASE_TAG, "--release-api", url, "--config", str(config)],
-            capture_stdout=True, capture_stderr=True, check=False)
+            [
+                str(BIN / "llmgw-node"),
+                "engines",
+                "install",
+                "llama.cpp",
+                build_engine.RELEASE_TAG,
+                "--release-api",
+                url,
+                "--config",
+                str(config),
+            ],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
     return result.returncode, (result.stdout + result.stderr).decode()
 
 
@@ -40,9 +52,11 @@ async def test_a_node_with_the_operators_key_installs_only_the_index_the_operato
     async with running_control(tmp_path, files) as (_admin, agents, _log):
         # A node of the closed fleet: `engines install` fetches from control with its credentials,
         # as the daemon does.
-        config.write_text(f'data_dir = "{tmp_path / "node"}"\nrelease_signing_keys = ["{key.public}"]\n'
-                          f'control = ["ws://127.0.0.1:{agents}/agent/v1"]\nnode_id = "n1"\n'
-                          f'token = "{SHARED_TOKEN}"\n')
+        config.write_text(
+            f'data_dir = "{tmp_path / "node"}"\nrelease_signing_keys = ["{key.public}"]\n'
+            f'control = ["ws://127.0.0.1:{agents}/agent/v1"]\nnode_id = "n1"\n'
+            f'token = "{SHARED_TOKEN}"\n'
+        )
         url = f"http://127.0.0.1:{agents}/releases/llama.cpp/{{version}}"
         # Control's generated index is not signed: refused before anything is downloaded.
         code, out = await _install(config, url)
@@ -51,9 +65,21 @@ async def test_a_node_with_the_operators_key_installs_only_the_index_the_operato
         # The operator's index: written once, relative URLs (any control serves it), signed.
         index = files / "engines" / f"llama.cpp-{tag}.json"
         data = archive.read_bytes()
-        index.write_text(json.dumps({"tag_name": tag, "assets": [{
-            "name": archive.name, "size": len(data), "digest": f"sha256:{hashlib.sha256(data).hexdigest()}",
-            "browser_download_url": f"../../files/engines/{archive.name}"}]}))
+        index.write_text(
+            json.dumps(
+                {
+                    "tag_name": tag,
+                    "assets": [
+                        {
+                            "name": archive.name,
+                            "size": len(data),
+                            "digest": f"sha256:{hashlib.sha256(data).hexdigest()}",
+                            "browser_download_url": f"../../files/engines/{archive.name}",
+                        }
+                    ],
+                }
+            )
+        )
         signature = index.with_name(index.name + ".minisig")
         signature.write_bytes(OperatorKey.new().sign(index.read_bytes()))
         code, out = await _install(config, url)

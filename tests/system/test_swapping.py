@@ -52,8 +52,9 @@ async def test_two_models_too_big_together_take_turns_on_one_node(
 ) -> None:
     profile = {"ram_mib": CLAIM_MIB, "max_replicas": 1, "idle_timeout": 600.0}
     reconciler = {"reserved_ram_mib": _total_ram_mib() - USABLE_MIB, "evict_min_age": 1.0, "yield_after": 4.0}
-    async with running_fleet(tmp_path, tiny_model, engine_archive, models=[("left", profile), ("right", profile)],
-                             reconciler=reconciler) as fleet:
+    async with running_fleet(
+        tmp_path, tiny_model, engine_archive, models=[("left", profile), ("right", profile)], reconciler=reconciler
+    ) as fleet:
         await fleet.add_node("n1")
         await fleet.wait_for(node_ready("n1"))
         most_engines = [0]
@@ -71,8 +72,12 @@ async def test_two_models_too_big_together_take_turns_on_one_node(
                     assert await trio.to_thread.run_sync(_ask, fleet, model) == model
             # The node measures an engine as it becomes ready; placement accounts that (floored by the
             # configured claim, a reservation).
-            _, models = await fleet.wait_for(lambda nodes, models: any(
-                m["model"] == "left" and m["replicas"] and m["replicas"][0]["used"] for m in models), timeout=20)
+            _, models = await fleet.wait_for(
+                lambda nodes, models: any(
+                    m["model"] == "left" and m["replicas"] and m["replicas"][0]["used"] for m in models
+                ),
+                timeout=20,
+            )
             left = next(m for m in models if m["model"] == "left")
             assert [r["state"] for r in left["replicas"]] == ["ready"]
             assert left["replicas"][0]["used"]["ram_mib"] >= CLAIM_MIB
@@ -91,9 +96,11 @@ async def test_two_models_too_big_together_take_turns_on_one_node(
         assert sorted(answered) == ["left"] * ROUNDS + ["right"] * ROUNDS
         # The node reports its weights cache: the one file both models use, in use by the resident.
         async with httpx2.AsyncClient(base_url=fleet.admin_url, timeout=10) as admin:
+
             async def in_use() -> dict[str, object] | None:
                 (node,) = (await admin.get("/api/v1/weights")).json()["nodes"]
                 return node if node["reported"] and node["weights"] and node["weights"][0]["in_use"] else None
+
             node = await wait_until(in_use, timeout=30, interval=0.2)
         (held,) = node["weights"]
         assert held["size"] == (await trio.Path(tiny_model).stat()).st_size and len(held["models"]) == 1

@@ -95,13 +95,16 @@ async def test_without_the_vulkan_loader_the_node_runs_the_cpu_build_degraded(
 ) -> None:
     monkeypatch.setenv("LLMGW_TEST_SOFTWARE_GPUS", "1")
     monkeypatch.setenv("LLMGW_TEST_VULKAN_LOADER", "libvulkan-removed.so.1")
-    models = [("tiny", {"vram_mib": 64, "min_replicas": 1}),
-              ("tiny-cpu-ok", {"vram_mib": 64, "min_replicas": 1, "cpu_ok": True})]
+    models = [
+        ("tiny", {"vram_mib": 64, "min_replicas": 1}),
+        ("tiny-cpu-ok", {"vram_mib": 64, "min_replicas": 1, "cpu_ok": True}),
+    ]
     async with running_fleet(tmp_path, tiny_model, engine_archive, models=models) as fleet:
         place(vulkan_archive, tmp_path / "files" / "engines" / vulkan_archive.name)
         await fleet.add_node("n1")
-        nodes, _ = await fleet.wait_for(lambda nodes, models: node_ready("n1")(nodes, models)
-                                        and node_of(nodes, "n1")["facts"]["degraded"] != "")
+        nodes, _ = await fleet.wait_for(
+            lambda nodes, models: node_ready("n1")(nodes, models) and node_of(nodes, "n1")["facts"]["degraded"] != ""
+        )
         node = node_of(nodes, "n1")
         assert "GPU it cannot reach" in node["facts"]["degraded"]
         assert "libvulkan-removed.so.1" in node["facts"]["degraded"]
@@ -110,8 +113,9 @@ async def test_without_the_vulkan_loader_the_node_runs_the_cpu_build_degraded(
 
         answer = await trio.to_thread.run_sync(chat, fleet, "tiny-cpu-ok")
         assert answer.usage.completion_tokens == 4
-        _, models_now = await fleet.wait_for(lambda nodes, models: "degraded, CPU only" in next(
-            m for m in models if m["model"] == "tiny")["status"])
+        _, models_now = await fleet.wait_for(
+            lambda nodes, models: "degraded, CPU only" in next(m for m in models if m["model"] == "tiny")["status"]
+        )
         tiny = next(m for m in models_now if m["model"] == "tiny")
         assert tiny["replicas"] == [] and "does not say cpu_ok" in tiny["status"]
 

@@ -112,8 +112,11 @@ APT_TIMEOUT = 600
 
 def vulkan_flags() -> list[str]:
     """cmake flags naming Vulkan headers new enough for ggml-vulkan, fetching them when none are; or SystemExit."""
-    candidates = [os.environ.get("LLMGW_VULKAN_INCLUDE", ""), str(cache_dir() / "vulkan-headers" / "usr" / "include"),
-                  "/usr/include"]
+    candidates = [
+        os.environ.get("LLMGW_VULKAN_INCLUDE", ""),
+        str(cache_dir() / "vulkan-headers" / "usr" / "include"),
+        "/usr/include",
+    ]
     for include in filter(None, candidates):
         if _header_version(Path(include) / "vulkan" / "vulkan_core.h") >= MIN_VULKAN_HEADER:
             return [f"-DVulkan_INCLUDE_DIR={include}"]
@@ -121,10 +124,12 @@ def vulkan_flags() -> list[str]:
 
 
 def _vulkan_help() -> str:
-    return (f"the Vulkan build needs Vulkan headers 1.3.{MIN_VULKAN_HEADER} or newer (Debian 12 has 1.3.239): "
-            "download Debian 13's libvulkan-dev .deb (apt-get download with a trixie source) and unpack it with "
-            f"`dpkg-deb -x <deb> {cache_dir() / 'vulkan-headers'}`, or set LLMGW_VULKAN_INCLUDE; it also needs "
-            "glslc and the system's libvulkan1")
+    return (
+        f"the Vulkan build needs Vulkan headers 1.3.{MIN_VULKAN_HEADER} or newer (Debian 12 has 1.3.239): "
+        "download Debian 13's libvulkan-dev .deb (apt-get download with a trixie source) and unpack it with "
+        f"`dpkg-deb -x <deb> {cache_dir() / 'vulkan-headers'}`, or set LLMGW_VULKAN_INCLUDE; it also needs "
+        "glslc and the system's libvulkan1"
+    )
 
 
 def fetch_vulkan_headers() -> Path:
@@ -139,8 +144,9 @@ def fetch_vulkan_headers() -> Path:
             return target
         if not (shutil.which("apt-get") and shutil.which("dpkg-deb") and shutil.which("dpkg")):
             raise SystemExit(_vulkan_help() + " (no apt-get/dpkg here to fetch them)")
-        arch = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True, check=True,
-                              timeout=60).stdout.strip()
+        arch = subprocess.run(
+            ["dpkg", "--print-architecture"], capture_output=True, text=True, check=True, timeout=60
+        ).stdout.strip()
         if arch not in VULKAN_DEV:
             raise SystemExit(_vulkan_help() + f" (no libvulkan-dev .deb is pinned for {arch})")
         version, sha256 = VULKAN_DEV[arch]
@@ -149,16 +155,30 @@ def fetch_vulkan_headers() -> Path:
             (work / "sources.list").write_text(f"deb [arch={arch}] {DEBIAN_MIRROR} trixie main\n")
             for sub in ("lists/partial", "cache/archives/partial"):
                 (work / sub).mkdir(parents=True)
-            options = ["-o", f"Dir::Etc::sourcelist={work / 'sources.list'}", "-o", "Dir::Etc::sourceparts=-",
-                       "-o", f"Dir::State::Lists={work / 'lists'}", "-o", f"Dir::Cache={work / 'cache'}",
-                       "-o", "APT::Get::List-Cleanup=0", "-o", "Debug::NoLocking=1"]
+            options = [
+                "-o",
+                f"Dir::Etc::sourcelist={work / 'sources.list'}",
+                "-o",
+                "Dir::Etc::sourceparts=-",
+                "-o",
+                f"Dir::State::Lists={work / 'lists'}",
+                "-o",
+                f"Dir::Cache={work / 'cache'}",
+                "-o",
+                "APT::Get::List-Cleanup=0",
+                "-o",
+                "Debug::NoLocking=1",
+            ]
             say(f"fetching Debian 13's libvulkan-dev {version} for its Vulkan headers")
             for command in (["update"], ["download", f"libvulkan-dev={version}"]):
-                done = subprocess.run(["apt-get", "-q", *options, *command], cwd=work, capture_output=True, text=True,
-                                      timeout=APT_TIMEOUT)
+                done = subprocess.run(
+                    ["apt-get", "-q", *options, *command], cwd=work, capture_output=True, text=True, timeout=APT_TIMEOUT
+                )
                 if done.returncode != 0:
-                    raise SystemExit(f"apt-get {command[0]} failed ({done.returncode}): {done.stderr.strip()[-2000:]}"
-                                     f"\n{_vulkan_help()}")
+                    raise SystemExit(
+                        f"apt-get {command[0]} failed ({done.returncode}): {done.stderr.strip()[-2000:]}"
+                        f"\n{_vulkan_help()}"
+                    )
             debs = sorted(work.glob(f"libvulkan-dev_*_{arch}.deb"))
             if len(debs) != 1:
                 raise SystemExit(f"apt-get download left {[d.name for d in debs]}, not one libvulkan-dev .deb")
@@ -238,7 +258,7 @@ def unpack_sources(sdist: Path, work: Path) -> Path:
     with tarfile.open(sdist) as tar:
         members = [m for m in tar.getmembers() if m.name.startswith(prefix)]
         for member in members:
-            member.name = member.name[len(prefix):]
+            member.name = member.name[len(prefix) :]
         tar.extractall(dest, members=[m for m in members if m.name], filter="data")
     return dest
 
@@ -261,13 +281,20 @@ def compile_server(sources: Path, work: Path, extra_flags: list[str] | None = No
     generator = ["-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={ninja}"] if ninja else []
     build = work / "build"
     say("configuring (cmake)")
-    subprocess.run([cmake, "-S", str(sources), "-B", str(build), *generator, *CMAKE_FLAGS, *(extra_flags or [])],
-                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [cmake, "-S", str(sources), "-B", str(build), *generator, *CMAKE_FLAGS, *(extra_flags or [])],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     jobs = str(os.cpu_count() or 2)
     say(f"compiling llama-server with {jobs} jobs; about 10 minutes on 2 cores the first time")
     started = time.monotonic()
-    proc = subprocess.Popen([cmake, "--build", str(build), "--target", "llama-server", "-j", jobs],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [cmake, "--build", str(build), "--target", "llama-server", "-j", jobs],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     assert proc.stdout is not None
     last_percent = ""
     tail: list[str] = []
@@ -287,7 +314,7 @@ def _progress(line: str) -> str:
     """``[ 42%]`` from make, ``[12/130]`` from ninja, as a percentage."""
     if not line.startswith("["):
         return ""
-    inside = line[1:line.find("]")].strip()
+    inside = line[1 : line.find("]")].strip()
     if inside.endswith("%"):
         return inside
     done, _, total = inside.partition("/")
@@ -319,11 +346,13 @@ def pack_release(bin_dir: Path, work: Path, backend: str = "cpu") -> Path:
         subprocess.run(["strip", "--strip-unneeded", str(item)], check=False)
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.GNU_FORMAT) as tar:
+
         def normalise(info: tarfile.TarInfo) -> tarfile.TarInfo:
             info.mtime = BUILD_EPOCH
             info.uid = info.gid = 0
             info.uname = info.gname = ""
             return info
+
         for path in [stage, *sorted(stage.iterdir())]:
             tar.add(path, arcname=str(path.relative_to(stage.parent)), recursive=False, filter=normalise)
     out = cache_dir() / "engines" / archive_name(backend)
@@ -366,8 +395,11 @@ def ensure_engine(backend: str = "cpu", extra_flags: list[str] | None = None) ->
                 # A GPU machine without network builds from the sources `dev.py gpu-check --pack` packed.
                 packed = os.environ.get("LLMGW_LLAMA_SOURCES")
                 sources = unpack_sources(Path(packed) if packed else fetch_sdist(), work)
-                flags = [*BACKEND_FLAGS[backend], *(vulkan_flags() if backend == "vulkan" else []),
-                         *(extra_flags or [])]
+                flags = [
+                    *BACKEND_FLAGS[backend],
+                    *(vulkan_flags() if backend == "vulkan" else []),
+                    *(extra_flags or []),
+                ]
                 pack_release(compile_server(sources, work, flags), work, backend)
         unpack_for_local_use(out, backend)
     return out
@@ -380,10 +412,15 @@ def server_binary(backend: str = "cpu") -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--print", choices=["archive", "binary", "sha256"], default="binary",
-                        help="what to print on stdout once the engine is ready")
-    parser.add_argument("--backend", choices=sorted(BACKEND_FLAGS), default="cpu",
-                        help="which ggml backend to build in (default: cpu)")
+    parser.add_argument(
+        "--print",
+        choices=["archive", "binary", "sha256"],
+        default="binary",
+        help="what to print on stdout once the engine is ready",
+    )
+    parser.add_argument(
+        "--backend", choices=sorted(BACKEND_FLAGS), default="cpu", help="which ggml backend to build in (default: cpu)"
+    )
     args = parser.parse_args(argv)
     archive = ensure_engine(args.backend)
     if args.print == "archive":

@@ -20,12 +20,16 @@ from llmgw_dev.build_engine import cache_dir, cache_lock, sha256_of
 # 12.8 is what the package index reachable here offers; any 12.x pair works by minor-version
 # compatibility, which is the point of the test.
 CUDA12_X64: list[tuple[str, str, str]] = [
-    ("nvidia-cuda-runtime-cu12",
-     "nvidia_cuda_runtime_cu12-12.8.90-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
-     "adade8dcbd0edf427b7204d480d6066d33902cab2a4707dcfc48a2d0fd44ab90"),
-    ("nvidia-cublas-cu12",
-     "nvidia_cublas_cu12-12.6.4.1-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
-     "08ed2686e9875d01b58e3cb379c6896df8e76c75e0d4a7f7dace3d7b6d9ef8eb"),
+    (
+        "nvidia-cuda-runtime-cu12",
+        "nvidia_cuda_runtime_cu12-12.8.90-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+        "adade8dcbd0edf427b7204d480d6066d33902cab2a4707dcfc48a2d0fd44ab90",
+    ),
+    (
+        "nvidia-cublas-cu12",
+        "nvidia_cublas_cu12-12.6.4.1-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+        "08ed2686e9875d01b58e3cb379c6896df8e76c75e0d4a7f7dace3d7b6d9ef8eb",
+    ),
 ]
 
 

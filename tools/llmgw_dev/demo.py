@@ -62,8 +62,9 @@ class DemoError(Exception):
     """Something the demo cannot get past, said in one line (never a traceback)."""
 
 
-def post_json(url: str, body: dict[str, object] | None, timeout: float = 300,
-              headers: dict[str, str] | None = None) -> dict[str, object]:
+def post_json(
+    url: str, body: dict[str, object] | None, timeout: float = 300, headers: dict[str, str] | None = None
+) -> dict[str, object]:
     """POST ``body`` (GET when None); the JSON answer, or DemoError with the server's own message."""
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, headers={"content-type": "application/json", **(headers or {})})
@@ -101,13 +102,18 @@ def demo_key(api: str, admin: str) -> dict[str, str]:
             raise
     groups = post_json(admin + "/api/v1/groups", None, timeout=10)["groups"]
     assert isinstance(groups, list)
-    group = next((g for g in groups if isinstance(g, dict) and g.get("name") == "demo" and not g.get("parent_id")),
-                 None) or post_json(admin + "/api/v1/groups", {"name": "demo"}, timeout=10)["group"]
+    group = (
+        next((g for g in groups if isinstance(g, dict) and g.get("name") == "demo" and not g.get("parent_id")), None)
+        or post_json(admin + "/api/v1/groups", {"name": "demo"}, timeout=10)["group"]
+    )
     assert isinstance(group, dict)
     name = f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
     created = post_json(admin + "/api/v1/keys", {"name": name, "group_id": group["id"]}, timeout=10)
-    print(f"[demo] this gateway has API keys now (made since the last run), so the demo made one of its own: "
-          f"{name} in group 'demo'", flush=True)
+    print(
+        f"[demo] this gateway has API keys now (made since the last run), so the demo made one of its own: "
+        f"{name} in group 'demo'",
+        flush=True,
+    )
     return {"authorization": f"Bearer {created['secret']}"}
 
 
@@ -133,19 +139,37 @@ def prepare(root: Path, model: Path, archive: Path, ports: dict[str, int]) -> tu
     token = join_token(root)
     digest = "sha256:" + hashlib.sha256(token.encode()).hexdigest()
     control = {
-        "listen": f"127.0.0.1:{ports['api']}", "admin_listen": f"127.0.0.1:{ports['admin']}",
-        "data_dir": str(root / "control"), "log_format": "text",
-        "agents": {"listen": f"127.0.0.1:{ports['agents']}", "files_dir": str(files),
-                   "join_token_digests": [digest]},
+        "listen": f"127.0.0.1:{ports['api']}",
+        "admin_listen": f"127.0.0.1:{ports['admin']}",
+        "data_dir": str(root / "control"),
+        "log_format": "text",
+        "agents": {"listen": f"127.0.0.1:{ports['agents']}", "files_dir": str(files), "join_token_digests": [digest]},
         # One thread: the demo shares the machine; SmolLM2 answers a short question in about a second.
-        "models": [{"name": smollm2.MODEL_NAME, "profiles": [{
-            "name": "cpu", "context": 2048, "parallel": 2, "args": ["-t", "1", *smollm2.ENGINE_ARGS],
-            "weights": {"url": f"{agents}/files/models/{model.name}",
-                        "sha256": hashlib.sha256(model.read_bytes()).hexdigest(), "size": model.stat().st_size},
-        }]}],
+        "models": [
+            {
+                "name": smollm2.MODEL_NAME,
+                "profiles": [
+                    {
+                        "name": "cpu",
+                        "context": 2048,
+                        "parallel": 2,
+                        "args": ["-t", "1", *smollm2.ENGINE_ARGS],
+                        "weights": {
+                            "url": f"{agents}/files/models/{model.name}",
+                            "sha256": hashlib.sha256(model.read_bytes()).hexdigest(),
+                            "size": model.stat().st_size,
+                        },
+                    }
+                ],
+            }
+        ],
     }
-    node = {"control": [f"ws://127.0.0.1:{ports['agents']}/agent/v1"], "node_id": "demo-node",
-            "token": token, "data_dir": str(root / "node")}
+    node = {
+        "control": [f"ws://127.0.0.1:{ports['agents']}/agent/v1"],
+        "node_id": "demo-node",
+        "token": token,
+        "data_dir": str(root / "node"),
+    }
     (root / "control.toml").write_text(tomli_w.dumps(control))
     # The node's config holds its token: readable by its owner only, as the installer leaves it.
     node_toml = root / "node.toml"
@@ -179,8 +203,12 @@ def _interrupt(signum: int, frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=8080, help="client API port (a free one if taken)")
-    parser.add_argument("--dir", type=Path, default=None,
-                        help="where the configs and the daemons' state go (default: the cache's demo/)")
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="where the configs and the daemons' state go (default: the cache's demo/)",
+    )
     args = parser.parse_args(argv)
     archive = build_engine.ensure_engine()
     model = smollm2.ensure_model()
@@ -202,13 +230,23 @@ def main(argv: list[str] | None = None) -> int:
     try:
         wait_healthy(api, control, "llmgw-control")
         node = start([str(BIN / "llmgw-node"), "run", "--config", str(node_toml), "--stop-engines"])
-        print("\n[demo] control and node are up; the first request starts the model on the node "
-              "(install the engine, fetch the weights, start llama-server)...", flush=True)
+        print(
+            "\n[demo] control and node are up; the first request starts the model on the node "
+            "(install the engine, fetch the weights, start llama-server)...",
+            flush=True,
+        )
         started = time.monotonic()
         key = demo_key(api, f"http://127.0.0.1:{ports['admin']}")
-        reply = post_json(api + "/v1/chat/completions", {
-            "model": "smollm2", "messages": [{"role": "user", "content": QUESTION}], "max_tokens": 48,
-            "temperature": 0}, headers=key)
+        reply = post_json(
+            api + "/v1/chat/completions",
+            {
+                "model": "smollm2",
+                "messages": [{"role": "user", "content": QUESTION}],
+                "max_tokens": 48,
+                "temperature": 0,
+            },
+            headers=key,
+        )
         took = time.monotonic() - started
         choices = reply["choices"]
         assert isinstance(choices, list)
@@ -216,10 +254,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  question: {QUESTION!r}")
         print(f"  answer:   {choices[0]['message']['content']!r}")
         print(f"  usage: {reply['usage']}")
-        print(f"""
+        print(
+            f"""
 [demo] llmgw is serving the OpenAI API on {api}/v1
-  dashboard: http://127.0.0.1:{ports['admin']}/  (nodes, models, replicas, keys; open on loopback)
-  admin API and metrics: http://127.0.0.1:{ports['admin']}/api/v1/nodes, /api/v1/models, /metrics
+  dashboard: http://127.0.0.1:{ports["admin"]}/  (nodes, models, replicas, keys; open on loopback)
+  admin API and metrics: http://127.0.0.1:{ports["admin"]}/api/v1/nodes, /api/v1/models, /metrics
 
   curl {api}/v1/chat/completions -H 'content-type: application/json' \\
        -d '{{"model": "smollm2", "temperature": 0, "messages": [{{"role": "user", "content": "{QUESTION}"}}]}}'
@@ -228,11 +267,13 @@ def main(argv: list[str] | None = None) -> int:
   client = OpenAI(base_url="{api}/v1", api_key="none")
   reply = client.chat.completions.create(model="smollm2", temperature=0,
                                          messages=[{{"role": "user", "content": "{QUESTION}"}}])
-  print(reply.choices[0].message.content)   # {choices[0]['message']['content']}
+  print(reply.choices[0].message.content)   # {choices[0]["message"]["content"]}
 
   (SmolLM2 has 135M parameters: right about simple facts, not much more)
   Press Ctrl-C to stop.
-""", flush=True)
+""",
+            flush=True,
+        )
         control.wait()
     except KeyboardInterrupt:
         print("\n[demo] stopping", flush=True)

@@ -27,8 +27,22 @@ OUR_DISTRIBUTIONS = {"llmgw-shared", "llmgw-control", "llmgw-node"}
 TIERS = ("lock", "newest", "lowest")
 RESOLUTION = {"newest": "highest", "lowest": "lowest-direct"}
 # Printed after a tier is built: the packages whose internals or protocol details we rely on.
-WATCHED = ("httpx2", "httpcore2", "h11", "hypercorn", "quart", "quart-trio", "trio", "trio-websocket",
-           "cattrs", "attrs", "huggingface-hub", "psycopg", "prometheus-client", "openai")
+WATCHED = (
+    "httpx2",
+    "httpcore2",
+    "h11",
+    "hypercorn",
+    "quart",
+    "quart-trio",
+    "trio",
+    "trio-websocket",
+    "cattrs",
+    "attrs",
+    "huggingface-hub",
+    "psycopg",
+    "prometheus-client",
+    "openai",
+)
 
 
 def _name(requirement: str) -> str:
@@ -69,13 +83,45 @@ def build(tier: str, uv: str, say: Callable[[str], None] = print) -> Path:
     wanted = venv / "requirements.in"
     resolved = venv / "resolved.txt"
     wanted.write_text("\n".join(requirements()) + "\n")
-    subprocess.run([uv, "pip", "compile", "--quiet", "--resolution", RESOLUTION[tier], "--python", str(python),
-                    "--no-header", "--upgrade", str(wanted), "-o", str(resolved)], check=True, cwd=ROOT)
+    subprocess.run(
+        [
+            uv,
+            "pip",
+            "compile",
+            "--quiet",
+            "--resolution",
+            RESOLUTION[tier],
+            "--python",
+            str(python),
+            "--no-header",
+            "--upgrade",
+            str(wanted),
+            "-o",
+            str(resolved),
+        ],
+        check=True,
+        cwd=ROOT,
+    )
     subprocess.run([uv, "pip", "sync", "--quiet", "--python", str(python), str(resolved)], check=True, cwd=ROOT)
-    subprocess.run([uv, "pip", "install", "--quiet", "--no-deps", "--python", str(python),
-                    *(arg for member in MEMBERS for arg in ("-e", str(ROOT / member)))], check=True, cwd=ROOT)
-    pins = {_name(line): line.strip() for line in resolved.read_text().splitlines()
-            if line and not line.startswith((" ", "#"))}
+    subprocess.run(
+        [
+            uv,
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--python",
+            str(python),
+            *(arg for member in MEMBERS for arg in ("-e", str(ROOT / member))),
+        ],
+        check=True,
+        cwd=ROOT,
+    )
+    pins = {
+        _name(line): line.strip()
+        for line in resolved.read_text().splitlines()
+        if line and not line.startswith((" ", "#"))
+    }
     shown = ", ".join(pins[name] for name in WATCHED if name in pins)
     say(f"dependency tier {tier!r} ({RESOLUTION[tier]}): {shown}")
     return venv

@@ -53,13 +53,36 @@ class LlamaServer:
         return _tail(self.log_path, lines)
 
 
-def llama_server_command(binary: Path, model: Path, *, port: int, alias: str = "tiny",
-                         embeddings: bool = False, api_key: str | None = None,
-                         extra_args: Sequence[str] = ()) -> list[str]:
+def llama_server_command(
+    binary: Path,
+    model: Path,
+    *,
+    port: int,
+    alias: str = "tiny",
+    embeddings: bool = False,
+    api_key: str | None = None,
+    extra_args: Sequence[str] = (),
+) -> list[str]:
     # -t 1: with the default thread count a short answer once took 21 s on a loaded 2-core machine.
     # -np 4 with -c 1024 gives four parallel slots of 256 tokens each: enough for tests.
-    cmd = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
-           "-t", "1", "-c", "1024", "-np", "4", "--metrics", "--alias", alias]
+    cmd = [
+        str(binary),
+        "-m",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "-t",
+        "1",
+        "-c",
+        "1024",
+        "-np",
+        "4",
+        "--metrics",
+        "--alias",
+        alias,
+    ]
     if embeddings:
         cmd += ["--embeddings", "--pooling", "mean"]
     if api_key is not None:
@@ -104,28 +127,36 @@ def _new_log(alias: str) -> Path:
 
 
 @contextmanager
-def llama_server_process(binary: Path, model: Path, *, port: int = 0, alias: str = "tiny",
-                         embeddings: bool = False, api_key: str | None = None,
-                         extra_args: Sequence[str] = (),
-                         health_deadline: float = HEALTH_DEADLINE) -> Iterator[LlamaServer]:
+def llama_server_process(
+    binary: Path,
+    model: Path,
+    *,
+    port: int = 0,
+    alias: str = "tiny",
+    embeddings: bool = False,
+    api_key: str | None = None,
+    extra_args: Sequence[str] = (),
+    health_deadline: float = HEALTH_DEADLINE,
+) -> Iterator[LlamaServer]:
     """Start llama-server, wait for ``/health`` to answer 200, stop the process group on exit."""
     port = port or free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = _new_log(alias)
-    cmd = llama_server_command(binary, model, port=port, alias=alias, embeddings=embeddings,
-                               api_key=api_key, extra_args=extra_args)
+    cmd = llama_server_command(
+        binary, model, port=port, alias=alias, embeddings=embeddings, api_key=api_key, extra_args=extra_args
+    )
     clean = False
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         deadline = time.monotonic() + health_deadline
         while not _health_ok(url):
             if proc.poll() is not None:
                 raise EngineStartError(f"llama-server exited with {proc.returncode}:\n{_tail(log_path, 40)}")
             if time.monotonic() > deadline:
-                raise EngineStartError(f"llama-server not healthy after {health_deadline} s:\n"
-                                       f"{_tail(log_path, 40)}")
+                raise EngineStartError(f"llama-server not healthy after {health_deadline} s:\n{_tail(log_path, 40)}")
             time.sleep(0.05)
         yield LlamaServer(url=url, port=port, model=alias, pid=proc.pid, log_path=log_path, api_key=api_key)
         clean = True
@@ -140,30 +171,38 @@ def llama_server_process(binary: Path, model: Path, *, port: int = 0, alias: str
 
 
 @asynccontextmanager
-async def running_llama_server(binary: Path, model: Path, *, port: int = 0, alias: str = "tiny",
-                               embeddings: bool = False, api_key: str | None = None,
-                               extra_args: Sequence[str] = (),
-                               health_deadline: float = HEALTH_DEADLINE) -> AsyncIterator[LlamaServer]:
+async def running_llama_server(
+    binary: Path,
+    model: Path,
+    *,
+    port: int = 0,
+    alias: str = "tiny",
+    embeddings: bool = False,
+    api_key: str | None = None,
+    extra_args: Sequence[str] = (),
+    health_deadline: float = HEALTH_DEADLINE,
+) -> AsyncIterator[LlamaServer]:
     """The trio flavour of :func:`llama_server_process`."""
     port = port or free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = _new_log(alias)
-    cmd = llama_server_command(binary, model, port=port, alias=alias, embeddings=embeddings,
-                               api_key=api_key, extra_args=extra_args)
+    cmd = llama_server_command(
+        binary, model, port=port, alias=alias, embeddings=embeddings, api_key=api_key, extra_args=extra_args
+    )
     clean = False
     # A plain descriptor: the child inherits it, and opening a local temp file does not block.
     log_fd = os.open(log_path, os.O_WRONLY | os.O_TRUNC)
     try:
-        proc = await trio.lowlevel.open_process(cmd, stdin=subprocess.DEVNULL, stdout=log_fd,
-                                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = await trio.lowlevel.open_process(
+            cmd, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT, start_new_session=True
+        )
     finally:
         os.close(log_fd)
     try:
         with trio.fail_after(health_deadline):
             while not await _health_ok_async(url):
                 if proc.poll() is not None:
-                    raise EngineStartError(
-                        f"llama-server exited with {proc.returncode}:\n{_tail(log_path, 40)}")
+                    raise EngineStartError(f"llama-server exited with {proc.returncode}:\n{_tail(log_path, 40)}")
                 await trio.sleep(0.05)
         yield LlamaServer(url=url, port=port, model=alias, pid=proc.pid, log_path=log_path, api_key=api_key)
         clean = True
@@ -186,8 +225,7 @@ async def _health_ok_async(url: str) -> bool:
         with trio.move_on_after(1.0):
             stream = await trio.open_tcp_stream(host, int(port))
             async with stream:
-                await stream.send_all(f"GET /health HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
-                                      .encode())
+                await stream.send_all(f"GET /health HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
                 head = await stream.receive_some(64)
                 return head.startswith(b"HTTP/1.1 200")
     except OSError:

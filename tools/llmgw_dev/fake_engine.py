@@ -178,8 +178,13 @@ class FakeEngineObservations:
 
 
 def _error_body(status: int, message: str) -> bytes:
-    kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-            501: "not_supported_error", 503: "unavailable_error"}.get(status, "server_error")
+    kind = {
+        400: "invalid_request_error",
+        401: "authentication_error",
+        404: "not_found_error",
+        501: "not_supported_error",
+        503: "unavailable_error",
+    }.get(status, "server_error")
     return _dumps({"error": {"code": status, "message": message, "type": kind}}).encode()
 
 
@@ -247,16 +252,28 @@ class FakeEngineApp:
 
         if method == "POST" and path in LORA_PATHS and b.loras is not None:
             status, text = b.loras.handle(path, parsed)
-            await _respond(send, status, text.encode() if status == 200 else _error_body(status, text),
-                           content_type=b"text/plain" if status == 200 else b"application/json")
+            await _respond(
+                send,
+                status,
+                text.encode() if status == 200 else _error_body(status, text),
+                content_type=b"text/plain" if status == 200 else b"application/json",
+            )
             return
         if method == "GET" and path == "/v1/models":
             data = [{"id": m, "object": "model", "created": 0, "owned_by": "llmgw-fake"} for m in b.models]
             # vLLM lists its loaded adapters as models of their own, with the base as parent and
             # the directory it was loaded from as root.
-            data += [{"id": n, "object": "model", "created": 0, "owned_by": "llmgw-fake", "root": path,
-                      "parent": b.models[0] if b.models else ""}
-                     for n, path in (b.loras.loaded if b.loras else {}).items()]
+            data += [
+                {
+                    "id": n,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "llmgw-fake",
+                    "root": path,
+                    "parent": b.models[0] if b.models else "",
+                }
+                for n, path in (b.loras.loaded if b.loras else {}).items()
+            ]
             await _respond(send, 200, _dumps({"object": "list", "data": data}).encode())
             return
         if method == "GET" and path == "/metrics":
@@ -283,12 +300,12 @@ class FakeEngineApp:
 
     def _record(self, method: str, path: str, headers: dict[str, str], parsed: Any) -> None:
         if self.observed.record:
-            self.observed.requests.append(
-                ObservedRequest(method, path, headers, parsed, headers.get("x-request-id")))
+            self.observed.requests.append(ObservedRequest(method, path, headers, parsed, headers.get("x-request-id")))
             self.observed._notify()
 
-    async def _serve(self, kind: str, path: str, request_id: str | None, req: dict[str, Any],
-                     receive: Receive, send: Send) -> None:
+    async def _serve(
+        self, kind: str, path: str, request_id: str | None, req: dict[str, Any], receive: Receive, send: Send
+    ) -> None:
         progress = {"started": False, "chunks": 0, "done": False}
         disconnected = False
 
@@ -321,8 +338,7 @@ class FakeEngineApp:
                 nursery.cancel_scope.cancel()
         if disconnected and not progress["done"] and not self.closing:
             phase = "mid_stream" if progress["started"] else "before_first_byte"
-            self.observed.disconnects.append(
-                ObservedDisconnect(path, request_id, phase, progress["chunks"]))
+            self.observed.disconnects.append(ObservedDisconnect(path, request_id, phase, progress["chunks"]))
             self.observed._notify()
 
     async def _failed_first(self, send: Send) -> bool:
@@ -340,8 +356,7 @@ class FakeEngineApp:
             return True
         return False
 
-    async def _respond_to(self, kind: str, req: dict[str, Any], send: Send,
-                          progress: dict[str, Any]) -> None:
+    async def _respond_to(self, kind: str, req: dict[str, Any], send: Send, progress: dict[str, Any]) -> None:
         b = self.behavior
         if await self._failed_first(send):
             return
@@ -355,18 +370,32 @@ class FakeEngineApp:
         rid = f"fake-{self._ids}"
         created = int(time.time())
         n_completion = b.completion_tokens if b.completion_tokens is not None else b.chunks
-        usage = {"prompt_tokens": b.prompt_tokens, "completion_tokens": n_completion,
-                 "total_tokens": b.prompt_tokens + n_completion}
+        usage = {
+            "prompt_tokens": b.prompt_tokens,
+            "completion_tokens": n_completion,
+            "total_tokens": b.prompt_tokens + n_completion,
+        }
         self.observed.prompt_tokens_total += b.prompt_tokens
 
         if kind == "embed":
             inputs = req.get("input", "")
             items = inputs if isinstance(inputs, list) else [inputs]
-            data = [{"object": "embedding", "index": i, "embedding": _embedding(str(x), b.embedding_dim)}
-                    for i, x in enumerate(items)]
-            await _respond(send, 200, _dumps({
-                "object": "list", "model": model, "data": data,
-                "usage": {"prompt_tokens": b.prompt_tokens, "total_tokens": b.prompt_tokens}}).encode())
+            data = [
+                {"object": "embedding", "index": i, "embedding": _embedding(str(x), b.embedding_dim)}
+                for i, x in enumerate(items)
+            ]
+            await _respond(
+                send,
+                200,
+                _dumps(
+                    {
+                        "object": "list",
+                        "model": model,
+                        "data": data,
+                        "usage": {"prompt_tokens": b.prompt_tokens, "total_tokens": b.prompt_tokens},
+                    }
+                ).encode(),
+            )
             return
 
         if not req.get("stream"):
@@ -375,14 +404,22 @@ class FakeEngineApp:
             text = f"[lora:{adapter}] {text}" if adapter else text
             self.observed.tokens_predicted_total += n_completion
             if kind == "chat":
-                choice: dict[str, Any] = {"index": 0, "finish_reason": "length",
-                                          "message": {"role": "assistant", "content": text}}
+                choice: dict[str, Any] = {
+                    "index": 0,
+                    "finish_reason": "length",
+                    "message": {"role": "assistant", "content": text},
+                }
                 obj = "chat.completion"
             else:
                 choice = {"index": 0, "finish_reason": "length", "text": text, "logprobs": None}
                 obj = "text_completion"
-            await _respond(send, 200, _dumps({"id": rid, "object": obj, "created": created, "model": model,
-                                              "choices": [choice], "usage": usage}).encode())
+            await _respond(
+                send,
+                200,
+                _dumps(
+                    {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice], "usage": usage}
+                ).encode(),
+            )
             return
 
         include_usage = bool((req.get("stream_options") or {}).get("include_usage"))
@@ -407,21 +444,31 @@ class FakeEngineApp:
         if start:
             # The prompt the engine read holds the resumed tokens; it generates the rest.
             generated = max(0, n_completion - start)
-            usage = {"prompt_tokens": b.prompt_tokens + start, "completion_tokens": generated,
-                     "total_tokens": b.prompt_tokens + start + generated}
+            usage = {
+                "prompt_tokens": b.prompt_tokens + start,
+                "completion_tokens": generated,
+                "total_tokens": b.prompt_tokens + start + generated,
+            }
         try:
             await self._stream(kind, send, head, (start, echo, faulty), include_usage, usage, progress)
         except _Cut:
             return  # the connection drops mid-body: a truncated stream
 
-    async def _stream(self, kind: str, send: Send, head: str, resume: tuple[int, str, bool], include_usage: bool,
-                      usage: dict[str, Any], progress: dict[str, Any]) -> None:
+    async def _stream(
+        self,
+        kind: str,
+        send: Send,
+        head: str,
+        resume: tuple[int, str, bool],
+        include_usage: bool,
+        usage: dict[str, Any],
+        progress: dict[str, Any],
+    ) -> None:
         b = self.behavior
         start, echo, faulty = resume
         # Each event is one ASGI body message, as llama-server writes one event per token.
         if kind == "chat":
-            await _event(send, head + '[{"index":0,"delta":{"role":"assistant","content":null},'
-                         '"finish_reason":null}]}')
+            await _event(send, head + '[{"index":0,"delta":{"role":"assistant","content":null},"finish_reason":null}]}')
         for i in range(start, b.chunks):
             if faulty and b.close_mid_stream_after is not None and i - start >= b.close_mid_stream_after:
                 return  # returning mid-body makes the server drop the connection: a truncated stream
@@ -444,8 +491,10 @@ class FakeEngineApp:
                 await _event(send, head + f'[],"usage":{_dumps(usage)}}}')
         else:
             # llama-server puts usage on the completions finish chunk even when not asked for.
-            await _event(send, head + '[{"index":0,"text":"","logprobs":null,"finish_reason":"length"}],'
-                         f'"usage":{_dumps(usage)}}}')
+            await _event(
+                send,
+                head + f'[{{"index":0,"text":"","logprobs":null,"finish_reason":"length"}}],"usage":{_dumps(usage)}}}',
+            )
         # Counted before the last write: a cancellation may land right after it (see tracking_send).
         self.observed.completed_streams += 1
         self.observed._notify()
@@ -491,10 +540,14 @@ class FakeEngineApp:
         ).encode()
 
 
-async def _respond(send: Send, status: int, body: bytes, *,
-                   content_type: bytes = b"application/json") -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]})
+async def _respond(send: Send, status: int, body: bytes, *, content_type: bytes = b"application/json") -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
@@ -637,8 +690,18 @@ class _AsgiChannel:
     machine, ~15 us per SSE event, which on a 32-chunk stream was a fifth of the fake's CPU.
     """
 
-    __slots__ = ("body", "chunked", "close", "conn", "delivered_body", "disconnected", "done", "keep_alive",
-                 "started", "stream")
+    __slots__ = (
+        "body",
+        "chunked",
+        "close",
+        "conn",
+        "delivered_body",
+        "disconnected",
+        "done",
+        "keep_alive",
+        "started",
+        "stream",
+    )
 
     def __init__(self, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request, body: bytes) -> None:
         self.conn, self.stream, self.body = conn, stream, body
@@ -646,7 +709,8 @@ class _AsgiChannel:
         self.delivered_body = False
         self.started = self.chunked = self.close = self.done = False
         self.keep_alive = request.http_version == b"1.1" and not any(
-            k == b"connection" and v.lower() == b"close" for k, v in request.headers)
+            k == b"connection" and v.lower() == b"close" for k, v in request.headers
+        )
 
     async def receive(self) -> Message:
         if not self.delivered_body:
@@ -707,14 +771,22 @@ class _AsgiChannel:
             self.conn.receive_data(data)  # a pipelined next request: h11 keeps it for the next cycle
 
 
-async def _run_app(app: FakeEngineApp, conn: h11.Connection, stream: trio.SocketStream,
-                   request: h11.Request, body: bytes) -> bool:
+async def _run_app(
+    app: FakeEngineApp, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request, body: bytes
+) -> bool:
     """Run the app for one request; False when the connection must not be reused."""
     target = request.target.decode("latin-1")
     path, _, query = target.partition("?")
-    scope: Scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
-                    "method": request.method.decode("ascii"), "path": path, "raw_path": request.target,
-                    "query_string": query.encode("latin-1"), "headers": list(request.headers)}
+    scope: Scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": request.method.decode("ascii"),
+        "path": path,
+        "raw_path": request.target,
+        "query_string": query.encode("latin-1"),
+        "headers": list(request.headers),
+    }
     channel = _AsgiChannel(conn, stream, request, body)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(channel.watch)
@@ -728,8 +800,9 @@ async def _run_app(app: FakeEngineApp, conn: h11.Connection, stream: trio.Socket
 
 
 @asynccontextmanager
-async def run_fake_engine(behavior: FakeEngineBehavior | None = None, *, host: str = "127.0.0.1",
-                          port: int = 0) -> AsyncIterator[FakeEngine]:
+async def run_fake_engine(
+    behavior: FakeEngineBehavior | None = None, *, host: str = "127.0.0.1", port: int = 0
+) -> AsyncIterator[FakeEngine]:
     """Serve a fake engine until the block exits; hanging responses are cancelled then."""
     behavior = behavior if behavior is not None else FakeEngineBehavior()
     observed = FakeEngineObservations()
@@ -738,8 +811,9 @@ async def run_fake_engine(behavior: FakeEngineBehavior | None = None, *, host: s
     bound_port: int = listeners[0].socket.getsockname()[1]
     async with trio.open_nursery() as nursery:
         nursery.start_soon(partial(trio.serve_listeners, partial(_serve_connection, app), listeners))
-        engine = FakeEngine(url=f"http://{host}:{bound_port}", port=bound_port, behavior=behavior,
-                            observed=observed, app=app)
+        engine = FakeEngine(
+            url=f"http://{host}:{bound_port}", port=bound_port, behavior=behavior, observed=observed, app=app
+        )
         try:
             yield engine
         finally:
@@ -769,11 +843,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 async def _main(args: argparse.Namespace) -> None:
     behavior = FakeEngineBehavior(
-        models=args.models or ["fake-model"], chunks=args.chunks, chunk_delay=args.chunk_delay,
-        first_byte_delay=args.first_byte_delay, prompt_tokens=args.prompt_tokens, api_key=args.api_key,
-        close_after_stream=args.close_after_stream, status_before_body=args.status_before_body,
-        close_mid_stream_after=args.close_mid_stream_after, hang_mid_stream_after=args.hang_mid_stream_after,
-        hang_before_first_byte=args.hang_before_first_byte, saturate_at=args.saturate_at)
+        models=args.models or ["fake-model"],
+        chunks=args.chunks,
+        chunk_delay=args.chunk_delay,
+        first_byte_delay=args.first_byte_delay,
+        prompt_tokens=args.prompt_tokens,
+        api_key=args.api_key,
+        close_after_stream=args.close_after_stream,
+        status_before_body=args.status_before_body,
+        close_mid_stream_after=args.close_mid_stream_after,
+        hang_mid_stream_after=args.hang_mid_stream_after,
+        hang_before_first_byte=args.hang_before_first_byte,
+        saturate_at=args.saturate_at,
+    )
     # Without a receiver SIGTERM would kill the process on the spot; this makes it a clean exit.
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with run_fake_engine(behavior, host=args.host, port=args.port) as engine:

@@ -90,8 +90,9 @@ class FakeHub:
         self.unserved.append(seen)
         return _json(404, {"error": "not served by the fake hub"})
 
-    def _paged(self, query: dict[str, list[str]], answer: tuple[int, list[tuple[str, str]], bytes]) -> tuple[
-            int, list[tuple[str, str]], bytes]:
+    def _paged(
+        self, query: dict[str, list[str]], answer: tuple[int, list[tuple[str, str]], bytes]
+    ) -> tuple[int, list[tuple[str, str]], bytes]:
         status, headers, body = answer
         if self.next_page is not None and status == 200 and (self.endless_pages or "cursor" not in query):
             headers = [*headers, ("link", f'<{self.next_page}>; rel="next"')]
@@ -102,8 +103,15 @@ class FakeHub:
         wanted = query.get("filter") or []
         limit = int((query.get("limit") or ["1000"])[0])
         found = [
-            {"id": name, "_id": name, "downloads": repo.downloads, "likes": repo.likes, "tags": repo.tags,
-             "lastModified": "2026-11-01T00:00:00.000Z", "private": False}
+            {
+                "id": name,
+                "_id": name,
+                "downloads": repo.downloads,
+                "likes": repo.likes,
+                "tags": repo.tags,
+                "lastModified": "2026-11-01T00:00:00.000Z",
+                "private": False,
+            }
             for name, repo in sorted(self.repos.items(), key=lambda kv: -kv[1].downloads)
             if text in name.lower() and all(tag in repo.tags for tag in wanted)
         ]
@@ -122,16 +130,20 @@ class FakeHub:
             entries.append(entry)
         return _json(200, entries)
 
-    def _resolve(self, repo_id: str, name: str, headers: dict[str, str],
-                 method: str) -> tuple[int, list[tuple[str, str]], bytes]:
+    def _resolve(
+        self, repo_id: str, name: str, headers: dict[str, str], method: str
+    ) -> tuple[int, list[tuple[str, str]], bytes]:
         repo = self.repos.get(repo_id)
         if repo is None or name not in repo.files:
             return _json(404, {"error": "Entry not found"}, [("x-error-code", "EntryNotFound")])
         if self.redirect_to:
             return 302, [("location", self.redirect_to)], b""
         data = repo.files[name]
-        common = [("accept-ranges", "bytes"), ("x-linked-size", str(len(data))),
-                  ("x-linked-etag", f'"{hashlib.sha256(data).hexdigest()}"')]
+        common = [
+            ("accept-ranges", "bytes"),
+            ("x-linked-size", str(len(data))),
+            ("x-linked-etag", f'"{hashlib.sha256(data).hexdigest()}"'),
+        ]
         wanted = _RANGE.fullmatch(headers.get("range", ""))
         if wanted and not self.ignore_range:
             start = int(wanted[1])
@@ -139,14 +151,18 @@ class FakeHub:
             if start >= len(data):
                 return 416, [("content-range", f"bytes */{len(data)}")], b""
             end = min(end, len(data) - 1)
-            body = data[start:end + 1]
-            return 206, [*common, ("content-range", f"bytes {start}-{end}/{len(data)}")], \
-                b"" if method == "HEAD" else body
+            body = data[start : end + 1]
+            return (
+                206,
+                [*common, ("content-range", f"bytes {start}-{end}/{len(data)}")],
+                b"" if method == "HEAD" else body,
+            )
         return 200, common, b"" if method == "HEAD" else data
 
 
-def _json(status: int, value: object, extra: list[tuple[str, str]] | None = None) -> tuple[
-        int, list[tuple[str, str]], bytes]:
+def _json(
+    status: int, value: object, extra: list[tuple[str, str]] | None = None
+) -> tuple[int, list[tuple[str, str]], bytes]:
     return status, [("content-type", "application/json"), *(extra or [])], json.dumps(value).encode()
 
 
@@ -184,8 +200,9 @@ async def _serve(hub: FakeHub, stream: trio.SocketStream) -> None:
             if status == 206:
                 start, _, end = dict(extra)["content-range"].split(" ")[1].split("/")[0].partition("-")
                 length = int(end) - int(start) + 1
-        response = h11.Response(status_code=status, headers=[*extra, ("content-length", str(length)),
-                                                             ("connection", "close")])
+        response = h11.Response(
+            status_code=status, headers=[*extra, ("content-length", str(length)), ("connection", "close")]
+        )
         try:
             await stream.send_all(conn.send(response) or b"")
             if method == "HEAD":
@@ -196,9 +213,9 @@ async def _serve(hub: FakeHub, stream: trio.SocketStream) -> None:
                 hub.sending.set()
             sent = 0
             while sent < len(body):
-                chunk = body[sent:sent + 65536]
+                chunk = body[sent : sent + 65536]
                 if cut is not None and sent + len(chunk) > cut:
-                    await stream.send_all(conn.send(h11.Data(data=chunk[:cut - sent])) or b"")
+                    await stream.send_all(conn.send(h11.Data(data=chunk[: cut - sent])) or b"")
                     return  # drop the connection mid-body
                 await stream.send_all(conn.send(h11.Data(data=chunk)) or b"")
                 sent += len(chunk)

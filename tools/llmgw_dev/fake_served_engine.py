@@ -66,9 +66,13 @@ async def _serve(engine: str, args: argparse.Namespace, key: str | None) -> None
     live = os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower() in ("1", "true")
     loras = FakeLoras(max_lora_rank=args.max_lora_rank) if engine == "vllm" and args.enable_lora and live else None
     behavior = FakeEngineBehavior(
-        models=[model], api_key=key, metrics_as=engine, loras=loras,
+        models=[model],
+        api_key=key,
+        metrics_as=engine,
+        loras=loras,
         chunks=int(os.environ.get("FAKE_ENGINE_CHUNKS", "8")),
-        chunk_delay=float(os.environ.get("FAKE_ENGINE_CHUNK_DELAY", "0")))
+        chunk_delay=float(os.environ.get("FAKE_ENGINE_CHUNK_DELAY", "0")),
+    )
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         await trio.sleep(float(os.environ.get("FAKE_ENGINE_START_DELAY", "0")))
         async with run_fake_engine(behavior, host=args.host, port=args.port) as fake:

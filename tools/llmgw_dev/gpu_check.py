@@ -65,8 +65,12 @@ def nvidia_gpu() -> dict[str, str]:
     """The first GPU's name, memory, driver and compute capability, from nvidia-smi."""
     if shutil.which("nvidia-smi") is None:
         raise CheckFailed("no nvidia-smi: this machine has no NVIDIA driver (try --backend vulkan)")
-    out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version,compute_cap",
-                          "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=name,memory.total,driver_version,compute_cap", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     if out.returncode != 0 or not out.stdout.strip():
         raise CheckFailed(f"nvidia-smi failed: {(out.stderr or out.stdout).strip()[:300]}")
     name, memory, driver, cap = (f.strip() for f in out.stdout.splitlines()[0].split(","))
@@ -85,8 +89,9 @@ def gpu_archive(backend: str, given: str) -> Path:
         cap = nvidia_gpu()["compute_cap"].replace(".", "")
         say(f"building llama-server with CUDA for compute capability {cap} from the cached sources")
         nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
-        return build_engine.ensure_engine("cuda", [f"-DCMAKE_CUDA_ARCHITECTURES={cap}",
-                                                   f"-DCMAKE_CUDA_COMPILER={nvcc}"])
+        return build_engine.ensure_engine(
+            "cuda", [f"-DCMAKE_CUDA_ARCHITECTURES={cap}", f"-DCMAKE_CUDA_COMPILER={nvcc}"]
+        )
     return build_engine.ensure_engine(backend)
 
 
@@ -112,8 +117,7 @@ def get(url: str) -> Any:
 def tokens_per_second(url: str, model: str, tokens: int, rounds: int) -> tuple[float, float]:
     """(median wall-clock generation tokens/s, median of the engine's own predicted_per_second)."""
     wall, engine = [], []
-    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": tokens,
-            "temperature": 0}
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": tokens, "temperature": 0}
     post(url + "/v1/chat/completions", {**body, "max_tokens": 4})  # warm: pipelines, caches
     for _ in range(rounds):
         started = time.monotonic()
@@ -126,13 +130,19 @@ def tokens_per_second(url: str, model: str, tokens: int, rounds: int) -> tuple[f
     return statistics.median(wall), statistics.median(engine) if engine else 0.0
 
 
-def start_direct(binary: Path, model: Path, args: list[str], log: Path,
-                 env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
+def start_direct(
+    binary: Path, model: Path, args: list[str], log: Path, env: dict[str, str]
+) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     with open(log, "ab") as out:
-        proc = subprocess.Popen([str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
-                                 "--alias", "tiny", *args], stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, **env}, cwd=str(binary.parent), process_group=0)
+        proc = subprocess.Popen(
+            [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "--alias", "tiny", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env},
+            cwd=str(binary.parent),
+            process_group=0,
+        )
     url = f"http://127.0.0.1:{port}"
     end = time.monotonic() + START_DEADLINE
     try:
@@ -157,19 +167,41 @@ def write_configs(root: Path, archive: Path, model: Path, ports: dict[str, int])
         place(source, files / kind / source.name)
     agents = f"http://127.0.0.1:{ports['agents']}"
     digest = "sha256:" + hashlib.sha256(TOKEN.encode()).hexdigest()
-    weights = {"url": f"{agents}/files/models/{model.name}", "sha256": hashlib.sha256(model.read_bytes()).hexdigest(),
-               "size": model.stat().st_size}
+    weights = {
+        "url": f"{agents}/files/models/{model.name}",
+        "sha256": hashlib.sha256(model.read_bytes()).hexdigest(),
+        "size": model.stat().st_size,
+    }
     control = {
-        "listen": f"127.0.0.1:{ports['api']}", "admin_listen": f"127.0.0.1:{ports['admin']}",
-        "data_dir": str(root / "control"), "log_format": "text",
+        "listen": f"127.0.0.1:{ports['api']}",
+        "admin_listen": f"127.0.0.1:{ports['admin']}",
+        "data_dir": str(root / "control"),
+        "log_format": "text",
         "agents": {"listen": f"127.0.0.1:{ports['agents']}", "files_dir": str(files), "join_token_digests": [digest]},
         # A VRAM claim makes it a GPU profile: placed on GPU 0 with every layer offloaded.
-        "models": [{"name": "tiny", "profiles": [{"name": "gpu", "weights": weights, "context": 1024, "parallel": 1,
-                                                  "vram_mib": 256, "start_timeout": START_DEADLINE,
-                                                  "args": ["-t", THREADS]}]}],
+        "models": [
+            {
+                "name": "tiny",
+                "profiles": [
+                    {
+                        "name": "gpu",
+                        "weights": weights,
+                        "context": 1024,
+                        "parallel": 1,
+                        "vram_mib": 256,
+                        "start_timeout": START_DEADLINE,
+                        "args": ["-t", THREADS],
+                    }
+                ],
+            }
+        ],
     }
-    node = {"control": [f"ws://127.0.0.1:{ports['agents']}/agent/v1"], "node_id": "gpu-check", "token": TOKEN,
-            "data_dir": str(root / "node")}
+    node = {
+        "control": [f"ws://127.0.0.1:{ports['agents']}/agent/v1"],
+        "node_id": "gpu-check",
+        "token": TOKEN,
+        "data_dir": str(root / "node"),
+    }
     (root / "control.toml").write_text(tomli_w.dumps(control))
     (root / "node.toml").write_text(tomli_w.dumps(node))
     (root / "node.toml").chmod(0o600)
@@ -181,8 +213,7 @@ def run_check(args: argparse.Namespace, root: Path) -> list[tuple[str, str]]:
     facts: list[tuple[str, str]] = []
     if args.backend == "cuda":
         gpu = nvidia_gpu()
-        facts += [("GPU", f"{gpu['name']} ({gpu['memory']}, compute {gpu['compute_cap']})"),
-                  ("driver", gpu["driver"])]
+        facts += [("GPU", f"{gpu['name']} ({gpu['memory']}, compute {gpu['compute_cap']})"), ("driver", gpu["driver"])]
     archive = gpu_archive(args.backend, args.archive or os.environ.get("LLMGW_CUDA_ARCHIVE", ""))
     facts.append(("engine build", archive.name))
     model = Path(os.environ["LLMGW_TINY_MODEL"]) if os.environ.get("LLMGW_TINY_MODEL") else _tiny_model()
@@ -190,17 +221,27 @@ def run_check(args: argparse.Namespace, root: Path) -> list[tuple[str, str]]:
     control_toml, node_toml = write_configs(root, archive, model, ports)
     api, admin = f"http://127.0.0.1:{ports['api']}", f"http://127.0.0.1:{ports['admin']}/api/v1"
     logs = {name: open(root / f"{name}.log", "ab") for name in ("control", "node")}  # noqa: SIM115
-    control = subprocess.Popen([*daemon("llmgw-control"), "run", "--config", str(control_toml)],
-                               stdout=logs["control"], stderr=subprocess.STDOUT, process_group=0)
+    control = subprocess.Popen(
+        [*daemon("llmgw-control"), "run", "--config", str(control_toml)],
+        stdout=logs["control"],
+        stderr=subprocess.STDOUT,
+        process_group=0,
+    )
     node = None
     try:
         wait_healthy(api, control, "llmgw-control")
-        node = subprocess.Popen([*daemon("llmgw-node"), "run", "--config", str(node_toml), "--stop-engines"],
-                                stdout=logs["node"], stderr=subprocess.STDOUT, process_group=0)
+        node = subprocess.Popen(
+            [*daemon("llmgw-node"), "run", "--config", str(node_toml), "--stop-engines"],
+            stdout=logs["node"],
+            stderr=subprocess.STDOUT,
+            process_group=0,
+        )
         say("control and node are up; placing the tiny model on the GPU (install, prove, offload)")
         started = time.monotonic()
-        post(api + "/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
-                                            "max_tokens": 4})
+        post(
+            api + "/v1/chat/completions",
+            {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+        )
         facts.append(("cold start via gateway", f"{time.monotonic() - started:.1f} s (install, proof, load)"))
         binary = _prove_on_gpu(args, admin, root, facts)
         rows = _measure(args, api, binary, model, root)
@@ -221,11 +262,18 @@ def _prove_on_gpu(args: argparse.Namespace, admin: str, root: Path, facts: list[
     (engine,) = node_view["engines"]
     provenance = engine.get("provenance") or {}
     if provenance.get("backend") != args.backend:
-        raise CheckFailed(f"the node installed a {provenance.get('backend')!r} build, not {args.backend}: "
-                          f"{engine['state']}; degraded: {node_view['facts'].get('degraded')}")
-    facts.append(("node facts", f"{len(node_view['facts']['gpus'])} GPU(s) via {node_view['facts']['gpu_backend']}"
-                                f"; {engine['state']}, {provenance.get('backend')} build, proven with "
-                                "--list-devices"))
+        raise CheckFailed(
+            f"the node installed a {provenance.get('backend')!r} build, not {args.backend}: "
+            f"{engine['state']}; degraded: {node_view['facts'].get('degraded')}"
+        )
+    facts.append(
+        (
+            "node facts",
+            f"{len(node_view['facts']['gpus'])} GPU(s) via {node_view['facts']['gpu_backend']}"
+            f"; {engine['state']}, {provenance.get('backend')} build, proven with "
+            "--list-devices",
+        )
+    )
     (model_view,) = get(admin + "/models")["models"]
     (replica,) = model_view["replicas"]
     lines = get(f"{admin}/replicas/{replica['id']}/logs?lines=1000")["lines"]
@@ -234,20 +282,31 @@ def _prove_on_gpu(args: argparse.Namespace, admin: str, root: Path, facts: list[
         raise CheckFailed("the replica's log has no 'offloaded N/M layers to GPU' line")
     facts.append(("offload (load log)", offloaded[-1].split(":", 1)[-1].strip()))
     used = replica.get("used") or {}
-    facts.append(("replica memory (node)", f"{used.get('vram_mib', 0)} MiB VRAM, {used.get('ram_mib', 0)} MiB RAM"
-                                           if used else "not measured yet"))
+    facts.append(
+        (
+            "replica memory (node)",
+            f"{used.get('vram_mib', 0)} MiB VRAM, {used.get('ram_mib', 0)} MiB RAM" if used else "not measured yet",
+        )
+    )
     if args.backend == "cuda" and not used.get("vram_mib"):
         say("warning: the node has not reported GPU memory for the engine's PID (yet)")
     binary = next((root / "node" / "engines" / "llama.cpp").glob("*/*/llama-server"))
-    listing = subprocess.run([str(binary), "--list-devices"], capture_output=True, text=True, timeout=60,
-                             cwd=str(binary.parent), env={**os.environ, **visible(args.backend)})
+    listing = subprocess.run(
+        [str(binary), "--list-devices"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=str(binary.parent),
+        env={**os.environ, **visible(args.backend)},
+    )
     devices = [line.strip() for line in listing.stdout.splitlines() if line.startswith("  ")]
     facts.append(("--list-devices", "; ".join(devices) or "(none)"))
     return binary
 
 
-def _measure(args: argparse.Namespace, api: str, binary: Path, model: Path,
-             root: Path) -> list[tuple[str, float, float]]:
+def _measure(
+    args: argparse.Namespace, api: str, binary: Path, model: Path, root: Path
+) -> list[tuple[str, float, float]]:
     """Tokens/s through the gateway, the engine directly on the GPU, and on the CPU."""
     say(f"measuring: {args.rounds} x {args.tokens} tokens through the gateway, the engine directly, the CPU")
     gateway, gateway_engine = tokens_per_second(api, "tiny", args.tokens, args.rounds)
@@ -288,8 +347,10 @@ def visible(backend: str) -> dict[str, str]:
 
 def print_table(args: argparse.Namespace, facts: list[tuple[str, str]], rows: list[tuple[str, float, float]]) -> None:
     width = max(len(k) for k, _ in facts)
-    print(f"\nllmgw gpu-check ({args.backend}; tiny model: 2 layers, {args.tokens} generated tokens, "
-          f"median of {args.rounds})")
+    print(
+        f"\nllmgw gpu-check ({args.backend}; tiny model: 2 layers, {args.tokens} generated tokens, "
+        f"median of {args.rounds})"
+    )
     for key, value in facts:
         print(f"  {key:<{width}}  {value}")
     print(f"\n| {'run':<38} | {'tokens/s (wall clock)':>21} | {'tokens/s (engine)':>17} |")
@@ -311,8 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="llmgw-gpu-check-"))
     try:
         run_check(args, root)
-    except (CheckFailed, OSError, subprocess.SubprocessError, ValueError, KeyError, StopIteration,
-            SystemExit) as exc:
+    except (CheckFailed, OSError, subprocess.SubprocessError, ValueError, KeyError, StopIteration, SystemExit) as exc:
         # The logs stay for the reader of the failure.
         print(f"[gpu-check] FAILED: {type(exc).__name__}: {exc} (logs in {root})", file=sys.stderr)
         return 1

@@ -32,8 +32,19 @@ ROOT = Path(__file__).resolve().parents[2]
 PACK = ROOT / ".gpu-check"
 SOURCES = "llama.cpp-src.tar.gz"
 # What a llama-server build reads of the llama.cpp tree (LLAMA_BUILD_TESTS/EXAMPLES are off).
-KEEP = ("CMakeLists.txt", "CMakePresets.json", "LICENSE", "cmake/", "common/", "ggml/", "include/", "licenses/",
-        "src/", "tools/", "vendor/")
+KEEP = (
+    "CMakeLists.txt",
+    "CMakePresets.json",
+    "LICENSE",
+    "cmake/",
+    "common/",
+    "ggml/",
+    "include/",
+    "licenses/",
+    "src/",
+    "tools/",
+    "vendor/",
+)
 SOURCE_PATHS = ("shared/src", "llmgw_control/src", "llmgw_node/src", "tools")
 
 
@@ -46,9 +57,23 @@ def pack(uv: str, python: str = "") -> Path:
     if PACK.exists():
         shutil.rmtree(PACK)
     (PACK / "wheels").mkdir(parents=True)
-    exported = subprocess.run([uv, "export", "--frozen", "--no-dev", "--no-hashes", "--all-packages",
-                               "--no-emit-workspace", "--no-header", "--no-annotate"],
-                              cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    exported = subprocess.run(
+        [
+            uv,
+            "export",
+            "--frozen",
+            "--no-dev",
+            "--no-hashes",
+            "--all-packages",
+            "--no-emit-workspace",
+            "--no-header",
+            "--no-annotate",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     # cmake and ninja build the engine where no CUDA archive is at hand (a GPU machine may have
     # neither); the lock pins them with the dev tools.
     build_tools = [f"{name}=={_locked_version(name)}" for name in ("cmake", "ninja")]
@@ -56,15 +81,36 @@ def pack(uv: str, python: str = "") -> Path:
     requirements.write_text(exported + "".join(f"{line}\n" for line in build_tools))
     version = python or f"{sys.version_info.major}.{sys.version_info.minor}"
     say(f"downloading the run-time wheels for Python {version} on Linux x86-64")
-    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary", ":all:",
-                    "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux2014_x86_64",
-                    "--platform", "linux_x86_64", "--python-version", version, "-r", str(requirements),
-                    "-d", str(PACK / "wheels")], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--only-binary",
+            ":all:",
+            "--platform",
+            "manylinux_2_28_x86_64",
+            "--platform",
+            "manylinux2014_x86_64",
+            "--platform",
+            "linux_x86_64",
+            "--python-version",
+            version,
+            "-r",
+            str(requirements),
+            "-d",
+            str(PACK / "wheels"),
+        ],
+        check=True,
+    )
     say("packing the llama.cpp sources a llama-server build reads")
     prefix = f"llama_cpp_python-{build_engine.SDIST_VERSION}/vendor/llama.cpp/"
     with tarfile.open(build_engine.fetch_sdist()) as src, tarfile.open(PACK / SOURCES, "w:gz") as out:
         for member in src:
-            rest = member.name[len(prefix):] if member.name.startswith(prefix) else None
+            rest = member.name[len(prefix) :] if member.name.startswith(prefix) else None
             if rest and (rest in KEEP or rest.startswith(tuple(k for k in KEEP if k.endswith("/")))):
                 out.addfile(member, src.extractfile(member) if member.isfile() else None)
     from llmgw_dev import tiny_model  # numpy and gguf: only where the pack is made
@@ -88,9 +134,25 @@ def offline_environment(venv: Path) -> dict[str, str]:
     if not (venv / "bin" / "python").exists():
         say(f"making {venv} from {PACK / 'wheels'} (no index)")
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-index",
-                        "--find-links", str(PACK / "wheels"), "-r", str(PACK / "requirements.txt")], check=True)
+        subprocess.run(
+            [
+                str(venv / "bin" / "python"),
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-index",
+                "--find-links",
+                str(PACK / "wheels"),
+                "-r",
+                str(PACK / "requirements.txt"),
+            ],
+            check=True,
+        )
         site = next((venv / "lib").glob("python3*/site-packages"))
         (site / "llmgw-sources.pth").write_text("".join(f"{ROOT / p}\n" for p in SOURCE_PATHS))
-    return {"LLMGW_LLAMA_SOURCES": str(PACK / SOURCES), "LLMGW_TINY_MODEL": str(PACK / "tiny.gguf"),
-            "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return {
+        "LLMGW_LLAMA_SOURCES": str(PACK / SOURCES),
+        "LLMGW_TINY_MODEL": str(PACK / "tiny.gguf"),
+        "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+    }

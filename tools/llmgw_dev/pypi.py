@@ -22,8 +22,7 @@ def say(message: str) -> None:
 
 
 def release_files(project: str) -> list[dict[str, object]]:
-    request = urllib.request.Request(f"{INDEX}/{project}/",
-                                     headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    request = urllib.request.Request(f"{INDEX}/{project}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
     with urllib.request.urlopen(request, timeout=60) as response:
         files: list[dict[str, object]] = json.load(response)["files"]
     return files

@@ -42,8 +42,11 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True,
-                           check=True, cwd=Path(__file__).parent).stdout.strip())
+ROOT = Path(
+    subprocess.run(
+        ["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True, check=True, cwd=Path(__file__).parent
+    ).stdout.strip()
+)
 SELF = "tools/llmgw_dev/rename_replica.py"
 # Files about the spelling itself, which quote the kept "shard" lines verbatim.
 LEAVE = {SELF, "tests/test_shard_spelling.py"}
@@ -74,8 +77,18 @@ KEEP_NAMES = {"test_any_message_round_trips_and_says_shard_on_the_wire", "shardi
 # What the v1 wire, the state file, the store and the admin API spell: never rewritten in a
 # string or a code span, whatever else around them is.
 V1_SPELLINGS = {
-    "shard", "shards", "shard_id", "start_shard", "stop_shard", "drain_shard", "shard_state",
-    "get_shard_logs", "shard_logs", "shard-api-keys", "shard-id", "shards.json",
+    "shard",
+    "shards",
+    "shard_id",
+    "start_shard",
+    "stop_shard",
+    "drain_shard",
+    "shard_state",
+    "get_shard_logs",
+    "shard_logs",
+    "shard-api-keys",
+    "shard-id",
+    "shards.json",
 }
 # The wire's message tags, kept in prose too (a docstring naming the frame it answers).
 WIRE_TAGS = {"start_shard", "stop_shard", "drain_shard", "shard_state", "get_shard_logs", "shard_logs"}
@@ -95,6 +108,7 @@ PATHS = [
     (r"\bfrom \.shards import\b", "from .replica_records import"),
     (r"\bfrom \. import shards\b", "from . import replica_records"),
 ]
+
 
 # (files, pattern, replacement or None to keep the match as it is). Applied before the token pass.
 def _argnames(m: re.Match[str]) -> str:
@@ -129,30 +143,45 @@ CONTEXT: list[tuple[str, str, str | Callable[[re.Match[str]], str] | None]] = [
 
 WIRE = "shared/src/llmgw_shared/wire.py"
 FIXES: list[tuple[str, str, str]] = [
-    (WIRE, '''    # Before the union: its members' hooks are generated from what is registered at this point.
-''', '''    # Before the union: its members' hooks are generated from what is registered at this point.
+    (
+        WIRE,
+        """    # Before the union: its members' hooks are generated from what is registered at this point.
+""",
+        """    # Before the union: its members' hooks are generated from what is registered at this point.
     for kind in _V1_RENAMED:
         conv.register_structure_hook(kind, make_dict_structure_fn(kind, conv, **_v1_keys(kind)))
-''' ),
-    (WIRE, '''    conv.register_unstructure_hook(ReplicaState, make_dict_unstructure_fn(
+""",
+    ),
+    (
+        WIRE,
+        """    conv.register_unstructure_hook(ReplicaState, make_dict_unstructure_fn(
         ReplicaState, conv, rss_mib=omit, vram_mib=omit, adapters=omit))
     conv.register_unstructure_hook(ReplicaSpec, make_dict_unstructure_fn(ReplicaSpec, conv, devices=omit,
                                                                       adapters=omit))
-''', '''    conv.register_unstructure_hook(ReplicaState, make_dict_unstructure_fn(
+""",
+        """    conv.register_unstructure_hook(ReplicaState, make_dict_unstructure_fn(
         ReplicaState, conv, rss_mib=omit, vram_mib=omit, adapters=omit, **_v1_keys(ReplicaState)))
     conv.register_unstructure_hook(ReplicaSpec, make_dict_unstructure_fn(
         ReplicaSpec, conv, devices=omit, adapters=omit, **_v1_keys(ReplicaSpec)))
-'''),
-    (WIRE, '''    conv.register_unstructure_hook(Hello, make_dict_unstructure_fn(Hello, conv, weights=omit))
+""",
+    ),
+    (
+        WIRE,
+        """    conv.register_unstructure_hook(Hello, make_dict_unstructure_fn(Hello, conv, weights=omit))
     conv.register_unstructure_hook(Heartbeat, make_dict_unstructure_fn(Heartbeat, conv, weights=omit))
-''', '''    conv.register_unstructure_hook(Hello, make_dict_unstructure_fn(Hello, conv, weights=omit, **_v1_keys(Hello)))
+""",
+        """    conv.register_unstructure_hook(Hello, make_dict_unstructure_fn(Hello, conv, weights=omit, **_v1_keys(Hello)))
     conv.register_unstructure_hook(Heartbeat, make_dict_unstructure_fn(
         Heartbeat, conv, weights=omit, **_v1_keys(Heartbeat)))
     for kind in _V1_RENAMED[2:-2]:  # the four above have omitted defaults too
         conv.register_unstructure_hook(kind, make_dict_unstructure_fn(kind, conv, **_v1_keys(kind)))
-'''),
-    (WIRE, '''def _make_converter() -> cattrs.Converter:
-''', '''def v1_key(name: str) -> str:
+""",
+    ),
+    (
+        WIRE,
+        """def _make_converter() -> cattrs.Converter:
+""",
+        '''def v1_key(name: str) -> str:
     """The key a field travels under: the v1 wire spells replica "shard" (``replica_id`` is
     ``shard_id``, ``replicas`` is ``shards``), as deployed nodes and controls read it."""
     return name.replace("replica", "shard")
@@ -175,44 +204,74 @@ _PYTHON_FIELD = re.compile(r"\\.(\\w*replica\\w*)")
 
 
 def _make_converter() -> cattrs.Converter:
-'''),
+''',
+    ),
     (WIRE, "import math\n", "import math\nimport re\n"),
-    (WIRE, '''        problems = cattrs.transform_error(exc, path=f"$({tag})", format_exception=_format)
-''', '''        problems = cattrs.transform_error(exc, path=f"$({tag})", format_exception=_format)
+    (
+        WIRE,
+        """        problems = cattrs.transform_error(exc, path=f"$({tag})", format_exception=_format)
+""",
+        """        problems = cattrs.transform_error(exc, path=f"$({tag})", format_exception=_format)
         # cattrs names the path by the Python fields; the peer reads it in the wire's keys.
         problems = [_PYTHON_FIELD.sub(lambda m: "." + v1_key(m.group(1)), p) for p in problems]
-'''),
-    (WIRE, "from cattrs.gen import make_dict_unstructure_fn, override\n",
-     "from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override\n"),
+""",
+    ),
+    (
+        WIRE,
+        "from cattrs.gen import make_dict_unstructure_fn, override\n",
+        "from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override\n",
+    ),
     # The checks at the edge look fields up by their Python name, and say where by the wire's.
-    (WIRE, '''    (ReplicaState, "shard_id"): check_replica_id,
+    (
+        WIRE,
+        """    (ReplicaState, "shard_id"): check_replica_id,
     (ReplicaLogsReply, "shard_id"): check_replica_id,
-''', '''    (ReplicaState, "replica_id"): check_replica_id,
+""",
+        """    (ReplicaState, "replica_id"): check_replica_id,
     (ReplicaLogsReply, "replica_id"): check_replica_id,
-'''),
-    (WIRE, '''        where = f"{path}.{field.name}"
-''', '''        where = f"{path}.{v1_key(field.name)}"
-'''),
-    (WIRE, '''    "encode",
+""",
+    ),
+    (
+        WIRE,
+        """        where = f"{path}.{field.name}"
+""",
+        """        where = f"{path}.{v1_key(field.name)}"
+""",
+    ),
+    (
+        WIRE,
+        """    "encode",
 ]
-''', '''    "encode",
+""",
+        """    "encode",
     "v1_key",
 ]
-'''),
-    (WIRE, '''Direction of each message:
-''', '''The v1 wire spells replica "shard": the tags below and the keys ``shard_id``, ``shard`` and
+""",
+    ),
+    (
+        WIRE,
+        """Direction of each message:
+""",
+        """The v1 wire spells replica "shard": the tags below and the keys ``shard_id``, ``shard`` and
 ``shards`` are what deployed peers read, so the classes say replica and the converter maps each
 renamed field to its v1 key (``v1_key``).
 
 Direction of each message:
-'''),
+""",
+    ),
     # The node's state file is stored data: its records keep the v1 keys (the converter's own
     # hooks do the nested spec).
-    ("llmgw_node/src/llmgw_node/procs.py", "from llmgw_shared.wire import ReplicaSpec, converter\n",
-     "from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override\n\n"
-     "from llmgw_shared.wire import ReplicaSpec, converter, v1_key\n"),
-    ("llmgw_node/src/llmgw_node/procs.py", '''class StateFile:
-''', '''# The file a daemon of an earlier release wrote says "shard_id" (like the v1 wire): kept, so an
+    (
+        "llmgw_node/src/llmgw_node/procs.py",
+        "from llmgw_shared.wire import ReplicaSpec, converter\n",
+        "from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override\n\n"
+        "from llmgw_shared.wire import ReplicaSpec, converter, v1_key\n",
+    ),
+    (
+        "llmgw_node/src/llmgw_node/procs.py",
+        """class StateFile:
+""",
+        """# The file a daemon of an earlier release wrote says "shard_id" (like the v1 wire): kept, so an
 # upgraded daemon adopts what its predecessor recorded.
 _STORED: dict[str, Any] = {"replica_id": override(rename=v1_key("replica_id"))}
 _structure_record = make_dict_structure_fn(ProcessRecord, converter, **_STORED)
@@ -220,86 +279,150 @@ _unstructure_record = make_dict_unstructure_fn(ProcessRecord, converter, **_STOR
 
 
 class StateFile:
-'''),
-    ("llmgw_node/src/llmgw_node/procs.py", "records.append(converter.structure(item, ProcessRecord))",
-     "records.append(_structure_record(item, ProcessRecord))"),
-    ("llmgw_node/src/llmgw_node/procs.py", '"shards": [converter.unstructure(r) for r in records]',
-     '"shards": [_unstructure_record(r) for r in records]'),
+""",
+    ),
+    (
+        "llmgw_node/src/llmgw_node/procs.py",
+        "records.append(converter.structure(item, ProcessRecord))",
+        "records.append(_structure_record(item, ProcessRecord))",
+    ),
+    (
+        "llmgw_node/src/llmgw_node/procs.py",
+        '"shards": [converter.unstructure(r) for r in records]',
+        '"shards": [_unstructure_record(r) for r in records]',
+    ),
     # Tests that send a frame's keys as keyword arguments: the key is the wire's, not a Python name.
     ("tests/shared/test_wire.py", "(_start_frame(replica_id=3),", '(_start_frame(**{"shard_id": 3}),'),
-    ("tests/shared/test_wire.py", '_start_frame(port="x", replica_id=1, bogus=True)',
-     '_start_frame(port="x", bogus=True, **{"shard_id": 1})'),
+    (
+        "tests/shared/test_wire.py",
+        '_start_frame(port="x", replica_id=1, bogus=True)',
+        '_start_frame(port="x", bogus=True, **{"shard_id": 1})',
+    ),
     # Prose where the replica and its record (or its shard) were two words.
-    ("docs/architecture.md", "a replica is published to the router when its replica reports `ready`",
-     "a replica is published to the router when it reports `ready`"),
-    ("docs/failover.md", "cancelled; its replicas forgotten, its replicas withdrawn",
-     "cancelled; its replica records forgotten, its replicas withdrawn"),
+    (
+        "docs/architecture.md",
+        "a replica is published to the router when its replica reports `ready`",
+        "a replica is published to the router when it reports `ready`",
+    ),
+    (
+        "docs/failover.md",
+        "cancelled; its replicas forgotten, its replicas withdrawn",
+        "cancelled; its replica records forgotten, its replicas withdrawn",
+    ),
     ("docs/node.md", "*replica*. Control drives it", "*replica* (the v1 wire spells it `shard`). Control drives it"),
-    ("docs/wire-protocol.md", "the code wins and this page has a bug.\n",
-     "the code wins and this page has a bug. The v1 wire spells replica `shard`: the message tags\n"
-     "(`start_shard`, `shard_state`, ...) and the keys `shard_id`, `shard` and `shards` keep that\n"
-     "spelling, which deployed nodes and controls read; the Python classes say replica, and\n"
-     "`wire.v1_key` maps each renamed field to its key.\n"),
+    (
+        "docs/wire-protocol.md",
+        "the code wins and this page has a bug.\n",
+        "the code wins and this page has a bug. The v1 wire spells replica `shard`: the message tags\n"
+        "(`start_shard`, `shard_state`, ...) and the keys `shard_id`, `shard` and `shards` keep that\n"
+        "spelling, which deployed nodes and controls read; the Python classes say replica, and\n"
+        "`wire.v1_key` maps each renamed field to its key.\n",
+    ),
     ("docs/admin-api.md", '"drained": [shard ids]}', '"drained": [replica ids]}'),
     ("docs/failover.md", "(so the shard-key secret is", "(so the replica-key secret is"),
     ("docs/node.md", "svc.supervisor.output(shard_id, n=300) ", "svc.supervisor.output(replica_id, n=300)"),
-    ("examples/node.toml", "engine logs and the shard state file live here", "engine logs and the replica state file live here"),
+    (
+        "examples/node.toml",
+        "engine logs and the shard state file live here",
+        "engine logs and the replica state file live here",
+    ),
     ("examples/systemd/llmgw-node.service", "# Shard keys (shards.json)", "# Replica keys (shards.json)"),
-    ("llmgw_control/src/llmgw_control/units/llmgw-node.service", "# Shard keys (shards.json)",
-     "# Replica keys (shards.json)"),
+    (
+        "llmgw_control/src/llmgw_control/units/llmgw-node.service",
+        "# Shard keys (shards.json)",
+        "# Replica keys (shards.json)",
+    ),
     # Human text whose string has no space (so the token pass keeps it).
-    ("llmgw_node/src/llmgw_node/supervisor.py", 'name=f"shard:{replica.spec.replica_id}"',
-     'name=f"replica:{replica.spec.replica_id}"'),
+    (
+        "llmgw_node/src/llmgw_node/supervisor.py",
+        'name=f"shard:{replica.spec.replica_id}"',
+        'name=f"replica:{replica.spec.replica_id}"',
+    ),
     # Lines the longer names took past 120 columns.
-    ("llmgw_control/src/llmgw_control/fleet/reconciler.py",
-     "    def replica_spec(self, resolved: Resolved, replica_id: str, port: int, devices: tuple[int, ...] = ()) -> ReplicaSpec:\n",
-     "    def replica_spec(self, resolved: Resolved, replica_id: str, port: int,\n"
-     "                     devices: tuple[int, ...] = ()) -> ReplicaSpec:\n"),
-    ("tests/control/test_reconciler.py",
-     '    rehello(inventory, dispatcher, clock, "n1", [ReplicaState(start.replica.replica_id, "ready", port=start.replica.port)],\n'
-     '            address="203.0.113.7")',
-     '    rehello(inventory, dispatcher, clock, "n1",\n'
-     '            [ReplicaState(start.replica.replica_id, "ready", port=start.replica.port)], address="203.0.113.7")'),
-    ("tests/node/test_served_engines.py",
-     "def spec(engine: str, model_dir: str, *, env: dict[str, str] | None = None, args: list[str] | None = None) -> ReplicaSpec:\n",
-     "def spec(engine: str, model_dir: str, *, env: dict[str, str] | None = None,\n"
-     "         args: list[str] | None = None) -> ReplicaSpec:\n"),
-    ("tests/shared/test_wire.py",
-     '    Heartbeat(seq=8, facts=FACTS, replicas=[ReplicaState(replica_id="s", status="failed", detail="x", last_lines=["a"])]),\n',
-     '    Heartbeat(seq=8, facts=FACTS,\n'
-     '              replicas=[ReplicaState(replica_id="s", status="failed", detail="x", last_lines=["a"])]),\n'),
-    ("tests/shared/test_wire.py",
-     '    ReplicaStateReport(replica=ReplicaState(replica_id="s", status="ready", port=20000, pid=7, rss_mib=812, vram_mib=4096)),\n',
-     '    ReplicaStateReport(replica=ReplicaState(replica_id="s", status="ready", port=20000, pid=7, rss_mib=812,\n'
-     '                                            vram_mib=4096)),\n'),
-    ("tests/shared/test_wire_golden.py",
-     "    st.builds(ReplicaLogsReply, in_reply_to=_TEXT, replica_id=_ID, found=st.booleans(), lines=st.lists(_TEXT, max_size=3),\n"
-     "              cursor=_CURSOR),\n",
-     "    st.builds(ReplicaLogsReply, in_reply_to=_TEXT, replica_id=_ID, found=st.booleans(),\n"
-     "              lines=st.lists(_TEXT, max_size=3), cursor=_CURSOR),\n"),
+    (
+        "llmgw_control/src/llmgw_control/fleet/reconciler.py",
+        "    def replica_spec(self, resolved: Resolved, replica_id: str, port: int, devices: tuple[int, ...] = ()) -> ReplicaSpec:\n",
+        "    def replica_spec(self, resolved: Resolved, replica_id: str, port: int,\n"
+        "                     devices: tuple[int, ...] = ()) -> ReplicaSpec:\n",
+    ),
+    (
+        "tests/control/test_reconciler.py",
+        '    rehello(inventory, dispatcher, clock, "n1", [ReplicaState(start.replica.replica_id, "ready", port=start.replica.port)],\n'
+        '            address="203.0.113.7")',
+        '    rehello(inventory, dispatcher, clock, "n1",\n'
+        '            [ReplicaState(start.replica.replica_id, "ready", port=start.replica.port)], address="203.0.113.7")',
+    ),
+    (
+        "tests/node/test_served_engines.py",
+        "def spec(engine: str, model_dir: str, *, env: dict[str, str] | None = None, args: list[str] | None = None) -> ReplicaSpec:\n",
+        "def spec(engine: str, model_dir: str, *, env: dict[str, str] | None = None,\n"
+        "         args: list[str] | None = None) -> ReplicaSpec:\n",
+    ),
+    (
+        "tests/shared/test_wire.py",
+        '    Heartbeat(seq=8, facts=FACTS, replicas=[ReplicaState(replica_id="s", status="failed", detail="x", last_lines=["a"])]),\n',
+        "    Heartbeat(seq=8, facts=FACTS,\n"
+        '              replicas=[ReplicaState(replica_id="s", status="failed", detail="x", last_lines=["a"])]),\n',
+    ),
+    (
+        "tests/shared/test_wire.py",
+        '    ReplicaStateReport(replica=ReplicaState(replica_id="s", status="ready", port=20000, pid=7, rss_mib=812, vram_mib=4096)),\n',
+        '    ReplicaStateReport(replica=ReplicaState(replica_id="s", status="ready", port=20000, pid=7, rss_mib=812,\n'
+        "                                            vram_mib=4096)),\n",
+    ),
+    (
+        "tests/shared/test_wire_golden.py",
+        "    st.builds(ReplicaLogsReply, in_reply_to=_TEXT, replica_id=_ID, found=st.booleans(), lines=st.lists(_TEXT, max_size=3),\n"
+        "              cursor=_CURSOR),\n",
+        "    st.builds(ReplicaLogsReply, in_reply_to=_TEXT, replica_id=_ID, found=st.booleans(),\n"
+        "              lines=st.lists(_TEXT, max_size=3), cursor=_CURSOR),\n",
+    ),
     ("llmgw_control/src/llmgw_control/ctl/main.py", '"GPUS", "SHARDS", "ENGINES"', '"GPUS", "REPLICAS", "ENGINES"'),
-    ("llmgw_control/src/llmgw_control/admin/dashboard/static/dashboard.js", 'h("dt", {}, "Shards")',
-     'h("dt", {}, "Replicas")'),
-    ("tests/test_lifecycles.py", '''        "replica shard.state.status: stopped -> ready is not in the table",
-''', '''        "replica replica.state.status: stopped -> ready is not in the table",
-'''),
-    ("llmgw_node/src/llmgw_node/supervisor.py", '''            replica_id=replica.spec.replica_id, status=on_wire(status), detail=detail, port=replica.spec.port, pid=replica.pid,
+    (
+        "llmgw_control/src/llmgw_control/admin/dashboard/static/dashboard.js",
+        'h("dt", {}, "Shards")',
+        'h("dt", {}, "Replicas")',
+    ),
+    (
+        "tests/test_lifecycles.py",
+        """        "replica shard.state.status: stopped -> ready is not in the table",
+""",
+        """        "replica replica.state.status: stopped -> ready is not in the table",
+""",
+    ),
+    (
+        "llmgw_node/src/llmgw_node/supervisor.py",
+        """            replica_id=replica.spec.replica_id, status=on_wire(status), detail=detail, port=replica.spec.port, pid=replica.pid,
             restarts=replica.restarts,
-''', '''            replica_id=replica.spec.replica_id, status=on_wire(status), detail=detail, port=replica.spec.port,
+""",
+        """            replica_id=replica.spec.replica_id, status=on_wire(status), detail=detail, port=replica.spec.port,
             pid=replica.pid, restarts=replica.restarts,
-'''),
-    (WIRE, '''    | SetEngines | StartReplica | StopReplica | DrainReplica | SetAdapters | RemoveWeights | GetReplicaLogs | ReplicaLogsReply
-''', '''    | SetEngines | StartReplica | StopReplica | DrainReplica | SetAdapters | RemoveWeights | GetReplicaLogs
+""",
+    ),
+    (
+        WIRE,
+        """    | SetEngines | StartReplica | StopReplica | DrainReplica | SetAdapters | RemoveWeights | GetReplicaLogs | ReplicaLogsReply
+""",
+        """    | SetEngines | StartReplica | StopReplica | DrainReplica | SetAdapters | RemoveWeights | GetReplicaLogs
     | ReplicaLogsReply
-'''),
+""",
+    ),
 ]
 
 # ----------------------------------------------------------------------------------------- rules
 
-_WORD = re.compile(r"[A-Za-z0-9_]*(?:shard|Shard|SHARD)[A-Za-z0-9_]*|"
-                   + "|".join(rf"(?<!\w){re.escape(n)}(?!\w)" for n in NAMES if "shard" not in n.lower()))
-_PLAIN = {"shard": "replica", "shards": "replicas", "Shard": "Replica", "Shards": "Replicas",
-          "SHARD": "REPLICA", "SHARDS": "REPLICAS"}
+_WORD = re.compile(
+    r"[A-Za-z0-9_]*(?:shard|Shard|SHARD)[A-Za-z0-9_]*|"
+    + "|".join(rf"(?<!\w){re.escape(n)}(?!\w)" for n in NAMES if "shard" not in n.lower())
+)
+_PLAIN = {
+    "shard": "replica",
+    "shards": "replicas",
+    "Shard": "Replica",
+    "Shards": "Replicas",
+    "SHARD": "REPLICA",
+    "SHARDS": "REPLICAS",
+}
 _QUOTES = "\"'`"
 
 
@@ -318,6 +441,7 @@ def _rename_words(text: str, keep: Callable[[re.Match[str]], bool]) -> str:
         if keep(m):
             return word
         return _PLAIN.get(word) or ident(word)
+
     return _WORD.sub(one, text)
 
 
@@ -348,8 +472,10 @@ def prose(text: str) -> str:
 
 def _fstring_code(body: str) -> str:
     """The identifiers inside an f-string's braces (not the quoted keys in them)."""
+
     def braces(m: re.Match[str]) -> str:
-        return _rename_words(m.group(0), lambda w: w.string[w.start() - 1:w.start()] in _QUOTES)
+        return _rename_words(m.group(0), lambda w: w.string[w.start() - 1 : w.start()] in _QUOTES)
+
     return re.sub(r"(?<!\{)\{[^{}]*\}", braces, body)
 
 
@@ -358,8 +484,10 @@ def token_string(body: str) -> str:
     return _rename_words(body, lambda m: not m.group(0)[0].isupper() or m.group(0) in V1_SPELLINGS)
 
 
-_PY = re.compile(r"""(?P<str>(?<!\w)[rRbBuUfF]{0,2}(?:'''[\s\S]*?'''|\"\"\"[\s\S]*?\"\"\"|'(?:\\.|[^'\\\n])*'|"(?:\\.|[^"\\\n])*"))"""
-                 r"""|(?P<com>\#[^\n]*)|(?P<name>[A-Za-z_]\w*)""")
+_PY = re.compile(
+    r"""(?P<str>(?<!\w)[rRbBuUfF]{0,2}(?:'''[\s\S]*?'''|\"\"\"[\s\S]*?\"\"\"|'(?:\\.|[^'\\\n])*'|"(?:\\.|[^"\\\n])*"))"""
+    r"""|(?P<com>\#[^\n]*)|(?P<name>[A-Za-z_]\w*)"""
+)
 _STR = re.compile(r"""(?P<prefix>[rRbBuUfF]{0,2})(?P<q>'''|\"\"\"|'|")(?P<body>[\s\S]*)(?P=q)$""")
 
 
@@ -385,6 +513,7 @@ def python(text: str) -> str:
         else:
             new = _fstring_code(token_string(body)) if is_f else token_string(body)
         return prefix + q + new + q
+
     return _PY.sub(one, text)
 
 
@@ -403,10 +532,11 @@ def markdown(text: str, path: str) -> str:
     def wire_prose(line: str) -> str:
         # The wire's pages list a frame's fields by their v1 keys: ``shard_id``, ``shard: `Spec```.
         def keep(m: re.Match[str]) -> bool:
-            word, rest = m.group(0), m.string[m.end():]
+            word, rest = m.group(0), m.string[m.end() :]
             if word in V1_SPELLINGS and ("_" in word or re.match(r": \[?(`|$)", rest)):
                 return True
             return word in WIRE_TAGS or word in KEEP_NAMES or _beside_code(m)
+
         return _rename_words(line, keep)
 
     def line(text: str) -> str:
@@ -423,11 +553,13 @@ def markdown(text: str, path: str) -> str:
 
 
 def _files() -> list[str]:
-    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], capture_output=True, text=True,
-                         check=True, cwd=ROOT).stdout.split()
+    out = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout.split()
     fixed = {path for path, _, _ in FIXES}
-    return sorted(p for p in out if p not in LEAVE and (ROOT / p).is_file()
-                  and (p.endswith((".py", ".md")) or p in fixed))
+    return sorted(
+        p for p in out if p not in LEAVE and (ROOT / p).is_file() and (p.endswith((".py", ".md")) or p in fixed)
+    )
 
 
 def _context(path: str, text: str, kept: list[str]) -> str:
@@ -437,9 +569,11 @@ def _context(path: str, text: str, kept: list[str]) -> str:
         if not fnmatch.fnmatch(path, glob):
             continue
         if repl is None:
+
             def hold(m: re.Match[str]) -> str:
                 kept.append(m.group(0))
                 return f"\0{len(kept) - 1}\0"
+
             text = re.sub(pattern, hold, text, flags=re.M)
         else:
             text = re.sub(pattern, repl, text, flags=re.M)
@@ -482,8 +616,12 @@ def clashes(path: str, before: str) -> list[str]:
         if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Module):
             continue
         names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
-        names |= {a.arg for n in ast.walk(node) if isinstance(n, ast.arguments)
-                  for a in (*n.args, *n.kwonlyargs, *n.posonlyargs)}
+        names |= {
+            a.arg
+            for n in ast.walk(node)
+            if isinstance(n, ast.arguments)
+            for a in (*n.args, *n.kwonlyargs, *n.posonlyargs)
+        }
         if isinstance(node, ast.ClassDef):
             names |= {t.target.id for t in node.body if isinstance(t, ast.AnnAssign) and isinstance(t.target, ast.Name)}
         for name in sorted(names):
@@ -497,8 +635,9 @@ def _sort_imports(paths: list[str]) -> None:
     """Renamed imports sort differently: let ruff put them (and ``__all__``) back in order."""
     ruff = ROOT / ".venv" / "bin" / "ruff"
     if paths and ruff.exists():
-        subprocess.run([str(ruff), "check", "--quiet", "--fix-only", "--select", "I001,RUF022", *paths], cwd=ROOT,
-                       check=False)
+        subprocess.run(
+            [str(ruff), "check", "--quiet", "--fix-only", "--select", "I001,RUF022", *paths], cwd=ROOT, check=False
+        )
     elif paths:
         print("HAND STEP: no .venv/bin/ruff: run `ruff check --fix --select I001,RUF022` on the changed files")
 

@@ -55,7 +55,8 @@ CHAT_TEMPLATE = (
 
 # The merges are learned from this text. Any fixed text works; English prose gives merges that
 # make ordinary prompts tokenize to fewer tokens, which keeps prompt token counts small and stable.
-_CORPUS = """
+_CORPUS = (
+    """
 The gateway accepts a request, checks the key, admits it against the quota of its group, picks a
 ready replica of the model and streams the answer back to the client without buffering it. When no
 replica runs, the activator holds the request while the reconciler places one on a node that has
@@ -64,13 +65,17 @@ does what it is told. Hello, how are you? Tell me a story about a small model th
 question with printable letters. The quick brown fox jumps over the lazy dog. Streaming tokens one
 by one, the server sends an event for each token, then the usage, then done. Please say hello to
 the tests, the bench and the demo, and thank you for the time and the attention you give them.
-""" * 3
+"""
+    * 3
+)
+
 
 # Byte-level BPE (as in GPT-2): every byte maps to one printable unicode character, so token
 # strings and merges never contain spaces or control characters.
 def _bytes_to_unicode() -> dict[int, str]:
-    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-                 + list(range(ord("®"), ord("ÿ") + 1)))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars = list(printable)
     extra = 0
     for byte in range(256):
@@ -147,8 +152,10 @@ def _printable_bias(tokens: list[str], types: list[int]) -> npt.NDArray[np.float
     writes to it, so it reaches the output matrix untouched (only rescaled by the final RMS norm);
     the output matrix reads that column as a per-token bias that dominates the random logits.
     """
-    return np.array([1.0 if t == 1 and _is_printable_single_line(tok) else -1.0
-                     for tok, t in zip(tokens, types, strict=True)], dtype=np.float32)
+    return np.array(
+        [1.0 if t == 1 and _is_printable_single_line(tok) else -1.0 for tok, t in zip(tokens, types, strict=True)],
+        dtype=np.float32,
+    )
 
 
 def _tensors() -> list[tuple[str, npt.NDArray[np.float16] | npt.NDArray[np.float32]]]:

@@ -77,12 +77,19 @@ async def measure(url: str, samples: int) -> dict[str, list[float]]:
                 replica_id = f"r{i}"
                 start = trio.current_time()
                 await store.publish_view(
-                    1, [PublishedReplica(id=replica_id, profile_key="m", url="http://h:1", slots=1)])
+                    1, [PublishedReplica(id=replica_id, profile_key="m", url="http://h:1", slots=1)]
+                )
                 async with trio.open_nursery() as waits:
                     for name, replicas in followers.items():
-                        async def one(name: str = name, replicas: ReplicaSet = replicas,
-                                      replica_id: str = replica_id, start: float = start) -> None:
+
+                        async def one(
+                            name: str = name,
+                            replicas: ReplicaSet = replicas,
+                            replica_id: str = replica_id,
+                            start: float = start,
+                        ) -> None:
                             delays[name].append(await _seen(replicas, replica_id, start))
+
                         waits.start_soon(one)
             nursery.cancel_scope.cancel()
         return delays
@@ -99,8 +106,7 @@ def main() -> None:
         delays = trio.run(measure, url, args.samples)
     for name, values in delays.items():
         ms = sorted(v * 1000 for v in values)
-        print(f"{name:7s} n={len(ms)} p50={statistics.median(ms):.1f} ms max={ms[-1]:.1f} ms "
-              f"min={ms[0]:.1f} ms")
+        print(f"{name:7s} n={len(ms)} p50={statistics.median(ms):.1f} ms max={ms[-1]:.1f} ms min={ms[0]:.1f} ms")
 
 
 if __name__ == "__main__":

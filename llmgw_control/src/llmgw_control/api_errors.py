@@ -86,8 +86,10 @@ class ClientApiError(Exception):
     def anthropic_body(self) -> dict[str, Any]:
         """Anthropic's shape, for the Messages routes: the anthropic SDK (and Claude Code) read
         ``error.type``, and pick the exception class by the status, which is kept as it is."""
-        return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(self.status, "api_error"),
-                                           "message": self.message}}
+        return {
+            "type": "error",
+            "error": {"type": _ANTHROPIC_TYPES.get(self.status, "api_error"), "message": self.message},
+        }
 
     def in_shape(self, api: str) -> bytes:
         """The body in the shape of the API the request came in on (``openai`` or ``anthropic``)."""
@@ -100,9 +102,13 @@ def invalid_request(message: str, *, param: str | None = None, code: str | None 
 
 def standby(leader_address: str | None) -> ClientApiError:
     """What a client gets from a control daemon that is not (or no longer) the leader."""
-    return ClientApiError(503, f"This llmgw control daemon is a standby; the leader is {leader_address or 'unknown'}. "
-                         "Send requests to the leader (a load balancer checking /healthz does).",
-                    code="standby", headers=(("retry-after", "1"),))
+    return ClientApiError(
+        503,
+        f"This llmgw control daemon is a standby; the leader is {leader_address or 'unknown'}. "
+        "Send requests to the leader (a load balancer checking /healthz does).",
+        code="standby",
+        headers=(("retry-after", "1"),),
+    )
 
 
 def model_not_found(model: str, available: list[str], *, restricted: bool = False) -> ClientApiError:
@@ -129,8 +135,7 @@ def sse_error_event(error: ClientApiError, stream_format: str | None = None) -> 
         return b"event: error\ndata: " + error.in_shape("anthropic") + b"\n\n"
     if stream_format == "responses":
         inner = error.body()["error"]
-        event = {"type": "error", "code": inner["code"], "message": error.message, "param": error.param,
-                 "error": inner}
+        event = {"type": "error", "code": inner["code"], "message": error.message, "param": error.param, "error": inner}
         return b"event: error\ndata: " + json.dumps(event).encode() + b"\n\n"
     return b"data: " + error.encoded() + b"\n\n"
 

@@ -7,6 +7,9 @@ up, the caller is handed ``Listening``: the bound URLs and the live parts.
 
 Shutdown is one event: the listeners stop accepting, in-flight requests get the configured grace
 period, and everything else is cancelled with the nursery.
+
+About 560 lines: this is the one place the daemon's parts meet, in build order; split across
+files, the order every part depends on would have to be read from several.
 """
 
 from __future__ import annotations
@@ -96,8 +99,15 @@ class Listening:
 
 def static_replicas(config: ControlConfig) -> ReplicaSet:
     return ReplicaSet(
-        Replica(id=e.id, url=e.url, models=frozenset(e.models), weight=e.weight, api_key=e.api_key, slots=e.slots,
-                engine_slots=e.engine_slots)
+        Replica(
+            id=e.id,
+            url=e.url,
+            models=frozenset(e.models),
+            weight=e.weight,
+            api_key=e.api_key,
+            slots=e.slots,
+            engine_slots=e.engine_slots,
+        )
         for e in config.endpoints
     )
 
@@ -165,8 +175,9 @@ async def bind_agents(config: ControlConfig) -> AgentSockets:
     return AgentSockets(url, internal, front, context, Identities(mutual=bool(agents.tls_client_ca_file)))
 
 
-async def serve_agents(config: ControlConfig, nursery: trio.Nursery, serve: Serve, bound: AgentSockets,
-                       fleet: Fleet, shutdown: trio.Event) -> None:
+async def serve_agents(
+    config: ControlConfig, nursery: trio.Nursery, serve: Serve, bound: AgentSockets, fleet: Fleet, shutdown: trio.Event
+) -> None:
     """Serve the agent app (nodes' WebSockets, files, the install script) on the bound sockets."""
     agent_app: Any = make_agent_app(fleet.agents, fleet.files, bound.identities, onboarding=fleet.onboarding)
 
@@ -177,19 +188,39 @@ async def serve_agents(config: ControlConfig, nursery: trio.Nursery, serve: Serv
             await agent_app(scope, receive, send)
 
     name = "agents" if bound.front is None else "agents (behind TLS)"
-    await nursery.start(partial(serve, app, bound.app_sockets, name=name,
-                                websocket_max_message_size=config.agents.max_frame_bytes))
+    await nursery.start(
+        partial(serve, app, bound.app_sockets, name=name, websocket_max_message_size=config.agents.max_frame_bytes)
+    )
     if bound.front is not None and bound.identities is not None:
         port = bound.app_sockets[0].getsockname()[1]
-        await nursery.start(partial(serve_tls_front, bound.front, bound.url, port, bound.context, bound.identities,
-                                    shutdown=shutdown, limits=config.listeners, error_body=admin_error_body))
+        await nursery.start(
+            partial(
+                serve_tls_front,
+                bound.front,
+                bound.url,
+                port,
+                bound.context,
+                bound.identities,
+                shutdown=shutdown,
+                limits=config.listeners,
+                error_body=admin_error_body,
+            )
+        )
 
 
 # --------------------------------------------------------------------------- the fleet
 
 
-async def build_fleet(config: ControlConfig, replicas: ReplicaSet, agent_url: str, store: Store,
-                      metrics: GatewayMetrics, demand: WaitingRequests, *, worker: int | None = None) -> Fleet:
+async def build_fleet(
+    config: ControlConfig,
+    replicas: ReplicaSet,
+    agent_url: str,
+    store: Store,
+    metrics: GatewayMetrics,
+    demand: WaitingRequests,
+    *,
+    worker: int | None = None,
+) -> Fleet:
     """The control plane's parts, wired to each other; nothing runs yet (``start_fleet``)."""
     catalog = Catalog(config.models, config.engines, config.router.default_profile)
     # Models added through the admin API; on a name in both, the config file wins (catalog/service.py).
@@ -208,35 +239,78 @@ async def build_fleet(config: ControlConfig, replicas: ReplicaSet, agent_url: st
     claims = await profile_claims(catalog, files)
 
     def engine_specs() -> list[EngineSpec]:
-        return [EngineSpec(e.name, e.version, files.release_api(e) if files else e.release_api)
-                for e in config.engines]
+        return [EngineSpec(e.name, e.version, files.release_api(e) if files else e.release_api) for e in config.engines]
 
     # The agent service reports to the reconciler, which sends through it: both get this first.
     events = NodeEvents()
-    agents = AgentService(inventory, config=config.agents, token_digests=set(config.agents.join_token_digests),
-                          engines=engine_specs, events=events, stored_identity=stored_identity(store))
+    agents = AgentService(
+        inventory,
+        config=config.agents,
+        token_digests=set(config.agents.join_token_digests),
+        engines=engine_specs,
+        events=events,
+        stored_identity=stored_identity(store),
+    )
     # A forgotten replica's per-replica series go with it (bounded /metrics).
     # The activator counts the requests waiting per profile key; the reconciler reads them (demand).
-    reconciler = Reconciler(catalog, inventory, liveness, agents, replicas, secret=secret, claims=claims,
-                            config=config.reconciler, events=events, on_replica_forgotten=metrics.forget_replica,
-                            demand=demand)
+    reconciler = Reconciler(
+        catalog,
+        inventory,
+        liveness,
+        agents,
+        replicas,
+        secret=secret,
+        claims=claims,
+        config=config.reconciler,
+        events=events,
+        on_replica_forgotten=metrics.forget_replica,
+        demand=demand,
+    )
     activator = Activator(replicas, config.activator, demand=demand, wake=reconciler.wake, status=reconciler.status)
-    onboarding = Onboarding(store, public_url, advertised_agent_url(config, agent_url),
-                            releases_dir_for(config.agents.files_dir, data_dir_of(config)))
+    onboarding = Onboarding(
+        store,
+        public_url,
+        advertised_agent_url(config, agent_url),
+        releases_dir_for(config.agents.files_dir, data_dir_of(config)),
+    )
     if not is_postgres_url(config.store) and worker is None:
         # (Workers share the file: their supervisor cleared it once; a restarted worker must not
         # clear the lease of the worker that leads.)
         await clear_single_daemon_lease(store.lease)
     lead = config.leadership
-    keeper = LeaseKeeper(store.lease, new_holder(), advertised_agent_url(config, agent_url),
-                         ttl=lead.ttl, renew_interval=lead.renew_interval)
-    leadership = Leadership(keeper, agents, reconciler, inventory, settle=lead.settle, activator=activator,
-                            memory=store, view=store if lead.standby_serves else None)
+    keeper = LeaseKeeper(
+        store.lease,
+        new_holder(),
+        advertised_agent_url(config, agent_url),
+        ttl=lead.ttl,
+        renew_interval=lead.renew_interval,
+    )
+    leadership = Leadership(
+        keeper,
+        agents,
+        reconciler,
+        inventory,
+        settle=lead.settle,
+        activator=activator,
+        memory=store,
+        view=store if lead.standby_serves else None,
+    )
     models = ModelService(catalog, reconciler, store, files, {m.name for m in config.models})
-    capacity = CapacityRuns(store, catalog, reconciler.capacity, FleetReplicas(reconciler, activator, inventory),
-                            on_learnt=reconciler.wake)
-    return Fleet(catalog, inventory, reconciler, agents, activator, files, leadership=leadership,
-                 onboarding=onboarding, models=models, capacity=capacity)
+    capacity = CapacityRuns(
+        store, catalog, reconciler.capacity, FleetReplicas(reconciler, activator, inventory), on_learnt=reconciler.wake
+    )
+    return Fleet(
+        catalog,
+        inventory,
+        reconciler,
+        agents,
+        activator,
+        files,
+        leadership=leadership,
+        onboarding=onboarding,
+        models=models,
+        capacity=capacity,
+    )
 
 
 def build_mirror(config: ControlConfig, store: Store, fleet: Fleet | None) -> Mirror:
@@ -244,8 +318,15 @@ def build_mirror(config: ControlConfig, store: Store, fleet: Fleet | None) -> Mi
     hub = Hub(config.hub)
     pulls = None
     if fleet is not None and fleet.files is not None:
-        pulls = Pulls(hub, NetGuard(config.hub), fleet.files.root / "models", fleet.files.public_url, store,
-                      fleet.models, config.hub.max_concurrent_pulls)
+        pulls = Pulls(
+            hub,
+            NetGuard(config.hub),
+            fleet.files.root / "models",
+            fleet.files.public_url,
+            store,
+            fleet.models,
+            config.hub.max_concurrent_pulls,
+        )
     return Mirror(hub, pulls)
 
 
@@ -259,8 +340,10 @@ async def start_fleet(nursery: trio.Nursery, fleet: Fleet) -> None:
         # Before the reconciler: the stored runs' slot counts hold from its first pass.
         await nursery.start(fleet.capacity.run)
     role = await nursery.start(fleet.leadership.run)
-    log.info("leader" if role.leader else "standby",
-             extra={"holder": fleet.leadership.keeper.holder, "leader": role.leader_address})
+    log.info(
+        "leader" if role.leader else "standby",
+        extra={"holder": fleet.leadership.keeper.holder, "leader": role.leader_address},
+    )
 
 
 async def stop_fleet(fleet: Fleet, grace: float) -> None:
@@ -276,19 +359,40 @@ async def stop_fleet(fleet: Fleet, grace: float) -> None:
 # --------------------------------------------------------------------------- the listeners
 
 
-def build_gateway(config: ControlConfig, replicas: ReplicaSet, client: UpstreamClient, metrics: GatewayMetrics,
-                  demand: WaitingRequests, fleet: Fleet | None, tenancy: Tenancy) -> Gateway:
+def build_gateway(
+    config: ControlConfig,
+    replicas: ReplicaSet,
+    client: UpstreamClient,
+    metrics: GatewayMetrics,
+    demand: WaitingRequests,
+    fleet: Fleet | None,
+    tenancy: Tenancy,
+) -> Gateway:
     directory: ModelDirectory = FleetDirectory(fleet.catalog, replicas) if fleet else StaticDirectory(replicas)
     if not directory.names():
         log.warning("no models or endpoints configured: every request will get 404 model_not_found")
-    return Gateway(replicas, client, metrics, config.router, directory=directory,
-                   activator=fleet.activator if fleet else Activator(replicas, config.activator, demand=demand),
-                   admission=tenancy.admission)
+    return Gateway(
+        replicas,
+        client,
+        metrics,
+        config.router,
+        directory=directory,
+        activator=fleet.activator if fleet else Activator(replicas, config.activator, demand=demand),
+        admission=tenancy.admission,
+    )
 
 
 async def serve_client_and_admin(
-    config: ControlConfig, nursery: trio.Nursery, serve: Serve, shutdown: trio.Event, registry: CollectorRegistry,
-    gateway: Gateway, fleet: Fleet | None, tenancy: Tenancy, mirror: Mirror | None = None, *,
+    config: ControlConfig,
+    nursery: trio.Nursery,
+    serve: Serve,
+    shutdown: trio.Event,
+    registry: CollectorRegistry,
+    gateway: Gateway,
+    fleet: Fleet | None,
+    tenancy: Tenancy,
+    mirror: Mirror | None = None,
+    *,
     shared_port: bool = False,
 ) -> tuple[str, str, str | None]:
     """The client, admin and metrics listeners; their URLs."""
@@ -301,11 +405,25 @@ async def serve_client_and_admin(
     sessions = SessionRevocations(tenancy.store)
     await sessions.refresh_or_log()
     nursery.start_soon(_until_shutdown, sessions.run, shutdown)
-    dashboard = await open_dashboard(fleet=fleet, tenancy=tenancy, prometheus=config.monitoring.prometheus,
-                                     data_dir=data_dir_of(config), audit=audit, sso=open_sso(config.oidc),
-                                     revocations=sessions)
-    admin_app = make_admin_app(registry, fleet, tenancy=tenancy, models=fleet.models if fleet else None,
-                               mirror=mirror, audit=audit, live=gateway.metrics.live, sessions=sessions)
+    dashboard = await open_dashboard(
+        fleet=fleet,
+        tenancy=tenancy,
+        prometheus=config.monitoring.prometheus,
+        data_dir=data_dir_of(config),
+        audit=audit,
+        sso=open_sso(config.oidc),
+        revocations=sessions,
+    )
+    admin_app = make_admin_app(
+        registry,
+        fleet,
+        tenancy=tenancy,
+        models=fleet.models if fleet else None,
+        mirror=mirror,
+        audit=audit,
+        live=gateway.metrics.live,
+        sessions=sessions,
+    )
     register_admin_dashboard(admin_app, dashboard)
     client_app: Any = ClientApp(gateway, fallback=client_dashboard(dashboard, admin_app, otherwise=gateway))
     if fleet is not None and fleet.leadership is not None:
@@ -319,16 +437,27 @@ async def serve_client_and_admin(
         await nursery.start(reload_on_sighup, client_tls, shutdown)
     # A worker shares the client port with its siblings (SO_REUSEPORT, see workers.py).
     client_address = bind(config.listen, reuse_port=True) if shared_port else config.listen
-    api_url = await nursery.start(partial(serve, client_app, client_address, name="api", error_body=openai_error_body,
-                                          tls=client_tls.context if client_tls else None))
-    admin_guarded = AdminKeyGuard(admin_app, tenancy.state,
-                                  required=key_required(config.admin_listen, config.admin_require_key), audit=audit)
-    admin_url = await nursery.start(partial(serve, AdminHostGuard(admin_guarded, config.admin_hosts),
-                                            config.admin_listen, name="admin"))
+    api_url = await nursery.start(
+        partial(
+            serve,
+            client_app,
+            client_address,
+            name="api",
+            error_body=openai_error_body,
+            tls=client_tls.context if client_tls else None,
+        )
+    )
+    admin_guarded = AdminKeyGuard(
+        admin_app, tenancy.state, required=key_required(config.admin_listen, config.admin_require_key), audit=audit
+    )
+    admin_url = await nursery.start(
+        partial(serve, AdminHostGuard(admin_guarded, config.admin_hosts), config.admin_listen, name="admin")
+    )
     metrics_url = None
     if config.metrics_listen:
-        metrics_url = await nursery.start(partial(serve, make_metrics_app(registry), config.metrics_listen,
-                                                  name="metrics"))
+        metrics_url = await nursery.start(
+            partial(serve, make_metrics_app(registry), config.metrics_listen, name="metrics")
+        )
     return str(api_url), str(admin_url), str(metrics_url) if metrics_url else None
 
 
@@ -339,8 +468,11 @@ class _TracingCollector(Collector):
         self.tracing = tracing
 
     def collect(self) -> Iterator[Metric]:
-        yield CounterMetricFamily("llmgw_trace_spans_dropped", "Finished spans dropped because the export queue "
-                                  "was full (the collector slow or down)", value=self.tracing.processor.dropped)
+        yield CounterMetricFamily(
+            "llmgw_trace_spans_dropped",
+            "Finished spans dropped because the export queue was full (the collector slow or down)",
+            value=self.tracing.processor.dropped,
+        )
 
 
 # --------------------------------------------------------------------------- the daemon
@@ -369,8 +501,7 @@ async def run_control(
     client = upstream or Httpx2Upstream(on_resend=metrics.stale_resends.inc)
     grace = config.shutdown_grace
     # Every listener but the client's answers its own refusals (408, 503) in the admin API's shape.
-    serve = partial(serve_asgi, shutdown=shutdown, grace=grace, limits=config.listeners,
-                    error_body=admin_error_body)
+    serve = partial(serve_asgi, shutdown=shutdown, grace=grace, limits=config.listeners, error_body=admin_error_body)
     data_dir = data_dir_of(config)
     location = config.store or str(data_dir / "llmgw.db")
     # Workers are several daemons on one store: each one's quotas count what all of them admit.
@@ -378,9 +509,12 @@ async def run_control(
     try:
         # The upstream's upkeep outlives the listeners' drain (its nursery is left after theirs).
         # Tracing is current for everything below (its last spans are flushed after the drain).
-        async with open_tracing(config.tracing, "llmgw-control") as tracing, \
-                open_tenancy(location, data_dir, shared=shared) as tenancy, \
-                _for_the_block(client.run), trio.open_nursery() as nursery:
+        async with (
+            open_tracing(config.tracing, "llmgw-control") as tracing,
+            open_tenancy(location, data_dir, shared=shared) as tenancy,
+            _for_the_block(client.run),
+            trio.open_nursery() as nursery,
+        ):
             registry.register(_TracingCollector(tracing))
             # Before any listener binds: an admin listener off loopback with no admin key to open it.
             refuse_without_admin_keys(config.admin_listen, config.admin_require_key, tenancy.state)
@@ -402,10 +536,21 @@ async def run_control(
             # The gateway's hang watch (gateway/hang_watch.py) ends with the shutdown, as the listeners do.
             nursery.start_soon(_until_shutdown, gateway.hangs.run, shutdown)
             api_url, admin_url, metrics_url = await serve_client_and_admin(
-                config, nursery, serve, shutdown, registry, gateway, fleet, tenancy, mirror,
-                shared_port=worker is not None)
-            log.info("llmgw-control ready", extra={"api": api_url, "admin": admin_url, "agents": agent_url,
-                                                   "models": gateway.directory.names()})
+                config,
+                nursery,
+                serve,
+                shutdown,
+                registry,
+                gateway,
+                fleet,
+                tenancy,
+                mirror,
+                shared_port=worker is not None,
+            )
+            log.info(
+                "llmgw-control ready",
+                extra={"api": api_url, "admin": admin_url, "agents": agent_url, "models": gateway.directory.names()},
+            )
             task_status.started(Listening(api_url, admin_url, metrics_url, agent_url, tenancy, fleet))
             if fleet is not None:
                 # The reconciler and agent connections run until the listeners have drained.

@@ -137,9 +137,15 @@ class StrictRangeResponse(TrioResponse):
         return self
 
     def _unsatisfiable(self, size: int) -> None:
-        body = json.dumps({"error": {
-            "message": f"The range cannot be satisfied: the file is {size} bytes.",
-            "code": "range_not_satisfiable", "field": "Range"}}).encode()
+        body = json.dumps(
+            {
+                "error": {
+                    "message": f"The range cannot be satisfied: the file is {size} bytes.",
+                    "code": "range_not_satisfiable",
+                    "field": "Range",
+                }
+            }
+        ).encode()
         self.status_code = 416
         self.set_data(body)
         self.mimetype = "application/json"

@@ -27,8 +27,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--listen", help="client API address, host:port (default 127.0.0.1:8080)")
     run.add_argument("--admin-listen", help="admin API and metrics address (default 127.0.0.1:8081)")
     run.add_argument("--metrics-listen", help="optional metrics-only address")
-    run.add_argument("--endpoint", action="append", default=[], metavar="ID=URL=MODEL[,MODEL]",
-                     help="a static engine replica (repeatable), e.g. e1=http://127.0.0.1:8001=tiny")
+    run.add_argument(
+        "--endpoint",
+        action="append",
+        default=[],
+        metavar="ID=URL=MODEL[,MODEL]",
+        help="a static engine replica (repeatable), e.g. e1=http://127.0.0.1:8001=tiny",
+    )
     run.add_argument("--data-dir", help="control's state directory (secrets, the embedded store)")
     run.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     run.add_argument("--log-format", choices=["auto", "json", "text"])
@@ -40,17 +45,29 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--output", "-o", help="file to write (default: standard output)")
     init.add_argument("--force", action="store_true", help="replace an existing file")
     init.add_argument("--check", metavar="CONFIG", help="validate CONFIG as run would, and exit (0: ok)")
-    commands.add_parser("ctl", help="manage the fleet, models, keys and quotas through the admin API "
-                        "(llmgw-control ctl --help)", add_help=False)
-    commands.add_parser("release", help="prepare the exact wheel set nodes install, from uv.lock "
-                        "(llmgw-control release --help)", add_help=False)
-    commands.add_parser("engines", help="fetch files nodes need for their engines, e.g. the CUDA runtime wheels "
-                        "(llmgw-control engines --help)", add_help=False)
+    commands.add_parser(
+        "ctl",
+        help="manage the fleet, models, keys and quotas through the admin API (llmgw-control ctl --help)",
+        add_help=False,
+    )
+    commands.add_parser(
+        "release",
+        help="prepare the exact wheel set nodes install, from uv.lock (llmgw-control release --help)",
+        add_help=False,
+    )
+    commands.add_parser(
+        "engines",
+        help="fetch files nodes need for their engines, e.g. the CUDA runtime wheels (llmgw-control engines --help)",
+        add_help=False,
+    )
     token = commands.add_parser(
-        "join-token", help="make a shared join token for nodes, and its digest for agents.join_token_digests")
-    token.add_argument("--digest", action="store_true",
-                       help="print only the digest of a token read from standard input (never from argv, "
-                            "which ps shows everyone)")
+        "join-token", help="make a shared join token for nodes, and its digest for agents.join_token_digests"
+    )
+    token.add_argument(
+        "--digest",
+        action="store_true",
+        help="print only the digest of a token read from standard input (never from argv, which ps shows everyone)",
+    )
     return parser
 
 
@@ -67,7 +84,7 @@ def join_token(*, digest_only: bool) -> int:
         print(token_digest(token))
         return 0
     token = new_join_token()
-    print("A shared join token (shown only this once): put it in each node's config as token = \"...\"")
+    print('A shared join token (shown only this once): put it in each node\'s config as token = "..."')
     print(f"  {token}")
     print("Its digest: add it to agents.join_token_digests in the control config, then restart control")
     print(f"  {token_digest(token)}")
@@ -77,11 +94,18 @@ def join_token(*, digest_only: bool) -> int:
 
 def config_from_args(args: argparse.Namespace) -> ControlConfig:
     endpoints = [parse_endpoint_flag(text) for text in args.endpoint]
-    return load_config(args.config, {
-        "listen": args.listen, "admin_listen": args.admin_listen, "metrics_listen": args.metrics_listen,
-        "log_level": args.log_level, "log_format": args.log_format, "extra_endpoints": endpoints,
-        "data_dir": args.data_dir,
-    })
+    return load_config(
+        args.config,
+        {
+            "listen": args.listen,
+            "admin_listen": args.admin_listen,
+            "metrics_listen": args.metrics_listen,
+            "log_level": args.log_level,
+            "log_format": args.log_format,
+            "extra_endpoints": endpoints,
+            "data_dir": args.data_dir,
+        },
+    )
 
 
 async def _supervise(config: ControlConfig, argv: list[str]) -> int:

@@ -22,8 +22,10 @@ BAD_CONFIG = 2
 def stopped(command: str, exc: NodeReleaseError | ConfigError | OSError) -> int:
     """Say on stderr why ``llmgw-control <command>`` stopped; its exit code."""
     if isinstance(exc, OSError):
-        print(f"llmgw-control {command}: {exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}",
-              file=sys.stderr)
+        print(
+            f"llmgw-control {command}: {exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}",
+            file=sys.stderr,
+        )
         return FAILED
     print(f"llmgw-control {command}: {exc}", file=sys.stderr)
     return BAD_CONFIG if isinstance(exc, ConfigError) else FAILED

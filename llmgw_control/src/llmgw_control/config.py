@@ -72,19 +72,32 @@ class ControlConfig:
     engines: list[EngineConfig] = attrs.Factory(lambda: [EngineConfig()])
     models: list[ModelConfig] = attrs.Factory(list)
     monitoring: MonitoringConfig = attrs.Factory(MonitoringConfig)
-    listeners: ListenersConfig = attrs.field(factory=ListenersConfig, metadata=doc(
-        "Limits and deadlines every listener applies to each connection (docs/security.md)."))
-    client_tls: ClientTlsConfig = attrs.field(factory=ClientTlsConfig, metadata=doc(
-        "TLS on the client listener, or the TLS proxies in front of it (docs/security.md)."))
-    hub: HubConfig = attrs.field(factory=HubConfig, metadata=doc(
-        "The model mirror: the Hugging Face Hub it searches and pulls from (docs/model-mirror.md)."))
-    audit: AuditConfig = attrs.field(factory=AuditConfig, metadata=doc(
-        "The audit log of admin changes and refusals (docs/security.md)."))
-    oidc: OidcConfig = attrs.field(factory=OidcConfig, metadata=doc(
-        "Single sign-on for the dashboard with an OpenID Connect provider (docs/security.md)."))
-    tracing: TracingConfig = attrs.field(factory=TracingConfig, metadata=doc(
-        "OpenTelemetry traces of client requests and fleet work, sent to an OTLP collector "
-        "(docs/operator-guide.md, \"Traces\")."))
+    listeners: ListenersConfig = attrs.field(
+        factory=ListenersConfig,
+        metadata=doc("Limits and deadlines every listener applies to each connection (docs/security.md)."),
+    )
+    client_tls: ClientTlsConfig = attrs.field(
+        factory=ClientTlsConfig,
+        metadata=doc("TLS on the client listener, or the TLS proxies in front of it (docs/security.md)."),
+    )
+    hub: HubConfig = attrs.field(
+        factory=HubConfig,
+        metadata=doc("The model mirror: the Hugging Face Hub it searches and pulls from (docs/model-mirror.md)."),
+    )
+    audit: AuditConfig = attrs.field(
+        factory=AuditConfig, metadata=doc("The audit log of admin changes and refusals (docs/security.md).")
+    )
+    oidc: OidcConfig = attrs.field(
+        factory=OidcConfig,
+        metadata=doc("Single sign-on for the dashboard with an OpenID Connect provider (docs/security.md)."),
+    )
+    tracing: TracingConfig = attrs.field(
+        factory=TracingConfig,
+        metadata=doc(
+            "OpenTelemetry traces of client requests and fleet work, sent to an OTLP collector "
+            '(docs/operator-guide.md, "Traces").'
+        ),
+    )
 
 
 # More gateway processes than a large machine has cores only adds context switches and database
@@ -126,8 +139,9 @@ def validate(config: ControlConfig) -> ControlConfig:
         parse_host_port(config.metrics_listen, what="metrics_listen")
     for name in config.admin_hosts:
         if not _HOST_NAME.fullmatch(name):
-            raise ConfigError(f"admin_hosts: {name!r} is not a host name (no scheme, port or path), "
-                              "e.g. control.mgmt.example")
+            raise ConfigError(
+                f"admin_hosts: {name!r} is not a host name (no scheme, port or path), e.g. control.mgmt.example"
+            )
     if config.log_level not in _LOG_LEVELS:
         raise ConfigError(f"log_level must be one of {', '.join(_LOG_LEVELS)}, got {config.log_level!r}")
     if config.log_format not in ("auto", "json", "text"):
@@ -137,8 +151,15 @@ def validate(config: ControlConfig) -> ControlConfig:
     if not 1 <= config.workers <= MAX_WORKERS:
         raise ConfigError(f"workers must be between 1 and {MAX_WORKERS}, got {config.workers}")
     router = config.router
-    for field in ("connect_timeout", "first_byte_timeout", "idle_timeout", "hang_suspect_after",
-                  "hang_probe_timeout", "hang_check_every", "hung_probe_every"):
+    for field in (
+        "connect_timeout",
+        "first_byte_timeout",
+        "idle_timeout",
+        "hang_suspect_after",
+        "hang_probe_timeout",
+        "hang_check_every",
+        "hung_probe_every",
+    ):
         _check_positive(getattr(router, field), f"router.{field}")
     if router.max_attempts < 1:
         raise ConfigError(f"router.max_attempts must be at least 1, got {router.max_attempts}")
@@ -164,8 +185,13 @@ def validate(config: ControlConfig) -> ControlConfig:
     if config.monitoring.prometheus:
         url = validate_engine_url(config.monitoring.prometheus, what="monitoring.prometheus")
         config = attrs.evolve(config, monitoring=MonitoringConfig(prometheus=url))
-    config = attrs.evolve(config, hub=validate_hub(config.hub), audit=validate_audit(config.audit),
-                          oidc=validate_oidc(config.oidc), tracing=validate_tracing(config.tracing))
+    config = attrs.evolve(
+        config,
+        hub=validate_hub(config.hub),
+        audit=validate_audit(config.audit),
+        oidc=validate_oidc(config.oidc),
+        tracing=validate_tracing(config.tracing),
+    )
     seen: set[str] = set()
     endpoints = []
     for index, endpoint in enumerate(config.endpoints):
@@ -181,8 +207,10 @@ def validate(config: ControlConfig) -> ControlConfig:
         if endpoint.slots < 1:
             raise ConfigError(f"{where}.slots ({endpoint.id}) must be at least 1, got {endpoint.slots}")
         if not 0 <= endpoint.engine_slots <= _MAX_ENGINE_SLOTS:
-            raise ConfigError(f"{where}.engine_slots ({endpoint.id}) must be 0 (the engine chooses) to "
-                              f"{_MAX_ENGINE_SLOTS}, got {endpoint.engine_slots}")
+            raise ConfigError(
+                f"{where}.engine_slots ({endpoint.id}) must be 0 (the engine chooses) to "
+                f"{_MAX_ENGINE_SLOTS}, got {endpoint.engine_slots}"
+            )
         url = validate_engine_url(endpoint.url, what=f"{where}.url ({endpoint.id})")
         endpoints.append(attrs.evolve(endpoint, url=url))
     return attrs.evolve(config, endpoints=endpoints)
@@ -196,8 +224,10 @@ def _validate_fleet(config: ControlConfig) -> None:
         validate_engine_url(agents.public_url, what="agents.public_url")
     for digest in agents.join_token_digests:
         if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
-            raise ConfigError(f"agents.join_token_digests: {digest[:12]!r}... is not sha256:<64 hex digits> "
-                              "(`llmgw-control join-token` makes a token and prints its digest)")
+            raise ConfigError(
+                f"agents.join_token_digests: {digest[:12]!r}... is not sha256:<64 hex digits> "
+                "(`llmgw-control join-token` makes a token and prints its digest)"
+            )
     if not 0 < agents.heartbeat_interval < agents.unreachable_after < agents.lost_after:
         raise ConfigError("agents: need 0 < heartbeat_interval < unreachable_after < lost_after")
     if bool(agents.tls_cert_file) != bool(agents.tls_key_file):
@@ -220,8 +250,9 @@ def _validate_fleet(config: ControlConfig) -> None:
     if rec.evict_min_age < 0 or rec.yield_after < 0 or rec.weights_keep_for < 0:
         raise ConfigError("reconciler.evict_min_age, yield_after and weights_keep_for must not be negative")
     if rec.forget_nodes_after < agents.lost_after:
-        raise ConfigError("reconciler.forget_nodes_after must be at least agents.lost_after: a node is lost "
-                          "before it is forgotten")
+        raise ConfigError(
+            "reconciler.forget_nodes_after must be at least agents.lost_after: a node is lost before it is forgotten"
+        )
     activator = config.activator
     if activator.queue_size < 0 or activator.max_wait <= 0 or activator.batch_after < 0:
         raise ConfigError("activator: queue_size and batch_after must not be negative and max_wait must be positive")
@@ -256,16 +287,19 @@ def _validate_listeners(config: ControlConfig) -> None:
         try:
             ipaddress.ip_network(entry, strict=False)
         except ValueError:
-            raise ConfigError(f"client_tls.trusted_proxies: {entry!r} is not an IP address or network, "
-                              "e.g. 10.0.0.5 or 10.1.0.0/16") from None
+            raise ConfigError(
+                f"client_tls.trusted_proxies: {entry!r} is not an IP address or network, e.g. 10.0.0.5 or 10.1.0.0/16"
+            ) from None
 
 
 def _validate_leadership(config: ControlConfig) -> None:
     lead = config.leadership
     margin = min(1.0, lead.ttl / 5)
     if not (lead.ttl > 0 and 0 < lead.renew_interval < lead.ttl - margin):
-        raise ConfigError(f"leadership: need 0 < renew_interval ({lead.renew_interval}) < ttl ({lead.ttl}) - "
-                          f"{margin:g} (the safety margin, min(1, ttl/5)), so a renew can fail once in time")
+        raise ConfigError(
+            f"leadership: need 0 < renew_interval ({lead.renew_interval}) < ttl ({lead.ttl}) - "
+            f"{margin:g} (the safety margin, min(1, ttl/5)), so a renew can fail once in time"
+        )
     if lead.settle < 0:
         raise ConfigError(f"leadership.settle must not be negative, got {lead.settle}")
     if lead.advertise:
@@ -275,13 +309,17 @@ def _validate_leadership(config: ControlConfig) -> None:
         except ValueError:
             raise ConfigError(f"leadership.advertise: {lead.advertise!r} has an invalid port") from None
         if parts.scheme not in ("ws", "wss") or not parts.hostname or parts.query or parts.fragment:
-            raise ConfigError(f"leadership.advertise: {lead.advertise!r} is not a ws:// or wss:// URL with a host, "
-                              "e.g. ws://10.0.0.2:8090/agent/v1")
+            raise ConfigError(
+                f"leadership.advertise: {lead.advertise!r} is not a ws:// or wss:// URL with a host, "
+                "e.g. ws://10.0.0.2:8090/agent/v1"
+            )
         if parts.hostname in ("0.0.0.0", "::"):
             raise ConfigError(f"leadership.advertise: {lead.advertise!r} names no host a node can reach")
     elif config.agents.listen and config.store.startswith(("postgresql://", "postgres://")):
-        raise ConfigError("leadership.advertise is required with a PostgreSQL store: when this daemon leads, "
-                          "standbys send nodes to that address (e.g. ws://10.0.0.2:8090/agent/v1)")
+        raise ConfigError(
+            "leadership.advertise is required with a PostgreSQL store: when this daemon leads, "
+            "standbys send nodes to that address (e.g. ws://10.0.0.2:8090/agent/v1)"
+        )
 
 
 def parse_endpoint_flag(text: str) -> StaticReplicaConfig:
@@ -289,9 +327,7 @@ def parse_endpoint_flag(text: str) -> StaticReplicaConfig:
     head, sep, models = text.rpartition("=")
     endpoint_id, sep2, url = head.partition("=")
     if not sep or not sep2 or not endpoint_id or not url or not models:
-        raise ConfigError(
-            f"--endpoint {text!r}: expected id=URL=model[,model], e.g. e1=http://127.0.0.1:8001=tiny"
-        )
+        raise ConfigError(f"--endpoint {text!r}: expected id=URL=model[,model], e.g. e1=http://127.0.0.1:8001=tiny")
     names = [m.strip() for m in models.split(",")]
     return StaticReplicaConfig(id=endpoint_id, url=url, models=names)
 

@@ -48,8 +48,10 @@ def datetime_in(value: Any, _: type) -> datetime:
     try:
         return parsed.astimezone(UTC)
     except OverflowError:
-        raise ValueError(f"{value[:64]!r} is out of range: in UTC it must lie between 0001-01-01T00:00:00Z and "
-                         "9999-12-31T23:59:59.999999Z") from None
+        raise ValueError(
+            f"{value[:64]!r} is out of range: in UTC it must lie between 0001-01-01T00:00:00Z and "
+            "9999-12-31T23:59:59.999999Z"
+        ) from None
 
 
 def make_converter() -> cattrs.Converter:

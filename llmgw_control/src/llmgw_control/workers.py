@@ -72,10 +72,13 @@ def offset_address(address: str, index: int, *, what: str) -> str:
 def worker_config(config: ControlConfig, index: int, listen: str) -> ControlConfig:
     """What worker ``index`` runs: the shared client address, its own admin, metrics and agent ports."""
     return attrs.evolve(
-        config, workers=1, listen=listen,
+        config,
+        workers=1,
+        listen=listen,
         admin_listen=offset_address(config.admin_listen, index, what="admin_listen"),
         metrics_listen=offset_address(config.metrics_listen, index, what="metrics_listen"),
-        agents=attrs.evolve(config.agents, listen=offset_address(config.agents.listen, index, what="agents.listen")))
+        agents=attrs.evolve(config.agents, listen=offset_address(config.agents.listen, index, what="agents.listen")),
+    )
 
 
 def check_worker_ports(config: ControlConfig) -> None:
@@ -145,8 +148,18 @@ class WorkerSupervisor:
         self._all_ready = trio.Event()
 
     def command(self, index: int, ready_fd: int) -> list[str]:
-        return [sys.executable, "-m", "llmgw_control.cli", *self.argv, "--worker", str(index),
-                "--worker-listen", self.listen, "--worker-ready-fd", str(ready_fd)]
+        return [
+            sys.executable,
+            "-m",
+            "llmgw_control.cli",
+            *self.argv,
+            "--worker",
+            str(index),
+            "--worker-listen",
+            self.listen,
+            "--worker-ready-fd",
+            str(ready_fd),
+        ]
 
     async def run(self) -> int:
         async with trio.open_nursery() as nursery:
@@ -158,8 +171,12 @@ class WorkerSupervisor:
                 await self._all_ready.wait()
                 if not self.stopping:
                     url = f"http://{self.listen}"
-                    log.info("%d workers serving on %s", len(self.workers), url,
-                             extra={"pids": [w.process.pid for w in self.workers if w.process], "api": url})
+                    log.info(
+                        "%d workers serving on %s",
+                        len(self.workers),
+                        url,
+                        extra={"pids": [w.process.pid for w in self.workers if w.process], "api": url},
+                    )
                     await sdnotify.ready(f"{len(self.workers)} workers serving on {url}")
             # Every keeper returned: every worker has stopped.
             nursery.cancel_scope.cancel()
@@ -185,8 +202,11 @@ class WorkerSupervisor:
                         if worker.process is not None and worker.process.returncode is None:
                             worker.process.send_signal(signal.SIGHUP)
                     continue
-                log.info("%s received: stopping every worker gracefully%s", name,
-                         " (again: they stop now)" if self.stopping else "")
+                log.info(
+                    "%s received: stopping every worker gracefully%s",
+                    name,
+                    " (again: they stop now)" if self.stopping else "",
+                )
                 await sdnotify.stopping()
                 # SIGTERM to each, even for SIGINT: a worker's first SIGTERM drains, its second stops it now.
                 self._stop_all(signal.SIGTERM)
@@ -197,20 +217,33 @@ class WorkerSupervisor:
             started = trio.current_time()
             status = await self._run_once(worker)
             if self.stopping:
-                log.info("worker %d stopped (exit status %s)", worker.index, status,
-                         extra={"worker": worker.index, "status": status})
+                log.info(
+                    "worker %d stopped (exit status %s)",
+                    worker.index,
+                    status,
+                    extra={"worker": worker.index, "status": status},
+                )
                 return
             if not worker.ever_ready:
                 # Its first start failed (a config error, a port in use): restarting would hide it.
-                log.error("worker %d exited with status %s before it was ready: stopping", worker.index, status,
-                          extra={"worker": worker.index, "status": status})
+                log.error(
+                    "worker %d exited with status %s before it was ready: stopping",
+                    worker.index,
+                    status,
+                    extra={"worker": worker.index, "status": status},
+                )
                 self.failed_to_start = True
                 self._stop_all(signal.SIGTERM)
                 return
             if trio.current_time() - started >= _HEALTHY_AFTER:
                 backoff = _FIRST_BACKOFF
-            log.warning("worker %d exited with status %s: restarting it in %.1f s", worker.index, status, backoff,
-                        extra={"worker": worker.index, "status": status})
+            log.warning(
+                "worker %d exited with status %s: restarting it in %.1f s",
+                worker.index,
+                status,
+                backoff,
+                extra={"worker": worker.index, "status": status},
+            )
             with trio.move_on_after(backoff):
                 await self._stopped.wait()  # (a shutdown during the backoff ends it)
             backoff = min(backoff * 2, _MAX_BACKOFF)
@@ -220,13 +253,15 @@ class WorkerSupervisor:
         read_fd, write_fd = os.pipe()
         env = {name: value for name, value in os.environ.items() if name not in _SUPERVISOR_ONLY_ENV}
         try:
-            process = await trio.lowlevel.open_process(self.command(worker.index, write_fd), env=env,
-                                                       pass_fds=(write_fd,), process_group=0)
+            process = await trio.lowlevel.open_process(
+                self.command(worker.index, write_fd), env=env, pass_fds=(write_fd,), process_group=0
+            )
         finally:
             os.close(write_fd)
         worker.process = process
-        log.info("worker %d started (pid %d)", worker.index, process.pid,
-                 extra={"worker": worker.index, "pid": process.pid})
+        log.info(
+            "worker %d started (pid %d)", worker.index, process.pid, extra={"worker": worker.index, "pid": process.pid}
+        )
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._await_ready, worker, read_fd)
@@ -255,8 +290,9 @@ class WorkerSupervisor:
             if self.stopping and kill_at is None:
                 kill_at = trio.current_time() + self.config.shutdown_grace + _KILL_MARGIN
             if kill_at is not None and trio.current_time() >= kill_at:
-                log.error("worker pid %d did not stop within shutdown_grace + %.0f s: killed", process.pid,
-                          _KILL_MARGIN)
+                log.error(
+                    "worker pid %d did not stop within shutdown_grace + %.0f s: killed", process.pid, _KILL_MARGIN
+                )
                 process.kill()
             # Woken now and then to notice a shutdown that began meanwhile.
             with trio.move_on_after(0.5):

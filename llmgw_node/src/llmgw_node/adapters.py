@@ -36,8 +36,10 @@ def check_adapters(spec: ReplicaSpec) -> None:
             raise AdapterError(f"replica {spec.replica_id}: adapter name {adapter.name[:100]!r} is not a plain name")
         local = adapter.weights.url.removeprefix("file://")
         if spec.engine == "llama.cpp" and local.startswith("/") and any(c in local for c in ",:"):
-            raise AdapterError(f"replica {spec.replica_id}: adapter {adapter.name}: a path on the node may not hold "
-                             "',' or ':' (llama-server's --lora-scaled separators)")
+            raise AdapterError(
+                f"replica {spec.replica_id}: adapter {adapter.name}: a path on the node may not hold "
+                "',' or ':' (llama-server's --lora-scaled separators)"
+            )
         if spec.engine == "vllm":
             try:
                 check_model_dir(adapter.weights.url.removeprefix("file://"))

@@ -107,7 +107,7 @@ RECONNECT_CAP_S = 2.0
 
 def backoff_delay(attempt: int, low: float, high: float, rng: random.Random) -> float:
     """Exponential backoff with "equal jitter": half fixed, half random, so nodes spread out."""
-    base: float = min(high, low * 2.0 ** attempt)
+    base: float = min(high, low * 2.0**attempt)
     return base / 2 + rng.uniform(0, base / 2)
 
 
@@ -169,7 +169,7 @@ class Agent:
             started = trio.current_time()
             timeout = self.timing.connect_timeout
             if away is not None:
-                timeout = min(timeout, self.timing.reconnect_timeout * 2.0 ** away)
+                timeout = min(timeout, self.timing.reconnect_timeout * 2.0**away)
             try:
                 await self._session(url, timeout)
             except SessionEnded as exc:
@@ -222,8 +222,9 @@ class Agent:
             try:
                 ws: WebSocketConnection | None = None
                 with trio.move_on_after(connect_timeout):
-                    ws = await connect_websocket_url(nursery, url, self.ssl_context, message_queue_size=64,
-                                                     max_message_size=MAX_FRAME)
+                    ws = await connect_websocket_url(
+                        nursery, url, self.ssl_context, message_queue_size=64, max_message_size=MAX_FRAME
+                    )
                 if ws is None:
                     ended = SessionEnded(f"could not connect: no answer within {connect_timeout:g} s")
                 else:
@@ -263,8 +264,9 @@ class Agent:
                 finally:
                     await trio.aclose_forcefully(stream)
         except trio.TooSlowError:
-            raise SessionEnded(f"TLS handshake with {host}:{port} did not finish within "
-                               f"{connect_timeout:g} s") from None
+            raise SessionEnded(
+                f"TLS handshake with {host}:{port} did not finish within {connect_timeout:g} s"
+            ) from None
         except trio.BrokenResourceError as exc:
             cause = exc.__cause__ or exc
             raise SessionEnded(f"TLS handshake with {host}:{port} failed: {cause}") from None
@@ -331,8 +333,9 @@ class Agent:
                 self._sent_replicas[msg.replica.replica_id] = msg.replica
             await ws.send_message(encode(msg))
 
-    async def _reader(self, ws: WebSocketConnection, send: trio.MemorySendChannel[Message],
-                      last_heard: list[float]) -> None:
+    async def _reader(
+        self, ws: WebSocketConnection, send: trio.MemorySendChannel[Message], last_heard: list[float]
+    ) -> None:
         while True:
             frame = await ws.get_message()
             last_heard[0] = trio.current_time()

@@ -39,24 +39,30 @@ DEFAULT_CONFIG = "/etc/llmgw/node.toml"
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="llmgw-node", description="llmgw node daemon: host facts, engine "
-                                     "installs, engine supervision.")
+    parser = argparse.ArgumentParser(
+        prog="llmgw-node", description="llmgw node daemon: host facts, engine installs, engine supervision."
+    )
     # The installer runs this in a new environment before switching to it: it must print the
     # version that environment holds (the distribution's metadata, not a constant in the code).
     parser.add_argument("--version", action="version", version=f"llmgw-node {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def common(p: argparse.ArgumentParser, *, config_required: bool = False) -> None:
-        p.add_argument("--config", required=config_required, help=f"node config file (TOML; default "
-                       f"{DEFAULT_CONFIG} when it exists)")
+        p.add_argument(
+            "--config",
+            required=config_required,
+            help=f"node config file (TOML; default {DEFAULT_CONFIG} when it exists)",
+        )
         if not config_required:
             p.add_argument("--data-dir", help="override the config's data_dir")
 
     run = sub.add_parser("run", help="run the daemon")
     common(run, config_required=True)
-    run.add_argument("--stop-engines", action="store_true",
-                     help="on SIGTERM, stop the engines too (default: leave them running for the next daemon "
-                          "to adopt)")
+    run.add_argument(
+        "--stop-engines",
+        action="store_true",
+        help="on SIGTERM, stop the engines too (default: leave them running for the next daemon to adopt)",
+    )
 
     pr = sub.add_parser("probe", help="print host facts and engine states")
     common(pr)
@@ -68,18 +74,31 @@ def _parser() -> argparse.ArgumentParser:
     common(inst)
     inst.add_argument("name", help="engine name, e.g. llama.cpp")
     inst.add_argument("version", help="release tag, e.g. b11312")
-    inst.add_argument("--release-api", default="",
-                      help="GitHub-shaped release JSON URL ({version} is replaced); default: the engine's own")
+    inst.add_argument(
+        "--release-api",
+        default="",
+        help="GitHub-shaped release JSON URL ({version} is replaced); default: the engine's own",
+    )
     common(esub.add_parser("list", help="list installed and configured engines"))
-    common(esub.add_parser("check", help="re-prove every installed engine (ldd and --version) and hash its kept "
-                                         "archives again (keep_engine_archives)"))
+    common(
+        esub.add_parser(
+            "check",
+            help="re-prove every installed engine (ldd and --version) and hash its kept "
+            "archives again (keep_engine_archives)",
+        )
+    )
 
     init = sub.add_parser("init", help="write a commented config with every option, or --check one")
     init.add_argument("--output", "-o", help="file to write (default: standard output)")
     init.add_argument("--force", action="store_true", help="replace an existing file")
     init.add_argument("--check", metavar="CONFIG", help="validate CONFIG as run would, and exit (0: ok)")
-    init.add_argument("--control", action="append", default=[], metavar="URL",
-                      help="control agent URL, ws://host:port/agent/v1 (repeatable)")
+    init.add_argument(
+        "--control",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="control agent URL, ws://host:port/agent/v1 (repeatable)",
+    )
     init.add_argument("--node-id", help="this node's name (default: the host name)")
     init.add_argument("--data-dir", help="where engines and weights live")
     init.add_argument("--token-file", help="file holding the join token (default: $LLMGW_JOIN_TOKEN)")
@@ -110,9 +129,17 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "init":
         from llmgw_node import init_config
 
-        raise SystemExit(init_config.main(args.output, force=args.force, check_path=args.check,
-                                          control=args.control, node_id=args.node_id, data_dir=args.data_dir,
-                                          token_file=args.token_file))
+        raise SystemExit(
+            init_config.main(
+                args.output,
+                force=args.force,
+                check_path=args.check,
+                control=args.control,
+                node_id=args.node_id,
+                data_dir=args.data_dir,
+                token_file=args.token_file,
+            )
+        )
     try:
         config = _config(args)
     except ConfigError as exc:
@@ -206,18 +233,14 @@ async def _ready_when_welcomed(agent: Agent) -> None:
     await sdnotify.ready(f"connected to {agent.status.connected_to}")
 
 
-async def _manager(
-    config: NodeConfig, client: httpx2.AsyncClient, facts: HostFacts | None = None
-) -> EngineManager:
+async def _manager(config: NodeConfig, client: httpx2.AsyncClient, facts: HostFacts | None = None) -> EngineManager:
     facts = facts or await probe(config.data_path)
 
     def report(state: EngineState) -> None:
         if EngineInstall(state.status) is EngineInstall.INSTALLING:
             print(f"{state.name} {state.version}: {state.describe()}", file=sys.stderr, flush=True)
 
-    return EngineManager.from_config(config, client,
-                                     platform_for(facts, config.engine_backend),
-                                     on_change=report)
+    return EngineManager.from_config(config, client, platform_for(facts, config.engine_backend), on_change=report)
 
 
 async def _probe(config: NodeConfig, as_json: bool) -> int:
@@ -227,23 +250,32 @@ async def _probe(config: NodeConfig, as_json: bool) -> int:
         await mgr.load()
     engines = mgr.states()
     if as_json:
-        out: dict[str, Any] = {"facts": converter.unstructure(facts),
-                               "engines": [converter.unstructure(e) for e in engines]}
+        out: dict[str, Any] = {
+            "facts": converter.unstructure(facts),
+            "engines": [converter.unstructure(e) for e in engines],
+        }
         print(json.dumps(out, indent=2))
         return 0
     rows = [
         ("host", facts.hostname),
         ("os", f"{facts.os_name} {facts.os_version} (kernel {facts.kernel})"),
-        ("cpu", f"{facts.cpu_model} ({facts.cores} cores, {facts.arch}; "
-                f"{' '.join(facts.cpu_features) or 'no vector extensions'})"),
+        (
+            "cpu",
+            f"{facts.cpu_model} ({facts.cores} cores, {facts.arch}; "
+            f"{' '.join(facts.cpu_features) or 'no vector extensions'})",
+        ),
         ("ram", f"{facts.ram_total_mib} MiB ({facts.ram_available_mib} MiB available)"),
         ("disk", f"{facts.disk_free_mib} MiB free in {facts.data_dir}"),
         ("nvidia", f"driver {facts.nvidia_driver}" if facts.nvidia_driver else "no driver loaded"),
     ]
-    rows += [(f"gpu {g.index}", f"{g.name} {g.uuid} ({g.memory_free_mib}/{g.memory_total_mib} MiB free)")
-             for g in facts.gpus]
-    rows.append(("gpus", f"through {', '.join(facts.gpu_backends)}" if facts.gpu_backends else "none")
-                if not facts.gpus_unusable else ("gpus", f"none usable: {facts.gpus_unusable}"))
+    rows += [
+        (f"gpu {g.index}", f"{g.name} {g.uuid} ({g.memory_free_mib}/{g.memory_total_mib} MiB free)") for g in facts.gpus
+    ]
+    rows.append(
+        ("gpus", f"through {', '.join(facts.gpu_backends)}" if facts.gpu_backends else "none")
+        if not facts.gpus_unusable
+        else ("gpus", f"none usable: {facts.gpus_unusable}")
+    )
     rows += [("engine", f"{e.name}: {e.describe()}") for e in engines] or [("engine", "none")]
     if degraded := mgr.degraded():
         rows.append(("DEGRADED", f"{degraded}; GPU profiles are not placed here"))
@@ -278,4 +310,3 @@ async def _engines(config: NodeConfig, args: argparse.Namespace) -> int:
                 print(f"  {s.provenance.describe()}")
         bad = [s for s in states if EngineInstall(s.status) is EngineInstall.FAILED]
         return 1 if args.engines_command == "check" and bad else 0
-

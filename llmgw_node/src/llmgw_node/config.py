@@ -134,14 +134,18 @@ def parse_config(data: dict[str, Any], *, source: str = "config") -> NodeConfig:
             raise ConfigError(f"{source}: release_signing_keys[{i}]: {exc}") from None
     for i, root in enumerate([*config.model_roots, *([config.hub_cache] if config.hub_cache else [])]):
         if not root.startswith("/"):
-            raise ConfigError(f"{source}: {'hub_cache' if i == len(config.model_roots) else f'model_roots[{i}]'}: "
-                              f"{root!r} is not an absolute path")
+            raise ConfigError(
+                f"{source}: {'hub_cache' if i == len(config.model_roots) else f'model_roots[{i}]'}: "
+                f"{root!r} is not an absolute path"
+            )
     for key in ("unpack_max_bytes", "unpack_max_entries", "install_retry_min_s", "install_retry_max_s"):
         if getattr(config, key) <= 0:
             raise ConfigError(f"{source}: {key}: must be more than 0")
     if config.engine_backend and parse_backend(config.engine_backend) is None:
-        raise ConfigError(f"{source}: engine_backend: {config.engine_backend!r} is not one of "
-                          f"{', '.join(BACKENDS)} (or empty, to choose by the node's devices)")
+        raise ConfigError(
+            f"{source}: engine_backend: {config.engine_backend!r} is not one of "
+            f"{', '.join(BACKENDS)} (or empty, to choose by the node's devices)"
+        )
     if config.install_retry_min_s > config.install_retry_max_s:
         raise ConfigError(f"{source}: install_retry_min_s is more than install_retry_max_s")
     try:

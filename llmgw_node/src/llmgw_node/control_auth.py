@@ -57,5 +57,6 @@ def control_client(config: NodeConfig) -> httpx2.AsyncClient:
     it: from a closed fleet's control nothing is served to a client without them.
     """
     tls = client_context(config)
-    return httpx2.AsyncClient(verify=tls if tls is not None else True,
-                              auth=ControlCredentials(config.control, config.node_id, config.token))
+    return httpx2.AsyncClient(
+        verify=tls if tls is not None else True, auth=ControlCredentials(config.control, config.node_id, config.token)
+    )

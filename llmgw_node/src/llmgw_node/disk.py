@@ -32,5 +32,7 @@ def check_room(directory: Path, need: int, what: str, *, margin: int = DISK_MARG
     free = free_bytes(directory) if free is None else free
     total = max(0, need) + margin
     if total > free:
-        raise NotEnoughDisk(f"not enough disk for {what}: needs {human_size(total)} (with {human_size(margin)} "
-                            f"kept free), {human_size(free)} free in {directory}")
+        raise NotEnoughDisk(
+            f"not enough disk for {what}: needs {human_size(total)} (with {human_size(margin)} "
+            f"kept free), {human_size(free)} free in {directory}"
+        )

@@ -44,8 +44,17 @@ def engine_argv(binary: Path, spec: ReplicaSpec, model: Path, host: str, adapter
     if spec.engine == "sglang":
         # SGLang reads its key only from --api-key: on its command line, where local users can
         # read it (docs/node.md says so; the key opens only this one engine).
-        return [str(binary), "-m", "sglang.launch_server", "--model-path", str(model), *host_port,
-                "--api-key", spec.api_key, *spec.args]
+        return [
+            str(binary),
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            str(model),
+            *host_port,
+            "--api-key",
+            spec.api_key,
+            *spec.args,
+        ]
     subst = {"{model}": str(model), "{host}": host, "{port}": str(spec.port)}
     return [str(binary), *(subst.get(a, a) for a in spec.args)]
 

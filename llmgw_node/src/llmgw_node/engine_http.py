@@ -39,8 +39,9 @@ def base_url(host: str, port: int) -> str:
 _RACE_ERRORS = (httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.WriteError)
 
 
-async def _get(client: httpx2.AsyncClient, url: str, *, headers: dict[str, str] | None = None,
-               limit_s: float) -> httpx2.Response:
+async def _get(
+    client: httpx2.AsyncClient, url: str, *, headers: dict[str, str] | None = None, limit_s: float
+) -> httpx2.Response:
     try:
         return await client.get(url, headers=headers, timeout=limit_s)
     except _RACE_ERRORS:
@@ -75,8 +76,9 @@ def busy_from_metrics(text: str, engine: str = "llama.cpp") -> int | None:
     return int(total) if found else None
 
 
-async def in_flight(client: httpx2.AsyncClient, host: str, port: int, api_key: str,
-                    engine: str = "llama.cpp") -> int | None:
+async def in_flight(
+    client: httpx2.AsyncClient, host: str, port: int, api_key: str, engine: str = "llama.cpp"
+) -> int | None:
     """Requests the engine is working on or holding, or None when it will not say."""
     base = base_url(host, port)
     headers = {"Authorization": f"Bearer {api_key}"}

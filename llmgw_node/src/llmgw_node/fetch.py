@@ -78,8 +78,7 @@ async def fetch(
         pass  # everything arrived last time; only the check and the rename are left
     else:
         try:
-            async with client.stream("GET", url, headers=headers, timeout=idle_timeout,
-                                     follow_redirects=True) as resp:
+            async with client.stream("GET", url, headers=headers, timeout=idle_timeout, follow_redirects=True) as resp:
                 if resp.status_code == 416 and have:
                     # The server says our range is past the end: the .part is complete or bogus;
                     # the digest below decides which.
@@ -89,8 +88,9 @@ async def fetch(
                 else:
                     if resp.status_code == 200 and have:
                         # No Range support: the body is the whole file again.
-                        log.info("server ignored the range request; downloading from the start",
-                                 extra={"url": _short(url)})
+                        log.info(
+                            "server ignored the range request; downloading from the start", extra={"url": _short(url)}
+                        )
                         have = 0
                         digest = hashlib.sha256()
                     total = size
@@ -106,8 +106,7 @@ async def fetch(
                             digest.update(chunk)
                             got += len(chunk)
                             if size is not None and got > size:
-                                raise FetchError(f"{_short(url)}: server sent more than the expected "
-                                                 f"{size} bytes")
+                                raise FetchError(f"{_short(url)}: server sent more than the expected {size} bytes")
                             if progress is not None:
                                 progress(got, total)
                     finally:

@@ -88,8 +88,15 @@ def parse_vulkan_devices(text: str, *, software: bool) -> tuple[list[GpuFacts], 
             continue
         if kind == "cpu" and not software:
             continue
-        gpus.append(GpuFacts(index=index, name=name[:200], uuid=f"vulkan-{index}", memory_total_mib=max(mib, 0),
-                             memory_free_mib=max(mib, 0)))
+        gpus.append(
+            GpuFacts(
+                index=index,
+                name=name[:200],
+                uuid=f"vulkan-{index}",
+                memory_total_mib=max(mib, 0),
+                memory_free_mib=max(mib, 0),
+            )
+        )
     return gpus, ""
 
 
@@ -100,8 +107,12 @@ async def probe_vulkan(time_limit: float = VULKAN_PROBE_TIMEOUT) -> VulkanProbe:
     loader = os.environ.get(VULKAN_LOADER_SWITCH) or VULKAN_LOADER
     try:
         with trio.fail_after(time_limit):
-            result = await trio.run_process([sys.executable, "-m", "llmgw_node.vulkan_devices", loader],
-                                            capture_stdout=True, capture_stderr=True, check=False)
+            result = await trio.run_process(
+                [sys.executable, "-m", "llmgw_node.vulkan_devices", loader],
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+            )
     except trio.TooSlowError:
         return VulkanProbe([], f"the Vulkan device probe did not answer within {time_limit:g} s", drivers)
     except OSError as exc:
@@ -111,8 +122,10 @@ async def probe_vulkan(time_limit: float = VULKAN_PROBE_TIMEOUT) -> VulkanProbe:
     if result.returncode != 0 and not problem:
         problem = f"the Vulkan device probe exited with status {result.returncode}"
     if "no Vulkan loader" in problem:
-        problem = (f"Vulkan driver(s) {', '.join(drivers)} are installed but the Vulkan loader ({loader}) is "
-                   "not: install it (Debian/Ubuntu: libvulkan1; Fedora: vulkan-loader)")
+        problem = (
+            f"Vulkan driver(s) {', '.join(drivers)} are installed but the Vulkan loader ({loader}) is "
+            "not: install it (Debian/Ubuntu: libvulkan1; Fedora: vulkan-loader)"
+        )
     elif problem:
         problem = f"Vulkan driver(s) {', '.join(drivers)} installed, but no device could be listed: {problem}"
     return VulkanProbe(gpus=gpus, problem=problem, drivers=drivers)
@@ -156,8 +169,15 @@ def probe_amd(dev_root: str = "/dev", sys_root: str = "/sys") -> list[GpuFacts]:
         used = _int(_read(device / "mem_info_vram_used")) >> 20
         name = _read(device / "product_name") or f"AMD GPU {_read(device / 'device') or '?'}"
         unique = _read(device / "unique_id")
-        gpus.append(GpuFacts(index=len(gpus), name=name[:200], uuid=f"amd-{unique or card.name}"[:100],
-                             memory_total_mib=total, memory_free_mib=max(total - used, 0)))
+        gpus.append(
+            GpuFacts(
+                index=len(gpus),
+                name=name[:200],
+                uuid=f"amd-{unique or card.name}"[:100],
+                memory_total_mib=total,
+                memory_free_mib=max(total - used, 0),
+            )
+        )
     return gpus
 
 

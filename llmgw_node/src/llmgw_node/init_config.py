@@ -27,22 +27,21 @@ TOKEN_ENV = "LLMGW_JOIN_TOKEN"
 
 DOCS: dict[str, str] = {
     "NodeConfig.control": "Control agent URLs (ws:// or wss://, path /agent/v1), tried in order; list every "
-                          "control daemon so a failover finds the leader.",
-    "NodeConfig.token": "The join token control gave this node (llmgw-control ctl nodes add); keep this file "
-                        "private.",
+    "control daemon so a failover finds the leader.",
+    "NodeConfig.token": "The join token control gave this node (llmgw-control ctl nodes add); keep this file private.",
     "NodeConfig.node_id": "This node's name in the fleet.",
     "NodeConfig.data_dir": "Engines, model weights and state live here.",
     "NodeConfig.engine_host": "Address engines listen on, and the one control is told to reach them at.",
     "NodeConfig.address": "Address control should use for this node's engines, when not engine_host "
-                          "(NAT, a second interface).",
+    "(NAT, a second interface).",
     "NodeConfig.allow_os_packages": "Let engine installs apt-get the OS libraries a build needs (needs root; "
-                                    "otherwise the failure names the package to install).",
+    "otherwise the failure names the package to install).",
     "NodeConfig.release_signing_keys": "minisign public keys: when set, every engine release index must be "
-                                       "signed by one (<index URL>.minisig).",
+    "signed by one (<index URL>.minisig).",
     "NodeConfig.keep_engine_archives": "Keep engine archives beside each install so `engines check` verifies "
-                                       "their digests again.",
-    "NodeConfig.engine_backend": "llama.cpp build to install: \"\" chooses by the devices (NVIDIA: cuda, AMD: rocm, "
-                                 "other GPUs: vulkan, else cpu); \"cuda\", \"rocm\", \"vulkan\" or \"cpu\" pins it.",
+    "their digests again.",
+    "NodeConfig.engine_backend": 'llama.cpp build to install: "" chooses by the devices (NVIDIA: cuda, AMD: rocm, '
+    'other GPUs: vulkan, else cpu); "cuda", "rocm", "vulkan" or "cpu" pins it.',
     "NodeConfig.tls_ca_file": "For wss://: the CA that signed control's certificate (empty: the system's CAs).",
     "NodeConfig.tls_cert_file": "For mutual TLS: this node's client certificate (PEM).",
     "NodeConfig.tls_key_file": "For mutual TLS: this node's client key (PEM).",
@@ -51,16 +50,16 @@ DOCS: dict[str, str] = {
     "NodeConfig.hub_cache": "The Hugging Face Hub cache hub:ORG/NAME model_dirs are found in (empty: <data_dir>/hub).",
     "NodeConfig.recheck_interval_s": "Seconds between re-checks of installed engines (ldd and --version).",
     "NodeConfig.unpack_max_bytes": "Most bytes one engine archive may unpack to (default 8 GiB: 4x llama.cpp's "
-                                   "CUDA builds).",
+    "CUDA builds).",
     "NodeConfig.unpack_max_entries": "Most entries one engine archive may hold (default 4096: 100x llama.cpp's "
-                                     "archives).",
+    "archives).",
     "NodeConfig.install_retry_min_s": "First delay before a failed engine install is tried again (doubles).",
     "NodeConfig.install_retry_max_s": "Longest delay between attempts at a failed engine install.",
     "NodeConfig.reconnect_min_s": "First delay before reconnecting to control (doubles, with jitter).",
     "NodeConfig.reconnect_max_s": "Longest delay between reconnect attempts.",
     "NodeConfig.log_level": "debug, info, warning or error.",
     "NodeConfig.tracing": "OpenTelemetry traces of engine installs and replica starts, sent to an OTLP collector "
-                          "(docs/operator-guide.md, \"Traces\").",
+    '(docs/operator-guide.md, "Traces").',
     "ConfiguredEngine.name": "Engine name, as control's profiles name it (e.g. vllm).",
     "ConfiguredEngine.path": "The engine's executable.",
     "ConfiguredEngine.version": "Version reported to control (empty: the line --version prints).",

@@ -51,8 +51,14 @@ def adapter_path(adapter: AdapterSpec) -> str:
     return adapter.weights.url.removeprefix("file://")
 
 
-async def apply(client: httpx2.AsyncClient, host: str, port: int, api_key: str,
-                wanted: Sequence[AdapterSpec], held: Sequence[AdapterSpec]) -> Applied:
+async def apply(
+    client: httpx2.AsyncClient,
+    host: str,
+    port: int,
+    api_key: str,
+    wanted: Sequence[AdapterSpec],
+    held: Sequence[AdapterSpec],
+) -> Applied:
     """Unload what ``wanted`` no longer names or names with another file (path, sha256 or size:
     vLLM keeps an adapter by name, so a replaced one is unloaded and loaded again), then load
     what ``wanted`` names and the engine lacks."""
@@ -67,8 +73,9 @@ async def apply(client: httpx2.AsyncClient, host: str, port: int, api_key: str,
         if current is not None and current.weights == adapter.weights:
             keep[adapter.name] = adapter
             continue
-        problem = await _post(client, f"{base}/v1/unload_lora_adapter", headers, {"lora_name": adapter.name},
-                              UNLOAD_LIMIT_S, gone_ok=True)
+        problem = await _post(
+            client, f"{base}/v1/unload_lora_adapter", headers, {"lora_name": adapter.name}, UNLOAD_LIMIT_S, gone_ok=True
+        )
         if problem:
             # Still loaded (with its old file): no request is sent to it, the next apply tries again.
             stale[adapter.name] = adapter
@@ -76,9 +83,14 @@ async def apply(client: httpx2.AsyncClient, host: str, port: int, api_key: str,
     for adapter in wanted:
         if adapter.name in keep or adapter.name in stale:
             continue
-        problem = await _post(client, f"{base}/v1/load_lora_adapter", headers,
-                              {"lora_name": adapter.name, "lora_path": adapter_path(adapter)}, LOAD_LIMIT_S,
-                              gone_ok=False)
+        problem = await _post(
+            client,
+            f"{base}/v1/load_lora_adapter",
+            headers,
+            {"lora_name": adapter.name, "lora_path": adapter_path(adapter)},
+            LOAD_LIMIT_S,
+            gone_ok=False,
+        )
         if problem:
             problems.append(f"adapter {adapter.name} not loaded: {problem}")
         else:
@@ -87,8 +99,15 @@ async def apply(client: httpx2.AsyncClient, host: str, port: int, api_key: str,
     return Applied([*(keep[name] for name in loaded), *stale.values()], loaded, problems)
 
 
-async def _post(client: httpx2.AsyncClient, url: str, headers: dict[str, str], body: dict[str, str],
-                limit_s: float, *, gone_ok: bool) -> str:
+async def _post(
+    client: httpx2.AsyncClient,
+    url: str,
+    headers: dict[str, str],
+    body: dict[str, str],
+    limit_s: float,
+    *,
+    gone_ok: bool,
+) -> str:
     """One call; "" when it did what was asked (or it was already so), else why not."""
     async with LIMITER:
         try:

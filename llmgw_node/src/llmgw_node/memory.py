@@ -49,7 +49,7 @@ def parse_session(stat: str) -> int | None:
     end = stat.rfind(")")
     if end < 0:
         return None
-    fields = stat[end + 2:].split()
+    fields = stat[end + 2 :].split()
     if len(fields) < 4 or not fields[3].lstrip("-").isdigit():
         return None
     return int(fields[3])
@@ -112,7 +112,9 @@ async def gpu_use_by_pid(time_limit: float = NVIDIA_SMI_TIMEOUT_S) -> dict[int, 
         with trio.fail_after(time_limit):
             result = await trio.run_process(
                 [exe, f"--query-compute-apps={COMPUTE_APPS_QUERY}", "--format=csv,noheader,nounits"],
-                capture_stdout=True, capture_stderr=True, check=False,
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
             )
     except (trio.TooSlowError, OSError):
         return {}

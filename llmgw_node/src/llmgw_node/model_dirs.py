@@ -23,8 +23,10 @@ from pathlib import Path
 import attrs
 
 # The Hub's repository names: an owner and a name of letters, digits, '-', '_' and '.'.
-HUB_DIR = re.compile(r"^hub:([A-Za-z0-9][A-Za-z0-9._\-]{0,95})/([A-Za-z0-9][A-Za-z0-9._\-]{0,95})"
-                     r"(?:@([A-Za-z0-9][A-Za-z0-9._\-]{0,95}))?$")
+HUB_DIR = re.compile(
+    r"^hub:([A-Za-z0-9][A-Za-z0-9._\-]{0,95})/([A-Za-z0-9][A-Za-z0-9._\-]{0,95})"
+    r"(?:@([A-Za-z0-9][A-Za-z0-9._\-]{0,95}))?$"
+)
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 # A path longer than this is not a model directory anyone wrote by hand (PATH_MAX is 4096).
 MAX_PATH = 1024
@@ -70,8 +72,10 @@ class ModelRoots:
             if ref.is_file():
                 commit = ref.read_text(errors="replace").strip()
             if not _COMMIT.fullmatch(commit):
-                raise ModelDirError(f"{value}: the Hub cache {self.hub_cache} has no snapshot of {owner}/{name} "
-                                    f"at {revision} (put one there with huggingface-cli download)")
+                raise ModelDirError(
+                    f"{value}: the Hub cache {self.hub_cache} has no snapshot of {owner}/{name} "
+                    f"at {revision} (put one there with huggingface-cli download)"
+                )
             path = repo / "snapshots" / commit
         else:
             path = Path(value)
@@ -83,6 +87,7 @@ class ModelRoots:
             raise ModelDirError(f"{value}: {real} is not a directory")
         allowed = [Path(os.path.realpath(root)) for root in (*self.roots, self.hub_cache)]
         if not any(real == root or real.is_relative_to(root) for root in allowed):
-            raise ModelDirError(f"{value}: {real} is outside this node's model_roots "
-                                f"({', '.join(str(r) for r in allowed)})")
+            raise ModelDirError(
+                f"{value}: {real} is outside this node's model_roots ({', '.join(str(r) for r in allowed)})"
+            )
         return real

@@ -41,9 +41,13 @@ def offload_problem(log: bytes, devices: list[int]) -> str:
     """Why a replica started on ``devices`` is not on them ("" when its layers are offloaded)."""
     layers = offloaded_layers(log)
     if layers is None:
-        return (f"placed on GPU(s) {', '.join(map(str, devices))} but the engine offloaded nothing: its log has no "
-                "'offloaded N/M layers to GPU' line, so no GPU backend loaded and it runs on the CPU")
+        return (
+            f"placed on GPU(s) {', '.join(map(str, devices))} but the engine offloaded nothing: its log has no "
+            "'offloaded N/M layers to GPU' line, so no GPU backend loaded and it runs on the CPU"
+        )
     if layers[0] == 0:
-        return (f"placed on GPU(s) {', '.join(map(str, devices))} but the engine offloaded 0/{layers[1]} layers "
-                "to GPU: it runs on the CPU")
+        return (
+            f"placed on GPU(s) {', '.join(map(str, devices))} but the engine offloaded 0/{layers[1]} layers "
+            "to GPU: it runs on the CPU"
+        )
     return ""

@@ -23,9 +23,7 @@ from llmgw_shared.threads import PROC
 
 log = get_logger(__name__)
 
-NO_AVX2_WARNING = (
-    "this CPU has no AVX2: engines run about five times slower; a VM CPU type is the usual cause"
-)
+NO_AVX2_WARNING = "this CPU has no AVX2: engines run about five times slower; a VM CPU type is the usual cause"
 # The extensions engines are built for; the full flag list is noise for placement.
 _X86_FEATURES = ("avx", "avx2", "avx512f", "fma", "f16c")
 _ARM_FEATURES = ("neon", "asimd", "sve")
@@ -98,8 +96,9 @@ def parse_nvidia_smi(text: str) -> tuple[str | None, list[GpuFacts]]:
             raise ValueError(f"nvidia-smi line has {len(fields)} fields, expected 6: {line!r}")
         index, name, uuid, total, free, drv = fields
         driver = drv
-        gpus.append(GpuFacts(index=int(index), name=name, uuid=uuid, memory_total_mib=_mib(total),
-                             memory_free_mib=_mib(free)))
+        gpus.append(
+            GpuFacts(index=int(index), name=name, uuid=uuid, memory_total_mib=_mib(total), memory_free_mib=_mib(free))
+        )
     return driver, gpus
 
 
@@ -126,7 +125,9 @@ async def probe_nvidia(time_limit: float = 10.0) -> tuple[str | None, list[GpuFa
         with trio.fail_after(time_limit):
             result = await trio.run_process(
                 [exe, f"--query-gpu={NVIDIA_QUERY}", "--format=csv,noheader,nounits"],
-                capture_stdout=True, capture_stderr=True, check=False,
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
             )
     except trio.TooSlowError:
         return None, [], f"nvidia-smi did not answer within {time_limit:.0f} s"
@@ -150,9 +151,7 @@ def _read(path: str) -> str:
         return ""
 
 
-async def probe(
-    data_dir: str | Path, *, proc_root: str = "/proc", os_release: str = "/etc/os-release"
-) -> HostFacts:
+async def probe(data_dir: str | Path, *, proc_root: str = "/proc", os_release: str = "/etc/os-release") -> HostFacts:
     """Look at this host now."""
     arch = normalise_arch(platform.machine())
     model, cores, features = parse_cpuinfo(_read(f"{proc_root}/cpuinfo"), arch)
@@ -191,17 +190,32 @@ async def probe(
         # NVIDIA hardware that nothing reaches: a driver that is not loaded (or no nvidia-smi).
         unusable = f"an NVIDIA GPU is on the PCI bus but {gpu_problem or 'there is no nvidia-smi (no NVIDIA driver)'}"
     return HostFacts(
-        probed=True, probed_at=time.time(), hostname=socket.gethostname(),
-        os_id=osr.get("ID", platform.system().lower()), os_name=osr.get("NAME", platform.system()),
-        os_version=osr.get("VERSION_ID", ""), kernel=platform.release(), arch=arch,
-        cpu_model=model, cores=cores or (os.cpu_count() or 0), cpu_features=features,
-        ram_total_mib=total, ram_available_mib=available, data_dir=str(data), disk_free_mib=disk_free,
-        nvidia_driver=driver, gpus=gpus, warnings=warnings, gpu_backend=gpu_backend, gpu_backends=backends,
+        probed=True,
+        probed_at=time.time(),
+        hostname=socket.gethostname(),
+        os_id=osr.get("ID", platform.system().lower()),
+        os_name=osr.get("NAME", platform.system()),
+        os_version=osr.get("VERSION_ID", ""),
+        kernel=platform.release(),
+        arch=arch,
+        cpu_model=model,
+        cores=cores or (os.cpu_count() or 0),
+        cpu_features=features,
+        ram_total_mib=total,
+        ram_available_mib=available,
+        data_dir=str(data),
+        disk_free_mib=disk_free,
+        nvidia_driver=driver,
+        gpus=gpus,
+        warnings=warnings,
+        gpu_backend=gpu_backend,
+        gpu_backends=backends,
         gpus_unusable=unusable,
     )
 
 
 def with_time_cleared(facts: HostFacts) -> HostFacts:
     """Facts minus what changes on every probe, to tell whether anything worth sending changed."""
-    return attrs.evolve(facts, probed_at=0.0, ram_available_mib=facts.ram_available_mib // 256,
-                        disk_free_mib=facts.disk_free_mib // 256)
+    return attrs.evolve(
+        facts, probed_at=0.0, ram_available_mib=facts.ram_available_mib // 256, disk_free_mib=facts.disk_free_mib // 256
+    )

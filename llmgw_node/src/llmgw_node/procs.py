@@ -32,7 +32,7 @@ def start_ticks(pid: int, proc_root: str = "/proc") -> int | None:
     except (OSError, ValueError):
         return None
     # The command name (field 2) is in parentheses and may contain spaces and parentheses.
-    fields = text[text.rindex(")") + 2:].split()
+    fields = text[text.rindex(")") + 2 :].split()
     state = fields[0]
     if state in ("Z", "X"):
         return None
@@ -72,9 +72,11 @@ class ProcessRecord:
 # The file a daemon of an earlier release wrote says "shard_id" (like the v1 wire): kept, so an
 # upgraded daemon adopts what its predecessor recorded.
 # The adapter fields are written only when set, so a record without them reads as before.
-_STORED: dict[str, Any] = {"replica_id": override(rename=v1_key("replica_id")),
-                           "adapters": override(omit_if_default=True),
-                           "adapter_problem": override(omit_if_default=True)}
+_STORED: dict[str, Any] = {
+    "replica_id": override(rename=v1_key("replica_id")),
+    "adapters": override(omit_if_default=True),
+    "adapter_problem": override(omit_if_default=True),
+}
 _structure_record = make_dict_structure_fn(ProcessRecord, converter, **_STORED)
 _unstructure_record = make_dict_unstructure_fn(ProcessRecord, converter, **_STORED)
 

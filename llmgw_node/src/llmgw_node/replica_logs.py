@@ -88,7 +88,7 @@ def _within_budget(lines: list[str]) -> list[str]:
     for keep in range(len(lines) - 1, -1, -1):
         total += len(json.dumps(lines[keep])) + 1
         if total > MAX_ANSWER_BYTES:
-            return lines[keep + 1:]
+            return lines[keep + 1 :]
     return lines
 
 
@@ -97,7 +97,7 @@ def _clean(line: str) -> str:
     # other than tab would reach terminals (`ctl replicas logs`) and the page.
     line = line.rsplit("\r", 1)[-1] if "\r" in line.rstrip("\r") else line.rstrip("\r")
     line = "".join(c if c == "\t" or c >= " " else "?" for c in line)
-    return line if len(line) <= MAX_LINE_CHARS else line[:MAX_LINE_CHARS - 1] + "…"
+    return line if len(line) <= MAX_LINE_CHARS else line[: MAX_LINE_CHARS - 1] + "…"
 
 
 def rotate_if_large(path: Path, limit: int = LOG_KEEP_BYTES) -> bool:
@@ -113,8 +113,7 @@ def rotate_if_large(path: Path, limit: int = LOG_KEEP_BYTES) -> bool:
         old = path.with_name(path.name + ".1")
         old.unlink(missing_ok=True)
         # 0600 as the log itself (open_log): an engine's output may name the operator's paths.
-        with open(path, "rb") as src, os.fdopen(os.open(old, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600),
-                                                "wb") as dst:
+        with open(path, "rb") as src, os.fdopen(os.open(old, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as dst:
             shutil.copyfileobj(src, dst)
         os.truncate(path, 0)
     except OSError:

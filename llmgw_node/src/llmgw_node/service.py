@@ -73,12 +73,20 @@ class NodeService:
         self.facts = facts or unprobed()
         data = config.data_path
         self._send, self.reports = trio.open_memory_channel[Report](REPORT_BUFFER)
-        self.engines = EngineManager.from_config(config, client, _platform(self.facts, config.engine_backend),
-                                                 on_change=self._engine_changed)
+        self.engines = EngineManager.from_config(
+            config, client, _platform(self.facts, config.engine_backend), on_change=self._engine_changed
+        )
         self.weights = WeightsCache(data, client, on_use_change=self._weights_use_changed)
-        self.supervisor = Supervisor(data, self.engines, self.weights, client, host=config.engine_host,
-                                     model_roots=config.model_dir_roots,
-                                     timing=timing, on_change=self._replica_changed)
+        self.supervisor = Supervisor(
+            data,
+            self.engines,
+            self.weights,
+            client,
+            host=config.engine_host,
+            model_roots=config.model_dir_roots,
+            timing=timing,
+            on_change=self._replica_changed,
+        )
         self.fencing_token = 0
         self._nursery: trio.Nursery | None = None
         # The weights cache as last listed (hello and heartbeats report it), and a wake-up for
@@ -123,11 +131,18 @@ class NodeService:
         return self.supervisor.states()
 
     def hello(self) -> Hello:
-        return Hello(protocol_version=PROTOCOL_VERSION, node_id=self.config.node_id, join_token=self.config.token,
-                     facts=self.facts, engines=self.engine_states(), replicas=self.replica_states(),
-                     address=self.config.advertised_address, weights=list(self.weights_held),
-                     # StartReplica and SetEngines may carry control's traceparent (wire.py).
-                     features=[TRACE_CONTEXT])
+        return Hello(
+            protocol_version=PROTOCOL_VERSION,
+            node_id=self.config.node_id,
+            join_token=self.config.token,
+            facts=self.facts,
+            engines=self.engine_states(),
+            replicas=self.replica_states(),
+            address=self.config.advertised_address,
+            weights=list(self.weights_held),
+            # StartReplica and SetEngines may carry control's traceparent (wire.py).
+            features=[TRACE_CONTEXT],
+        )
 
     # ------------------------------------------------------------------ life
 
@@ -181,9 +196,12 @@ class NodeService:
     async def handle(self, command: Command) -> Ack:
         """Carry out one command from control. Never raises for a bad command: the ack says why."""
         if command.fencing_token < self.fencing_token:
-            return Ack(command_id=command.id, ok=False,
-                       error=f"stale fencing token {command.fencing_token} (this node has seen "
-                             f"{self.fencing_token}): a newer control leader is in charge")
+            return Ack(
+                command_id=command.id,
+                ok=False,
+                error=f"stale fencing token {command.fencing_token} (this node has seen "
+                f"{self.fencing_token}): a newer control leader is in charge",
+            )
         self.fencing_token = command.fencing_token
         try:
             error = self._dispatch(command)
@@ -191,8 +209,7 @@ class NodeService:
             error = str(exc)
         except Exception as exc:
             # A bug, not a bad command: the ack says so and the node keeps serving.
-            log.error("command %s crashed", type(command).__name__, exc_info=True,
-                      extra={"command_id": command.id})
+            log.error("command %s crashed", type(command).__name__, exc_info=True, extra={"command_id": command.id})
             error = f"unexpected error: {type(exc).__name__}: {exc}"
         if error:
             log.warning("command %s refused: %s", type(command).__name__, error, extra={"command_id": command.id})
@@ -207,8 +224,9 @@ class NodeService:
             output = None
         if output is None:
             return ReplicaLogsReply(in_reply_to=request.id, replica_id=request.replica_id, found=False)
-        return ReplicaLogsReply(in_reply_to=request.id, replica_id=request.replica_id, found=True, lines=output.lines,
-                         cursor=output.cursor)
+        return ReplicaLogsReply(
+            in_reply_to=request.id, replica_id=request.replica_id, found=True, lines=output.lines, cursor=output.cursor
+        )
 
     def _dispatch(self, command: Command) -> str:
         assert self._nursery is not None, "NodeService.run() must be running"
@@ -277,8 +295,11 @@ async def open_node_service(
     # Engines and weights may come from control's own file server, behind the same TLS (and the
     # same client certificate) as the agent socket, and for enrolled nodes only: the node's
     # credentials go with every request to control (control_auth), and to nothing else.
-    async with open_tracing(config.tracing, "llmgw-node"), control_client(config) as client, \
-            trio.open_nursery() as nursery:
+    async with (
+        open_tracing(config.tracing, "llmgw-node"),
+        control_client(config) as client,
+        trio.open_nursery() as nursery,
+    ):
         svc = NodeService(config, client, timing=timing, facts=facts)
         await nursery.start(lambda task_status: svc.run(adopt=adopt, task_status=task_status))
         try:

@@ -157,9 +157,7 @@ class Supervisor:
 
     # ------------------------------------------------------------------ public API
 
-    async def run(
-        self, *, adopt: bool = True, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-    ) -> None:
+    async def run(self, *, adopt: bool = True, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Own every replica task; adopt (or stop) engines an earlier daemon left running."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
@@ -225,8 +223,9 @@ class Supervisor:
         if self.engines.binary(spec.engine, spec.engine_version) is None:
             state = self.engines.state(spec.engine, spec.engine_version)
             if EngineInstall(state.status) is not EngineInstall.INSTALLING:
-                raise ReplicaError(f"engine {spec.engine} {spec.engine_version} is not available here: "
-                                 f"{state.describe()}")
+                raise ReplicaError(
+                    f"engine {spec.engine} {spec.engine_version} is not available here: {state.describe()}"
+                )
         replica = _Replica(spec)
         self._replicas[spec.replica_id] = replica
         self._spawn(replica, adopted=None)
@@ -254,8 +253,10 @@ class Supervisor:
         if replica is None or replica.done.is_set():
             raise ReplicaError(f"replica {replica_id[:100]} is not running here")
         if not loads_adapters_live(replica.spec.engine):
-            raise ReplicaError(f"replica {replica_id}: {replica.spec.engine} takes its adapters at start only; "
-                             "start a replica with the new list instead")
+            raise ReplicaError(
+                f"replica {replica_id}: {replica.spec.engine} takes its adapters at start only; "
+                "start a replica with the new list instead"
+            )
         spec = attrs.evolve(replica.spec, adapters=list(adapters))
         try:
             check_adapters(spec)
@@ -291,14 +292,25 @@ class Supervisor:
         """
         current = ReplicaStatus(replica.state.status)
         if not allowed(current, status):
-            log.error("replica %s: %s -> %s is not in the replica lifecycle's table (a bug in the node): "
-                      "not recorded, not reported (%s)", replica.spec.replica_id, current, status, detail)
+            log.error(
+                "replica %s: %s -> %s is not in the replica lifecycle's table (a bug in the node): "
+                "not recorded, not reported (%s)",
+                replica.spec.replica_id,
+                current,
+                status,
+                detail,
+            )
             return
         state = ReplicaState(
-            replica_id=replica.spec.replica_id, status=on_wire(status), detail=detail, port=replica.spec.port,
-            pid=replica.pid, restarts=replica.restarts,
+            replica_id=replica.spec.replica_id,
+            status=on_wire(status),
+            detail=detail,
+            port=replica.spec.port,
+            pid=replica.pid,
+            restarts=replica.restarts,
             last_lines=self.output(replica.spec.replica_id, FAILURE_LINES) if lines else [],
-            rss_mib=replica.rss_mib if replica.pid else 0, vram_mib=replica.vram_mib if replica.pid else 0,
+            rss_mib=replica.rss_mib if replica.pid else 0,
+            vram_mib=replica.vram_mib if replica.pid else 0,
             adapters=list(replica.loaded) if status == ReplicaStatus.READY else [],
         )
         if state == replica.state:
@@ -342,14 +354,22 @@ class Supervisor:
         records = []
         for replica in self._replicas.values():
             if replica.pid and not replica.done.is_set():
-                records.append(ProcessRecord(
-                    replica_id=replica.spec.replica_id, pid=replica.pid, ticks=replica.ticks,
-                    binary=str(self.engines.binary(replica.spec.engine, replica.spec.engine_version) or ""),
-                    weights=str(self.weights.path_for(replica.spec.weights)) if replica.spec.weights is not None
-                    else str(replica.model_path or ""),
-                    log=str(self.log_path(replica.spec.replica_id)), spec=replica.spec, restarts=replica.restarts,
-                    adapters=replica.verified, adapter_problem=replica.refused,
-                ))
+                records.append(
+                    ProcessRecord(
+                        replica_id=replica.spec.replica_id,
+                        pid=replica.pid,
+                        ticks=replica.ticks,
+                        binary=str(self.engines.binary(replica.spec.engine, replica.spec.engine_version) or ""),
+                        weights=str(self.weights.path_for(replica.spec.weights))
+                        if replica.spec.weights is not None
+                        else str(replica.model_path or ""),
+                        log=str(self.log_path(replica.spec.replica_id)),
+                        spec=replica.spec,
+                        restarts=replica.restarts,
+                        adapters=replica.verified,
+                        adapter_problem=replica.refused,
+                    )
+                )
         self._state_file.save(records)
 
     async def _recover(self, adopt: bool) -> None:
@@ -358,8 +378,7 @@ class Supervisor:
                 log.info("replica %s from the previous run is gone", record.replica_id)
                 continue
             if not adopt:
-                log.info("stopping replica %s left by the previous run", record.replica_id,
-                         extra={"pid": record.pid})
+                log.info("stopping replica %s left by the previous run", record.replica_id, extra={"pid": record.pid})
                 await self._terminate(record.pid, record.ticks, None, self.timing.stop_grace)
                 continue
             replica = _Replica(record.spec)
@@ -447,7 +466,8 @@ class Supervisor:
             self._set(replica, ReplicaStatus.DOWNLOADING, f"checking adapter {adapter.name}")
             try:
                 await self.weights.ensure(
-                    adapter.weights, lambda what: self._set(replica, ReplicaStatus.DOWNLOADING, f"adapter: {what}"))
+                    adapter.weights, lambda what: self._set(replica, ReplicaStatus.DOWNLOADING, f"adapter: {what}")
+                )
             except WeightsError as exc:
                 log.warning("replica %s: adapter %s refused: %s", replica.spec.replica_id, adapter.name, exc)
                 problems.append(f"adapter {adapter.name} not loaded: {exc}")
@@ -480,13 +500,17 @@ class Supervisor:
             replica.rss_mib = replica.vram_mib = 0
             self._persist()
             if replica.restarts > spec.max_restarts:
-                self._set(replica, ReplicaStatus.FAILED, f"{outcome}; gave up after {spec.max_restarts} restarts",
-                          lines=True)
+                self._set(
+                    replica, ReplicaStatus.FAILED, f"{outcome}; gave up after {spec.max_restarts} restarts", lines=True
+                )
                 return
             delay = min(t.backoff_cap, t.backoff_base * 2 ** (replica.restarts - 1))
-            self._set(replica, ReplicaStatus.STARTING,
-                      f"{outcome}; restart {replica.restarts} of {spec.max_restarts} in {delay:g} s",
-                      lines=True)
+            self._set(
+                replica,
+                ReplicaStatus.STARTING,
+                f"{outcome}; restart {replica.restarts} of {spec.max_restarts} in {delay:g} s",
+                lines=True,
+            )
             with trio.move_on_after(delay):
                 await replica.stop_requested.wait()
             if replica.stop_requested.is_set():
@@ -507,20 +531,37 @@ class Supervisor:
             # through its backend's variable: CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES or
             # GGML_VK_VISIBLE_DEVICES (an engine named by path: the node's GPUs' own).
             backend = self.engines.engine_backend(spec.engine, spec.engine_version) or self.engines.platform.gpu_backend
-            env.update(self.engines.device_environment(backend or "cuda", spec.devices)
-                       or {"CUDA_VISIBLE_DEVICES": ",".join(map(str, spec.devices))})
+            env.update(
+                self.engines.device_environment(backend or "cuda", spec.devices)
+                or {"CUDA_VISIBLE_DEVICES": ",".join(map(str, spec.devices))}
+            )
         env.update(key_environment(spec))
         fd = await DISK.run(lambda: open_log(self.log_path(spec.replica_id), fresh=fresh))
         # A span per engine process started (llmgw_shared/tracing.py); a failure is its status.
-        with tracing.span("llmgw.replica_start", {"llmgw.replica": spec.replica_id, "llmgw.engine": spec.engine,
-                                                  "llmgw.engine_version": spec.engine_version,
-                                                  "llmgw.port": spec.port}):
+        with tracing.span(
+            "llmgw.replica_start",
+            {
+                "llmgw.replica": spec.replica_id,
+                "llmgw.engine": spec.engine,
+                "llmgw.engine_version": spec.engine_version,
+                "llmgw.port": spec.port,
+            },
+        ):
             try:
                 proc = await trio.lowlevel.open_process(
-                    engine_argv(binary, spec, weights, self.host,
-                                [self.weights.path_for(a.weights) for a in _started_adapters(replica)]),
+                    engine_argv(
+                        binary,
+                        spec,
+                        weights,
+                        self.host,
+                        [self.weights.path_for(a.weights) for a in _started_adapters(replica)],
+                    ),
                     stdin=subprocess.DEVNULL,
-                    stdout=fd, stderr=fd, env=env, start_new_session=True, cwd=str(binary.parent),
+                    stdout=fd,
+                    stderr=fd,
+                    env=env,
+                    start_new_session=True,
+                    cwd=str(binary.parent),
                 )
             except OSError as exc:
                 raise ReplicaError(f"could not start {binary.name}: {exc.strerror or exc}") from None
@@ -641,8 +682,7 @@ class Supervisor:
             if not spec.adapters and not replica.held:
                 return
             wanted, problems = await self._adapter_dirs(spec.adapters)
-            applied = await live_adapters.apply(self.client, self.host, spec.port, spec.api_key, wanted,
-                                                replica.held)
+            applied = await live_adapters.apply(self.client, self.host, spec.port, spec.api_key, wanted, replica.held)
             if replica.pid != pid:
                 return  # restarted meanwhile: its next ready applies the list again
             problems += applied.problems
@@ -660,8 +700,9 @@ class Supervisor:
         problems: list[str] = []
         for adapter in adapters:
             try:
-                path = await DISK.run(self.model_roots.resolve, adapter.weights.url.removeprefix("file://"),
-                                      abandon=True)
+                path = await DISK.run(
+                    self.model_roots.resolve, adapter.weights.url.removeprefix("file://"), abandon=True
+                )
             except ModelDirError as exc:
                 problems.append(f"adapter {adapter.name} not loaded: {exc}")
                 continue
@@ -681,20 +722,27 @@ class Supervisor:
     async def _drain(self, replica: _Replica, limit_s: float, exited: trio.Event) -> None:
         with trio.move_on_after(limit_s) as scope:
             while not exited.is_set():
-                busy = await engine_http.in_flight(self.client, self.host, replica.spec.port, replica.spec.api_key,
-                                                   replica.spec.engine)
+                busy = await engine_http.in_flight(
+                    self.client, self.host, replica.spec.port, replica.spec.api_key, replica.spec.engine
+                )
                 if busy == 0:
                     return
                 if busy is None:
-                    log.warning("replica %s: cannot see its in-flight requests (/slots and /metrics both "
-                                "unavailable); stopping without waiting", replica.spec.replica_id)
+                    log.warning(
+                        "replica %s: cannot see its in-flight requests (/slots and /metrics both "
+                        "unavailable); stopping without waiting",
+                        replica.spec.replica_id,
+                    )
                     return
                 self._set(replica, ReplicaStatus.DRAINING, f"waiting for {busy} request(s) in flight")
                 with trio.move_on_after(self.timing.drain_poll):
                     await exited.wait()
         if scope.cancelled_caught:
-            log.warning("replica %s: drain timed out after %g s; stopping with requests in flight",
-                        replica.spec.replica_id, limit_s)
+            log.warning(
+                "replica %s: drain timed out after %g s; stopping with requests in flight",
+                replica.spec.replica_id,
+                limit_s,
+            )
 
     async def _terminate(self, pid: int, ticks: int, process: trio.Process | None, grace: float) -> None:
         """SIGTERM to the process group, SIGKILL after ``grace`` seconds; returns once it is gone."""
@@ -747,9 +795,11 @@ async def _first(*events: trio.Event) -> None:
         return
     async with trio.open_nursery() as nursery:
         for event in events:
+
             async def waiter(ev: trio.Event = event) -> None:
                 await ev.wait()
                 nursery.cancel_scope.cancel()
+
             nursery.start_soon(waiter)
 
 

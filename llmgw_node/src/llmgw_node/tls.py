@@ -12,8 +12,11 @@ def client_context(config: NodeConfig) -> ssl.SSLContext | None:
     """None when no control URL uses wss://; otherwise a verifying context, with our cert if set."""
     if not any(url.startswith("wss://") for url in config.control):
         return None
-    for what, path in (("tls_ca_file", config.tls_ca_file), ("tls_cert_file", config.tls_cert_file),
-                       ("tls_key_file", config.tls_key_file)):
+    for what, path in (
+        ("tls_ca_file", config.tls_ca_file),
+        ("tls_cert_file", config.tls_cert_file),
+        ("tls_key_file", config.tls_key_file),
+    ):
         if path and not Path(path).is_file():
             raise ConfigError(f"{what}: {path}: no such file")
     try:

@@ -34,16 +34,28 @@ _MEMORY_BYTES = 1024
 
 
 class _AppInfo(ctypes.Structure):
-    _fields_ = [("sType", ctypes.c_int32), ("pNext", ctypes.c_void_p), ("pApplicationName", ctypes.c_char_p),
-                ("applicationVersion", ctypes.c_uint32), ("pEngineName", ctypes.c_char_p),
-                ("engineVersion", ctypes.c_uint32), ("apiVersion", ctypes.c_uint32)]
+    _fields_ = [
+        ("sType", ctypes.c_int32),
+        ("pNext", ctypes.c_void_p),
+        ("pApplicationName", ctypes.c_char_p),
+        ("applicationVersion", ctypes.c_uint32),
+        ("pEngineName", ctypes.c_char_p),
+        ("engineVersion", ctypes.c_uint32),
+        ("apiVersion", ctypes.c_uint32),
+    ]
 
 
 class _InstanceInfo(ctypes.Structure):
-    _fields_ = [("sType", ctypes.c_int32), ("pNext", ctypes.c_void_p), ("flags", ctypes.c_uint32),
-                ("pApplicationInfo", ctypes.POINTER(_AppInfo)), ("enabledLayerCount", ctypes.c_uint32),
-                ("ppEnabledLayerNames", ctypes.c_void_p), ("enabledExtensionCount", ctypes.c_uint32),
-                ("ppEnabledExtensionNames", ctypes.c_void_p)]
+    _fields_ = [
+        ("sType", ctypes.c_int32),
+        ("pNext", ctypes.c_void_p),
+        ("flags", ctypes.c_uint32),
+        ("pApplicationInfo", ctypes.POINTER(_AppInfo)),
+        ("enabledLayerCount", ctypes.c_uint32),
+        ("ppEnabledLayerNames", ctypes.c_void_p),
+        ("enabledExtensionCount", ctypes.c_uint32),
+        ("ppEnabledExtensionNames", ctypes.c_void_p),
+    ]
 
 
 def enumerate_devices(loader: str = "libvulkan.so.1") -> list[dict[str, object]]:
@@ -75,12 +87,13 @@ def enumerate_devices(loader: str = "libvulkan.so.1") -> list[dict[str, object]]
             local = 0
             for h in range(heaps):
                 at = 264 + 16 * h
-                size = int.from_bytes(memory.raw[at:at + 8], "little")
-                flags = int.from_bytes(memory.raw[at + 8:at + 12], "little")
+                size = int.from_bytes(memory.raw[at : at + 8], "little")
+                flags = int.from_bytes(memory.raw[at + 8 : at + 12], "little")
                 if flags & _VK_MEMORY_HEAP_DEVICE_LOCAL_BIT:
                     local += size
-            devices.append({"index": index, "name": name[:200], "type": DEVICE_TYPES.get(kind, "other"),
-                            "memory_mib": local >> 20})
+            devices.append(
+                {"index": index, "name": name[:200], "type": DEVICE_TYPES.get(kind, "other"), "memory_mib": local >> 20}
+            )
         return devices
     finally:
         vk.vkDestroyInstance(instance, None)

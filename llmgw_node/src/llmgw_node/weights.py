@@ -30,8 +30,14 @@ class WeightsError(Exception):
 
 
 class WeightsCache:
-    def __init__(self, data_dir: Path, client: httpx2.AsyncClient, *, margin: int = DISK_MARGIN,
-                 on_use_change: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        client: httpx2.AsyncClient,
+        *,
+        margin: int = DISK_MARGIN,
+        on_use_change: Callable[[], None] | None = None,
+    ) -> None:
         self.root = data_dir / "weights"
         self.client = client
         self.margin = margin
@@ -127,8 +133,9 @@ class WeightsCache:
                     progress(f"downloading {name} ({human_size(spec.size)}, {pct}%)")
 
             try:
-                return await fetch(self.client, spec.url, target, sha256=sha, size=spec.size,
-                                   progress=on_progress, label=name)
+                return await fetch(
+                    self.client, spec.url, target, sha256=sha, size=spec.size, progress=on_progress, label=name
+                )
             except FetchError as exc:
                 raise WeightsError(str(exc)) from None
 

@@ -33,19 +33,29 @@ class EngineInstall(StrEnum):
     UNCONFIGURED = "unconfigured"
 
 
-ENGINE_LIFECYCLE = Lifecycle("engine install", EngineInstall, start={EngineInstall.ABSENT}, transitions={
-    # Asked for (queued), found installed or configured at start-up, proven broken at start-up,
-    # or one this node has no way to run.
-    EngineInstall.ABSENT: {EngineInstall.INSTALLING, EngineInstall.INSTALLED, EngineInstall.FAILED,
-                           EngineInstall.CONFIGURED, EngineInstall.UNCONFIGURED},
-    EngineInstall.INSTALLING: {EngineInstall.INSTALLED, EngineInstall.FAILED},
-    # A re-check failed (a library gone, the binary deleted).
-    EngineInstall.INSTALLED: {EngineInstall.FAILED},
-    # Retried (with backoff), or a configured engine that proves itself again.
-    EngineInstall.FAILED: {EngineInstall.INSTALLING, EngineInstall.CONFIGURED},
-    EngineInstall.CONFIGURED: {EngineInstall.FAILED},
-    EngineInstall.UNCONFIGURED: set(),
-})
+ENGINE_LIFECYCLE = Lifecycle(
+    "engine install",
+    EngineInstall,
+    start={EngineInstall.ABSENT},
+    transitions={
+        # Asked for (queued), found installed or configured at start-up, proven broken at start-up,
+        # or one this node has no way to run.
+        EngineInstall.ABSENT: {
+            EngineInstall.INSTALLING,
+            EngineInstall.INSTALLED,
+            EngineInstall.FAILED,
+            EngineInstall.CONFIGURED,
+            EngineInstall.UNCONFIGURED,
+        },
+        EngineInstall.INSTALLING: {EngineInstall.INSTALLED, EngineInstall.FAILED},
+        # A re-check failed (a library gone, the binary deleted).
+        EngineInstall.INSTALLED: {EngineInstall.FAILED},
+        # Retried (with backoff), or a configured engine that proves itself again.
+        EngineInstall.FAILED: {EngineInstall.INSTALLING, EngineInstall.CONFIGURED},
+        EngineInstall.CONFIGURED: {EngineInstall.FAILED},
+        EngineInstall.UNCONFIGURED: set(),
+    },
+)
 
 # Where control may place a replica that needs the engine.
 SERVES = frozenset({EngineInstall.INSTALLED, EngineInstall.CONFIGURED})

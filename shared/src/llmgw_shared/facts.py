@@ -57,7 +57,21 @@ class HostFacts:
 def unprobed() -> HostFacts:
     """Facts that say plainly that nothing was probed yet."""
     return HostFacts(
-        probed=False, probed_at=0.0, hostname="", os_id="", os_name="", os_version="", kernel="",
-        arch="", cpu_model="", cores=0, cpu_features=[], ram_total_mib=0, ram_available_mib=0,
-        data_dir="", disk_free_mib=0, nvidia_driver=None, gpus=[],
+        probed=False,
+        probed_at=0.0,
+        hostname="",
+        os_id="",
+        os_name="",
+        os_version="",
+        kernel="",
+        arch="",
+        cpu_model="",
+        cores=0,
+        cpu_features=[],
+        ram_total_mib=0,
+        ram_available_mib=0,
+        data_dir="",
+        disk_free_mib=0,
+        nvidia_driver=None,
+        gpus=[],
     )

@@ -45,6 +45,9 @@ async def keep_gc_pauses_short(*, freeze_every: float = 10.0, full_every: float 
             gc.unfreeze()
             collected = gc.collect()
             last_full = trio.current_time()
-            log.info("full garbage collection: %d objects freed in %.0f ms", collected,
-                     (time.perf_counter() - started) * 1000)
+            log.info(
+                "full garbage collection: %d objects freed in %.0f ms",
+                collected,
+                (time.perf_counter() - started) * 1000,
+            )
         gc.freeze()

@@ -67,7 +67,8 @@ def loads(data: str | bytes | bytearray, *, max_depth: int = MAX_DEPTH) -> Any:
     """
     if isinstance(data, str):
         if data.count("[") + data.count("{") > max_depth and nesting_exceeds(
-                data.encode("utf-8", "surrogatepass"), max_depth):
+            data.encode("utf-8", "surrogatepass"), max_depth
+        ):
             raise JsonTooDeep(max_depth)
         text = data
     else:

@@ -44,14 +44,16 @@ REPLICA_ID_RULE = "1-128 letters, digits, '.', '_' or '-', starting with a lette
 # 200 leaves room for the 22 characters around it. GitHub itself renames uploads to this
 # alphabet ("special characters" become '.'), so no real release is refused by it.
 ASSET_NAME = re.compile(r"(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9._+\-]{0,199}")
-ASSET_NAME_RULE = ("a plain file name: 1-200 letters, digits, '.', '_', '+' or '-', starting with a "
-                   "letter or digit, without '..'")
+ASSET_NAME_RULE = (
+    "a plain file name: 1-200 letters, digits, '.', '_', '+' or '-', starting with a letter or digit, without '..'"
+)
 
 # Model weight file names (the last part of a weights URL: Qwen2.5-7B-Instruct-Q4_K_M.gguf) are
 # shown in progress and error lines; the file itself is stored under its digest. NAME_MAX long.
 WEIGHT_FILE_NAME = re.compile(r"(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9._+\-]{0,254}")
-WEIGHT_FILE_NAME_RULE = ("a plain file name: 1-255 letters, digits, '.', '_', '+' or '-', starting with a "
-                         "letter or digit, without '..'")
+WEIGHT_FILE_NAME_RULE = (
+    "a plain file name: 1-255 letters, digits, '.', '_', '+' or '-', starting with a letter or digit, without '..'"
+)
 
 # A sha256 in hex (weights, remove_weights), and a published digest as GitHub writes it
 # ("sha256:<hex>"); both name files, so nothing but 64 hex digits may reach a path.

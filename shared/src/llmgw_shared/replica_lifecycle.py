@@ -40,21 +40,31 @@ class ReplicaStatus(StrEnum):
 
 
 _ENDS = {ReplicaStatus.DRAINING, ReplicaStatus.STOPPED, ReplicaStatus.FAILED}
-REPLICA_LIFECYCLE = Lifecycle("replica", ReplicaStatus, start={ReplicaStatus.ASSIGNED}, transitions={
-    # A start is answered by whatever the node reached by its next report.
-    ReplicaStatus.ASSIGNED: {ReplicaStatus.PENDING, ReplicaStatus.DOWNLOADING, ReplicaStatus.STARTING,
-                             ReplicaStatus.READY, *_ENDS},
-    ReplicaStatus.PENDING: {ReplicaStatus.DOWNLOADING, ReplicaStatus.STARTING, ReplicaStatus.READY, *_ENDS},
-    ReplicaStatus.DOWNLOADING: {ReplicaStatus.STARTING, ReplicaStatus.READY, *_ENDS},
-    # PENDING again: the node daemon restarted and is adopting the running engine (it checks its
-    # health before reporting it ready again).
-    ReplicaStatus.STARTING: {ReplicaStatus.PENDING, ReplicaStatus.READY, *_ENDS},
-    # STARTING again: the engine crashed and the node restarts it (with backoff).
-    ReplicaStatus.READY: {ReplicaStatus.PENDING, ReplicaStatus.STARTING, *_ENDS},
-    ReplicaStatus.DRAINING: {ReplicaStatus.STOPPED, ReplicaStatus.FAILED},
-    ReplicaStatus.STOPPED: set(),
-    ReplicaStatus.FAILED: set(),
-})
+REPLICA_LIFECYCLE = Lifecycle(
+    "replica",
+    ReplicaStatus,
+    start={ReplicaStatus.ASSIGNED},
+    transitions={
+        # A start is answered by whatever the node reached by its next report.
+        ReplicaStatus.ASSIGNED: {
+            ReplicaStatus.PENDING,
+            ReplicaStatus.DOWNLOADING,
+            ReplicaStatus.STARTING,
+            ReplicaStatus.READY,
+            *_ENDS,
+        },
+        ReplicaStatus.PENDING: {ReplicaStatus.DOWNLOADING, ReplicaStatus.STARTING, ReplicaStatus.READY, *_ENDS},
+        ReplicaStatus.DOWNLOADING: {ReplicaStatus.STARTING, ReplicaStatus.READY, *_ENDS},
+        # PENDING again: the node daemon restarted and is adopting the running engine (it checks its
+        # health before reporting it ready again).
+        ReplicaStatus.STARTING: {ReplicaStatus.PENDING, ReplicaStatus.READY, *_ENDS},
+        # STARTING again: the engine crashed and the node restarts it (with backoff).
+        ReplicaStatus.READY: {ReplicaStatus.PENDING, ReplicaStatus.STARTING, *_ENDS},
+        ReplicaStatus.DRAINING: {ReplicaStatus.STOPPED, ReplicaStatus.FAILED},
+        ReplicaStatus.STOPPED: set(),
+        ReplicaStatus.FAILED: set(),
+    },
+)
 
 TERMINAL = REPLICA_LIFECYCLE.terminal
 # Holding a claim on the node's memory: everything but the terminal statuses.

@@ -71,22 +71,45 @@ class ThreadPool:
 
 
 # The pools. Sizes are per process; the reason says what fills each and why that many suffices.
-HUB = ThreadPool("hub", 8, "Hub searches and repository listings, one per operator page view; each "
-                 "call ends by its deadline (hub.timeout), so 8 stalled calls are the most a dead Hub holds")
-STORE = ThreadPool("store", 16, "store transactions: SQLite runs one at a time and PostgreSQL's pool holds "
-                   "4 connections (a thread only starts once it has one), plus a LISTEN wait; the rest is "
-                   "room for abandoned statements being interrupted")
-FILES = ThreadPool("files", 4, "hashing and reading whole model and engine files: disk- and CPU-bound, "
-                   "more threads than cores only slows each")
-DISK = ThreadPool("disk", 8, "small filesystem work: secrets, mkdir, stat, unlink, rename, log reads; "
-                  "quick, but kept apart so a long hash never delays them")
+HUB = ThreadPool(
+    "hub",
+    8,
+    "Hub searches and repository listings, one per operator page view; each "
+    "call ends by its deadline (hub.timeout), so 8 stalled calls are the most a dead Hub holds",
+)
+STORE = ThreadPool(
+    "store",
+    16,
+    "store transactions: SQLite runs one at a time and PostgreSQL's pool holds "
+    "4 connections (a thread only starts once it has one), plus a LISTEN wait; the rest is "
+    "room for abandoned statements being interrupted",
+)
+FILES = ThreadPool(
+    "files",
+    4,
+    "hashing and reading whole model and engine files: disk- and CPU-bound, more threads than cores only slows each",
+)
+DISK = ThreadPool(
+    "disk",
+    8,
+    "small filesystem work: secrets, mkdir, stat, unlink, rename, log reads; "
+    "quick, but kept apart so a long hash never delays them",
+)
 PROC = ThreadPool("proc", 2, "node: reading /proc for memory accounting, one sweep at a time")
 INSTALL = ThreadPool("install", 2, "node: unpacking engine archives and making room for downloads")
 APP = ThreadPool("app", 8, "synchronous functions the web framework runs off the event loop")
-GGUF = ThreadPool("gguf", 2, "parsing GGUF headers of models being added: CPU work of up to half a second "
-                  "each, two at a time, so a burst of model changes cannot take every core")
+GGUF = ThreadPool(
+    "gguf",
+    2,
+    "parsing GGUF headers of models being added: CPU work of up to half a second "
+    "each, two at a time, so a burst of model changes cannot take every core",
+)
 
-EXPORT = ThreadPool("export", 1, "trace batches sent to the OTLP collector (llmgw_shared/tracing.py), one at a time; "
-                    "each ends by its own deadline (tracing.export_timeout), so a hung collector holds one thread")
+EXPORT = ThreadPool(
+    "export",
+    1,
+    "trace batches sent to the OTLP collector (llmgw_shared/tracing.py), one at a time; "
+    "each ends by its own deadline (tracing.export_timeout), so a hung collector holds one thread",
+)
 
 POOLS = (HUB, STORE, FILES, DISK, PROC, INSTALL, APP, GGUF, EXPORT)

@@ -13,7 +13,7 @@ checks, and ``span`` yields a non-recording span without building anything. The 
 ``Tracing`` lives in a context variable set by ``open_tracing``, so every task the daemon starts
 under it sees the same one (a test process runs a control and a node side by side, each its own).
 
-About 300 lines: the config and its checks, the processor, the export loop and the helpers
+About 350 lines: the config and its checks, the processor, the export loop and the helpers
 (spans, events, and the traceparent a node command carries).
 """
 
@@ -66,23 +66,42 @@ _HEADER_NAME = re.compile(r"^[a-z0-9][a-z0-9_.\-]{0,63}$")
 
 @attrs.frozen
 class TracingConfig:
-    endpoint: str = attrs.field(default="", metadata=doc(
-        "The OTLP collector: http://collector:4318 or its full http://collector:4318/v1/traces (http/protobuf), "
-        "or http://collector:4317 (grpc); empty: tracing off."))
+    endpoint: str = attrs.field(
+        default="",
+        metadata=doc(
+            "The OTLP collector: http://collector:4318 or its full http://collector:4318/v1/traces (http/protobuf), "
+            "or http://collector:4317 (grpc); empty: tracing off."
+        ),
+    )
     protocol: str = attrs.field(default="http/protobuf", metadata=doc("http/protobuf or grpc."))
-    sample_ratio: float = attrs.field(default=1.0, metadata=doc(
-        "Share of new traces recorded, 0 to 1; a request whose traceparent says sampled follows its caller."))
-    service_name: str = attrs.field(default="", metadata=doc(
-        "service.name of the spans (empty: llmgw-control or llmgw-node)."))
-    headers: dict[str, str] = attrs.field(factory=dict, repr=False, metadata=doc(
-        "Headers sent with every export, e.g. the collector's API key; never logged."))
-    capture_prompts: bool = attrs.field(default=False, metadata=doc(
-        "Put the request's messages or prompt (cut to 1 KiB) in the gateway's span: prompt text then "
-        "leaves for the collector (docs/security.md)."))
-    export_timeout: float = attrs.field(default=5.0, metadata=doc(
-        "Seconds one export may take before its batch is given up."))
-    queue_size: int = attrs.field(default=4096, metadata=doc(
-        "Finished spans kept for export; more are dropped and counted (llmgw_trace_spans_dropped_total)."))
+    sample_ratio: float = attrs.field(
+        default=1.0,
+        metadata=doc(
+            "Share of new traces recorded, 0 to 1; a request whose traceparent says sampled follows its caller."
+        ),
+    )
+    service_name: str = attrs.field(
+        default="", metadata=doc("service.name of the spans (empty: llmgw-control or llmgw-node).")
+    )
+    headers: dict[str, str] = attrs.field(
+        factory=dict,
+        repr=False,
+        metadata=doc("Headers sent with every export, e.g. the collector's API key; never logged."),
+    )
+    capture_prompts: bool = attrs.field(
+        default=False,
+        metadata=doc(
+            "Put the request's messages or prompt (cut to 1 KiB) in the gateway's span: prompt text then "
+            "leaves for the collector (docs/security.md)."
+        ),
+    )
+    export_timeout: float = attrs.field(
+        default=5.0, metadata=doc("Seconds one export may take before its batch is given up.")
+    )
+    queue_size: int = attrs.field(
+        default=4096,
+        metadata=doc("Finished spans kept for export; more are dropped and counted (llmgw_trace_spans_dropped_total)."),
+    )
 
 
 def validate_tracing(config: TracingConfig) -> TracingConfig:
@@ -95,8 +114,10 @@ def validate_tracing(config: TracingConfig) -> TracingConfig:
     except ValueError:
         raise ConfigError(f"tracing.endpoint: {config.endpoint!r} has an invalid port") from None
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
-        raise ConfigError(f"tracing.endpoint: {config.endpoint!r} is not an http(s) URL with a host, "
-                          "e.g. http://collector:4318/v1/traces")
+        raise ConfigError(
+            f"tracing.endpoint: {config.endpoint!r} is not an http(s) URL with a host, "
+            "e.g. http://collector:4318/v1/traces"
+        )
     if config.protocol not in PROTOCOLS:
         raise ConfigError(f"tracing.protocol must be one of {', '.join(PROTOCOLS)}, got {config.protocol!r}")
     if not 0.0 <= config.sample_ratio <= 1.0:
@@ -145,8 +166,12 @@ class TrioSpanProcessor(SpanProcessor):
 class Tracing:
     """One daemon's tracer and export task; ``OFF`` when no collector is configured."""
 
-    def __init__(self, provider: TracerProvider | None = None, exporter: SpanExporter | None = None,
-                 config: TracingConfig | None = None) -> None:
+    def __init__(
+        self,
+        provider: TracerProvider | None = None,
+        exporter: SpanExporter | None = None,
+        config: TracingConfig | None = None,
+    ) -> None:
         self.enabled = provider is not None
         self.provider = provider
         self.exporter = exporter
@@ -189,8 +214,10 @@ class Tracing:
         # otherwise fill the log.
         if self._failing_since is None:
             self._failing_since = time.monotonic()
-            log.warning("traces cannot be exported to %s; spans are dropped until it answers",
-                        urlsplit(self.config.endpoint).netloc)
+            log.warning(
+                "traces cannot be exported to %s; spans are dropped until it answers",
+                urlsplit(self.config.endpoint).netloc,
+            )
 
     async def aclose(self) -> None:
         """The last flush and the exporter's close, within ``_SHUTDOWN_BUDGET`` seconds."""
@@ -227,8 +254,12 @@ def make_exporter(config: TracingConfig) -> SpanExporter:
     if config.protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 
-        return GrpcExporter(endpoint=config.endpoint, insecure=config.endpoint.startswith("http://"),
-                            headers=headers, timeout=config.export_timeout)
+        return GrpcExporter(
+            endpoint=config.endpoint,
+            insecure=config.endpoint.startswith("http://"),
+            headers=headers,
+            timeout=config.export_timeout,
+        )
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 
     return HttpExporter(endpoint=http_traces_url(config.endpoint), headers=headers, timeout=config.export_timeout)

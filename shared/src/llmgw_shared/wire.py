@@ -134,8 +134,11 @@ class EngineProvenance:
 
     def describe(self) -> str:
         """One line for people: the source, who signed, each archive's digest, when, who asked."""
-        when = (datetime.fromtimestamp(self.installed_at, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
-                if self.installed_at > 0 else "at an unknown time")
+        when = (
+            datetime.fromtimestamp(self.installed_at, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+            if self.installed_at > 0
+            else "at an unknown time"
+        )
         assets = ", ".join(f"{a.name} sha256:{a.sha256[:16]}…" for a in self.assets) or "no archives recorded"
         asked = f"control epoch {self.control_epoch}" if self.control_epoch else "by hand"
         signed = f"signed by {self.signed_by}" if self.signed_by else "unsigned index"
@@ -174,9 +177,7 @@ class EngineState:
 
 # --------------------------------------------------------------------------- replicas
 
-WireReplicaStatus: TypeAlias = Literal[
-    "pending", "downloading", "starting", "ready", "draining", "stopped", "failed"
-]
+WireReplicaStatus: TypeAlias = Literal["pending", "downloading", "starting", "ready", "draining", "stopped", "failed"]
 
 
 @attrs.frozen
@@ -427,8 +428,21 @@ class Error:
 
 
 Message: TypeAlias = (
-    Hello | Welcome | Refuse | Heartbeat | Error | Ack | EngineStateReport | ReplicaStateReport
-    | SetEngines | StartReplica | StopReplica | DrainReplica | SetAdapters | RemoveWeights | GetReplicaLogs
+    Hello
+    | Welcome
+    | Refuse
+    | Heartbeat
+    | Error
+    | Ack
+    | EngineStateReport
+    | ReplicaStateReport
+    | SetEngines
+    | StartReplica
+    | StopReplica
+    | DrainReplica
+    | SetAdapters
+    | RemoveWeights
+    | GetReplicaLogs
     | ReplicaLogsReply
 )
 
@@ -486,8 +500,17 @@ def _v1_keys(kind: type) -> dict[str, Any]:
 # hold them (a message's hook is generated from the hooks registered when it is); a test checks
 # that none is missed.
 _V1_RENAMED: tuple[type, ...] = (
-    ReplicaSpec, ReplicaState, StartReplica, StopReplica, DrainReplica, GetReplicaLogs, ReplicaLogsReply,
-    ReplicaStateReport, SetAdapters, Hello, Heartbeat,
+    ReplicaSpec,
+    ReplicaState,
+    StartReplica,
+    StopReplica,
+    DrainReplica,
+    GetReplicaLogs,
+    ReplicaLogsReply,
+    ReplicaStateReport,
+    SetAdapters,
+    Hello,
+    Heartbeat,
 )
 # A field in the path of a cattrs error (``$(start_shard).replica.port``), named in Python's words.
 _PYTHON_FIELD = re.compile(r"\.(\w*replica\w*)")
@@ -503,25 +526,42 @@ def _make_converter() -> cattrs.Converter:
     # Before the union: its members' hooks are generated from what is registered at this point.
     for kind in _V1_RENAMED:
         conv.register_structure_hook(kind, make_dict_structure_fn(kind, conv, **_v1_keys(kind)))
-    conv.register_unstructure_hook(EngineProvenance, make_dict_unstructure_fn(
-        EngineProvenance, conv, backend=override(omit_if_default=True), runtime=override(omit_if_default=True)))
-    conv.register_unstructure_hook(EngineState, make_dict_unstructure_fn(
-        EngineState, conv, provenance=override(omit_if_default=True)))
+    conv.register_unstructure_hook(
+        EngineProvenance,
+        make_dict_unstructure_fn(
+            EngineProvenance, conv, backend=override(omit_if_default=True), runtime=override(omit_if_default=True)
+        ),
+    )
+    conv.register_unstructure_hook(
+        EngineState, make_dict_unstructure_fn(EngineState, conv, provenance=override(omit_if_default=True))
+    )
     # Fields added since protocol version 1 was published stay out of a frame at their default,
     # so a peer that predates them still decodes everything that does not use them.
     omit = override(omit_if_default=True)
-    conv.register_unstructure_hook(ReplicaState, make_dict_unstructure_fn(
-        ReplicaState, conv, rss_mib=omit, vram_mib=omit, adapters=omit, **_v1_keys(ReplicaState)))
-    conv.register_unstructure_hook(ReplicaSpec, make_dict_unstructure_fn(
-        ReplicaSpec, conv, devices=omit, adapters=omit, **_v1_keys(ReplicaSpec)))
-    conv.register_unstructure_hook(HostFacts, make_dict_unstructure_fn(
-        HostFacts, conv, gpu_backend=omit, gpu_backends=omit, gpus_unusable=omit, degraded=omit))
-    conv.register_unstructure_hook(Hello, make_dict_unstructure_fn(
-        Hello, conv, weights=omit, features=omit, **_v1_keys(Hello)))
-    conv.register_unstructure_hook(Heartbeat, make_dict_unstructure_fn(
-        Heartbeat, conv, weights=omit, **_v1_keys(Heartbeat)))
-    conv.register_unstructure_hook(StartReplica, make_dict_unstructure_fn(
-        StartReplica, conv, traceparent=omit, **_v1_keys(StartReplica)))
+    conv.register_unstructure_hook(
+        ReplicaState,
+        make_dict_unstructure_fn(
+            ReplicaState, conv, rss_mib=omit, vram_mib=omit, adapters=omit, **_v1_keys(ReplicaState)
+        ),
+    )
+    conv.register_unstructure_hook(
+        ReplicaSpec, make_dict_unstructure_fn(ReplicaSpec, conv, devices=omit, adapters=omit, **_v1_keys(ReplicaSpec))
+    )
+    conv.register_unstructure_hook(
+        HostFacts,
+        make_dict_unstructure_fn(
+            HostFacts, conv, gpu_backend=omit, gpu_backends=omit, gpus_unusable=omit, degraded=omit
+        ),
+    )
+    conv.register_unstructure_hook(
+        Hello, make_dict_unstructure_fn(Hello, conv, weights=omit, features=omit, **_v1_keys(Hello))
+    )
+    conv.register_unstructure_hook(
+        Heartbeat, make_dict_unstructure_fn(Heartbeat, conv, weights=omit, **_v1_keys(Heartbeat))
+    )
+    conv.register_unstructure_hook(
+        StartReplica, make_dict_unstructure_fn(StartReplica, conv, traceparent=omit, **_v1_keys(StartReplica))
+    )
     conv.register_unstructure_hook(SetEngines, make_dict_unstructure_fn(SetEngines, conv, traceparent=omit))
     for kind in _V1_RENAMED[3:-2]:  # the five above have omitted defaults too
         conv.register_unstructure_hook(kind, make_dict_unstructure_fn(kind, conv, **_v1_keys(kind)))

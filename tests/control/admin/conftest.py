@@ -59,9 +59,19 @@ JOIN_TOKEN = "llmgw-join-admin-tests"
 def model_doc(name: str = "tiny", **profile: Any) -> dict[str, Any]:
     """One [[models]] entry as JSON; the weights path does not exist, so the claim is estimated
     from the size without any network (or set ram_mib to skip the estimate)."""
-    return {"name": name, "profiles": [{
-        "name": "cpu", "weights": {"url": f"/nonexistent/{name}.gguf", "sha256": WEIGHTS_SHA, "size": 1_000_000},
-        "context": 256, "parallel": 2, "ram_mib": 100, **profile}]}
+    return {
+        "name": name,
+        "profiles": [
+            {
+                "name": "cpu",
+                "weights": {"url": f"/nonexistent/{name}.gguf", "sha256": WEIGHTS_SHA, "size": 1_000_000},
+                "context": 256,
+                "parallel": 2,
+                "ram_mib": 100,
+                **profile,
+            }
+        ],
+    }
 
 
 @attrs.define
@@ -82,25 +92,44 @@ class Daemon:
 
 
 @asynccontextmanager
-async def running_control(data_dir: Path, *, store: str = "", models: list[dict[str, Any]] | None = None,
-                          control_settings: dict[str, Any] | None = None, **agent_settings: Any
-                          ) -> AsyncIterator[Daemon]:
+async def running_control(
+    data_dir: Path,
+    *,
+    store: str = "",
+    models: list[dict[str, Any]] | None = None,
+    control_settings: dict[str, Any] | None = None,
+    **agent_settings: Any,
+) -> AsyncIterator[Daemon]:
     """``agent_settings`` replace AgentsConfig fields (e.g. ``join_token_digests=[]``: only onboarded nodes),
     ``control_settings`` ControlConfig fields (e.g. ``{"admin_require_key": True}``)."""
     settings: dict[str, Any] = {"join_token_digests": [token_digest(JOIN_TOKEN)], **agent_settings}
-    agents = AgentsConfig(listen="127.0.0.1:0", heartbeat_interval=0.2, unreachable_after=2.0, lost_after=5.0,
-                          **settings)
-    lead = LeadershipConfig(ttl=2.0, renew_interval=0.5, settle=0.0,
-                            advertise="ws://127.0.0.1:9/agent/v1" if store.startswith("postgresql") else "")
+    agents = AgentsConfig(
+        listen="127.0.0.1:0", heartbeat_interval=0.2, unreachable_after=2.0, lost_after=5.0, **settings
+    )
+    lead = LeadershipConfig(
+        ttl=2.0,
+        renew_interval=0.5,
+        settle=0.0,
+        advertise="ws://127.0.0.1:9/agent/v1" if store.startswith("postgresql") else "",
+    )
     # (``control_settings`` may name the listeners: a test that must know the client port beforehand)
     listeners = {"listen": "127.0.0.1:0", "admin_listen": "127.0.0.1:0", **(control_settings or {})}
-    config = validate(ControlConfig(
-        data_dir=str(data_dir), store=store, agents=agents, leadership=lead, shutdown_grace=1.0, **listeners,
-        models=[strict_converter().structure(m, ModelConfig) for m in models or []]))
+    config = validate(
+        ControlConfig(
+            data_dir=str(data_dir),
+            store=store,
+            agents=agents,
+            leadership=lead,
+            shutdown_grace=1.0,
+            **listeners,
+            models=[strict_converter().structure(m, ModelConfig) for m in models or []],
+        )
+    )
     shutdown = trio.Event()
     async with trio.open_nursery() as nursery:
-        listening = await nursery.start(lambda task_status: run_control(
-            config, shutdown=shutdown, task_status=task_status))
+        listening = await nursery.start(
+            lambda task_status: run_control(config, shutdown=shutdown, task_status=task_status)
+        )
         assert listening.fleet is not None
         async with httpx2.AsyncClient(base_url=listening.admin_url + "/api/v1", timeout=20) as admin:
             yield Daemon(listening, listening.fleet, listening.tenancy, admin)
@@ -144,16 +173,25 @@ class FakeNode:
                 self.commands.append(message)
                 lines = self.logs.get(message.replica_id)
                 after = int(message.cursor.split(":")[1]) if message.cursor else 0
-                answer = ReplicaLogsReply(message.id, message.replica_id, lines is not None,
-                                   (lines or [])[after:][-message.lines:] if lines is not None else [],
-                                   f"1:{len(lines)}" if lines is not None else "")
+                answer = ReplicaLogsReply(
+                    message.id,
+                    message.replica_id,
+                    lines is not None,
+                    (lines or [])[after:][-message.lines :] if lines is not None else [],
+                    f"1:{len(lines)}" if lines is not None else "",
+                )
                 await self.ws.send_message(encode(answer))
             if isinstance(message, StartReplica | DrainReplica | StopReplica):
                 self.commands.append(message)
                 await self.ws.send_message(encode(Ack(message.id, True)))
                 if isinstance(message, StartReplica) and self.fail_with is not None:
-                    state = ReplicaState(message.replica.replica_id, "failed", "crashed while starting: exited with "
-                                       "status 1", port=message.replica.port, last_lines=self.fail_with)
+                    state = ReplicaState(
+                        message.replica.replica_id,
+                        "failed",
+                        "crashed while starting: exited with status 1",
+                        port=message.replica.port,
+                        last_lines=self.fail_with,
+                    )
                 elif isinstance(message, StartReplica):
                     state = ReplicaState(message.replica.replica_id, "ready", port=message.replica.port)
                 else:
@@ -163,25 +201,59 @@ class FakeNode:
 
 # What a node's install manifest records for an engine (issue 21), as a real node reports it.
 PROVENANCE = EngineProvenance(
-    source="http://10.0.0.1:8443/releases/llama.cpp/b11312", index_sha256="ab" * 32,
-    assets=[AssetProvenance("llama-b11312-bin-ubuntu-x64.tar.gz",
-                            "http://10.0.0.1:8443/files/engines/llama-b11312-bin-ubuntu-x64.tar.gz", "cd" * 32,
-                            6291456)],
-    installed_at=1796000000.0, signed_by="0123456789ABCDEF", control_epoch=3)
+    source="http://10.0.0.1:8443/releases/llama.cpp/b11312",
+    index_sha256="ab" * 32,
+    assets=[
+        AssetProvenance(
+            "llama-b11312-bin-ubuntu-x64.tar.gz",
+            "http://10.0.0.1:8443/files/engines/llama-b11312-bin-ubuntu-x64.tar.gz",
+            "cd" * 32,
+            6291456,
+        )
+    ],
+    installed_at=1796000000.0,
+    signed_by="0123456789ABCDEF",
+    control_epoch=3,
+)
 
 
 @asynccontextmanager
-async def fake_node(daemon: Daemon, node_id: str = "n1", *, warnings: list[str] | None = None, token: str = JOIN_TOKEN,
-                    weights: list[WeightsHeld] | None = None, gpus: list[GpuFacts] | None = None,
-                    degraded: str = "") -> AsyncIterator[FakeNode]:
-    facts = attrs.evolve(unprobed(), probed=True, hostname=node_id, ram_total_mib=8192, os_name="Debian",
-                         arch="x86_64", cpu_model="Test CPU", cores=4, cpu_features=["avx"],
-                         warnings=warnings or [], gpus=gpus or [], gpu_backend="cuda" if gpus else "",
-                         gpu_backends=["cuda"] if gpus else [], nvidia_driver="550.54.15" if gpus else None,
-                         degraded=degraded)
-    hello = Hello(PROTOCOL_VERSION, node_id, token, facts,
-                  [EngineState("llama.cpp", "b11312", "installed", provenance=PROVENANCE)], [],
-                  weights=weights or [])
+async def fake_node(
+    daemon: Daemon,
+    node_id: str = "n1",
+    *,
+    warnings: list[str] | None = None,
+    token: str = JOIN_TOKEN,
+    weights: list[WeightsHeld] | None = None,
+    gpus: list[GpuFacts] | None = None,
+    degraded: str = "",
+) -> AsyncIterator[FakeNode]:
+    facts = attrs.evolve(
+        unprobed(),
+        probed=True,
+        hostname=node_id,
+        ram_total_mib=8192,
+        os_name="Debian",
+        arch="x86_64",
+        cpu_model="Test CPU",
+        cores=4,
+        cpu_features=["avx"],
+        warnings=warnings or [],
+        gpus=gpus or [],
+        gpu_backend="cuda" if gpus else "",
+        gpu_backends=["cuda"] if gpus else [],
+        nvidia_driver="550.54.15" if gpus else None,
+        degraded=degraded,
+    )
+    hello = Hello(
+        PROTOCOL_VERSION,
+        node_id,
+        token,
+        facts,
+        [EngineState("llama.cpp", "b11312", "installed", provenance=PROVENANCE)],
+        [],
+        weights=weights or [],
+    )
     async with open_websocket_url(daemon.agent_url) as ws, trio.open_nursery() as nursery:
         await ws.send_message(encode(hello))
         assert json.loads(await ws.get_message())["type"] == "welcome"

@@ -55,18 +55,33 @@ async def test_adapters_are_listed_added_rescaled_and_removed(daemon: Daemon) ->
     assert (await daemon.admin.get("/models/nope/profiles/cpu/adapters")).status_code == 404
 
 
-@pytest.mark.parametrize(("change", "field"), [
-    ({"name": "a:b"}, "name"), ({"name": ""}, "name"), ({"name": "x" * 97}, "name"),
-    ({"sha256": "B" * 64}, "sha256"), ({"sha256": "b" * 63}, "sha256"),
-    ({"size": 0}, "size"), ({"size": 65 << 30}, "size"), ({"size": "1"}, "size"),
-    ({"url": "ftp://host/a.gguf"}, "url"), ({"url": "javascript:alert(1)"}, "url"), ({"url": ""}, "url"),
-    ({"url": "relative/a.gguf"}, "url"), ({"url": "/a/../etc/passwd"}, "url"), ({"url": "/a\nb"}, "url"),
-    ({"url": "https://h/" + "a" * 5000}, "url"),
-    ({"scale": 0}, "scale"), ({"scale": -1}, "scale"), ({"scale": 17}, "scale"),
-    ({"extra": 1}, "extra"),
-])
-async def test_hostile_adapter_bodies_are_400s_naming_the_field(daemon: Daemon, change: dict[str, Any],
-                                                                field: str) -> None:
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"name": "a:b"}, "name"),
+        ({"name": ""}, "name"),
+        ({"name": "x" * 97}, "name"),
+        ({"sha256": "B" * 64}, "sha256"),
+        ({"sha256": "b" * 63}, "sha256"),
+        ({"size": 0}, "size"),
+        ({"size": 65 << 30}, "size"),
+        ({"size": "1"}, "size"),
+        ({"url": "ftp://host/a.gguf"}, "url"),
+        ({"url": "javascript:alert(1)"}, "url"),
+        ({"url": ""}, "url"),
+        ({"url": "relative/a.gguf"}, "url"),
+        ({"url": "/a/../etc/passwd"}, "url"),
+        ({"url": "/a\nb"}, "url"),
+        ({"url": "https://h/" + "a" * 5000}, "url"),
+        ({"scale": 0}, "scale"),
+        ({"scale": -1}, "scale"),
+        ({"scale": 17}, "scale"),
+        ({"extra": 1}, "extra"),
+    ],
+)
+async def test_hostile_adapter_bodies_are_400s_naming_the_field(
+    daemon: Daemon, change: dict[str, Any], field: str
+) -> None:
     assert (await daemon.admin.post("/models", json=model_doc())).status_code == 201
     answer = await daemon.admin.post(PATH, json={**BOT, **change})
     assert answer.status_code == 400, answer.text
@@ -93,11 +108,23 @@ async def test_a_model_from_the_config_file_is_changed_there(tmp_path: Path) -> 
 
 
 @settings(max_examples=300, deadline=None)
-@given(body=st.dictionaries(st.sampled_from(["name", "url", "sha256", "size", "scale", "x"]),
-                            st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=40),
-                                      st.lists(st.integers(), max_size=3), st.just("b" * 64),
-                                      st.just("/a/b.gguf")), max_size=6),
-       engine=st.sampled_from(["llama.cpp", "vllm"]))
+@given(
+    body=st.dictionaries(
+        st.sampled_from(["name", "url", "sha256", "size", "scale", "x"]),
+        st.one_of(
+            st.none(),
+            st.booleans(),
+            st.integers(),
+            st.floats(),
+            st.text(max_size=40),
+            st.lists(st.integers(), max_size=3),
+            st.just("b" * 64),
+            st.just("/a/b.gguf"),
+        ),
+        max_size=6,
+    ),
+    engine=st.sampled_from(["llama.cpp", "vllm"]),
+)
 def test_any_body_is_an_adapter_or_a_400(body: dict[str, Any], engine: str) -> None:
     """The edge's two checks (the schema, then where the weights may be) refuse with a 400 and
     nothing else; what passes them is a valid adapter for the catalog."""
@@ -108,10 +135,14 @@ def test_any_body_is_an_adapter_or_a_400(body: dict[str, Any], engine: str) -> N
     except AdminApiError as exc:
         assert exc.status == 400
         return
-    checked = attrs.evolve(profile, adapters=[AdapterConfig(adapter.name, WeightsConfig(
-        adapter.url, adapter.sha256, adapter.size), adapter.scale)])
-    assert model_problems(ModelConfig("m", [checked]), [EngineConfig("llama.cpp", "b1"),
-                                                         EngineConfig("vllm", "0.9.1")]) == [], body
+    checked = attrs.evolve(
+        profile,
+        adapters=[AdapterConfig(adapter.name, WeightsConfig(adapter.url, adapter.sha256, adapter.size), adapter.scale)],
+    )
+    assert (
+        model_problems(ModelConfig("m", [checked]), [EngineConfig("llama.cpp", "b1"), EngineConfig("vllm", "0.9.1")])
+        == []
+    ), body
 
 
 def _engines() -> list[EngineConfig]:
@@ -120,8 +151,22 @@ def _engines() -> list[EngineConfig]:
 
 async def test_ctl_adapters_use_the_adapter_routes(daemon: Daemon) -> None:
     assert (await daemon.admin.post("/models", json=model_doc())).status_code == 201
-    added = await ok(daemon, "models", "adapters", "add", "tiny", "bot", "--url", BOT["url"], "--sha256",
-                     BOT["sha256"], "--size", str(BOT["size"]), "--scale", "0.5")
+    added = await ok(
+        daemon,
+        "models",
+        "adapters",
+        "add",
+        "tiny",
+        "bot",
+        "--url",
+        BOT["url"],
+        "--sha256",
+        BOT["sha256"],
+        "--size",
+        str(BOT["size"]),
+        "--scale",
+        "0.5",
+    )
     assert "adapter bot added to tiny" in added.out
     listed = await ok(daemon, "models", "adapters", "list", "tiny")
     assert listed.out.splitlines()[0].split() == ["ADAPTER", "BYTES", "SCALE", "LOADED", "ON", "URL"]
@@ -133,6 +178,18 @@ async def test_ctl_adapters_use_the_adapter_routes(daemon: Daemon) -> None:
     assert (await daemon.admin.get(PATH)).json()["adapters"] == []
     gone = await run(daemon, "models", "adapters", "remove", "tiny", "bot")
     assert gone.code == 1 and "adapter 'bot' not found (HTTP 404)" in gone.err
-    bad = await run(daemon, "models", "adapters", "add", "tiny", "a:b", "--url", BOT["url"], "--sha256",
-                    BOT["sha256"], "--size", "1")
+    bad = await run(
+        daemon,
+        "models",
+        "adapters",
+        "add",
+        "tiny",
+        "a:b",
+        "--url",
+        BOT["url"],
+        "--sha256",
+        BOT["sha256"],
+        "--size",
+        "1",
+    )
     assert bad.code == 1 and "HTTP 400" in bad.err

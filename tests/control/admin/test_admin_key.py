@@ -29,10 +29,19 @@ from .conftest import running_control
 REQUIRE = {"admin_require_key": True}
 
 
-@pytest.mark.parametrize(("listen", "loopback"), [
-    ("127.0.0.1:8081", True), ("127.9.9.9:8081", True), ("[::1]:8081", True), ("localhost:8081", True),
-    ("0.0.0.0:8081", False), ("[::]:8081", False), ("10.0.0.5:8081", False), ("admin.internal:8081", False),
-])
+@pytest.mark.parametrize(
+    ("listen", "loopback"),
+    [
+        ("127.0.0.1:8081", True),
+        ("127.9.9.9:8081", True),
+        ("[::1]:8081", True),
+        ("localhost:8081", True),
+        ("0.0.0.0:8081", False),
+        ("[::]:8081", False),
+        ("10.0.0.5:8081", False),
+        ("admin.internal:8081", False),
+    ],
+)
 def test_which_addresses_are_loopback(listen: str, loopback: bool) -> None:
     assert is_loopback(listen) is loopback
 
@@ -53,12 +62,18 @@ async def admin_keys(tmp_path: Path) -> dict[str, str]:
 
 async def test_every_admin_request_needs_a_live_admin_key(tmp_path: Path) -> None:
     keys = await admin_keys(tmp_path)
-    async with running_control(tmp_path, control_settings=REQUIRE) as daemon, \
-            httpx2.AsyncClient(base_url=daemon.admin_url, timeout=10) as client:
+    async with (
+        running_control(tmp_path, control_settings=REQUIRE) as daemon,
+        httpx2.AsyncClient(base_url=daemon.admin_url, timeout=10) as client,
+    ):
         for path in ("/api/v1/nodes", "/api/v1/keys", "/metrics", "/", "/api/v1/openapi.json", "/nope"):
-            for headers in ({}, {"authorization": f"Bearer {keys['plain']}"},
-                            {"authorization": f"Bearer {keys['revoked']}"}, {"authorization": "Bearer sk-wrong"},
-                            {"authorization": keys["admin"]}):
+            for headers in (
+                {},
+                {"authorization": f"Bearer {keys['plain']}"},
+                {"authorization": f"Bearer {keys['revoked']}"},
+                {"authorization": "Bearer sk-wrong"},
+                {"authorization": keys["admin"]},
+            ):
                 response = await client.get(path, headers=headers)
                 assert response.status_code == 401, (path, headers, response.text)
                 assert response.json()["error"]["code"] == "admin_key_required"
@@ -77,8 +92,10 @@ async def test_the_key_is_checked_on_the_head_before_any_body(tmp_path: Path) ->
         host, port = daemon.admin_url.removeprefix("http://").rsplit(":", 1)
         stream = await trio.open_tcp_stream(host, int(port))
         # A head promising 30 MB that never come: the answer must not wait for them.
-        await stream.send_all(b"POST /api/v1/groups HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-                              b"content-length: 31457280\r\n\r\n")
+        await stream.send_all(
+            b"POST /api/v1/groups HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+            b"content-length: 31457280\r\n\r\n"
+        )
         answer = b""
         with trio.fail_after(5):
             while b"\r\n\r\n" not in answer:
@@ -90,10 +107,12 @@ async def test_the_key_is_checked_on_the_head_before_any_body(tmp_path: Path) ->
 async def test_ctl_sends_the_key_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     keys = await admin_keys(tmp_path)
     async with running_control(tmp_path, control_settings=REQUIRE) as daemon:
+
         async def run(*argv: str) -> tuple[int, str, str]:
             out, err = io.StringIO(), io.StringIO()
-            code = await trio.to_thread.run_sync(lambda: ctl(["--admin", daemon.admin_url, *argv], stdout=out,
-                                                             stderr=err))
+            code = await trio.to_thread.run_sync(
+                lambda: ctl(["--admin", daemon.admin_url, *argv], stdout=out, stderr=err)
+            )
             return code, out.getvalue(), err.getvalue()
 
         monkeypatch.delenv("LLMGW_ADMIN_KEY", raising=False)
@@ -126,10 +145,16 @@ def only_leaf(error: BaseException) -> BaseException:
 @pytest.mark.slow  # left out of the quick tier: the daemon as a process
 def test_the_daemon_says_so_in_one_line(tmp_path: Path) -> None:
     config = tmp_path / "control.toml"
-    config.write_text(tomli_w.dumps({"listen": "127.0.0.1:0", "admin_listen": "0.0.0.0:0",
-                                     "data_dir": str(tmp_path / "data")}))
-    ran = subprocess.run([str(Path(sys.executable).parent / "llmgw-control"), "run", "--config", str(config)],
-                         capture_output=True, text=True, timeout=60, check=False)
+    config.write_text(
+        tomli_w.dumps({"listen": "127.0.0.1:0", "admin_listen": "0.0.0.0:0", "data_dir": str(tmp_path / "data")})
+    )
+    ran = subprocess.run(
+        [str(Path(sys.executable).parent / "llmgw-control"), "run", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert ran.returncode == 1
     assert "cannot start: admin_listen 0.0.0.0:0 is not a loopback address" in ran.stderr
     assert "Traceback" not in ran.stderr

@@ -26,6 +26,7 @@ async def models(d: Daemon) -> dict[str, dict[str, Any]]:
 async def ready_replicas(d: Daemon, key: str, count: int = 1) -> list[dict[str, Any]]:
     async def check() -> bool:
         return (await models(d)).get(key, {}).get("ready") == count
+
     await wait_until(check)
     replicas: list[dict[str, Any]] = (await models(d))[key]["replicas"]
     return replicas
@@ -49,13 +50,20 @@ async def test_nodes_list_their_facts_engine_states_and_warnings(daemon: Daemon)
         # Where the node's install came from, as its manifest records it (issue 21).
         # The admin API shows every field; the wire leaves the later ones out at their defaults.
         provenance = {**converter.unstructure(PROVENANCE), "backend": "", "runtime": ""}
-        assert node["engines"] == [{"name": "llama.cpp", "version": "b11312", "state": "installed b11312",
-                                    "provenance": provenance}]
+        assert node["engines"] == [
+            {"name": "llama.cpp", "version": "b11312", "state": "installed b11312", "provenance": provenance}
+        ]
         assert node["facts"]["cpu"] == "Test CPU" and node["facts"]["ram_total_mib"] == 8192
         assert (await daemon.admin.get("/nodes/n1")).json()["node"] == node
         engines = (await daemon.admin.get("/engines")).json()["engines"]
-        assert engines == [{"name": "llama.cpp", "version": "b11312", "release_api": "",
-                            "nodes": [{"node": "n1", "state": "installed b11312", "provenance": provenance}]}]
+        assert engines == [
+            {
+                "name": "llama.cpp",
+                "version": "b11312",
+                "release_api": "",
+                "nodes": [{"node": "n1", "state": "installed b11312", "provenance": provenance}],
+            }
+        ]
     error(await daemon.admin.get("/nodes/n9"), 404)
     for verb in ("cordon", "uncordon", "drain"):
         error(await daemon.admin.post(f"/nodes/n9/{verb}"), 404)
@@ -69,6 +77,7 @@ async def test_cordon_stops_placement_and_uncordon_resumes_it(daemon: Daemon) ->
 
         async def blocked() -> bool:
             return "schedulable" in (await models(daemon))["tiny:cpu"]["status"]
+
         await wait_until(blocked)
         assert starts(node) == []
 
@@ -191,25 +200,28 @@ def _profile(**changes: Any) -> dict[str, Any]:
     return model_doc(**changes)
 
 
-@pytest.mark.parametrize(("doc", "field"), [
-    ({"profiles": []}, "name"),
-    ({"name": "tiny", "profiles": []}, "profiles"),
-    ({"name": "bad:name", "profiles": _profile()["profiles"]}, "name"),
-    ({**_profile(), "colour": "red"}, "colour"),
-    (_profile(context="big"), "profiles[0].context"),
-    (_profile(context=8), "profiles[0].context"),
-    (_profile(parallel=0), "profiles[0].parallel"),
-    (_profile(min_replicas=3, max_replicas=2), "profiles[0].min_replicas"),
-    (_profile(engine="vllm"), "profiles[0].engine"),
-    (_profile(engine_version="b1"), "profiles[0].engine_version"),
-    (_profile(args="-t 1"), "profiles[0].args"),
-    (_profile(env={"A": 1}), "profiles[0].env.A"),
-    (_profile(ram_mib=2**70), "profiles[0].ram_mib"),
-    (_profile(idle_timeout=-1.0), "profiles[0].idle_timeout"),
-    (_profile(weights={"url": "/m.gguf", "sha256": "abc", "size": 10}), "profiles[0].weights.sha256"),
-    (_profile(weights={"url": "/m.gguf", "sha256": "a" * 64}), "profiles[0].weights.size"),
-    ({**_profile(), "default_profile": "gpu"}, "default_profile"),
-])
+@pytest.mark.parametrize(
+    ("doc", "field"),
+    [
+        ({"profiles": []}, "name"),
+        ({"name": "tiny", "profiles": []}, "profiles"),
+        ({"name": "bad:name", "profiles": _profile()["profiles"]}, "name"),
+        ({**_profile(), "colour": "red"}, "colour"),
+        (_profile(context="big"), "profiles[0].context"),
+        (_profile(context=8), "profiles[0].context"),
+        (_profile(parallel=0), "profiles[0].parallel"),
+        (_profile(min_replicas=3, max_replicas=2), "profiles[0].min_replicas"),
+        (_profile(engine="vllm"), "profiles[0].engine"),
+        (_profile(engine_version="b1"), "profiles[0].engine_version"),
+        (_profile(args="-t 1"), "profiles[0].args"),
+        (_profile(env={"A": 1}), "profiles[0].env.A"),
+        (_profile(ram_mib=2**70), "profiles[0].ram_mib"),
+        (_profile(idle_timeout=-1.0), "profiles[0].idle_timeout"),
+        (_profile(weights={"url": "/m.gguf", "sha256": "abc", "size": 10}), "profiles[0].weights.sha256"),
+        (_profile(weights={"url": "/m.gguf", "sha256": "a" * 64}), "profiles[0].weights.size"),
+        ({**_profile(), "default_profile": "gpu"}, "default_profile"),
+    ],
+)
 async def test_bad_models_name_the_field_and_write_nothing(daemon: Daemon, doc: dict[str, Any], field: str) -> None:
     error(await daemon.admin.post("/models", json=doc), 400, field)
     assert await daemon.tenancy.store.list_models() == []
@@ -219,9 +231,11 @@ async def test_bad_models_name_the_field_and_write_nothing(daemon: Daemon, doc: 
 async def test_model_conflicts(tmp_path: Path) -> None:
     async with running_control(tmp_path, models=[model_doc("fromfile")]) as d:
         assert (await d.admin.get("/models/fromfile")).json()["source"] == "config"
-        for response in (await d.admin.post("/models", json=model_doc("fromfile")),
-                         await d.admin.put("/models/fromfile", json=model_doc("fromfile")),
-                         await d.admin.delete("/models/fromfile")):
+        for response in (
+            await d.admin.post("/models", json=model_doc("fromfile")),
+            await d.admin.put("/models/fromfile", json=model_doc("fromfile")),
+            await d.admin.delete("/models/fromfile"),
+        ):
             assert error(response, 409, "name")["code"] == "defined_in_config"
         assert (await d.admin.post("/models", json=model_doc())).status_code == 201
         error(await d.admin.post("/models", json=model_doc()), 409, "name")

@@ -18,8 +18,9 @@ async def test_priority_is_set_inherited_and_cleared(daemon: Daemon) -> None:
     patched = (await daemon.admin.patch(f"/groups/{team}", json={"priority": "interactive"})).json()["group"]
     assert patched["effective_priority"] == "interactive"
     # Absent: unchanged; null: inherit again.
-    assert (await daemon.admin.patch(f"/groups/{team}", json={"name": "squad"})).json()["group"]["priority"] \
-        == "interactive"
+    assert (await daemon.admin.patch(f"/groups/{team}", json={"name": "squad"})).json()["group"][
+        "priority"
+    ] == "interactive"
     cleared = (await daemon.admin.patch(f"/groups/{team}", json={"priority": None})).json()["group"]
     assert cleared["priority"] is None and cleared["effective_priority"] == "batch"
     root = await make_group(daemon, "other")

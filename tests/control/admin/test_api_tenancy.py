@@ -49,15 +49,18 @@ async def test_groups_create_list_rename_move_delete(daemon: Daemon) -> None:
     error(await daemon.admin.get(f"/groups/{team}"), 404)
 
 
-@pytest.mark.parametrize(("body", "field"), [
-    ({}, "name"),
-    ({"name": ""}, "name"),
-    ({"name": 3}, "name"),
-    ({"name": "x" * 201}, "name"),
-    ({"name": "a\x00b"}, "name"),
-    ({"name": "ok", "parent": "x"}, "parent"),
-    ({"name": "ok", "parent_id": 7}, "parent_id"),
-])
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({}, "name"),
+        ({"name": ""}, "name"),
+        ({"name": 3}, "name"),
+        ({"name": "x" * 201}, "name"),
+        ({"name": "a\x00b"}, "name"),
+        ({"name": "ok", "parent": "x"}, "parent"),
+        ({"name": "ok", "parent_id": 7}, "parent_id"),
+    ],
+)
 async def test_bad_group_bodies_name_the_field_and_write_nothing(daemon: Daemon, body: Any, field: str) -> None:
     error(await daemon.admin.post("/groups", json=body), 400, field)
     assert (await daemon.admin.get("/groups")).json()["groups"] == []
@@ -69,16 +72,19 @@ async def test_group_conflicts_and_missing_parents(daemon: Daemon) -> None:
     error(await daemon.admin.post("/groups", json={"name": "org"}), 409, "name")
     # A reference in a body to something missing is bad input, named; a missing path object is 404.
     error(await daemon.admin.post("/groups", json={"name": "x", "parent_id": "missing"}), 400, "parent_id")
-    assert "cycle" in error(await daemon.admin.patch(f"/groups/{org}", json={"parent_id": team}), 409,
-                            "parent_id")["message"]
+    assert (
+        "cycle"
+        in error(await daemon.admin.patch(f"/groups/{org}", json={"parent_id": team}), 409, "parent_id")["message"]
+    )
     error(await daemon.admin.delete(f"/groups/{org}"), 409)  # still has a child
     error(await daemon.admin.patch(f"/groups/{org}", json={"name": None}), 400, "name")
     assert len((await daemon.admin.get("/groups")).json()["groups"]) == 2
 
 
 async def test_body_that_is_not_json_or_not_an_object(daemon: Daemon) -> None:
-    body = error(await daemon.admin.post("/groups", content=b"{nope", headers={"content-type": "application/json"}),
-                 400)
+    body = error(
+        await daemon.admin.post("/groups", content=b"{nope", headers={"content-type": "application/json"}), 400
+    )
     assert body["code"] == "invalid_json"
     error(await daemon.admin.post("/groups", json=["name"]), 400)
     error(await daemon.admin.post("/groups", json={"name": "a", "parent_id": None, "extra": 1}), 400, "extra")
@@ -86,8 +92,16 @@ async def test_body_that_is_not_json_or_not_an_object(daemon: Daemon) -> None:
 
 async def test_keys_secret_shown_once_revoked_and_deleted(daemon: Daemon) -> None:
     org = await make_group(daemon, "org")
-    created = await daemon.admin.post("/keys", json={"name": "ci", "group_id": org, "models": ["tiny"],
-                                                     "admin": True, "expires_at": "2099-01-01T00:00:00+01:00"})
+    created = await daemon.admin.post(
+        "/keys",
+        json={
+            "name": "ci",
+            "group_id": org,
+            "models": ["tiny"],
+            "admin": True,
+            "expires_at": "2099-01-01T00:00:00+01:00",
+        },
+    )
     assert created.status_code == 201, created.text
     secret = created.json()["secret"]
     key = created.json()["key"]
@@ -109,17 +123,20 @@ async def test_keys_secret_shown_once_revoked_and_deleted(daemon: Daemon) -> Non
     error(await daemon.admin.post(f"/keys/{key['id']}/revoke"), 404)
 
 
-@pytest.mark.parametrize(("body", "field"), [
-    ({"name": "k"}, "group_id"),
-    ({"name": "k", "group_id": "G", "models": "tiny"}, "models"),
-    ({"name": "k", "group_id": "G", "models": ["tiny", 3]}, "models[1]"),
-    ({"name": "k", "group_id": "G", "models": ["tiny", "tiny"]}, "models"),
-    ({"name": "k", "group_id": "G", "admin": "yes"}, "admin"),
-    ({"name": "k", "group_id": "G", "expires_at": "tomorrow"}, "expires_at"),
-    ({"name": "k", "group_id": "G", "expires_at": "2099-01-01T00:00:00"}, "expires_at"),
-    ({"name": "k", "group_id": "G", "expires_at": "2001-01-01T00:00:00Z"}, "expires_at"),
-    ({"name": "k", "group_id": "G", "secret": "sk-llmgw-mine"}, "secret"),
-])
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"name": "k"}, "group_id"),
+        ({"name": "k", "group_id": "G", "models": "tiny"}, "models"),
+        ({"name": "k", "group_id": "G", "models": ["tiny", 3]}, "models[1]"),
+        ({"name": "k", "group_id": "G", "models": ["tiny", "tiny"]}, "models"),
+        ({"name": "k", "group_id": "G", "admin": "yes"}, "admin"),
+        ({"name": "k", "group_id": "G", "expires_at": "tomorrow"}, "expires_at"),
+        ({"name": "k", "group_id": "G", "expires_at": "2099-01-01T00:00:00"}, "expires_at"),
+        ({"name": "k", "group_id": "G", "expires_at": "2001-01-01T00:00:00Z"}, "expires_at"),
+        ({"name": "k", "group_id": "G", "secret": "sk-llmgw-mine"}, "secret"),
+    ],
+)
 async def test_bad_key_bodies_write_nothing(daemon: Daemon, body: dict[str, Any], field: str) -> None:
     group = await make_group(daemon, "org")
     if body.get("group_id") == "G":
@@ -139,8 +156,14 @@ async def test_quotas_set_replace_clear(daemon: Daemon) -> None:
     team = await make_group(daemon, "team", org)
     error(await daemon.admin.get(f"/groups/{team}/quota"), 404)
     put = await daemon.admin.put(f"/groups/{team}/quota", json={"tokens_per_minute": 1000, "concurrent_requests": 2})
-    assert put.json()["quota"] == {"group_id": team, "path": "org/team", "requests_per_minute": None,
-                                   "tokens_per_minute": 1000, "tokens_per_day": None, "concurrent_requests": 2}
+    assert put.json()["quota"] == {
+        "group_id": team,
+        "path": "org/team",
+        "requests_per_minute": None,
+        "tokens_per_minute": 1000,
+        "tokens_per_day": None,
+        "concurrent_requests": 2,
+    }
     # PUT replaces: limits not given are gone.
     await daemon.admin.put(f"/groups/{team}/quota", json={"requests_per_minute": 0})
     listed = (await daemon.admin.get("/quotas")).json()["quotas"]
@@ -152,14 +175,17 @@ async def test_quotas_set_replace_clear(daemon: Daemon) -> None:
     assert (await daemon.admin.get("/quotas")).json()["quotas"] == []
 
 
-@pytest.mark.parametrize(("body", "field"), [
-    ({"tokens_per_minute": -1}, "tokens_per_minute"),
-    ({"tokens_per_minute": 1.5}, "tokens_per_minute"),
-    ({"tokens_per_minute": "10"}, "tokens_per_minute"),
-    ({"tokens_per_minute": True}, "tokens_per_minute"),
-    ({"tokens_per_minute": 2**80}, "tokens_per_minute"),
-    ({"tokens_per_hour": 5}, "tokens_per_hour"),
-])
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"tokens_per_minute": -1}, "tokens_per_minute"),
+        ({"tokens_per_minute": 1.5}, "tokens_per_minute"),
+        ({"tokens_per_minute": "10"}, "tokens_per_minute"),
+        ({"tokens_per_minute": True}, "tokens_per_minute"),
+        ({"tokens_per_minute": 2**80}, "tokens_per_minute"),
+        ({"tokens_per_hour": 5}, "tokens_per_hour"),
+    ],
+)
 async def test_bad_quotas_write_nothing(daemon: Daemon, body: dict[str, Any], field: str) -> None:
     org = await make_group(daemon, "org")
     await daemon.admin.put(f"/groups/{org}/quota", json={"tokens_per_minute": 7})
@@ -173,11 +199,13 @@ async def test_usage_filters_and_totals(daemon: Daemon) -> None:
     team = await make_group(daemon, "team", org)
     now = datetime.now(UTC)
     hour = now.replace(minute=0, second=0, microsecond=0)
-    await daemon.tenancy.store.add_usage([
-        Usage(hour, "k1", org, "tiny", requests=1, prompt_tokens=10, completion_tokens=5),
-        Usage(hour, "k2", team, "tiny", requests=2, prompt_tokens=20, completion_tokens=10),
-        Usage(hour - timedelta(hours=3), "k2", team, "big", requests=4, prompt_tokens=40, completion_tokens=20),
-    ])
+    await daemon.tenancy.store.add_usage(
+        [
+            Usage(hour, "k1", org, "tiny", requests=1, prompt_tokens=10, completion_tokens=5),
+            Usage(hour, "k2", team, "tiny", requests=2, prompt_tokens=20, completion_tokens=10),
+            Usage(hour - timedelta(hours=3), "k2", team, "big", requests=4, prompt_tokens=40, completion_tokens=20),
+        ]
+    )
 
     async def totals(**params: str) -> dict[str, int]:
         response = await daemon.admin.get("/usage", params=params)
@@ -195,8 +223,7 @@ async def test_usage_filters_and_totals(daemon: Daemon) -> None:
     assert (await totals(until=hour.isoformat().replace("+00:00", "Z")))["requests"] == 4
     error(await daemon.admin.get("/usage", params={"include_descendants": "yes"}), 400, "include_descendants")
     error(await daemon.admin.get("/usage", params={"since": "2026-01-01"}), 400, "since")
-    error(await daemon.admin.get("/usage", params={"since": hour.isoformat(), "until": hour.isoformat()}), 400,
-          "until")
+    error(await daemon.admin.get("/usage", params={"since": hour.isoformat(), "until": hour.isoformat()}), 400, "until")
     error(await daemon.admin.get("/usage", params={"group_id": "missing"}), 404)
     error(await daemon.admin.get("/usage", params={"limit": "5"}), 400, "limit")
 
@@ -205,8 +232,17 @@ async def test_capacity_records_and_filters(daemon: Daemon) -> None:
     measured = datetime(2026, 12, 1, tzinfo=UTC)
     for node in ("n1", "n2"):
         await daemon.tenancy.store.add_capacity(
-            model="tiny", profile="cpu", node_id=node, engine="llama.cpp b11312", concurrency=4, tokens_per_s=50.0,
-            ttft_p50_s=0.1, ttft_p99_s=0.4, measured_at=measured, detail={"prompt": 128})
+            model="tiny",
+            profile="cpu",
+            node_id=node,
+            engine="llama.cpp b11312",
+            concurrency=4,
+            tokens_per_s=50.0,
+            ttft_p50_s=0.1,
+            ttft_p99_s=0.4,
+            measured_at=measured,
+            detail={"prompt": 128},
+        )
     everything = (await daemon.admin.get("/capacity")).json()["capacity"]
     assert len(everything) == 2 and everything[0]["detail"] == {"prompt": 128}
     assert everything[0]["measured_at"] == "2026-12-01T00:00:00Z"
@@ -220,7 +256,8 @@ async def test_unknown_paths_and_methods_answer_in_the_one_shape(daemon: Daemon)
 
 
 async def test_a_store_outage_is_503_and_a_bug_is_a_500_without_a_traceback(
-        daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:
+    daemon: Daemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
     async def unavailable(*_: Any, **__: Any) -> Any:
         raise StoreUnavailable("connection refused")
 
@@ -236,6 +273,9 @@ async def test_a_store_outage_is_503_and_a_bug_is_a_500_without_a_traceback(
 
 
 async def test_a_body_over_the_limit_is_413_in_the_one_shape(daemon: Daemon) -> None:
-    response = await daemon.admin.post("/groups", content=b'{"name": "' + b"x" * (2 * 1024 * 1024) + b'"}',
-                                       headers={"content-type": "application/json"})
+    response = await daemon.admin.post(
+        "/groups",
+        content=b'{"name": "' + b"x" * (2 * 1024 * 1024) + b'"}',
+        headers={"content-type": "application/json"},
+    )
     assert error(response, 413)["code"] == "body_too_large"

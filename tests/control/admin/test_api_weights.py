@@ -22,8 +22,13 @@ async def test_weights_per_node_with_size_last_use_and_the_replicas_using_them(d
         (node,) = answer["nodes"]
         assert node["node"] == "n1" and node["reported"] is True
         files = {w["sha256"]: w for w in node["weights"]}
-        assert files[OLD] == {"sha256": OLD, "size": 5 << 30, "last_used": "2026-11-30T00:53:20Z", "in_use": False,
-                              "models": []}
+        assert files[OLD] == {
+            "sha256": OLD,
+            "size": 5 << 30,
+            "last_used": "2026-11-30T00:53:20Z",
+            "in_use": False,
+            "models": [],
+        }
         # The replica control placed there uses it (the fake node does not say so; control knows).
         used = files[WEIGHTS_SHA]
         assert used["in_use"] is True and used["models"] == ["tiny:cpu"]

@@ -49,6 +49,7 @@ async def rows(daemon: Daemon, **query: str) -> list[dict[str, Any]]:
 async def pull_ready(w: World) -> None:
     async def ready() -> bool:
         return bool((await w.daemon.admin.get(f"/models/pulls/{w.ids['pull']}")).json()["pull"]["state"] == "ready")
+
     await wait_until(ready, timeout=30)
 
 
@@ -89,13 +90,17 @@ async def _capacity_start_again(w: World) -> None:
 
 RECIPES: list[tuple[str, Recipe]] = [
     ("POST /api/v1/groups", _groups_create),
-    ("PATCH /api/v1/groups/{group_id}", lambda w: w.daemon.admin.patch(f"/groups/{w.ids['group']}",
-                                                                        json={"name": "org2"})),
+    (
+        "PATCH /api/v1/groups/{group_id}",
+        lambda w: w.daemon.admin.patch(f"/groups/{w.ids['group']}", json={"name": "org2"}),
+    ),
     ("POST /api/v1/keys", _keys_create),
     ("POST /api/v1/keys/{key_id}/revoke", lambda w: w.daemon.admin.post(f"/keys/{w.ids['key']}/revoke")),
     ("DELETE /api/v1/keys/{key_id}", lambda w: w.daemon.admin.delete(f"/keys/{w.ids['key']}")),
-    ("PUT /api/v1/groups/{group_id}/quota", lambda w: w.daemon.admin.put(f"/groups/{w.ids['group']}/quota",
-                                                                         json={"tokens_per_minute": 10})),
+    (
+        "PUT /api/v1/groups/{group_id}/quota",
+        lambda w: w.daemon.admin.put(f"/groups/{w.ids['group']}/quota", json={"tokens_per_minute": 10}),
+    ),
     ("DELETE /api/v1/groups/{group_id}/quota", lambda w: w.daemon.admin.delete(f"/groups/{w.ids['group']}/quota")),
     ("DELETE /api/v1/groups/{group_id}", lambda w: w.daemon.admin.delete(f"/groups/{w.ids['group']}")),
     ("POST /api/v1/models", lambda w: w.daemon.admin.post("/models", json=model_doc())),
@@ -106,24 +111,38 @@ RECIPES: list[tuple[str, Recipe]] = [
     ("POST /api/v1/nodes/{node_id}/uncordon", lambda w: w.daemon.admin.post("/nodes/n1/uncordon")),
     ("POST /api/v1/nodes/{node_id}/drain", lambda w: w.daemon.admin.post("/nodes/n1/drain")),
     ("POST /api/v1/capacity/runs", _capacity_start),
-    ("POST /api/v1/capacity/runs/{run_id}/cancel", lambda w: w.daemon.admin.post(
-        f"/capacity/runs/{w.ids['run']}/cancel")),
+    (
+        "POST /api/v1/capacity/runs/{run_id}/cancel",
+        lambda w: w.daemon.admin.post(f"/capacity/runs/{w.ids['run']}/cancel"),
+    ),
     ("DELETE /api/v1/capacity/runs/{run_id}", lambda w: w.daemon.admin.delete(f"/capacity/runs/{w.ids['run2']}")),
-    ("POST /api/v1/models/{name}/profiles/{profile}/adapters", lambda w: w.daemon.admin.post(
-        "/models/tiny/profiles/cpu/adapters", json={"name": "bot", "url": "/adapters/bot.gguf",
-                                                    "sha256": "b" * 64, "size": 1000})),
-    ("PATCH /api/v1/models/{name}/profiles/{profile}/adapters/{adapter}", lambda w: w.daemon.admin.patch(
-        "/models/tiny/profiles/cpu/adapters/bot", json={"scale": 0.5})),
-    ("DELETE /api/v1/models/{name}/profiles/{profile}/adapters/{adapter}", lambda w: w.daemon.admin.delete(
-        "/models/tiny/profiles/cpu/adapters/bot")),
+    (
+        "POST /api/v1/models/{name}/profiles/{profile}/adapters",
+        lambda w: w.daemon.admin.post(
+            "/models/tiny/profiles/cpu/adapters",
+            json={"name": "bot", "url": "/adapters/bot.gguf", "sha256": "b" * 64, "size": 1000},
+        ),
+    ),
+    (
+        "PATCH /api/v1/models/{name}/profiles/{profile}/adapters/{adapter}",
+        lambda w: w.daemon.admin.patch("/models/tiny/profiles/cpu/adapters/bot", json={"scale": 0.5}),
+    ),
+    (
+        "DELETE /api/v1/models/{name}/profiles/{profile}/adapters/{adapter}",
+        lambda w: w.daemon.admin.delete("/models/tiny/profiles/cpu/adapters/bot"),
+    ),
     ("DELETE /api/v1/models/{name}", lambda w: w.daemon.admin.delete("/models/tiny")),
     ("POST /api/v1/models/pulls", _pull_start),
     ("PUT /api/v1/models/pulls/{pull_id}/draft", _pull_draft),
-    ("POST /api/v1/models/pulls/{pull_id}/publish", lambda w: w.daemon.admin.post(
-        f"/models/pulls/{w.ids['pull']}/publish")),
+    (
+        "POST /api/v1/models/pulls/{pull_id}/publish",
+        lambda w: w.daemon.admin.post(f"/models/pulls/{w.ids['pull']}/publish"),
+    ),
     ("DELETE /api/v1/models/pulls/{pull_id}", lambda w: w.daemon.admin.delete(f"/models/pulls/{w.ids['pull']}")),
-    ("POST /api/v1/sessions/revoke", lambda w: w.daemon.admin.post("/sessions/revoke",
-                                                                   json={"user": "ada@example.org"})),
+    (
+        "POST /api/v1/sessions/revoke",
+        lambda w: w.daemon.admin.post("/sessions/revoke", json={"user": "ada@example.org"}),
+    ),
 ]
 
 
@@ -135,17 +154,23 @@ SETUP: dict[str, Recipe] = {"DELETE /api/v1/capacity/runs/{run_id}": _capacity_s
 async def daemon(tmp_path: Path, tiny_gguf: bytes) -> AsyncIterator[Daemon]:
     repos = {REPO: FakeRepo(files={FILE: tiny_gguf})}
     fake_release(tmp_path / "files" / "node-releases", WHEELS)  # so that onboarding can add nodes
-    async with run_fake_hub(FakeHub(repos=repos)) as hub, running_control(
-            tmp_path, files_dir=str(tmp_path / "files"),
-            control_settings={"hub": HubConfig(endpoint=hub.url, allow_networks=["127.0.0.0/8"])}) as d:
+    async with (
+        run_fake_hub(FakeHub(repos=repos)) as hub,
+        running_control(
+            tmp_path,
+            files_dir=str(tmp_path / "files"),
+            control_settings={"hub": HubConfig(endpoint=hub.url, allow_networks=["127.0.0.0/8"])},
+        ) as d,
+    ):
         yield d
 
 
 async def test_every_write_route_leaves_exactly_one_row(daemon: Daemon) -> None:
     # The routes the app serves, from its OpenAPI document (generated from the one route table).
     document = (await daemon.admin.get("/openapi.json")).json()
-    served = {f"{method.upper()} {path}" for path, ops in document["paths"].items() for method in ops
-              if method != "get"}
+    served = {
+        f"{method.upper()} {path}" for path, ops in document["paths"].items() for method in ops if method != "get"
+    }
     assert served - {name for name, _ in RECIPES} == set(), "write routes without an audit recipe"
     world = World(daemon)
     async with fake_node(daemon, "n1"):
@@ -177,8 +202,12 @@ NOT_CHANGES = {
 
 
 def _unsafe_rules(app: Any) -> list[tuple[str, Any]]:
-    return [(method, rule) for rule in app.url_map.iter_rules()
-            for method in sorted(rule.methods or ()) if method in ("POST", "PUT", "PATCH", "DELETE")]
+    return [
+        (method, rule)
+        for rule in app.url_map.iter_rules()
+        for method in sorted(rule.methods or ())
+        if method in ("POST", "PUT", "PATCH", "DELETE")
+    ]
 
 
 async def test_every_state_changing_rule_of_the_apps_is_an_audited_route(tmp_path: Path) -> None:
@@ -195,8 +224,9 @@ async def test_every_state_changing_rule_of_the_apps_is_an_audited_route(tmp_pat
     async with running_control(tmp_path) as daemon:
         audit = AuditLog(daemon.tenancy.store)
         admin = make_admin_app(CollectorRegistry(), daemon.fleet, tenancy=daemon.tenancy, audit=audit)
-        dash = await open_dashboard(fleet=daemon.fleet, tenancy=daemon.tenancy, prometheus="", data_dir=tmp_path,
-                                    audit=audit)
+        dash = await open_dashboard(
+            fleet=daemon.fleet, tenancy=daemon.tenancy, prometheus="", data_dir=tmp_path, audit=audit
+        )
         register_admin_dashboard(admin, dash)
         pages = client_dashboard(dash, admin).pages
         api = admin.extensions["llmgw.api"]
@@ -222,13 +252,17 @@ async def test_refusals_are_recorded_and_rate_limited(tmp_path: Path) -> None:
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
-@given(name=st.text(min_size=1, max_size=60).filter(lambda s: s.strip() and "\x00" not in s),
-       models=st.lists(st.text(alphabet="abcdefghijklmnop-_:", min_size=1, max_size=20), max_size=3),
-       typed=st.text(alphabet=string.ascii_letters + string.digits + "-_.~!@#$%^&*", min_size=12, max_size=64))
-def test_no_secret_in_any_row(tmp_path_factory: pytest.TempPathFactory, name: str, models: list[str],
-                              typed: str) -> None:
+@given(
+    name=st.text(min_size=1, max_size=60).filter(lambda s: s.strip() and "\x00" not in s),
+    models=st.lists(st.text(alphabet="abcdefghijklmnop-_:", min_size=1, max_size=20), max_size=3),
+    typed=st.text(alphabet=string.ascii_letters + string.digits + "-_.~!@#$%^&*", min_size=12, max_size=64),
+)
+def test_no_secret_in_any_row(
+    tmp_path_factory: pytest.TempPathFactory, name: str, models: list[str], typed: str
+) -> None:
     """Keys with any names and model lists, join tokens for nodes (made and replaced), a password typed
     into the dashboard's login: none of these secrets ever reaches the log."""
+
     async def scenario() -> None:
         data = tmp_path_factory.mktemp("d")
         fake_release(data / "node-releases", WHEELS)
@@ -240,8 +274,9 @@ def test_no_secret_in_any_row(tmp_path_factory: pytest.TempPathFactory, name: st
                 secrets.append(created.json()["secret"])
             node = ok(await daemon.admin.post("/nodes", json={"name": "nx"}))
             replaced = ok(await daemon.admin.post(f"/nodes/{node['node_id']}/token"))
-            secrets += [v for answer in (node, replaced) for k, v in answer.items()
-                        if "token" in k and isinstance(v, str)]
+            secrets += [
+                v for answer in (node, replaced) for k, v in answer.items() if "token" in k and isinstance(v, str)
+            ]
             assert len(secrets) >= 3
             async with httpx2.AsyncClient(base_url=daemon.listening.api_url) as browser:
                 login = await browser.post("/admin/login", data={"key": typed})
@@ -252,6 +287,7 @@ def test_no_secret_in_any_row(tmp_path_factory: pytest.TempPathFactory, name: st
             for secret in secrets:
                 assert secret not in text
                 assert secret[-12:] not in text
+
     trio.run(scenario)
 
 

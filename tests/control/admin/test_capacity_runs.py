@@ -60,15 +60,27 @@ class EngineNode:
 
 @asynccontextmanager
 async def engine_node(daemon: Daemon, node_id: str = "n1", cpu: str = "Test CPU") -> AsyncIterator[EngineNode]:
-    facts = attrs.evolve(unprobed(), probed=True, hostname=node_id, ram_total_mib=8192, os_name="Debian",
-                         arch="x86_64", cpu_model=cpu, cores=4, cpu_features=["avx"])
-    hello = Hello(PROTOCOL_VERSION, node_id, JOIN_TOKEN, facts, [EngineState("llama.cpp", "b11312", "installed")],
-                  [])
+    facts = attrs.evolve(
+        unprobed(),
+        probed=True,
+        hostname=node_id,
+        ram_total_mib=8192,
+        os_name="Debian",
+        arch="x86_64",
+        cpu_model=cpu,
+        cores=4,
+        cpu_features=["avx"],
+    )
+    hello = Hello(PROTOCOL_VERSION, node_id, JOIN_TOKEN, facts, [EngineState("llama.cpp", "b11312", "installed")], [])
     node = EngineNode(node_id)
     async with open_websocket_url(daemon.agent_url) as ws, trio.open_nursery() as nursery:
 
-        async def engine(behavior: FakeEngineBehavior, replica_id: str, port: int,
-                         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async def engine(
+            behavior: FakeEngineBehavior,
+            replica_id: str,
+            port: int,
+            task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+        ) -> None:
             async with run_fake_engine(behavior, port=port) as running:
                 node.engines[replica_id] = running
                 task_status.started()
@@ -90,8 +102,13 @@ async def engine_node(daemon: Daemon, node_id: str = "n1", cpu: str = "Test CPU"
                 await ws.send_message(encode(Ack(message.id, True)))
                 if isinstance(message, StartReplica):
                     spec = message.replica
-                    behavior = FakeEngineBehavior(models=["tiny"], chunks=CHUNKS, chunk_delay=CHUNK_DELAY,
-                                                  api_key=spec.api_key, saturate_at=SATURATE_AT)
+                    behavior = FakeEngineBehavior(
+                        models=["tiny"],
+                        chunks=CHUNKS,
+                        chunk_delay=CHUNK_DELAY,
+                        api_key=spec.api_key,
+                        saturate_at=SATURATE_AT,
+                    )
                     await nursery.start(engine, behavior, spec.replica_id, spec.port)
                     state = ReplicaState(spec.replica_id, "ready", port=spec.port)
                 else:
@@ -129,8 +146,10 @@ SWEEP = {"model": "tiny", "levels": [4, 1, 2], "level_seconds": 1, "prompt_token
 @pytest.mark.slow  # left out of the quick tier: a whole capacity sweep
 async def test_a_run_on_an_existing_replica_sets_its_slots_to_the_level_meeting_the_objective(tmp_path: Path) -> None:
     model = model_doc(parallel=1, min_replicas=1, ttft_target=TTFT_TARGET)
-    async with running_control(tmp_path, models=[model], control_settings=settings()) as daemon, \
-            engine_node(daemon) as node:
+    async with (
+        running_control(tmp_path, models=[model], control_settings=settings()) as daemon,
+        engine_node(daemon) as node,
+    ):
         reconciler = daemon.fleet.reconciler
         await wait_until(lambda: _async(bool(reconciler.replicas.for_model("tiny:cpu"))))
         replica = reconciler.replicas.for_model("tiny:cpu")[0]
@@ -157,7 +176,8 @@ async def test_a_run_on_an_existing_replica_sets_its_slots_to_the_level_meeting_
         engine = node.engines[replica.id]
         assert engine.observed.requests and all(
             r.path == "/v1/completions" and r.headers["authorization"] == f"Bearer {replica.api_key}"
-            for r in engine.observed.requests)
+            for r in engine.observed.requests
+        )
         assert engine.observed.max_in_flight == 4
 
         # Used: the replica (the same one, its counters kept) admits the measured concurrency.
@@ -167,8 +187,7 @@ async def test_a_run_on_an_existing_replica_sets_its_slots_to_the_level_meeting_
         assert [r["id"] for r in listed] == [run["id"]]
 
     # A restart learns the stored run again: the new replica gets the measured slots at once.
-    async with running_control(tmp_path, models=[model], control_settings=settings()) as daemon, \
-            engine_node(daemon):
+    async with running_control(tmp_path, models=[model], control_settings=settings()) as daemon, engine_node(daemon):
         reconciler = daemon.fleet.reconciler
         await wait_until(lambda: _async(bool(reconciler.replicas.for_model("tiny:cpu"))))
         assert reconciler.replicas.for_model("tiny:cpu")[0].slots == SATURATE_AT
@@ -180,8 +199,10 @@ async def test_a_run_on_an_existing_replica_sets_its_slots_to_the_level_meeting_
 async def test_another_kind_of_node_keeps_parallel(tmp_path: Path) -> None:
     """A run's numbers hold for its capacity kind only: a node with another CPU keeps parallel."""
     model = model_doc(parallel=1, min_replicas=1, ttft_target=TTFT_TARGET)
-    async with running_control(tmp_path, models=[model], control_settings=settings()) as daemon, \
-            engine_node(daemon, cpu="Other CPU"):
+    async with (
+        running_control(tmp_path, models=[model], control_settings=settings()) as daemon,
+        engine_node(daemon, cpu="Other CPU"),
+    ):
         reconciler = daemon.fleet.reconciler
         await wait_until(lambda: _async(bool(reconciler.replicas.for_model("tiny:cpu"))))
         replica = reconciler.replicas.for_model("tiny:cpu")[0]
@@ -189,16 +210,22 @@ async def test_another_kind_of_node_keeps_parallel(tmp_path: Path) -> None:
         level = LevelResult(4, 10, 0, 1.0, 10.0, 10.0, 0.01, 0.01, 0.01, 0.01)
         resolved = daemon.fleet.catalog.resolve("tiny:cpu")
         assert resolved is not None
-        reconciler.capacity.learn(Measured("tiny:cpu", "x86_64 (Test CPU)", "llama.cpp", "b11312", (level,),
-                                           profile_fingerprint(resolved.profile)))
+        reconciler.capacity.learn(
+            Measured(
+                "tiny:cpu", "x86_64 (Test CPU)", "llama.cpp", "b11312", (level,), profile_fingerprint(resolved.profile)
+            )
+        )
         assert reconciler.replica_slots_on("tiny:cpu", resolved.profile, reconciler.inventory.get("n1")) == 1
         reconciler.wake()
         with trio.move_on_after(1.0):  # a few passes: the slots must not move
             await wait_until(lambda: _async(replica.slots != 1), timeout=1.0)
         assert replica.slots == 1
         # The same numbers measured on this node's kind do apply (so the above was the kind's doing).
-        reconciler.capacity.learn(Measured("tiny:cpu", "x86_64 (Other CPU)", "llama.cpp", "b11312", (level,),
-                                           profile_fingerprint(resolved.profile)))
+        reconciler.capacity.learn(
+            Measured(
+                "tiny:cpu", "x86_64 (Other CPU)", "llama.cpp", "b11312", (level,), profile_fingerprint(resolved.profile)
+            )
+        )
         reconciler.wake()
         await wait_until(lambda: _async(replica.slots == 4))
 
@@ -207,29 +234,35 @@ async def test_another_kind_of_node_keeps_parallel(tmp_path: Path) -> None:
 @pytest.mark.parametrize("where", [{"node": "n1"}, {}], ids=["on-the-node-named", "through-the-activator"])
 async def test_a_replica_started_for_a_run_is_released_after(tmp_path: Path, where: dict[str, str]) -> None:
     model = model_doc(parallel=1, ttft_target=TTFT_TARGET)
-    async with running_control(tmp_path, models=[model], control_settings=settings()) as daemon, \
-            engine_node(daemon) as node:
+    async with (
+        running_control(tmp_path, models=[model], control_settings=settings()) as daemon,
+        engine_node(daemon) as node,
+    ):
         assert daemon.fleet.reconciler.replicas.for_model("tiny:cpu") == []
         answer = await daemon.admin.post("/capacity/runs", json={**SWEEP, "levels": [1], **where})
         assert answer.status_code == 202, answer.text
         run = await finished(daemon, answer.json()["run"]["id"])
         assert run["state"] == "done" and run["started_replica"] is True, run
-        await wait_until(lambda: _async(any(isinstance(c, DrainReplica) and c.replica_id == run["replica_id"]
-                                            for c in node.commands)))
+        await wait_until(
+            lambda: _async(
+                any(isinstance(c, DrainReplica) and c.replica_id == run["replica_id"] for c in node.commands)
+            )
+        )
 
 
 async def test_a_run_is_cancelled_by_delete_and_then_is_finished(tmp_path: Path) -> None:
     model = model_doc(parallel=1, min_replicas=1)
-    async with running_control(tmp_path, models=[model], control_settings=settings()) as daemon, \
-            engine_node(daemon):
+    async with running_control(tmp_path, models=[model], control_settings=settings()) as daemon, engine_node(daemon):
         body = {**SWEEP, "levels": [1], "level_seconds": 600}
         run = (await daemon.admin.post("/capacity/runs", json=body)).json()["run"]
         second = (await daemon.admin.post("/capacity/runs", json=body)).json()["run"]
         await wait_until(lambda: _state_is(daemon, run["id"], "running"))
         # The second waits its turn: one run measures at a time.
         assert (await daemon.admin.get(f"/capacity/runs/{second['id']}")).json()["run"]["state"] == "queued"
-        for path, method in ((f"/capacity/runs/{second['id']}/cancel", "POST"),
-                             (f"/capacity/runs/{run['id']}", "DELETE")):
+        for path, method in (
+            (f"/capacity/runs/{second['id']}/cancel", "POST"),
+            (f"/capacity/runs/{run['id']}", "DELETE"),
+        ):
             answer = await daemon.admin.request(method, path)
             assert answer.status_code == 200 and answer.json()["run"]["state"] == "cancelled", answer.text
         assert (await finished(daemon, run["id"]))["state"] == "cancelled"
@@ -242,8 +275,10 @@ async def test_a_run_is_cancelled_by_delete_and_then_is_finished(tmp_path: Path)
 @pytest.mark.slow  # left out of the quick tier: a whole capacity run
 async def test_a_replica_that_answers_errors_fails_the_run_with_the_engines_words(tmp_path: Path) -> None:
     model = model_doc(parallel=1, min_replicas=1)
-    async with running_control(tmp_path, models=[model], control_settings=settings()) as daemon, \
-            engine_node(daemon) as node:
+    async with (
+        running_control(tmp_path, models=[model], control_settings=settings()) as daemon,
+        engine_node(daemon) as node,
+    ):
         reconciler = daemon.fleet.reconciler
         await wait_until(lambda: _async(bool(reconciler.replicas.for_model("tiny:cpu"))))
         (engine,) = node.engines.values()
@@ -251,8 +286,10 @@ async def test_a_replica_that_answers_errors_fails_the_run_with_the_engines_word
         answer = await daemon.admin.post("/capacity/runs", json={**SWEEP, "levels": [1, 2]})
         run = await finished(daemon, answer.json()["run"]["id"])
         assert run["state"] == "failed" and run["levels_done"] == 1, run
-        assert run["error"].startswith("no request at concurrency 1 succeeded: HTTP 500") and "fake engine failure" \
-            in run["error"]
+        assert (
+            run["error"].startswith("no request at concurrency 1 succeeded: HTTP 500")
+            and "fake engine failure" in run["error"]
+        )
         assert run["results"][0]["errors"] > 0 and run["slots"] is None
         # Nothing learnt: the replica keeps parallel.
         assert reconciler.replicas.for_model("tiny:cpu")[0].slots == 1 and not reconciler.benchmarking
@@ -261,11 +298,23 @@ async def test_a_replica_that_answers_errors_fails_the_run_with_the_engines_word
 @pytest.mark.slow  # left out of the quick tier: ctl as a process, a whole sweep
 async def test_ctl_bench_prints_a_line_per_level_and_exits_0_when_done(tmp_path: Path) -> None:
     model = model_doc(parallel=1, min_replicas=1, ttft_target=TTFT_TARGET)
-    async with running_control(tmp_path, models=[model], control_settings=settings()) as daemon, \
-            engine_node(daemon):
+    async with running_control(tmp_path, models=[model], control_settings=settings()) as daemon, engine_node(daemon):
         await wait_until(lambda: _async(bool(daemon.fleet.reconciler.replicas.for_model("tiny:cpu"))))
-        ran = await ok(daemon, "bench", "tiny:cpu", "--node", "n1", "--levels", "1,2,4", "--level-seconds", "1",
-                       "--prompt-tokens", "8", "--output-tokens", str(CHUNKS))
+        ran = await ok(
+            daemon,
+            "bench",
+            "tiny:cpu",
+            "--node",
+            "n1",
+            "--levels",
+            "1,2,4",
+            "--level-seconds",
+            "1",
+            "--prompt-tokens",
+            "8",
+            "--output-tokens",
+            str(CHUNKS),
+        )
         lines = ran.out.splitlines()
         assert lines[0].startswith("capacity run ") and "tiny:cpu, levels 1,2,4, 1 s each" in lines[0], ran.out
         assert lines[1].startswith("replica ") and "on node n1 (already running)" in lines[1]
@@ -277,19 +326,21 @@ async def test_ctl_bench_prints_a_line_per_level_and_exits_0_when_done(tmp_path:
         table = (await ok(daemon, "capacity", "runs")).out.splitlines()
         assert table[0].split()[:3] == ["ID", "MODEL", "STATE"] and table[1].split()[1:3] == ["tiny:cpu", "done"]
         # Refusals come back as the API said them, with a non-zero exit.
-        for argv, words in ((("bench", "nope"), "model 'nope' not found"),
-                            (("bench", "tiny", "--levels", "1,x"), "--levels"),
-                            (("bench", "tiny", "--levels", "0"), "levels[0]")):
+        for argv, words in (
+            (("bench", "nope"), "model 'nope' not found"),
+            (("bench", "tiny", "--levels", "1,x"), "--levels"),
+            (("bench", "tiny", "--levels", "0"), "levels[0]"),
+        ):
             failed = await run(daemon, *argv)
             assert failed.code == 1 and words in failed.err, failed
 
 
 async def test_a_run_cut_short_by_a_restart_is_failed_after_it(tmp_path: Path) -> None:
     model = model_doc(parallel=1, min_replicas=1)
-    async with running_control(tmp_path, models=[model], control_settings=settings()) as daemon, \
-            engine_node(daemon):
-        run = (await daemon.admin.post("/capacity/runs", json={**SWEEP, "levels": [1], "level_seconds": 600}
-                                       )).json()["run"]
+    async with running_control(tmp_path, models=[model], control_settings=settings()) as daemon, engine_node(daemon):
+        run = (await daemon.admin.post("/capacity/runs", json={**SWEEP, "levels": [1], "level_seconds": 600})).json()[
+            "run"
+        ]
         # Measuring (its replica taken), not still waiting for one when the daemon stops.
         await wait_until(lambda: _has_replica(daemon, run["id"]))
     async with running_control(tmp_path, models=[model], control_settings=settings()) as daemon:
@@ -323,8 +374,7 @@ async def tiny_daemon(tmp_path: Path) -> AsyncIterator[Daemon]:
 
 
 @pytest.mark.parametrize(("body", "field"), BAD_BODIES)
-async def test_bad_bodies_are_refused_naming_the_field(tiny_daemon: Daemon, body: dict[str, Any],
-                                                       field: str) -> None:
+async def test_bad_bodies_are_refused_naming_the_field(tiny_daemon: Daemon, body: dict[str, Any], field: str) -> None:
     daemon = tiny_daemon
     answer = await daemon.admin.post("/capacity/runs", json=body)
     assert answer.status_code == 400, answer.text
@@ -334,12 +384,18 @@ async def test_bad_bodies_are_refused_naming_the_field(tiny_daemon: Daemon, body
 
 async def test_unknown_model_node_and_run_are_404(tiny_daemon: Daemon) -> None:
     daemon = tiny_daemon
-    for body, field in (({"model": "nope"}, "model"), ({"model": "tiny:gpu"}, "model"),
-                        ({"model": "tiny", "node": "nowhere"}, "node")):
+    for body, field in (
+        ({"model": "nope"}, "model"),
+        ({"model": "tiny:gpu"}, "model"),
+        ({"model": "tiny", "node": "nowhere"}, "node"),
+    ):
         answer = await daemon.admin.post("/capacity/runs", json=body)
         assert answer.status_code == 404 and answer.json()["error"]["field"] == field, answer.text
-    for method, path in (("GET", "/capacity/runs/nope"), ("DELETE", "/capacity/runs/nope"),
-                         ("POST", "/capacity/runs/nope/cancel")):
+    for method, path in (
+        ("GET", "/capacity/runs/nope"),
+        ("DELETE", "/capacity/runs/nope"),
+        ("POST", "/capacity/runs/nope/cancel"),
+    ):
         assert (await daemon.admin.request(method, path)).status_code == 404
     assert (await daemon.admin.get("/capacity/runs", params={"bogus": "1"})).status_code == 400
 

@@ -79,8 +79,9 @@ async def test_a_degraded_node_says_so_in_its_row_a_warning_and_its_json(daemon:
         header, row1, row2, warning = (await ok(daemon, "nodes", "list")).out.splitlines()
         assert "GPUS" in header.split()
         assert "1 (cuda) DEGRADED: CPU only" in row1 and "DEGRADED" not in row2 and "1 (cuda)" in row2
-        assert warning == (f"warning: node n1 is DEGRADED: {why}; GPU profiles are not placed there unless they "
-                           "say cpu_ok")
+        assert warning == (
+            f"warning: node n1 is DEGRADED: {why}; GPU profiles are not placed there unless they say cpu_ok"
+        )
         facts = {n["id"]: n["facts"] for n in (await ok(daemon, "--json", "nodes")).json()["nodes"]}
         assert (facts["n1"]["degraded"], facts["n1"]["gpu_backend"]) == (why, "cuda")
         assert facts["n2"]["degraded"] == ""
@@ -91,8 +92,10 @@ async def test_nodes_add_prints_the_token_once_and_the_install_command(daemon: D
     refused = await run(daemon, "nodes", "add", "gpu-3")
     assert refused.code == 1 and "llmgw-control release prepare" in refused.err and "(HTTP 409)" in refused.err
     # The daemon's data directory is tmp_path.
-    fake_release(tmp_path / "node-releases", {f"{dist}-0.1.0-py3-none-any.whl": b"not really a wheel"
-                                              for dist in ("llmgw_shared", "llmgw_node")})
+    fake_release(
+        tmp_path / "node-releases",
+        {f"{dist}-0.1.0-py3-none-any.whl": b"not really a wheel" for dist in ("llmgw_shared", "llmgw_node")},
+    )
 
     ran = await ok(daemon, "nodes", "add", "gpu-3", "--label", "zone=a")
     lines = ran.out.splitlines()
@@ -116,7 +119,7 @@ name = "tiny"
 [[models.profiles]]
 name = "cpu"
 ram_mib = 100
-weights = {{ url = "{weights['url']}", sha256 = "{weights['sha256']}", size = {weights['size']} }}
+weights = {{ url = "{weights["url"]}", sha256 = "{weights["sha256"]}", size = {weights["size"]} }}
 """)
     assert (await ok(daemon, "models", "add", "--file", str(toml))).out == "model tiny added\n"
     as_json = tmp_path / "small.json"
@@ -161,7 +164,8 @@ async def test_replicas_and_engines(daemon: Daemon) -> None:
         assert PROVENANCE.describe() == (
             "from http://10.0.0.1:8443/releases/llama.cpp/b11312 (signed by 0123456789ABCDEF): "
             "llama-b11312-bin-ubuntu-x64.tar.gz sha256:cdcdcdcdcdcdcdcd…; installed 2026-11-30 00:53:20Z, "
-            "control epoch 3")
+            "control epoch 3"
+        )
         listed = (await ok(daemon, "--json", "engines")).json()["engines"][0]["nodes"][0]
         assert listed["provenance"]["assets"][0]["sha256"] == "cd" * 32
 
@@ -171,8 +175,19 @@ async def test_groups_keys_quotas_by_path(daemon: Daemon) -> None:
     assert "org/team" in (await ok(daemon, "groups", "create", "team", "--parent", "org")).out
     assert [line.split()[0] for line in (await ok(daemon, "groups")).out.splitlines()[1:]] == ["org", "org/team"]
 
-    created = await ok(daemon, "keys", "create", "ci", "--group", "org/team", "--model", "tiny", "--admin-key",
-                       "--expires", "2099-01-01T00:00:00Z")
+    created = await ok(
+        daemon,
+        "keys",
+        "create",
+        "ci",
+        "--group",
+        "org/team",
+        "--model",
+        "tiny",
+        "--admin-key",
+        "--expires",
+        "2099-01-01T00:00:00Z",
+    )
     secret = created.out.splitlines()[2].strip()
     assert secret.startswith("sk-llmgw-")
     key_id = created.out.split()[1]
@@ -204,8 +219,9 @@ async def test_usage_with_filters(daemon: Daemon) -> None:
     await ok(daemon, "groups", "create", "org")
     group_id = (await daemon.admin.get("/groups")).json()["groups"][0]["id"]
     hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
-    await daemon.tenancy.store.add_usage([Usage(hour, "k1", group_id, "tiny", 3, 30, 12),
-                                          Usage(hour, "k2", group_id, "big", 1, 5, 5)])
+    await daemon.tenancy.store.add_usage(
+        [Usage(hour, "k1", group_id, "tiny", 3, 30, 12), Usage(hour, "k2", group_id, "big", 1, 5, 5)]
+    )
     table = (await ok(daemon, "usage", "--group", "org", "--model", "tiny")).out.splitlines()
     assert table[1].split()[1:] == ["org", "k1", "tiny", "3", "30", "12"]  # groups by path
     assert table[-1].split() == ["total", "3", "30", "12"]
@@ -218,8 +234,9 @@ async def test_usage_with_filters(daemon: Daemon) -> None:
 
 async def test_an_unreachable_admin_api_is_said_plainly() -> None:
     out, err = io.StringIO(), io.StringIO()
-    code = await trio.to_thread.run_sync(lambda: ctl(["--admin", "http://127.0.0.1:9", "nodes"], stdout=out,
-                                                     stderr=err))
+    code = await trio.to_thread.run_sync(
+        lambda: ctl(["--admin", "http://127.0.0.1:9", "nodes"], stdout=out, stderr=err)
+    )
     assert code == 1 and "cannot reach the admin API at http://127.0.0.1:9" in err.getvalue()
 
 
@@ -227,8 +244,11 @@ async def test_an_unreachable_admin_api_is_said_plainly() -> None:
 async def test_the_daemon_command_line_hands_ctl_over(daemon: Daemon) -> None:
     # Through the real entry point, as an operator types it.
     result = await trio.run_process(
-        [str(Path(sys.executable).parent / "llmgw-control"), "ctl", "--admin", daemon.admin_url,
-         "--json", "nodes"], capture_stdout=True, capture_stderr=True, check=False)
+        [str(Path(sys.executable).parent / "llmgw-control"), "ctl", "--admin", daemon.admin_url, "--json", "nodes"],
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {"nodes": [], "role": "leader", "leader": None}
 
@@ -245,8 +265,9 @@ async def test_replicas_logs_prints_the_engines_lines_and_follows(daemon: Daemon
         node.logs[replica["id"]] = ["main: loading model", "main: server is listening"]
         ran = await ok(daemon, "replicas", "logs", replica["id"], "-n", "1")
         assert ran.out == "main: server is listening\n"
-        assert (await ok(daemon, "--json", "replicas", "logs", replica["id"])).json()["lines"] == \
-            node.logs[replica["id"]]
+        assert (await ok(daemon, "--json", "replicas", "logs", replica["id"])).json()["lines"] == node.logs[
+            replica["id"]
+        ]
         bad = await run(daemon, "replicas", "logs", replica["id"], "--lines", "0")
         assert bad.code == 1 and "between 1 and 1000" in bad.err
         assert (await run(daemon, "replicas", "logs", "nope")).code == 1

@@ -19,9 +19,14 @@ REPO, FILE = "acme/tiny-chat-GGUF", "tiny-chat.Q8_0.gguf"
 @pytest.fixture
 async def daemon(tmp_path: Path, tiny_gguf: bytes) -> AsyncIterator[Daemon]:
     repos = {REPO: FakeRepo(files={FILE: tiny_gguf, "README.md": b"hi"}, downloads=3)}
-    async with run_fake_hub(FakeHub(repos=repos, chunk_delay=0.4)) as hub, running_control(
-            tmp_path, files_dir=str(tmp_path / "files"),
-            control_settings={"hub": HubConfig(endpoint=hub.url, allow_networks=["127.0.0.0/8"])}) as d:
+    async with (
+        run_fake_hub(FakeHub(repos=repos, chunk_delay=0.4)) as hub,
+        running_control(
+            tmp_path,
+            files_dir=str(tmp_path / "files"),
+            control_settings={"hub": HubConfig(endpoint=hub.url, allow_networks=["127.0.0.0/8"])},
+        ) as d,
+    ):
         yield d
 
 

@@ -17,8 +17,12 @@ from hypothesis import strategies as st
 
 from .conftest import Daemon
 
-OUT_OF_RANGE = ["9999-12-31T23:59:59-14:00", "9999-12-31T23:00:00-01:00", "0001-01-01T00:00:00+14:00",
-                "0001-01-01T00:59:59+01:00"]
+OUT_OF_RANGE = [
+    "9999-12-31T23:59:59-14:00",
+    "9999-12-31T23:00:00-01:00",
+    "0001-01-01T00:00:00+14:00",
+    "0001-01-01T00:59:59+01:00",
+]
 EDGES = ["9999-12-31T23:59:59Z", "9999-12-31T23:59:59.999999+00:00", "9999-12-31T09:59:59-14:00"]
 
 
@@ -39,8 +43,9 @@ async def group(daemon: Daemon) -> str:
 @pytest.mark.parametrize("value", OUT_OF_RANGE)
 async def test_an_expiry_outside_the_range_is_a_400_naming_the_field(daemon: Daemon, value: str) -> None:
     group_id = await group(daemon)
-    body = error(await daemon.admin.post("/keys", json={"name": "k", "group_id": group_id, "expires_at": value}),
-                 "expires_at")
+    body = error(
+        await daemon.admin.post("/keys", json={"name": "k", "group_id": group_id, "expires_at": value}), "expires_at"
+    )
     assert "out of range" in body["message"]
     assert (await daemon.admin.get("/keys")).json()["keys"] == []
 
@@ -72,13 +77,19 @@ async def test_any_offset_at_any_edge_is_answered_200_or_400(daemon: Daemon) -> 
     # Hypothesis drives a synchronous client in a thread: its examples cannot run inside trio's loop.
     def check(client: httpx2.Client) -> None:
         @settings(max_examples=80, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-        @given(year=st.sampled_from([1, 2, 1970, 9998, 9999]), month=st.integers(1, 12), day=st.integers(1, 31),
-               hour=st.integers(0, 23), offset=st.integers(-23 * 60 - 59, 23 * 60 + 59),
-               name=st.sampled_from(["since", "until"]))
+        @given(
+            year=st.sampled_from([1, 2, 1970, 9998, 9999]),
+            month=st.integers(1, 12),
+            day=st.integers(1, 31),
+            hour=st.integers(0, 23),
+            offset=st.integers(-23 * 60 - 59, 23 * 60 + 59),
+            name=st.sampled_from(["since", "until"]),
+        )
         def one(year: int, month: int, day: int, hour: int, offset: int, name: str) -> None:
             sign = "-" if offset < 0 else "+"
-            value = f"{year:04d}-{month:02d}-{day:02d}T{hour:02d}:00:00{sign}{abs(offset) // 60:02d}:" \
-                    f"{abs(offset) % 60:02d}"
+            value = (
+                f"{year:04d}-{month:02d}-{day:02d}T{hour:02d}:00:00{sign}{abs(offset) // 60:02d}:{abs(offset) % 60:02d}"
+            )
             response = client.get("/api/v1/usage", params={name: value})
             assert response.status_code in (200, 400), (value, response.text)
 

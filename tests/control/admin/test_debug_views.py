@@ -29,8 +29,11 @@ def find(node: dict[str, Any], name: str) -> dict[str, Any] | None:
 
 async def test_the_task_dump_shows_every_task_with_its_stack(tmp_path: Path) -> None:
     release = trio.Event()
-    async with running_control(tmp_path) as daemon, trio.open_nursery() as nursery, \
-            httpx2.AsyncClient(base_url=daemon.admin_url, timeout=10) as client:
+    async with (
+        running_control(tmp_path) as daemon,
+        trio.open_nursery() as nursery,
+        httpx2.AsyncClient(base_url=daemon.admin_url, timeout=10) as client,
+    ):
         # The daemon runs in this test's trio loop, so a task started here is in its tree.
         nursery.start_soon(parked_somewhere_recognisable, release, name="h19-known-task")
         await trio.lowlevel.checkpoint()
@@ -38,8 +41,9 @@ async def test_the_task_dump_shows_every_task_with_its_stack(tmp_path: Path) -> 
         assert dump["count"] > 5 and dump["omitted"] == 0
         task = find(dump["task"], "h19-known-task")
         assert task is not None
-        assert any("parked_somewhere_recognisable" in frame and "test_debug_views.py" in frame
-                   for frame in task["stack"]), task["stack"]
+        assert any(
+            "parked_somewhere_recognisable" in frame and "test_debug_views.py" in frame for frame in task["stack"]
+        ), task["stack"]
         # The daemon's own tasks are there too, each where it waits.
         assert any("run_control" in frame for frame in _all_frames(dump["task"]))
         text = (await client.get("/debug/tasks", params={"format": "text"})).text
@@ -56,8 +60,13 @@ async def test_the_task_dump_shows_every_task_with_its_stack(tmp_path: Path) -> 
 
         # The client listener serves neither, not even under the dashboard's /admin prefix.
         async with httpx2.AsyncClient(base_url=daemon.listening.api_url, timeout=10) as public:
-            for path in ("/debug/tasks", "/debug/gc", "/admin/debug/tasks", "/admin/api/v1/../../debug/tasks",
-                         "/admin/api/v1/debug/tasks"):
+            for path in (
+                "/debug/tasks",
+                "/debug/gc",
+                "/admin/debug/tasks",
+                "/admin/api/v1/../../debug/tasks",
+                "/admin/api/v1/debug/tasks",
+            ):
                 response = await public.get(path)
                 assert response.status_code in (401, 404), (path, response.status_code)
                 assert "h19-known-task" not in response.text and "thresholds" not in response.text
@@ -74,8 +83,10 @@ def _all_frames(node: dict[str, Any]) -> list[str]:
 
 async def test_the_dumps_need_an_admin_key_like_the_rest_of_the_admin_listener(tmp_path: Path) -> None:
     keys = await admin_keys(tmp_path)
-    async with running_control(tmp_path, control_settings=REQUIRE) as daemon, \
-            httpx2.AsyncClient(base_url=daemon.admin_url, timeout=10) as client:
+    async with (
+        running_control(tmp_path, control_settings=REQUIRE) as daemon,
+        httpx2.AsyncClient(base_url=daemon.admin_url, timeout=10) as client,
+    ):
         for path in ("/debug/tasks", "/debug/gc"):
             for headers in ({}, {"authorization": f"Bearer {keys['plain']}"}, {"authorization": "Bearer sk-no"}):
                 response = await client.get(path, headers=headers)

@@ -21,11 +21,20 @@ OWN_TOKEN = "llmgw-join-gpu-3-own-token"
 
 
 def hello(node_id: str, token: str, **fields: Any) -> dict[str, Any]:
-    frame: dict[str, Any] = json.loads(encode(Hello(
-        PROTOCOL_VERSION, node_id, token, attrs.evolve(unprobed(), probed=True),
-        [EngineState("llama.cpp", "b11312", "installed")],
-        # The claim the issue reports control adopting: a ready replica at an address of the node's choosing.
-        [ReplicaState("tiny-cpu-0badc0de", "ready", port=8101)], address="10.9.9.9")))
+    frame: dict[str, Any] = json.loads(
+        encode(
+            Hello(
+                PROTOCOL_VERSION,
+                node_id,
+                token,
+                attrs.evolve(unprobed(), probed=True),
+                [EngineState("llama.cpp", "b11312", "installed")],
+                # The claim the issue reports control adopting: a ready replica at an address of the node's choosing.
+                [ReplicaState("tiny-cpu-0badc0de", "ready", port=8101)],
+                address="10.9.9.9",
+            )
+        )
+    )
     frame.update(fields)
     return frame
 
@@ -71,8 +80,19 @@ async def test_an_open_fleet_is_a_setting_and_says_so(tmp_path: Path, caplog: py
     assert any("open_fleet is on" in r.getMessage() for r in caplog.records)
 
 
-BAD_NODE_IDS = ["", "../..", "x" * 10_000, "a\nb", "n1\n", "a\x00b", "<script>alert(1)</script>", "a b", "-x",
-                ".hidden", "ü"]
+BAD_NODE_IDS = [
+    "",
+    "../..",
+    "x" * 10_000,
+    "a\nb",
+    "n1\n",
+    "a\x00b",
+    "<script>alert(1)</script>",
+    "a b",
+    "-x",
+    ".hidden",
+    "ü",
+]
 
 
 @pytest.mark.parametrize("node_id", BAD_NODE_IDS)
@@ -85,20 +105,23 @@ async def test_a_hello_node_id_is_checked_as_onboarding_checks_it(daemon: Daemon
     assert await listed(daemon) == set()
 
 
-@pytest.mark.parametrize(("field", "value", "words"), [
-    ("address", "10.0.0.1:8000/x?", "address"),
-    ("address", "user@10.0.0.1", "address"),
-    ("address", "fe80::1%eth0", "address"),
-    ("address", "a" * 300, "address"),
-    ("engines", [{"name": "llama.cpp\n", "version": "b1", "status": "installed"}], "engine name"),
-    ("engines", [{"name": "llama.cpp", "version": "../../b1", "status": "installed"}], "engine version"),
-    ("shards", [{"shard_id": "../../etc/x", "status": "ready"}], "replica id"),
-    ("shards", [{"shard_id": "s" * 200, "status": "ready"}], "replica id"),
-    ("shards", [{"shard_id": "tiny-1", "status": "ready", "port": 70000}], "port"),
-    ("shards", [{"shard_id": "tiny-1", "status": "failed", "detail": "x" * 100_000}], "longer than"),
-    ("shards", [{"shard_id": "tiny-1", "status": "ready", "pid": -1}], "between 0"),
-    ("shards", [{"shard_id": f"t-{i}", "status": "ready"} for i in range(1001)], "more than"),
-])
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [
+        ("address", "10.0.0.1:8000/x?", "address"),
+        ("address", "user@10.0.0.1", "address"),
+        ("address", "fe80::1%eth0", "address"),
+        ("address", "a" * 300, "address"),
+        ("engines", [{"name": "llama.cpp\n", "version": "b1", "status": "installed"}], "engine name"),
+        ("engines", [{"name": "llama.cpp", "version": "../../b1", "status": "installed"}], "engine version"),
+        ("shards", [{"shard_id": "../../etc/x", "status": "ready"}], "replica id"),
+        ("shards", [{"shard_id": "s" * 200, "status": "ready"}], "replica id"),
+        ("shards", [{"shard_id": "tiny-1", "status": "ready", "port": 70000}], "port"),
+        ("shards", [{"shard_id": "tiny-1", "status": "failed", "detail": "x" * 100_000}], "longer than"),
+        ("shards", [{"shard_id": "tiny-1", "status": "ready", "pid": -1}], "between 0"),
+        ("shards", [{"shard_id": f"t-{i}", "status": "ready"} for i in range(1001)], "more than"),
+    ],
+)
 async def test_every_name_in_a_hello_is_checked(daemon: Daemon, field: str, value: Any, words: str) -> None:
     answer = await first_answer(daemon, json.dumps(hello("n1", JOIN_TOKEN, **{field: value})))
     assert answer["type"] == "refuse" and words in answer["reason"], answer

@@ -57,14 +57,17 @@ async def _inner(scope: Any, receive: Any, send: Any) -> None:
     await send({"type": "served"})
 
 
-@pytest.mark.parametrize(("host", "served"), [
-    (b"control.mgmt.example:8081", True),
-    (b"CONTROL.mgmt.example.", True),
-    (b"other.mgmt.example:8081", False),
-    (b"127.0.0.1.nip.io", False),
-    (b"", False),
-    (None, True),  # no Host at all: not a browser, nothing to rebind
-])
+@pytest.mark.parametrize(
+    ("host", "served"),
+    [
+        (b"control.mgmt.example:8081", True),
+        (b"CONTROL.mgmt.example.", True),
+        (b"other.mgmt.example:8081", False),
+        (b"127.0.0.1.nip.io", False),
+        (b"", False),
+        (None, True),  # no Host at all: not a browser, nothing to rebind
+    ],
+)
 async def test_configured_names_are_served_and_no_others(host: bytes | None, served: bool) -> None:
     guard = AdminHostGuard(_inner, ["control.mgmt.example"])
     headers = [] if host is None else [(b"host", host)]

@@ -43,8 +43,9 @@ def admin_body_routes(daemon: Daemon) -> list[tuple[str, str]]:
 async def test_every_admin_body_route_refuses_deep_json_with_a_400(daemon: Daemon, levels: int) -> None:
     async with httpx2.AsyncClient(base_url=daemon.admin_url, timeout=20) as client:
         for method, path in admin_body_routes(daemon):
-            response = await client.request(method, path, content=deep(levels),
-                                            headers={"content-type": "application/json"})
+            response = await client.request(
+                method, path, content=deep(levels), headers={"content-type": "application/json"}
+            )
             assert response.status_code == 400, (method, path, response.text)
             error = response.json()["error"]
             assert error["code"] == "invalid_json", (method, path, error)
@@ -56,8 +57,10 @@ async def test_every_admin_body_route_refuses_deep_json_with_a_400(daemon: Daemo
 @pytest.mark.parametrize("levels", DEPTHS)
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"])
 async def test_the_client_api_refuses_deep_json_in_the_openai_shape(daemon: Daemon, path: str, levels: int) -> None:
-    body = '{"model": "tiny", "messages": [{"role": "user", "content": ' + deep(levels) + '}], "prompt": "x", ' \
-           '"input": "x"}'
+    body = (
+        '{"model": "tiny", "messages": [{"role": "user", "content": ' + deep(levels) + '}], "prompt": "x", '
+        '"input": "x"}'
+    )
     async with httpx2.AsyncClient(base_url=daemon.listening.api_url, timeout=20) as client:
         response = await client.post(path, content=body, headers={"content-type": "application/json"})
     assert response.status_code == 400, response.text

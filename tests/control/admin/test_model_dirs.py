@@ -14,6 +14,7 @@ from .test_api_tenancy import error
 async def test_a_vllm_or_sglang_profile_names_a_model_directory(tmp_path: Path) -> None:
     engines = [EngineConfig("vllm", "0.9.1"), EngineConfig("sglang", "0.4.9"), EngineConfig()]
     async with running_control(tmp_path, control_settings={"engines": engines}) as daemon:
+
         def doc(**profile: object) -> dict[str, object]:
             return {"name": "q", "profiles": [{"name": "gpu", "engine": "vllm", "ram_mib": 100, **profile}]}
 
@@ -28,8 +29,10 @@ async def test_a_vllm_or_sglang_profile_names_a_model_directory(tmp_path: Path) 
             ({"model_dir": "hub:no-owner"}, "profiles[0].model_dir"),
             ({"model_dir": "/srv/m\n"}, "profiles[0].model_dir"),
             ({"model_dir": "/srv/m", "ram_mib": 0}, "profiles[0].ram_mib"),
-            ({"model_dir": "/srv/m", "weights": {"url": "/x.gguf", "sha256": "a" * 64, "size": 1}},
-             "profiles[0].weights"),
+            (
+                {"model_dir": "/srv/m", "weights": {"url": "/x.gguf", "sha256": "a" * 64, "size": 1}},
+                "profiles[0].weights",
+            ),
             ({"engine": "llama.cpp", "model_dir": "/srv/m"}, "profiles[0].model_dir"),
             ({"engine": "llama.cpp"}, "profiles[0].weights"),
         ):

@@ -12,8 +12,7 @@ from .conftest import Daemon, model_doc
 def _deep_header(depth: int) -> bytes:
     # One metadata key whose value is an array of an array of ... ``depth`` deep.
     nested = b"".join(struct.pack("<IQ", 9, 1) for _ in range(depth - 1)) + struct.pack("<IQ", 4, 0)
-    return (b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 4) + b"evil" + struct.pack("<I", 9)
-            + nested)
+    return b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 4) + b"evil" + struct.pack("<I", 9) + nested
 
 
 async def test_a_model_whose_gguf_header_is_nested_3000_deep_is_a_400(daemon: Daemon, tmp_path: Path) -> None:

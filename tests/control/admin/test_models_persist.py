@@ -23,13 +23,16 @@ async def test_models_added_through_the_api_survive_a_restart(tmp_path: Path, st
         assert (await d.admin.get("/models/gone")).status_code == 404
         # Not only listed: the reconciler places it, as it would a model from the config file.
         async with fake_node(d, "n1"):
+
             async def placed() -> bool:
                 return bool((await d.admin.get("/models")).json()["models"][0]["ready"])
+
             await wait_until(placed)
 
 
 async def test_the_config_file_wins_over_a_stored_model_of_the_same_name(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     async with running_control(tmp_path) as d:
         assert (await d.admin.post("/models", json=model_doc("tiny", context=512))).status_code == 201
     async with running_control(tmp_path, models=[model_doc("tiny", context=1024)]) as d:
@@ -40,7 +43,8 @@ async def test_the_config_file_wins_over_a_stored_model_of_the_same_name(
 
 
 async def test_a_stored_model_this_config_cannot_run_is_skipped_and_can_be_fixed_or_removed(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     async with running_control(tmp_path) as d:
         # As if written by a daemon whose config had another engine.
         await d.tenancy.store.add_model("odd", {**model_doc("odd", engine="vllm")})
@@ -56,8 +60,10 @@ async def test_another_daemon_on_the_same_store_follows_changes(tmp_path: Path, 
     store_url = pg_url
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    async with running_control(tmp_path / "a", store=store_url) as a, \
-            running_control(tmp_path / "b", store=store_url) as b:
+    async with (
+        running_control(tmp_path / "a", store=store_url) as a,
+        running_control(tmp_path / "b", store=store_url) as b,
+    ):
         assert (await a.admin.post("/models", json=model_doc("tiny"))).status_code == 201
         await wait_until(lambda: "tiny" in b.fleet.catalog.models, timeout=10, interval=0.1)
         assert b.fleet.catalog.source("tiny") == "api"

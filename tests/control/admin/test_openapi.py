@@ -40,8 +40,14 @@ def fuzz(document: dict[str, Any], base_url: str) -> list[str]:
         invalid = "requestBody" in definition or any(p["in"] == "query" for p in definition.get("parameters", []))
         modes = (GenerationMode.POSITIVE, GenerationMode.NEGATIVE) if invalid else (GenerationMode.POSITIVE,)
         for mode in modes:
-            @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
-                      suppress_health_check=list(HealthCheck))
+
+            @settings(
+                max_examples=EXAMPLES,
+                deadline=None,
+                database=None,
+                derandomize=True,
+                suppress_health_check=list(HealthCheck),
+            )
             @given(case=operation.as_strategy(generation_mode=mode))
             def check(case: Any) -> None:
                 response = case.call(base_url=base_url)
@@ -59,9 +65,14 @@ async def daemon(tmp_path: Path, tiny_gguf: bytes) -> AsyncIterator[Daemon]:
     """A daemon whose model mirror talks to a fake Hub (no test reaches the internet), with a files
     directory so the pull routes run too."""
     repos = {"acme/tiny-GGUF": FakeRepo(files={"tiny.Q8_0.gguf": tiny_gguf})}
-    async with run_fake_hub(FakeHub(repos=repos)) as hub, running_control(
-            tmp_path, files_dir=str(tmp_path / "files"),
-            control_settings={"hub": HubConfig(endpoint=hub.url, allow_networks=["127.0.0.0/8"])}) as d:
+    async with (
+        run_fake_hub(FakeHub(repos=repos)) as hub,
+        running_control(
+            tmp_path,
+            files_dir=str(tmp_path / "files"),
+            control_settings={"hub": HubConfig(endpoint=hub.url, allow_networks=["127.0.0.0/8"])},
+        ) as d,
+    ):
         yield d
 
 
@@ -71,12 +82,20 @@ async def test_the_document_matches_the_server(daemon: Daemon) -> None:
     assert document["openapi"].startswith("3.1")
     paths = document["paths"]
     # The contract's routes are all there (POST /nodes belongs to onboarding and is not ours).
-    for path, method in [("/api/v1/nodes", "get"), ("/api/v1/nodes/{node_id}/drain", "post"),
-                         ("/api/v1/models", "post"), ("/api/v1/models/{name}", "put"),
-                         ("/api/v1/models/{name}", "delete"), ("/api/v1/replicas", "get"), ("/api/v1/engines", "get"),
-                         ("/api/v1/groups/{group_id}", "patch"), ("/api/v1/keys/{key_id}/revoke", "post"),
-                         ("/api/v1/groups/{group_id}/quota", "put"), ("/api/v1/usage", "get"),
-                         ("/api/v1/capacity", "get")]:
+    for path, method in [
+        ("/api/v1/nodes", "get"),
+        ("/api/v1/nodes/{node_id}/drain", "post"),
+        ("/api/v1/models", "post"),
+        ("/api/v1/models/{name}", "put"),
+        ("/api/v1/models/{name}", "delete"),
+        ("/api/v1/replicas", "get"),
+        ("/api/v1/engines", "get"),
+        ("/api/v1/groups/{group_id}", "patch"),
+        ("/api/v1/keys/{key_id}/revoke", "post"),
+        ("/api/v1/groups/{group_id}/quota", "put"),
+        ("/api/v1/usage", "get"),
+        ("/api/v1/capacity", "get"),
+    ]:
         assert method in paths.get(path, {}), (path, method)
 
     # Something to find: a node, a model with a replica, a group with a key and a quota.

@@ -58,36 +58,46 @@ async def test_bad_log_queries_are_refused_in_the_admin_shape(daemon: Daemon) ->
     async with fake_node(daemon, "n1") as node:
         (replica,) = await ready_replicas(daemon, "tiny:cpu")
         rid = replica["id"]
-        for params, field in (({"lines": "0"}, "lines"), ({"lines": "1001"}, "lines"), ({"lines": "ten"}, "lines"),
-                              ({"lines": "-5"}, "lines"), ({"lines": "9" * 50}, "lines"),
-                              ({"cursor": "../x"}, "cursor"), ({"wait": "maybe"}, "wait"),
-                              ({"follow": "true"}, "follow")):
+        for params, field in (
+            ({"lines": "0"}, "lines"),
+            ({"lines": "1001"}, "lines"),
+            ({"lines": "ten"}, "lines"),
+            ({"lines": "-5"}, "lines"),
+            ({"lines": "9" * 50}, "lines"),
+            ({"cursor": "../x"}, "cursor"),
+            ({"wait": "maybe"}, "wait"),
+            ({"follow": "true"}, "follow"),
+        ):
             error(await daemon.admin.get(f"/replicas/{rid}/logs", params=params), 400, field)
         # The node has no output for it (and no failure was reported): 404 saying so.
         body = error(await daemon.admin.get(f"/replicas/{rid}/logs"), 404)
         assert "no output" in body["message"]
         node.logs[rid] = []
         assert (await daemon.admin.get(f"/replicas/{rid}/logs")).json()["lines"] == []
+
     # The node is gone and nothing was reported with a failure: 503, in the admin shape.
     async def disconnected() -> bool:
         return "n1" not in daemon.fleet.agents.sessions
+
     await wait_until(disconnected)
     error(await daemon.admin.get(f"/replicas/{rid}/logs"), 503)
 
 
 async def test_a_failed_starts_last_lines_are_shown_with_the_failure(daemon: Daemon) -> None:
-    last = ["llama_model_load: error loading model: tensor 'blk.0' has wrong shape",
-            "main: exiting due to model loading error"]
+    last = [
+        "llama_model_load: error loading model: tensor 'blk.0' has wrong shape",
+        "main: exiting due to model loading error",
+    ]
     assert (await daemon.admin.post("/models", json=model_doc(min_replicas=1))).status_code == 201
     async with fake_node(daemon, "n1") as node:
         node.fail_with = last
 
         async def failed_once() -> bool:
             return bool(daemon.fleet.reconciler.ended)
+
         await wait_until(failed_once)
         rid = next(iter(daemon.fleet.reconciler.ended))
         # Forgotten by the reconciler (a replacement is due), its failure still answers for it.
         answer = (await daemon.admin.get(f"/replicas/{rid}/logs")).json()
         assert answer["source"] == "failure report" and answer["lines"] == last
         assert answer["status"] == "failed" and "exited with status 1" in answer["detail"]
-

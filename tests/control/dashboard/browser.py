@@ -20,8 +20,16 @@ if TYPE_CHECKING:
     from playwright.sync_api import BrowserContext
 
 CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 # Screenshots are kept as test artifacts (git-ignored), one folder per test.
 ARTIFACTS = Path(__file__).resolve().parents[3] / "test-artifacts" / "dashboard"
 
@@ -40,8 +48,8 @@ def browser_context() -> Iterator[BrowserContext]:
     try:
         with sync_playwright() as p:
             context = p.chromium.launch_persistent_context(
-                profile, executable_path=CHROMIUM, headless=True, args=ARGS,
-                viewport={"width": 1400, "height": 900})
+                profile, executable_path=CHROMIUM, headless=True, args=ARGS, viewport={"width": 1400, "height": 900}
+            )
             try:
                 yield context
             finally:

@@ -29,8 +29,9 @@ from joserfc.jwk import RSAKey
 @attrs.define
 class Provider:
     client_id: str = "llmgw-dashboard"
-    claims: dict[str, Any] = attrs.Factory(lambda: {"sub": "u-1", "email": "ada@example.org",
-                                                    "groups": ["llmgw-admins"]})
+    claims: dict[str, Any] = attrs.Factory(
+        lambda: {"sub": "u-1", "email": "ada@example.org", "groups": ["llmgw-admins"]}
+    )
     key: RSAKey = attrs.Factory(lambda: RSAKey.generate_key(2048, parameters={"kid": "k1"}, private=True))
     issuer: str = ""
     # Applied to the next ID token's claims (and cleared): a test's way to make a bad token.
@@ -43,10 +44,17 @@ class Provider:
     def answer(self, method: str, target: str, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
         parts = urlsplit(target)
         if method == "GET" and parts.path == "/.well-known/openid-configuration":
-            return _json({"issuer": self.issuer, "authorization_endpoint": f"{self.issuer}/authorize",
-                          "token_endpoint": f"{self.issuer}/token", "jwks_uri": f"{self.issuer}/jwks",
-                          "response_types_supported": ["code"], "code_challenge_methods_supported": ["S256"],
-                          "id_token_signing_alg_values_supported": ["RS256"]})
+            return _json(
+                {
+                    "issuer": self.issuer,
+                    "authorization_endpoint": f"{self.issuer}/authorize",
+                    "token_endpoint": f"{self.issuer}/token",
+                    "jwks_uri": f"{self.issuer}/jwks",
+                    "response_types_supported": ["code"],
+                    "code_challenge_methods_supported": ["S256"],
+                    "id_token_signing_alg_values_supported": ["RS256"],
+                }
+            )
         if method == "GET" and parts.path == "/jwks":
             return _json({"keys": [self.key.as_dict(private=False)]})
         if method == "GET" and parts.path == "/authorize":
@@ -67,8 +75,14 @@ class Provider:
             if asked is None or challenge != asked["code_challenge"] or redirect != asked["redirect_uri"]:
                 return _json({"error": "invalid_grant"}, 400)
             now = int(time.time())
-            claims = {"iss": self.issuer, "aud": self.client_id, "iat": now, "exp": now + 300,
-                      "nonce": asked["nonce"], **self.claims}
+            claims = {
+                "iss": self.issuer,
+                "aud": self.client_id,
+                "iat": now,
+                "exp": now + 300,
+                "nonce": asked["nonce"],
+                **self.claims,
+            }
             if self.tamper is not None:
                 self.tamper(claims)
                 self.tamper = None
@@ -103,8 +117,15 @@ async def _serve(provider: Provider, stream: trio.SocketStream) -> None:
                 return
         assert request is not None
         status, headers, payload = provider.answer(request.method.decode(), request.target.decode(), body)
-        await stream.send_all(conn.send(h11.Response(status_code=status, headers=[
-            *headers, ("content-length", str(len(payload))), ("connection", "close")])) or b"")
+        await stream.send_all(
+            conn.send(
+                h11.Response(
+                    status_code=status,
+                    headers=[*headers, ("content-length", str(len(payload))), ("connection", "close")],
+                )
+            )
+            or b""
+        )
         await stream.send_all(conn.send(h11.Data(data=payload)) or b"")
         await stream.send_all(conn.send(h11.EndOfMessage()) or b"")
 

@@ -48,21 +48,32 @@ async def prepare(fleet: Fleet, tiny_model: Path) -> dict[str, Any]:
         team = (await admin.post("/api/v1/groups", json={"name": "search", "parent_id": org["id"]})).json()["group"]
         root = (await admin.post("/api/v1/keys", json={"name": "ops", "group_id": org["id"], "admin": True})).json()
         user = (await admin.post("/api/v1/keys", json={"name": "search-app", "group_id": team["id"]})).json()
+
     async def served() -> bool:
         try:
             await trio.to_thread.run_sync(chat, fleet, user["secret"])
         except openai.AuthenticationError:
             return False
         return True
+
     # Keys are picked up by the daemon's half-second poll of the store.
     await wait_until(served, timeout=5, interval=0.2)
     async with open_store(str(fleet.root / "control" / "llmgw.db")) as store:
-        await store.add_capacity(model="tiny", profile="cpu", node_id="n1", engine="llama.cpp", concurrency=2,
-                                 tokens_per_s=123.4, ttft_p50_s=0.05, ttft_p99_s=0.2,
-                                 measured_at=datetime.now(UTC))
+        await store.add_capacity(
+            model="tiny",
+            profile="cpu",
+            node_id="n1",
+            engine="llama.cpp",
+            concurrency=2,
+            tokens_per_s=123.4,
+            ttft_p50_s=0.05,
+            ttft_p99_s=0.2,
+            measured_at=datetime.now(UTC),
+        )
     nodes, _ = await fleet.state()
-    huge = model_entry("huge", fleet.root / "files" / "models" / tiny_model.name, fleet.agent_url,
-                       ram_mib=50_000_000, min_replicas=1)
+    huge = model_entry(
+        "huge", fleet.root / "files" / "models" / tiny_model.name, fleet.agent_url, ram_mib=50_000_000, min_replicas=1
+    )
     return {"admin": root["secret"], "user": user["secret"], "node": nodes[0], "huge_model": huge}
 
 
@@ -79,21 +90,28 @@ def drive(fleet: Fleet, facts: dict[str, Any]) -> None:
         # are logged by Chromium as failed resource loads, which are told apart by their text.
         problems: list[str] = []
         page.on("pageerror", lambda error: problems.append(str(error)))
-        page.on("console", lambda msg: problems.append(msg.text) if msg.type == "error"
-                and "Failed to load resource" not in msg.text else None)
+        page.on(
+            "console",
+            lambda msg: (
+                problems.append(msg.text) if msg.type == "error" and "Failed to load resource" not in msg.text else None
+            ),
+        )
 
         # ---- the admin listener: every page, then actions
         page.goto(fleet.admin_url + "/")
         card = page.locator('section.node[data-node="n1"]')
         expect(card).to_be_visible()
         expect(card.locator("dd.os")).to_have_text(node["facts"]["os"])
-        expect(card.locator("dd.cpu")).to_contain_text(f'{node["facts"]["cores"]} cores')
+        expect(card.locator("dd.cpu")).to_contain_text(f"{node['facts']['cores']} cores")
         expect(card.locator("dd.engines")).to_contain_text(re.compile(r"installed \S+"))
         # Where the install came from, as the node's manifest records it (issue 21).
         expect(card.locator("dd.engines .provenance")).to_contain_text(
-            re.compile(r"^from http://127\.0\.0\.1:\d+/releases/llama\.cpp/\S+ \(unsigned index\): "
-                       r"llama-\S+ sha256:[0-9a-f]{16}…; installed \d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ, "
-                       r"control epoch \d+$"))
+            re.compile(
+                r"^from http://127\.0\.0\.1:\d+/releases/llama\.cpp/\S+ \(unsigned index\): "
+                r"llama-\S+ sha256:[0-9a-f]{16}…; installed \d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ, "
+                r"control epoch \d+$"
+            )
+        )
         expect(card.locator("dd.shards")).to_contain_text("ready")
         for warning in node["warnings"]:
             expect(card.locator(".warning")).to_contain_text(warning)
@@ -152,8 +170,9 @@ def drive(fleet: Fleet, facts: dict[str, Any]) -> None:
         expect(made.locator("td.state")).to_have_text("active")
         made.get_by_role("button", name="Revoke").click()
         expect(made.locator("td.state")).to_have_text("revoked")
-        assert httpx2.get(fleet.api_url + "/v1/models", headers={"authorization": f"Bearer {secret}"}).status_code \
-            == 401
+        assert (
+            httpx2.get(fleet.api_url + "/v1/models", headers={"authorization": f"Bearer {secret}"}).status_code == 401
+        )
         page.screenshot(path=shots / "keys.png", full_page=True)
 
         page.goto(fleet.admin_url + "/history")

@@ -18,10 +18,18 @@ from .browser import artifacts, browser_context, require_chromium
 # Left out of the quick tier (slow: a real headless Chromium, seconds to start).
 pytestmark = pytest.mark.slow
 
-ADAPTERS = [{"name": "support-bot", "weights": {"url": "/adapters/support.gguf", "sha256": "c" * 64,
-                                                "size": 3 << 20}, "scale": 0.5},
-            {"name": "legal-bot", "weights": {"url": "/adapters/legal.gguf", "sha256": "d" * 64,
-                                              "size": 200 << 10}, "scale": 1.0}]
+ADAPTERS = [
+    {
+        "name": "support-bot",
+        "weights": {"url": "/adapters/support.gguf", "sha256": "c" * 64, "size": 3 << 20},
+        "scale": 0.5,
+    },
+    {
+        "name": "legal-bot",
+        "weights": {"url": "/adapters/legal.gguf", "sha256": "d" * 64, "size": 200 << 10},
+        "scale": 1.0,
+    },
+]
 
 
 async def test_the_models_page_lists_adapters_and_the_replicas_holding_them(tmp_path: Path) -> None:
@@ -32,13 +40,16 @@ async def test_the_models_page_lists_adapters_and_the_replicas_holding_them(tmp_
         async with fake_node(daemon, "n1"):
             (replica,) = await ready_replicas(daemon, "tiny:cpu")
             rid = replica["id"]
+
             async def loaded() -> dict[str, Any] | None:
                 view: dict[str, Any] = (await daemon.admin.get("/models")).json()["models"][0]
                 return view if view["adapters"][0]["loaded_on"] else None
+
             view = await wait_until(loaded, timeout=10)
             assert view["adapters"] == [
                 {"name": "support-bot", "size": 3 << 20, "scale": 0.5, "loaded_on": [rid]},
-                {"name": "legal-bot", "size": 200 << 10, "scale": 1.0, "loaded_on": [rid]}]
+                {"name": "legal-bot", "size": 200 << 10, "scale": 1.0, "loaded_on": [rid]},
+            ]
 
             def drive() -> None:
                 from playwright.sync_api import expect

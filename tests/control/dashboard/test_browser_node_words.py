@@ -27,8 +27,9 @@ NO_AVX2 = "this CPU has no AVX2: engines run about five times slower; a VM CPU t
 async def test_the_fleet_page_shows_the_nodes_words_and_follows_them(tmp_path: Path) -> None:
     require_chromium()
     async with running_control(tmp_path) as daemon, fake_node(daemon, "cpu-1", warnings=[NO_AVX2]) as node:
-        downloading = EngineState("llama.cpp", "b11312", "installing",
-                                  detail="downloading llama-b11312-bin-linux-x64.tar.gz (6 MB, 41%)")
+        downloading = EngineState(
+            "llama.cpp", "b11312", "installing", detail="downloading llama-b11312-bin-linux-x64.tar.gz (6 MB, 41%)"
+        )
         await node.ws.send_message(encode(EngineStateReport(downloading)))
         changed = trio.Event()
         done = trio.Event()
@@ -46,7 +47,8 @@ async def test_the_fleet_page_shows_the_nodes_words_and_follows_them(tmp_path: P
                 expect(card.locator("dd.os")).to_have_text("Debian")
                 expect(card.locator("dd.cpu")).to_contain_text("Test CPU · 4 cores · x86_64")
                 expect(card.locator("dd.engines")).to_contain_text(
-                    "llama.cpp b11312: installing: downloading llama-b11312-bin-linux-x64.tar.gz (6 MB, 41%)")
+                    "llama.cpp b11312: installing: downloading llama-b11312-bin-linux-x64.tar.gz (6 MB, 41%)"
+                )
                 page.screenshot(path=artifacts("node-words") / "installing.png", full_page=True)
                 trio.from_thread.run_sync(changed.set, trio_token=token)
                 # No reload: the page's own polling shows the node's next report.
@@ -55,9 +57,11 @@ async def test_the_fleet_page_shows_the_nodes_words_and_follows_them(tmp_path: P
                 page.screenshot(path=artifacts("node-words") / "failed.png", full_page=True)
 
         async with trio.open_nursery() as nursery:
+
             async def browser() -> None:
                 await trio.to_thread.run_sync(drive)
                 done.set()
+
             nursery.start_soon(browser)
             await changed.wait()
             failed = EngineState("llama.cpp", "b11312", "failed", detail="glibc 2.31 is older than 2.35")

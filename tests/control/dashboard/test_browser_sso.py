@@ -47,8 +47,13 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
     require_chromium()
     base = f"http://127.0.0.1:{_free_port()}"
     async with running_provider() as provider:
-        oidc = OidcConfig(issuer=provider.issuer, client_id=provider.client_id, redirect_url=f"{base}/admin/login",
-                          admin_values=["llmgw-admins"], read_only_values=["llmgw-viewers"])
+        oidc = OidcConfig(
+            issuer=provider.issuer,
+            client_id=provider.client_id,
+            redirect_url=f"{base}/admin/login",
+            admin_values=["llmgw-admins"],
+            read_only_values=["llmgw-viewers"],
+        )
         async with running_control(tmp_path, control_settings={"oidc": oidc, "listen": base[7:]}) as daemon:
             assert daemon.listening.api_url == base
             yield Rig(daemon, provider, base)
@@ -63,8 +68,12 @@ def sign_in(base: str, name: str, check: Callable[[Any], None]) -> list[str]:
         page = context.new_page()
         problems: list[str] = []
         page.on("pageerror", lambda error: problems.append(str(error)))
-        page.on("console", lambda msg: problems.append(msg.text) if msg.type == "error"
-                and "Failed to load resource" not in msg.text else None)
+        page.on(
+            "console",
+            lambda msg: (
+                problems.append(msg.text) if msg.type == "error" and "Failed to load resource" not in msg.text else None
+            ),
+        )
         page.goto(base + "/admin/")
         expect(page).to_have_url(base + "/admin/login")
         page.locator("#sso-login").click()
@@ -92,6 +101,7 @@ def _admin(base: str) -> Callable[[Any], None]:
         page.locator('form[data-action="end-sessions"] input[name="user"]').fill("bob@example.org")
         page.get_by_role("button", name="End sessions").click()
         expect(page.locator("#flash")).to_have_text("The dashboard sessions of bob@example.org are ended.")
+
     return check
 
 
@@ -114,6 +124,7 @@ def _read_only(base: str) -> Callable[[Any], None]:
                       'x-csrf-token': document.querySelector('meta[name=csrf-token]').content},
             body: JSON.stringify({name: 'nope'})}).then(r => r.status)""")
         assert status == 403
+
     return check
 
 
@@ -126,6 +137,7 @@ def _refused(base: str, reason: str) -> Callable[[Any], None]:
         body = page.locator("body").inner_text()
         assert "Traceback" not in body and "Error" not in body
         assert "llmgw_admin_session" not in {c["name"] for c in page.context.cookies()}
+
     return check
 
 
@@ -154,10 +166,16 @@ def _aud(claims: dict[str, Any]) -> None:
     claims["aud"] = "someone-else"
 
 
-@pytest.mark.parametrize(("bad", "reason"), [
-    ("wrong-audience", "The provider's ID token was refused: it was issued to another client (audience)."),
-    ("bad-signature", "The provider's ID token was refused: its signature does not verify with the provider's "
-                      "published keys.")])
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        ("wrong-audience", "The provider's ID token was refused: it was issued to another client (audience)."),
+        (
+            "bad-signature",
+            "The provider's ID token was refused: its signature does not verify with the provider's published keys.",
+        ),
+    ],
+)
 async def test_a_bad_token_shows_the_reason_on_the_login_page(rig: Rig, bad: str, reason: str) -> None:
     if bad == "wrong-audience":
         rig.provider.tamper = _aud

@@ -69,8 +69,10 @@ def drive(admin_url: str, first: dict[str, Any], second: dict[str, Any]) -> None
 async def test_capacity_page_draws_runs_and_flags_a_regression(tmp_path: Path) -> None:
     require_chromium()
     model = model_doc(parallel=1, min_replicas=1)
-    async with running_control(tmp_path, models=[model], control_settings=settings()) as daemon, \
-            engine_node(daemon) as node:
+    async with (
+        running_control(tmp_path, models=[model], control_settings=settings()) as daemon,
+        engine_node(daemon) as node,
+    ):
         reconciler = daemon.fleet.reconciler
         await wait_until(lambda: _async(bool(reconciler.replicas.for_model("tiny:cpu"))))
         body = {**SWEEP, "levels": [1, 2]}
@@ -78,8 +80,10 @@ async def test_capacity_page_draws_runs_and_flags_a_regression(tmp_path: Path) -
         (engine,) = node.engines.values()
         engine.behavior.chunk_delay = CHUNK_DELAY * SLOWER
         second = await run_to_done(daemon, body)
-        gen = [lv["generation_tokens_per_s"] for lv in first["results"]], \
-            [lv["generation_tokens_per_s"] for lv in second["results"]]
+        gen = (
+            [lv["generation_tokens_per_s"] for lv in first["results"]],
+            [lv["generation_tokens_per_s"] for lv in second["results"]],
+        )
         assert all(b < a for a, b in zip(*gen, strict=True)), gen
         await trio.to_thread.run_sync(drive, daemon.admin_url, first, second)
 

@@ -76,12 +76,19 @@ def drive(admin_url: str) -> None:
 
 async def test_find_a_model_page(tmp_path: Path, tiny_gguf: bytes) -> None:
     require_chromium()
-    repos = {REPO: FakeRepo(files={FILE: tiny_gguf, "huge-F16.gguf": b"GGUF"}, downloads=9),
-             "acme/other": FakeRepo(files={"x.gguf": b"GGUF"}, downloads=1)}
+    repos = {
+        REPO: FakeRepo(files={FILE: tiny_gguf, "huge-F16.gguf": b"GGUF"}, downloads=9),
+        "acme/other": FakeRepo(files={"x.gguf": b"GGUF"}, downloads=1),
+    }
     hub = FakeHub(repos=repos, chunk_delay=0.5, claimed_sizes={"huge-F16.gguf": 64 * 1024**3})
-    async with run_fake_hub(hub), running_control(
-            tmp_path, files_dir=str(tmp_path / "files"),
-            control_settings={"hub": HubConfig(endpoint=hub.url, allow_networks=["127.0.0.0/8"])}) as daemon:
+    async with (
+        run_fake_hub(hub),
+        running_control(
+            tmp_path,
+            files_dir=str(tmp_path / "files"),
+            control_settings={"hub": HubConfig(endpoint=hub.url, allow_networks=["127.0.0.0/8"])},
+        ) as daemon,
+    ):
         async with fake_node(daemon, "n1"):
             await ready(daemon)
             await trio.to_thread.run_sync(drive, daemon.listening.admin_url)
@@ -92,4 +99,5 @@ async def test_find_a_model_page(tmp_path: Path, tiny_gguf: bytes) -> None:
 async def ready(daemon: Daemon) -> None:
     async def a_node_ready() -> bool:
         return any(n["state"] == "ready" for n in (await daemon.admin.get("/nodes")).json()["nodes"])
+
     await wait_until(a_node_ready, timeout=10)

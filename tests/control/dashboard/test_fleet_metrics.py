@@ -24,25 +24,42 @@ def fleet(now: float = 100.0) -> Any:
     up = NodeRecord("n1", "10.0.0.1", facts, last_seen=now)
     up.update_engines([EngineState("llama.cpp", "b1", "failed", detail="glibc too old")])
     inventory.put(up)
-    inventory.put(NodeRecord("n2", "10.0.0.2", attrs.evolve(facts, degraded="this node has NVIDIA GPUs but its "
-                                                          "llama.cpp engine is a CPU build"),
-                             last_seen=now - 50, cordoned=True))
+    inventory.put(
+        NodeRecord(
+            "n2",
+            "10.0.0.2",
+            attrs.evolve(facts, degraded="this node has NVIDIA GPUs but its llama.cpp engine is a CPU build"),
+            last_seen=now - 50,
+            cordoned=True,
+        )
+    )
     replicas = {
         "s1": ReplicaRecord("s1", "tiny:cpu", "n1", 20000, Claim(1000, 2000), status="ready"),
         "s2": ReplicaRecord("s2", "tiny:cpu", "n1", 20001, Claim(500), status="failed"),
     }
     demand = WaitingRequests()
     demand.queued("tiny:cpu", 3)
-    reconciler = SimpleNamespace(records=replicas, demand=demand, liveness=Liveness(2.0, 10.0),
-                                 config=ReconcilerConfig(reserved_ram_mib=192), evictions={"tiny:cpu": 2})
-    catalog = SimpleNamespace(all_profiles=lambda: [SimpleNamespace(profile_key="tiny:cpu"),
-                                                    SimpleNamespace(profile_key="big:gpu")])
+    reconciler = SimpleNamespace(
+        records=replicas,
+        demand=demand,
+        liveness=Liveness(2.0, 10.0),
+        config=ReconcilerConfig(reserved_ram_mib=192),
+        evictions={"tiny:cpu": 2},
+    )
+    catalog = SimpleNamespace(
+        all_profiles=lambda: [SimpleNamespace(profile_key="tiny:cpu"), SimpleNamespace(profile_key="big:gpu")]
+    )
     activator = SimpleNamespace(queue_depth=lambda: 3)
-    role = SimpleNamespace(leader=False, leader_address="ws://10.0.0.7:8082/agent/v1", leader_holder="c7",
-                           epoch=None)
+    role = SimpleNamespace(leader=False, leader_address="ws://10.0.0.7:8082/agent/v1", leader_holder="c7", epoch=None)
     leadership = SimpleNamespace(role=role, keeper=SimpleNamespace(holder="c1", address="ws://c1"))
-    return SimpleNamespace(inventory=inventory, reconciler=reconciler, catalog=catalog, activator=activator,
-                           agents=SimpleNamespace(), leadership=leadership)
+    return SimpleNamespace(
+        inventory=inventory,
+        reconciler=reconciler,
+        catalog=catalog,
+        activator=activator,
+        agents=SimpleNamespace(),
+        leadership=leadership,
+    )
 
 
 def test_the_collector_reports_the_live_state() -> None:
@@ -57,8 +74,9 @@ def test_the_collector_reports_the_live_state() -> None:
     assert get("llmgw_fleet_node_cordoned", {"node": "n2"}) == 1
     assert get("llmgw_fleet_node_degraded", {"node": "n2"}) == 1
     assert get("llmgw_fleet_node_degraded", {"node": "n1"}) == 0
-    assert get("llmgw_fleet_engine_state", {"node": "n1", "engine": "llama.cpp", "version": "b1",
-                                            "status": "failed"}) == 1
+    assert (
+        get("llmgw_fleet_engine_state", {"node": "n1", "engine": "llama.cpp", "version": "b1", "status": "failed"}) == 1
+    )
     # The failed replica released its claim; the ready one holds 1000 MiB RAM and 2000 MiB VRAM.
     assert get("llmgw_fleet_node_ram_mib", {"node": "n1", "kind": "usable"}) == 8000
     assert get("llmgw_fleet_node_ram_mib", {"node": "n1", "kind": "claimed"}) == 1000

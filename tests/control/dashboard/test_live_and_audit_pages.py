@@ -24,8 +24,12 @@ HOSTILE = '<img src=x onerror="window.pwned=1">'
 def _watch(page: Any) -> list[str]:
     problems: list[str] = []
     page.on("pageerror", lambda error: problems.append(str(error)))
-    page.on("console", lambda msg: problems.append(msg.text) if msg.type == "error"
-            and "Failed to load resource" not in msg.text else None)
+    page.on(
+        "console",
+        lambda msg: (
+            problems.append(msg.text) if msg.type == "error" and "Failed to load resource" not in msg.text else None
+        ),
+    )
     return problems
 
 
@@ -66,7 +70,6 @@ async def test_the_models_page_draws_live_traffic_per_model_and_replica(fake_eng
                 expect(page.locator("#live-note")).to_contain_text("Each control daemon")
                 page.screenshot(path=artifacts("live-traffic") / "models.png", full_page=True)
                 assert problems == []
-
 
         await trio.to_thread.run_sync(drive)
 

@@ -52,7 +52,7 @@ async def login(c: httpx2.AsyncClient, key: str, *, origin: str | None = None) -
 def csrf_of(html: str) -> str:
     marker = '<meta name="csrf-token" content="'
     start = html.index(marker) + len(marker)
-    return html[start:html.index('"', start)]
+    return html[start : html.index('"', start)]
 
 
 async def test_without_a_session_pages_redirect_to_login_and_the_api_is_closed(gw: RunningGateway) -> None:
@@ -61,8 +61,12 @@ async def test_without_a_session_pages_redirect_to_login_and_the_api_is_closed(g
         page = await c.get("/admin/")
         assert page.status_code in (302, 303) and page.headers["location"].endswith("/admin/login")
         assert (await c.get("/admin/login")).status_code == 200
-        for method, path in (("GET", "/admin/api/v1/keys"), ("GET", "/admin/api/v1/nodes"),
-                             ("POST", "/admin/api/v1/groups"), ("GET", "/admin/dashboard/history.json")):
+        for method, path in (
+            ("GET", "/admin/api/v1/keys"),
+            ("GET", "/admin/api/v1/nodes"),
+            ("POST", "/admin/api/v1/groups"),
+            ("GET", "/admin/dashboard/history.json"),
+        ):
             response = await c.request(method, path)
             assert response.status_code == 401, path
         # The raw admin API is not on the client port at all.
@@ -170,8 +174,9 @@ async def test_the_admin_listener_serves_the_pages_and_refuses_cross_site_change
             assert page.status_code == 200, path
             assert "text/html" in page.headers["content-type"]
         assert "History is not enabled" in (await c.get("/history")).text
-        assert (await c.get("/dashboard/history.json?chart=requests&range=3600")).json()["error"]["code"] == \
-            "history_disabled"
+        assert (await c.get("/dashboard/history.json?chart=requests&range=3600")).json()["error"][
+            "code"
+        ] == "history_disabled"
         script = await c.get("/dashboard-static/dashboard.js")
         assert script.status_code == 200 and "refresh" in script.text
         evil = await c.post("/api/v1/groups", json={"name": "x"}, headers={"origin": "http://evil.example"})

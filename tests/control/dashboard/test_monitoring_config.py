@@ -25,13 +25,16 @@ def test_a_url_is_normalised(tmp_path: Path) -> None:
     assert load(tmp_path, '[monitoring]\nprometheus = "https://mon.example/prom"\n') == "https://mon.example/prom"
 
 
-@pytest.mark.parametrize("text", [
-    '[monitoring]\nprometheus = "10.0.0.9:9090"\n',
-    '[monitoring]\nprometheus = "ftp://10.0.0.9"\n',
-    '[monitoring]\nprometheus = "http://10.0.0.9:9090/?x=1"\n',
-    '[monitoring]\nprometheus = 9090\n',
-    '[monitoring]\nprometheus_url = "http://10.0.0.9:9090"\n',
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        '[monitoring]\nprometheus = "10.0.0.9:9090"\n',
+        '[monitoring]\nprometheus = "ftp://10.0.0.9"\n',
+        '[monitoring]\nprometheus = "http://10.0.0.9:9090/?x=1"\n',
+        "[monitoring]\nprometheus = 9090\n",
+        '[monitoring]\nprometheus_url = "http://10.0.0.9:9090"\n',
+    ],
+)
 def test_anything_else_is_refused(tmp_path: Path, text: str) -> None:
     with pytest.raises(ConfigError):
         load(tmp_path, text)

@@ -38,8 +38,13 @@ class Rig:
 @pytest.fixture
 async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
     async with running_provider() as provider:
-        oidc = OidcConfig(issuer=provider.issuer, client_id=provider.client_id, redirect_url=REDIRECT,
-                          admin_values=["llmgw-admins"], read_only_values=["llmgw-viewers"])
+        oidc = OidcConfig(
+            issuer=provider.issuer,
+            client_id=provider.client_id,
+            redirect_url=REDIRECT,
+            admin_values=["llmgw-admins"],
+            read_only_values=["llmgw-viewers"],
+        )
         async with running_control(tmp_path, control_settings={"oidc": oidc}) as daemon:
             yield Rig(daemon, provider)
 
@@ -103,8 +108,11 @@ def _nothing(c: dict[str, Any]) -> None:
     c["groups"] = ["marketing"]
 
 
-@pytest.mark.parametrize("tamper", [_aud, _expired, _nonce, _nothing, None],
-                         ids=["wrong-audience", "expired", "wrong-nonce", "claim-grants-nothing", "bad-signature"])
+@pytest.mark.parametrize(
+    "tamper",
+    [_aud, _expired, _nonce, _nothing, None],
+    ids=["wrong-audience", "expired", "wrong-nonce", "claim-grants-nothing", "bad-signature"],
+)
 async def test_bad_tokens_are_refused(rig: Rig, tamper: Callable[[dict[str, Any]], None] | None) -> None:
     if tamper is None:
         rig.provider.signing_key = RSAKey.generate_key(2048, parameters={"kid": "k1"}, private=True)
@@ -168,7 +176,8 @@ async def test_ending_a_users_sessions_on_the_server(rig: Rig) -> None:
 
     rows = (await rig.daemon.admin.get("/audit", params={"resource": "session"})).json()["entries"]
     assert [(r["action"], r["resource_id"], r["actor"]) for r in rows] == [
-        ("POST /api/v1/sessions/revoke", "user:ada@example.org", "loopback")]
+        ("POST /api/v1/sessions/revoke", "user:ada@example.org", "loopback")
+    ]
 
 
 async def test_a_revocation_reaches_another_daemon_on_the_same_store(rig: Rig) -> None:

@@ -42,8 +42,10 @@ def _target(spelling: str, port: int, endpoint: str, form: str) -> str:
 async def _leak_attempt(tmp: Path, spelling: str, form: str, how: str, call: str, status: int) -> None:
     token = tmp / "token"
     token.write_text("hf_secret_token\n")
-    async with run_fake_hub(FakeHub(repos=dict(REPOS)), host="127.0.0.2") as other, \
-            run_fake_hub(FakeHub(repos=dict(REPOS))) as hub_fake:
+    async with (
+        run_fake_hub(FakeHub(repos=dict(REPOS)), host="127.0.0.2") as other,
+        run_fake_hub(FakeHub(repos=dict(REPOS))) as hub_fake,
+    ):
         target = _target(spelling, int(other.url.rsplit(":", 1)[1]), hub_fake.url, form)
         if how == "redirect":
             hub_fake.api_redirect_to, hub_fake.api_redirect_status = target, status
@@ -61,11 +63,16 @@ async def _leak_attempt(tmp: Path, spelling: str, form: str, how: str, call: str
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(spelling=st.sampled_from(SPELLINGS), form=st.sampled_from(["http", "https", "userinfo", "relative"]),
-       how=st.sampled_from(["redirect", "link"]), call=st.sampled_from(["search", "tree"]),
-       status=st.sampled_from([301, 302, 303, 307, 308]))
+@given(
+    spelling=st.sampled_from(SPELLINGS),
+    form=st.sampled_from(["http", "https", "userinfo", "relative"]),
+    how=st.sampled_from(["redirect", "link"]),
+    call=st.sampled_from(["search", "tree"]),
+    status=st.sampled_from([301, 302, 303, 307, 308]),
+)
 def test_no_redirect_or_next_page_reaches_another_host(
-        tmp_path: Path, spelling: str, form: str, how: str, call: str, status: int) -> None:
+    tmp_path: Path, spelling: str, form: str, how: str, call: str, status: int
+) -> None:
     trio.run(_leak_attempt, tmp_path, spelling, form, how, call, status)
 
 
@@ -101,6 +108,7 @@ async def test_what_the_library_would_retry_is_answered_at_once(status: int) -> 
 
 # ------------------------------------------------------------------ the transport alone
 
+
 def _public(host: str, port: int) -> list[str]:
     return ["93.184.216.34"]
 
@@ -113,8 +121,7 @@ def _send(url: str, headers: dict[str, str], answer: httpx2.Response | None = No
         sent.append(request)
         return answer if answer is not None else httpx2.Response(200, content=b"[]")
 
-    guard = NetGuard(HubConfig(endpoint="https://hub.example", allow_hosts=["files.example"]),
-                     resolve_blocking=_public)
+    guard = NetGuard(HubConfig(endpoint="https://hub.example", allow_hosts=["files.example"]), resolve_blocking=_public)
     token = CURRENT_CALL.set(HubCall(guard, deadline=float("inf")))
     try:
         with httpx2.Client(transport=GuardedTransport(httpx2.MockTransport(handler))) as client:
@@ -124,10 +131,15 @@ def _send(url: str, headers: dict[str, str], answer: httpx2.Response | None = No
     return sent[0]
 
 
-@pytest.mark.parametrize(("url", "kept"), [
-    ("https://hub.example/api/models", True), ("https://hub.example:443/x", True),
-    ("https://files.example/x", False), ("https://hub.example:8443/x", False),
-])
+@pytest.mark.parametrize(
+    ("url", "kept"),
+    [
+        ("https://hub.example/api/models", True),
+        ("https://hub.example:443/x", True),
+        ("https://files.example/x", False),
+        ("https://hub.example:8443/x", False),
+    ],
+)
 def test_the_token_goes_to_the_endpoint_origin_only(url: str, kept: bool) -> None:
     sent = _send(url, {"authorization": "Bearer t", "cookie": "c=1"})
     assert ("authorization" in sent.headers) is kept and ("cookie" in sent.headers) is kept
@@ -136,17 +148,23 @@ def test_the_token_goes_to_the_endpoint_origin_only(url: str, kept: bool) -> Non
 
 def test_a_compressed_answer_is_refused() -> None:
     with pytest.raises(HubRefused, match="compressed"):
-        _send("https://hub.example/api/models", {},
-              httpx2.Response(200, headers={"content-encoding": "gzip"}, content=b"x"))
+        _send(
+            "https://hub.example/api/models",
+            {},
+            httpx2.Response(200, headers={"content-encoding": "gzip"}, content=b"x"),
+        )
 
 
 def test_a_request_outside_a_hub_call_is_refused() -> None:
-    with httpx2.Client(transport=GuardedTransport(httpx2.MockTransport(lambda r: httpx2.Response(200)))) as client, \
-            pytest.raises(HubRefused, match="outside"):
+    with (
+        httpx2.Client(transport=GuardedTransport(httpx2.MockTransport(lambda r: httpx2.Response(200)))) as client,
+        pytest.raises(HubRefused, match="outside"),
+    ):
         client.get("https://hub.example/")
 
 
 # ------------------------------------------------------------------ deadlines and addresses
+
 
 async def _trickle(stream: trio.SocketStream) -> None:
     """Answer a head one byte at a time, each well inside any read timeout, for ever."""

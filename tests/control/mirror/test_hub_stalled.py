@@ -39,10 +39,17 @@ def silent_hub() -> Iterator[int]:
 
 @contextmanager
 def stalled_daemon(tmp_path: Path) -> Iterator[ControlDaemon]:
-    with silent_hub() as port, control_daemon(tmp_path, (
-            f"shutdown_grace = {GRACE}\n"
-            f'[hub]\nendpoint = "http://127.0.0.1:{port}"\nallow_networks = ["127.0.0.0/8"]\n'
-            f"timeout = {HUB_TIMEOUT}\n")) as daemon:
+    with (
+        silent_hub() as port,
+        control_daemon(
+            tmp_path,
+            (
+                f"shutdown_grace = {GRACE}\n"
+                f'[hub]\nendpoint = "http://127.0.0.1:{port}"\nallow_networks = ["127.0.0.0/8"]\n'
+                f"timeout = {HUB_TIMEOUT}\n"
+            ),
+        ) as daemon,
+    ):
         yield daemon
 
 

@@ -38,8 +38,15 @@ async def rig(fake_hub_repos: FakeHub, tmp_path: Path) -> AsyncIterator[Rig]:
     store = await connect_store(tmp_path / "store.db")
     async with run_fake_hub(fake_hub_repos) as fake, trio.open_nursery() as nursery:
         config = HubConfig(endpoint=fake.url, allow_networks=["127.0.0.0/8"])
-        pulls = Pulls(Hub(config), NetGuard(config), tmp_path / "files" / "models", "http://control:8090", store,
-                      None, max_concurrent=2)
+        pulls = Pulls(
+            Hub(config),
+            NetGuard(config),
+            tmp_path / "files" / "models",
+            "http://control:8090",
+            store,
+            None,
+            max_concurrent=2,
+        )
         await nursery.start(pulls.run)
         yield Rig(fake, pulls, tmp_path / "files" / "models")
         nursery.cancel_scope.cancel()
@@ -99,14 +106,22 @@ async def test_a_wrong_sha256_fails_and_leaves_no_file(rig: Rig) -> None:
 
 async def test_a_url_pull_with_the_right_sha256(rig: Rig, tiny_gguf: bytes) -> None:
     url = f"{rig.hub.url}/{REPO}/resolve/main/{FILE}"
-    pull = await finished(await rig.pulls.start({"url": url, "sha256": hashlib.sha256(tiny_gguf).hexdigest(),
-                                                 "model": "tiny"}))
+    pull = await finished(
+        await rig.pulls.start({"url": url, "sha256": hashlib.sha256(tiny_gguf).hexdigest(), "model": "tiny"})
+    )
     assert pull.state == "ready", pull.error
     assert pull.draft is not None and pull.draft.name == "tiny" and pull.size == len(tiny_gguf)
 
 
-@pytest.mark.parametrize("location", ["http://10.0.0.1/blob", "https://169.254.169.254/latest/meta-data",
-                                      "https://evil.example/blob", "https://[::1]:8081/api/v1/keys"])
+@pytest.mark.parametrize(
+    "location",
+    [
+        "http://10.0.0.1/blob",
+        "https://169.254.169.254/latest/meta-data",
+        "https://evil.example/blob",
+        "https://[::1]:8081/api/v1/keys",
+    ],
+)
 async def test_a_redirect_to_a_private_or_unknown_host_is_refused(rig: Rig, location: str) -> None:
     rig.hub.redirect_to = location
     pull = await finished(await rig.pulls.start({"repo": REPO, "file": FILE}))
@@ -114,7 +129,8 @@ async def test_a_redirect_to_a_private_or_unknown_host_is_refused(rig: Rig, loca
 
 
 async def test_a_download_redirect_to_another_loopback_host_is_refused_without_the_token(
-        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("LLMGW_HUB_TOKEN", "hf_secret")
     async with run_fake_hub(FakeHub(), host="127.0.0.2") as other:
         rig.hub.redirect_to = f"{other.url}/blob"
@@ -132,18 +148,21 @@ async def test_too_little_free_space_fails_before_downloading(rig: Rig, monkeypa
     assert not [s for s in rig.hub.seen if "/resolve/" in s.path]
 
 
-@pytest.mark.parametrize(("body", "field"), [
-    ({"url": "https://files.example/m.gguf", "sha256": "0" * 64}, "url"),
-    ({"url": "http://127.0.0.1:1/m.gguf", "sha256": "0" * 64}, "url"),
-    ({"url": "https://x/m.gguf"}, "sha256"),
-    ({"repo": "../etc", "file": FILE}, "repo"),
-    ({"repo": REPO, "file": "../../etc/passwd.gguf"}, "file"),
-    ({"repo": REPO, "file": "README.md"}, "file"),
-    ({"repo": REPO, "file": "big-00001-of-00002.gguf"}, "file"),
-    ({"repo": REPO, "file": "missing.gguf"}, "file"),
-    ({"repo": REPO, "file": FILE, "model": "a:b"}, "model"),
-    ({"repo": REPO, "file": FILE, "extra": 1}, "extra"),
-])
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"url": "https://files.example/m.gguf", "sha256": "0" * 64}, "url"),
+        ({"url": "http://127.0.0.1:1/m.gguf", "sha256": "0" * 64}, "url"),
+        ({"url": "https://x/m.gguf"}, "sha256"),
+        ({"repo": "../etc", "file": FILE}, "repo"),
+        ({"repo": REPO, "file": "../../etc/passwd.gguf"}, "file"),
+        ({"repo": REPO, "file": "README.md"}, "file"),
+        ({"repo": REPO, "file": "big-00001-of-00002.gguf"}, "file"),
+        ({"repo": REPO, "file": "missing.gguf"}, "file"),
+        ({"repo": REPO, "file": FILE, "model": "a:b"}, "model"),
+        ({"repo": REPO, "file": FILE, "extra": 1}, "extra"),
+    ],
+)
 async def test_bad_pull_requests_are_refused_naming_the_field(rig: Rig, body: dict[str, Any], field: str) -> None:
     with pytest.raises(AdminApiError) as caught:
         await rig.pulls.start(body)

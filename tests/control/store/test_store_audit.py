@@ -31,8 +31,10 @@ async def test_one_row_per_action_with_the_changes(store: SqlStore) -> None:
     assert (row.actor, row.peer, row.action, row.outcome) == ("key:k1", "127.0.0.1", "POST /api/v1/keys", "ok")
     # The row names the first thing the action changed, and lists every change.
     assert (row.resource, row.resource_id) == ("group", "g1")
-    assert [(c["resource"], c["id"], c["op"]) for c in row.changes] == [("group", "g1", "create"),
-                                                                        ("key", key.id, "create")]
+    assert [(c["resource"], c["id"], c["op"]) for c in row.changes] == [
+        ("group", "g1", "create"),
+        ("key", key.id, "create"),
+    ]
     assert "d" * 64 not in json.dumps(row.changes)  # the digest is never recorded
 
 
@@ -42,8 +44,15 @@ async def test_update_keeps_only_changed_fields(store: SqlStore) -> None:
     with audit_scope(scope("PUT /api/v1/groups/{group_id}/quota")):
         await store.set_quota("g1", Quota(tokens_per_minute=20, requests_per_minute=None))
     [row] = (await store.list_audit()).entries
-    assert row.changes == [{"resource": "quota", "id": "g1", "op": "update",
-                            "before": {"tokens_per_minute": 10}, "after": {"tokens_per_minute": 20}}]
+    assert row.changes == [
+        {
+            "resource": "quota",
+            "id": "g1",
+            "op": "update",
+            "before": {"tokens_per_minute": 10},
+            "after": {"tokens_per_minute": 20},
+        }
+    ]
 
 
 async def test_a_failed_write_leaves_no_row(store: SqlStore) -> None:
@@ -66,8 +75,9 @@ async def test_a_closed_scope_records_nothing(store: SqlStore) -> None:
 
 async def test_pages_filters_and_prune(store: SqlStore) -> None:
     for n in range(5):
-        await store.record_audit(actor=f"key:{n % 2}", peer="::1", action="POST /x", outcome="refused",
-                                 resource="admin", resource_id=str(n))
+        await store.record_audit(
+            actor=f"key:{n % 2}", peer="::1", action="POST /x", outcome="refused", resource="admin", resource_id=str(n)
+        )
     first = await store.list_audit(limit=2)
     assert len(first.entries) == 2 and first.next_cursor is not None
     second = await store.list_audit(limit=2, cursor=first.next_cursor)
@@ -101,8 +111,12 @@ async def test_ending_sessions_is_recorded_with_its_row(store: SqlStore) -> None
     [row] = (await store.list_audit()).entries
     assert (row.resource, row.resource_id, row.changes[0]["op"]) == ("session", "user:ada@example.org", "create")
     # An earlier time does not un-end sessions.
-    assert await store.revoke_sessions("user:ada@example.org", before=now - timedelta(hours=1),
-                                       until=now + timedelta(hours=8)) == cut
+    assert (
+        await store.revoke_sessions(
+            "user:ada@example.org", before=now - timedelta(hours=1), until=now + timedelta(hours=8)
+        )
+        == cut
+    )
     await store.revoke_sessions("session:abc", before=now, until=now + timedelta(seconds=1))
     assert await store.session_revocations(now) == {"user:ada@example.org": cut, "session:abc": cut}
     assert await store.session_revocations(now + timedelta(hours=1)) == {"user:ada@example.org": cut}

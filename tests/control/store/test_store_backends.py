@@ -71,9 +71,7 @@ async def test_cancelling_a_query_returns_at_once(store: SqlStore) -> None:
     assert [m.name for m in await store.list_models()] == ["after"]
 
 
-async def test_reconnects_after_the_server_drops_the_connection(
-    pg_server: PostgresServer, pg_database: str
-) -> None:
+async def test_reconnects_after_the_server_drops_the_connection(pg_server: PostgresServer, pg_database: str) -> None:
     async with await connect_store(pg_server.url(pg_database)) as store:
         await store.add_model("before", {})
         pg_server.terminate_connections(pg_database)
@@ -118,7 +116,6 @@ def test_shared_sql_must_not_contain_percent() -> None:
 async def test_lease_does_not_queue_behind_slow_queries(pg_url: str) -> None:
     """The lease has its own connection: a full pool must not delay a renew into a step-down."""
     async with await PostgresStore.open(pg_url, pool_size=1) as store, trio.open_nursery() as nursery:
-
         holding: list[bool] = []  # set in the worker thread once the pool's one connection is ours
 
         def sleep_in_the_database(tx: Any) -> Any:

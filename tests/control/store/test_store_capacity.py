@@ -64,15 +64,22 @@ async def test_bad_input(store: SqlStore, field: str, value: object) -> None:
 
 
 async def test_capacity_runs_add_update_list(store: SqlStore) -> None:
-    run = await store.add_capacity_run(model="qwen", profile="default", node_id="", kind="", state="queued",
-                                       document={"levels": [1, 2]})
+    run = await store.add_capacity_run(
+        model="qwen", profile="default", node_id="", kind="", state="queued", document={"levels": [1, 2]}
+    )
     assert run.state == "queued" and run.document == {"levels": [1, 2]}
-    done = await store.update_capacity_run(run.id, state="done", document={"levels": [1, 2], "results": [{"c": 1}]},
-                                           node_id="n1", kind="cpu|gpu|llama.cpp b1")
+    done = await store.update_capacity_run(
+        run.id,
+        state="done",
+        document={"levels": [1, 2], "results": [{"c": 1}]},
+        node_id="n1",
+        kind="cpu|gpu|llama.cpp b1",
+    )
     assert (done.state, done.node_id, done.kind) == ("done", "n1", "cpu|gpu|llama.cpp b1")
     assert await store.get_capacity_run(run.id) == done
-    other = await store.add_capacity_run(model="qwen", profile="fast", node_id="n2", kind="k", state="running",
-                                         document={})
+    other = await store.add_capacity_run(
+        model="qwen", profile="fast", node_id="n2", kind="k", state="running", document={}
+    )
     assert [r.id for r in await store.list_capacity_runs(model="qwen", state="done")] == [run.id]
     assert {r.id for r in await store.list_capacity_runs()} == {run.id, other.id}
     assert len(await store.list_capacity_runs(limit=1)) == 1

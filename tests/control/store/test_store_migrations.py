@@ -113,9 +113,13 @@ async def test_steps_must_be_numbered_in_order(tmp_path: Path) -> None:
 async def test_groups_made_before_priorities_existed_inherit_after_the_upgrade(store_url: str) -> None:
     before = MIGRATIONS[:2]
     async with await _open(store_url, before) as old:
-        await old.backend.run(lambda tx: tx.run(
-            "INSERT INTO tenant_groups (id, name, parent_id, created_at, updated_at) VALUES ('g1', 'org', NULL, 0, 0)"),
-            write=True)
+        await old.backend.run(
+            lambda tx: tx.run(
+                "INSERT INTO tenant_groups (id, name, parent_id, created_at, updated_at) "
+                "VALUES ('g1', 'org', NULL, 0, 0)"
+            ),
+            write=True,
+        )
     async with await connect_store(store_url) as store:
         (group,) = await store.list_groups()
         assert group.id == "g1" and group.priority is None

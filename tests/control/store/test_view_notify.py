@@ -46,8 +46,7 @@ async def _until(condition: Callable[[], bool]) -> None:
 
 def _follower(store: SqlStore, listener: ViewListener | None = None) -> tuple[ViewFollower, ReplicaSet]:
     standby = ReplicaSet()
-    follower = ViewFollower(store, standby, lambda rid: f"key-of-{rid}", listener=listener,
-                            safety_poll=HOUR, poll=HOUR)
+    follower = ViewFollower(store, standby, lambda rid: f"key-of-{rid}", listener=listener, safety_poll=HOUR, poll=HOUR)
     return follower, standby
 
 
@@ -66,8 +65,11 @@ async def _notify(store: SqlStore, payload: str) -> None:
 
 async def _cut_listen_connections(store: SqlStore) -> int:
     def cut(tx: Tx) -> int:
-        rows = tx.rows("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                       "WHERE application_name = ? AND datname = current_database()", (LISTEN_APPLICATION_NAME,))
+        rows = tx.rows(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name = ? AND datname = current_database()",
+            (LISTEN_APPLICATION_NAME,),
+        )
         return len(rows)
 
     return await store.backend.run(cut, write=True)
@@ -146,8 +148,10 @@ async def test_cancelling_a_follower_returns_at_once_and_closes_its_connection(p
     assert not scope.cancelled_caught
 
     def listening(tx: Tx) -> int:
-        row = tx.one("SELECT count(*) FROM pg_stat_activity WHERE application_name = ? "
-                     "AND datname = current_database()", (LISTEN_APPLICATION_NAME,))
+        row = tx.one(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = ? AND datname = current_database()",
+            (LISTEN_APPLICATION_NAME,),
+        )
         return int(row[0]) if row else 0
 
     await _until_async(lambda: pg_store.backend.run(listening, write=False), 0)
@@ -156,6 +160,7 @@ async def test_cancelling_a_follower_returns_at_once_and_closes_its_connection(p
 async def _until_async(probe: Callable[[], Any], expected: object) -> None:
     async def reached() -> bool:
         return bool(await probe() == expected)
+
     await wait_until(reached, timeout=LIMIT)
 
 
@@ -172,16 +177,14 @@ async def test_publishing_notifies_the_revision_and_only_it(pg_store: SqlStore, 
     try:
         await trio.to_thread.run_sync(conn.execute, f"LISTEN {VIEW_CHANNEL}")
         revision = await pg_store.publish_view(1, [A, B])
-        heard = await trio.to_thread.run_sync(
-            lambda: [n.payload for n in conn.notifies(timeout=LIMIT, stop_after=1)])
+        heard = await trio.to_thread.run_sync(lambda: [n.payload for n in conn.notifies(timeout=LIMIT, stop_after=1)])
         assert heard == [str(revision)]  # no replica, no key: the revision alone
         await pg_store.lease.try_acquire("two", "ws://x", 30)
         await pg_store.lease.give_up("two")
         await pg_store.lease.try_acquire("three", "ws://x", 30)
         assert await pg_store.publish_view(1, [A]) is None  # refused: nothing to hear
         await _notify(pg_store, "marker")
-        heard = await trio.to_thread.run_sync(
-            lambda: [n.payload for n in conn.notifies(timeout=LIMIT, stop_after=1)])
+        heard = await trio.to_thread.run_sync(lambda: [n.payload for n in conn.notifies(timeout=LIMIT, stop_after=1)])
         assert heard == ["marker"]
     finally:
         await trio.to_thread.run_sync(conn.close)

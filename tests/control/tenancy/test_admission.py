@@ -30,7 +30,13 @@ async def test_open_without_keys_records_usage_by_model_only(tenancy: Tenancy, c
     ticket.settle(3, 4)  # a second settle is ignored
     [row] = tenancy.usage.pending()
     assert (row.key_id, row.group_id, row.model, row.requests, row.prompt_tokens, row.completion_tokens) == (
-        "", "", "m", 1, 3, 4)
+        "",
+        "",
+        "m",
+        1,
+        3,
+        4,
+    )
 
 
 async def test_open_admission_without_a_store(clock: FakeClock) -> None:
@@ -54,7 +60,8 @@ async def test_unknown_missing_revoked_expired_keys_get_401(tenancy: Tenancy, cl
     tree = await make_tree(tenancy.service)
     good = await tenancy.service.create_key(name="good", group_id=tree.project)
     expiring = await tenancy.service.create_key(
-        name="soon", group_id=tree.project, expires_at=datetime.fromtimestamp(clock() + 60, UTC))
+        name="soon", group_id=tree.project, expires_at=datetime.fromtimestamp(clock() + 60, UTC)
+    )
     revoked = await tenancy.service.create_key(name="gone", group_id=tree.project)
     await tenancy.service.revoke_key(revoked.key.id)
 
@@ -179,7 +186,11 @@ async def test_ticket_is_finished_by_its_first_call(tenancy: Tenancy, clock: Fak
         ticket.settle(10, 20)
     # The context manager's release after settle changed nothing: settled tokens stay counted.
     assert (team.reserved, team.in_flight, team.minute_tokens.total(clock()), team.requests.total(clock())) == (
-        0, 0, 30, 1)
+        0,
+        0,
+        30,
+        1,
+    )
     with tenancy.admission.admit(bearer(key.secret), "m", estimated_tokens=60):
         pass  # failed: released on exit
     assert (team.reserved, team.in_flight, team.requests.total(clock())) == (0, 0, 1)
@@ -211,6 +222,7 @@ async def test_revocation_reaches_another_daemon_within_a_poll(db_path: Path, cl
                     assert error.code == "api_key_revoked"
                     return True
                 return False
+
             await wait_until(refused, timeout=1, interval=0.005)
             assert trio.current_time() - started < 0.5
             nursery.cancel_scope.cancel()

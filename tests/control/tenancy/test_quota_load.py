@@ -122,8 +122,7 @@ async def test_no_level_is_ever_exceeded_and_nothing_is_counted_twice(tenancy: T
         "org": await service.create_key(name="r", group_id=tree.org),
     }
     by_id = {v: k for k, v in ids.items()}
-    truth = Truth(chains={
-        name: tuple(by_id[g] for g in tenancy.state.tree.ancestry(ids[name])) for name in keys})
+    truth = Truth(chains={name: tuple(by_id[g] for g in tenancy.state.tree.ancestry(ids[name])) for name in keys})
     assert truth.chains["project"] == ("project", "team", "org")
 
     rng = random.Random(6)
@@ -131,8 +130,9 @@ async def test_no_level_is_ever_exceeded_and_nothing_is_counted_twice(tenancy: T
     async with trio.open_nursery() as nursery:
         for i in range(32):
             name = ("project", "project", "team", "other_team", "org")[i % 5]
-            nursery.start_soon(_worker, tenancy, clock, bearer(keys[name].secret), name, truth,
-                               random.Random(rng.random()), 40)
+            nursery.start_soon(
+                _worker, tenancy, clock, bearer(keys[name].secret), name, truth, random.Random(rng.random()), 40
+            )
     assert clock() - start > 240, "the run should span several minutes of fake time"
 
     for name, quota in QUOTAS.items():

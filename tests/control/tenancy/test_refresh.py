@@ -55,12 +55,14 @@ async def test_outage_keeps_serving_and_logs_once(
             admission.admit(bearer(key.secret), "m", estimated_tokens=1).give_back()  # still served
             await writer.service.revoke_key(key.key.id)
             flaky.down = False
+
             def refused() -> bool:
                 try:
                     admission.admit(bearer(key.secret), "m", estimated_tokens=1).give_back()
                 except ClientApiError:
                     return True
                 return False
+
             await wait_until(refused, timeout=1, interval=0.01)
             nursery.cancel_scope.cancel()
     finally:
@@ -119,7 +121,6 @@ async def test_a_committed_write_is_not_reported_as_failed_when_the_reload_fails
         await inner.aclose()
 
 
-
 class RacingStore:
     """A real store on which something happens right after one of a refresh's reads returns
     (``after[name]``, once): another daemon's writes, or a request arriving meanwhile."""
@@ -141,8 +142,9 @@ class RacingStore:
         return read
 
 
-async def _racing_reader(db_path: Path, clock: FakeClock) -> tuple[Tenancy, SqliteStore, RacingStore,
-                                                                   TenancyState, TenancyAdmission]:
+async def _racing_reader(
+    db_path: Path, clock: FakeClock
+) -> tuple[Tenancy, SqliteStore, RacingStore, TenancyState, TenancyAdmission]:
     writer = await make_tenancy(db_path, clock)
     reader_store = await SqliteStore.open(db_path, clock=clock)
     racing = RacingStore(reader_store)

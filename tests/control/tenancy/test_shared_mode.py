@@ -28,8 +28,10 @@ def test_a_worker_shares_its_quotas_on_any_store() -> None:
 async def test_two_holders_on_one_sqlite_file_admit_one_limit(tmp_path: Path, shared: bool) -> None:
     location = str(tmp_path / "llmgw.db")
     limit = 8
-    async with open_tenancy(location, tmp_path, shared=shared) as one, \
-            open_tenancy(location, tmp_path, shared=shared) as two:
+    async with (
+        open_tenancy(location, tmp_path, shared=shared) as one,
+        open_tenancy(location, tmp_path, shared=shared) as two,
+    ):
         assert (one.admission.book is not None) is shared
         org = await one.service.create_group("org")
         team = await one.service.create_group("team", org.id)

@@ -55,8 +55,13 @@ def test_slots_in_flight_are_kept_even_past_the_limit() -> None:
     assert slice_amount(limit=4, counted=0, holders=2, keep=2) == 3
 
 
-@given(limit=st.integers(0, 10**9), counted=st.integers(0, 10**9), holders=st.integers(1, 64),
-       need=st.integers(0, 10**9), keep=st.integers(0, 1000))
+@given(
+    limit=st.integers(0, 10**9),
+    counted=st.integers(0, 10**9),
+    holders=st.integers(1, 64),
+    need=st.integers(0, 10**9),
+    keep=st.integers(0, 1000),
+)
 def test_a_grant_never_takes_more_than_is_free(limit: int, counted: int, holders: int, need: int, keep: int) -> None:
     amount = slice_amount(limit=limit, counted=counted, holders=holders, need=need, keep=keep)
     assert keep <= amount <= keep + max(0, limit - counted - keep)
@@ -89,7 +94,13 @@ _renew = st.tuples(st.just("renew"), st.integers(0, 2))
 _finish = st.tuples(st.just("finish"), st.integers(0, 2), st.integers(0, 7), st.integers(0, 20))
 # Admissions and renewals weigh most: the limits are small, so a few of each reach them.
 step = st.one_of(
-    _admit, _admit, _admit, _renew, _renew, _finish, _finish,
+    _admit,
+    _admit,
+    _admit,
+    _renew,
+    _renew,
+    _finish,
+    _finish,
     st.tuples(st.just("return"), st.integers(0, 2)),
     st.tuples(st.just("die"), st.integers(0, 2)),
     st.tuples(st.just("advance"), st.sampled_from([0.3, 1.0, 2.0, 7.0, 30.0])),
@@ -202,8 +213,11 @@ async def _scenario(steps: list[tuple[object, ...]], path: Path) -> None:
 
 # Two daemons taking turns to admit, renew and finish: the shape that first overran a grant made
 # past the limit (kept as an explicit example so every run tries it).
-_TURNS = [s for i in range(12) for s in (("admit", i % 2, "leaf_a", 1), ("renew", i % 2),
-                                          ("admit", i % 2, "leaf_a", 1), ("finish", i % 2, 0, 1))]
+_TURNS = [
+    s
+    for i in range(12)
+    for s in (("admit", i % 2, "leaf_a", 1), ("renew", i % 2), ("admit", i % 2, "leaf_a", 1), ("finish", i % 2, 0, 1))
+]
 
 
 @pytest.mark.slow  # left out of the quick tier: hypothesis over many interleavings

@@ -143,7 +143,8 @@ async def test_usage_by_group_including_descendants(tenancy: Tenancy, clock: Fak
     assert await service.usage_totals(group_id=tree.team) == UsageTotals(2, 101, 11)  # just the team's own keys
     assert await service.usage_totals(group_id=tree.team, include_pending=False) == UsageTotals(1, 100, 10)
     assert await service.usage_totals(group_id=tree.org, include_descendants=True, model="other-model") == (
-        UsageTotals(1, 5, 5))
+        UsageTotals(1, 5, 5)
+    )
     assert await service.usage_totals(key_id=pkey.key.id) == UsageTotals(3, 35, 8)
 
     # Hour filters: since rounds down to its hour, until is exclusive.

@@ -54,14 +54,14 @@ def refuse_without_admin_keys(listen: str, require_key: bool, state: TenancyStat
     keys = (state.keys.get(digest) for digest in state.keys.digests())
     if any(key is not None and key.admin and not key.revoked and not key.expired(now) for key in keys):
         return
-    why = (f"admin_listen {listen} is not a loopback address" if not is_loopback(listen)
-           else "admin_require_key is set")
+    why = f"admin_listen {listen} is not a loopback address" if not is_loopback(listen) else "admin_require_key is set"
     raise ConfigError(
         f"{why}, so every admin request needs an admin key, and no admin key exists. Either create one first, "
         "with admin_listen on 127.0.0.1: `llmgw-control ctl keys create ops --group GROUP --admin-key` (its "
         "secret is shown once; send it as 'Authorization: Bearer <key>', or set LLMGW_ADMIN_KEY for ctl), then "
         "restart with this admin_listen; or keep admin_listen on loopback (127.0.0.1:8081) and reach the admin "
-        "API through the dashboard's login at /admin on the client port.")
+        "API through the dashboard's login at /admin on the client port."
+    )
 
 
 class AdminKeyGuard:
@@ -83,9 +83,12 @@ class AdminKeyGuard:
             problem, key_id = self._check(authorization)
             if problem is not None:
                 if self.audit is not None:
-                    await self.audit.refused(actor=f"key:{key_id}" if key_id else "anonymous", peer=peer_of(scope),
-                                             action=f"{scope.get('method', 'WS')} {scope['path'][:150]}",
-                                             reason="admin key missing, unknown or not an admin key")
+                    await self.audit.refused(
+                        actor=f"key:{key_id}" if key_id else "anonymous",
+                        peer=peer_of(scope),
+                        action=f"{scope.get('method', 'WS')} {scope['path'][:150]}",
+                        reason="admin key missing, unknown or not an admin key",
+                    )
                 await _refuse(scope, send, problem)
                 return
             headers.append((ACTOR_HEADER, f"key:{key_id}".encode()))
@@ -105,9 +108,19 @@ async def _refuse(scope: Scope, send: Send, message: str) -> None:
     if scope["type"] == "websocket":
         await send({"type": "websocket.close", "code": 1008})
         return
-    body = admin_error_json("admin_key_required", f"{message} This admin listener needs an admin key on every request: "
-                      "send 'Authorization: Bearer <admin key>'.")
-    await send({"type": "http.response.start", "status": 401, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-        (b"www-authenticate", b'Bearer realm="llmgw admin"')]})
+    body = admin_error_json(
+        "admin_key_required",
+        f"{message} This admin listener needs an admin key on every request: send 'Authorization: Bearer <admin key>'.",
+    )
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 401,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"www-authenticate", b'Bearer realm="llmgw admin"'),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})

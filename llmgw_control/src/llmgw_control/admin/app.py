@@ -51,9 +51,15 @@ def _json_errors(app: QuartTrio) -> None:
 
 
 def make_admin_app(
-    registry: CollectorRegistry, fleet: Fleet | None = None, *, tenancy: Tenancy | None = None,
-    models: ModelService | None = None, mirror: Mirror | None = None, audit: AuditLog | None = None,
-    live: LiveWindow | None = None, sessions: SessionRevocations | None = None,
+    registry: CollectorRegistry,
+    fleet: Fleet | None = None,
+    *,
+    tenancy: Tenancy | None = None,
+    models: ModelService | None = None,
+    mirror: Mirror | None = None,
+    audit: AuditLog | None = None,
+    live: LiveWindow | None = None,
+    sessions: SessionRevocations | None = None,
 ) -> QuartTrio:
     app = QuartTrio("llmgw_control.admin")
     # Its files (the dashboard's static ones) answer Range requests through our strict parser.

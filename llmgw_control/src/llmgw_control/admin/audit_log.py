@@ -46,8 +46,9 @@ def peer_of(scope: Mapping[str, Any] | Any) -> str:
 
 
 class AuditLog:
-    def __init__(self, store: Store | None, config: AuditConfig | None = None, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, store: Store | None, config: AuditConfig | None = None, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.store = store
         self.config = config or AuditConfig()
         self._clock = clock
@@ -56,15 +57,23 @@ class AuditLog:
         self.refusals_dropped = 0
 
     def begin(self, *, actor: str, peer: str, action: str, resource: str, resource_id: str) -> AuditScope:
-        return AuditScope(actor=actor[:200], peer=peer[:200], action=action, resource=resource,
-                          resource_id=resource_id[:200])
+        return AuditScope(
+            actor=actor[:200], peer=peer[:200], action=action, resource=resource, resource_id=resource_id[:200]
+        )
 
     async def finish(self, scope: AuditScope) -> None:
         """After a successful action: its row, if none of its writes wrote one (nothing stored changed)."""
         if scope.row_id is not None or self.store is None:
             return
-        await self._write(actor=scope.actor, peer=scope.peer, action=scope.action, outcome="ok",
-                          resource=scope.resource, resource_id=scope.resource_id, changes=[])
+        await self._write(
+            actor=scope.actor,
+            peer=scope.peer,
+            action=scope.action,
+            outcome="ok",
+            resource=scope.resource,
+            resource_id=scope.resource_id,
+            changes=[],
+        )
 
     async def refused(self, *, actor: str, peer: str, action: str, reason: str) -> None:
         """A refused admin request, unless this minute's allowance is spent (then only counted)."""
@@ -78,10 +87,24 @@ class AuditLog:
             return
         self._in_window += 1
         dropped, self.refusals_dropped = self.refusals_dropped, 0
-        changes = [{"resource": "admin", "id": "", "op": "refused", "before": None,
-                    "after": {"reason": reason[:200], **({"not_recorded_before": dropped} if dropped else {})}}]
-        await self._write(actor=actor, peer=peer, action=action[:200], outcome="refused", resource="admin",
-                          resource_id="", changes=changes)
+        changes = [
+            {
+                "resource": "admin",
+                "id": "",
+                "op": "refused",
+                "before": None,
+                "after": {"reason": reason[:200], **({"not_recorded_before": dropped} if dropped else {})},
+            }
+        ]
+        await self._write(
+            actor=actor,
+            peer=peer,
+            action=action[:200],
+            outcome="refused",
+            resource="admin",
+            resource_id="",
+            changes=changes,
+        )
 
     async def _write(self, **row: Any) -> None:
         assert self.store is not None

@@ -29,7 +29,7 @@ def host_name(host_header: str) -> str:
     """The name in a Host header, without its port or IPv6 brackets, lower-cased."""
     host = host_header.strip()
     if host.startswith("["):
-        return host[1:host.find("]")].lower() if "]" in host else ""
+        return host[1 : host.find("]")].lower() if "]" in host else ""
     return host.rsplit(":", 1)[0].lower().rstrip(".") if host.count(":") <= 1 else host.lower()
 
 
@@ -66,6 +66,10 @@ async def _refuse(scope: Scope, send: Send, host: str) -> None:
         await send({"type": "websocket.close", "code": 1008})
         return
     # 421 Misdirected Request: this server is not the one for that name.
-    await send_error(send, 421, "host_not_allowed",
-                     f"This admin listener does not answer to the name {host_name(host)!r}. If it is one of "
-                     "yours, add it to admin_hosts in the control config.")
+    await send_error(
+        send,
+        421,
+        "host_not_allowed",
+        f"This admin listener does not answer to the name {host_name(host)!r}. If it is one of "
+        "yours, add it to admin_hosts in the control config.",
+    )

@@ -27,14 +27,19 @@ _LABEL = {"minLength": 1, "maxLength": 200}
 
 @attrs.frozen
 class AddNode:
-    name: str = attrs.field(metadata={
-        "schema": {"pattern": f"^{NODE_ID.pattern}$", "maxLength": 63, "x-pattern-message": f"use {NODE_ID_RULE}"},
-        "doc": "The node id: how the node is named in the fleet (and in its config).",
-    })
-    labels: dict[str, str] = attrs.field(factory=dict, metadata={
-        "schema": {"maxProperties": 64, "propertyNames": _LABEL, "additionalProperties": {"maxLength": 200}},
-        "doc": "Labels profiles can require (``labels`` in a model profile).",
-    })
+    name: str = attrs.field(
+        metadata={
+            "schema": {"pattern": f"^{NODE_ID.pattern}$", "maxLength": 63, "x-pattern-message": f"use {NODE_ID_RULE}"},
+            "doc": "The node id: how the node is named in the fleet (and in its config).",
+        }
+    )
+    labels: dict[str, str] = attrs.field(
+        factory=dict,
+        metadata={
+            "schema": {"maxProperties": 64, "propertyNames": _LABEL, "additionalProperties": {"maxLength": 200}},
+            "doc": "Labels profiles can require (``labels`` in a model profile).",
+        },
+    )
 
 
 @attrs.frozen
@@ -42,8 +47,10 @@ class AddedNode:
     node_id: str
     # Shown once: only its digest is stored.
     join_token: str = attrs.field(repr=False, metadata={"doc": "Shown once; control keeps only its digest."})
-    install_command: str = attrs.field(repr=False, metadata={
-        "doc": "Run as root on the node: installs llmgw-node from this control daemon and starts it."})
+    install_command: str = attrs.field(
+        repr=False,
+        metadata={"doc": "Run as root on the node: installs llmgw-node from this control daemon and starts it."},
+    )
 
 
 def register_onboarding_views(app: QuartTrio, fleet: Any) -> None:
@@ -53,8 +60,16 @@ def register_onboarding_views(app: QuartTrio, fleet: Any) -> None:
     if onboarding is None or api is None:
         return
 
-    @api.route("POST", "/nodes", summary="Register a node: a join token (shown once) and its install command",
-               tag="nodes", body=AddNode, response=AddedNode, status=201, errors=(409, 503))
+    @api.route(
+        "POST",
+        "/nodes",
+        summary="Register a node: a join token (shown once) and its install command",
+        tag="nodes",
+        body=AddNode,
+        response=AddedNode,
+        status=201,
+        errors=(409, 503),
+    )
     async def add_node(call: Call) -> AddedNode:
         body: AddNode = call.body
         try:
@@ -65,8 +80,14 @@ def register_onboarding_views(app: QuartTrio, fleet: Any) -> None:
             raise conflict(str(exc), code="onboarding_unavailable") from None
         return AddedNode(created.node_id, created.join_token, created.install_command)
 
-    @api.route("POST", "/nodes/{node_id}/token", summary="Replace an onboarded node's join token (shown once)",
-               tag="nodes", response=AddedNode, errors=(404, 409, 503))
+    @api.route(
+        "POST",
+        "/nodes/{node_id}/token",
+        summary="Replace an onboarded node's join token (shown once)",
+        tag="nodes",
+        response=AddedNode,
+        errors=(404, 409, 503),
+    )
     async def new_token(call: Call) -> AddedNode:
         try:
             created = await onboarding.new_token(call.path["node_id"])

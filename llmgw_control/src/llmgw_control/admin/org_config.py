@@ -20,31 +20,50 @@ DEFAULT_REFUSALS_PER_MINUTE = 60
 
 @attrs.frozen
 class AuditConfig:
-    retention_days: int = attrs.field(default=DEFAULT_RETENTION_DAYS, metadata=doc(
-        "Days the audit log keeps a row; older rows are deleted hourly. 0: keep every row."))
-    refusals_per_minute: int = attrs.field(default=DEFAULT_REFUSALS_PER_MINUTE, metadata=doc(
-        "Refused admin requests (bad key, CSRF, standby) recorded per minute at most; the rest are counted."))
+    retention_days: int = attrs.field(
+        default=DEFAULT_RETENTION_DAYS,
+        metadata=doc("Days the audit log keeps a row; older rows are deleted hourly. 0: keep every row."),
+    )
+    refusals_per_minute: int = attrs.field(
+        default=DEFAULT_REFUSALS_PER_MINUTE,
+        metadata=doc(
+            "Refused admin requests (bad key, CSRF, standby) recorded per minute at most; the rest are counted."
+        ),
+    )
 
 
 @attrs.frozen
 class OidcConfig:
-    issuer: str = attrs.field(default="", metadata=doc(
-        "The OpenID Connect issuer URL (https); empty: no single sign-on, the admin-key login only."))
+    issuer: str = attrs.field(
+        default="",
+        metadata=doc("The OpenID Connect issuer URL (https); empty: no single sign-on, the admin-key login only."),
+    )
     client_id: str = attrs.field(default="", metadata=doc("This dashboard's client id at the issuer."))
-    client_secret_file: str = attrs.field(default="", metadata=doc(
-        "A file holding the client secret (confidential client); empty: a public client (PKCE alone)."))
-    redirect_url: str = attrs.field(default="", metadata=doc(
-        "The callback URL registered at the issuer: https://<client address>/admin/login."))
-    scopes: list[str] = attrs.field(factory=lambda: ["openid", "email", "profile"], metadata=doc(
-        "Scopes asked for (openid always; add groups or roles if the issuer wants them asked)."))
-    claim: str = attrs.field(default="groups", metadata=doc(
-        "The ID token claim (a string or a list of strings) that grants access: groups or roles."))
-    admin_values: list[str] = attrs.field(factory=list, metadata=doc(
-        "Values of the claim that grant admin access (every action of the dashboard)."))
-    read_only_values: list[str] = attrs.field(factory=list, metadata=doc(
-        "Values of the claim that grant read-only access (pages and reads; every write refused)."))
-    user_claim: str = attrs.field(default="email", metadata=doc(
-        "The claim that names the user in the audit log (falls back to sub)."))
+    client_secret_file: str = attrs.field(
+        default="",
+        metadata=doc("A file holding the client secret (confidential client); empty: a public client (PKCE alone)."),
+    )
+    redirect_url: str = attrs.field(
+        default="", metadata=doc("The callback URL registered at the issuer: https://<client address>/admin/login.")
+    )
+    scopes: list[str] = attrs.field(
+        factory=lambda: ["openid", "email", "profile"],
+        metadata=doc("Scopes asked for (openid always; add groups or roles if the issuer wants them asked)."),
+    )
+    claim: str = attrs.field(
+        default="groups",
+        metadata=doc("The ID token claim (a string or a list of strings) that grants access: groups or roles."),
+    )
+    admin_values: list[str] = attrs.field(
+        factory=list, metadata=doc("Values of the claim that grant admin access (every action of the dashboard).")
+    )
+    read_only_values: list[str] = attrs.field(
+        factory=list,
+        metadata=doc("Values of the claim that grant read-only access (pages and reads; every write refused)."),
+    )
+    user_claim: str = attrs.field(
+        default="email", metadata=doc("The claim that names the user in the audit log (falls back to sub).")
+    )
 
     @property
     def enabled(self) -> bool:

@@ -32,8 +32,12 @@ class StandbyRefusal(AdminApiError):
             super().__init__(409, "standby", f"this control daemon is a standby: {action} on the leader ({leader})")
             self.headers: tuple[tuple[str, str], ...] = ((LEADER_HEADER, leader),)
         else:
-            super().__init__(503, "standby", f"this control daemon is a standby and no leader is known right now: "
-                             f"{action} on the leader once one leads (retry in a moment)")
+            super().__init__(
+                503,
+                "standby",
+                f"this control daemon is a standby and no leader is known right now: "
+                f"{action} on the leader once one leads (retry in a moment)",
+            )
             self.headers = (("retry-after", str(NO_LEADER_RETRY_S)),)
         self.leader = leader
 

@@ -70,7 +70,8 @@ async def read_leader_fleet(store: Store, fleet: Fleet) -> LeaderFleet:
     node_of: dict[str, str] = {}
     for replica in view.replicas if view is not None else ():
         node_of[replica.id] = next(
-            (n for n in sorted(known) if ids.minted_for(replica.id, n, [replica.profile_key]) is not None), "")
+            (n for n in sorted(known) if ids.minted_for(replica.id, n, [replica.profile_key]) is not None), ""
+        )
     all_nodes = known | {n for n in node_of.values() if n}
     return LeaderFleet(view, identities, node_of, sorted(all_nodes))
 
@@ -83,21 +84,28 @@ def port_of(url: str) -> int:
 
 
 def _empty_facts() -> FactsView:
-    return FactsView(os="", arch="", cpu="", cores=0, cpu_features=[], ram_total_mib=0, gpus=[],
-                     nvidia_driver=None)
+    return FactsView(os="", arch="", cpu="", cores=0, cpu_features=[], ram_total_mib=0, gpus=[], nvidia_driver=None)
 
 
 def standby_node_view(leader: LeaderFleet, node_id: str) -> NodeView:
     """A node as the store knows it: ``registered`` (this daemon has no connection to it), its
     stored labels and cordon flag, and its replicas in the leader's view."""
     identity = leader.identities.get(node_id)
-    replicas = [ReplicaOnNode(r.id, f"{VIEW_STATE} ({VIEW_DETAIL})", port_of(r.url))
-              for r in leader.replicas if leader.node_of.get(r.id) == node_id]
+    replicas = [
+        ReplicaOnNode(r.id, f"{VIEW_STATE} ({VIEW_DETAIL})", port_of(r.url))
+        for r in leader.replicas
+        if leader.node_of.get(r.id) == node_id
+    ]
     return NodeView(
-        id=node_id, state="registered", address="",
+        id=node_id,
+        state="registered",
+        address="",
         cordoned=identity.cordoned if identity is not None else False,
         labels=dict(identity.labels) if identity is not None else {},
-        facts=_empty_facts(), warnings=[], engines=[], shards=replicas,
+        facts=_empty_facts(),
+        warnings=[],
+        engines=[],
+        shards=replicas,
     )
 
 
@@ -107,8 +115,21 @@ def standby_replica_views(fleet: Fleet, leader: LeaderFleet) -> list[ReplicaView
     out = []
     for r in sorted(leader.replicas, key=lambda r: (r.profile_key, r.id)):
         here = fleet.reconciler.replicas.get(r.id)
-        out.append(ReplicaView(r.id, r.profile_key, leader.node_of.get(r.id, ""), port_of(r.url), VIEW_STATE,
-                               VIEW_DETAIL, False, here is not None, here.in_flight if here else 0, [], r.slots))
+        out.append(
+            ReplicaView(
+                r.id,
+                r.profile_key,
+                leader.node_of.get(r.id, ""),
+                port_of(r.url),
+                VIEW_STATE,
+                VIEW_DETAIL,
+                False,
+                here is not None,
+                here.in_flight if here else 0,
+                [],
+                r.slots,
+            )
+        )
     return out
 
 
@@ -116,12 +137,14 @@ def standby_model_view(fleet: Fleet, leader: LeaderFleet, resolved: Resolved) ->
     profile_key = resolved.profile_key
     replicas = [r for r in leader.replicas if r.profile_key == profile_key]
     return ModelView(
-        model=resolved.model.name, profile=resolved.profile.name, key=profile_key,
+        model=resolved.model.name,
+        profile=resolved.profile.name,
+        key=profile_key,
         source=fleet.catalog.source(resolved.model.name),
         replicas=[ReplicaOfModel(r.id, leader.node_of.get(r.id, ""), port_of(r.url), VIEW_STATE) for r in replicas],
-        ready=len(replicas), waiting_requests=0,
+        ready=len(replicas),
+        waiting_requests=0,
         # A standby places nothing: why a profile has no replica is the leader's to say.
         status="ready" if replicas else "no ready replica in the leader's view",
         claim=ClaimView(0, 0),
     )
-

@@ -19,7 +19,19 @@ from .models import (
 from .profile_key import NAME, ProfileKey
 
 __all__ = [
-    "LIVE_ADAPTER_ENGINES", "NAME", "ROUTING_POLICIES", "SHA256", "Catalog",
-    "Claim", "EngineConfig", "ModelConfig", "ProfileConfig", "ProfileKey", "Resolved", "WeightsConfig",
-    "model_problems", "replica_slots", "validate_models",
+    "LIVE_ADAPTER_ENGINES",
+    "NAME",
+    "ROUTING_POLICIES",
+    "SHA256",
+    "Catalog",
+    "Claim",
+    "EngineConfig",
+    "ModelConfig",
+    "ProfileConfig",
+    "ProfileKey",
+    "Resolved",
+    "WeightsConfig",
+    "model_problems",
+    "replica_slots",
+    "validate_models",
 ]

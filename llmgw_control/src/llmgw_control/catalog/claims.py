@@ -32,6 +32,7 @@ class ModelFiles(Protocol):
 
     def path(self, kind: str, name: str) -> Path | None: ...
 
+
 MIB = 1 << 20
 # The GGUF metadata (and tensor index) of every model we have seen fits in a few MiB.
 _HEADER_BYTES = 16 * 1024 * 1024
@@ -61,12 +62,16 @@ async def _header_bytes(profile: ProfileConfig, files: ModelFiles | None) -> byt
     if local is not None:
         if not local.is_file():
             return None
+
         def read() -> bytes:
             with open(local, "rb") as handle:
                 return handle.read(_HEADER_BYTES)
+
         return await FILES.run(read, abandon=True)
-    async with httpx2.AsyncClient(timeout=10, follow_redirects=True) as client, \
-            client.stream("GET", url, headers={"range": f"bytes=0-{_HEADER_BYTES - 1}"}) as response:
+    async with (
+        httpx2.AsyncClient(timeout=10, follow_redirects=True) as client,
+        client.stream("GET", url, headers={"range": f"bytes=0-{_HEADER_BYTES - 1}"}) as response,
+    ):
         if response.status_code not in (200, 206):
             return None
         # Read no more than the header's share, whatever the server sends: one that ignores
@@ -81,8 +86,12 @@ async def _header_bytes(profile: ProfileConfig, files: ModelFiles | None) -> byt
         return b"".join(chunks)[:_HEADER_BYTES]
 
 
-async def estimate_profile(profile: ProfileConfig, files: ModelFiles | None, *, refuse_hostile: bool = False,
-                           ) -> MemoryEstimate:
+async def estimate_profile(
+    profile: ProfileConfig,
+    files: ModelFiles | None,
+    *,
+    refuse_hostile: bool = False,
+) -> MemoryEstimate:
     """The profile's RAM estimate. A header the reader refuses raises HeaderRefused with
     ``refuse_hostile`` (a model being added), else is logged and estimated without, like a file
     that is no GGUF (a model already stored must still load)."""
@@ -123,8 +132,9 @@ def with_adapters(claim: Claim, profile: ProfileConfig) -> Claim:
     return attrs.evolve(claim, ram_mib=claim.ram_mib + extra)
 
 
-async def claims_of(profiles: Iterable[tuple[str, ProfileConfig]], files: ModelFiles | None, *,
-                    refuse_hostile: bool = False) -> dict[str, Claim]:
+async def claims_of(
+    profiles: Iterable[tuple[str, ProfileConfig]], files: ModelFiles | None, *, refuse_hostile: bool = False
+) -> dict[str, Claim]:
     """The claim of each (profile key, profile), the estimates made side by side; with ``refuse_hostile``
     a header past the reader's bounds raises HostileHeader (for the first such profile given)."""
     claims: dict[str, Claim] = {}
@@ -157,8 +167,12 @@ async def profile_claims(catalog: Catalog, files: ModelFiles | None) -> dict[str
     return await claims_of(((r.profile_key, r.profile) for r in catalog.all_profiles()), files)
 
 
-async def model_claims(model: ModelConfig, files: ModelFiles | None, *, refuse_hostile: bool = False,
-                       ) -> dict[str, Claim]:
+async def model_claims(
+    model: ModelConfig,
+    files: ModelFiles | None,
+    *,
+    refuse_hostile: bool = False,
+) -> dict[str, Claim]:
     """The claim of each profile of ``model``. With ``refuse_hostile`` (the admin API adding or
     changing it) a weights file whose GGUF header is past the reader's bounds is a 400 naming
     the profile's weights and the header field."""
@@ -167,6 +181,8 @@ async def model_claims(model: ModelConfig, files: ModelFiles | None, *, refuse_h
         return await claims_of(zip(profile_keys, model.profiles, strict=True), files, refuse_hostile=refuse_hostile)
     except HostileHeader as exc:
         index = profile_keys.index(exc.profile_key)
-        raise bad_request(f"profiles[{index}].weights.url",
-                          f"the GGUF header is refused ({exc.refused}): not a model llmgw will read",
-                          code="invalid_gguf_header") from None
+        raise bad_request(
+            f"profiles[{index}].weights.url",
+            f"the GGUF header is refused ({exc.refused}): not a model llmgw will read",
+            code="invalid_gguf_header",
+        ) from None

@@ -86,7 +86,7 @@ class _Reader:
         length = self.count(f"{field} length", bound)
         if self.at + length > len(self.data):
             raise Truncated()
-        text = self.data[self.at:self.at + length].decode("utf-8", "replace")
+        text = self.data[self.at : self.at + length].decode("utf-8", "replace")
         self.at += length
         return text
 

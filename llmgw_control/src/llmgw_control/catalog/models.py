@@ -120,8 +120,19 @@ class ProfileConfig:
 
 
 # What a profile may list in ``capabilities`` (gateway/capabilities.py reads them).
-CAPABILITIES = ("chat", "completions", "embeddings", "responses", "messages", "rerank", "tokenize", "infill",
-                "tools", "vision", "audio")
+CAPABILITIES = (
+    "chat",
+    "completions",
+    "embeddings",
+    "responses",
+    "messages",
+    "rerank",
+    "tokenize",
+    "infill",
+    "tools",
+    "vision",
+    "audio",
+)
 
 # A latency objective above ten minutes is a typo (a value in milliseconds), not an objective.
 MAX_LATENCY_TARGET = 600.0
@@ -206,9 +217,11 @@ def model_problems(model: ModelConfig, engines: list[EngineConfig]) -> list[tupl
         if profile.engine not in engine_names:
             problems.append((f"{at}.engine", f"{profile.engine!r} is not in [[engines]] ({engine_names})"))
         if profile.engine_version and not any(
-                e.name == profile.engine and e.version == profile.engine_version for e in engines):
-            problems.append((f"{at}.engine_version",
-                             f"{profile.engine} {profile.engine_version!r} is not in [[engines]]"))
+            e.name == profile.engine and e.version == profile.engine_version for e in engines
+        ):
+            problems.append(
+                (f"{at}.engine_version", f"{profile.engine} {profile.engine_version!r} is not in [[engines]]")
+            )
         problems.extend(_model_problems(profile, at))
         problems.extend(_adapter_problems(profile, at))
         if profile.context < 64:
@@ -226,8 +239,9 @@ def model_problems(model: ModelConfig, engines: list[EngineConfig]) -> list[tupl
         if not 0 <= profile.min_replicas <= profile.max_replicas:
             problems.append((f"{at}.min_replicas", "need 0 <= min_replicas <= max_replicas"))
         if profile.routing and profile.routing not in ROUTING_POLICIES:
-            problems.append((f"{at}.routing",
-                             f"must be one of {', '.join(ROUTING_POLICIES)} (empty: [router] routing)"))
+            problems.append(
+                (f"{at}.routing", f"must be one of {', '.join(ROUTING_POLICIES)} (empty: [router] routing)")
+            )
         for field in ("idle_timeout", "ram_mib", "vram_mib", "start_timeout"):
             if getattr(profile, field) < 0:
                 problems.append((f"{at}.{field}", "must not be negative"))
@@ -243,8 +257,10 @@ def model_problems(model: ModelConfig, engines: list[EngineConfig]) -> list[tupl
 
 # Engines that serve a model directory rather than one file, started by their own conventions.
 DIRECTORY_ENGINES = ("vllm", "sglang")
-_HUB_DIR = re.compile(r"^hub:[A-Za-z0-9][A-Za-z0-9._\-]{0,95}/[A-Za-z0-9][A-Za-z0-9._\-]{0,95}"
-                      r"(@[A-Za-z0-9][A-Za-z0-9._\-]{0,95})?$")
+_HUB_DIR = re.compile(
+    r"^hub:[A-Za-z0-9][A-Za-z0-9._\-]{0,95}/[A-Za-z0-9][A-Za-z0-9._\-]{0,95}"
+    r"(@[A-Za-z0-9][A-Za-z0-9._\-]{0,95})?$"
+)
 
 
 def model_dir_problem(value: str) -> str:
@@ -271,8 +287,12 @@ def _model_problems(profile: ProfileConfig, at: str) -> list[tuple[str, str]]:
         elif problem := model_dir_problem(profile.model_dir):
             problems.append((f"{at}.model_dir", problem))
         if profile.ram_mib <= 0 and profile.vram_mib <= 0:
-            problems.append((f"{at}.ram_mib", "a model directory has no GGUF header to estimate from: "
-                                              "give ram_mib (and vram_mib on a GPU)"))
+            problems.append(
+                (
+                    f"{at}.ram_mib",
+                    "a model directory has no GGUF header to estimate from: give ram_mib (and vram_mib on a GPU)",
+                )
+            )
         return problems
     if profile.model_dir:
         problems.append((f"{at}.model_dir", f"{profile.engine} serves one file: use weights"))
@@ -299,8 +319,12 @@ def _adapter_problems(profile: ProfileConfig, at: str) -> list[tuple[str, str]]:
         return []
     problems: list[tuple[str, str]] = []
     if profile.engine not in ADAPTER_ENGINES:
-        problems.append((f"{at}.adapters", f"{profile.engine} cannot apply LoRA adapters per request "
-                                           f"(only {', '.join(ADAPTER_ENGINES)})"))
+        problems.append(
+            (
+                f"{at}.adapters",
+                f"{profile.engine} cannot apply LoRA adapters per request (only {', '.join(ADAPTER_ENGINES)})",
+            )
+        )
     if len(profile.adapters) > MAX_ADAPTERS:
         problems.append((f"{at}.adapters", f"at most {MAX_ADAPTERS} adapters a profile"))
     names = [a.name for a in profile.adapters]
@@ -309,8 +333,9 @@ def _adapter_problems(profile: ProfileConfig, at: str) -> list[tuple[str, str]]:
     for index, adapter in enumerate(profile.adapters[:MAX_ADAPTERS]):
         where = f"{at}.adapters[{index}]"
         if not NAME.fullmatch(adapter.name):
-            problems.append((f"{where}.name", "an adapter name uses letters, digits, '.', '_' and '-' (no ':'), "
-                                              "at most 96"))
+            problems.append(
+                (f"{where}.name", "an adapter name uses letters, digits, '.', '_' and '-' (no ':'), at most 96")
+            )
         problems.extend(_weights_problems(adapter.weights, f"{where}.weights"))
         if not math.isfinite(adapter.scale) or not 0 < adapter.scale <= MAX_ADAPTER_SCALE:
             problems.append((f"{where}.scale", f"must be above 0 and at most {MAX_ADAPTER_SCALE:g}"))

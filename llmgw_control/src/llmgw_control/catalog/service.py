@@ -84,29 +84,48 @@ def stored_models(stored: list[CatalogModel], config_names: set[str], catalog: C
     usable = []
     for row in stored:
         if row.name in config_names:
-            log.warning("model %s is defined in the config file and was also added through the admin API: "
-                        "the config file's definition is used (remove it from the file to use the stored one)",
-                        row.name)
+            log.warning(
+                "model %s is defined in the config file and was also added through the admin API: "
+                "the config file's definition is used (remove it from the file to use the stored one)",
+                row.name,
+            )
             continue
         try:
             model = model_from_document(row.document)
         except (cattrs.BaseValidationError, TypeError, ValueError, KeyError) as exc:
-            log.error("model %s in the store cannot be read (%s): not served; remove it with "
-                      "`llmgw-control ctl models remove %s`", row.name, exc, row.name)
+            log.error(
+                "model %s in the store cannot be read (%s): not served; remove it with "
+                "`llmgw-control ctl models remove %s`",
+                row.name,
+                exc,
+                row.name,
+            )
             continue
         problems = model_problems(model, catalog.engines)
         if problems:
             field, message = problems[0]
-            log.error("model %s in the store is not valid with this config (%s: %s): not served; change "
-                      "it through the admin API or remove it", row.name, field, message)
+            log.error(
+                "model %s in the store is not valid with this config (%s: %s): not served; change "
+                "it through the admin API or remove it",
+                row.name,
+                field,
+                message,
+            )
             continue
         usable.append(model)
     return usable
 
 
 class ModelService:
-    def __init__(self, catalog: Catalog, reconciler: Placement, store: Store, files: ModelFiles | None,
-                 config_names: set[str], poll_interval: float = 2.0) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        reconciler: Placement,
+        store: Store,
+        files: ModelFiles | None,
+        config_names: set[str],
+        poll_interval: float = 2.0,
+    ) -> None:
         self.catalog = catalog
         self.reconciler = reconciler
         self.store = store
@@ -118,7 +137,8 @@ class ModelService:
         self._lock = trio.Lock()
         # What the catalog holds from the store, as documents: the poll compares against it.
         self._applied: dict[str, dict[str, Any]] = {
-            name: document_of(model) for name, model in catalog.models.items() if catalog.source(name) == "api"}
+            name: document_of(model) for name, model in catalog.models.items() if catalog.source(name) == "api"
+        }
 
     def definition(self, name: str) -> tuple[ModelConfig, str]:
         model = self.catalog.models.get(name)
@@ -128,8 +148,9 @@ class ModelService:
 
     def _refuse_config(self, name: str) -> None:
         if name in self.config_names:
-            raise conflict(f"model {name!r} is defined in the config file: change it there", field="name",
-                           code="defined_in_config")
+            raise conflict(
+                f"model {name!r} is defined in the config file: change it there", field="name", code="defined_in_config"
+            )
 
     async def add(self, model: ModelConfig) -> ModelConfig:
         self._refuse_config(model.name)
@@ -189,8 +210,9 @@ class ModelService:
                 if new is None or _restart_needed(profile, new):
                     drained = self.reconciler.drain_profile_key(profile_key)
                     if drained:
-                        log.info("model %s changed: draining %d replica(s) of the old definition", profile_key,
-                                 len(drained))
+                        log.info(
+                            "model %s changed: draining %d replica(s) of the old definition", profile_key, len(drained)
+                        )
         self.reconciler.wake()
 
     def _forget(self, name: str) -> None:
@@ -244,8 +266,12 @@ class ModelService:
     async def sync(self) -> None:
         """Make the catalog's API models what the store holds."""
         rows = await self.store.list_models()
-        wanted = {m.name: m for m in stored_models(
-            [r for r in rows if document_of_row(r) != self._applied.get(r.name)], self.config_names, self.catalog)}
+        wanted = {
+            m.name: m
+            for m in stored_models(
+                [r for r in rows if document_of_row(r) != self._applied.get(r.name)], self.config_names, self.catalog
+            )
+        }
         present = {r.name for r in rows}
         claims = {}
         for model in wanted.values():
@@ -275,4 +301,3 @@ def _restart_needed(old: ProfileConfig, new: ProfileConfig) -> bool:
     else:
         adapters = [a.weights for a in old.adapters] != [a.weights for a in new.adapters]
     return directory_engine or adapters or any(getattr(old, f) != getattr(new, f) for f in _RESTART_FIELDS)
-

@@ -40,16 +40,20 @@ def _say(args: argparse.Namespace, out: TextIO, answer: Any, words: str) -> None
 
 def adapters_list(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
     answer = client.get(_base(client, args))
-    rows = [[a["name"], a["size"], a["scale"], ", ".join(a["loaded_on"]) or "-", a["url"]]
-            for a in answer["adapters"]]
+    rows = [[a["name"], a["size"], a["scale"], ", ".join(a["loaded_on"]) or "-", a["url"]] for a in answer["adapters"]]
     _say(args, out, answer, table(["ADAPTER", "BYTES", "SCALE", "LOADED ON", "URL"], rows))
 
 
 def adapters_add(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
     body = {"name": args.name, "url": args.url, "sha256": args.sha256, "size": args.size, "scale": args.scale}
     answer = client.post(_base(client, args), body)
-    _say(args, out, answer, f"adapter {args.name} added to {args.model}: a model name of its own (llama.cpp "
-                            "replicas restart to load it; vLLM loads it live)")
+    _say(
+        args,
+        out,
+        answer,
+        f"adapter {args.name} added to {args.model}: a model name of its own (llama.cpp "
+        "replicas restart to load it; vLLM loads it live)",
+    )
 
 
 def adapters_remove(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
@@ -64,8 +68,7 @@ def adapters_scale(client: AdminClient, args: argparse.Namespace, out: TextIO) -
 
 def add_adapter_verbs(models: Any, verb: Verb, common: argparse.ArgumentParser) -> None:
     """``models adapters list|add|remove|scale`` under the ``models`` noun's verbs."""
-    noun = models.add_parser("adapters", help="a profile's LoRA adapters: list, add, remove, scale",
-                             parents=[common])
+    noun = models.add_parser("adapters", help="a profile's LoRA adapters: list, add, remove, scale", parents=[common])
     verbs = noun.add_subparsers(dest="adapter_verb", metavar="VERB", required=True)
 
     def target(p: argparse.ArgumentParser, name: bool = True) -> None:
@@ -77,8 +80,11 @@ def add_adapter_verbs(models: Any, verb: Verb, common: argparse.ArgumentParser) 
     target(verb(verbs, "list", adapters_list, "a profile's adapters and the replicas that hold each"), name=False)
     p = verb(verbs, "add", adapters_add, "add a LoRA adapter (its own model name) to a model's profile")
     target(p)
-    p.add_argument("--url", required=True, help="llama.cpp: the GGUF adapter's http(s) URL or path on the nodes; "
-                                                "vLLM: its directory on the nodes")
+    p.add_argument(
+        "--url",
+        required=True,
+        help="llama.cpp: the GGUF adapter's http(s) URL or path on the nodes; vLLM: its directory on the nodes",
+    )
     p.add_argument("--sha256", required=True)
     p.add_argument("--size", type=int, required=True, help="the file's size in bytes")
     p.add_argument("--scale", type=float, default=1.0, help="its scale when applied (default 1.0)")

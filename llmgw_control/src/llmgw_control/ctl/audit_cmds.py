@@ -13,16 +13,31 @@ from .tables import table
 
 def _audit_query(args: argparse.Namespace) -> dict[str, Any]:
     opt = vars(args)
-    return {"since": opt.get("since"), "until": opt.get("until"), "actor": opt.get("actor"),
-            "resource": opt.get("resource"), "resource_id": opt.get("id"), "outcome": opt.get("outcome")}
+    return {
+        "since": opt.get("since"),
+        "until": opt.get("until"),
+        "actor": opt.get("actor"),
+        "resource": opt.get("resource"),
+        "resource_id": opt.get("id"),
+        "outcome": opt.get("outcome"),
+    }
 
 
 def audit_list(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
     answer = client.get("/audit", limit=args.limit, cursor=args.cursor, **_audit_query(args))
 
     def human() -> str:
-        rows = [[e["at"], e["actor"], e["peer"] or "-", e["outcome"], e["action"],
-                 f"{e['resource']} {e['resource_id']}".strip()] for e in answer["entries"]]
+        rows = [
+            [
+                e["at"],
+                e["actor"],
+                e["peer"] or "-",
+                e["outcome"],
+                e["action"],
+                f"{e['resource']} {e['resource_id']}".strip(),
+            ]
+            for e in answer["entries"]
+        ]
         more = f"\n(more: --cursor {answer['next_cursor']})" if answer.get("next_cursor") else ""
         return table(["AT", "ACTOR", "FROM", "OUTCOME", "ACTION", "WHAT"], rows) + more
 
@@ -43,9 +58,11 @@ def audit_export(client: AdminClient, args: argparse.Namespace, out: TextIO) -> 
 
 def add_audit(nouns: Nouns) -> None:
     v = nouns.noun("audit", "audit: list (default), export (JSON lines, for a SIEM)", audit_list)
-    for target, limit in ((nouns.verb(v, "list", audit_list, "the newest audit rows"), True),
-                          (nouns.verb(v, "export", audit_export, "every matching row as JSON lines"), False),
-                          (nouns.parser("audit"), True)):
+    for target, limit in (
+        (nouns.verb(v, "list", audit_list, "the newest audit rows"), True),
+        (nouns.verb(v, "export", audit_export, "every matching row as JSON lines"), False),
+        (nouns.parser("audit"), True),
+    ):
         target.add_argument("--since", help="from this time on (ISO 8601)")
         target.add_argument("--until", help="before this time (ISO 8601)")
         target.add_argument("--actor", help="key:<id>, user:<name>, loopback or daemon:<id>")

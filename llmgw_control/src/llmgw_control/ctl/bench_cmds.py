@@ -29,11 +29,13 @@ FINISHED = ("done", "failed", "cancelled")
 def level_line(level: dict[str, Any]) -> str:
     """``c=4  gen 123.4 tok/s  prompt 456.7 tok/s  TTFT p50 0.052 p99 0.560 s  ITL p50 ...``"""
     meets = {True: "  meets the objective", False: "  misses the objective", None: ""}[level["meets_objective"]]
-    return (f"c={level['concurrency']:<4} gen {level['generation_tokens_per_s']:8.1f} tok/s  "
-            f"prompt {level['prompt_tokens_per_s']:8.1f} tok/s  "
-            f"TTFT p50 {level['ttft_p50_s']:.3f} p99 {level['ttft_p99_s']:.3f} s  "
-            f"ITL p50 {level['itl_p50_s']:.3f} p99 {level['itl_p99_s']:.3f} s  "
-            f"{level['requests']} req, {level['errors']} err{meets}")
+    return (
+        f"c={level['concurrency']:<4} gen {level['generation_tokens_per_s']:8.1f} tok/s  "
+        f"prompt {level['prompt_tokens_per_s']:8.1f} tok/s  "
+        f"TTFT p50 {level['ttft_p50_s']:.3f} p99 {level['ttft_p99_s']:.3f} s  "
+        f"ITL p50 {level['itl_p50_s']:.3f} p99 {level['itl_p99_s']:.3f} s  "
+        f"{level['requests']} req, {level['errors']} err{meets}"
+    )
 
 
 def _levels(text: str | None) -> list[int] | None:
@@ -59,8 +61,10 @@ def bench(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
         return
     path = f"/capacity/runs/{quote(run['id'], safe='')}"
     if not args.json:
-        out.write(f"capacity run {run['id']}: {ProfileKey(run['model'], run['profile'])}, levels "
-                  f"{','.join(map(str, run['levels']))}, {run['level_seconds']:g} s each\n")
+        out.write(
+            f"capacity run {run['id']}: {ProfileKey(run['model'], run['profile'])}, levels "
+            f"{','.join(map(str, run['levels']))}, {run['level_seconds']:g} s each\n"
+        )
         out.flush()
     shown, placed = 0, False
     try:
@@ -92,8 +96,11 @@ def bench(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
         raise CtlError(f"capacity run {run['id']} {run['state']}" + (f": {run['error']}" if run["error"] else ""))
     if not args.json:
         slots = run["slots"]
-        out.write(f"done: {slots} slot(s) meet the profile's objective on this kind of node\n" if slots is not None
-                  else "done (the profile sets no latency objective: slots stay its parallel)\n")
+        out.write(
+            f"done: {slots} slot(s) meet the profile's objective on this kind of node\n"
+            if slots is not None
+            else "done (the profile sets no latency objective: slots stay its parallel)\n"
+        )
 
 
 def _emit(out: TextIO, args: argparse.Namespace, answer: Any, human: Callable[[], str]) -> None:
@@ -106,18 +113,37 @@ def capacity_runs(client: AdminClient, args: argparse.Namespace, out: TextIO) ->
     def best(run: dict[str, Any]) -> str:
         top = max((lv["generation_tokens_per_s"] for lv in run["results"]), default=0.0)
         return f"{top:.1f}" if run["results"] else "-"
-    _emit(out, args, answer, lambda: table(["ID", "MODEL", "STATE", "NODE", "LEVELS", "BEST GEN TOK/S", "SLOTS",
-                                            "ENGINE"], [
-        [r["id"], str(ProfileKey(r["model"], r["profile"])), r["state"] + (f" ({r['error']})" if r["error"] else ""),
-         r["node_id"] or r["node"] or "-", f"{r['levels_done']}/{len(r['levels'])}", best(r),
-         "-" if r["slots"] is None else r["slots"],
-         f"{r['comparable'].get('engine', '')} {r['comparable'].get('engine_version', '')}".strip() or "-"]
-        for r in answer["runs"]]) if answer["runs"] else "no capacity runs")
+
+    _emit(
+        out,
+        args,
+        answer,
+        lambda: (
+            table(
+                ["ID", "MODEL", "STATE", "NODE", "LEVELS", "BEST GEN TOK/S", "SLOTS", "ENGINE"],
+                [
+                    [
+                        r["id"],
+                        str(ProfileKey(r["model"], r["profile"])),
+                        r["state"] + (f" ({r['error']})" if r["error"] else ""),
+                        r["node_id"] or r["node"] or "-",
+                        f"{r['levels_done']}/{len(r['levels'])}",
+                        best(r),
+                        "-" if r["slots"] is None else r["slots"],
+                        f"{r['comparable'].get('engine', '')} {r['comparable'].get('engine_version', '')}".strip()
+                        or "-",
+                    ]
+                    for r in answer["runs"]
+                ],
+            )
+            if answer["runs"]
+            else "no capacity runs"
+        ),
+    )
 
 
 def add_bench(nouns: Any, common: argparse.ArgumentParser) -> None:
-    p = nouns.add_parser("bench", help="bench MODEL[:PROFILE]: a capacity run, a line per level",
-                         parents=[common])
+    p = nouns.add_parser("bench", help="bench MODEL[:PROFILE]: a capacity run, a line per level", parents=[common])
     p.set_defaults(action=bench)
     p.add_argument("model", metavar="MODEL[:PROFILE]")
     p.add_argument("--node", help="measure a replica on this node (one is started there if none runs)")

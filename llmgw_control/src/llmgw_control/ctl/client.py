@@ -43,8 +43,10 @@ class AdminClient:
         try:
             response = self._http.request(method, path, json=json, params=query or None)
         except httpx2.TransportError as exc:
-            raise CtlError(f"cannot reach the admin API at {self.base_url}: {exc} "
-                           "(is llmgw-control running? use --admin URL for another address)") from None
+            raise CtlError(
+                f"cannot reach the admin API at {self.base_url}: {exc} "
+                "(is llmgw-control running? use --admin URL for another address)"
+            ) from None
         if response.status_code == 204:
             return None
         try:
@@ -59,8 +61,10 @@ class AdminClient:
                 # One line naming the leader, so the operator re-runs the command there (ctl does
                 # not retry on its own: which daemon acts stays the operator's choice).
                 leader = error.get("leader") or "not known yet: retry in a moment"
-                raise CtlError(f"{self.base_url} is a standby control daemon; run this on the leader "
-                               f"(its advertised address: {leader})")
+                raise CtlError(
+                    f"{self.base_url} is a standby control daemon; run this on the leader "
+                    f"(its advertised address: {leader})"
+                )
             if isinstance(error, dict) and error.get("message"):
                 raise CtlError(f"{error['message']} (HTTP {response.status_code})")
             raise CtlError(f"{method} {path}: HTTP {response.status_code}: {response.text[:200]}")

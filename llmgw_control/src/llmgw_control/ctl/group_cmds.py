@@ -53,8 +53,7 @@ def groups_create(client: AdminClient, args: argparse.Namespace, out: TextIO) ->
 
 def groups_priority(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
     group_id = resolve_group(client, args.group)
-    answer = client.patch(f"/groups/{q(group_id)}",
-                          {"priority": None if args.priority == "inherit" else args.priority})
+    answer = client.patch(f"/groups/{q(group_id)}", {"priority": None if args.priority == "inherit" else args.priority})
     group = answer["group"]
     emit(out, args, answer, lambda: f"group {group['path']}: priority {_priority_words(group)}")
 
@@ -65,8 +64,12 @@ def groups_delete(client: AdminClient, args: argparse.Namespace, out: TextIO) ->
     emit(out, args, {"deleted": group_id}, lambda: f"group {args.group} deleted")
 
 
-_LIMITS = (("requests_per_minute", "RPM"), ("tokens_per_minute", "TPM"), ("tokens_per_day", "TOKENS/DAY"),
-           ("concurrent_requests", "CONCURRENT"))
+_LIMITS = (
+    ("requests_per_minute", "RPM"),
+    ("tokens_per_minute", "TPM"),
+    ("tokens_per_day", "TOKENS/DAY"),
+    ("concurrent_requests", "CONCURRENT"),
+)
 
 
 def quotas_list(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
@@ -100,19 +103,24 @@ def quotas_clear(client: AdminClient, args: argparse.Namespace, out: TextIO) -> 
     emit(out, args, {"cleared": group_id}, lambda: f"quota of {args.group} cleared")
 
 
-
 def add_groups(nouns: Nouns) -> None:
     v = nouns.noun("groups", "groups: list (default), create, priority, delete", groups_list)
     nouns.verb(v, "list", groups_list, "the group tree")
     p = nouns.verb(v, "create", groups_create, "create a group")
     p.add_argument("name")
     p.add_argument("--parent", help="the parent group (id or path, e.g. org/team)")
-    p.add_argument("--priority", choices=("interactive", "batch"),
-                   help="how its requests wait for a replica slot (default: the parent's)")
+    p.add_argument(
+        "--priority",
+        choices=("interactive", "batch"),
+        help="how its requests wait for a replica slot (default: the parent's)",
+    )
     p = nouns.verb(v, "priority", groups_priority, "set how a group's requests wait for a replica slot")
     p.add_argument("group", help="id or path")
-    p.add_argument("priority", choices=("interactive", "batch", "inherit"),
-                   help="interactive goes first; batch gets a bounded share; inherit: the parent's")
+    p.add_argument(
+        "priority",
+        choices=("interactive", "batch", "inherit"),
+        help="interactive goes first; batch gets a bounded share; inherit: the parent's",
+    )
     nouns.verb(v, "delete", groups_delete, "delete a group (id or path)").add_argument("group")
 
 

@@ -23,17 +23,25 @@ def keys_list(client: AdminClient, args: argparse.Namespace, out: TextIO) -> Non
         if not answer["keys"]:
             return "no keys"
         paths = {g["id"]: g["path"] for g in client.get("/groups")["groups"]}
-        rows = [[k["id"], k["name"], paths.get(k["group_id"], k["group_id"]), k["state"], k["admin"],
-                 ",".join(k["models"]) if k["models"] is not None else "all", k["expires_at"]]
-                for k in answer["keys"]]
+        rows = [
+            [
+                k["id"],
+                k["name"],
+                paths.get(k["group_id"], k["group_id"]),
+                k["state"],
+                k["admin"],
+                ",".join(k["models"]) if k["models"] is not None else "all",
+                k["expires_at"],
+            ]
+            for k in answer["keys"]
+        ]
         return table(["KEY", "NAME", "GROUP", "STATE", "ADMIN", "MODELS", "EXPIRES"], rows)
 
     emit(out, args, answer, human)
 
 
 def keys_create(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
-    body: dict[str, Any] = {"name": args.name, "group_id": resolve_group(client, args.group),
-                            "admin": args.admin_key}
+    body: dict[str, Any] = {"name": args.name, "group_id": resolve_group(client, args.group), "admin": args.admin_key}
     if args.model:
         body["models"] = args.model
     if args.expires:
@@ -42,8 +50,13 @@ def keys_create(client: AdminClient, args: argparse.Namespace, out: TextIO) -> N
 
     def human() -> str:
         key = answer["key"]
-        return "\n".join([f"key {key['id']} ({key['name']}) created.",
-                          "Secret (shown only this once; it is stored as a digest):", f"  {answer['secret']}"])
+        return "\n".join(
+            [
+                f"key {key['id']} ({key['name']}) created.",
+                "Secret (shown only this once; it is stored as a digest):",
+                f"  {answer['secret']}",
+            ]
+        )
 
     emit(out, args, answer, human)
 
@@ -63,9 +76,12 @@ def sessions_revoke(client: AdminClient, args: argparse.Namespace, out: TextIO) 
         raise CtlError("name a user, or give --key ID (an admin key's dashboard sessions), not both")
     body = {"user": args.user} if args.user is not None else {"key_id": args.key}
     answer = client.post("/sessions/revoke", body)
-    emit(out, args, answer, lambda: f"dashboard sessions of {answer['subject']} issued before "
-                                     f"{answer['revoked_before']} ended")
-
+    emit(
+        out,
+        args,
+        answer,
+        lambda: f"dashboard sessions of {answer['subject']} issued before {answer['revoked_before']} ended",
+    )
 
 
 def add_keys(nouns: Nouns) -> None:

@@ -30,12 +30,15 @@ from .usage_cmds import add_usage
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--admin", default=argparse.SUPPRESS,
-                        help=f"the admin API's base URL (default {DEFAULT_ADMIN})")
-    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
-                        help="print the API's JSON instead of a table")
-    parser = argparse.ArgumentParser(prog="llmgw-control ctl", parents=[common],
-                                     description="Manage llmgw through its admin REST API.")
+    common.add_argument(
+        "--admin", default=argparse.SUPPRESS, help=f"the admin API's base URL (default {DEFAULT_ADMIN})"
+    )
+    common.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="print the API's JSON instead of a table"
+    )
+    parser = argparse.ArgumentParser(
+        prog="llmgw-control ctl", parents=[common], description="Manage llmgw through its admin REST API."
+    )
     nouns = Nouns(parser.add_subparsers(dest="noun", required=True, metavar="NOUN"), common)
     add_nodes(nouns)
     add_models(nouns)

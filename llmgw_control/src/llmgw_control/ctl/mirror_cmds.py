@@ -37,21 +37,34 @@ def progress_bar(pull: dict[str, Any]) -> str:
     share = done / total if total else 0.0
     filled = int(share * BAR_WIDTH)
     eta = pull.get("eta_seconds")
-    return (f"[{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {share * 100:3.0f}%  {size_words(done)} / "
-            f"{size_words(total)}  {size_words(pull['rate'])}/s  "
-            f"{'ETA ' + str(round(eta)) + ' s' if eta is not None else ''}  {pull['state']}")
+    return (
+        f"[{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {share * 100:3.0f}%  {size_words(done)} / "
+        f"{size_words(total)}  {size_words(pull['rate'])}/s  "
+        f"{'ETA ' + str(round(eta)) + ' s' if eta is not None else ''}  {pull['state']}"
+    )
 
 
 def _emit(out: TextIO, args: argparse.Namespace, answer: Any, human: Callable[[], str]) -> None:
     import json
+
     out.write((json.dumps(answer, indent=2) if args.json else human()) + "\n")
 
 
 def models_search(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
     answer = client.get("/hub/search", q=args.text, limit=args.limit)
-    _emit(out, args, answer, lambda: table(["REPOSITORY", "DOWNLOADS", "LIKES", "UPDATED"], [
-        [r["id"], r["downloads"], r["likes"], r["updated"][:10]] for r in answer["repos"]])
-        if answer["repos"] else f"no GGUF repositories match {args.text!r} on {answer['endpoint']}")
+    _emit(
+        out,
+        args,
+        answer,
+        lambda: (
+            table(
+                ["REPOSITORY", "DOWNLOADS", "LIKES", "UPDATED"],
+                [[r["id"], r["downloads"], r["likes"], r["updated"][:10]] for r in answer["repos"]],
+            )
+            if answer["repos"]
+            else f"no GGUF repositories match {args.text!r} on {answer['endpoint']}"
+        ),
+    )
 
 
 def models_files(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
@@ -59,19 +72,40 @@ def models_files(client: AdminClient, args: argparse.Namespace, out: TextIO) -> 
 
     def fits(f: dict[str, Any]) -> str:
         return "-" if f["fits"] is None else "yes" if f["fits"] else "no"
-    _emit(out, args, answer, lambda: table(["FILE", "QUANT", "SIZE", "RAM (est.)", "FITS"], [
-        [f["path"], f["quantisation"] or "-", size_words(f["size"]), size_words(f["estimate_ram_mib"] * 2**20),
-         fits(f) + (" (split: not pulled yet)" if f["split"] else "")] for f in answer["files"]])
-        if answer["files"] else f"{args.repo} has no GGUF files")
+
+    _emit(
+        out,
+        args,
+        answer,
+        lambda: (
+            table(
+                ["FILE", "QUANT", "SIZE", "RAM (est.)", "FITS"],
+                [
+                    [
+                        f["path"],
+                        f["quantisation"] or "-",
+                        size_words(f["size"]),
+                        size_words(f["estimate_ram_mib"] * 2**20),
+                        fits(f) + (" (split: not pulled yet)" if f["split"] else ""),
+                    ]
+                    for f in answer["files"]
+                ],
+            )
+            if answer["files"]
+            else f"{args.repo} has no GGUF files"
+        ),
+    )
 
 
 def _draft_words(pull: dict[str, Any]) -> str:
     draft = pull["draft"]
     profile = draft["profiles"][0]
-    return (f"pulled {pull['name']} ({size_words(pull['size'])}, sha256 {pull['sha256'][:12]}...): draft model "
-            f"{draft['name']!r}, context {profile['context']}, about {pull['estimate_ram_mib']} MiB RAM "
-            f"({pull['estimate_how']}).\nchange it with PUT /api/v1/models/pulls/{pull['id']}/draft, then: "
-            f"llmgw-control ctl models publish {pull['id']}")
+    return (
+        f"pulled {pull['name']} ({size_words(pull['size'])}, sha256 {pull['sha256'][:12]}...): draft model "
+        f"{draft['name']!r}, context {profile['context']}, about {pull['estimate_ram_mib']} MiB RAM "
+        f"({pull['estimate_how']}).\nchange it with PUT /api/v1/models/pulls/{pull['id']}/draft, then: "
+        f"llmgw-control ctl models publish {pull['id']}"
+    )
 
 
 def models_pull(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
@@ -104,10 +138,28 @@ def models_pull(client: AdminClient, args: argparse.Namespace, out: TextIO) -> N
 
 def models_pulls(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:
     answer = client.get("/models/pulls")
-    _emit(out, args, answer, lambda: table(["ID", "STATE", "FILE", "PROGRESS", "MODEL"], [
-        [p["id"], p["state"], p["name"], f"{size_words(p['bytes'])} / {size_words(p['size'])}",
-         (p["draft"] or {}).get("name", "-") + (f" ({p['error']})" if p["error"] else "")]
-        for p in answer["pulls"]]) if answer["pulls"] else "no pulls")
+    _emit(
+        out,
+        args,
+        answer,
+        lambda: (
+            table(
+                ["ID", "STATE", "FILE", "PROGRESS", "MODEL"],
+                [
+                    [
+                        p["id"],
+                        p["state"],
+                        p["name"],
+                        f"{size_words(p['bytes'])} / {size_words(p['size'])}",
+                        (p["draft"] or {}).get("name", "-") + (f" ({p['error']})" if p["error"] else ""),
+                    ]
+                    for p in answer["pulls"]
+                ],
+            )
+            if answer["pulls"]
+            else "no pulls"
+        ),
+    )
 
 
 def models_publish(client: AdminClient, args: argparse.Namespace, out: TextIO) -> None:

@@ -25,8 +25,17 @@ def models_list(client: AdminClient, args: argparse.Namespace, out: TextIO) -> N
     def human() -> str:
         if not answer["models"]:
             return "no models (add one with: llmgw-control ctl models add --file model.toml)"
-        rows = [[m["key"], m["source"], f"{m['ready']}/{len(m['replicas'])}", m["waiting_requests"],
-                 mib(m["claim"]["ram_mib"]), m["status"]] for m in answer["models"]]
+        rows = [
+            [
+                m["key"],
+                m["source"],
+                f"{m['ready']}/{len(m['replicas'])}",
+                m["waiting_requests"],
+                mib(m["claim"]["ram_mib"]),
+                m["status"],
+            ]
+            for m in answer["models"]
+        ]
         return table(["MODEL", "SOURCE", "READY", "WAITING", "RAM", "STATUS"], rows)
 
     emit(out, args, answer, human)
@@ -77,16 +86,18 @@ def models_remove(client: AdminClient, args: argparse.Namespace, out: TextIO) ->
     emit(out, args, {"removed": args.name}, lambda: f"model {args.name} removed (its replicas are draining)")
 
 
-
 def add_models(nouns: Nouns) -> None:
-    v = nouns.noun("models", "models: list (default), show, add, change, remove, adapters, search, files, pull, "
-                   "pulls, publish",
-                   models_list)
+    v = nouns.noun(
+        "models",
+        "models: list (default), show, add, change, remove, adapters, search, files, pull, pulls, publish",
+        models_list,
+    )
     nouns.verb(v, "list", models_list, "every model profile with its replicas and status")
     nouns.verb(v, "show", models_show, "a model's definition").add_argument("name")
     nouns.verb(v, "add", models_add, "add the model(s) in a TOML or JSON file").add_argument("--file", required=True)
     nouns.verb(v, "change", models_change, "replace a model with the definition in a file").add_argument(
-        "--file", required=True)
+        "--file", required=True
+    )
     nouns.verb(v, "remove", models_remove, "remove a model (its replicas are drained)").add_argument("name")
     add_mirror_verbs(v, nouns.verb)
     add_adapter_verbs(v, nouns.verb, nouns.common)

@@ -30,14 +30,28 @@ def nodes_list(client: AdminClient, args: argparse.Namespace, out: TextIO) -> No
         nodes = answer["nodes"]
         if not nodes:
             return "\n".join([*standby_note(answer), "no nodes (add one with: llmgw-control ctl nodes add NAME)"])
-        rows = [[n["id"], n["state"], n["cordoned"], n["address"] or "-",
-                 f"{n['facts']['cpu'] or '-'} ({n['facts']['cores']} cores)" if n["facts"]["cores"] else "-",
-                 mib(n["facts"]["ram_total_mib"]) if n["facts"]["ram_total_mib"] else "-",
-                 _gpu_words(n["facts"]), len(n["shards"]), _engine_words(n)] for n in nodes]
+        rows = [
+            [
+                n["id"],
+                n["state"],
+                n["cordoned"],
+                n["address"] or "-",
+                f"{n['facts']['cpu'] or '-'} ({n['facts']['cores']} cores)" if n["facts"]["cores"] else "-",
+                mib(n["facts"]["ram_total_mib"]) if n["facts"]["ram_total_mib"] else "-",
+                _gpu_words(n["facts"]),
+                len(n["shards"]),
+                _engine_words(n),
+            ]
+            for n in nodes
+        ]
         text = table(["NODE", "STATE", "CORDONED", "ADDRESS", "CPU", "RAM", "GPUS", "REPLICAS", "ENGINES"], rows)
         warnings = [f"warning: node {n['id']}: {w}" for n in nodes for w in n["warnings"]]
-        warnings += [f"warning: node {n['id']} is DEGRADED: {n['facts']['degraded']}; GPU profiles are not placed "
-                     "there unless they say cpu_ok" for n in nodes if n["facts"].get("degraded")]
+        warnings += [
+            f"warning: node {n['id']} is DEGRADED: {n['facts']['degraded']}; GPU profiles are not placed "
+            "there unless they say cpu_ok"
+            for n in nodes
+            if n["facts"].get("degraded")
+        ]
         return "\n".join([*standby_note(answer), text, *warnings])
 
     emit(out, args, answer, human)
@@ -49,9 +63,11 @@ def _node_action(verb: str) -> Action:
 
         def human() -> str:
             node = answer["node"]
-            words = {"cordon": "cordoned: no new replicas will be placed there",
-                     "uncordon": "uncordoned: replicas may be placed there again",
-                     "drain": "cordoned and draining"}[verb]
+            words = {
+                "cordon": "cordoned: no new replicas will be placed there",
+                "uncordon": "uncordoned: replicas may be placed there again",
+                "drain": "cordoned and draining",
+            }[verb]
             text = f"node {node['id']} {words}"
             if verb == "drain":
                 drained = answer["drained"]
@@ -59,6 +75,7 @@ def _node_action(verb: str) -> Action:
             return text
 
         emit(out, args, answer, human)
+
     return act
 
 
@@ -67,13 +84,15 @@ def nodes_add(client: AdminClient, args: argparse.Namespace, out: TextIO) -> Non
     answer = client.post("/nodes", {"name": args.name, "labels": labels})
 
     def human() -> str:
-        return "\n".join([
-            f"node {answer.get('node_id', args.name)} registered.",
-            "Join token (shown only this once; keep it secret):",
-            f"  {answer.get('join_token', '')}",
-            "Install and start the node on its machine with:",
-            f"  {answer.get('install_command', '')}",
-        ])
+        return "\n".join(
+            [
+                f"node {answer.get('node_id', args.name)} registered.",
+                "Join token (shown only this once; keep it secret):",
+                f"  {answer.get('join_token', '')}",
+                "Install and start the node on its machine with:",
+                f"  {answer.get('install_command', '')}",
+            ]
+        )
 
     emit(out, args, answer, human)
 
@@ -88,14 +107,15 @@ def _pairs(values: list[str] | None, flag: str) -> dict[str, str]:
     return pairs
 
 
-
 def add_nodes(nouns: Nouns) -> None:
     v = nouns.noun("nodes", "nodes: list (default), add, cordon, drain, uncordon", nodes_list)
     nouns.verb(v, "list", nodes_list, "every node with its engine state and warnings")
     p = nouns.verb(v, "add", nodes_add, "register a node: prints its join token (once) and the install command")
     p.add_argument("name")
     p.add_argument("--label", action="append", metavar="KEY=VALUE", help="a node label (repeatable)")
-    for name, words in (("cordon", "place no new replicas on the node"),
-                        ("drain", "cordon the node and drain its replicas"),
-                        ("uncordon", "allow new replicas on the node again")):
+    for name, words in (
+        ("cordon", "place no new replicas on the node"),
+        ("drain", "cordon the node and drain its replicas"),
+        ("uncordon", "allow new replicas on the node again"),
+    ):
         nouns.verb(v, name, _node_action(name), words).add_argument("node")

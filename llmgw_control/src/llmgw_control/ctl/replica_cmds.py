@@ -20,10 +20,21 @@ def replicas_list(client: AdminClient, args: argparse.Namespace, out: TextIO) ->
     def human() -> str:
         if not answer["replicas"]:
             return "\n".join([*standby_note(answer), "no replicas"])
-        rows = [[r["id"], r["model"], r["node"] or "-", r["port"], r["routable"], r["in_flight"],
-                 f"{r['status']}: {r['detail']}" if r["detail"] else r["status"]] for r in answer["replicas"]]
-        return "\n".join([*standby_note(answer),
-                          table(["REPLICA", "MODEL", "NODE", "PORT", "ROUTABLE", "IN FLIGHT", "STATE"], rows)])
+        rows = [
+            [
+                r["id"],
+                r["model"],
+                r["node"] or "-",
+                r["port"],
+                r["routable"],
+                r["in_flight"],
+                f"{r['status']}: {r['detail']}" if r["detail"] else r["status"],
+            ]
+            for r in answer["replicas"]
+        ]
+        return "\n".join(
+            [*standby_note(answer), table(["REPLICA", "MODEL", "NODE", "PORT", "ROUTABLE", "IN FLIGHT", "STATE"], rows)]
+        )
 
     emit(out, args, answer, human)
 
@@ -39,8 +50,7 @@ def replicas_logs(client: AdminClient, args: argparse.Namespace, out: TextIO, *,
     answer = client.get(path, lines=args.lines)
     emit(out, args, answer, lambda: "\n".join(answer["lines"]))
     if answer["source"] != "node" and not args.json:
-        out.write(f"(the lines node {answer['node']} sent with the failure: {answer['status']}: "
-                  f"{answer['detail']})\n")
+        out.write(f"(the lines node {answer['node']} sent with the failure: {answer['status']}: {answer['detail']})\n")
     done = 0
     while args.follow and answer["cursor"] and (polls is None or done < polls):
         done += 1
@@ -66,8 +76,11 @@ def engines_list(client: AdminClient, args: argparse.Namespace, out: TextIO) -> 
     answer = client.get("/engines")
 
     def human() -> str:
-        rows = [[e["name"], e["version"], n["node"], n["state"], _provenance_words(n.get("provenance"))]
-                for e in answer["engines"] for n in e["nodes"]]
+        rows = [
+            [e["name"], e["version"], n["node"], n["state"], _provenance_words(n.get("provenance"))]
+            for e in answer["engines"]
+            for n in e["nodes"]
+        ]
         rows += [[e["name"], e["version"], "-", "no node connected", "-"] for e in answer["engines"] if not e["nodes"]]
         return table(["ENGINE", "VERSION", "NODE", "STATE", "PROVENANCE"], rows)
 
@@ -83,15 +96,21 @@ def weights_list(client: AdminClient, args: argparse.Namespace, out: TextIO) -> 
         for n in answer["nodes"]:
             if not n["reported"]:
                 rows.append([n["node"], "-", "-", "-", "not reported"])
-            rows += [[n["node"], w["sha256"][:16], mib(w["size"] // (1 << 20)),
-                      "in use" if w["in_use"] else w["last_used"], ", ".join(w["models"]) or "-"]
-                     for w in n["weights"]]
+            rows += [
+                [
+                    n["node"],
+                    w["sha256"][:16],
+                    mib(w["size"] // (1 << 20)),
+                    "in use" if w["in_use"] else w["last_used"],
+                    ", ".join(w["models"]) or "-",
+                ]
+                for w in n["weights"]
+            ]
         if not rows:
             return "no node holds model files"
         return table(["NODE", "SHA256", "SIZE", "LAST USED", "USED BY"], rows)
 
     emit(out, args, answer, human)
-
 
 
 def add_replicas(nouns: Nouns) -> None:
@@ -115,4 +134,5 @@ def add_weights(nouns: Nouns) -> None:
     weights.set_defaults(action=weights_list)
     v = weights.add_subparsers(dest="verb", metavar="VERB", required=False)
     nouns.verb(v, "list", weights_list, "the model files each node holds, their size and when last used").add_argument(
-        "--node", default=argparse.SUPPRESS, help="only this node")
+        "--node", default=argparse.SUPPRESS, help="only this node"
+    )

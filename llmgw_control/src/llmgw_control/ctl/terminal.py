@@ -35,8 +35,8 @@ def escape(text: str, *, keep: str = "\n") -> str:
     if text.replace(keep, "").isprintable() if keep else text.isprintable():
         return text  # the common case, checked in C
     return "".join(
-        _shown(c) if c not in keep and not c.isprintable() and unicodedata.category(c) in _UNSAFE else c
-        for c in text)
+        _shown(c) if c not in keep and not c.isprintable() and unicodedata.category(c) in _UNSAFE else c for c in text
+    )
 
 
 class TerminalOut(io.TextIOBase, TextIO):

@@ -181,15 +181,19 @@ class AgentService:
         self._log_seq = 0
         self._closed = trio.Event()
         if config.open_fleet:
-            log.warning("agents.open_fleet is on: any node id joins with any token, is placed on and sent "
-                        "prompts; only for a network where everyone who can reach the agent listener is trusted")
+            log.warning(
+                "agents.open_fleet is on: any node id joins with any token, is placed on and sent "
+                "prompts; only for a network where everyone who can reach the agent listener is trusted"
+            )
 
     # ------------------------------------------------------------------ the Dispatcher
 
     def send(self, node_id: str, command: Command) -> bool:
         # A span per command (llmgw_shared/tracing.py), the child of the reconcile pass that sent it.
-        with tracing.span("llmgw.node_command", {"llmgw.node": node_id, "llmgw.command": type(command).__name__,
-                                                 "llmgw.command_id": command.id}) as span:
+        with tracing.span(
+            "llmgw.node_command",
+            {"llmgw.node": node_id, "llmgw.command": type(command).__name__, "llmgw.command_id": command.id},
+        ) as span:
             sent = self._queue_command(node_id, self._with_trace(node_id, command))
             span.set_attribute("llmgw.sent", sent)
             return sent
@@ -258,8 +262,9 @@ class AgentService:
 
     # ------------------------------------------------------------------ one connection
 
-    async def serve(self, socket: Socket, peer: str, *, certified_node_id: str | None = None,
-                    certificate_required: bool = False) -> None:
+    async def serve(
+        self, socket: Socket, peer: str, *, certified_node_id: str | None = None, certificate_required: bool = False
+    ) -> None:
         """One node's connection; with mutual TLS, ``certified_node_id`` is what its certificate says."""
         hello = await self._handshake(socket, peer, certified_node_id, certificate_required)
         if hello is None:
@@ -272,10 +277,13 @@ class AgentService:
             with session.cancel_scope:
                 await socket.send(encode(Welcome(PROTOCOL_VERSION, self.config.heartbeat_interval)))
                 # A span of its own: the node's installs are its children (``_with_trace``).
-                with tracing.span("llmgw.node_command", {"llmgw.node": hello.node_id, "llmgw.command": "SetEngines",
-                                                         "llmgw.command_id": "engines-0"}):
-                    engines = self._with_trace(hello.node_id, SetEngines(
-                        "engines-0", self.events.fencing_token(), self.engines()))
+                with tracing.span(
+                    "llmgw.node_command",
+                    {"llmgw.node": hello.node_id, "llmgw.command": "SetEngines", "llmgw.command_id": "engines-0"},
+                ):
+                    engines = self._with_trace(
+                        hello.node_id, SetEngines("engines-0", self.events.fencing_token(), self.engines())
+                    )
                 await socket.send(encode(engines))
                 self.events.changed()
                 async with trio.open_nursery() as nursery:
@@ -318,28 +326,37 @@ class AgentService:
                 await self._refuse(socket, f"the first frame must be hello, not {type(msg).__name__}", peer)
                 return None
             if msg.protocol_version != PROTOCOL_VERSION:
-                break_reason = (f"protocol version {msg.protocol_version} is not supported; "
-                                f"this control speaks {PROTOCOL_VERSION}")
+                break_reason = (
+                    f"protocol version {msg.protocol_version} is not supported; this control speaks {PROTOCOL_VERSION}"
+                )
             elif not self.role.leader:
-                await socket.send(encode(Refuse(
-                    f"standby, leader is {self.role.leader_address or 'unknown'}", self.role.leader_address or "")))
+                await socket.send(
+                    encode(
+                        Refuse(
+                            f"standby, leader is {self.role.leader_address or 'unknown'}",
+                            self.role.leader_address or "",
+                        )
+                    )
+                )
                 log.info("refused node %s: this control is a standby", msg.node_id)
                 # The node closes as soon as it reads the refusal and hypercorn may be answering that
                 # close while we send ours (BusyResourceError): the refusal is delivered, the close
                 # is a courtesy, and a traceback per refused node during a failover is only noise.
-                with contextlib.suppress(trio.BusyResourceError, trio.BrokenResourceError,
-                                         trio.ClosedResourceError):
+                with contextlib.suppress(trio.BusyResourceError, trio.BrokenResourceError, trio.ClosedResourceError):
                     await socket.close(1013, "standby")
                 return None
             elif certificate_required and certified_node_id is None:
                 break_reason = "a client certificate naming the node is required"
             elif certified_node_id is not None and certified_node_id != msg.node_id:
-                break_reason = (f"the client certificate is for node {certified_node_id}, "
-                                f"but the hello says {msg.node_id}")
+                break_reason = (
+                    f"the client certificate is for node {certified_node_id}, but the hello says {msg.node_id}"
+                )
             # The token is looked up even with a certificate: it also loads an onboarded node's labels.
             elif not await self._token_ok(msg.node_id, msg.join_token) and certified_node_id is None:
-                break_reason = ("bad join token: this node id needs its own token (llmgw-control ctl nodes add "
-                                "prints it) or a shared join token control knows")
+                break_reason = (
+                    "bad join token: this node id needs its own token (llmgw-control ctl nodes add "
+                    "prints it) or a shared join token control knows"
+                )
             elif msg.node_id in self.sessions:
                 break_reason = f"node id {msg.node_id} is already connected"
             if break_reason:
@@ -389,8 +406,11 @@ class AgentService:
         now = self.clock()
         existing = self.inventory.get(hello.node_id)
         node = NodeRecord(
-            node_id=hello.node_id, address=hello.address or peer, facts=hello.facts,
-            last_seen=now, connected_since=now,
+            node_id=hello.node_id,
+            address=hello.address or peer,
+            facts=hello.facts,
+            last_seen=now,
+            connected_since=now,
             # Labels given when the node was onboarded (the store) win over what this process knew.
             labels=self._stored_labels.pop(hello.node_id, existing.labels if existing else {}),
             cordoned=existing.cordoned if existing else False,
@@ -442,11 +462,17 @@ class AgentService:
             entry = session.pending.pop(msg.command_id, None)
             command = entry[0] if entry is not None else None
             if not msg.ok:
-                log.warning("node %s refused command %s: %s", node.node_id, msg.command_id, msg.error,
-                            extra={"node": node.node_id})
+                log.warning(
+                    "node %s refused command %s: %s",
+                    node.node_id,
+                    msg.command_id,
+                    msg.error,
+                    extra={"node": node.node_id},
+                )
                 if command is not None:
-                    self.events.command_failed(node.node_id, command,
-                                               f"node {node.node_id} refused {TAGS[type(command)]}: {msg.error}")
+                    self.events.command_failed(
+                        node.node_id, command, f"node {node.node_id} refused {TAGS[type(command)]}: {msg.error}"
+                    )
                     changed = True
         elif isinstance(msg, ReplicaLogsReply):
             waiter = session.log_requests.pop(msg.in_reply_to, None)
@@ -511,8 +537,13 @@ class AgentService:
                 unsent.append(queued)
         session.receive_channel.close()
         if unsent or session.pending:
-            log.info("node %s: connection ended with %d command(s) unsent and %d unacknowledged",
-                     session.node_id, len(unsent), len(session.pending), extra={"node": session.node_id})
+            log.info(
+                "node %s: connection ended with %d command(s) unsent and %d unacknowledged",
+                session.node_id,
+                len(unsent),
+                len(session.pending),
+                extra={"node": session.node_id},
+            )
         for command in unsent:
             self.events.command_unsent(session.node_id, command)
 
@@ -524,8 +555,12 @@ class AgentService:
             now = self.clock()
             silent = now - node.last_seen
             if silent > limit:
-                log.warning("node %s silent for %.1f s: closing its connection", node.node_id, silent,
-                            extra={"node": node.node_id})
+                log.warning(
+                    "node %s silent for %.1f s: closing its connection",
+                    node.node_id,
+                    silent,
+                    extra={"node": node.node_id},
+                )
                 session.cancel_scope.cancel()
                 return
             oldest = next(iter(session.pending.values()), None)
@@ -540,8 +575,7 @@ class AgentService:
     def _unacknowledged(self, session: _Session, node: NodeRecord, limit: float) -> None:
         command, _ = next(iter(session.pending.values()))
         reason = f"node {node.node_id} did not acknowledge {TAGS[type(command)]} within {limit:g} s"
-        log.warning("%s: closing its connection (its hello will say what it has)", reason,
-                    extra={"node": node.node_id})
+        log.warning("%s: closing its connection (its hello will say what it has)", reason, extra={"node": node.node_id})
         now = self.clock()
         for late, sent_at in list(session.pending.values()):
             if now - sent_at > limit:

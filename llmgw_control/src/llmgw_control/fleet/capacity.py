@@ -44,9 +44,16 @@ def hardware_of(facts: HostFacts) -> str:
 
 def profile_fingerprint(profile: ProfileConfig) -> str:
     """What of a profile decides how fast a replica of it runs, as a short digest."""
-    facts = {"weights": profile.weights.sha256 if profile.weights is not None else "",
-             "model_dir": profile.model_dir, "context": profile.context, "parallel": profile.parallel,
-             "slots": profile.slots, "args": list(profile.args), "env": dict(profile.env), "gpus": profile.gpus}
+    facts = {
+        "weights": profile.weights.sha256 if profile.weights is not None else "",
+        "model_dir": profile.model_dir,
+        "context": profile.context,
+        "parallel": profile.parallel,
+        "slots": profile.slots,
+        "args": list(profile.args),
+        "env": dict(profile.env),
+        "gpus": profile.gpus,
+    }
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -129,8 +136,14 @@ def measured_from(profile_key: str, document: Mapping[str, Any]) -> Measured | N
     try:
         comparable = document["comparable"]
         levels = tuple(level_from(doc) for doc in document["results"])
-        return Measured(profile_key, str(comparable["hardware"]), str(comparable["engine"]),
-                        str(comparable["engine_version"]), levels, str(comparable.get("profile_fingerprint", "")))
+        return Measured(
+            profile_key,
+            str(comparable["hardware"]),
+            str(comparable["engine"]),
+            str(comparable["engine_version"]),
+            levels,
+            str(comparable.get("profile_fingerprint", "")),
+        )
     except (KeyError, TypeError, ValueError):
         return None
 
@@ -151,12 +164,15 @@ class CapacityIndex:
         measured = self._runs.get((profile_key, kind, fingerprint))
         return slots_for(measured.levels, ttft_target, itl_target) if measured else None
 
-    def throughput(self, profile_key: str, engine: str, version: str, fingerprint: str, ttft_target: float,
-                   itl_target: float) -> dict[str, float]:
+    def throughput(
+        self, profile_key: str, engine: str, version: str, fingerprint: str, ttft_target: float, itl_target: float
+    ) -> dict[str, float]:
         """Measured generation tokens/s of ``profile_key`` as it is now, per hardware, for this engine version."""
-        return {m.hardware: best_throughput(m.levels, ttft_target, itl_target)
-                for (k, _, f), m in self._runs.items()
-                if k == profile_key and f == fingerprint and (m.engine, m.engine_version) == (engine, version)}
+        return {
+            m.hardware: best_throughput(m.levels, ttft_target, itl_target)
+            for (k, _, f), m in self._runs.items()
+            if k == profile_key and f == fingerprint and (m.engine, m.engine_version) == (engine, version)
+        }
 
     def __len__(self) -> int:
         return len(self._runs)

@@ -53,9 +53,12 @@ class FleetReplicas:
         return Acquired(target, replica.id, record.node_id if record is not None else "", started)
 
     def _ready(self, profile_key: str, node: str | None) -> Replica | None:
-        ready = [r for r in self.reconciler.replicas.for_model(profile_key)
-                 if node is None or (self.reconciler.records.get(r.id) is not None
-                                     and self.reconciler.records[r.id].node_id == node)]
+        ready = [
+            r
+            for r in self.reconciler.replicas.for_model(profile_key)
+            if node is None
+            or (self.reconciler.records.get(r.id) is not None and self.reconciler.records[r.id].node_id == node)
+        ]
         return min(ready, key=lambda r: (r.in_flight, r.id), default=None)
 
     async def acquire(self, resolved: Resolved, node: str | None) -> Acquired:
@@ -65,16 +68,17 @@ class FleetReplicas:
             return self._acquired(existing, resolved, started=False)
         if node is None:
             # One already starting (for requests, or min_replicas) is not the run's to stop after.
-            starting = any(r.profile_key == profile_key and not r.draining and r.status not in TERMINAL
-                           for r in self.reconciler.records.values())
+            starting = any(
+                r.profile_key == profile_key and not r.draining and r.status not in TERMINAL
+                for r in self.reconciler.records.values()
+            )
             result = await self.activator.wait(profile_key)
             if isinstance(result, Refusal):
                 if result is Refusal.OVERFLOW:
                     raise RunFailed(f"{profile_key} has requests queued beyond its queue: try when it is less busy")
                 if result is Refusal.STANDBY:
                     # Only the leader starts and measures replicas.
-                    raise RunFailed("this control daemon is not (or no longer) the leader: start the run on the "
-                                    "leader")
+                    raise RunFailed("this control daemon is not (or no longer) the leader: start the run on the leader")
                 raise RunFailed(self.activator.refusal_error(result, profile_key).message)
             replica = result.replica
             result.give_back()

@@ -40,7 +40,6 @@ from .capacity_sweep import SweepTarget, Workload, measure_level, new_client
 log = get_logger(__name__)
 
 
-
 class RunState(StrEnum):
     """A capacity run's state (the store keeps the same strings: ``store.ops_capacity.RUN_STATES``)."""
 
@@ -51,14 +50,19 @@ class RunState(StrEnum):
     CANCELLED = "cancelled"
 
 
-RUN_LIFECYCLE = Lifecycle("capacity run", RunState, start={RunState.QUEUED}, transitions={
-    # FAILED while queued: control stopped before the run's turn came (found when runs are read).
-    RunState.QUEUED: {RunState.RUNNING, RunState.FAILED, RunState.CANCELLED},
-    RunState.RUNNING: {RunState.DONE, RunState.FAILED, RunState.CANCELLED},
-    RunState.DONE: set(),
-    RunState.FAILED: set(),
-    RunState.CANCELLED: set(),
-})
+RUN_LIFECYCLE = Lifecycle(
+    "capacity run",
+    RunState,
+    start={RunState.QUEUED},
+    transitions={
+        # FAILED while queued: control stopped before the run's turn came (found when runs are read).
+        RunState.QUEUED: {RunState.RUNNING, RunState.FAILED, RunState.CANCELLED},
+        RunState.RUNNING: {RunState.DONE, RunState.FAILED, RunState.CANCELLED},
+        RunState.DONE: set(),
+        RunState.FAILED: set(),
+        RunState.CANCELLED: set(),
+    },
+)
 FINISHED = RUN_LIFECYCLE.terminal
 # The sweep when a request names none: powers of two, enough to find where a small replica saturates.
 DEFAULT_LEVELS = (1, 2, 4, 8)
@@ -132,8 +136,15 @@ def run_from_document(doc: dict[str, Any]) -> Run:
 
 
 class CapacityRuns:
-    def __init__(self, store: Store, catalog: Catalog, index: CapacityIndex, source: ReplicaSource | None, *,
-                 on_learnt: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        catalog: Catalog,
+        index: CapacityIndex,
+        source: ReplicaSource | None,
+        *,
+        on_learnt: Callable[[], None] = lambda: None,
+    ) -> None:
         self.store = store
         self.catalog = catalog
         self.index = index
@@ -196,12 +207,23 @@ class CapacityRuns:
         if len(levels) * body.level_seconds > MAX_RUN_SECONDS:
             raise bad_request("level_seconds", f"levels x level_seconds must be at most {MAX_RUN_SECONDS:.0f} s")
         if body.prompt_tokens + body.output_tokens > resolved.profile.context:
-            raise bad_request("prompt_tokens", f"prompt_tokens + output_tokens must fit the profile's context "
-                                               f"({resolved.profile.context})")
+            raise bad_request(
+                "prompt_tokens",
+                f"prompt_tokens + output_tokens must fit the profile's context ({resolved.profile.context})",
+            )
         if body.node is not None and not self.source.has_node(body.node):
             raise not_found("node", body.node, field="node")
-        run = Run(secrets.token_hex(8), resolved.model.name, resolved.profile.name, body.node, levels,
-                  body.prompt_tokens, body.output_tokens, body.level_seconds, created_at=time.time())
+        run = Run(
+            secrets.token_hex(8),
+            resolved.model.name,
+            resolved.profile.name,
+            body.node,
+            levels,
+            body.prompt_tokens,
+            body.output_tokens,
+            body.level_seconds,
+            created_at=time.time(),
+        )
         self.runs[run.id] = run
         self._forget_old()
         await self._save(run, new=True)
@@ -258,8 +280,9 @@ class CapacityRuns:
                     _end(run, RunState.FAILED, f"internal error: {type(exc).__name__}")
                 else:
                     _end(run, RunState.DONE)
-                    run.slots = slots_for([level_from(r) for r in run.results], resolved.profile.ttft_target,
-                                          resolved.profile.itl_target)
+                    run.slots = slots_for(
+                        [level_from(r) for r in run.results], resolved.profile.ttft_target, resolved.profile.itl_target
+                    )
                     self._learn(run)
                     self.on_learnt()
         if scope.cancelled_caught:
@@ -267,8 +290,9 @@ class CapacityRuns:
         run.finished_at = run.finished_at or time.time()
         with trio.CancelScope(shield=True), trio.move_on_after(_SAVE_GRACE):
             await self._save(run)
-        log.info("capacity run %s of %s %s%s", run.id, run.profile_key, run.state,
-                 f": {run.error}" if run.error else "")
+        log.info(
+            "capacity run %s of %s %s%s", run.id, run.profile_key, run.state, f": {run.error}" if run.error else ""
+        )
 
     async def _sweep(self, run: Run, resolved: Resolved, source: ReplicaSource) -> None:
         acquired = await source.acquire(resolved, run.node)
@@ -279,8 +303,9 @@ class CapacityRuns:
             workload = Workload(run.prompt_tokens, run.output_tokens, run.level_seconds)
             async with new_client(max(run.levels)) as client:
                 for concurrency in run.levels:
-                    result, error = await measure_level(client, acquired.target, workload, concurrency,
-                                                        on_done=lambda: source.touch(acquired))
+                    result, error = await measure_level(
+                        client, acquired.target, workload, concurrency, on_done=lambda: source.touch(acquired)
+                    )
                     run.results.append(attrs.asdict(result))
                     await self._save(run)
                     if result.requests == 0:
@@ -294,15 +319,20 @@ class CapacityRuns:
         kind = run.comparable.get("kind", "") if run.comparable else ""
         try:
             if new:
-                record = await self.store.add_capacity_run(model=run.model, profile=run.profile,
-                                                           node_id=run.node or "", kind="", state=run.state,
-                                                           document={})
+                record = await self.store.add_capacity_run(
+                    model=run.model, profile=run.profile, node_id=run.node or "", kind="", state=run.state, document={}
+                )
                 # The store names it: the run takes the stored id, so a restart finds the same run.
                 self.runs.pop(run.id, None)
                 run.id = record.id
                 self.runs[run.id] = run
-            await self.store.update_capacity_run(run.id, state=run.state, document=CONVERTER.unstructure(
-                run.document()), node_id=run.node_id or run.node or "", kind=str(kind))
+            await self.store.update_capacity_run(
+                run.id,
+                state=run.state,
+                document=CONVERTER.unstructure(run.document()),
+                node_id=run.node_id or run.node or "",
+                kind=str(kind),
+            )
         except StoreError as exc:
             if new:
                 self.runs.pop(run.id, None)
@@ -311,7 +341,7 @@ class CapacityRuns:
 
     def _forget_old(self) -> None:
         finished = [r for r in self.runs.values() if r.state in FINISHED]
-        for run in sorted(finished, key=lambda r: r.created_at)[:max(0, len(self.runs) - MAX_RUNS)]:
+        for run in sorted(finished, key=lambda r: r.created_at)[: max(0, len(self.runs) - MAX_RUNS)]:
             del self.runs[run.id]
 
 
@@ -323,22 +353,30 @@ def _end(run: Run, state: RunState, error: str = "") -> None:
     run.error = error or run.error
 
 
-def comparable_facts(resolved: Resolved, engine_version: str, reported_version: str, facts: Any,
-                     hardware: str) -> dict[str, Any]:
+def comparable_facts(
+    resolved: Resolved, engine_version: str, reported_version: str, facts: Any, hardware: str
+) -> dict[str, Any]:
     """What makes a run comparable with another (stored with it, shown side by side)."""
     profile = resolved.profile
     return {
-        "engine": profile.engine, "engine_version": engine_version, "engine_reported_version": reported_version,
+        "engine": profile.engine,
+        "engine_version": engine_version,
+        "engine_reported_version": reported_version,
         "weights_sha256": profile.weights.sha256 if profile.weights is not None else "",
         "model_dir": profile.model_dir,
         "profile": CONVERTER.unstructure(profile),
         "profile_fingerprint": profile_fingerprint(profile),
-        "node": {"cpu_model": facts.cpu_model, "cores": facts.cores, "arch": facts.arch,
-                 "cpu_features": list(facts.cpu_features), "ram_total_mib": facts.ram_total_mib,
-                 "nvidia_driver": facts.nvidia_driver, "os": f"{facts.os_name} {facts.os_version}".strip(),
-                 "kernel": facts.kernel,
-                 "gpus": [{"index": g.index, "name": g.name, "memory_total_mib": g.memory_total_mib}
-                          for g in facts.gpus]},
+        "node": {
+            "cpu_model": facts.cpu_model,
+            "cores": facts.cores,
+            "arch": facts.arch,
+            "cpu_features": list(facts.cpu_features),
+            "ram_total_mib": facts.ram_total_mib,
+            "nvidia_driver": facts.nvidia_driver,
+            "os": f"{facts.os_name} {facts.os_version}".strip(),
+            "kernel": facts.kernel,
+            "gpus": [{"index": g.index, "name": g.name, "memory_total_mib": g.memory_total_mib} for g in facts.gpus],
+        },
         "hardware": hardware,
         "kind": capacity_kind(hardware, profile.engine, engine_version),
     }

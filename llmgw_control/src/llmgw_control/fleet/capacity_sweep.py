@@ -71,19 +71,33 @@ def prompt_of(tokens: int) -> str:
 
 
 def request_body(target: SweepTarget, workload: Workload) -> dict[str, object]:
-    return {"model": target.model, "prompt": prompt_of(workload.prompt_tokens), "max_tokens": workload.output_tokens,
-            "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True, "temperature": 0}
+    return {
+        "model": target.model,
+        "prompt": prompt_of(workload.prompt_tokens),
+        "max_tokens": workload.output_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+        "temperature": 0,
+    }
 
 
-async def _one_request(client: httpx2.AsyncClient, target: SweepTarget, body: dict[str, object], tally: _Tally,
-                       clock: Callable[[], float], on_done: Callable[[], None]) -> None:
+async def _one_request(
+    client: httpx2.AsyncClient,
+    target: SweepTarget,
+    body: dict[str, object],
+    tally: _Tally,
+    clock: Callable[[], float],
+    on_done: Callable[[], None],
+) -> None:
     headers = {"authorization": f"Bearer {target.api_key}"} if target.api_key else {}
     sent = clock()
     events: list[float] = []
     usage: dict[str, object] = {}
     try:
-        async with client.stream("POST", target.url.rstrip("/") + "/v1/completions", json=body,
-                                 headers=headers) as response:
+        async with client.stream(
+            "POST", target.url.rstrip("/") + "/v1/completions", json=body, headers=headers
+        ) as response:
             if response.status_code != 200:
                 text = (await response.aread())[:MAX_ERROR_TEXT].decode("utf-8", "replace")
                 tally.failed(f"HTTP {response.status_code}: {text}")
@@ -119,9 +133,15 @@ async def _one_request(client: httpx2.AsyncClient, target: SweepTarget, body: di
     tally.completion_tokens += completion if isinstance(completion, int) else len(events)
 
 
-async def measure_level(client: httpx2.AsyncClient, target: SweepTarget, workload: Workload, concurrency: int, *,
-                        clock: Callable[[], float] = trio.current_time,
-                        on_done: Callable[[], None] = lambda: None) -> tuple[LevelResult, str]:
+async def measure_level(
+    client: httpx2.AsyncClient,
+    target: SweepTarget,
+    workload: Workload,
+    concurrency: int,
+    *,
+    clock: Callable[[], float] = trio.current_time,
+    on_done: Callable[[], None] = lambda: None,
+) -> tuple[LevelResult, str]:
     """Run one level; its result and the first failure's reason ("" when none failed).
 
     ``on_done`` is called as each request ends (the run keeps its replica marked as used)."""
@@ -144,13 +164,18 @@ async def measure_level(client: httpx2.AsyncClient, target: SweepTarget, workloa
         tally.failed(f"requests still running {DRAIN_GRACE:.0f} s after the level's time were cut")
     duration = max(clock() - started, 1e-9)
     result = LevelResult(
-        concurrency=concurrency, requests=tally.requests, errors=tally.errors, duration_s=round(duration, 3),
+        concurrency=concurrency,
+        requests=tally.requests,
+        errors=tally.errors,
+        duration_s=round(duration, 3),
         prompt_tokens_per_s=round(tally.prompt_tokens / duration, 2),
         generation_tokens_per_s=round(tally.completion_tokens / duration, 2),
         # Microseconds: events that arrive in one read are a few µs apart, and a fast engine's gaps
         # rounded to 0.1 ms read as 0 (a tiny model under load did, and looked like no measurement).
-        ttft_p50_s=round(percentile(tally.ttft, 0.5), 6), ttft_p99_s=round(percentile(tally.ttft, 0.99), 6),
-        itl_p50_s=round(percentile(tally.itl, 0.5), 6), itl_p99_s=round(percentile(tally.itl, 0.99), 6),
+        ttft_p50_s=round(percentile(tally.ttft, 0.5), 6),
+        ttft_p99_s=round(percentile(tally.ttft, 0.99), 6),
+        itl_p50_s=round(percentile(tally.itl, 0.5), 6),
+        itl_p99_s=round(percentile(tally.itl, 0.99), 6),
     )
     return result, tally.first_error
 

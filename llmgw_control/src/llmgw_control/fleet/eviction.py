@@ -60,9 +60,19 @@ def make_room(
     there), or None when evicting what may be evicted frees enough on none of them."""
     best: Room | None = None
     for node_id in sorted(claims):
-        room = _room_on(node_id, for_profile_key, claims[node_id], free_ram[node_id], free_vram[node_id],
-                        assignments.get(node_id, []), live_count, min_replicas, starved=starved, now=now,
-                        min_age=min_age)
+        room = _room_on(
+            node_id,
+            for_profile_key,
+            claims[node_id],
+            free_ram[node_id],
+            free_vram[node_id],
+            assignments.get(node_id, []),
+            live_count,
+            min_replicas,
+            starved=starved,
+            now=now,
+            min_age=min_age,
+        )
         if room is not None and (best is None or (len(room.evict), room.waste_mib) < (len(best.evict), best.waste_mib)):
             best = room
     return best
@@ -70,14 +80,28 @@ def make_room(
 
 def may_evict(assignment: Assignment, for_profile_key: str, *, starved: bool, now: float, min_age: float) -> bool:
     """Whether ``assignment`` may be evicted for ``for_profile_key`` at all (``min_replicas`` aside)."""
-    return (assignment.profile_key != for_profile_key and not assignment.draining
-            and assignment.status == ReplicaStatus.READY
-            and (starved or not assignment.busy) and now - assignment.started_at >= min_age)
+    return (
+        assignment.profile_key != for_profile_key
+        and not assignment.draining
+        and assignment.status == ReplicaStatus.READY
+        and (starved or not assignment.busy)
+        and now - assignment.started_at >= min_age
+    )
 
 
 def _room_on(
-    node_id: str, for_profile_key: str, claim: Claim, free_ram: int, free_vram: int, assignments: list[Assignment],
-    live_count: dict[str, int], min_replicas: dict[str, int], *, starved: bool, now: float, min_age: float,
+    node_id: str,
+    for_profile_key: str,
+    claim: Claim,
+    free_ram: int,
+    free_vram: int,
+    assignments: list[Assignment],
+    live_count: dict[str, int],
+    min_replicas: dict[str, int],
+    *,
+    starved: bool,
+    now: float,
+    min_age: float,
 ) -> Room | None:
     draining = tuple(r for r in assignments if r.draining and r.status not in TERMINAL)
     short_ram = claim.ram_mib - free_ram - sum(r.holding.ram_mib for r in draining)
@@ -86,9 +110,10 @@ def _room_on(
         # Enough in total once what drains has stopped; with nothing draining, the totals fit
         # and it is the node's GPUs one by one that do not: evicting by totals cannot help.
         return Room(node_id, (), draining, -max(short_ram, short_vram)) if draining else None
-    candidates = sorted((r for r in assignments
-                         if may_evict(r, for_profile_key, starved=starved, now=now, min_age=min_age)),
-                        key=lambda r: (r.last_used, r.replica_id))
+    candidates = sorted(
+        (r for r in assignments if may_evict(r, for_profile_key, starved=starved, now=now, min_age=min_age)),
+        key=lambda r: (r.last_used, r.replica_id),
+    )
     chosen: list[Assignment] = []
     taken: dict[str, int] = {}
     for assignment in candidates:

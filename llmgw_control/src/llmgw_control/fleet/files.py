@@ -37,8 +37,10 @@ log = get_logger(__name__)
 # which a node unpacks beside a CUDA build when the release has no cudart archive: put there by
 # ``llmgw-control engines runtime`` (pinned in engines/cuda-runtime.lock, fleet/runtime_wheels.py)
 # or by the operator, listed with the sha256 control computes, served like every engine file.
-_ARCHIVE = re.compile(r"^(llama-(?P<tag>[^-]+)-bin-.+|cudart-llama-(?:(?P<rtag>[^-]+)-)?bin-.+)\.(tar\.gz|tgz|zip)$"
-                      r"|^nvidia_(?:cuda_runtime|cublas)(?:_cu\d+)?-[0-9.]+-py3-none-[A-Za-z0-9_.]+\.whl$")
+_ARCHIVE = re.compile(
+    r"^(llama-(?P<tag>[^-]+)-bin-.+|cudart-llama-(?:(?P<rtag>[^-]+)-)?bin-.+)\.(tar\.gz|tgz|zip)$"
+    r"|^nvidia_(?:cuda_runtime|cublas)(?:_cu\d+)?-[0-9.]+-py3-none-[A-Za-z0-9_.]+\.whl$"
+)
 
 
 @attrs.frozen
@@ -80,8 +82,12 @@ class FileServer:
         for entry in sorted(directory.iterdir()):
             match = _ARCHIVE.fullmatch(entry.name)
             # Only what path() would serve: a release must not list a file that is then refused.
-            if (match and match["tag"] in (None, version) and match["rtag"] in (None, version)
-                    and contained_file(directory, entry.name) is not None):
+            if (
+                match
+                and match["tag"] in (None, version)
+                and match["rtag"] in (None, version)
+                and contained_file(directory, entry.name) is not None
+            ):
                 found.append(entry)
         return found
 
@@ -96,14 +102,23 @@ class FileServer:
             pinned = pins.get(archive.name)
             if pinned is not None and pinned != digest:
                 # Replaced or damaged since it was pinned: nodes must not be offered other bytes.
-                log.warning("not listing %s in the %s release: its sha256 %s is not the %s pinned in %s",
-                            archive.name, version, digest, pinned, PINS_FILE)
+                log.warning(
+                    "not listing %s in the %s release: its sha256 %s is not the %s pinned in %s",
+                    archive.name,
+                    version,
+                    digest,
+                    pinned,
+                    PINS_FILE,
+                )
                 continue
-            assets.append({
-                "name": archive.name, "size": archive.stat().st_size,
-                "browser_download_url": f"{self.public_url}/files/engines/{archive.name}",
-                "digest": f"sha256:{digest}",
-            })
+            assets.append(
+                {
+                    "name": archive.name,
+                    "size": archive.stat().st_size,
+                    "browser_download_url": f"{self.public_url}/files/engines/{archive.name}",
+                    "digest": f"sha256:{digest}",
+                }
+            )
         return {"tag_name": version, "name": version, "assets": assets}
 
     def _pins(self) -> dict[str, str]:
@@ -138,8 +153,9 @@ class FileServer:
         """Where nodes should look for ``engine``: its configured source, else this server if it has it."""
         if engine.release_api:
             return engine.release_api
-        if engine.name == "llama.cpp" and (self.has_release(engine.version)
-                                           or self.static_release(engine.name, engine.version)):
+        if engine.name == "llama.cpp" and (
+            self.has_release(engine.version) or self.static_release(engine.name, engine.version)
+        ):
             return f"{self.public_url}/releases/llama.cpp/{{version}}"
         return ""
 
@@ -164,4 +180,3 @@ def contained_file(directory: Path, name: str) -> Path | None:
 def _tag(archive: Path) -> str | None:
     match = _ARCHIVE.fullmatch(archive.name)
     return match["tag"] if match else None
-

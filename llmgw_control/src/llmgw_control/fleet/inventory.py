@@ -62,16 +62,21 @@ class NodeLiveness(StrEnum):
 
 
 _SILENCE = {NodeLiveness.UNREACHABLE, NodeLiveness.LOST}
-NODE_LIVENESS = Lifecycle("node", NodeLiveness, start={NodeLiveness.READY}, transitions={
-    # Closed, or silent long enough (one look may come after both thresholds have passed).
-    NodeLiveness.READY: {NodeLiveness.DISCONNECTED, *_SILENCE},
-    # Back (a hello), or still away.
-    NodeLiveness.DISCONNECTED: {NodeLiveness.READY, *_SILENCE},
-    # A silent node stays silent until it is heard again: only more time or a message moves it,
-    # and a message makes it ready (a close alone changes nothing while the silence lasts).
-    NodeLiveness.UNREACHABLE: {NodeLiveness.READY, NodeLiveness.LOST},
-    NodeLiveness.LOST: {NodeLiveness.READY},
-})
+NODE_LIVENESS = Lifecycle(
+    "node",
+    NodeLiveness,
+    start={NodeLiveness.READY},
+    transitions={
+        # Closed, or silent long enough (one look may come after both thresholds have passed).
+        NodeLiveness.READY: {NodeLiveness.DISCONNECTED, *_SILENCE},
+        # Back (a hello), or still away.
+        NodeLiveness.DISCONNECTED: {NodeLiveness.READY, *_SILENCE},
+        # A silent node stays silent until it is heard again: only more time or a message moves it,
+        # and a message makes it ready (a close alone changes nothing while the silence lasts).
+        NodeLiveness.UNREACHABLE: {NodeLiveness.READY, NodeLiveness.LOST},
+        NodeLiveness.LOST: {NodeLiveness.READY},
+    },
+)
 
 
 @attrs.frozen

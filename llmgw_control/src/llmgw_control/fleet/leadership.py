@@ -66,6 +66,7 @@ class LeadershipConfig:
     # places); false: a standby answers every client with 503 ``standby`` naming the leader.
     standby_serves: bool = True
 
+
 # How often the leader compares the nodes holding replicas with what it last wrote down: a
 # write happens only on a change, so this is the delay before the store knows of one.
 _HOLDERS_EVERY = 1.0
@@ -79,7 +80,6 @@ class HolderMemory(Protocol):
 
     async def fleet_holders(self) -> FleetHolders | None: ...
     async def remember_holders(self, epoch: int, nodes: Iterable[str]) -> bool: ...
-
 
 
 def new_holder() -> str:
@@ -230,8 +230,11 @@ class Leadership:
                 log.warning("cannot read which nodes held replicas (%s): holding the full settle time", exc)
         if held is None or held.epoch >= epoch:
             return
-        log.info("waiting for %d node(s) that held replicas to report", len(held.nodes),
-                 extra={"nodes": sorted(held.nodes)[:20], "epoch": held.epoch})
+        log.info(
+            "waiting for %d node(s) that held replicas to report",
+            len(held.nodes),
+            extra={"nodes": sorted(held.nodes)[:20], "epoch": held.epoch},
+        )
         self.reconciler.awaited_nodes = held.nodes
         self.reconciler.wake()
 
@@ -257,8 +260,12 @@ class Leadership:
     async def give_up(self) -> None:
         """On SIGTERM: step down and give the lease up, so a standby takes over on its next poll."""
         given_up = await self.keeper.give_up()
-        log.info("leader lease given up" if given_up else "leader lease not given up (not held, or the "
-                 "database did not answer): a standby takes over after the TTL")
+        log.info(
+            "leader lease given up"
+            if given_up
+            else "leader lease not given up (not held, or the "
+            "database did not answer): a standby takes over after the TTL"
+        )
 
 
 class StandbyGate:

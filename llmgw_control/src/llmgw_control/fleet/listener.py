@@ -66,16 +66,31 @@ def basic_credentials(header: str | None) -> tuple[str, str] | None:
 
 
 def _not_enrolled() -> Response:
-    body = json.dumps({"error": {
-        "message": "Only enrolled nodes may fetch this: send the node id and its join token as HTTP Basic "
-                   "credentials (llmgw-node does), or a client certificate under mutual TLS.",
-        "code": "node_credentials_required", "field": None}})
-    return Response(body, status=401, content_type="application/json",
-                    headers={"WWW-Authenticate": 'Basic realm="llmgw nodes", charset="UTF-8"'})
+    body = json.dumps(
+        {
+            "error": {
+                "message": "Only enrolled nodes may fetch this: send the node id and its join token as HTTP Basic "
+                "credentials (llmgw-node does), or a client certificate under mutual TLS.",
+                "code": "node_credentials_required",
+                "field": None,
+            }
+        }
+    )
+    return Response(
+        body,
+        status=401,
+        content_type="application/json",
+        headers={"WWW-Authenticate": 'Basic realm="llmgw nodes", charset="UTF-8"'},
+    )
 
 
-def make_agent_app(service: AgentService, files: FileServer | None, identities: Identities | None = None, *,
-                   onboarding: Onboarding | None = None) -> QuartTrio:
+def make_agent_app(
+    service: AgentService,
+    files: FileServer | None,
+    identities: Identities | None = None,
+    *,
+    onboarding: Onboarding | None = None,
+) -> QuartTrio:
     """``identities``: node ids proven by client certificates, when a TLS front relays to this app."""
     app = QuartTrio("llmgw_control.agents")
     # Range requests (nodes resume downloads) are parsed by byte_ranges, strictly (RFC 9110).
@@ -89,12 +104,14 @@ def make_agent_app(service: AgentService, files: FileServer | None, identities: 
         return identities.get(client[1]) if identities is not None and client else None
 
     if identities is not None and identities.mutual:
+
         @app.before_request
         async def require_certificate() -> None:
             # With mutual TLS the files are for enrolled nodes only, like the socket.
             if certified(request.scope) is None:
                 abort(403)
     else:
+
         @app.before_request
         async def require_node_credentials() -> Response | None:
             if request.endpoint is None or request.endpoint in OPEN_ENDPOINTS:
@@ -108,8 +125,12 @@ def make_agent_app(service: AgentService, files: FileServer | None, identities: 
     async def agent() -> None:
         await websocket.accept()
         peer = websocket.remote_addr or ""
-        await service.serve(_QuartSocket(websocket), peer, certified_node_id=certified(websocket.scope),
-                            certificate_required=identities is not None and identities.mutual)
+        await service.serve(
+            _QuartSocket(websocket),
+            peer,
+            certified_node_id=certified(websocket.scope),
+            certificate_required=identities is not None and identities.mutual,
+        )
 
     @app.get("/healthz")
     async def healthz() -> Any:

@@ -32,8 +32,7 @@ DEFAULT_MAX_LORAS = 4
 
 def adapter_specs(profile: ProfileConfig) -> list[AdapterSpec]:
     """The adapters a replica of ``profile`` is to have, as the node is told them."""
-    return [AdapterSpec(a.name, WeightsSpec(a.weights.url, a.weights.sha256, a.weights.size))
-            for a in profile.adapters]
+    return [AdapterSpec(a.name, WeightsSpec(a.weights.url, a.weights.sha256, a.weights.size)) for a in profile.adapters]
 
 
 def lora_args(profile: ProfileConfig) -> list[str]:

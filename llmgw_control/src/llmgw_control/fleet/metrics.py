@@ -65,25 +65,35 @@ class FleetCollector(Collector):
         now = self.clock()
         reserved = reconciler.config.reserved_ram_mib
 
-        nodes = GaugeMetricFamily("llmgw_fleet_nodes", "Nodes known to control, by liveness state.",
-                                  labels=["state"])
-        degraded = GaugeMetricFamily("llmgw_fleet_node_degraded", "1 when the node has GPUs but serves on its CPU "
-                                     "only (no GPU build runs there); GPU profiles are not placed on it.",
-                                     labels=["node"])
-        cordoned = GaugeMetricFamily("llmgw_fleet_node_cordoned", "1 when the node takes no new replicas.",
-                                     labels=["node"])
-        node_state = GaugeMetricFamily("llmgw_fleet_node_state", "1 for the node's current liveness state.",
-                                       labels=["node", "state"])
+        nodes = GaugeMetricFamily("llmgw_fleet_nodes", "Nodes known to control, by liveness state.", labels=["state"])
+        degraded = GaugeMetricFamily(
+            "llmgw_fleet_node_degraded",
+            "1 when the node has GPUs but serves on its CPU "
+            "only (no GPU build runs there); GPU profiles are not placed on it.",
+            labels=["node"],
+        )
+        cordoned = GaugeMetricFamily(
+            "llmgw_fleet_node_cordoned", "1 when the node takes no new replicas.", labels=["node"]
+        )
+        node_state = GaugeMetricFamily(
+            "llmgw_fleet_node_state", "1 for the node's current liveness state.", labels=["node", "state"]
+        )
         engines = GaugeMetricFamily(
-            "llmgw_fleet_engine_state", "1 per engine build on a node, labelled with its status "
-            "(installing, installed, configured, failed, ...).", labels=["node", "engine", "version", "status"])
-        ram = GaugeMetricFamily("llmgw_fleet_node_ram_mib",
-                                "RAM per node in MiB: usable (total minus the reserve), claimed by replicas, free.",
-                                labels=["node", "kind"])
-        vram = GaugeMetricFamily("llmgw_fleet_node_vram_mib", "GPU memory per node in MiB: total, claimed, free.",
-                                 labels=["node", "kind"])
-        node_replicas = GaugeMetricFamily("llmgw_fleet_node_replicas", "Replicas holding resources on a node.",
-                                   labels=["node"])
+            "llmgw_fleet_engine_state",
+            "1 per engine build on a node, labelled with its status (installing, installed, configured, failed, ...).",
+            labels=["node", "engine", "version", "status"],
+        )
+        ram = GaugeMetricFamily(
+            "llmgw_fleet_node_ram_mib",
+            "RAM per node in MiB: usable (total minus the reserve), claimed by replicas, free.",
+            labels=["node", "kind"],
+        )
+        vram = GaugeMetricFamily(
+            "llmgw_fleet_node_vram_mib", "GPU memory per node in MiB: total, claimed, free.", labels=["node", "kind"]
+        )
+        node_replicas = GaugeMetricFamily(
+            "llmgw_fleet_node_replicas", "Replicas holding resources on a node.", labels=["node"]
+        )
 
         claimed: dict[str, tuple[int, int, int]] = {}
         for record in reconciler.records.values():
@@ -118,26 +128,34 @@ class FleetCollector(Collector):
     def _model_families(self) -> list[Any]:
         fleet = self.fleet
         reconciler = fleet.reconciler
-        replicas = GaugeMetricFamily("llmgw_fleet_replicas", "Replicas per model profile, by state.",
-                                     labels=["model", "state"])
+        replicas = GaugeMetricFamily(
+            "llmgw_fleet_replicas", "Replicas per model profile, by state.", labels=["model", "state"]
+        )
         counts: Counter[tuple[str, str]] = Counter(
-            (r.profile_key, "draining" if r.draining else str(r.status)) for r in reconciler.records.values())
+            (r.profile_key, "draining" if r.draining else str(r.status)) for r in reconciler.records.values()
+        )
         for resolved in fleet.catalog.all_profiles():
             for state in REPLICA_STATES:
                 counts.setdefault((resolved.profile_key, state), 0)
         for (profile_key, state), value in sorted(counts.items()):
             replicas.add_metric([profile_key, state], value)
 
-        waiting = GaugeMetricFamily("llmgw_fleet_waiting_requests",
-                                    "Requests held by the activator until a replica of the model is ready.",
-                                    labels=["model"])
+        waiting = GaugeMetricFamily(
+            "llmgw_fleet_waiting_requests",
+            "Requests held by the activator until a replica of the model is ready.",
+            labels=["model"],
+        )
         for resolved in fleet.catalog.all_profiles():
             waiting.add_metric([resolved.profile_key], reconciler.demand.waiting(resolved.profile_key))
-        queue = GaugeMetricFamily("llmgw_fleet_queue_depth", "All requests held by the activator.",
-                                  value=fleet.activator.queue_depth())
+        queue = GaugeMetricFamily(
+            "llmgw_fleet_queue_depth", "All requests held by the activator.", value=fleet.activator.queue_depth()
+        )
 
-        evictions = CounterMetricFamily("llmgw_fleet_evictions", "Replicas of the model profile evicted to make "
-                                        "room for another model.", labels=["model"])
+        evictions = CounterMetricFamily(
+            "llmgw_fleet_evictions",
+            "Replicas of the model profile evicted to make room for another model.",
+            labels=["model"],
+        )
         for resolved in fleet.catalog.all_profiles():
             evictions.add_metric([resolved.profile_key], reconciler.evictions.get(resolved.profile_key, 0))
 
@@ -148,14 +166,16 @@ class FleetCollector(Collector):
         if view is None:
             return
         leader, holder, address, epoch = view
-        yield GaugeMetricFamily("llmgw_control_leader", "1 when this control daemon holds the lease (the leader).",
-                                value=1 if leader else 0)
+        yield GaugeMetricFamily(
+            "llmgw_control_leader", "1 when this control daemon holds the lease (the leader).", value=1 if leader else 0
+        )
         info = InfoMetricFamily("llmgw_control_lease", "The lease holder as this daemon knows it (empty: unknown).")
         info.add_metric([], {"holder": holder, "address": address})
         yield info
         if epoch is not None:
-            yield GaugeMetricFamily("llmgw_control_lease_epoch", "The leader's fencing token (lease epoch).",
-                                    value=epoch)
+            yield GaugeMetricFamily(
+                "llmgw_control_lease_epoch", "The leader's fencing token (lease epoch).", value=epoch
+            )
 
 
 # One collector per registry: a test (or a restart in-process) that runs control twice on one

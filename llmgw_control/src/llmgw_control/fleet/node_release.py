@@ -23,7 +23,7 @@ Targets are (CPython minor version, machine): a wheel set covers the Pythons and
 its nodes run. Linux glibc (manylinux) wheels only, the oldest glibc each package offers, so a
 release runs on the widest range of machines.
 
-About 510 lines: reading the lock, choosing a wheel per target, fetching and checking, and the
+About 580 lines: reading the lock, choosing a wheel per target, fetching and checking, and the
 release folder's layout are one chain over the same few types; split, each part would import
 every other one.
 """
@@ -93,10 +93,18 @@ class WheelTarget:
         """PEP 508 marker values for a CPython of this version on Linux on this machine."""
         version = f"{self.python[0]}.{self.python[1]}"
         return {
-            "python_version": version, "python_full_version": f"{version}.0", "implementation_version": f"{version}.0",
-            "implementation_name": "cpython", "platform_python_implementation": "CPython", "os_name": "posix",
-            "sys_platform": "linux", "platform_system": "Linux", "platform_machine": self.arch,
-            "platform_release": "", "platform_version": "", "extra": "",
+            "python_version": version,
+            "python_full_version": f"{version}.0",
+            "implementation_version": f"{version}.0",
+            "implementation_name": "cpython",
+            "platform_python_implementation": "CPython",
+            "os_name": "posix",
+            "sys_platform": "linux",
+            "platform_system": "Linux",
+            "platform_machine": self.arch,
+            "platform_release": "",
+            "platform_version": "",
+            "extra": "",
         }
 
     def tags(self) -> list[Tag]:
@@ -105,8 +113,10 @@ class WheelTarget:
         legacy = [f"{name}_{self.arch}" for name in _LEGACY_GLIBC]
         interpreter = f"cp{self.python[0]}{self.python[1]}"
         platforms = [*glibcs, *legacy]
-        return [*cpython_tags(self.python, [interpreter], platforms),
-                *compatible_tags(self.python, interpreter, platforms)]
+        return [
+            *cpython_tags(self.python, [interpreter], platforms),
+            *compatible_tags(self.python, interpreter, platforms),
+        ]
 
 
 def parse_target(python: str, arch: str) -> WheelTarget:
@@ -161,8 +171,10 @@ class Lock:
         if "source" in dep:
             candidates = [p for p in candidates if p.get("source") == dep["source"]]
         if len(candidates) != 1:
-            raise NodeReleaseError(f"{self.source}: cannot tell which {dep['name']} is meant ({len(candidates)} "
-                                   "match); is the lock current? (uv lock)")
+            raise NodeReleaseError(
+                f"{self.source}: cannot tell which {dep['name']} is meant ({len(candidates)} "
+                "match); is the lock current? (uv lock)"
+            )
         return candidates[0]
 
     def closure(self, root: str, target: WheelTarget) -> dict[str, Locked]:
@@ -204,8 +216,9 @@ def _locked(package: dict[str, Any]) -> Locked:
             _, _, _, tags = parse_wheel_filename(filename)
         except InvalidWheelFilename:
             continue
-        wheels.append(LockedWheel(filename, entry["url"], hash_text.removeprefix("sha256:"), int(entry.get("size", 0)),
-                                  tags))
+        wheels.append(
+            LockedWheel(filename, entry["url"], hash_text.removeprefix("sha256:"), int(entry.get("size", 0)), tags)
+        )
     return Locked(canonicalize_name(package["name"]), str(package["version"]), workspace, tuple(wheels))
 
 
@@ -227,12 +240,15 @@ def _glibc(tags: Iterable[Tag]) -> tuple[int, int]:
 def choose_wheel(package: Locked, target: WheelTarget) -> LockedWheel:
     """The wheel pip on ``target`` would accept that asks least of the machine (the oldest glibc)."""
     order = {tag: i for i, tag in enumerate(target.tags())}
-    fitting = [(w, min(order[t] for t in w.tags if t in order)) for w in package.wheels
-               if any(t in order for t in w.tags)]
+    fitting = [
+        (w, min(order[t] for t in w.tags if t in order)) for w in package.wheels if any(t in order for t in w.tags)
+    ]
     if not fitting:
-        raise NodeReleaseError(f"{package.name} {package.version} has no wheel for CPython "
-                               f"{target.python[0]}.{target.python[1]} on {target.arch} in the lock: nodes build "
-                               "nothing, so leave that target out (--python, --arch)")
+        raise NodeReleaseError(
+            f"{package.name} {package.version} has no wheel for CPython "
+            f"{target.python[0]}.{target.python[1]} on {target.arch} in the lock: nodes build "
+            "nothing, so leave that target out (--python, --arch)"
+        )
     return min(fitting, key=lambda pair: (_glibc(pair[0].tags), pair[1]))[0]
 
 
@@ -250,15 +266,18 @@ class Pinned:
 
 def requirements_text(pinned: list[Pinned], targets: list[WheelTarget], node_version: str, lock_sha256: str) -> str:
     """``name==version --hash=...`` per distribution; a marker when only some targets need it."""
-    lines = [f"# llmgw-node {node_version}: every distribution pinned to the sha256 of its wheels "
-             f"(uv.lock sha256 {lock_sha256[:16]}). Install with pip --require-hashes --no-index.",
-             f"# targets: {' '.join(t.name for t in targets)}"]
+    lines = [
+        f"# llmgw-node {node_version}: every distribution pinned to the sha256 of its wheels "
+        f"(uv.lock sha256 {lock_sha256[:16]}). Install with pip --require-hashes --no-index.",
+        f"# targets: {' '.join(t.name for t in targets)}",
+    ]
     for p in sorted(pinned, key=lambda p: (p.name, Version(p.version))):
         marker = ""
         if p.targets != frozenset(targets):
             marker = " ; " + " or ".join(
                 f"(python_version == '{t.python[0]}.{t.python[1]}' and platform_machine == '{t.arch}')"
-                for t in sorted(p.targets))
+                for t in sorted(p.targets)
+            )
         hashes = " ".join(f"--hash=sha256:{sha}" for sha in sorted({sha for _, sha, _ in p.files}))
         lines.append(f"{p.name}=={p.version}{marker} {hashes}")
     return "\n".join(lines) + "\n"
@@ -268,11 +287,15 @@ def _workspace_wheel(dist_dir: Path, name: str, version: str) -> Path:
     prefix = f"{name.replace('-', '_')}-{version}-"
     found = sorted(p for p in dist_dir.glob(f"{prefix}*.whl") if p.is_file()) if dist_dir.is_dir() else []
     if not found:
-        raise NodeReleaseError(f"no {name} {version} wheel in {dist_dir}: build them with `uv build --wheel "
-                               f"--all-packages --out-dir {dist_dir}` in the tree uv.lock is in")
+        raise NodeReleaseError(
+            f"no {name} {version} wheel in {dist_dir}: build them with `uv build --wheel "
+            f"--all-packages --out-dir {dist_dir}` in the tree uv.lock is in"
+        )
     if len(found) > 1:
-        raise NodeReleaseError(f"{dist_dir} has more than one {name} {version} wheel "
-                               f"({', '.join(p.name for p in found)}): keep the one built from this tree")
+        raise NodeReleaseError(
+            f"{dist_dir} has more than one {name} {version} wheel "
+            f"({', '.join(p.name for p in found)}): keep the one built from this tree"
+        )
     return found[0]
 
 
@@ -301,15 +324,20 @@ def _check_requires(wheel: Path, closure: dict[str, Locked], target: WheelTarget
             continue
         locked = closure.get(canonicalize_name(req.name))
         if locked is None:
-            raise NodeReleaseError(f"{wheel.name} needs {req} on {target.name}, which uv.lock does not pin: "
-                                   "run `uv lock` and rebuild the wheels")
+            raise NodeReleaseError(
+                f"{wheel.name} needs {req} on {target.name}, which uv.lock does not pin: "
+                "run `uv lock` and rebuild the wheels"
+            )
         if req.specifier and Version(locked.version) not in req.specifier:
-            raise NodeReleaseError(f"{wheel.name} needs {req}, but uv.lock pins {locked.name} {locked.version}: run "
-                                   "`uv lock` and rebuild the wheels")
+            raise NodeReleaseError(
+                f"{wheel.name} needs {req}, but uv.lock pins {locked.name} {locked.version}: run "
+                "`uv lock` and rebuild the wheels"
+            )
 
 
-def fetch_file(client: httpx2.Client, wheel: LockedWheel, source: str | None, dest: Path, *,
-               pinned_by: str = "uv.lock") -> None:
+def fetch_file(
+    client: httpx2.Client, wheel: LockedWheel, source: str | None, dest: Path, *, pinned_by: str = "uv.lock"
+) -> None:
     """Copy or download ``wheel`` to ``dest``, refusing anything that is not the locked bytes.
 
     Written beside ``dest`` as ``<name>.part`` and renamed when checked: a refused or cut download
@@ -347,11 +375,15 @@ def fetch_file(client: httpx2.Client, wheel: LockedWheel, source: str | None, de
                 except httpx2.HTTPError as exc:
                     raise NodeReleaseError(f"{wheel.filename}: {type(exc).__name__} from {url}: {exc}") from None
         if limit is not None and written != limit:
-            raise NodeReleaseError(f"{wheel.filename}: {written if written <= limit else 'more than ' + str(limit)} "
-                                   f"bytes, not the {limit} {pinned_by} records: not the locked file")
+            raise NodeReleaseError(
+                f"{wheel.filename}: {written if written <= limit else 'more than ' + str(limit)} "
+                f"bytes, not the {limit} {pinned_by} records: not the locked file"
+            )
         if digest.hexdigest() != wheel.sha256:
-            raise NodeReleaseError(f"{wheel.filename}: sha256 {digest.hexdigest()} is not the {wheel.sha256} "
-                                   f"{pinned_by} records: not the locked file, refusing it")
+            raise NodeReleaseError(
+                f"{wheel.filename}: sha256 {digest.hexdigest()} is not the {wheel.sha256} "
+                f"{pinned_by} records: not the locked file, refusing it"
+            )
         os.replace(tmp, dest)
     finally:
         tmp.unlink(missing_ok=True)
@@ -377,8 +409,9 @@ def plan_release(lock_path: Path, dist_dir: Path, targets: list[WheelTarget]) ->
     try:
         lock = Lock(lock_path.read_text(), source=str(lock_path))
     except OSError as exc:
-        raise NodeReleaseError(f"cannot read {lock_path}: {exc.strerror or exc} (run this in the llmgw source tree, or "
-                               "pass --lock)") from None
+        raise NodeReleaseError(
+            f"cannot read {lock_path}: {exc.strerror or exc} (run this in the llmgw source tree, or pass --lock)"
+        ) from None
     if not targets:
         raise NodeReleaseError("no targets: name at least one --python and --arch")
     closures = {t: lock.closure(NODE, t) for t in targets}
@@ -399,22 +432,34 @@ def plan_release(lock_path: Path, dist_dir: Path, targets: list[WheelTarget]) ->
                 continue
             wheel = choose_wheel(package, target)
             chosen.setdefault((name, package.version), {}).setdefault(wheel.filename, (wheel, set()))[1].add(target)
-    pinned = [Pinned(name, version, tuple((w.filename, w.sha256, w.size) for w, _ in files.values()),
-                     frozenset(t for _, ts in files.values() for t in ts))
-              for (name, version), files in chosen.items()]
+    pinned = [
+        Pinned(
+            name,
+            version,
+            tuple((w.filename, w.sha256, w.size) for w, _ in files.values()),
+            frozenset(t for _, ts in files.values() for t in ts),
+        )
+        for (name, version), files in chosen.items()
+    ]
     for name, version, path in ((NODE, node.version, node_wheel), (SHARED, shared.version, shared_wheel)):
         pinned.append(Pinned(name, version, ((path.name, file_sha256(path), path.stat().st_size),), frozenset(targets)))
     requirements = requirements_text(pinned, targets, node.version, lock.sha256)
-    wheels = sorted({w.filename: w for files in chosen.values() for w, _ in files.values()}.values(),
-                    key=lambda w: w.filename)
-    return NodeReleasePlan(id=f"{node.version}-{hashlib.sha256(requirements.encode()).hexdigest()[:12]}",
-                           node_version=node.version, shared_version=shared.version, lock_sha256=lock.sha256,
-                           targets=list(targets), wheels=wheels, workspace=[node_wheel, shared_wheel],
-                           requirements=requirements)
+    wheels = sorted(
+        {w.filename: w for files in chosen.values() for w, _ in files.values()}.values(), key=lambda w: w.filename
+    )
+    return NodeReleasePlan(
+        id=f"{node.version}-{hashlib.sha256(requirements.encode()).hexdigest()[:12]}",
+        node_version=node.version,
+        shared_version=shared.version,
+        lock_sha256=lock.sha256,
+        targets=list(targets),
+        wheels=wheels,
+        workspace=[node_wheel, shared_wheel],
+        requirements=requirements,
+    )
 
 
-def fetch_wheels(wheels: list[LockedWheel], dest: Path, *, wheels_from: str | None = None,
-                 say: Any = print) -> None:
+def fetch_wheels(wheels: list[LockedWheel], dest: Path, *, wheels_from: str | None = None, say: Any = print) -> None:
     """Each wheel into ``dest`` from ``wheels_from`` (a directory or a URL) or the lock's URL, checked."""
     with httpx2.Client() as client:
         for i, wheel in enumerate(wheels, 1):
@@ -422,8 +467,15 @@ def fetch_wheels(wheels: list[LockedWheel], dest: Path, *, wheels_from: str | No
             fetch_file(client, wheel, wheels_from, dest / wheel.filename)
 
 
-def prepare(lock_path: Path, dist_dir: Path, releases: Path, targets: list[WheelTarget], *,
-            wheels_from: str | None = None, say: Any = print) -> str:
+def prepare(
+    lock_path: Path,
+    dist_dir: Path,
+    releases: Path,
+    targets: list[WheelTarget],
+    *,
+    wheels_from: str | None = None,
+    say: Any = print,
+) -> str:
     """Write the release for ``lock_path`` and the wheels in ``dist_dir``; make it current; return its id."""
     plan = plan_release(lock_path, dist_dir, targets)
     releases.mkdir(parents=True, exist_ok=True)
@@ -439,8 +491,11 @@ def prepare(lock_path: Path, dist_dir: Path, releases: Path, targets: list[Wheel
             (staging / REQUIREMENTS).write_text(plan.requirements)
             files = sorted(p for p in staging.iterdir() if p.name.endswith(".whl"))
             manifest = {
-                "id": plan.id, "node_version": plan.node_version, "shared_version": plan.shared_version,
-                "created_at": datetime.now(UTC).isoformat(timespec="seconds"), "lock_sha256": plan.lock_sha256,
+                "id": plan.id,
+                "node_version": plan.node_version,
+                "shared_version": plan.shared_version,
+                "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+                "lock_sha256": plan.lock_sha256,
                 "targets": [t.name for t in plan.targets],
                 "requirements_sha256": hashlib.sha256(plan.requirements.encode()).hexdigest(),
                 "files": [{"name": p.name, "sha256": file_sha256(p), "size": p.stat().st_size} for p in files],
@@ -490,8 +545,15 @@ def load_release(releases: Path, release_id: str) -> Release:
         if not isinstance(name, str) or not WHEEL_FILE.fullmatch(name):
             raise NodeReleaseError(f"release {release_id}: {MANIFEST} names a file {name!r} that is not a wheel")
         files[name] = str(entry.get("sha256", ""))
-    return Release(release_id, path, str(manifest.get("node_version", "")), list(manifest.get("targets", [])),
-                   requirements, files, str(manifest.get("created_at", "")))
+    return Release(
+        release_id,
+        path,
+        str(manifest.get("node_version", "")),
+        list(manifest.get("targets", [])),
+        requirements,
+        files,
+        str(manifest.get("created_at", "")),
+    )
 
 
 def current_id(releases: Path) -> str | None:

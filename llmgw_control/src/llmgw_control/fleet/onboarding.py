@@ -90,7 +90,8 @@ class Onboarding:
                 raise OnboardingError(
                     f"no node release in {self.releases_dir}: build the wheels and pin their dependencies with "
                     "`uv build --wheel --all-packages --out-dir dist && llmgw-control release prepare` in the source "
-                    "tree (docs/operator-guide.md)")
+                    "tree (docs/operator-guide.md)"
+                )
         if release_id not in self._releases:
             try:
                 self._releases[release_id] = await FILES.run(load_release, self.releases_dir, release_id, abandon=True)
@@ -121,7 +122,8 @@ class Onboarding:
             return None
         # Only what release_file serves: a page must not list a file that is then refused.
         served = await DISK.run(
-            lambda: {name for name in release.files if contained_file(release.path, name) is not None}, abandon=True)
+            lambda: {name for name in release.files if contained_file(release.path, name) is not None}, abandon=True
+        )
         rows = []
         for name, digest in sorted(release.files.items()):
             if name not in served:
@@ -146,8 +148,11 @@ class Onboarding:
         unit = node_unit()
         if _UNIT_EOF in unit or _REQUIREMENTS_EOF in release.requirements:
             raise OnboardingError("the node unit or the release's requirements contain the script's heredoc marker")
-        return (text.replace("# @SETTINGS@", settings).replace("@UNIT@\n", unit)
-                .replace("@REQUIREMENTS@\n", release.requirements))
+        return (
+            text.replace("# @SETTINGS@", settings)
+            .replace("@UNIT@\n", unit)
+            .replace("@REQUIREMENTS@\n", release.requirements)
+        )
 
     def command(self, node_id: str, token: str, script_sha256: str) -> str:
         """One shell command: fetch the script, check its sha256, run it with the id and token."""
@@ -167,8 +172,10 @@ class Onboarding:
             raise ValueError(f"name: use {NODE_ID_RULE}")
         host = urlsplit(self.public_url).hostname or ""
         if host in ("0.0.0.0", "::", ""):
-            raise OnboardingError(f"nodes cannot reach {self.public_url}: set agents.public_url to the address "
-                                  "nodes use for this daemon's agent listener")
+            raise OnboardingError(
+                f"nodes cannot reach {self.public_url}: set agents.public_url to the address "
+                "nodes use for this daemon's agent listener"
+            )
         # Before the identity exists: a node that cannot be installed should not be half-created.
         script = await self.script()
         token = new_join_token()
@@ -202,8 +209,11 @@ def register_install_routes(app: QuartTrio, onboarding: Onboarding | None) -> No
             text = await onboarding.script()
         except OnboardingError as exc:
             # Said in shell, so `sh` on the node prints it instead of running an error page.
-            return Response(f"echo {shlex.quote('llmgw-node install: ' + str(exc))} >&2; exit 1\n", status=503,
-                            content_type="text/x-shellscript")
+            return Response(
+                f"echo {shlex.quote('llmgw-node install: ' + str(exc))} >&2; exit 1\n",
+                status=503,
+                content_type="text/x-shellscript",
+            )
         return Response(text, content_type="text/x-shellscript")
 
     @app.get(RELEASES_PATH + "<release_id>/")

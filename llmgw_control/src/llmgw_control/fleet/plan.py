@@ -236,8 +236,11 @@ def plan(
             free_vram[assignment.node_id] -= assignment.holding.vram_mib
             ports[assignment.node_id].add(assignment.port)
             on_node[assignment.node_id].append(assignment)
-    gpu_free = {n.node_id: gpu_fit.free_per_gpu(n.gpus, ((a.devices, a.holding.vram_mib) for a in on_node[n.node_id]))
-                for n in node_map.values() if n.gpus}
+    gpu_free = {
+        n.node_id: gpu_fit.free_per_gpu(n.gpus, ((a.devices, a.holding.vram_mib) for a in on_node[n.node_id]))
+        for n in node_map.values()
+        if n.gpus
+    }
 
     # Live replicas per profile and per (profile, node), kept current as the pass places more, so
     # choosing a node does not rescan every assignment (1,000 nodes x 500 models in one pass).
@@ -269,13 +272,23 @@ def plan(
             if not any_schedulable:
                 blocked[demand.profile_key] = "no node is connected and schedulable"
                 break
-            choice, reason, short = _choose_node(demand, ordered_nodes, spread, free_ram, free_vram, gpu_free, backoff,
-                                                 now)
+            choice, reason, short = _choose_node(
+                demand, ordered_nodes, spread, free_ram, free_vram, gpu_free, backoff, now
+            )
             if choice is None:
                 live_count = {k: len(v) for k, v in live_by_key.items()}
-                room = make_room(demand.profile_key, {n.node_id: demand.claim_on(n.kind) for n in short}, free_ram,
-                                 free_vram, on_node, live_count, min_replicas, starved=demand.starved, now=now,
-                                 min_age=limits.evict_min_age)
+                room = make_room(
+                    demand.profile_key,
+                    {n.node_id: demand.claim_on(n.kind) for n in short},
+                    free_ram,
+                    free_vram,
+                    on_node,
+                    live_count,
+                    min_replicas,
+                    starved=demand.starved,
+                    now=now,
+                    min_age=limits.evict_min_age,
+                )
                 if room is not None and not _fits_gpus_after(room, demand, node_map[room.node_id], gpu_free):
                     room = None  # the totals would suffice, the node's GPUs one by one would not
                 blocked[demand.profile_key] = reason if room is None else _making_room(room)
@@ -312,8 +325,9 @@ def _claim_for(demand: Demand, node: PlanNode) -> Claim:
     return claim
 
 
-def _now_draining(assignment: Assignment, on_node: dict[str, list[Assignment]],
-                  live_by_key: dict[str, list[Assignment]]) -> None:
+def _now_draining(
+    assignment: Assignment, on_node: dict[str, list[Assignment]], live_by_key: dict[str, list[Assignment]]
+) -> None:
     """A drain decided in this pass: no longer live, and its memory is on its way out (what the
     room of a later demand may count on, and nothing to evict a second time)."""
     profile_key = assignment.profile_key
@@ -376,16 +390,19 @@ def _choose_node(
             continue
         built = engine.provenance.backend if engine.provenance is not None else ""
         if demand.backend and built != demand.backend:
-            reasons.append(f"node {node.node_id}: {name} {version} is a {built or 'unknown'} build; the profile pins "
-                           f"backend {demand.backend}")
+            reasons.append(
+                f"node {node.node_id}: {name} {version} is a {built or 'unknown'} build; the profile pins "
+                f"backend {demand.backend}"
+            )
             continue
         until = backoff.get((demand.profile_key, node.node_id))
         if until is not None and until[0] > now:
             reasons.append(f"start failed on node {node.node_id}: {until[1]} (retrying in {until[0] - now:.0f} s)")
             continue
         if node.degraded and demand.claim_on(node.kind).vram_mib and not demand.cpu_ok:
-            reasons.append(f"node {node.node_id}: degraded, CPU only ({node.degraded}); this GPU profile does "
-                           "not say cpu_ok")
+            reasons.append(
+                f"node {node.node_id}: degraded, CPU only ({node.degraded}); this GPU profile does not say cpu_ok"
+            )
             continue
         claim = _claim_for(demand, node)
         if free_ram[node.node_id] < claim.ram_mib or free_vram[node.node_id] < claim.vram_mib:
@@ -401,8 +418,10 @@ def _choose_node(
         if claim.vram_mib and on_gpus is not None and gpu_fit.fit(on_gpus, claim.vram_mib, demand.gpus) is None:
             each = gpu_fit.share(claim.vram_mib, demand.gpus)
             freest = max(on_gpus.values(), default=0)
-            reasons.append(f"node {node.node_id}: needs {each} MiB VRAM on each of {demand.gpus} GPU(s), "
-                           f"the freest has {max(freest, 0)} MiB")
+            reasons.append(
+                f"node {node.node_id}: needs {each} MiB VRAM on each of {demand.gpus} GPU(s), "
+                f"the freest has {max(freest, 0)} MiB"
+            )
             short.append(node)
             continue
         candidates.append(node)
@@ -417,6 +436,8 @@ def _choose_node(
     # it (none measured: all alike), then the node with the most room.
     profile_key = demand.profile_key
     speed = demand.throughput_by_hardware
-    best = min(candidates, key=lambda n: (spread.get((profile_key, n.node_id), 0), -speed.get(n.hardware, 0.0),
-                                          -free_ram[n.node_id]))
+    best = min(
+        candidates,
+        key=lambda n: (spread.get((profile_key, n.node_id), 0), -speed.get(n.hardware, 0.0), -free_ram[n.node_id]),
+    )
     return best.node_id, "", short

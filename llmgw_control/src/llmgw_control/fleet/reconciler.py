@@ -13,7 +13,7 @@ What a node reports is the truth about its replicas: its hello lists every repli
 replica control placed there that the hello does not list is forgotten at once (and replaced if
 it should run), whatever state control last saw it in.
 
-This module is the loop and its pass, about 840 lines: the steps of one pass (absorb reports and
+This module is the loop and its pass, about 1,070 lines: the steps of one pass (absorb reports and
 measurements, adopt, expire, demand, plan, apply, publish, tidy the nodes' weights) read and
 change the same records in one order, and apart they would each need the whole reconciler passed
 in. The decisions themselves are pure and elsewhere: ``plan`` (with ``eviction`` and ``gpus``),
@@ -192,8 +192,12 @@ class Reconciler:
             # Something else on that node holds the port: not the model's fault. Avoid the port
             # there and place again at once, instead of backing the model off the whole node.
             self.busy_ports.setdefault(record.node_id, set()).add(record.port)
-            log.warning("port %d on node %s is taken by another process: choosing another", record.port,
-                        record.node_id, extra={"model": record.profile_key})
+            log.warning(
+                "port %d on node %s is taken by another process: choosing another",
+                record.port,
+                record.node_id,
+                extra={"model": record.profile_key},
+            )
             self.wake()
             return
         attempts = self.failures.get((record.profile_key, record.node_id), 0) + 1
@@ -201,9 +205,15 @@ class Reconciler:
         delay = min(self.config.backoff_cap, self.config.backoff_base * 2 ** (attempts - 1))
         self.backoff[(record.profile_key, record.node_id)] = (self.clock() + delay, detail or "failed")
         # With the engine's last words: "exited with status 1" alone sends the operator to the node.
-        log.warning("replica %s of %s failed on node %s: %s (not retried there for %.0f s)", replica_id,
-                    record.profile_key, record.node_id, detail, delay,
-                    extra={"model": record.profile_key, "engine_output": record.last_lines[-5:]})
+        log.warning(
+            "replica %s of %s failed on node %s: %s (not retried there for %.0f s)",
+            replica_id,
+            record.profile_key,
+            record.node_id,
+            detail,
+            delay,
+            extra={"model": record.profile_key, "engine_output": record.last_lines[-5:]},
+        )
         self.wake()
 
     def is_cordoned(self, node_id: str) -> bool:
@@ -244,20 +254,31 @@ class Reconciler:
         resolved = self.catalog.resolve(profile_key)
         if resolved is None:
             raise ValueError(f"no model {profile_key}")
-        live = [r for r in self.records.values()
-                if r.profile_key == profile_key and not r.draining and r.status not in TERMINAL]
+        live = [
+            r
+            for r in self.records.values()
+            if r.profile_key == profile_key and not r.draining and r.status not in TERMINAL
+        ]
         if len(live) >= resolved.profile.max_replicas:
             # One more would be drained again by the next pass as a surplus.
-            raise ValueError(f"{profile_key} runs its max_replicas ({resolved.profile.max_replicas}) already, none on "
-                             f"node {node_id}: measure one of those (on its node)")
+            raise ValueError(
+                f"{profile_key} runs its max_replicas ({resolved.profile.max_replicas}) already, none on "
+                f"node {node_id}: measure one of those (on its node)"
+            )
         now = self.clock()
         views = [v for v in self._node_views(now) if v.node_id == node_id]
         if not views:
             raise ValueError(f"node {node_id} is not connected")
         here = [r.as_assignment(r.created_at) for r in self.records.values() if r.node_id == node_id]
         demand = self._demand(resolved, sum(1 for a in here if a.profile_key == profile_key and a.live) + 1)
-        decided = plan([demand], views, here, backoff=self.backoff, now=now,
-                       limits=PlanLimits(self.config.port_min, self.config.port_max))
+        decided = plan(
+            [demand],
+            views,
+            here,
+            backoff=self.backoff,
+            now=now,
+            limits=PlanLimits(self.config.port_min, self.config.port_max),
+        )
         starts: list[Action] = [a for a in decided.actions if isinstance(a, Start)]
         if not starts:
             raise ValueError(decided.blocked.get(profile_key, f"{profile_key} cannot start on node {node_id}"))
@@ -277,10 +298,16 @@ class Reconciler:
             return False
         resolved = self.catalog.resolve(record.profile_key)
         replica = self.replicas.get(replica_id)
-        live = [r for r in self.records.values()
-                if r.profile_key == record.profile_key and not r.draining and r.status not in TERMINAL]
-        if (replica is not None and replica.in_flight) or self.demand.waiting(record.profile_key) or (
-                resolved is not None and len(live) <= resolved.profile.min_replicas):
+        live = [
+            r
+            for r in self.records.values()
+            if r.profile_key == record.profile_key and not r.draining and r.status not in TERMINAL
+        ]
+        if (
+            (replica is not None and replica.in_flight)
+            or self.demand.waiting(record.profile_key)
+            or (resolved is not None and len(live) <= resolved.profile.min_replicas)
+        ):
             return False
         return bool(self._drain([record]))
 
@@ -367,14 +394,18 @@ class Reconciler:
         self._drain([r for r in self.records.values() if self.catalog.resolve(r.profile_key) is None])
         demands = self._demands(now)
         views = self._node_views(now)
-        limits = PlanLimits(self.config.port_min, self.config.port_max, self._reschedules.available(now),
-                            self.config.evict_min_age)
+        limits = PlanLimits(
+            self.config.port_min, self.config.port_max, self._reschedules.available(now), self.config.evict_min_age
+        )
         published = {r.id: r for r in self.replicas}
         assignments = []
         for record in self.records.values():
             replica = published.get(record.replica_id)
-            busy = (bool(self.demand.waiting(record.profile_key)) or (replica is not None and replica.in_flight > 0)
-                    or record.replica_id in self.benchmarking)
+            busy = (
+                bool(self.demand.waiting(record.profile_key))
+                or (replica is not None and replica.in_flight > 0)
+                or record.replica_id in self.benchmarking
+            )
             last_used = replica.last_used if replica is not None else record.created_at
             assignments.append(record.as_assignment(last_used, busy=busy))
         decided = plan(demands, views, assignments, backoff=self.backoff, now=now, limits=limits)
@@ -410,12 +441,18 @@ class Reconciler:
         for node in self.inventory:
             if not node.connected or not node.weights:
                 continue
-            stale = expired(node.weights, set(self.weights_in_use(node.node_id)), now=now,
-                            keep_for=self.config.weights_keep_for)
+            stale = expired(
+                node.weights, set(self.weights_in_use(node.node_id)), now=now, keep_for=self.config.weights_keep_for
+            )
             if stale:
-                log.info("removing %d model file(s) unused for %.0f s from node %s: %s", len(stale),
-                         self.config.weights_keep_for, node.node_id, ", ".join(s[:12] for s in stale),
-                         extra={"node": node.node_id})
+                log.info(
+                    "removing %d model file(s) unused for %.0f s from node %s: %s",
+                    len(stale),
+                    self.config.weights_keep_for,
+                    node.node_id,
+                    ", ".join(s[:12] for s in stale),
+                    extra={"node": node.node_id},
+                )
                 self._send(node.node_id, RemoveWeights(self._next_id(), self.fencing_token, stale))
 
     def _room_for_weights(self, node: NodeRecord, resolved: Resolved) -> None:
@@ -427,11 +464,15 @@ class Reconciler:
         if any(w.sha256 == weights.sha256.lower() for w in node.weights):
             return
         free = node.facts.disk_free_mib * (1 << 20) - _NODE_DISK_MARGIN
-        victims = room_for_download(node.weights, set(self.weights_in_use(node.node_id)), need=weights.size,
-                                    free=free)
+        victims = room_for_download(node.weights, set(self.weights_in_use(node.node_id)), need=weights.size, free=free)
         if victims:
-            log.info("removing %d least recently used model file(s) from node %s to make room for %s",
-                     len(victims), node.node_id, resolved.profile_key, extra={"node": node.node_id})
+            log.info(
+                "removing %d least recently used model file(s) from node %s to make room for %s",
+                len(victims),
+                node.node_id,
+                resolved.profile_key,
+                extra={"node": node.node_id},
+            )
             self._send(node.node_id, RemoveWeights(self._next_id(), self.fencing_token, victims))
             gone = set(victims)
             node.weights = [w for w in node.weights if w.sha256 not in gone]
@@ -442,10 +483,14 @@ class Reconciler:
         now = self.clock()
         probe = "\x00probe"  # a profile key no profile can have (names never hold NUL)
         last_used = {r.id: r.last_used for r in self.replicas}
-        decided = plan([Demand(probe, engine, claim, 1, dict(labels or {}))], self._node_views(now),
-                       [r.as_assignment(last_used.get(r.replica_id, r.created_at)) for r in self.records.values()],
-                       backoff={}, now=now,
-                       limits=PlanLimits(self.config.port_min, self.config.port_max, 0))
+        decided = plan(
+            [Demand(probe, engine, claim, 1, dict(labels or {}))],
+            self._node_views(now),
+            [r.as_assignment(last_used.get(r.replica_id, r.created_at)) for r in self.records.values()],
+            backoff={},
+            now=now,
+            limits=PlanLimits(self.config.port_min, self.config.port_max, 0),
+        )
         if any(isinstance(a, Start) and a.profile_key == probe for a in decided.actions):
             return ""
         return decided.blocked.get(probe, "no node is ready")
@@ -483,8 +528,7 @@ class Reconciler:
         for record in [r for r in self.records.values() if r.node_id == node.node_id]:
             state = node.replicas.get(record.replica_id)
             if state is None:
-                self._forget(Forget(record.replica_id, f"node {node.node_id} no longer has it (not in its hello)"),
-                             now)
+                self._forget(Forget(record.replica_id, f"node {node.node_id} no longer has it (not in its hello)"), now)
             elif record.draining and state.status not in TERMINAL:
                 log.info("sending the drain of replica %s to node %s again", record.replica_id, node.node_id)
                 self._send(node.node_id, DrainReplica(self._next_id(), self.fencing_token, record.replica_id))
@@ -500,8 +544,14 @@ class Reconciler:
                 record.detail = state.detail
             return
         if not lifecycle.allowed(record.status, reported):
-            log.warning("node %s reported replica %s going from %s to %s, which cannot happen: ignored",
-                        node.node_id, record.replica_id, record.status, reported, extra={"node": node.node_id})
+            log.warning(
+                "node %s reported replica %s going from %s to %s, which cannot happen: ignored",
+                node.node_id,
+                record.replica_id,
+                record.status,
+                reported,
+                extra={"node": node.node_id},
+            )
             return
         if reported == ReplicaStatus.READY and record.status != ReplicaStatus.READY:
             record.ready_since = now
@@ -546,19 +596,34 @@ class Reconciler:
             refusal = "no model in the catalog claims it, or it was not started on this node"
         elif not self.config.port_min <= state.port <= self.config.port_max:
             refusal = f"port {state.port} is outside {self.config.port_min}-{self.config.port_max}"
-        elif any(r.node_id == node.node_id and r.port == state.port and r.status in HOLDING
-                 for r in self.records.values()):
+        elif any(
+            r.node_id == node.node_id and r.port == state.port and r.status in HOLDING for r in self.records.values()
+        ):
             refusal = f"port {state.port} belongs to another replica there"
         if refusal or profile_key is None:
-            log.info("node %s runs replica %s, which is not adopted (%s): stopping it", node.node_id, replica_id,
-                     refusal, extra={"node": node.node_id})
+            log.info(
+                "node %s runs replica %s, which is not adopted (%s): stopping it",
+                node.node_id,
+                replica_id,
+                refusal,
+                extra={"node": node.node_id},
+            )
             self._send(node.node_id, StopReplica(self._next_id(), self.fencing_token, replica_id))
             node.replicas.pop(replica_id, None)
             return
-        record = ReplicaRecord(replica_id, profile_key, node.node_id, state.port,
-                               self.claims.get(profile_key, Claim(0)), status, state.detail, created_at=now,
-                               ready_since=now if status == ReplicaStatus.READY else None,
-                               address=node.address, adapters=tuple(state.adapters))
+        record = ReplicaRecord(
+            replica_id,
+            profile_key,
+            node.node_id,
+            state.port,
+            self.claims.get(profile_key, Claim(0)),
+            status,
+            state.detail,
+            created_at=now,
+            ready_since=now if status == ReplicaStatus.READY else None,
+            address=node.address,
+            adapters=tuple(state.adapters),
+        )
         self.records[replica_id] = record
         self._measured(node, record, state)
         log.info("adopted replica %s of %s on node %s (%s)", replica_id, profile_key, node.node_id, status)
@@ -571,8 +636,10 @@ class Reconciler:
                 node = self.inventory.get(record.node_id)
                 # A node that went quiet is the liveness rules' business, not this deadline's.
                 if node is not None and self.liveness.state(node, now) == NodeLiveness.READY:
-                    self.mark_failed(record.replica_id, f"node {record.node_id} did not report it within {limit:g} s "
-                                                      "of being told to start it")
+                    self.mark_failed(
+                        record.replica_id,
+                        f"node {record.node_id} did not report it within {limit:g} s of being told to start it",
+                    )
 
     def _forget_lost_nodes(self, now: float) -> None:
         """Nodes silent past ``forget_nodes_after`` are dropped, with whatever control kept on them."""
@@ -588,8 +655,9 @@ class Reconciler:
                 del self.backoff[at]
             for at in [k for k in self.failures if k[1] == node.node_id]:
                 del self.failures[at]
-            log.info("forgot node %s: silent for %.0f s", node.node_id, now - node.last_seen,
-                     extra={"node": node.node_id})
+            log.info(
+                "forgot node %s: silent for %.0f s", node.node_id, now - node.last_seen, extra={"node": node.node_id}
+            )
 
     def _awaited_have_reported(self) -> bool:
         awaited = self.awaited_nodes
@@ -645,8 +713,10 @@ class Reconciler:
             else:
                 recent = max((n for n, at in marks.items() if now - at < profile.idle_timeout), default=0)
                 starting_or_new = sum(
-                    1 for r in live
-                    if r.replica_id not in published or now - (r.ready_since or r.created_at) < profile.idle_timeout)
+                    1
+                    for r in live
+                    if r.replica_id not in published or now - (r.ready_since or r.created_at) < profile.idle_timeout
+                )
                 keep = min(len(live), max(recent, starting_or_new))
             wanted = max(profile.min_replicas, keep, 1 if waiting else 0)
             if serving and len(serving) == len(live) and all(r.in_flight >= r.slots for r in serving):
@@ -656,8 +726,9 @@ class Reconciler:
                     marks[wanted] = now
             wanted = min(wanted, profile.max_replicas)
             waited = now - self._waiting_since.get(profile_key, now)
-            demands.append(self._demand(resolved, wanted, starved=waiting > 0 and waited >= self.config.yield_after,
-                                        waited=waited))
+            demands.append(
+                self._demand(resolved, wanted, starved=waiting > 0 and waited >= self.config.yield_after, waited=waited)
+            )
         for profile_key in set(self._load_marks) - marks_seen:
             del self._load_marks[profile_key]
         self._demands_at = now
@@ -668,19 +739,36 @@ class Reconciler:
         engine = (profile.engine, self.catalog.engine_version(profile))
         # No run learnt (the usual case): nothing to look up, placement as without measurements.
         profile_key = resolved.profile_key
-        throughput = self.capacity.throughput(profile_key, *engine, profile_fingerprint(profile), profile.ttft_target,
-                                              profile.itl_target) if self.capacity else {}
-        return Demand(profile_key, engine, self.claims.get(profile_key, Claim(0)), wanted, dict(profile.labels),
-                      min_replicas=profile.min_replicas, starved=starved,
-                      claim_by_kind=self.measured.by_kind(profile_key), gpus=profile.gpus, waited=waited,
-                      throughput_by_hardware=throughput, cpu_ok=profile.cpu_ok, backend=profile.backend)
+        throughput = (
+            self.capacity.throughput(
+                profile_key, *engine, profile_fingerprint(profile), profile.ttft_target, profile.itl_target
+            )
+            if self.capacity
+            else {}
+        )
+        return Demand(
+            profile_key,
+            engine,
+            self.claims.get(profile_key, Claim(0)),
+            wanted,
+            dict(profile.labels),
+            min_replicas=profile.min_replicas,
+            starved=starved,
+            claim_by_kind=self.measured.by_kind(profile_key),
+            gpus=profile.gpus,
+            waited=waited,
+            throughput_by_hardware=throughput,
+            cpu_ok=profile.cpu_ok,
+            backend=profile.backend,
+        )
 
     def replica_slots_on(self, profile_key: str, profile: ProfileConfig, node: NodeRecord | None) -> int:
         """A replica's slots: what a capacity run measured on its node's kind, else ``parallel``."""
         if node is not None and self.capacity:
             kind = capacity_kind(hardware_of(node.facts), profile.engine, self.catalog.engine_version(profile))
-            measured = self.capacity.slots(profile_key, kind, profile_fingerprint(profile), profile.ttft_target,
-                                           profile.itl_target)
+            measured = self.capacity.slots(
+                profile_key, kind, profile_fingerprint(profile), profile.ttft_target, profile.itl_target
+            )
             if measured is not None:
                 return measured
         return replica_slots(profile)
@@ -689,15 +777,26 @@ class Reconciler:
         views = []
         for node in self.inventory:
             facts = node.facts
-            busy_ports = frozenset({s.port for s in node.replicas.values() if s.status not in TERMINAL}
-                                   | self.busy_ports.get(node.node_id, set()))
-            views.append(PlanNode(
-                node.node_id, self.liveness.state(node, now), self.is_cordoned(node.node_id), node.labels,
-                dict(node.engines),
-                max(0, facts.ram_total_mib - self.config.reserved_ram_mib),
-                sum(g.memory_total_mib for g in facts.gpus), busy_ports, node_kind(facts),
-                tuple((g.index, g.memory_total_mib) for g in facts.gpus), hardware_of(facts), facts.degraded,
-            ))
+            busy_ports = frozenset(
+                {s.port for s in node.replicas.values() if s.status not in TERMINAL}
+                | self.busy_ports.get(node.node_id, set())
+            )
+            views.append(
+                PlanNode(
+                    node.node_id,
+                    self.liveness.state(node, now),
+                    self.is_cordoned(node.node_id),
+                    node.labels,
+                    dict(node.engines),
+                    max(0, facts.ram_total_mib - self.config.reserved_ram_mib),
+                    sum(g.memory_total_mib for g in facts.gpus),
+                    busy_ports,
+                    node_kind(facts),
+                    tuple((g.index, g.memory_total_mib) for g in facts.gpus),
+                    hardware_of(facts),
+                    facts.degraded,
+                )
+            )
         return views
 
     def _apply(self, actions: list[Action], now: float) -> None:
@@ -719,12 +818,18 @@ class Reconciler:
                     # requests (waiting for it) place it again.
                     self._load_marks.pop(record.profile_key, None)
                     self.evictions[record.profile_key] = self.evictions.get(record.profile_key, 0) + 1
-                    log.info("evicting replica %s of %s on node %s to make room for %s", record.replica_id,
-                             record.profile_key, record.node_id, action.for_profile_key,
-                             extra={"model": record.profile_key})
+                    log.info(
+                        "evicting replica %s of %s on node %s to make room for %s",
+                        record.replica_id,
+                        record.profile_key,
+                        record.node_id,
+                        action.for_profile_key,
+                        extra={"model": record.profile_key},
+                    )
                 else:
-                    log.info("draining replica %s of %s on node %s", record.replica_id, record.profile_key,
-                             record.node_id)
+                    log.info(
+                        "draining replica %s of %s on node %s", record.replica_id, record.profile_key, record.node_id
+                    )
                 self._send(record.node_id, DrainReplica(self._next_id(), self.fencing_token, record.replica_id))
             elif isinstance(action, Stop):
                 self._send(action.node_id, StopReplica(self._next_id(), self.fencing_token, action.replica_id))
@@ -735,10 +840,16 @@ class Reconciler:
         """What placement decided about a replica, as an event on the pass's span (tracing on)."""
         record = self.records.get(action.replica_id)
         profile_key = record.profile_key if record is not None else getattr(action, "profile_key", "")
-        tracing.event("llmgw.placement", {
-            "llmgw.action": type(action).__name__.lower(), "llmgw.node": record.node_id if record else "",
-            "gen_ai.request.model": ProfileKey.model_of(profile_key), "llmgw.profile": profile_key,
-            "llmgw.replica": action.replica_id})
+        tracing.event(
+            "llmgw.placement",
+            {
+                "llmgw.action": type(action).__name__.lower(),
+                "llmgw.node": record.node_id if record else "",
+                "gen_ai.request.model": ProfileKey.model_of(profile_key),
+                "llmgw.profile": profile_key,
+                "llmgw.replica": action.replica_id,
+            },
+        )
 
     def _start(self, action: Start, now: float) -> None:
         resolved = self.catalog.resolve(action.profile_key)
@@ -748,43 +859,90 @@ class Reconciler:
         if node is None:
             return
         replica_id = self.new_replica_id(action.profile_key, action.node_id)
-        tracing.event("llmgw.placement", {"llmgw.action": "start", "llmgw.node": action.node_id,
-                                          "gen_ai.request.model": resolved.model.name,
-                                          "llmgw.profile": action.profile_key, "llmgw.replica": replica_id})
+        tracing.event(
+            "llmgw.placement",
+            {
+                "llmgw.action": "start",
+                "llmgw.node": action.node_id,
+                "gen_ai.request.model": resolved.model.name,
+                "llmgw.profile": action.profile_key,
+                "llmgw.replica": replica_id,
+            },
+        )
         spec = self.replica_spec(resolved, replica_id, action.port, action.devices)
         self._room_for_weights(node, resolved)
         # The record first: a dispatcher may report the command lost before send returns.
-        self.records[replica_id] = ReplicaRecord(replica_id, action.profile_key, action.node_id, action.port,
-                                                 action.claim, created_at=now, address=node.address,
-                                                 devices=action.devices)
+        self.records[replica_id] = ReplicaRecord(
+            replica_id,
+            action.profile_key,
+            action.node_id,
+            action.port,
+            action.claim,
+            created_at=now,
+            address=node.address,
+            devices=action.devices,
+        )
         if not self._send(action.node_id, StartReplica(self._next_id(), self.fencing_token, spec)):
             self.records.pop(replica_id, None)
             return
         self.live_adapters.sent_to(replica_id, spec.adapters)  # what it loads once ready
-        log.info("starting replica %s of %s on node %s port %d", replica_id, action.profile_key, action.node_id,
-                 action.port)
+        log.info(
+            "starting replica %s of %s on node %s port %d", replica_id, action.profile_key, action.node_id, action.port
+        )
 
-    def replica_spec(self, resolved: Resolved, replica_id: str, port: int,
-                     devices: tuple[int, ...] = ()) -> ReplicaSpec:
+    def replica_spec(
+        self, resolved: Resolved, replica_id: str, port: int, devices: tuple[int, ...] = ()
+    ) -> ReplicaSpec:
         profile = resolved.profile
         args = list(profile.args)
         if profile.engine == "llama.cpp":
             # llama-server splits -c across its -np slots; the profile's context is per request.
-            args = ["-c", str(profile.context * profile.parallel), "-np", str(profile.parallel),
-                    "--alias", resolved.model.name, "--metrics", *args]
+            args = [
+                "-c",
+                str(profile.context * profile.parallel),
+                "-np",
+                str(profile.parallel),
+                "--alias",
+                resolved.model.name,
+                "--metrics",
+                *args,
+            ]
         elif profile.engine == "vllm":
             # The name the gateway sends; the context per request; sequences batched at once.
-            args = ["--served-model-name", resolved.model.name, "--max-model-len", str(profile.context),
-                    "--max-num-seqs", str(replica_slots(profile)), *lora_args(profile), *args]
+            args = [
+                "--served-model-name",
+                resolved.model.name,
+                "--max-model-len",
+                str(profile.context),
+                "--max-num-seqs",
+                str(replica_slots(profile)),
+                *lora_args(profile),
+                *args,
+            ]
         elif profile.engine == "sglang":
-            args = ["--served-model-name", resolved.model.name, "--context-length", str(profile.context),
-                    "--max-running-requests", str(replica_slots(profile)), "--enable-metrics", *args]
+            args = [
+                "--served-model-name",
+                resolved.model.name,
+                "--context-length",
+                str(profile.context),
+                "--max-running-requests",
+                str(replica_slots(profile)),
+                "--enable-metrics",
+                *args,
+            ]
         weights = profile.weights
         return ReplicaSpec(
-            replica_id=replica_id, engine=profile.engine, engine_version=self.catalog.engine_version(profile),
+            replica_id=replica_id,
+            engine=profile.engine,
+            engine_version=self.catalog.engine_version(profile),
             weights=WeightsSpec(weights.url, weights.sha256, weights.size) if weights is not None else None,
-            port=port, api_key=self.replica_api_key(replica_id), args=args, env=dict(profile.env),
-            start_timeout_s=profile.start_timeout, model_dir=profile.model_dir, devices=list(devices),
+            port=port,
+            api_key=self.replica_api_key(replica_id),
+            args=args,
+            env=dict(profile.env),
+            start_timeout_s=profile.start_timeout,
+            model_dir=profile.model_dir,
+            devices=list(devices),
             adapters=adapter_specs(profile),
         )
 
@@ -794,8 +952,9 @@ class Reconciler:
         if record is None:
             return
         self._retired[record.replica_id] = (replica, None)
-        self.ended[record.replica_id] = EndedReplica(record.replica_id, record.profile_key, record.node_id,
-                                                     record.status, record.detail, record.last_lines)
+        self.ended[record.replica_id] = EndedReplica(
+            record.replica_id, record.profile_key, record.node_id, record.status, record.detail, record.last_lines
+        )
         while len(self.ended) > KEEP_ENDED:
             del self.ended[next(iter(self.ended))]
         node = self.inventory.get(record.node_id)
@@ -806,18 +965,26 @@ class Reconciler:
     def _sync_adapters(self) -> None:
         """Send running vLLM replicas their profile's adapters where the catalog changed them."""
         for record, adapters in self.live_adapters.due(self.records.values(), self.catalog):
-            log.info("replica %s of %s: loading adapters [%s] live", record.replica_id, record.profile_key,
-                     ", ".join(a.name for a in adapters))
-            if self._send(record.node_id, SetAdapters(self._next_id(), self.fencing_token, record.replica_id,
-                                                      adapters)):
+            log.info(
+                "replica %s of %s: loading adapters [%s] live",
+                record.replica_id,
+                record.profile_key,
+                ", ".join(a.name for a in adapters),
+            )
+            if self._send(
+                record.node_id, SetAdapters(self._next_id(), self.fencing_token, record.replica_id, adapters)
+            ):
                 self.live_adapters.sent_to(record.replica_id, adapters)
 
     def _publish_to_gateway(self, now: float) -> None:
         for record in self.records.values():
             node = self.inventory.get(record.node_id)
             state = self.liveness.state(node, now) if node is not None else NodeLiveness.LOST
-            routable = (record.status == ReplicaStatus.READY and not record.draining
-                        and state in (NodeLiveness.READY, NodeLiveness.DISCONNECTED))
+            routable = (
+                record.status == ReplicaStatus.READY
+                and not record.draining
+                and state in (NodeLiveness.READY, NodeLiveness.DISCONNECTED)
+            )
             current = self.replicas.get(record.replica_id)
             if routable and node is not None:
                 url = f"http://{_url_host(record.address or node.address)}:{record.port}"
@@ -827,12 +994,25 @@ class Reconciler:
                 if current is None or current.url != url:
                     served = resolved.model.name if resolved else ""
                     # llama-server started with -np parallel (_engine_args): its slots can be named.
-                    engine_slots = resolved.profile.parallel \
-                        if resolved is not None and resolved.profile.engine == "llama.cpp" else 0
-                    self.replicas.publish(Replica(
-                        id=record.replica_id, url=url, models=frozenset({record.profile_key}), slots=slots,
-                        api_key=self.replica_api_key(record.replica_id), served_name=served,
-                        last_used=now, engine_slots=engine_slots, adapters=adapters, adapter_mode=adapter_mode))
+                    engine_slots = (
+                        resolved.profile.parallel
+                        if resolved is not None and resolved.profile.engine == "llama.cpp"
+                        else 0
+                    )
+                    self.replicas.publish(
+                        Replica(
+                            id=record.replica_id,
+                            url=url,
+                            models=frozenset({record.profile_key}),
+                            slots=slots,
+                            api_key=self.replica_api_key(record.replica_id),
+                            served_name=served,
+                            last_used=now,
+                            engine_slots=engine_slots,
+                            adapters=adapters,
+                            adapter_mode=adapter_mode,
+                        )
+                    )
                 elif current.adapters != adapters:
                     # Renamed or rescaled (a changed llama.cpp list drains the replica instead), or
                     # loaded into or out of a live vLLM: requests name them as the catalog now does.
@@ -844,8 +1024,13 @@ class Reconciler:
                     self.replicas.resize(record.replica_id, slots)
             elif current is not None:
                 self.replicas.withdraw(record.replica_id)
-                log.info("withdrew replica %s of %s (%s, node %s)", record.replica_id, record.profile_key,
-                         record.status, state)
+                log.info(
+                    "withdrew replica %s of %s (%s, node %s)",
+                    record.replica_id,
+                    record.profile_key,
+                    record.status,
+                    state,
+                )
         for replica_id in self._published - set(self.records):
             self.replicas.withdraw(replica_id)
         self._published = {r.replica_id for r in self.records.values() if self.replicas.get(r.replica_id)}

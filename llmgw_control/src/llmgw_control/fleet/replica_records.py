@@ -110,9 +110,21 @@ class ReplicaRecord:
         return self.used if self.used is not None else self.claim
 
     def as_assignment(self, last_used: float, *, busy: bool = False) -> Assignment:
-        return Assignment(self.replica_id, self.profile_key, self.node_id, self.port, self.claim, self.status,
-                          self.detail, self.draining, last_used, self.used, busy, self.created_at,
-                          self.devices)
+        return Assignment(
+            self.replica_id,
+            self.profile_key,
+            self.node_id,
+            self.port,
+            self.claim,
+            self.status,
+            self.detail,
+            self.draining,
+            last_used,
+            self.used,
+            busy,
+            self.created_at,
+            self.devices,
+        )
 
     def move(self, status: ReplicaStatus, detail: str | None = None) -> None:
         """A transition control makes (or applies from a report it checked): the table decides."""

@@ -51,59 +51,97 @@ _PYPI = "https://files.pythonhosted.org/packages"
 # compatibility. CUDA 13: runtime 13.4.92 and cuBLAS 13.8.0.4, published together (CUDA 13.4).
 PINNED: dict[tuple[int, str], tuple[RuntimeWheel, ...]] = {
     (12, "x86_64"): (
-        RuntimeWheel("nvidia-cuda-runtime-cu12", "12.8.90",
-                     "nvidia_cuda_runtime_cu12-12.8.90-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
-                     f"{_PYPI}/0d/9b/a997b638fcd068ad6e4d53b8551a7d30fe8b404d6f1804abf1df69838932/"
-                     "nvidia_cuda_runtime_cu12-12.8.90-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
-                     "adade8dcbd0edf427b7204d480d6066d33902cab2a4707dcfc48a2d0fd44ab90", 954765),
-        RuntimeWheel("nvidia-cublas-cu12", "12.6.4.1",
-                     "nvidia_cublas_cu12-12.6.4.1-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
-                     f"{_PYPI}/af/eb/ff4b8c503fa1f1796679dce648854d58751982426e4e4b37d6fce49d259c/"
-                     "nvidia_cublas_cu12-12.6.4.1-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
-                     "08ed2686e9875d01b58e3cb379c6896df8e76c75e0d4a7f7dace3d7b6d9ef8eb", 393138322),
+        RuntimeWheel(
+            "nvidia-cuda-runtime-cu12",
+            "12.8.90",
+            "nvidia_cuda_runtime_cu12-12.8.90-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+            f"{_PYPI}/0d/9b/a997b638fcd068ad6e4d53b8551a7d30fe8b404d6f1804abf1df69838932/"
+            "nvidia_cuda_runtime_cu12-12.8.90-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+            "adade8dcbd0edf427b7204d480d6066d33902cab2a4707dcfc48a2d0fd44ab90",
+            954765,
+        ),
+        RuntimeWheel(
+            "nvidia-cublas-cu12",
+            "12.6.4.1",
+            "nvidia_cublas_cu12-12.6.4.1-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+            f"{_PYPI}/af/eb/ff4b8c503fa1f1796679dce648854d58751982426e4e4b37d6fce49d259c/"
+            "nvidia_cublas_cu12-12.6.4.1-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+            "08ed2686e9875d01b58e3cb379c6896df8e76c75e0d4a7f7dace3d7b6d9ef8eb",
+            393138322,
+        ),
     ),
     (12, "aarch64"): (
-        RuntimeWheel("nvidia-cuda-runtime-cu12", "12.8.90",
-                     "nvidia_cuda_runtime_cu12-12.8.90-py3-none-manylinux2014_aarch64.manylinux_2_17_aarch64.whl",
-                     f"{_PYPI}/7c/75/f865a3b236e4647605ea34cc450900854ba123834a5f1598e160b9530c3a/"
-                     "nvidia_cuda_runtime_cu12-12.8.90-py3-none-manylinux2014_aarch64.manylinux_2_17_aarch64.whl",
-                     "52bf7bbee900262ffefe5e9d5a2a69a30d97e2bc5bb6cc866688caa976966e3d", 965265),
-        RuntimeWheel("nvidia-cublas-cu12", "12.6.4.1",
-                     "nvidia_cublas_cu12-12.6.4.1-py3-none-manylinux_2_27_aarch64.whl",
-                     f"{_PYPI}/97/0d/f1f0cadbf69d5b9ef2e4f744c9466cb0a850741d08350736dfdb4aa89569/"
-                     "nvidia_cublas_cu12-12.6.4.1-py3-none-manylinux_2_27_aarch64.whl",
-                     "235f728d6e2a409eddf1df58d5b0921cf80cfa9e72b9f2775ccb7b4a87984668", 390794615),
+        RuntimeWheel(
+            "nvidia-cuda-runtime-cu12",
+            "12.8.90",
+            "nvidia_cuda_runtime_cu12-12.8.90-py3-none-manylinux2014_aarch64.manylinux_2_17_aarch64.whl",
+            f"{_PYPI}/7c/75/f865a3b236e4647605ea34cc450900854ba123834a5f1598e160b9530c3a/"
+            "nvidia_cuda_runtime_cu12-12.8.90-py3-none-manylinux2014_aarch64.manylinux_2_17_aarch64.whl",
+            "52bf7bbee900262ffefe5e9d5a2a69a30d97e2bc5bb6cc866688caa976966e3d",
+            965265,
+        ),
+        RuntimeWheel(
+            "nvidia-cublas-cu12",
+            "12.6.4.1",
+            "nvidia_cublas_cu12-12.6.4.1-py3-none-manylinux_2_27_aarch64.whl",
+            f"{_PYPI}/97/0d/f1f0cadbf69d5b9ef2e4f744c9466cb0a850741d08350736dfdb4aa89569/"
+            "nvidia_cublas_cu12-12.6.4.1-py3-none-manylinux_2_27_aarch64.whl",
+            "235f728d6e2a409eddf1df58d5b0921cf80cfa9e72b9f2775ccb7b4a87984668",
+            390794615,
+        ),
     ),
     (13, "x86_64"): (
-        RuntimeWheel("nvidia-cuda-runtime", "13.4.92",
-                     "nvidia_cuda_runtime-13.4.92-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
-                     f"{_PYPI}/98/8a/3431271f6344874b8f1ac03f16b3d679c91493f8da63f716160403e6d0a0/"
-                     "nvidia_cuda_runtime-13.4.92-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
-                     "9641f797da20ce1dd8e779b6e96d08cf9ba564cec8e8225458811ee26423f3a5", 2494438),
-        RuntimeWheel("nvidia-cublas", "13.8.0.4",
-                     "nvidia_cublas-13.8.0.4-py3-none-manylinux_2_27_x86_64.whl",
-                     f"{_PYPI}/7a/38/bdd540bf511d2c9b6f9efc71a81c60cb88e295be0b9312b61d19bbed2212/"
-                     "nvidia_cublas-13.8.0.4-py3-none-manylinux_2_27_x86_64.whl",
-                     "9f17797dfcc048694461f4e47de17d2e3c25adf172ef723d2db0a07cd8744b89", 439317144),
+        RuntimeWheel(
+            "nvidia-cuda-runtime",
+            "13.4.92",
+            "nvidia_cuda_runtime-13.4.92-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+            f"{_PYPI}/98/8a/3431271f6344874b8f1ac03f16b3d679c91493f8da63f716160403e6d0a0/"
+            "nvidia_cuda_runtime-13.4.92-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+            "9641f797da20ce1dd8e779b6e96d08cf9ba564cec8e8225458811ee26423f3a5",
+            2494438,
+        ),
+        RuntimeWheel(
+            "nvidia-cublas",
+            "13.8.0.4",
+            "nvidia_cublas-13.8.0.4-py3-none-manylinux_2_27_x86_64.whl",
+            f"{_PYPI}/7a/38/bdd540bf511d2c9b6f9efc71a81c60cb88e295be0b9312b61d19bbed2212/"
+            "nvidia_cublas-13.8.0.4-py3-none-manylinux_2_27_x86_64.whl",
+            "9f17797dfcc048694461f4e47de17d2e3c25adf172ef723d2db0a07cd8744b89",
+            439317144,
+        ),
     ),
     (13, "aarch64"): (
-        RuntimeWheel("nvidia-cuda-runtime", "13.4.92",
-                     "nvidia_cuda_runtime-13.4.92-py3-none-manylinux2014_aarch64.manylinux_2_17_aarch64.whl",
-                     f"{_PYPI}/51/3b/2c6e9d88efa7b3585572760bca5e7da83fa9e06098a9386c7b29c81c46b2/"
-                     "nvidia_cuda_runtime-13.4.92-py3-none-manylinux2014_aarch64.manylinux_2_17_aarch64.whl",
-                     "bef071788589550ab02846fcbc732a2b88c2b16f2cd8a0f45d98e68e8c5fb0c8", 2509438),
-        RuntimeWheel("nvidia-cublas", "13.8.0.4",
-                     "nvidia_cublas-13.8.0.4-py3-none-manylinux_2_27_aarch64.whl",
-                     f"{_PYPI}/c9/9e/0c73b14c14cd32e8b3a028133371f4bf1d9d14b811c515c5fd1201a3c38d/"
-                     "nvidia_cublas-13.8.0.4-py3-none-manylinux_2_27_aarch64.whl",
-                     "e22b25be18f8b7d267dbbe2a8ec78e2c69c05762536d299dd0afa2c847115740", 552729449),
+        RuntimeWheel(
+            "nvidia-cuda-runtime",
+            "13.4.92",
+            "nvidia_cuda_runtime-13.4.92-py3-none-manylinux2014_aarch64.manylinux_2_17_aarch64.whl",
+            f"{_PYPI}/51/3b/2c6e9d88efa7b3585572760bca5e7da83fa9e06098a9386c7b29c81c46b2/"
+            "nvidia_cuda_runtime-13.4.92-py3-none-manylinux2014_aarch64.manylinux_2_17_aarch64.whl",
+            "bef071788589550ab02846fcbc732a2b88c2b16f2cd8a0f45d98e68e8c5fb0c8",
+            2509438,
+        ),
+        RuntimeWheel(
+            "nvidia-cublas",
+            "13.8.0.4",
+            "nvidia_cublas-13.8.0.4-py3-none-manylinux_2_27_aarch64.whl",
+            f"{_PYPI}/c9/9e/0c73b14c14cd32e8b3a028133371f4bf1d9d14b811c515c5fd1201a3c38d/"
+            "nvidia_cublas-13.8.0.4-py3-none-manylinux_2_27_aarch64.whl",
+            "e22b25be18f8b7d267dbbe2a8ec78e2c69c05762536d299dd0afa2c847115740",
+            552729449,
+        ),
     ),
 }
 
 
-def fetch_runtime(files_dir: Path, cuda: int, arch: str, *, wheels_from: str | None = None,
-                  say: Callable[[str], None] = print,
-                  pinned: dict[tuple[int, str], tuple[RuntimeWheel, ...]] | None = None) -> list[RuntimeWheel]:
+def fetch_runtime(
+    files_dir: Path,
+    cuda: int,
+    arch: str,
+    *,
+    wheels_from: str | None = None,
+    say: Callable[[str], None] = print,
+    pinned: dict[tuple[int, str], tuple[RuntimeWheel, ...]] | None = None,
+) -> list[RuntimeWheel]:
     """The pinned wheels for ``cuda`` on ``arch`` into ``<files_dir>/engines/``, checked; the pins recorded.
 
     ``wheels_from`` is a directory or URL holding the files by name (a mirror); by default each
@@ -124,8 +162,13 @@ def fetch_runtime(files_dir: Path, cuda: int, arch: str, *, wheels_from: str | N
                 say(f"[{i}/{len(wheels)}] {wheel.filename}: already there")
                 continue
             say(f"[{i}/{len(wheels)}] {wheel.filename} ({wheel.size / 1e6:.0f} MB)")
-            fetch_file(client, LockedWheel(wheel.filename, wheel.url, wheel.sha256, wheel.size, frozenset()),
-                       wheels_from, dest, pinned_by="llmgw-control's pin table")
+            fetch_file(
+                client,
+                LockedWheel(wheel.filename, wheel.url, wheel.sha256, wheel.size, frozenset()),
+                wheels_from,
+                dest,
+                pinned_by="llmgw-control's pin table",
+            )
     record_pins(engines, cuda, arch, wheels)
     return list(wheels)
 
@@ -134,8 +177,15 @@ def record_pins(engines: Path, cuda: int, arch: str, wheels: tuple[RuntimeWheel,
     """Add ``wheels`` to the pins file (replacing what it said about those files), in one rename."""
     entries = {e["file"]: e for e in read_pins_entries(engines / PINS_FILE)}
     for wheel in wheels:
-        entries[wheel.filename] = {"file": wheel.filename, "project": wheel.project, "version": wheel.version,
-                                   "sha256": wheel.sha256, "size": wheel.size, "cuda": cuda, "arch": arch}
+        entries[wheel.filename] = {
+            "file": wheel.filename,
+            "project": wheel.project,
+            "version": wheel.version,
+            "sha256": wheel.sha256,
+            "size": wheel.size,
+            "cuda": cuda,
+            "arch": arch,
+        }
     tmp = engines / f".{PINS_FILE}.{os.getpid()}"
     tmp.write_text(json.dumps({"wheels": sorted(entries.values(), key=lambda e: e["file"])}, indent=2) + "\n")
     os.replace(tmp, engines / PINS_FILE)
@@ -156,8 +206,8 @@ def read_pins_entries(path: Path) -> list[dict[str, object]]:
         raise ValueError(f"{path} is nested too deep") from None
     wheels = parsed.get("wheels") if isinstance(parsed, dict) else None
     if not isinstance(wheels, list) or not all(
-            isinstance(e, dict) and isinstance(e.get("file"), str) and isinstance(e.get("sha256"), str)
-            for e in wheels):
+        isinstance(e, dict) and isinstance(e.get("file"), str) and isinstance(e.get("sha256"), str) for e in wheels
+    ):
         raise ValueError(f"{path} is not a runtime wheel pins file")
     return wheels
 

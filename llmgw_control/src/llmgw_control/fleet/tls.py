@@ -74,8 +74,9 @@ async def _pump(source: trio.abc.ReceiveStream, sink: trio.abc.SendStream, write
             return
 
 
-async def _relay(stream: trio.SocketStream, context: ssl.SSLContext, backend_port: int,
-                 identities: Identities, write_timeout: float) -> None:
+async def _relay(
+    stream: trio.SocketStream, context: ssl.SSLContext, backend_port: int, identities: Identities, write_timeout: float
+) -> None:
     tls = trio.SSLStream(stream, context, server_side=True, https_compatible=True)
     peer = "?"
     try:
@@ -99,6 +100,7 @@ async def _relay(stream: trio.SocketStream, context: ssl.SSLContext, backend_por
             identities.bind(local_port, node_id)
         log.debug("relaying a TLS connection", extra={"peer": peer, "node_id": node_id})
         async with trio.open_nursery() as nursery:
+
             async def pump(source: trio.abc.ReceiveStream, sink: trio.abc.SendStream) -> None:
                 with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                     await _pump(source, sink, write_timeout)
@@ -123,9 +125,16 @@ async def bind_tls_front(address: str) -> tuple[list[trio.SocketListener], str]:
 
 
 async def serve_tls_front(
-    listeners: list[trio.SocketListener], url: str, backend_port: int, context: ssl.SSLContext,
-    identities: Identities, *, shutdown: trio.Event, limits: ListenersConfig | None = None,
-    error_body: ErrorBody = openai_error_body, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+    listeners: list[trio.SocketListener],
+    url: str,
+    backend_port: int,
+    context: ssl.SSLContext,
+    identities: Identities,
+    *,
+    shutdown: trio.Event,
+    limits: ListenersConfig | None = None,
+    error_body: ErrorBody = openai_error_body,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """The agent listener's TLS front on ``listeners`` (``bind_tls_front``), bounded and timed as
     ``limits`` says (``[listeners]``)."""

@@ -54,9 +54,17 @@ def view_of(replicas: ReplicaSet, ids: set[str]) -> list[PublishedReplica]:
     entries = []
     for replica in replicas:
         if replica.id in ids and replica.models:
-            entries.append(PublishedReplica(id=replica.id, profile_key=min(replica.models), url=replica.url,
-                                            slots=replica.slots, served_name=replica.served_name,
-                                            adapters=replica.adapters, adapter_mode=replica.adapter_mode))
+            entries.append(
+                PublishedReplica(
+                    id=replica.id,
+                    profile_key=min(replica.models),
+                    url=replica.url,
+                    slots=replica.slots,
+                    served_name=replica.served_name,
+                    adapters=replica.adapters,
+                    adapter_mode=replica.adapter_mode,
+                )
+            )
     return sorted(entries, key=lambda e: e.id)
 
 
@@ -86,9 +94,16 @@ class ViewPublisher:
 class ViewFollower:
     """Keeps ``replicas`` equal to the leader's view; owns only the replicas it added."""
 
-    def __init__(self, store: ViewStore, replicas: ReplicaSet, api_key: Callable[[str], str], *,
-                 listener: ViewListener | None = None, safety_poll: float = SAFETY_POLL,
-                 poll: float = FOLLOW_EVERY) -> None:
+    def __init__(
+        self,
+        store: ViewStore,
+        replicas: ReplicaSet,
+        api_key: Callable[[str], str],
+        *,
+        listener: ViewListener | None = None,
+        safety_poll: float = SAFETY_POLL,
+        poll: float = FOLLOW_EVERY,
+    ) -> None:
         """``listener`` defaults to the store's (None on SQLite); tests pass their own, and long
         polls to show a change arrives by notification or by the read after a reconnect."""
         self.store = store
@@ -108,13 +123,27 @@ class ViewFollower:
             self.replicas.withdraw(replica_id)
         for entry in entries.values():
             current = self.replicas.get(entry.id)
-            if current is not None and current.url == entry.url and current.slots == entry.slots \
-                    and current.models == frozenset({entry.profile_key}) and current.adapters == entry.adapters:
+            if (
+                current is not None
+                and current.url == entry.url
+                and current.slots == entry.slots
+                and current.models == frozenset({entry.profile_key})
+                and current.adapters == entry.adapters
+            ):
                 continue  # unchanged: keep its counters (in flight, cooldown)
-            self.replicas.publish(Replica(id=entry.id, url=entry.url, models=frozenset({entry.profile_key}),
-                                          slots=entry.slots, served_name=entry.served_name,
-                                          adapters=entry.adapters, adapter_mode=entry.adapter_mode,
-                                          api_key=self.api_key(entry.id), last_used=trio.current_time()))
+            self.replicas.publish(
+                Replica(
+                    id=entry.id,
+                    url=entry.url,
+                    models=frozenset({entry.profile_key}),
+                    slots=entry.slots,
+                    served_name=entry.served_name,
+                    adapters=entry.adapters,
+                    adapter_mode=entry.adapter_mode,
+                    api_key=self.api_key(entry.id),
+                    last_used=trio.current_time(),
+                )
+            )
         self.owned = set(entries)
         self.revision = view.revision if view is not None else None
 

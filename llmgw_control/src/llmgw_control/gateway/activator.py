@@ -102,8 +102,10 @@ class Slot:
             activator.dropped += 1
             with contextlib.suppress(Exception):
                 self.give_back()
-                log.warning("a replica slot was dropped without being given back; gave it back",
-                            extra={"replica": self.replica.id})
+                log.warning(
+                    "a replica slot was dropped without being given back; gave it back",
+                    extra={"replica": self.replica.id},
+                )
 
 
 class _Waiter:
@@ -209,7 +211,10 @@ class Activator:
     # ------------------------------------------------------------------ taking a slot
 
     def try_acquire(
-        self, profile_key: str, exclude: Collection[str] = (), affinity: Affinity | None = None,
+        self,
+        profile_key: str,
+        exclude: Collection[str] = (),
+        affinity: Affinity | None = None,
     ) -> Slot | None:
         """A free slot of a replica of ``profile_key`` now, or None. The hot path: synchronous, no
         allocation beyond the guard.
@@ -225,8 +230,13 @@ class Activator:
         return Slot(self, replica, outcome)
 
     async def wait(
-        self, profile_key: str, priority: Priority = Priority.INTERACTIVE, *, exclude: Collection[str] = (),
-        front: bool = False, affinity: Affinity | None = None,
+        self,
+        profile_key: str,
+        priority: Priority = Priority.INTERACTIVE,
+        *,
+        exclude: Collection[str] = (),
+        front: bool = False,
+        affinity: Affinity | None = None,
     ) -> Slot | Refusal:
         """Wait in ``profile_key``'s queue for a slot (after ``try_acquire`` found none).
 
@@ -274,30 +284,47 @@ class Activator:
             return standby(self._standby or "")
         if refusal is Refusal.OVERFLOW:
             return ClientApiError(
-                429, f"Model '{profile_key}' has every slot busy and {self.config.queue_size} requests already "
-                     "waiting; retry shortly.", code="model_queue_full", headers=(("retry-after", "5"),))
+                429,
+                f"Model '{profile_key}' has every slot busy and {self.config.queue_size} requests already "
+                "waiting; retry shortly.",
+                code="model_queue_full",
+                headers=(("retry-after", "5"),),
+            )
         replicas = self.replicas.for_model(profile_key)
         if not replicas:
-            return ClientApiError(503, f"Model '{profile_key}' has no ready replica after {self.config.max_wait:g} "
-                                 f"s: {self._status(profile_key)}.", code="model_not_ready",
-                                 headers=(("retry-after", "10"),))
+            return ClientApiError(
+                503,
+                f"Model '{profile_key}' has no ready replica after {self.config.max_wait:g} "
+                f"s: {self._status(profile_key)}.",
+                code="model_not_ready",
+                headers=(("retry-after", "10"),),
+            )
         slots = sum(r.slots for r in replicas)
-        return ClientApiError(503, f"Model '{profile_key}' had every slot busy for {self.config.max_wait:g} s "
-                             f"({len(replicas)} replica(s), {slots} slot(s)); retry later.", code="model_overloaded",
-                        headers=(("retry-after", "10"),))
+        return ClientApiError(
+            503,
+            f"Model '{profile_key}' had every slot busy for {self.config.max_wait:g} s "
+            f"({len(replicas)} replica(s), {slots} slot(s)); retry later.",
+            code="model_overloaded",
+            headers=(("retry-after", "10"),),
+        )
 
     # ------------------------------------------------------------------ handing slots on
 
     def _pick(
-        self, profile_key: str, replicas: list[Replica], affinity: Affinity | None, now: float,
+        self,
+        profile_key: str,
+        replicas: list[Replica],
+        affinity: Affinity | None,
+        now: float,
         exclude: Collection[str],
     ) -> tuple[Replica | None, Outcome | None]:
         """``affinity.pick`` for model ``profile_key`` with this daemon's placement memory: read before,
         written after."""
         if affinity is None:
             return pick(replicas, None, now=now, exclude=exclude)
-        replica, outcome = pick(replicas, affinity, now=now, exclude=exclude,
-                                placed=self.placements.get(profile_key, affinity.id))
+        replica, outcome = pick(
+            replicas, affinity, now=now, exclude=exclude, placed=self.placements.get(profile_key, affinity.id)
+        )
         if replica is not None:
             self.placements.record(profile_key, affinity.id, replica.id)
         return replica, outcome

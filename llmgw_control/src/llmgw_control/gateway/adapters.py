@@ -59,8 +59,12 @@ def adapter_fields(replica: Replica, requested: str, payload: dict[str, Any]) ->
     """What to set in the engine's body for ``requested`` on ``replica`` (None: leave the body be);
     the caller drops the client's ``lora`` whenever this is not None."""
     if replica.adapter_mode == LORA_FIELD and replica.adapters:
-        return {"lora": [{"id": index, "scale": scale if name == requested else 0.0}
-                         for index, (name, scale) in enumerate(replica.adapters)]}
+        return {
+            "lora": [
+                {"id": index, "scale": scale if name == requested else 0.0}
+                for index, (name, scale) in enumerate(replica.adapters)
+            ]
+        }
     if replica.adapter_mode == MODEL_NAME and any(name == requested for name, _ in replica.adapters):
         return {"model": requested}
     if "lora" in payload:

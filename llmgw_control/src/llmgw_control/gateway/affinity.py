@@ -51,8 +51,15 @@ from .balancer import C, choose
 from .requests import ParsedRequest
 
 __all__ = [
-    "ROUTING_POLICIES", "Affinity", "Outcome", "affinity_id", "choose_affine", "continues_conversation", "pick",
-    "preference", "request_affinity",
+    "ROUTING_POLICIES",
+    "Affinity",
+    "Outcome",
+    "affinity_id",
+    "choose_affine",
+    "continues_conversation",
+    "pick",
+    "preference",
+    "request_affinity",
 ]
 
 # A session id or `user` beyond this is truncated before hashing: OpenAI documents `user` as a
@@ -167,7 +174,7 @@ def continues_conversation(request: ParsedRequest) -> bool:
     messages = _conversation(request)
     if not isinstance(messages, list):
         return False
-    for index, message in enumerate(messages[:OPENING_MESSAGES + 1]):
+    for index, message in enumerate(messages[: OPENING_MESSAGES + 1]):
         if isinstance(message, dict) and message.get("role") == "user":
             return index + 1 < len(messages)
     return False
@@ -177,7 +184,7 @@ def _opening_id(messages: Any) -> bytes | None:
     if not isinstance(messages, list) or not messages:
         return None
     hasher = hashlib.blake2b(b"c", digest_size=16)
-    for message in messages[:OPENING_MESSAGES + 1]:
+    for message in messages[: OPENING_MESSAGES + 1]:
         if not isinstance(message, dict):
             return None
         role = message.get("role")
@@ -270,8 +277,13 @@ def load_bound(replica: C, candidates: Sequence[C], load_factor: float) -> float
 
 
 def choose_affine(
-    candidates: Sequence[C], affinity: Affinity, *, now: float, exclude: Collection[str] = (),
-    rng: random.Random | None = None, first: str | None = None,
+    candidates: Sequence[C],
+    affinity: Affinity,
+    *,
+    now: float,
+    exclude: Collection[str] = (),
+    rng: random.Random | None = None,
+    first: str | None = None,
 ) -> tuple[C | None, bool]:
     """The replica for a request with ``affinity``, and whether it is the head of its order.
 
@@ -300,7 +312,11 @@ def choose_affine(
 
 
 def pick(
-    candidates: Sequence[C], affinity: Affinity | None, *, now: float, exclude: Collection[str] = (),
+    candidates: Sequence[C],
+    affinity: Affinity | None,
+    *,
+    now: float,
+    exclude: Collection[str] = (),
     placed: str | None = None,
 ) -> tuple[C | None, Outcome | None]:
     """The replica for a request, and how affinity placed it (None without affinity).
@@ -313,8 +329,9 @@ def pick(
     """
     if affinity is None:
         return choose(candidates, now=now, exclude=exclude), None
-    if placed is not None and (not (affinity.continues or affinity.session)
-                               or not any(c.id == placed for c in candidates)):
+    if placed is not None and (
+        not (affinity.continues or affinity.session) or not any(c.id == placed for c in candidates)
+    ):
         # A first turn identified by its content starts afresh; a replica that is gone holds nothing.
         placed = None
     if placed is None and not affinity.continues:

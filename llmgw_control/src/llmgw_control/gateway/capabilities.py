@@ -41,8 +41,12 @@ FEATURES = CAPABILITIES[8:]
 # model without them answers 501, which the client gets as a 400).
 _LLAMA_ROUTES = frozenset({"chat", "completions", "responses", "messages", "tokenize", "infill"})
 # Flags that turn on a route (llama-server b11312's spellings).
-_LLAMA_FLAGS = {"--embeddings": "embeddings", "--embedding": "embeddings", "--reranking": "rerank",
-                "--rerank": "rerank"}
+_LLAMA_FLAGS = {
+    "--embeddings": "embeddings",
+    "--embedding": "embeddings",
+    "--reranking": "rerank",
+    "--rerank": "rerank",
+}
 
 # How long an engine has to answer /props and /v1/models: llama-server answers them from memory
 # in milliseconds, busy or not, and the caller waits (once per replica per PROBE_RETRY).
@@ -77,8 +81,9 @@ def declared(profile: ProfileConfig | None) -> frozenset[str] | None:
     return _LLAMA_ROUTES | {_LLAMA_FLAGS[arg] for arg in profile.args if arg in _LLAMA_FLAGS}
 
 
-def combine(explicit: bool, routes: frozenset[str] | None, facts: Iterable[EngineFacts],
-            context: int | None = None) -> ModelCapabilities | None:
+def combine(
+    explicit: bool, routes: frozenset[str] | None, facts: Iterable[EngineFacts], context: int | None = None
+) -> ModelCapabilities | None:
     """A model's capabilities: an explicit list as it is; else its routes and its replicas' facts.
 
     A feature is known served when any replica reports it, unserved when every replica that
@@ -145,16 +150,21 @@ def refusal(model: str, capabilities: ModelCapabilities | None, wanted: list[str
         return None
     what = {"vision": "image input", "audio": "audio input"}.get(missing[0], f"the {missing[0]} API")
     return ClientApiError(
-        400, f"The model '{model}' does not serve {what} (it serves: {', '.join(capabilities.listed())}).",
-        code="unsupported_by_model", param="model", headers=(("x-should-retry", "false"),))
+        400,
+        f"The model '{model}' does not serve {what} (it serves: {', '.join(capabilities.listed())}).",
+        code="unsupported_by_model",
+        param="model",
+        headers=(("x-should-retry", "false"),),
+    )
 
 
 async def _get_json(upstream: UpstreamClient, replica: Replica, path: str) -> Any:
     headers = [("accept", "application/json")]
     if replica.api_key:
         headers.append(("authorization", f"Bearer {replica.api_key}"))
-    async with upstream.open("GET", replica.url + path, headers=headers, body=b"",
-                             connect_timeout=PROBE_TIMEOUT) as response:
+    async with upstream.open(
+        "GET", replica.url + path, headers=headers, body=b"", connect_timeout=PROBE_TIMEOUT
+    ) as response:
         if response.status_code != 200:
             return None
         parts: list[bytes] = []

@@ -41,6 +41,8 @@ def _events_end(data: bytes) -> int:
     # \r\n line ends are SSE too; the engines we know write \n.
     lf, crlf = data.rfind(_END), data.rfind(b"\r\n\r\n")
     return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+
+
 _DONE = b"data: [DONE]"
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
@@ -65,8 +67,7 @@ def may_continue(request: ParsedRequest) -> bool:
         last = payload["messages"][-1]
         return bool(last.get("role") != "assistant")
     if kind == "completions":
-        return (isinstance(payload["prompt"], str) and not payload.get("echo")
-                and payload.get("suffix") is None)
+        return isinstance(payload["prompt"], str) and not payload.get("echo") and payload.get("suffix") is None
     return False
 
 
@@ -333,9 +334,9 @@ class Splice:
             return text
         if text.startswith(echo):
             self._echo = ""
-            return text[len(echo):]
+            return text[len(echo) :]
         if echo.startswith(text):
-            self._echo = echo[len(text):]
+            self._echo = echo[len(text) :]
             return ""
         self._echo = ""  # it does not echo after all
         return text
@@ -360,5 +361,6 @@ class Splice:
             details["cached_tokens"] = max(0, min(cached, client_prompt))
         # Each attempt read the client's prompt and what had been generated before it started.
         starts = [0, *self.record.broken_tokens[:-1]]
-        self.charged = TokenUsage(sum(client_prompt + s for s in starts) + prompt, sent_before + completion,
-                                  clamped=counts.clamped)
+        self.charged = TokenUsage(
+            sum(client_prompt + s for s in starts) + prompt, sent_before + completion, clamped=counts.clamped
+        )

@@ -52,8 +52,11 @@ class CorsPolicy:
         assert origin is not None
         if "*" in self.origins:
             return [(b"access-control-allow-origin", b"*"), (b"access-control-expose-headers", _EXPOSED)]
-        return [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin"),
-                (b"access-control-expose-headers", _EXPOSED)]
+        return [
+            (b"access-control-allow-origin", origin.encode("latin-1")),
+            (b"vary", b"Origin"),
+            (b"access-control-expose-headers", _EXPOSED),
+        ]
 
     def preflight(self, origin: str | None, asked_headers: str | None) -> list[tuple[bytes, bytes]]:
         """The headers of a preflight's 204 for an allowed origin (the caller refuses the others)."""

@@ -49,7 +49,10 @@ def facts_from(props: Any, models: Any) -> EngineFacts:
     tools = _flag(caps.get("supports_tools"))
     if tools is False and _flag(caps.get("supports_tool_calls")):
         tools = True
-    return EngineFacts(vision=_flag(modalities.get("vision")), audio=_flag(modalities.get("audio")), tools=tools,
-                       context_length=context, created=created)
-
-
+    return EngineFacts(
+        vision=_flag(modalities.get("vision")),
+        audio=_flag(modalities.get("audio")),
+        tools=tools,
+        context_length=context,
+        created=created,
+    )

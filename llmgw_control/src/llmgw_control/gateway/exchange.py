@@ -44,16 +44,21 @@ class ExchangeState(StrEnum):
     CLIENT_GONE = "client_gone"
 
 
-EXCHANGE_LIFECYCLE = Lifecycle("exchange", ExchangeState, start={ExchangeState.IDLE}, transitions={
-    ExchangeState.IDLE: {ExchangeState.HEAD_SENT, ExchangeState.CLIENT_GONE},
-    ExchangeState.HEAD_SENT: {ExchangeState.STREAMING, ExchangeState.COMPLETE, ExchangeState.CLIENT_GONE},
-    ExchangeState.STREAMING: {ExchangeState.COMPLETE, ExchangeState.CLIENT_GONE},
-    # Writes of the answer's end may follow (the last chunk, the stream's close), changing nothing.
-    ExchangeState.COMPLETE: set(),
-    # Terminal: nothing reaches the client any more, and what the relay was already doing as the
-    # disconnect came in (its cancellation is on the way) changes nothing either.
-    ExchangeState.CLIENT_GONE: set(),
-})
+EXCHANGE_LIFECYCLE = Lifecycle(
+    "exchange",
+    ExchangeState,
+    start={ExchangeState.IDLE},
+    transitions={
+        ExchangeState.IDLE: {ExchangeState.HEAD_SENT, ExchangeState.CLIENT_GONE},
+        ExchangeState.HEAD_SENT: {ExchangeState.STREAMING, ExchangeState.COMPLETE, ExchangeState.CLIENT_GONE},
+        ExchangeState.STREAMING: {ExchangeState.COMPLETE, ExchangeState.CLIENT_GONE},
+        # Writes of the answer's end may follow (the last chunk, the stream's close), changing nothing.
+        ExchangeState.COMPLETE: set(),
+        # Terminal: nothing reaches the client any more, and what the relay was already doing as the
+        # disconnect came in (its cancellation is on the way) changes nothing either.
+        ExchangeState.CLIENT_GONE: set(),
+    },
+)
 # The table's rows, read directly by ``Exchange.move``: a move is on every request's path, so it
 # is one dict lookup and one set test, not a call into ``Lifecycle.allowed``.
 _MOVES = EXCHANGE_LIFECYCLE.transitions
@@ -148,15 +153,24 @@ class Exchange:
             headers += self.cors
         return extra + headers
 
-    async def respond(self, status: int, body: bytes, content_type: bytes = b"application/json",
-                      extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    async def respond(
+        self,
+        status: int,
+        body: bytes,
+        content_type: bytes = b"application/json",
+        extra: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
         self.move(ExchangeState.HEAD_SENT)
         self.status = status
-        await self._send({
-            "type": "http.response.start", "status": status,
-            "headers": self._headers([(b"content-type", content_type),
-                                      (b"content-length", str(len(body)).encode()), *(extra or ())]),
-        })
+        await self._send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": self._headers(
+                    [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), *(extra or ())]
+                ),
+            }
+        )
         self.move(ExchangeState.COMPLETE)
         await self._send({"type": "http.response.body", "body": body})
 
@@ -191,12 +205,20 @@ class Exchange:
     async def start_stream(self, status: int, content_type: bytes) -> None:
         self.move(ExchangeState.HEAD_SENT)
         self.status = status
-        await self._send({
-            "type": "http.response.start", "status": status,
-            "headers": self._headers([(b"content-type", content_type), (b"cache-control", b"no-cache"),
-                                      # nginx in front would otherwise buffer the stream
-                                      (b"x-accel-buffering", b"no")]),
-        })
+        await self._send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": self._headers(
+                    [
+                        (b"content-type", content_type),
+                        (b"cache-control", b"no-cache"),
+                        # nginx in front would otherwise buffer the stream
+                        (b"x-accel-buffering", b"no"),
+                    ]
+                ),
+            }
+        )
 
     async def send_chunk(self, chunk: bytes, events: int = 1) -> None:
         # Events relayed: with no usage from the engine, about one token each.
@@ -226,8 +248,6 @@ def request_id(scope: Scope) -> str:
     return uuid.uuid4().hex
 
 
-
-
 def _clamped(exchange: Exchange, metrics: GatewayMetrics) -> None:
     """Counts the engine reported out of bounds (gateway/usage.py clamped them): named, with the
     replica that reported them, once a request."""
@@ -237,9 +257,12 @@ def _clamped(exchange: Exchange, metrics: GatewayMetrics) -> None:
         return
     for clamp in clamped:
         metrics.usage_clamped.labels(exchange.replica, clamp.field).inc()
-    log.warning("replica %s reported implausible usage, clamped: %s", exchange.replica,
-                ", ".join(clamp.describe() for clamp in clamped),
-                extra={"replica": exchange.replica, "model": exchange.model})
+    log.warning(
+        "replica %s reported implausible usage, clamped: %s",
+        exchange.replica,
+        ", ".join(clamp.describe() for clamp in clamped),
+        extra={"replica": exchange.replica, "model": exchange.model},
+    )
 
 
 def record(scope: Scope, exchange: Exchange, metrics: GatewayMetrics) -> None:
@@ -261,11 +284,19 @@ def record(scope: Scope, exchange: Exchange, metrics: GatewayMetrics) -> None:
             metrics.tokens.labels(exchange.model, "completion").inc(exchange.usage.completion_tokens)
             if exchange.usage.cached_tokens:
                 metrics.cached_prompt_tokens.labels(exchange.model).inc(exchange.usage.cached_tokens)
-        metrics.live.note(exchange.model, exchange.replica, status, exchange.ttft if exchange.stream else None,
-                          exchange.usage.completion_tokens if exchange.usage is not None else 0)
+        metrics.live.note(
+            exchange.model,
+            exchange.replica,
+            status,
+            exchange.ttft if exchange.stream else None,
+            exchange.usage.completion_tokens if exchange.usage is not None else 0,
+        )
     fields: dict[str, Any] = {
-        "method": scope["method"], "path": scope["path"], "status": status,
-        "duration_ms": round(duration * 1000, 2), "overhead_ms": round(overhead * 1000, 3),
+        "method": scope["method"],
+        "path": scope["path"],
+        "status": status,
+        "duration_ms": round(duration * 1000, 2),
+        "overhead_ms": round(overhead * 1000, 3),
     }
     if exchange.kind:
         fields["api"] = exchange.kind
@@ -274,9 +305,11 @@ def record(scope: Scope, exchange: Exchange, metrics: GatewayMetrics) -> None:
     if exchange.ttft is not None:
         fields["ttft_ms"] = round(exchange.ttft * 1000, 2)
     if exchange.usage is not None:
-        fields.update(prompt_tokens=exchange.usage.prompt_tokens,
-                      completion_tokens=exchange.usage.completion_tokens,
-                      cached_tokens=exchange.usage.cached_tokens)
+        fields.update(
+            prompt_tokens=exchange.usage.prompt_tokens,
+            completion_tokens=exchange.usage.completion_tokens,
+            cached_tokens=exchange.usage.cached_tokens,
+        )
     if exchange.continuations:
         fields["continuations"] = exchange.continuations
     if exchange.client_gone:

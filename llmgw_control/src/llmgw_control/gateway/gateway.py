@@ -8,7 +8,7 @@ inside one nursery, and the upstream response is an ``async with`` that closes t
 client goes away. It also saves Quart's own cost per request (docs/performance.md). The admin API and
 pages, which are not hot, use Quart.
 
-About 510 lines: the dispatch of every route and the two attempt loops (first attempts and
+About 640 lines: the dispatch of every route and the two attempt loops (first attempts and
 continuations) that follow the one policy table in ``attempts.py``; the parsing, relay, usage and
 hang watch are modules of their own.
 """
@@ -94,9 +94,13 @@ class Gateway:
             except Exception:
                 log.exception("unexpected error while serving %s %s", scope["method"], scope["path"])
                 if not exchange.response_started:
-                    await exchange.send_error(ClientApiError(
-                        500, f"Internal error in the gateway (request id {exchange.request_id}).",
-                        code="internal_error"))
+                    await exchange.send_error(
+                        ClientApiError(
+                            500,
+                            f"Internal error in the gateway (request id {exchange.request_id}).",
+                            code="internal_error",
+                        )
+                    )
             finally:
                 record(scope, exchange, self.metrics)
                 exchange.trace.end(exchange)
@@ -115,18 +119,27 @@ class Gateway:
         if endpoint is not None:
             exchange.api, exchange.kind = endpoint.api, endpoint.kind
             if self.tracing.enabled:
-                exchange.trace = begin(self.tracing, header(scope, b"traceparent"), header(scope, b"tracestate"),
-                                       path, endpoint.kind, endpoint.api, exchange.request_id)
+                exchange.trace = begin(
+                    self.tracing,
+                    header(scope, b"traceparent"),
+                    header(scope, b"tracestate"),
+                    path,
+                    endpoint.kind,
+                    endpoint.api,
+                    exchange.request_id,
+                )
             if method != "POST":
-                raise ClientApiError(405, f"Method {method} is not allowed on {path}; use POST.",
-                                     code="method_not_allowed")
+                raise ClientApiError(
+                    405, f"Method {method} is not allowed on {path}; use POST.", code="method_not_allowed"
+                )
             authorization = _authorization(scope, endpoint.api)
             # Who is asking comes first, on the head: a client without a key gets its 401 before
             # its body is invited (no 100 Continue) or read, and learns no model names.
             allowed = self.admission.authenticate(authorization) if self.admission is not None else None
             length = header(scope, b"content-length")
             body = await read_body(
-                receive, content_length=int(length) if length and length.isdigit() else None,
+                receive,
+                content_length=int(length) if length and length.isdigit() else None,
                 limit=self.config.max_body_bytes,
             )
             request = parse_request(endpoint, body)
@@ -151,14 +164,19 @@ class Gateway:
                 return
             estimate = _estimate_tokens(request)
             with exchange.trace.phase("llmgw.admission"):
-                ticket = await admit_waiting(self.admission, authorization, adapter or ProfileKey.model_of(profile_key),
-                                             estimated_tokens=sum(estimate))
+                ticket = await admit_waiting(
+                    self.admission,
+                    authorization,
+                    adapter or ProfileKey.model_of(profile_key),
+                    estimated_tokens=sum(estimate),
+                )
             try:
                 # After the allow-list (a key learns nothing of a model it may not use), before
                 # any replica: a request the model cannot serve is the caller's 400.
                 self._check_capabilities(profile_key, request, wanted)
-                await self._forward(request, profile_key, receive, exchange, ticket.priority, affinity=affinity,
-                                    adapter=adapter)
+                await self._forward(
+                    request, profile_key, receive, exchange, ticket.priority, affinity=affinity, adapter=adapter
+                )
             finally:
                 _settle(ticket, exchange, estimate, request.endpoint.metered)
         elif path.startswith("/v1/models") and method == "GET":
@@ -182,8 +200,11 @@ class Gateway:
             asked = header(scope, b"access-control-request-headers")
             await exchange.respond_empty(204, self.cors.preflight(origin, asked))
         else:
-            raise ClientApiError(403, f"Origin {origin[:200]!r} may not call this API from a browser "
-                                 "(router.allowed_origins).", code="origin_not_allowed")
+            raise ClientApiError(
+                403,
+                f"Origin {origin[:200]!r} may not call this API from a browser (router.allowed_origins).",
+                code="origin_not_allowed",
+            )
 
     def capabilities(self, profile_key: str) -> ModelCapabilities | None:
         """What the model behind ``profile_key`` serves, as far as is known (gateway/capabilities.py)."""
@@ -191,8 +212,9 @@ class Gateway:
         facts = [r.facts for r in self.replicas.for_model(profile_key) if r.facts is not None]
         if profile is None and not facts:
             return None
-        return combine(bool(profile and profile.capabilities), declared(profile), facts,
-                       profile.context if profile else None)
+        return combine(
+            bool(profile and profile.capabilities), declared(profile), facts, profile.context if profile else None
+        )
 
     def _check_capabilities(self, profile_key: str, request: ParsedRequest, wanted: list[str]) -> None:
         refused = refusal(request.model, self.capabilities(profile_key), wanted)
@@ -208,8 +230,16 @@ class Gateway:
     async def _models(self, path: str, exchange: Exchange, allowed: frozenset[str] | None) -> None:
         visible = self._visible(allowed)
         profile_keys = {self.directory.resolve(name) for name in visible}
-        await learn(self.upstream, [r for profile_key in profile_keys if profile_key is not None
-                                    for r in self.replicas.for_model(profile_key)], self.probes)
+        await learn(
+            self.upstream,
+            [
+                r
+                for profile_key in profile_keys
+                if profile_key is not None
+                for r in self.replicas.for_model(profile_key)
+            ],
+            self.probes,
+        )
         if path == "/v1/models":
             await exchange.respond_json(200, {"object": "list", "data": [self._model_card(m) for m in visible]})
             return
@@ -224,8 +254,12 @@ class Gateway:
         capabilities, and ``created`` (its engine's, else this daemon's start)."""
         profile_key = self.directory.resolve(name)
         capabilities = self.capabilities(profile_key) if profile_key is not None else None
-        card: dict[str, Any] = {"id": name, "object": "model", "owned_by": "llmgw",
-                                "created": (capabilities.created if capabilities else None) or self.started}
+        card: dict[str, Any] = {
+            "id": name,
+            "object": "model",
+            "owned_by": "llmgw",
+            "created": (capabilities.created if capabilities else None) or self.started,
+        }
         if capabilities is not None:
             card["capabilities"] = capabilities.listed()
             if capabilities.context_length:
@@ -236,7 +270,8 @@ class Gateway:
         profile_key = self.directory.resolve(name)
         # As ``admit`` checks an allow-list: by the model, whatever the profile; an adapter by its own name.
         return profile_key is not None and (
-            allowed is None or (self.directory.adapter(name) or ProfileKey.model_of(profile_key)) in allowed)
+            allowed is None or (self.directory.adapter(name) or ProfileKey.model_of(profile_key)) in allowed
+        )
 
     def _visible(self, allowed: frozenset[str] | None) -> list[str]:
         """The model names a key may see: all of them, or those its allow-list names."""
@@ -244,8 +279,15 @@ class Gateway:
         return names if allowed is None else [name for name in names if self._may_see(name, allowed)]
 
     async def _forward(
-        self, request: ParsedRequest, profile_key: str, receive: Receive, exchange: Exchange,
-        priority: Priority = Priority.INTERACTIVE, *, affinity: Affinity | None = None, adapter: str | None = None,
+        self,
+        request: ParsedRequest,
+        profile_key: str,
+        receive: Receive,
+        exchange: Exchange,
+        priority: Priority = Priority.INTERACTIVE,
+        *,
+        affinity: Affinity | None = None,
+        adapter: str | None = None,
     ) -> None:
         in_flight = self.metrics.in_flight.labels(profile_key)
         in_flight.inc()
@@ -270,14 +312,20 @@ class Gateway:
         """A record of the stream when it may be continued elsewhere should its engine break off."""
         config = self.config
         allowed = config.continue_streams.get(
-            profile_key, config.continue_streams.get(ProfileKey.model_of(profile_key), True))
+            profile_key, config.continue_streams.get(ProfileKey.model_of(profile_key), True)
+        )
         if config.max_continuations < 1 or not allowed or not may_continue(request):
             return None
         return StreamRecord(request)
 
     async def _attempts(
-        self, request: ParsedRequest, profile_key: str, exchange: Exchange, priority: Priority,
-        affinity: Affinity | None, adapter: str | None = None,
+        self,
+        request: ParsedRequest,
+        profile_key: str,
+        exchange: Exchange,
+        priority: Priority,
+        affinity: Affinity | None,
+        adapter: str | None = None,
     ) -> None:
         """Up to ``max_attempts`` attempts on replicas not tried yet, each outcome stepped through
         the policy table (gateway/attempts.py). An adapter's request counts the replicas that do
@@ -322,7 +370,8 @@ class Gateway:
             assert isinstance(outcome, Retry)  # Step.NEXT
             failure = outcome.error
         raise failure or ClientApiError(
-            503, f"No replica of model '{request.model}' is available.", code="no_replica_available")
+            503, f"No replica of model '{request.model}' is available.", code="no_replica_available"
+        )
 
     def _step(self, replica: Replica, profile_key: str, outcome: Outcome, phase: Phase) -> Step:
         """The policy's step for ``outcome``, with the replica cooled down when the policy says so."""
@@ -347,12 +396,23 @@ class Gateway:
             # A hung replica is out of rotation already, until its /health answers (gateway/hang_watch.py).
             replica.cooldown_until = max(replica.cooldown_until, trio.current_time() + self.config.cooldown)
             self.metrics.cooldowns.labels(replica.id).inc()
-        log.warning("replica %s failed (%s): %s", replica.id, reason, error.message,
-                    extra={"replica": replica.id, "model": profile_key})
+        log.warning(
+            "replica %s failed (%s): %s",
+            replica.id,
+            reason,
+            error.message,
+            extra={"replica": replica.id, "model": profile_key},
+        )
 
     async def _continue(
-        self, profile_key: str, exchange: Exchange, priority: Priority, tried: frozenset[str], broken: Broken,
-        record: StreamRecord | None, affinity: Affinity | None,
+        self,
+        profile_key: str,
+        exchange: Exchange,
+        priority: Priority,
+        tried: frozenset[str],
+        broken: Broken,
+        record: StreamRecord | None,
+        affinity: Affinity | None,
     ) -> None:
         """Continue a broken stream on other replicas, at most ``max_continuations`` times.
 
@@ -361,8 +421,12 @@ class Gateway:
         as a stream that may not be continued (no ``record``) does at once.
         """
         if record is None:
-            log.warning("stream from replica %s ended early: %s", exchange.replica, broken.error.message,
-                        extra={"replica": exchange.replica, "model": profile_key})
+            log.warning(
+                "stream from replica %s ended early: %s",
+                exchange.replica,
+                broken.error.message,
+                extra={"replica": exchange.replica, "model": profile_key},
+            )
             await exchange.send_error(broken.error)
             await exchange.end_stream()
             return
@@ -407,9 +471,15 @@ class Gateway:
                 record.broken_tokens.pop()
             if step is Step.END_STREAM:
                 if isinstance(outcome, Refused):
-                    failure, ended = ClientApiError(
-                        502, f"Replica {replica.id} would not continue the stream ({outcome.status}): "
-                             f"{engine_message(outcome.body)}", code="upstream_error"), "refused"
+                    failure, ended = (
+                        ClientApiError(
+                            502,
+                            f"Replica {replica.id} would not continue the stream ({outcome.status}): "
+                            f"{engine_message(outcome.body)}",
+                            code="upstream_error",
+                        ),
+                        "refused",
+                    )
                 else:
                     assert isinstance(outcome, Stalled)
                     failure = outcome.error
@@ -417,22 +487,34 @@ class Gateway:
             assert isinstance(outcome, (Retry, Broken))  # Step.NEXT, Step.CONTINUE: another try
             failure = outcome.error
         self.metrics.continuations.labels(profile_key, ended).inc()
-        log.warning("stream ended early after %d continuation(s) (%s): %s", record.continuations, ended,
-                    failure.message, extra={"model": profile_key})
+        log.warning(
+            "stream ended early after %d continuation(s) (%s): %s",
+            record.continuations,
+            ended,
+            failure.message,
+            extra={"model": profile_key},
+        )
         await exchange.send_error(failure)
         await exchange.end_stream()
 
     async def _queue(
-        self, profile_key: str, exchange: Exchange, priority: Priority, tried: frozenset[str],
-        affinity: Affinity | None, *, retry: bool,
+        self,
+        profile_key: str,
+        exchange: Exchange,
+        priority: Priority,
+        tried: frozenset[str],
+        affinity: Affinity | None,
+        *,
+        retry: bool,
     ) -> Slot | Refusal:
         """Wait for a slot; the time waited is the queue's, neither llmgw's work nor the engine's."""
         held = time.perf_counter()
         outcome: Slot | Refusal | None = None
         try:
             with exchange.trace.phase("llmgw.queue") as span:
-                outcome = await self.activator.wait(profile_key, priority, exclude=tried, front=retry,
-                                                    affinity=affinity)
+                outcome = await self.activator.wait(
+                    profile_key, priority, exclude=tried, front=retry, affinity=affinity
+                )
                 span.set_attribute("llmgw.queue_outcome", "slot" if isinstance(outcome, Slot) else outcome.value)
         finally:
             # Refused at once (queue full, nothing left to try): that request never waited.
@@ -445,11 +527,18 @@ class Gateway:
         return outcome
 
     async def _attempt(
-        self, replica: Replica, request: ParsedRequest, exchange: Exchange, record: StreamRecord | None = None,
+        self,
+        replica: Replica,
+        request: ParsedRequest,
+        exchange: Exchange,
+        record: StreamRecord | None = None,
         affinity: Affinity | None = None,
     ) -> Outcome:
-        headers = [("content-type", "application/json"), ("accept", "application/json, text/event-stream"),
-                   ("x-request-id", exchange.request_id)]
+        headers = [
+            ("content-type", "application/json"),
+            ("accept", "application/json, text/event-stream"),
+            ("x-request-id", exchange.request_id),
+        ]
         # Before the engine's key is added: the span's traceparent is all the trace adds.
         span = exchange.trace.attempt(replica.id, exchange.continuations, headers)
         if replica.api_key:
@@ -460,19 +549,30 @@ class Gateway:
         engine_slot = claim_engine_slot(replica, affinity.id) if affinity is not None else None
         outcome: Outcome | None = None
         try:
-            outcome = await exchange_with(self.upstream, self.config, replica, url, headers, request, exchange,
-                                          record, engine_slot)
+            outcome = await exchange_with(
+                self.upstream, self.config, replica, url, headers, request, exchange, record, engine_slot
+            )
         except UpstreamClosedEarly as exc:
             # A fresh connection (the upstream client re-sends once when a pooled one was closed
             # under the request) closed before answering: the engine is in trouble.
-            outcome = Retry(ClientApiError(
-                502, f"Replica {replica.id} closed the connection before answering (phase: "
-                     f"first_byte): {exc}", code="upstream_closed"), "closed")
+            outcome = Retry(
+                ClientApiError(
+                    502,
+                    f"Replica {replica.id} closed the connection before answering (phase: first_byte): {exc}",
+                    code="upstream_closed",
+                ),
+                "closed",
+            )
         except UpstreamError as exc:
             # A connect error, or anything else the upstream client could not send.
-            outcome = Retry(ClientApiError(
-                502, f"Replica {replica.id} could not be reached (phase: connect): {exc}",
-                code="upstream_connect_error"), "connect")
+            outcome = Retry(
+                ClientApiError(
+                    502,
+                    f"Replica {replica.id} could not be reached (phase: connect): {exc}",
+                    code="upstream_connect_error",
+                ),
+                "connect",
+            )
         finally:
             give_back_engine_slot(replica, engine_slot)
             gauge.dec()
@@ -517,8 +617,9 @@ def _estimate_tokens(request: ParsedRequest) -> tuple[int, int]:
     if not fields:
         return len(request.body) // 4, 0
     budgets = (request.payload.get(name) for name in fields)
-    completion = next((b for b in budgets if isinstance(b, int) and not isinstance(b, bool) and b > 0),
-                      _DEFAULT_COMPLETION_ESTIMATE)
+    completion = next(
+        (b for b in budgets if isinstance(b, int) and not isinstance(b, bool) and b > 0), _DEFAULT_COMPLETION_ESTIMATE
+    )
     return len(request.body) // 4, completion
 
 
@@ -535,5 +636,3 @@ def _settle(ticket: Ticket, exchange: Exchange, estimate: tuple[int, int], meter
         ticket.settle(estimate[0], completion)
     else:
         ticket.give_back()
-
-

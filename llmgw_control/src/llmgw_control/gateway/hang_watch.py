@@ -49,7 +49,11 @@ class HangWatch:
     """The gateway's one watcher of every replica's progress (``run``, a task for the daemon's life)."""
 
     def __init__(
-        self, replicas: ReplicaSet, upstream: UpstreamClient, config: GatewayConfig, metrics: GatewayMetrics,
+        self,
+        replicas: ReplicaSet,
+        upstream: UpstreamClient,
+        config: GatewayConfig,
+        metrics: GatewayMetrics,
     ) -> None:
         self.replicas = replicas
         self.upstream = upstream
@@ -107,10 +111,15 @@ class HangWatch:
         replica.cooldown_until = math.inf
         self.metrics.hangs.labels(replica.id).inc()
         waiting = list(progress.waiting)
-        log.warning("replica %s is hung: requests waited %.1f s without a byte and its /health did not answer "
-                    "within %g s; withdrawn from routing, %d waiting request(s) moved", replica.id,
-                    now - progress.last, self.config.hang_probe_timeout, len(waiting),
-                    extra={"replica": replica.id})
+        log.warning(
+            "replica %s is hung: requests waited %.1f s without a byte and its /health did not answer "
+            "within %g s; withdrawn from routing, %d waiting request(s) moved",
+            replica.id,
+            now - progress.last,
+            self.config.hang_probe_timeout,
+            len(waiting),
+            extra={"replica": replica.id},
+        )
         for scope in waiting:
             scope.cancel()
 
@@ -120,8 +129,12 @@ class HangWatch:
         progress.hung_since = None
         progress.last = trio.current_time()
         replica.cooldown_until = 0.0
-        log.warning("replica %s answers /health again after %.1f s hung; back in rotation", replica.id, hung_for,
-                    extra={"replica": replica.id})
+        log.warning(
+            "replica %s answers /health again after %.1f s hung; back in rotation",
+            replica.id,
+            hung_for,
+            extra={"replica": replica.id},
+        )
         # Requests queued for a slot may take its slots now.
         self.replicas.slots_opened(replica)
 
@@ -132,8 +145,9 @@ class HangWatch:
         async with self._probes:
             with trio.move_on_after(timeout):
                 try:
-                    async with self.upstream.open("GET", replica.url + "/health", headers=headers, body=b"",
-                                                  connect_timeout=timeout) as response:
+                    async with self.upstream.open(
+                        "GET", replica.url + "/health", headers=headers, body=b"", connect_timeout=timeout
+                    ) as response:
                         size = 0
                         while size < _PROBE_BODY_LIMIT and (chunk := await response.next_chunk()) is not None:
                             size += len(chunk)

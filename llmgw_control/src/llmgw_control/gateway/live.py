@@ -34,8 +34,29 @@ BUCKETS = WINDOW_SECONDS // BUCKET_SECONDS
 MAX_SERIES = 256
 # Upper bounds (seconds) of the time-to-first-token bins, from a cached answer to the longest wait
 # for a first byte (router.first_byte_timeout's 300 s); past the last is one overflow bin.
-TTFT_BOUNDS = (0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0,
-               15.0, 30.0, 60.0, 120.0, 300.0)
+TTFT_BOUNDS = (
+    0.025,
+    0.05,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    5.0,
+    7.5,
+    10.0,
+    15.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+)
 # A short recent span for the headline figures (the rates "now"): the last 6 buckets.
 RECENT_BUCKETS = 6
 
@@ -142,8 +163,9 @@ def _merged(buckets: list[_Bucket]) -> list[int]:
 
 
 class LiveWindow:
-    def __init__(self, daemon: str | None = None, *, max_series: int = MAX_SERIES,
-                 queues: WaitingRequests | None = None) -> None:
+    def __init__(
+        self, daemon: str | None = None, *, max_series: int = MAX_SERIES, queues: WaitingRequests | None = None
+    ) -> None:
         self.daemon = daemon or f"{socket.gethostname()}:{os.getpid()}"
         self.started = int(time.time())
         self.max_series = max_series
@@ -153,8 +175,9 @@ class LiveWindow:
         # requests are noted and as the window is read.
         self.queues = queues if queues is not None else WaitingRequests()
 
-    def note(self, model: str, replica: str, status: int, ttft: float | None, tokens: int,
-             now: float | None = None) -> None:
+    def note(
+        self, model: str, replica: str, status: int, ttft: float | None, tokens: int, now: float | None = None
+    ) -> None:
         """One answered request (the data path: keep it to a few updates)."""
         tick = int(time.time() if now is None else now) // BUCKET_SECONDS
         bucket = self._series(self.models, model, model, tick).bucket(tick)
@@ -211,10 +234,16 @@ class LiveWindow:
         for table in (self.models, self.replicas):
             for name in [n for n, s in table.items() if s.last < first]:
                 del table[name]  # idle for the whole window
-            views.append([self._view(name, series, first, tick) for name, series in sorted(table.items())
-                          if model is None or series.model == model])
-        return LiveTraffic(self.daemon, self.started, int(moment), first * BUCKET_SECONDS, BUCKET_SECONDS,
-                           WINDOW_SECONDS, *views)
+            views.append(
+                [
+                    self._view(name, series, first, tick)
+                    for name, series in sorted(table.items())
+                    if model is None or series.model == model
+                ]
+            )
+        return LiveTraffic(
+            self.daemon, self.started, int(moment), first * BUCKET_SECONDS, BUCKET_SECONDS, WINDOW_SECONDS, *views
+        )
 
     def _view(self, name: str, series: _Series, first: int, tick: int) -> LiveSeries:
         slots: list[_Bucket | None] = [None] * BUCKETS
@@ -232,7 +261,22 @@ class LiveWindow:
         span = RECENT_BUCKETS * BUCKET_SECONDS
         median, high = _quantiles(_merged(recent))
         current = slots[-1].queue if slots[-1] is not None else 0
-        summary = LiveSummary(round(sum(b.requests for b in recent) / span, 3), sum(b.errors for b in recent),
-                              round(sum(b.tokens for b in recent) / span, 2), median, high, current)
-        return LiveSeries(name, series.model, summary, requests, [b.errors if b else 0 for b in slots],
-                          [b.tokens if b else 0 for b in slots], p50, p95, [b.queue if b else 0 for b in slots])
+        summary = LiveSummary(
+            round(sum(b.requests for b in recent) / span, 3),
+            sum(b.errors for b in recent),
+            round(sum(b.tokens for b in recent) / span, 2),
+            median,
+            high,
+            current,
+        )
+        return LiveSeries(
+            name,
+            series.model,
+            summary,
+            requests,
+            [b.errors if b else 0 for b in slots],
+            [b.tokens if b else 0 for b in slots],
+            p50,
+            p95,
+            [b.queue if b else 0 for b in slots],
+        )

@@ -35,42 +35,64 @@ class GatewayMetrics:
     def _declare_traffic(self, registry: CollectorRegistry) -> None:
         """What was answered, how fast, and the tokens it carried."""
         self.requests = Counter(
-            "llmgw_requests_total", "Requests answered, by model, replica and HTTP status (499: client gone).",
-            ["model", "replica", "status"], registry=registry,
+            "llmgw_requests_total",
+            "Requests answered, by model, replica and HTTP status (499: client gone).",
+            ["model", "replica", "status"],
+            registry=registry,
         )
         # By the route's API apart from the series above, whose labels dashboards already read.
         self.api_requests = Counter(
-            "llmgw_api_requests_total", "Requests answered on the model routes, by API (the route's kind: chat, "
+            "llmgw_api_requests_total",
+            "Requests answered on the model routes, by API (the route's kind: chat, "
             "completions, embeddings, responses, messages, count_tokens, rerank, tokenize, detokenize, "
-            "apply_template, infill) and HTTP status.", ["api", "status"], registry=registry,
+            "apply_template, infill) and HTTP status.",
+            ["api", "status"],
+            registry=registry,
         )
         self.duration = Histogram(
-            "llmgw_request_duration_seconds", "Time from request to last byte sent to the client.",
-            ["model"], buckets=_LATENCY_BUCKETS, registry=registry,
+            "llmgw_request_duration_seconds",
+            "Time from request to last byte sent to the client.",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
         )
         self.ttft = Histogram(
-            "llmgw_time_to_first_token_seconds", "Time from request to the first streamed chunk sent.",
-            ["model"], buckets=_LATENCY_BUCKETS, registry=registry,
+            "llmgw_time_to_first_token_seconds",
+            "Time from request to the first streamed chunk sent.",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
         )
         self.overhead = Histogram(
-            "llmgw_overhead_seconds", "Time spent in llmgw itself, excluding waiting on the engine.",
-            buckets=_OVERHEAD_BUCKETS, registry=registry,
+            "llmgw_overhead_seconds",
+            "Time spent in llmgw itself, excluding waiting on the engine.",
+            buckets=_OVERHEAD_BUCKETS,
+            registry=registry,
         )
         self.in_flight = Gauge(
-            "llmgw_requests_in_flight", "Requests being served, by model.", ["model"], registry=registry,
+            "llmgw_requests_in_flight",
+            "Requests being served, by model.",
+            ["model"],
+            registry=registry,
         )
         self.replica_in_flight = Gauge(
-            "llmgw_replica_requests_in_flight", "Requests in flight per replica.", ["replica"],
+            "llmgw_replica_requests_in_flight",
+            "Requests in flight per replica.",
+            ["replica"],
             registry=registry,
         )
         self.tokens = Counter(
-            "llmgw_tokens_total", "Tokens reported by engines in usage, by model and kind (prompt, completion).",
-            ["model", "kind"], registry=registry,
+            "llmgw_tokens_total",
+            "Tokens reported by engines in usage, by model and kind (prompt, completion).",
+            ["model", "kind"],
+            registry=registry,
         )
         self.cached_prompt_tokens = Counter(
             "llmgw_cached_prompt_tokens_total",
             "Prompt tokens the engine served from its KV cache (usage.prompt_tokens_details.cached_tokens), "
-            "by model; a part of llmgw_tokens_total{kind=\"prompt\"}.", ["model"], registry=registry,
+            'by model; a part of llmgw_tokens_total{kind="prompt"}.',
+            ["model"],
+            registry=registry,
         )
 
     def _declare_routing(self, registry: CollectorRegistry) -> None:
@@ -80,18 +102,22 @@ class GatewayMetrics:
             "Requests routed by prefix affinity, by model and outcome: hit (the replica the affinity id's conversation "
             "was last placed on, its rendezvous choice, or for a new conversation the least loaded) or miss (it "
             "was full, cooling down or over the load bound, so another took it).",
-            ["model", "outcome"], registry=registry,
+            ["model", "outcome"],
+            registry=registry,
         )
         self.affinity_new = Counter(
             "llmgw_affinity_new_conversations_total",
-            "Of llmgw_affinity_requests_total{outcome=\"hit\"}, new conversations (first turns identified by "
+            'Of llmgw_affinity_requests_total{outcome="hit"}, new conversations (first turns identified by '
             "their content, sessions this daemon had not placed): sent to the least loaded replica and "
             "remembered there.",
-            ["model"], registry=registry,
+            ["model"],
+            registry=registry,
         )
         self.retries = Counter(
-            "llmgw_upstream_retries_total", "Attempts moved to another replica.",
-            ["replica", "reason"], registry=registry,
+            "llmgw_upstream_retries_total",
+            "Attempts moved to another replica.",
+            ["replica", "reason"],
+            registry=registry,
         )
         self.stale_resends = Counter(
             "llmgw_upstream_stale_resends_total",
@@ -101,13 +127,17 @@ class GatewayMetrics:
         )
         self.queue_wait = Histogram(
             "llmgw_queue_wait_seconds",
-            "Time requests waited for a replica slot (or for a replica to start), by model; only requests "
-            "that waited.", ["model"], buckets=_LATENCY_BUCKETS, registry=registry,
+            "Time requests waited for a replica slot (or for a replica to start), by model; only requests that waited.",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
         )
         self.queue_refusals = Counter(
             "llmgw_queue_refusals_total",
             "Requests refused by a model's queue: overflow (429, the queue was full), timeout (503, "
-            "waited max_wait), standby (503, this daemon stopped leading).", ["model", "reason"], registry=registry,
+            "waited max_wait), standby (503, this daemon stopped leading).",
+            ["model", "reason"],
+            registry=registry,
         )
         self.continuations = Counter(
             "llmgw_stream_continuations_total",
@@ -116,35 +146,49 @@ class GatewayMetrics:
             "gave_up (router.max_continuations tries, or no other replica), refused (the continuing engine "
             "answered a 4xx), impossible (nothing to carry over: tool calls or reasoning, a stream too long to "
             "record).",
-            ["model", "outcome"], registry=registry,
+            ["model", "outcome"],
+            registry=registry,
         )
 
     def _declare_replica_health(self, registry: CollectorRegistry) -> None:
         """Replicas found failing, hung or reporting impossible usage."""
         self.cooldowns = Counter(
-            "llmgw_replica_cooldowns_total", "Times a replica was put in cooldown after a failure.",
-            ["replica"], registry=registry,
+            "llmgw_replica_cooldowns_total",
+            "Times a replica was put in cooldown after a failure.",
+            ["replica"],
+            registry=registry,
         )
         self.hangs = Counter(
             "llmgw_replica_hangs_total",
             "Times a replica was found hung: requests waited router.hang_suspect_after without a byte from "
             "its engine and its /health did not answer within router.hang_probe_timeout; withdrawn from "
             "routing until its /health answers 200 (gateway/hang_watch.py).",
-            ["replica"], registry=registry,
+            ["replica"],
+            registry=registry,
         )
         self.hung_replicas = Gauge(
-            "llmgw_replicas_hung", "Replicas withdrawn from routing as hung now.", registry=registry,
+            "llmgw_replicas_hung",
+            "Replicas withdrawn from routing as hung now.",
+            registry=registry,
         )
         self.usage_clamped = Counter(
             "llmgw_usage_clamped_total",
             "Token counts an engine reported outside what the request could have produced (negative, past "
             "max_tokens or the prompt's size, past 2**24), clamped before quotas and the store saw them; by "
-            "replica and field (prompt_tokens, completion_tokens).", ["replica", "field"], registry=registry,
+            "replica and field (prompt_tokens, completion_tokens).",
+            ["replica", "field"],
+            registry=registry,
         )
 
     def forget_replica(self, replica_id: str) -> None:
         """Drop every series labelled with ``replica_id``: the replica is gone for good, and a
         fleet that starts and stops replicas all day must not grow /metrics with each one."""
-        for metric in (self.requests, self.replica_in_flight, self.retries, self.cooldowns, self.hangs,
-                       self.usage_clamped):
+        for metric in (
+            self.requests,
+            self.replica_in_flight,
+            self.retries,
+            self.cooldowns,
+            self.hangs,
+            self.usage_clamped,
+        ):
             metric.remove_by_labels({"replica": replica_id})

@@ -43,5 +43,4 @@ class Progress:
         self.waiting.discard(scope)
 
     def suspect(self, now: float, after: float) -> bool:
-        return (self.hung_since is None and not self.probing and bool(self.waiting)
-                and now - self.last >= after)
+        return self.hung_since is None and not self.probing and bool(self.waiting) and now - self.last >= after

@@ -59,8 +59,9 @@ def engine_message(body: bytes) -> str:
 
 
 def _hung(replica: Replica, phase: str) -> ClientApiError:
-    return ClientApiError(502, f"Replica {replica.id} stopped answering and was withdrawn as hung (phase: {phase}).",
-                          code=HUNG)
+    return ClientApiError(
+        502, f"Replica {replica.id} stopped answering and was withdrawn as hung (phase: {phase}).", code=HUNG
+    )
 
 
 # The error code (and the outcome's reason) of an attempt cut short because its replica was found hung.
@@ -72,8 +73,15 @@ def _reason(error: ClientApiError, otherwise: str) -> str:
 
 
 async def exchange_with(
-    upstream: UpstreamClient, config: GatewayConfig, replica: Replica, url: str, headers: list[tuple[str, str]],
-    request: ParsedRequest, exchange: Exchange, record: StreamRecord | None = None, engine_slot: int | None = None,
+    upstream: UpstreamClient,
+    config: GatewayConfig,
+    replica: Replica,
+    url: str,
+    headers: list[tuple[str, str]],
+    request: ParsedRequest,
+    exchange: Exchange,
+    record: StreamRecord | None = None,
+    engine_slot: int | None = None,
 ) -> Outcome:
     """Send ``request`` to ``replica``, relay its answer into ``exchange``, and say how it went.
 
@@ -108,15 +116,22 @@ async def exchange_with(
         # scope (or an exit stack to nest one) per request is measurable on this path.
         with trio.CancelScope(deadline=trio.current_time() + config.first_byte_timeout) as head:
             progress.wait(head)
-            async with upstream.open("POST", url, headers=headers, body=body,
-                                          connect_timeout=config.connect_timeout) as response:
+            async with upstream.open(
+                "POST", url, headers=headers, body=body, connect_timeout=config.connect_timeout
+            ) as response:
                 # No longer cancellable as a wait on a hung engine: the relay's own scopes are.
                 progress.answered(head)
                 head.deadline = math.inf
                 answered = True
                 exchange.upstream_seconds += time.perf_counter() - waited
-                outcome = await _relay(config, replica, response, exchange, record, usage_bounds(
-                    request, context=replica.facts.context_length if replica.facts is not None else None))
+                outcome = await _relay(
+                    config,
+                    replica,
+                    response,
+                    exchange,
+                    record,
+                    usage_bounds(request, context=replica.facts.context_length if replica.facts is not None else None),
+                )
     finally:
         progress.done(head)
         if not answered:
@@ -125,9 +140,13 @@ async def exchange_with(
         if progress.hung_since is not None:
             # Nothing reached the client: another replica serves it at once.
             return Retry(_hung(replica, "first_byte"), "hung")
-        return Stalled(ClientApiError(504, f"Replica {replica.id} did not answer within "
-                                      f"{config.first_byte_timeout:g} s (phase: first_byte).",
-                                      code="upstream_timeout"))
+        return Stalled(
+            ClientApiError(
+                504,
+                f"Replica {replica.id} did not answer within {config.first_byte_timeout:g} s (phase: first_byte).",
+                code="upstream_timeout",
+            )
+        )
     return outcome
 
 
@@ -151,8 +170,9 @@ def refusal_answer(status: int, body: bytes, api: str) -> tuple[int, bytes]:
     if isinstance(value, dict) and _in_shape(value, api):
         return answer, body
     code = "unsupported_by_model" if status == 501 else "engine_rejected"
-    error = ClientApiError(answer, f"The model's engine refused the request ({status}): {engine_message(body)}",
-                           code=code)
+    error = ClientApiError(
+        answer, f"The model's engine refused the request ({status}): {engine_message(body)}", code=code
+    )
     return answer, error.in_shape(api)
 
 
@@ -193,32 +213,46 @@ async def _read_all(
                 progress.last = now = trio.current_time()
                 stalled.deadline = now + idle
     except UpstreamBodyError as exc:
-        raise ClientApiError(502, f"Replica {replica.id} broke off its response (phase: body): {exc}",
-                       code="upstream_broken") from None
+        raise ClientApiError(
+            502, f"Replica {replica.id} broke off its response (phase: body): {exc}", code="upstream_broken"
+        ) from None
     finally:
         progress.done(stalled)
         exchange.upstream_seconds += time.perf_counter() - waited
     if stalled.cancelled_caught:
         if replica.progress.hung_since is not None:
             raise _hung(replica, "body")
-        raise ClientApiError(504, f"Replica {replica.id} sent nothing for {idle:g} s (phase: body).",
-                       code="upstream_timeout")
+        raise ClientApiError(
+            504, f"Replica {replica.id} sent nothing for {idle:g} s (phase: body).", code="upstream_timeout"
+        )
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
+
 async def _relay(
-    config: GatewayConfig, replica: Replica, response: UpstreamResponse, exchange: Exchange,
-    record: StreamRecord | None, bounds: UsageBounds,
+    config: GatewayConfig,
+    replica: Replica,
+    response: UpstreamResponse,
+    exchange: Exchange,
+    record: StreamRecord | None,
+    bounds: UsageBounds,
 ) -> Outcome:
     status = response.status_code
     if (status >= 500 or status in (401, 403)) and not is_refusal(status):
         # A 401 or 403 is the engine refusing the gateway's own key: that replica is misconfigured,
         # as unwell as a 5xx for the client, whose own key was fine.
         detail = engine_message(await _error_body(config, replica, response, exchange))
-        return Retry(ClientApiError(502, f"Replica {replica.id} answered {status} (phase: first_byte): {detail}",
-                                    code="upstream_error"), f"http_{status}")
+        return Retry(
+            ClientApiError(
+                502, f"Replica {replica.id} answered {status} (phase: first_byte): {detail}", code="upstream_error"
+            ),
+            f"http_{status}",
+        )
     content_type = response.content_type()
-    if is_refusal(status) or (record is not None and record.splice is not None
-                              and (status >= 300 or not content_type.startswith("text/event-stream"))):
+    if is_refusal(status) or (
+        record is not None
+        and record.splice is not None
+        and (status >= 300 or not content_type.startswith("text/event-stream"))
+    ):
         # The request's own fault (or, continuing a stream, an answer that cannot be spliced in):
         # another replica would answer the same.
         return Refused(status, await _error_body(config, replica, response, exchange))
@@ -270,8 +304,11 @@ async def _relay(
                     if clean and ended:
                         data += record.rest()
                     elif clean:
-                        failure = ClientApiError(502, f"Replica {replica.id} ended its stream without [DONE] "
-                                                 "(phase: body).", code="upstream_broken")
+                        failure = ClientApiError(
+                            502,
+                            f"Replica {replica.id} ended its stream without [DONE] (phase: body).",
+                            code="upstream_broken",
+                        )
                     if not data:
                         continue
                 tail.feed(data)
@@ -297,7 +334,9 @@ async def _relay(
 
 
 async def _read_stream(
-    config: GatewayConfig, replica: Replica, response: UpstreamResponse,
+    config: GatewayConfig,
+    replica: Replica,
+    response: UpstreamResponse,
     arrived: trio.MemorySendChannel[bytes | ClientApiError | None],
 ) -> None:
     """Read the engine's stream into the relay queue; ends with None, or the error that ended it."""
@@ -327,8 +366,11 @@ async def _read_stream(
                         waiting.deadline = now + idle + slack
                         refresh_at = now + slack
             except UpstreamBodyError as exc:
-                await arrived.send(ClientApiError(502, f"Replica {replica.id} broke off its response (phase: body): "
-                                                  f"{exc}", code="upstream_broken"))
+                await arrived.send(
+                    ClientApiError(
+                        502, f"Replica {replica.id} broke off its response (phase: body): {exc}", code="upstream_broken"
+                    )
+                )
                 return
             finally:
                 progress.done(waiting)
@@ -336,7 +378,10 @@ async def _read_stream(
             await arrived.send(_hung(replica, "body"))
             return
         if waiting.cancelled_caught:
-            await arrived.send(ClientApiError(504, f"Replica {replica.id} sent nothing for {idle:g} s (phase: body).",
-                                              code="upstream_timeout"))
+            await arrived.send(
+                ClientApiError(
+                    504, f"Replica {replica.id} sent nothing for {idle:g} s (phase: body).", code="upstream_timeout"
+                )
+            )
             return
         await arrived.send(None)

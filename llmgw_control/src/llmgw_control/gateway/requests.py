@@ -82,52 +82,137 @@ class Endpoint:
 
 
 _SAMPLING = (Field("temperature", "number"), Field("top_p", "number"), Field("stream", "boolean"))
-_OPENAI_SAMPLING = (*_SAMPLING, Field("presence_penalty", "number"), Field("frequency_penalty", "number"),
-                    Field("max_tokens", "integer"), Field("max_completion_tokens", "integer"), Field("n", "integer"),
-                    Field("stream_options", "object"), Field("stop", "string|array"), Field("tools", "objects"))
-_ANTHROPIC_BODY = (Field("messages", "objects", True), Field("system", "string|objects"), Field("tools", "objects"),
-                   Field("tool_choice", "object"), Field("metadata", "object"), Field("stop_sequences", "array"))
+_OPENAI_SAMPLING = (
+    *_SAMPLING,
+    Field("presence_penalty", "number"),
+    Field("frequency_penalty", "number"),
+    Field("max_tokens", "integer"),
+    Field("max_completion_tokens", "integer"),
+    Field("n", "integer"),
+    Field("stream_options", "object"),
+    Field("stop", "string|array"),
+    Field("tools", "objects"),
+)
+_ANTHROPIC_BODY = (
+    Field("messages", "objects", True),
+    Field("system", "string|objects"),
+    Field("tools", "objects"),
+    Field("tool_choice", "object"),
+    Field("metadata", "object"),
+    Field("stop_sequences", "array"),
+)
 
 # The one dispatch table: every route the client listener serves by model. Adding an engine API
 # is a row here, not a copy of the handler.
 ENDPOINTS = {
     "/v1/chat/completions": Endpoint(
-        "/v1/chat/completions", "chat", "openai", "chat", (Field("messages", "objects", True), *_OPENAI_SAMPLING),
-        "openai", "messages", ("max_completion_tokens", "max_tokens"), "messages"),
+        "/v1/chat/completions",
+        "chat",
+        "openai",
+        "chat",
+        (Field("messages", "objects", True), *_OPENAI_SAMPLING),
+        "openai",
+        "messages",
+        ("max_completion_tokens", "max_tokens"),
+        "messages",
+    ),
     "/v1/completions": Endpoint(
-        "/v1/completions", "completions", "openai", "completions",
-        (Field("prompt", "string|array", True), *_OPENAI_SAMPLING), "openai", "prompt", ("max_tokens",)),
+        "/v1/completions",
+        "completions",
+        "openai",
+        "completions",
+        (Field("prompt", "string|array", True), *_OPENAI_SAMPLING),
+        "openai",
+        "prompt",
+        ("max_tokens",),
+    ),
     "/v1/embeddings": Endpoint(
-        "/v1/embeddings", "embeddings", "openai", "embeddings", (Field("input", "string|array", True),)),
+        "/v1/embeddings", "embeddings", "openai", "embeddings", (Field("input", "string|array", True),)
+    ),
     "/v1/responses": Endpoint(
-        "/v1/responses", "responses", "openai", "responses",
-        (Field("input", "string|objects", True), Field("instructions", "string"), Field("tools", "objects"),
-         Field("max_output_tokens", "integer"), Field("text", "object"), Field("reasoning", "object"), *_SAMPLING),
-        "responses", "messages", ("max_output_tokens",), "input"),
+        "/v1/responses",
+        "responses",
+        "openai",
+        "responses",
+        (
+            Field("input", "string|objects", True),
+            Field("instructions", "string"),
+            Field("tools", "objects"),
+            Field("max_output_tokens", "integer"),
+            Field("text", "object"),
+            Field("reasoning", "object"),
+            *_SAMPLING,
+        ),
+        "responses",
+        "messages",
+        ("max_output_tokens",),
+        "input",
+    ),
     "/v1/messages": Endpoint(
-        "/v1/messages", "messages", "anthropic", "messages",
+        "/v1/messages",
+        "messages",
+        "anthropic",
+        "messages",
         (*_ANTHROPIC_BODY, Field("max_tokens", "integer"), Field("top_k", "integer"), *_SAMPLING),
-        "anthropic", "messages", ("max_tokens",), "messages"),
+        "anthropic",
+        "messages",
+        ("max_tokens",),
+        "messages",
+    ),
     "/v1/messages/count_tokens": Endpoint(
-        "/v1/messages/count_tokens", "count_tokens", "anthropic", "messages", _ANTHROPIC_BODY,
-        messages="messages", metered=False),
+        "/v1/messages/count_tokens",
+        "count_tokens",
+        "anthropic",
+        "messages",
+        _ANTHROPIC_BODY,
+        messages="messages",
+        metered=False,
+    ),
     "/v1/rerank": Endpoint(
-        "/v1/rerank", "rerank", "openai", "rerank",
-        (Field("query", "string", True), Field("documents", "array", True), Field("top_n", "integer"))),
+        "/v1/rerank",
+        "rerank",
+        "openai",
+        "rerank",
+        (Field("query", "string", True), Field("documents", "array", True), Field("top_n", "integer")),
+    ),
     "/tokenize": Endpoint(
-        "/tokenize", "tokenize", "openai", "tokenize",
+        "/tokenize",
+        "tokenize",
+        "openai",
+        "tokenize",
         (Field("content", "string|array", True), Field("add_special", "boolean"), Field("with_pieces", "boolean")),
-        metered=False),
-    "/detokenize": Endpoint("/detokenize", "detokenize", "openai", "tokenize", (Field("tokens", "array", True),),
-                            metered=False),
+        metered=False,
+    ),
+    "/detokenize": Endpoint(
+        "/detokenize", "detokenize", "openai", "tokenize", (Field("tokens", "array", True),), metered=False
+    ),
     "/apply-template": Endpoint(
-        "/apply-template", "apply_template", "openai", "chat", (Field("messages", "objects", True),),
-        messages="messages", metered=False),
+        "/apply-template",
+        "apply_template",
+        "openai",
+        "chat",
+        (Field("messages", "objects", True),),
+        messages="messages",
+        metered=False,
+    ),
     "/infill": Endpoint(
-        "/infill", "infill", "openai", "infill",
-        (Field("input_prefix", "string"), Field("input_suffix", "string"), Field("input_extra", "objects"),
-         Field("prompt", "string"), Field("n_predict", "integer"), Field("max_tokens", "integer"), *_SAMPLING),
-        "llama", "prompt", ("n_predict", "max_tokens")),
+        "/infill",
+        "infill",
+        "openai",
+        "infill",
+        (
+            Field("input_prefix", "string"),
+            Field("input_suffix", "string"),
+            Field("input_extra", "objects"),
+            Field("prompt", "string"),
+            Field("n_predict", "integer"),
+            Field("max_tokens", "integer"),
+            *_SAMPLING,
+        ),
+        "llama",
+        "prompt",
+        ("n_predict", "max_tokens"),
+    ),
 }
 # Other names clients use for the same routes (Cohere/Jina-style rerank clients call /rerank).
 ENDPOINTS["/rerank"] = ENDPOINTS["/v1/rerank"]
@@ -169,16 +254,29 @@ def _too_large(limit: int) -> ClientApiError:
 def _type_name(value: Any) -> str:
     if value is None:
         return "null"
-    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array",
-            dict: "object"}.get(type(value), type(value).__name__)
+    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object"}.get(
+        type(value), type(value).__name__
+    )
 
 
 _KINDS: dict[str, tuple[type, ...]] = {
-    "string": (str,), "array": (list,), "objects": (list,), "object": (dict,), "integer": (int,),
-    "number": (int, float), "boolean": (bool,),
+    "string": (str,),
+    "array": (list,),
+    "objects": (list,),
+    "object": (dict,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
 }
-_LABELS = {"string": "a string", "array": "an array", "objects": "an array of objects", "object": "an object",
-           "integer": "an integer", "number": "a number", "boolean": "a boolean"}
+_LABELS = {
+    "string": "a string",
+    "array": "an array",
+    "objects": "an array of objects",
+    "object": "an object",
+    "integer": "an integer",
+    "number": "a number",
+    "boolean": "a boolean",
+}
 
 
 def _fits(value: Any, kind: str) -> bool:
@@ -194,24 +292,31 @@ def _check(payload: dict[str, Any], spec: Field) -> None:
     value = payload.get(spec.name)
     if value is None:
         if spec.required:
-            raise invalid_request(f"Missing required parameter: '{spec.name}'.", param=spec.name,
-                                  code="missing_required_parameter")
+            raise invalid_request(
+                f"Missing required parameter: '{spec.name}'.", param=spec.name, code="missing_required_parameter"
+            )
         return
     kinds = spec.kinds
     # No generator for the common one-type field: this runs for every field of every request.
     if _fits(value, kinds[0]) if len(kinds) == 1 else any(_fits(value, kind) for kind in kinds):
         if kinds == ("integer",) and value < 0:
-            raise invalid_request(f"Invalid '{spec.name}': must be 0 or greater, got {value}.", param=spec.name,
-                                  code="invalid_value")
+            raise invalid_request(
+                f"Invalid '{spec.name}': must be 0 or greater, got {value}.", param=spec.name, code="invalid_value"
+            )
         return
     label = " or ".join(_LABELS[kind] for kind in kinds)
     if isinstance(value, list) and "objects" in kinds:
         index = next(i for i, item in enumerate(value) if not isinstance(item, dict))
         raise invalid_request(
-            f"Invalid type for '{spec.name}[{index}]': expected an object, but got {_type_name(value[index])} "
-            "instead.", param=f"{spec.name}[{index}]", code="invalid_type")
-    raise invalid_request(f"Invalid type for '{spec.name}': expected {label}, but got {_type_name(value)} instead.",
-                          param=spec.name, code="invalid_type")
+            f"Invalid type for '{spec.name}[{index}]': expected an object, but got {_type_name(value[index])} instead.",
+            param=f"{spec.name}[{index}]",
+            code="invalid_type",
+        )
+    raise invalid_request(
+        f"Invalid type for '{spec.name}': expected {label}, but got {_type_name(value)} instead.",
+        param=spec.name,
+        code="invalid_type",
+    )
 
 
 _MODEL = Field("model", "string")
@@ -231,7 +336,9 @@ def _check_messages(payload: dict[str, Any], name: str) -> None:
         if not isinstance(content, list) or not all(isinstance(block, dict) for block in content):
             raise invalid_request(
                 f"Invalid type for '{name}[{index}].content': expected a string or an array of objects.",
-                param=f"{name}[{index}].content", code="invalid_type")
+                param=f"{name}[{index}].content",
+                code="invalid_type",
+            )
 
 
 def parse_request(endpoint: Endpoint, body: bytes) -> ParsedRequest:

@@ -47,15 +47,26 @@ _MAX_TRACESTATE = 512
 _MAX_TRACESTATE_MEMBERS = 32
 _TRACESTATE_MEMBER = re.compile(
     r"(?:[a-z][_0-9a-z\-*/]{0,255}|[a-z0-9][_0-9a-z\-*/]{0,240}@[a-z][_0-9a-z\-*/]{0,13})"
-    r"=[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]")
+    r"=[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]"
+)
 # The captured prompt (capture_prompts only): enough to recognise the request, never the whole
 # document a client pasted.
 _MAX_CAPTURED = 1024
 # The gen_ai operation names of the routes that have one.
-_OPERATIONS = {"chat": "chat", "completions": "text_completion", "embeddings": "embeddings",
-               "responses": "chat", "messages": "chat"}
-_OUTCOMES: dict[type[Outcome], str] = {Answered: "answered", Retry: "retry", Broken: "broken",
-                                       Refused: "refused", Stalled: "stalled"}
+_OPERATIONS = {
+    "chat": "chat",
+    "completions": "text_completion",
+    "embeddings": "embeddings",
+    "responses": "chat",
+    "messages": "chat",
+}
+_OUTCOMES: dict[type[Outcome], str] = {
+    Answered: "answered",
+    Retry: "retry",
+    Broken: "broken",
+    Refused: "refused",
+    Stalled: "stalled",
+}
 
 
 class RequestTrace:
@@ -95,8 +106,12 @@ class RequestTrace:
     def attempt(self, replica: str, continuation: int, headers: list[tuple[str, str]]) -> Span:
         """Start an attempt's span and add its W3C context to the engine's ``headers``."""
         self.attempts += 1
-        span = self.tracer.start_span("llmgw.attempt", context=self.context, kind=SpanKind.CLIENT, attributes={
-            "llmgw.replica": replica, "llmgw.attempt": self.attempts, "llmgw.continuation": continuation})
+        span = self.tracer.start_span(
+            "llmgw.attempt",
+            context=self.context,
+            kind=SpanKind.CLIENT,
+            attributes={"llmgw.replica": replica, "llmgw.attempt": self.attempts, "llmgw.continuation": continuation},
+        )
         self.span.add_event("llmgw.replica_chosen", {"llmgw.replica": replica, "llmgw.attempt": self.attempts})
         carrier: dict[str, str] = {}
         _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
@@ -197,8 +212,15 @@ def valid_tracestate(value: str | None) -> str | None:
     return value
 
 
-def begin(tracing: shared_tracing.Tracing, traceparent: str | None, tracestate: str | None, path: str,
-          kind: str, api: str, request_id: str) -> RequestTrace:
+def begin(
+    tracing: shared_tracing.Tracing,
+    traceparent: str | None,
+    tracestate: str | None,
+    path: str,
+    kind: str,
+    api: str,
+    request_id: str,
+) -> RequestTrace:
     """The request's trace, the child of the client's ``traceparent`` when it sent a valid one."""
     if not tracing.enabled:
         return UNTRACED
@@ -209,8 +231,13 @@ def begin(tracing: shared_tracing.Tracing, traceparent: str | None, tracestate: 
         if state is not None:
             carrier["tracestate"] = state
     parent = _PROPAGATOR.extract(carrier) if carrier else None
-    attributes: dict[str, str] = {"http.request.method": "POST", "url.path": path, "llmgw.api": api,
-                                  "llmgw.kind": kind, "llmgw.request_id": request_id}
+    attributes: dict[str, str] = {
+        "http.request.method": "POST",
+        "url.path": path,
+        "llmgw.api": api,
+        "llmgw.kind": kind,
+        "llmgw.request_id": request_id,
+    }
     if kind in _OPERATIONS:
         attributes["gen_ai.operation.name"] = _OPERATIONS[kind]
     span = tracing.tracer.start_span("llmgw.request", context=parent, kind=SpanKind.SERVER, attributes=attributes)

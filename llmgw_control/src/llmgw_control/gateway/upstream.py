@@ -59,6 +59,7 @@ class UpstreamResponse(Protocol):
     def resent(self) -> bool:
         """The request went out twice: its pooled connection was closed under it, a fresh one answered."""
         ...
+
     def content_type(self) -> str: ...
     async def next_chunk(self) -> bytes | None:
         """The next piece of the body as it arrived, None at its end; UpstreamBodyError if it broke off."""
@@ -83,8 +84,12 @@ class UpstreamClient(Protocol):
 # ConnectionNotAvailable: httpcore2 found the connection closed (2.17 checks an idle connection's
 # socket as the request starts, closes it if the engine has, and sends nothing) or busy (the pool
 # handing one connection to two requests did this, issue 15); a fresh connection serves the request.
-_CLOSED_EARLY = (httpcore2.RemoteProtocolError, httpcore2.ReadError, httpcore2.WriteError,
-                 httpcore2.ConnectionNotAvailable)
+_CLOSED_EARLY = (
+    httpcore2.RemoteProtocolError,
+    httpcore2.ReadError,
+    httpcore2.WriteError,
+    httpcore2.ConnectionNotAvailable,
+)
 _BODY_ERRORS = (httpcore2.NetworkError, httpcore2.ProtocolError, httpcore2.TimeoutException)
 
 
@@ -94,8 +99,7 @@ def _describe(exc: BaseException) -> str:
 
 
 class _Response:
-    def __init__(self, response: httpcore2.Response, give_back: Callable[[], Awaitable[None]], *,
-                 resent: bool) -> None:
+    def __init__(self, response: httpcore2.Response, give_back: Callable[[], Awaitable[None]], *, resent: bool) -> None:
         self._response = response
         self._give_back = give_back
         self._closed = False
@@ -229,8 +233,14 @@ class Httpx2Upstream:
     # closed after keepalive_expiry, checked every sweep_every: one the engine closed first
     # (llama-server and uvicorn do after 5 s) is skipped by the poll at checkout, so the expiry
     # only bounds the sockets held toward an engine gone quiet.
-    def __init__(self, *, max_idle_per_origin: int = 256, keepalive_expiry: float = 30.0,
-                 sweep_every: float = 10.0, on_resend: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        max_idle_per_origin: int = 256,
+        keepalive_expiry: float = 30.0,
+        sweep_every: float = 10.0,
+        on_resend: Callable[[], None] | None = None,
+    ) -> None:
         self._max_idle = max_idle_per_origin
         # Told each time a request is re-sent on a fresh connection (a metric): the keep-alive
         # race is expected and harmless, but a rate of it says an engine closes connections early.
@@ -265,10 +275,16 @@ class Httpx2Upstream:
     ) -> AsyncIterator[UpstreamResponse]:
         target = self._target(url)
         request = httpcore2.Request(
-            method.encode(), target.url,
-            headers=[(b"host", target.host_header), (b"content-length", str(len(body)).encode()),
-                     *((k.encode("latin-1"), v.encode("latin-1")) for k, v in headers)],
-            content=body, extensions=self._extensions)
+            method.encode(),
+            target.url,
+            headers=[
+                (b"host", target.host_header),
+                (b"content-length", str(len(body)).encode()),
+                *((k.encode("latin-1"), v.encode("latin-1")) for k, v in headers),
+            ],
+            content=body,
+            extensions=self._extensions,
+        )
         connection, reused = await self._checkout(target, connect_timeout)
         resent = False
         try:
@@ -319,8 +335,11 @@ class Httpx2Upstream:
     async def _open_connection(self, target: _Target, connect_timeout: float) -> _Connection:
         if self._closed:
             raise UpstreamConnectError("the gateway is shutting down")
-        return _Connection(httpcore2.Origin(*target.origin), await self._connect(target, connect_timeout),
-                           keepalive_expiry=self._keepalive_expiry)
+        return _Connection(
+            httpcore2.Origin(*target.origin),
+            await self._connect(target, connect_timeout),
+            keepalive_expiry=self._keepalive_expiry,
+        )
 
     async def _connect(self, target: _Target, within: float) -> _HeldWritesStream:
         scheme, host, port = target.origin
@@ -331,8 +350,9 @@ class Httpx2Upstream:
                 if scheme == b"https":
                     if self._ssl_context is None:
                         self._ssl_context = httpx2.create_ssl_context()
-                    stream = trio.SSLStream(socket_stream, self._ssl_context, server_hostname=host.decode("ascii"),
-                                            https_compatible=True)
+                    stream = trio.SSLStream(
+                        socket_stream, self._ssl_context, server_hostname=host.decode("ascii"), https_compatible=True
+                    )
                     try:
                         await stream.do_handshake()
                     except BaseException:

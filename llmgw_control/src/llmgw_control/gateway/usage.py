@@ -128,8 +128,10 @@ def _text_only(kind: str, payload: dict[str, Any]) -> bool:
     if kind in ("completions", "embeddings"):
         value = payload.get("prompt" if kind == "completions" else "input")
         items = value if isinstance(value, list) else [value]
-        return all(isinstance(item, str | int) or (isinstance(item, list) and all(isinstance(i, int) for i in item))
-                   for item in items)
+        return all(
+            isinstance(item, str | int) or (isinstance(item, list) and all(isinstance(i, int) for i in item))
+            for item in items
+        )
     return False
 
 
@@ -190,7 +192,7 @@ def _counts_at(data: bytes | bytearray, position: int) -> _Counts | None:
     if start < 0:
         return None
     try:
-        text = bytes(data[start:start + 4096]).decode("utf-8", "replace")
+        text = bytes(data[start : start + 4096]).decode("utf-8", "replace")
         value, _ = _decoder.raw_decode(text)
     except (ValueError, RecursionError):
         # RecursionError: 4 KiB of brackets from an engine nests 2,048 deep, past the C
@@ -272,7 +274,7 @@ def _timings_cache_n(data: bytes | bytearray, prompt: int) -> int | None:
     if start < 0:
         return None
     try:
-        value, _ = _decoder.raw_decode(bytes(data[start:start + 4096]).decode("utf-8", "replace"))
+        value, _ = _decoder.raw_decode(bytes(data[start : start + 4096]).decode("utf-8", "replace"))
     except (ValueError, RecursionError):
         return None
     return _sane(value.get("cache_n"), prompt) if isinstance(value, dict) else None
@@ -306,7 +308,9 @@ class StreamTail:
             return find_usage(self._buffer, self._bounds)
         last = _last_counts(self._buffer, whole=False) or self._start
         start = self._start
-        merged = _Counts(last.prompt if last.prompt is not None else start.prompt,
-                         last.completion if last.completion is not None else start.completion,
-                         last.cached if last.cached is not None else start.cached)
+        merged = _Counts(
+            last.prompt if last.prompt is not None else start.prompt,
+            last.completion if last.completion is not None else start.completion,
+            last.cached if last.cached is not None else start.cached,
+        )
         return _usage(merged, self._buffer, self._bounds)

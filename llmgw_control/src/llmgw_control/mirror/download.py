@@ -84,8 +84,16 @@ def _hash_file(path: Path) -> tuple[int, hashlib._Hash]:
     return size, digest
 
 
-async def download(guard: NetGuard, url: str, partial: Path, *, size: int | None, token: str | None,
-                   progress: DownloadProgress, on_total: Callable[[int], None] | None = None) -> str:
+async def download(
+    guard: NetGuard,
+    url: str,
+    partial: Path,
+    *,
+    size: int | None,
+    token: str | None,
+    progress: DownloadProgress,
+    on_total: Callable[[int], None] | None = None,
+) -> str:
     """Fetch ``url`` into ``partial`` until it is complete; its sha256. ``size`` bounds the file
     (None: the server's Content-Length, then checked with ``on_total`` before any byte lands)."""
     have, digest = await FILES.run(_hash_file, partial, abandon=True)
@@ -138,8 +146,9 @@ async def download(guard: NetGuard, url: str, partial: Path, *, size: int | None
         raise DownloadFailed(f"more than {MAX_REDIRECTS} redirects")
 
 
-async def _receive(response: httpx2.Response, partial: Path, have: int, digest: hashlib._Hash, size: int,
-                   progress: DownloadProgress) -> str:
+async def _receive(
+    response: httpx2.Response, partial: Path, have: int, digest: hashlib._Hash, size: int, progress: DownloadProgress
+) -> str:
     mode = "ab" if have else "wb"
     async with await trio.open_file(partial, mode) as out:
         async for chunk in response.aiter_bytes():  # as it arrives: a cut connection keeps what came

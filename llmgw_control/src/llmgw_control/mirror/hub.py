@@ -73,8 +73,9 @@ class Hub:
         install()
 
     def _api(self) -> HfApi:
-        return HfApi(endpoint=self.endpoint, token=self.config.token() or False,
-                     library_name="llmgw", library_version="0.1")
+        return HfApi(
+            endpoint=self.endpoint, token=self.config.token() or False, library_name="llmgw", library_version="0.1"
+        )
 
     async def _call(self, fn: Callable[[], T]) -> T:
         call = HubCall(self.guard, time.monotonic() + self.config.timeout)
@@ -88,11 +89,17 @@ class Hub:
             with trio.fail_after(self.config.timeout + _ABANDON_AFTER):
                 return await HUB.run_or_busy(in_thread, abandon=True)
         except Busy as exc:
-            raise AdminApiError(503, "hub_busy", f"{exc.size} Hub calls are already waiting on the Hub at "
-                                f"{self.endpoint}: try again later") from None
+            raise AdminApiError(
+                503,
+                "hub_busy",
+                f"{exc.size} Hub calls are already waiting on the Hub at {self.endpoint}: try again later",
+            ) from None
         except (trio.TooSlowError, HubStalled):
-            raise AdminApiError(504, "hub_timeout", f"the Hub at {self.endpoint} did not answer within "
-                                f"hub.timeout ({self.config.timeout:g} s)") from None
+            raise AdminApiError(
+                504,
+                "hub_timeout",
+                f"the Hub at {self.endpoint} did not answer within hub.timeout ({self.config.timeout:g} s)",
+            ) from None
         except HubRefused as exc:
             raise AdminApiError(502, "hub_refused", f"the Hub client was refused: {str(exc)[:300]}") from None
         except httpx2.InvalidURL as exc:  # a next page or redirect the client cannot even parse
@@ -104,12 +111,12 @@ class Hub:
         except HfHubHTTPError as exc:
             raise AdminApiError(502, "hub_error", f"the Hub answered an error: {_short(exc)}") from None
         except (HubUnreachable, OSError) as exc:
-            raise AdminApiError(502, "hub_unreachable", f"the Hub at {self.endpoint} is unreachable: "
-                                f"{_short(exc)}") from None
+            raise AdminApiError(
+                502, "hub_unreachable", f"the Hub at {self.endpoint} is unreachable: {_short(exc)}"
+            ) from None
         except (httpx2.HTTPError, ValueError, KeyError, TypeError, AttributeError) as exc:
             # Too many redirects, a body that is not JSON or not the shape the library reads.
-            raise AdminApiError(502, "hub_error", f"the Hub's answer could not be read: "
-                                f"{type(exc).__name__}") from None
+            raise AdminApiError(502, "hub_error", f"the Hub's answer could not be read: {type(exc).__name__}") from None
 
     async def search(self, text: str, limit: int | None = None) -> list[HubRepo]:
         """GGUF repositories matching ``text``, most downloaded first."""
@@ -117,8 +124,7 @@ class Hub:
 
         def run() -> list[HubRepo]:
             found = self._api().list_models(search=text or None, filter="gguf", sort="downloads", limit=count)
-            return [HubRepo(m.id, int(m.downloads or 0), int(m.likes or 0), _when(m.last_modified))
-                    for m in found]
+            return [HubRepo(m.id, int(m.downloads or 0), int(m.likes or 0), _when(m.last_modified)) for m in found]
 
         return await self._call(run)
 
@@ -131,8 +137,15 @@ class Hub:
                 if count >= _MAX_TREE:
                     break
                 if isinstance(entry, RepoFile) and entry.path.lower().endswith(".gguf") and entry.lfs:
-                    files.append(HubFile(entry.path, int(entry.lfs.size), str(entry.lfs.sha256),
-                                         quantisation(entry.path), is_split(entry.path)))
+                    files.append(
+                        HubFile(
+                            entry.path,
+                            int(entry.lfs.size),
+                            str(entry.lfs.sha256),
+                            quantisation(entry.path),
+                            is_split(entry.path),
+                        )
+                    )
             return files
 
         return await self._call(run)

@@ -153,10 +153,12 @@ class _DeadlineStream(httpcore2.NetworkStream):
     def close(self) -> None:
         self.inner.close()
 
-    def start_tls(self, ssl_context: ssl.SSLContext, server_hostname: str | None = None,
-                  timeout: float | None = None) -> httpcore2.NetworkStream:
-        return _DeadlineStream(self.inner.start_tls(ssl_context, server_hostname,
-                                                    _within_deadline(timeout, httpcore2.ConnectTimeout)))
+    def start_tls(
+        self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None
+    ) -> httpcore2.NetworkStream:
+        return _DeadlineStream(
+            self.inner.start_tls(ssl_context, server_hostname, _within_deadline(timeout, httpcore2.ConnectTimeout))
+        )
 
     def get_extra_info(self, info: str) -> Any:
         return self.inner.get_extra_info(info)
@@ -166,8 +168,14 @@ class _PinnedBackend(httpcore2.SyncBackend):
     """Connects to the addresses ``NetGuard`` checked for the request being sent, not to a fresh
     lookup of its name (TLS still verifies the name: httpcore passes it to ``start_tls``)."""
 
-    def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
-                    socket_options: Iterable[SOCKET_OPTION] | None = None) -> httpcore2.NetworkStream:
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[SOCKET_OPTION] | None = None,
+    ) -> httpcore2.NetworkStream:
         call = CURRENT_CALL.get()
         target = call.target if call is not None else None
         if target is None or target.port != port:
@@ -175,9 +183,13 @@ class _PinnedBackend(httpcore2.SyncBackend):
         failed: Exception = httpcore2.ConnectError(f"{host} has no address")
         for address in target.addresses:
             try:
-                stream = super().connect_tcp(address.split("%", 1)[0], port,
-                                             _within_deadline(timeout, httpcore2.ConnectTimeout),
-                                             local_address, socket_options)
+                stream = super().connect_tcp(
+                    address.split("%", 1)[0],
+                    port,
+                    _within_deadline(timeout, httpcore2.ConnectTimeout),
+                    local_address,
+                    socket_options,
+                )
             except httpcore2.ConnectError as exc:
                 failed = exc
                 continue
@@ -210,8 +222,12 @@ class GuardedTransport(httpx2.BaseTransport):
             for name in ("authorization", "cookie"):
                 request.headers.pop(name, None)
         request.headers["accept-encoding"] = "identity"
-        request.extensions["timeout"] = {"connect": min(CONNECT_TIMEOUT, left), "read": min(READ_TIMEOUT, left),
-                                         "write": min(READ_TIMEOUT, left), "pool": min(CONNECT_TIMEOUT, left)}
+        request.extensions["timeout"] = {
+            "connect": min(CONNECT_TIMEOUT, left),
+            "read": min(READ_TIMEOUT, left),
+            "write": min(READ_TIMEOUT, left),
+            "pool": min(CONNECT_TIMEOUT, left),
+        }
         try:
             response = self.inner.handle_request(request)
         except httpx2.TimeoutException:
@@ -246,13 +262,16 @@ def guarded_client() -> httpx2.Client:
     inner = httpx2.HTTPTransport(trust_env=False)
     # HTTPTransport takes no network backend: its pool is replaced by the same pool with ours
     # (tests/control/mirror/test_hub_stalled.py and test_hub_redirects.py fail if this stops working).
-    inner._pool = httpcore2.ConnectionPool(ssl_context=httpx2.create_ssl_context(trust_env=False),
-                                          network_backend=_PinnedBackend())
+    inner._pool = httpcore2.ConnectionPool(
+        ssl_context=httpx2.create_ssl_context(trust_env=False), network_backend=_PinnedBackend()
+    )
     return httpx2.Client(
         transport=GuardedTransport(inner),
         # The library's own hook: a request id on each request, its offline mode, its debug log.
         event_hooks={"request": [hf_request_event_hook]},
-        follow_redirects=True, max_redirects=MAX_REDIRECTS, trust_env=False,
+        follow_redirects=True,
+        max_redirects=MAX_REDIRECTS,
+        trust_env=False,
         timeout=httpx2.Timeout(READ_TIMEOUT, connect=CONNECT_TIMEOUT),
     )
 

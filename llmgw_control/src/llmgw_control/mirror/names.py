@@ -15,8 +15,11 @@ _SEGMENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-+ ()\[\]]{0,199}$")
 _SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf\Z", re.IGNORECASE)
 # What llama.cpp's quantisations are called in file names (Q4_K_M, IQ2_XXS, Q4_0_4_4, TQ1_0,
 # F16, BF16, MXFP4...), matched as a whole dash/dot/underscore-separated part of the name.
-_QUANT = re.compile(r"(?:^|[-._])((?:I?Q[1-8](?:_[0-9A-Z]+)*)|TQ[12]_0|BF16|F16|F32|FP16|FP32|MXFP4(?:_MOE)?)"
-                    r"(?=$|[-._])", re.IGNORECASE)
+_QUANT = re.compile(
+    r"(?:^|[-._])((?:I?Q[1-8](?:_[0-9A-Z]+)*)|TQ[12]_0|BF16|F16|F32|FP16|FP32|MXFP4(?:_MOE)?)"
+    r"(?=$|[-._])",
+    re.IGNORECASE,
+)
 MAX_SEARCH = 200
 
 

@@ -62,8 +62,15 @@ def blocking_resolve(host: str, port: int) -> list[str]:
 def _public(address: IPAddress) -> bool:
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped
-    return not (address.is_loopback or address.is_private or address.is_link_local or address.is_multicast
-                or address.is_reserved or address.is_unspecified or not address.is_global)
+    return not (
+        address.is_loopback
+        or address.is_private
+        or address.is_link_local
+        or address.is_multicast
+        or address.is_reserved
+        or address.is_unspecified
+        or not address.is_global
+    )
 
 
 def _normal_host(host: str) -> str:
@@ -74,8 +81,9 @@ def _normal_host(host: str) -> str:
 
 
 class NetGuard:
-    def __init__(self, hub: HubConfig, resolve: Resolver = system_resolve,
-                 resolve_blocking: BlockingResolver = blocking_resolve) -> None:
+    def __init__(
+        self, hub: HubConfig, resolve: Resolver = system_resolve, resolve_blocking: BlockingResolver = blocking_resolve
+    ) -> None:
         self.hub = hub
         self._resolve = resolve
         self._resolve_blocking = resolve_blocking
@@ -125,8 +133,11 @@ class NetGuard:
         except (ValueError, UrlRefused):
             return False
         default = {"https": 443, "http": 80}
-        return (parts.scheme == self.endpoint_scheme and host == self.endpoint_host
-                and (port or default.get(parts.scheme)) == (self.endpoint_port or default.get(self.endpoint_scheme)))
+        return (
+            parts.scheme == self.endpoint_scheme
+            and host == self.endpoint_host
+            and (port or default.get(parts.scheme)) == (self.endpoint_port or default.get(self.endpoint_scheme))
+        )
 
     def _judge_url(self, url: str, redirect: bool) -> tuple[str, int]:
         if len(url) > 4096 or any(ord(c) < 0x21 or c == "\x7f" for c in url):
@@ -145,8 +156,9 @@ class NetGuard:
         is_endpoint = host == self.endpoint_host and port == self.endpoint_port
         if parts.scheme != "https" and not (is_endpoint and parts.scheme == self.endpoint_scheme):
             raise UrlRefused(f"only https URLs may be pulled, not {parts.scheme or 'no scheme'}")
-        allowed = host == self.endpoint_host or host in self.hub.allow_hosts or (
-            redirect and host in self.hub.redirect_hosts)
+        allowed = (
+            host == self.endpoint_host or host in self.hub.allow_hosts or (redirect and host in self.hub.redirect_hosts)
+        )
         if not allowed:
             raise UrlRefused(f"host {host!r} is not the Hub endpoint or in hub.allow_hosts")
         return host, port or (443 if parts.scheme == "https" else 80)
@@ -156,6 +168,8 @@ class NetGuard:
             raise UrlRefused(f"host {host!r} does not resolve")
         for address in addresses:
             if not self._address_allowed(address):
-                raise UrlRefused(f"host {host!r} resolves to {address}, a loopback, private or link-local "
-                                 "address (allow it in hub.allow_networks if it is meant)")
+                raise UrlRefused(
+                    f"host {host!r} resolves to {address}, a loopback, private or link-local "
+                    "address (allow it in hub.allow_networks if it is meant)"
+                )
         return CheckedUrl(url, host, port, tuple(addresses))

@@ -79,21 +79,27 @@ class PullState(StrEnum):
 
 # Cancelling forgets a pull in any state (its document is deleted): the one end.
 _CUT_SHORT = {PullState.FAILED, PullState.CANCELLED, PullState.INTERRUPTED}
-PULL_LIFECYCLE = Lifecycle("pull", PullState, start={PullState.QUEUED}, transitions={
-    # INTERRUPTED: control stopped before the pull ended (found so when the stored pulls are read).
-    PullState.QUEUED: {PullState.DOWNLOADING, PullState.CANCELLED, PullState.INTERRUPTED},
-    PullState.DOWNLOADING: {PullState.VERIFYING, *_CUT_SHORT},
-    # FAILED from VERIFYING: a digest that does not match, or a file that is no GGUF model.
-    PullState.VERIFYING: {PullState.READY, *_CUT_SHORT},
-    PullState.READY: {PullState.PUBLISHED, PullState.CANCELLED},
-    PullState.PUBLISHED: {PullState.CANCELLED},
-    PullState.FAILED: {PullState.CANCELLED},
-    PullState.INTERRUPTED: {PullState.CANCELLED},
-    PullState.CANCELLED: set(),
-})
+PULL_LIFECYCLE = Lifecycle(
+    "pull",
+    PullState,
+    start={PullState.QUEUED},
+    transitions={
+        # INTERRUPTED: control stopped before the pull ended (found so when the stored pulls are read).
+        PullState.QUEUED: {PullState.DOWNLOADING, PullState.CANCELLED, PullState.INTERRUPTED},
+        PullState.DOWNLOADING: {PullState.VERIFYING, *_CUT_SHORT},
+        # FAILED from VERIFYING: a digest that does not match, or a file that is no GGUF model.
+        PullState.VERIFYING: {PullState.READY, *_CUT_SHORT},
+        PullState.READY: {PullState.PUBLISHED, PullState.CANCELLED},
+        PullState.PUBLISHED: {PullState.CANCELLED},
+        PullState.FAILED: {PullState.CANCELLED},
+        PullState.INTERRUPTED: {PullState.CANCELLED},
+        PullState.CANCELLED: set(),
+    },
+)
 # No task works on these: they are kept (and stored) as they are, and forgotten oldest first.
-FINISHED = frozenset({PullState.READY, PullState.PUBLISHED, PullState.FAILED, PullState.CANCELLED,
-                      PullState.INTERRUPTED})
+FINISHED = frozenset(
+    {PullState.READY, PullState.PUBLISHED, PullState.FAILED, PullState.CANCELLED, PullState.INTERRUPTED}
+)
 # A pull of the same file in one of these states is refused: one download per file at a time.
 IN_PROGRESS = frozenset(PullState) - FINISHED
 
@@ -155,8 +161,16 @@ def model_name_for(file: str) -> str:
 
 
 class Pulls:
-    def __init__(self, hub: Hub, guard: NetGuard, models_dir: Path, public_url: str, store: Store,
-                 models: ModelService | None, max_concurrent: int) -> None:
+    def __init__(
+        self,
+        hub: Hub,
+        guard: NetGuard,
+        models_dir: Path,
+        public_url: str,
+        store: Store,
+        models: ModelService | None,
+        max_concurrent: int,
+    ) -> None:
         self.hub = hub
         self.guard = guard
         self.models_dir = models_dir
@@ -238,8 +252,7 @@ class Pulls:
         done = self.models_dir / name
         if done.exists() and not self._same_pull_again(name, sha):
             raise conflict(f"models/{name} exists already (with other contents)", field="file")
-        pull = Pull(secrets.token_hex(8), repo, rev, file, url, name, sha, size, model_name,
-                    created_at=time.time())
+        pull = Pull(secrets.token_hex(8), repo, rev, file, url, name, sha, size, model_name, created_at=time.time())
         self.pulls[pull.id] = pull
         self._forget_old()
         await self._save(pull)
@@ -247,8 +260,7 @@ class Pulls:
         return pull
 
     def _same_pull_again(self, name: str, sha: str) -> bool:
-        return any(p.name == name and p.sha256 == sha and p.state in _DRAFTED for p in
-                   self.pulls.values())
+        return any(p.name == name and p.sha256 == sha and p.state in _DRAFTED for p in self.pulls.values())
 
     def get(self, pull_id: str) -> Pull:
         pull = self.pulls.get(pull_id)
@@ -306,7 +318,7 @@ class Pulls:
 
     def _forget_old(self) -> None:
         finished = [p for p in self.pulls.values() if p.state in FINISHED]
-        for pull in sorted(finished, key=lambda p: p.created_at)[:max(0, len(self.pulls) - MAX_PULLS)]:
+        for pull in sorted(finished, key=lambda p: p.created_at)[: max(0, len(self.pulls) - MAX_PULLS)]:
             self.pulls.pop(pull.id, None)
 
     async def _pull(self, pull: Pull) -> None:
@@ -338,8 +350,10 @@ class Pulls:
         self.models_dir.mkdir(parents=True, exist_ok=True)
         free = shutil.disk_usage(self.models_dir).free
         if needed + FREE_MARGIN > free:
-            raise DownloadFailed(f"not enough space in the files directory: the pull needs {needed} bytes "
-                                 f"(+{FREE_MARGIN // 2**20} MiB margin), {free} are free")
+            raise DownloadFailed(
+                f"not enough space in the files directory: the pull needs {needed} bytes "
+                f"(+{FREE_MARGIN // 2**20} MiB margin), {free} are free"
+            )
 
     async def _download(self, pull: Pull) -> None:
         pull.state = PULL_LIFECYCLE.move(pull.id, pull.state, PullState.DOWNLOADING)
@@ -351,14 +365,21 @@ class Pulls:
         token = self.hub.config.token() if pull.repo else None
         for attempt in range(1, MAX_ATTEMPTS + 1):
             try:
-                digest = await download(self.guard, pull.url, partial, size=pull.size or None, token=token,
-                                        progress=pull.progress, on_total=self._space_for(pull))
+                digest = await download(
+                    self.guard,
+                    pull.url,
+                    partial,
+                    size=pull.size or None,
+                    token=token,
+                    progress=pull.progress,
+                    on_total=self._space_for(pull),
+                )
                 break
             except Interrupted as exc:
                 if attempt == MAX_ATTEMPTS:
                     raise DownloadFailed(f"gave up after {attempt} attempts: {exc}") from None
                 log.info("pull %s: %s; continuing (attempt %d)", pull.id, exc, attempt + 1)
-                await trio.sleep(min(2.0 ** attempt / 4, 10.0))
+                await trio.sleep(min(2.0**attempt / 4, 10.0))
         pull.size = pull.progress.total or pull.size
         pull.state = PULL_LIFECYCLE.move(pull.id, pull.state, PullState.VERIFYING)
         if digest != pull.sha256:
@@ -370,6 +391,7 @@ class Pulls:
         def check(remaining: int) -> None:
             if not pull.size:  # the size came from the server: check the space now, before any byte
                 self._check_space(remaining)
+
         return check
 
     async def _draft(self, pull: Pull) -> None:
@@ -387,9 +409,14 @@ class Pulls:
         arch = metadata.get("general.architecture")
         trained = metadata.get(f"{arch}.context_length")
         context = min(int(trained), DRAFT_CONTEXT_CAP) if isinstance(trained, int) and trained >= 64 else 4096
-        profile = ProfileConfig(name="default", weights=WeightsConfig(
-            url=f"{self.public_url}/files/models/{pull.name}", sha256=pull.sha256, size=pull.size),
-            context=context, parallel=1)
+        profile = ProfileConfig(
+            name="default",
+            weights=WeightsConfig(
+                url=f"{self.public_url}/files/models/{pull.name}", sha256=pull.sha256, size=pull.size
+            ),
+            context=context,
+            parallel=1,
+        )
         estimate = estimate_ram(metadata, weights_bytes=pull.size, context=context * profile.parallel)
         pull.draft = ModelConfig(name=pull.model, profiles=[profile])
         pull.estimate_ram_mib, pull.estimate_how = estimate.ram_mib, estimate.how

@@ -36,7 +36,8 @@ import attrs
 SECRET_FIELD = re.compile(
     r"secret|passw|digest|api_?key|authori[sz]ation|credential|private|cookie|signature|bearer"
     r"|(^|[_\-. ])token($|[_\-. ])",
-    re.IGNORECASE)
+    re.IGNORECASE,
+)
 REDACTED = "[redacted]"
 # Bounds on one recorded value, so a large model document cannot make a huge audit row: a string
 # over 2 KiB is cut, a structure deeper than 8 is summarised, a row keeps at most 50 changes.
@@ -93,8 +94,9 @@ def collecting() -> Iterator[list[dict[str, Any]]]:
         _notes.current = None
 
 
-def note_change(resource: str, resource_id: str, before: Mapping[str, Any] | None,
-                after: Mapping[str, Any] | None) -> None:
+def note_change(
+    resource: str, resource_id: str, before: Mapping[str, Any] | None, after: Mapping[str, Any] | None
+) -> None:
     """Record, for the audit row of the action in progress, what one write changed.
 
     ``before`` None: created; ``after`` None: deleted. Only fields that differ are kept, and
@@ -106,18 +108,27 @@ def note_change(resource: str, resource_id: str, before: Mapping[str, Any] | Non
     notes.append(change_entry(resource, resource_id, before, after))
 
 
-def change_entry(resource: str, resource_id: str, before: Mapping[str, Any] | None,
-                 after: Mapping[str, Any] | None) -> dict[str, Any]:
+def change_entry(
+    resource: str, resource_id: str, before: Mapping[str, Any] | None, after: Mapping[str, Any] | None
+) -> dict[str, Any]:
     old = {k: scrub_value(k, v) for k, v in (before or {}).items()}
     new = {k: scrub_value(k, v) for k, v in (after or {}).items()}
     if before is not None and after is not None:
-        changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k)
-                         or (SECRET_FIELD.search(k) and (before.get(k) != after.get(k))))
+        changed = sorted(
+            k
+            for k in old.keys() | new.keys()
+            if old.get(k) != new.get(k) or (SECRET_FIELD.search(k) and (before.get(k) != after.get(k)))
+        )
         old = {k: old[k] for k in changed if k in old}
         new = {k: new[k] for k in changed if k in new}
     op = "create" if before is None else "delete" if after is None else "update"
-    return {"resource": resource, "id": resource_id, "op": op,
-            "before": old if before is not None else None, "after": new if after is not None else None}
+    return {
+        "resource": resource,
+        "id": resource_id,
+        "op": op,
+        "before": old if before is not None else None,
+        "after": new if after is not None else None,
+    }
 
 
 def scrub_value(name: str, value: Any, depth: int = 0) -> Any:

@@ -41,6 +41,10 @@ async def cluster_secret(store: Store, name: str, local_file: Path) -> bytes:
     offer = local if local is not None and len(local) >= 16 else secrets.token_bytes(32)
     value = await store.shared_secret(name, offer)
     if local is not None and value != local:
-        log.warning("%s differs from the cluster's %s secret in the store: using the store's (every "
-                    "daemon on one database must agree); the file is ignored", local_file, name)
+        log.warning(
+            "%s differs from the cluster's %s secret in the store: using the store's (every "
+            "daemon on one database must agree); the file is ignored",
+            local_file,
+            name,
+        )
     return value

@@ -89,7 +89,11 @@ class Store(Protocol):
         self, name: str, parent_id: str | None = None, *, group_id: str | None = None, priority: str | None = None
     ) -> Group: ...
     async def update_group(
-        self, group_id: str, *, name: str | Unset = ..., parent_id: str | Unset | None = ...,
+        self,
+        group_id: str,
+        *,
+        name: str | Unset = ...,
+        parent_id: str | Unset | None = ...,
         priority: str | Unset | None = ...,
     ) -> Group: ...
     async def delete_group(self, group_id: str) -> None: ...
@@ -168,15 +172,32 @@ class Store(Protocol):
     async def delete_capacity(self, record_id: str) -> None: ...
     # capacity runs (see ops_capacity): a sweep's state and document, updated as it goes
     async def add_capacity_run(
-        self, *, model: str, profile: str, node_id: str, kind: str, state: str, document: Mapping[str, Any],
+        self,
+        *,
+        model: str,
+        profile: str,
+        node_id: str,
+        kind: str,
+        state: str,
+        document: Mapping[str, Any],
     ) -> CapacityRunRecord: ...
     async def update_capacity_run(
-        self, run_id: str, *, state: str, document: Mapping[str, Any], node_id: str | None = None,
+        self,
+        run_id: str,
+        *,
+        state: str,
+        document: Mapping[str, Any],
+        node_id: str | None = None,
         kind: str | None = None,
     ) -> CapacityRunRecord: ...
     async def get_capacity_run(self, run_id: str) -> CapacityRunRecord: ...
     async def list_capacity_runs(
-        self, *, model: str | None = None, profile: str | None = None, state: str | None = None, limit: int = 100,
+        self,
+        *,
+        model: str | None = None,
+        profile: str | None = None,
+        state: str | None = None,
+        limit: int = 100,
     ) -> list[CapacityRunRecord]: ...
 
     # cluster secrets (see ops_secrets): the first offer under a name wins
@@ -197,12 +218,28 @@ class Store(Protocol):
     async def delete_pull(self, pull_id: str) -> None: ...
 
     # the audit log (see ops_audit, audit_scope): admin changes write their rows themselves
-    async def record_audit(self, *, actor: str, peer: str, action: str, outcome: str, resource: str,
-                           resource_id: str, changes: list[dict[str, Any]] | None = None) -> str: ...
+    async def record_audit(
+        self,
+        *,
+        actor: str,
+        peer: str,
+        action: str,
+        outcome: str,
+        resource: str,
+        resource_id: str,
+        changes: list[dict[str, Any]] | None = None,
+    ) -> str: ...
     async def list_audit(
-        self, *, since: datetime | None = None, until: datetime | None = None, actor: str | None = None,
-        resource: str | None = None, resource_id: str | None = None, outcome: str | None = None,
-        cursor: str | None = None, limit: int = 100,
+        self,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        actor: str | None = None,
+        resource: str | None = None,
+        resource_id: str | None = None,
+        outcome: str | None = None,
+        cursor: str | None = None,
+        limit: int = 100,
     ) -> AuditPage: ...
     async def prune_audit(self, older_than: datetime) -> int: ...
 

@@ -73,8 +73,13 @@ class SqlLease:
                 return None
             if before is not None and int(row[0]) != int(before[1]):
                 # A new epoch is a change of leadership: recorded in the transaction that made it.
-                leadership_row(tx, holder, "leadership.acquire", {"holder": before[0], "epoch": int(before[1])},
-                               {"holder": holder, "address": address, "epoch": int(row[0])})
+                leadership_row(
+                    tx,
+                    holder,
+                    "leadership.acquire",
+                    {"holder": before[0], "epoch": int(before[1])},
+                    {"holder": holder, "address": address, "epoch": int(row[0])},
+                )
             return LeaseGrant(epoch=int(row[0]), expires_at=cv.from_us(row[1]))
 
         return await run_transaction(self._backend, self._counts, acquire, write=True)

@@ -33,8 +33,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         "catalog, nodes, tenancy (groups, keys, quotas, usage), capacity, leader lease",
         (
             "CREATE TABLE revisions (kind TEXT PRIMARY KEY, value BIGINT NOT NULL)",
-            "INSERT INTO revisions (kind, value) VALUES "
-            + ", ".join(f"('{kind}', 0)" for kind in REVISION_KINDS),
+            "INSERT INTO revisions (kind, value) VALUES " + ", ".join(f"('{kind}', 0)" for kind in REVISION_KINDS),
             """CREATE TABLE catalog_models (
                 name TEXT PRIMARY KEY,
                 document TEXT NOT NULL,

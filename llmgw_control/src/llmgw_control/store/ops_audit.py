@@ -28,15 +28,32 @@ MAX_PAGE = 500
 
 
 def _entry(row: Row) -> AuditEntry:
-    return AuditEntry(id=row[0], at=cv.from_us(row[1]), actor=row[2], peer=row[3], action=row[4], outcome=row[5],
-                      resource=row[6], resource_id=row[7], changes=json.loads(row[8]))
+    return AuditEntry(
+        id=row[0],
+        at=cv.from_us(row[1]),
+        actor=row[2],
+        peer=row[3],
+        action=row[4],
+        outcome=row[5],
+        resource=row[6],
+        resource_id=row[7],
+        changes=json.loads(row[8]),
+    )
 
 
 def _bounded(changes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     if len(changes) <= MAX_CHANGES:
         return changes
-    return [*changes[:MAX_CHANGES], {"resource": "audit", "id": "", "op": "truncated",
-                                     "before": None, "after": {"left_out": len(changes) - MAX_CHANGES}}]
+    return [
+        *changes[:MAX_CHANGES],
+        {
+            "resource": "audit",
+            "id": "",
+            "op": "truncated",
+            "before": None,
+            "after": {"left_out": len(changes) - MAX_CHANGES},
+        },
+    ]
 
 
 def write_scope_row(tx: Tx, scope: AuditScope, notes: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
@@ -54,19 +71,32 @@ def write_scope_row(tx: Tx, scope: AuditScope, notes: list[dict[str, Any]]) -> t
     resource_id = str(first["id"]) if first is not None else scope.resource_id
     if scope.row_id is None:
         row_id = new_id()
-        tx.run(f"INSERT INTO audit_log ({_COLUMNS}) VALUES (?, now_us(), ?, ?, ?, 'ok', ?, ?, ?)",
-               (row_id, scope.actor, scope.peer, scope.action, resource, resource_id, text))
+        tx.run(
+            f"INSERT INTO audit_log ({_COLUMNS}) VALUES (?, now_us(), ?, ?, ?, 'ok', ?, ?, ?)",
+            (row_id, scope.actor, scope.peer, scope.action, resource, resource_id, text),
+        )
         return row_id, changes
     tx.run("UPDATE audit_log SET changes = ? WHERE id = ?", (text, scope.row_id))
     return scope.row_id, changes
 
 
-def insert_row(tx: Tx, *, actor: str, peer: str, action: str, outcome: str, resource: str, resource_id: str,
-               changes: list[dict[str, Any]]) -> str:
+def insert_row(
+    tx: Tx,
+    *,
+    actor: str,
+    peer: str,
+    action: str,
+    outcome: str,
+    resource: str,
+    resource_id: str,
+    changes: list[dict[str, Any]],
+) -> str:
     row_id = new_id()
     text = json.dumps(_bounded(changes), sort_keys=True, default=str)
-    tx.run(f"INSERT INTO audit_log ({_COLUMNS}) VALUES (?, now_us(), ?, ?, ?, ?, ?, ?, ?)",
-           (row_id, actor[:200], peer[:200], action[:200], outcome, resource[:200], resource_id[:200], text))
+    tx.run(
+        f"INSERT INTO audit_log ({_COLUMNS}) VALUES (?, now_us(), ?, ?, ?, ?, ?, ?, ?)",
+        (row_id, actor[:200], peer[:200], action[:200], outcome, resource[:200], resource_id[:200], text),
+    )
     return row_id
 
 
@@ -78,20 +108,45 @@ def _cursor(text: str) -> tuple[int, str]:
 
 
 class AuditOps(OpsBase):
-    async def record_audit(self, *, actor: str, peer: str, action: str, outcome: str, resource: str,
-                           resource_id: str, changes: list[dict[str, Any]] | None = None) -> str:
+    async def record_audit(
+        self,
+        *,
+        actor: str,
+        peer: str,
+        action: str,
+        outcome: str,
+        resource: str,
+        resource_id: str,
+        changes: list[dict[str, Any]] | None = None,
+    ) -> str:
         """Write one row in a transaction of its own (an action with no stored change, a refusal)."""
         if outcome not in ("ok", "refused"):
             raise InvalidInput("outcome", "must be ok or refused")
         entries = changes if changes is not None else []
-        return await self._write_unaudited(lambda tx: insert_row(
-            tx, actor=actor, peer=peer, action=action, outcome=outcome, resource=resource,
-            resource_id=resource_id, changes=entries))
+        return await self._write_unaudited(
+            lambda tx: insert_row(
+                tx,
+                actor=actor,
+                peer=peer,
+                action=action,
+                outcome=outcome,
+                resource=resource,
+                resource_id=resource_id,
+                changes=entries,
+            )
+        )
 
     async def list_audit(
-        self, *, since: datetime | None = None, until: datetime | None = None, actor: str | None = None,
-        resource: str | None = None, resource_id: str | None = None, outcome: str | None = None,
-        cursor: str | None = None, limit: int = 100,
+        self,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        actor: str | None = None,
+        resource: str | None = None,
+        resource_id: str | None = None,
+        outcome: str | None = None,
+        cursor: str | None = None,
+        limit: int = 100,
     ) -> AuditPage:
         """Rows newest first, filtered; ``next_cursor`` fetches the page after (None: no more)."""
         if not 1 <= limit <= MAX_PAGE:
@@ -104,8 +159,12 @@ class AuditOps(OpsBase):
         if until is not None:
             where.append("at < ?")
             params.append(cv.to_us("until", until))
-        for column, value in (("actor", actor), ("resource", resource), ("resource_id", resource_id),
-                              ("outcome", outcome)):
+        for column, value in (
+            ("actor", actor),
+            ("resource", resource),
+            ("resource_id", resource_id),
+            ("outcome", outcome),
+        ):
             if value is not None:
                 where.append(f"{column} = ?")
                 params.append(cv.text(column, value))
@@ -113,8 +172,10 @@ class AuditOps(OpsBase):
             at, row_id = _cursor(cursor)
             where.append("(at < ? OR (at = ? AND id < ?))")
             params += [at, at, row_id]
-        sql = (f"SELECT {_COLUMNS} FROM audit_log {'WHERE ' + ' AND '.join(where) if where else ''} "
-               "ORDER BY at DESC, id DESC LIMIT ?")
+        sql = (
+            f"SELECT {_COLUMNS} FROM audit_log {'WHERE ' + ' AND '.join(where) if where else ''} "
+            "ORDER BY at DESC, id DESC LIMIT ?"
+        )
 
         def read(tx: Tx) -> AuditPage:
             rows = tx.rows(sql, (*params, limit + 1))
@@ -133,5 +194,13 @@ class AuditOps(OpsBase):
 
 def leadership_row(tx: Tx, holder: str, action: str, before: dict[str, Any], after: dict[str, Any]) -> None:
     """A leadership change, in the lease's own transaction (the daemon acts, not an operator)."""
-    insert_row(tx, actor=f"daemon:{holder}", peer="", action=action, outcome="ok", resource="leadership",
-               resource_id="leader", changes=[change_entry("leadership", "leader", before, after)])
+    insert_row(
+        tx,
+        actor=f"daemon:{holder}",
+        peer="",
+        action=action,
+        outcome="ok",
+        resource="leadership",
+        resource_id="leader",
+        changes=[change_entry("leadership", "leader", before, after)],
+    )

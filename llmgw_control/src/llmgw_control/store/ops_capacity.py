@@ -13,9 +13,7 @@ from .errors import InvalidInput, NotFound
 from .ops_base import ONE_CLOCK, OpsBase, new_id
 from .records import CapacityRecord, CapacityRunRecord
 
-_COLUMNS = (
-    "id, model, profile, node_id, engine, concurrency, tokens_per_s, ttft_p50_s, ttft_p99_s, measured_at, detail"
-)
+_COLUMNS = "id, model, profile, node_id, engine, concurrency, tokens_per_s, ttft_p50_s, ttft_p99_s, measured_at, detail"
 
 
 _RUN_COLUMNS = "id, model, profile, node_id, kind, state, created_at, updated_at, document"
@@ -30,8 +28,15 @@ def _state(value: object) -> str:
 
 def _run(row: Row) -> CapacityRunRecord:
     return CapacityRunRecord(
-        id=row[0], model=row[1], profile=row[2], node_id=row[3], kind=row[4], state=row[5],
-        created_at=cv.from_us(row[6]), updated_at=cv.from_us(row[7]), document=cv.load_json(row[8]),
+        id=row[0],
+        model=row[1],
+        profile=row[2],
+        node_id=row[3],
+        kind=row[4],
+        state=row[5],
+        created_at=cv.from_us(row[6]),
+        updated_at=cv.from_us(row[7]),
+        document=cv.load_json(row[8]),
     )
 
 
@@ -128,7 +133,14 @@ class CapacityOps(OpsBase):
     # ------------------------------------------------------------------ runs
 
     async def add_capacity_run(
-        self, *, model: str, profile: str, node_id: str, kind: str, state: str, document: Mapping[str, Any],
+        self,
+        *,
+        model: str,
+        profile: str,
+        node_id: str,
+        kind: str,
+        state: str,
+        document: Mapping[str, Any],
     ) -> CapacityRunRecord:
         values = (
             new_id(),
@@ -154,7 +166,12 @@ class CapacityOps(OpsBase):
         return await self._write(add)
 
     async def update_capacity_run(
-        self, run_id: str, *, state: str, document: Mapping[str, Any], node_id: str | None = None,
+        self,
+        run_id: str,
+        *,
+        state: str,
+        document: Mapping[str, Any],
+        node_id: str | None = None,
         kind: str | None = None,
     ) -> CapacityRunRecord:
         run_id = cv.name("run_id", run_id)
@@ -175,8 +192,9 @@ class CapacityOps(OpsBase):
                 raise NotFound("capacity run", run_id)
             run = _run(row)
             skip = ("created_at", "updated_at")
-            note_change("capacity_run", run_id, record_fields(_run(old), leave_out=skip),
-                        record_fields(run, leave_out=skip))
+            note_change(
+                "capacity_run", run_id, record_fields(_run(old), leave_out=skip), record_fields(run, leave_out=skip)
+            )
             return run
 
         return await self._write(update)
@@ -193,7 +211,12 @@ class CapacityOps(OpsBase):
         return await self._read(get)
 
     async def list_capacity_runs(
-        self, *, model: str | None = None, profile: str | None = None, state: str | None = None, limit: int = 100,
+        self,
+        *,
+        model: str | None = None,
+        profile: str | None = None,
+        state: str | None = None,
+        limit: int = 100,
     ) -> list[CapacityRunRecord]:
         """Runs matching every filter given, newest first, at most ``limit``."""
         where: list[str] = []
@@ -209,8 +232,9 @@ class CapacityOps(OpsBase):
         params.append(cv.count("limit", limit, minimum=1))
 
         def list_all(tx: Tx) -> list[CapacityRunRecord]:
-            rows = tx.rows(f"SELECT {_RUN_COLUMNS} FROM capacity_runs{clause} ORDER BY created_at DESC, id LIMIT ?",
-                           params)
+            rows = tx.rows(
+                f"SELECT {_RUN_COLUMNS} FROM capacity_runs{clause} ORDER BY created_at DESC, id LIMIT ?", params
+            )
             return [_run(r) for r in rows]
 
         return await self._read(list_all)

@@ -22,7 +22,11 @@ SUBTREE_CTE = """WITH RECURSIVE subtree(id) AS (
 
 def _group(row: Row) -> Group:
     return Group(
-        id=row[0], name=row[1], parent_id=row[2], created_at=cv.from_us(row[3]), updated_at=cv.from_us(row[4]),
+        id=row[0],
+        name=row[1],
+        parent_id=row[2],
+        created_at=cv.from_us(row[3]),
+        updated_at=cv.from_us(row[4]),
         priority=row[5],
     )
 
@@ -74,7 +78,11 @@ class GroupOps(OpsBase):
         return await self._write(create)
 
     async def update_group(
-        self, group_id: str, *, name: str | Unset = UNSET, parent_id: str | Unset | None = UNSET,
+        self,
+        group_id: str,
+        *,
+        name: str | Unset = UNSET,
+        parent_id: str | Unset | None = UNSET,
         priority: str | Unset | None = UNSET,
     ) -> Group:
         """Rename, move (``parent_id=None`` makes it a root; refuses cycles) and/or set the priority

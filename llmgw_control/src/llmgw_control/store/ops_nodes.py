@@ -33,9 +33,7 @@ def _node(row: Row) -> NodeIdentity:
 
 
 class NodeOps(OpsBase):
-    async def add_node(
-        self, node_id: str, token_digest: str, labels: Mapping[str, str] | None = None
-    ) -> NodeIdentity:
+    async def add_node(self, node_id: str, token_digest: str, labels: Mapping[str, str] | None = None) -> NodeIdentity:
         """Register a node identity; ``Conflict`` if the id is taken."""
         node_id = cv.name("node_id", node_id)
         digest = cv.name("token_digest", token_digest, max_len=512)

@@ -78,8 +78,10 @@ class QuotaSliceOps(OpsBase):
         the operator: what each daemon holds now."""
 
         def read(tx: Tx) -> list[tuple[str, str, str, int, int, int]]:
-            sql = ("SELECT group_id, kind, holder, amount, expires_at, counts_until FROM quota_slices "
-                   "WHERE counts_until > now_us()")
+            sql = (
+                "SELECT group_id, kind, holder, amount, expires_at, counts_until FROM quota_slices "
+                "WHERE counts_until > now_us()"
+            )
             rows = tx.rows(sql + " AND group_id = ?", (group_id,)) if group_id else tx.rows(sql)
             return sorted((str(r[0]), str(r[1]), str(r[2]), int(r[3]), int(r[4]), int(r[5])) for r in rows)
 
@@ -107,8 +109,8 @@ def _lease(tx: Tx, holder: str, asks: list[SliceAsk], ttl_us: int) -> list[Slice
         if ask.close is not None:
             _close(tx, holder, ask, now)
     rows = tx.rows(
-        f"SELECT group_id, kind, holder, amount, counts_until FROM quota_slices WHERE group_id IN ({marks})",
-        group_ids)
+        f"SELECT group_id, kind, holder, amount, counts_until FROM quota_slices WHERE group_id IN ({marks})", group_ids
+    )
     grants = []
     for ask in asks:
         limit = limits.get(ask.group_id, {}).get(_COLUMN[ask.kind])
@@ -130,10 +132,14 @@ def _lease(tx: Tx, holder: str, asks: list[SliceAsk], ttl_us: int) -> list[Slice
         tx.run(
             "INSERT INTO quota_slices (id, group_id, kind, holder, amount, granted_at, expires_at, counts_until) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (lease_id, ask.group_id, ask.kind, holder, amount, now, expires, counts_until))
+            (lease_id, ask.group_id, ask.kind, holder, amount, now, expires, counts_until),
+        )
         rows.append((ask.group_id, ask.kind, holder, amount, counts_until))
-        grants.append(SliceGrant(ask.group_id, ask.kind, lease_id, amount, int(limit), (expires - now) / MICROS,
-                                 holders, retry_after))
+        grants.append(
+            SliceGrant(
+                ask.group_id, ask.kind, lease_id, amount, int(limit), (expires - now) / MICROS, holders, retry_after
+            )
+        )
     return grants
 
 
@@ -153,8 +159,10 @@ def _close(tx: Tx, holder: str, ask: SliceAsk, now: int) -> None:
         return
     # A holder may have spent past its grant (tokens settled above their estimate): the row then
     # grows to the truth, so the others see the overdraft and lease less.
-    tx.run("UPDATE quota_slices SET amount = ?, expires_at = ?, counts_until = ? WHERE id = ?",
-           (spent, now, closed_counts_until(ask.kind, now, int(row[1])), ask.close))
+    tx.run(
+        "UPDATE quota_slices SET amount = ?, expires_at = ?, counts_until = ? WHERE id = ?",
+        (spent, now, closed_counts_until(ask.kind, now, int(row[1])), ask.close),
+    )
 
 
 def _seconds_until_free(rows: list[tuple[object, ...]], room: int, now: int) -> float:

@@ -88,4 +88,3 @@ class QuotaOps(OpsBase):
 def require_group_found(tx: Tx, group_id: str) -> None:
     if tx.one("SELECT 1 FROM tenant_groups WHERE id = ?", (group_id,)) is None:
         raise NotFound("group", group_id)
-

@@ -49,15 +49,20 @@ class SessionOps(OpsBase):
             tx.run("DELETE FROM session_revocations WHERE expires_at < ?", (cut,))
             row = tx.one("SELECT revoked_before, expires_at FROM session_revocations WHERE subject = ?", (subject,))
             if row is None:
-                tx.run("INSERT INTO session_revocations (subject, revoked_before, expires_at) VALUES (?, ?, ?)",
-                       (subject, cut, end))
+                tx.run(
+                    "INSERT INTO session_revocations (subject, revoked_before, expires_at) VALUES (?, ?, ?)",
+                    (subject, cut, end),
+                )
                 note_change("session", subject, None, {"revoked_before": cv.from_us(cut)})
                 return cut
             kept, old_end = max(int(row[0]), cut), max(int(row[1]), end)
-            tx.run("UPDATE session_revocations SET revoked_before = ?, expires_at = ? WHERE subject = ?",
-                   (kept, old_end, subject))
-            note_change("session", subject, {"revoked_before": cv.from_us(int(row[0]))},
-                        {"revoked_before": cv.from_us(kept)})
+            tx.run(
+                "UPDATE session_revocations SET revoked_before = ?, expires_at = ? WHERE subject = ?",
+                (kept, old_end, subject),
+            )
+            note_change(
+                "session", subject, {"revoked_before": cv.from_us(int(row[0]))}, {"revoked_before": cv.from_us(kept)}
+            )
             return kept
 
         return cv.from_us(await self._write(revoke))

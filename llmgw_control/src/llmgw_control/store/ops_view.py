@@ -29,11 +29,14 @@ def _replica(raw: object) -> PublishedReplica | None:
         return None
     try:
         return PublishedReplica(
-            id=cv.name("id", raw.get("id")), profile_key=cv.name("key", raw.get("key")),
-            url=cv.text("url", raw.get("url")), slots=cv.count("slots", raw.get("slots"), minimum=1),
+            id=cv.name("id", raw.get("id")),
+            profile_key=cv.name("key", raw.get("key")),
+            url=cv.text("url", raw.get("url")),
+            slots=cv.count("slots", raw.get("slots"), minimum=1),
             served_name=cv.text("served_name", raw.get("served_name", "")),
             adapters=_adapters(raw.get("adapters", [])),
-            adapter_mode=cv.text("adapter_mode", raw.get("adapter_mode", ""), max_len=16))
+            adapter_mode=cv.text("adapter_mode", raw.get("adapter_mode", ""), max_len=16),
+        )
     except InvalidInput:
         return None
 
@@ -74,10 +77,15 @@ class ViewOps(OpsBase):
         when the lease or the view already belongs to a later epoch."""
         epoch = cv.count("epoch", epoch, minimum=1)
         entries = [
-            {"id": cv.name("id", r.id), "key": cv.name("key", r.profile_key), "url": cv.text("url", r.url),
-             "slots": cv.count("slots", r.slots, minimum=1), "served_name": cv.text("served_name", r.served_name),
-             "adapters": [[cv.name("adapters", n), cv.number("adapters", v)] for n, v in r.adapters],
-             "adapter_mode": r.adapter_mode}
+            {
+                "id": cv.name("id", r.id),
+                "key": cv.name("key", r.profile_key),
+                "url": cv.text("url", r.url),
+                "slots": cv.count("slots", r.slots, minimum=1),
+                "served_name": cv.text("served_name", r.served_name),
+                "adapters": [[cv.name("adapters", n), cv.number("adapters", v)] for n, v in r.adapters],
+                "adapter_mode": r.adapter_mode,
+            }
             for r in replicas
         ]
         if len(entries) > MAX_VIEW_REPLICAS:

@@ -40,8 +40,22 @@ from .transactions import TransactionCounts
 from .view_notify import ViewListener
 
 
-class SqlStore(CatalogOps, NodeOps, GroupOps, KeyOps, QuotaOps, QuotaSliceOps, UsageOps, CapacityOps, SecretOps,
-               FleetOps, PullOps, ViewOps, AuditOps, SessionOps):
+class SqlStore(
+    CatalogOps,
+    NodeOps,
+    GroupOps,
+    KeyOps,
+    QuotaOps,
+    QuotaSliceOps,
+    UsageOps,
+    CapacityOps,
+    SecretOps,
+    FleetOps,
+    PullOps,
+    ViewOps,
+    AuditOps,
+    SessionOps,
+):
     def __init__(self, backend: Backend, lease_backend: Backend | None = None) -> None:
         self._backend = backend
         self._lease_backend = lease_backend

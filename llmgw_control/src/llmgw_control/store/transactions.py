@@ -50,8 +50,10 @@ class TransactionCollector(Collector):
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         family = CounterMetricFamily(
-            "llmgw_store_transactions", "Transactions this process started on its store, by kind (read, write).",
-            labels=["kind"])
+            "llmgw_store_transactions",
+            "Transactions this process started on its store, by kind (read, write).",
+            labels=["kind"],
+        )
         family.add_metric(["read"], self.counts.read)
         family.add_metric(["write"], self.counts.write)
         yield family

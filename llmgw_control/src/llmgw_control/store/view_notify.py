@@ -123,8 +123,11 @@ class ViewListener:
             try:
                 await self._listen(conn, on_change)
             except Exception as exc:  # psycopg's, or anything odd: a standby must keep following
-                log.warning("the LISTEN connection for replica view changes broke (%s): reconnecting", exc,
-                            exc_info=not isinstance(exc, psycopg.Error))
+                log.warning(
+                    "the LISTEN connection for replica view changes broke (%s): reconnecting",
+                    exc,
+                    exc_info=not isinstance(exc, psycopg.Error),
+                )
             finally:
                 self.listening = False
             self.losses += 1

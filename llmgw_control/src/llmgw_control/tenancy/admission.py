@@ -75,7 +75,12 @@ class _TicketBase:
     __slots__ = ("_clock", "_done", "_usage", "group_id", "key_id", "model", "priority")
 
     def __init__(
-        self, usage: UsageAccumulator, clock: Clock, model: str, key_id: str | None, group_id: str | None,
+        self,
+        usage: UsageAccumulator,
+        clock: Clock,
+        model: str,
+        key_id: str | None,
+        group_id: str | None,
         priority: Priority = Priority.INTERACTIVE,
     ) -> None:
         self._usage = usage
@@ -121,9 +126,18 @@ class TenancyTicket(_TicketBase):
     __slots__ = ("_book", "_chain", "_estimated", "_seconds", "_takes")
 
     def __init__(
-        self, usage: UsageAccumulator, clock: Clock, model: str, key_id: str, group_id: str,
-        chain: tuple[GroupBudget, ...], estimated: int, seconds: tuple[int, ...],
-        priority: Priority = Priority.INTERACTIVE, book: SliceBook | None = None, takes: tuple[Take, ...] = (),
+        self,
+        usage: UsageAccumulator,
+        clock: Clock,
+        model: str,
+        key_id: str,
+        group_id: str,
+        chain: tuple[GroupBudget, ...],
+        estimated: int,
+        seconds: tuple[int, ...],
+        priority: Priority = Priority.INTERACTIVE,
+        book: SliceBook | None = None,
+        takes: tuple[Take, ...] = (),
     ) -> None:
         super().__init__(usage, clock, model, key_id, group_id, priority)
         self._chain = chain
@@ -160,8 +174,10 @@ class TenancyTicket(_TicketBase):
             self.give_back()
             # At interpreter exit logging may be gone; giving back is what matters.
             with contextlib.suppress(Exception):
-                log.warning("an admission ticket was dropped without settle or give_back; gave it back",
-                            extra={"key_id": self.key_id, "group_id": self.group_id, "model": self.model})
+                log.warning(
+                    "an admission ticket was dropped without settle or give_back; gave it back",
+                    extra={"key_id": self.key_id, "group_id": self.group_id, "model": self.model},
+                )
 
 
 class OpenAdmission:
@@ -201,22 +217,39 @@ class TenancyAdmission:
         state = self.state
         if not state.loaded:
             # Never fall back to "open" because the keys are not known yet.
-            raise ClientApiError(503, "The gateway is starting: API keys are not loaded yet.", code="not_ready",
-                           headers=(("retry-after", "1"),))
+            raise ClientApiError(
+                503,
+                "The gateway is starting: API keys are not loaded yet.",
+                code="not_ready",
+                headers=(("retry-after", "1"),),
+            )
         if state.open:
             return OpenTicket(self.usage, self.clock, model, None, None)
         key = state.authenticate(authorization)
         if key.models is not None and model not in key.models:
-            raise ClientApiError(403, f"The API key '{key.name}' may not use the model '{model}'.",
-                           code="model_not_allowed", param="model")
+            raise ClientApiError(
+                403,
+                f"The API key '{key.name}' may not use the model '{model}'.",
+                code="model_not_allowed",
+                param="model",
+            )
         estimated = _count(estimated_tokens)
         chain = state.chain(key.group_id)
         now = self.clock()
         book = self.book
         if book is None:
             seconds = reserve(chain, now, estimated)
-            return TenancyTicket(self.usage, self.clock, model, key.id, key.group_id, chain, estimated, seconds,
-                                 state.priority(key.group_id))
+            return TenancyTicket(
+                self.usage,
+                self.clock,
+                model,
+                key.id,
+                key.group_id,
+                chain,
+                estimated,
+                seconds,
+                state.priority(key.group_id),
+            )
         # Shared store: this daemon's own windows first (their 429s say the most), then its slices
         # of the limits; nothing is spent anywhere until both have room. No await in between.
         for budget in chain:
@@ -225,8 +258,19 @@ class TenancyAdmission:
         needs = book.check(chain, now, estimated)
         seconds = reserve(chain, now, estimated)
         takes = book.spend(needs)
-        return TenancyTicket(self.usage, self.clock, model, key.id, key.group_id, chain, estimated, seconds,
-                             state.priority(key.group_id), book, takes)
+        return TenancyTicket(
+            self.usage,
+            self.clock,
+            model,
+            key.id,
+            key.group_id,
+            chain,
+            estimated,
+            seconds,
+            state.priority(key.group_id),
+            book,
+            takes,
+        )
 
 
 # A request that finds a slice short waits for at most this many renewals (each normally one
@@ -237,8 +281,9 @@ _LEASE_ROUNDS = 3
 _LEASE_WAIT_SECONDS = 3.0
 
 
-async def admit_waiting(admission: Admission, authorization: str | None, model: str, *,
-                        estimated_tokens: int) -> Ticket:
+async def admit_waiting(
+    admission: Admission, authorization: str | None, model: str, *, estimated_tokens: int
+) -> Ticket:
     """``admission.admit``, but a request that finds this daemon's slice of a shared limit short
     waits for the slice's renewal instead of being refused while the group still has budget."""
     with trio.move_on_after(_LEASE_WAIT_SECONDS):

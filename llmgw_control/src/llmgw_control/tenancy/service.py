@@ -93,7 +93,11 @@ class TenancyService:
         return group
 
     async def update_group(
-        self, group_id: str, *, name: str | Unset = UNSET, parent_id: str | Unset | None = UNSET,
+        self,
+        group_id: str,
+        *,
+        name: str | Unset = UNSET,
+        parent_id: str | Unset | None = UNSET,
         priority: str | Unset | None = UNSET,
     ) -> Group:
         """Rename, move and/or set the priority of a group. A moved group's history stays with its
@@ -130,7 +134,11 @@ class TenancyService:
                 raise InvalidInput("expires_at", "must be in the future")
         secret = new_key_secret()
         key = await self.store.create_key(
-            name=name, group_id=group_id, digest=self.state.digester.digest(secret), models=models, admin=admin,
+            name=name,
+            group_id=group_id,
+            digest=self.state.digester.digest(secret),
+            models=models,
+            admin=admin,
             expires_at=expires_at,
         )
         await self._refresh()
@@ -149,7 +157,8 @@ class TenancyService:
         if not isinstance(expires_at, Unset):
             _aware("expires_at", expires_at)
         key = await self.store.update_key(
-            key_id, name=name, group_id=group_id, models=models, admin=admin, expires_at=expires_at)
+            key_id, name=name, group_id=group_id, models=models, admin=admin, expires_at=expires_at
+        )
         await self._refresh()
         return key
 
@@ -209,9 +218,12 @@ class TenancyService:
                 groups = self.state.tree.subtree(group_id) if query.get("include_descendants") else {group_id}
             lo = None if since is None else since.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
             rows += [
-                u for u in self.usage.pending()
-                if (groups is None or u.group_id in groups) and (key_id is None or u.key_id == key_id)
-                and (model is None or u.model == model) and (lo is None or u.hour >= lo)
+                u
+                for u in self.usage.pending()
+                if (groups is None or u.group_id in groups)
+                and (key_id is None or u.key_id == key_id)
+                and (model is None or u.model == model)
+                and (lo is None or u.hour >= lo)
                 and (until is None or u.hour < until)
             ]
         return merge(rows)
@@ -230,8 +242,9 @@ class TenancyService:
     ) -> dict[str, UsageTotals]:
         """Each group's usage *including its descendants*, for ``group_id``'s subtree (or every
         group): one query, summed up the tree in memory."""
-        rows = await self.query_usage(group_id=group_id, include_descendants=True, since=since, until=until,
-                                      include_pending=include_pending)
+        rows = await self.query_usage(
+            group_id=group_id, include_descendants=True, since=since, until=until, include_pending=include_pending
+        )
         tree = self.state.tree
         scope = tree.subtree(group_id) if group_id is not None else set(tree.groups)
         sums: dict[str, list[int]] = {g: [0, 0, 0] for g in scope}
@@ -249,4 +262,5 @@ class TenancyService:
 
 def _total(rows: Sequence[Usage]) -> UsageTotals:
     return UsageTotals(
-        sum(u.requests for u in rows), sum(u.prompt_tokens for u in rows), sum(u.completion_tokens for u in rows))
+        sum(u.requests for u in rows), sum(u.prompt_tokens for u in rows), sum(u.completion_tokens for u in rows)
+    )

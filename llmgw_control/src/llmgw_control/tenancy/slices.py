@@ -62,8 +62,22 @@ _UNLIMITED = sys.maxsize // 4
 class QuotaSlice:
     """This daemon's part of one group's limit of one kind."""
 
-    __slots__ = ("backoff_until", "demand", "failed", "generation", "granted", "group_id", "holders", "kind",
-                 "last_used", "lease_id", "limit", "retry_after", "spent", "valid_until")
+    __slots__ = (
+        "backoff_until",
+        "demand",
+        "failed",
+        "generation",
+        "granted",
+        "group_id",
+        "holders",
+        "kind",
+        "last_used",
+        "lease_id",
+        "limit",
+        "retry_after",
+        "spent",
+        "valid_until",
+    )
 
     def __init__(self, group_id: str, kind: str) -> None:
         self.group_id = group_id
@@ -103,8 +117,11 @@ class QuotaSlice:
 
     def idle(self, now: float) -> bool:
         """Held, but nobody spent from it lately (and no slot is in flight): give it back."""
-        return (self.lease_id is not None and now - self.last_used > IDLE_SECONDS
-                and not (self.kind == CONCURRENT and self.spent > 0))
+        return (
+            self.lease_id is not None
+            and now - self.last_used > IDLE_SECONDS
+            and not (self.kind == CONCURRENT and self.spent > 0)
+        )
 
 
 @attrs.frozen
@@ -124,8 +141,15 @@ Take = tuple[QuotaSlice, int, int]  # (slice, its generation when spent, amount)
 class SliceBook:
     """Every slice this daemon holds, the request-path checks, and the renewer (``run``)."""
 
-    def __init__(self, store: Store, *, clock: Clock, holder: str | None = None, ttl: float = LEASE_TTL,
-                 label: Callable[[str], str] = str) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        clock: Clock,
+        holder: str | None = None,
+        ttl: float = LEASE_TTL,
+        label: Callable[[str], str] = str,
+    ) -> None:
         self.store = store
         self.clock = clock
         self.holder = holder or uuid.uuid4().hex
@@ -147,10 +171,7 @@ class SliceBook:
             quota = budget.quota
             if quota is None:
                 continue
-            for kind, amount in ((RPM, 1),
-                                 (TPM, estimated),
-                                 (TPD, estimated),
-                                 (CONCURRENT, 1)):
+            for kind, amount in ((RPM, 1), (TPM, estimated), (TPD, estimated), (CONCURRENT, 1)):
                 if getattr(quota, kind) is None or amount <= 0:
                     continue
                 piece = self.slices.get((budget.group_id, kind))
@@ -202,21 +223,29 @@ class SliceBook:
                 elif extra < 0 and piece.generation == generation:
                     piece.spent = max(0, piece.spent + extra)
 
-    def _refusal(self, short: list[tuple[QuotaSlice, int, GroupBudget]], now: float, *, waitable: bool
-                 ) -> LeaseShort:
+    def _refusal(self, short: list[tuple[QuotaSlice, int, GroupBudget]], now: float, *, waitable: bool) -> LeaseShort:
         book = self if waitable else None
         piece, amount, budget = short[0]
         if self._failing and now >= piece.valid_until:
-            return LeaseShort(503, "The quota store cannot be reached, and this gateway's share of the group's "
-                                   f"limits has run out: group '{budget.label}' cannot be admitted now.",
-                              code="quota_unavailable", headers=(("retry-after", "1"),), book=book)
+            return LeaseShort(
+                503,
+                "The quota store cannot be reached, and this gateway's share of the group's "
+                f"limits has run out: group '{budget.label}' cannot be admitted now.",
+                code="quota_unavailable",
+                headers=(("retry-after", "1"),),
+                book=book,
+            )
         what = piece.kind.replace("_", " ")
         retry = max(1, math.ceil(piece.retry_after)) if piece.retry_after is not None else 1
         limit = piece.limit if piece.limit is not None else getattr(budget.quota, piece.kind)
         return LeaseShort(
-            429, f"Rate limit reached for group '{budget.label}' on {what}: limit {limit}, shared by "
-                 f"{piece.holders} gateway(s), requested {amount}. Retry after {retry} s.",
-            code="rate_limit_exceeded", headers=(("retry-after", str(retry)),), book=book)
+            429,
+            f"Rate limit reached for group '{budget.label}' on {what}: limit {limit}, shared by "
+            f"{piece.holders} gateway(s), requested {amount}. Retry after {retry} s.",
+            code="rate_limit_exceeded",
+            headers=(("retry-after", str(retry)),),
+            book=book,
+        )
 
     # --- renewing ---------------------------------------------------------------------------
 
@@ -266,8 +295,15 @@ class SliceBook:
 
     def _ask(self, piece: QuotaSlice, *, renew: bool) -> SliceAsk:
         concurrent = piece.kind == CONCURRENT
-        return SliceAsk(piece.group_id, piece.kind, close=piece.lease_id, spent=piece.spent, renew=renew,
-                        need=piece.demand, keep=piece.spent if concurrent else 0)
+        return SliceAsk(
+            piece.group_id,
+            piece.kind,
+            close=piece.lease_id,
+            spent=piece.spent,
+            renew=renew,
+            need=piece.demand,
+            keep=piece.spent if concurrent else 0,
+        )
 
     async def _lease(self, asks: list[tuple[QuotaSlice, SliceAsk]], sent_at: float) -> None:
         demand = {id(p): p.demand for p, _ in asks}
@@ -294,8 +330,7 @@ class SliceBook:
                 piece.demand = 0
                 piece.backoff_until = sent_at + BACKOFF_SECONDS
             if not self._failing:
-                log.warning("cannot lease quota slices (admitting within the slices held until they expire): "
-                            "%s", exc)
+                log.warning("cannot lease quota slices (admitting within the slices held until they expire): %s", exc)
             self._failing = True
             return
         if self._failing:

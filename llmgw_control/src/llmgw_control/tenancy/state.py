@@ -84,8 +84,12 @@ class TenancyState:
         """The usable key named by an ``Authorization`` header, or ``ClientApiError(401)``."""
         token = bearer_token(authorization)
         if token is None:
-            raise ClientApiError(401, "Missing API key: send it as 'Authorization: Bearer <key>'.",
-                           code="missing_api_key", headers=_AUTH_HEADERS)
+            raise ClientApiError(
+                401,
+                "Missing API key: send it as 'Authorization: Bearer <key>'.",
+                code="missing_api_key",
+                headers=_AUTH_HEADERS,
+            )
         key = self.keys.get(self.digester.digest(token)) if len(token) <= MAX_KEY_LENGTH else None
         if key is None:
             raise ClientApiError(401, "Incorrect API key provided.", code="invalid_api_key", headers=_AUTH_HEADERS)
@@ -121,7 +125,8 @@ class TenancyState:
         budget = self._budgets.get(group_id)
         if budget is None:
             budget = self._budgets[group_id] = GroupBudget(
-                group_id, self.tree.path(group_id), self.quotas.get(group_id))
+                group_id, self.tree.path(group_id), self.quotas.get(group_id)
+            )
         return budget
 
     # --- loading and refreshing -------------------------------------------------------------
@@ -142,10 +147,12 @@ class TenancyState:
             self.loaded = True
         foreign = sum(1 for d in self.keys.digests() if not self.digester.made_here(d))
         if foreign:
-            log.error("%d API key(s) were made with a different key secret and cannot authenticate here: "
-                      "every control daemon sharing this store needs the same key secret file", foreign)
-        log.info("tenancy loaded", extra={"keys": len(self.keys), "groups": len(self.tree),
-                                          "quotas": len(self.quotas)})
+            log.error(
+                "%d API key(s) were made with a different key secret and cannot authenticate here: "
+                "every control daemon sharing this store needs the same key secret file",
+                foreign,
+            )
+        log.info("tenancy loaded", extra={"keys": len(self.keys), "groups": len(self.tree), "quotas": len(self.quotas)})
 
     async def refresh(self) -> bool:
         """Reload what changed in the store since the last look; True if anything did."""

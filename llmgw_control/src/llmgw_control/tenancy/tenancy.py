@@ -77,8 +77,9 @@ async def open_tenancy(location: str, data_dir: Path, *, shared: bool) -> AsyncI
         if shared:
             book = SliceBook(store, clock=state.clock)
             await nursery.start(book.run)
-            log.info("quotas are shared with the other daemons on this store (leased slices)",
-                     extra={"holder": book.holder})
+            log.info(
+                "quotas are shared with the other daemons on this store (leased slices)", extra={"holder": book.holder}
+            )
         if state.open:
             log.warning("no API keys exist: the gateway is open to every request (create a key to close it)")
         try:

@@ -42,7 +42,13 @@ class UsageAccumulator:
         self._pending: dict[_Row, list[int]] = {}
 
     def record(
-        self, now: float, key_id: str, group_id: str, model: str, prompt_tokens: int, completion_tokens: int,
+        self,
+        now: float,
+        key_id: str,
+        group_id: str,
+        model: str,
+        prompt_tokens: int,
+        completion_tokens: int,
         requests: int = 1,
     ) -> None:
         counts = self._pending.get(row := (int(now // _HOUR), key_id, group_id, model))
@@ -109,10 +115,19 @@ class UsageAccumulator:
                     raise
                 # Retrying it would fail the same way on every flush: it is logged whole, so
                 # an operator can still account for it, and dropped.
-                log.error("usage of key %r (group %r, model %r) refused by the store, dropped: %s",
-                          row[1], row[2], row[3], exc,
-                          extra={"hour": hour_start(row[0]).isoformat(), "requests": counts[0],
-                                 "prompt_tokens": counts[1], "completion_tokens": counts[2]})
+                log.error(
+                    "usage of key %r (group %r, model %r) refused by the store, dropped: %s",
+                    row[1],
+                    row[2],
+                    row[3],
+                    exc,
+                    extra={
+                        "hour": hour_start(row[0]).isoformat(),
+                        "requests": counts[0],
+                        "prompt_tokens": counts[1],
+                        "completion_tokens": counts[2],
+                    },
+                )
             except BaseException:
                 self._put_back(dict(rows[index:]))
                 raise
@@ -140,8 +155,9 @@ class UsageFlusher:
             await self.accumulator.flush(self.store)
         except StoreError as exc:
             self.failures += 1
-            log.warning("could not write usage (kept for the next try): %s", exc,
-                        extra={"pending_rows": len(self.accumulator)})
+            log.warning(
+                "could not write usage (kept for the next try): %s", exc, extra={"pending_rows": len(self.accumulator)}
+            )
             return False
         return True
 

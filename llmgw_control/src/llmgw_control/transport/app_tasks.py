@@ -27,8 +27,7 @@ AppSend = Callable[[Any], Awaitable[None]]
 AppReceive = Callable[[], Awaitable[Any]]
 
 
-async def run_app(app: Any, config: Config, scope: Any, receive: AppReceive, send: AppSend,
-                   inbox: Inbox) -> None:
+async def run_app(app: Any, config: Config, scope: Any, receive: AppReceive, send: AppSend, inbox: Inbox) -> None:
     """The app's task: an error it raises is logged and answered (a 500 if nothing was sent yet)."""
     try:
         try:

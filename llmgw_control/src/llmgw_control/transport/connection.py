@@ -29,6 +29,8 @@ and what it offers:
   the answer reaches a client still sending rather than being lost to a reset.
 - The app's receive queue is a small bounded queue (``app_tasks.Inbox``), not a memory channel each.
 - Whatever one connection raises is logged once and ends that connection alone.
+
+About 520 lines: one connection's writes, timer and phases are one state machine, read as a whole.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ _DRAIN_SECONDS = 2.0
 _LINGER_GAP = 5.0
 _LINGER_SECONDS = 30.0
 _LINGER_BYTES = 64 << 20
+
 
 class _Phase(enum.Enum):
     """What the connection is waiting for, which says what its one deadline means."""
@@ -116,9 +119,19 @@ class Connection:
     bounds the wait for each later one (then its head has ``head_timeout`` from its first byte).
     """
 
-    def __init__(self, app: Any, config: Config, context: WorkerContext, state: dict[str, Any],
-                 stream: trio.SocketStream | trio.SSLStream[trio.SocketStream], listener: Listener, *,
-                 client: tuple[str, int] | None, server: tuple[str, int] | None, first_request_by: float) -> None:
+    def __init__(
+        self,
+        app: Any,
+        config: Config,
+        context: WorkerContext,
+        state: dict[str, Any],
+        stream: trio.SocketStream | trio.SSLStream[trio.SocketStream],
+        listener: Listener,
+        *,
+        client: tuple[str, int] | None,
+        server: tuple[str, int] | None,
+        first_request_by: float,
+    ) -> None:
         self._app = app
         self._config = config
         self._context = context
@@ -156,8 +169,16 @@ class Connection:
                 # only its own loop calls; its protocol classes use spawn_app and spawn.
                 tasks = cast(TaskGroup, AppTasks(nursery, self))
                 self._protocol = Http11Protocol(
-                    self._app, self._config, self._context, tasks, ConnectionState(self._state.copy()),
-                    self._tls, self._client, self._server, self._protocol_send)
+                    self._app,
+                    self._config,
+                    self._context,
+                    tasks,
+                    ConnectionState(self._state.copy()),
+                    self._tls,
+                    self._client,
+                    self._server,
+                    self._protocol_send,
+                )
                 nursery.start_soon(self._watch)
                 await self._read()
                 # The connection is over for the reader; an app may still be answering (a client
@@ -185,11 +206,18 @@ class Connection:
             if not invited:
                 invited = True
                 connection = self._protocol.connection
-                if (not self._gone and not self._lingering() and isinstance(connection, h11.Connection)
-                        and connection.client_is_waiting_for_100_continue
-                        and connection.our_state is h11.SEND_RESPONSE):
-                    self._held.append(connection.send(h11.InformationalResponse(
-                        status_code=100, headers=self._config.response_headers("h11"))))
+                if (
+                    not self._gone
+                    and not self._lingering()
+                    and isinstance(connection, h11.Connection)
+                    and connection.client_is_waiting_for_100_continue
+                    and connection.our_state is h11.SEND_RESPONSE
+                ):
+                    self._held.append(
+                        connection.send(
+                            h11.InformationalResponse(status_code=100, headers=self._config.response_headers("h11"))
+                        )
+                    )
                     if not self._holding:
                         await self._write_held()
                     # The body's deadline runs from the invitation.
@@ -228,8 +256,7 @@ class Connection:
                     # read and dropped, and only then does the answer end, so hypercorn keeps the
                     # connection for the next request instead of closing it under the client.
                     drain = False
-                    await forward({"type": "http.response.body", "body": message.get("body", b""),
-                                   "more_body": True})
+                    await forward({"type": "http.response.body", "body": message.get("body", b""), "more_body": True})
                     await _discard_rest_of_request(receive)
                     message = {"type": "http.response.body", "body": b"", "more_body": False}
             await forward(message)
@@ -249,8 +276,12 @@ class Connection:
         """
         connection = self._protocol.connection
         length = _content_length(scope)
-        if (isinstance(connection, h11.Connection) and not connection.client_is_waiting_for_100_continue
-                and length is not None and length <= _DRAIN_BYTES):
+        if (
+            isinstance(connection, h11.Connection)
+            and not connection.client_is_waiting_for_100_continue
+            and length is not None
+            and length <= _DRAIN_BYTES
+        ):
             return message, True
         headers = list(message.get("headers", ()))
         if not any(name.lower() == b"connection" and value.lower() == b"close" for name, value in headers):
@@ -404,8 +435,7 @@ class Connection:
             # A WebSocket peer may be sending frames still (or an early frame that was refused).
             return isinstance(connection, H11WSConnection)
         state = connection.their_state
-        return (state is h11.SEND_BODY or state is h11.ERROR
-                or (state is h11.IDLE and bool(connection.trailing_data[0])))
+        return state is h11.SEND_BODY or state is h11.ERROR or (state is h11.IDLE and bool(connection.trailing_data[0]))
 
     async def _end_answers(self) -> None:
         """No more answers on this connection: close it, lingering first if the client may still be sending.
@@ -469,8 +499,10 @@ class Connection:
             connection = self._protocol.connection
             if isinstance(connection, h11.Connection) and connection.our_state in (h11.IDLE, h11.SEND_RESPONSE):
                 what = "head" if phase is _Phase.HEAD else "body"
-                message = (f"The request's {what} did not arrive in time; send it whole, and at least "
-                           f"{self._limits.body_min_rate} bytes a second.")
+                message = (
+                    f"The request's {what} did not arrive in time; send it whole, and at least "
+                    f"{self._limits.body_min_rate} bytes a second."
+                )
                 self._held.append(refusal(408, self._listener.error_body(408, "request_timeout", message)))
                 await self._write_held()
             await self._end_answers()

@@ -29,12 +29,15 @@ ErrorBody = Callable[[int, str, str], bytes]
 _REASONS = {408: b"Request Timeout", 503: b"Service Unavailable"}
 
 
-
 def refusal(status: int, body: bytes, *extra: tuple[bytes, bytes]) -> bytes:
     """A whole HTTP/1.1 answer that closes the connection, for answers made outside h11 (408, 503)."""
-    head = [b"HTTP/1.1 %d %s" % (status, _REASONS[status]), b"content-type: application/json",
-            b"content-length: %d" % len(body), b"connection: close",
-            *(name + b": " + value for name, value in extra)]
+    head = [
+        b"HTTP/1.1 %d %s" % (status, _REASONS[status]),
+        b"content-type: application/json",
+        b"content-length: %d" % len(body),
+        b"connection: close",
+        *(name + b": " + value for name, value in extra),
+    ]
     return b"\r\n".join(head) + b"\r\n\r\n" + body
 
 
@@ -45,8 +48,9 @@ def log_connection_failure(failure: BaseException, *, listener: str, peer: str, 
     fields: dict[str, Any] = {"listener": listener, "peer": peer}
     if request_id is not None:
         fields["request_id"] = request_id
-    log.error("a connection on the %s listener failed and was closed: %r", listener, failure,
-              exc_info=failure, extra=fields)
+    log.error(
+        "a connection on the %s listener failed and was closed: %r", listener, failure, exc_info=failure, extra=fields
+    )
 
 
 class Listener:

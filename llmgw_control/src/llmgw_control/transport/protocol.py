@@ -20,8 +20,10 @@ log = get_logger(__name__)
 
 # The server preface (an empty SETTINGS frame) and a GOAWAY with HTTP_1_1_REQUIRED (RFC 9113
 # 9.2.1, error code 0xd), for a client that starts with the HTTP/2 preface: it learns why.
-HTTP2_REFUSAL = (b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
-                  b"\x00\x00\x08\x07\x00\x00\x00\x00\x00" + (0).to_bytes(4, "big") + (0xD).to_bytes(4, "big"))
+HTTP2_REFUSAL = (
+    b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+    b"\x00\x00\x08\x07\x00\x00\x00\x00\x00" + (0).to_bytes(4, "big") + (0xD).to_bytes(4, "big")
+)
 
 
 class Http2Refused(Exception):

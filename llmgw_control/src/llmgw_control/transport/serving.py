@@ -65,9 +65,17 @@ def bound_url(sockets: Sequence[socket.socket], *, tls: bool) -> str:
 
 
 async def serve_asgi(
-    app: Any, address: str | Sequence[socket.socket], *, shutdown: trio.Event, grace: float, name: str,
-    limits: ListenersConfig | None = None, error_body: ErrorBody = openai_error_body, tls: TlsContext | None = None,
-    websocket_max_message_size: int | None = None, keep_alive_timeout: float = 75.0,
+    app: Any,
+    address: str | Sequence[socket.socket],
+    *,
+    shutdown: trio.Event,
+    grace: float,
+    name: str,
+    limits: ListenersConfig | None = None,
+    error_body: ErrorBody = openai_error_body,
+    tls: TlsContext | None = None,
+    websocket_max_message_size: int | None = None,
+    keep_alive_timeout: float = 75.0,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until ``shutdown`` is set; in-flight requests then get ``grace`` seconds to finish.
@@ -119,8 +127,15 @@ async def serve_asgi(
         lifespan_nursery.cancel_scope.cancel()
 
 
-async def _serve_connection(app: Any, config: HypercornConfig, context: WorkerContext, state: dict[str, Any],
-                            listener: Listener, tls: TlsContext | None, stream: trio.SocketStream) -> None:
+async def _serve_connection(
+    app: Any,
+    config: HypercornConfig,
+    context: WorkerContext,
+    state: dict[str, Any],
+    listener: Listener,
+    tls: TlsContext | None,
+    stream: trio.SocketStream,
+) -> None:
     """One accepted connection, isolated: whatever it raises ends it alone (``Connection.run`` logs it)."""
     limits = listener.limits
     if listener.count >= limits.max_connections:
@@ -142,8 +157,17 @@ async def _serve_connection(app: Any, config: HypercornConfig, context: WorkerCo
             if handshake.cancelled_caught:
                 log.debug("TLS handshake with %s timed out", client[0] if client else "?")
                 return
-        connection = Connection(app, config, context, state, served, listener, client=client, server=server,
-                                first_request_by=accepted + config.keep_alive_timeout)
+        connection = Connection(
+            app,
+            config,
+            context,
+            state,
+            served,
+            listener,
+            client=client,
+            server=server,
+            first_request_by=accepted + config.keep_alive_timeout,
+        )
         listener.open.add(connection)
         try:
             await connection.run()
@@ -168,9 +192,13 @@ async def refuse_connection(stream: trio.SocketStream, listener: Listener, tls: 
     listener.refused += 1
     if now >= listener.refusals_logged_at + _REFUSAL_LOG_INTERVAL:
         listener.refusals_logged_at = now
-        log.warning("%s listener: %d connection(s) refused with 503 (max_connections %d reached)", listener.name,
-                    listener.refused, listener.limits.max_connections,
-                    extra={"listener": listener.name, "refused": listener.refused})
+        log.warning(
+            "%s listener: %d connection(s) refused with 503 (max_connections %d reached)",
+            listener.name,
+            listener.refused,
+            listener.limits.max_connections,
+            extra={"listener": listener.name, "refused": listener.refused},
+        )
         listener.refused = 0
     if listener.refusing >= _MAX_REFUSING:
         await trio.aclose_forcefully(stream)
@@ -182,8 +210,10 @@ async def refuse_connection(stream: trio.SocketStream, listener: Listener, tls: 
             if tls is not None:
                 served = trio.SSLStream(stream, tls(), server_side=True, https_compatible=True)
                 await served.do_handshake()
-            message = f"The {listener.name} listener has {listener.limits.max_connections} connections open, " \
-                      "its limit; retry in a moment."
+            message = (
+                f"The {listener.name} listener has {listener.limits.max_connections} connections open, "
+                "its limit; retry in a moment."
+            )
             body = listener.error_body(503, "too_many_connections", message)
             await served.send_all(refusal(503, body, (b"retry-after", b"1")))
             if tls is None:

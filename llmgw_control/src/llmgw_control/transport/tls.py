@@ -78,8 +78,9 @@ class ClientTls:
         return True
 
 
-async def reload_on_sighup(tls: ClientTls | None, shutdown: trio.Event, *,
-                           task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+async def reload_on_sighup(
+    tls: ClientTls | None, shutdown: trio.Event, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
     """Reload ``tls`` on every SIGHUP until ``shutdown`` is set (then return).
 
     Installed with or without a certificate: SIGHUP's default action ends the process, and

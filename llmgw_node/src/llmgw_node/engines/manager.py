@@ -17,7 +17,7 @@ the engine name, the version, the asset name and its digest. An install that fai
 reason is reported ``failed`` with the reason and never raises: a hostile release cannot stop
 the daemon. A failed install is retried with backoff, however often control asks again.
 
-About 900 lines: one install is one sequence (index, download, verify, unpack, prove, rename into
+About 1,030 lines: one install is one sequence (index, download, verify, unpack, prove, rename into
 place) whose steps share the manager's state (the retry record, the reported engines, the
 layout above); the archive checks themselves live in ``unpack``.
 """
@@ -194,16 +194,24 @@ class EngineManager:
 
     @classmethod
     def from_config(
-        cls, config: NodeConfig, client: httpx2.AsyncClient, platform: Platform,
+        cls,
+        config: NodeConfig,
+        client: httpx2.AsyncClient,
+        platform: Platform,
         on_change: Callable[[EngineState], None] | None = None,
     ) -> EngineManager:
         """The manager ``config`` describes: what the daemon and ``engines install`` both use."""
         return cls(
-            config.data_path, client, platform, configured=config.engines,
-            allow_os_packages=config.allow_os_packages, on_change=on_change,
+            config.data_path,
+            client,
+            platform,
+            configured=config.engines,
+            allow_os_packages=config.allow_os_packages,
+            on_change=on_change,
             limits=UnpackLimits(max_bytes=config.unpack_max_bytes, max_entries=config.unpack_max_entries),
             retry=RetryPolicy(min_s=config.install_retry_min_s, max_s=config.install_retry_max_s),
-            signing_keys=config.signing_keys, keep_archives=config.keep_engine_archives,
+            signing_keys=config.signing_keys,
+            keep_archives=config.keep_engine_archives,
         )
 
     # ------------------------------------------------------------------ state
@@ -212,8 +220,9 @@ class EngineManager:
         return [self._states[k] for k in sorted(self._states)]
 
     def state(self, name: str, version: str) -> EngineState:
-        return self._states.get((name, version), EngineState(name=name, version=version,
-                                                              status=on_wire(EngineInstall.ABSENT)))
+        return self._states.get(
+            (name, version), EngineState(name=name, version=version, status=on_wire(EngineInstall.ABSENT))
+        )
 
     def status(self, name: str, version: str) -> EngineInstall:
         return EngineInstall(self.state(name, version).status)
@@ -233,23 +242,45 @@ class EngineManager:
         found = self._installed.get((name, version))
         return found.backend if found is not None else ""
 
-    def _set(self, key: Key, status: EngineInstall, detail: str = "", *, reported_version: str = "",
-             binary: str = "", provenance: EngineProvenance | None = None) -> EngineState:
+    def _set(
+        self,
+        key: Key,
+        status: EngineInstall,
+        detail: str = "",
+        *,
+        reported_version: str = "",
+        binary: str = "",
+        provenance: EngineProvenance | None = None,
+    ) -> EngineState:
         """Record and report a change, if ``llmgw_shared.engine_lifecycle``'s table allows it; the
         engine's state after.
 
         One the table forbids is a bug here: logged as an error and refused (the engine keeps its
         status, nothing is sent), since the daemon must not die for it.
         """
-        state = EngineState(name=key[0], version=key[1], status=on_wire(status), detail=detail,
-                            reported_version=reported_version, binary=binary, provenance=provenance)
+        state = EngineState(
+            name=key[0],
+            version=key[1],
+            status=on_wire(status),
+            detail=detail,
+            reported_version=reported_version,
+            binary=binary,
+            provenance=provenance,
+        )
         before = self.state(*key)
         if before == state:
             return state
         current = EngineInstall(before.status)
         if not ENGINE_LIFECYCLE.allowed(current, status):
-            log.error("engine %s %s: %s -> %s is not in the engine install lifecycle's table (a bug in the node): "
-                      "not recorded, not reported (%s)", key[0], key[1], current, status, detail)
+            log.error(
+                "engine %s %s: %s -> %s is not in the engine install lifecycle's table (a bug in the node): "
+                "not recorded, not reported (%s)",
+                key[0],
+                key[1],
+                current,
+                status,
+                detail,
+            )
             return before
         self._states[key] = state
         if status == EngineInstall.INSTALLING:
@@ -288,8 +319,9 @@ class EngineManager:
                         continue
                     key = (name_dir.name, version_dir.name)
                     line = str(info.get("reported_version", ""))
-                    self._installed[key] = Installed(binary=binary, reported_version=line,
-                                                     provenance=_recorded_provenance(info, marker))
+                    self._installed[key] = Installed(
+                        binary=binary, reported_version=line, provenance=_recorded_provenance(info, marker)
+                    )
                     if prove:
                         await self.check(*key, verify_archives=verify_archives)
                     else:
@@ -335,9 +367,12 @@ class EngineManager:
                 configured = [e for e in self.configured if e.name == spec.name]
                 if not configured:
                     # Not a failure: this node simply has no such engine, and placement skips it.
-                    self._set((spec.name, spec.version), EngineInstall.UNCONFIGURED,
-                              f"{spec.name} is not configured here: name it by path in "
-                              "the node's [[engines]] to serve it on this node")
+                    self._set(
+                        (spec.name, spec.version),
+                        EngineInstall.UNCONFIGURED,
+                        f"{spec.name} is not configured here: name it by path in "
+                        "the node's [[engines]] to serve it on this node",
+                    )
         todo = [s for s in todo if s.name in ARCHIVE_ENGINES]
         for spec in todo:
             # Installing from this moment, so a StartReplica right behind SetEngines waits for it.
@@ -358,8 +393,9 @@ class EngineManager:
                 return current
             try:
                 # A span per install (llmgw_shared/tracing.py); a failure is its status.
-                with tracing.span("llmgw.engine_install", {"llmgw.engine": spec.name, "llmgw.engine_version":
-                                                           spec.version}):
+                with tracing.span(
+                    "llmgw.engine_install", {"llmgw.engine": spec.name, "llmgw.engine_version": spec.version}
+                ):
                     binary, line, provenance = await self._install(spec)
             except (InstallError, *REFUSALS) as exc:
                 return self._failed(spec, str(exc))
@@ -376,8 +412,9 @@ class EngineManager:
 
     def _set_installed(self, key: Key, line: str) -> EngineState:
         inst = self._installed[key]
-        return self._set(key, EngineInstall.INSTALLED, reported_version=line, binary=str(inst.binary),
-                         provenance=inst.provenance)
+        return self._set(
+            key, EngineInstall.INSTALLED, reported_version=line, binary=str(inst.binary), provenance=inst.provenance
+        )
 
     def _failed(self, spec: EngineSpec, detail: str) -> EngineState:
         key = (spec.name, spec.version)
@@ -399,8 +436,10 @@ class EngineManager:
     async def _install(self, spec: EngineSpec) -> tuple[Path, str, EngineProvenance]:
         """One install's steps in order: names, index, download, unpack, prove, record, rename into place."""
         if spec.name not in ARCHIVE_ENGINES:
-            raise InstallError(f"unknown engine {spec.name!r}: only {', '.join(ARCHIVE_ENGINES)} install "
-                               "from releases; name others in the node's config by path")
+            raise InstallError(
+                f"unknown engine {spec.name!r}: only {', '.join(ARCHIVE_ENGINES)} install "
+                "from releases; name others in the node's config by path"
+            )
         if problem := bad_names(spec):
             raise InstallError(problem)
         epoch = self.control_epoch
@@ -430,8 +469,9 @@ class EngineManager:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
-    async def _unpack(self, spec: EngineSpec, chosen: list[ReleaseAsset], archives: list[Path], staging: Path,
-                      binary_name: str) -> Path:
+    async def _unpack(
+        self, spec: EngineSpec, chosen: list[ReleaseAsset], archives: list[Path], staging: Path, binary_name: str
+    ) -> Path:
         """Every verified archive unpacked into ``staging``; the engine's binary, its libraries gathered beside it."""
         wheels = staging / RUNTIME_DIR
         for i, (asset, archive) in enumerate(zip(chosen, archives, strict=True)):
@@ -440,8 +480,7 @@ class EngineManager:
             into = wheels / str(i) if is_runtime_wheel(asset.name) else staging
             into.mkdir(parents=True, exist_ok=True)
             try:
-                await INSTALL.run(
-                    functools.partial(safe_unpack, archive, into, self.limits, shown_as=asset.name))
+                await INSTALL.run(functools.partial(safe_unpack, archive, into, self.limits, shown_as=asset.name))
             except UnsafeArchive:
                 # Verified against its digest and refused: the same bytes would be refused
                 # again, so they do not stay on the disk (up to unpack_max_bytes each).
@@ -455,8 +494,17 @@ class EngineManager:
             await INSTALL.run(_gather_wheel_libraries, wheels, binary.parent)
         return binary
 
-    def _record(self, spec: EngineSpec, staging: Path, index: _Index, choice: Choice, archives: list[Path],
-                binary: Path, line: str, epoch: int) -> EngineProvenance:
+    def _record(
+        self,
+        spec: EngineSpec,
+        staging: Path,
+        index: _Index,
+        choice: Choice,
+        archives: list[Path],
+        binary: Path,
+        line: str,
+        epoch: int,
+    ) -> EngineProvenance:
         """What the proven install came from, written into ``staging`` beside it (and the archives, when kept)."""
         chosen = choice.assets
         # What the install came from is kept with it: the index as fetched (which lists every
@@ -483,13 +531,19 @@ class EngineManager:
             backend=choice.backend,
             runtime=_runtime_words(chosen),
         )
-        _write_marker(staging, {
-            "name": spec.name, "version": spec.version, "source": index.source,
-            "assets": [{"name": a.name, "sha256": a.sha256} for a in chosen],
-            "binary": str(binary.relative_to(staging)), "reported_version": line,
-            "installed_at": provenance.installed_at,
-            "provenance": converter.unstructure(provenance),
-        })
+        _write_marker(
+            staging,
+            {
+                "name": spec.name,
+                "version": spec.version,
+                "source": index.source,
+                "assets": [{"name": a.name, "sha256": a.sha256} for a in chosen],
+                "binary": str(binary.relative_to(staging)),
+                "reported_version": line,
+                "installed_at": provenance.installed_at,
+                "provenance": converter.unstructure(provenance),
+            },
+        )
         return provenance
 
     async def _release_index(self, source: str, version: str) -> _Index:
@@ -500,21 +554,30 @@ class EngineManager:
         index served under a newer version's URL would otherwise install the older build.
         """
         shown = source.split("?", 1)[0]
-        body = await self._fetch_small(source, f"release index {shown}", MAX_RELEASE_JSON,
-                                       accept="application/vnd.github+json")
+        body = await self._fetch_small(
+            source, f"release index {shown}", MAX_RELEASE_JSON, accept="application/vnd.github+json"
+        )
         verified, signature = None, b""
         if self.signing_keys:
             sig_url = signature_url(source)
             try:
-                signature = await self._fetch_small(sig_url, f"signature {sig_url.split('?', 1)[0]}",
-                                                    MAX_SIGNATURE_BYTES, missing_ok=True,
-                                                    too_large="not a minisign signature")
+                signature = await self._fetch_small(
+                    sig_url,
+                    f"signature {sig_url.split('?', 1)[0]}",
+                    MAX_SIGNATURE_BYTES,
+                    missing_ok=True,
+                    too_large="not a minisign signature",
+                )
             except InstallError as exc:
-                raise InstallError(f"release index {shown} is not signed: {exc}; release_signing_keys is set, "
-                                   "so nothing unsigned is installed") from None
+                raise InstallError(
+                    f"release index {shown} is not signed: {exc}; release_signing_keys is set, "
+                    "so nothing unsigned is installed"
+                ) from None
             if not signature:
-                raise InstallError(f"release index {shown} is not signed (no {sig_url.split('?', 1)[0]}); "
-                                   "release_signing_keys is set, so nothing unsigned is installed")
+                raise InstallError(
+                    f"release index {shown} is not signed (no {sig_url.split('?', 1)[0]}); "
+                    "release_signing_keys is set, so nothing unsigned is installed"
+                )
             try:
                 verified = verify(body, signature, self.signing_keys)
             except SignatureError as exc:
@@ -526,13 +589,27 @@ class EngineManager:
         if verified is not None:
             tag = data.get("tag_name") if isinstance(data, dict) else None
             if tag != version:
-                raise InstallError(f"release index {shown} is signed for tag {shown_name(tag)}, not {version}; "
-                                   "not installing from it")
-        return _Index(source=shown, body=bytes(body), signature=signature, verified=verified,
-                      assets=parse_release(data, base_url=source))
+                raise InstallError(
+                    f"release index {shown} is signed for tag {shown_name(tag)}, not {version}; not installing from it"
+                )
+        return _Index(
+            source=shown,
+            body=bytes(body),
+            signature=signature,
+            verified=verified,
+            assets=parse_release(data, base_url=source),
+        )
 
-    async def _fetch_small(self, url: str, what: str, limit: int, *, accept: str = "*/*",
-                           missing_ok: bool = False, too_large: str = "not a release index") -> bytes:
+    async def _fetch_small(
+        self,
+        url: str,
+        what: str,
+        limit: int,
+        *,
+        accept: str = "*/*",
+        missing_ok: bool = False,
+        too_large: str = "not a release index",
+    ) -> bytes:
         """A whole small document (an index, a signature) within ``limit`` bytes and 60 s.
 
         ``missing_ok``: a 404 answers ``b""`` instead of an error.
@@ -540,8 +617,9 @@ class EngineManager:
         body = bytearray()
         try:
             with trio.fail_after(RELEASE_INDEX_TIMEOUT):
-                async with self.client.stream("GET", url, timeout=30.0, follow_redirects=True,
-                                              headers={"Accept": accept}) as resp:
+                async with self.client.stream(
+                    "GET", url, timeout=30.0, follow_redirects=True, headers={"Accept": accept}
+                ) as resp:
                     if missing_ok and resp.status_code == 404:
                         return b""
                     if resp.status_code != 200:
@@ -558,12 +636,15 @@ class EngineManager:
 
     async def _download(self, spec: EngineSpec, asset: ReleaseAsset, downloads: Path) -> Path:
         if not asset.sha256:
-            raise InstallError(f"{asset.name}: the release publishes no sha256 digest; refusing to install "
-                               "an unverified archive")
+            raise InstallError(
+                f"{asset.name}: the release publishes no sha256 digest; refusing to install an unverified archive"
+            )
         # An archive is smaller than what it unpacks to: past the unpack cap it cannot be one.
         if asset.size > self.limits.max_bytes:
-            raise InstallError(f"{asset.name}: {human_size(asset.size)} is more than an archive may unpack to "
-                               f"({human_size(self.limits.max_bytes)}, unpack_max_bytes)")
+            raise InstallError(
+                f"{asset.name}: {human_size(asset.size)} is more than an archive may unpack to "
+                f"({human_size(self.limits.max_bytes)}, unpack_max_bytes)"
+            )
         await INSTALL.run(_make_room, downloads, asset.size, asset.name)
         size_text = human_size(asset.size or None)
         last = [-1, 0.0]
@@ -579,8 +660,15 @@ class EngineManager:
                 self._progress(spec, f"downloading {asset.name} ({size_text}, {shown})")
 
         self._progress(spec, f"downloading {asset.name} ({size_text}, 0%)")
-        return await fetch(self.client, asset.url, downloads / f"{asset.sha256[:16]}-{asset.name}",
-                           sha256=asset.sha256, size=asset.size or None, progress=progress, label=asset.name)
+        return await fetch(
+            self.client,
+            asset.url,
+            downloads / f"{asset.sha256[:16]}-{asset.name}",
+            sha256=asset.sha256,
+            size=asset.size or None,
+            progress=progress,
+            label=asset.name,
+        )
 
     async def _prove(self, spec: EngineSpec, binary: Path, backend: str) -> str:
         self._progress(spec, "checking libraries (ldd)")
@@ -630,9 +718,13 @@ class EngineManager:
 
     async def _prove_devices(self, binary: Path, backend: Backend) -> None:
         ours = backend == self.platform.gpu_backend
-        await proof.listed_devices(binary, prefix=DEVICE_PREFIX[backend],
-                                   expected=len(self.platform.gpus) if ours and self.platform.gpus else 1,
-                                   env=self.device_environment(backend), time_limit=max(self.version_timeout, 60.0))
+        await proof.listed_devices(
+            binary,
+            prefix=DEVICE_PREFIX[backend],
+            expected=len(self.platform.gpus) if ours and self.platform.gpus else 1,
+            env=self.device_environment(backend),
+            time_limit=max(self.version_timeout, 60.0),
+        )
 
     def degraded(self) -> str:
         """Why this node, which has GPUs, runs its llama.cpp engines on the CPU ("" when it does not).
@@ -641,8 +733,11 @@ class EngineManager:
         """
         if not self.platform.has_gpus:
             return ""
-        backends = {inst.backend or "cpu" for (name, version), inst in self._installed.items()
-                    if name == "llama.cpp" and self.status(name, version) == EngineInstall.INSTALLED}
+        backends = {
+            inst.backend or "cpu"
+            for (name, version), inst in self._installed.items()
+            if name == "llama.cpp" and self.status(name, version) == EngineInstall.INSTALLED
+        }
         if not backends or backends != {"cpu"}:
             return ""
         if self.platform.backend == "cpu":
@@ -672,8 +767,10 @@ class EngineManager:
         manager = proof.package_manager()
         why_not = ""
         if self.allow_os_packages and not proof.can_install_packages():
-            why_not = (f"allow_os_packages cannot: llmgw-node runs as uid {os.geteuid()}, not root; then run "
-                       "llmgw-node engines check")
+            why_not = (
+                f"allow_os_packages cannot: llmgw-node runs as uid {os.geteuid()}, not root; then run "
+                "llmgw-node engines check"
+            )
         elif not self.allow_os_packages:
             why_not = "or set allow_os_packages when the node runs as root"
         return proof.install_hint(missing, manager, self.known_packages, why_not=why_not)
@@ -708,11 +805,13 @@ class EngineManager:
                     await self._prove_devices(inst.binary, backend)
                 if verify_archives and inst.provenance is not None and inst.provenance.archives_kept:
                     await FILES.run(
-                        _verify_kept, self.root / name / version, inst.provenance, self.signing_keys, abandon=True)
+                        _verify_kept, self.root / name / version, inst.provenance, self.signing_keys, abandon=True
+                    )
             except proof.ProofError as exc:
                 del self._installed[key]
-                return self._set(key, EngineInstall.FAILED, f"re-check: {exc}", binary=str(inst.binary),
-                                 provenance=inst.provenance)
+                return self._set(
+                    key, EngineInstall.FAILED, f"re-check: {exc}", binary=str(inst.binary), provenance=inst.provenance
+                )
             return self._set_installed(key, line)
 
     async def check_all(self) -> None:
@@ -727,8 +826,12 @@ class EngineManager:
         # Installs that failed earlier get another try each round: a mirror may be back, a
         # release may have been fixed. The re-check interval is the backoff.
         for key, spec in sorted(self._wanted.items()):
-            if (self.status(*key) == EngineInstall.FAILED and spec.name in ARCHIVE_ENGINES and not bad_names(spec)
-                    and not self._backing_off(spec)):
+            if (
+                self.status(*key) == EngineInstall.FAILED
+                and spec.name in ARCHIVE_ENGINES
+                and not bad_names(spec)
+                and not self._backing_off(spec)
+            ):
                 await self.install(spec)
         for eng in self.configured:
             await self._prove_configured(eng)
@@ -776,8 +879,9 @@ def _recorded_provenance(info: dict[str, object], marker: Path) -> EngineProvena
     try:
         check_from_node(provenance, "provenance")
     except WireError as exc:
-        log.warning("install manifest has a provenance control would refuse", extra={"path": str(marker),
-                                                                                     "error": str(exc)})
+        log.warning(
+            "install manifest has a provenance control would refuse", extra={"path": str(marker), "error": str(exc)}
+        )
         return None
     return provenance
 
@@ -794,9 +898,13 @@ def _read_provenance(info: dict[str, object], marker: Path) -> EngineProvenance 
         return None
     installed_at = info.get("installed_at")
     return EngineProvenance(
-        source=str(info.get("source", "")), index_sha256="",
-        assets=[AssetProvenance(str(a.get("name", "")), "", str(a.get("sha256", "")), 0)
-                for a in assets if isinstance(a, dict)],
+        source=str(info.get("source", "")),
+        index_sha256="",
+        assets=[
+            AssetProvenance(str(a.get("name", "")), "", str(a.get("sha256", "")), 0)
+            for a in assets
+            if isinstance(a, dict)
+        ],
         installed_at=float(installed_at) if isinstance(installed_at, int | float) else 0.0,
     )
 
@@ -836,8 +944,9 @@ def _verify_kept(folder: Path, provenance: EngineProvenance, keys: list[PublicKe
         if expected is None:
             raise proof.ProofError(f"the kept release index does not list {asset.name}")
         if digest != expected:
-            raise proof.ProofError(f"the kept archive {asset.name} has sha256 {digest}, not the {expected} "
-                                   "its release index publishes")
+            raise proof.ProofError(
+                f"the kept archive {asset.name} has sha256 {digest}, not the {expected} its release index publishes"
+            )
 
 
 def _sha256_of(path: Path) -> str:
@@ -862,8 +971,11 @@ def _write_marker(staging: Path, info: dict[str, object]) -> None:
 def _backend_plugins(folder: Path) -> list[Path]:
     """The ggml backend plugins beside an engine (``libggml-<backend>.so``), each once."""
     try:
-        return sorted(p for p in folder.glob("libggml-*.so*") if p.is_file() and not p.is_symlink()
-                      and not p.name.startswith(("libggml-base", "libggml-cpu")))
+        return sorted(
+            p
+            for p in folder.glob("libggml-*.so*")
+            if p.is_file() and not p.is_symlink() and not p.name.startswith(("libggml-base", "libggml-cpu"))
+        )
     except OSError:
         return []
 

@@ -116,8 +116,9 @@ async def engine_version(binary: Path, args: list[str] | None = None, time_limit
     raise ProofError(f"{binary.name} --version printed nothing")
 
 
-async def run_probe(cmd: list[str], *, time_limit: float,
-                    env: dict[str, str] | None = None) -> tuple[int, bytes, bytes]:
+async def run_probe(
+    cmd: list[str], *, time_limit: float, env: dict[str, str] | None = None
+) -> tuple[int, bytes, bytes]:
     """Run ``cmd`` to the end of its output and its exit: (exit code, stdout, stderr).
 
     It runs in its own session, and when the probe ends -- done, timed out or cancelled -- its
@@ -127,8 +128,14 @@ async def run_probe(cmd: list[str], *, time_limit: float,
     and the binary has exited, within ``time_limit`` (``trio.TooSlowError`` otherwise). A process
     that calls setsid() itself leaves the group and is out of reach (see docs/node.md).
     """
-    proc = await trio.lowlevel.open_process(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                            stderr=subprocess.PIPE, env=_clean_env(env), start_new_session=True)
+    proc = await trio.lowlevel.open_process(
+        cmd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_clean_env(env),
+        start_new_session=True,
+    )
     out, err = bytearray(), bytearray()
     try:
         with trio.fail_after(time_limit):
@@ -184,8 +191,9 @@ def parse_list_devices(text: str) -> list[tuple[str, str]]:
     return devices
 
 
-async def listed_devices(binary: Path, *, prefix: str, expected: int, env: dict[str, str],
-                         time_limit: float = 60.0) -> list[str]:
+async def listed_devices(
+    binary: Path, *, prefix: str, expected: int, env: dict[str, str], time_limit: float = 60.0
+) -> list[str]:
     """Run ``--list-devices``; the devices named ``<prefix><i>``, at least ``expected`` of them.
 
     Otherwise ``ProofError`` with the engine's own words: a GPU build whose backend plugin cannot
@@ -199,17 +207,20 @@ async def listed_devices(binary: Path, *, prefix: str, expected: int, env: dict[
     except OSError as exc:
         raise ProofError(f"{binary.name} could not run: {exc.strerror or exc}") from None
     text = (stdout + b"\n" + stderr).decode(errors="replace")
-    found = [name for name, _ in parse_list_devices(text) if name.startswith(prefix)
-             and name[len(prefix):].isdigit()]
+    found = [name for name, _ in parse_list_devices(text) if name.startswith(prefix) and name[len(prefix) :].isdigit()]
     if code == 0 and len(found) >= expected:
         return found
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     said = " | ".join(lines[-_REFUSAL_LINES:]) if lines else "no output"
     shown_env = " ".join(f"{k}={v}" for k, v in sorted(env.items()))
-    what = (f"exited with {_exit_text(code)}" if code != 0 else
-            f"lists {len(found)} {prefix} device(s), and the node reported {expected} GPU(s)")
-    raise ProofError(f"{binary.name} --list-devices{f' ({shown_env})' if shown_env else ''} {what}; "
-                     f"the engine said: {said}")
+    what = (
+        f"exited with {_exit_text(code)}"
+        if code != 0
+        else f"lists {len(found)} {prefix} device(s), and the node reported {expected} GPU(s)"
+    )
+    raise ProofError(
+        f"{binary.name} --list-devices{f' ({shown_env})' if shown_env else ''} {what}; the engine said: {said}"
+    )
 
 
 def _exit_text(code: int) -> str:
@@ -221,8 +232,9 @@ def can_install_packages() -> bool:
     return os.geteuid() == 0
 
 
-def install_hint(missing: list[str], manager: str | None, known: dict[str, dict[str, str]] | None = None,
-                 *, why_not: str = "") -> str:
+def install_hint(
+    missing: list[str], manager: str | None, known: dict[str, dict[str, str]] | None = None, *, why_not: str = ""
+) -> str:
     """Each missing library, the package that provides it, and the command that installs them.
 
     ``missing library: libgomp.so.1 (package libgomp1); to install: apt-get update && apt-get
@@ -230,12 +242,17 @@ def install_hint(missing: list[str], manager: str | None, known: dict[str, dict[
     alone: the operator has to find those, and the text does not guess.
     """
     table = (KNOWN_PACKAGES if known is None else known).get(manager or "", {})
-    parts = [f"missing library: {lib} (package {table[lib]})" if lib in table else f"missing library: {lib}"
-             for lib in missing]
+    parts = [
+        f"missing library: {lib} (package {table[lib]})" if lib in table else f"missing library: {lib}"
+        for lib in missing
+    ]
     packages, _unknown = packages_for(missing, manager, known) if manager else ([], missing)
     if packages:
-        command = (f"apt-get update && apt-get install -y {' '.join(packages)}" if manager == "apt"
-                   else f"dnf install -y {' '.join(packages)}")
+        command = (
+            f"apt-get update && apt-get install -y {' '.join(packages)}"
+            if manager == "apt"
+            else f"dnf install -y {' '.join(packages)}"
+        )
         parts.append(f"to install: {command}, as root{f' ({why_not})' if why_not else ''}")
     return "; ".join(parts)
 
@@ -265,8 +282,11 @@ def packages_for(
 
 
 async def install_packages(manager: str, packages: list[str], time_limit: float = 600.0) -> None:
-    cmd = (["apt-get", "install", "-y", "--no-install-recommends", *packages] if manager == "apt"
-           else ["dnf", "install", "-y", *packages])
+    cmd = (
+        ["apt-get", "install", "-y", "--no-install-recommends", *packages]
+        if manager == "apt"
+        else ["dnf", "install", "-y", *packages]
+    )
     log.info("installing OS packages", extra={"packages": packages, "manager": manager})
     await _package_command(cmd, f"{cmd[0]} install {' '.join(packages)}", time_limit)
 
@@ -275,8 +295,9 @@ async def _package_command(cmd: list[str], what: str, time_limit: float) -> None
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     try:
         with trio.fail_after(time_limit):
-            result = await trio.run_process(cmd, capture_stdout=True, capture_stderr=True, check=False,
-                                            env=env, stdin=subprocess.DEVNULL)
+            result = await trio.run_process(
+                cmd, capture_stdout=True, capture_stderr=True, check=False, env=env, stdin=subprocess.DEVNULL
+            )
     except trio.TooSlowError:
         raise ProofError(f"{what} did not finish within {time_limit:g} s") from None
     except OSError as exc:

@@ -51,8 +51,10 @@ _NAME = re.compile(
 # manylinux2014_x86_64.manylinux_2_17_x86_64.whl`` and ``nvidia_cublas_cu12-...`` for CUDA 12;
 # ``nvidia_cuda_runtime-13.x-...`` and ``nvidia_cublas-13.x-...`` (no suffix) for CUDA 13. The
 # version's major number is the CUDA major version. Their libraries are in nvidia/<lib>/lib/.
-_WHEEL = re.compile(r"nvidia_(?P<lib>cuda_runtime|cublas)(?:_cu\d{1,3})?-(?P<version>\d{1,4}(?:\.\d{1,6}){0,4})"
-                    r"-py3-none-(?P<platform>[A-Za-z0-9_.]+)\.whl")
+_WHEEL = re.compile(
+    r"nvidia_(?P<lib>cuda_runtime|cublas)(?:_cu\d{1,3})?-(?P<version>\d{1,4}(?:\.\d{1,6}){0,4})"
+    r"-py3-none-(?P<platform>[A-Za-z0-9_.]+)\.whl"
+)
 # What a CUDA build of llama.cpp loads: libcudart and libcublas (with libcublasLt, in the cublas wheel).
 RUNTIME_WHEELS = ("cuda_runtime", "cublas")
 # GitHub allows 1000 assets per release; llama.cpp publishes about 40.
@@ -108,11 +110,18 @@ class Platform:
 
 def platform_for(facts: HostFacts, pin: str = "") -> Platform:
     """The Platform a node's facts describe, with its config's engine_backend pin."""
-    return Platform(os="linux", arch=facts.arch or "x86_64", cuda=facts.nvidia_driver is not None,
-                    nvidia_driver=facts.nvidia_driver or "", rocm="rocm" in facts.gpu_backends,
-                    vulkan="vulkan" in facts.gpu_backends, backend=parse_backend(pin) if pin else None,
-                    unusable=facts.gpus_unusable, gpu_backend=facts.gpu_backend,
-                    gpus=tuple(g.index for g in facts.gpus))
+    return Platform(
+        os="linux",
+        arch=facts.arch or "x86_64",
+        cuda=facts.nvidia_driver is not None,
+        nvidia_driver=facts.nvidia_driver or "",
+        rocm="rocm" in facts.gpu_backends,
+        vulkan="vulkan" in facts.gpu_backends,
+        backend=parse_backend(pin) if pin else None,
+        unusable=facts.gpus_unusable,
+        gpu_backend=facts.gpu_backend,
+        gpus=tuple(g.index for g in facts.gpus),
+    )
 
 
 @attrs.frozen
@@ -131,8 +140,7 @@ def parse_release(data: Any, base_url: str = "") -> list[ReleaseAsset]:
     if not isinstance(data, dict) or not isinstance(data.get("assets"), list):
         raise ReleaseError("release JSON has no 'assets' list")
     if len(data["assets"]) > MAX_ASSETS:
-        raise ReleaseError(f"release JSON lists {len(data['assets'])} assets; more than {MAX_ASSETS} is not a "
-                           "release")
+        raise ReleaseError(f"release JSON lists {len(data['assets'])} assets; more than {MAX_ASSETS} is not a release")
     assets = []
     for item in data["assets"]:
         if not isinstance(item, dict):
@@ -191,8 +199,13 @@ def _parse_name(asset: ReleaseAsset) -> _Parsed | None:
     parts = m["rest"].split("-")
     if len(parts) < 2:
         return None
-    return _Parsed(asset=asset, cudart=m["prefix"].startswith("cudart-"), os=parts[0],
-                   variant="-".join(parts[1:-1]), arch=parts[-1])
+    return _Parsed(
+        asset=asset,
+        cudart=m["prefix"].startswith("cudart-"),
+        os=parts[0],
+        variant="-".join(parts[1:-1]),
+        arch=parts[-1],
+    )
 
 
 def _why_not(p: _Parsed, plat: Platform) -> str:
@@ -231,8 +244,10 @@ def _driver_too_old(p: _Parsed, plat: Platform) -> str:
 
 def _prefer_tar(builds: list[_Parsed]) -> list[_Parsed]:
     # tar.gz keeps file modes; zip does not. Newest toolkit first, then tar.gz before zip.
-    return sorted(builds, key=lambda p: (tuple(-v for v in variant_version(p.variant)),
-                                         not p.asset.name.endswith((".tar.gz", ".tgz"))))
+    return sorted(
+        builds,
+        key=lambda p: (tuple(-v for v in variant_version(p.variant)), not p.asset.name.endswith((".tar.gz", ".tgz"))),
+    )
 
 
 def runtime_wheels(assets: list[ReleaseAsset], cuda_major: int, arch: str) -> list[ReleaseAsset]:
@@ -286,8 +301,12 @@ def choose_build(assets: list[ReleaseAsset], plat: Platform) -> Choice:
     """
     parsed = [p for p in (_parse_name(a) for a in assets) if p is not None]
     fitting = [p for p in parsed if not p.cudart and not _why_not(p, plat)]
-    by_devices: list[tuple[Backend, bool]] = [("cuda", plat.cuda), ("rocm", plat.rocm), ("vulkan", plat.vulkan),
-                                              ("cpu", True)]
+    by_devices: list[tuple[Backend, bool]] = [
+        ("cuda", plat.cuda),
+        ("rocm", plat.rocm),
+        ("vulkan", plat.vulkan),
+        ("cpu", True),
+    ]
     order: list[Backend] = [plat.backend] if plat.backend is not None else [b for b, on in by_devices if on]
     for backend in order:
         builds = _prefer_tar([p for p in fitting if p.backend == backend])
@@ -307,12 +326,14 @@ def choose_build(assets: list[ReleaseAsset], plat: Platform) -> Choice:
         if builds:
             degraded = ""
             if backend == "cpu" and plat.has_gpus:
-                degraded = (f"this node has {plat.gpu_words()} and runs the CPU build: pinned to cpu by engine_backend"
-                            if plat.backend == "cpu" else
-                            f"this node has {plat.gpu_words()} but the release has no build for them that fits "
-                            f"{plat.os}/{plat.arch}: running on the CPU" if not (plat.unusable and not plat.cuda
-                                                                                 and not plat.rocm and not plat.vulkan)
-                            else f"this node has {plat.gpu_words()}: running on the CPU")
+                degraded = (
+                    f"this node has {plat.gpu_words()} and runs the CPU build: pinned to cpu by engine_backend"
+                    if plat.backend == "cpu"
+                    else f"this node has {plat.gpu_words()} but the release has no build for them that fits "
+                    f"{plat.os}/{plat.arch}: running on the CPU"
+                    if not (plat.unusable and not plat.cuda and not plat.rocm and not plat.vulkan)
+                    else f"this node has {plat.gpu_words()}: running on the CPU"
+                )
             return Choice([builds[0].asset], backend, degraded)
     reasons = []
     for a in assets:
@@ -334,6 +355,8 @@ def _driver_refusal(builds: list[_Parsed], plat: Platform) -> str:
     needs = sorted({n for p in builds if (v := cuda_version(p.variant)) and (n := min_driver(v))})
     each = "; ".join(f"{p.asset.name}: {_driver_too_old(p, plat)}" for p in builds)
     least = f"NVIDIA driver {needs[0]} or later is needed" if needs else "no CUDA build has a known minimum driver"
-    return (f"NVIDIA driver {plat.nvidia_driver} is too old for every CUDA build of this release ({each}): "
-            f"{least}. Update the driver, or set engine_backend (\"vulkan\" or \"cpu\") in the node's config "
-            "to run another build on this node")
+    return (
+        f"NVIDIA driver {plat.nvidia_driver} is too old for every CUDA build of this release ({each}): "
+        f'{least}. Update the driver, or set engine_backend ("vulkan" or "cpu") in the node\'s config '
+        "to run another build on this node"
+    )

@@ -65,8 +65,9 @@ def parse_public_key(text: str) -> PublicKey:
         raise SignatureError("a minisign public key is one base64 line (the second line of its .pub file)")
     raw = _b64(lines[0], "public key")
     if len(raw) != _KEY_BYTES or raw[:2] != b"Ed":
-        raise SignatureError(f"not a minisign Ed25519 public key ({len(raw)} bytes; one is {_KEY_BYTES} "
-                             "starting with 'Ed')")
+        raise SignatureError(
+            f"not a minisign Ed25519 public key ({len(raw)} bytes; one is {_KEY_BYTES} starting with 'Ed')"
+        )
     return PublicKey(key_id=raw[2:10], key=Ed25519PublicKey.from_public_bytes(raw[10:]))
 
 
@@ -90,10 +91,11 @@ def verify(data: bytes, signature: bytes, keys: list[PublicKey]) -> Verified:
         lines = signature.decode("utf-8").splitlines()
     except UnicodeDecodeError:
         raise SignatureError("the signature is not text (a minisign signature file is four lines)") from None
-    if len(lines) < 4 or not lines[0].startswith("untrusted comment:") or \
-            not lines[2].startswith("trusted comment: "):
-        raise SignatureError("not a minisign signature file (four lines: untrusted comment, signature, "
-                             "trusted comment, global signature)")
+    if len(lines) < 4 or not lines[0].startswith("untrusted comment:") or not lines[2].startswith("trusted comment: "):
+        raise SignatureError(
+            "not a minisign signature file (four lines: untrusted comment, signature, "
+            "trusted comment, global signature)"
+        )
     raw = _b64(lines[1].strip(), "signature")
     if len(raw) != _SIG_BYTES or raw[:2] not in (b"Ed", b"ED"):
         raise SignatureError("not a minisign Ed25519 signature")
@@ -101,21 +103,23 @@ def verify(data: bytes, signature: bytes, keys: list[PublicKey]) -> Verified:
     key = next((k for k in keys if k.key_id == key_id), None)
     if key is None:
         known = ", ".join(k.id_text for k in keys)
-        raise SignatureError(f"signed by key {key_id_text(key_id)}, which is not one of release_signing_keys "
-                             f"({known})")
+        raise SignatureError(f"signed by key {key_id_text(key_id)}, which is not one of release_signing_keys ({known})")
     signed = hashlib.blake2b(data, digest_size=64).digest() if algorithm == b"ED" else data
     try:
         key.key.verify(sig, signed)
     except InvalidSignature:
-        raise SignatureError(f"the signature by key {key.id_text} does not match the index "
-                             "(it was changed after signing, or signed wrongly)") from None
-    comment = lines[2][len("trusted comment: "):]
+        raise SignatureError(
+            f"the signature by key {key.id_text} does not match the index "
+            "(it was changed after signing, or signed wrongly)"
+        ) from None
+    comment = lines[2][len("trusted comment: ") :]
     global_sig = _b64(lines[3].strip(), "global signature")
     try:
         key.key.verify(global_sig, sig + comment.encode("utf-8"))
     except InvalidSignature:
-        raise SignatureError(f"the trusted comment of the signature by key {key.id_text} was changed "
-                             "after signing") from None
+        raise SignatureError(
+            f"the trusted comment of the signature by key {key.id_text} was changed after signing"
+        ) from None
     return Verified(key_id=key.id_text, trusted_comment=comment)
 
 

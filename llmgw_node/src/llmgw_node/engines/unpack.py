@@ -152,8 +152,9 @@ class _Reader:
         except UnsafeArchive:
             raise
         except Exception as exc:
-            raise UnsafeArchive(f"{self.shown_as}: not a readable {self.kind} archive: "
-                                f"{type(exc).__name__}: {exc}") from None
+            raise UnsafeArchive(
+                f"{self.shown_as}: not a readable {self.kind} archive: {type(exc).__name__}: {exc}"
+            ) from None
 
     def open(self) -> None:
         raise NotImplementedError
@@ -268,16 +269,23 @@ def _tar_entry(info: tarfile.TarInfo) -> _Entry | None:
     raise UnsafeArchive(f"entry {_q(name)}: unsupported entry type {info.type!r}")
 
 
-def _entry(name: str, parts: tuple[str, ...], kind: Kind, *, size: int = 0, executable: bool = False,
-           target: str = "", source: object = None) -> _Entry | None:
+def _entry(
+    name: str,
+    parts: tuple[str, ...],
+    kind: Kind,
+    *,
+    size: int = 0,
+    executable: bool = False,
+    target: str = "",
+    source: object = None,
+) -> _Entry | None:
     if not parts:
         if kind != "dir":
             raise UnsafeArchive(f"entry {_q(name)}: names the top folder itself")
         return None  # "./": the folder we unpack into
     if size < 0:
         raise UnsafeArchive(f"entry {_q(name)}: negative size")
-    return _Entry(name=name, parts=parts, kind=kind, size=size, executable=executable, target=target,
-                  source=source)
+    return _Entry(name=name, parts=parts, kind=kind, size=size, executable=executable, target=target, source=source)
 
 
 # --------------------------------------------------------------------------- names and links
@@ -391,8 +399,10 @@ def _scan(reader: _Reader, dest: Path, root_fd: int, limits: UnpackLimits) -> li
             above = tree.get(entry.parts[:depth])
             if above is not None and above.kind != "dir":
                 shown = "/".join(entry.parts[:depth])
-                raise UnsafeArchive(f"entry {_q(name)}: inside {_q(shown)}, which is a "
-                                    f"{'symlink' if above.kind == 'symlink' else 'file'}")
+                raise UnsafeArchive(
+                    f"entry {_q(name)}: inside {_q(shown)}, which is a "
+                    f"{'symlink' if above.kind == 'symlink' else 'file'}"
+                )
             tree.setdefault(entry.parts[:depth], None)
         if entry.parts in tree:
             before = tree[entry.parts]
@@ -402,21 +412,26 @@ def _scan(reader: _Reader, dest: Path, root_fd: int, limits: UnpackLimits) -> li
             _check_link_target(name, entry.target, "symlink", entry.parts[:-1])
         elif entry.kind == "hardlink":
             if ".." in entry.target.replace("\\", "/").split("/"):
-                raise UnsafeArchive(f"entry {_q(name)}: hardlink to {_q(entry.target)} points outside the install "
-                                    "directory")
+                raise UnsafeArchive(
+                    f"entry {_q(name)}: hardlink to {_q(entry.target)} points outside the install directory"
+                )
             parts = _check_link_target(name, entry.target, "hardlink", ())
             original = tree.get(parts)
             if original is None or original.kind not in ("file", "hardlink"):
-                raise UnsafeArchive(f"entry {_q(name)}: hardlink to {_q(entry.target)}, which is not a file earlier "
-                                    "in the archive")
+                raise UnsafeArchive(
+                    f"entry {_q(name)}: hardlink to {_q(entry.target)}, which is not a file earlier in the archive"
+                )
             # A hardlink to a hardlink is one to the same file.
-            entry = attrs.evolve(entry, target=original.target if original.kind == "hardlink"
-                                 else "/".join(original.parts))
+            entry = attrs.evolve(
+                entry, target=original.target if original.kind == "hardlink" else "/".join(original.parts)
+            )
         elif entry.kind == "file":
             total += entry.size
             if total > limits.max_bytes:
-                raise UnsafeArchive(f"{reader.shown_as}: unpacks to more than {human_size(limits.max_bytes)} "
-                                    f"(unpack_max_bytes), at entry {_q(name)}")
+                raise UnsafeArchive(
+                    f"{reader.shown_as}: unpacks to more than {human_size(limits.max_bytes)} "
+                    f"(unpack_max_bytes), at entry {_q(name)}"
+                )
             if total > room:
                 try:
                     check_room(dest, total, f"unpacking {reader.shown_as}", margin=limits.keep_free)
@@ -516,8 +531,11 @@ def _write(reader: _Reader, entries: list[_Entry], dest: Path, root_fd: int, lim
     """Folders and files in archive order, then hardlinks, then symlinks: links last, so nothing
     is ever written through one (and nothing is followed anyway)."""
     budget = [limits.max_bytes]
-    order = ([e for e in entries if e.kind in ("dir", "file")] + [e for e in entries if e.kind == "hardlink"]
-             + [e for e in entries if e.kind == "symlink"])
+    order = (
+        [e for e in entries if e.kind in ("dir", "file")]
+        + [e for e in entries if e.kind == "hardlink"]
+        + [e for e in entries if e.kind == "symlink"]
+    )
     for entry in order:
         try:
             parent = _open_dirs(root_fd, entry.parts[:-1], create=True)
@@ -538,8 +556,7 @@ def _write_one(reader: _Reader, entry: _Entry, parent: int, root_fd: int, budget
             if not stat.S_ISDIR(os.lstat(last, dir_fd=parent).st_mode):
                 raise
     elif entry.kind == "file":
-        fd = os.open(last, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                     dir_fd=parent)
+        fd = os.open(last, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=parent)
         try:
             _copy(reader, entry, fd, budget)
             # Keep the executable bit; drop setuid, setgid, sticky and write for others.
@@ -575,7 +592,7 @@ def _copy(reader: _Reader, entry: _Entry, fd: int, budget: list[int]) -> None:
                 raise UnsafeArchive(f"{reader.shown_as}: unpacks to more than the cap (unpack_max_bytes)")
             view = memoryview(block)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
     finally:
         with contextlib.suppress(Exception):
             stream.close()
@@ -589,11 +606,11 @@ def _write_error(shown_as: str, entry: _Entry, exc: OSError, dest: Path) -> Unsa
             free = human_size(free_bytes(dest))
         except OSError:
             free = "?"
-        return UnsafeArchive(f"{shown_as}: the disk ran out at entry {_q(entry.name)} ({exc.strerror}); "
-                             f"{free} free in {dest}")
+        return UnsafeArchive(
+            f"{shown_as}: the disk ran out at entry {_q(entry.name)} ({exc.strerror}); {free} free in {dest}"
+        )
     if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EEXIST):
-        return UnsafeArchive(f"entry {_q(entry.name)}: a link or a file is already in its place "
-                             f"({exc.strerror})")
+        return UnsafeArchive(f"entry {_q(entry.name)}: a link or a file is already in its place ({exc.strerror})")
     return UnsafeArchive(f"entry {_q(entry.name)}: cannot be unpacked: {exc.strerror or exc}")
 
 

@@ -11,6 +11,7 @@ rule: llama.cpp replicas restart for a changed list, vLLM replicas load and unlo
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -36,22 +37,36 @@ def _field(doc: str, schema: dict[str, Any], **kwargs: Any) -> Any:
 
 @attrs.frozen
 class AdapterBody:
-    name: str = _field("The adapter's model name (letters, digits, '.', '_', '-'; at most 96; no ':')",
-                       {"pattern": NAME.pattern, "x-pattern-message": "letters, digits, '.', '_' and '-', "
-                        "starting with a letter or digit, at most 96 (no ':')"})
-    url: str = _field("llama.cpp: the GGUF adapter's http(s) URL or absolute path on the nodes; vLLM: the "
-                      "adapter's directory on the nodes", {"minLength": 1, "maxLength": MAX_URL})
-    sha256: str = _field("The file's sha256 (vLLM: its adapter_model.safetensors'), 64 lowercase hex digits",
-                         {"pattern": SHA256.pattern, "x-pattern-message": "must be 64 lowercase hex digits"})
+    name: str = _field(
+        "The adapter's model name (letters, digits, '.', '_', '-'; at most 96; no ':')",
+        {
+            "pattern": NAME.pattern,
+            "x-pattern-message": "letters, digits, '.', '_' and '-', "
+            "starting with a letter or digit, at most 96 (no ':')",
+        },
+    )
+    url: str = _field(
+        "llama.cpp: the GGUF adapter's http(s) URL or absolute path on the nodes; vLLM: the "
+        "adapter's directory on the nodes",
+        {"minLength": 1, "maxLength": MAX_URL},
+    )
+    sha256: str = _field(
+        "The file's sha256 (vLLM: its adapter_model.safetensors'), 64 lowercase hex digits",
+        {"pattern": SHA256.pattern, "x-pattern-message": "must be 64 lowercase hex digits"},
+    )
     size: int = _field("The file's size in bytes", {"minimum": 1, "maximum": MAX_ADAPTER_BYTES})
-    scale: float = _field("Its strength when applied (1.0: as trained)",
-                          {"exclusiveMinimum": 0, "maximum": MAX_ADAPTER_SCALE}, default=1.0)
+    scale: float = _field(
+        "Its strength when applied (1.0: as trained)",
+        {"exclusiveMinimum": 0, "maximum": MAX_ADAPTER_SCALE},
+        default=1.0,
+    )
 
 
 @attrs.frozen
 class ScaleBody:
-    scale: float = _field("Its strength when applied (1.0: as trained)",
-                          {"exclusiveMinimum": 0, "maximum": MAX_ADAPTER_SCALE})
+    scale: float = _field(
+        "Its strength when applied (1.0: as trained)", {"exclusiveMinimum": 0, "maximum": MAX_ADAPTER_SCALE}
+    )
 
 
 @attrs.frozen
@@ -61,8 +76,9 @@ class AdapterView:
     sha256: str
     size: int
     scale: float
-    loaded_on: list[str] = attrs.field(metadata={"doc": "the ready replicas that hold it (requests for it go "
-                                                        "only to these)"})
+    loaded_on: list[str] = attrs.field(
+        metadata={"doc": "the ready replicas that hold it (requests for it go only to these)"}
+    )
 
 
 @attrs.frozen
@@ -70,8 +86,12 @@ class AdapterList:
     model: str
     profile: str
     engine: str
-    live: bool = attrs.field(metadata={"doc": "whether its replicas load and unload adapters without a restart "
-                                              "(vLLM) rather than restarting for a changed list (llama.cpp)"})
+    live: bool = attrs.field(
+        metadata={
+            "doc": "whether its replicas load and unload adapters without a restart "
+            "(vLLM) rather than restarting for a changed list (llama.cpp)"
+        }
+    )
     adapters: list[AdapterView]
 
 
@@ -107,6 +127,38 @@ def _view(ctx: ApiContext, model: ModelConfig, profile: ProfileConfig, adapter: 
     return AdapterView(adapter.name, w.url, w.sha256, w.size, adapter.scale, loaded)
 
 
+Edit = Callable[[list[AdapterConfig]], list[AdapterConfig]]
+
+
+def _adding(adapter: AdapterConfig) -> Edit:
+    def edit(adapters: list[AdapterConfig]) -> list[AdapterConfig]:
+        if any(a.name == adapter.name for a in adapters):
+            raise conflict(f"the profile has an adapter named {adapter.name!r}", field="name", code="name_taken")
+        if len(adapters) >= MAX_ADAPTERS:
+            raise conflict(f"a profile has at most {MAX_ADAPTERS} adapters", code="too_many_adapters")
+        return [*adapters, adapter]
+
+    return edit
+
+
+def _rescaling(name: str, scale: float) -> Edit:
+    def edit(adapters: list[AdapterConfig]) -> list[AdapterConfig]:
+        if all(a.name != name for a in adapters):
+            raise not_found("adapter", name)
+        return [attrs.evolve(a, scale=scale) if a.name == name else a for a in adapters]
+
+    return edit
+
+
+def _removing(name: str) -> Edit:
+    def edit(adapters: list[AdapterConfig]) -> list[AdapterConfig]:
+        if all(a.name != name for a in adapters):
+            raise not_found("adapter", name)
+        return [a for a in adapters if a.name != name]
+
+    return edit
+
+
 def add_adapter_routes(api: Api, ctx: ApiContext) -> None:
     # One read-modify-write at a time on this daemon: two adds racing would each replace the
     # model with only its own adapter added.
@@ -121,7 +173,7 @@ def add_adapter_routes(api: Api, ctx: ApiContext) -> None:
     def view(model: ModelConfig, profile: ProfileConfig, adapter: AdapterConfig) -> AdapterView:
         return _view(ctx, model, profile, adapter)
 
-    async def change(call: Call, edit: Any) -> tuple[ModelConfig, ProfileConfig]:
+    async def change(call: Call, edit: Edit) -> tuple[ModelConfig, ProfileConfig]:
         async with lock:
             model, profile = profile_of(call)
             new_profile = attrs.evolve(profile, adapters=edit(list(profile.adapters)))
@@ -129,58 +181,66 @@ def add_adapter_routes(api: Api, ctx: ApiContext) -> None:
             await service().replace(model.name, new)
             return new, new_profile
 
-    @api.route("GET", "/models/{name}/profiles/{profile}/adapters", tag="models", response=AdapterList,
-               summary="A profile's LoRA adapters, and which replicas hold each", errors=(404, 503))
+    @api.route(
+        "GET",
+        "/models/{name}/profiles/{profile}/adapters",
+        tag="models",
+        response=AdapterList,
+        summary="A profile's LoRA adapters, and which replicas hold each",
+        errors=(404, 503),
+    )
     async def list_adapters(call: Call) -> AdapterList:
         model, profile = profile_of(call)
-        return AdapterList(model.name, profile.name, profile.engine, profile.engine == "vllm",
-                           [view(model, profile, a) for a in profile.adapters])
+        return AdapterList(
+            model.name,
+            profile.name,
+            profile.engine,
+            profile.engine == "vllm",
+            [view(model, profile, a) for a in profile.adapters],
+        )
 
-    @api.route("POST", "/models/{name}/profiles/{profile}/adapters", tag="models", body=AdapterBody,
-               response=AdapterView, status=201, errors=(404, 409, 503),
-               summary="Add a LoRA adapter, served as a model name of its own (vLLM loads it live; "
-                       "llama.cpp replicas restart)")
+    @api.route(
+        "POST",
+        "/models/{name}/profiles/{profile}/adapters",
+        tag="models",
+        body=AdapterBody,
+        response=AdapterView,
+        status=201,
+        errors=(404, 409, 503),
+        summary="Add a LoRA adapter, served as a model name of its own (vLLM loads it live; "
+        "llama.cpp replicas restart)",
+    )
     async def add_adapter(call: Call) -> AdapterView:
         body: AdapterBody = call.body
         _check_body(body, profile_of(call)[1])
         adapter = AdapterConfig(body.name, WeightsConfig(body.url, body.sha256, body.size), body.scale)
-
-        def edit(adapters: list[AdapterConfig]) -> list[AdapterConfig]:
-            if any(a.name == body.name for a in adapters):
-                raise conflict(f"the profile has an adapter named {body.name!r}", field="name", code="name_taken")
-            if len(adapters) >= MAX_ADAPTERS:
-                raise conflict(f"a profile has at most {MAX_ADAPTERS} adapters", code="too_many_adapters")
-            return [*adapters, adapter]
-
-        model, profile = await change(call, edit)
+        model, profile = await change(call, _adding(adapter))
         return view(model, profile, adapter)
 
-    @api.route("PATCH", "/models/{name}/profiles/{profile}/adapters/{adapter}", tag="models", body=ScaleBody,
-               response=AdapterView, errors=(404, 409, 503),
-               summary="Change an adapter's default scale (no replica restarts)")
+    @api.route(
+        "PATCH",
+        "/models/{name}/profiles/{profile}/adapters/{adapter}",
+        tag="models",
+        body=ScaleBody,
+        response=AdapterView,
+        errors=(404, 409, 503),
+        summary="Change an adapter's default scale (no replica restarts)",
+    )
     async def set_scale(call: Call) -> AdapterView:
         body: ScaleBody = call.body
         if not math.isfinite(body.scale) or body.scale <= 0:
             raise bad_request("scale", f"must be above 0 and at most {MAX_ADAPTER_SCALE:g}")
         name = call.path["adapter"]
-
-        def edit(adapters: list[AdapterConfig]) -> list[AdapterConfig]:
-            if all(a.name != name for a in adapters):
-                raise not_found("adapter", name)
-            return [attrs.evolve(a, scale=body.scale) if a.name == name else a for a in adapters]
-
-        model, profile = await change(call, edit)
+        model, profile = await change(call, _rescaling(name, body.scale))
         return view(model, profile, next(a for a in profile.adapters if a.name == name))
 
-    @api.route("DELETE", "/models/{name}/profiles/{profile}/adapters/{adapter}", tag="models", status=204,
-               errors=(404, 409, 503),
-               summary="Remove an adapter (vLLM unloads it live; llama.cpp replicas restart)")
+    @api.route(
+        "DELETE",
+        "/models/{name}/profiles/{profile}/adapters/{adapter}",
+        tag="models",
+        status=204,
+        errors=(404, 409, 503),
+        summary="Remove an adapter (vLLM unloads it live; llama.cpp replicas restart)",
+    )
     async def remove_adapter(call: Call) -> None:
-        name = call.path["adapter"]
-
-        def edit(adapters: list[AdapterConfig]) -> list[AdapterConfig]:
-            if all(a.name != name for a in adapters):
-                raise not_found("adapter", name)
-            return [a for a in adapters if a.name != name]
-
-        await change(call, edit)
+        await change(call, _removing(call.path["adapter"]))

@@ -44,22 +44,44 @@ class AuditList:
 
 
 def audit_view(entry: AuditEntry) -> AuditView:
-    changes = [AuditChangeView(str(c.get("resource", "")), str(c.get("id", "")), str(c.get("op", "")),
-                               c.get("before"), c.get("after")) for c in entry.changes]
-    return AuditView(entry.id, entry.at, entry.actor, entry.peer, entry.action, entry.outcome, entry.resource,
-                     entry.resource_id, changes)
+    changes = [
+        AuditChangeView(
+            str(c.get("resource", "")), str(c.get("id", "")), str(c.get("op", "")), c.get("before"), c.get("after")
+        )
+        for c in entry.changes
+    ]
+    return AuditView(
+        entry.id,
+        entry.at,
+        entry.actor,
+        entry.peer,
+        entry.action,
+        entry.outcome,
+        entry.resource,
+        entry.resource_id,
+        changes,
+    )
 
 
 def add_audit_routes(api: Api, store: Store | None) -> None:
-    @api.route("GET", "/audit", summary="The audit log: admin changes and refusals, newest first", tag="audit",
-               response=AuditList, errors=(503,), query=(
-                   Param("since", "date-time", doc="From this time on"),
-                   Param("until", "date-time", doc="Before this time (exclusive)"),
-                   Param("actor", doc="key:<id>, user:<name>, loopback or daemon:<id>"),
-                   Param("resource", doc="key, group, quota, model, node, pull, capacity_run, leadership, admin..."),
-                   Param("resource_id"), Param("outcome", doc="ok or refused"),
-                   Param("cursor", doc="next_cursor of the previous page"),
-                   Param("limit", "integer", doc=f"Rows per page, 1 to {MAX_PAGE} (default 100)")))
+    @api.route(
+        "GET",
+        "/audit",
+        summary="The audit log: admin changes and refusals, newest first",
+        tag="audit",
+        response=AuditList,
+        errors=(503,),
+        query=(
+            Param("since", "date-time", doc="From this time on"),
+            Param("until", "date-time", doc="Before this time (exclusive)"),
+            Param("actor", doc="key:<id>, user:<name>, loopback or daemon:<id>"),
+            Param("resource", doc="key, group, quota, model, node, pull, capacity_run, leadership, admin..."),
+            Param("resource_id"),
+            Param("outcome", doc="ok or refused"),
+            Param("cursor", doc="next_cursor of the previous page"),
+            Param("limit", "integer", doc=f"Rows per page, 1 to {MAX_PAGE} (default 100)"),
+        ),
+    )
     async def audit(call: Call) -> AuditList:
         if store is None:
             raise AdminApiError(503, "not_ready", "the store is not available on this daemon")
@@ -69,7 +91,14 @@ def add_audit_routes(api: Api, store: Store | None) -> None:
             raise bad_request("limit", f"must be 1 to {MAX_PAGE}")
         if q.get("outcome") not in (None, "ok", "refused"):
             raise bad_request("outcome", "must be ok or refused")
-        page = await store.list_audit(since=q.get("since"), until=q.get("until"), actor=q.get("actor"),
-                                      resource=q.get("resource"), resource_id=q.get("resource_id"),
-                                      outcome=q.get("outcome"), cursor=q.get("cursor"), limit=limit)
+        page = await store.list_audit(
+            since=q.get("since"),
+            until=q.get("until"),
+            actor=q.get("actor"),
+            resource=q.get("resource"),
+            resource_id=q.get("resource_id"),
+            outcome=q.get("outcome"),
+            cursor=q.get("cursor"),
+            limit=limit,
+        )
         return AuditList([audit_view(e) for e in page.entries], page.next_cursor)

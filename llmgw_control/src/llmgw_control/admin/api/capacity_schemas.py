@@ -24,15 +24,22 @@ MAX_LEVEL_SECONDS = 600.0
 class CapacityRunRequest:
     model: str = attrs.field(metadata={"schema": NAME_RULES, "doc": "MODEL or MODEL:PROFILE"})
     profile: str | None = attrs.field(default=None, metadata={"schema": NAME_RULES})
-    node: str | None = attrs.field(default=None, metadata={
-        "schema": NAME_RULES, "doc": "Measure a replica on this node (one is started there if none runs)"})
-    levels: list[int] | None = attrs.field(default=None, metadata={
-        "schema": {"maxItems": MAX_LEVELS, "items": {"minimum": 1, "maximum": MAX_CONCURRENCY}},
-        "doc": "Concurrency levels, measured in increasing order (default 1, 2, 4, 8)"})
+    node: str | None = attrs.field(
+        default=None,
+        metadata={"schema": NAME_RULES, "doc": "Measure a replica on this node (one is started there if none runs)"},
+    )
+    levels: list[int] | None = attrs.field(
+        default=None,
+        metadata={
+            "schema": {"maxItems": MAX_LEVELS, "items": {"minimum": 1, "maximum": MAX_CONCURRENCY}},
+            "doc": "Concurrency levels, measured in increasing order (default 1, 2, 4, 8)",
+        },
+    )
     prompt_tokens: int = attrs.field(default=128, metadata={"schema": {"minimum": 1, "maximum": MAX_PROMPT_TOKENS}})
     output_tokens: int = attrs.field(default=64, metadata={"schema": {"minimum": 1, "maximum": MAX_OUTPUT_TOKENS}})
-    level_seconds: float = attrs.field(default=10.0, metadata={
-        "schema": {"minimum": MIN_LEVEL_SECONDS, "maximum": MAX_LEVEL_SECONDS}})
+    level_seconds: float = attrs.field(
+        default=10.0, metadata={"schema": {"minimum": MIN_LEVEL_SECONDS, "maximum": MAX_LEVEL_SECONDS}}
+    )
 
 
 @attrs.frozen
@@ -72,8 +79,9 @@ class CapacityRunView:
     started_replica: bool
     results: list[CapacityLevelView]
     slots: int | None = attrs.field(metadata={"doc": "the slot count the run implies for the objective"})
-    comparable: dict[str, Any] = attrs.field(metadata={
-        "doc": "engine and version, weights sha256, profile, node facts, hardware, kind"})
+    comparable: dict[str, Any] = attrs.field(
+        metadata={"doc": "engine and version, weights sha256, profile, node facts, hardware, kind"}
+    )
 
 
 @attrs.frozen

@@ -119,16 +119,26 @@ class Api:
         self.audit: AuditLog | None = None
 
     def route(
-        self, method: str, path: str, *, summary: str, tag: str, body: type | None = None,
-        response: type | None = None, status: int = 200, errors: tuple[int, ...] = (),
+        self,
+        method: str,
+        path: str,
+        *,
+        summary: str,
+        tag: str,
+        body: type | None = None,
+        response: type | None = None,
+        status: int = 200,
+        errors: tuple[int, ...] = (),
         query: tuple[Param, ...] = (),
     ) -> Callable[[Handler], Handler]:
         def register(handler: Handler) -> Handler:
             # Every route refuses unknown query parameters, so every route may answer 400.
             codes = {*errors, 400, *((413,) if body is not None else ())}
-            self.routes.append(Route(method, PREFIX + path, handler, summary, tag, body, response, status,
-                                     tuple(sorted(codes)), query))
+            self.routes.append(
+                Route(method, PREFIX + path, handler, summary, tag, body, response, status, tuple(sorted(codes)), query)
+            )
             return handler
+
         return register
 
     def install(self, app: QuartTrio) -> None:
@@ -147,8 +157,9 @@ class Api:
             actor = request.headers.get(ACTOR_HEADER.decode()) or LOOPBACK
             peer = peer_of(request.scope)
             action = f"{route.method} {route.path}"
-            scope = audit.begin(actor=actor, peer=peer, action=action, resource=route.tag,
-                                resource_id=next(iter(path.values()), ""))
+            scope = audit.begin(
+                actor=actor, peer=peer, action=action, resource=route.tag, resource_id=next(iter(path.values()), "")
+            )
             # Every store write the handler makes (however deep) records itself under this scope.
             with audit_scope(scope):
                 response, refusal = await self._answer(route, path)
@@ -157,6 +168,7 @@ class Api:
             elif isinstance(refusal, StandbyRefusal):
                 await audit.refused(actor=actor, peer=peer, action=action, reason="standby")
             return response
+
         return view
 
     async def _answer(self, route: Route, path: dict[str, str]) -> tuple[Response, AdminApiError | None]:
@@ -177,8 +189,9 @@ class Api:
             return error_body(500, "internal_error", "internal error (see the control daemon's log)"), None
         if route.status == 204 or result is None:
             return Response("", status=204), None
-        return Response(json.dumps(CONVERTER.unstructure(result)), status=route.status,
-                        content_type="application/json"), None
+        return Response(
+            json.dumps(CONVERTER.unstructure(result)), status=route.status, content_type="application/json"
+        ), None
 
     async def _read(self, route: Route, path: dict[str, str]) -> Call:
         for name, value in path.items():

@@ -11,8 +11,13 @@ from .schemas import EngineList, EngineNodeState, EngineView, WeightsList
 
 
 def add_engine_routes(api: Api, ctx: ApiContext) -> None:
-    @api.route("GET", "/engines", summary="The engines every node gets, and their state on each node",
-               tag="engines", response=EngineList)
+    @api.route(
+        "GET",
+        "/engines",
+        summary="The engines every node gets, and their state on each node",
+        tag="engines",
+        response=EngineList,
+    )
     async def list_engines(call: Call) -> EngineList:
         if ctx.fleet is None:
             return EngineList([])
@@ -22,16 +27,25 @@ def add_engine_routes(api: Api, ctx: ApiContext) -> None:
             states = []
             for node in f.inventory:
                 state = node.engine(engine.name, engine.version)
-                states.append(EngineNodeState(node.node_id, state.describe() if state else "not reported",
-                                              state.provenance if state else None))
+                states.append(
+                    EngineNodeState(
+                        node.node_id, state.describe() if state else "not reported", state.provenance if state else None
+                    )
+                )
             out.append(EngineView(engine.name, engine.version, engine.release_api, states))
         # A standby has no node reports: the engines are the catalog's, their states the leader's to say.
         standby, leader = standby_leader(f)
         return EngineList(out, "standby", leader) if standby else EngineList(out)
 
-    @api.route("GET", "/weights", summary="The model files each node holds: size, when last used, in use by what",
-               tag="nodes", response=WeightsList, errors=(404,),
-               query=(Param("node", doc="Only this node"),))
+    @api.route(
+        "GET",
+        "/weights",
+        summary="The model files each node holds: size, when last used, in use by what",
+        tag="nodes",
+        response=WeightsList,
+        errors=(404,),
+        query=(Param("node", doc="Only this node"),),
+    )
     async def list_weights(call: Call) -> WeightsList:
         if ctx.fleet is None:
             return WeightsList([])

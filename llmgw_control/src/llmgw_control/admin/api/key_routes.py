@@ -22,23 +22,48 @@ def add_key_routes(api: Api, ctx: ApiContext) -> None:
             state = "revoked"
         elif key.expires_at is not None and now >= key.expires_at:
             state = "expired"
-        return KeyView(key.id, key.name, key.group_id, list(key.models) if key.models is not None else None,
-                       key.admin, key.created_at, key.expires_at, key.revoked_at, state)
+        return KeyView(
+            key.id,
+            key.name,
+            key.group_id,
+            list(key.models) if key.models is not None else None,
+            key.admin,
+            key.created_at,
+            key.expires_at,
+            key.revoked_at,
+            state,
+        )
 
-    @api.route("GET", "/keys", summary="API keys (never their secrets)", tag="keys", response=KeyList,
-               errors=(404, 503), query=(Param("group_id", doc="Only this group's keys"),))
+    @api.route(
+        "GET",
+        "/keys",
+        summary="API keys (never their secrets)",
+        tag="keys",
+        response=KeyList,
+        errors=(404, 503),
+        query=(Param("group_id", doc="Only this group's keys"),),
+    )
     async def list_keys(call: Call) -> KeyList:
         group_id = call.query.get("group_id")
         if group_id is not None:
             await ctx.the_tenancy().service.get_group(group_id)  # 404 rather than an empty list
         return KeyList([key_view(k) for k in await ctx.the_tenancy().service.list_keys(group_id)])
 
-    @api.route("POST", "/keys", summary="Create a key: the answer holds its secret, shown this once",
-               tag="keys", body=CreateKey, response=CreatedKeyAnswer, status=201, errors=(404, 409, 503))
+    @api.route(
+        "POST",
+        "/keys",
+        summary="Create a key: the answer holds its secret, shown this once",
+        tag="keys",
+        body=CreateKey,
+        response=CreatedKeyAnswer,
+        status=201,
+        errors=(404, 409, 503),
+    )
     async def create_key(call: Call) -> CreatedKeyAnswer:
         body: CreateKey = call.body
-        created = await ctx.the_tenancy().service.create_key(name=body.name, group_id=body.group_id, models=body.models,
-                                                     admin=body.admin, expires_at=body.expires_at)
+        created = await ctx.the_tenancy().service.create_key(
+            name=body.name, group_id=body.group_id, models=body.models, admin=body.admin, expires_at=body.expires_at
+        )
         log.info("API key %s created through the admin API", created.key.id)
         return CreatedKeyAnswer(key_view(created.key), created.secret)
 
@@ -46,8 +71,14 @@ def add_key_routes(api: Api, ctx: ApiContext) -> None:
     async def get_key(call: Call) -> KeyAnswer:
         return KeyAnswer(key_view(await ctx.the_tenancy().service.get_key(call.path["key_id"])))
 
-    @api.route("POST", "/keys/{key_id}/revoke", summary="Revoke a key (refused within a second everywhere)",
-               tag="keys", response=KeyAnswer, errors=(404, 409, 503))
+    @api.route(
+        "POST",
+        "/keys/{key_id}/revoke",
+        summary="Revoke a key (refused within a second everywhere)",
+        tag="keys",
+        response=KeyAnswer,
+        errors=(404, 409, 503),
+    )
     async def revoke_key(call: Call) -> KeyAnswer:
         key = await ctx.the_tenancy().service.revoke_key(call.path["key_id"])
         log.info("API key %s revoked through the admin API", key.id)

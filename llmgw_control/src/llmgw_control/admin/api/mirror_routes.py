@@ -32,10 +32,24 @@ FIT_CONTEXT = 4096
 
 
 def pull_view(pull: Pull) -> PullView:
-    return PullView(pull.id, pull.state, pull.repo, pull.revision, pull.file, pull.url.split("?", 1)[0],
-                    pull.name, pull.sha256, pull.size or pull.progress.total, pull.progress.done,
-                    round(pull.progress.rate(), 1), pull.eta(), pull.error, pull.draft,
-                    pull.estimate_ram_mib, pull.estimate_how)
+    return PullView(
+        pull.id,
+        pull.state,
+        pull.repo,
+        pull.revision,
+        pull.file,
+        pull.url.split("?", 1)[0],
+        pull.name,
+        pull.sha256,
+        pull.size or pull.progress.total,
+        pull.progress.done,
+        round(pull.progress.rate(), 1),
+        pull.eta(),
+        pull.error,
+        pull.draft,
+        pull.estimate_ram_mib,
+        pull.estimate_how,
+    )
 
 
 def add_mirror_routes(api: Api, mirror: Mirror | None, fleet: Fleet | None) -> None:
@@ -62,14 +76,23 @@ def add_mirror_routes(api: Api, mirror: Mirror | None, fleet: Fleet | None) -> N
     _add_pull_routes(api, pulls)
 
 
-def _add_hub_routes(api: Api, the_mirror: Callable[[], Mirror],
-                    fit: Callable[[int], tuple[int, bool | None, str]]) -> None:
+def _add_hub_routes(
+    api: Api, the_mirror: Callable[[], Mirror], fit: Callable[[int], tuple[int, bool | None, str]]
+) -> None:
     """Search the Hub and list a repository's files, each with its fit on this fleet."""
 
-    @api.route("GET", "/hub/search", summary="Search the Hub for GGUF repositories, most downloaded first",
-               tag="mirror", response=HubSearchAnswer, errors=(502, 503, 504),
-               query=(Param("q", doc="Search text (at most 200 characters)"),
-                      Param("limit", doc="At most this many (1..hub.search_limit)")))
+    @api.route(
+        "GET",
+        "/hub/search",
+        summary="Search the Hub for GGUF repositories, most downloaded first",
+        tag="mirror",
+        response=HubSearchAnswer,
+        errors=(502, 503, 504),
+        query=(
+            Param("q", doc="Search text (at most 200 characters)"),
+            Param("limit", doc="At most this many (1..hub.search_limit)"),
+        ),
+    )
     async def hub_search(call: Call) -> HubSearchAnswer:
         text = search_text(call.query.get("q", ""))
         limit_text = call.query.get("limit") or "0"
@@ -79,9 +102,15 @@ def _add_hub_routes(api: Api, the_mirror: Callable[[], Mirror],
         repos = await hub.search(text, int(limit_text) or None)
         return HubSearchAnswer(hub.endpoint, [HubRepoView(r.id, r.downloads, r.likes, r.updated) for r in repos])
 
-    @api.route("GET", "/hub/files", summary="A Hub repository's GGUF files: size, quantisation, fit on the fleet",
-               tag="mirror", response=HubFilesAnswer, errors=(404, 502, 503, 504),
-               query=(Param("repo", doc="owner/name"), Param("revision", doc="Branch, tag or commit (main)")))
+    @api.route(
+        "GET",
+        "/hub/files",
+        summary="A Hub repository's GGUF files: size, quantisation, fit on the fleet",
+        tag="mirror",
+        response=HubFilesAnswer,
+        errors=(404, 502, 503, 504),
+        query=(Param("repo", doc="owner/name"), Param("revision", doc="Branch, tag or commit (main)")),
+    )
     async def hub_files(call: Call) -> HubFilesAnswer:
         repo = repo_id(call.query.get("repo"))
         rev = revision(call.query.get("revision") or "main")
@@ -96,34 +125,72 @@ def _add_hub_routes(api: Api, the_mirror: Callable[[], Mirror],
 def _add_pull_routes(api: Api, pulls: Callable[[], Pulls]) -> None:
     """Pull a file into the files directory, follow it, edit its draft, publish it."""
 
-    @api.route("POST", "/models/pulls", summary="Pull a model file into control's files directory (a draft model "
-               "when done)", tag="mirror", body=PullRequest, response=PullAnswer, status=202,
-               errors=(404, 409, 502, 503, 504))
+    @api.route(
+        "POST",
+        "/models/pulls",
+        summary="Pull a model file into control's files directory (a draft model when done)",
+        tag="mirror",
+        body=PullRequest,
+        response=PullAnswer,
+        status=202,
+        errors=(404, 409, 502, 503, 504),
+    )
     async def start_pull(call: Call) -> PullAnswer:
         return PullAnswer(pull_view(await pulls().start(call.raw)))
 
-    @api.route("GET", "/models/pulls", summary="Every pull with its progress", tag="mirror", response=PullList,
-               errors=(409, 503))
+    @api.route(
+        "GET",
+        "/models/pulls",
+        summary="Every pull with its progress",
+        tag="mirror",
+        response=PullList,
+        errors=(409, 503),
+    )
     async def list_pulls(call: Call) -> PullList:
         return PullList([pull_view(p) for p in sorted(pulls().pulls.values(), key=lambda p: p.created_at)])
 
-    @api.route("GET", "/models/pulls/{pull_id}", summary="One pull: state, bytes, rate, ETA, draft", tag="mirror",
-               response=PullAnswer, errors=(404, 409, 503))
+    @api.route(
+        "GET",
+        "/models/pulls/{pull_id}",
+        summary="One pull: state, bytes, rate, ETA, draft",
+        tag="mirror",
+        response=PullAnswer,
+        errors=(404, 409, 503),
+    )
     async def get_pull(call: Call) -> PullAnswer:
         return PullAnswer(pull_view(pulls().get(call.path["pull_id"])))
 
-    @api.route("DELETE", "/models/pulls/{pull_id}", summary="Cancel a pull (or forget a finished one)",
-               tag="mirror", status=204, errors=(404, 409, 503))
+    @api.route(
+        "DELETE",
+        "/models/pulls/{pull_id}",
+        summary="Cancel a pull (or forget a finished one)",
+        tag="mirror",
+        status=204,
+        errors=(404, 409, 503),
+    )
     async def cancel_pull(call: Call) -> None:
         await pulls().cancel(call.path["pull_id"])
 
-    @api.route("PUT", "/models/pulls/{pull_id}/draft", summary="Change a ready pull's draft model before it is "
-               "published (not its weights)", tag="mirror", body=ModelConfig, response=PullAnswer,
-               errors=(404, 409, 503))
+    @api.route(
+        "PUT",
+        "/models/pulls/{pull_id}/draft",
+        summary="Change a ready pull's draft model before it is published (not its weights)",
+        tag="mirror",
+        body=ModelConfig,
+        response=PullAnswer,
+        errors=(404, 409, 503),
+    )
     async def edit_draft(call: Call) -> PullAnswer:
         return PullAnswer(pull_view(await pulls().update_draft(call.path["pull_id"], call.body)))
 
-    @api.route("POST", "/models/pulls/{pull_id}/publish", summary="Add a ready pull's draft to the catalog",
-               tag="mirror", response=ModelDefinition, status=201, errors=(404, 409, 503))
+    @api.route(
+        "POST",
+        "/models/pulls/{pull_id}/publish",
+        summary="Add a ready pull's draft to the catalog",
+        tag="mirror",
+        response=ModelDefinition,
+        status=201,
+        errors=(404, 409, 503),
+    )
     async def publish(call: Call) -> ModelDefinition:
         return ModelDefinition(await pulls().publish(call.path["pull_id"]), "api")

@@ -38,8 +38,9 @@ class HubFileView:
     quantisation: str
     split: bool = attrs.field(metadata={"doc": "one part of a split GGUF (not pulled yet)"})
     estimate_ram_mib: int = attrs.field(metadata={"doc": "a replica's RAM by the file size (no header read)"})
-    fits: bool | None = attrs.field(metadata={"doc": "whether a replica would be placed on some node now; "
-                                                     "null without a fleet"})
+    fits: bool | None = attrs.field(
+        metadata={"doc": "whether a replica would be placed on some node now; null without a fleet"}
+    )
     fit_detail: str = attrs.field(metadata={"doc": "why not, in placement's words"})
 
 
@@ -55,19 +56,25 @@ class PullRequest:
     repo: str = _text("A Hub repository (owner/name); with file")
     revision: str = _text("Branch, tag or commit", "main")
     file: str = _text("The .gguf file's path in the repository")
-    url: str = attrs.field(default="", metadata={"schema": {"maxLength": 4096},
-                                                 "doc": "Instead of repo and file: an https URL on hub.allow_hosts"})
+    url: str = attrs.field(
+        default="",
+        metadata={"schema": {"maxLength": 4096}, "doc": "Instead of repo and file: an https URL on hub.allow_hosts"},
+    )
     sha256: str = _text("With url: the file's sha256 (the Hub's LFS digest is used for a repo file)")
-    size: int = attrs.field(default=0, metadata={"schema": {"minimum": 0},
-                                                 "doc": "With url: the size in bytes (0: the server's)"})
+    size: int = attrs.field(
+        default=0, metadata={"schema": {"minimum": 0}, "doc": "With url: the size in bytes (0: the server's)"}
+    )
     model: str = _text("The draft model's name (default: from the file name)")
 
 
 @attrs.frozen
 class PullView:
     id: str
-    state: str = attrs.field(metadata={"doc": "queued, downloading, verifying, ready (a draft waits), "
-                                              "published, failed, cancelled or interrupted"})
+    state: str = attrs.field(
+        metadata={
+            "doc": "queued, downloading, verifying, ready (a draft waits), published, failed, cancelled or interrupted"
+        }
+    )
     repo: str
     revision: str
     file: str

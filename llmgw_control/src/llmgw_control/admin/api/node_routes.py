@@ -55,8 +55,13 @@ async def set_cordon(ctx: ApiContext, node_id: str, cordoned: bool) -> Fleet:
 
 
 def add_node_routes(api: Api, ctx: ApiContext) -> None:
-    @api.route("GET", "/nodes", summary="The nodes: facts, engine states in the node's words, warnings, replicas",
-               tag="nodes", response=NodeList)
+    @api.route(
+        "GET",
+        "/nodes",
+        summary="The nodes: facts, engine states in the node's words, warnings, replicas",
+        tag="nodes",
+        response=NodeList,
+    )
     async def list_nodes(call: Call) -> NodeList:
         if ctx.fleet is None:
             return NodeList([])
@@ -64,8 +69,9 @@ def add_node_routes(api: Api, ctx: ApiContext) -> None:
         standby, leader = standby_leader(f)
         if standby:
             fleet_of_leader = await read_leader_fleet(ctx.the_tenancy().store, f)
-            return NodeList([standby_node_view(fleet_of_leader, n) for n in fleet_of_leader.node_ids],
-                            "standby", leader)
+            return NodeList(
+                [standby_node_view(fleet_of_leader, n) for n in fleet_of_leader.node_ids], "standby", leader
+            )
         now = trio.current_time()
         views = [node_view(f, n, now) for n in f.inventory]
         seen = {v.id for v in views}
@@ -91,8 +97,14 @@ def add_node_routes(api: Api, ctx: ApiContext) -> None:
         f, _ = await find_node(ctx, node_id)
         return NodeAnswer(await one_node(ctx, f, call.path["node_id"]))
 
-    @api.route("POST", "/nodes/{node_id}/cordon", summary="Place no new replicas on the node",
-               tag="nodes", response=NodeAnswer, errors=(404, 409, 503))
+    @api.route(
+        "POST",
+        "/nodes/{node_id}/cordon",
+        summary="Place no new replicas on the node",
+        tag="nodes",
+        response=NodeAnswer,
+        errors=(404, 409, 503),
+    )
     async def cordon_node(call: Call) -> NodeAnswer:
         node_id = call.path["node_id"]
         refuse_on_standby(ctx.fleet, "cordon")
@@ -100,8 +112,14 @@ def add_node_routes(api: Api, ctx: ApiContext) -> None:
         log.info("node %s cordoned through the admin API", node_id)
         return NodeAnswer(await one_node(ctx, f, node_id))
 
-    @api.route("POST", "/nodes/{node_id}/uncordon", summary="Allow new replicas on the node again",
-               tag="nodes", response=NodeAnswer, errors=(404, 409, 503))
+    @api.route(
+        "POST",
+        "/nodes/{node_id}/uncordon",
+        summary="Allow new replicas on the node again",
+        tag="nodes",
+        response=NodeAnswer,
+        errors=(404, 409, 503),
+    )
     async def uncordon_node(call: Call) -> NodeAnswer:
         node_id = call.path["node_id"]
         refuse_on_standby(ctx.fleet, "uncordon")
@@ -109,9 +127,14 @@ def add_node_routes(api: Api, ctx: ApiContext) -> None:
         log.info("node %s uncordoned through the admin API", node_id)
         return NodeAnswer(await one_node(ctx, f, node_id))
 
-    @api.route("POST", "/nodes/{node_id}/drain",
-               summary="Cordon the node and drain its replicas (withdrawn from the gateway first)",
-               tag="nodes", response=DrainAnswer, errors=(404, 409, 503))
+    @api.route(
+        "POST",
+        "/nodes/{node_id}/drain",
+        summary="Cordon the node and drain its replicas (withdrawn from the gateway first)",
+        tag="nodes",
+        response=DrainAnswer,
+        errors=(404, 409, 503),
+    )
     async def drain_node(call: Call) -> DrainAnswer:
         node_id = call.path["node_id"]
         # A standby runs no replicas and talks to no node: the leader does the draining.

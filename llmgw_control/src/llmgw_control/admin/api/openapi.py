@@ -133,23 +133,32 @@ def openapi_document(routes: Sequence[Route], title: str, version: str) -> dict[
     paths: dict[str, Any] = {}
     for route in routes:
         operation: dict[str, Any] = {
-            "operationId": route.handler.__name__, "summary": route.summary, "tags": [route.tag],
+            "operationId": route.handler.__name__,
+            "summary": route.summary,
+            "tags": [route.tag],
         }
-        parameters = [{"name": name, "in": "path", "required": True,
-                       "schema": {"type": "string", "minLength": 1}} for name in PATH_PARAM.findall(route.path)]
+        parameters = [
+            {"name": name, "in": "path", "required": True, "schema": {"type": "string", "minLength": 1}}
+            for name in PATH_PARAM.findall(route.path)
+        ]
         for param in route.query:
             kinds: dict[str, dict[str, Any]] = {
-                "string": {"type": "string"}, "boolean": {"type": "boolean"},
+                "string": {"type": "string"},
+                "boolean": {"type": "boolean"},
                 "integer": {"type": "integer", "minimum": 0},
-                "date-time": {"type": "string", "format": "date-time"}}
+                "date-time": {"type": "string", "format": "date-time"},
+            }
             schema = kinds[param.kind]
-            parameters.append({"name": param.name, "in": "query", "required": False, "schema": schema,
-                               "description": param.doc})
+            parameters.append(
+                {"name": param.name, "in": "query", "required": False, "schema": schema, "description": param.doc}
+            )
         if parameters:
             operation["parameters"] = parameters
         if route.body is not None:
-            operation["requestBody"] = {"required": True, "content": {
-                "application/json": {"schema": builder.of(route.body)}}}
+            operation["requestBody"] = {
+                "required": True,
+                "content": {"application/json": {"schema": builder.of(route.body)}},
+            }
         responses: dict[str, Any] = {}
         if route.status == 204:
             responses["204"] = {"description": "Done."}
@@ -157,16 +166,19 @@ def openapi_document(routes: Sequence[Route], title: str, version: str) -> dict[
             content = {"application/json": {"schema": builder.of(route.response)}} if route.response else {}
             responses[str(route.status)] = {"description": "Success.", **({"content": content} if content else {})}
         for code in route.errors:
-            responses[str(code)] = {"description": _ERROR_WORDS[code], "content": {
-                "application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}}
+            responses[str(code)] = {
+                "description": _ERROR_WORDS[code],
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
+            }
         operation["responses"] = responses
         paths.setdefault(route.path, {})[route.method.lower()] = operation
     return {
         "openapi": "3.1.0",
-        "info": {"title": title, "version": version,
-                 "description": "The llmgw admin API. Errors: {\"error\": {\"message\", \"code\", \"field\"}}."},
+        "info": {
+            "title": title,
+            "version": version,
+            "description": 'The llmgw admin API. Errors: {"error": {"message", "code", "field"}}.',
+        },
         "paths": paths,
         "components": {"schemas": builder.components},
     }
-
-

@@ -41,12 +41,23 @@ MAX_LINES = 1000
 def register_replica_logs(api: Api, fleet: Callable[[], Fleet]) -> None:
     waiting = [0]
 
-    @api.route("GET", "/replicas/{replica_id}/logs", summary="The engine's last output lines (follow: wait=true)",
-               tag="replicas", response=ReplicaLogs, errors=(404, 409, 503),
-               query=(Param("lines", "integer", doc=f"How many lines (1-{MAX_LINES}, default {DEFAULT_LINES})"),
-                      Param("cursor", doc="The cursor of a previous answer: only lines written after it"),
-                      Param("wait", "boolean",
-                            doc=f"With cursor: hold the answer until there are new lines (at most {LOG_WAIT_S:g} s)")))
+    @api.route(
+        "GET",
+        "/replicas/{replica_id}/logs",
+        summary="The engine's last output lines (follow: wait=true)",
+        tag="replicas",
+        response=ReplicaLogs,
+        errors=(404, 409, 503),
+        query=(
+            Param("lines", "integer", doc=f"How many lines (1-{MAX_LINES}, default {DEFAULT_LINES})"),
+            Param("cursor", doc="The cursor of a previous answer: only lines written after it"),
+            Param(
+                "wait",
+                "boolean",
+                doc=f"With cursor: hold the answer until there are new lines (at most {LOG_WAIT_S:g} s)",
+            ),
+        ),
+    )
     async def replica_logs(call: Call) -> ReplicaLogs:
         f = fleet()
         # The engine's output comes from its node, which talks only to the leader.

@@ -11,8 +11,7 @@ from .schemas import ReplicaList, ReplicaView
 
 
 def add_replica_routes(api: Api, ctx: ApiContext) -> None:
-    @api.route("GET", "/replicas", summary="Every replica the reconciler manages", tag="replicas",
-               response=ReplicaList)
+    @api.route("GET", "/replicas", summary="Every replica the reconciler manages", tag="replicas", response=ReplicaList)
     async def list_replicas(call: Call) -> ReplicaList:
         if ctx.fleet is None:
             return ReplicaList([])
@@ -28,9 +27,21 @@ def add_replica_routes(api: Api, ctx: ApiContext) -> None:
             # Withdrawn by the gateway's hang watch (gateway/hang_watch.py) while its node still
             # reports it ready: not routable, and the detail says why.
             detail = "hung: its engine stopped answering; withdrawn until its /health answers" if hung else r.detail
-            out.append(ReplicaView(r.replica_id, r.profile_key, r.node_id, r.port, r.status, detail, r.draining,
-                                   published is not None and not hung, published.in_flight if published else 0,
-                                   list(r.last_lines), published.slots if published else 0))
+            out.append(
+                ReplicaView(
+                    r.replica_id,
+                    r.profile_key,
+                    r.node_id,
+                    r.port,
+                    r.status,
+                    detail,
+                    r.draining,
+                    published is not None and not hung,
+                    published.in_flight if published else 0,
+                    list(r.last_lines),
+                    published.slots if published else 0,
+                )
+            )
         return ReplicaList(out)
 
     register_replica_logs(api, ctx.the_fleet)

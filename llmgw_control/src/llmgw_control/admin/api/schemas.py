@@ -305,8 +305,10 @@ class GroupAnswer:
 
 
 PriorityName = Literal["interactive", "batch"]
-_PRIORITY_DOC = ("How the group's requests are ordered while they wait for a replica slot: interactive before "
-                 "batch (batch still gets a bounded share). null: the parent's; a root without one is interactive.")
+_PRIORITY_DOC = (
+    "How the group's requests are ordered while they wait for a replica slot: interactive before "
+    "batch (batch still gets a bounded share). null: the parent's; a root without one is interactive."
+)
 
 
 @attrs.frozen
@@ -367,9 +369,13 @@ class CreatedKeyAnswer:
 class CreateKey:
     name: str = _name()
     group_id: str = _name()
-    models: list[str] | None = attrs.field(default=None, metadata={
-        "schema": {"maxItems": 1000, "items": NAME_RULES},
-        "doc": "The models (or model:profile) this key may use; null or absent: every model."})
+    models: list[str] | None = attrs.field(
+        default=None,
+        metadata={
+            "schema": {"maxItems": 1000, "items": NAME_RULES},
+            "doc": "The models (or model:profile) this key may use; null or absent: every model.",
+        },
+    )
     admin: bool = False
     expires_at: datetime | None = None
 

@@ -18,18 +18,24 @@ if TYPE_CHECKING:
     from ..dashboard.revocations import SessionRevocations
 
 # A user name as single sign-on keeps it (the login cuts it at 200 characters); no control characters.
-USER_RULES = {"minLength": 1, "maxLength": 200, "pattern": r"^[^\x00-\x1f\x7f]+$",
-              "x-pattern-message": "must not contain control characters"}
+USER_RULES = {
+    "minLength": 1,
+    "maxLength": 200,
+    "pattern": r"^[^\x00-\x1f\x7f]+$",
+    "x-pattern-message": "must not contain control characters",
+}
 
 
 @attrs.frozen
 class RevokeSessions:
     # The signed-in user's name as the dashboard shows it (the configured user claim, e.g. email).
-    user: str | None = attrs.field(default=None, metadata={"schema": USER_RULES,
-                                                           "doc": "a single sign-on user, as the dashboard names them"})
+    user: str | None = attrs.field(
+        default=None, metadata={"schema": USER_RULES, "doc": "a single sign-on user, as the dashboard names them"}
+    )
     # An admin key's dashboard sessions, without revoking the key itself.
-    key_id: str | None = attrs.field(default=None, metadata={"schema": {"minLength": 1, "maxLength": 200},
-                                                             "doc": "an admin key's id"})
+    key_id: str | None = attrs.field(
+        default=None, metadata={"schema": {"minLength": 1, "maxLength": 200}, "doc": "an admin key's id"}
+    )
 
 
 @attrs.frozen
@@ -40,8 +46,15 @@ class SessionsRevoked:
 
 
 def add_session_routes(api: Api, sessions: SessionRevocations | None) -> None:
-    @api.route("POST", "/sessions/revoke", summary="End a dashboard user's (or admin key's) sessions everywhere",
-               tag="sessions", body=RevokeSessions, response=SessionsRevoked, errors=(503,))
+    @api.route(
+        "POST",
+        "/sessions/revoke",
+        summary="End a dashboard user's (or admin key's) sessions everywhere",
+        tag="sessions",
+        body=RevokeSessions,
+        response=SessionsRevoked,
+        errors=(503,),
+    )
     async def revoke(call: Call) -> SessionsRevoked:
         body: RevokeSessions = call.body
         if (body.user is None) == (body.key_id is None):
@@ -51,5 +64,3 @@ def add_session_routes(api: Api, sessions: SessionRevocations | None) -> None:
         subject = f"user:{body.user}" if body.user is not None else f"key:{body.key_id}"
         cut = await sessions.revoke(subject)
         return SessionsRevoked(subject, cut)
-
-

@@ -9,9 +9,15 @@ from .core import Api, Call, Param
 
 
 def add_traffic_routes(api: Api, live: LiveWindow | None) -> None:
-    @api.route("GET", "/traffic", summary="Live traffic seen by this daemon: the last 15 minutes in 10 s buckets",
-               tag="traffic", response=LiveTraffic, errors=(503,), query=(
-                   Param("model", doc="Only this model key and its replicas"),))
+    @api.route(
+        "GET",
+        "/traffic",
+        summary="Live traffic seen by this daemon: the last 15 minutes in 10 s buckets",
+        tag="traffic",
+        response=LiveTraffic,
+        errors=(503,),
+        query=(Param("model", doc="Only this model key and its replicas"),),
+    )
     async def traffic(call: Call) -> LiveTraffic:
         if live is None:
             raise AdminApiError(503, "not_ready", "live traffic is not kept on this daemon")

@@ -33,8 +33,7 @@ def _first_problem(exc: BaseException, path: str = "$") -> tuple[str, str]:
         return field, f"unknown field (known: {', '.join(known)})"
     if isinstance(exc, cattrs.BaseValidationError):
         for sub in exc.exceptions:
-            note = next((n for n in getattr(sub, "__notes__", []) if hasattr(n, "name") or hasattr(n, "index")),
-                        None)
+            note = next((n for n in getattr(sub, "__notes__", []) if hasattr(n, "name") or hasattr(n, "index")), None)
             if note is not None and hasattr(note, "name"):
                 sub_path = f"{path}.{note.name}"
             elif note is not None and isinstance(note.index, str):
@@ -78,8 +77,10 @@ def _check_value(item: Any, rules: Mapping[str, Any], where: str) -> None:
             raise bad_request(where, f"must be at most {rules['maximum']}")
     if isinstance(item, str):
         if "minLength" in rules and len(item) < rules["minLength"]:
-            raise bad_request(where, "must not be empty" if rules["minLength"] == 1
-                              else f"must be at least {rules['minLength']} characters")
+            raise bad_request(
+                where,
+                "must not be empty" if rules["minLength"] == 1 else f"must be at least {rules['minLength']} characters",
+            )
         if "maxLength" in rules and len(item) > rules["maxLength"]:
             raise bad_request(where, f"must be at most {rules['maxLength']} characters")
         # Schema patterns are written anchored (^...$) and matched whole: re.search with "$" would
@@ -111,5 +112,3 @@ def structure_body(data: Any, cls: type[Any]) -> Any:
         raise bad_request(field, message) from None
     _check_constraints(value, cls, "")
     return value
-
-

@@ -25,14 +25,29 @@ from .views import admin_origin_guard, make_blueprint
 __all__ = ["Dashboard", "SessionRevocations", "client_dashboard", "open_dashboard", "register_admin_dashboard"]
 
 
-async def open_dashboard(*, fleet: Any, tenancy: Any, prometheus: str, data_dir: Path, audit: AuditLog | None = None,
-                         sso: Any = None, revocations: SessionRevocations | None = None) -> Dashboard:
+async def open_dashboard(
+    *,
+    fleet: Any,
+    tenancy: Any,
+    prometheus: str,
+    data_dir: Path,
+    audit: AuditLog | None = None,
+    sso: Any = None,
+    revocations: SessionRevocations | None = None,
+) -> Dashboard:
     """The shared parts. The session secret is a cluster secret in the store, so every control
     daemon on one database accepts the others' sessions (a failover does not log operators out);
     ``data_dir/dashboard-secret`` seeds it when present."""
     secret = await cluster_secret(tenancy.store, "dashboard-session", data_dir / "dashboard-secret")
-    return Dashboard(fleet=fleet, tenancy=tenancy, prometheus=prometheus, signer=SessionSigner(secret), audit=audit,
-                     sso=sso, revocations=revocations)
+    return Dashboard(
+        fleet=fleet,
+        tenancy=tenancy,
+        prometheus=prometheus,
+        signer=SessionSigner(secret),
+        audit=audit,
+        sso=sso,
+        revocations=revocations,
+    )
 
 
 def register_admin_dashboard(app: QuartTrio, dash: Dashboard) -> None:
@@ -56,9 +71,9 @@ def client_dashboard(dash: Dashboard, admin_app: Any = None, *, otherwise: Any =
 
     @pages.errorhandler(405)
     async def not_allowed(_: Any) -> tuple[Any, int]:
-        return jsonify({"error": {"message": "Method not allowed.", "code": "method_not_allowed",
-                                  "field": None}}), 405
+        return jsonify({"error": {"message": "Method not allowed.", "code": "method_not_allowed", "field": None}}), 405
 
-    pages.register_blueprint(make_blueprint(dash, Mount(prefix=PREFIX, api_base=f"{PREFIX}/api/v1", login=True)),
-                             url_prefix=PREFIX)
+    pages.register_blueprint(
+        make_blueprint(dash, Mount(prefix=PREFIX, api_base=f"{PREFIX}/api/v1", login=True)), url_prefix=PREFIX
+    )
     return ClientDashboard(dash, pages, admin_app, otherwise=otherwise)

@@ -76,7 +76,8 @@ class ClientDashboard:
             await send_error(send, 503, "starting", "The admin API is starting; retry in a moment.")
             return
         if scope["method"] in UNSAFE_METHODS and not (
-                same_origin(headers, scope.get("scheme", "http")) and csrf_ok(session, headers)):
+            same_origin(headers, scope.get("scheme", "http")) and csrf_ok(session, headers)
+        ):
             await self.dash.refused(scope, "csrf")
             await send_error(send, 403, "csrf_failed", "Missing or wrong CSRF token, or a request from another site.")
             return
@@ -84,10 +85,12 @@ class ClientDashboard:
             await self.dash.refused(scope, "read_only")
             await send_error(send, 403, "read_only", "Your sign-in grants read-only access: changes are refused.")
             return
-        inner = scope["path"][len(PREFIX):]
+        inner = scope["path"][len(PREFIX) :]
         forwarded = dict(scope, path=inner, raw_path=inner.encode("latin-1"), root_path="")
         # The admin API may record who acted; the session's key is the operator.
         # (Any copy the browser sent is dropped: only this code may say who the operator is.)
-        forwarded["headers"] = [*(h for h in scope.get("headers", ()) if h[0].lower() != ACTOR_HEADER),
-                                (ACTOR_HEADER, operator.actor.encode())]
+        forwarded["headers"] = [
+            *(h for h in scope.get("headers", ()) if h[0].lower() != ACTOR_HEADER),
+            (ACTOR_HEADER, operator.actor.encode()),
+        ]
         await self.admin_api(forwarded, receive, send)

@@ -67,9 +67,12 @@ class Dashboard:
     async def refused(self, scope: Any, reason: str) -> None:
         if self.audit is not None:
             found = self.session_of(_ScopeHeaders(scope)) if isinstance(scope, dict) else None
-            await self.audit.refused(actor=found[1].actor if found else "anonymous", peer=peer_of(scope),
-                                     action=f"{scope.get('method', '')} {str(scope.get('path', ''))[:150]}",
-                                     reason=reason)
+            await self.audit.refused(
+                actor=found[1].actor if found else "anonymous",
+                peer=peer_of(scope),
+                action=f"{scope.get('method', '')} {str(scope.get('path', ''))[:150]}",
+                reason=reason,
+            )
 
 
 class _ScopeHeaders:

@@ -33,22 +33,37 @@ class Chart:
 # ``model!=""``: requests that named no model (health checks, unknown names) are counted with an
 # empty model label; they are not a model's traffic.
 CHARTS: tuple[Chart, ...] = (
-    Chart("requests", "Requests per second", "req/s",
-          'sum by (model) (rate(llmgw_requests_total{{model!=""}}[{w}]))', "model"),
-    Chart("tokens", "Generated tokens per second", "tok/s",
-          'sum by (model) (rate(llmgw_tokens_total{{kind="completion"}}[{w}]))', "model"),
-    Chart("latency", "Request duration, p95", "s",
-          "histogram_quantile(0.95, sum by (le, model) "
-          '(rate(llmgw_request_duration_seconds_bucket{{model!=""}}[{w}])))',
-          "model"),
-    Chart("ttft", "Time to first token, p95", "s",
-          "histogram_quantile(0.95, sum by (le, model) "
-          '(rate(llmgw_time_to_first_token_seconds_bucket{{model!=""}}[{w}])))',
-          "model"),
-    Chart("replicas", "Replicas by state", "",
-          "sum by (state) (llmgw_fleet_replicas) > 0", "state"),
-    Chart("queue", "Requests held waiting for a replica", "",
-          "sum by (model) (llmgw_fleet_waiting_requests)", "model"),
+    Chart(
+        "requests",
+        "Requests per second",
+        "req/s",
+        'sum by (model) (rate(llmgw_requests_total{{model!=""}}[{w}]))',
+        "model",
+    ),
+    Chart(
+        "tokens",
+        "Generated tokens per second",
+        "tok/s",
+        'sum by (model) (rate(llmgw_tokens_total{{kind="completion"}}[{w}]))',
+        "model",
+    ),
+    Chart(
+        "latency",
+        "Request duration, p95",
+        "s",
+        'histogram_quantile(0.95, sum by (le, model) (rate(llmgw_request_duration_seconds_bucket{{model!=""}}[{w}])))',
+        "model",
+    ),
+    Chart(
+        "ttft",
+        "Time to first token, p95",
+        "s",
+        "histogram_quantile(0.95, sum by (le, model) "
+        '(rate(llmgw_time_to_first_token_seconds_bucket{{model!=""}}[{w}])))',
+        "model",
+    ),
+    Chart("replicas", "Replicas by state", "", "sum by (state) (llmgw_fleet_replicas) > 0", "state"),
+    Chart("queue", "Requests held waiting for a replica", "", "sum by (model) (llmgw_fleet_waiting_requests)", "model"),
 )
 CHARTS_BY_ID = {c.id: c for c in CHARTS}
 # The ranges the page offers, in seconds; anything else is refused.
@@ -67,11 +82,16 @@ def window(range_s: int) -> tuple[int, str]:
     return step, f"{max(60, 4 * step)}s"
 
 
-async def query_chart(client: httpx2.AsyncClient, prometheus: str, chart: Chart, range_s: int,
-                      *, now: float) -> dict[str, Any]:
+async def query_chart(
+    client: httpx2.AsyncClient, prometheus: str, chart: Chart, range_s: int, *, now: float
+) -> dict[str, Any]:
     step, rate_window = window(range_s)
-    params = {"query": chart.query.format(w=rate_window), "start": f"{now - range_s:.0f}", "end": f"{now:.0f}",
-              "step": str(step)}
+    params = {
+        "query": chart.query.format(w=rate_window),
+        "start": f"{now - range_s:.0f}",
+        "end": f"{now:.0f}",
+        "step": str(step),
+    }
     try:
         with trio.fail_after(10):
             response = await client.get(f"{prometheus}/api/v1/query_range", params=params)
@@ -87,13 +107,23 @@ async def query_chart(client: httpx2.AsyncClient, prometheus: str, chart: Chart,
         raise HistoryError(f"Prometheus answered {response.status_code}: {reason}")
     series = []
     for item in body.get("data", {}).get("result", []):
-        label = item.get("metric", {}).get(chart.legend) or ", ".join(
-            f"{k}={v}" for k, v in sorted(item.get("metric", {}).items())) or chart.title
+        label = (
+            item.get("metric", {}).get(chart.legend)
+            or ", ".join(f"{k}={v}" for k, v in sorted(item.get("metric", {}).items()))
+            or chart.title
+        )
         points = []
         for t, v in item.get("values", []):
             value = float(v)
             # NaN (a quantile over no requests) is a gap, not a zero.
             points.append([float(t), None if math.isnan(value) or math.isinf(value) else value])
         series.append({"label": label, "points": points})
-    return {"id": chart.id, "title": chart.title, "unit": chart.unit, "start": now - range_s, "end": now,
-            "step": step, "series": series}
+    return {
+        "id": chart.id,
+        "title": chart.title,
+        "unit": chart.unit,
+        "start": now - range_s,
+        "end": now,
+        "step": step,
+        "series": series,
+    }

@@ -53,7 +53,7 @@ class _LoginViews:
 
     async def require_session(self) -> Any:
         dash, url, prefix = self.dash, self.mount.url, self.mount.prefix
-        path = request.path[len(prefix):]
+        path = request.path[len(prefix) :]
         if path.startswith("/dashboard-static/") or path == "/login":
             return None
         found = dash.session_of(request.headers)
@@ -63,15 +63,17 @@ class _LoginViews:
             return json_error(401, "Log in with an admin key first.", "login_required")
         session, _ = found
         if request.method in UNSAFE_METHODS and not (
-                same_origin(request.headers, request.scheme) and await _csrf_in_request(session)):
+            same_origin(request.headers, request.scheme) and await _csrf_in_request(session)
+        ):
             await dash.refused(request.scope, "csrf")
             return json_error(403, "Missing or wrong CSRF token, or a request from another site.", "csrf_failed")
         return None
 
     async def login_page(self, message: str = "", status: int = 200) -> Any:
         url = self.mount.url
-        html = await render_template("login.html", url=url, static=url("dashboard-static/"), message=message,
-                                     sso=self.dash.sso is not None)
+        html = await render_template(
+            "login.html", url=url, static=url("dashboard-static/"), message=message, sso=self.dash.sso is not None
+        )
         return html, status
 
     async def login_form(self) -> Any:
@@ -93,8 +95,11 @@ class _LoginViews:
             return await self.login_page(str(exc), 502)
         response = redirect(target)
         response.headers["set-cookie"] = pending_cookie(
-            dash.signer.seal(pending_to_json(pending)), path=self.mount.url("login"), max_age=600,
-            secure=request.scheme == "https")
+            dash.signer.seal(pending_to_json(pending)),
+            path=self.mount.url("login"),
+            max_age=600,
+            secure=request.scheme == "https",
+        )
         return response
 
     async def _sso_finish(self) -> Any:
@@ -107,8 +112,9 @@ class _LoginViews:
         try:
             if "error" in args:
                 raise LoginRefused(f"The provider refused the sign-in: {args.get('error', '')[:100]}.")
-            identity = await dash.sso.finish(code=args.get("code", ""), state=args.get("state", "")[:200],
-                                             pending=pending)
+            identity = await dash.sso.finish(
+                code=args.get("code", ""), state=args.get("state", "")[:200], pending=pending
+            )
         except LoginRefused as exc:
             log.info("dashboard single sign-on refused", extra={"reason": str(exc)})
             await dash.refused(request.scope, "sso: " + str(exc)[:150])
@@ -121,9 +127,13 @@ class _LoginViews:
         # SameSite=Strict and would not be sent on a redirect chain the provider's site began.
         signed_in: Any = await make_response(
             f'<!doctype html><meta http-equiv="refresh" content="0;url={url()}">'
-            f'<p>Signed in. <a href="{url()}">Continue to the dashboard</a>.</p>', 200)
-        signed_in.headers.add("set-cookie", set_cookie_header(
-            value, path=self.mount.prefix or "/", max_age=int(dash.signer.lifetime), secure=secure))
+            f'<p>Signed in. <a href="{url()}">Continue to the dashboard</a>.</p>',
+            200,
+        )
+        signed_in.headers.add(
+            "set-cookie",
+            set_cookie_header(value, path=self.mount.prefix or "/", max_age=int(dash.signer.lifetime), secure=secure),
+        )
         signed_in.headers.add("set-cookie", pending_cookie("", path=pending_path, max_age=0, secure=secure))
         return signed_in
 
@@ -151,8 +161,8 @@ class _LoginViews:
         log.info("dashboard login", extra={"key_id": key.id})
         response = redirect(self.mount.url())
         response.headers["set-cookie"] = set_cookie_header(
-            value, path=self.mount.prefix or "/", max_age=int(dash.signer.lifetime),
-            secure=request.scheme == "https")
+            value, path=self.mount.prefix or "/", max_age=int(dash.signer.lifetime), secure=request.scheme == "https"
+        )
         return response
 
     async def logout(self) -> Any:
@@ -167,8 +177,9 @@ class _LoginViews:
                 # The browser forgets the cookie anyway; say what was not done.
                 log.warning("a logout could not be recorded on the server: %s", exc)
         response = redirect(self.mount.url("login"))
-        response.headers["set-cookie"] = clear_cookie_header(path=self.mount.prefix or "/",
-                                                             secure=request.scheme == "https")
+        response.headers["set-cookie"] = clear_cookie_header(
+            path=self.mount.prefix or "/", secure=request.scheme == "https"
+        )
         return response
 
 

@@ -52,8 +52,9 @@ def session_subject(session: Session) -> str:
 
 
 class SessionRevocations:
-    def __init__(self, store: Store | None, *, lifetime: float = DEFAULT_LIFETIME,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, store: Store | None, *, lifetime: float = DEFAULT_LIFETIME, clock: Callable[[], float] = time.time
+    ) -> None:
         self.store = store
         # Sessions last at most this long: a revocation is useless after it.
         self.lifetime = lifetime
@@ -76,8 +77,9 @@ class SessionRevocations:
             raise StoreError("there is no store to record the revocation in")
         now = self._clock()
         end = until if until is not None else now + self.lifetime
-        cut = await self.store.revoke_sessions(subject, before=datetime.fromtimestamp(now, UTC),
-                                               until=datetime.fromtimestamp(max(end, now), UTC))
+        cut = await self.store.revoke_sessions(
+            subject, before=datetime.fromtimestamp(now, UTC), until=datetime.fromtimestamp(max(end, now), UTC)
+        )
         self._void_before[subject] = max(self._void_before.get(subject, 0.0), cut.timestamp())
         return cut
 

@@ -69,8 +69,9 @@ class Session:
 class SessionSigner:
     """Makes and checks session cookie values; pure apart from the clock."""
 
-    def __init__(self, secret: bytes, *, lifetime: float = DEFAULT_LIFETIME,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, secret: bytes, *, lifetime: float = DEFAULT_LIFETIME, clock: Callable[[], float] = time.time
+    ) -> None:
         if len(secret) < 16:
             raise ValueError("the dashboard session secret must be at least 16 bytes")
         # Derived, so this key signs sessions and nothing else, whatever else the file is used for.
@@ -86,8 +87,12 @@ class SessionSigner:
         # Milliseconds: a login right after its user's sessions were ended is not voided by them.
         now = int(self.clock() * 1000) / 1000
         session = Session(key_id, secrets.token_urlsafe(32), now + self.lifetime, user[:200], grants, now)
-        data: dict[str, Any] = {"k": session.key_id, "c": session.csrf, "e": int(session.expires_at),
-                                "i": int(now * 1000)}
+        data: dict[str, Any] = {
+            "k": session.key_id,
+            "c": session.csrf,
+            "e": int(session.expires_at),
+            "i": int(now * 1000),
+        }
         if session.user:
             data |= {"u": session.user, "g": list(session.grants)}
         payload = json.dumps(data, separators=(",", ":")).encode()
@@ -109,8 +114,9 @@ class SessionSigner:
             expires = float(data["e"])
             # A cookie signed before sessions carried "i" was issued a lifetime before it expires.
             issued = int(data["i"]) / 1000 if "i" in data else expires - self.lifetime
-            session = Session(str(data["k"]), str(data["c"]), expires, str(data.get("u", "")),
-                              tuple(str(g) for g in grants), issued)
+            session = Session(
+                str(data["k"]), str(data["c"]), expires, str(data.get("u", "")), tuple(str(g) for g in grants), issued
+            )
         except (ValueError, KeyError, TypeError, AttributeError, binascii.Error):
             return None
         if session.expires_at <= self.clock():

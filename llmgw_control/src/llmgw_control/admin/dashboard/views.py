@@ -35,13 +35,20 @@ from .session import UNSAFE_METHODS, same_origin
 __all__ = ["Dashboard", "Mount", "admin_origin_guard", "make_blueprint"]
 
 HERE = Path(__file__).parent
-_CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
-        "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+_CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+    "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+)
 
 
 def make_blueprint(dash: Dashboard, mount: Mount) -> Blueprint:
-    bp = Blueprint("dashboard", __name__, template_folder=str(HERE / "templates"),
-                   static_folder=str(HERE / "static"), static_url_path="/dashboard-static")
+    bp = Blueprint(
+        "dashboard",
+        __name__,
+        template_folder=str(HERE / "templates"),
+        static_folder=str(HERE / "static"),
+        static_url_path="/dashboard-static",
+    )
     bp.after_request(security_headers)
     if mount.login:
         add_login_views(bp, dash, mount)
@@ -69,11 +76,16 @@ def admin_origin_guard(app: QuartTrio, audit: AuditLog | None = None) -> None:
     visits could make the browser POST to http://127.0.0.1:8081/api/v1/... (a form post needs no
     CORS preflight). Clients that are not browsers send no Origin and are unaffected.
     """
+
     @app.before_request
     async def guard() -> Any:
         if request.method in UNSAFE_METHODS and not same_origin(request.headers, request.scheme):
             if audit is not None:
-                await audit.refused(actor="anonymous", peer=peer_of(request.scope),
-                                    action=f"{request.method} {request.path[:150]}", reason="cross_origin")
+                await audit.refused(
+                    actor="anonymous",
+                    peer=peer_of(request.scope),
+                    action=f"{request.method} {request.path[:150]}",
+                    reason="cross_origin",
+                )
             return json_error(403, "A state-changing request from another site is refused.", "cross_origin")
         return None

@@ -116,13 +116,25 @@ class OidcLogin:
     async def begin(self) -> tuple[str, Pending]:
         """The provider's authorization URL to send the browser to, and what to remember in the cookie."""
         metadata = await self.metadata()
-        pending = Pending(secrets.token_urlsafe(24), secrets.token_urlsafe(24), secrets.token_urlsafe(48),
-                          self._clock() + PENDING_TTL_S)
+        pending = Pending(
+            secrets.token_urlsafe(24),
+            secrets.token_urlsafe(24),
+            secrets.token_urlsafe(48),
+            self._clock() + PENDING_TTL_S,
+        )
         challenge = _b64(hashlib.sha256(pending.verifier.encode()).digest())
-        query = urlencode({"response_type": "code", "client_id": self.config.client_id,
-                           "redirect_uri": self.config.redirect_url, "scope": " ".join(self.config.scopes),
-                           "state": pending.state, "nonce": pending.nonce, "code_challenge": challenge,
-                           "code_challenge_method": "S256"})
+        query = urlencode(
+            {
+                "response_type": "code",
+                "client_id": self.config.client_id,
+                "redirect_uri": self.config.redirect_url,
+                "scope": " ".join(self.config.scopes),
+                "state": pending.state,
+                "nonce": pending.nonce,
+                "code_challenge": challenge,
+                "code_challenge_method": "S256",
+            }
+        )
         endpoint = str(metadata["authorization_endpoint"])
         return f"{endpoint}{'&' if '?' in endpoint else '?'}{query}", pending
 
@@ -134,8 +146,13 @@ class OidcLogin:
         if not code or len(code) > 4096:
             raise LoginRefused("The provider sent no usable authorization code.")
         metadata = await self.metadata()
-        form = {"grant_type": "authorization_code", "code": code, "redirect_uri": self.config.redirect_url,
-                "client_id": self.config.client_id, "code_verifier": pending.verifier}
+        form = {
+            "grant_type": "authorization_code",
+            "code": code,
+            "redirect_uri": self.config.redirect_url,
+            "client_id": self.config.client_id,
+            "code_verifier": pending.verifier,
+        }
         auth = (self.config.client_id, self._secret) if self._secret else None
         answer = await self._call("POST", str(metadata["token_endpoint"]), data=form, auth=auth)
         id_token = answer.get("id_token")
@@ -145,8 +162,10 @@ class OidcLogin:
         grants = self.grants_of(claims)
         role = self.role_of(grants)
         if role is None:
-            raise LoginRefused(f"Your account is known to the provider, but its {self.config.claim!r} claim "
-                               "grants no access to this dashboard.")
+            raise LoginRefused(
+                f"Your account is known to the provider, but its {self.config.claim!r} claim "
+                "grants no access to this dashboard."
+            )
         user = claims.get(self.config.user_claim)
         name = user if isinstance(user, str) and user else str(claims.get("sub", ""))
         return Identity(name[:200], grants, role)
@@ -165,11 +184,15 @@ class OidcLogin:
                 token = jwt.decode(id_token, fresh, algorithms=list(ALGORITHMS))
             claims: dict[str, Any] = dict(token.claims)
             registry = jwt.JWTClaimsRegistry(
-                now=int(self._clock()), leeway=LEEWAY_S,
+                now=int(self._clock()),
+                leeway=LEEWAY_S,
                 iss={"essential": True, "value": self.config.issuer},
                 aud={"essential": True, "value": self.config.client_id},
-                exp={"essential": True}, iat={"essential": True}, sub={"essential": True},
-                nonce={"essential": True, "value": nonce})
+                exp={"essential": True},
+                iat={"essential": True},
+                sub={"essential": True},
+                nonce={"essential": True, "value": nonce},
+            )
             registry.validate(claims)
         except (JoseError, ValueError, KeyError, TypeError) as exc:
             raise LoginRefused(f"The provider's ID token was refused: {_reason(exc)}.") from None
@@ -211,14 +234,18 @@ class OidcLogin:
         self._keys_at = self._clock()
         return self._keys
 
-    async def _call(self, method: str, url: str, *, data: dict[str, str] | None = None,
-                    auth: tuple[str, str] | None = None) -> dict[str, Any]:
+    async def _call(
+        self, method: str, url: str, *, data: dict[str, str] | None = None, auth: tuple[str, str] | None = None
+    ) -> dict[str, Any]:
         async with PROVIDER_CALLS:
             with trio.move_on_after(CALL_DEADLINE_S) as deadline:
                 try:
-                    async with httpx2.AsyncClient(timeout=CALL_DEADLINE_S, follow_redirects=False) as client, \
-                            client.stream(method, url, data=data, auth=auth,
-                                          headers={"accept": "application/json"}) as response:
+                    async with (
+                        httpx2.AsyncClient(timeout=CALL_DEADLINE_S, follow_redirects=False) as client,
+                        client.stream(
+                            method, url, data=data, auth=auth, headers={"accept": "application/json"}
+                        ) as response,
+                    ):
                         body = bytearray()
                         async for chunk in response.aiter_bytes():
                             body += chunk
@@ -241,9 +268,14 @@ class OidcLogin:
 
 
 # What a refused token's claim means to the person signing in (shown on the login page).
-_CLAIM_WORDS = {"aud": "it was issued to another client (audience)", "iss": "it names another issuer",
-                "nonce": "it does not belong to this sign-in (nonce)", "exp": "it has expired",
-                "iat": "its issue time is missing or in the future", "sub": "it names no user (sub)"}
+_CLAIM_WORDS = {
+    "aud": "it was issued to another client (audience)",
+    "iss": "it names another issuer",
+    "nonce": "it does not belong to this sign-in (nonce)",
+    "exp": "it has expired",
+    "iat": "its issue time is missing or in the future",
+    "sub": "it names no user (sub)",
+}
 
 
 def _reason(exc: Exception) -> str:
