@@ -193,7 +193,11 @@ class FakeNode:
                         last_lines=self.fail_with,
                     )
                 elif isinstance(message, StartReplica):
-                    state = ReplicaState(message.replica.replica_id, "ready", port=message.replica.port)
+                    # As a real node: ready with every adapter of its spec loaded, and says which.
+                    spec = message.replica
+                    state = ReplicaState(
+                        spec.replica_id, "ready", port=spec.port, adapters=[a.name for a in spec.adapters]
+                    )
                 else:
                     state = ReplicaState(message.replica_id, "stopped")
                 await self.ws.send_message(encode(ReplicaStateReport(state)))
