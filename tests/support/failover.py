@@ -86,9 +86,19 @@ class Control:
 
             async def reached() -> float | None:
                 seen, _ = await self.role(client)
+                if seen != role:
+                    # A daemon that exited (a port taken since it was picked, say) never gets there:
+                    # say so with its log at once, rather than a bare timeout later.
+                    process = self.daemon.process
+                    assert process is None or process.returncode is None, (
+                        f"{self.name} exited with {process.returncode}:\n{self.daemon.log()[-3000:]}"
+                    )
                 return time.monotonic() if seen == role else None
 
-            at: float = await wait_until(reached, timeout=timeout, interval=poll)
+            try:
+                at: float = await wait_until(reached, timeout=timeout, interval=poll)
+            except trio.TooSlowError:
+                raise AssertionError(f"{self.name} never said {role}:\n{self.daemon.log()[-3000:]}") from None
             return at
 
     async def state(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
