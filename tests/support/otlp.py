@@ -22,6 +22,7 @@ import trio
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
+from support.h11_request import read_request
 from support.waiting import wait_until
 
 
@@ -115,24 +116,10 @@ class HttpReceiver(_Spans):
         connection = h11.Connection(h11.SERVER)
         async with stream:
             while True:
-                head: h11.Request | None = None
-                body = b""
-                while True:
-                    event = connection.next_event()
-                    if event is h11.NEED_DATA:
-                        data = await stream.receive_some(65536)
-                        if not data:
-                            return
-                        connection.receive_data(data)
-                    elif isinstance(event, h11.Request):
-                        head = event
-                    elif isinstance(event, h11.Data):
-                        body += event.data
-                    elif isinstance(event, h11.EndOfMessage):
-                        break
-                    else:
-                        return
-                assert head is not None
+                read = await read_request(connection, stream)
+                if read is None:
+                    return
+                head, body = read
                 if self.hang:
                     await trio.sleep_forever()
                 headers = {k.decode(): v.decode() for k, v in head.headers}

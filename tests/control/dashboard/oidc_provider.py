@@ -25,6 +25,8 @@ import trio
 from joserfc import jwt
 from joserfc.jwk import RSAKey
 
+from support.h11_request import read_request
+
 
 @attrs.define
 class Provider:
@@ -99,23 +101,10 @@ def _json(data: Any, status: int = 200) -> tuple[int, list[tuple[str, str]], byt
 async def _serve(provider: Provider, stream: trio.SocketStream) -> None:
     conn = h11.Connection(h11.SERVER)
     async with stream:
-        request, body = None, b""
-        while True:
-            event = conn.next_event()
-            if event is h11.NEED_DATA:
-                data = await stream.receive_some(65536)
-                if not data:
-                    return
-                conn.receive_data(data)
-            elif isinstance(event, h11.Request):
-                request = event
-            elif isinstance(event, h11.Data):
-                body += event.data
-            elif isinstance(event, h11.EndOfMessage):
-                break
-            else:
-                return
-        assert request is not None
+        read = await read_request(conn, stream)
+        if read is None:
+            return
+        request, body = read
         status, headers, payload = provider.answer(request.method.decode(), request.target.decode(), body)
         await stream.send_all(
             conn.send(

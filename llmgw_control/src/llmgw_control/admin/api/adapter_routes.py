@@ -164,21 +164,12 @@ def add_adapter_routes(api: Api, ctx: ApiContext) -> None:
     # model with only its own adapter added.
     lock = trio.Lock()
 
-    def service() -> ModelService:
-        return ctx.the_models()
-
-    def profile_of(call: Call) -> tuple[ModelConfig, ProfileConfig]:
-        return _profile_of(service(), call)
-
-    def view(model: ModelConfig, profile: ProfileConfig, adapter: AdapterConfig) -> AdapterView:
-        return _view(ctx, model, profile, adapter)
-
     async def change(call: Call, edit: Edit) -> tuple[ModelConfig, ProfileConfig]:
         async with lock:
-            model, profile = profile_of(call)
+            model, profile = _profile_of(ctx.the_models(), call)
             new_profile = attrs.evolve(profile, adapters=edit(list(profile.adapters)))
             new = attrs.evolve(model, profiles=[new_profile if p is profile else p for p in model.profiles])
-            await service().replace(model.name, new)
+            await ctx.the_models().replace(model.name, new)
             return new, new_profile
 
     @api.route(
@@ -190,13 +181,13 @@ def add_adapter_routes(api: Api, ctx: ApiContext) -> None:
         errors=(404, 503),
     )
     async def list_adapters(call: Call) -> AdapterList:
-        model, profile = profile_of(call)
+        model, profile = _profile_of(ctx.the_models(), call)
         return AdapterList(
             model.name,
             profile.name,
             profile.engine,
             profile.engine == "vllm",
-            [view(model, profile, a) for a in profile.adapters],
+            [_view(ctx, model, profile, a) for a in profile.adapters],
         )
 
     @api.route(
@@ -212,10 +203,10 @@ def add_adapter_routes(api: Api, ctx: ApiContext) -> None:
     )
     async def add_adapter(call: Call) -> AdapterView:
         body: AdapterBody = call.body
-        _check_body(body, profile_of(call)[1])
+        _check_body(body, _profile_of(ctx.the_models(), call)[1])
         adapter = AdapterConfig(body.name, WeightsConfig(body.url, body.sha256, body.size), body.scale)
         model, profile = await change(call, _adding(adapter))
-        return view(model, profile, adapter)
+        return _view(ctx, model, profile, adapter)
 
     @api.route(
         "PATCH",
@@ -232,7 +223,7 @@ def add_adapter_routes(api: Api, ctx: ApiContext) -> None:
             raise bad_request("scale", f"must be above 0 and at most {MAX_ADAPTER_SCALE:g}")
         name = call.path["adapter"]
         model, profile = await change(call, _rescaling(name, body.scale))
-        return view(model, profile, next(a for a in profile.adapters if a.name == name))
+        return _view(ctx, model, profile, next(a for a in profile.adapters if a.name == name))
 
     @api.route(
         "DELETE",
